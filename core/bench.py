@@ -1,0 +1,215 @@
+"""Benchmarks of the heavy paths, reported as ratios measured in one run.
+
+``ragscope bench`` loads the model cold (dequantizing the GGUF into a fresh
+cache) and warm (from that cache), then times, on a RAG example of about
+``n_tokens`` tokens, a plain HF forward pass against the trace engine with
+several realistic sets of needs. Ratios are what to compare across machines;
+seconds are for this machine only.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+from core.examples import RAGExample
+from core.layout import Layout, render
+from core.model import EMBEDDED, LoadedModel, load_model, prepare_embedded
+from core.trace import Needs, trace
+
+_FILLER = (
+    "The harbour town of Westmere grew around a tidal mill built in 1612. Its stone quay was "
+    "extended twice, first in 1790 for the herring fleet and again in 1884 when the railway "
+    "arrived. The mill stopped grinding grain in 1931 and now houses a small museum of tools, "
+    "ledgers and photographs of the fishing families who worked the estuary."
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class TimedCase:
+    """One traced configuration: median seconds and ratio to the plain forward."""
+
+    name: str
+    seconds: float
+    ratio: float
+    kept_mib: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class BenchReport:
+    """Everything ``ragscope bench`` measured, in one run."""
+
+    model: str
+    device: str
+    n_tokens: int
+    repeats: int
+    cold_load_s: float | None
+    warm_load_s: float
+    forward_s: float
+    cases: tuple[TimedCase, ...]
+    peak_rss_mib: float
+    peak_cuda_mib: float | None
+    env: dict[str, Any] = field(default_factory=dict)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(vars(self))
+        d["cases"] = [dict(vars(c)) for c in self.cases]
+        return d
+
+    def to_text(self) -> str:
+        lines = [
+            f"model {self.model} on {self.device}; {self.n_tokens}-token RAG example; "
+            f"median of {self.repeats}",
+            "cold load (dequantize + cache + load): "
+            + (f"{self.cold_load_s:.1f} s" if self.cold_load_s is not None else "skipped"),
+            f"warm load (from cache):                {self.warm_load_s:.1f} s",
+            f"plain HF forward:                      {self.forward_s * 1000:.0f} ms",
+        ]
+        for c in self.cases:
+            lines.append(
+                f"trace [{c.name}]: {c.seconds * 1000:.0f} ms = {c.ratio:.2f} x forward "
+                f"(kept {c.kept_mib:.1f} MiB)"
+            )
+        lines.append(f"peak RSS {self.peak_rss_mib:.0f} MiB")
+        if self.peak_cuda_mib is not None:
+            lines.append(f"peak CUDA {self.peak_cuda_mib:.0f} MiB")
+        lines.append(" | ".join(f"{k} {v}" for k, v in self.env.items()))
+        return "\n".join(lines)
+
+
+def bench_example(model: LoadedModel, n_tokens: int = 600) -> tuple[RAGExample, Layout]:
+    """A qa example padded with passages until its layout reaches ``n_tokens``."""
+    passages: list[str] = []
+    layout = None
+    while True:
+        passages.append(_FILLER)
+        ex = RAGExample(
+            id="bench",
+            question="When was the quay of Westmere extended, and why?",
+            passages=tuple(passages),
+            response=(
+                "The quay was extended in 1790 for the herring fleet and again in 1884 when the "
+                "railway arrived; the mill itself stopped grinding grain in 1931."
+            ),
+        )
+        layout = render(ex, model)
+        if len(layout) >= n_tokens:
+            break
+    # Trim the last passage to land close to the target.
+    over = len(layout) - n_tokens
+    if over > 0:
+        words = passages[-1].split()
+        while over > 0 and len(words) > 5:
+            words = words[:-1]
+            trial = (*passages[:-1], " ".join(words))
+            ex = RAGExample(id="bench", question=ex.question, passages=trial, response=ex.response)
+            layout = render(ex, model)
+            over = len(layout) - n_tokens
+    return ex, layout
+
+
+def _median_time(fn: Callable[[], object], repeats: int) -> float:
+    fn()  # warm-up
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times)
+
+
+def run_bench(
+    spec: str = EMBEDDED,
+    *,
+    n_tokens: int = 600,
+    repeats: int = 5,
+    cold: bool = True,
+    device: str | None = "auto",
+    log: Callable[[str], None] | None = None,
+) -> BenchReport:
+    """Measure load times and trace overhead in one run (see module doc)."""
+    import torch
+
+    say = log or (lambda _m: None)
+    cold_s = None
+    if cold and spec == EMBEDDED:
+        say("cold load: dequantizing into a fresh cache ...")
+        saved = os.environ.get("RAGSCOPE_CACHE_DIR")
+        with tempfile.TemporaryDirectory(prefix="ragscope-bench-") as tmp:
+            os.environ["RAGSCOPE_CACHE_DIR"] = tmp
+            try:
+                t0 = time.perf_counter()
+                prepare_embedded()
+                m = load_model(spec, device=device)
+                cold_s = time.perf_counter() - t0
+                del m
+            finally:
+                if saved is None:
+                    os.environ.pop("RAGSCOPE_CACHE_DIR", None)
+                else:
+                    os.environ["RAGSCOPE_CACHE_DIR"] = saved
+    if spec == EMBEDDED:
+        prepare_embedded()  # make sure the real cache exists before timing a warm load
+    say("warm load ...")
+    t0 = time.perf_counter()
+    model = load_model(spec, device=device)
+    warm_s = time.perf_counter() - t0
+    _, layout = bench_example(model, n_tokens)
+    ids = torch.as_tensor(layout.token_ids, device=model.device).unsqueeze(0)
+    if model.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+
+    def plain() -> None:
+        with torch.inference_mode():
+            model.hf_model(ids)
+        if model.device.startswith("cuda"):
+            torch.cuda.synchronize()
+
+    say("plain forward ...")
+    fwd = _median_time(plain, repeats)
+    n_layers = model.info.n_layers
+    cases_needs = {
+        "logits at answer": Needs.of(["logits"], positions="generation"),
+        "resid_post all layers at answer": Needs.of(
+            ["resid_post", "logits"], n_layers=n_layers, positions=["response", "generation"]
+        ),
+        "patterns + z all layers at answer (ReDeEP-like)": Needs.of(
+            ["pattern", "z", "resid_mid", "resid_post", "logits"],
+            n_layers=n_layers,
+            positions="generation",
+        ),
+    }
+    cases = []
+    for name, needs in cases_needs.items():
+        say(f"trace: {name} ...")
+        kept = trace(model, layout, needs).nbytes / 2**20
+        sec = _median_time(lambda needs=needs: trace(model, layout, needs), repeats)
+        cases.append(TimedCase(name=name, seconds=sec, ratio=sec / fwd, kept_mib=kept))
+    rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    cuda = torch.cuda.max_memory_allocated() / 2**20 if model.device.startswith("cuda") else None
+    return BenchReport(
+        model=model.info.display_name,
+        device=model.device,
+        n_tokens=len(layout),
+        repeats=repeats,
+        cold_load_s=cold_s,
+        warm_load_s=warm_s,
+        forward_s=fwd,
+        cases=tuple(cases),
+        peak_rss_mib=rss_kib / 1024,
+        peak_cuda_mib=cuda,
+        env={
+            "python": sys.version.split()[0],
+            "torch": torch.__version__,
+            "threads": torch.get_num_threads(),
+            "cpu": platform.processor() or platform.machine(),
+        },
+    )

@@ -1,0 +1,395 @@
+"""The ``ragscope`` command line.
+
+Subcommands: ``info``, ``prepare``, ``generate``, ``trace``, ``datasets
+validate|import|list``, ``bench``. Each has ``--help``. Errors ragscope raises
+on purpose print one line naming the fix and exit with status 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from core.errors import RagscopeError
+
+BUILTIN = "builtin"
+
+
+def _add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default="embedded",
+        help="embedded (SmolLM2-135M-Instruct, default), tiny (random, for tests), "
+        "or a Hugging Face id / local folder",
+    )
+    p.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda")
+
+
+def _add_example_args(p: argparse.ArgumentParser, *, need_response: bool) -> None:
+    g = p.add_argument_group("example (pick one from a dataset, or write one)")
+    g.add_argument(
+        "--dataset",
+        default=None,
+        help=f"'{BUILTIN}' (the demo examples), a file/folder to load, or a stored dataset name",
+    )
+    g.add_argument("--id", default=None, help="example id within --dataset (default: first)")
+    g.add_argument("--question", default=None, help="question text (instead of --dataset)")
+    g.add_argument("--passage", action="append", default=[], help="a passage; repeat for several")
+    g.add_argument("--task", default="qa", choices=["qa", "summary", "data2txt", "other"])
+    if need_response:
+        g.add_argument(
+            "--response", default=None, help="answer to analyse (overrides the example's)"
+        )
+
+
+def _progress(msg: str, frac: float) -> None:
+    print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True)
+
+
+def _load(args: argparse.Namespace):  # noqa: ANN202 - LoadedModel, imported lazily
+    from core.model import load_model
+
+    return load_model(args.model, device=args.device, progress=_progress)
+
+
+def _pick_example(args: argparse.Namespace, *, need_response: bool):  # noqa: ANN202
+    from core.datasets import builtin_examples, load_dataset
+    from core.errors import DataError
+    from core.examples import RAGExample
+
+    if args.dataset is None and args.question is None and not args.passage:
+        args.dataset = BUILTIN
+    if args.dataset is not None:
+        if args.dataset == BUILTIN:
+            examples = builtin_examples()
+        elif Path(args.dataset).exists():
+            examples = list(load_dataset(args.dataset).examples)
+        else:
+            from core.storage import Store
+
+            with Store() as store:
+                examples = store.load_examples(args.dataset)
+        if not examples:
+            raise DataError("the dataset has no examples", source=args.dataset)
+        if args.id is None:
+            ex = examples[0]
+        else:
+            found = [e for e in examples if e.id == args.id]
+            if not found:
+                ids = ", ".join(e.id for e in examples[:8])
+                raise DataError(
+                    f"no example with id {args.id!r}; ids start {ids}",
+                    source=args.dataset,
+                    field="id",
+                )
+            ex = found[0]
+        response = getattr(args, "response", None)
+        return ex.with_response(response) if response else ex
+    if not args.passage:
+        raise DataError("give --passage at least once (or --dataset)", field="passage")
+    response = getattr(args, "response", None)
+    if need_response and not response:
+        raise DataError("give --response to analyse (or use --dataset)", field="response")
+    return RAGExample(
+        id="cli",
+        task=args.task,
+        question=args.question,
+        passages=tuple(args.passage),
+        response=response or "(to be generated)",
+    )
+
+
+# ----------------------------------------------------------------------------- commands
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    import importlib.metadata as md
+
+    from core.model import cache_dir, embedded_cache_path, embedded_gguf_path
+
+    out: dict[str, Any] = {
+        "ragscope": md.version("ragscope"),
+        "cache_dir": str(cache_dir()),
+        "embedded_cache": str(embedded_cache_path()) if embedded_cache_path().exists() else None,
+    }
+    try:
+        out["embedded_gguf"] = str(embedded_gguf_path())
+    except RagscopeError as e:
+        out["embedded_gguf"] = f"missing: {e}"
+    for pkg in ("torch", "transformers", "transformer-lens", "streamlit"):
+        out[pkg] = md.version(pkg)
+    if args.load:
+        model = _load(args)
+        out["model"] = model.info.to_dict() | {
+            "load_seconds": round(model.load_seconds, 2),
+            "source": model.source,
+        }
+    _emit(out, args.json)
+    return 0
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    import time
+
+    from core.model import embedded_cache_path, prepare_embedded
+
+    t0 = time.perf_counter()
+    already = (embedded_cache_path() / "model.safetensors").is_file() and not args.force
+    path = prepare_embedded(_progress, force=args.force)
+    state = "already cached" if already else f"dequantized in {time.perf_counter() - t0:.1f} s"
+    print(f"embedded model ready at {path} ({state})")
+    return 0
+
+
+def cmd_generate(args: argparse.Namespace) -> int:
+    from core.generate import AnswerStream, GenerationConfig
+
+    ex = _pick_example(args, need_response=False)
+    model = _load(args)
+    cfg = GenerationConfig(
+        max_new_tokens=args.max_new_tokens,
+        temperature=args.temperature,
+        top_p=args.top_p,
+        seed=args.seed,
+    )
+    stream = AnswerStream(
+        model,
+        task=ex.task,
+        question=ex.question,
+        passages=ex.passages,
+        prompt=ex.prompt,
+        config=cfg,
+    )
+    for piece in stream:
+        print(piece, end="", flush=True)
+    print()
+    g = stream.result()
+    print(
+        f"[{len(g.token_ids)} tokens in {g.seconds:.1f} s, stop: {g.stop}, prompt {g.prompt_tokens} tokens]",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def cmd_trace(args: argparse.Namespace) -> int:
+    import numpy as np
+
+    from core.layout import render
+    from core.trace import Needs, response_needs, token_surprisal, trace
+
+    ex = _pick_example(args, need_response=True)
+    model = _load(args)
+    layout = render(ex, model)
+    layers = None if args.layers == "all" else [int(x) for x in args.layers.split(",") if x]
+    kinds = [k for k in args.hooks.split(",") if k]
+    needs = response_needs()
+    if kinds:
+        needs = needs | Needs.of(
+            kinds, layers=layers, n_layers=model.info.n_layers, positions=args.positions
+        )
+    tr = trace(model, layout, needs)
+    s = token_surprisal(tr)
+    toks = layout.response_token_strings()
+    labels = layout.token_labels()
+    top = np.argsort(-s)[: args.top]
+    out: dict[str, Any] = {
+        "example": ex.id,
+        "model": model.info.display_name,
+        "tokens": len(layout),
+        "segments": [
+            {"segment": seg.label, "start": seg.start, "end": seg.end, "tokens": len(seg)}
+            for seg in layout.segments
+        ],
+        "kept_positions": int(tr.positions.size),
+        "hooks": {
+            f"{k}@{ly}" if ly is not None else k: list(t.shape)
+            for (k, ly), t in sorted(
+                tr.acts.items(), key=lambda kv: (kv[0][0], -1 if kv[0][1] is None else kv[0][1])
+            )
+        },
+        "kept_mib": round(tr.nbytes / 2**20, 2),
+        "trace_ms": round(tr.seconds * 1000, 1),
+        "surprisal_bits": {"mean": float(s.mean()), "max": float(s.max())},
+        "most_surprising": [
+            {
+                "token": toks[j],
+                "index": int(j),
+                "bits": round(float(s[j]), 2),
+                **({"gold": int(labels[j])} if labels is not None else {}),
+            }
+            for j in top
+        ],
+    }
+    _emit(out, args.json)
+    return 0
+
+
+def cmd_datasets(args: argparse.Namespace) -> int:
+    from core.datasets import load_dataset
+
+    if args.action == "list":
+        from core.storage import Store
+
+        with Store() as store:
+            rows = store.list_datasets()
+        if not rows:
+            print("no stored datasets; add one with `ragscope datasets import PATH --name NAME`")
+        for r in rows:
+            print(f"{r.name}\t{r.n_examples} examples\t{r.format}\t{r.source}")
+        return 0
+    if args.path is None:
+        raise SystemExit(f"ragscope datasets {args.action}: give the PATH of the dataset")
+    on_error = "skip" if (args.action == "validate" or args.skip_bad) else "raise"
+    report = load_dataset(args.path, fmt=args.format, on_error=on_error)
+    print(report.summary())
+    if args.action == "validate":
+        for e in report.errors[: args.max_errors]:
+            print(f"  {e}")
+        if len(report.errors) > args.max_errors:
+            print(f"  ... and {len(report.errors) - args.max_errors} more")
+        return 1 if report.errors else 0
+    from core.storage import Store
+
+    name = args.name or Path(args.path).stem
+    with Store() as store:
+        n = store.import_dataset(
+            name,
+            list(report.examples),
+            source=str(args.path),
+            fmt=report.fmt,
+            replace=args.replace,
+        )
+    print(
+        f"imported {n} examples as {name!r}"
+        + (f" (skipped {len(report.errors)} bad)" if report.errors else "")
+    )
+    return 0
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from core.bench import run_bench
+
+    rep = run_bench(
+        args.model,
+        n_tokens=args.tokens,
+        repeats=args.repeats,
+        cold=not args.no_cold,
+        device=args.device,
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )
+    if args.json:
+        print(json.dumps(rep.to_dict(), indent=2))
+    else:
+        print(rep.to_text())
+    return 0
+
+
+def _emit(obj: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(obj, indent=2, ensure_ascii=False))
+        return
+    for k, v in obj.items():
+        if isinstance(v, list):
+            print(f"{k}:")
+            for item in v:
+                print(
+                    "  "
+                    + (
+                        "  ".join(f"{a}={b!r}" for a, b in item.items())
+                        if isinstance(item, dict)
+                        else str(item)
+                    )
+                )
+        elif isinstance(v, dict):
+            print(f"{k}:")
+            for a, b in v.items():
+                print(f"  {a}: {b}")
+        else:
+            print(f"{k}: {v}")
+
+
+# ----------------------------------------------------------------------------- parser
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="ragscope",
+        description="Inspect, from a language model's internals, where a RAG answer departs from its sources.",
+    )
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("info", help="versions, cache locations and (with --load) model facts")
+    _add_model_args(p)
+    p.add_argument("--load", action="store_true", help="load the model and print its facts")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_info)
+
+    p = sub.add_parser("prepare", help="dequantize the embedded model once and cache it")
+    p.add_argument("--force", action="store_true", help="rebuild the cache")
+    p.set_defaults(func=cmd_prepare)
+
+    p = sub.add_parser("generate", help="let the model answer an example's question (streamed)")
+    _add_model_args(p)
+    _add_example_args(p, need_response=False)
+    p.add_argument("--max-new-tokens", type=int, default=128)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--top-p", type=float, default=1.0)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_generate)
+
+    p = sub.add_parser("trace", help="run one traced forward pass and summarise it")
+    _add_model_args(p)
+    _add_example_args(p, need_response=True)
+    p.add_argument(
+        "--hooks",
+        default="",
+        help="comma-separated hook kinds to capture besides logits "
+        "(resid_pre,resid_mid,resid_post,attn_out,mlp_out,z,pattern,ln_final)",
+    )
+    p.add_argument("--layers", default="all", help="comma-separated layers or 'all'")
+    p.add_argument(
+        "--positions", default="response", choices=["all", "response", "generation", "context"]
+    )
+    p.add_argument("--top", type=int, default=5, help="how many most surprising tokens to list")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_trace)
+
+    p = sub.add_parser("datasets", help="validate, import or list datasets")
+    p.add_argument("action", choices=["validate", "import", "list"])
+    p.add_argument("path", nargs="?", help="file or folder (validate, import)")
+    p.add_argument(
+        "--format",
+        default="auto",
+        choices=["auto", "ragtruth_jsonl", "ragtruth_pair", "interpdetect", "generic", "ragscope"],
+    )
+    p.add_argument("--name", help="name to store the dataset under (import; default: file stem)")
+    p.add_argument("--skip-bad", action="store_true", help="import: skip bad records, report them")
+    p.add_argument("--replace", action="store_true", help="import: replace a stored dataset")
+    p.add_argument("--max-errors", type=int, default=20, help="validate: errors to print")
+    p.set_defaults(func=cmd_datasets)
+
+    p = sub.add_parser("bench", help="load times and trace overhead, as ratios measured in one run")
+    _add_model_args(p)
+    p.add_argument("--tokens", type=int, default=600, help="length of the RAG example")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--no-cold", action="store_true", help="skip the cold (dequantizing) load")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    try:
+        return int(args.func(args) or 0)
+    except RagscopeError as e:
+        print(f"ragscope {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
