@@ -1,0 +1,138 @@
+"""The ``ragscope`` command line, run in-process on the tiny model."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from core.cli import build_parser, main
+
+
+@pytest.fixture(autouse=True)
+def _isolated_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "cli.sqlite3"))
+
+
+def test_every_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
+    for cmd in ("info", "prepare", "generate", "trace", "datasets", "bench"):
+        with pytest.raises(SystemExit) as exit_:
+            main([cmd, "--help"])
+        assert exit_.value.code == 0
+        assert "usage: ragscope " + cmd in capsys.readouterr().out
+
+
+def test_trace_builtin_on_tiny_model(capsys: pytest.CaptureFixture[str], tiny_model) -> None:
+    code = main(
+        [
+            "trace",
+            "--model",
+            "tiny",
+            "--device",
+            "cpu",
+            "--dataset",
+            "builtin",
+            "--hooks",
+            "resid_post,pattern",
+            "--layers",
+            "0,1",
+            "--json",
+        ]
+    )
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["example"].startswith("demo-")
+    kinds = [s["segment"] for s in out["segments"]]
+    assert kinds[-1] == "response" and "question" in kinds and "passage 1" in kinds
+    n_resp = out["segments"][-1]["tokens"]
+    # response positions + generation positions overlap except for one
+    assert out["kept_positions"] == n_resp + 1
+    assert out["hooks"]["pattern@1"][0] == tiny_model.info.n_heads
+    assert out["hooks"]["resid_post@0"] == [n_resp + 1, tiny_model.info.d_model]
+    assert out["surprisal_bits"]["max"] >= out["surprisal_bits"]["mean"] > 0
+
+
+def test_trace_unknown_id_names_the_fix(capsys: pytest.CaptureFixture[str], tiny_model) -> None:
+    code = main(["trace", "--model", "tiny", "--dataset", "builtin", "--id", "nope"])
+    assert code == 2
+    err = capsys.readouterr().err
+    assert "no example with id 'nope'" in err and "demo-01" in err
+
+
+def test_trace_needs_a_response_for_a_written_example(capsys: pytest.CaptureFixture[str]) -> None:
+    code = main(["trace", "--model", "tiny", "--question", "Q?", "--passage", "P."])
+    assert code == 2
+    assert "--response" in capsys.readouterr().err
+
+
+def test_generate_streams_to_stdout(capsys: pytest.CaptureFixture[str], tiny_model) -> None:
+    code = main(
+        [
+            "generate",
+            "--model",
+            "tiny",
+            "--question",
+            "Who?",
+            "--passage",
+            "Ada built it.",
+            "--max-new-tokens",
+            "4",
+        ]
+    )
+    assert code == 0
+    captured = capsys.readouterr()
+    assert len(captured.out) > 1  # the streamed text (random model: any characters) + newline
+    assert "4 tokens" in captured.err and "stop: max_tokens" in captured.err
+
+
+def _write(path: Path, rows: list[dict]) -> Path:
+    path.write_text("\n".join(json.dumps(r) for r in rows) + "\n", encoding="utf-8")
+    return path
+
+
+def _good(i: int) -> dict:
+    return {"id": f"r{i}", "question": "Who?", "passages": ["Ada built it."], "response": "Ada."}
+
+
+def test_validate_reports_bad_records_and_exits_1(tmp_path: Path, capsys) -> None:
+    bad = {
+        "id": "r2",
+        "question": "Who?",
+        "passages": ["x"],
+        "response": "Ada.",
+        "spans": [{"start": 0, "end": 99}],
+    }
+    path = _write(tmp_path / "d.jsonl", [_good(1), bad, _good(3)])
+    assert main(["datasets", "validate", str(path), "--format", "ragscope"]) == 1
+    out = capsys.readouterr().out
+    assert "2 of 3 records loaded" in out
+    assert f"{path}:2" in out and "spans" in out
+
+
+def test_import_then_list_then_refuse_duplicate(tmp_path: Path, capsys) -> None:
+    path = _write(tmp_path / "d.jsonl", [_good(1), _good(2)])
+    assert main(["datasets", "import", str(path), "--name", "mine", "--format", "ragscope"]) == 0
+    assert "imported 2 examples as 'mine'" in capsys.readouterr().out
+    assert main(["datasets", "list"]) == 0
+    assert "mine\t2 examples" in capsys.readouterr().out
+    # A second import under the same name is refused and loses nothing.
+    path2 = _write(tmp_path / "e.jsonl", [_good(7)])
+    assert main(["datasets", "import", str(path2), "--name", "mine", "--format", "ragscope"]) == 2
+    assert "replace" in capsys.readouterr().err
+    assert main(["datasets", "list"]) == 0
+    assert "mine\t2 examples" in capsys.readouterr().out
+
+
+def test_import_bad_file_without_skip_fails_and_stores_nothing(tmp_path: Path, capsys) -> None:
+    path = tmp_path / "d.jsonl"
+    path.write_text(json.dumps(_good(1)) + "\n{not json\n", encoding="utf-8")
+    assert main(["datasets", "import", str(path), "--name", "x", "--format", "ragscope"]) == 2
+    assert f"{path}:2" in capsys.readouterr().err
+    main(["datasets", "list"])
+    assert "no stored datasets" in capsys.readouterr().out
+
+
+def test_parser_rejects_unknown_format() -> None:
+    with pytest.raises(SystemExit):
+        build_parser().parse_args(["datasets", "validate", "x", "--format", "weird"])
