@@ -102,12 +102,14 @@ class AnswerStream:
         self.token_ids: list[int] = []
         self.stop: StopReason | None = None
         self.seconds = 0.0
+        self._started = False
 
     def __iter__(self) -> Iterator[str]:
         import torch
 
-        if self.stop is not None:
-            raise RuntimeError("this stream was already consumed; start a new one")
+        if self._started:
+            raise RuntimeError("this stream was already iterated; start a new one")
+        self._started = True
         cfg, model = self.config, self.model
         stops = _stop_ids(model)
         gen = None

@@ -386,7 +386,11 @@ def response_encoding(
         text = tokenizer.decode(ids[: j + 1], clean_up_tokenization_spaces=False)  # type: ignore[attr-defined]
         n = len(text.rstrip("\ufffd")) if j + 1 < len(ids) else len(text)
         n = min(max(n, prev), len(response))
-        offsets[j] = (prev, max(n, prev))
+        # A token ending in part of a multibyte character also covers that
+        # character (as the tokenizer's offset mapping does); the next token
+        # starts on it.
+        partial = j + 1 < len(ids) and text.endswith("\ufffd")
+        offsets[j] = (prev, min(n + 1, len(response)) if partial else n)
         prev = n
     return ids, _widen_offsets(offsets, len(response))
 
@@ -454,6 +458,19 @@ def render(
     r_ids, offsets = response_encoding(tokenizer, example.response, response_ids)
     if not r_ids:
         raise DataError("the response has no tokens", source=src, field="response")
+    if response_ids is None:
+        decoded = tokenizer.decode(r_ids, clean_up_tokenization_spaces=False)
+        if decoded != example.response:
+            # Byte-level vocabularies can lack rare bytes (SmolLM2 has no token for
+            # some control characters or for code points above U+3FFFF).
+            lost = sorted({c for c in example.response if c not in decoded})
+            raise DataError(
+                "the response does not round-trip through the tokenizer (characters "
+                f"{', '.join(f'U+{ord(c):04X}' for c in lost[:5]) or 'unknown'} cannot be "
+                "encoded); remove them from the response",
+                source=src,
+                field="response",
+            )
     start = len(ids)
     ids.extend(r_ids)
     segs.append(Segment(kind="response", start=start, end=len(ids)))

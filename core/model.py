@@ -269,12 +269,19 @@ def _offline() -> Iterator[None]:
     if os.environ.get("RAGSCOPE_ALLOW_DOWNLOAD") == "1":
         yield
         return
+    from huggingface_hub import constants as hub_constants
+
     saved = {k: os.environ.get(k) for k in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE")}
     os.environ["HF_HUB_OFFLINE"] = "1"
     os.environ["TRANSFORMERS_OFFLINE"] = "1"
+    # huggingface_hub reads the env var once, at import: set its flag too, or it
+    # still calls the hub (e.g. for its user-agent registry) on every load.
+    saved_flag = hub_constants.HF_HUB_OFFLINE
+    hub_constants.HF_HUB_OFFLINE = True
     try:
         yield
     finally:
+        hub_constants.HF_HUB_OFFLINE = saved_flag
         for k, v in saved.items():
             if v is None:
                 os.environ.pop(k, None)

@@ -1,0 +1,78 @@
+"""Shared fixtures: the tiny random model, the embedded model, a toy example.
+
+The session keeps one persistent cache dir (``RAGSCOPE_CACHE_DIR``, default
+``~/.cache/ragscope``) so the embedded model is dequantized once per machine,
+not once per run. Tests that write caches point ``RAGSCOPE_CACHE_DIR`` at a
+``tmp_path`` with ``monkeypatch``. Nothing here downloads.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+# Before anything imports core: keep the user's cache dir when set.
+os.environ.setdefault("RAGSCOPE_CACHE_DIR", str(Path.home() / ".cache" / "ragscope"))
+
+from core.examples import RAGExample  # noqa: E402
+from core.model import LoadedModel, embedded_cache_path, load_model  # noqa: E402
+
+EMBEDDED_FIXTURES = frozenset({"embedded_model"})
+
+
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Every test that uses the embedded model is marked ``embedded`` (so ``-m`` can skip it)."""
+    for item in items:
+        if EMBEDDED_FIXTURES & set(getattr(item, "fixturenames", ())):
+            item.add_marker(pytest.mark.embedded)
+
+
+@pytest.fixture(scope="session")
+def tiny_model() -> LoadedModel:
+    """The seeded random tiny model (2 layers, 4 heads, 2 kv heads) on the CPU."""
+    return load_model("tiny", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def tiny_reference(tiny_model: LoadedModel):
+    """A plain, unwrapped HF copy of the tiny model (the bridge rewires ``hf_model`` in place).
+
+    Same seed, so the same weights: an independent reference for numerics.
+    """
+    from core.model import _tiny_hf_model
+
+    return _tiny_hf_model(tiny_model.tokenizer, seed=0).eval()
+
+
+@pytest.fixture(scope="session")
+def embedded_was_cached() -> bool:
+    """Whether the embedded model's float cache existed before this session loaded it."""
+    return (embedded_cache_path() / "model.safetensors").is_file()
+
+
+@pytest.fixture(scope="session")
+def embedded_model(embedded_was_cached: bool) -> LoadedModel:
+    """SmolLM2-135M-Instruct from the installed GGUF (dequantized once into the cache)."""
+    return load_model("embedded", device="cpu")
+
+
+@pytest.fixture(scope="session")
+def toy_example() -> RAGExample:
+    """A small qa example with two passages and one labelled span."""
+    from core.examples import Span
+
+    response = "The Old Bridge was built by Ada Lovell in 1820, from red granite."
+    start = response.index("red granite")
+    return RAGExample(
+        id="toy-1",
+        task="qa",
+        question="Who built the Old Bridge, and when?",
+        passages=(
+            "The Old Bridge was built by Ada Lovell in 1820.",
+            "The bridge spans the river Wend and is made of grey limestone.",
+        ),
+        response=response,
+        spans=(Span(start=start, end=start + len("red granite"), type="Evident Conflict"),),
+    )

