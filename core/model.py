@@ -118,6 +118,18 @@ class ModelInfo:
     def to_dict(self) -> dict[str, Any]:
         return dict(vars(self))
 
+    @property
+    def key(self) -> str:
+        """Identifies the weights and numerics that features depend on.
+
+        Cached features and trained detector artifacts are keyed by it; a
+        detector trained on one model refuses another.
+        """
+        return (
+            f"{self.display_name}|L{self.n_layers}xH{self.n_heads}/KV{self.n_kv_heads}"
+            f"|D{self.d_model}|V{self.d_vocab}|{self.dtype}"
+        )
+
 
 class LoadedModel:
     """A model ready to trace: HF module, TransformerLens bridge, tokenizer, facts, lock.
@@ -363,7 +375,9 @@ def load_model(
                 display = Path(spec).name if Path(spec).exists() else spec
     except ModelError:
         raise
-    except OSError as e:
+    except (OSError, ValueError) as e:
+        # transformers raises OSError for missing files and ValueError for a
+        # folder whose config names no known architecture.
         raise ModelError(
             f"cannot load model {spec!r}: {e}. The weights must be on this machine: pass a local "
             "folder, or download the model once (huggingface-cli download ID) and retry; set "

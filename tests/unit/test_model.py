@@ -253,3 +253,9 @@ def test_prepare_embedded_is_atomic(fake_gguf_load):
     assert (target / "model.safetensors").read_bytes() == before
     assert (target / "tokenizer.json").is_file()
     assert _leftovers(target.parent) == []
+
+
+def test_folder_with_unknown_architecture_is_a_model_error(tmp_path: Path) -> None:
+    (tmp_path / "config.json").write_text('{"model_type": "no-such-architecture"}')
+    with pytest.raises(ModelError, match="cannot load model"):
+        load_model(str(tmp_path), device="cpu")

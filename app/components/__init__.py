@@ -1,0 +1,1 @@
+"""Reusable view pieces: pure HTML/figure builders plus thin ``render_*`` helpers."""

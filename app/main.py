@@ -1,0 +1,34 @@
+"""ragscope's Streamlit entry point: ``streamlit run app/main.py``.
+
+The model comes from env ``RAGSCOPE_MODEL`` (default ``embedded``; tests use
+``tiny``). It is loaded once per server process and shared by every session.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import streamlit as st
+
+from app.state import get_model
+
+PAGES_DIR = Path(__file__).parent / "views"
+
+st.set_page_config(page_title="ragscope", page_icon=":material/troubleshoot:", layout="wide")
+
+navigation = st.navigation(
+    [
+        st.Page(PAGES_DIR / "home.py", title="Home", icon=":material/home:", default=True),
+        st.Page(PAGES_DIR / "playground.py", title="Playground", icon=":material/science:"),
+    ]
+)
+
+model = get_model()
+with st.sidebar:
+    info = model.info
+    st.caption(
+        f"**Model:** {info.display_name}  \n"
+        f"{info.n_layers} layers × {info.n_heads} heads · {info.device} · {info.dtype}"
+    )
+
+navigation.run()

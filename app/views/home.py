@@ -1,0 +1,176 @@
+"""Home: what ragscope is, the loaded model, and which dataset the Playground uses."""
+
+from __future__ import annotations
+
+import streamlit as st
+
+from app.state import (
+    BUILTIN,
+    KEY_DATASET,
+    KEY_IMPORT,
+    KEY_UPLOAD,
+    KEY_UPLOAD_NAME,
+    AppState,
+    DatasetRef,
+    UploadReport,
+    app_state,
+    dataset_choices,
+    get_model,
+    get_store,
+    load_examples,
+    read_upload,
+    seed_widget,
+)
+from core.errors import RagscopeError
+from core.model import LoadedModel
+
+INTRO = (
+    "**ragscope** shows *why* a language model's retrieval-augmented answer is or is not "
+    "faithful to its sources, by reading the model's internals while it reads the answer. "
+    "Pick a dataset here, then open the **Playground** to analyse an answer token by token: "
+    "how surprised the model is by each token, and which parts of the prompt it was reading."
+)
+
+
+def _format_params(n: int) -> str:
+    # Short enough for a metric tile in a half-width column.
+    if n >= 1e9:
+        return f"{n / 1e9:.1f}B"
+    if n >= 1e6:
+        return f"{n / 1e6:.0f}M"
+    return f"{n / 1e3:.0f}K"
+
+
+def model_status(model: LoadedModel) -> None:
+    """The loaded model's facts."""
+    i = model.info
+    st.subheader("Model")
+    st.markdown(f"**{i.display_name}** · `{i.architecture}`")
+    c1, c2, c3, c4 = st.columns(4)
+    c1.metric("Layers × heads", f"{i.n_layers} × {i.n_heads}")
+    c2.metric("KV heads", i.n_kv_heads, help="Fewer than heads: grouped-query attention")
+    c3.metric("d_model", i.d_model, help=f"d_head {i.d_head}, vocabulary {i.d_vocab:,}")
+    c4.metric("Parameters", _format_params(i.n_params), help=f"{i.n_params:,} parameters")
+    st.markdown(
+        f"Device **{i.device}** · dtype **{i.dtype}** · loaded in **{model.load_seconds:.1f} s**"
+        f" · context {i.n_ctx:,} tokens · chat template "
+        f"{'yes' if i.has_chat_template else 'no'}"
+    )
+    st.caption(
+        f"Weights read from `{model.source}`. Set `RAGSCOPE_MODEL` to analyse another model."
+    )
+
+
+def dataset_picker(state: AppState) -> None:
+    """Choose the Playground's dataset: built-in, shared dev sets, or imported."""
+    st.subheader("Dataset")
+    try:
+        choices = dataset_choices()
+    except RagscopeError as e:
+        st.error(str(e))
+        choices = [BUILTIN]
+    by_key: dict[str, DatasetRef] = {c.key: c for c in choices}
+    if state.dataset.key not in by_key:
+        state.dataset = BUILTIN
+    if st.session_state.get(KEY_DATASET) not in by_key:
+        st.session_state.pop(KEY_DATASET, None)
+    seed_widget(KEY_DATASET, state.dataset.key)
+    picked = st.radio(
+        "Examples for the Playground",
+        list(by_key),
+        key=KEY_DATASET,
+        format_func=lambda k: by_key[k].label,
+    )
+    state.dataset = by_key[picked]
+    try:
+        examples = load_examples(state.dataset)
+    except RagscopeError as e:
+        st.error(str(e))
+        return
+    n_hall = sum(1 for e in examples if e.label is True)
+    n_faith = sum(1 for e in examples if e.label is False)
+    n_spans = sum(1 for e in examples if e.spans)
+    tasks = sorted({e.task for e in examples})
+    st.markdown(
+        f"**{len(examples)}** examples ({', '.join(tasks)}): {n_hall} hallucinated, "
+        f"{n_faith} faithful, {len(examples) - n_hall - n_faith} unlabelled; "
+        f"{n_spans} with gold spans."
+    )
+    st.page_link("views/playground.py", label="Open the Playground", icon=":material/science:")
+
+
+def _do_import(report: UploadReport) -> None:
+    """Import callback: store the good records and select them (runs before the rerun)."""
+    state = app_state()
+    name = str(st.session_state.get(KEY_UPLOAD_NAME, "")).strip()
+    try:
+        store = get_store()
+        n = store.import_dataset(name, report.examples, source=report.file_name, fmt=report.fmt)
+    except RagscopeError as e:
+        state.imported_message = None
+        state.import_error = str(e)
+        return
+    state.import_error = None
+    state.dataset = DatasetRef(kind="store", name=name, path=store.path, n_examples=n)
+    st.session_state[KEY_DATASET] = state.dataset.key
+    state.imported_message = f"Imported {n} examples as **{name}**; the Playground now uses them."
+
+
+def upload_section(state: AppState) -> None:
+    """Upload a .jsonl/.csv file, show what failed, import the rest into the library."""
+    st.subheader("Import a dataset")
+    st.caption(
+        "JSONL (ragscope, RAGTruth or InterpDetect layout, or any records with "
+        "`question`, `passages`, `response`) or CSV with those columns. Bad records "
+        "are skipped and listed."
+    )
+    if state.imported_message:
+        st.success(state.imported_message)
+        state.imported_message = None
+    if state.import_error:
+        st.error(state.import_error)
+    upload = st.file_uploader("Dataset file", type=["jsonl", "csv"], key=KEY_UPLOAD)
+    if upload is None:
+        return
+    try:
+        report = read_upload(upload.name, upload.getvalue())
+    except RagscopeError as e:
+        st.error(str(e))
+        return
+    n_bad = len(report.errors)
+    st.markdown(
+        f"**{len(report.examples)}** of {report.n_read} records read as `{report.fmt}`"
+        + (f"; **{n_bad}** skipped:" if n_bad else ".")
+    )
+    if n_bad:
+        st.dataframe(report.error_frame(), hide_index=True, width="stretch")
+    if report.warnings:
+        with st.expander(f"{len(report.warnings)} warnings"):
+            st.text("\n".join(report.warnings))
+    seed_widget(KEY_UPLOAD_NAME, report.default_name)
+    st.text_input("Name in the library", key=KEY_UPLOAD_NAME)
+    st.button(
+        f"Import {len(report.examples)} examples",
+        key=KEY_IMPORT,
+        type="primary",
+        disabled=not report.examples,
+        on_click=_do_import,
+        args=(report,),
+    )
+
+
+def main() -> None:
+    state = app_state()
+    st.title("ragscope")
+    st.markdown(INTRO)
+    model = get_model()
+    left, right = st.columns([1, 1], gap="large")
+    with left:
+        model_status(model)
+    with right:
+        dataset_picker(state)
+    st.divider()
+    upload_section(state)
+
+
+main()

@@ -1,0 +1,401 @@
+"""Playground: pick or write a RAG example, get an answer, and read it token by token.
+
+The answer is either written by the model here (streamed) or pasted. "Analyse" runs
+one forward pass over prompt + answer and shows each answer token's surprisal (bits)
+as a heatmap with the gold hallucination spans underlined, the prompt's segment strip,
+and the full token table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import streamlit as st
+
+from app.components.heatmap import render_token_heatmap
+from app.components.segments import segment_figure, segment_rows
+from app.state import (
+    ANSWER_GENERATE,
+    ANSWER_SOURCES,
+    INPUT_DATASET,
+    INPUT_MODES,
+    KEY_ADD_PASSAGE,
+    KEY_ANALYSE,
+    KEY_ANSWER_SOURCE,
+    KEY_EXAMPLE,
+    KEY_GENERATE,
+    KEY_INPUT_MODE,
+    KEY_MAX_TOKENS,
+    KEY_OWN_QUESTION,
+    KEY_OWN_TASK,
+    KEY_PASTED,
+    KEY_TEMPERATURE,
+    Analysis,
+    AppState,
+    GeneratedAnswer,
+    analyse,
+    app_state,
+    get_model,
+    input_signature,
+    load_examples,
+    passage_key,
+    question_signature,
+    remove_passage_key,
+    seed_widget,
+)
+from core.errors import DataError, RagscopeError
+from core.examples import TASKS, RAGExample
+from core.generate import AnswerStream, GenerationConfig
+from core.model import LoadedModel
+
+OWN_ID = "your-example"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Draft:
+    """The question side of the input (everything but the answer).
+
+    Attributes:
+        key: Identifies the input for prefilling (dataset + example id, or ``own``).
+        task: The task.
+        question: The question (``None`` when there is none).
+        passages: The passages.
+        prompt: A dataset example's verbatim prompt, if it carries one.
+        example: The dataset example (with its own response and gold labels).
+    """
+
+    key: str
+    task: str
+    question: str | None
+    passages: tuple[str, ...]
+    prompt: str | None = None
+    example: RAGExample | None = None
+
+    @property
+    def signature(self) -> str:
+        return question_signature(self.task, self.question, self.passages, self.prompt)
+
+    def with_answer(self, answer: str) -> RAGExample:
+        """The example to analyse; gold labels are kept only for the dataset's own answer.
+
+        Raises:
+            DataError: The answer is empty, or the own example is incomplete.
+        """
+        if self.example is not None:
+            if answer == self.example.response:
+                return self.example
+            return self.example.with_response(answer)
+        return RAGExample(
+            id=OWN_ID,
+            task=self.task,  # type: ignore[arg-type]
+            question=self.question,
+            passages=self.passages,
+            response=answer,
+        )
+
+
+# --------------------------------------------------------------------------- input
+
+
+def _first_words(text: str | None, n: int = 9) -> str:
+    words = (text or "").split()
+    return " ".join(words[:n]) + (" …" if len(words) > n else "")
+
+
+def pick_example(state: AppState) -> Draft | None:
+    """The dataset example selectbox and the example's question, passages and labels."""
+    ref = state.dataset
+    try:
+        examples = load_examples(ref)
+    except RagscopeError as e:
+        st.error(str(e))
+        return None
+    if not examples:
+        st.warning(f"{ref.label} holds no examples; pick another dataset on Home.")
+        return None
+    by_id = {e.id: e for e in examples}
+    remembered = state.example_id.get(ref.key)
+    if st.session_state.get(KEY_EXAMPLE) not in by_id:
+        st.session_state.pop(KEY_EXAMPLE, None)
+    seed_widget(KEY_EXAMPLE, remembered if remembered in by_id else examples[0].id)
+
+    def label(ex_id: str) -> str:
+        ex = by_id[ex_id]
+        gold = {True: " · hallucinated", False: " · faithful", None: ""}[ex.label]
+        return f"{ex_id} — {_first_words(ex.question or ex.response)}{gold}"
+
+    ex_id = st.selectbox(
+        f"Example from {ref.label}", list(by_id), key=KEY_EXAMPLE, format_func=label
+    )
+    state.example_id[ref.key] = ex_id
+    ex = by_id[ex_id]
+    show_example(ex)
+    return Draft(
+        key=f"{ref.key}/{ex.id}",
+        task=ex.task,
+        question=ex.question,
+        passages=ex.passages,
+        prompt=ex.prompt,
+        example=ex,
+    )
+
+
+def show_example(ex: RAGExample) -> None:
+    """The example's question, passages and gold labels, compactly."""
+    meta = [f"task **{ex.task}**"]
+    if ex.label is not None:
+        meta.append("gold: **hallucinated**" if ex.label else "gold: **faithful**")
+    if ex.spans:
+        meta.append(f"{len(ex.spans)} gold span{'s' if len(ex.spans) > 1 else ''}")
+    if ex.provenance.generator:
+        meta.append(f"answer by {ex.provenance.generator}")
+    st.caption(" · ".join(meta))
+    if ex.question:
+        st.markdown(f"**Question:** {ex.question}")
+    with st.expander(f"Passages ({len(ex.passages)})", expanded=len(ex.passages) <= 2):
+        for k, p in enumerate(ex.passages):
+            st.markdown(f"**Passage {k + 1}**")
+            st.text(p)
+    if ex.spans:
+        with st.expander("Gold hallucination spans"):
+            for s in ex.spans:
+                kind = f" ({s.type})" if s.type else ""
+                note = f" — {s.note}" if s.note else ""
+                st.markdown(f"- “{ex.response[s.start : s.end]}”{kind}{note}")
+
+
+def own_input(state: AppState) -> Draft:
+    """The user's own task, question and passages (add/remove passages)."""
+    seed_widget(KEY_OWN_TASK, state.own_task)
+    seed_widget(KEY_OWN_QUESTION, state.own_question)
+    c1, c2 = st.columns([1, 4])
+    with c1:
+        state.own_task = st.selectbox("Task", TASKS, key=KEY_OWN_TASK)
+    with c2:
+        state.own_question = st.text_input(
+            "Question", key=KEY_OWN_QUESTION, placeholder="What do you want to ask?"
+        )
+    only_one = len(state.own_passages) == 1
+    for k, pid in enumerate(list(state.own_passages)):
+        seed_widget(passage_key(pid), state.own_passages[pid])
+        c_text, c_remove = st.columns([20, 1], vertical_alignment="center")
+        with c_text:
+            state.own_passages[pid] = st.text_area(
+                f"Passage {k + 1}",
+                key=passage_key(pid),
+                height=100,
+                placeholder="A retrieved passage the answer should rely on",
+            )
+        with c_remove:
+            st.button(
+                "",
+                icon=":material/delete:",
+                key=remove_passage_key(pid),
+                help="Remove this passage",
+                disabled=only_one,
+                on_click=state.remove_passage,
+                args=(pid,),
+            )
+    st.button(
+        "Add a passage", icon=":material/add:", key=KEY_ADD_PASSAGE, on_click=state.add_passage
+    )
+    question = state.own_question.strip() or None
+    passages = tuple(p for p in state.own_passages.values() if p.strip())
+    return Draft(key="own", task=state.own_task, question=question, passages=passages)
+
+
+# --------------------------------------------------------------------------- answer
+
+
+def generate_answer(state: AppState, model: LoadedModel, draft: Draft) -> GeneratedAnswer | None:
+    """Controls to let the model write the answer (streamed); the current answer if any."""
+    c1, c2, c3 = st.columns([1, 1, 1], vertical_alignment="bottom")
+    seed_widget(KEY_MAX_TOKENS, state.max_tokens)
+    seed_widget(KEY_TEMPERATURE, state.temperature)
+    with c1:
+        state.max_tokens = int(
+            st.number_input("Max new tokens", 1, 1024, step=16, key=KEY_MAX_TOKENS)
+        )
+    with c2:
+        state.temperature = float(
+            st.slider(
+                "Temperature",
+                0.0,
+                1.5,
+                step=0.05,
+                key=KEY_TEMPERATURE,
+                help="0 = greedy (the model's most likely token each step)",
+            )
+        )
+    with c3:
+        clicked = st.button("Write the answer", key=KEY_GENERATE, icon=":material/edit_note:")
+    if clicked:
+        try:
+            stream = AnswerStream(
+                model,
+                task=draft.task,
+                question=draft.question,
+                passages=draft.passages,
+                prompt=draft.prompt,
+                config=GenerationConfig(
+                    max_new_tokens=state.max_tokens, temperature=state.temperature
+                ),
+            )
+            with st.container(border=True):
+                st.write_stream(stream)
+            gen = stream.result()
+        except (RagscopeError, ValueError) as e:
+            st.error(str(e))
+            return None
+        state.generation = GeneratedAnswer(
+            for_input=draft.signature,
+            text=gen.text,
+            token_ids=gen.token_ids,
+            stop=gen.stop,
+            seconds=gen.seconds,
+        )
+        state.analysis = None
+        g = state.generation
+        st.caption(_generation_note(g))
+        return g
+    g = state.generation
+    if g is None or g.for_input != draft.signature:
+        st.info("Press **Write the answer** to let the model answer this question.")
+        return None
+    with st.container(border=True):
+        st.markdown(g.text if g.text.strip() else "*(empty answer)*")
+    st.caption(_generation_note(g))
+    return g
+
+
+def _generation_note(g: GeneratedAnswer) -> str:
+    why = "end of answer" if g.stop == "eos" else "max tokens reached"
+    return f"{len(g.token_ids)} tokens in {g.seconds:.1f} s ({why})."
+
+
+def paste_answer(state: AppState, draft: Draft) -> str:
+    """The paste box, prefilled with the dataset example's own response."""
+    if state.prefilled_for != draft.key:
+        if draft.example is not None:
+            state.pasted = draft.example.response
+            st.session_state[KEY_PASTED] = state.pasted
+        state.prefilled_for = draft.key
+    seed_widget(KEY_PASTED, state.pasted)
+    state.pasted = st.text_area(
+        "Answer to analyse",
+        key=KEY_PASTED,
+        height=120,
+        placeholder="Paste the answer any model (or person) gave",
+    )
+    if draft.example is not None and state.pasted != draft.example.response:
+        st.caption("Edited answer: the dataset's gold spans no longer apply and are not shown.")
+    return state.pasted
+
+
+# --------------------------------------------------------------------------- results
+
+
+def show_analysis(a: Analysis, current_signature: str | None) -> None:
+    """Metrics, token heatmap, segment strip and token table of one analysis."""
+    st.subheader("The answer, token by token")
+    if current_signature != a.signature:
+        st.info("The input changed since this analysis; press **Analyse** to update it.")
+    s = a.surprisal
+    tokens = a.layout.response_token_strings()
+    worst = int(np.argmax(s))
+    c1, c2, c3, c4 = st.columns(4)
+    c1.metric("Mean surprisal", f"{float(s.mean()):.2f} bits")
+    c2.metric("Max surprisal", f"{float(s.max()):.2f} bits", help=f"token {tokens[worst]!r}")
+    c3.metric("Answer tokens", len(tokens), help=f"{len(a.layout)} tokens with the prompt")
+    c4.metric("Trace", f"{a.trace_seconds * 1000:.0f} ms", help="one forward pass, CPU/GPU time")
+    source = {
+        "generated": "written by the model",
+        "pasted": "pasted",
+        "dataset": "from the dataset",
+    }
+    st.caption(
+        f"{a.model_name} read the answer ({source.get(a.answer_source, a.answer_source)}). "
+        "Colour: surprisal, −log₂ p(token | prompt, earlier answer tokens); darker = the model "
+        "expected it less. Hover a token for details."
+        + (
+            " Tokens underlined in blue lie inside a gold hallucination span."
+            if a.labels is not None
+            else ""
+        )
+    )
+    render_token_heatmap(
+        tokens,
+        s,
+        labels=a.labels,
+        positions=a.layout.response_positions.tolist(),
+        value_name="surprisal (bits)",
+    )
+
+    st.subheader("What the model read")
+    rows = segment_rows(a.layout.segments)
+    st.plotly_chart(segment_figure(a.layout.segments), width="stretch", key="playground.segments")
+    st.caption(" · ".join(f"{r.label}: {r.n_tokens}" for r in rows) + f" — {len(a.layout)} tokens")
+    with st.expander("Token table"):
+        st.dataframe(a.token_frame(), hide_index=True, width="stretch", height=360)
+
+
+# --------------------------------------------------------------------------- page
+
+
+def main() -> None:
+    state = app_state()
+    model = get_model()
+    st.title("Playground")
+    st.caption(
+        "Pick an example (the dataset is chosen on Home) or write your own, give an answer, "
+        "and see how the model reads it."
+    )
+
+    seed_widget(KEY_INPUT_MODE, state.input_mode)
+    state.input_mode = st.radio("Input", INPUT_MODES, key=KEY_INPUT_MODE, horizontal=True)
+    draft = pick_example(state) if state.input_mode == INPUT_DATASET else own_input(state)
+    if draft is None:
+        return
+
+    st.divider()
+    seed_widget(KEY_ANSWER_SOURCE, state.answer_source)
+    state.answer_source = st.radio("Answer", ANSWER_SOURCES, key=KEY_ANSWER_SOURCE, horizontal=True)
+    response_ids: tuple[int, ...] | None = None
+    if state.answer_source == ANSWER_GENERATE:
+        gen = generate_answer(state, model, draft)
+        answer = gen.text if gen is not None else None
+        response_ids = gen.token_ids if gen is not None else None
+        answer_source = "generated"
+    else:
+        answer = paste_answer(state, draft)
+        same = draft.example is not None and answer == draft.example.response
+        answer_source = "dataset" if same else "pasted"
+
+    # The current input's signature tells whether a shown analysis is stale.
+    current: RAGExample | None = None
+    if answer is not None:
+        try:
+            current = draft.with_answer(answer)
+        except DataError:
+            current = None
+    signature = input_signature(current, response_ids) if current is not None else None
+
+    if st.button("Analyse", key=KEY_ANALYSE, type="primary", icon=":material/troubleshoot:"):
+        try:
+            if answer is None:
+                raise DataError("there is no answer yet: let the model write one, or paste one")
+            example = draft.with_answer(answer)
+            with st.spinner("Tracing the answer…"):
+                state.analysis = analyse(
+                    model, example, response_ids=response_ids, answer_source=answer_source
+                )
+        except RagscopeError as e:
+            state.analysis = None
+            st.error(str(e))
+    if state.analysis is not None:
+        st.divider()
+        show_analysis(state.analysis, signature)
+
+
+main()

@@ -1,0 +1,217 @@
+"""Every page renders on the tiny model (AppTest), and the Playground analyses answers."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.state import (
+    ANSWER_GENERATE,
+    ANSWER_PASTE,
+    INPUT_OWN,
+    KEY_ADD_PASSAGE,
+    KEY_ANALYSE,
+    KEY_ANSWER_SOURCE,
+    KEY_DATASET,
+    KEY_EXAMPLE,
+    KEY_GENERATE,
+    KEY_IMPORT,
+    KEY_INPUT_MODE,
+    KEY_MAX_TOKENS,
+    KEY_OWN_QUESTION,
+    KEY_PASTED,
+    KEY_TEMPERATURE,
+    KEY_UPLOAD,
+    KEY_UPLOAD_NAME,
+    STATE_KEY,
+    passage_key,
+    remove_passage_key,
+)
+from core.storage import Store
+
+PLAYGROUND = "views/playground.py"
+HALLUCINATED_DEMO = "demo-02-waggle-dance"  # a built-in example with one gold span
+
+
+def _markdown(at: AppTest) -> str:
+    return "\n".join(m.value for m in at.markdown) + "\n".join(c.value for c in at.caption)
+
+
+def _heatmaps(at: AppTest) -> list[str]:
+    return [h.value for h in at.html if 'class="rs-heatmap"' in h.value]
+
+
+def _no_exception(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def test_home_shows_model_status_and_datasets(make_app: Callable[[], AppTest]) -> None:
+    at = make_app().run()
+    _no_exception(at)
+    assert "tiny-random-llama (seed 0)" in _markdown(at)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Layers × heads"] == "2 × 4"
+    assert metrics["KV heads"] == "2"
+    assert metrics["d_model"] == "64"
+    assert "random (seed 0)" in _markdown(at)  # where the weights came from
+    picker = at.radio(key=KEY_DATASET)
+    assert picker.options == ["Built-in demo examples"]  # no shared data, empty database
+    assert "**12** examples" in _markdown(at)
+
+
+def test_home_upload_lists_bad_records_and_imports_the_rest(
+    make_app: Callable[[], AppTest], app_env: Path
+) -> None:
+    good = {"id": "u1", "question": "Who?", "passages": ["Ada built it."], "response": "Ada."}
+    good2 = {"id": "u2", "question": "When?", "passages": ["In 1820."], "response": "1820."}
+    bad = {"id": "u3", "question": "What?", "passages": ["Text."]}  # no response
+    data = "\n".join(json.dumps(r) for r in (good, bad, good2)).encode()
+    at = make_app().run()
+    at.file_uploader(key=KEY_UPLOAD).set_value(("mini.jsonl", data, "application/jsonl")).run()
+    _no_exception(at)
+    errors = at.dataframe[0].value
+    assert list(errors.columns) == ["record", "field", "reason"]
+    assert len(errors) == 1
+    assert errors.iloc[0]["record"] == "mini.jsonl:2"
+    assert errors.iloc[0]["field"] == "response"
+    assert at.text_input(key=KEY_UPLOAD_NAME).value == "mini"
+
+    at.text_input(key=KEY_UPLOAD_NAME).set_value("my-set")
+    at.button(key=KEY_IMPORT).click().run()
+    _no_exception(at)
+    assert any("Imported 2 examples" in s.value for s in at.success)
+    assert at.session_state[STATE_KEY].dataset.name == "my-set"
+    assert at.radio(key=KEY_DATASET).value.startswith("store:my-set")
+    with Store(app_env) as store:
+        assert [d.name for d in store.list_datasets()] == ["my-set"]
+        assert [e.id for e in store.load_examples("my-set")] == ["u1", "u2"]
+
+    # The Playground now draws from the imported set.
+    at.switch_page(PLAYGROUND).run()
+    _no_exception(at)
+    assert at.selectbox(key=KEY_EXAMPLE).options[0].startswith("u1")
+
+
+def _analysed_playground(make_app: Callable[[], AppTest]) -> AppTest:
+    at = make_app().run()
+    at.switch_page(PLAYGROUND).run()
+    _no_exception(at)
+    at.selectbox(key=KEY_EXAMPLE).select(HALLUCINATED_DEMO).run()
+    at.radio(key=KEY_ANSWER_SOURCE).set_value(ANSWER_PASTE).run()
+    assert at.text_area(key=KEY_PASTED).value.startswith("The duration of the waggle run")
+    at.button(key=KEY_ANALYSE).click().run()
+    _no_exception(at)
+    return at
+
+
+def test_playground_paste_and_analyse_shows_heatmap_and_segments(
+    make_app: Callable[[], AppTest],
+) -> None:
+    at = _analysed_playground(make_app)
+    assert not at.error
+    maps = _heatmaps(at)
+    assert len(maps) == 1
+    heat = maps[0]
+    assert heat.count('<span class="rs-tok') > 10
+    assert 'class="rs-tok rs-gold"' in heat  # the gold span is marked
+    assert "surprisal (bits)" in heat  # legend
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Mean surprisal"].endswith("bits")
+    assert int(metrics["Answer tokens"]) > 10
+    assert at.get("plotly_chart"), "the segment strip is missing"
+    strip = " ".join(c.value for c in at.caption)
+    for part in ("template", "instruction", "passage 1", "passage 2", "question", "answer"):
+        assert f"{part}:" in strip
+    table = at.dataframe[0].value
+    assert {"position", "token", "segment", "surprisal_bits", "gold"} <= set(table.columns)
+    assert (table["gold"] == "hallucinated").any()
+
+
+def test_analysis_is_kept_across_reruns(make_app: Callable[[], AppTest]) -> None:
+    at = _analysed_playground(make_app)
+    first = at.session_state[STATE_KEY].analysis
+    assert first is not None
+    at.run()
+    _no_exception(at)
+    assert at.session_state[STATE_KEY].analysis is first
+    assert len(_heatmaps(at)) == 1
+    # Editing the answer marks the shown analysis as stale rather than dropping it.
+    at.text_area(key=KEY_PASTED).set_value("The bees dance.").run()
+    assert any("input changed" in i.value for i in at.info)
+    assert len(_heatmaps(at)) == 1
+
+
+def test_empty_answer_shows_an_error_not_an_exception(make_app: Callable[[], AppTest]) -> None:
+    at = make_app().run()
+    at.switch_page(PLAYGROUND).run()
+    at.radio(key=KEY_ANSWER_SOURCE).set_value(ANSWER_PASTE).run()
+    at.text_area(key=KEY_PASTED).set_value("   ").run()
+    at.button(key=KEY_ANALYSE).click().run()
+    _no_exception(at)
+    assert len(at.error) == 1
+    assert "response is empty" in at.error[0].value
+    assert not _heatmaps(at)
+
+
+def test_own_example_generated_answer_is_analysed(make_app: Callable[[], AppTest]) -> None:
+    at = make_app().run()
+    at.switch_page(PLAYGROUND).run()
+    at.radio(key=KEY_INPUT_MODE).set_value(INPUT_OWN).run()
+    _no_exception(at)
+    at.text_input(key=KEY_OWN_QUESTION).set_value("Who built the bridge?")
+    at.text_area(key=passage_key(0)).set_value("Ada Lovell built the bridge in 1820.")
+    at.button(key=KEY_ADD_PASSAGE).click().run()
+    at.text_area(key=passage_key(1)).set_value("The bridge is made of grey limestone.")
+    at.radio(key=KEY_ANSWER_SOURCE).set_value(ANSWER_GENERATE).run()
+    at.number_input(key=KEY_MAX_TOKENS).set_value(6)
+    # The random tiny model writes only newlines when greedy; sampling (seed 0) gives words.
+    at.slider(key=KEY_TEMPERATURE).set_value(1.0)
+    at.button(key=KEY_GENERATE).click().run()
+    _no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    generated = at.session_state[STATE_KEY].generation
+    assert generated is not None and len(generated.token_ids) <= 6
+    at.button(key=KEY_ANALYSE).click().run()
+    _no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    heat = _heatmaps(at)[0]
+    assert heat.count('<span class="rs-tok') == len(generated.token_ids)
+    assert "rs-gold" not in heat.split("</style>", 1)[1]  # no gold labels for own answers
+    strip = " ".join(c.value for c in at.caption)
+    assert "passage 2:" in strip
+
+
+def test_unloadable_model_shows_the_fix_not_an_exception(
+    make_app: Callable[[], AppTest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGSCOPE_MODEL", "no-such-org/no-such-model")
+    at = make_app().run()
+    _no_exception(at)
+    assert len(at.error) == 1
+    message = at.error[0].value
+    assert "could not be loaded" in message
+    assert "RAGSCOPE_ALLOW_DOWNLOAD" in message  # core's message names the fix
+    assert not at.title  # the page stopped before rendering
+    # A failed load is not cached: the next rerun tries again (and fails the same way).
+    at.run()
+    _no_exception(at)
+    assert len(at.error) == 1
+
+
+def test_own_passages_can_be_added_and_removed(make_app: Callable[[], AppTest]) -> None:
+    at = make_app().run()
+    at.switch_page(PLAYGROUND).run()
+    at.radio(key=KEY_INPUT_MODE).set_value(INPUT_OWN).run()
+    assert at.button(key=remove_passage_key(0)).disabled  # the last passage stays
+    at.text_area(key=passage_key(0)).set_value("First passage.")
+    at.button(key=KEY_ADD_PASSAGE).click().run()
+    at.text_area(key=passage_key(1)).set_value("Second passage.")
+    at.button(key=remove_passage_key(0)).click().run()
+    _no_exception(at)
+    areas = {a.key: a.value for a in at.text_area if a.key.startswith("playground.own.passage.")}
+    assert areas == {passage_key(1): "Second passage."}
+    assert at.text_area(key=passage_key(1)).label == "Passage 1"

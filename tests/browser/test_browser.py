@@ -1,0 +1,206 @@
+"""Real-browser smoke test: the app on the embedded model, driven in Chromium.
+
+Starts ``streamlit run app/main.py`` on a free port with ``RAGSCOPE_MODEL=embedded``,
+opens Home and the Playground in headless Chromium (Playwright), analyses a built-in
+example, and saves full-page screenshots to ``test-artifacts/``.
+
+Chromium is the Debian package (``/usr/bin/chromium``). Without it the test is
+skipped, except in CI (``CI=true``) where it fails.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.browser, pytest.mark.embedded]
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+SERVER_START_S = 90
+MODEL_LOAD_MS = 240_000  # a cold cache dequantizes the embedded GGUF first
+ANALYSE_MS = 120_000
+EXAMPLE_ID = "demo-02-waggle-dance"  # has a gold hallucination span
+
+
+def _require_chromium() -> None:
+    if CHROMIUM.is_file():
+        return
+    if os.environ.get("CI") == "true":
+        pytest.fail("Chromium missing: install the Debian package chromium")
+    pytest.skip(f"{CHROMIUM} not found; install the Debian package chromium to run browser tests")
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _log_tail(path: Path, n: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
+    except OSError:
+        return "(no server log)"
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """A running ``streamlit run app/main.py`` on the embedded model; yields its URL."""
+    _require_chromium()
+    ARTIFACTS.mkdir(exist_ok=True)
+    port = _free_port()
+    log_path = ARTIFACTS / "streamlit-server.log"
+    env = dict(os.environ)
+    env.update(
+        RAGSCOPE_MODEL="embedded",
+        RAGSCOPE_DEVICE="cpu",
+        RAGSCOPE_DB=str(tmp_path_factory.mktemp("browser-db") / "ragscope.sqlite3"),
+        HF_HUB_OFFLINE="1",
+        TRANSFORMERS_OFFLINE="1",
+        PYTHONUNBUFFERED="1",
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "streamlit",
+        "run",
+        "app/main.py",
+        "--server.port",
+        str(port),
+        "--server.address",
+        "127.0.0.1",
+        "--server.headless",
+        "true",
+        "--browser.gatherUsageStats",
+        "false",
+    ]
+    with log_path.open("w") as log:
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + SERVER_START_S
+        while True:
+            if proc.poll() is not None:
+                pytest.fail(f"streamlit exited with {proc.returncode}:\n{_log_tail(log_path)}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except (urllib.error.URLError, OSError):
+                pass
+            if time.monotonic() > deadline:
+                pytest.fail(
+                    f"streamlit did not answer in {SERVER_START_S} s:\n{_log_tail(log_path)}"
+                )
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+
+
+@pytest.fixture(scope="module")
+def browser(server: str) -> Iterator[object]:
+    """Headless Debian Chromium through Playwright."""
+    from playwright.sync_api import sync_playwright
+
+    with sync_playwright() as pw:
+        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
+        try:
+            yield b
+        finally:
+            b.close()
+
+
+def _full_page_screenshot(page: object, path: Path) -> None:
+    """Screenshot the whole app: Streamlit scrolls an inner container, not the body,
+    so the viewport is grown to the content's height first."""
+    height = page.evaluate(  # type: ignore[attr-defined]
+        """() => {
+            const main = document.querySelector('[data-testid="stMain"]');
+            if (main) main.scrollTo(0, 0);
+            return Math.max(main ? main.scrollHeight : 0, document.body.scrollHeight);
+        }"""
+    )
+    size = page.viewport_size  # type: ignore[attr-defined]
+    page.set_viewport_size({"width": size["width"], "height": int(height) + 40})  # type: ignore[attr-defined]
+    page.wait_for_timeout(800)  # relayout and plotly resize
+    page.screenshot(path=str(path), full_page=True)  # type: ignore[attr-defined]
+    page.set_viewport_size(size)  # type: ignore[attr-defined]
+
+
+def _assert_no_exception(page: object) -> None:
+    boxes = page.locator('[data-testid="stException"]')  # type: ignore[attr-defined]
+    assert boxes.count() == 0, boxes.first.inner_text()
+
+
+def _sidebar_pages(page: object) -> list[str]:
+    """The sidebar's page names (the last line of each link: icons come first)."""
+    links = page.locator('[data-testid="stSidebarNav"] a')  # type: ignore[attr-defined]
+    return [t.strip().splitlines()[-1] for t in links.all_inner_texts()]
+
+
+def test_playground_and_home_in_chromium(server: str, browser: object) -> None:
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})  # type: ignore[attr-defined]
+    try:
+        # A fresh server, visited straight at /playground: the app's navigation (not a
+        # pages-folder fallback) must run, and the (possibly cold) model must load.
+        page.goto(f"{server}/playground", wait_until="domcontentloaded")
+        page.get_by_role("heading", name="Playground").wait_for(timeout=MODEL_LOAD_MS)
+        assert _sidebar_pages(page) == ["Home", "Playground"]
+        page.get_by_text("SmolLM2-135M-Instruct").first.wait_for()  # sidebar model status
+
+        # Pick a built-in example with a gold span, paste mode, analyse.
+        page.locator('[data-testid="stSelectbox"]').first.click()
+        page.get_by_role("option", name=re.compile(re.escape(EXAMPLE_ID))).click()
+        page.get_by_text(re.compile("duration of a honeybee")).first.wait_for()
+        page.get_by_text("Paste an answer", exact=True).click()
+        answer = page.get_by_label("Answer to analyse")
+        answer.wait_for()
+        assert answer.input_value().startswith("The duration of the waggle run")
+        page.get_by_role("button", name=re.compile("Analyse")).click()
+
+        heatmap = page.locator(".rs-heatmap")
+        heatmap.wait_for(state="visible", timeout=ANALYSE_MS)
+        assert heatmap.is_visible()
+        assert page.locator(".rs-heatmap .rs-tok").count() > 10
+        assert page.locator(".rs-heatmap .rs-gold").count() > 0
+        page.locator(".js-plotly-plot").first.wait_for(state="visible")
+        page.get_by_text("Mean surprisal").wait_for()
+        _assert_no_exception(page)
+        _full_page_screenshot(page, ARTIFACTS / "playground.png")
+
+        # Home through the sidebar navigation: model status and dataset picker.
+        page.locator('[data-testid="stSidebarNav"] a', has_text="Home").click()
+        page.get_by_text("Layers × heads").wait_for()
+        page.get_by_text("Built-in demo examples").first.wait_for()
+        assert page.get_by_text("30 × 9").is_visible()
+        _assert_no_exception(page)
+        _full_page_screenshot(page, ARTIFACTS / "home.png")
+    finally:
+        page.close()
