@@ -62,6 +62,8 @@ class Provenance:
     dataset: str | None = None
     generator: str | None = None
     source: str | None = None  # file:line or URL of the original record
+    split: str | None = None  # train / validation / test when the dataset fixes one
+    group: str | None = None  # examples sharing a source document (never split apart)
 
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if v is not None}
@@ -227,7 +229,9 @@ class RAGExample:
             label=parse_label(d.get("label"), src),
             spans=tuple(spans),
             prompt=d.get("prompt"),
-            provenance=Provenance(**{k: prov.get(k) for k in ("dataset", "generator", "source")}),
+            provenance=Provenance(
+                **{k: prov.get(k) for k in ("dataset", "generator", "source", "split", "group")}
+            ),
         )
 
 

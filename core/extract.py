@@ -1,0 +1,165 @@
+"""Batch feature extraction: one traced pass per example for all detectors together.
+
+For each example the engine renders the layout once, takes the union of the
+needs of every detector whose features are not cached yet, runs ONE forward
+pass (plus one no-context pass when some detector asks for it), and hands
+the same traces to each detector. Features are written to the cache as soon
+as an example is done, keyed by (model key, example content hash, detector
+name + config hash), so an interrupted run resumes where it stopped and a
+repeated evaluation recomputes nothing.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Literal
+
+from core.detectors.base import Features, Run
+from core.errors import DataError
+from core.layout import render
+from core.storage import Store, example_hash
+from core.trace import Needs, trace
+
+if TYPE_CHECKING:
+    from core.examples import RAGExample
+    from core.model import LoadedModel
+
+Progress = Callable[[int, int], None]
+"""Callback ``(done, total)`` after each example."""
+
+
+class FeatureCache:
+    """Features stored in the analyses table of a :class:`~core.storage.Store`."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    @staticmethod
+    def _key(detector: object) -> tuple[str, str]:
+        return detector.name, detector.config.config_hash()  # type: ignore[attr-defined]
+
+    def get(self, model_key: str, example: RAGExample, detector: object) -> Features | None:
+        name, cfg = self._key(detector)
+        rec = self.store.get_analysis(
+            example_hash=example_hash(example), model=model_key, detector=name, config_hash=cfg
+        )
+        if rec is None or not isinstance(rec.result, bytes):
+            return None
+        return Features.from_bytes(rec.result, example_id=example.id)
+
+    def put(self, model_key: str, example: RAGExample, detector: object, feats: Features) -> None:
+        name, cfg = self._key(detector)
+        self.store.put_analysis(
+            example_hash=example_hash(example),
+            model=model_key,
+            detector=name,
+            config_hash=cfg,
+            result=feats.to_bytes(),
+            dataset=example.provenance.dataset,
+            example_id=example.id,
+        )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Extraction:
+    """Features of many examples for several detectors.
+
+    Attributes:
+        examples: The examples that were extracted, in input order (failed ones left out).
+        features: Detector name -> one :class:`Features` per example, aligned with ``examples``.
+        errors: One error per example that could not be analysed (``on_error="skip"``).
+        cache_hits: Examples whose features all came from the cache.
+        computed: Examples that needed a forward pass or feature computation.
+        seconds: Wall time.
+    """
+
+    examples: tuple[RAGExample, ...]
+    features: Mapping[str, tuple[Features, ...]]
+    errors: tuple[DataError, ...]
+    cache_hits: int
+    computed: int
+    seconds: float
+
+    @property
+    def examples_per_minute(self) -> float:
+        return 60.0 * len(self.examples) / self.seconds if self.seconds > 0 else float("inf")
+
+
+def run_example(
+    model: LoadedModel, example: RAGExample, detectors: Sequence[object]
+) -> dict[str, Features]:
+    """Trace one example once for all ``detectors`` and return their features."""
+    layout = render(example, model)
+    needs = [d.needs(model.info) for d in detectors]  # type: ignore[attr-defined]
+    wanted = [n for n in needs if n is not None]
+    full = trace(model, layout, Needs.union(wanted)) if wanted else None
+    bare_needs = [
+        n for d, n in zip(detectors, needs, strict=True) if getattr(d, "needs_bare", False) and n
+    ]
+    bare = None
+    if bare_needs:
+        bare = trace(model, render(example, model, with_context=False), Needs.union(bare_needs))
+    run = Run(example=example, layout=layout, trace=full, bare=bare, model=model.info)
+    return {d.name: d.features(run) for d in detectors}  # type: ignore[attr-defined]
+
+
+def extract_features(
+    model: LoadedModel,
+    examples: Iterable[RAGExample],
+    detectors: Sequence[object],
+    *,
+    cache: FeatureCache | None = None,
+    progress: Progress | None = None,
+    on_error: Literal["raise", "skip"] = "raise",
+) -> Extraction:
+    """Features of every example for every detector (see the module docstring)."""
+    exs = list(examples)
+    names = [d.name for d in detectors]  # type: ignore[attr-defined]
+    if len(set(names)) != len(names):
+        raise DataError(f"detector names repeat: {names}")
+    key = model.info.key
+    kept: list[RAGExample] = []
+    out: dict[str, list[Features]] = {n: [] for n in names}
+    errors: list[DataError] = []
+    hits = computed = 0
+    t0 = time.perf_counter()
+    for i, ex in enumerate(exs):
+        got: dict[str, Features] = {}
+        if cache is not None:
+            for d in detectors:
+                f = cache.get(key, ex, d)
+                if f is not None:
+                    got[d.name] = f  # type: ignore[attr-defined]
+        missing = [d for d in detectors if d.name not in got]  # type: ignore[attr-defined]
+        if missing:
+            try:
+                fresh = run_example(model, ex, missing)
+            except DataError as e:
+                if on_error == "raise":
+                    raise
+                errors.append(e)
+                if progress:
+                    progress(i + 1, len(exs))
+                continue
+            if cache is not None:
+                for d in missing:
+                    cache.put(key, ex, d, fresh[d.name])  # type: ignore[attr-defined]
+            got.update(fresh)
+            computed += 1
+        else:
+            hits += 1
+        kept.append(ex)
+        for n in names:
+            out[n].append(got[n])
+        if progress:
+            progress(i + 1, len(exs))
+    return Extraction(
+        examples=tuple(kept),
+        features={n: tuple(v) for n, v in out.items()},
+        errors=tuple(errors),
+        cache_hits=hits,
+        computed=computed,
+        seconds=time.perf_counter() - t0,
+    )
