@@ -8,6 +8,7 @@ on purpose print one line naming the fix and exit with status 2.
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
 import sys
 from collections.abc import Sequence
@@ -15,8 +16,6 @@ from pathlib import Path
 from typing import Any
 
 from core.errors import RagscopeError
-
-BUILTIN = "builtin"
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -34,7 +33,8 @@ def _add_example_args(p: argparse.ArgumentParser, *, need_response: bool) -> Non
     g.add_argument(
         "--dataset",
         default=None,
-        help=f"'{BUILTIN}' (the demo examples), a file/folder to load, or a stored dataset name",
+        help="demo (12 hand-written examples), builtin (the labelled corpus), a file/folder, "
+        "or a stored dataset name",
     )
     g.add_argument("--id", default=None, help="example id within --dataset (default: first)")
     g.add_argument("--question", default=None, help="question text (instead of --dataset)")
@@ -57,22 +57,14 @@ def _load(args: argparse.Namespace):  # noqa: ANN202 - LoadedModel, imported laz
 
 
 def _pick_example(args: argparse.Namespace, *, need_response: bool):  # noqa: ANN202
-    from core.datasets import builtin_examples, load_dataset
+    from core.datasets import DEMO, resolve_dataset
     from core.errors import DataError
     from core.examples import RAGExample
 
     if args.dataset is None and args.question is None and not args.passage:
-        args.dataset = BUILTIN
+        args.dataset = DEMO
     if args.dataset is not None:
-        if args.dataset == BUILTIN:
-            examples = builtin_examples()
-        elif Path(args.dataset).exists():
-            examples = list(load_dataset(args.dataset).examples)
-        else:
-            from core.storage import Store
-
-            with Store() as store:
-                examples = store.load_examples(args.dataset)
+        _, examples = resolve_dataset(args.dataset)
         if not examples:
             raise DataError("the dataset has no examples", source=args.dataset)
         if args.id is None:
@@ -288,6 +280,118 @@ def cmd_bench(args: argparse.Namespace) -> int:
     return 0
 
 
+def _tqdm_progress(desc: str):  # noqa: ANN202
+    from tqdm import tqdm
+
+    bar: list[Any] = []
+
+    def update(done: int, total: int) -> None:
+        if not bar:
+            bar.append(tqdm(total=total, desc=desc, unit="ex", file=sys.stderr))
+        bar[0].n = done
+        bar[0].refresh()
+        if done == total:
+            bar[0].close()
+
+    return update
+
+
+def _eval_splits(args: argparse.Namespace):  # noqa: ANN202
+    from core.datasets import resolve_dataset
+    from core.evaluate import split_examples
+
+    train_name, train_all = resolve_dataset(args.dataset, on_error="skip")
+    if args.limit:
+        train_all = _stratified_head(train_all, args.limit)
+    splits = split_examples(train_all, seed=args.seed)
+    test_name = None
+    if args.test_dataset:
+        # Cross-dataset: learn on all of A's train split, thresholds on A's
+        # validation split, report on all of B.
+        test_name, test_all = resolve_dataset(args.test_dataset, on_error="skip")
+        if args.limit:
+            test_all = _stratified_head(test_all, args.limit)
+        splits["test"] = test_all
+        if test_name == train_name:
+            test_name = f"{test_name} (again)"
+    return train_name, test_name, splits
+
+
+def _stratified_head(examples: list[Any], n: int) -> list[Any]:
+    """A deterministic subset of about ``n`` examples that keeps whole sources together."""
+    from core.evaluate import source_key
+
+    groups: dict[str, list[Any]] = {}
+    for e in examples:
+        groups.setdefault(source_key(e), []).append(e)
+    out: list[Any] = []
+    for key in sorted(groups, key=lambda k: hashlib.sha256(k.encode()).hexdigest()):
+        if len(out) >= n:
+            break
+        out.extend(groups[key])
+    return out
+
+
+def cmd_evaluate(args: argparse.Namespace) -> int:
+    from core.evaluate import evaluate, runs_dir
+    from core.extract import FeatureCache
+    from core.storage import Store
+
+    names = [d for d in args.detectors.split(",") if d]
+    train_name, test_name, splits = _eval_splits(args)
+    model = _load(args)
+    artifacts = {}
+    if args.artifacts:
+        artifacts = {n: Path(args.artifacts) / n for n in names}
+    with Store() as store:
+        run = evaluate(
+            model,
+            names,
+            train=[] if artifacts else splits["train"],
+            validation=splits["validation"],
+            test=splits["test"],
+            train_dataset=train_name,
+            test_dataset=test_name,
+            artifacts=artifacts,
+            cache=None if args.no_cache else FeatureCache(store),
+            progress=_tqdm_progress("features"),
+            n_boot=args.bootstrap,
+            name=args.name,
+        )
+    j, m = run.save(args.out or runs_dir())
+    print(run.to_markdown())
+    print(f"\nsaved {j} and {m}")
+    return 0
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    from core.evaluate import evaluate
+    from core.extract import FeatureCache
+    from core.storage import Store
+
+    names = [d for d in args.detectors.split(",") if d]
+    train_name, test_name, splits = _eval_splits(args)
+    model = _load(args)
+    with Store() as store:
+        run = evaluate(
+            model,
+            names,
+            train=splits["train"],
+            validation=splits["validation"],
+            test=splits["test"],
+            train_dataset=train_name,
+            test_dataset=test_name,
+            cache=FeatureCache(store),
+            progress=_tqdm_progress("features"),
+            n_boot=args.bootstrap,
+            save_artifacts=args.out,
+        )
+    print(run.to_markdown())
+    for r in run.results:
+        print(f"saved {r.detector} -> {r.artifact}")
+    return 0
+
+
 def _emit(obj: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(obj, indent=2, ensure_ascii=False))
@@ -371,6 +475,51 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replace", action="store_true", help="import: replace a stored dataset")
     p.add_argument("--max-errors", type=int, default=20, help="validate: errors to print")
     p.set_defaults(func=cmd_datasets)
+
+    for cmd, helptext in (
+        (
+            "evaluate",
+            "fit on the train split (or load artifacts), threshold on validation, report on test",
+        ),
+        ("train", "train detectors and save their artifacts (reproduces assets/detectors)"),
+    ):
+        p = sub.add_parser(cmd, help=helptext)
+        _add_model_args(p)
+        p.add_argument(
+            "--dataset", default="builtin", help="demo, builtin, a file/folder or a stored name"
+        )
+        p.add_argument(
+            "--test-dataset", default=None, help="cross-dataset: test on all of this one"
+        )
+        p.add_argument(
+            "--detectors", default="nll,context_gain,lexical", help="comma-separated names"
+        )
+        p.add_argument(
+            "--limit", type=int, default=None, help="use about this many examples (whole sources)"
+        )
+        p.add_argument(
+            "--seed", type=int, default=0, help="split seed (datasets without their own split)"
+        )
+        p.add_argument(
+            "--bootstrap", type=int, default=1000, help="bootstrap resamples for the AUROC CI"
+        )
+        if cmd == "evaluate":
+            p.add_argument(
+                "--artifacts",
+                default=None,
+                help="load detectors from this folder instead of training",
+            )
+            p.add_argument(
+                "--no-cache", action="store_true", help="recompute features (ignore the cache)"
+            )
+            p.add_argument("--name", default=None, help="run name (default: time + datasets)")
+            p.add_argument("--out", default=None, help="folder for the run's JSON and markdown")
+            p.set_defaults(func=cmd_evaluate)
+        else:
+            p.add_argument(
+                "--out", default="assets/detectors", help="artifact folder (one subfolder each)"
+            )
+            p.set_defaults(func=cmd_train)
 
     p = sub.add_parser("bench", help="load times and trace overhead, as ratios measured in one run")
     _add_model_args(p)

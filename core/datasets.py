@@ -302,6 +302,39 @@ def builtin_examples() -> list[RAGExample]:
     return list(load_dataset(path, fmt="ragscope").examples)
 
 
+DEMO = "demo"
+BUILTIN = "builtin"
+
+
+def resolve_dataset(spec: str, *, on_error: OnError = "raise") -> tuple[str, list[RAGExample]]:
+    """Examples for a dataset spec, with the name to record for it.
+
+    ``spec`` is ``demo`` (the 12 hand-written examples), ``builtin`` (the
+    built-in labelled corpus), a file or folder to load, or the name of a
+    dataset stored with ``ragscope datasets import``.
+    """
+    if spec == DEMO:
+        return DEMO, builtin_examples()
+    if spec == BUILTIN:
+        from core.corpus import load_builtin
+
+        return BUILTIN, load_builtin()
+    p = Path(spec)
+    if p.exists():
+        return p.stem if p.is_file() else p.name, list(load_dataset(p, on_error=on_error).examples)
+    from core.storage import Store
+
+    with Store() as store:
+        names = [d.name for d in store.list_datasets()]
+        if spec not in names:
+            raise DataError(
+                f"no such file and no stored dataset named {spec!r}; use demo, builtin, a path, "
+                f"or one of the stored datasets: {', '.join(names) or '(none yet)'}",
+                source=spec,
+            )
+        return spec, store.load_examples(spec)
+
+
 def shared_data_dir() -> Path | None:
     """The development data folder, or ``None`` when it is not there.
 

@@ -23,7 +23,7 @@ def test_every_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
         assert "usage: ragscope " + cmd in capsys.readouterr().out
 
 
-def test_trace_builtin_on_tiny_model(capsys: pytest.CaptureFixture[str], tiny_model) -> None:
+def test_trace_demo_on_tiny_model(capsys: pytest.CaptureFixture[str], tiny_model) -> None:
     code = main(
         [
             "trace",
@@ -32,7 +32,7 @@ def test_trace_builtin_on_tiny_model(capsys: pytest.CaptureFixture[str], tiny_mo
             "--device",
             "cpu",
             "--dataset",
-            "builtin",
+            "demo",
             "--hooks",
             "resid_post,pattern",
             "--layers",
@@ -54,7 +54,7 @@ def test_trace_builtin_on_tiny_model(capsys: pytest.CaptureFixture[str], tiny_mo
 
 
 def test_trace_unknown_id_names_the_fix(capsys: pytest.CaptureFixture[str], tiny_model) -> None:
-    code = main(["trace", "--model", "tiny", "--dataset", "builtin", "--id", "nope"])
+    code = main(["trace", "--model", "tiny", "--dataset", "demo", "--id", "nope"])
     assert code == 2
     err = capsys.readouterr().err
     assert "no example with id 'nope'" in err and "demo-01" in err

@@ -1,0 +1,532 @@
+"""Evaluation: source-grouped splits, metrics with bootstrap CIs, saved runs.
+
+- :func:`split_examples` keeps every example of one source (same question and
+  passages, or the dataset's own ``provenance.group``) in one split, and uses
+  the dataset's own train/validation/test split when it declares one.
+- :func:`evaluate` extracts features once for all detectors (cached), fits
+  each detector on the training split (or loads artifacts), picks its
+  threshold on validation, and reports on test: response-level AUROC with a
+  bootstrap 95% CI, AP, balanced accuracy, F1, precision, recall and Pearson
+  r; token-level AP and AUROC where the detector gives token scores.
+- An :class:`EvalRun` saves as JSON (with model key, data hashes and config
+  hashes) and renders as a markdown table; the Benchmark page reads them.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from core.detectors.base import detector_class, make_detector
+from core.errors import DataError
+from core.extract import Extraction, FeatureCache, extract_features
+from core.storage import example_hash
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from core.examples import RAGExample
+    from core.model import LoadedModel
+
+SPLITS = ("train", "validation", "test")
+RUN_FORMAT = 1
+
+
+# ----------------------------------------------------------------------------- splits
+
+
+def source_key(example: RAGExample) -> str:
+    """The source an example belongs to: its declared group, else question + passages."""
+    if example.provenance.group:
+        return example.provenance.group
+    payload = json.dumps([example.question, list(example.passages)], ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+
+
+def split_examples(
+    examples: Sequence[RAGExample],
+    fractions: tuple[float, float, float] = (0.7, 0.15, 0.15),
+    seed: int = 0,
+) -> dict[str, list[RAGExample]]:
+    """Train / validation / test lists; a source never crosses splits.
+
+    When every example declares ``provenance.split`` (one of train, validation,
+    test) that split is kept; otherwise sources are assigned by a seeded hash.
+    """
+    if abs(sum(fractions) - 1.0) > 1e-6 or min(fractions) < 0:
+        raise DataError(f"split fractions must be >= 0 and sum to 1, got {fractions}")
+    out: dict[str, list[RAGExample]] = {s: [] for s in SPLITS}
+    declared = [e.provenance.split for e in examples]
+    if examples and all(s in SPLITS for s in declared) and len(set(declared)) > 1:
+        for e in examples:
+            out[e.provenance.split].append(e)  # type: ignore[index]
+        return out
+    keys = sorted({source_key(e) for e in examples})
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(keys))
+    n = len(keys)
+    n_train = round(fractions[0] * n)
+    n_val = round(fractions[1] * n)
+    assign: dict[str, str] = {}
+    for rank, idx in enumerate(order):
+        assign[keys[idx]] = (
+            "train" if rank < n_train else ("validation" if rank < n_train + n_val else "test")
+        )
+    for e in examples:
+        out[assign[source_key(e)]].append(e)
+    return out
+
+
+def data_hash(examples: Sequence[RAGExample]) -> str:
+    """Content hash of a labelled dataset (text + labels), order-independent."""
+    rows = sorted(
+        json.dumps([example_hash(e), e.label, [(s.start, s.end, s.type) for s in e.spans]])
+        for e in examples
+    )
+    return hashlib.sha256("\n".join(rows).encode("utf-8")).hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def _binary_checks(y: np.ndarray) -> bool:
+    return y.size > 0 and 0 < y.sum() < y.size
+
+
+def response_metrics(
+    y: np.ndarray, scores: np.ndarray, threshold: float, *, n_boot: int = 1000, seed: int = 0
+) -> dict[str, Any]:
+    """Response-level metrics at ``threshold`` with a bootstrap 95% CI for AUROC."""
+    import warnings
+
+    from sklearn.metrics import (
+        average_precision_score,
+        balanced_accuracy_score,
+        f1_score,
+        precision_score,
+        recall_score,
+        roc_auc_score,
+    )
+
+    y = np.asarray(y).astype(int)
+    s = np.asarray(scores, dtype=np.float64)
+    pred = (s >= threshold).astype(int)
+    with warnings.catch_warnings():
+        # One class in a small split is reported as such, not warned about.
+        warnings.simplefilter("ignore", UserWarning)
+        balanced = float(balanced_accuracy_score(y, pred)) if y.size else None
+    out: dict[str, Any] = {
+        "n": int(y.size),
+        "n_positive": int(y.sum()),
+        "threshold": float(threshold),
+        "balanced_accuracy": balanced,
+        "f1": float(f1_score(y, pred, zero_division=0)),
+        "precision": float(precision_score(y, pred, zero_division=0)),
+        "recall": float(recall_score(y, pred, zero_division=0)),
+        "confusion": {
+            "tp": int(((pred == 1) & (y == 1)).sum()),
+            "fp": int(((pred == 1) & (y == 0)).sum()),
+            "tn": int(((pred == 0) & (y == 0)).sum()),
+            "fn": int(((pred == 0) & (y == 1)).sum()),
+        },
+    }
+    if not _binary_checks(y):
+        out.update(auroc=None, auroc_ci=None, ap=None, pearson_r=None)
+        return out
+    out["auroc"] = float(roc_auc_score(y, s))
+    out["ap"] = float(average_precision_score(y, s))
+    out["pearson_r"] = float(np.corrcoef(y, s)[0, 1]) if s.std() > 0 else 0.0
+    rng = np.random.default_rng(seed)
+    boots = []
+    for _ in range(n_boot):
+        idx = rng.integers(0, y.size, y.size)
+        if _binary_checks(y[idx]):
+            boots.append(roc_auc_score(y[idx], s[idx]))
+    out["auroc_ci"] = (
+        [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))] if boots else None
+    )
+    return out
+
+
+def token_metrics(labels: np.ndarray, scores: np.ndarray) -> dict[str, Any]:
+    """Token-level AP and AUROC over all labelled tokens."""
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    y = np.asarray(labels).astype(int)
+    if not _binary_checks(y):
+        return {"n_tokens": int(y.size), "n_positive": int(y.sum()), "ap": None, "auroc": None}
+    return {
+        "n_tokens": int(y.size),
+        "n_positive": int(y.sum()),
+        "ap": float(average_precision_score(y, scores)),
+        "auroc": float(roc_auc_score(y, scores)),
+    }
+
+
+def best_threshold(
+    y: np.ndarray, scores: np.ndarray, criterion: Literal["f1", "balanced_accuracy"] = "f1"
+) -> float:
+    """The score threshold that maximises ``criterion`` on (validation) data."""
+    from sklearn.metrics import balanced_accuracy_score, f1_score
+
+    y = np.asarray(y).astype(int)
+    s = np.asarray(scores, dtype=np.float64)
+    if not _binary_checks(y):
+        return 0.5
+    cands = np.unique(s)
+    best, best_t = -1.0, 0.5
+    for t in cands:
+        pred = (s >= t).astype(int)
+        v = (
+            f1_score(y, pred, zero_division=0)
+            if criterion == "f1"
+            else balanced_accuracy_score(y, pred)
+        )
+        if v > best:
+            best, best_t = v, float(t)
+    return best_t
+
+
+# ----------------------------------------------------------------------------- runs
+
+
+@dataclass(frozen=True, kw_only=True)
+class DetectorResult:
+    """One detector's test results in a run."""
+
+    detector: str
+    config_hash: str
+    threshold: float
+    metrics: Mapping[str, Any]
+    token_metrics: Mapping[str, Any] | None
+    validation_metrics: Mapping[str, Any] | None
+    scores: tuple[float, ...]  # aligned with EvalRun.test_ids
+    artifact: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalRun:
+    """A saved evaluation: what was run, on what, and how each detector did."""
+
+    name: str
+    created_at: str
+    model: str
+    train_dataset: str
+    test_dataset: str
+    data_hashes: Mapping[str, str]
+    split_sizes: Mapping[str, int]
+    test_ids: tuple[str, ...]
+    test_labels: tuple[int, ...]
+    test_tasks: tuple[str, ...]
+    test_generators: tuple[str, ...]
+    results: tuple[DetectorResult, ...]
+    extraction: Mapping[str, Any] = field(default_factory=dict)
+    format: int = RUN_FORMAT
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(vars(self))
+        d["results"] = [dict(vars(r)) for r in self.results]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> EvalRun:
+        if d.get("format") != RUN_FORMAT:
+            raise DataError(
+                f"evaluation run format {d.get('format')!r} is not {RUN_FORMAT}; re-run it"
+            )
+        kw = dict(d)
+        kw["results"] = tuple(
+            DetectorResult(**{**r, "scores": tuple(r["scores"])}) for r in d["results"]
+        )
+        for k in ("test_ids", "test_labels", "test_tasks", "test_generators"):
+            kw[k] = tuple(d[k])
+        return cls(**kw)
+
+    def save(self, folder: str | Path) -> tuple[Path, Path]:
+        """Write ``<name>.json`` and ``<name>.md`` into ``folder``."""
+        out = Path(folder)
+        out.mkdir(parents=True, exist_ok=True)
+        j = out / f"{self.name}.json"
+        m = out / f"{self.name}.md"
+        j.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
+        m.write_text(self.to_markdown() + "\n")
+        return j, m
+
+    @classmethod
+    def load(cls, path: str | Path) -> EvalRun:
+        try:
+            return cls.from_dict(json.loads(Path(path).read_text()))
+        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+            raise DataError(f"not a readable evaluation run ({e})", source=str(path)) from e
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per detector with the headline test metrics."""
+        import pandas as pd
+
+        rows = []
+        for r in self.results:
+            m = r.metrics
+            ci = m.get("auroc_ci") or [None, None]
+            rows.append(
+                {
+                    "detector": r.detector,
+                    "AUROC": m.get("auroc"),
+                    "AUROC 95% CI low": ci[0],
+                    "AUROC 95% CI high": ci[1],
+                    "AP": m.get("ap"),
+                    "balanced acc": m.get("balanced_accuracy"),
+                    "F1": m.get("f1"),
+                    "precision": m.get("precision"),
+                    "recall": m.get("recall"),
+                    "Pearson r": m.get("pearson_r"),
+                    "threshold": r.threshold,
+                    "token AP": (r.token_metrics or {}).get("ap"),
+                    "token AUROC": (r.token_metrics or {}).get("auroc"),
+                }
+            )
+        return pd.DataFrame(rows)
+
+    def to_markdown(self) -> str:
+        def f(v: Any) -> str:
+            return "-" if v is None else f"{v:.3f}"
+
+        lines = [
+            f"# {self.name}",
+            "",
+            f"model `{self.model}`; train `{self.train_dataset}` -> test `{self.test_dataset}`; "
+            f"splits {dict(self.split_sizes)}; data hashes {dict(self.data_hashes)}",
+            "",
+            "| detector | AUROC [95% CI] | AP | bal. acc | F1 | P | R | r | token AP | token AUROC |",
+            "|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in self.results:
+            m, t = r.metrics, r.token_metrics or {}
+            ci = m.get("auroc_ci")
+            auroc = f(m.get("auroc")) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+            lines.append(
+                f"| {r.detector} | {auroc} | {f(m.get('ap'))} | {f(m.get('balanced_accuracy'))} | "
+                f"{f(m.get('f1'))} | {f(m.get('precision'))} | {f(m.get('recall'))} | "
+                f"{f(m.get('pearson_r'))} | {f(t.get('ap'))} | {f(t.get('auroc'))} |"
+            )
+        ex = self.extraction
+        if ex:
+            lines += [
+                "",
+                f"feature extraction: {ex.get('computed')} computed, {ex.get('cache_hits')} from cache, "
+                f"{ex.get('seconds', 0):.1f} s ({ex.get('examples_per_minute', 0):.1f} examples/min)",
+            ]
+        return "\n".join(lines)
+
+    def breakdown(self, by: Literal["task", "generator"]) -> pd.DataFrame:
+        """AUROC / F1 per task or generator for every detector."""
+        import pandas as pd
+
+        keys = np.asarray(self.test_tasks if by == "task" else self.test_generators)
+        y = np.asarray(self.test_labels)
+        rows = []
+        for r in self.results:
+            s = np.asarray(r.scores)
+            for k in sorted(set(keys.tolist())):
+                mask = keys == k
+                m = response_metrics(y[mask], s[mask], r.threshold, n_boot=0)
+                rows.append(
+                    {
+                        "detector": r.detector,
+                        by: k,
+                        "n": int(mask.sum()),
+                        "AUROC": m["auroc"],
+                        "F1": m["f1"],
+                    }
+                )
+        return pd.DataFrame(rows)
+
+
+def runs_dir() -> Path:
+    from core.model import cache_dir
+
+    return cache_dir() / "runs"
+
+
+def list_runs(folder: str | Path | None = None) -> list[Path]:
+    """Saved run JSON files, newest first."""
+    d = Path(folder) if folder is not None else runs_dir()
+    return (
+        sorted(d.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
+        if d.is_dir()
+        else []
+    )
+
+
+# ----------------------------------------------------------------------------- evaluate
+
+
+def _labels(examples: Sequence[RAGExample], what: str) -> np.ndarray:
+    missing = [e.id for e in examples if e.label is None]
+    if missing:
+        raise DataError(
+            f"{len(missing)} {what} examples are unlabelled (first {missing[0]!r}); evaluation needs labels"
+        )
+    return np.asarray([int(bool(e.label)) for e in examples])
+
+
+def _subset(ext: Extraction, ids: set[str]) -> tuple[list[RAGExample], dict[str, list[Any]]]:
+    idx = [i for i, e in enumerate(ext.examples) if e.id in ids]
+    return [ext.examples[i] for i in idx], {
+        n: [fs[i] for i in idx] for n, fs in ext.features.items()
+    }
+
+
+def evaluate(
+    model: LoadedModel,
+    detectors: Sequence[str],
+    *,
+    train: Sequence[RAGExample],
+    validation: Sequence[RAGExample],
+    test: Sequence[RAGExample],
+    train_dataset: str,
+    test_dataset: str | None = None,
+    artifacts: Mapping[str, str | Path] | None = None,
+    cache: FeatureCache | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    threshold_criterion: Literal["f1", "balanced_accuracy"] = "f1",
+    name: str | None = None,
+    n_boot: int = 1000,
+    save_artifacts: str | Path | None = None,
+) -> EvalRun:
+    """Fit (or load) each detector, pick thresholds on validation, report on test.
+
+    Args:
+        model: The analysing model.
+        detectors: Registered detector names.
+        train, validation, test: The splits (train may be empty when every
+            detector comes from ``artifacts``).
+        train_dataset, test_dataset: Names recorded in the run.
+        artifacts: Detector name -> artifact folder to load instead of training.
+        cache: Feature cache (recommended: evaluation re-runs then cost nothing).
+        progress: ``(done, total)`` over all examples.
+        threshold_criterion: What the validation threshold maximises.
+        name: Run name (default: timestamp + datasets).
+        n_boot: Bootstrap resamples for the AUROC CI.
+        save_artifacts: Folder to save each freshly trained detector in
+            (``<folder>/<name>/``), with threshold, training data hashes and metrics.
+    """
+    artifacts = dict(artifacts or {})
+    dets: dict[str, Any] = {}
+    for n in detectors:
+        dets[n] = (
+            detector_class(n).load(artifacts[n], model_key=model.info.key)
+            if n in artifacts
+            else make_detector(n)
+        )
+    if any(n not in artifacts for n in detectors) and not train:
+        raise DataError(
+            "no training examples: give a training split or artifacts for every detector"
+        )
+    everything = [*train, *validation, *test]
+    ids = [e.id for e in everything]
+    if len(set(ids)) != len(ids):
+        raise DataError("example ids repeat across splits; ids must be unique")
+    ext = extract_features(
+        model, everything, list(dets.values()), cache=cache, progress=progress, on_error="skip"
+    )
+    tr_ex, tr_f = _subset(ext, {e.id for e in train})
+    va_ex, va_f = _subset(ext, {e.id for e in validation})
+    te_ex, te_f = _subset(ext, {e.id for e in test})
+    if not te_ex:
+        raise DataError("the test split is empty after extraction; use a larger dataset")
+    y_te = _labels(te_ex, "test")
+    y_va = _labels(va_ex, "validation") if va_ex else np.zeros(0)
+    results = []
+    hashes = {"train": data_hash(tr_ex), "validation": data_hash(va_ex), "test": data_hash(te_ex)}
+    for n, det in dets.items():
+        if n not in artifacts:
+            det.fit(tr_f[n], tr_ex)
+        va_metrics = None
+        if va_ex:
+            va_scores = np.asarray([det.predict(f).score for f in va_f[n]])
+            det.threshold_ = best_threshold(y_va, va_scores, threshold_criterion)
+            va_metrics = response_metrics(y_va, va_scores, det.threshold_, n_boot=0)
+        verdicts = [det.predict(f) for f in te_f[n]]
+        scores = np.asarray([v.score for v in verdicts])
+        tok = None
+        tok_lab, tok_sc = [], []
+        for f, e, v in zip(te_f[n], te_ex, verdicts, strict=True):
+            lab = f.token_labels(e)
+            if v.token_scores is None:
+                continue
+            if lab is None and e.label is False:
+                lab = np.zeros(len(v.token_scores), dtype=np.int8)
+            if lab is not None:
+                tok_lab.append(lab)
+                tok_sc.append(v.token_scores)
+        if tok_lab:
+            tok = token_metrics(np.concatenate(tok_lab), np.concatenate(tok_sc))
+        metrics = response_metrics(y_te, scores, det.threshold_, n_boot=n_boot)
+        art = None
+        if save_artifacts is not None and n not in artifacts:
+            art = str(
+                det.save(
+                    Path(save_artifacts) / n,
+                    extra={
+                        "trained_on": {
+                            "dataset": train_dataset,
+                            "data_hashes": hashes,
+                            "n": {
+                                k: len(v)
+                                for k, v in (
+                                    ("train", tr_ex),
+                                    ("validation", va_ex),
+                                    ("test", te_ex),
+                                )
+                            },
+                        },
+                        "threshold_criterion": threshold_criterion,
+                        "metrics": {"test": metrics, "validation": va_metrics, "token": tok},
+                    },
+                )
+            )
+        elif n in artifacts:
+            art = str(artifacts[n])
+        results.append(
+            DetectorResult(
+                detector=n,
+                config_hash=det.config.config_hash(),
+                threshold=float(det.threshold_),
+                metrics=metrics,
+                token_metrics=tok,
+                validation_metrics=va_metrics,
+                scores=tuple(float(s) for s in scores),
+                artifact=art,
+            )
+        )
+    stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
+    test_name = test_dataset or train_dataset
+    return EvalRun(
+        name=name or f"{stamp}-{train_dataset}-to-{test_name}".replace("/", "_"),
+        created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+        model=model.info.key,
+        train_dataset=train_dataset,
+        test_dataset=test_name,
+        data_hashes=hashes,
+        split_sizes={"train": len(tr_ex), "validation": len(va_ex), "test": len(te_ex)},
+        test_ids=tuple(e.id for e in te_ex),
+        test_labels=tuple(int(v) for v in y_te),
+        test_tasks=tuple(e.task for e in te_ex),
+        test_generators=tuple(e.provenance.generator or "unknown" for e in te_ex),
+        results=tuple(results),
+        extraction={
+            "computed": ext.computed,
+            "cache_hits": ext.cache_hits,
+            "errors": [str(e) for e in ext.errors[:20]],
+            "n_errors": len(ext.errors),
+            "seconds": ext.seconds,
+            "examples_per_minute": ext.examples_per_minute,
+        },
+    )
