@@ -1,0 +1,183 @@
+"""Evaluation: splits by source, metrics against direct computation, thresholds, saved runs."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from sklearn.metrics import average_precision_score, roc_auc_score
+
+from core.errors import DataError
+from core.evaluate import (
+    EvalRun,
+    best_threshold,
+    data_hash,
+    evaluate,
+    response_metrics,
+    source_key,
+    split_examples,
+    token_metrics,
+)
+from core.examples import Provenance, RAGExample, Span
+
+
+def _ex(
+    i: int, q: int, label: bool, *, split: str | None = None, group: str | None = None
+) -> RAGExample:
+    resp = f"Answer {i} says the bridge is {1800 + i} years old."
+    spans = (
+        (Span(start=resp.index(str(1800 + i)), end=resp.index(str(1800 + i)) + 4),) if label else ()
+    )
+    return RAGExample(
+        id=f"e{i}",
+        question=f"Question {q}?",
+        passages=(f"Context for question {q}: the bridge was built in 1820.",),
+        response=resp,
+        label=label,
+        spans=spans,
+        provenance=Provenance(dataset="t", generator=f"gen{i % 3}", split=split, group=group),
+    )
+
+
+def test_sources_never_cross_splits_and_fractions_hold() -> None:
+    exs = [_ex(i, q=i // 4, label=bool(i % 2)) for i in range(400)]  # 100 sources x 4 answers
+    splits = split_examples(exs, seed=3)
+    seen: dict[str, str] = {}
+    for name, part in splits.items():
+        for e in part:
+            assert seen.setdefault(source_key(e), name) == name
+    sizes = {k: len(v) for k, v in splits.items()}
+    assert sum(sizes.values()) == 400
+    assert abs(sizes["train"] / 400 - 0.7) < 0.02 and abs(sizes["test"] / 400 - 0.15) < 0.02
+    assert split_examples(exs, seed=3) == splits  # deterministic
+    assert split_examples(exs, seed=4) != splits
+
+
+def test_declared_splits_and_groups_are_respected() -> None:
+    exs = [
+        _ex(i, q=i, label=bool(i % 2), split=("train", "validation", "test")[i % 3])
+        for i in range(9)
+    ]
+    splits = split_examples(exs)
+    assert [e.id for e in splits["validation"]] == ["e1", "e4", "e7"]
+    grouped = [_ex(i, q=i, label=False, group="g" + str(i // 3)) for i in range(6)]
+    assert {source_key(e) for e in grouped} == {"g0", "g1"}
+    with pytest.raises(DataError, match="sum to 1"):
+        split_examples(exs, fractions=(0.5, 0.5, 0.5))
+
+
+@settings(max_examples=40, deadline=None)
+@given(st.lists(st.tuples(st.booleans(), st.floats(0, 1)), min_size=4, max_size=60))
+def test_response_metrics_match_sklearn(rows: list[tuple[bool, float]]) -> None:
+    y = np.asarray([int(a) for a, _ in rows])
+    s = np.asarray([b for _, b in rows])
+    m = response_metrics(y, s, 0.5, n_boot=50)
+    pred = s >= 0.5
+    c = m["confusion"]
+    assert c["tp"] == int((pred & (y == 1)).sum()) and c["tn"] == int((~pred & (y == 0)).sum())
+    assert c["tp"] + c["fp"] + c["tn"] + c["fn"] == len(rows)
+    if 0 < y.sum() < y.size:
+        assert m["auroc"] == pytest.approx(roc_auc_score(y, s))
+        assert m["ap"] == pytest.approx(average_precision_score(y, s))
+        if m["auroc_ci"] is not None:
+            assert m["auroc_ci"][0] <= m["auroc_ci"][1]
+    else:
+        assert m["auroc"] is None and m["ap"] is None
+
+
+def test_bootstrap_ci_brackets_auroc_and_narrows_with_data() -> None:
+    rng = np.random.default_rng(0)
+    y = rng.integers(0, 2, 400)
+    s = y * 0.3 + rng.random(400)
+    wide = response_metrics(y[:40], s[:40], 0.5, n_boot=500)
+    narrow = response_metrics(y, s, 0.5, n_boot=500)
+    lo, hi = narrow["auroc_ci"]
+    assert lo <= narrow["auroc"] <= hi
+    assert (hi - lo) < (wide["auroc_ci"][1] - wide["auroc_ci"][0])
+
+
+def test_best_threshold_maximises_f1() -> None:
+    y = np.array([0, 0, 0, 1, 1, 1])
+    s = np.array([0.1, 0.2, 0.35, 0.3, 0.8, 0.9])
+    t = best_threshold(y, s)
+    assert t == pytest.approx(0.3)  # catches all three positives with one false alarm
+    assert best_threshold(np.zeros(3), s[:3]) == 0.5
+
+
+def test_token_metrics_and_data_hash() -> None:
+    m = token_metrics(np.array([0, 1, 0, 1]), np.array([0.1, 0.9, 0.2, 0.8]))
+    assert m["ap"] == 1.0 and m["auroc"] == 1.0 and m["n_positive"] == 2
+    exs = [_ex(i, q=i, label=bool(i % 2)) for i in range(6)]
+    assert data_hash(exs) == data_hash(list(reversed(exs)))
+    relabelled = [dataclasses.replace(exs[0], label=True, spans=()), *exs[1:]]
+    assert data_hash(relabelled) != data_hash(exs)
+
+
+def test_evaluate_end_to_end_on_tiny(tiny_model, tmp_path: Path) -> None:
+    exs = [_ex(i, q=i, label=bool(i % 2)) for i in range(24)]
+    splits = split_examples(exs, seed=0)
+    run = evaluate(
+        tiny_model,
+        ["nll", "lexical"],
+        train=splits["train"],
+        validation=splits["validation"],
+        test=splits["test"],
+        train_dataset="toy",
+        n_boot=100,
+        save_artifacts=tmp_path / "art",
+    )
+    assert [r.detector for r in run.results] == ["nll", "lexical"]
+    assert run.split_sizes == {k: len(v) for k, v in splits.items()}
+    for r in run.results:
+        assert len(r.scores) == len(run.test_ids)
+        assert (tmp_path / "art" / r.detector / "cfg.json").is_file()
+    j, md = run.save(tmp_path / "runs")
+    again = EvalRun.load(j)
+    assert again.to_dict() == run.to_dict()
+    assert "| nll |" in md.read_text() and "| lexical |" in md.read_text()
+    # Loading the saved artifacts instead of training reproduces the scores.
+    reloaded = evaluate(
+        tiny_model,
+        ["nll", "lexical"],
+        train=[],
+        validation=splits["validation"],
+        test=splits["test"],
+        train_dataset="toy",
+        artifacts={n: tmp_path / "art" / n for n in ("nll", "lexical")},
+        n_boot=0,
+    )
+    for a, b in zip(run.results, reloaded.results, strict=True):
+        np.testing.assert_allclose(a.scores, b.scores, rtol=1e-6)
+    frame = run.to_frame()
+    assert list(frame["detector"]) == ["nll", "lexical"]
+    assert set(run.breakdown("generator")["generator"]) <= {"gen0", "gen1", "gen2"}
+
+
+def test_evaluate_refuses_unlabelled_test_and_missing_training(tiny_model) -> None:
+    exs = [_ex(i, q=i, label=bool(i % 2)) for i in range(6)]
+    unl = [e.with_response(e.response) for e in exs[4:]]
+    with pytest.raises(DataError, match="unlabelled"):
+        evaluate(
+            tiny_model,
+            ["lexical"],
+            train=exs[:4],
+            validation=[],
+            test=unl,
+            train_dataset="t",
+            n_boot=0,
+        )
+    with pytest.raises(DataError, match="no training examples"):
+        evaluate(
+            tiny_model, ["lexical"], train=[], validation=[], test=exs, train_dataset="t", n_boot=0
+        )
+
+
+def test_saved_run_with_wrong_format_is_a_data_error(tmp_path: Path) -> None:
+    p = tmp_path / "bad.json"
+    p.write_text('{"format": 99}')
+    with pytest.raises(DataError, match="format"):
+        EvalRun.load(p)
