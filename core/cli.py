@@ -8,7 +8,6 @@ on purpose print one line naming the fix and exit with status 2.
 from __future__ import annotations
 
 import argparse
-import hashlib
 import json
 import sys
 from collections.abc import Sequence
@@ -297,39 +296,9 @@ def _tqdm_progress(desc: str):  # noqa: ANN202
 
 
 def _eval_splits(args: argparse.Namespace):  # noqa: ANN202
-    from core.datasets import resolve_dataset
-    from core.evaluate import split_examples
+    from core.evaluate import make_splits
 
-    train_name, train_all = resolve_dataset(args.dataset, on_error="skip")
-    if args.limit:
-        train_all = _stratified_head(train_all, args.limit)
-    splits = split_examples(train_all, seed=args.seed)
-    test_name = None
-    if args.test_dataset:
-        # Cross-dataset: learn on all of A's train split, thresholds on A's
-        # validation split, report on all of B.
-        test_name, test_all = resolve_dataset(args.test_dataset, on_error="skip")
-        if args.limit:
-            test_all = _stratified_head(test_all, args.limit)
-        splits["test"] = test_all
-        if test_name == train_name:
-            test_name = f"{test_name} (again)"
-    return train_name, test_name, splits
-
-
-def _stratified_head(examples: list[Any], n: int) -> list[Any]:
-    """A deterministic subset of about ``n`` examples that keeps whole sources together."""
-    from core.evaluate import source_key
-
-    groups: dict[str, list[Any]] = {}
-    for e in examples:
-        groups.setdefault(source_key(e), []).append(e)
-    out: list[Any] = []
-    for key in sorted(groups, key=lambda k: hashlib.sha256(k.encode()).hexdigest()):
-        if len(out) >= n:
-            break
-        out.extend(groups[key])
-    return out
+    return make_splits(args.dataset, args.test_dataset, limit=args.limit, seed=args.seed)
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
@@ -389,6 +358,62 @@ def cmd_train(args: argparse.Namespace) -> int:
     print(run.to_markdown())
     for r in run.results:
         print(f"saved {r.detector} -> {r.artifact}")
+    return 0
+
+
+def cmd_answer(args: argparse.Namespace) -> int:
+    """Write the model's own answers to a dataset's prompts (unlabelled), resumably."""
+    import dataclasses
+
+    from core.datasets import load_dataset, repo_root, resolve_dataset, save_jsonl
+    from core.evaluate import source_key
+    from core.examples import Provenance
+    from core.generate import GenerationConfig, generate
+
+    name, examples = resolve_dataset(args.dataset)
+    if args.one_per_source:
+        seen: set[str] = set()
+        firsts = []
+        for e in examples:
+            if source_key(e) not in seen:
+                seen.add(source_key(e))
+                firsts.append(e)
+        examples = firsts
+    if args.limit:
+        examples = examples[: args.limit]
+    out = Path(args.out)
+    done = list(load_dataset(out, fmt="ragscope").examples) if out.is_file() else []
+    have = {e.id for e in done}
+    todo = [e for e in examples if f"{e.id}-answer" not in have]
+    model = _load(args)
+    cfg = GenerationConfig(
+        max_new_tokens=args.max_new_tokens, temperature=args.temperature, seed=args.seed
+    )
+    root = str(repo_root()) + "/"
+    update = _tqdm_progress("answers")
+    for i, ex in enumerate(todo):
+        g = generate(model, ex, cfg)
+        if g.text.strip():
+            done.append(
+                dataclasses.replace(
+                    ex.with_response(g.text),
+                    id=f"{ex.id}-answer",
+                    provenance=Provenance(
+                        dataset=f"{name}-answers",
+                        generator=model.info.display_name,
+                        # Shipped files must not carry this machine's paths.
+                        source=(ex.provenance.source or "").removeprefix(root) or None,
+                        split=ex.provenance.split,
+                        group=ex.provenance.group,
+                    ),
+                )
+            )
+        if (i + 1) % 10 == 0 or i + 1 == len(todo):
+            save_jsonl(done, out)  # written atomically: an interrupted run resumes here
+        update(i + 1, len(todo))
+    if not todo:
+        save_jsonl(done, out)
+    print(f"{len(done)} answers in {out} ({len(todo)} generated now)")
     return 0
 
 
@@ -520,6 +545,21 @@ def build_parser() -> argparse.ArgumentParser:
                 "--out", default="assets/detectors", help="artifact folder (one subfolder each)"
             )
             p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser(
+        "answer", help="write the model's own (unlabelled) answers to a dataset's prompts"
+    )
+    _add_model_args(p)
+    p.add_argument(
+        "--dataset", default="builtin", help="demo, builtin, a file/folder or a stored name"
+    )
+    p.add_argument("--out", required=True, help="ragscope JSONL to write (resumes when it exists)")
+    p.add_argument("--one-per-source", action="store_true", help="one prompt per source document")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_answer)
 
     p = sub.add_parser("bench", help="load times and trace overhead, as ratios measured in one run")
     _add_model_args(p)

@@ -136,3 +136,35 @@ def test_import_bad_file_without_skip_fails_and_stores_nothing(tmp_path: Path, c
 def test_parser_rejects_unknown_format() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["datasets", "validate", "x", "--format", "weird"])
+
+
+def test_answer_writes_unlabelled_answers_and_resumes(tmp_path: Path, capsys, tiny_model) -> None:
+    out = tmp_path / "answers.jsonl"
+    argv = [
+        "answer",
+        "--model",
+        "tiny",
+        "--dataset",
+        "demo",
+        "--out",
+        str(out),
+        "--max-new-tokens",
+        "6",
+        "--temperature",
+        "1.0",
+        "--seed",
+        "1",
+    ]
+    assert main([*argv, "--limit", "2"]) == 0
+    first = capsys.readouterr().out
+    assert "2 answers" in first and "(2 generated now)" in first
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    assert [r["id"] for r in rows] == ["demo-01-lighthouse-answer", "demo-02-waggle-dance-answer"]
+    assert all(r["label"] is None and r["spans"] == [] for r in rows)
+    assert rows[0]["provenance"]["generator"].startswith("tiny-random-llama")
+    assert not rows[0]["provenance"]["source"].startswith("/")
+    assert main([*argv, "--limit", "3"]) == 0
+    assert "3 answers" in (second := capsys.readouterr().out) and "(1 generated now)" in second
+    assert [json.loads(line)["response"] for line in out.read_text().splitlines()][:2] == [
+        r["response"] for r in rows
+    ]
