@@ -31,6 +31,7 @@ from core.errors import DataError, ModelError
 if TYPE_CHECKING:
     import pandas as pd
 
+    from core.evaluate import EvalRun
     from core.examples import RAGExample
     from core.layout import Layout
     from core.model import LoadedModel
@@ -64,6 +65,20 @@ INPUT_DATASET = "An example from the dataset"
 INPUT_OWN = "Write your own"
 INPUT_MODES: tuple[str, ...] = (INPUT_DATASET, INPUT_OWN)
 
+# Benchmark: saved runs
+KEY_BENCH_RUNS = "benchmark.runs"
+KEY_BENCH_BREAKDOWN_METRIC = "benchmark.breakdown_metric"
+KEY_BENCH_CONFUSION = "benchmark.confusion_detector"
+# Benchmark: a new run
+KEY_BENCH_TRAIN = "benchmark.new.train"
+KEY_BENCH_TEST = "benchmark.new.test"
+KEY_BENCH_DETECTORS = "benchmark.new.detectors"
+KEY_BENCH_LIMIT = "benchmark.new.limit"
+KEY_BENCH_LAUNCH = "benchmark.new.launch"
+
+SAME_DATASET = ""
+"""The Benchmark's test-dataset choice meaning "the train dataset's own test split"."""
+
 ANSWER_GENERATE = "Let the model write the answer"
 ANSWER_PASTE = "Paste an answer"
 ANSWER_SOURCES: tuple[str, ...] = (ANSWER_GENERATE, ANSWER_PASTE)
@@ -77,6 +92,15 @@ def passage_key(pid: int) -> str:
 def remove_passage_key(pid: int) -> str:
     """Widget key of the remove button of own-example passage ``pid``."""
     return f"playground.own.remove.{pid}"
+
+
+def threshold_key(run: str, detector: str) -> str:
+    """Widget key of the Benchmark's threshold slider for ``detector`` in run ``run``.
+
+    One key per run and detector, so each slider starts at that detector's validation
+    threshold and remembers where it was moved to.
+    """
+    return f"benchmark.threshold.{run}.{detector}"
 
 
 # --------------------------------------------------------------------------- model
@@ -393,6 +417,113 @@ def read_upload(file_name: str, data: bytes) -> UploadReport:
     )
 
 
+# --------------------------------------------------------------------------- evaluation runs
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _read_run(path: str, mtime: float) -> EvalRun:
+    """One saved run; ``mtime`` keys the cache (a re-saved run is read again)."""
+    from core.evaluate import EvalRun
+
+    return EvalRun.load(path)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SavedRuns:
+    """The runs saved in a runs folder.
+
+    Attributes:
+        folder: Where they were read from.
+        runs: Run name -> run, newest first.
+        unreadable: ``(file name, reason)`` per JSON file that is not a readable run.
+    """
+
+    folder: Path
+    runs: dict[str, EvalRun]
+    unreadable: tuple[tuple[str, str], ...]
+
+
+def saved_runs() -> SavedRuns:
+    """The runs in :func:`core.evaluate.runs_dir`, newest first (each file read once)."""
+    from core.evaluate import list_runs, runs_dir
+
+    folder = runs_dir()
+    runs: dict[str, EvalRun] = {}
+    bad: list[tuple[str, str]] = []
+    for path in list_runs(folder):
+        try:
+            run = _read_run(str(path), path.stat().st_mtime)
+        except (DataError, OSError) as e:
+            bad.append((path.name, str(e)))
+            continue
+        runs.setdefault(run.name, run)
+    return SavedRuns(folder=folder, runs=runs, unreadable=tuple(bad))
+
+
+CORPUS = "builtin"
+"""Spec of the built-in labelled corpus (see :func:`core.datasets.resolve_dataset`)."""
+
+
+def eval_dataset_choices() -> dict[str, str]:
+    """Dataset spec -> label, for the Benchmark's new-run pickers.
+
+    The demo examples and the built-in corpus, the shared dev sets (their paths) and the
+    imported datasets (their names). Whether a spec can be read is up to
+    :func:`dataset_summary`.
+
+    Raises:
+        StorageError: The database cannot be opened.
+    """
+    out = {"demo": "Demo examples (12, hand-written)", CORPUS: "Built-in labelled corpus"}
+    for ref in dataset_choices():
+        if ref.kind == "shared":
+            assert ref.path is not None
+            out[ref.path] = ref.label
+        elif ref.kind == "store":
+            out[ref.name] = ref.label
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetSummary:
+    """What a dataset spec holds, for the new-run form.
+
+    Attributes:
+        name: The name a run records for it.
+        n: Examples.
+        n_hallucinated: Examples labelled hallucinated.
+        n_faithful: Examples labelled faithful.
+    """
+
+    name: str
+    n: int
+    n_hallucinated: int
+    n_faithful: int
+
+    @property
+    def n_unlabelled(self) -> int:
+        return self.n - self.n_hallucinated - self.n_faithful
+
+
+@st.cache_data(show_spinner="Reading the dataset…", ttl=60, max_entries=16)
+def dataset_summary(spec: str) -> DatasetSummary:
+    """Counts of a dataset spec (cached for a minute: files and the database can change).
+
+    Raises:
+        DataError: The dataset cannot be read (for ``builtin``: the corpus is not built).
+        StorageError: The database cannot be opened.
+    """
+    from core.datasets import resolve_dataset
+
+    name, examples = resolve_dataset(spec, on_error="skip")
+    return DatasetSummary(
+        name=name,
+        n=len(examples),
+        n_hallucinated=sum(1 for e in examples if e.label is True),
+        n_faithful=sum(1 for e in examples if e.label is False),
+    )
+
+
 # --------------------------------------------------------------------------- analysis
 
 
@@ -546,6 +677,14 @@ class AppState:
         analysis: The last analysis.
         imported_message: A note to show once after a successful import.
         import_error: Why the last import failed, shown until the next attempt.
+        bench_runs: The runs picked on the Benchmark (names; several = compare).
+        bench_confusion: The Benchmark's confusion-matrix pick (``run/detector``).
+        bench_breakdown_metric: What the Benchmark's breakdown bars show.
+        bench_train: Dataset spec a new run trains on.
+        bench_test: Dataset spec a new run tests on (:data:`SAME_DATASET`: the
+            train dataset's own test split).
+        bench_detectors: Detectors of a new run (``None``: every registered one).
+        bench_limit: About how many examples a new run uses per dataset (0 = all).
     """
 
     dataset: DatasetRef = BUILTIN
@@ -564,6 +703,13 @@ class AppState:
     analysis: Analysis | None = None
     imported_message: str | None = None
     import_error: str | None = None
+    bench_runs: list[str] | None = None
+    bench_confusion: str | None = None
+    bench_breakdown_metric: str = "AUROC"
+    bench_train: str = "demo"
+    bench_test: str = SAME_DATASET
+    bench_detectors: list[str] | None = None
+    bench_limit: int = 200
 
     def add_passage(self) -> None:
         self.own_passages[self.next_passage_id] = ""

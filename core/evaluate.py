@@ -84,6 +84,55 @@ def split_examples(
     return out
 
 
+def stratified_head(examples: Sequence[RAGExample], n: int) -> list[RAGExample]:
+    """A deterministic subset of about ``n`` examples that keeps whole sources together."""
+    groups: dict[str, list[RAGExample]] = {}
+    for e in examples:
+        groups.setdefault(source_key(e), []).append(e)
+    out: list[RAGExample] = []
+    for key in sorted(groups, key=lambda k: hashlib.sha256(k.encode()).hexdigest()):
+        if len(out) >= n:
+            break
+        out.extend(groups[key])
+    return out
+
+
+def make_splits(
+    train_spec: str, test_spec: str | None = None, *, limit: int | None = None, seed: int = 0
+) -> tuple[str, str | None, dict[str, list[RAGExample]]]:
+    """Resolve dataset specs into train / validation / test splits.
+
+    Args:
+        train_spec: The dataset to split (see :func:`core.datasets.resolve_dataset`).
+        test_spec: Cross-dataset mode: learn on all of ``train_spec``'s train split,
+            pick thresholds on its validation split, and test on all of this one.
+        limit: Use about this many examples of each dataset (whole sources).
+        seed: Split seed (for datasets without their own split).
+
+    Returns:
+        ``(train_name, test_name, splits)``; ``test_name`` is ``None`` without
+        ``test_spec``.
+
+    Raises:
+        DataError: A dataset cannot be resolved or read.
+    """
+    from core.datasets import resolve_dataset
+
+    train_name, train_all = resolve_dataset(train_spec, on_error="skip")
+    if limit:
+        train_all = stratified_head(train_all, limit)
+    splits = split_examples(train_all, seed=seed)
+    test_name = None
+    if test_spec:
+        test_name, test_all = resolve_dataset(test_spec, on_error="skip")
+        if limit:
+            test_all = stratified_head(test_all, limit)
+        splits["test"] = test_all
+        if test_name == train_name:
+            test_name = f"{test_name} (again)"
+    return train_name, test_name, splits
+
+
 def data_hash(examples: Sequence[RAGExample]) -> str:
     """Content hash of a labelled dataset (text + labels), order-independent."""
     rows = sorted(

@@ -2,7 +2,12 @@
 
 Starts ``streamlit run app/main.py`` on a free port with ``RAGSCOPE_MODEL=embedded``,
 opens Home and the Playground in headless Chromium (Playwright), analyses a built-in
-example, and saves full-page screenshots to ``test-artifacts/``.
+example, opens the Benchmark on a synthetic saved run, and saves full-page screenshots
+to ``test-artifacts/``.
+
+The server gets its own cache dir (``RAGSCOPE_CACHE_DIR``) whose ``models`` folder
+links to the session's, so the embedded model is not dequantized again while the
+saved evaluation runs it reads (``<cache>/runs``) are the test's own.
 
 Chromium is the Debian package (``/usr/bin/chromium``). Without it the test is
 skipped, except in CI (``CI=true``) where it fails.
@@ -21,7 +26,10 @@ import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
+
+from core.evaluate import DetectorResult, EvalRun, response_metrics
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded]
 
@@ -41,6 +49,7 @@ SERVER_START_S = 90
 MODEL_LOAD_MS = 240_000  # a cold cache dequantizes the embedded GGUF first
 ANALYSE_MS = 120_000
 EXAMPLE_ID = "demo-02-waggle-dance"  # has a gold hallucination span
+BENCH_RUN = "synthetic-browser-run"
 
 
 def _require_chromium() -> None:
@@ -64,6 +73,57 @@ def _log_tail(path: Path, n: int = 40) -> str:
         return "(no server log)"
 
 
+def _synthetic_run(n: int = 60, seed: int = 0) -> EvalRun:
+    """A saved run for the Benchmark: three detectors with seeded scores of some skill."""
+    rng = np.random.default_rng(seed)
+    y = rng.permutation(np.arange(n) % 2)
+    results = []
+    for k, (det, skill) in enumerate((("nll", 0.2), ("context_gain", 0.3), ("lexical", 0.1))):
+        s = np.clip(0.4 + skill * y + rng.normal(0, 0.17, n), 0, 1).round(4)
+        t = 0.5
+        results.append(
+            DetectorResult(
+                detector=det,
+                config_hash=f"cfg{k}",
+                threshold=t,
+                metrics=response_metrics(y, s, t, n_boot=200),
+                token_metrics=None,
+                validation_metrics=None,
+                scores=tuple(float(v) for v in s),
+            )
+        )
+    return EvalRun(
+        name=BENCH_RUN,
+        created_at="2026-01-02T03:04:05+00:00",
+        model="SmolLM2-135M-Instruct|L30xH9/KV3|D576|V49152|float32",
+        train_dataset="synthetic",
+        test_dataset="synthetic",
+        data_hashes={"train": "aaaa1111", "validation": "bbbb2222", "test": "cccc3333"},
+        split_sizes={"train": 280, "validation": 60, "test": n},
+        test_ids=tuple(f"t{i}" for i in range(n)),
+        test_labels=tuple(int(v) for v in y),
+        test_tasks=tuple(("qa", "summary", "data2txt")[i % 3] for i in range(n)),
+        test_generators=tuple(("gen-a", "gen-b")[i % 2] for i in range(n)),
+        results=tuple(results),
+        extraction={
+            "computed": 400,
+            "cache_hits": 0,
+            "seconds": 95.0,
+            "examples_per_minute": 252.6,
+        },
+    )
+
+
+def _server_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A cache dir of the server's own (one synthetic saved run) sharing the model cache."""
+    shared = Path(os.environ["RAGSCOPE_CACHE_DIR"]).expanduser() / "models"
+    shared.mkdir(parents=True, exist_ok=True)
+    cache = tmp_path_factory.mktemp("browser-cache")
+    (cache / "models").symlink_to(shared, target_is_directory=True)
+    _synthetic_run().save(cache / "runs")
+    return cache
+
+
 @pytest.fixture(scope="module")
 def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     """A running ``streamlit run app/main.py`` on the embedded model; yields its URL."""
@@ -75,6 +135,7 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     env.update(
         RAGSCOPE_MODEL="embedded",
         RAGSCOPE_DEVICE="cpu",
+        RAGSCOPE_CACHE_DIR=str(_server_cache_dir(tmp_path_factory)),
         RAGSCOPE_DB=str(tmp_path_factory.mktemp("browser-db") / "ragscope.sqlite3"),
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
@@ -172,7 +233,7 @@ def test_playground_and_home_in_chromium(server: str, browser: object) -> None:
         # pages-folder fallback) must run, and the (possibly cold) model must load.
         page.goto(f"{server}/playground", wait_until="domcontentloaded")
         page.get_by_role("heading", name="Playground").wait_for(timeout=MODEL_LOAD_MS)
-        assert _sidebar_pages(page) == ["Home", "Playground"]
+        assert _sidebar_pages(page) == ["Home", "Playground", "Benchmark"]
         page.get_by_text("SmolLM2-135M-Instruct").first.wait_for()  # sidebar model status
 
         # Pick a built-in example with a gold span, paste mode, analyse.
@@ -202,5 +263,31 @@ def test_playground_and_home_in_chromium(server: str, browser: object) -> None:
         assert page.get_by_text("30 × 9").is_visible()
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "home.png")
+    finally:
+        page.close()
+
+
+def test_benchmark_in_chromium(server: str, browser: object) -> None:
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})  # type: ignore[attr-defined]
+    try:
+        page.goto(f"{server}/benchmark", wait_until="domcontentloaded")
+        page.get_by_role("heading", name="Benchmark").wait_for(timeout=MODEL_LOAD_MS)
+        assert _sidebar_pages(page) == ["Home", "Playground", "Benchmark"]
+
+        # The synthetic run is picked (newest first) and its metric table is drawn.
+        page.get_by_text(re.compile(re.escape(BENCH_RUN))).first.wait_for()
+        page.get_by_role("heading", name="Test metrics").wait_for()
+        table = page.locator('[data-testid="stDataFrame"]').first
+        table.wait_for(state="visible")
+        assert table.bounding_box()["height"] > 80  # type: ignore[index]
+
+        # ROC curves with AUROC in the legend, and the confusion matrix.
+        legend = page.locator(".js-plotly-plot .legendtext", has_text="AUROC")
+        legend.first.wait_for(state="visible")
+        assert legend.count() == 3
+        page.get_by_text(re.compile(r"At threshold 0\.500: TP \d+")).wait_for()
+        assert page.locator(".js-plotly-plot").count() == 5
+        _assert_no_exception(page)
+        _full_page_screenshot(page, ARTIFACTS / "benchmark.png")
     finally:
         page.close()

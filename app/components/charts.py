@@ -1,0 +1,366 @@
+"""Benchmark charts: ROC and PR curves, breakdown bars and the confusion matrix (plotly).
+
+Every function here is pure: labels and scores (or a table) in, numbers or a
+``go.Figure`` out, so the maths is unit-tested without Streamlit. Labels are 1 for
+hallucinated (the positive class) and 0 for faithful; a score is a detector's
+response-level hallucination score, higher meaning more likely hallucinated.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
+
+PALETTE: tuple[str, ...] = (
+    "#1f77b4",
+    "#e8743b",
+    "#2a9d8f",
+    "#8e6bbf",
+    "#d62728",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+)
+"""Trace colours, in the order series are given."""
+
+GUIDE_COLOR = "#9aa0aa"
+"""Colour of the chance (ROC) and prevalence (PR) lines."""
+
+CONFUSION_SCALE: tuple[tuple[float, str], ...] = ((0.0, "#f4f6fb"), (1.0, "#2f5fb3"))
+
+_MARGIN = {"l": 10, "r": 10, "t": 40, "b": 10}
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ScoreSeries:
+    """One detector's test scores, with the labels they are judged against.
+
+    Attributes:
+        name: Legend name (a detector, or ``run · detector`` when comparing runs).
+        labels: Gold labels, shape ``[n]``, 1 = hallucinated.
+        scores: Hallucination scores, shape ``[n]``.
+    """
+
+    name: str
+    labels: np.ndarray
+    scores: np.ndarray
+
+    def __post_init__(self) -> None:
+        y = np.asarray(self.labels).astype(int)
+        s = np.asarray(self.scores, dtype=np.float64)
+        if y.shape != s.shape or y.ndim != 1:
+            raise ValueError(
+                f"{self.name}: labels {y.shape} and scores {s.shape} must be equal 1-d shapes"
+            )
+        object.__setattr__(self, "labels", y)
+        object.__setattr__(self, "scores", s)
+
+    @property
+    def both_classes(self) -> bool:
+        """Whether the labels hold both classes (else no curve or area is defined)."""
+        return self.labels.size > 0 and 0 < int(self.labels.sum()) < self.labels.size
+
+    @property
+    def prevalence(self) -> float:
+        """Share of hallucinated examples (NaN when there are none)."""
+        return float(self.labels.mean()) if self.labels.size else math.nan
+
+
+@dataclass(frozen=True, kw_only=True)
+class Curve:
+    """A ROC or PR curve.
+
+    Attributes:
+        x: False positive rate (ROC) or recall (PR), shape ``[k]``.
+        y: True positive rate (ROC) or precision (PR), shape ``[k]``.
+        thresholds: Score threshold of each point (the extra PR end point has none:
+            NaN), shape ``[k]``.
+        area: AUROC (ROC) or average precision (PR).
+    """
+
+    x: np.ndarray
+    y: np.ndarray
+    thresholds: np.ndarray
+    area: float
+
+
+def roc_points(series: ScoreSeries) -> Curve | None:
+    """The ROC curve and AUROC; ``None`` when the labels hold one class only."""
+    from sklearn.metrics import roc_auc_score, roc_curve
+
+    if not series.both_classes:
+        return None
+    fpr, tpr, thr = roc_curve(series.labels, series.scores)
+    # sklearn's first threshold is +inf (predict nothing); keep it finite for hover text.
+    thr = np.where(np.isfinite(thr), thr, np.nan)
+    return Curve(
+        x=fpr, y=tpr, thresholds=thr, area=float(roc_auc_score(series.labels, series.scores))
+    )
+
+
+def pr_points(series: ScoreSeries) -> Curve | None:
+    """The precision-recall curve and average precision; ``None`` with one class only."""
+    from sklearn.metrics import average_precision_score, precision_recall_curve
+
+    if not series.both_classes:
+        return None
+    precision, recall, thr = precision_recall_curve(series.labels, series.scores)
+    thr = np.append(thr, np.nan)  # the last point (recall 0, precision 1) has no threshold
+    return Curve(
+        x=recall,
+        y=precision,
+        thresholds=thr,
+        area=float(average_precision_score(series.labels, series.scores)),
+    )
+
+
+def _axis_layout(fig: go.Figure, title: str, x_title: str, y_title: str) -> None:
+    fig.update_layout(
+        title={"text": title, "x": 0.0, "xanchor": "left"},
+        template="plotly_white",
+        height=470,
+        margin=_MARGIN,
+        # Below the axes: a legend inside them would hide some curve, whatever the corner.
+        legend={"yanchor": "top", "y": -0.2, "xanchor": "left", "x": 0.0},
+        hovermode="closest",
+    )
+    fig.update_xaxes(title=x_title, range=[-0.01, 1.01], constrain="domain", zeroline=False)
+    fig.update_yaxes(
+        title=y_title, range=[-0.01, 1.02], scaleanchor="x", scaleratio=1, zeroline=False
+    )
+
+
+def _skipped_note(fig: go.Figure, skipped: Sequence[str], what: str) -> None:
+    if skipped:
+        fig.add_annotation(
+            text=f"No {what} for {', '.join(skipped)}: the test labels hold one class only",
+            xref="paper",
+            yref="paper",
+            x=0.5,
+            y=0.5,
+            showarrow=False,
+            font={"color": "#8a5a00"},
+            bgcolor="#fff6e0",
+        )
+
+
+def roc_figure(series: Sequence[ScoreSeries]) -> go.Figure:
+    """ROC curves, one trace per series with its AUROC in the legend, and the chance line."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=[0, 1],
+            y=[0, 1],
+            mode="lines",
+            name="chance (0.5)",
+            line={"dash": "dash", "color": GUIDE_COLOR, "width": 1},
+            hoverinfo="skip",
+        )
+    )
+    skipped = []
+    for k, s in enumerate(series):
+        c = roc_points(s)
+        if c is None:
+            skipped.append(s.name)
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=c.x,
+                y=c.y,
+                customdata=c.thresholds,
+                mode="lines",
+                line={"color": PALETTE[k % len(PALETTE)], "width": 2, "shape": "hv"},
+                name=f"{s.name} (AUROC {c.area:.3f})",
+                hovertemplate=(
+                    f"<b>{s.name}</b><br>FPR %{{x:.3f}} · TPR %{{y:.3f}}"
+                    "<br>threshold %{customdata:.3f}<extra></extra>"
+                ),
+            )
+        )
+    _axis_layout(fig, "ROC", "False positive rate", "True positive rate (recall)")
+    _skipped_note(fig, skipped, "ROC curve")
+    return fig
+
+
+def pr_figure(series: Sequence[ScoreSeries]) -> go.Figure:
+    """Precision-recall curves with AP in the legend and a line at each prevalence.
+
+    The prevalence (share of hallucinated test examples) is what precision a
+    detector without skill gets; one dashed line per distinct prevalence.
+    """
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    prevalences = sorted({round(s.prevalence, 6) for s in series if s.both_classes})
+    for p in prevalences:
+        fig.add_trace(
+            go.Scatter(
+                x=[0, 1],
+                y=[p, p],
+                mode="lines",
+                name=f"prevalence ({p:.3f})",
+                line={"dash": "dash", "color": GUIDE_COLOR, "width": 1},
+                hoverinfo="skip",
+            )
+        )
+    skipped = []
+    for k, s in enumerate(series):
+        c = pr_points(s)
+        if c is None:
+            skipped.append(s.name)
+            continue
+        fig.add_trace(
+            go.Scatter(
+                x=c.x,
+                y=c.y,
+                customdata=c.thresholds,
+                mode="lines",
+                line={"color": PALETTE[k % len(PALETTE)], "width": 2, "shape": "vh"},
+                name=f"{s.name} (AP {c.area:.3f})",
+                hovertemplate=(
+                    f"<b>{s.name}</b><br>recall %{{x:.3f}} · precision %{{y:.3f}}"
+                    "<br>threshold %{customdata:.3f}<extra></extra>"
+                ),
+            )
+        )
+    _axis_layout(fig, "Precision-recall", "Recall", "Precision")
+    _skipped_note(fig, skipped, "PR curve")
+    return fig
+
+
+def breakdown_figure(
+    frame: pd.DataFrame, by: str, *, metric: str = "AUROC", group: str = "detector"
+) -> go.Figure:
+    """Grouped bars of ``metric`` per value of ``by``, one bar colour per ``group``.
+
+    Args:
+        frame: Rows of :meth:`core.evaluate.EvalRun.breakdown` (columns ``group``,
+            ``by``, ``n``, ``metric``); a missing metric (one class) is left out as a
+            gap, with ``n`` on hover.
+        by: The breakdown column (``task`` or ``generator``).
+        metric: The value column.
+        group: The column that names a bar colour.
+    """
+    import plotly.graph_objects as go
+
+    fig = go.Figure()
+    cats = sorted({str(v) for v in frame[by]}) if len(frame) else []
+    for k, (name, part) in enumerate(frame.groupby(group, sort=False)):
+        vals = {str(r[by]): r for _, r in part.iterrows()}
+        y = [_num(vals[c][metric]) if c in vals else None for c in cats]
+        n = [int(vals[c]["n"]) if c in vals else 0 for c in cats]
+        fig.add_trace(
+            go.Bar(
+                x=cats,
+                y=y,
+                name=str(name),
+                marker_color=PALETTE[k % len(PALETTE)],
+                customdata=n,
+                text=[f"{v:.2f}" if v is not None else "–" for v in y],
+                textposition="outside",
+                cliponaxis=False,
+                hovertemplate=(
+                    f"<b>{name}</b><br>{by} %{{x}}<br>{metric} %{{y:.3f}}"
+                    "<br>n = %{customdata}<extra></extra>"
+                ),
+            )
+        )
+    fig.update_layout(
+        barmode="group",
+        template="plotly_white",
+        height=320,
+        margin={"l": 10, "r": 10, "t": 30, "b": 10},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0.0},
+        yaxis={"title": metric, "range": [0, 1.12]},
+        xaxis={"title": by},
+    )
+    if metric == "AUROC":
+        fig.add_hline(y=0.5, line={"dash": "dash", "color": GUIDE_COLOR, "width": 1})
+    return fig
+
+
+def _num(v: object) -> float | None:
+    if v is None:
+        return None
+    f = float(v)  # type: ignore[arg-type]
+    return None if math.isnan(f) else f
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfusionCounts:
+    """The 2x2 confusion matrix at one threshold (positive = hallucinated)."""
+
+    tp: int
+    fp: int
+    tn: int
+    fn: int
+
+    @property
+    def n(self) -> int:
+        return self.tp + self.fp + self.tn + self.fn
+
+    def matrix(self) -> np.ndarray:
+        """Counts as ``[[tp, fn], [fp, tn]]``: rows actual (hallucinated, faithful),
+        columns predicted (hallucinated, faithful)."""
+        return np.array([[self.tp, self.fn], [self.fp, self.tn]], dtype=np.int64)
+
+
+def confusion_counts(labels: np.ndarray, scores: np.ndarray, threshold: float) -> ConfusionCounts:
+    """Counts when ``score >= threshold`` predicts hallucinated (as in core.evaluate)."""
+    y = np.asarray(labels).astype(int)
+    pred = (np.asarray(scores, dtype=np.float64) >= threshold).astype(int)
+    return ConfusionCounts(
+        tp=int(((pred == 1) & (y == 1)).sum()),
+        fp=int(((pred == 1) & (y == 0)).sum()),
+        tn=int(((pred == 0) & (y == 0)).sum()),
+        fn=int(((pred == 0) & (y == 1)).sum()),
+    )
+
+
+def confusion_figure(counts: ConfusionCounts, *, title: str | None = None) -> go.Figure:
+    """The confusion matrix as a heatmap with the count (and share) in each cell."""
+    import plotly.graph_objects as go
+
+    m = counts.matrix()
+    total = max(counts.n, 1)
+    names = [["true positive", "false negative"], ["false positive", "true negative"]]
+    text = [
+        [f"<b>{m[i, j]}</b><br>{names[i][j]}<br>{m[i, j] / total:.0%}" for j in range(2)]
+        for i in range(2)
+    ]
+    fig = go.Figure(
+        go.Heatmap(
+            z=m.tolist(),
+            x=["hallucinated", "faithful"],
+            y=["hallucinated", "faithful"],
+            text=text,
+            texttemplate="%{text}",
+            textfont={"size": 15},
+            colorscale=[list(s) for s in CONFUSION_SCALE],
+            zmin=0,
+            zmax=max(int(m.max()), 1),
+            showscale=False,
+            xgap=3,
+            ygap=3,
+            hovertemplate="actual %{y} · predicted %{x}: %{z}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title={"text": title, "x": 0.0, "xanchor": "left"} if title else None,
+        template="plotly_white",
+        height=340,
+        margin={"l": 10, "r": 10, "t": 40 if title else 10, "b": 10},
+    )
+    fig.update_xaxes(title="Predicted", side="top", showgrid=False)
+    fig.update_yaxes(title="Actual", autorange="reversed", showgrid=False)
+    return fig

@@ -1,0 +1,522 @@
+"""Benchmark: how well each detector separates hallucinated from faithful answers.
+
+Reads the evaluation runs saved in :func:`core.evaluate.runs_dir` (by this page or
+by ``ragscope evaluate``): the metric table with bootstrap CIs, ROC and
+precision-recall curves, per-task and per-generator breakdowns, and a confusion
+matrix at a threshold you move. Several runs can be picked to compare them. New
+runs are launched here too, with progress; features come from the on-disk cache
+when an example was analysed before, so a repeated run is quick.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from app.components.charts import (
+    ScoreSeries,
+    breakdown_figure,
+    confusion_counts,
+    confusion_figure,
+    pr_figure,
+    roc_figure,
+)
+from app.state import (
+    CORPUS,
+    KEY_BENCH_BREAKDOWN_METRIC,
+    KEY_BENCH_CONFUSION,
+    KEY_BENCH_DETECTORS,
+    KEY_BENCH_LAUNCH,
+    KEY_BENCH_LIMIT,
+    KEY_BENCH_RUNS,
+    KEY_BENCH_TEST,
+    KEY_BENCH_TRAIN,
+    SAME_DATASET,
+    AppState,
+    DatasetSummary,
+    SavedRuns,
+    app_state,
+    dataset_summary,
+    eval_dataset_choices,
+    get_model,
+    get_store,
+    saved_runs,
+    seed_widget,
+    threshold_key,
+)
+from core.detectors import available_detectors
+from core.errors import RagscopeError
+from core.evaluate import DetectorResult, EvalRun, evaluate, make_splits, response_metrics, runs_dir
+from core.extract import FeatureCache
+from core.model import LoadedModel
+
+BREAKDOWN_METRICS: tuple[str, ...] = ("AUROC", "F1")
+EMPTY_STATE = (
+    "No saved runs yet. Launch one with **Launch a new run** above, or from a terminal: "
+    "`ragscope evaluate --dataset builtin`."
+)
+MISSING = "-"
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def _fmt(v: Any, digits: int = 3) -> str:
+    """A metric with ``digits`` decimals; ``None``/NaN (undefined) as ``-``."""
+    if v is None:
+        return MISSING
+    f = float(v)
+    return MISSING if math.isnan(f) else f"{f:.{digits}f}"
+
+
+def _date(iso: str) -> str:
+    try:
+        return datetime.fromisoformat(iso).strftime("%Y-%m-%d %H:%M UTC")
+    except ValueError:
+        return iso
+
+
+def _model_name(key: str) -> str:
+    return key.split("|", 1)[0]
+
+
+def run_label(run: EvalRun) -> str:
+    """How a run is named in pickers: name, model, train -> test, date."""
+    return (
+        f"{run.name} · {_model_name(run.model)} · {run.train_dataset} → {run.test_dataset}"
+        f" · {_date(run.created_at)}"
+    )
+
+
+def metric_table(runs: Sequence[EvalRun]) -> pd.DataFrame:
+    """One row per run and detector: test metrics to 3 decimals, the CI as ``[lo, hi]``."""
+    rows = []
+    for run in runs:
+        for _, r in run.to_frame().iterrows():
+            lo, hi = r["AUROC 95% CI low"], r["AUROC 95% CI high"]
+            ci = MISSING if MISSING in (_fmt(lo), _fmt(hi)) else f"[{_fmt(lo)}, {_fmt(hi)}]"
+            row = {"run": run.name} if len(runs) > 1 else {}
+            row |= {
+                "detector": r["detector"],
+                "AUROC": _fmt(r["AUROC"]),
+                "AUROC 95% CI": ci,
+                "AP": _fmt(r["AP"]),
+                "balanced acc": _fmt(r["balanced acc"]),
+                "F1": _fmt(r["F1"]),
+                "precision": _fmt(r["precision"]),
+                "recall": _fmt(r["recall"]),
+                "Pearson r": _fmt(r["Pearson r"]),
+                "threshold": _fmt(r["threshold"]),
+                "token AP": _fmt(r["token AP"]),
+                "token AUROC": _fmt(r["token AUROC"]),
+            }
+            rows.append(row)
+    return pd.DataFrame(rows)
+
+
+def details_table(runs: Sequence[EvalRun]) -> pd.DataFrame:
+    """What each run was: model, data, splits, hashes and feature-extraction stats."""
+    cols: dict[str, list[str]] = {}
+    for run in runs:
+        sizes, hashes, ex = run.split_sizes, run.data_hashes, run.extraction
+        n_test, n_pos = len(run.test_labels), int(sum(run.test_labels))
+        epm = ex.get("examples_per_minute")
+        cols[run.name] = [
+            run.model,
+            run.train_dataset,
+            run.test_dataset,
+            _date(run.created_at),
+            " / ".join(str(sizes.get(s, 0)) for s in ("train", "validation", "test")),
+            f"{n_pos} hallucinated, {n_test - n_pos} faithful",
+            " / ".join(f"{hashes.get(s, MISSING)}" for s in ("train", "validation", "test")),
+            ", ".join(f"{r.detector} {r.config_hash}" for r in run.results),
+            f"{ex.get('computed', MISSING)} computed, {ex.get('cache_hits', MISSING)} from cache"
+            + (f", {ex['n_errors']} failed" if ex.get("n_errors") else ""),
+            f"{ex['seconds']:.1f} s" if "seconds" in ex else MISSING,
+            _fmt(epm, 1),
+        ]
+    index = [
+        "model",
+        "train dataset",
+        "test dataset",
+        "created",
+        "examples train / validation / test",
+        "test labels",
+        "data hashes train / validation / test",
+        "detector config hashes",
+        "feature extraction",
+        "extraction time",
+        "examples / min",
+    ]
+    return pd.DataFrame(cols, index=index)
+
+
+def _breakdown_table(frame: pd.DataFrame) -> pd.DataFrame:
+    out = frame.copy()
+    for c in ("AUROC", "F1"):
+        out[c] = [_fmt(v) for v in out[c]]
+    return out
+
+
+# --------------------------------------------------------------------------- new run
+
+
+def _summary_note(spec: str, labels: Mapping[str, str]) -> DatasetSummary | None:
+    """The dataset's counts under its picker, or its error; ``None`` when unreadable."""
+    try:
+        s = dataset_summary(spec)
+    except RagscopeError as e:
+        if spec == CORPUS:
+            st.error(
+                f"The built-in labelled corpus is not available yet: {e}. "
+                "Pick another dataset meanwhile."
+            )
+        else:
+            st.error(f"{labels.get(spec, spec)} cannot be read: {e}")
+        return None
+    unl = f", {s.n_unlabelled} unlabelled (evaluation needs labels)" if s.n_unlabelled else ""
+    st.caption(f"{s.n} examples: {s.n_hallucinated} hallucinated, {s.n_faithful} faithful{unl}.")
+    return s
+
+
+def launch_form(state: AppState, *, expanded: bool) -> bool:
+    """The new-run form (datasets, detectors, limit); True when Run was pressed."""
+    with st.expander("Launch a new run", expanded=expanded, icon=":material/play_arrow:"):
+        try:
+            labels = eval_dataset_choices()
+        except RagscopeError as e:
+            st.error(str(e))
+            labels = {
+                "demo": "Demo examples (12, hand-written)",
+                CORPUS: "Built-in labelled corpus",
+            }
+        specs = list(labels)
+        if state.bench_train not in labels:
+            state.bench_train = "demo"
+        if st.session_state.get(KEY_BENCH_TRAIN) not in labels:
+            st.session_state.pop(KEY_BENCH_TRAIN, None)
+        test_specs = [SAME_DATASET, *specs]
+        if state.bench_test not in test_specs:
+            state.bench_test = SAME_DATASET
+        if st.session_state.get(KEY_BENCH_TEST) not in test_specs:
+            st.session_state.pop(KEY_BENCH_TEST, None)
+        seed_widget(KEY_BENCH_TRAIN, state.bench_train)
+        seed_widget(KEY_BENCH_TEST, state.bench_test)
+
+        c1, c2 = st.columns(2)
+        with c1:
+            state.bench_train = st.selectbox(
+                "Train on",
+                specs,
+                key=KEY_BENCH_TRAIN,
+                format_func=lambda s: labels[s],
+                help="Split by source into train / validation / test (70 / 15 / 15).",
+            )
+            ok = _summary_note(state.bench_train, labels) is not None
+        with c2:
+            state.bench_test = st.selectbox(
+                "Test on",
+                test_specs,
+                key=KEY_BENCH_TEST,
+                format_func=lambda s: (
+                    "The same dataset (its test split)" if s == SAME_DATASET else labels[s]
+                ),
+                help="Cross-dataset: fit and pick thresholds on the first, test on all of this.",
+            )
+            if state.bench_test != SAME_DATASET:
+                ok = _summary_note(state.bench_test, labels) is not None and ok
+
+        names = available_detectors()
+        if state.bench_detectors is None:
+            state.bench_detectors = list(names)
+        seed_widget(KEY_BENCH_DETECTORS, [d for d in state.bench_detectors if d in names])
+        seed_widget(KEY_BENCH_LIMIT, state.bench_limit)
+        c3, c4 = st.columns([3, 1])
+        with c3:
+            state.bench_detectors = st.multiselect("Detectors", names, key=KEY_BENCH_DETECTORS)
+        with c4:
+            state.bench_limit = int(
+                st.number_input(
+                    "Example limit (0 = all)",
+                    min_value=0,
+                    step=50,
+                    key=KEY_BENCH_LIMIT,
+                    help="About this many examples per dataset, whole sources kept together.",
+                )
+            )
+        if not state.bench_detectors:
+            st.caption("Pick at least one detector.")
+        return st.button(
+            "Run the evaluation",
+            key=KEY_BENCH_LAUNCH,
+            type="primary",
+            icon=":material/play_arrow:",
+            disabled=not ok or not state.bench_detectors,
+        )
+
+
+def launch_run(state: AppState, model: LoadedModel) -> EvalRun | None:
+    """Evaluate the form's detectors with progress, save the run, and select it.
+
+    Fitting, threshold picking and bootstrap CIs follow ``ragscope evaluate``.
+    """
+    detectors = list(state.bench_detectors or [])
+    test = None if state.bench_test == SAME_DATASET else state.bench_test
+    try:
+        with st.status(
+            f"Evaluating {', '.join(detectors)} on {model.info.display_name}…", expanded=True
+        ) as status:
+            train_name, test_name, splits = make_splits(
+                state.bench_train, test, limit=state.bench_limit or None
+            )
+            st.write(
+                f"Datasets: train on **{train_name}**, test on **{test_name or train_name}** · "
+                + " · ".join(f"{k} {len(v)}" for k, v in splits.items())
+            )
+            bar = st.progress(0.0, text="Extracting features…")
+
+            def progress(done: int, total: int) -> None:
+                text = (
+                    f"Features: {done} / {total} examples"
+                    if done < total
+                    else f"Features: {total} / {total} examples · fitting and scoring…"
+                )
+                bar.progress(done / max(total, 1), text=text)
+
+            run = evaluate(
+                model,
+                detectors,
+                train=splits["train"],
+                validation=splits["validation"],
+                test=splits["test"],
+                train_dataset=train_name,
+                test_dataset=test_name,
+                cache=FeatureCache(get_store()),
+                progress=progress,
+            )
+            json_path, _ = run.save(runs_dir())
+            status.update(label=f"Saved run {run.name}", state="complete", expanded=False)
+    except RagscopeError as e:
+        st.error(f"The run failed: {e}")
+        return None
+    state.bench_runs = [run.name]
+    st.session_state[KEY_BENCH_RUNS] = [run.name]  # the picker below is not drawn yet
+    ex = run.extraction
+    st.success(
+        f"Saved **{run.name}** to `{json_path}` ({ex.get('computed')} examples computed, "
+        f"{ex.get('cache_hits')} from the feature cache); it is selected below."
+    )
+    return run
+
+
+# --------------------------------------------------------------------------- saved runs
+
+
+def pick_runs(state: AppState, saved: SavedRuns) -> list[EvalRun]:
+    """The run picker (newest first; several = compare)."""
+    runs = saved.runs
+    names = list(runs)
+    if state.bench_runs is None:
+        state.bench_runs = names[:1]
+    state.bench_runs = [n for n in state.bench_runs if n in runs]
+    widget = st.session_state.get(KEY_BENCH_RUNS)
+    if widget is not None and any(n not in runs for n in widget):
+        st.session_state[KEY_BENCH_RUNS] = [n for n in widget if n in runs]
+    seed_widget(KEY_BENCH_RUNS, state.bench_runs)
+    picked = st.multiselect(
+        f"Saved runs ({len(names)} in `{saved.folder}`, newest first; pick several to compare)",
+        names,
+        key=KEY_BENCH_RUNS,
+        format_func=lambda n: run_label(runs[n]),
+    )
+    state.bench_runs = list(picked)
+    return [runs[n] for n in picked]
+
+
+def _series_name(run: EvalRun, r: DetectorResult, compare: bool) -> str:
+    return f"{run.name} · {r.detector}" if compare else r.detector
+
+
+def show_metrics(runs: Sequence[EvalRun]) -> None:
+    """The metric table and what each run was."""
+    st.subheader("Test metrics")
+    st.dataframe(metric_table(runs), hide_index=True, width="stretch")
+    st.caption(
+        "Response level, on the test split; AUROC with a bootstrap 95% CI. Precision, recall, "
+        "F1 and balanced accuracy use the threshold picked on the validation split. "
+        f"`{MISSING}`: undefined (e.g. the test labels hold one class only, or the detector "
+        "gives no token scores)."
+    )
+    with st.expander("Run details: model, data, hashes, feature extraction", expanded=True):
+        details = details_table(runs)
+        # Tall enough for every row: the table is short and a scrollbar would hide the end.
+        st.dataframe(details, width="stretch", height=35 * (len(details) + 1) + 3)
+
+
+def show_curves(runs: Sequence[EvalRun]) -> None:
+    """ROC and PR curves, one trace per detector (per run when comparing)."""
+    st.subheader("ROC and precision-recall curves")
+    compare = len(runs) > 1
+    series = [
+        ScoreSeries(
+            name=_series_name(run, r, compare),
+            labels=np.asarray(run.test_labels),
+            scores=np.asarray(r.scores),
+        )
+        for run in runs
+        for r in run.results
+    ]
+    left, right = st.columns(2)
+    with left:
+        st.plotly_chart(roc_figure(series), width="stretch", key="benchmark.roc")
+    with right:
+        st.plotly_chart(pr_figure(series), width="stretch", key="benchmark.pr")
+    st.caption(
+        "Positive = hallucinated. Dashed: chance (ROC) and the share of hallucinated "
+        "test answers (PR), what a detector without skill scores."
+    )
+
+
+def show_breakdowns(state: AppState, runs: Sequence[EvalRun]) -> None:
+    """AUROC or F1 per task and per generator, as grouped bars and tables."""
+    st.subheader("Breakdowns")
+    compare = len(runs) > 1
+    seed_widget(KEY_BENCH_BREAKDOWN_METRIC, state.bench_breakdown_metric)
+    state.bench_breakdown_metric = st.radio(
+        "Bars show",
+        BREAKDOWN_METRICS,
+        key=KEY_BENCH_BREAKDOWN_METRIC,
+        horizontal=True,
+        help="F1 at each detector's validation threshold.",
+    )
+    cols = st.columns(2)
+    for col, by in zip(cols, ("task", "generator"), strict=True):
+        frames = []
+        for run in runs:
+            f = run.breakdown(by=by)  # type: ignore[arg-type]
+            if compare:
+                f["detector"] = [f"{run.name} · {d}" for d in f["detector"]]
+            frames.append(f)
+        frame = pd.concat(frames, ignore_index=True)
+        with col:
+            st.markdown(f"**Per {by}**")
+            st.plotly_chart(
+                breakdown_figure(frame, by, metric=state.bench_breakdown_metric),
+                width="stretch",
+                key=f"benchmark.breakdown.{by}",
+            )
+            st.dataframe(_breakdown_table(frame), hide_index=True, width="stretch")
+
+
+def show_confusion(state: AppState, runs: Sequence[EvalRun]) -> None:
+    """The confusion matrix and precision / recall / F1 at a threshold you move."""
+    st.subheader("Confusion matrix at a threshold")
+    compare = len(runs) > 1
+    pairs: dict[str, tuple[EvalRun, DetectorResult]] = {
+        f"{run.name}/{r.detector}": (run, r) for run in runs for r in run.results
+    }
+    if not pairs:
+        st.info("The picked runs hold no detector results.")
+        return
+    if state.bench_confusion not in pairs:
+        state.bench_confusion = next(iter(pairs))
+    if st.session_state.get(KEY_BENCH_CONFUSION) not in pairs:
+        st.session_state.pop(KEY_BENCH_CONFUSION, None)
+    seed_widget(KEY_BENCH_CONFUSION, state.bench_confusion)
+    c1, c2 = st.columns([1, 2], vertical_alignment="bottom")
+    with c1:
+        state.bench_confusion = st.selectbox(
+            "Detector",
+            list(pairs),
+            key=KEY_BENCH_CONFUSION,
+            format_func=lambda k: _series_name(*pairs[k], compare),
+        )
+    run, r = pairs[state.bench_confusion]
+    y = np.asarray(run.test_labels)
+    s = np.asarray(r.scores, dtype=np.float64)
+    key = threshold_key(run.name, r.detector)
+    lo = min(0.0, math.floor(float(s.min()))) if s.size else 0.0
+    hi = max(1.0, math.ceil(float(s.max()))) if s.size else 1.0
+    seed_widget(key, float(min(max(r.threshold, lo), hi)))
+    with c2:
+        t = float(
+            st.slider(
+                "Threshold (score ≥ threshold flags the answer as hallucinated)",
+                min_value=lo,
+                max_value=hi,
+                step=0.001,
+                format="%.3f",
+                key=key,
+                help=f"Starts at the threshold picked on the validation split, {r.threshold:.3f}.",
+            )
+        )
+    m = response_metrics(y, s, t, n_boot=0)
+    counts = confusion_counts(y, s, t)
+    left, right = st.columns([3, 2], gap="large")
+    with left:
+        st.plotly_chart(confusion_figure(counts), width="stretch", key="benchmark.confusion")
+    with right:
+        at_val = r.metrics
+        moved = not math.isclose(t, r.threshold, abs_tol=5e-4)
+        tiles = st.columns(2) + st.columns(2)
+        for tile, (label, name) in zip(
+            tiles,
+            (
+                ("Precision", "precision"),
+                ("Recall", "recall"),
+                ("F1", "f1"),
+                ("Balanced accuracy", "balanced_accuracy"),
+            ),
+            strict=True,
+        ):
+            v, v0 = m.get(name), at_val.get(name)
+            delta = (
+                f"{v - v0:+.3f} vs validation threshold"
+                if moved and v is not None and v0 is not None
+                else None
+            )
+            tile.metric(label, _fmt(v), delta=delta)
+    st.caption(
+        f"At threshold {t:.3f}: TP {counts.tp} · FP {counts.fp} · TN {counts.tn} · "
+        f"FN {counts.fn} of {counts.n} test answers (validation threshold {r.threshold:.3f})."
+    )
+
+
+# --------------------------------------------------------------------------- page
+
+
+def main() -> None:
+    state = app_state()
+    model = get_model()
+    st.title("Benchmark")
+    st.caption(
+        "How well each detector separates hallucinated from faithful answers, on held-out "
+        "test data. Runs are saved by this page and by `ragscope evaluate`."
+    )
+    saved = saved_runs()
+    if launch_form(state, expanded=not saved.runs):
+        if launch_run(state, model) is not None:
+            saved = saved_runs()
+    for name, why in saved.unreadable:
+        st.warning(f"Skipped `{name}`: {why}")
+    if not saved.runs:
+        st.info(EMPTY_STATE)
+        return
+    st.divider()
+    runs = pick_runs(state, saved)
+    if not runs:
+        st.info("Pick one or more saved runs above.")
+        return
+    show_metrics(runs)
+    show_curves(runs)
+    show_breakdowns(state, runs)
+    show_confusion(state, runs)
+
+
+main()

@@ -1,0 +1,356 @@
+"""The Benchmark page (AppTest, tiny model) and its chart builders (pure functions)."""
+
+from __future__ import annotations
+
+import json
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from sklearn.metrics import average_precision_score, roc_auc_score
+from streamlit.testing.v1 import AppTest
+
+from app.components.charts import (
+    ScoreSeries,
+    breakdown_figure,
+    confusion_counts,
+    confusion_figure,
+    pr_figure,
+    roc_figure,
+    roc_points,
+)
+from app.state import (
+    KEY_BENCH_CONFUSION,
+    KEY_BENCH_DETECTORS,
+    KEY_BENCH_LAUNCH,
+    KEY_BENCH_LIMIT,
+    KEY_BENCH_RUNS,
+    KEY_BENCH_TRAIN,
+    STATE_KEY,
+    dataset_summary,
+    threshold_key,
+)
+from core.evaluate import DetectorResult, EvalRun, response_metrics
+
+BENCHMARK = "views/benchmark.py"
+RUN_NAME = "synthetic-run"
+DETECTORS = ("nll", "lexical")
+TASKS = ("qa", "summary", "data2txt")
+GENERATORS = ("gen-a", "gen-b")
+
+
+def synthetic_run(
+    name: str = RUN_NAME, *, n: int = 40, seed: int = 0, one_class: bool = False
+) -> EvalRun:
+    """A saved-run-shaped result: 2 detectors with seeded random scores that lean right."""
+    rng = np.random.default_rng(seed)
+    y = np.zeros(n, dtype=int) if one_class else rng.permutation(np.arange(n) % 2)
+    results = []
+    for k, det in enumerate(DETECTORS):
+        s = np.clip(0.35 + (0.25 - 0.1 * k) * y + rng.normal(0, 0.18, n), 0, 1).round(4)
+        threshold = 0.47 + 0.02 * k
+        results.append(
+            DetectorResult(
+                detector=det,
+                config_hash=f"cfg{k}",
+                threshold=threshold,
+                metrics=response_metrics(y, s, threshold, n_boot=200),
+                token_metrics=None if k else {"n_tokens": 900, "ap": 0.41, "auroc": 0.66},
+                validation_metrics=None,
+                scores=tuple(float(v) for v in s),
+            )
+        )
+    return EvalRun(
+        name=name,
+        created_at="2026-01-02T03:04:05+00:00",
+        model="tiny-random-llama (seed 0)|L2xH4/KV2|D64|V49152|float32",
+        train_dataset="synthetic",
+        test_dataset="synthetic",
+        data_hashes={"train": "aaaa1111", "validation": "bbbb2222", "test": "cccc3333"},
+        split_sizes={"train": 180, "validation": 40, "test": n},
+        test_ids=tuple(f"t{i}" for i in range(n)),
+        test_labels=tuple(int(v) for v in y),
+        test_tasks=tuple(TASKS[i % 3] for i in range(n)),
+        test_generators=tuple(GENERATORS[i % 2] for i in range(n)),
+        results=tuple(results),
+        extraction={
+            "computed": 200,
+            "cache_hits": 60,
+            "n_errors": 0,
+            "seconds": 30.0,
+            "examples_per_minute": 520.0,
+        },
+    )
+
+
+# --------------------------------------------------------------------------- app fixtures
+
+
+@pytest.fixture
+def runs_dir(
+    app_env: Path, app_cache_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Path:
+    """A fresh cache dir per test (so a fresh, empty runs dir), sharing the model cache."""
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    models = app_cache_dir / "models"
+    models.mkdir(exist_ok=True)
+    (cache / "models").symlink_to(models, target_is_directory=True)
+    monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(cache))
+    return cache / "runs"
+
+
+def _no_exception(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def _text(at: AppTest) -> str:
+    return "\n".join([m.value for m in at.markdown] + [c.value for c in at.caption])
+
+
+def _charts(at: AppTest) -> dict[str, dict]:
+    """Plotly figures on the page by their element key's tail (``roc``, ``pr``, ...)."""
+    out = {}
+    for el in at.get("plotly_chart"):
+        spec = json.loads(el.proto.spec)
+        out[el.proto.id.rsplit("benchmark.", 1)[-1].split("-")[0]] = spec
+    return out
+
+
+def _benchmark(make_app: Callable[[], AppTest]) -> AppTest:
+    at = make_app().run()
+    at.switch_page(BENCHMARK).run()
+    _no_exception(at)
+    return at
+
+
+def _confusion_caption(at: AppTest) -> dict[str, int]:
+    cap = next(c.value for c in at.caption if c.value.startswith("At threshold"))
+    return {k.lower(): int(v) for k, v in re.findall(r"\b(TP|FP|TN|FN) (\d+)", cap)}
+
+
+# --------------------------------------------------------------------------- page
+
+
+def test_saved_run_shows_table_curves_breakdowns_and_confusion(
+    make_app: Callable[[], AppTest], runs_dir: Path
+) -> None:
+    run = synthetic_run()
+    run.save(runs_dir)
+    at = _benchmark(make_app)
+    assert at.title[0].value == "Benchmark"
+    assert at.multiselect(key=KEY_BENCH_RUNS).value == [RUN_NAME]  # newest is picked
+
+    table = at.dataframe[0].value
+    assert list(table["detector"]) == list(DETECTORS)
+    nll = table.iloc[0]
+    m = run.results[0].metrics
+    assert nll["AUROC"] == f"{m['auroc']:.3f}"
+    lo, hi = m["auroc_ci"]
+    assert nll["AUROC 95% CI"] == f"[{lo:.3f}, {hi:.3f}]"
+    assert nll["token AP"] == "0.410"
+    assert table.iloc[1]["token AP"] == "-"  # lexical gave no token scores here
+
+    details = at.dataframe[1].value
+    assert details.loc["model", RUN_NAME].startswith("tiny-random-llama")
+    assert details.loc["data hashes train / validation / test", RUN_NAME] == (
+        "aaaa1111 / bbbb2222 / cccc3333"
+    )
+    assert details.loc["examples / min", RUN_NAME] == "520.0"
+    assert "60 from cache" in details.loc["feature extraction", RUN_NAME]
+
+    charts = _charts(at)
+    assert set(charts) == {"roc", "pr", "breakdown.task", "breakdown.generator", "confusion"}
+    roc_names = [t["name"] for t in charts["roc"]["data"]]
+    y = np.asarray(run.test_labels)
+    for r in run.results:
+        assert f"{r.detector} (AUROC {roc_auc_score(y, r.scores):.3f})" in roc_names
+    pr_names = [t["name"] for t in charts["pr"]["data"]]
+    assert "prevalence (0.500)" in pr_names
+    assert f"nll (AP {average_precision_score(y, run.results[0].scores):.3f})" in pr_names
+
+    by_task = at.dataframe[2].value
+    assert set(by_task["task"]) == set(TASKS)
+    assert len(by_task) == len(TASKS) * len(DETECTORS)
+    assert set(at.dataframe[3].value["generator"]) == set(GENERATORS)
+
+    # The confusion matrix starts at nll's validation threshold.
+    expected = run.results[0].metrics["confusion"]
+    assert _confusion_caption(at) == expected
+    z = charts["confusion"]["data"][0]["z"]
+    assert z == [[expected["tp"], expected["fn"]], [expected["fp"], expected["tn"]]]
+
+
+def test_moving_the_threshold_recomputes_the_confusion_matrix(
+    make_app: Callable[[], AppTest], runs_dir: Path
+) -> None:
+    run = synthetic_run()
+    run.save(runs_dir)
+    at = _benchmark(make_app)
+    at.selectbox(key=KEY_BENCH_CONFUSION).set_value(f"{RUN_NAME}/lexical").run()
+    key = threshold_key(RUN_NAME, "lexical")
+    assert at.slider(key=key).value == pytest.approx(run.results[1].threshold)
+    y = np.asarray(run.test_labels)
+    s = np.asarray(run.results[1].scores)
+    before = _confusion_caption(at)
+    for t in (0.3, 0.62):
+        at.slider(key=key).set_value(t).run()
+        _no_exception(at)
+        expected = response_metrics(y, s, t, n_boot=0)
+        assert _confusion_caption(at) == expected["confusion"]
+        z = _charts(at)["confusion"]["data"][0]["z"]
+        c = expected["confusion"]
+        assert z == [[c["tp"], c["fn"]], [c["fp"], c["tn"]]]
+        metrics = {el.label: el.value for el in at.metric}
+        assert metrics["Precision"] == f"{expected['precision']:.3f}"
+        assert metrics["Recall"] == f"{expected['recall']:.3f}"
+        assert metrics["F1"] == f"{expected['f1']:.3f}"
+        assert _confusion_caption(at) != before
+
+
+def test_comparing_two_runs_and_a_one_class_run(
+    make_app: Callable[[], AppTest], runs_dir: Path
+) -> None:
+    synthetic_run().save(runs_dir)
+    synthetic_run("one-class", seed=1, one_class=True).save(runs_dir)
+    at = _benchmark(make_app)
+    at.multiselect(key=KEY_BENCH_RUNS).set_value(["one-class", RUN_NAME]).run()
+    _no_exception(at)
+    table = at.dataframe[0].value
+    assert list(table["run"]) == ["one-class", "one-class", RUN_NAME, RUN_NAME]
+    one = table[table["run"] == "one-class"]
+    assert set(one["AUROC"]) == {"-"} and set(one["AUROC 95% CI"]) == {"-"}
+    roc = _charts(at)["roc"]
+    names = [t["name"] for t in roc["data"]]
+    assert any(n.startswith(f"{RUN_NAME} · nll (AUROC ") for n in names)
+    assert not any(n.startswith("one-class") for n in names)
+    assert "one class only" in roc["layout"]["annotations"][0]["text"]
+
+
+def test_launch_a_run_on_the_demo_set_saves_and_shows_it(
+    make_app: Callable[[], AppTest], runs_dir: Path
+) -> None:
+    at = _benchmark(make_app)
+    assert any("No saved runs yet" in i.value for i in at.info)
+    assert at.selectbox(key=KEY_BENCH_TRAIN).value == "demo"
+    at.multiselect(key=KEY_BENCH_DETECTORS).set_value(["nll", "lexical"])
+    at.number_input(key=KEY_BENCH_LIMIT).set_value(12)
+    at.button(key=KEY_BENCH_LAUNCH).click().run()
+    _no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    saved = sorted(runs_dir.glob("*.json"))
+    assert len(saved) == 1
+    run = EvalRun.load(saved[0])
+    assert [r.detector for r in run.results] == ["nll", "lexical"]
+    assert run.train_dataset == "demo" and run.split_sizes["test"] > 0
+    assert any(run.name in s.value for s in at.success)
+    assert at.multiselect(key=KEY_BENCH_RUNS).value == [run.name]
+    assert at.session_state[STATE_KEY].bench_runs == [run.name]
+    assert list(at.dataframe[0].value["detector"]) == ["nll", "lexical"]
+    assert "roc" in _charts(at)
+
+    # A rerun keeps the new run picked; a repeat run takes its features from the cache.
+    at.button(key=KEY_BENCH_LAUNCH).click().run()
+    _no_exception(at)
+    again = EvalRun.load(sorted(runs_dir.glob("*.json"), key=lambda p: p.stat().st_mtime)[-1])
+    assert again.extraction["cache_hits"] == 12
+
+
+def test_unavailable_corpus_is_an_error_not_an_exception(
+    make_app: Callable[[], AppTest], runs_dir: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from core.errors import DataError
+
+    def missing(*args: object, **kwargs: object) -> list:
+        raise DataError("the built-in corpus is missing")
+
+    monkeypatch.setattr("core.corpus.load_builtin", missing)
+    dataset_summary.clear()  # a summary of the real corpus may be cached already
+    at = _benchmark(make_app)
+    at.selectbox(key=KEY_BENCH_TRAIN).set_value("builtin").run()
+    _no_exception(at)
+    assert any("not available yet" in e.value for e in at.error)
+    assert at.button(key=KEY_BENCH_LAUNCH).disabled
+
+
+def test_empty_runs_dir_shows_how_to_make_a_run(
+    make_app: Callable[[], AppTest], runs_dir: Path
+) -> None:
+    at = _benchmark(make_app)
+    info = " ".join(i.value for i in at.info)
+    assert "No saved runs yet" in info
+    assert "ragscope evaluate --dataset builtin" in info
+    assert not at.get("plotly_chart")
+    assert not at.dataframe
+
+
+# --------------------------------------------------------------------------- charts
+
+
+def _series(seed: int = 0, n: int = 60) -> ScoreSeries:
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, 2, n)
+    return ScoreSeries(name="det", labels=y, scores=rng.random(n) + 0.3 * y)
+
+
+def test_roc_curve_runs_from_origin_to_one_and_legend_has_sklearn_auroc() -> None:
+    s = _series()
+    c = roc_points(s)
+    assert c is not None
+    assert (c.x[0], c.y[0]) == (0.0, 0.0)
+    assert (c.x[-1], c.y[-1]) == (1.0, 1.0)
+    assert np.all(np.diff(c.x) >= 0) and np.all(np.diff(c.y) >= 0)
+    auroc = roc_auc_score(s.labels, s.scores)
+    assert c.area == pytest.approx(auroc)
+    fig = roc_figure([s])
+    names = [t.name for t in fig.data]
+    assert names == ["chance (0.5)", f"det (AUROC {auroc:.3f})"]
+    assert list(fig.data[0].x) == [0, 1] and list(fig.data[0].y) == [0, 1]
+
+
+def test_pr_figure_has_ap_and_the_prevalence_line() -> None:
+    s = _series(seed=3)
+    fig = pr_figure([s])
+    ap = average_precision_score(s.labels, s.scores)
+    prev = s.labels.mean()
+    assert [t.name for t in fig.data] == [f"prevalence ({prev:.3f})", f"det (AP {ap:.3f})"]
+    assert list(fig.data[0].y) == pytest.approx([prev, prev])
+
+
+def test_one_class_series_draws_no_curve_but_says_why() -> None:
+    s = ScoreSeries(name="flat", labels=np.zeros(5, dtype=int), scores=np.linspace(0, 1, 5))
+    assert roc_points(s) is None
+    for fig in (roc_figure([s]), pr_figure([s])):
+        assert not any(t.name and t.name.startswith("flat") for t in fig.data)
+        assert "flat" in fig.layout.annotations[0].text
+
+
+def test_series_shapes_must_match() -> None:
+    with pytest.raises(ValueError, match="must be equal"):
+        ScoreSeries(name="bad", labels=np.zeros(3), scores=np.zeros(4))
+
+
+def test_confusion_counts_match_response_metrics_and_the_figure() -> None:
+    y = np.array([1, 1, 1, 0, 0, 0, 0, 1])
+    s = np.array([0.9, 0.6, 0.2, 0.7, 0.1, 0.5, 0.3, 0.5])
+    c = confusion_counts(y, s, 0.5)
+    assert (c.tp, c.fp, c.tn, c.fn) == (3, 2, 2, 1)  # score == threshold flags
+    assert vars(c) == response_metrics(y, s, 0.5, n_boot=0)["confusion"]
+    assert c.n == len(y)
+    fig = confusion_figure(c)
+    assert np.asarray(fig.data[0].z).tolist() == [[3, 1], [2, 2]]
+    assert list(fig.data[0].y) == ["hallucinated", "faithful"]  # rows: actual
+
+
+def test_breakdown_figure_groups_bars_by_detector_with_gaps_for_undefined() -> None:
+    run = synthetic_run()
+    frame = run.breakdown(by="task")
+    frame.loc[0, "AUROC"] = None
+    fig = breakdown_figure(frame, "task")
+    assert [t.name for t in fig.data] == list(DETECTORS)
+    assert list(fig.data[0].x) == sorted(TASKS)
+    first = dict(zip(fig.data[0].x, fig.data[0].y, strict=True))
+    assert first[frame.loc[0, "task"]] is None
+    assert fig.layout.barmode == "group"
