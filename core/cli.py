@@ -333,16 +333,35 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def cmd_train(args: argparse.Namespace) -> int:
+def _train_recipe(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
+    """The inputs that rebuild a training run, recorded in every artifact it saves."""
+    recipe: dict[str, Any] = {
+        "model": args.model,
+        "dataset": args.dataset,
+        "test_dataset": args.test_dataset,
+        "detectors": names,
+        "limit": args.limit,
+        "seed": args.seed,
+    }
+    cmd = ["ragscope train", f"--model {args.model}", f"--dataset {args.dataset}"]
+    if args.test_dataset:
+        cmd.append(f"--test-dataset {args.test_dataset}")
+    if args.limit:
+        cmd.append(f"--limit {args.limit}")
+    cmd += [f"--seed {args.seed}", f"--detectors {','.join(names)}"]
+    recipe["command"] = " ".join(cmd)
+    return recipe
+
+
+def _train(args: argparse.Namespace, names: list[str], out: str | Path, model: Any = None):  # noqa: ANN202
     from core.evaluate import evaluate
     from core.extract import FeatureCache
     from core.storage import Store
 
-    names = [d for d in args.detectors.split(",") if d]
     train_name, test_name, splits = _eval_splits(args)
-    model = _load(args)
+    model = model or _load(args)
     with Store() as store:
-        run = evaluate(
+        return evaluate(
             model,
             names,
             train=splits["train"],
@@ -350,15 +369,70 @@ def cmd_train(args: argparse.Namespace) -> int:
             test=splits["test"],
             train_dataset=train_name,
             test_dataset=test_name,
-            cache=FeatureCache(store),
+            cache=None if getattr(args, "no_cache", False) else FeatureCache(store),
             progress=_tqdm_progress("features"),
             n_boot=args.bootstrap,
-            save_artifacts=args.out,
+            save_artifacts=out,
+            recipe=_train_recipe(args, names),
         )
+
+
+def cmd_train(args: argparse.Namespace) -> int:
+    if args.reproduce is not None:
+        return _reproduce(args)
+    from core.detectors import shipped_dir
+
+    names = [d for d in args.detectors.split(",") if d]
+    run = _train(args, names, args.out or shipped_dir())
     print(run.to_markdown())
     for r in run.results:
         print(f"saved {r.detector} -> {r.artifact}")
     return 0
+
+
+def _reproduce(args: argparse.Namespace) -> int:
+    """Rebuild every artifact in ``args.reproduce`` from its recorded recipe and compare."""
+    import tempfile
+
+    from core.detectors import artifact_info, compare_artifacts, shipped_artifacts
+    from core.errors import DataError
+
+    folder = Path(args.reproduce) if args.reproduce else None
+    found = shipped_artifacts(folder=folder)
+    if not found:
+        raise DataError(
+            "no detector artifacts to reproduce here", source=str(folder or "assets/detectors")
+        )
+    groups: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    for name, path in found.items():
+        recipe = (artifact_info(path).get("trained_on") or {}).get("recipe")
+        if not recipe:
+            raise DataError(
+                "the artifact records no training recipe (it predates `--reproduce`); "
+                "retrain it with `ragscope train`",
+                source=str(path),
+            )
+        key = json.dumps({k: v for k, v in recipe.items() if k not in ("detectors", "command")})
+        groups.setdefault(key, (recipe, []))[1].append(name)
+    failed = 0
+    out_root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ragscope-repro-"))
+    for recipe, names in groups.values():
+        ns = argparse.Namespace(**vars(args))
+        for k in ("model", "dataset", "test_dataset", "limit", "seed"):
+            setattr(ns, k, recipe.get(k))
+        print(f"rebuilding {', '.join(names)}: {recipe.get('command', recipe)}", file=sys.stderr)
+        _train(ns, names, out_root)
+        for n in names:
+            diffs = compare_artifacts(found[n], out_root / n)
+            if diffs:
+                failed += 1
+                print(f"DIFFERS  {n}: {len(diffs)} difference(s)")
+                for d in diffs[:10]:
+                    print(f"    {d}")
+            else:
+                print(f"same     {n} ({found[n]} == {out_root / n})")
+    print(f"{len(found) - failed}/{len(found)} artifacts reproduced; rebuilds in {out_root}")
+    return 1 if failed else 0
 
 
 def cmd_answer(args: argparse.Namespace) -> int:
@@ -542,7 +616,19 @@ def build_parser() -> argparse.ArgumentParser:
             p.set_defaults(func=cmd_evaluate)
         else:
             p.add_argument(
-                "--out", default="assets/detectors", help="artifact folder (one subfolder each)"
+                "--out",
+                default=None,
+                help="artifact folder, one subfolder each (default: assets/detectors; "
+                "with --reproduce: a temporary folder)",
+            )
+            p.add_argument(
+                "--reproduce",
+                nargs="?",
+                const="",
+                default=None,
+                metavar="DIR",
+                help="rebuild every artifact in DIR (default: the shipped ones) from the "
+                "recipe it records, and check the rebuild matches; exit 1 if not",
             )
             p.set_defaults(func=cmd_train)
 

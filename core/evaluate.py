@@ -448,6 +448,7 @@ def evaluate(
     name: str | None = None,
     n_boot: int = 1000,
     save_artifacts: str | Path | None = None,
+    recipe: Mapping[str, Any] | None = None,
 ) -> EvalRun:
     """Fit (or load) each detector, pick thresholds on validation, report on test.
 
@@ -465,6 +466,8 @@ def evaluate(
         n_boot: Bootstrap resamples for the AUROC CI.
         save_artifacts: Folder to save each freshly trained detector in
             (``<folder>/<name>/``), with threshold, training data hashes and metrics.
+        recipe: The inputs that rebuild the saved artifacts (dataset specs, limit,
+            seed, model), recorded in each artifact for ``ragscope train --reproduce``.
     """
     artifacts = dict(artifacts or {})
     dets: dict[str, Any] = {}
@@ -526,6 +529,7 @@ def evaluate(
                     extra={
                         "trained_on": {
                             "dataset": train_dataset,
+                            "recipe": dict(recipe or {}),
                             "data_hashes": hashes,
                             "n": {
                                 k: len(v)

@@ -6,10 +6,15 @@ from core.detectors.base import (
     Features,
     Run,
     Verdict,
+    artifact_info,
     available_detectors,
+    compare_artifacts,
     detector_class,
+    load_shipped,
     make_detector,
     register_detector,
+    shipped_artifacts,
+    shipped_dir,
 )
 
 __all__ = [
@@ -18,8 +23,13 @@ __all__ = [
     "Features",
     "Run",
     "Verdict",
+    "artifact_info",
     "available_detectors",
+    "compare_artifacts",
     "detector_class",
+    "load_shipped",
     "make_detector",
     "register_detector",
+    "shipped_artifacts",
+    "shipped_dir",
 ]

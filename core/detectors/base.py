@@ -391,6 +391,118 @@ def read_artifact(folder: str | Path, *, name: str, model_key: str | None) -> tu
     return cfg, weights
 
 
+def shipped_dir() -> Path:
+    """Where shipped artifacts live: ``assets/detectors/<name>/`` in the checkout.
+
+    ``RAGSCOPE_DETECTORS_DIR`` points elsewhere (tests, or artifacts trained
+    for another model).
+    """
+    import os
+
+    from core.datasets import repo_root
+
+    env = os.environ.get("RAGSCOPE_DETECTORS_DIR")
+    return Path(env) if env else repo_root() / "assets" / "detectors"
+
+
+def artifact_info(folder: str | Path) -> dict[str, Any]:
+    """``cfg.json`` of an artifact folder, unchecked (for listings).
+
+    Raises:
+        DataError: No readable ``cfg.json`` there.
+    """
+    path = Path(folder) / "cfg.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise DataError(f"cannot read artifact config ({e})", source=str(path)) from e
+
+
+def shipped_artifacts(
+    model_key: str | None = None, folder: str | Path | None = None
+) -> dict[str, Path]:
+    """Detector name -> artifact folder, for the registered detectors shipped in ``folder``.
+
+    Args:
+        model_key: Keep only artifacts trained on this model (``ModelInfo.key``).
+        folder: Where to look (default :func:`shipped_dir`).
+    """
+    root = Path(folder) if folder is not None else shipped_dir()
+    names = set(available_detectors())
+    out: dict[str, Path] = {}
+    if not root.is_dir():
+        return out
+    for sub in sorted(root.iterdir()):
+        if sub.name not in names or not (sub / "cfg.json").is_file():
+            continue
+        try:
+            cfg = artifact_info(sub)
+        except DataError:
+            continue
+        if model_key is None or cfg.get("model") == model_key:
+            out[sub.name] = sub
+    return out
+
+
+def load_shipped(name: str, model_key: str, folder: str | Path | None = None) -> Any:
+    """The shipped, fitted detector ``name`` for the model ``model_key``.
+
+    Raises:
+        DataError: Nothing shipped under that name.
+        ModelError: The shipped artifact was trained on another model.
+    """
+    root = Path(folder) if folder is not None else shipped_dir()
+    return detector_class(name).load(root / name, model_key=model_key)
+
+
+def _diff(a: Any, b: Any, where: str, rtol: float, atol: float, out: list[str]) -> None:
+    if isinstance(a, Mapping) and isinstance(b, Mapping):
+        for k in sorted(set(a) | set(b)):
+            if k not in a or k not in b:
+                out.append(f"{where}.{k}: only in {'the original' if k in a else 'the rebuild'}")
+            else:
+                _diff(a[k], b[k], f"{where}.{k}", rtol, atol, out)
+    elif isinstance(a, list) and isinstance(b, list):
+        if len(a) != len(b):
+            out.append(f"{where}: length {len(a)} vs {len(b)}")
+            return
+        for i, (x, y) in enumerate(zip(a, b, strict=True)):
+            _diff(x, y, f"{where}[{i}]", rtol, atol, out)
+    elif isinstance(a, int | float) and isinstance(b, int | float) and not isinstance(a, bool):
+        if not np.isclose(float(a), float(b), rtol=rtol, atol=atol, equal_nan=True):
+            out.append(f"{where}: {a!r} vs {b!r}")
+    elif a != b:
+        out.append(f"{where}: {a!r} vs {b!r}")
+
+
+def compare_artifacts(
+    original: str | Path, rebuilt: str | Path, *, rtol: float = 1e-4, atol: float = 1e-6
+) -> list[str]:
+    """Differences between two artifact folders that matter for reproduction.
+
+    Compares the detector, model, config hash, training data hashes, threshold
+    and every weight (numbers to ``rtol``/``atol``); ignores creation-time
+    details such as library versions and metrics. Empty list: reproduced.
+    """
+    out: list[str] = []
+    ca, cb = artifact_info(original), artifact_info(rebuilt)
+    for k in ("detector", "model", "config_hash"):
+        _diff(ca.get(k), cb.get(k), k, rtol, atol, out)
+    _diff(
+        (ca.get("trained_on") or {}).get("data_hashes"),
+        (cb.get("trained_on") or {}).get("data_hashes"),
+        "trained_on.data_hashes",
+        rtol,
+        atol,
+        out,
+    )
+    _diff(ca.get("threshold"), cb.get("threshold"), "threshold", rtol, atol, out)
+    wa = json.loads((Path(original) / "weights.json").read_text())
+    wb = json.loads((Path(rebuilt) / "weights.json").read_text())
+    _diff(wa, wb, "weights", rtol, atol, out)
+    return out
+
+
 def _json_default(o: Any) -> Any:
     if isinstance(o, np.ndarray):
         return o.tolist()

@@ -168,3 +168,58 @@ def test_answer_writes_unlabelled_answers_and_resumes(tmp_path: Path, capsys, ti
     assert [json.loads(line)["response"] for line in out.read_text().splitlines()][:2] == [
         r["response"] for r in rows
     ]
+
+
+def _train_args(out: Path) -> list[str]:
+    return [
+        "train",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--dataset",
+        "builtin",
+        "--limit",
+        "48",
+        "--bootstrap",
+        "0",
+        "--out",
+        str(out),
+    ]
+
+
+def test_train_records_recipe_and_reproduce_checks_it(tmp_path: Path, capsys, tiny_model) -> None:
+    shipped = tmp_path / "shipped"
+    assert main(_train_args(shipped)) == 0
+    capsys.readouterr()
+    for name in ("nll", "context_gain", "lexical"):
+        cfg = json.loads((shipped / name / "cfg.json").read_text())
+        recipe = cfg["trained_on"]["recipe"]
+        assert recipe["dataset"] == "builtin" and recipe["limit"] == 48
+        assert recipe["model"] == "tiny" and "ragscope train" in recipe["command"]
+
+    rebuilt = tmp_path / "rebuilt"
+    assert main(["train", "--reproduce", str(shipped), "--out", str(rebuilt)]) == 0
+    out = capsys.readouterr().out
+    assert "3/3 artifacts reproduced" in out
+    assert (rebuilt / "lexical" / "weights.json").is_file()
+
+    # A tampered weight is caught, named, and fails the command.
+    w_path = shipped / "nll" / "weights.json"
+    w = json.loads(w_path.read_text())
+    w["response"]["intercept"] = float(w["response"]["intercept"]) + 0.5
+    w_path.write_text(json.dumps(w))
+    assert main(["train", "--reproduce", str(shipped), "--out", str(tmp_path / "again")]) == 1
+    out = capsys.readouterr().out
+    assert "DIFFERS  nll" in out and "weights.response.intercept" in out
+    assert "2/3 artifacts reproduced" in out
+
+
+def test_reproduce_refuses_artifacts_without_recipe(tmp_path: Path, capsys) -> None:
+    folder = tmp_path / "old" / "nll"
+    folder.mkdir(parents=True)
+    (folder / "cfg.json").write_text(json.dumps({"detector": "nll", "model": "x"}))
+    (folder / "weights.json").write_text("{}")
+    assert main(["train", "--reproduce", str(tmp_path / "old")]) == 2
+    err = capsys.readouterr().err
+    assert "records no training recipe" in err and "nll" in err
