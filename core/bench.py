@@ -57,11 +57,13 @@ class BenchReport:
     cases: tuple[TimedCase, ...]
     peak_rss_mib: float
     peak_cuda_mib: float | None
+    extraction: ExtractionBench | None = None
     env: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(vars(self))
         d["cases"] = [dict(vars(c)) for c in self.cases]
+        d["extraction"] = dict(vars(self.extraction)) if self.extraction else None
         return d
 
     def to_text(self) -> str:
@@ -78,11 +80,101 @@ class BenchReport:
                 f"trace [{c.name}]: {c.seconds * 1000:.0f} ms = {c.ratio:.2f} x forward "
                 f"(kept {c.kept_mib:.1f} MiB)"
             )
+        if self.extraction is not None:
+            lines.extend(self.extraction.to_lines())
         lines.append(f"peak RSS {self.peak_rss_mib:.0f} MiB")
         if self.peak_cuda_mib is not None:
             lines.append(f"peak CUDA {self.peak_cuda_mib:.0f} MiB")
         lines.append(" | ".join(f"{k} {v}" for k, v in self.env.items()))
         return "\n".join(lines)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExtractionBench:
+    """Batch feature extraction over real corpus examples: cold, cached, and plain forwards.
+
+    Attributes:
+        detectors: The detectors extracted together (one trace per example).
+        n_examples: Examples extracted.
+        mean_tokens: Mean layout length of those examples.
+        plain_s: Total time of one plain HF forward per example (the floor).
+        cold_s: Extraction with an empty feature cache.
+        warm_s: The same extraction again, every example a cache hit.
+    """
+
+    detectors: tuple[str, ...]
+    n_examples: int
+    mean_tokens: float
+    plain_s: float
+    cold_s: float
+    warm_s: float
+
+    @property
+    def cold_per_min(self) -> float:
+        return 60.0 * self.n_examples / self.cold_s
+
+    @property
+    def warm_per_min(self) -> float:
+        return 60.0 * self.n_examples / self.warm_s
+
+    def to_lines(self) -> list[str]:
+        return [
+            f"extraction [{', '.join(self.detectors)}] over {self.n_examples} built-in examples "
+            f"(mean {self.mean_tokens:.0f} tokens):",
+            f"  cold cache: {self.cold_s:.1f} s = {self.cold_per_min:.0f} examples/min = "
+            f"{self.cold_s / self.plain_s:.2f} x one plain forward per example",
+            f"  warm cache: {self.warm_s:.2f} s = {self.warm_per_min:.0f} examples/min; "
+            f"cache speed-up {self.cold_s / self.warm_s:.0f} x",
+        ]
+
+
+def bench_extraction(
+    model: LoadedModel, n_examples: int = 60, detectors: tuple[str, ...] | None = None
+) -> ExtractionBench:
+    """Time :func:`core.extract.extract_features` on ``n_examples`` built-in examples.
+
+    The cache lives in a throw-away store, so the cold pass really computes.
+    """
+    import torch
+
+    from core.corpus import load_builtin
+    from core.detectors import available_detectors, make_detector
+    from core.evaluate import stratified_head
+    from core.extract import FeatureCache, extract_features
+    from core.storage import Store
+
+    names = tuple(detectors or available_detectors())
+    exs = stratified_head(load_builtin(None), n_examples)
+    layouts = [render(e, model) for e in exs]
+
+    def plain_all() -> None:
+        with torch.inference_mode():
+            for lay in layouts:
+                model.hf_model(torch.as_tensor(lay.token_ids, device=model.device).unsqueeze(0))
+
+    plain_all()  # warm-up
+    t0 = time.perf_counter()
+    plain_all()
+    plain_s = time.perf_counter() - t0
+    with (
+        tempfile.TemporaryDirectory(prefix="ragscope-bench-") as tmp,
+        Store(f"{tmp}/bench.sqlite3") as store,
+    ):
+        cache = FeatureCache(store)
+        dets = [make_detector(n) for n in names]
+        extract_features(model, exs[:1], dets)  # warm-up: lazy loads (spaCy, ...) not timed
+        cold = extract_features(model, exs, dets, cache=cache)
+        warm = extract_features(model, exs, dets, cache=cache)
+    if warm.cache_hits != len(exs):
+        raise RuntimeError(f"expected {len(exs)} cache hits, got {warm.cache_hits}")
+    return ExtractionBench(
+        detectors=names,
+        n_examples=len(exs),
+        mean_tokens=sum(len(x) for x in layouts) / len(layouts),
+        plain_s=plain_s,
+        cold_s=cold.seconds,
+        warm_s=warm.seconds,
+    )
 
 
 def bench_example(model: LoadedModel, n_tokens: int = 600) -> tuple[RAGExample, Layout]:
@@ -133,6 +225,7 @@ def run_bench(
     repeats: int = 5,
     cold: bool = True,
     device: str | None = "auto",
+    extraction: int = 0,
     log: Callable[[str], None] | None = None,
 ) -> BenchReport:
     """Measure load times and trace overhead in one run (see module doc)."""
@@ -193,6 +286,10 @@ def run_bench(
         kept = trace(model, layout, needs).nbytes / 2**20
         sec = _median_time(lambda needs=needs: trace(model, layout, needs), repeats)
         cases.append(TimedCase(name=name, seconds=sec, ratio=sec / fwd, kept_mib=kept))
+    ext = None
+    if extraction:
+        say(f"extraction over {extraction} built-in examples (cold, then cached) ...")
+        ext = bench_extraction(model, extraction)
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cuda = torch.cuda.max_memory_allocated() / 2**20 if model.device.startswith("cuda") else None
     return BenchReport(
@@ -206,6 +303,7 @@ def run_bench(
         cases=tuple(cases),
         peak_rss_mib=rss_kib / 1024,
         peak_cuda_mib=cuda,
+        extraction=ext,
         env={
             "python": sys.version.split()[0],
             "torch": torch.__version__,

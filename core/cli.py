@@ -270,6 +270,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         cold=not args.no_cold,
         device=args.device,
+        extraction=args.extraction,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     if args.json:
@@ -652,6 +653,14 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tokens", type=int, default=600, help="length of the RAG example")
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-cold", action="store_true", help="skip the cold (dequantizing) load")
+    p.add_argument(
+        "--extraction",
+        type=int,
+        default=60,
+        metavar="N",
+        help="also time feature extraction of every detector over N built-in examples, "
+        "cold and cached (0: skip)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
     return parser
