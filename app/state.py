@@ -2,9 +2,12 @@
 
 - Resources (``st.cache_resource``): the model (shared by every session; its own lock
   guards forward passes) and the SQLite store.
-- Pure computations (``st.cache_data``): dataset files read into examples, and the
-  analysis of one example (render -> trace -> surprisal). None of them reads
-  ``st.session_state``; everything they depend on is an argument.
+- Resources (``st.cache_resource``) also hold the fitted detectors shipped for the
+  loaded model (keyed by its ``ModelInfo.key`` and the artifact files' stamps).
+- Pure computations (``st.cache_data``): dataset files read into examples, the
+  analysis of one example (render -> trace -> surprisal) and the shipped detectors'
+  verdicts on it. None of them reads ``st.session_state``; everything they depend on
+  is an argument.
 - Session state: one :class:`AppState` object per session, from :func:`app_state`.
   Widget keys are the ``KEY_*`` constants below; tests use the same names.
 
@@ -21,16 +24,17 @@ import threading
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 import streamlit as st
 
-from core.errors import DataError, ModelError
+from core.errors import DataError, ModelError, RagscopeError
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from core.detectors import Detector, Verdict
     from core.evaluate import EvalRun
     from core.examples import RAGExample
     from core.layout import Layout
@@ -60,6 +64,11 @@ KEY_TEMPERATURE = "playground.temperature"
 KEY_GENERATE = "playground.generate"
 KEY_PASTED = "playground.pasted"
 KEY_ANALYSE = "playground.analyse"
+# Playground: the results
+KEY_COLOR_BY = "playground.color_by"
+
+COLOR_SURPRISAL = "surprisal"
+"""The "Colour tokens by" choice meaning the model's own surprisal (else a detector name)."""
 
 INPUT_DATASET = "An example from the dataset"
 INPUT_OWN = "Write your own"
@@ -622,6 +631,303 @@ def analyse(
     )
 
 
+# --------------------------------------------------------------------------- detectors
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ShippedDetector:
+    """A fitted detector loaded from a shipped artifact, with what its ``cfg.json`` says.
+
+    Attributes:
+        name: Detector name (also the artifact's folder name).
+        folder: The artifact folder.
+        detector: The fitted detector.
+        threshold: Score at or above which the detector flags an answer.
+        trained_on: Name of the dataset it was trained on, when recorded.
+        n_train: Training examples, when recorded.
+        test_auroc: AUROC on the held-out test split, when recorded and defined.
+    """
+
+    name: str
+    folder: Path
+    detector: Detector
+    threshold: float
+    trained_on: str | None
+    n_train: int | None
+    test_auroc: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokenArtifact:
+    """A shipped artifact folder that could not be loaded.
+
+    Attributes:
+        name: Detector name (the folder's name).
+        folder: The artifact folder.
+        reason: Why loading failed.
+    """
+
+    name: str
+    folder: Path
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ShippedDetectors:
+    """The shipped detectors for one model, as found in one artifacts folder.
+
+    Attributes:
+        folder: Where the artifacts were looked for (:func:`core.detectors.shipped_dir`).
+        model_key: ``ModelInfo.key`` of the model they were loaded for.
+        detectors: The loaded detectors trained on that model, by name.
+        broken: Artifacts that could not be read or loaded.
+        other_models: Model keys that the readable artifacts of other models were made for.
+        stamp: :func:`_artifacts_stamp` of the folder when they were loaded.
+    """
+
+    folder: Path
+    model_key: str
+    detectors: tuple[ShippedDetector, ...]
+    broken: tuple[BrokenArtifact, ...]
+    other_models: tuple[str, ...]
+    stamp: str
+
+    @property
+    def cache_id(self) -> str:
+        """Identifies this set of detectors, for the verdict cache."""
+        return f"{self.model_key}|{self.folder}|{self.stamp}"
+
+
+def _artifacts_stamp(root: Path) -> str:
+    """Changes whenever an artifact file under ``root`` is added, removed or rewritten."""
+    parts: list[str] = []
+    for path in sorted(root.glob("*/*.json")) if root.is_dir() else ():
+        try:
+            stat = path.stat()
+        except OSError:  # removed while listing: the next rerun sees the new state
+            continue
+        parts.append(f"{path.relative_to(root)}:{stat.st_mtime_ns}:{stat.st_size}")
+    return hashlib.sha256("\n".join(parts).encode("utf-8")).hexdigest()[:16]
+
+
+def _cfg_value(cfg: dict[str, Any], *path: str) -> object:
+    """``cfg[path[0]][path[1]]...``, or ``None`` where a level is missing."""
+    node: object = cfg
+    for key in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
+
+
+def _artifact_cfg(folder: Path) -> dict[str, Any]:
+    """An artifact's ``cfg.json``, or ``{}`` when it cannot be read."""
+    from core.detectors import artifact_info
+
+    try:
+        return artifact_info(folder)
+    except DataError:
+        return {}
+
+
+def _shipped_detector(name: str, folder: Path, detector: Detector) -> ShippedDetector:
+    """Wrap a loaded detector with the facts of its ``cfg.json``."""
+    cfg = _artifact_cfg(folder)
+    dataset = _cfg_value(cfg, "trained_on", "dataset")
+    n_train = _cfg_value(cfg, "trained_on", "n", "train")
+    if n_train is None:
+        n_train = _cfg_value(cfg, "train", "n_train")
+    auroc = _cfg_value(cfg, "metrics", "test", "auroc")
+    threshold = getattr(detector, "threshold_", None)
+    if threshold is None:
+        threshold = _cfg_value(cfg, "threshold")
+    return ShippedDetector(
+        name=name,
+        folder=folder,
+        detector=detector,
+        threshold=float(threshold) if isinstance(threshold, int | float) else 0.5,
+        trained_on=str(dataset) if dataset is not None else None,
+        n_train=int(n_train) if isinstance(n_train, int | float) else None,
+        test_auroc=float(auroc) if isinstance(auroc, int | float) else None,
+    )
+
+
+@st.cache_resource(show_spinner="Loading the trained detectors…", max_entries=8)
+def _shipped_detectors(model_key: str, folder: str, stamp: str) -> ShippedDetectors:
+    """Load every artifact in ``folder`` made for ``model_key``; ``stamp`` keys the cache."""
+    from core.detectors import available_detectors, load_shipped, shipped_artifacts
+
+    root = Path(folder)
+    readable = shipped_artifacts(folder=root)
+    matching = shipped_artifacts(model_key, folder=root)
+    loaded: list[ShippedDetector] = []
+    broken: list[BrokenArtifact] = []
+    registered = set(available_detectors())
+    for sub in sorted(root.iterdir()) if root.is_dir() else ():
+        if sub.name in registered and sub.name not in readable and (sub / "cfg.json").exists():
+            broken.append(
+                BrokenArtifact(name=sub.name, folder=sub, reason="its cfg.json cannot be read")
+            )
+    for name, path in matching.items():
+        try:
+            loaded.append(_shipped_detector(name, path, load_shipped(name, model_key, root)))
+        except RagscopeError as e:
+            broken.append(BrokenArtifact(name=name, folder=path, reason=str(e)))
+        except (KeyError, TypeError, ValueError) as e:
+            # Well-formed JSON with the wrong content: the loaders index into it directly.
+            reason = f"malformed artifact ({type(e).__name__}: {e})"
+            broken.append(BrokenArtifact(name=name, folder=path, reason=reason))
+    models = {_cfg_value(_artifact_cfg(path), "model") for path in readable.values()}
+    return ShippedDetectors(
+        folder=root,
+        model_key=model_key,
+        detectors=tuple(loaded),
+        broken=tuple(sorted(broken, key=lambda b: b.name)),
+        other_models=tuple(sorted(str(m) for m in models if m and m != model_key)),
+        stamp=stamp,
+    )
+
+
+def shipped_detectors(model: LoadedModel) -> ShippedDetectors:
+    """The shipped detectors trained on ``model`` (cached; reloaded when the files change).
+
+    Artifacts come from :func:`core.detectors.shipped_dir` (``RAGSCOPE_DETECTORS_DIR``,
+    else ``assets/detectors``). A broken artifact does not raise: it is listed in
+    :attr:`ShippedDetectors.broken` and the others still load.
+    """
+    from core.detectors import shipped_dir
+
+    root = shipped_dir()
+    return _shipped_detectors(model.info.key, str(root), _artifacts_stamp(root))
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class DetectorVerdicts:
+    """The shipped detectors' verdicts on one analysed answer.
+
+    Attributes:
+        signature: :func:`input_signature` of the analysed input.
+        detectors: The detectors that judged it.
+        verdicts: One verdict per detector, aligned with ``detectors``.
+        seconds: Wall time of the shared trace and the predictions (when first computed).
+    """
+
+    signature: str
+    detectors: tuple[ShippedDetector, ...]
+    verdicts: tuple[Verdict, ...]
+    seconds: float
+
+    def __post_init__(self) -> None:
+        assert len(self.detectors) == len(self.verdicts), "one verdict per detector"
+
+    def with_token_scores(self) -> dict[str, Verdict]:
+        """Detector name -> verdict, for the detectors that score single tokens."""
+        return {
+            v.detector: v
+            for v in self.verdicts
+            if v.token_scores is not None and v.token_offsets is not None
+        }
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per detector: ``detector``, ``score``, ``threshold``, ``verdict``,
+        ``trained on``, ``n train``, ``test AUROC`` (missing facts are empty)."""
+        import pandas as pd
+
+        rows = []
+        for d, v in zip(self.detectors, self.verdicts, strict=True):
+            flagged = v.hallucinated if v.hallucinated is not None else v.score >= d.threshold
+            rows.append(
+                {
+                    "detector": d.name,
+                    "score": v.score,
+                    "threshold": d.threshold,
+                    "verdict": "flagged" if flagged else "not flagged",
+                    "trained on": d.trained_on,
+                    "n train": d.n_train,
+                    "test AUROC": d.test_auroc,
+                }
+            )
+        columns = ["detector", "score", "threshold", "verdict", "trained on", "n train"]
+        frame = pd.DataFrame(rows, columns=[*columns, "test AUROC"])
+        return frame.astype({"n train": "Int64", "test AUROC": "Float64"})
+
+
+@st.cache_data(show_spinner="Running the detectors…", max_entries=64)
+def _verdicts_cached(
+    _model: LoadedModel,
+    model_id: str,
+    _example: RAGExample,
+    signature: str,
+    _detectors: tuple[Detector, ...],
+    detectors_id: str,
+) -> tuple[tuple[Verdict, ...], float]:
+    """One shared trace -> features -> verdicts; keyed by model, input and detector set."""
+    import time
+
+    from core.extract import run_example
+
+    t0 = time.perf_counter()
+    features = run_example(_model, _example, list(_detectors))
+    verdicts = tuple(d.predict(features[d.name]) for d in _detectors)
+    return verdicts, time.perf_counter() - t0
+
+
+def detector_verdicts(
+    model: LoadedModel, analysis: Analysis, shipped: ShippedDetectors
+) -> DetectorVerdicts:
+    """Every loaded shipped detector's verdict on ``analysis``'s answer (cached).
+
+    The example is traced once for all of them (:func:`core.extract.run_example`).
+
+    Raises:
+        DataError: The example cannot be laid out for the detectors.
+        ModelError: A detector cannot run (missing trace, spaCy model, other model).
+    """
+    dets = tuple(s.detector for s in shipped.detectors)
+    verdicts, seconds = (
+        _verdicts_cached(
+            model, model_key(model), analysis.example, analysis.signature, dets, shipped.cache_id
+        )
+        if dets
+        else ((), 0.0)
+    )
+    return DetectorVerdicts(
+        signature=analysis.signature,
+        detectors=shipped.detectors,
+        verdicts=verdicts,
+        seconds=seconds,
+    )
+
+
+def align_token_scores(
+    scores: np.ndarray, offsets: np.ndarray, target_offsets: np.ndarray
+) -> np.ndarray:
+    """Carry token scores onto another tokenization of the same text.
+
+    A detector re-renders the answer from its text, so a generated answer's own tokens
+    may be split differently; each target token takes the highest score of the source
+    tokens its characters overlap (NaN when none does).
+
+    Args:
+        scores: ``[n_src]`` scores.
+        offsets: ``[n_src, 2]`` character ranges of the scored tokens.
+        target_offsets: ``[n_tgt, 2]`` character ranges to score.
+
+    Returns:
+        ``[n_tgt]`` float64 scores.
+    """
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    src = np.asarray(offsets).reshape(-1, 2)
+    tgt = np.asarray(target_offsets).reshape(-1, 2)
+    if src.shape[0] != s.shape[0]:
+        raise ValueError(f"{s.shape[0]} scores for {src.shape[0]} token offsets")
+    if src.shape == tgt.shape and np.array_equal(src, tgt):
+        return s.copy()
+    overlap = (src[None, :, 0] < tgt[:, None, 1]) & (tgt[:, None, 0] < src[None, :, 1])
+    out = np.where(overlap, s[None, :], -np.inf).max(axis=1, initial=-np.inf)
+    return np.where(np.isfinite(out), out, np.nan)
+
+
 # --------------------------------------------------------------------------- session
 
 
@@ -675,6 +981,8 @@ class AppState:
         temperature: Generation temperature (0 = greedy).
         generation: The last answer the model wrote.
         analysis: The last analysis.
+        color_by: What the answer's tokens are coloured by: :data:`COLOR_SURPRISAL`
+            or a shipped detector's name.
         imported_message: A note to show once after a successful import.
         import_error: Why the last import failed, shown until the next attempt.
         bench_runs: The runs picked on the Benchmark (names; several = compare).
@@ -701,6 +1009,7 @@ class AppState:
     temperature: float = 0.0
     generation: GeneratedAnswer | None = None
     analysis: Analysis | None = None
+    color_by: str = COLOR_SURPRISAL
     imported_message: str | None = None
     import_error: str | None = None
     bench_runs: list[str] | None = None

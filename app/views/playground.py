@@ -4,11 +4,16 @@ The answer is either written by the model here (streamed) or pasted. "Analyse" r
 one forward pass over prompt + answer and shows each answer token's surprisal (bits)
 as a heatmap with the gold hallucination spans underlined, the prompt's segment strip,
 and the full token table.
+
+The detectors shipped for the loaded model (``assets/detectors``, or
+``RAGSCOPE_DETECTORS_DIR``) judge the same answer from one shared trace: a verdict
+table, and their token scores as an alternative colouring of the heatmap.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
+from pathlib import Path
 
 import numpy as np
 import streamlit as st
@@ -18,11 +23,13 @@ from app.components.segments import segment_figure, segment_rows
 from app.state import (
     ANSWER_GENERATE,
     ANSWER_SOURCES,
+    COLOR_SURPRISAL,
     INPUT_DATASET,
     INPUT_MODES,
     KEY_ADD_PASSAGE,
     KEY_ANALYSE,
     KEY_ANSWER_SOURCE,
+    KEY_COLOR_BY,
     KEY_EXAMPLE,
     KEY_GENERATE,
     KEY_INPUT_MODE,
@@ -33,9 +40,13 @@ from app.state import (
     KEY_TEMPERATURE,
     Analysis,
     AppState,
+    DetectorVerdicts,
     GeneratedAnswer,
+    ShippedDetectors,
+    align_token_scores,
     analyse,
     app_state,
+    detector_verdicts,
     get_model,
     input_signature,
     load_examples,
@@ -43,7 +54,9 @@ from app.state import (
     question_signature,
     remove_passage_key,
     seed_widget,
+    shipped_detectors,
 )
+from core.detectors import Verdict
 from core.errors import DataError, RagscopeError
 from core.examples import TASKS, RAGExample
 from core.generate import AnswerStream, GenerationConfig
@@ -296,8 +309,162 @@ def paste_answer(state: AppState, draft: Draft) -> str:
 # --------------------------------------------------------------------------- results
 
 
-def show_analysis(a: Analysis, current_signature: str | None) -> None:
-    """Metrics, token heatmap, segment strip and token table of one analysis."""
+@dataclass(frozen=True, kw_only=True, eq=False)
+class DetectorPanel:
+    """The shipped detectors' side of one analysis, worked out before anything is drawn.
+
+    Attributes:
+        model_spec: The loaded model's spec (``embedded``, ``tiny``, ...), for commands.
+        model_name: The loaded model's display name.
+        shipped: The detectors found for the model, and the artifacts that failed to load.
+        result: Their verdicts on the analysed answer (``None`` when they could not run).
+        error: Why they could not run on this answer.
+    """
+
+    model_spec: str
+    model_name: str
+    shipped: ShippedDetectors
+    result: DetectorVerdicts | None = None
+    error: str | None = None
+
+    @property
+    def token_verdicts(self) -> dict[str, Verdict]:
+        """Detector name -> verdict, for the detectors that give token scores."""
+        return self.result.with_token_scores() if self.result is not None else {}
+
+
+def run_detectors(model: LoadedModel, a: Analysis) -> DetectorPanel:
+    """Load the shipped detectors for ``model`` and run them all on ``a`` (both cached)."""
+    shipped = shipped_detectors(model)
+    result: DetectorVerdicts | None = None
+    error: str | None = None
+    try:
+        result = detector_verdicts(model, a, shipped)
+    except RagscopeError as e:
+        error = str(e)
+    return DetectorPanel(
+        model_spec=model.info.name,
+        model_name=model.info.display_name,
+        shipped=shipped,
+        result=result,
+        error=error,
+    )
+
+
+def _shown_folder(folder: Path) -> str:
+    """``folder`` relative to the checkout when inside it (as commands there name it)."""
+    from core.datasets import repo_root
+
+    try:
+        return str(folder.resolve().relative_to(repo_root()))
+    except ValueError:
+        return str(folder)
+
+
+def train_command(panel: DetectorPanel, detector: str | None = None) -> str:
+    """The ``ragscope train`` command that makes the missing artifacts for this model."""
+    only = f" --detectors {detector}" if detector else ""
+    return (
+        f"ragscope train --model {panel.model_spec} --dataset builtin{only} "
+        f"--out {_shown_folder(panel.shipped.folder)}"
+    )
+
+
+def show_detector_verdicts(panel: DetectorPanel) -> None:
+    """The verdict table of the shipped detectors, or why there is none."""
+    st.subheader("Detector verdicts")
+    shipped = panel.shipped
+    for b in shipped.broken:
+        st.error(
+            f"The **{b.name}** detector artifact in `{b.folder}` could not be loaded: "
+            f"{b.reason}  \nFix: retrain it with `{train_command(panel, b.name)}`, or remove "
+            "the folder."
+        )
+    if not shipped.detectors:
+        if not shipped.broken:
+            st.info(_no_detectors_message(panel))
+        return
+    if panel.result is None:
+        st.error(f"The detectors could not judge this answer: {panel.error}")
+        return
+    st.dataframe(
+        panel.result.to_frame(),
+        hide_index=True,
+        width="stretch",
+        column_config={
+            "score": st.column_config.ProgressColumn(
+                "score", format="%.3f", min_value=0.0, max_value=1.0
+            ),
+            "threshold": st.column_config.NumberColumn("threshold", format="%.3f"),
+            "test AUROC": st.column_config.NumberColumn("test AUROC", format="%.3f"),
+        },
+    )
+    st.caption(
+        "Each detector reads this answer and gives a score from 0 to 1: its calibrated "
+        "estimate that the answer contains a hallucination. It is *flagged* when the score "
+        "reaches the detector's threshold, chosen on a validation split when it was trained. "
+        "Test AUROC is how well the scores separated hallucinated from faithful answers on "
+        "held-out test data (0.5 = chance, 1 = perfect). "
+        + (f"All {n} detectors read" if (n := len(panel.result.verdicts)) > 1 else "It reads")
+        + f" one shared trace of the answer ({panel.result.seconds:.1f} s)."
+    )
+
+
+def _no_detectors_message(panel: DetectorPanel) -> str:
+    shipped = panel.shipped
+    where = f"`{_shown_folder(shipped.folder)}`"
+    others = ""
+    if shipped.other_models:
+        names = ", ".join(f"`{m.split('|', 1)[0]}`" for m in shipped.other_models)
+        others = (
+            f" (the detectors there were trained for {names}, and a detector only reads "
+            "the model it was trained on)"
+        )
+    return (
+        f"No trained detectors for {panel.model_name} in {where}{others}. Make them with "
+        f"`{train_command(panel)}` and reload this page."
+    )
+
+
+def _colour_label(choice: str) -> str:
+    return "surprisal (bits)" if choice == COLOR_SURPRISAL else f"{choice} token score"
+
+
+def pick_colouring(state: AppState, panel: DetectorPanel) -> Verdict | None:
+    """The "Colour tokens by" control; the chosen detector's verdict (``None``: surprisal).
+
+    Shown only when some shipped detector gives token scores.
+    """
+    by_name = panel.token_verdicts
+    if not by_name:
+        return None
+    options = [COLOR_SURPRISAL, *by_name]
+    if st.session_state.get(KEY_COLOR_BY) not in options:
+        st.session_state.pop(KEY_COLOR_BY, None)
+    seed_widget(KEY_COLOR_BY, state.color_by if state.color_by in options else COLOR_SURPRISAL)
+    state.color_by = st.radio(
+        "Colour tokens by",
+        options,
+        key=KEY_COLOR_BY,
+        horizontal=True,
+        format_func=_colour_label,
+        help="The model's own surprisal, or a trained detector's score for each token",
+    )
+    return by_name.get(state.color_by)
+
+
+def detector_token_scores(a: Analysis, verdict: Verdict) -> np.ndarray:
+    """``verdict``'s token scores on the analysed answer's tokens, shape ``[resp]``."""
+    assert verdict.token_scores is not None and verdict.token_offsets is not None
+    return align_token_scores(
+        verdict.token_scores, verdict.token_offsets, a.layout.response_offsets
+    )
+
+
+def show_analysis(
+    a: Analysis, current_signature: str | None, panel: DetectorPanel, state: AppState
+) -> None:
+    """Metrics, token heatmap, detector verdicts, segment strip and token table."""
     st.subheader("The answer, token by token")
     if current_signature != a.signature:
         st.info("The input changed since this analysis; press **Analyse** to update it.")
@@ -309,15 +476,22 @@ def show_analysis(a: Analysis, current_signature: str | None) -> None:
     c2.metric("Max surprisal", f"{float(s.max()):.2f} bits", help=f"token {tokens[worst]!r}")
     c3.metric("Answer tokens", len(tokens), help=f"{len(a.layout)} tokens with the prompt")
     c4.metric("Trace", f"{a.trace_seconds * 1000:.0f} ms", help="one forward pass, CPU/GPU time")
+    colour = pick_colouring(state, panel)
     source = {
         "generated": "written by the model",
         "pasted": "pasted",
         "dataset": "from the dataset",
     }
+    meaning = (
+        "Colour: surprisal, −log₂ p(token | prompt, earlier answer tokens); darker = the model "
+        "expected it less."
+        if colour is None
+        else f"Colour: the {colour.detector} detector's score for each token, from 0 to 1; "
+        "darker = more likely part of a hallucination by its reckoning."
+    )
     st.caption(
         f"{a.model_name} read the answer ({source.get(a.answer_source, a.answer_source)}). "
-        "Colour: surprisal, −log₂ p(token | prompt, earlier answer tokens); darker = the model "
-        "expected it less. Hover a token for details."
+        f"{meaning} Hover a token for details."
         + (
             " Tokens underlined in blue lie inside a gold hallucination span."
             if a.labels is not None
@@ -326,11 +500,16 @@ def show_analysis(a: Analysis, current_signature: str | None) -> None:
     )
     render_token_heatmap(
         tokens,
-        s,
+        s if colour is None else detector_token_scores(a, colour),
         labels=a.labels,
         positions=a.layout.response_positions.tolist(),
-        value_name="surprisal (bits)",
+        value_name=_colour_label(COLOR_SURPRISAL if colour is None else colour.detector),
+        # Detector scores are probabilities: a fixed 0-1 scale reads the same on every answer.
+        vmin=None if colour is None else 0.0,
+        vmax=None if colour is None else 1.0,
     )
+
+    show_detector_verdicts(panel)
 
     st.subheader("What the model read")
     rows = segment_rows(a.layout.segments)
@@ -395,7 +574,8 @@ def main() -> None:
             st.error(str(e))
     if state.analysis is not None:
         st.divider()
-        show_analysis(state.analysis, signature)
+        panel = run_detectors(model, state.analysis)
+        show_analysis(state.analysis, signature, panel, state)
 
 
 main()

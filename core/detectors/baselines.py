@@ -161,13 +161,20 @@ class CalibratedDetector:
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
         cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
-        det = cls(cls.Config.from_dict(cfg["config"]))
-        det.response_model_ = LogisticCalibrator.from_json(w["response"])
-        det.token_model_ = LogisticCalibrator.from_json(w["token"]) if w.get("token") else None
-        det.token_stats_ = tuple(w["token_stats"]) if w.get("token_stats") else None  # type: ignore[assignment]
-        det.model_key_ = cfg["model"]
-        det.threshold_ = float(cfg.get("threshold", 0.5))
-        det.train_info_ = dict(cfg.get("train", {}))
+        try:
+            det = cls(cls.Config.from_dict(cfg["config"]))
+            det.response_model_ = LogisticCalibrator.from_json(w["response"])
+            det.token_model_ = LogisticCalibrator.from_json(w["token"]) if w.get("token") else None
+            det.token_stats_ = tuple(w["token_stats"]) if w.get("token_stats") else None  # type: ignore[assignment]
+            det.model_key_ = cfg["model"]
+            det.threshold_ = float(cfg.get("threshold", 0.5))
+            det.train_info_ = dict(cfg.get("train", {}))
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise DataError(
+                f"malformed {cls.name} artifact ({type(e).__name__}: {e}); retrain it with "
+                f"`ragscope train --detectors {cls.name}`",
+                source=str(folder),
+            ) from e
         return det
 
 

@@ -1,9 +1,11 @@
 """Fixtures for the AppTest page tests: the tiny model and throw-away storage.
 
-Every test gets its own database (``RAGSCOPE_DB``) and no shared dev data, so the
-dataset list is exactly the built-in examples plus what the test imports. The model
-cache dir is shared by the whole session (the tiny model's tokenizer is read from the
-embedded GGUF once), and the loaded model is shared through ``st.cache_resource``.
+Every test gets its own database (``RAGSCOPE_DB``), no shared dev data and no shipped
+detectors (``RAGSCOPE_DETECTORS_DIR``), so the dataset list is exactly the built-in
+examples plus what the test imports, and only tests that make detector artifacts see
+any. The model cache dir is shared by the whole session (the tiny model's tokenizer is
+read from the embedded GGUF once), and the loaded model is shared through
+``st.cache_resource``.
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ def app_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, app_cache_dir: Path
     monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(app_cache_dir))
     monkeypatch.setenv("RAGSCOPE_DB", str(db))
     monkeypatch.setenv("RAGSCOPE_SHARED_DATA", str(tmp_path / "no-shared-data"))
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(tmp_path / "no-detectors"))
     return db
 
 

@@ -2,8 +2,9 @@
 
 Starts ``streamlit run app/main.py`` on a free port with ``RAGSCOPE_MODEL=embedded``,
 opens Home and the Playground in headless Chromium (Playwright), analyses a built-in
-example, opens the Benchmark on a synthetic saved run, and saves full-page screenshots
-to ``test-artifacts/``.
+example (with a synthetic ``nll`` detector artifact for the embedded model, so the
+verdict table and the detector colouring show), opens the Benchmark on a synthetic
+saved run, and saves full-page screenshots to ``test-artifacts/``.
 
 The server gets its own cache dir (``RAGSCOPE_CACHE_DIR``) whose ``models`` folder
 links to the session's, so the embedded model is not dequantized again while the
@@ -29,7 +30,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.detectors import Features, make_detector
 from core.evaluate import DetectorResult, EvalRun, response_metrics
+from core.examples import RAGExample
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded]
 
@@ -50,6 +53,7 @@ MODEL_LOAD_MS = 240_000  # a cold cache dequantizes the embedded GGUF first
 ANALYSE_MS = 120_000
 EXAMPLE_ID = "demo-02-waggle-dance"  # has a gold hallucination span
 BENCH_RUN = "synthetic-browser-run"
+EMBEDDED_KEY = "SmolLM2-135M-Instruct|L30xH9/KV3|D576|V49152|float32"
 
 
 def _require_chromium() -> None:
@@ -114,6 +118,47 @@ def _synthetic_run(n: int = 60, seed: int = 0) -> EvalRun:
     )
 
 
+def _synthetic_detectors(folder: Path, n: int = 40, n_tokens: int = 12) -> Path:
+    """An ``nll`` artifact for the embedded model, fitted on seeded surprisal values.
+
+    Real enough to load and run on the embedded model (it reads only the logits), cheap
+    enough to make without loading it; the Playground is checked for the verdict table
+    and the detector colouring, not for the detector's skill.
+    """
+    rng = np.random.default_rng(0)
+    features, examples = [], []
+    offsets = np.stack([np.arange(n_tokens), np.arange(1, n_tokens + 1)], axis=1)
+    for i in range(n):
+        y = i % 2
+        s = rng.gamma(2.0, 1.5 + 1.5 * y, n_tokens)  # bits; hallucinated answers run higher
+        features.append(
+            Features(
+                detector="nll",
+                example_id=f"s{i}",
+                model=EMBEDDED_KEY,
+                names=("surprisal_mean", "surprisal_max", "surprisal_p90"),
+                response=np.asarray([s.mean(), s.max(), np.percentile(s, 90)]),
+                token_names=("surprisal",),
+                tokens=s[:, None],
+                token_offsets=offsets,
+            )
+        )
+        examples.append(
+            RAGExample(
+                id=f"s{i}", question="Q?", passages=("P.",), response="x" * n_tokens, label=bool(y)
+            )
+        )
+    det = make_detector("nll").fit(features, examples)
+    det.save(
+        folder / "nll",
+        extra={
+            "trained_on": {"dataset": "synthetic", "n": {"train": n}},
+            "metrics": {"test": {"auroc": 0.75}},
+        },
+    )
+    return folder
+
+
 def _server_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A cache dir of the server's own (one synthetic saved run) sharing the model cache."""
     shared = Path(os.environ["RAGSCOPE_CACHE_DIR"]).expanduser() / "models"
@@ -137,6 +182,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         RAGSCOPE_DEVICE="cpu",
         RAGSCOPE_CACHE_DIR=str(_server_cache_dir(tmp_path_factory)),
         RAGSCOPE_DB=str(tmp_path_factory.mktemp("browser-db") / "ragscope.sqlite3"),
+        RAGSCOPE_DETECTORS_DIR=str(
+            _synthetic_detectors(tmp_path_factory.mktemp("browser-detectors"))
+        ),
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         PYTHONUNBUFFERED="1",
@@ -253,6 +301,19 @@ def test_playground_and_home_in_chromium(server: str, browser: object) -> None:
         assert page.locator(".rs-heatmap .rs-gold").count() > 0
         page.locator(".js-plotly-plot").first.wait_for(state="visible")
         page.get_by_text("Mean surprisal").wait_for()
+
+        # The shipped (here: synthetic) detector judges the answer: a verdict table, and
+        # its token scores as the heatmap's colouring.
+        page.get_by_role("heading", name="Detector verdicts").wait_for()
+        assert page.get_by_text("No trained detectors").count() == 0, "the artifact was not used"
+        verdicts = page.locator('[data-testid="stDataFrame"]').first
+        verdicts.wait_for(state="visible")
+        assert verdicts.bounding_box()["height"] > 40  # type: ignore[index]
+        page.get_by_text(re.compile("gives a score from 0 to 1")).wait_for()
+        page.get_by_text("nll token score", exact=True).first.click()
+        legend = page.locator(".rs-heatmap-wrap .rs-legend", has_text="nll token score")
+        legend.wait_for(state="visible")
+        assert page.locator(".rs-heatmap .rs-gold").count() > 0
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "playground.png")
 

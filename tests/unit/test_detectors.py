@@ -213,6 +213,11 @@ def test_fit_predict_save_load(tiny_model, tmp_path: Path, name: str) -> None:
         type(det).load(folder, model_key="another-model")
     with pytest.raises(DataError, match="not 'nll'|is for detector"):
         detector_class("nll" if name != "nll" else "lexical").load(folder)
+    # Valid JSON with the wrong content is a DataError naming the folder and the fix.
+    (folder / "weights.json").write_text('{"response": {"kind": "logistic"}}')
+    with pytest.raises(DataError, match=f"malformed {name} artifact.*ragscope train") as err:
+        type(det).load(folder)
+    assert str(folder) in str(err.value)
 
 
 def test_lexical_detector_separates_the_toy_set(tiny_model) -> None:

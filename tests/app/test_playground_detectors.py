@@ -1,0 +1,295 @@
+"""The Playground's detector verdicts (AppTest, tiny model) and the token-score alignment.
+
+Real artifacts are made once per module: the baseline detectors fitted on the demo
+examples with the tiny model (``core.evaluate.evaluate(..., save_artifacts=...)``), then
+``RAGSCOPE_DETECTORS_DIR`` points the app at them (or at a broken or foreign copy).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.state import (
+    ANSWER_PASTE,
+    COLOR_SURPRISAL,
+    KEY_ANALYSE,
+    KEY_ANSWER_SOURCE,
+    KEY_COLOR_BY,
+    KEY_EXAMPLE,
+    STATE_KEY,
+    align_token_scores,
+)
+from core.datasets import builtin_examples
+from core.detectors import artifact_info, load_shipped
+from core.errors import ModelError
+from core.evaluate import evaluate, make_splits
+from core.extract import run_example
+from core.model import LoadedModel
+
+PLAYGROUND = "views/playground.py"
+EXAMPLE = "demo-02-waggle-dance"  # a built-in example with one gold span
+DETECTORS = ("nll", "context_gain", "lexical")
+EMBEDDED_KEY = "SmolLM2-135M-Instruct|L30xH9/KV3|D576|V49152|float32"
+TRAIN = "ragscope train --model tiny --dataset builtin"
+
+
+# --------------------------------------------------------------------------- fixtures
+
+
+@pytest.fixture(scope="module")
+def tiny_artifacts(tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The baseline detectors fitted on the demo examples with the tiny model, saved.
+
+    ``tiny_model`` (tests/conftest.py) has the app's seed, so the app's weights.
+    """
+    out = tmp_path_factory.mktemp("tiny-detectors")
+    train_name, _, splits = make_splits("demo", limit=12)
+    evaluate(
+        tiny_model,
+        DETECTORS,
+        train=splits["train"],
+        validation=splits["validation"],
+        test=splits["test"],
+        train_dataset=train_name,
+        n_boot=0,
+        save_artifacts=out,
+    )
+    assert sorted(p.name for p in out.iterdir()) == sorted(DETECTORS)
+    return out
+
+
+@pytest.fixture
+def detectors_dir(monkeypatch: pytest.MonkeyPatch, app_env: Path) -> Callable[[Path], None]:
+    """Point the app at an artifacts folder (after ``app_env`` pointed it at none)."""
+
+    def use(folder: Path) -> None:
+        monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(folder))
+
+    return use
+
+
+def _copy(src: Path, tmp_path: Path) -> Path:
+    dst = tmp_path / "detectors"
+    shutil.copytree(src, dst)
+    return dst
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _no_exception(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+
+
+def _heatmap(at: AppTest) -> str:
+    maps = [h.value for h in at.html if 'class="rs-heatmap"' in h.value]
+    assert len(maps) == 1
+    return maps[0]
+
+
+def _hover_values(heatmap: str, value_name: str) -> list[str]:
+    """The value each token's hover title shows, in token order."""
+    return re.findall(re.escape(value_name) + r": ([-0-9.]+|n/a)", heatmap.split("</style>", 1)[1])
+
+
+def _verdict_table(at: AppTest) -> pd.DataFrame:
+    tables = [d.value for d in at.dataframe if "verdict" in d.value.columns]
+    assert len(tables) == 1, "expected exactly one verdict table"
+    return tables[0]
+
+
+def _colour_radios(at: AppTest) -> list:
+    return [r for r in at.radio if r.key == KEY_COLOR_BY]
+
+
+def _analysed(make_app: Callable[[], AppTest]) -> AppTest:
+    at = make_app().run()
+    at.switch_page(PLAYGROUND).run()
+    at.selectbox(key=KEY_EXAMPLE).select(EXAMPLE).run()
+    at.radio(key=KEY_ANSWER_SOURCE).set_value(ANSWER_PASTE).run()
+    at.button(key=KEY_ANALYSE).click().run()
+    _no_exception(at)
+    return at
+
+
+def _direct_verdicts(model: LoadedModel, folder: Path) -> dict[str, object]:
+    """The verdicts on the example from the artifacts, computed without the app."""
+    example = next(e for e in builtin_examples() if e.id == EXAMPLE)
+    dets = [load_shipped(n, model.info.key, folder) for n in DETECTORS]
+    feats = run_example(model, example, dets)
+    return {d.name: d.predict(feats[d.name]) for d in dets}
+
+
+# --------------------------------------------------------------------------- tests
+
+
+def test_verdict_table_matches_predict_and_cfg(
+    make_app: Callable[[], AppTest],
+    detectors_dir: Callable[[Path], None],
+    tiny_artifacts: Path,
+    tiny_model: LoadedModel,
+) -> None:
+    detectors_dir(tiny_artifacts)
+    at = _analysed(make_app)
+    assert not at.error, [e.value for e in at.error]
+    assert "Detector verdicts" in [h.value for h in at.subheader]
+    table = _verdict_table(at).set_index("detector")
+    assert sorted(table.index) == sorted(DETECTORS)
+    direct = _direct_verdicts(tiny_model, tiny_artifacts)
+    for name, v in direct.items():
+        row = table.loc[name]
+        cfg = artifact_info(tiny_artifacts / name)
+        assert row["score"] == pytest.approx(v.score, abs=1e-6)
+        assert row["threshold"] == pytest.approx(cfg["threshold"])
+        assert row["verdict"] == ("flagged" if v.hallucinated else "not flagged")
+        assert row["trained on"] == cfg["trained_on"]["dataset"] == "demo"
+        assert row["n train"] == cfg["trained_on"]["n"]["train"]
+        auroc = cfg["metrics"]["test"]["auroc"]
+        assert (pd.isna(row["test AUROC"]) and auroc is None) or row["test AUROC"] == auroc
+    assert any("score from 0 to 1" in c.value for c in at.caption)
+
+
+def test_colour_by_a_detector_shows_its_token_scores(
+    make_app: Callable[[], AppTest],
+    detectors_dir: Callable[[Path], None],
+    tiny_artifacts: Path,
+    tiny_model: LoadedModel,
+) -> None:
+    detectors_dir(tiny_artifacts)
+    at = _analysed(make_app)
+    radio = at.radio(key=KEY_COLOR_BY)
+    assert radio.value == COLOR_SURPRISAL
+    # Options show as labels; all three baselines score tokens.
+    assert set(radio.options) == {"surprisal (bits)", *(f"{d} token score" for d in DETECTORS)}
+    surprisal_map = _heatmap(at)
+    surprisal = _hover_values(surprisal_map, "surprisal (bits)")
+    assert len(surprisal) > 10
+
+    radio.set_value("nll").run()
+    _no_exception(at)
+    heat = _heatmap(at)
+    assert heat != surprisal_map
+    assert "nll token score" in heat  # legend and hovers name the detector
+    shown = _hover_values(heat, "nll token score")
+    expected = _direct_verdicts(tiny_model, tiny_artifacts)["nll"].token_scores
+    assert expected is not None
+    assert shown == [f"{v:.2f}" for v in expected]
+    assert shown != surprisal
+    assert 'class="rs-tok rs-gold"' in heat  # the gold span stays underlined
+    assert at.session_state[STATE_KEY].color_by == "nll"
+
+    # The choice survives a rerun; switching back restores surprisal.
+    at.run()
+    assert "nll token score" in _heatmap(at)
+    at.radio(key=KEY_COLOR_BY).set_value(COLOR_SURPRISAL).run()
+    assert _hover_values(_heatmap(at), "surprisal (bits)") == surprisal
+
+
+def test_no_artifacts_says_how_to_make_them(make_app: Callable[[], AppTest]) -> None:
+    at = _analysed(make_app)  # app_env points RAGSCOPE_DETECTORS_DIR at a missing folder
+    assert not at.error
+    info = " ".join(i.value for i in at.info)
+    assert "No trained detectors for tiny-random-llama" in info
+    assert f"{TRAIN} --out " in info
+    assert not _colour_radios(at)
+    assert not [d for d in at.dataframe if "verdict" in d.value.columns]
+    assert "surprisal (bits)" in _heatmap(at)
+
+
+def test_artifacts_for_another_model_are_not_used(
+    make_app: Callable[[], AppTest],
+    detectors_dir: Callable[[Path], None],
+    tiny_artifacts: Path,
+    tmp_path: Path,
+) -> None:
+    folder = _copy(tiny_artifacts, tmp_path)
+    for name in DETECTORS:
+        cfg_path = folder / name / "cfg.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["model"] = EMBEDDED_KEY
+        cfg_path.write_text(json.dumps(cfg))
+    detectors_dir(folder)
+    at = _analysed(make_app)
+    assert not at.error, [e.value for e in at.error]
+    info = " ".join(i.value for i in at.info)
+    assert "No trained detectors for tiny-random-llama" in info
+    assert "trained for `SmolLM2-135M-Instruct`" in info
+    assert f"{TRAIN} --out {folder}" in info
+    assert not _colour_radios(at)
+
+
+def test_broken_artifacts_are_errors_and_the_rest_still_runs(
+    make_app: Callable[[], AppTest],
+    detectors_dir: Callable[[Path], None],
+    tiny_artifacts: Path,
+    tmp_path: Path,
+) -> None:
+    folder = _copy(tiny_artifacts, tmp_path)
+    (folder / "nll" / "weights.json").write_text("{not json")
+    (folder / "lexical" / "cfg.json").write_text("not json either")
+    detectors_dir(folder)
+    at = _analysed(make_app)
+    errors = sorted(e.value for e in at.error)
+    assert len(errors) == 2, errors
+    lexical, nll = errors
+    assert f"`{folder / 'nll'}`" in nll and "malformed artifact JSON" in nll
+    assert f"`{folder / 'lexical'}`" in lexical and "cfg.json cannot be read" in lexical
+    assert f"{TRAIN} --detectors nll --out {folder}" in nll
+    # The page goes on: the working detector is judged, the rest of the analysis is drawn.
+    assert list(_verdict_table(at)["detector"]) == ["context_gain"]
+    assert at.radio(key=KEY_COLOR_BY).options == ["surprisal (bits)", "context_gain token score"]
+    assert "surprisal (bits)" in _heatmap(at)
+    assert at.get("plotly_chart"), "the segment strip is missing"
+
+
+def test_detectors_that_cannot_run_are_an_error_not_an_exception(
+    make_app: Callable[[], AppTest],
+    detectors_dir: Callable[[Path], None],
+    tiny_artifacts: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    def fail(*args: object, **kwargs: object) -> dict:
+        raise ModelError("the spaCy model is not installed")
+
+    monkeypatch.setattr("core.extract.run_example", fail)
+    detectors_dir(_copy(tiny_artifacts, tmp_path))  # its own folder: no cached verdicts
+    at = _analysed(make_app)
+    assert len(at.error) == 1
+    assert "could not judge this answer" in at.error[0].value
+    assert "spaCy model is not installed" in at.error[0].value
+    assert not _colour_radios(at)
+    assert "surprisal (bits)" in _heatmap(at)
+
+
+# --------------------------------------------------------------------------- alignment
+
+
+def test_align_token_scores_same_tokens_is_the_identity() -> None:
+    offsets = np.array([[0, 3], [3, 7], [7, 8]])
+    scores = np.array([0.1, 0.9, 0.4])
+    out = align_token_scores(scores, offsets, offsets.copy())
+    assert out.tolist() == pytest.approx(scores.tolist())
+
+
+def test_align_token_scores_takes_the_max_of_overlapping_tokens() -> None:
+    src = np.array([[0, 3], [3, 7], [7, 8]])
+    scores = np.array([0.1, 0.9, 0.4])
+    tgt = np.array([[0, 2], [2, 5], [5, 8], [8, 10]])  # [8, 10) overlaps nothing
+    out = align_token_scores(scores, src, tgt)
+    assert out[:3].tolist() == pytest.approx([0.1, 0.9, 0.9])
+    assert np.isnan(out[3])
+
+
+def test_align_token_scores_refuses_mismatched_offsets() -> None:
+    with pytest.raises(ValueError, match="2 scores for 3 token offsets"):
+        align_token_scores(np.zeros(2), np.zeros((3, 2)), np.zeros((3, 2)))
