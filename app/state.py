@@ -439,34 +439,51 @@ def _read_run(path: str, mtime: float) -> EvalRun:
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class SavedRuns:
-    """The runs saved in a runs folder.
+    """The runs saved in the runs folder, then those shipped with ragscope.
 
     Attributes:
-        folder: Where they were read from.
-        runs: Run name -> run, newest first.
+        folder: Where this machine's runs are read from (and new runs saved).
+        runs: Run name -> run: this machine's newest first, then the shipped ones
+            by name (a local run shadows a shipped one of the same name).
+        shipped: Names of the runs that came from ``shipped_folder``.
+        shipped_folder: Where the shipped runs live (``assets/runs``).
         unreadable: ``(file name, reason)`` per JSON file that is not a readable run.
     """
 
     folder: Path
     runs: dict[str, EvalRun]
-    unreadable: tuple[tuple[str, str], ...]
+    shipped: frozenset[str] = frozenset()
+    shipped_folder: Path | None = None
+    unreadable: tuple[tuple[str, str], ...] = ()
 
 
 def saved_runs() -> SavedRuns:
-    """The runs in :func:`core.evaluate.runs_dir`, newest first (each file read once)."""
-    from core.evaluate import list_runs, runs_dir
+    """This machine's runs (:func:`core.evaluate.runs_dir`) and the shipped ones."""
+    from core.evaluate import list_runs, runs_dir, shipped_runs_dir
 
-    folder = runs_dir()
+    folder, shipped_folder = runs_dir(), shipped_runs_dir()
     runs: dict[str, EvalRun] = {}
+    shipped: set[str] = set()
     bad: list[tuple[str, str]] = []
-    for path in list_runs(folder):
+    local_paths = list_runs(folder)
+    ship_paths = sorted(list_runs(shipped_folder)) if shipped_folder != folder else []
+    for path in [*local_paths, *ship_paths]:
         try:
             run = _read_run(str(path), path.stat().st_mtime)
         except (DataError, OSError) as e:
             bad.append((path.name, str(e)))
             continue
-        runs.setdefault(run.name, run)
-    return SavedRuns(folder=folder, runs=runs, unreadable=tuple(bad))
+        if run.name not in runs:
+            runs[run.name] = run
+            if path in ship_paths:
+                shipped.add(run.name)
+    return SavedRuns(
+        folder=folder,
+        runs=runs,
+        shipped=frozenset(shipped),
+        shipped_folder=shipped_folder,
+        unreadable=tuple(bad),
+    )
 
 
 CORPUS = "builtin"

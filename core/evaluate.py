@@ -403,6 +403,19 @@ def runs_dir() -> Path:
     return cache_dir() / "runs"
 
 
+def shipped_runs_dir() -> Path:
+    """Evaluation runs shipped with ragscope (``assets/runs``): the shipped artifacts' numbers.
+
+    ``RAGSCOPE_SHIPPED_RUNS_DIR`` points elsewhere (tests).
+    """
+    import os
+
+    from core.datasets import repo_root
+
+    env = os.environ.get("RAGSCOPE_SHIPPED_RUNS_DIR")
+    return Path(env) if env else repo_root() / "assets" / "runs"
+
+
 def list_runs(folder: str | Path | None = None) -> list[Path]:
     """Saved run JSON files, newest first."""
     d = Path(folder) if folder is not None else runs_dir()

@@ -329,11 +329,15 @@ def pick_runs(state: AppState, saved: SavedRuns) -> list[EvalRun]:
     if widget is not None and any(n not in runs for n in widget):
         st.session_state[KEY_BENCH_RUNS] = [n for n in widget if n in runs]
     seed_widget(KEY_BENCH_RUNS, state.bench_runs)
+    n_local = len(names) - len(saved.shipped)
+    where = f"{n_local} in `{saved.folder}`"
+    if saved.shipped:
+        where += f", {len(saved.shipped)} shipped with ragscope"
     picked = st.multiselect(
-        f"Saved runs ({len(names)} in `{saved.folder}`, newest first; pick several to compare)",
+        f"Saved runs ({where}; newest first; pick several to compare)",
         names,
         key=KEY_BENCH_RUNS,
-        format_func=lambda n: run_label(runs[n]),
+        format_func=lambda n: run_label(runs[n]) + (" · shipped" if n in saved.shipped else ""),
     )
     state.bench_runs = list(picked)
     return [runs[n] for n in picked]

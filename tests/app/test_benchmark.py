@@ -354,3 +354,28 @@ def test_breakdown_figure_groups_bars_by_detector_with_gaps_for_undefined() -> N
     first = dict(zip(fig.data[0].x, fig.data[0].y, strict=True))
     assert first[frame.loc[0, "task"]] is None
     assert fig.layout.barmode == "group"
+
+
+def test_shipped_runs_are_listed_after_local_ones_and_shadowed_by_name(
+    make_app: Callable[[], AppTest],
+    runs_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    shipped = tmp_path / "shipped-runs"
+    synthetic_run("shipped-b", seed=3).save(shipped)
+    synthetic_run("shipped-a", seed=4).save(shipped)
+    synthetic_run("mine", seed=5).save(shipped)  # shadowed by the local run of that name
+    monkeypatch.setenv("RAGSCOPE_SHIPPED_RUNS_DIR", str(shipped))
+    local = synthetic_run("mine", seed=6)
+    local.save(runs_dir)
+    at = _benchmark(make_app)
+    picker = at.multiselect(key=KEY_BENCH_RUNS)
+    opts = list(picker.options)
+    assert [o.split(" · ")[0] for o in opts] == ["mine", "shipped-a", "shipped-b"]
+    assert [o.endswith(" · shipped") for o in opts] == [False, True, True]
+    assert picker.value == ["mine"]  # the local, newest run is picked first
+    assert "1 in" in picker.label and "2 shipped with ragscope" in picker.label
+    # The local run wins over the shipped one of the same name.
+    table = at.dataframe[0].value
+    assert table.iloc[0]["AUROC"] == f"{local.results[0].metrics['auroc']:.3f}"
