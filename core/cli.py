@@ -446,6 +446,8 @@ def cmd_answer(args: argparse.Namespace) -> int:
     from core.generate import GenerationConfig, generate
 
     name, examples = resolve_dataset(args.dataset)
+    if args.split:
+        examples = [e for e in examples if e.provenance.split in args.split.split(",")]
     if args.one_per_source:
         seen: set[str] = set()
         firsts = []
@@ -642,6 +644,7 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", required=True, help="ragscope JSONL to write (resumes when it exists)")
     p.add_argument("--one-per-source", action="store_true", help="one prompt per source document")
+    p.add_argument("--split", default=None, help="only these splits, comma-separated (e.g. test)")
     p.add_argument("--limit", type=int, default=None)
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")

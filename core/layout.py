@@ -102,6 +102,9 @@ class Layout:
         response_text: The response as analysed.
         with_context: False for the no-context variant (passages removed).
         spans: The example's labelled spans (character offsets).
+        passage_texts: The passages' text by passage index (empty without context).
+        passage_offsets: Per passage, ``[n_passage_tokens, 2]`` character range
+            of each of its tokens in its text (covering, like the response's).
     """
 
     example_id: str
@@ -111,6 +114,8 @@ class Layout:
     response_text: str
     with_context: bool = True
     spans: tuple[Span, ...] = ()
+    passage_texts: tuple[str, ...] = ()
+    passage_offsets: tuple[np.ndarray, ...] = field(default=(), repr=False)
     _tokens: tuple[str, ...] = field(default=(), repr=False)
 
     def __len__(self) -> int:
@@ -191,6 +196,46 @@ class Layout:
             raise IndexError(f"token range [{a}, {b}) is outside the response")
         o = self.response_offsets[a:b]
         return int(o[:, 0].min()), int(o[:, 1].max())
+
+    # -- passage characters -> tokens -------------------------------------------
+
+    def passage_segment(self, index: int) -> Segment:
+        """The segment of passage ``index`` (0-based)."""
+        for s in self.passage_segments:
+            if s.index == index:
+                return s
+        raise IndexError(
+            f"passage {index} is not in this layout "
+            f"({len(self.passage_segments)} passage segment(s))"
+        )
+
+    def passage_chars_to_positions(self, index: int, start: int, end: int) -> tuple[int, int]:
+        """Absolute positions ``[a, b)`` of passage ``index``'s tokens overlapping ``[start, end)``.
+
+        Args:
+            index: Passage number (0-based).
+            start: First character in the passage text.
+            end: One past the last character.
+        """
+        seg = self.passage_segment(index)
+        if index >= len(self.passage_offsets):
+            raise IndexError(f"this layout carries no character offsets for passage {index}")
+        text = self.passage_texts[index]
+        if not 0 <= start < end <= len(text):
+            raise IndexError(
+                f"character range [{start}, {end}) is outside passage {index} "
+                f"({len(text)} characters)"
+            )
+        o = self.passage_offsets[index]
+        hit = np.nonzero((o[:, 0] < end) & (start < o[:, 1]))[0]
+        # Offsets are widened to cover every character, so some token always overlaps.
+        assert hit.size, f"no token of passage {index} covers [{start}, {end})"
+        return seg.start + int(hit[0]), seg.start + int(hit[-1]) + 1
+
+    def response_chars_to_positions(self, start: int, end: int) -> tuple[int, int]:
+        """Absolute positions ``[a, b)`` of response tokens overlapping characters ``[start, end)``."""
+        a, b = self.chars_to_tokens(start, end)
+        return self.response.start + a, self.response.start + b
 
     def token_labels(self) -> np.ndarray | None:
         """Per response token: 1 when its characters overlap a labelled span, else 0.
@@ -449,6 +494,7 @@ def render(
         source=src,
     )
     ids, segs = encode_prompt(tokenizer, pieces)
+    passage_offsets = _passage_offsets(tokenizer, pieces, ids, segs, src)
     if response_ids is not None:
         decoded = tokenizer.decode(list(response_ids), clean_up_tokenization_spaces=False)
         if decoded != example.response:
@@ -493,9 +539,36 @@ def render(
         response_text=example.response,
         with_context=with_context,
         spans=example.spans,
+        passage_texts=example.passages if with_context else (),
+        passage_offsets=passage_offsets,
         _tokens=tokens,
     )
     return layout
+
+
+def _passage_offsets(
+    tokenizer: object,
+    pieces: Sequence[Piece],
+    ids: Sequence[int],
+    segs: Sequence[Segment],
+    source: str,
+) -> tuple[np.ndarray, ...]:
+    """Character range of every passage token in its passage, by passage index.
+
+    Each passage is tokenized on its own (see :func:`encode_prompt`), so its
+    offsets come from tokenizing the same text again with an offset mapping.
+    """
+    texts = {p.index: p.text for p in pieces if p.kind == "passage" and p.index is not None}
+    out: list[np.ndarray] = []
+    for k in range(len(texts)):
+        seg = next(s for s in segs if s.kind == "passage" and s.index == k)
+        p_ids, offsets = response_encoding(tokenizer, texts[k])
+        if p_ids != list(ids[seg.start : seg.end]):
+            raise DataError(
+                f"passage {k} tokenizes differently with offsets", source=source, field="passages"
+            )
+        out.append(offsets)
+    return tuple(out)
 
 
 def render_pair(

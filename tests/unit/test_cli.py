@@ -233,3 +233,18 @@ def test_bench_times_extraction_cold_and_cached(capsys, tiny_model) -> None:
     assert ext["n_examples"] == 4 and set(ext["detectors"]) >= {"nll", "context_gain", "lexical"}
     assert ext["cold_s"] > 0 and ext["plain_s"] > 0
     assert ext["warm_s"] < ext["cold_s"]  # every example a cache hit the second time
+
+
+def test_answer_one_per_source_of_one_split(tmp_path: Path, capsys, tiny_model) -> None:
+    from core.corpus import load_builtin
+
+    out = tmp_path / "answers.jsonl"
+    argv = ["answer", "--model", "tiny", "--dataset", "builtin", "--out", str(out)]
+    argv += ["--split", "test", "--one-per-source", "--limit", "3", "--max-new-tokens", "4"]
+    assert main([*argv, "--temperature", "1.0"]) == 0
+    assert "3 answers" in capsys.readouterr().out
+    rows = [json.loads(line) for line in out.read_text().splitlines()]
+    test_groups = {e.provenance.group for e in load_builtin("test")}
+    groups = [r["provenance"]["group"] for r in rows]
+    assert len(set(groups)) == 3 and set(groups) <= test_groups  # one per source, test only
+    assert all(r["provenance"]["split"] == "test" for r in rows)
