@@ -445,6 +445,12 @@ def _subset(ext: Extraction, ids: set[str]) -> tuple[list[RAGExample], dict[str,
     }
 
 
+def _accepts_validation(det: object) -> bool:
+    import inspect
+
+    return "validation" in inspect.signature(det.fit).parameters  # type: ignore[attr-defined]
+
+
 def evaluate(
     model: LoadedModel,
     detectors: Sequence[str],
@@ -512,7 +518,12 @@ def evaluate(
     hashes = {"train": data_hash(tr_ex), "validation": data_hash(va_ex), "test": data_hash(te_ex)}
     for n, det in dets.items():
         if n not in artifacts:
-            det.fit(tr_f[n], tr_ex)
+            if _accepts_validation(det) and va_ex:
+                # Detectors that select hyper-parameters (heads, layers, beta, a classifier)
+                # do it on validation, never on test.
+                det.fit(tr_f[n], tr_ex, validation=(va_f[n], va_ex))
+            else:
+                det.fit(tr_f[n], tr_ex)
         va_metrics = None
         if va_ex:
             va_scores = np.asarray([det.predict(f).score for f in va_f[n]])

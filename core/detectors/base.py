@@ -262,7 +262,14 @@ class Detector(Protocol):
 
     def features(self, run: Run) -> Features: ...
 
-    def fit(self, features: Sequence[Features], examples: Sequence[RAGExample]) -> Self: ...
+    def fit(self, features: Sequence[Features], examples: Sequence[RAGExample]) -> Self:
+        """Learn from the training split.
+
+        A detector that selects hyper-parameters may also accept a keyword
+        ``validation=(features, examples)``; :func:`core.evaluate.evaluate` then
+        passes the validation split, and the test split never reaches ``fit``.
+        """
+        ...
 
     def predict(self, features: Features) -> Verdict: ...
 

@@ -181,3 +181,34 @@ def test_saved_run_with_wrong_format_is_a_data_error(tmp_path: Path) -> None:
     p.write_text('{"format": 99}')
     with pytest.raises(DataError, match="format"):
         EvalRun.load(p)
+
+
+def test_fit_gets_the_validation_split_and_never_the_test_split(
+    tiny_model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from core.detectors.baselines import NLLDetector
+
+    seen: dict[str, list[str]] = {}
+
+    class Selecting(NLLDetector):
+        def fit(self, features, examples, *, validation=None):  # type: ignore[override]
+            seen["train"] = [e.id for e in examples]
+            seen["validation"] = [e.id for e in validation[1]] if validation else []
+            assert validation is not None and len(validation[0]) == len(validation[1])
+            return super().fit(features, examples)
+
+    monkeypatch.setattr("core.evaluate.make_detector", lambda name: Selecting())
+    exs = [_ex(i, q=i, label=bool(i % 2)) for i in range(24)]
+    splits = split_examples(exs, seed=0)
+    evaluate(
+        tiny_model,
+        ["nll"],
+        train=splits["train"],
+        validation=splits["validation"],
+        test=splits["test"],
+        train_dataset="toy",
+        n_boot=0,
+    )
+    assert seen["train"] == [e.id for e in splits["train"]]
+    assert seen["validation"] == [e.id for e in splits["validation"]]
+    assert not {e.id for e in splits["test"]} & {*seen["train"], *seen["validation"]}
