@@ -73,18 +73,33 @@ POSITION_SETS: tuple[str, ...] = get_args(PositionSet)
 HookKey = tuple[str, int | None]
 
 
+Slot = tuple[str, int | None, str]
+"""``(kind, layer, position set)``: one hook kept at one set of positions."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class Needs:
     """What a detector needs from the forward pass.
 
+    A ``Needs`` built from ``hooks`` and ``positions`` keeps every hook at every
+    one of the positions. Combining needs (``a | b``) keeps each hook at the
+    positions its own needs asked for, not at everyone's: ReDeEP's attention
+    patterns at the generation positions and its final hidden states at the
+    passage positions stay ``[head, answer, key]`` and ``[passage, d_model]``
+    instead of both growing to the whole prompt.
+
     Attributes:
         hooks: ``(kind, layer)`` pairs; ``layer`` is ``None`` for layerless kinds.
         positions: Which positions to keep (``all``, ``response`` = p_j,
-            ``generation`` = g_j = p_j - 1, ``context`` = passage tokens).
+            ``generation`` = g_j = p_j - 1, ``context`` = passage tokens); for
+            combined needs, every position set some hook asked for.
+        slots: ``(kind, layer, position set)`` triples, the exact plan (derived
+            from ``hooks`` x ``positions`` unless given through :meth:`from_slots`).
     """
 
     hooks: frozenset[HookKey] = frozenset()
     positions: frozenset[str] = frozenset({"all"})
+    slots: frozenset[Slot] = frozenset()
 
     def __post_init__(self) -> None:
         for kind, layer in self.hooks:
@@ -99,6 +114,23 @@ class Needs:
                 raise ValueError(f"unknown position set {p!r}; use one of {POSITION_SETS}")
         if not self.positions:
             raise ValueError("Needs.positions is empty; ask for at least one position set")
+        full = frozenset((k, ly, p) for k, ly in self.hooks for p in self.positions)
+        if not self.slots:
+            object.__setattr__(self, "slots", full)
+        elif not self.slots <= full or {(k, ly) for k, ly, _ in self.slots} != self.hooks:
+            raise ValueError("Needs.slots must pair the given hooks with the given positions")
+
+    @classmethod
+    def from_slots(cls, slots: Iterable[Slot]) -> Needs:
+        """Needs that keep each ``(kind, layer)`` at exactly its slots' position sets."""
+        s = frozenset((str(k), None if ly is None else int(ly), str(p)) for k, ly, p in slots)
+        if not s:
+            raise ValueError("no slots: ask for at least one hook")
+        return cls(
+            hooks=frozenset((k, ly) for k, ly, _ in s),
+            positions=frozenset(p for _, _, p in s),
+            slots=s,
+        )
 
     @classmethod
     def of(
@@ -133,7 +165,11 @@ class Needs:
         return cls(hooks=frozenset(hooks), positions=pos)
 
     def __or__(self, other: Needs) -> Needs:
-        return Needs(hooks=self.hooks | other.hooks, positions=self.positions | other.positions)
+        if not self.hooks and not other.hooks:
+            return Needs(positions=self.positions | other.positions)
+        if not self.hooks or not other.hooks:
+            return other if not self.hooks else self
+        return Needs.from_slots(self.slots | other.slots)
 
     @staticmethod
     def union(needs: Iterable[Needs]) -> Needs:
@@ -143,6 +179,13 @@ class Needs:
         if out is None:
             raise ValueError("no needs to combine")
         return out
+
+    def plan(self) -> dict[HookKey, frozenset[str]]:
+        """``(kind, layer)`` -> the position sets it is kept at."""
+        out: dict[HookKey, set[str]] = {}
+        for k, ly, p in self.slots:
+            out.setdefault((k, ly), set()).add(p)
+        return {key: frozenset(v) for key, v in out.items()}
 
     def hook_names(self) -> dict[str, HookKey]:
         """TransformerLens hook name -> ``(kind, layer)`` for every hooked kind."""
@@ -154,28 +197,31 @@ class Needs:
             if kind != "logits"
         }
 
-    def resolve_positions(self, layout: Layout) -> np.ndarray:
-        """Sorted absolute positions to keep for ``layout``."""
-        if "all" in self.positions:
+    def resolve_positions(self, layout: Layout, sets: Iterable[str] | None = None) -> np.ndarray:
+        """Sorted absolute positions of ``sets`` (default: all of :attr:`positions`)."""
+        names = self.positions if sets is None else frozenset(sets)
+        if "all" in names:
             return np.arange(len(layout))
-        parts = []
-        if "response" in self.positions:
+        parts = [np.zeros(0, dtype=np.int64)]
+        if "response" in names:
             parts.append(layout.response_positions)
-        if "generation" in self.positions:
+        if "generation" in names:
             parts.append(layout.generation_positions)
-        if "context" in self.positions:
+        if "context" in names:
             parts.append(layout.context_positions())
         return np.unique(np.concatenate(parts)).astype(np.int64)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Trace:
-    """Activations of one forward pass, at the kept positions.
+    """Activations of one forward pass, each hook at the positions asked for it.
 
     Attributes:
         layout: The layout that was run.
-        positions: Kept absolute positions, sorted, shape ``[pos]``.
+        positions: Every kept absolute position (the union over hooks), sorted.
         acts: ``(kind, layer)`` -> float32 CPU tensor (shapes in the module doc).
+        kept: ``(kind, layer)`` -> the sorted absolute positions its rows hold
+            (default: :attr:`positions` for every hook).
         seconds: Wall time of the forward pass with hooks.
     """
 
@@ -183,10 +229,13 @@ class Trace:
     positions: np.ndarray
     acts: Mapping[HookKey, torch.Tensor]
     seconds: float
-    _row: dict[int, int] = field(default_factory=dict, repr=False)
+    kept: Mapping[HookKey, np.ndarray] = field(default_factory=dict)
+    _rows: dict[HookKey | None, dict[int, int]] = field(default_factory=dict, repr=False)
 
     def __post_init__(self) -> None:
-        self._row.update({int(p): i for i, p in enumerate(self.positions)})
+        self._rows[None] = {int(p): i for i, p in enumerate(self.positions)}
+        for key, pos in self.kept.items():
+            self._rows[key] = {int(p): i for i, p in enumerate(pos)}
 
     def get(self, kind: str, layer: int | None = None) -> torch.Tensor:
         key = (kind, layer)
@@ -197,15 +246,22 @@ class Trace:
             )
         return self.acts[key]
 
-    def rows(self, positions: Iterable[int] | np.ndarray) -> np.ndarray:
-        """Row indices of absolute ``positions`` in the kept tensors."""
+    def positions_of(self, kind: str, layer: int | None = None) -> np.ndarray:
+        """Absolute positions held by the rows of ``kind@layer``."""
+        self.get(kind, layer)
+        return np.asarray(self.kept.get((kind, layer), self.positions))
+
+    def rows(self, positions: Iterable[int] | np.ndarray, key: HookKey | None = None) -> np.ndarray:
+        """Row indices of absolute ``positions`` in the kept tensors (of ``key``, if given)."""
+        table = self._rows.get(key, self._rows[None]) if key is not None else self._rows[None]
         try:
             return np.asarray(
-                [self._row[int(p)] for p in np.asarray(positions).ravel()], dtype=np.int64
+                [table[int(p)] for p in np.asarray(positions).ravel()], dtype=np.int64
             )
         except KeyError as e:
+            where = "" if key is None else f" for {key[0]}@{key[1]}"
             raise KeyError(
-                f"position {e.args[0]} was not kept; ask for it in Needs.positions"
+                f"position {e.args[0]} was not kept{where}; ask for it in Needs.positions"
             ) from e
 
     def at(
@@ -213,7 +269,7 @@ class Trace:
     ) -> torch.Tensor:
         """Activations at absolute ``positions`` (pattern: the query axis)."""
         t = self.get(kind, layer)
-        idx = self.rows(positions)
+        idx = self.rows(positions, (kind, layer))
         return t[:, idx] if kind == "pattern" else t[idx]
 
     @property
@@ -227,7 +283,8 @@ def trace(model: LoadedModel, layout: Layout, needs: Needs | Iterable[Needs]) ->
     Args:
         model: The loaded model (its lock is held during the pass).
         layout: Token ids and positions, from :func:`core.layout.render`.
-        needs: One :class:`Needs` or several (their union is traced).
+        needs: One :class:`Needs` or several (their union is traced; each hook
+            is kept at the positions asked for it).
 
     Returns:
         A :class:`Trace` with float32 CPU tensors.
@@ -235,19 +292,22 @@ def trace(model: LoadedModel, layout: Layout, needs: Needs | Iterable[Needs]) ->
     import torch
 
     want = needs if isinstance(needs, Needs) else Needs.union(needs)
-    keep = want.resolve_positions(layout)
-    if keep.size and (keep.min() < 0 or keep.max() >= len(layout)):
+    keep_by_key = {key: want.resolve_positions(layout, sets) for key, sets in want.plan().items()}
+    every = want.resolve_positions(layout)
+    if every.size and (every.min() < 0 or every.max() >= len(layout)):
         raise ModelError(f"positions outside the layout of {len(layout)} tokens")
     names = want.hook_names()
-    keep_t = torch.as_tensor(keep, device=model.device)
+    keep_t = {key: torch.as_tensor(pos, device=model.device) for key, pos in keep_by_key.items()}
     store: dict[HookKey, torch.Tensor] = {}
 
     def saver(key: HookKey):  # noqa: ANN202
         # Bridge hook names are aliases (hook_z fires as attn.o.hook_in), so the
         # key is bound here rather than read back from the hook point.
+        idx = keep_t[key]
+
         def save(act: torch.Tensor, hook: object) -> None:
             a = act[0]
-            a = a.index_select(1, keep_t) if key[0] == "pattern" else a.index_select(0, keep_t)
+            a = a.index_select(1, idx) if key[0] == "pattern" else a.index_select(0, idx)
             store[key] = a.detach().to("cpu", torch.float32)
 
         return save
@@ -259,12 +319,14 @@ def trace(model: LoadedModel, layout: Layout, needs: Needs | Iterable[Needs]) ->
             ids, fwd_hooks=[(name, saver(key)) for name, key in names.items()], return_type="logits"
         )
         if ("logits", None) in want.hooks:
-            store[("logits", None)] = logits[0].index_select(0, keep_t).to("cpu", torch.float32)
+            store[("logits", None)] = (
+                logits[0].index_select(0, keep_t[("logits", None)]).to("cpu", torch.float32)
+            )
     seconds = time.perf_counter() - t0
     missing = [n for n, k in names.items() if k not in store]
     if missing:
         raise ModelError(f"hooks did not fire on {model.info.display_name}: {missing[:5]}")
-    return Trace(layout=layout, positions=keep, acts=store, seconds=seconds)
+    return Trace(layout=layout, positions=every, acts=store, seconds=seconds, kept=keep_by_key)
 
 
 def response_needs() -> Needs:

@@ -256,3 +256,33 @@ def test_token_surprisal_by_hand(tiny_model, layout, ref_logits):
     want = (-logp[g, y] / np.log(2.0)).numpy()
     np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-4)
     assert (got > 0).all()
+
+
+def test_combined_needs_keep_each_hook_at_its_own_positions(tiny_model, layout, full):
+    # ReDeEP's shape: patterns at the generation positions, final hidden states at the
+    # passages; the union must not widen the patterns to the passage rows.
+    pat = Needs.of(["pattern"], layers=[0], positions="generation")
+    hid = Needs.of(["ln_final"], positions=["context", "generation"])
+    u = pat | hid
+    assert u.plan() == {
+        ("pattern", 0): {"generation"},
+        ("ln_final", None): {"context", "generation"},
+    }
+    tr = trace(tiny_model, layout, u)
+    g, c = layout.generation_positions, layout.context_positions()
+    assert tr.get("pattern", 0).shape[1] == len(g)
+    assert np.array_equal(tr.positions_of("pattern", 0), g)
+    assert np.array_equal(tr.positions_of("ln_final"), np.union1d(c, g))
+    assert np.array_equal(tr.positions, np.union1d(c, g))
+    torch.testing.assert_close(tr.at("pattern", 0, g), full.at("pattern", 0, g))
+    every = trace(tiny_model, layout, Needs.of(["ln_final"], positions="all"))
+    torch.testing.assert_close(tr.at("ln_final", None, c), every.at("ln_final", None, c))
+    with pytest.raises(KeyError, match="not kept for pattern@0"):
+        tr.at("pattern", 0, c[:1])
+    # A hook asked for by both keeps the union of their positions.
+    both = Needs.of(["resid_post"], layers=[1], positions="response") | Needs.of(
+        ["resid_post"], layers=[1], positions="generation"
+    )
+    assert both.plan()[("resid_post", 1)] == {"response", "generation"}
+    with pytest.raises(ValueError, match="pair the given hooks"):
+        Needs(hooks=frozenset({("resid_post", 0)}), slots=frozenset({("z", 0, "all")}))
