@@ -58,11 +58,14 @@ class BenchReport:
     peak_rss_mib: float
     peak_cuda_mib: float | None
     extraction: ExtractionBench | None = None
+    feature_cases: tuple[TimedCase, ...] = ()
+    copying_s: float | None = None
     env: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
         d = dict(vars(self))
         d["cases"] = [dict(vars(c)) for c in self.cases]
+        d["feature_cases"] = [dict(vars(c)) for c in self.feature_cases]
         d["extraction"] = dict(vars(self.extraction)) if self.extraction else None
         return d
 
@@ -80,6 +83,13 @@ class BenchReport:
                 f"trace [{c.name}]: {c.seconds * 1000:.0f} ms = {c.ratio:.2f} x forward "
                 f"(kept {c.kept_mib:.1f} MiB)"
             )
+        for c in self.feature_cases:
+            lines.append(
+                f"feature pass [{c.name}] (trace + features): {c.seconds * 1000:.0f} ms = "
+                f"{c.ratio:.2f} x forward"
+            )
+        if self.copying_s is not None:
+            lines.append(f"copying scores, every head (uncached): {self.copying_s:.2f} s")
         if self.extraction is not None:
             lines.extend(self.extraction.to_lines())
         lines.append(f"peak RSS {self.peak_rss_mib:.0f} MiB")
@@ -226,6 +236,7 @@ def run_bench(
     cold: bool = True,
     device: str | None = "auto",
     extraction: int = 0,
+    features: tuple[str, ...] = (),
     log: Callable[[str], None] | None = None,
 ) -> BenchReport:
     """Measure load times and trace overhead in one run (see module doc)."""
@@ -286,6 +297,27 @@ def run_bench(
         kept = trace(model, layout, needs).nbytes / 2**20
         sec = _median_time(lambda needs=needs: trace(model, layout, needs), repeats)
         cases.append(TimedCase(name=name, seconds=sec, ratio=sec / fwd, kept_mib=kept))
+    feature_cases = []
+    copying_s = None
+    if features:
+        from core.detectors import make_detector
+        from core.extract import run_example
+        from core.heads import copying_scores
+
+        say("copying scores (uncached) ...")
+        t0 = time.perf_counter()
+        copying_scores(model, cache=False)
+        copying_s = time.perf_counter() - t0
+        copying_scores(model)  # fill the cache: the feature passes below read it
+        example, _ = bench_example(model, n_tokens)
+        groups = [(n,) for n in features] + ([tuple(features)] if len(features) > 1 else [])
+        for group in groups:
+            say(f"feature pass: {' + '.join(group)} ...")
+            dets = [make_detector(n) for n in group]
+            sec = _median_time(lambda dets=dets: run_example(model, example, dets), repeats)
+            feature_cases.append(
+                TimedCase(name=" + ".join(group), seconds=sec, ratio=sec / fwd, kept_mib=0.0)
+            )
     ext = None
     if extraction:
         say(f"extraction over {extraction} built-in examples (cold, then cached) ...")
@@ -304,6 +336,8 @@ def run_bench(
         peak_rss_mib=rss_kib / 1024,
         peak_cuda_mib=cuda,
         extraction=ext,
+        feature_cases=tuple(feature_cases),
+        copying_s=copying_s,
         env={
             "python": sys.version.split()[0],
             "torch": torch.__version__,

@@ -1,7 +1,7 @@
 """The ``ragscope`` command line.
 
 Subcommands: ``info``, ``prepare``, ``generate``, ``trace``, ``datasets
-validate|import|list``, ``bench``. Each has ``--help``. Errors ragscope raises
+validate|import|list``, ``aarf``, ``bench``. Each has ``--help``. Errors ragscope raises
 on purpose print one line naming the fix and exit with status 2.
 """
 
@@ -271,6 +271,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         cold=not args.no_cold,
         device=args.device,
         extraction=args.extraction,
+        features=tuple(n for n in args.features.split(",") if n),
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     if args.json:
@@ -494,6 +495,69 @@ def cmd_answer(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_aarf(args: argparse.Namespace) -> int:
+    """Answer with AARF (ReDeEP's mitigation) and compare with the plain greedy answer."""
+    from core.aarf import aarf_generate
+    from core.detectors import detector_class, load_shipped
+
+    ex = _pick_example(args, need_response=False)
+    model = _load(args)
+    name = "redeep_token"
+    key = model.info.key
+    if args.artifact:
+        det = detector_class(name).load(args.artifact, model_key=key)
+    else:
+        det = load_shipped(name, key)
+    res = aarf_generate(
+        model,
+        ex,
+        det,
+        tau=args.tau,
+        alpha2=args.alpha2,
+        beta2=args.beta2,
+        max_new_tokens=args.max_new_tokens,
+    )
+    others = [load_shipped(n, key) for n in args.rescore.split(",") if n and n != name]
+    table = res.rescore(model, [det, *others])
+    out: dict[str, Any] = {
+        "example": ex.id,
+        "model": model.info.display_name,
+        "heads": [f"L{ly}H{h}" for ly, h in res.heads],
+        "layers": list(res.layers),
+        "tau": res.tau,
+        "alpha2": res.alpha2,
+        "beta2": res.beta2,
+        "plain": res.plain_text,
+        "aarf": res.text,
+        "steps": res.n_steps,
+        "intervened_steps": res.n_intervened,
+        "step_scores": [
+            {
+                "step": i,
+                "token": model.tokenizer.decode([int(t)]),
+                "probability": round(float(p), 4),
+                "H": round(float(h), 4),
+                "intervened": bool(f),
+            }
+            for i, (t, p, h, f) in enumerate(
+                zip(res.step_tokens, res.probability, res.h, res.intervened, strict=True)
+            )
+        ],
+        "rescored": [
+            {
+                "answer": r.answer,
+                "detector": r.detector,
+                "score": None if r.score is None else round(r.score, 4),
+                "hallucinated": r.hallucinated,
+                **({"error": r.error} if r.error else {}),
+            }
+            for r in table.rows
+        ],
+    }
+    _emit(out, args.json)
+    return 0
+
+
 def _emit(obj: dict[str, Any], as_json: bool) -> None:
     if as_json:
         print(json.dumps(obj, indent=2, ensure_ascii=False))
@@ -651,6 +715,36 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0)
     p.set_defaults(func=cmd_answer)
 
+    p = sub.add_parser(
+        "aarf", help="answer with AARF (ReDeEP's mitigation) and compare with plain greedy"
+    )
+    _add_model_args(p)
+    _add_example_args(p, need_response=False)
+    p.add_argument(
+        "--artifact",
+        default=None,
+        metavar="DIR",
+        help="a fitted redeep_token artifact folder (default: the shipped one)",
+    )
+    p.add_argument(
+        "--tau",
+        type=float,
+        default=None,
+        help="intervene when the step's calibrated probability exceeds it "
+        "(default: the detector's threshold)",
+    )
+    p.add_argument("--alpha2", type=float, default=5.0, help="factor on the selected heads")
+    p.add_argument("--beta2", type=float, default=0.2, help="factor on the selected MLPs")
+    p.add_argument("--max-new-tokens", type=int, default=64)
+    p.add_argument(
+        "--rescore",
+        default="",
+        metavar="NAMES",
+        help="also re-score both answers with these shipped detectors (comma-separated)",
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_aarf)
+
     p = sub.add_parser("bench", help="load times and trace overhead, as ratios measured in one run")
     _add_model_args(p)
     p.add_argument("--tokens", type=int, default=600, help="length of the RAG example")
@@ -663,6 +757,13 @@ def build_parser() -> argparse.ArgumentParser:
         metavar="N",
         help="also time feature extraction of every detector over N built-in examples, "
         "cold and cached (0: skip)",
+    )
+    p.add_argument(
+        "--features",
+        default="redeep_token,redeep_chunk,interpdetect",
+        metavar="NAMES",
+        help="time each detector's feature pass (trace + features) on the example, and all "
+        "together, as a ratio to one plain forward; also the copying-score time ('' to skip)",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)

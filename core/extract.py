@@ -38,7 +38,7 @@ class FeatureCache:
 
     @staticmethod
     def _key(detector: object) -> tuple[str, str]:
-        return detector.name, detector.config.config_hash()  # type: ignore[attr-defined]
+        return detector.name, detector.config.feature_hash()  # type: ignore[attr-defined]
 
     def get(self, model_key: str, example: RAGExample, detector: object) -> Features | None:
         name, cfg = self._key(detector)
@@ -101,7 +101,7 @@ def run_example(
     bare = None
     if bare_needs:
         bare = trace(model, render(example, model, with_context=False), Needs.union(bare_needs))
-    run = Run(example=example, layout=layout, trace=full, bare=bare, model=model.info)
+    run = Run(example=example, layout=layout, trace=full, bare=bare, model=model.info, loaded=model)
     return {d.name: d.features(run) for d in detectors}  # type: ignore[attr-defined]
 
 

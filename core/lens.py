@@ -27,7 +27,7 @@ import math
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar
 
 import numpy as np
 
@@ -194,9 +194,10 @@ def lens_probs(
 # --------------------------------------------------------------------------- JSD
 
 _A = TypeVar("_A", "torch.Tensor", np.ndarray)
+Precision = Literal["float64", "float32"]
 
 
-def jsd_bits(p: _A, q: _A) -> _A:
+def jsd_bits(p: _A, q: _A, *, precision: Precision = "float64") -> _A:
     """Jensen-Shannon divergence in bits, row by row, in [0, 1].
 
     ``JSD(P, Q) = 1/2 KL(P || M) + 1/2 KL(Q || M)`` with ``M = (P + Q) / 2``,
@@ -213,6 +214,10 @@ def jsd_bits(p: _A, q: _A) -> _A:
         p: ``[..., d_vocab]`` logits or log-probabilities (each row is normalised
             with log-softmax, which leaves log-probabilities unchanged); torch or numpy.
         q: Same shape as ``p``.
+        precision: ``"float64"`` (default, exact to rounding) or ``"float32"``
+            (about 3x faster on CPU; absolute error below 1e-6 bits, so only
+            divergences under ~1e-5 lose relative accuracy; what the detectors'
+            PKS uses).
 
     Returns:
         ``[...]`` divergences, in the dtype and array type of ``p`` (torch stays on its device).
@@ -226,16 +231,24 @@ def jsd_bits(p: _A, q: _A) -> _A:
         raise ValueError(
             f"jsd_bits needs equal shapes, got {tuple(tp.shape)} and {tuple(tq.shape)}"
         )
+    if precision not in ("float64", "float32"):
+        raise ValueError(f"precision must be 'float64' or 'float32', got {precision!r}")
+    work = torch.float64 if precision == "float64" else torch.float32
     out_dtype = tp.dtype if tp.is_floating_point() else torch.float64
     with torch.inference_mode():
-        lp = torch.log_softmax(tp.double(), dim=-1)
-        lq = torch.log_softmax(tq.to(tp.device, torch.float64), dim=-1)
+        lp = torch.log_softmax(tp.to(work), dim=-1)
+        lq = torch.log_softmax(tq.to(tp.device, work), dim=-1)
         d = lq - lp
-        zero = lp.new_zeros(())
-        # P (log P - log M) and Q (log Q - log M); masked where the probability is 0.
-        kl_p = torch.where(lp > -math.inf, lp.exp() * (_LN2 - F.softplus(d)), zero).sum(-1)
-        kl_q = torch.where(lq > -math.inf, lq.exp() * (_LN2 - F.softplus(-d)), zero).sum(-1)
-        out = (0.5 * (kl_p + kl_q) / _LN2).clamp_(0.0, 1.0).to(out_dtype)
+        sp = F.softplus(d)  # softplus(-d) = softplus(d) - d
+        # P (log P - log M) + Q (log Q - log M) per entry.
+        terms = lp.exp() * (_LN2 - sp) + lq.exp() * (_LN2 - sp + d)
+        if bool(torch.isinf(d).any()):
+            # A zero probability contributes 0 (its inf log-ratio would give nan).
+            zero = terms.new_zeros(())
+            kl_p = torch.where(lp > -math.inf, lp.exp() * (_LN2 - sp), zero)
+            kl_q = torch.where(lq > -math.inf, lq.exp() * (_LN2 - F.softplus(-d)), zero)
+            terms = kl_p + kl_q
+        out = (0.5 * terms.sum(-1) / _LN2).clamp_(0.0, 1.0).to(out_dtype)
     return out.cpu().numpy() if as_numpy else out
 
 
@@ -249,6 +262,7 @@ def layer_jsd(
     *,
     final_norm: bool = True,
     chunk_size: int = DEFAULT_CHUNK,
+    precision: Precision = "float64",
 ) -> Float[np.ndarray, "layer pos"]:
     """JSD (bits) between the lens of ``mid[i]`` and of ``post[i]``, row by row.
 
@@ -263,6 +277,7 @@ def layer_jsd(
         post: Per layer ``[pos, d_model]`` rows at the same positions.
         final_norm: Apply LN_f before W_U (``False``: InterpDetect's public code).
         chunk_size: Rows per device pass (each pass probes ``2 * chunk_size`` vectors).
+        precision: Arithmetic of the divergence (see :func:`jsd_bits`).
 
     Returns:
         ``[layer, pos]`` float32 JSD in bits, in [0, 1].
@@ -286,7 +301,7 @@ def layer_jsd(
                 both = torch.cat([m_rows[s], p_rows[s]], dim=0)
                 logits = _logits_chunk(u, both, final_norm)
                 k = s.stop - s.start
-                out[i, s] = jsd_bits(logits[:k], logits[k:]).cpu().numpy()
+                out[i, s] = jsd_bits(logits[:k], logits[k:], precision=precision).cpu().numpy()
     return out
 
 
@@ -310,6 +325,7 @@ def pks_from_trace(
     positions: Iterable[int] | np.ndarray | None = None,
     final_norm: bool = True,
     chunk_size: int = DEFAULT_CHUNK,
+    precision: Precision = "float64",
 ) -> Float[np.ndarray, "layer pos"]:
     """PKS per (layer, position) from a Trace that holds resid_mid and resid_post.
 
@@ -320,6 +336,7 @@ def pks_from_trace(
         positions: Absolute positions (default: the layout's generation positions g_j).
         final_norm: Apply LN_f (default) or not (InterpDetect's public code).
         chunk_size: Rows per device pass.
+        precision: Arithmetic of the divergence (see :func:`jsd_bits`).
 
     Returns:
         ``[layer, pos]`` float32 JSD in bits.
@@ -328,7 +345,9 @@ def pks_from_trace(
     pos = tr.layout.generation_positions if positions is None else np.asarray(positions)
     mid = [tr.at("resid_mid", layer, pos) for layer in ls]
     post = [tr.at("resid_post", layer, pos) for layer in ls]
-    return layer_jsd(model, mid, post, final_norm=final_norm, chunk_size=chunk_size)
+    return layer_jsd(
+        model, mid, post, final_norm=final_norm, chunk_size=chunk_size, precision=precision
+    )
 
 
 # --------------------------------------------------------------------------- top-k

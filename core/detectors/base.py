@@ -33,7 +33,7 @@ if TYPE_CHECKING:
 
     from core.examples import RAGExample
     from core.layout import Layout
-    from core.model import ModelInfo
+    from core.model import LoadedModel, ModelInfo
     from core.trace import Needs, Trace
 
 ARTIFACT_VERSION = 1
@@ -206,6 +206,10 @@ class Run:
             in the batch needs activations).
         bare: The no-context trace, present when some detector asked for it.
         model: Facts about the analysing model.
+        loaded: The analysing model itself, for detectors that read its weights
+            (logit lens, copying heads); ``None`` when features are built offline.
+        memo: Values derived from the traces that several detectors share
+            (e.g. the PKS matrix), computed once per run (see :meth:`shared`).
     """
 
     example: RAGExample
@@ -213,6 +217,23 @@ class Run:
     trace: Trace | None
     bare: Trace | None
     model: ModelInfo
+    loaded: LoadedModel | None = None
+    memo: dict[Any, Any] = field(default_factory=dict, repr=False)
+
+    def shared(self, key: Any, compute: Callable[[], Any]) -> Any:
+        """``compute()`` once per run under ``key``; later callers get the same value."""
+        if key not in self.memo:
+            self.memo[key] = compute()
+        return self.memo[key]
+
+    def require_model(self, detector: str) -> LoadedModel:
+        """The loaded model, or a clear error for detectors that read its weights."""
+        if self.loaded is None:
+            raise ModelError(
+                f"{detector} reads the model's weights: build its features with the model "
+                "loaded (core.extract.run_example / extract_features)"
+            )
+        return self.loaded
 
 
 # ----------------------------------------------------------------------------- config
@@ -222,16 +243,20 @@ class Run:
 class DetectorConfig:
     """Base of every detector config: frozen, keyword-only, hashable into cache keys."""
 
+    #: Options that only change how the detector learns or scores, never its
+    #: features: left out of :meth:`feature_hash`, so changing them reuses cached features.
+    FIT_ONLY: ClassVar[frozenset[str]] = frozenset()
+
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
 
     def config_hash(self) -> str:
-        payload = json.dumps(
-            {"class": type(self).__name__, **self.to_dict(), "artifact": ARTIFACT_VERSION},
-            sort_keys=True,
-            default=str,
-        )
-        return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
+        return _hash({"class": type(self).__name__, **self.to_dict(), "artifact": ARTIFACT_VERSION})
+
+    def feature_hash(self) -> str:
+        """Hash of the options the features depend on (the feature-cache key)."""
+        d = {k: v for k, v in self.to_dict().items() if k not in self.FIT_ONLY}
+        return _hash({"class": type(self).__name__, **d, "artifact": ARTIFACT_VERSION})
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> Self:
@@ -242,6 +267,11 @@ class DetectorConfig:
                 f"unknown {cls.__name__} options {sorted(unknown)}; known: {sorted(known)}"
             )
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+
+def _hash(payload: Mapping[str, Any]) -> str:
+    text = json.dumps(payload, sort_keys=True, default=str)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
 # ----------------------------------------------------------------------------- protocol
@@ -317,6 +347,8 @@ def _ensure_builtin() -> None:
     # Importing the modules registers their classes; done lazily so that
     # ``core.detectors.base`` stays import-light.
     import core.detectors.baselines  # noqa: F401
+    import core.detectors.interpdetect  # noqa: F401
+    import core.detectors.redeep  # noqa: F401
 
 
 # ----------------------------------------------------------------------------- artifacts
@@ -518,6 +550,19 @@ def _json_default(o: Any) -> Any:
     if isinstance(o, tuple | set | frozenset):
         return list(o)
     raise TypeError(f"cannot write {type(o).__name__} to JSON")
+
+
+def tokens_from_chunks(
+    chunk_scores: np.ndarray, chunk_offsets: np.ndarray, token_offsets: np.ndarray | None
+) -> np.ndarray | None:
+    """Per token, the highest score of the chunks it overlaps (0 for tokens in none)."""
+    if token_offsets is None:
+        return None
+    out = np.zeros(token_offsets.shape[0], dtype=np.float32)
+    for s, (a, b) in zip(chunk_scores, chunk_offsets, strict=True):
+        hit = (token_offsets[:, 0] < b) & (a < token_offsets[:, 1])
+        out[hit] = np.maximum(out[hit], s)
+    return out
 
 
 def require_fitted(obj: Any, attr: str, name: str) -> None:

@@ -16,7 +16,7 @@ def _isolated_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 def test_every_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
-    for cmd in ("info", "prepare", "generate", "trace", "datasets", "bench"):
+    for cmd in ("info", "prepare", "generate", "trace", "datasets", "bench", "aarf"):
         with pytest.raises(SystemExit) as exit_:
             main([cmd, "--help"])
         assert exit_.value.code == 0
@@ -49,7 +49,8 @@ def test_trace_demo_on_tiny_model(capsys: pytest.CaptureFixture[str], tiny_model
     # response positions + generation positions overlap except for one
     assert out["kept_positions"] == n_resp + 1
     assert out["hooks"]["pattern@1"][0] == tiny_model.info.n_heads
-    assert out["hooks"]["resid_post@0"] == [n_resp + 1, tiny_model.info.d_model]
+    # each hook is kept where it was asked for: resid_post at the response only
+    assert out["hooks"]["resid_post@0"] == [n_resp, tiny_model.info.d_model]
     assert out["surprisal_bits"]["max"] >= out["surprisal_bits"]["mean"] > 0
 
 

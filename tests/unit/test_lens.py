@@ -222,3 +222,15 @@ def _close(a: torch.Tensor, b: torch.Tensor, atol: float = ATOL) -> None:
     assert a.shape == b.shape
     diff = (a - b).abs().max().item()
     assert diff <= atol, f"max |diff| = {diff}"
+
+
+def test_jsd_float32_matches_float64():
+    g = torch.Generator().manual_seed(1)
+    a = torch.randn(16, 5000, generator=g) * 3
+    b = a + torch.randn(16, 5000, generator=g) * torch.linspace(1e-3, 2.0, 16)[:, None]
+    exact = jsd_bits(a, b)
+    fast = jsd_bits(a, b, precision="float32")
+    torch.testing.assert_close(fast.double(), exact.double(), rtol=0, atol=1e-6)
+    assert bool((jsd_bits(a, a, precision="float32") == 0).all())
+    with pytest.raises(ValueError, match="precision"):
+        jsd_bits(a, b, precision="float16")

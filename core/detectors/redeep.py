@@ -1,0 +1,566 @@
+"""ReDeEP (Sun et al., ICLR 2025): copying heads that fail, FFNs that take over.
+
+Two detectors (``specs/redeep.md``):
+
+- ``redeep_token``: per response token, the External Context Score of each of
+  the model's top copying heads (:mod:`core.heads`) and the Parametric
+  Knowledge Score of every layer (:func:`core.lens.pks_from_trace`).
+- ``redeep_chunk``: the same per response chunk (recursive 512/20 split),
+  ECS from sentence embeddings of the chunk and the context chunk the head
+  attends to most, PKS averaged over the chunk's tokens.
+
+Learning (on the training split only; the public code selected on test):
+heads are ranked by ``AUC(1 - label, ECS)``, layers by ``AUC(label, PKS)``;
+the top ``N`` heads and ``K`` layers are summed per unit (token or chunk),
+each sum min-max scaled with the training units' range, and
+``H = PKS_n - beta * ECS_n``; ``N``, ``K`` and ``beta`` maximise the AUROC of
+the response score (mean ``H`` over units) on the validation split. Two
+scorers turn ``H`` into a probability and are both fitted: ``rule`` (a
+logistic calibration of ``H`` alone, the paper's rule) and ``logistic`` (a
+logistic regression on the two scaled sums); the config's ``scorer`` picks
+the one the verdict reports, the other stays in the explanation.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
+
+import numpy as np
+
+from core.detectors.base import (
+    DetectorConfig,
+    Features,
+    Run,
+    Verdict,
+    read_artifact,
+    register_detector,
+    require_fitted,
+    tokens_from_chunks,
+    write_artifact,
+)
+from core.errors import DataError, ModelError
+from core.learners import LogisticCalibrator
+
+if TYPE_CHECKING:
+    from core.chunking import ChunkSet
+    from core.examples import RAGExample
+    from core.model import LoadedModel, ModelInfo
+    from core.trace import Needs
+
+Scorer = Literal["rule", "logistic"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class RedeepConfig(DetectorConfig):
+    """Options shared by both ReDeEP detectors.
+
+    Attributes:
+        n_copy_heads: Candidate heads: the top copying heads (default 32, or
+            every head when the model has fewer).
+        copying_mode: ``"exact"`` (OV eigenvalues) or ``"paper"`` (trace +
+            Gershgorin outliers), see :mod:`core.heads`.
+        topk_frac: Share of context positions averaged by token-level ECS.
+        ecs_scope: ``"passages"`` (ragscope) or ``"prompt"`` (public code).
+        pks_final_norm: Apply LN_f in the PKS lens (False: InterpDetect's code).
+        heads_grid, layers_grid, beta_grid: Selection grids for N, K, beta.
+        scorer: Which fitted scorer gives the verdict's score.
+    """
+
+    FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
+        {"heads_grid", "layers_grid", "beta_grid", "scorer"}
+    )
+
+    n_copy_heads: int = 32
+    copying_mode: Literal["exact", "paper"] = "exact"
+    topk_frac: float = 0.1
+    ecs_scope: Literal["passages", "prompt"] = "passages"
+    pks_final_norm: bool = True
+    heads_grid: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32)
+    layers_grid: tuple[int, ...] = (1, 2, 3, 4, 6, 8, 10, 15, 20, 30)
+    beta_grid: tuple[float, ...] = (0.0, 0.1, 0.2, 0.3, 0.4, 0.5, 0.6, 0.8, 1.0, 1.5, 2.0)
+    scorer: Scorer = "rule"
+
+    def __post_init__(self) -> None:
+        if self.n_copy_heads < 1:
+            raise ValueError(f"n_copy_heads must be >= 1, got {self.n_copy_heads}")
+        if self.scorer not in ("rule", "logistic"):
+            raise ValueError(f"scorer must be 'rule' or 'logistic', got {self.scorer!r}")
+        for name in ("heads_grid", "layers_grid", "beta_grid"):
+            if not getattr(self, name):
+                raise ValueError(f"{name} is empty")
+
+
+@dataclass(frozen=True, kw_only=True)
+class RedeepTokenConfig(RedeepConfig):
+    """Token-level ReDeEP (no extra options)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class RedeepChunkConfig(RedeepConfig):
+    """Chunk-level ReDeEP.
+
+    Attributes:
+        chunk_size, chunk_overlap: Recursive character splitter settings.
+        pool: Attention pooling over a chunk pair (``mean``: paper, ``sum``: code).
+        embedder: ``minilm`` (all-MiniLM-L6-v2) or ``model`` (mean final hidden state).
+    """
+
+    chunk_size: int = 512
+    chunk_overlap: int = 20
+    pool: Literal["mean", "sum"] = "mean"
+    embedder: Literal["minilm", "model"] = "minilm"
+
+
+def head_name(layer: int, head: int) -> str:
+    return f"ECS_L{layer}H{head}"
+
+
+def layer_name(layer: int) -> str:
+    return f"PKS_L{layer}"
+
+
+def parse_head(name: str) -> tuple[int, int]:
+    """``"ECS_L3H7"`` -> ``(3, 7)``."""
+    body = name.removeprefix("ECS_L")
+    layer, head = body.split("H")
+    return int(layer), int(head)
+
+
+def shared_pks(run: Run, model: LoadedModel, *, final_norm: bool) -> np.ndarray:
+    """``[layer, resp]`` PKS of the run, computed once for every detector that asks."""
+    from core.lens import pks_from_trace
+
+    def compute() -> np.ndarray:
+        assert run.trace is not None
+        # float32 divergences: 3x faster, error < 1e-6 bits (see core.lens.jsd_bits).
+        return pks_from_trace(model, run.trace, final_norm=final_norm, precision="float32")
+
+    return run.shared(("pks", final_norm), compute)
+
+
+def copying_heads(model: LoadedModel, n: int, mode: str) -> list[tuple[int, int]]:
+    """The model's top ``n`` copying heads (cached per model and mode)."""
+    from core.heads import CopyingConfig, copying_scores
+
+    return copying_scores(model, CopyingConfig(mode=mode)).top_heads(  # type: ignore[arg-type]
+        min(n, model.info.n_layers * model.info.n_heads)
+    )
+
+
+def _auc(y: np.ndarray, s: np.ndarray) -> float:
+    from sklearn.metrics import roc_auc_score
+
+    if len(set(y.tolist())) < 2 or not np.isfinite(s).all() or np.ptp(s) == 0:
+        return 0.5
+    return float(roc_auc_score(y, s))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Selection:
+    """What ReDeEP learned: the heads and layers it sums, their scaling and beta.
+
+    Attributes:
+        heads: Column indices of the selected ECS features, best first.
+        layers: Column indices of the selected PKS features, best first.
+        beta: Weight of the ECS term.
+        ecs_range, pks_range: Training units' ``(min, max)`` of the two sums.
+        auc: Validation AUROC of the chosen rule.
+    """
+
+    heads: tuple[int, ...]
+    layers: tuple[int, ...]
+    beta: float
+    ecs_range: tuple[float, float]
+    pks_range: tuple[float, float]
+    auc: float
+
+    def sums(self, ecs: np.ndarray, pks: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Scaled ``(ECS_n, PKS_n)`` of ``[n, heads]`` / ``[n, layers]`` rows."""
+        e = ecs[:, list(self.heads)].sum(1)
+        p = pks[:, list(self.layers)].sum(1)
+        return _scale(e, self.ecs_range), _scale(p, self.pks_range)
+
+    def h(self, ecs: np.ndarray, pks: np.ndarray) -> np.ndarray:
+        e, p = self.sums(ecs, pks)
+        return p - self.beta * e
+
+
+def _scale(v: np.ndarray, r: tuple[float, float]) -> np.ndarray:
+    lo, hi = r
+    return (v - lo) / (hi - lo) if hi > lo else v - lo
+
+
+class RedeepDetector:
+    """Shared features / selection / scoring of the two ReDeEP detectors."""
+
+    name: ClassVar[str]
+    Config: ClassVar[type[RedeepConfig]]
+    level: ClassVar[Literal["token", "chunk"]]
+    needs_bare: ClassVar[bool] = False
+
+    def __init__(self, config: RedeepConfig | None = None) -> None:
+        self.config: RedeepConfig = config or self.Config()
+        self.model_key_: str | None = None
+        self.names_: tuple[str, ...] | None = None
+        self.selection_: Selection | None = None
+        self.rule_: LogisticCalibrator | None = None
+        self.logistic_: LogisticCalibrator | None = None
+        self.head_auc_: dict[str, float] = {}
+        self.layer_auc_: dict[str, float] = {}
+        self.threshold_: float = 0.5
+        self.train_info_: dict[str, Any] = {}
+
+    # -- features ---------------------------------------------------------------
+
+    def needs(self, model: ModelInfo) -> Needs:
+        from core.ecs import ecs_needs
+        from core.lens import pks_needs
+
+        c = self.config
+        hidden = self.level == "chunk" and getattr(c, "embedder", "minilm") == "model"
+        return ecs_needs(model.n_layers, scope=c.ecs_scope, hidden_at_response=hidden) | pks_needs(
+            model.n_layers
+        )
+
+    def _names(self, heads: Sequence[tuple[int, int]], n_layers: int) -> tuple[str, ...]:
+        return tuple(head_name(*h) for h in heads) + tuple(layer_name(i) for i in range(n_layers))
+
+    def features(self, run: Run) -> Features:
+        if run.trace is None:
+            raise ModelError(f"{self.name} needs a trace (attention patterns, residual stream)")
+        model = run.require_model(self.name)
+        c = self.config
+        heads = copying_heads(model, c.n_copy_heads, c.copying_mode)
+        names = self._names(heads, model.info.n_layers)
+        pks = shared_pks(run, model, final_norm=c.pks_final_norm)  # [L, T]
+        common = {
+            "detector": self.name,
+            "example_id": run.example.id,
+            "model": model.info.key,
+            "names": names,
+        }
+        if self.level == "token":
+            from core.ecs import token_ecs
+
+            ecs = token_ecs(run.trace, heads, topk_frac=c.topk_frac, scope=c.ecs_scope)
+            tokens = np.concatenate([ecs, pks.T], axis=1)
+            return Features(
+                **common,
+                response=tokens.mean(0),
+                token_names=names,
+                tokens=tokens,
+                token_offsets=run.layout.response_offsets,
+            )
+        chunks = self._chunks(run)
+        chunk_rows = self._chunk_rows(run, chunks, heads, pks)
+        return Features(
+            **common,
+            response=chunk_rows.mean(0),
+            token_offsets=run.layout.response_offsets,
+            chunk_names=names,
+            chunks=chunk_rows,
+            chunk_offsets=chunks.response_offsets,
+        )
+
+    def _chunks(self, run: Run) -> ChunkSet:
+        from core.chunking import chunk_example
+
+        c = self.config
+        return chunk_example(
+            run.layout,
+            "recursive",
+            chunk_size=c.chunk_size,  # type: ignore[attr-defined]
+            chunk_overlap=c.chunk_overlap,  # type: ignore[attr-defined]
+        )
+
+    def _chunk_rows(
+        self, run: Run, chunks: ChunkSet, heads: Sequence[tuple[int, int]], pks: np.ndarray
+    ) -> np.ndarray:
+        from core.ecs import chunk_ecs, chunk_means
+
+        assert run.trace is not None
+        c = self.config
+        layers = sorted({h[0] for h in heads})
+        ce = chunk_ecs(
+            run.trace,
+            chunks,
+            layers,
+            pool=c.pool,  # type: ignore[attr-defined]
+            embedder=c.embedder,  # type: ignore[attr-defined]
+        )
+        li = {ly: i for i, ly in enumerate(layers)}
+        ecs = np.stack([ce.ecs[:, li[ly], h] for ly, h in heads], axis=1)  # [R, N]
+        return np.concatenate([ecs, chunk_means(pks, chunks)], axis=1)
+
+    # -- learning ---------------------------------------------------------------
+
+    def _units(self, f: Features) -> np.ndarray:
+        u = f.tokens if self.level == "token" else f.chunks
+        if u is None or u.shape[0] == 0:
+            return f.response[None, :]
+        return u
+
+    def _split(self, x: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        assert self.names_ is not None
+        n_heads = sum(1 for n in self.names_ if n.startswith("ECS_"))
+        return x[:, :n_heads], x[:, n_heads:]
+
+    def _check(self, features: Sequence[Features]) -> None:
+        if not features:
+            raise DataError(f"{self.name}: no features to learn from")
+        names = {f.names for f in features}
+        models = {f.model for f in features}
+        if len(names) != 1 or len(models) != 1:
+            raise ModelError(
+                f"{self.name}: features come from different models or configs; train on one"
+            )
+
+    def fit(
+        self,
+        features: Sequence[Features],
+        examples: Sequence[RAGExample],
+        *,
+        validation: tuple[Sequence[Features], Sequence[RAGExample]] | None = None,
+    ) -> Self:
+        """Rank heads and layers on ``features``, choose N, K, beta on ``validation``."""
+        from core.detectors.baselines import response_labels
+
+        if len(features) != len(examples):
+            raise DataError(
+                f"fit needs one Features per example; got {len(features)} and {len(examples)}"
+            )
+        self._check(features)
+        self.names_ = features[0].names
+        self.model_key_ = features[0].model
+        y = response_labels(examples)
+        ecs, pks = self._split(np.stack([f.response for f in features]).astype(np.float64))
+        units_e, units_p = self._split(
+            np.concatenate([self._units(f) for f in features]).astype(np.float64)
+        )
+        head_auc = np.asarray([_auc(1 - y, ecs[:, i]) for i in range(ecs.shape[1])])
+        layer_auc = np.asarray([_auc(y, pks[:, i]) for i in range(pks.shape[1])])
+        head_order = np.argsort(-head_auc, kind="stable")
+        layer_order = np.argsort(-layer_auc, kind="stable")
+        hn, ln = self._split(np.asarray(self.names_)[None, :])
+        self.head_auc_ = {str(n): float(a) for n, a in zip(hn[0], head_auc, strict=True)}
+        self.layer_auc_ = {str(n): float(a) for n, a in zip(ln[0], layer_auc, strict=True)}
+
+        if validation is not None and len(validation[0]):
+            self._check([*features[:1], *validation[0]])
+            v_ecs, v_pks = self._split(
+                np.stack([f.response for f in validation[0]]).astype(np.float64)
+            )
+            v_y = response_labels(validation[1])
+            on = "validation"
+        else:
+            v_ecs, v_pks, v_y, on = ecs, pks, y, "train"
+        c = self.config
+        best: Selection | None = None
+        grid = itertools.product(
+            sorted({min(n, ecs.shape[1]) for n in c.heads_grid}),
+            sorted({min(k, pks.shape[1]) for k in c.layers_grid}),
+            c.beta_grid,
+        )
+        for n, k, beta in grid:
+            sel = Selection(
+                heads=tuple(int(i) for i in head_order[:n]),
+                layers=tuple(int(i) for i in layer_order[:k]),
+                beta=float(beta),
+                ecs_range=_range(units_e[:, head_order[:n]].sum(1)),
+                pks_range=_range(units_p[:, layer_order[:k]].sum(1)),
+                auc=0.0,
+            )
+            auc = _auc(v_y, sel.h(v_ecs, v_pks))
+            if best is None or auc > best.auc + 1e-12:
+                best = Selection(**{**sel.__dict__, "auc": auc})
+        assert best is not None
+        self.selection_ = best
+        e_n, p_n = best.sums(ecs, pks)
+        self.rule_ = LogisticCalibrator().fit((p_n - best.beta * e_n)[:, None], y)
+        self.logistic_ = LogisticCalibrator().fit(np.stack([e_n, p_n], 1), y)
+        v_e, v_p = best.sums(v_ecs, v_pks)
+        self.train_info_ = {
+            "n_train": len(features),
+            "n_hallucinated": int(y.sum()),
+            "selected_on": on,
+            "auc_rule": best.auc,
+            "auc_logistic": _auc(v_y, self.logistic_.predict_proba(np.stack([v_e, v_p], 1))),
+        }
+        return self
+
+    # -- scoring ----------------------------------------------------------------
+
+    def unit_h(self, rows: np.ndarray) -> np.ndarray:
+        """``H`` of ``[n, features]`` rows (tokens, chunks or responses)."""
+        require_fitted(self, "selection_", self.name)
+        assert self.selection_ is not None
+        e, p = self._split(np.asarray(rows, dtype=np.float64))
+        return self.selection_.h(e, p)
+
+    def probability(self, h: np.ndarray, ecs_n: np.ndarray, pks_n: np.ndarray) -> np.ndarray:
+        """The configured scorer's probability for ``H`` (rule) or the two sums (logistic)."""
+        assert self.rule_ is not None and self.logistic_ is not None
+        if self.config.scorer == "logistic":
+            return self.logistic_.predict_proba(np.stack([ecs_n, pks_n], 1))
+        return self.rule_.predict_proba(np.asarray(h)[:, None])
+
+    @property
+    def selected_heads(self) -> list[tuple[int, int]]:
+        """The ``(layer, head)`` pairs the rule sums."""
+        require_fitted(self, "selection_", self.name)
+        assert self.selection_ is not None and self.names_ is not None
+        return [parse_head(self.names_[i]) for i in self.selection_.heads]
+
+    @property
+    def selected_layers(self) -> list[int]:
+        """The layers whose PKS the rule sums."""
+        require_fitted(self, "selection_", self.name)
+        assert self.selection_ is not None and self.names_ is not None
+        n_heads = sum(1 for n in self.names_ if n.startswith("ECS_"))
+        return [int(self.names_[n_heads + i].removeprefix("PKS_L")) for i in self.selection_.layers]
+
+    def predict(self, features: Features) -> Verdict:
+        require_fitted(self, "selection_", self.name)
+        assert self.selection_ is not None and self.rule_ is not None and self.logistic_ is not None
+        if self.model_key_ and features.model != self.model_key_:
+            raise ModelError(
+                f"{self.name} was trained on {self.model_key_!r} but these features come from "
+                f"{features.model!r}; retrain or load the matching model"
+            )
+        if features.names != self.names_:
+            raise ModelError(
+                f"{self.name}: these features list other heads than the fitted detector "
+                "(another copying-head config?); re-extract them with the artifact's config"
+            )
+        sel = self.selection_
+        units = self._units(features).astype(np.float64)
+        ue, up = self._split(units)
+        u_e, u_p = sel.sums(ue, up)
+        u_h = u_p - sel.beta * u_e
+        resp_e, resp_p = float(u_e.mean()), float(u_p.mean())
+        resp_h = resp_p - sel.beta * resp_e
+        rule = float(self.rule_.predict_proba(np.asarray([[resp_h]]))[0])
+        logistic = float(self.logistic_.predict_proba(np.asarray([[resp_e, resp_p]]))[0])
+        score = logistic if self.config.scorer == "logistic" else rule
+        unit_p = self.probability(u_h, u_e, u_p).astype(np.float32)
+        token_scores = chunk_scores = None
+        if self.level == "token":
+            token_scores = unit_p
+        elif features.chunks is not None and features.chunk_offsets is not None:
+            chunk_scores = unit_p
+            token_scores = tokens_from_chunks(
+                unit_p, features.chunk_offsets, features.token_offsets
+            )
+        explanation = {
+            "H": resp_h,
+            "ECS_n": resp_e,
+            "PKS_n": resp_p,
+            "beta": sel.beta,
+            "rule_score": rule,
+            "logistic_score": logistic,
+        }
+        names = features.names
+        means = units.mean(0)
+        for i in sel.heads:
+            explanation[names[i]] = float(means[i])
+        n_heads = ue.shape[1]
+        for i in sel.layers:
+            explanation[names[n_heads + i]] = float(means[n_heads + i])
+        return Verdict(
+            detector=self.name,
+            example_id=features.example_id,
+            score=min(max(score, 0.0), 1.0),
+            hallucinated=score >= self.threshold_,
+            token_scores=token_scores,
+            token_offsets=features.token_offsets if token_scores is not None else None,
+            chunk_scores=chunk_scores,
+            explanation=explanation,
+        )
+
+    # -- artifacts --------------------------------------------------------------
+
+    def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
+        require_fitted(self, "selection_", self.name)
+        assert self.selection_ is not None and self.rule_ and self.logistic_ and self.model_key_
+        sel = self.selection_
+        return write_artifact(
+            folder,
+            name=self.name,
+            config=self.config,
+            model_key=self.model_key_,
+            weights={
+                "names": list(self.names_ or ()),
+                "selection": {
+                    "heads": list(sel.heads),
+                    "layers": list(sel.layers),
+                    "beta": sel.beta,
+                    "ecs_range": list(sel.ecs_range),
+                    "pks_range": list(sel.pks_range),
+                    "auc": sel.auc,
+                },
+                "rule": self.rule_.to_json(),
+                "logistic": self.logistic_.to_json(),
+                "head_auc": self.head_auc_,
+                "layer_auc": self.layer_auc_,
+            },
+            extra={"threshold": self.threshold_, "train": self.train_info_, **(extra or {})},
+        )
+
+    @classmethod
+    def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
+        cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
+        try:
+            det = cls(cls.Config.from_dict(cfg["config"]))
+            s = w["selection"]
+            det.selection_ = Selection(
+                heads=tuple(int(i) for i in s["heads"]),
+                layers=tuple(int(i) for i in s["layers"]),
+                beta=float(s["beta"]),
+                ecs_range=(float(s["ecs_range"][0]), float(s["ecs_range"][1])),
+                pks_range=(float(s["pks_range"][0]), float(s["pks_range"][1])),
+                auc=float(s["auc"]),
+            )
+            det.names_ = tuple(str(n) for n in w["names"])
+            det.rule_ = LogisticCalibrator.from_json(w["rule"])
+            det.logistic_ = LogisticCalibrator.from_json(w["logistic"])
+            det.head_auc_ = {str(k): float(v) for k, v in w.get("head_auc", {}).items()}
+            det.layer_auc_ = {str(k): float(v) for k, v in w.get("layer_auc", {}).items()}
+            det.model_key_ = cfg["model"]
+            det.threshold_ = float(cfg.get("threshold", 0.5))
+            det.train_info_ = dict(cfg.get("train", {}))
+            n = len(det.names_)
+            if max((*det.selection_.heads, *det.selection_.layers), default=0) >= n:
+                raise ValueError("selected columns beyond the feature names")
+        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
+            raise DataError(
+                f"malformed {cls.name} artifact ({type(e).__name__}: {e}); retrain it with "
+                f"`ragscope train --detectors {cls.name}`",
+                source=str(folder),
+            ) from e
+        return det
+
+
+def _range(v: np.ndarray) -> tuple[float, float]:
+    return (float(v.min()), float(v.max())) if v.size else (0.0, 1.0)
+
+
+@register_detector
+class RedeepTokenDetector(RedeepDetector):
+    """ReDeEP, token level: ECS of the copying heads and PKS of every layer, per token."""
+
+    name = "redeep_token"
+    Config = RedeepTokenConfig
+    level = "token"
+
+
+@register_detector
+class RedeepChunkDetector(RedeepDetector):
+    """ReDeEP, chunk level: ECS~ from chunk embeddings and PKS~ per response chunk."""
+
+    name = "redeep_chunk"
+    Config = RedeepChunkConfig
+    level = "chunk"
