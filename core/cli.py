@@ -303,6 +303,27 @@ def _eval_splits(args: argparse.Namespace):  # noqa: ANN202
     return make_splits(args.dataset, args.test_dataset, limit=args.limit, seed=args.seed)
 
 
+def _detector_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """``--set NAME.OPTION=VALUE`` flags -> ``{name: {option: value}}`` (values read as JSON
+    when they parse, else as strings: ``scorer=logistic``, ``pool=sum``, ``topk_frac=0.2``)."""
+    from core.errors import DataError
+
+    out: dict[str, dict[str, Any]] = {}
+    for item in getattr(args, "set", None) or []:
+        key, eq, raw = item.partition("=")
+        name, dot, option = key.partition(".")
+        if not (eq and dot and name and option):
+            raise DataError(
+                f"--set {item!r}: write DETECTOR.OPTION=VALUE, e.g. redeep_token.scorer=logistic"
+            )
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out.setdefault(name, {})[option] = value
+    return out
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     from core.evaluate import evaluate, runs_dir
     from core.extract import FeatureCache
@@ -328,6 +349,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             progress=_tqdm_progress("features"),
             n_boot=args.bootstrap,
             name=args.name,
+            configs=_detector_options(args),
         )
     j, m = run.save(args.out or runs_dir())
     print(run.to_markdown())
@@ -344,6 +366,7 @@ def _train_recipe(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
         "detectors": names,
         "limit": args.limit,
         "seed": args.seed,
+        "options": _detector_options(args),
     }
     cmd = ["ragscope train", f"--model {args.model}", f"--dataset {args.dataset}"]
     if args.test_dataset:
@@ -351,6 +374,7 @@ def _train_recipe(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     if args.limit:
         cmd.append(f"--limit {args.limit}")
     cmd += [f"--seed {args.seed}", f"--detectors {','.join(names)}"]
+    cmd += [f"--set {item}" for item in getattr(args, "set", None) or []]
     recipe["command"] = " ".join(cmd)
     return recipe
 
@@ -376,6 +400,7 @@ def _train(args: argparse.Namespace, names: list[str], out: str | Path, model: A
             n_boot=args.bootstrap,
             save_artifacts=out,
             recipe=_train_recipe(args, names),
+            configs=_detector_options(args),
         )
 
 
@@ -422,6 +447,8 @@ def _reproduce(args: argparse.Namespace) -> int:
         ns = argparse.Namespace(**vars(args))
         for k in ("model", "dataset", "test_dataset", "limit", "seed"):
             setattr(ns, k, recipe.get(k))
+        opts = (recipe.get("options") or {}).items()
+        ns.set = [f"{d}.{k}={json.dumps(v)}" for d, o in opts if d in names for k, v in o.items()]
         print(f"rebuilding {', '.join(names)}: {recipe.get('command', recipe)}", file=sys.stderr)
         _train(ns, names, out_root)
         for n in names:
@@ -668,6 +695,14 @@ def build_parser() -> argparse.ArgumentParser:
         )
         p.add_argument(
             "--bootstrap", type=int, default=1000, help="bootstrap resamples for the AUROC CI"
+        )
+        p.add_argument(
+            "--set",
+            action="append",
+            default=[],
+            metavar="DETECTOR.OPTION=VALUE",
+            help="a detector option (repeatable), e.g. redeep_token.scorer=logistic or "
+            "redeep_chunk.pool=sum; options that only change learning reuse cached features",
         )
         if cmd == "evaluate":
             p.add_argument(

@@ -468,6 +468,7 @@ def evaluate(
     n_boot: int = 1000,
     save_artifacts: str | Path | None = None,
     recipe: Mapping[str, Any] | None = None,
+    configs: Mapping[str, Mapping[str, Any]] | None = None,
 ) -> EvalRun:
     """Fit (or load) each detector, pick thresholds on validation, report on test.
 
@@ -487,14 +488,20 @@ def evaluate(
             (``<folder>/<name>/``), with threshold, training data hashes and metrics.
         recipe: The inputs that rebuild the saved artifacts (dataset specs, limit,
             seed, model), recorded in each artifact for ``ragscope train --reproduce``.
+        configs: Detector name -> config options for freshly made detectors
+            (e.g. ``{"redeep_token": {"scorer": "logistic"}}``).
     """
     artifacts = dict(artifacts or {})
     dets: dict[str, Any] = {}
+    configs = dict(configs or {})
+    unknown = sorted(set(configs) - set(detectors))
+    if unknown:
+        raise DataError(f"options given for detectors not being run: {unknown}")
     for n in detectors:
         dets[n] = (
             detector_class(n).load(artifacts[n], model_key=model.info.key)
             if n in artifacts
-            else make_detector(n)
+            else make_detector(n, **configs.get(n, {}))
         )
     if any(n not in artifacts for n in detectors) and not train:
         raise DataError(
