@@ -561,7 +561,14 @@ def _passage_offsets(
     texts = {p.index: p.text for p in pieces if p.kind == "passage" and p.index is not None}
     out: list[np.ndarray] = []
     for k in range(len(texts)):
-        seg = next(s for s in segs if s.kind == "passage" and s.index == k)
+        seg = next((s for s in segs if s.kind == "passage" and s.index == k), None)
+        if seg is None:
+            raise DataError(
+                f"passage {k + 1} encodes to no token for this tokenizer (only control "
+                f"characters?): {texts[k][:40]!r}; remove it or give it readable text",
+                source=source,
+                field="passages",
+            )
         p_ids, offsets = response_encoding(tokenizer, texts[k])
         if p_ids != list(ids[seg.start : seg.end]):
             raise DataError(

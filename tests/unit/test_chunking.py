@@ -20,6 +20,7 @@ from core.chunking import (
     split_text,
 )
 from core.datasets import load_dataset
+from core.errors import DataError
 from core.examples import RAGExample, Span
 from core.layout import render
 
@@ -348,9 +349,15 @@ def test_chunk_token_ranges_property(tiny_model, passages, response, method) -> 
 
 @PROPS
 @given(passages=st.lists(any_text.filter(str.strip), min_size=1, max_size=2))
+@example(passages=["\x16"])
 def test_passage_char_maps_cover_segments(tiny_model, passages) -> None:
     # Arbitrary text (multibyte included): whole passage = whole segment; ranges nest.
     ex = RAGExample(id="m", question="Q?", passages=tuple(passages), response="Yes.")
+    if not all(tiny_model.tokenizer.encode(p, add_special_tokens=False) for p in passages):
+        # A passage the tokenizer drops entirely (e.g. "\x16") is refused with the fix.
+        with pytest.raises(DataError, match="encodes to no token"):
+            render(ex, tiny_model)
+        return
     layout = render(ex, tiny_model)
     for k, text in enumerate(passages):
         seg = layout.passage_segment(k)
