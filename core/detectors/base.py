@@ -411,7 +411,10 @@ def read_artifact(folder: str | Path, *, name: str, model_key: str | None) -> tu
         cfg = json.loads(cfg_path.read_text())
         weights = json.loads(w_path.read_text())
     except json.JSONDecodeError as e:
-        raise DataError(f"malformed artifact JSON ({e})", source=str(path)) from e
+        raise DataError(
+            f"malformed artifact JSON ({e}); retrain it with `ragscope train --detectors {name}`",
+            source=str(path),
+        ) from e
     if cfg.get("detector") != name:
         raise DataError(
             f"artifact is for detector {cfg.get('detector')!r}, not {name!r}", source=str(path)

@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
+from zipfile import BadZipFile
 
 import numpy as np
 
@@ -55,7 +56,9 @@ if TYPE_CHECKING:
 ClassifierName = Literal["lr", "svc", "rf", "xgb"]
 CLASSIFIERS: tuple[ClassifierName, ...] = ("lr", "svc", "rf", "xgb")
 PIPELINE_FILE = "pipeline.skops"
-_TRUSTED_PREFIXES = ("sklearn.", "xgboost.", "numpy.", "builtins.")
+# No "builtins.": skops already trusts the safe builtin types, and what it reports
+# from builtins are functions such as exec or eval.
+_TRUSTED_PREFIXES = ("sklearn.", "xgboost.", "numpy.")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -157,7 +160,11 @@ def select_features(
         ("duplicate", DropDuplicateFeatures()),
     ]
     pipe = Pipeline(steps)
-    Z = pipe.fit_transform(X, y)
+    try:
+        Z = pipe.fit_transform(X, y)
+    except ValueError as e:
+        # feature-engine refuses to drop every column (all near-constant).
+        raise DataError(f"InterpDetect cannot select features on the training data: {e}") from e
     if Z.shape[1] > 1 and len(set(y.tolist())) == 2:
         corr = SmartCorrelatedSelection(
             threshold=corr_threshold,
@@ -424,7 +431,7 @@ class InterpDetectDetector:
                 raise ValueError("kept columns are not among the feature names")
         except DataError:
             raise
-        except (OSError, KeyError, TypeError, ValueError, AttributeError) as e:
+        except (OSError, KeyError, TypeError, ValueError, AttributeError, BadZipFile) as e:
             raise DataError(
                 f"malformed interpdetect artifact ({type(e).__name__}: {e}); retrain it with "
                 "`ragscope train --detectors interpdetect`",
