@@ -349,6 +349,7 @@ def _ensure_builtin() -> None:
     import core.detectors.baselines  # noqa: F401
     import core.detectors.interpdetect  # noqa: F401
     import core.detectors.redeep  # noqa: F401
+    import core.detectors.spad  # noqa: F401
 
 
 # ----------------------------------------------------------------------------- artifacts

@@ -1,0 +1,355 @@
+"""SPAD (Lu et al., 2025): seven-source token probabilities by part of speech -> XGBoost.
+
+Features (``specs/spad.md``, :mod:`core.spad`): every response token's final
+probability split exactly into Query, RAG, Past, Self, FFN, LN and Init,
+averaged over the tokens of each of 18 part-of-speech tags: 126 response
+features named ``<source>_<tag>`` (``RAG_NOUN``, ``LN_NUM``, ...). The
+per-token ``[T, 7]`` split is kept as token features for the views.
+
+Learning: XGBoost with ``scale_pos_weight = neg / pos``; hyper-parameters by
+``RandomizedSearchCV`` (F1, stratified folds; the paper used 50 iterations
+and 5 folds, the CPU-friendly default is 12 and 3), then a final fit on 85%
+of the training data with early stopping (50 rounds) on the other 15%.
+Validation data is not needed (thresholds are chosen by the evaluator).
+
+Explanations are XGBoost's exact per-feature contributions
+(``pred_contribs=True``, TreeSHAP values in log-odds): they and the ``bias``
+entry sum to the response's raw margin. The booster saves in XGBoost's own
+JSON format.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Self
+
+import numpy as np
+
+from core.detectors.base import (
+    DetectorConfig,
+    Features,
+    Run,
+    Verdict,
+    read_artifact,
+    register_detector,
+    require_fitted,
+    write_artifact,
+)
+from core.errors import DataError, ModelError
+from core.spad import FEATURE_NAMES, SOURCES
+
+if TYPE_CHECKING:
+    import xgboost
+
+    from core.examples import RAGExample
+    from core.model import ModelInfo
+    from core.spad import TokenSources
+    from core.trace import Needs
+
+BOOSTER_FILE = "model.json"
+BIAS = "bias"
+"""Explanation key of the booster's base margin (the SHAP expected value)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class SpadConfig(DetectorConfig):
+    """SPAD options (all but ``chunk_size`` shape only the learner).
+
+    Attributes:
+        n_iter: Randomized-search iterations (paper: 50).
+        cv: Stratified folds of the search (paper: 5), fewer when a class is rarer.
+        holdout: Share of the training data held out for early stopping.
+        early_stopping_rounds: Rounds without improvement before stopping.
+        seed: Seed of the search, the folds, the hold-out split and XGBoost.
+        chunk_size: Rows per vocabulary-size probe (memory, not values).
+    """
+
+    FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
+        {"n_iter", "cv", "holdout", "early_stopping_rounds", "seed", "chunk_size"}
+    )
+
+    n_iter: int = 12
+    cv: int = 3
+    holdout: float = 0.15
+    early_stopping_rounds: int = 50
+    seed: int = 0
+    chunk_size: int = 64
+
+    def __post_init__(self) -> None:
+        if self.n_iter < 1 or self.cv < 2:
+            raise ValueError(f"n_iter must be >= 1 and cv >= 2, got {self.n_iter} and {self.cv}")
+        if not 0.0 <= self.holdout < 0.5:
+            raise ValueError(f"holdout must be in [0, 0.5), got {self.holdout}")
+        if self.early_stopping_rounds < 1 or self.chunk_size < 1:
+            raise ValueError("early_stopping_rounds and chunk_size must be >= 1")
+
+
+def search_space() -> dict[str, Any]:
+    """The randomized-search distributions of the XGBoost hyper-parameters."""
+    from scipy.stats import loguniform, randint, uniform
+
+    return {
+        "n_estimators": randint(50, 400),
+        "max_depth": randint(2, 7),
+        "learning_rate": loguniform(0.01, 0.3),
+        "subsample": uniform(0.6, 0.4),
+        "colsample_bytree": uniform(0.5, 0.5),
+        "min_child_weight": randint(1, 6),
+        "gamma": uniform(0.0, 1.0),
+        "reg_lambda": loguniform(0.1, 10.0),
+    }
+
+
+def _classifier(seed: int, pos_weight: float, **params: Any) -> Any:
+    from xgboost import XGBClassifier
+
+    return XGBClassifier(
+        objective="binary:logistic",
+        eval_metric="logloss",
+        tree_method="hist",
+        scale_pos_weight=pos_weight,
+        random_state=seed,
+        n_jobs=1,
+        **params,
+    )
+
+
+@register_detector
+class SpadDetector:
+    """Seven-source token probabilities by POS, XGBoost on top."""
+
+    name: ClassVar[str] = "spad"
+    Config: ClassVar[type[SpadConfig]] = SpadConfig
+    needs_bare: ClassVar[bool] = False
+
+    def __init__(self, config: SpadConfig | None = None) -> None:
+        self.config: SpadConfig = config or self.Config()
+        self.booster_: xgboost.Booster | None = None
+        self.model_key_: str | None = None
+        self.names_: tuple[str, ...] = FEATURE_NAMES
+        self.best_params_: dict[str, Any] = {}
+        self.threshold_: float = 0.5
+        self.train_info_: dict[str, Any] = {}
+
+    # -- features ---------------------------------------------------------------
+
+    def needs(self, model: ModelInfo) -> Needs:
+        from core.spad import spad_needs
+
+        return spad_needs(model.n_layers)
+
+    def sources(self, run: Run) -> TokenSources:
+        """The seven-source split of ``run``'s response tokens (shared within the run)."""
+        from core.spad import token_sources
+
+        if run.trace is None:
+            raise ModelError("spad needs a trace (residual stream, z, patterns, logits)")
+        model = run.require_model(self.name)
+        cs = self.config.chunk_size
+        return run.shared(
+            ("spad_sources", cs), lambda: token_sources(model, run.trace, chunk_size=cs)
+        )
+
+    def features(self, run: Run) -> Features:
+        from core.spad import pos_features, response_pos
+
+        src = self.sources(run)
+        tags = response_pos(run.layout)
+        return Features(
+            detector=self.name,
+            example_id=run.example.id,
+            model=run.model.key,
+            names=FEATURE_NAMES,
+            response=pos_features(src.values, tags),
+            token_names=SOURCES,
+            tokens=src.values,
+            token_offsets=src.token_offsets,
+        )
+
+    # -- learning ---------------------------------------------------------------
+
+    def _check(self, features: Sequence[Features]) -> None:
+        if len({f.model for f in features}) != 1:
+            raise ModelError("spad: features come from several models; train on one")
+        bad = [f.example_id for f in features if f.names != FEATURE_NAMES]
+        if bad:
+            raise DataError(f"spad: features of {bad[0]!r} are not the 126 POS x source features")
+
+    def fit(self, features: Sequence[Features], examples: Sequence[RAGExample]) -> Self:
+        """Randomized search, then a final fit with early stopping on a held-out 15%."""
+        from sklearn.metrics import f1_score, make_scorer
+        from sklearn.model_selection import RandomizedSearchCV, StratifiedKFold, train_test_split
+
+        from core.detectors.baselines import response_labels
+
+        if len(features) != len(examples) or not features:
+            raise DataError(
+                f"fit needs one Features per example; got {len(features)} and {len(examples)}"
+            )
+        self._check(features)
+        y = response_labels(examples)
+        X = np.stack([f.response for f in features]).astype(np.float32)
+        n_pos, n_neg = int(y.sum()), int((1 - y).sum())
+        if min(n_pos, n_neg) == 0:
+            raise DataError("spad needs hallucinated and faithful responses in the training data")
+        c = self.config
+        pos_weight = n_neg / n_pos
+        folds = min(c.cv, n_pos, n_neg)
+        best: dict[str, Any] = {}
+        cv_f1: float | None = None
+        if folds >= 2:
+            search = RandomizedSearchCV(
+                _classifier(c.seed, pos_weight),
+                search_space(),
+                n_iter=c.n_iter,
+                scoring=make_scorer(f1_score, zero_division=0),
+                cv=StratifiedKFold(n_splits=folds, shuffle=True, random_state=c.seed),
+                random_state=c.seed,
+                n_jobs=1,
+                refit=False,
+            )
+            search.fit(X, y)
+            best = {
+                k: (v.item() if isinstance(v, np.generic) else v)
+                for k, v in search.best_params_.items()
+            }
+            cv_f1 = float(search.best_score_)
+        n_hold = max(2, math.ceil(c.holdout * len(y))) if c.holdout > 0 else 0
+        stop = bool(n_hold) and min(n_pos, n_neg) >= 2 and len(y) - n_hold >= 2
+        if stop:
+            X_tr, X_va, y_tr, y_va = train_test_split(
+                X, y, test_size=n_hold, stratify=y, random_state=c.seed
+            )
+            clf = _classifier(
+                c.seed, pos_weight, early_stopping_rounds=c.early_stopping_rounds, **best
+            )
+            clf.fit(X_tr, y_tr, eval_set=[(X_va, y_va)], verbose=False)
+            n_trees = int(clf.best_iteration) + 1
+            booster = clf.get_booster()[:n_trees]
+        else:
+            clf = _classifier(c.seed, pos_weight, **best)
+            clf.fit(X, y, verbose=False)
+            booster = clf.get_booster()
+            n_trees = booster.num_boosted_rounds()
+        booster.feature_names = list(FEATURE_NAMES)
+        booster.set_param({"nthread": 1})
+        self.booster_ = booster
+        self.model_key_ = features[0].model
+        self.best_params_ = best
+        self.train_info_ = {
+            "n_train": len(y),
+            "n_hallucinated": n_pos,
+            "scale_pos_weight": pos_weight,
+            "cv_folds": folds,
+            "cv_f1": cv_f1,
+            "n_iter": c.n_iter if folds >= 2 else 0,
+            "early_stopping": {"held_out": n_hold if stop else 0, "n_trees": n_trees},
+        }
+        return self
+
+    # -- scoring ----------------------------------------------------------------
+
+    def _matrix(self, features: Sequence[Features]) -> xgboost.DMatrix:
+        import xgboost
+
+        require_fitted(self, "booster_", self.name)
+        for f in features:
+            if self.model_key_ and f.model != self.model_key_:
+                raise ModelError(
+                    f"spad was trained on {self.model_key_!r} but these features come from "
+                    f"{f.model!r}; retrain or load the matching model"
+                )
+            if f.names != self.names_:
+                raise ModelError("spad: these features have other columns than the fitted model")
+        X = np.stack([f.response for f in features]).astype(np.float32)
+        return xgboost.DMatrix(X, feature_names=list(self.names_))
+
+    def contributions(self, features: Sequence[Features]) -> np.ndarray:
+        """``[n, 127]`` exact per-feature contributions (log-odds); last column the bias.
+
+        Each row sums to the example's raw margin (:meth:`margins`).
+        """
+        dm = self._matrix(features)
+        assert self.booster_ is not None
+        return np.asarray(self.booster_.predict(dm, pred_contribs=True), dtype=np.float64)
+
+    def margins(self, features: Sequence[Features]) -> np.ndarray:
+        """``[n]`` raw margins (log-odds of hallucination)."""
+        dm = self._matrix(features)
+        assert self.booster_ is not None
+        return np.asarray(self.booster_.predict(dm, output_margin=True), dtype=np.float64)
+
+    def predict(self, features: Features) -> Verdict:
+        dm = self._matrix([features])
+        assert self.booster_ is not None
+        score = float(self.booster_.predict(dm)[0])
+        contrib = self.booster_.predict(dm, pred_contribs=True)[0]
+        expl = {n: float(v) for n, v in zip(self.names_, contrib[:-1], strict=True)}
+        expl[BIAS] = float(contrib[-1])
+        return Verdict(
+            detector=self.name,
+            example_id=features.example_id,
+            score=min(max(score, 0.0), 1.0),
+            hallucinated=score >= self.threshold_,
+            explanation=expl,
+        )
+
+    # -- artifacts --------------------------------------------------------------
+
+    def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
+        require_fitted(self, "booster_", self.name)
+        assert self.booster_ is not None and self.model_key_ is not None
+        out = write_artifact(
+            folder,
+            name=self.name,
+            config=self.config,
+            model_key=self.model_key_,
+            weights={
+                "names": list(self.names_),
+                "best_params": self.best_params_,
+                "booster_file": BOOSTER_FILE,
+            },
+            extra={"threshold": self.threshold_, "train": self.train_info_, **(extra or {})},
+        )
+        self.booster_.save_model(str(out / BOOSTER_FILE))
+        return out
+
+    @classmethod
+    def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
+        import xgboost
+
+        cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
+        path = Path(folder) / BOOSTER_FILE
+        try:
+            det = cls(cls.Config.from_dict(cfg["config"]))
+            names = tuple(str(n) for n in w["names"])
+            if names != FEATURE_NAMES:
+                raise ValueError("feature names are not the 126 POS x source features")
+            if not path.is_file():
+                raise FileNotFoundError(f"{BOOSTER_FILE} is missing")
+            booster = xgboost.Booster()
+            booster.load_model(str(path))
+            if booster.num_features() != len(names):
+                raise ValueError(
+                    f"the booster reads {booster.num_features()} features, not {len(names)}"
+                )
+            booster.feature_names = list(names)
+            booster.set_param({"nthread": 1})
+            det.booster_ = booster
+            det.names_ = names
+            det.best_params_ = dict(w.get("best_params") or {})
+            det.model_key_ = cfg["model"]
+            det.threshold_ = float(cfg.get("threshold", 0.5))
+            det.train_info_ = dict(cfg.get("train", {}))
+        except DataError:
+            raise
+        except (OSError, KeyError, TypeError, ValueError, xgboost.core.XGBoostError) as e:
+            raise DataError(
+                f"malformed spad artifact ({type(e).__name__}: {e}); retrain it with "
+                "`ragscope train --detectors spad`",
+                source=str(folder),
+            ) from e
+        return det
