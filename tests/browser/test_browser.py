@@ -4,7 +4,8 @@ Starts ``streamlit run app/main.py`` on a free port with ``RAGSCOPE_MODEL=embedd
 opens Home and the Playground in headless Chromium (Playwright), analyses a built-in
 example (with a synthetic ``nll`` detector artifact for the embedded model, so the
 verdict table and the detector colouring show), opens the Benchmark on a synthetic
-saved run, and saves full-page screenshots to ``test-artifacts/``.
+saved run, computes the Heads & layers statistics on a few examples and shows one
+answer through another head, and saves full-page screenshots to ``test-artifacts/``.
 
 The server gets its own cache dir (``RAGSCOPE_CACHE_DIR``) whose ``models`` folder
 links to the session's, so the embedded model is not dequantized again while the
@@ -55,6 +56,9 @@ ANALYSE_MS = 120_000
 EXAMPLE_ID = "demo-02-waggle-dance"  # has a gold hallucination span
 BENCH_RUN = "synthetic-browser-run"
 EMBEDDED_KEY = "SmolLM2-135M-Instruct|L30xH9/KV3|D576|V49152|float32"
+PAGES = ["Home", "Playground", "Heads & layers", "Benchmark"]
+HEADS_EXAMPLES = 6
+STATS_MS = 600_000  # a traced pass per example on a small CPU machine
 
 
 def _require_chromium() -> None:
@@ -282,7 +286,7 @@ def test_playground_and_home_in_chromium(server: str, browser: object) -> None:
         # pages-folder fallback) must run, and the (possibly cold) model must load.
         page.goto(f"{server}/playground", wait_until="domcontentloaded")
         page.get_by_role("heading", name="Playground").wait_for(timeout=MODEL_LOAD_MS)
-        assert _sidebar_pages(page) == ["Home", "Playground", "Benchmark"]
+        assert _sidebar_pages(page) == PAGES
         page.get_by_text("SmolLM2-135M-Instruct").first.wait_for()  # sidebar model status
 
         # Pick a built-in example with a gold span, paste mode, analyse.
@@ -335,7 +339,7 @@ def test_benchmark_in_chromium(server: str, browser: object) -> None:
     try:
         page.goto(f"{server}/benchmark", wait_until="domcontentloaded")
         page.get_by_role("heading", name="Benchmark").wait_for(timeout=MODEL_LOAD_MS)
-        assert _sidebar_pages(page) == ["Home", "Playground", "Benchmark"]
+        assert _sidebar_pages(page) == PAGES
 
         # The synthetic run is picked (newest first) and its metric table is drawn.
         page.get_by_text(re.compile(re.escape(BENCH_RUN))).first.wait_for()
@@ -352,5 +356,55 @@ def test_benchmark_in_chromium(server: str, browser: object) -> None:
         assert page.locator(".js-plotly-plot").count() == 5
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "benchmark.png")
+    finally:
+        page.close()
+
+
+def test_heads_in_chromium(server: str, browser: object) -> None:
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})  # type: ignore[attr-defined]
+    try:
+        page.goto(f"{server}/heads", wait_until="domcontentloaded")
+        page.get_by_role("heading", name="Heads & layers").wait_for(timeout=MODEL_LOAD_MS)
+        assert _sidebar_pages(page) == PAGES
+
+        # Copying heads of all 30 x 9 heads, and the one-answer view of the top head
+        # (traced on first show, before any statistics).
+        plots = page.locator(".js-plotly-plot")
+        plots.filter(has_text="Copying score per head").wait_for(state="visible")
+        attention = plots.filter(has_text="Attention of L")
+        attention.wait_for(state="visible", timeout=ANALYSE_MS)
+        page.locator(".rs-heatmap .rs-tok").first.wait_for(state="visible")
+        assert page.locator(".rs-heatmap .rs-gold").count() > 0
+        page.get_by_text(re.compile("No trained redeep_token detector")).wait_for()
+
+        # Statistics on a few built-in examples, with progress.
+        limit = page.get_by_role("spinbutton", name="At most")
+        limit.fill(str(HEADS_EXAMPLES))
+        limit.press("Enter")
+        page.get_by_text(re.compile(rf"^{HEADS_EXAMPLES} of the \d+ examples")).wait_for()
+        page.get_by_role("button", name=re.compile("Compute statistics")).click()
+        summary = re.compile(rf"hallucinated answers from {HEADS_EXAMPLES} examples")
+        page.get_by_text(summary).wait_for(timeout=STATS_MS)
+        for title in (
+            "Mean ECS, faithful answers",
+            "Mean ECS, hallucinated answers",
+            "Mean ECS, faithful − hallucinated",
+            "Pearson r of ECS",
+            "PKS per layer",
+        ):
+            plot = plots.filter(has_text=title)
+            plot.wait_for(state="visible")
+            assert plot.bounding_box()["height"] > 200  # type: ignore[index]
+        assert plots.count() == 7
+
+        # Another layer redraws the attention without a new trace of the answer.
+        # The option list is virtualised: type to filter it rather than scroll to L20.
+        page.locator('[data-testid="stSelectbox"]', has_text="Layer").click()
+        page.keyboard.type("L20")
+        page.get_by_role("option", name="L20", exact=True).click()
+        plots.filter(has_text="Attention of L20H").wait_for(state="visible")
+        page.get_by_role("heading", name="Chunks").wait_for()
+        _assert_no_exception(page)
+        _full_page_screenshot(page, ARTIFACTS / "heads.png")
     finally:
         page.close()

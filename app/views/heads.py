@@ -1,0 +1,680 @@
+"""Heads & layers: where ReDeEP's and InterpDetect's signals live in the loaded model.
+
+Three views, top to bottom:
+
+- Copying heads: every head's copying score (its OV circuit's eigenvalues), with the
+  top heads marked and listed.
+- Faithful vs hallucinated: InterpDetect's features (ECS of every head, PKS of every
+  layer) of a few labelled examples of the dataset chosen on Home (or of the built-in
+  labelled corpus, by split), summarised as layer x head heatmaps (mean ECS of each
+  class, their difference, Pearson r) and PKS per layer. Each example costs one traced
+  pass the first time; features then come from the shared feature cache.
+- One answer, one head: a head's attention from each answer token to the passage
+  tokens, the context tokens token-level ECS averages, the ReDeEP token scores (from
+  the shipped ``redeep_token`` artifact, else the head's ECS) and a chunk table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+
+import pandas as pd
+import streamlit as st
+
+from app.components.heatmap import render_token_heatmap
+from app.state import (
+    ALL_SPLITS,
+    HEADS_EXAMPLE_DATASET,
+    HEADS_EXAMPLE_PLAYGROUND,
+    HEADS_FROM_CORPUS,
+    HEADS_FROM_HOME,
+    HEADS_UNITS,
+    KEY_HEADS_COMPUTE,
+    KEY_HEADS_EXAMPLE,
+    KEY_HEADS_EXAMPLE_SOURCE,
+    KEY_HEADS_HEAD,
+    KEY_HEADS_LAYER,
+    KEY_HEADS_LIMIT,
+    KEY_HEADS_SOURCE,
+    KEY_HEADS_SPLIT,
+    KEY_HEADS_TOP,
+    KEY_HEADS_UNIT,
+    REDEEP_DETECTORS,
+    AppState,
+    HeadStatsRequest,
+    ShippedDetectors,
+    align_token_scores,
+    answer_heads,
+    app_state,
+    example_splits,
+    extract_head_features,
+    get_model,
+    head_stats,
+    heads_examples,
+    model_key,
+    seed_widget,
+    shipped_detectors,
+    stats_examples,
+)
+from core.errors import RagscopeError
+from core.examples import RAGExample
+from core.heads import DEFAULT_TOP, CopyingScores, copying_scores
+from core.headstats import HeadStats, HeadView
+from core.model import LoadedModel
+
+# Page scripts run with Streamlit's magic: a bare string would be drawn, so no
+# attribute docstrings here.
+MAX_STATS_EXAMPLES = 400  # each example costs a traced pass the first time
+# White (context copy unlike the token's state) to green (alike): higher ECS, greener.
+ECS_CMAP = ((0.0, "#ffffff"), (0.5, "#a6dba0"), (1.0, "#1b7837"))
+
+UNIT_LABELS = {"response": "answers", "chunk": "answer sentences"}
+SPLIT_LABELS = {ALL_SPLITS: "all splits"}
+
+Head = tuple[int, int]
+
+
+def _fmt_head(head: Head) -> str:
+    return f"L{head[0]}H{head[1]}"
+
+
+def _first_words(text: str | None, n: int = 9) -> str:
+    words = (text or "").split()
+    return " ".join(words[:n]) + (" …" if len(words) > n else "")
+
+
+def _shown_folder(folder: Path) -> str:
+    """``folder`` relative to the checkout when inside it (as commands there name it)."""
+    from core.datasets import repo_root
+
+    try:
+        return str(folder.resolve().relative_to(repo_root()))
+    except ValueError:
+        return str(folder)
+
+
+def train_command(model: LoadedModel, shipped: ShippedDetectors, detector: str) -> str:
+    """The ``ragscope train`` command that makes ``detector``'s artifact for this model."""
+    return (
+        f"ragscope train --model {model.info.name} --dataset builtin --detectors {detector} "
+        f"--out {_shown_folder(shipped.folder)}"
+    )
+
+
+# --------------------------------------------------------------------------- copying heads
+
+
+def copying_section(state: AppState, model: LoadedModel) -> CopyingScores | None:
+    """The copying-score heatmap with the top heads marked, and their list."""
+    st.subheader("Copying heads")
+    try:
+        with st.spinner("Scoring every head's OV circuit…"):
+            scores = copying_scores(model)
+    except RagscopeError as e:
+        st.error(
+            f"The copying scores could not be computed: {e}  \nFix: check that the model "
+            "loads with its weights (see Home), then reload this page."
+        )
+        return None
+    total = scores.scores.size
+    default = min(DEFAULT_TOP, total)
+    if state.heads_top is None or not 1 <= state.heads_top <= total:
+        state.heads_top = default
+        st.session_state.pop(KEY_HEADS_TOP, None)
+    seed_widget(KEY_HEADS_TOP, state.heads_top)
+    height = int(min(max(320, 18 * scores.n_layers + 140), 760))
+    left, right = st.columns([5, 2], gap="medium")
+    with right:
+        state.heads_top = int(
+            st.number_input(
+                "Top copying heads",
+                min_value=1,
+                max_value=total,
+                step=1,
+                key=KEY_HEADS_TOP,
+                help=f"ReDeEP keeps the top {default} as candidate heads",
+            )
+        )
+        table = scores.to_frame().sort_values("rank").head(state.heads_top)
+        st.dataframe(
+            table[["rank", "layer", "head", "score"]],
+            hide_index=True,
+            width="stretch",
+            height=min(38 + 35 * len(table), height - 90),
+            column_config={"score": st.column_config.NumberColumn("score", format="%.3f")},
+        )
+    fig = scores.figure(top=state.heads_top)
+    fig.update_layout(height=height, margin={"l": 50, "r": 10, "t": 50, "b": 40})
+    with left:
+        st.plotly_chart(fig, width="stretch", key="heads.copying.figure")
+    st.caption(
+        "A head's OV circuit decides what it writes from the tokens it attends to. Its "
+        "copying score, Σ Re λ / Σ |λ| over the eigenvalues of W_E·W_V·W_O·W_U, is near 1 "
+        "when it maps each token onto itself (it copies) and negative when it suppresses "
+        f"it. Circled: the top {state.heads_top} heads, ReDeEP's candidate copying heads."
+    )
+    return scores
+
+
+# --------------------------------------------------------------------------- statistics
+
+
+def stats_controls(
+    state: AppState,
+) -> tuple[str, str, str, list[RAGExample], list[RAGExample], list[RAGExample]] | None:
+    """Examples source, split, number and unit.
+
+    Returns:
+        ``(source, dataset key, label, every example, the split's examples, the chosen
+        ones)``, or ``None`` when the dataset cannot be read (the error is shown).
+    """
+    labels = {
+        HEADS_FROM_HOME: f"The Home dataset ({state.dataset.label})",
+        HEADS_FROM_CORPUS: "Built-in labelled corpus",
+    }
+    if state.heads_source not in labels:
+        state.heads_source = HEADS_FROM_HOME
+    seed_widget(KEY_HEADS_SOURCE, state.heads_source)
+    c1, c2, c3, c4 = st.columns([2.5, 1.1, 1, 2.2], vertical_alignment="bottom")
+    before = state.heads_source
+    with c1:
+        state.heads_source = st.selectbox(
+            "Examples", list(labels), key=KEY_HEADS_SOURCE, format_func=labels.__getitem__
+        )
+    if state.heads_source != before:  # another dataset: start from its default split
+        state.heads_split = None
+        st.session_state.pop(KEY_HEADS_SPLIT, None)
+    try:
+        key, label, examples = heads_examples(state.heads_source, state.dataset)
+    except RagscopeError as e:
+        st.error(f"{labels[state.heads_source]} cannot be read: {e}")
+        return None
+    splits = example_splits(examples)
+    if state.heads_split not in splits:
+        state.heads_split = "train" if "train" in splits else ALL_SPLITS
+        st.session_state.pop(KEY_HEADS_SPLIT, None)
+    seed_widget(KEY_HEADS_SPLIT, state.heads_split)
+    with c2:
+        state.heads_split = st.selectbox(
+            "Split",
+            splits,
+            key=KEY_HEADS_SPLIT,
+            format_func=lambda s: SPLIT_LABELS.get(s, s),
+            disabled=len(splits) == 1,
+            help="The split the dataset declares for each example (the corpus has three)",
+        )
+    seed_widget(KEY_HEADS_LIMIT, state.heads_limit)
+    with c3:
+        state.heads_limit = int(
+            st.number_input(
+                "At most",
+                min_value=2,
+                max_value=MAX_STATS_EXAMPLES,
+                step=4,
+                key=KEY_HEADS_LIMIT,
+                help="Examples to read; each costs one traced pass the first time",
+            )
+        )
+    seed_widget(KEY_HEADS_UNIT, state.heads_unit)
+    with c4:
+        state.heads_unit = st.radio(
+            "Count",
+            HEADS_UNITS,
+            key=KEY_HEADS_UNIT,
+            format_func=UNIT_LABELS.__getitem__,
+            horizontal=True,
+            help="Answers (the mean over each answer's sentences, labelled by the answer) "
+            "or InterpDetect's unit, sentences (labelled by overlap with a gold span)",
+        )
+    pool = [e for e in examples if state.heads_split in (ALL_SPLITS, e.provenance.split)]
+    chosen = stats_examples(examples, state.heads_split, state.heads_limit)
+    return state.heads_source, key, label, examples, pool, chosen
+
+
+def stats_section(
+    state: AppState, model: LoadedModel, marked: Sequence[Head]
+) -> list[RAGExample] | None:
+    """Pick examples, extract InterpDetect features with progress, show the statistics.
+
+    Returns the examples of the chosen source and split (for the one-answer view).
+    """
+    st.subheader("Faithful vs hallucinated answers")
+    st.caption(
+        "InterpDetect's features of labelled examples: for every head, ECS (how close the "
+        "answer sentence is to the passage sentence the head reads most), and for every "
+        "layer, PKS (how much its FFN changes the next-token prediction, in bits)."
+    )
+    picked = stats_controls(state)
+    if picked is None:
+        return None
+    source, key, label, examples, pool, chosen = picked
+    n_hal = sum(1 for e in chosen if e.label is True)
+    n_fai = sum(1 for e in chosen if e.label is False)
+    split = SPLIT_LABELS.get(state.heads_split or ALL_SPLITS, state.heads_split)
+    c_note, c_button = st.columns([4, 1], vertical_alignment="center")
+    with c_note:
+        st.caption(
+            f"{len(chosen)} of the {len(pool)} examples ({split}) of {label}: {n_hal} "
+            f"hallucinated, {n_fai} faithful. Each is traced once with {model.info.display_name}; "
+            "later runs read its features from the feature cache."
+        )
+    with c_button:
+        compute = st.button(
+            "Compute statistics",
+            key=KEY_HEADS_COMPUTE,
+            type="primary",
+            icon=":material/query_stats:",
+            disabled=not chosen,
+            width="stretch",
+        )
+    if compute:
+        bar = st.progress(0.0, text="Extracting InterpDetect features…")
+
+        def progress(done: int, total: int) -> None:
+            bar.progress(done / max(total, 1), text=f"Features: {done} / {total} examples")
+
+        try:
+            state.heads_request = extract_head_features(
+                model,
+                chosen,
+                source=source,
+                dataset_key=key,
+                dataset_label=label,
+                split=state.heads_split or ALL_SPLITS,
+                limit=state.heads_limit,
+                progress=progress,
+            )
+        except RagscopeError as e:
+            st.error(f"The features could not be extracted: {e}")
+        bar.empty()
+    req = state.heads_request
+    if req is None:
+        st.info("Press **Compute statistics** to read these examples' heads and layers.")
+        return pool
+    show_request_stats(state, model, req, key, examples, marked)
+    return pool
+
+
+def show_request_stats(
+    state: AppState,
+    model: LoadedModel,
+    req: HeadStatsRequest,
+    current_key: str,
+    current_examples: list[RAGExample],
+    marked: Sequence[Head],
+) -> None:
+    """The statistics of the last computed examples (with a note when the choice changed)."""
+    if req.model != model_key(model):
+        st.info(
+            "These statistics were computed with another model; press **Compute statistics** again."
+        )
+        return
+    if (req.dataset_key, req.split, req.limit) != (
+        current_key,
+        state.heads_split,
+        state.heads_limit,
+    ):
+        st.info(
+            f"Showing the statistics of {len(req.ids)} examples of {req.dataset_label} "
+            f"({SPLIT_LABELS.get(req.split, req.split)}); press **Compute statistics** for "
+            "the choice above."
+        )
+    if req.n_failed:
+        st.warning(
+            f"{req.n_failed} example(s) could not be analysed and were left out: "
+            + " · ".join(req.errors)
+        )
+    if not req.ids:
+        st.error("None of the examples could be analysed; pick other examples.")
+        return
+    try:
+        examples = (
+            current_examples
+            if req.dataset_key == current_key
+            else heads_examples(req.source, state.dataset)[2]
+        )
+        stats = head_stats(model, req, examples, state.heads_unit)
+    except RagscopeError as e:
+        st.error(f"The statistics could not be computed: {e}")
+        return
+    show_stats(stats, req, marked)
+
+
+def show_stats(stats: HeadStats, req: HeadStatsRequest, marked: Sequence[Head]) -> None:
+    """Four layer x head heatmaps, PKS per layer, and the tables behind them."""
+    unit = stats.unit
+    st.markdown(
+        f"**{stats.n_faithful}** faithful and **{stats.n_hallucinated}** hallucinated "
+        f"{unit} from {len(stats.example_ids)} examples"
+        + (f" ({stats.n_unlabelled} unlabelled left out)" if stats.n_unlabelled else "")
+        + f" · features: {req.computed} traced, {req.cache_hits} from the cache "
+        f"({req.seconds:.1f} s)"
+    )
+    if not stats.n_units:
+        st.warning(
+            f"None of these {len(req.ids)} examples carries a gold label, so there is nothing "
+            "to compare. Pick a labelled dataset (the built-in labelled corpus is one)."
+        )
+        return
+    if not stats.n_faithful or not stats.n_hallucinated:
+        missing = "faithful" if not stats.n_faithful else "hallucinated"
+        st.warning(
+            f"No {missing} {unit} among these examples: that class's means, the differences "
+            "and the correlations are undefined and left blank. Read more examples, or pick "
+            "a dataset with both labels (the built-in labelled corpus has both)."
+        )
+    left, right = st.columns(2, gap="medium")
+    for col, kind in (
+        (left, "faithful"),
+        (right, "hallucinated"),
+        (left, "difference"),
+        (right, "r"),
+    ):
+        with col:
+            st.plotly_chart(
+                stats.figure_ecs(kind, marked=marked),  # type: ignore[arg-type]
+                width="stretch",
+                key=f"heads.stats.ecs.{kind}",
+            )
+    best = stats.top_heads(5)
+    strongest = ", ".join(f"{_fmt_head(h)} (r = {stats.ecs_r[h[0], h[1]]:.2f})" for h in best)
+    st.caption(
+        "ECS is a cosine in [-1, 1]. Difference = faithful − hallucinated and r is the "
+        "correlation with 1 − label, so positive (blue) marks heads that carry more of the "
+        "passages into faithful answers, as ReDeEP expects of copying heads. Circled: the "
+        "top copying heads. Blank cells: undefined (one class missing or a constant value)."
+        + (f" Strongest heads by r: {strongest}." if strongest else "")
+    )
+    st.plotly_chart(stats.figure_pks(), width="stretch", key="heads.stats.pks")
+    st.caption(
+        "PKS is the Jensen-Shannon divergence (bits) between the logit-lens predictions "
+        "before and after a layer's FFN, averaged over the answer's tokens. ReDeEP expects "
+        "higher PKS in hallucinated answers (r > 0, red bars) in the later layers."
+    )
+    with st.expander("Tables"):
+        t1, t2 = st.columns([3, 2])
+        fmt = {
+            c: st.column_config.NumberColumn(c, format="%.4f")
+            for c in ("ecs_faithful", "ecs_hallucinated", "ecs_difference", "ecs_r")
+        }
+        t1.dataframe(stats.to_frame(), hide_index=True, width="stretch", column_config=fmt)
+        fmt_l = {
+            c: st.column_config.NumberColumn(c, format="%.4f")
+            for c in ("pks_faithful", "pks_hallucinated", "pks_difference", "pks_r")
+        }
+        t2.dataframe(stats.layer_frame(), hide_index=True, width="stretch", column_config=fmt_l)
+
+
+# --------------------------------------------------------------------------- one answer
+
+
+def pick_answer(
+    state: AppState, pool: list[RAGExample] | None
+) -> tuple[RAGExample, tuple[int, ...] | None, str] | None:
+    """The one-answer view's input: ``(example, response ids, where it came from)``."""
+    a = state.analysis
+    options = ([HEADS_EXAMPLE_PLAYGROUND] if a is not None else []) + (
+        [HEADS_EXAMPLE_DATASET] if pool else []
+    )
+    if not options:
+        st.info(
+            "No examples to show: pick a readable dataset above, or analyse an answer in "
+            "the Playground."
+        )
+        return None
+    if state.heads_example_source not in options:
+        state.heads_example_source = options[0]
+        st.session_state.pop(KEY_HEADS_EXAMPLE_SOURCE, None)
+    if len(options) > 1:
+        seed_widget(KEY_HEADS_EXAMPLE_SOURCE, state.heads_example_source)
+        names = {
+            HEADS_EXAMPLE_PLAYGROUND: "The Playground's analysed answer",
+            HEADS_EXAMPLE_DATASET: "An example from the examples above",
+        }
+        state.heads_example_source = st.radio(
+            "Answer",
+            options,
+            key=KEY_HEADS_EXAMPLE_SOURCE,
+            format_func=names.__getitem__,
+            horizontal=True,
+        )
+    if state.heads_example_source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
+        ids = (
+            tuple(int(i) for i in a.layout.response_ids) if a.answer_source == "generated" else None
+        )
+        st.caption(
+            f"Example `{a.example.id}`, answer {a.answer_source}: "
+            f"“{_first_words(a.example.response, 14)}”"
+        )
+        return a.example, ids, "playground"
+    assert pool
+    by_id = {e.id: e for e in pool}
+    key = f"{state.heads_source}/{state.heads_split}"
+    remembered = state.heads_example_id.get(key)
+    if remembered not in by_id:
+        remembered = next((e.id for e in pool if e.spans), pool[0].id)
+    if st.session_state.get(KEY_HEADS_EXAMPLE) not in by_id:
+        st.session_state.pop(KEY_HEADS_EXAMPLE, None)
+    seed_widget(KEY_HEADS_EXAMPLE, remembered)
+
+    def label(ex_id: str) -> str:
+        ex = by_id[ex_id]
+        gold = {True: " · hallucinated", False: " · faithful", None: ""}[ex.label]
+        return f"{ex_id} — {_first_words(ex.question or ex.response)}{gold}"
+
+    ex_id = st.selectbox("Example", list(by_id), key=KEY_HEADS_EXAMPLE, format_func=label)
+    state.heads_example_id[key] = ex_id
+    return by_id[ex_id], None, "dataset"
+
+
+def pick_head(state: AppState, model: LoadedModel, copying: CopyingScores | None) -> Head:
+    """Layer and head select boxes (default: the top copying head)."""
+    n_layers, n_heads = model.info.n_layers, model.info.n_heads
+    head = state.heads_head
+    if head is None or not (0 <= head[0] < n_layers and 0 <= head[1] < n_heads):
+        head = copying.top_heads(1)[0] if copying is not None else (0, 0)
+        st.session_state.pop(KEY_HEADS_LAYER, None)
+        st.session_state.pop(KEY_HEADS_HEAD, None)
+    seed_widget(KEY_HEADS_LAYER, head[0])
+    seed_widget(KEY_HEADS_HEAD, head[1])
+    rank: dict[Head, int] = {}
+    if copying is not None:
+        rank = {h: i + 1 for i, h in enumerate(copying.top_heads(n_layers * n_heads))}
+    c1, c2, c3 = st.columns([1, 1, 3], vertical_alignment="bottom")
+    with c1:
+        layer = int(
+            st.selectbox(
+                "Layer", list(range(n_layers)), key=KEY_HEADS_LAYER, format_func=lambda x: f"L{x}"
+            )
+        )
+
+    with c2:
+        h = int(
+            st.selectbox(
+                "Head", list(range(n_heads)), key=KEY_HEADS_HEAD, format_func=lambda x: f"H{x}"
+            )
+        )
+    state.heads_head = (layer, h)
+    with c3:
+        if copying is not None:
+            best = copying.top_heads(1)[0]
+            st.caption(
+                f"{_fmt_head((layer, h))}: copying score {copying.scores[layer, h]:.3f}, rank "
+                f"{rank[(layer, h)]} of {n_layers * n_heads}. The top copying head is "
+                f"{_fmt_head(best)}."
+            )
+    return layer, h
+
+
+def example_section(
+    state: AppState,
+    model: LoadedModel,
+    copying: CopyingScores | None,
+    pool: list[RAGExample] | None,
+) -> None:
+    """One answer through one head: attention, token ECS, ReDeEP scores, chunk table."""
+    st.subheader("One answer, one head")
+    picked = pick_answer(state, pool)
+    if picked is None:
+        return
+    example, response_ids, _ = picked
+    head = pick_head(state, model, copying)
+    shipped = shipped_detectors(model)
+    for b in shipped.broken:
+        if b.name in REDEEP_DETECTORS:
+            st.error(
+                f"The **{b.name}** artifact in `{b.folder}` could not be loaded: {b.reason}  \n"
+                f"Fix: retrain it with `{train_command(model, shipped, b.name)}`, or remove "
+                "the folder."
+            )
+    try:
+        with st.spinner("Tracing the answer (every head at once)…"):
+            view = answer_heads(model, example, shipped, response_ids=response_ids)
+    except RagscopeError as e:
+        st.error(
+            f"This answer could not be analysed: {e}  \nFix: pick another example, or "
+            "correct it in the Playground."
+        )
+        return
+    show_attention(view, head)
+    show_token_scores(view, head, model, shipped)
+    show_chunks(view, head, model, shipped)
+
+
+def show_attention(view: HeadView, head: Head) -> None:
+    st.plotly_chart(view.attention_figure(head), width="stretch", key="heads.attention")
+    where = "passage tokens" if view.scope == "passages" else "prompt tokens"
+    st.caption(
+        f"Each row is an answer token, read at the position that predicted it; each column "
+        f"one of the {len(view.context)} {where}. Red squares: the top {view.k} "
+        f"({view.topk_frac:.0%}) positions by attention, whose final hidden states token-level "
+        "ECS averages and compares with the answer token's (cosine). "
+        f"Traced in {view.seconds:.1f} s."
+    )
+    with st.expander(f"Per answer token: {_fmt_head(head)}'s ECS and the context it averages"):
+        st.dataframe(
+            view.token_frame(head),
+            hide_index=True,
+            width="stretch",
+            height=320,
+            column_config={
+                "ECS": st.column_config.NumberColumn("ECS", format="%.3f"),
+                "attention on top-k": st.column_config.NumberColumn(
+                    "attention on top-k", format="%.3f"
+                ),
+            },
+        )
+
+
+def show_token_scores(
+    view: HeadView, head: Head, model: LoadedModel, shipped: ShippedDetectors
+) -> None:
+    """The ReDeEP token heatmap, or the head's ECS when no redeep_token artifact exists."""
+    st.markdown("##### Token-level ReDeEP")
+    tokens = view.response_tokens
+    labels = view.layout.token_labels()
+    positions = view.layout.response_positions.tolist()
+    gold = (
+        " Tokens underlined in blue lie inside a gold hallucination span."
+        if labels is not None
+        else ""
+    )
+    verdict = view.verdicts.get("redeep_token")
+    if (
+        verdict is not None
+        and verdict.token_scores is not None
+        and verdict.token_offsets is not None
+    ):
+        values = align_token_scores(
+            verdict.token_scores, verdict.token_offsets, view.layout.response_offsets
+        )
+        det = next(s.detector for s in shipped.detectors if s.name == "redeep_token")
+        heads = ", ".join(_fmt_head(h) for h in det.selected_heads)
+        layers = ", ".join(f"L{x}" for x in det.selected_layers)
+        st.caption(
+            f"The shipped redeep_token detector scores this answer **{verdict.score:.3f}**. "
+            f"Per token it combines H = PKS_n − β·ECS_n over its heads ({heads}) and layers "
+            f"({layers}), β = {verdict.explanation.get('beta', float('nan')):.2f}; darker = "
+            f"more likely hallucinated.{gold}"
+        )
+        render_token_heatmap(
+            tokens,
+            values,
+            labels=labels,
+            positions=positions,
+            value_name="redeep_token score",
+            vmin=0.0,
+            vmax=1.0,
+        )
+        return
+    st.info(
+        f"No trained redeep_token detector for {model.info.display_name}. Make one with "
+        f"`{train_command(model, shipped, 'redeep_token')}` and reload this page. Meanwhile "
+        f"the tokens are coloured by {_fmt_head(head)}'s token-level ECS."
+    )
+    st.caption(
+        f"Colour: {_fmt_head(head)}'s ECS for each answer token; greener = the passage "
+        f"tokens the head reads most look more like the token's own final state.{gold}"
+    )
+    render_token_heatmap(
+        tokens,
+        view.head_ecs(head),
+        labels=labels,
+        positions=positions,
+        value_name=f"{_fmt_head(head)} ECS",
+        cmap=ECS_CMAP,
+    )
+
+
+def show_chunks(view: HeadView, head: Head, model: LoadedModel, shipped: ShippedDetectors) -> None:
+    """Response chunks with the context chunk the head reads most, ECS, PKS, probability, gold."""
+    st.markdown("##### Chunks")
+    layers = view.selected_layers.get("redeep_chunk") or view.selected_layers.get("redeep_token")
+    source = "redeep_chunk" if view.selected_layers.get("redeep_chunk") else "redeep_token"
+    frame = view.chunk_frame(head, pks_layers=layers)
+    number_format = {"ECS": "{:.3f}", "PKS": "{:.4f}", "redeep_chunk probability": "{:.3f}"}
+    # A static table: chunks are long texts, which it wraps, so every column stays in view.
+    frame.index = pd.RangeIndex(1, len(frame) + 1, name="chunk")
+    st.table(frame.style.format({c: f for c, f in number_format.items() if c in frame.columns}))
+    which = (
+        f"its {source} detector's selected layers ({', '.join(f'L{x}' for x in layers)})"
+        if layers
+        else "every layer"
+    )
+    note = (
+        ""
+        if "redeep_chunk" in view.verdicts
+        else f" Train redeep_chunk (`{train_command(model, shipped, 'redeep_chunk')}`) to add "
+        "its probability for each chunk."
+    )
+    st.caption(
+        f"Chunks: recursive split (512 characters, overlap 20). Attended context chunk: the "
+        f"one {_fmt_head(head)} attends to most from the response chunk (mean attention); "
+        "ECS: cosine of the two chunks' all-MiniLM-L6-v2 embeddings. PKS: mean over the "
+        f"chunk's tokens of the mean PKS over {which}, in bits. Gold: the chunk overlaps a "
+        f"gold hallucination span.{note}"
+    )
+
+
+# --------------------------------------------------------------------------- page
+
+
+def main() -> None:
+    state = app_state()
+    model = get_model()
+    st.title("Heads & layers")
+    st.caption(
+        "Where ReDeEP and InterpDetect look inside the model: attention heads that copy "
+        "the passages into the answer (External Context Score, ECS) and FFN layers that "
+        "inject the model's own knowledge (Parametric Knowledge Score, PKS)."
+    )
+    copying = copying_section(state, model)
+    marked = copying.top_heads(state.heads_top) if copying is not None else []
+    st.divider()
+    pool = stats_section(state, model, marked)
+    st.divider()
+    example_section(state, model, copying, pool)
+
+
+main()
