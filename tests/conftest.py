@@ -9,6 +9,7 @@ not once per run. Tests that write caches point ``RAGSCOPE_CACHE_DIR`` at a
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -76,3 +77,18 @@ def toy_example() -> RAGExample:
         response=response,
         spans=(Span(start=start, end=start + len("red granite"), type="Evident Conflict"),),
     )
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread() -> Iterator[None]:
+    """Run a test module's torch work on one thread, then restore the count.
+
+    The tiny model's forwards are latency-bound: on a shared 2-core machine a
+    second thread mostly waits for other jobs (about 30x slower here).
+    """
+    import torch
+
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)

@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import itertools
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
@@ -376,7 +376,7 @@ class RedeepDetector:
             )
             auc = _auc(v_y, sel.h(v_ecs, v_pks))
             if best is None or auc > best.auc + 1e-12:
-                best = Selection(**{**sel.__dict__, "auc": auc})
+                best = replace(sel, auc=auc)
         assert best is not None
         self.selection_ = best
         e_n, p_n = best.sums(ecs, pks)

@@ -28,13 +28,8 @@ STRONG = 50.0
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # These forwards are tiny and latency-bound; on a shared CPU a second
-    # thread mostly waits for the other jobs (about 30x slower here).
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_torch_thread):
+    """Tiny, latency-bound forwards: one torch thread (see tests/conftest.py)."""
 
 
 @pytest.fixture(scope="module")

@@ -33,12 +33,8 @@ HEADS = [(1, 3), (0, 0), (1, 0), (0, 2), (0, 1), (1, 2), (0, 3), (1, 1)]
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny, latency-bound forwards on a shared CPU: one thread is faster.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_torch_thread):
+    """Tiny, latency-bound forwards: one torch thread (see tests/conftest.py)."""
 
 
 @pytest.fixture(scope="module")

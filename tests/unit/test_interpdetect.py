@@ -10,7 +10,6 @@ import numpy as np
 import pandas as pd
 import pytest
 import skops.io as sio
-import torch
 from sklearn.metrics import f1_score
 from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import FunctionTransformer, StandardScaler
@@ -40,12 +39,8 @@ CLASSIFIER_TYPES = {
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny, latency-bound forwards on a shared CPU: one thread is faster.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_torch_thread):
+    """Tiny, latency-bound forwards: one torch thread (see tests/conftest.py)."""
 
 
 # --------------------------------------------------------------------------- targets

@@ -8,7 +8,6 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import torch
 from sklearn.metrics import roc_auc_score
 
 import core.lens
@@ -39,12 +38,8 @@ CHUNK = {"chunk_size": 64, "chunk_overlap": 10}  # several recursive chunks per 
 
 
 @pytest.fixture(scope="module", autouse=True)
-def _one_thread():
-    # Tiny, latency-bound forwards on a shared CPU: one thread is faster.
-    n = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(n)
+def _one_thread(one_torch_thread):
+    """Tiny, latency-bound forwards: one torch thread (see tests/conftest.py)."""
 
 
 # --------------------------------------------------------------------------- selection (synthetic)
