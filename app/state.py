@@ -284,6 +284,8 @@ class DatasetRef:
     @property
     def label(self) -> str:
         n = f" ({self.n_examples} examples)" if self.n_examples is not None else ""
+        if self.kind == "builtin" and self.name == "answers":
+            return f"Built-in: the embedded model's own answers (unlabelled){n}"
         if self.kind == "builtin":
             return f"Built-in demo examples{n}"
         if self.kind == "shared":
@@ -296,6 +298,7 @@ class DatasetRef:
 
 
 BUILTIN = DatasetRef(kind="builtin", name="demo")
+BUILTIN_ANSWERS = DatasetRef(kind="builtin", name="answers")
 
 
 @st.cache_data(show_spinner="Reading the built-in examples…")
@@ -341,7 +344,11 @@ def dataset_choices() -> list[DatasetRef]:
     """
     from core.datasets import shared_data_dir
 
+    from core.datasets import builtin_answers_path
+
     out = [BUILTIN]
+    if builtin_answers_path().is_file():
+        out.append(BUILTIN_ANSWERS)
     shared = shared_data_dir()
     if shared is not None:
         for name in SHARED_FILES:
@@ -363,6 +370,11 @@ def load_examples(ref: DatasetRef) -> list[RAGExample]:
         DataError: The file is unreadable.
         StorageError: The stored dataset is gone.
     """
+    if ref == BUILTIN_ANSWERS:
+        from core.datasets import builtin_answers_path
+
+        path = builtin_answers_path()
+        return _file_examples(str(path), path.stat().st_mtime)
     if ref.kind == "builtin":
         return _builtin_examples()
     if ref.kind == "shared":

@@ -304,17 +304,26 @@ def builtin_examples() -> list[RAGExample]:
 
 DEMO = "demo"
 BUILTIN = "builtin"
+BUILTIN_ANSWERS = "builtin-answers"
+
+
+def builtin_answers_path() -> Path:
+    """The embedded model's own greedy answers to the built-in corpus prompts (unlabelled)."""
+    return repo_root() / "assets" / "builtin" / "answers.jsonl"
 
 
 def resolve_dataset(spec: str, *, on_error: OnError = "raise") -> tuple[str, list[RAGExample]]:
     """Examples for a dataset spec, with the name to record for it.
 
     ``spec`` is ``demo`` (the 12 hand-written examples), ``builtin`` (the
-    built-in labelled corpus), a file or folder to load, or the name of a
-    dataset stored with ``ragscope datasets import``.
+    built-in labelled corpus), ``builtin-answers`` (the embedded model's own
+    unlabelled answers to the corpus prompts), a file or folder to load, or
+    the name of a dataset stored with ``ragscope datasets import``.
     """
     if spec == DEMO:
         return DEMO, builtin_examples()
+    if spec == BUILTIN_ANSWERS:
+        return BUILTIN_ANSWERS, list(load_dataset(builtin_answers_path()).examples)
     if spec == BUILTIN:
         from core.corpus import load_builtin
 

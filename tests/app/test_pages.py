@@ -59,8 +59,15 @@ def test_home_shows_model_status_and_datasets(make_app: Callable[[], AppTest]) -
     assert metrics["d_model"] == "64"
     assert "random (seed 0)" in _markdown(at)  # where the weights came from
     picker = at.radio(key=KEY_DATASET)
-    assert picker.options == ["Built-in demo examples"]  # no shared data, empty database
+    # no shared data, empty database: the demo set and the model's own built-in answers
+    assert picker.options == [
+        "Built-in demo examples",
+        "Built-in: the embedded model's own answers (unlabelled)",
+    ]
     assert "**12** examples" in _markdown(at)
+    picker.set_value(picker.options[1]).run()
+    _no_exception(at)
+    assert "**135** examples" in _markdown(at)
 
 
 def test_home_upload_lists_bad_records_and_imports_the_rest(

@@ -513,3 +513,18 @@ def test_shared_files_load_fully(name: str, fmt: str, n: int, n_halluc: int | No
         assert sum(bool(e.label) for e in rep.examples) == n_halluc
     for e in rep.examples:
         assert isinstance(e, RAGExample) and e.prompt is not None
+
+
+def test_builtin_answers_are_the_embedded_models_own_unlabelled_answers() -> None:
+    from core.corpus import load_builtin
+    from core.datasets import BUILTIN_ANSWERS, resolve_dataset
+
+    name, answers = resolve_dataset(BUILTIN_ANSWERS)
+    assert name == BUILTIN_ANSWERS and len(answers) >= 100
+    prompts = {e.provenance.group: e for e in load_builtin("test")}
+    for a in answers:
+        assert a.label is None and not a.spans and a.response.strip()
+        assert a.provenance.generator == "SmolLM2-135M-Instruct"
+        src = prompts[a.provenance.group]  # one answer per test-split source, same prompt
+        assert (a.question, a.passages) == (src.question, src.passages)
+    assert len({a.provenance.group for a in answers}) == len(answers)
