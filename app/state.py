@@ -342,9 +342,7 @@ def dataset_choices() -> list[DatasetRef]:
     Raises:
         StorageError: The database cannot be opened.
     """
-    from core.datasets import shared_data_dir
-
-    from core.datasets import builtin_answers_path
+    from core.datasets import builtin_answers_path, shared_data_dir
 
     out = [BUILTIN]
     if builtin_answers_path().is_file():
