@@ -14,7 +14,7 @@ in >= 95% of rows) -> drop duplicates -> correlated-feature selection
 (|Pearson| > 0.9, keep the feature a shallow random forest ranks higher), all
 three from feature-engine; then LogisticRegression, SVC, RandomForest and
 XGBoost are fitted and the one with the best validation F1 (response level:
-hallucinated when any chunk is predicted positive) is kept. Response score =
+score = highest chunk probability, at its best threshold) is kept. Response score =
 highest chunk probability.
 
 The fitted scaler + classifier on the kept columns is saved with skops (a
@@ -117,9 +117,13 @@ def make_classifier(name: str, *, seed: int, pos_weight: float) -> Any:
 
         return LogisticRegression(max_iter=2000, class_weight="balanced")
     if name == "svc":
+        from sklearn.calibration import CalibratedClassifierCV
         from sklearn.svm import SVC
 
-        return SVC(probability=True, class_weight="balanced", random_state=seed)
+        # SVC(probability=True) is deprecated in scikit-learn 1.9; this is its replacement.
+        return CalibratedClassifierCV(
+            SVC(class_weight="balanced", random_state=seed), ensemble=False
+        )
     if name == "rf":
         from sklearn.ensemble import RandomForestClassifier
 
@@ -182,11 +186,20 @@ def select_features(
     return [str(c) for c in Z.columns]
 
 
-def _response_f1(chunk_prob: Sequence[np.ndarray], y: np.ndarray, threshold: float = 0.5) -> float:
+def _response_f1(chunk_prob: Sequence[np.ndarray], y: np.ndarray) -> float:
+    """Response-level F1 (score = highest chunk probability) at its best threshold.
+
+    Comparing classifiers at a fixed 0.5 would favour the class-balanced ones:
+    a calibrated SVC puts few chunks above 0.5 when hallucinated chunks are
+    rare. The evaluation picks the detector's threshold on validation the same way.
+    """
     from sklearn.metrics import f1_score
 
-    pred = np.asarray([int((p >= threshold).any()) for p in chunk_prob])
-    return float(f1_score(y, pred, zero_division=0))
+    from core.evaluate import best_threshold
+
+    scores = np.asarray([float(p.max()) if p.size else 0.0 for p in chunk_prob])
+    t = best_threshold(y, scores, "f1")
+    return float(f1_score(y, (scores >= t).astype(int), zero_division=0))
 
 
 @register_detector

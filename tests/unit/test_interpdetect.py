@@ -200,11 +200,13 @@ def test_fit_keeps_the_classifier_with_the_best_validation_f1(real, fitted) -> N
     assert type(det.pipeline_[-1]).__name__ == CLASSIFIER_TYPES[first_best]
     assert det.train_info_["f1_on"] == "validation" and det.train_info_["classifier"] == first_best
     assert set(det.kept_) <= set(det.names_) and len(det.kept_) == det.train_info_["n_kept"]
-    # The recorded F1 is the response-level F1 (any chunk >= 0.5) on the validation split.
+    # The recorded F1 is the response-level F1 (score = max chunk probability) on the
+    # validation split, at the threshold that maximises it.
     (e_va, f_va) = real[1]
-    pred = [int((det.predict(f).chunk_scores >= 0.5).any()) for f in f_va]
-    y_va = [int(bool(e.label)) for e in e_va]
-    assert det.candidates_[first_best] == pytest.approx(f1_score(y_va, pred, zero_division=0))
+    scores = np.asarray([det.predict(f).score for f in f_va])
+    y_va = np.asarray([int(bool(e.label)) for e in e_va])
+    best_f1 = max(f1_score(y_va, (scores >= t).astype(int), zero_division=0) for t in scores)
+    assert det.candidates_[first_best] == pytest.approx(best_f1)
     # Chunk targets: the training chunks that overlap the hallucinated spans.
     (e_tr, f_tr) = real[0]
     y = np.concatenate([chunk_targets(f, e) for f, e in zip(f_tr, e_tr, strict=True)])
@@ -216,7 +218,7 @@ def test_classifier_choice_follows_validation_f1(real, monkeypatch) -> None:
     # Controlled validation scores: svc and xgb tie for the best, svc comes first.
     fake = {
         "LogisticRegression": 0.2,
-        "SVC": 0.9,
+        "CalibratedClassifierCV": 0.9,  # the SVC, with calibrated probabilities
         "RandomForestClassifier": 0.5,
         "XGBClassifier": 0.9,
     }
@@ -234,7 +236,8 @@ def test_classifier_choice_follows_validation_f1(real, monkeypatch) -> None:
     monkeypatch.setattr(interp, "_response_f1", f1)
     det = _fit(real)
     assert det.candidates_ == {"lr": 0.2, "svc": 0.9, "rf": 0.5, "xgb": 0.9}
-    assert det.classifier_name_ == "svc" and type(det.pipeline_[-1]).__name__ == "SVC"
+    assert det.classifier_name_ == "svc"
+    assert type(det.pipeline_[-1].estimator).__name__ == "SVC"
 
 
 def test_restricting_the_candidates_to_logistic_regression(real) -> None:
