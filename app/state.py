@@ -34,12 +34,14 @@ from core.errors import DataError, ModelError, RagscopeError
 if TYPE_CHECKING:
     import pandas as pd
 
-    from core.detectors import Detector, Verdict
+    from core.detectors import Detector, Features, Verdict
     from core.evaluate import EvalRun
     from core.examples import RAGExample
     from core.headstats import HeadStats, HeadView
     from core.layout import Layout
     from core.model import LoadedModel
+    from core.shapviz import ShapResult
+    from core.spad import TokenSources
     from core.storage import Store
 
 # --------------------------------------------------------------------------- keys
@@ -102,6 +104,21 @@ KEY_HEADS_EXAMPLE_SOURCE = "heads.example.source"
 KEY_HEADS_EXAMPLE = "heads.example.id"
 KEY_HEADS_LAYER = "heads.example.layer"
 KEY_HEADS_HEAD = "heads.example.head"
+
+# SHAP summary
+KEY_SHAP_SOURCE = "shap.source"
+KEY_SHAP_SPLIT = "shap.split"
+KEY_SHAP_LIMIT = "shap.limit"
+KEY_SHAP_COMPUTE = "shap.compute"
+KEY_SHAP_QUICK_FIT = "shap.quick_fit"
+KEY_SHAP_TOP = "shap.top"
+KEY_SHAP_GRID = "shap.grid"
+# Token sources
+KEY_TOKENS_EXAMPLE_SOURCE = "tokens.example.source"
+KEY_TOKENS_DATASET = "tokens.dataset"
+KEY_TOKENS_EXAMPLE = "tokens.example.id"
+KEY_TOKENS_BY_POS = "tokens.by_pos"
+KEY_TOKENS_QUICK_FIT = "tokens.quick_fit"
 
 HEADS_FROM_HOME = "home"
 """The Heads & layers examples choice meaning "the dataset picked on Home"."""
@@ -1032,10 +1049,11 @@ def stats_examples(examples: Sequence[RAGExample], split: str, n: int) -> list[R
 
 
 @dataclass(frozen=True, kw_only=True)
-class HeadStatsRequest:
-    """The examples whose statistics the page last computed (a small, picklable record).
+class FeatureRequest:
+    """Examples whose features a page last extracted (a small, picklable record).
 
     Attributes:
+        detector: The detector whose features were extracted (``interpdetect``, ``spad``).
         source: :data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`.
         dataset_key: Identifies the dataset (cache key).
         dataset_label: How the dataset is named on the page.
@@ -1050,6 +1068,7 @@ class HeadStatsRequest:
         model: :func:`model_key` of the model they were extracted with.
     """
 
+    detector: str
     source: str
     dataset_key: str
     dataset_label: str
@@ -1064,9 +1083,14 @@ class HeadStatsRequest:
     model: str = ""
 
 
-def extract_head_features(
+HeadStatsRequest = FeatureRequest
+"""The Heads & layers page's request (InterpDetect features)."""
+
+
+def extract_request(
     model: LoadedModel,
     examples: Sequence[RAGExample],
+    detector: str,
     *,
     source: str,
     dataset_key: str,
@@ -1074,8 +1098,8 @@ def extract_head_features(
     split: str,
     limit: int,
     progress: Callable[[int, int], None] | None = None,
-) -> HeadStatsRequest:
-    """InterpDetect features of ``examples`` (traced once each, then read from the
+) -> FeatureRequest:
+    """``detector``'s features of ``examples`` (traced once each, then read from the
     shared feature cache), with progress; examples that fail are skipped and counted.
 
     Raises:
@@ -1088,12 +1112,13 @@ def extract_head_features(
     ext = extract_features(
         model,
         examples,
-        [make_detector("interpdetect")],
+        [make_detector(detector)],
         cache=FeatureCache(get_store()),
         progress=progress,
         on_error="skip",
     )
-    return HeadStatsRequest(
+    return FeatureRequest(
+        detector=detector,
         source=source,
         dataset_key=dataset_key,
         dataset_label=dataset_label,
@@ -1107,6 +1132,50 @@ def extract_head_features(
         seconds=ext.seconds,
         model=model_key(model),
     )
+
+
+def extract_head_features(
+    model: LoadedModel,
+    examples: Sequence[RAGExample],
+    *,
+    source: str,
+    dataset_key: str,
+    dataset_label: str,
+    split: str,
+    limit: int,
+    progress: Callable[[int, int], None] | None = None,
+) -> FeatureRequest:
+    """InterpDetect features of ``examples`` for the Heads & layers statistics
+    (see :func:`extract_request`)."""
+    return extract_request(
+        model,
+        examples,
+        "interpdetect",
+        source=source,
+        dataset_key=dataset_key,
+        dataset_label=dataset_label,
+        split=split,
+        limit=limit,
+        progress=progress,
+    )
+
+
+def request_examples(
+    request: FeatureRequest, examples: Sequence[RAGExample]
+) -> tuple[RAGExample, ...]:
+    """The examples ``request.ids`` names, in order, from the dataset's ``examples``.
+
+    Raises:
+        DataError: Some are no longer in the dataset.
+    """
+    by_id = {e.id: e for e in examples}
+    missing = [i for i in request.ids if i not in by_id]
+    if missing:
+        raise DataError(
+            f"{len(missing)} of the examples read before are no longer in "
+            f"{request.dataset_label} (first: {missing[0]!r}); press the button again"
+        )
+    return tuple(by_id[i] for i in request.ids)
 
 
 @st.cache_data(show_spinner="Summarising the features…", max_entries=32)
@@ -1142,7 +1211,7 @@ def _head_stats_cached(
 
 
 def head_stats(
-    model: LoadedModel, request: HeadStatsRequest, examples: Sequence[RAGExample], level: str
+    model: LoadedModel, request: FeatureRequest, examples: Sequence[RAGExample], level: str
 ) -> HeadStats:
     """The statistics of ``request``'s examples at ``level`` (cached).
 
@@ -1156,14 +1225,7 @@ def head_stats(
         DataError: The examples are gone from the dataset, or none could be analysed.
         ModelError: The features come from several models.
     """
-    by_id = {e.id: e for e in examples}
-    missing = [i for i in request.ids if i not in by_id]
-    if missing:
-        raise DataError(
-            f"{len(missing)} of the summarised examples are no longer in "
-            f"{request.dataset_label} (first: {missing[0]!r}); press Compute again"
-        )
-    chosen = tuple(by_id[i] for i in request.ids)
+    chosen = request_examples(request, examples)
     return _head_stats_cached(
         model, model_key(model), request.dataset_key, request.ids, level, chosen
     )
@@ -1215,6 +1277,326 @@ def answer_heads(
         ids,
         tuple(d.detector for d in dets),
         detectors_id,
+    )
+
+
+# --------------------------------------------------------------------------- SPAD
+
+SPAD = "spad"
+QUICK_FIT_MIN = 16
+"""A quick spad fit reads at least this many labelled examples."""
+QUICK_FIT_OPTIONS: dict[str, Any] = {"n_iter": 0, "holdout": 0.0}
+"""The quick fit: no search and no early-stopping hold-out (too few examples for either),
+fixed shallow trees (:data:`core.detectors.spad.NO_SEARCH_PARAMS`); fits in a second."""
+
+
+def shown_folder(folder: Path) -> str:
+    """``folder`` relative to the checkout when inside it (as commands there name it)."""
+    from core.datasets import repo_root
+
+    try:
+        return str(folder.resolve().relative_to(repo_root()))
+    except ValueError:
+        return str(folder)
+
+
+def train_command(detector: str, folder: Path) -> str:
+    """The ``ragscope train`` command that makes ``detector``'s artifact for the loaded model
+    (named as ``RAGSCOPE_MODEL`` names it, so the command loads the same one)."""
+    return (
+        f"ragscope train --model {model_spec()} --dataset builtin --detectors {detector} "
+        f"--out {shown_folder(folder)}"
+    )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class QuickSpad:
+    """A spad detector fitted in this session on a few examples, to show the SPAD pages
+    before a real one is trained (few examples, a short search: not one to trust).
+
+    Attributes:
+        detector: The fitted detector.
+        model: :func:`model_key` of the model its features came from.
+        dataset_label: The dataset it was fitted on.
+        split: The split its examples came from (:data:`ALL_SPLITS`: any).
+        ids: The training examples.
+        n_hallucinated: Hallucinated training examples.
+        n_faithful: Faithful training examples.
+        seconds: Extraction and fit wall time.
+        fit_id: Identifies the fit (cache keys).
+    """
+
+    detector: Detector
+    model: str
+    dataset_label: str
+    split: str
+    ids: tuple[str, ...]
+    n_hallucinated: int
+    n_faithful: int
+    seconds: float
+    fit_id: str
+
+
+def quick_fit_examples(
+    examples: Sequence[RAGExample], chosen: Sequence[RAGExample], limit: int
+) -> tuple[str, list[RAGExample]]:
+    """``(split, examples)`` a quick spad fit trains on: labelled examples of the train split
+    (at least :data:`QUICK_FIT_MIN`, whole sources together) when the dataset has one, else
+    the labelled examples of ``chosen`` (then the SHAP values are in-sample)."""
+    if any(e.provenance.split == "train" for e in examples):
+        return "train", stats_examples(examples, "train", max(limit, QUICK_FIT_MIN))
+    return ALL_SPLITS, [e for e in chosen if e.label is not None]
+
+
+def fit_quick_spad(
+    model: LoadedModel,
+    examples: Sequence[RAGExample],
+    *,
+    dataset_label: str,
+    split: str,
+    progress: Callable[[int, int], None] | None = None,
+) -> QuickSpad:
+    """Extract spad features of ``examples`` (feature cache) and fit a quick detector.
+
+    Raises:
+        DataError: Fewer than two examples of each class could be analysed.
+        StorageError: The feature cache cannot be opened.
+        ModelError: The model cannot run the detector.
+    """
+    import time
+
+    from core.detectors import make_detector
+    from core.extract import FeatureCache, extract_features
+
+    t0 = time.perf_counter()
+    ext = extract_features(
+        model,
+        examples,
+        [make_detector(SPAD)],
+        cache=FeatureCache(get_store()),
+        progress=progress,
+        on_error="skip",
+    )
+    kept = [
+        (f, e) for f, e in zip(ext.features[SPAD], ext.examples, strict=True) if e.label is not None
+    ]
+    n_hal = sum(1 for _, e in kept if e.label)
+    n_fai = len(kept) - n_hal
+    if min(n_hal, n_fai) < 2:
+        raise DataError(
+            f"a quick spad fit needs at least two hallucinated and two faithful answers; "
+            f"{dataset_label} gave {n_hal} and {n_fai}. Pick a labelled dataset (the built-in "
+            "labelled corpus has both) or read more examples"
+        )
+    det = make_detector(SPAD, **QUICK_FIT_OPTIONS)
+    det.fit([f for f, _ in kept], [e for _, e in kept])
+    ids = tuple(e.id for _, e in kept)
+    fit_id = hashlib.sha256(
+        json.dumps([model_key(model), dataset_label, split, ids]).encode("utf-8")
+    ).hexdigest()[:16]
+    return QuickSpad(
+        detector=det,
+        model=model_key(model),
+        dataset_label=dataset_label,
+        split=split,
+        ids=ids,
+        n_hallucinated=n_hal,
+        n_faithful=n_fai,
+        seconds=time.perf_counter() - t0,
+        fit_id=fit_id,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SpadChoice:
+    """The spad detector the SPAD pages explain.
+
+    Attributes:
+        detector: The fitted detector.
+        quick: Whether it is this session's quick fit (else the shipped artifact).
+        shipped: The shipped detector's facts (``None`` for a quick fit).
+        fit: The quick fit's facts (``None`` for the shipped detector).
+        cache_id: Identifies it (cache keys).
+    """
+
+    detector: Detector
+    quick: bool
+    shipped: ShippedDetector | None
+    fit: QuickSpad | None
+    cache_id: str
+
+
+def spad_choice(
+    model: LoadedModel, shipped: ShippedDetectors, quick: QuickSpad | None
+) -> SpadChoice | None:
+    """The shipped spad for ``model`` when there is one, else this session's quick fit
+    (when made with ``model``), else ``None``."""
+    for d in shipped.detectors:
+        if d.name == SPAD:
+            return SpadChoice(
+                detector=d.detector,
+                quick=False,
+                shipped=d,
+                fit=None,
+                cache_id=f"shipped|{shipped.cache_id}",
+            )
+    if quick is not None and quick.model == model_key(model):
+        return SpadChoice(
+            detector=quick.detector,
+            quick=True,
+            shipped=None,
+            fit=quick,
+            cache_id=f"quick|{quick.fit_id}",
+        )
+    return None
+
+
+@st.cache_data(show_spinner="Computing SHAP values…", max_entries=16)
+def _shap_cached(
+    _model: LoadedModel,
+    model_id: str,
+    dataset_key: str,
+    ids: tuple[str, ...],
+    _examples: tuple[RAGExample, ...],
+    _detector: Detector,
+    detector_id: str,
+) -> ShapResult:
+    """TreeSHAP of ``_detector`` on the examples ``ids``; keyed by model, dataset, ids and
+    detector. Features come from the feature cache (traced again only if it lost them)."""
+    from core.detectors import make_detector
+    from core.extract import FeatureCache, extract_features
+    from core.shapviz import shap_values
+
+    ext = extract_features(
+        _model, _examples, [make_detector(SPAD)], cache=FeatureCache(get_store()), on_error="skip"
+    )
+    if not ext.examples:
+        raise DataError("none of the examples could be analysed")
+    return shap_values(_detector, ext.features[SPAD])  # type: ignore[arg-type]
+
+
+def shap_summary(
+    model: LoadedModel,
+    request: FeatureRequest,
+    examples: Sequence[RAGExample],
+    choice: SpadChoice,
+) -> ShapResult:
+    """SHAP values of ``choice``'s detector on ``request``'s examples (cached).
+
+    Raises:
+        DataError: The examples are gone from the dataset, or none could be analysed.
+        ModelError: The detector was trained on another model.
+    """
+    chosen = request_examples(request, examples)
+    return _shap_cached(
+        model,
+        model_key(model),
+        request.dataset_key,
+        request.ids,
+        chosen,
+        choice.detector,
+        choice.cache_id,
+    )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class AnswerSources:
+    """One answer's seven-source split, from one traced pass.
+
+    Attributes:
+        example: The example as analysed.
+        layout: The token layout the model read.
+        sources: Every answer token's seven sources (:class:`core.spad.TokenSources`).
+        pos: The POS tag of each answer token.
+        features: The answer's spad features (the 126 POS x source means).
+        seconds: Trace and split wall time.
+    """
+
+    example: RAGExample
+    layout: Layout
+    sources: TokenSources
+    pos: tuple[str, ...]
+    features: Features
+    seconds: float
+
+    @property
+    def labels(self) -> np.ndarray | None:
+        """Gold label per answer token (1 = inside a hallucinated span), when spans exist."""
+        return self.layout.token_labels()
+
+
+@st.cache_data(show_spinner=False, max_entries=16)
+def _answer_sources_cached(
+    _model: LoadedModel,
+    model_id: str,
+    _example: RAGExample,
+    signature: str,
+    response_ids: tuple[int, ...] | None,
+) -> AnswerSources:
+    """render -> one trace -> seven sources + POS + spad features; keyed by model and input."""
+    import time
+
+    from core.detectors import Run, make_detector
+    from core.layout import render
+    from core.spad import response_pos
+    from core.trace import trace
+
+    t0 = time.perf_counter()
+    det = make_detector(SPAD)
+    layout = render(_example, _model, response_ids=response_ids)
+    tr = trace(_model, layout, det.needs(_model.info))
+    run = Run(
+        example=_example, layout=layout, trace=tr, bare=None, model=_model.info, loaded=_model
+    )
+    sources = det.sources(run)  # shared within the run: features() reuses it
+    features = det.features(run)
+    return AnswerSources(
+        example=_example,
+        layout=layout,
+        sources=sources,
+        pos=response_pos(layout),
+        features=features,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def answer_sources(
+    model: LoadedModel, example: RAGExample, *, response_ids: Sequence[int] | None = None
+) -> AnswerSources:
+    """The seven-source split of ``example``'s answer (cached per model and input).
+
+    Raises:
+        DataError: The example cannot be laid out.
+        ModelError: The trace failed or spaCy's model is missing.
+    """
+    ids = tuple(int(i) for i in response_ids) if response_ids is not None else None
+    return _answer_sources_cached(
+        model, model_key(model), example, input_signature(example, ids), ids
+    )
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _answer_shap_cached(
+    example_id: str, signature: str, _features: Features, _detector: Detector, detector_id: str
+) -> ShapResult:
+    from core.shapviz import shap_values
+
+    return shap_values(_detector, [_features])  # type: ignore[arg-type]
+
+
+def answer_shap(answer: AnswerSources, choice: SpadChoice) -> ShapResult:
+    """SHAP values of ``choice``'s detector on one answer (cached per input and detector).
+
+    Raises:
+        ModelError: The detector was trained on another model.
+    """
+    sig = input_signature(answer.example, tuple(int(i) for i in answer.layout.response_ids))
+    return _answer_shap_cached(
+        answer.example.id,
+        f"{answer.features.model}|{sig}",
+        answer.features,
+        choice.detector,
+        choice.cache_id,
     )
 
 
@@ -1296,6 +1678,20 @@ class AppState:
             answer when there is one).
         heads_example_id: The one-answer view's example, per dataset key.
         heads_head: The head the one-answer view shows (``None``: the top copying head).
+        shap_source: SHAP summary examples: :data:`HEADS_FROM_HOME` or
+            :data:`HEADS_FROM_CORPUS`.
+        shap_split: Their split (``None``: test when there is one, else all).
+        shap_limit: How many examples the SHAP summary reads at most.
+        shap_request: The examples whose spad features were last extracted.
+        shap_top: How many features the beeswarm and the bar chart show.
+        shap_grid: The grid's cells: ``mean`` (signed) or ``mean_abs`` SHAP.
+        spad_quick: This session's quick spad fit (``None``: none made).
+        tokens_example_source: The Token sources input: :data:`HEADS_EXAMPLE_DATASET` or
+            :data:`HEADS_EXAMPLE_PLAYGROUND` (``None``: the Playground's analysed answer
+            when there is one).
+        tokens_dataset: Its dataset: :data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`.
+        tokens_example_id: The Token sources example, per dataset key.
+        tokens_by_pos: Whether the token bars are aggregated by part of speech.
     """
 
     dataset: DatasetRef = BUILTIN
@@ -1327,10 +1723,21 @@ class AppState:
     heads_split: str | None = None
     heads_limit: int = 24
     heads_unit: str = "response"
-    heads_request: HeadStatsRequest | None = None
+    heads_request: FeatureRequest | None = None
     heads_example_source: str | None = None
     heads_example_id: dict[str, str] = field(default_factory=dict)
     heads_head: tuple[int, int] | None = None
+    shap_source: str = HEADS_FROM_HOME
+    shap_split: str | None = None
+    shap_limit: int = 16
+    shap_request: FeatureRequest | None = None
+    shap_top: int = 15
+    shap_grid: str = "mean"
+    spad_quick: QuickSpad | None = None
+    tokens_example_source: str | None = None
+    tokens_dataset: str = HEADS_FROM_HOME
+    tokens_example_id: dict[str, str] = field(default_factory=dict)
+    tokens_by_pos: bool = False
 
     def add_passage(self) -> None:
         self.own_passages[self.next_passage_id] = ""

@@ -17,7 +17,6 @@ Three views, top to bottom:
 from __future__ import annotations
 
 from collections.abc import Sequence
-from pathlib import Path
 
 import pandas as pd
 import streamlit as st
@@ -42,7 +41,7 @@ from app.state import (
     KEY_HEADS_UNIT,
     REDEEP_DETECTORS,
     AppState,
-    HeadStatsRequest,
+    FeatureRequest,
     ShippedDetectors,
     align_token_scores,
     answer_heads,
@@ -57,6 +56,7 @@ from app.state import (
     shipped_detectors,
     stats_examples,
 )
+from app.state import train_command as state_train_command
 from core.errors import RagscopeError
 from core.examples import RAGExample
 from core.heads import DEFAULT_TOP, CopyingScores, copying_scores
@@ -84,22 +84,9 @@ def _first_words(text: str | None, n: int = 9) -> str:
     return " ".join(words[:n]) + (" …" if len(words) > n else "")
 
 
-def _shown_folder(folder: Path) -> str:
-    """``folder`` relative to the checkout when inside it (as commands there name it)."""
-    from core.datasets import repo_root
-
-    try:
-        return str(folder.resolve().relative_to(repo_root()))
-    except ValueError:
-        return str(folder)
-
-
 def train_command(model: LoadedModel, shipped: ShippedDetectors, detector: str) -> str:
     """The ``ragscope train`` command that makes ``detector``'s artifact for this model."""
-    return (
-        f"ragscope train --model {model.info.name} --dataset builtin --detectors {detector} "
-        f"--out {_shown_folder(shipped.folder)}"
-    )
+    return state_train_command(detector, shipped.folder)
 
 
 # --------------------------------------------------------------------------- copying heads
@@ -299,7 +286,7 @@ def stats_section(
 def show_request_stats(
     state: AppState,
     model: LoadedModel,
-    req: HeadStatsRequest,
+    req: FeatureRequest,
     current_key: str,
     current_examples: list[RAGExample],
     marked: Sequence[Head],
@@ -341,7 +328,7 @@ def show_request_stats(
     show_stats(stats, req, marked)
 
 
-def show_stats(stats: HeadStats, req: HeadStatsRequest, marked: Sequence[Head]) -> None:
+def show_stats(stats: HeadStats, req: FeatureRequest, marked: Sequence[Head]) -> None:
     """Four layer x head heatmaps, PKS per layer, and the tables behind them."""
     unit = stats.unit
     st.markdown(

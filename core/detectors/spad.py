@@ -59,7 +59,8 @@ class SpadConfig(DetectorConfig):
     """SPAD options (all but ``chunk_size`` shape only the learner).
 
     Attributes:
-        n_iter: Randomized-search iterations (paper: 50).
+        n_iter: Randomized-search iterations (paper: 50); 0 skips the search and fits
+            :data:`NO_SEARCH_PARAMS` (a quick fit on a few examples).
         cv: Stratified folds of the search (paper: 5), fewer when a class is rarer.
         holdout: Share of the training data held out for early stopping.
         early_stopping_rounds: Rounds without improvement before stopping.
@@ -79,12 +80,18 @@ class SpadConfig(DetectorConfig):
     chunk_size: int = 64
 
     def __post_init__(self) -> None:
-        if self.n_iter < 1 or self.cv < 2:
-            raise ValueError(f"n_iter must be >= 1 and cv >= 2, got {self.n_iter} and {self.cv}")
+        if self.n_iter < 0 or self.cv < 2:
+            raise ValueError(f"n_iter must be >= 0 and cv >= 2, got {self.n_iter} and {self.cv}")
         if not 0.0 <= self.holdout < 0.5:
             raise ValueError(f"holdout must be in [0, 0.5), got {self.holdout}")
         if self.early_stopping_rounds < 1 or self.chunk_size < 1:
             raise ValueError("early_stopping_rounds and chunk_size must be >= 1")
+
+
+NO_SEARCH_PARAMS: dict[str, Any] = {"n_estimators": 100, "max_depth": 2, "learning_rate": 0.1}
+"""Hyper-parameters without a search (``n_iter=0``): shallow trees that still split on a
+few dozen examples (the search's larger ``min_child_weight`` and ``gamma`` draws can
+leave such a fit without a single split); XGBoost's defaults otherwise."""
 
 
 def search_space() -> dict[str, Any]:
@@ -198,9 +205,9 @@ class SpadDetector:
         c = self.config
         pos_weight = n_neg / n_pos
         folds = min(c.cv, n_pos, n_neg)
-        best: dict[str, Any] = {}
+        best: dict[str, Any] = {} if c.n_iter else dict(NO_SEARCH_PARAMS)
         cv_f1: float | None = None
-        if folds >= 2:
+        if folds >= 2 and c.n_iter:
             search = RandomizedSearchCV(
                 _classifier(c.seed, pos_weight),
                 search_space(),
@@ -243,7 +250,7 @@ class SpadDetector:
             "n_train": len(y),
             "n_hallucinated": n_pos,
             "scale_pos_weight": pos_weight,
-            "cv_folds": folds,
+            "cv_folds": folds if c.n_iter else 0,
             "cv_f1": cv_f1,
             "n_iter": c.n_iter if folds >= 2 else 0,
             "early_stopping": {"held_out": n_hold if stop else 0, "n_trees": n_trees},

@@ -5,7 +5,9 @@ opens Home and the Playground in headless Chromium (Playwright), analyses a buil
 example (with a synthetic ``nll`` detector artifact for the embedded model, so the
 verdict table and the detector colouring show), opens the Benchmark on a synthetic
 saved run, computes the Heads & layers statistics on a few examples and shows one
-answer through another head, and saves full-page screenshots to ``test-artifacts/``.
+answer through another head, explains a quick spad fit on the SHAP summary page and
+one answer's seven token sources and SHAP waterfall on the Token sources page, and
+saves full-page screenshots to ``test-artifacts/``.
 
 The server gets its own cache dir (``RAGSCOPE_CACHE_DIR``) whose ``models`` folder
 links to the session's, so the embedded model is not dequantized again while the
@@ -56,8 +58,9 @@ ANALYSE_MS = 120_000
 EXAMPLE_ID = "demo-02-waggle-dance"  # has a gold hallucination span
 BENCH_RUN = "synthetic-browser-run"
 EMBEDDED_KEY = "SmolLM2-135M-Instruct|L30xH9/KV3|D576|V49152|float32"
-PAGES = ["Home", "Playground", "Heads & layers", "Benchmark"]
+PAGES = ["Home", "Playground", "Heads & layers", "SHAP summary", "Token sources", "Benchmark"]
 HEADS_EXAMPLES = 6
+SHAP_EXAMPLES = 4
 STATS_MS = 600_000  # a traced pass per example on a small CPU machine
 
 
@@ -406,5 +409,69 @@ def test_heads_in_chromium(server: str, browser: object) -> None:
         page.get_by_role("heading", name="Chunks").wait_for()
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "heads.png")
+    finally:
+        page.close()
+
+
+def test_spad_pages_in_chromium(server: str, browser: object) -> None:
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})  # type: ignore[attr-defined]
+    try:
+        page.goto(f"{server}/shap_summary", wait_until="domcontentloaded")
+        page.get_by_role("heading", name="SHAP summary").wait_for(timeout=MODEL_LOAD_MS)
+        assert _sidebar_pages(page) == PAGES
+        # No spad artifact for the embedded model here: the command is named.
+        page.get_by_text(re.compile("No trained spad detector")).wait_for()
+
+        # A few test-split answers of the built-in corpus, features with progress.
+        page.locator('[data-testid="stSelectbox"]', has_text="Examples").click()
+        page.get_by_role("option", name="Built-in labelled corpus").click()
+        # The split defaults to test (the selectbox's value is not in its text).
+        page.get_by_text(re.compile(r"examples \(test\) of Built-in labelled corpus")).wait_for()
+        limit = page.get_by_role("spinbutton", name="At most")
+        limit.fill(str(SHAP_EXAMPLES))
+        limit.press("Enter")
+        page.get_by_text(re.compile(rf"^{SHAP_EXAMPLES} of the \d+ examples \(test\)")).wait_for()
+        page.get_by_role("button", name=re.compile("Compute SHAP values")).click()
+        page.get_by_text(
+            re.compile(rf"spad features of {SHAP_EXAMPLES} answers are ready")
+        ).wait_for(timeout=STATS_MS)
+
+        # The quick fit (train split), then the beeswarm, the bars and the grid.
+        page.get_by_role("button", name=re.compile("Quick fit")).click()
+        plots = page.locator(".js-plotly-plot")
+        for title in (
+            "SHAP values of the top",
+            "Mean |SHAP| of the top",
+            "Mean SHAP value by source and part of speech",
+        ):
+            plot = plots.filter(has_text=title)
+            plot.wait_for(state="visible", timeout=STATS_MS)
+            assert plot.bounding_box()["height"] > 250  # type: ignore[index]
+        page.get_by_text(re.compile(r"not a trained detector")).first.wait_for()
+        assert plots.filter(has_text="SHAP values of the top").locator(".point").count() > 0
+        _assert_no_exception(page)
+        _full_page_screenshot(page, ARTIFACTS / "shap.png")
+
+        # Token sources through the sidebar (same session: the quick fit stays).
+        page.locator('[data-testid="stSidebarNav"] a', has_text="Token sources").click()
+        page.get_by_role("heading", name="Token sources").wait_for()
+        bars = plots.filter(has_text="Seven sources of each answer token")
+        bars.wait_for(state="visible", timeout=ANALYSE_MS)
+        assert bars.bounding_box()["height"] > 300  # type: ignore[index]
+        assert bars.locator(".legendtext", has_text="gold hallucination span").count() == 1
+        waterfall = plots.filter(has_text="SHAP waterfall of")
+        waterfall.wait_for(state="visible", timeout=ANALYSE_MS)
+        page.get_by_text(re.compile(r"gives this answer a score of")).wait_for()
+        _assert_no_exception(page)
+        _full_page_screenshot(page, ARTIFACTS / "token_sources.png")
+
+        # Aggregated by part of speech: the per-tag means replace the per-token bars.
+        page.get_by_text("Aggregate by part of speech").click()
+        plots.filter(has_text="Mean of the seven sources per part of speech").wait_for(
+            state="visible"
+        )
+        # The old chart leaves the DOM when the rerun finishes: expect() waits for that.
+        expect(plots.filter(has_text="Seven sources of each answer token")).to_have_count(0)
+        _assert_no_exception(page)
     finally:
         page.close()

@@ -1,0 +1,378 @@
+"""Token sources: where each answer token's probability comes from (SPAD).
+
+One traced pass splits the probability the model gives each answer token exactly into
+seven sources: attention to the query (Query), to the passages (RAG), to earlier answer
+tokens (Past) and to the token's own position (Self), the FFNs, the final LayerNorm
+(LN) and the initial embedding (Init). The page stacks them per token (tokens inside a
+gold hallucination span marked), or averages them per part of speech (SPAD's features),
+and shows the SHAP waterfall of the answer's spad verdict when a spad detector exists
+(the shipped artifact, or this session's quick fit).
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from app.state import (
+    ALL_SPLITS,
+    HEADS_EXAMPLE_DATASET,
+    HEADS_EXAMPLE_PLAYGROUND,
+    HEADS_FROM_CORPUS,
+    HEADS_FROM_HOME,
+    KEY_TOKENS_BY_POS,
+    KEY_TOKENS_DATASET,
+    KEY_TOKENS_EXAMPLE,
+    KEY_TOKENS_EXAMPLE_SOURCE,
+    KEY_TOKENS_QUICK_FIT,
+    QUICK_FIT_MIN,
+    SPAD,
+    AnswerSources,
+    AppState,
+    ShippedDetectors,
+    SpadChoice,
+    answer_shap,
+    answer_sources,
+    app_state,
+    fit_quick_spad,
+    get_model,
+    heads_examples,
+    quick_fit_examples,
+    seed_widget,
+    shipped_detectors,
+    spad_choice,
+    stats_examples,
+    train_command,
+)
+from core.errors import RagscopeError
+from core.examples import RAGExample
+from core.model import LoadedModel
+from core.shapviz import ShapResult, pos_sources_figure, token_sources_figure
+from core.spad import SOURCES
+
+# Page scripts run with Streamlit's magic: a bare string would be drawn, so no
+# attribute docstrings here.
+WATERFALL_TOP = 10
+
+
+def _first_words(text: str | None, n: int = 9) -> str:
+    words = (text or "").split()
+    return " ".join(words[:n]) + (" …" if len(words) > n else "")
+
+
+def _dataset_labels(state: AppState) -> dict[str, str]:
+    return {
+        HEADS_FROM_HOME: f"The Home dataset ({state.dataset.label})",
+        HEADS_FROM_CORPUS: "Built-in labelled corpus",
+    }
+
+
+def dataset_examples(state: AppState) -> tuple[str, str, list[RAGExample]] | None:
+    """``(key, label, examples)`` of the page's dataset choice, or ``None`` (error shown)."""
+    labels = _dataset_labels(state)
+    if state.tokens_dataset not in labels:
+        state.tokens_dataset = HEADS_FROM_HOME
+    try:
+        return heads_examples(state.tokens_dataset, state.dataset)
+    except RagscopeError as e:
+        st.error(f"{labels[state.tokens_dataset]} cannot be read: {e}")
+        return None
+
+
+# --------------------------------------------------------------------------- input
+
+
+def pick_answer(
+    state: AppState,
+) -> tuple[RAGExample, tuple[int, ...] | None, list[RAGExample]] | None:
+    """The answer to split: ``(example, response ids, the dataset's examples)``."""
+    a = state.analysis
+    options = ([HEADS_EXAMPLE_PLAYGROUND] if a is not None else []) + [HEADS_EXAMPLE_DATASET]
+    if state.tokens_example_source not in options:
+        state.tokens_example_source = options[0]
+        st.session_state.pop(KEY_TOKENS_EXAMPLE_SOURCE, None)
+    if len(options) > 1:
+        seed_widget(KEY_TOKENS_EXAMPLE_SOURCE, state.tokens_example_source)
+        names = {
+            HEADS_EXAMPLE_PLAYGROUND: "The Playground's analysed answer",
+            HEADS_EXAMPLE_DATASET: "An example from a dataset",
+        }
+        state.tokens_example_source = st.radio(
+            "Answer",
+            options,
+            key=KEY_TOKENS_EXAMPLE_SOURCE,
+            format_func=names.__getitem__,
+            horizontal=True,
+        )
+    if state.tokens_example_source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
+        ids = (
+            tuple(int(i) for i in a.layout.response_ids) if a.answer_source == "generated" else None
+        )
+        st.caption(
+            f"Example `{a.example.id}`, answer {a.answer_source}: "
+            f"\u201c{_first_words(a.example.response, 14)}\u201d"
+        )
+        picked = dataset_examples(state)
+        return a.example, ids, (picked[2] if picked is not None else [])
+
+    labels = _dataset_labels(state)
+    seed_widget(KEY_TOKENS_DATASET, state.tokens_dataset)
+    c1, c2 = st.columns([2, 3], vertical_alignment="bottom")
+    with c1:
+        state.tokens_dataset = st.selectbox(
+            "Dataset", list(labels), key=KEY_TOKENS_DATASET, format_func=labels.__getitem__
+        )
+    picked = dataset_examples(state)
+    if picked is None:
+        return None
+    key, _, examples = picked
+    if not examples:
+        st.info("This dataset holds no examples; pick another one.")
+        return None
+    by_id = {e.id: e for e in examples}
+    remembered = state.tokens_example_id.get(key)
+    if remembered not in by_id:
+        remembered = next((e.id for e in examples if e.spans), examples[0].id)
+    if st.session_state.get(KEY_TOKENS_EXAMPLE) not in by_id:
+        st.session_state.pop(KEY_TOKENS_EXAMPLE, None)
+    seed_widget(KEY_TOKENS_EXAMPLE, remembered)
+
+    def label(ex_id: str) -> str:
+        ex = by_id[ex_id]
+        gold = {True: " · hallucinated", False: " · faithful", None: ""}[ex.label]
+        return f"{ex_id} — {_first_words(ex.question or ex.response)}{gold}"
+
+    with c2:
+        ex_id = st.selectbox("Example", list(by_id), key=KEY_TOKENS_EXAMPLE, format_func=label)
+    state.tokens_example_id[key] = ex_id
+    ex = by_id[ex_id]
+    st.caption(f"Answer: \u201c{_first_words(ex.response, 40)}\u201d")
+    return ex, None, examples
+
+
+# --------------------------------------------------------------------------- sources
+
+
+def show_sources(state: AppState, answer: AnswerSources) -> None:
+    """The stacked bars per token (or per POS tag), their caption and the table."""
+    src = answer.sources
+    labels = answer.labels
+    n_gold = int(labels.sum()) if labels is not None else 0
+    st.markdown(
+        f"**{len(src)}** answer tokens · the seven sources add up to each token's "
+        f"probability within {src.max_error:.1e} · mean P(token) {src.p_final.mean():.3f} · "
+        f"traced in {answer.seconds:.1f} s"
+    )
+    seed_widget(KEY_TOKENS_BY_POS, state.tokens_by_pos)
+    state.tokens_by_pos = st.toggle(
+        "Aggregate by part of speech",
+        key=KEY_TOKENS_BY_POS,
+        help="The mean seven-vector of the tokens of each POS tag: SPAD's features",
+    )
+    if state.tokens_by_pos:
+        fig = pos_sources_figure(src.values, answer.pos)
+        st.plotly_chart(fig, width="stretch", key="tokens.figure.pos")
+        st.caption(
+            "Each bar is the mean split of the answer's tokens of one part of speech (their "
+            "number in brackets); the diamond is their mean probability. These 7 numbers per "
+            "tag are the spad features the classifier reads (absent tags count as zeros)."
+        )
+    else:
+        fig = token_sources_figure(
+            src.values,
+            list(src.tokens),
+            answer.pos,
+            labels=labels.tolist() if labels is not None else None,
+        )
+        st.plotly_chart(fig, width="stretch", key="tokens.figure.bars")
+        gold = (
+            f" The {n_gold} tokens inside a gold hallucination span sit on a blue band with a "
+            "▲ under them."
+            if n_gold
+            else (" No gold span in this answer." if labels is not None else "")
+        )
+        st.caption(
+            "Each column is one answer token (hover for its POS tag and all seven numbers). "
+            "Parts above 0 raise the token's probability, parts below lower it; they add up "
+            "to the probability the model gave the token (the black diamond). RAG: attention "
+            "to the passages; Query: to the prompt and question; Past: to earlier answer "
+            "tokens; Self: to its own position; FFN, LN: the feed-forward layers and the final "
+            f"norm; Init: the token embedding read directly.{gold}"
+        )
+    with st.expander("Table: every answer token"):
+        df = src.to_frame(answer.pos)
+        if labels is not None:
+            df["gold"] = np.where(labels == 1, "hallucinated", "faithful")
+        st.dataframe(
+            df,
+            hide_index=True,
+            width="stretch",
+            height=320,
+            column_config={
+                c: st.column_config.NumberColumn(c, format="%.4f") for c in [*SOURCES, "P_final"]
+            },
+        )
+
+
+# --------------------------------------------------------------------------- SHAP
+
+
+def quick_fit_offer(
+    state: AppState, model: LoadedModel, shipped: ShippedDetectors, examples: list[RAGExample]
+) -> None:
+    """The train command, and a button for a quick fit on a few labelled examples."""
+    st.info(
+        f"No trained spad detector for {model.info.display_name}, so no verdict to explain. "
+        f"Make one with `{train_command(SPAD, shipped.folder)}` and reload this page."
+    )
+    pool = stats_examples(examples, ALL_SPLITS, QUICK_FIT_MIN)
+    split, train = quick_fit_examples(examples, pool, QUICK_FIT_MIN)
+    dataset = _dataset_labels(state)[state.tokens_dataset]
+    c_note, c_button = st.columns([4, 1], vertical_alignment="center")
+    with c_note:
+        where = "the train split of " if split == "train" else ""
+        st.caption(
+            f"Or make a **quick fit** on {len(train)} labelled answers of {where}{dataset} "
+            "(seconds; too few examples to trust its verdicts, enough to show the waterfall)."
+        )
+    with c_button:
+        fit = st.button(
+            "Quick fit",
+            key=KEY_TOKENS_QUICK_FIT,
+            icon=":material/bolt:",
+            disabled=len(train) < 4,
+            width="stretch",
+        )
+    if fit:
+        bar = st.progress(0.0, text="Quick fit: spad features")
+
+        def progress(done: int, total: int) -> None:
+            bar.progress(done / max(total, 1), text=f"Quick fit: spad features {done} / {total}")
+
+        try:
+            state.spad_quick = fit_quick_spad(
+                model, train, dataset_label=dataset, split=split, progress=progress
+            )
+        except RagscopeError as e:
+            st.error(f"The quick fit failed: {e}")
+        bar.empty()
+
+
+def show_waterfall(
+    state: AppState,
+    model: LoadedModel,
+    answer: AnswerSources,
+    examples: list[RAGExample],
+) -> None:
+    """The SHAP waterfall of the answer's spad verdict (shipped detector or quick fit)."""
+    st.subheader("Why spad scores this answer as it does")
+    shipped = shipped_detectors(model)
+    for b in shipped.broken:
+        if b.name == SPAD:
+            st.error(
+                f"The **spad** artifact in `{b.folder}` could not be loaded: {b.reason}  \n"
+                f"Fix: retrain it with `{train_command(SPAD, shipped.folder)}`, or remove "
+                "the folder."
+            )
+    choice = spad_choice(model, shipped, state.spad_quick)
+    if choice is None:
+        quick_fit_offer(state, model, shipped, examples)
+        choice = spad_choice(model, shipped, state.spad_quick)
+        if choice is None:
+            return
+    try:
+        result = answer_shap(answer, choice)
+    except RagscopeError as e:
+        st.error(f"The SHAP values could not be computed: {e}")
+        return
+    draw_waterfall(choice, result, answer)
+
+
+def draw_waterfall(choice: SpadChoice, result: ShapResult, answer: AnswerSources) -> None:
+    score = float(result.scores[0])
+    threshold = float(getattr(choice.detector, "threshold_", 0.5))
+    flagged = "flagged as hallucinated" if score >= threshold else "not flagged"
+    gold = {True: "hallucinated", False: "faithful", None: "unlabelled"}[answer.example.label]
+    if choice.fit is not None:
+        q = choice.fit
+        inside = (
+            " This answer was one of its training examples." if answer.example.id in q.ids else ""
+        )
+        st.warning(
+            f"**Quick fit** (not a trained detector): fitted in this session on {len(q.ids)} "
+            f"answers of {q.dataset_label}.{inside}",
+            icon=":material/bolt:",
+        )
+        which = "The quick fit"
+    else:
+        which = "The shipped spad detector"
+    st.markdown(
+        f"{which} gives this answer a score of **{score:.3f}** (threshold {threshold:.3f}: "
+        f"{flagged}; gold: {gold})."
+    )
+    st.plotly_chart(
+        result.waterfall_figure(0, top=WATERFALL_TOP),
+        width="stretch",
+        key="tokens.figure.waterfall",
+    )
+    st.caption(
+        f"From the base value (the average margin over its training data) each bar adds one "
+        f"feature's exact SHAP value, the {WATERFALL_TOP} largest first, then the other "
+        "features together; red pushes towards hallucinated, blue towards faithful. The last "
+        "bar is the answer's margin in log-odds; the score is its sigmoid. Feature values are "
+        "the answer's mean source share for that part of speech (see the POS aggregation above)."
+    )
+    with st.expander("Table: this answer's contributions"):
+        frame = pd.DataFrame(
+            {
+                "feature": list(result.names),
+                "value": result.data[0],
+                "SHAP": result.values[0],
+            }
+        )
+        frame = frame.reindex(frame["SHAP"].abs().sort_values(ascending=False).index)
+        st.dataframe(
+            frame,
+            hide_index=True,
+            width="stretch",
+            height=320,
+            column_config={
+                "value": st.column_config.NumberColumn("value", format="%.4f"),
+                "SHAP": st.column_config.NumberColumn("SHAP", format="%+.4f"),
+            },
+        )
+
+
+# --------------------------------------------------------------------------- page
+
+
+def main() -> None:
+    state = app_state()
+    model = get_model()
+    st.title("Token sources")
+    st.caption(
+        "Where does the probability of each answer token come from? SPAD splits it exactly "
+        "into seven sources, read from one forward pass: attention to the query, the "
+        "passages (RAG), earlier answer tokens (Past) and the token itself (Self), the FFNs, "
+        "the final LayerNorm (LN) and the initial embedding (Init)."
+    )
+    picked = pick_answer(state)
+    if picked is None:
+        return
+    example, response_ids, examples = picked
+    try:
+        with st.spinner("Tracing the answer and splitting every token's probability…"):
+            answer = answer_sources(model, example, response_ids=response_ids)
+    except RagscopeError as e:
+        st.error(
+            f"This answer could not be analysed: {e}  \nFix: pick another example, or "
+            "correct it in the Playground."
+        )
+        return
+    show_sources(state, answer)
+    st.divider()
+    show_waterfall(state, model, answer, examples)
+
+
+main()
