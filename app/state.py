@@ -1134,32 +1134,6 @@ def extract_request(
     )
 
 
-def extract_head_features(
-    model: LoadedModel,
-    examples: Sequence[RAGExample],
-    *,
-    source: str,
-    dataset_key: str,
-    dataset_label: str,
-    split: str,
-    limit: int,
-    progress: Callable[[int, int], None] | None = None,
-) -> FeatureRequest:
-    """InterpDetect features of ``examples`` for the Heads & layers statistics
-    (see :func:`extract_request`)."""
-    return extract_request(
-        model,
-        examples,
-        "interpdetect",
-        source=source,
-        dataset_key=dataset_key,
-        dataset_label=dataset_label,
-        split=split,
-        limit=limit,
-        progress=progress,
-    )
-
-
 def request_examples(
     request: FeatureRequest, examples: Sequence[RAGExample]
 ) -> tuple[RAGExample, ...]:
@@ -1189,7 +1163,7 @@ def _head_stats_cached(
 ) -> HeadStats:
     """HeadStats of the examples ``ids``; keyed by model, dataset, ids and level.
 
-    The features come from the feature cache, where :func:`extract_head_features` put
+    The features come from the feature cache, where :func:`extract_request` put
     them (traced again only if the cache lost them).
     """
     from core.detectors import make_detector
@@ -1217,7 +1191,7 @@ def head_stats(
 
     Args:
         model: The loaded model.
-        request: What :func:`extract_head_features` extracted.
+        request: What :func:`extract_request` extracted.
         examples: The dataset's examples (those named by ``request.ids`` are used).
         level: ``response`` or ``chunk``.
 
@@ -1630,6 +1604,22 @@ def question_signature(
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
+@dataclass(kw_only=True)
+class ExampleSelection:
+    """Which examples a page reads: a dataset, one of its splits and at most how many.
+
+    Attributes:
+        source: :data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`.
+        split: The split (``None``: the page's default split when the dataset has
+            it, else :data:`ALL_SPLITS`).
+        limit: How many examples to read at most.
+    """
+
+    source: str = HEADS_FROM_HOME
+    split: str | None = None
+    limit: int = 16
+
+
 @dataclass
 class AppState:
     """Everything one session remembers across reruns and pages.
@@ -1667,10 +1657,7 @@ class AppState:
         bench_limit: About how many examples a new run uses per dataset (0 = all).
         heads_top: How many top copying heads the Heads & layers page marks
             (``None``: ReDeEP's default).
-        heads_source: Examples for the statistics: :data:`HEADS_FROM_HOME` or
-            :data:`HEADS_FROM_CORPUS`.
-        heads_split: Their split (``None``: train when there is one, else all).
-        heads_limit: How many examples the statistics read at most.
+        heads_selection: The examples the statistics read (default split: train).
         heads_unit: ``response`` (answers) or ``chunk`` (answer sentences).
         heads_request: The examples whose statistics were last computed.
         heads_example_source: The one-answer view's input: :data:`HEADS_EXAMPLE_DATASET`
@@ -1678,10 +1665,7 @@ class AppState:
             answer when there is one).
         heads_example_id: The one-answer view's example, per dataset key.
         heads_head: The head the one-answer view shows (``None``: the top copying head).
-        shap_source: SHAP summary examples: :data:`HEADS_FROM_HOME` or
-            :data:`HEADS_FROM_CORPUS`.
-        shap_split: Their split (``None``: test when there is one, else all).
-        shap_limit: How many examples the SHAP summary reads at most.
+        shap_selection: The examples the SHAP summary explains (default split: test).
         shap_request: The examples whose spad features were last extracted.
         shap_top: How many features the beeswarm and the bar chart show.
         shap_grid: The grid's cells: ``mean`` (signed) or ``mean_abs`` SHAP.
@@ -1719,17 +1703,13 @@ class AppState:
     bench_detectors: list[str] | None = None
     bench_limit: int = 200
     heads_top: int | None = None
-    heads_source: str = HEADS_FROM_HOME
-    heads_split: str | None = None
-    heads_limit: int = 24
+    heads_selection: ExampleSelection = field(default_factory=lambda: ExampleSelection(limit=24))
     heads_unit: str = "response"
     heads_request: FeatureRequest | None = None
     heads_example_source: str | None = None
     heads_example_id: dict[str, str] = field(default_factory=dict)
     heads_head: tuple[int, int] | None = None
-    shap_source: str = HEADS_FROM_HOME
-    shap_split: str | None = None
-    shap_limit: int = 16
+    shap_selection: ExampleSelection = field(default_factory=lambda: ExampleSelection(limit=16))
     shap_request: FeatureRequest | None = None
     shap_top: int = 15
     shap_grid: str = "mean"

@@ -21,13 +21,22 @@ from collections.abc import Sequence
 import pandas as pd
 import streamlit as st
 
+from app.components.artifacts import show_broken_artifacts
+from app.components.example_picker import (
+    ExampleKeys,
+    PickedExamples,
+    compute_row,
+    pick_answer_source,
+    pick_example,
+    pick_examples,
+    show_playground_answer,
+    show_request_failures,
+    split_label,
+)
 from app.components.heatmap import render_token_heatmap
 from app.state import (
-    ALL_SPLITS,
     HEADS_EXAMPLE_DATASET,
     HEADS_EXAMPLE_PLAYGROUND,
-    HEADS_FROM_CORPUS,
-    HEADS_FROM_HOME,
     HEADS_UNITS,
     KEY_HEADS_COMPUTE,
     KEY_HEADS_EXAMPLE,
@@ -46,15 +55,12 @@ from app.state import (
     align_token_scores,
     answer_heads,
     app_state,
-    example_splits,
-    extract_head_features,
     get_model,
     head_stats,
     heads_examples,
     model_key,
     seed_widget,
     shipped_detectors,
-    stats_examples,
 )
 from app.state import train_command as state_train_command
 from core.errors import RagscopeError
@@ -70,18 +76,13 @@ MAX_STATS_EXAMPLES = 400  # each example costs a traced pass the first time
 ECS_CMAP = ((0.0, "#ffffff"), (0.5, "#a6dba0"), (1.0, "#1b7837"))
 
 UNIT_LABELS = {"response": "answers", "chunk": "answer sentences"}
-SPLIT_LABELS = {ALL_SPLITS: "all splits"}
+EXAMPLE_KEYS = ExampleKeys(source=KEY_HEADS_SOURCE, split=KEY_HEADS_SPLIT, limit=KEY_HEADS_LIMIT)
 
 Head = tuple[int, int]
 
 
 def _fmt_head(head: Head) -> str:
     return f"L{head[0]}H{head[1]}"
-
-
-def _first_words(text: str | None, n: int = 9) -> str:
-    words = (text or "").split()
-    return " ".join(words[:n]) + (" …" if len(words) > n else "")
 
 
 def train_command(model: LoadedModel, shipped: ShippedDetectors, detector: str) -> str:
@@ -147,64 +148,27 @@ def copying_section(state: AppState, model: LoadedModel) -> CopyingScores | None
 # --------------------------------------------------------------------------- statistics
 
 
-def stats_controls(
-    state: AppState,
-) -> tuple[str, str, str, list[RAGExample], list[RAGExample], list[RAGExample]] | None:
-    """Examples source, split, number and unit.
+def stats_controls(state: AppState) -> PickedExamples | None:
+    """Examples source, split and number (:func:`pick_examples`), and the unit counted.
 
     Returns:
-        ``(source, dataset key, label, every example, the split's examples, the chosen
-        ones)``, or ``None`` when the dataset cannot be read (the error is shown).
+        The picked examples, or ``None`` when the dataset cannot be read (the error is
+        shown).
     """
-    labels = {
-        HEADS_FROM_HOME: f"The Home dataset ({state.dataset.label})",
-        HEADS_FROM_CORPUS: "Built-in labelled corpus",
-    }
-    if state.heads_source not in labels:
-        state.heads_source = HEADS_FROM_HOME
-    seed_widget(KEY_HEADS_SOURCE, state.heads_source)
-    c1, c2, c3, c4 = st.columns([2.5, 1.1, 1, 2.2], vertical_alignment="bottom")
-    before = state.heads_source
-    with c1:
-        state.heads_source = st.selectbox(
-            "Examples", list(labels), key=KEY_HEADS_SOURCE, format_func=labels.__getitem__
-        )
-    if state.heads_source != before:  # another dataset: start from its default split
-        state.heads_split = None
-        st.session_state.pop(KEY_HEADS_SPLIT, None)
-    try:
-        key, label, examples = heads_examples(state.heads_source, state.dataset)
-    except RagscopeError as e:
-        st.error(f"{labels[state.heads_source]} cannot be read: {e}")
+    *picker_columns, unit_column = st.columns([2.5, 1.1, 1, 2.2], vertical_alignment="bottom")
+    picked = pick_examples(
+        state.heads_selection,
+        state.dataset,
+        EXAMPLE_KEYS,
+        picker_columns,
+        default_split="train",
+        max_limit=MAX_STATS_EXAMPLES,
+        limit_help="Examples to read; each costs one traced pass the first time",
+    )
+    if picked is None:
         return None
-    splits = example_splits(examples)
-    if state.heads_split not in splits:
-        state.heads_split = "train" if "train" in splits else ALL_SPLITS
-        st.session_state.pop(KEY_HEADS_SPLIT, None)
-    seed_widget(KEY_HEADS_SPLIT, state.heads_split)
-    with c2:
-        state.heads_split = st.selectbox(
-            "Split",
-            splits,
-            key=KEY_HEADS_SPLIT,
-            format_func=lambda s: SPLIT_LABELS.get(s, s),
-            disabled=len(splits) == 1,
-            help="The split the dataset declares for each example (the corpus has three)",
-        )
-    seed_widget(KEY_HEADS_LIMIT, state.heads_limit)
-    with c3:
-        state.heads_limit = int(
-            st.number_input(
-                "At most",
-                min_value=2,
-                max_value=MAX_STATS_EXAMPLES,
-                step=4,
-                key=KEY_HEADS_LIMIT,
-                help="Examples to read; each costs one traced pass the first time",
-            )
-        )
     seed_widget(KEY_HEADS_UNIT, state.heads_unit)
-    with c4:
+    with unit_column:
         state.heads_unit = st.radio(
             "Count",
             HEADS_UNITS,
@@ -214,9 +178,7 @@ def stats_controls(
             help="Answers (the mean over each answer's sentences, labelled by the answer) "
             "or InterpDetect's unit, sentences (labelled by overlap with a gold span)",
         )
-    pool = [e for e in examples if state.heads_split in (ALL_SPLITS, e.provenance.split)]
-    chosen = stats_examples(examples, state.heads_split, state.heads_limit)
-    return state.heads_source, key, label, examples, pool, chosen
+    return picked
 
 
 def stats_section(
@@ -235,52 +197,24 @@ def stats_section(
     picked = stats_controls(state)
     if picked is None:
         return None
-    source, key, label, examples, pool, chosen = picked
-    n_hal = sum(1 for e in chosen if e.label is True)
-    n_fai = sum(1 for e in chosen if e.label is False)
-    split = SPLIT_LABELS.get(state.heads_split or ALL_SPLITS, state.heads_split)
-    c_note, c_button = st.columns([4, 1], vertical_alignment="center")
-    with c_note:
-        st.caption(
-            f"{len(chosen)} of the {len(pool)} examples ({split}) of {label}: {n_hal} "
-            f"hallucinated, {n_fai} faithful. Each is traced once with {model.info.display_name}; "
-            "later runs read its features from the feature cache."
-        )
-    with c_button:
-        compute = st.button(
-            "Compute statistics",
-            key=KEY_HEADS_COMPUTE,
-            type="primary",
-            icon=":material/query_stats:",
-            disabled=not chosen,
-            width="stretch",
-        )
-    if compute:
-        bar = st.progress(0.0, text="Extracting InterpDetect features…")
-
-        def progress(done: int, total: int) -> None:
-            bar.progress(done / max(total, 1), text=f"Features: {done} / {total} examples")
-
-        try:
-            state.heads_request = extract_head_features(
-                model,
-                chosen,
-                source=source,
-                dataset_key=key,
-                dataset_label=label,
-                split=state.heads_split or ALL_SPLITS,
-                limit=state.heads_limit,
-                progress=progress,
-            )
-        except RagscopeError as e:
-            st.error(f"The features could not be extracted: {e}")
-        bar.empty()
+    request = compute_row(
+        model,
+        picked,
+        state.heads_selection,
+        detector="interpdetect",
+        button="Compute statistics",
+        key=KEY_HEADS_COMPUTE,
+        progress_text="Extracting InterpDetect features…",
+        progress_step="Features:",
+    )
+    if request is not None:
+        state.heads_request = request
     req = state.heads_request
     if req is None:
         st.info("Press **Compute statistics** to read these examples' heads and layers.")
-        return pool
-    show_request_stats(state, model, req, key, examples, marked)
-    return pool
+        return picked.pool
+    show_request_stats(state, model, req, picked.key, picked.examples, marked)
+    return picked.pool
 
 
 def show_request_stats(
@@ -297,23 +231,13 @@ def show_request_stats(
             "These statistics were computed with another model; press **Compute statistics** again."
         )
         return
-    if (req.dataset_key, req.split, req.limit) != (
-        current_key,
-        state.heads_split,
-        state.heads_limit,
-    ):
+    selection = state.heads_selection
+    if (req.dataset_key, req.split, req.limit) != (current_key, selection.split, selection.limit):
         st.info(
             f"Showing the statistics of {len(req.ids)} examples of {req.dataset_label} "
-            f"({SPLIT_LABELS.get(req.split, req.split)}); press **Compute statistics** for "
-            "the choice above."
+            f"({split_label(req.split)}); press **Compute statistics** for the choice above."
         )
-    if req.n_failed:
-        st.warning(
-            f"{req.n_failed} example(s) could not be analysed and were left out: "
-            + " · ".join(req.errors)
-        )
-    if not req.ids:
-        st.error("None of the examples could be analysed; pick other examples.")
+    if not show_request_failures(req):
         return
     try:
         examples = (
@@ -410,49 +334,19 @@ def pick_answer(
             "the Playground."
         )
         return None
-    if state.heads_example_source not in options:
-        state.heads_example_source = options[0]
-        st.session_state.pop(KEY_HEADS_EXAMPLE_SOURCE, None)
-    if len(options) > 1:
-        seed_widget(KEY_HEADS_EXAMPLE_SOURCE, state.heads_example_source)
-        names = {
-            HEADS_EXAMPLE_PLAYGROUND: "The Playground's analysed answer",
-            HEADS_EXAMPLE_DATASET: "An example from the examples above",
-        }
-        state.heads_example_source = st.radio(
-            "Answer",
-            options,
-            key=KEY_HEADS_EXAMPLE_SOURCE,
-            format_func=names.__getitem__,
-            horizontal=True,
-        )
+    state.heads_example_source = pick_answer_source(
+        state.heads_example_source,
+        options,
+        key=KEY_HEADS_EXAMPLE_SOURCE,
+        dataset_name="An example from the examples above",
+    )
     if state.heads_example_source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
-        ids = (
-            tuple(int(i) for i in a.layout.response_ids) if a.answer_source == "generated" else None
-        )
-        st.caption(
-            f"Example `{a.example.id}`, answer {a.answer_source}: "
-            f"“{_first_words(a.example.response, 14)}”"
-        )
-        return a.example, ids, "playground"
+        return a.example, show_playground_answer(a), "playground"
     assert pool
-    by_id = {e.id: e for e in pool}
-    key = f"{state.heads_source}/{state.heads_split}"
-    remembered = state.heads_example_id.get(key)
-    if remembered not in by_id:
-        remembered = next((e.id for e in pool if e.spans), pool[0].id)
-    if st.session_state.get(KEY_HEADS_EXAMPLE) not in by_id:
-        st.session_state.pop(KEY_HEADS_EXAMPLE, None)
-    seed_widget(KEY_HEADS_EXAMPLE, remembered)
-
-    def label(ex_id: str) -> str:
-        ex = by_id[ex_id]
-        gold = {True: " · hallucinated", False: " · faithful", None: ""}[ex.label]
-        return f"{ex_id} — {_first_words(ex.question or ex.response)}{gold}"
-
-    ex_id = st.selectbox("Example", list(by_id), key=KEY_HEADS_EXAMPLE, format_func=label)
-    state.heads_example_id[key] = ex_id
-    return by_id[ex_id], None, "dataset"
+    key = f"{state.heads_selection.source}/{state.heads_selection.split}"
+    example = pick_example(pool, state.heads_example_id.get(key), key=KEY_HEADS_EXAMPLE)
+    state.heads_example_id[key] = example.id
+    return example, None, "dataset"
 
 
 def pick_head(state: AppState, model: LoadedModel, copying: CopyingScores | None) -> Head:
@@ -508,13 +402,7 @@ def example_section(
     example, response_ids, _ = picked
     head = pick_head(state, model, copying)
     shipped = shipped_detectors(model)
-    for b in shipped.broken:
-        if b.name in REDEEP_DETECTORS:
-            st.error(
-                f"The **{b.name}** artifact in `{b.folder}` could not be loaded: {b.reason}  \n"
-                f"Fix: retrain it with `{train_command(model, shipped, b.name)}`, or remove "
-                "the folder."
-            )
+    show_broken_artifacts(shipped, REDEEP_DETECTORS)
     try:
         with st.spinner("Tracing the answer (every head at once)…"):
             view = answer_heads(model, example, shipped, response_ids=response_ids)

@@ -17,10 +17,16 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app.components.artifacts import quick_fit_row, show_broken_artifacts
+from app.components.example_picker import (
+    ExampleKeys,
+    PickedExamples,
+    compute_row,
+    pick_examples,
+    show_request_failures,
+    split_label,
+)
 from app.state import (
-    ALL_SPLITS,
-    HEADS_FROM_CORPUS,
-    HEADS_FROM_HOME,
     KEY_SHAP_COMPUTE,
     KEY_SHAP_GRID,
     KEY_SHAP_LIMIT,
@@ -34,9 +40,6 @@ from app.state import (
     ShippedDetectors,
     SpadChoice,
     app_state,
-    example_splits,
-    extract_request,
-    fit_quick_spad,
     get_model,
     heads_examples,
     model_key,
@@ -45,7 +48,6 @@ from app.state import (
     shap_summary,
     shipped_detectors,
     spad_choice,
-    stats_examples,
     train_command,
 )
 from core.errors import RagscopeError
@@ -56,86 +58,30 @@ from core.shapviz import ShapResult
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.
 MAX_EXAMPLES = 400  # each example costs a traced pass the first time
-SPLIT_LABELS = {ALL_SPLITS: "all splits"}
 GRID_LABELS = {"mean": "mean SHAP (signed)", "mean_abs": "mean |SHAP|"}
-
-
-def _split_label(split: str | None) -> str:
-    return SPLIT_LABELS.get(split or ALL_SPLITS, split or ALL_SPLITS)
+EXAMPLE_KEYS = ExampleKeys(source=KEY_SHAP_SOURCE, split=KEY_SHAP_SPLIT, limit=KEY_SHAP_LIMIT)
 
 
 # --------------------------------------------------------------------------- examples
 
 
-def controls(
-    state: AppState,
-) -> tuple[str, str, list[RAGExample], list[RAGExample], list[RAGExample]] | None:
-    """Examples source, split and number.
+def controls(state: AppState) -> PickedExamples | None:
+    """Examples source, split and number (:func:`pick_examples`).
 
     Returns:
-        ``(dataset key, label, every example, the split's examples, the chosen ones)``,
-        or ``None`` when the dataset cannot be read (the error is shown).
+        The picked examples, or ``None`` when the dataset cannot be read (the error is
+        shown).
     """
-    labels = {
-        HEADS_FROM_HOME: f"The Home dataset ({state.dataset.label})",
-        HEADS_FROM_CORPUS: "Built-in labelled corpus",
-    }
-    if state.shap_source not in labels:
-        state.shap_source = HEADS_FROM_HOME
-    seed_widget(KEY_SHAP_SOURCE, state.shap_source)
-    c1, c2, c3 = st.columns([2.6, 1.1, 1], vertical_alignment="bottom")
-    before = state.shap_source
-    with c1:
-        state.shap_source = st.selectbox(
-            "Examples", list(labels), key=KEY_SHAP_SOURCE, format_func=labels.__getitem__
-        )
-    if state.shap_source != before:  # another dataset: start from its default split
-        state.shap_split = None
-        st.session_state.pop(KEY_SHAP_SPLIT, None)
-    try:
-        key, label, examples = heads_examples(state.shap_source, state.dataset)
-    except RagscopeError as e:
-        st.error(f"{labels[state.shap_source]} cannot be read: {e}")
-        return None
-    splits = example_splits(examples)
-    if state.shap_split not in splits:
+    return pick_examples(
+        state.shap_selection,
+        state.dataset,
+        EXAMPLE_KEYS,
+        st.columns([2.6, 1.1, 1], vertical_alignment="bottom"),
         # Explain held-out answers by default: the shipped detector learnt from train.
-        state.shap_split = "test" if "test" in splits else ALL_SPLITS
-        st.session_state.pop(KEY_SHAP_SPLIT, None)
-    seed_widget(KEY_SHAP_SPLIT, state.shap_split)
-    with c2:
-        state.shap_split = st.selectbox(
-            "Split",
-            splits,
-            key=KEY_SHAP_SPLIT,
-            format_func=_split_label,
-            disabled=len(splits) == 1,
-            help="The split the dataset declares for each example (the corpus has three)",
-        )
-    seed_widget(KEY_SHAP_LIMIT, state.shap_limit)
-    with c3:
-        state.shap_limit = int(
-            st.number_input(
-                "At most",
-                min_value=2,
-                max_value=MAX_EXAMPLES,
-                step=4,
-                key=KEY_SHAP_LIMIT,
-                help="Answers to explain; each costs one traced pass the first time",
-            )
-        )
-    pool = [e for e in examples if state.shap_split in (ALL_SPLITS, e.provenance.split)]
-    chosen = stats_examples(examples, state.shap_split, state.shap_limit)
-    return key, label, examples, pool, chosen
-
-
-def _progress_bar(text: str):
-    bar = st.progress(0.0, text=text)
-
-    def progress(done: int, total: int) -> None:
-        bar.progress(done / max(total, 1), text=f"{text} {done} / {total} examples")
-
-    return bar, progress
+        default_split="test",
+        max_limit=MAX_EXAMPLES,
+        limit_help="Answers to explain; each costs one traced pass the first time",
+    )
 
 
 # --------------------------------------------------------------------------- detector
@@ -150,13 +96,7 @@ def detector_section(
     label: str,
 ) -> SpadChoice | None:
     """Which spad detector is explained: the shipped one, else the quick fit (offered)."""
-    for b in shipped.broken:
-        if b.name == SPAD:
-            st.error(
-                f"The **spad** artifact in `{b.folder}` could not be loaded: {b.reason}  \n"
-                f"Fix: retrain it with `{train_command(SPAD, shipped.folder)}`, or remove "
-                "the folder."
-            )
+    show_broken_artifacts(shipped, (SPAD,))
     choice = spad_choice(model, shipped, state.spad_quick)
     if choice is not None and not choice.quick:
         d = choice.shipped
@@ -175,42 +115,29 @@ def detector_section(
         f"No trained spad detector for {model.info.display_name}. Make one with "
         f"`{train_command(SPAD, shipped.folder)}` and reload this page."
     )
-    split, train = quick_fit_examples(examples, chosen, state.shap_limit)
+    split, train = quick_fit_examples(examples, chosen, state.shap_selection.limit)
     where = (
         f"{len(train)} labelled examples of the train split of {label}"
         if split == "train"
         else f"the {len(train)} labelled examples chosen above (in-sample: "
         f"{label} declares no train split)"
     )
-    c_note, c_button = st.columns([4, 1], vertical_alignment="center")
-    with c_note:
-        st.caption(
-            f"Meanwhile, a **quick fit** shows how to read this page: spad fitted on {where}, "
-            "with fixed shallow trees (no search). Too few examples to trust its verdicts."
-        )
-    with c_button:
-        fit = st.button(
-            "Quick fit",
-            key=KEY_SHAP_QUICK_FIT,
-            icon=":material/bolt:",
-            disabled=len(train) < 4,
-            width="stretch",
-        )
-    if fit:
-        bar, progress = _progress_bar("Quick fit: spad features,")
-        try:
-            state.spad_quick = fit_quick_spad(
-                model, train, dataset_label=label, split=split, progress=progress
-            )
-        except RagscopeError as e:
-            st.error(f"The quick fit failed: {e}")
-        bar.empty()
+    quick_fit_row(
+        state,
+        model,
+        train,
+        split=split,
+        dataset_label=label,
+        note=f"Meanwhile, a **quick fit** shows how to read this page: spad fitted on {where}, "
+        "with fixed shallow trees (no search). Too few examples to trust its verdicts.",
+        key=KEY_SHAP_QUICK_FIT,
+    )
     choice = spad_choice(model, shipped, state.spad_quick)
     if choice is not None and choice.fit is not None:
         q = choice.fit
         st.warning(
             f"**Quick fit** (not a trained detector): spad fitted in this session on "
-            f"{len(q.ids)} answers of {q.dataset_label} ({_split_label(q.split)}: "
+            f"{len(q.ids)} answers of {q.dataset_label} ({split_label(q.split)}: "
             f"{q.n_hallucinated} hallucinated, {q.n_faithful} faithful) in {q.seconds:.1f} s. "
             "Its SHAP values show how the page works, not what SPAD learns from real data.",
             icon=":material/bolt:",
@@ -221,50 +148,19 @@ def detector_section(
 # --------------------------------------------------------------------------- SHAP
 
 
-def compute_section(
-    state: AppState,
-    model: LoadedModel,
-    key: str,
-    label: str,
-    pool: list[RAGExample],
-    chosen: list[RAGExample],
-) -> None:
+def compute_section(state: AppState, model: LoadedModel, picked: PickedExamples) -> None:
     """The examples note and the Compute button (extracts spad features with progress)."""
-    n_hal = sum(1 for e in chosen if e.label is True)
-    n_fai = sum(1 for e in chosen if e.label is False)
-    c_note, c_button = st.columns([4, 1], vertical_alignment="center")
-    with c_note:
-        st.caption(
-            f"{len(chosen)} of the {len(pool)} examples ({_split_label(state.shap_split)}) of "
-            f"{label}: {n_hal} hallucinated, {n_fai} faithful. Each is traced once with "
-            f"{model.info.display_name}; later runs read its features from the feature cache."
-        )
-    with c_button:
-        compute = st.button(
-            "Compute SHAP values",
-            key=KEY_SHAP_COMPUTE,
-            type="primary",
-            icon=":material/query_stats:",
-            disabled=not chosen,
-            width="stretch",
-        )
-    if compute:
-        bar, progress = _progress_bar("spad features:")
-        try:
-            state.shap_request = extract_request(
-                model,
-                chosen,
-                SPAD,
-                source=state.shap_source,
-                dataset_key=key,
-                dataset_label=label,
-                split=state.shap_split or ALL_SPLITS,
-                limit=state.shap_limit,
-                progress=progress,
-            )
-        except RagscopeError as e:
-            st.error(f"The features could not be extracted: {e}")
-        bar.empty()
+    request = compute_row(
+        model,
+        picked,
+        state.shap_selection,
+        detector=SPAD,
+        button="Compute SHAP values",
+        key=KEY_SHAP_COMPUTE,
+        progress_text="spad features:",
+    )
+    if request is not None:
+        state.shap_request = request
 
 
 def show_summary(
@@ -282,18 +178,13 @@ def show_summary(
     if req.model != model_key(model):
         st.info("These features were read with another model; press **Compute SHAP values**.")
         return
-    if (req.dataset_key, req.split, req.limit) != (key, state.shap_split, state.shap_limit):
+    selection = state.shap_selection
+    if (req.dataset_key, req.split, req.limit) != (key, selection.split, selection.limit):
         st.info(
             f"Showing {len(req.ids)} examples of {req.dataset_label} "
-            f"({_split_label(req.split)}); press **Compute SHAP values** for the choice above."
+            f"({split_label(req.split)}); press **Compute SHAP values** for the choice above."
         )
-    if req.n_failed:
-        st.warning(
-            f"{req.n_failed} example(s) could not be analysed and were left out: "
-            + " · ".join(req.errors)
-        )
-    if not req.ids:
-        st.error("None of the examples could be analysed; pick other examples.")
+    if not show_request_failures(req):
         return
     if choice is None:
         st.info(
@@ -418,12 +309,11 @@ def main() -> None:
     picked = controls(state)
     if picked is None:
         return
-    key, label, examples, pool, chosen = picked
     shipped = shipped_detectors(model)
-    choice = detector_section(state, model, shipped, examples, chosen, label)
+    choice = detector_section(state, model, shipped, picked.examples, picked.chosen, picked.label)
     st.divider()
-    compute_section(state, model, key, label, pool, chosen)
-    show_summary(state, model, choice, key, examples)
+    compute_section(state, model, picked)
+    show_summary(state, model, choice, picked.key, picked.examples)
 
 
 main()

@@ -15,11 +15,18 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from app.components.artifacts import quick_fit_row, show_broken_artifacts
+from app.components.example_picker import (
+    dataset_labels,
+    first_words,
+    pick_answer_source,
+    pick_example,
+    show_playground_answer,
+)
 from app.state import (
     ALL_SPLITS,
     HEADS_EXAMPLE_DATASET,
     HEADS_EXAMPLE_PLAYGROUND,
-    HEADS_FROM_CORPUS,
     HEADS_FROM_HOME,
     KEY_TOKENS_BY_POS,
     KEY_TOKENS_DATASET,
@@ -35,7 +42,6 @@ from app.state import (
     answer_shap,
     answer_sources,
     app_state,
-    fit_quick_spad,
     get_model,
     heads_examples,
     quick_fit_examples,
@@ -56,21 +62,9 @@ from core.spad import SOURCES
 WATERFALL_TOP = 10
 
 
-def _first_words(text: str | None, n: int = 9) -> str:
-    words = (text or "").split()
-    return " ".join(words[:n]) + (" …" if len(words) > n else "")
-
-
-def _dataset_labels(state: AppState) -> dict[str, str]:
-    return {
-        HEADS_FROM_HOME: f"The Home dataset ({state.dataset.label})",
-        HEADS_FROM_CORPUS: "Built-in labelled corpus",
-    }
-
-
 def dataset_examples(state: AppState) -> tuple[str, str, list[RAGExample]] | None:
     """``(key, label, examples)`` of the page's dataset choice, or ``None`` (error shown)."""
-    labels = _dataset_labels(state)
+    labels = dataset_labels(state.dataset)
     if state.tokens_dataset not in labels:
         state.tokens_dataset = HEADS_FROM_HOME
     try:
@@ -89,34 +83,18 @@ def pick_answer(
     """The answer to split: ``(example, response ids, the dataset's examples)``."""
     a = state.analysis
     options = ([HEADS_EXAMPLE_PLAYGROUND] if a is not None else []) + [HEADS_EXAMPLE_DATASET]
-    if state.tokens_example_source not in options:
-        state.tokens_example_source = options[0]
-        st.session_state.pop(KEY_TOKENS_EXAMPLE_SOURCE, None)
-    if len(options) > 1:
-        seed_widget(KEY_TOKENS_EXAMPLE_SOURCE, state.tokens_example_source)
-        names = {
-            HEADS_EXAMPLE_PLAYGROUND: "The Playground's analysed answer",
-            HEADS_EXAMPLE_DATASET: "An example from a dataset",
-        }
-        state.tokens_example_source = st.radio(
-            "Answer",
-            options,
-            key=KEY_TOKENS_EXAMPLE_SOURCE,
-            format_func=names.__getitem__,
-            horizontal=True,
-        )
+    state.tokens_example_source = pick_answer_source(
+        state.tokens_example_source,
+        options,
+        key=KEY_TOKENS_EXAMPLE_SOURCE,
+        dataset_name="An example from a dataset",
+    )
     if state.tokens_example_source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
-        ids = (
-            tuple(int(i) for i in a.layout.response_ids) if a.answer_source == "generated" else None
-        )
-        st.caption(
-            f"Example `{a.example.id}`, answer {a.answer_source}: "
-            f"\u201c{_first_words(a.example.response, 14)}\u201d"
-        )
+        ids = show_playground_answer(a)
         picked = dataset_examples(state)
         return a.example, ids, (picked[2] if picked is not None else [])
 
-    labels = _dataset_labels(state)
+    labels = dataset_labels(state.dataset)
     seed_widget(KEY_TOKENS_DATASET, state.tokens_dataset)
     c1, c2 = st.columns([2, 3], vertical_alignment="bottom")
     with c1:
@@ -130,24 +108,10 @@ def pick_answer(
     if not examples:
         st.info("This dataset holds no examples; pick another one.")
         return None
-    by_id = {e.id: e for e in examples}
-    remembered = state.tokens_example_id.get(key)
-    if remembered not in by_id:
-        remembered = next((e.id for e in examples if e.spans), examples[0].id)
-    if st.session_state.get(KEY_TOKENS_EXAMPLE) not in by_id:
-        st.session_state.pop(KEY_TOKENS_EXAMPLE, None)
-    seed_widget(KEY_TOKENS_EXAMPLE, remembered)
-
-    def label(ex_id: str) -> str:
-        ex = by_id[ex_id]
-        gold = {True: " · hallucinated", False: " · faithful", None: ""}[ex.label]
-        return f"{ex_id} — {_first_words(ex.question or ex.response)}{gold}"
-
     with c2:
-        ex_id = st.selectbox("Example", list(by_id), key=KEY_TOKENS_EXAMPLE, format_func=label)
-    state.tokens_example_id[key] = ex_id
-    ex = by_id[ex_id]
-    st.caption(f"Answer: \u201c{_first_words(ex.response, 40)}\u201d")
+        ex = pick_example(examples, state.tokens_example_id.get(key), key=KEY_TOKENS_EXAMPLE)
+    state.tokens_example_id[key] = ex.id
+    st.caption(f"Answer: \u201c{first_words(ex.response, 40)}\u201d")
     return ex, None, examples
 
 
@@ -228,35 +192,18 @@ def quick_fit_offer(
     )
     pool = stats_examples(examples, ALL_SPLITS, QUICK_FIT_MIN)
     split, train = quick_fit_examples(examples, pool, QUICK_FIT_MIN)
-    dataset = _dataset_labels(state)[state.tokens_dataset]
-    c_note, c_button = st.columns([4, 1], vertical_alignment="center")
-    with c_note:
-        where = "the train split of " if split == "train" else ""
-        st.caption(
-            f"Or make a **quick fit** on {len(train)} labelled answers of {where}{dataset} "
-            "(seconds; too few examples to trust its verdicts, enough to show the waterfall)."
-        )
-    with c_button:
-        fit = st.button(
-            "Quick fit",
-            key=KEY_TOKENS_QUICK_FIT,
-            icon=":material/bolt:",
-            disabled=len(train) < 4,
-            width="stretch",
-        )
-    if fit:
-        bar = st.progress(0.0, text="Quick fit: spad features")
-
-        def progress(done: int, total: int) -> None:
-            bar.progress(done / max(total, 1), text=f"Quick fit: spad features {done} / {total}")
-
-        try:
-            state.spad_quick = fit_quick_spad(
-                model, train, dataset_label=dataset, split=split, progress=progress
-            )
-        except RagscopeError as e:
-            st.error(f"The quick fit failed: {e}")
-        bar.empty()
+    dataset = dataset_labels(state.dataset)[state.tokens_dataset]
+    where = "the train split of " if split == "train" else ""
+    quick_fit_row(
+        state,
+        model,
+        train,
+        split=split,
+        dataset_label=dataset,
+        note=f"Or make a **quick fit** on {len(train)} labelled answers of {where}{dataset} "
+        "(seconds; too few examples to trust its verdicts, enough to show the waterfall).",
+        key=KEY_TOKENS_QUICK_FIT,
+    )
 
 
 def show_waterfall(
@@ -268,13 +215,7 @@ def show_waterfall(
     """The SHAP waterfall of the answer's spad verdict (shipped detector or quick fit)."""
     st.subheader("Why spad scores this answer as it does")
     shipped = shipped_detectors(model)
-    for b in shipped.broken:
-        if b.name == SPAD:
-            st.error(
-                f"The **spad** artifact in `{b.folder}` could not be loaded: {b.reason}  \n"
-                f"Fix: retrain it with `{train_command(SPAD, shipped.folder)}`, or remove "
-                "the folder."
-            )
+    show_broken_artifacts(shipped, (SPAD,))
     choice = spad_choice(model, shipped, state.spad_quick)
     if choice is None:
         quick_fit_offer(state, model, shipped, examples)

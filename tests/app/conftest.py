@@ -6,13 +6,21 @@ examples plus what the test imports, and only tests that make detector artifacts
 any. The model cache dir is shared by the whole session (the tiny model's tokenizer is
 read from the embedded GGUF once), and the loaded model is shared through
 ``st.cache_resource``.
+
+The page tests share their helpers as fixtures too: ``open_page`` and
+``open_after_analysis`` open a page, ``no_exception``, ``charts``, ``chart``,
+``page_text``, ``plotly_array`` and ``z_of`` read what it shows (fixtures, as nothing
+imports from tests/).
 """
 
 from __future__ import annotations
 
+import base64
+import json
 from collections.abc import Callable
 from pathlib import Path
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -47,3 +55,109 @@ def make_app(app_env: Path) -> Callable[[], AppTest]:
         return AppTest.from_file(str(MAIN), default_timeout=TIMEOUT)
 
     return make
+
+
+# --------------------------------------------------------------------------- pages
+
+PLAYGROUND = "views/playground.py"
+
+
+def _assert_no_exception(at: AppTest) -> None:
+    assert not at.exception, [e.value for e in at.exception]
+    assert not at.error, [e.value for e in at.error]
+
+
+@pytest.fixture(scope="session")
+def no_exception() -> Callable[[AppTest], None]:
+    """Asserts that a page shows no exception and no ``st.error``."""
+    return _assert_no_exception
+
+
+@pytest.fixture
+def open_page(make_app: Callable[[], AppTest]) -> Callable[[str], AppTest]:
+    """Opens a page (``views/….py``) in a fresh session; it shows no exception or error."""
+
+    def open_(page: str) -> AppTest:
+        at = make_app().run()
+        at.switch_page(page).run()
+        _assert_no_exception(at)
+        return at
+
+    return open_
+
+
+@pytest.fixture
+def open_after_analysis(make_app: Callable[[], AppTest]) -> Callable[[str, str], AppTest]:
+    """``(example id, page)``: analyses the built-in example's own answer (pasted) in the
+    Playground, then opens ``page`` in the same session."""
+    from app.state import ANSWER_PASTE, KEY_ANALYSE, KEY_ANSWER_SOURCE, KEY_EXAMPLE
+
+    def open_(example_id: str, page: str) -> AppTest:
+        at = make_app().run()
+        at.switch_page(PLAYGROUND).run()
+        at.selectbox(key=KEY_EXAMPLE).select(example_id).run()
+        at.radio(key=KEY_ANSWER_SOURCE).set_value(ANSWER_PASTE).run()
+        at.button(key=KEY_ANALYSE).click().run()
+        at.switch_page(page).run()
+        _assert_no_exception(at)
+        return at
+
+    return open_
+
+
+def _charts(at: AppTest) -> dict[str, dict]:
+    out = {}
+    for el in at.get("plotly_chart"):
+        spec = json.loads(el.proto.spec)
+        out[spec["layout"]["title"]["text"]] = spec
+    return out
+
+
+@pytest.fixture(scope="session")
+def charts() -> Callable[[AppTest], dict[str, dict]]:
+    """The page's plotly figures (JSON specs) by title."""
+    return _charts
+
+
+@pytest.fixture(scope="session")
+def chart() -> Callable[[AppTest, str], dict]:
+    """The one plotly figure on the page whose title starts with a prefix."""
+
+    def chart_(at: AppTest, prefix: str) -> dict:
+        hits = [spec for title, spec in _charts(at).items() if title.startswith(prefix)]
+        assert len(hits) == 1, (prefix, list(_charts(at)))
+        return hits[0]
+
+    return chart_
+
+
+@pytest.fixture(scope="session")
+def page_text() -> Callable[[AppTest], str]:
+    """The page's markdown, captions, infos and warnings, one per line."""
+
+    def text(at: AppTest) -> str:
+        parts = [m.value for m in at.markdown] + [c.value for c in at.caption]
+        return "\n".join(parts + [i.value for i in at.info] + [w.value for w in at.warning])
+
+    return text
+
+
+@pytest.fixture(scope="session")
+def plotly_array() -> Callable[[object], np.ndarray]:
+    """A plotly JSON array (a plain list or the typed-array encoding) as floats."""
+
+    def array(v: object) -> np.ndarray:
+        if isinstance(v, dict):
+            raw = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
+            if "shape" in v:
+                raw = raw.reshape(tuple(int(n) for n in str(v["shape"]).split(",")))
+            return raw.astype(float)
+        return np.asarray(v, dtype=float)
+
+    return array
+
+
+@pytest.fixture(scope="session")
+def z_of(plotly_array: Callable[[object], np.ndarray]) -> Callable[[dict], np.ndarray]:
+    """The ``z`` grid of a figure's first trace (a heatmap's values)."""
+    return lambda spec: plotly_array(spec["data"][0]["z"])

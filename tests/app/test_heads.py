@@ -7,7 +7,6 @@ redraws the attention), and the ReDeEP artifacts when some are trained for the m
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -16,12 +15,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.state import (
-    ANSWER_PASTE,
     HEADS_EXAMPLE_PLAYGROUND,
     HEADS_FROM_CORPUS,
-    KEY_ANALYSE,
-    KEY_ANSWER_SOURCE,
-    KEY_EXAMPLE,
     KEY_HEADS_COMPUTE,
     KEY_HEADS_EXAMPLE,
     KEY_HEADS_EXAMPLE_SOURCE,
@@ -43,7 +38,6 @@ from core.headstats import HeadStats
 from core.model import LoadedModel
 
 HEADS = "views/heads.py"
-PLAYGROUND = "views/playground.py"
 EXAMPLE = "demo-02-waggle-dance"  # a built-in example with one gold span
 ECS_TITLES = (  # title starts of the four heatmaps, answers counted
     "Mean ECS, faithful answers",
@@ -56,39 +50,6 @@ ECS_TITLES = (  # title starts of the four heatmaps, answers counted
 # --------------------------------------------------------------------------- helpers
 
 
-def _no_exception(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-
-
-def _charts(at: AppTest) -> dict[str, dict]:
-    """Plotly figures on the page by title (the start of it)."""
-    out = {}
-    for el in at.get("plotly_chart"):
-        spec = json.loads(el.proto.spec)
-        out[spec["layout"]["title"]["text"]] = spec
-    return out
-
-
-def _chart(at: AppTest, prefix: str) -> dict:
-    hits = [spec for title, spec in _charts(at).items() if title.startswith(prefix)]
-    assert len(hits) == 1, (prefix, list(_charts(at)))
-    return hits[0]
-
-
-def _z(spec: dict) -> np.ndarray:
-    z = spec["data"][0]["z"]
-    if isinstance(z, dict):  # plotly's typed-array encoding
-        import base64
-
-        raw = np.frombuffer(base64.b64decode(z["bdata"]), dtype=np.dtype(z["dtype"]))
-        if "shape" not in z:
-            return raw.astype(float)
-        shape = tuple(int(n) for n in str(z["shape"]).split(","))
-        return raw.reshape(shape).astype(float)
-    return np.asarray(z, dtype=float)
-
-
 def _chunk_table(at: AppTest):
     tables = [t.value for t in at.table if "response chunk" in t.value.columns]
     assert len(tables) == 1, "expected one chunk table"
@@ -99,47 +60,40 @@ def _heatmaps(at: AppTest) -> list[str]:
     return [h.value for h in at.html if 'class="rs-heatmap"' in h.value]
 
 
-def _text(at: AppTest) -> str:
-    parts = [m.value for m in at.markdown] + [c.value for c in at.caption]
-    return "\n".join(parts + [i.value for i in at.info] + [w.value for w in at.warning])
-
-
-def _heads_page(make_app: Callable[[], AppTest]) -> AppTest:
-    at = make_app().run()
-    at.switch_page(HEADS).run()
-    _no_exception(at)
-    return at
-
-
 # --------------------------------------------------------------------------- tests
 
 
 def test_page_renders_copying_heads_and_one_answer(
-    make_app: Callable[[], AppTest], tiny_model: LoadedModel
+    open_page: Callable[[str], AppTest],
+    charts: Callable[[AppTest], dict[str, dict]],
+    chart: Callable[[AppTest, str], dict],
+    z_of: Callable[[dict], np.ndarray],
+    page_text: Callable[[AppTest], str],
+    tiny_model: LoadedModel,
 ) -> None:
-    at = _heads_page(make_app)
-    titles = list(_charts(at))
+    at = open_page(HEADS)
+    titles = list(charts(at))
     assert any(t.startswith("Copying score per head") for t in titles)
-    copying = _chart(at, "Copying score per head")
+    copying = chart(at, "Copying score per head")
     scores = copying_scores(tiny_model)
-    np.testing.assert_allclose(_z(copying), scores.scores, rtol=1e-6)
+    np.testing.assert_allclose(z_of(copying), scores.scores, rtol=1e-6)
     total = scores.scores.size  # 2 x 4 on the tiny model: every head is a "top" one
     assert at.number_input(key=KEY_HEADS_TOP).value == total
     assert len(copying["data"][1]["x"]) == total
     at.number_input(key=KEY_HEADS_TOP).set_value(3).run()
-    assert len(_chart(at, "Copying score per head")["data"][1]["x"]) == 3
+    assert len(chart(at, "Copying score per head")["data"][1]["x"]) == 3
     assert len(at.dataframe[0].value) == 3  # the listed top heads
 
     # The one-answer view defaults to an example with a gold span and the top head.
     top = scores.top_heads(1)[0]
     assert (at.selectbox(key=KEY_HEADS_LAYER).value, at.selectbox(key=KEY_HEADS_HEAD).value) == top
     assert (
-        _chart(at, "Attention of")
+        chart(at, "Attention of")
         .get("layout")["title"]["text"]
         .startswith(f"Attention of L{top[0]}H{top[1]}")
     )
     # No redeep_token artifact here: the fix is named, the tokens show the head's ECS.
-    assert "--detectors redeep_token" in _text(at)
+    assert "--detectors redeep_token" in page_text(at)
     (heatmap,) = _heatmaps(at)
     assert f"L{top[0]}H{top[1]} ECS" in heatmap and "rs-gold" in heatmap
     chunks = _chunk_table(at)
@@ -151,34 +105,44 @@ def test_page_renders_copying_heads_and_one_answer(
         "gold",
     ]
     assert "hallucinated" in set(chunks["gold"])
-    assert "mean PKS over every layer" in _text(at)
+    assert "mean PKS over every layer" in page_text(at)
 
 
-def test_another_head_redraws_the_attention(make_app: Callable[[], AppTest]) -> None:
-    at = _heads_page(make_app)
-    before = _chart(at, "Attention of")
+def test_another_head_redraws_the_attention(
+    open_page: Callable[[str], AppTest],
+    no_exception: Callable[[AppTest], None],
+    chart: Callable[[AppTest, str], dict],
+    z_of: Callable[[dict], np.ndarray],
+) -> None:
+    at = open_page(HEADS)
+    before = chart(at, "Attention of")
     layer = at.selectbox(key=KEY_HEADS_LAYER).value
     other = 1 - layer  # the tiny model has two layers
     at.selectbox(key=KEY_HEADS_LAYER).set_value(other).run()
     at.selectbox(key=KEY_HEADS_HEAD).set_value(2).run()
-    _no_exception(at)
-    after = _chart(at, "Attention of")
+    no_exception(at)
+    after = chart(at, "Attention of")
     assert after["layout"]["title"]["text"].startswith(f"Attention of L{other}H2")
-    assert _z(after).shape == _z(before).shape
-    assert not np.allclose(_z(after), _z(before))
+    assert z_of(after).shape == z_of(before).shape
+    assert not np.allclose(z_of(after), z_of(before))
     assert at.session_state[STATE_KEY].heads_head == (other, 2)
     token_table = next(d.value for d in at.dataframe if "top-k context tokens" in d.value.columns)
-    assert len(token_table) == _z(after).shape[0]
+    assert len(token_table) == z_of(after).shape[0]
 
 
 def test_dataset_statistics_on_a_few_examples(
-    make_app: Callable[[], AppTest], tiny_model: LoadedModel
+    open_page: Callable[[str], AppTest],
+    no_exception: Callable[[AppTest], None],
+    chart: Callable[[AppTest, str], dict],
+    z_of: Callable[[dict], np.ndarray],
+    page_text: Callable[[AppTest], str],
+    tiny_model: LoadedModel,
 ) -> None:
-    at = _heads_page(make_app)
-    assert "Press **Compute statistics**" in _text(at)
+    at = open_page(HEADS)
+    assert "Press **Compute statistics**" in page_text(at)
     at.number_input(key=KEY_HEADS_LIMIT).set_value(4).run()
     at.button(key=KEY_HEADS_COMPUTE).click().run()
-    _no_exception(at)
+    no_exception(at)
     request = at.session_state[STATE_KEY].heads_request
     assert len(request.ids) == 4 and request.computed + request.cache_hits == 4
 
@@ -193,24 +157,33 @@ def test_dataset_statistics_on_a_few_examples(
         (want.ecs_faithful, want.ecs_hallucinated, want.ecs_difference, want.ecs_r),
         strict=True,
     ):
-        np.testing.assert_allclose(_z(_chart(at, prefix)), grid, rtol=1e-5, atol=1e-6)
-    pks = _chart(at, "PKS per layer")
+        np.testing.assert_allclose(z_of(chart(at, prefix)), grid, rtol=1e-5, atol=1e-6)
+    pks = chart(at, "PKS per layer")
     assert len(pks["data"]) == 3  # faithful, hallucinated, r
-    assert f"**{want.n_faithful}** faithful and **{want.n_hallucinated}** hallucinated" in _text(at)
+    assert (
+        f"**{want.n_faithful}** faithful and **{want.n_hallucinated}** hallucinated"
+        in page_text(at)
+    )
 
     # Sentences instead of answers: the same features, counted per sentence, no new pass.
     at.radio(key=KEY_HEADS_UNIT).set_value("chunk").run()
-    _no_exception(at)
+    no_exception(at)
     per_sentence = HeadStats.from_features(ext.features["interpdetect"], examples, level="chunk")
-    assert f"hallucinated sentences from {len(examples)} examples" in _text(at)
+    assert f"hallucinated sentences from {len(examples)} examples" in page_text(at)
     np.testing.assert_allclose(
-        _z(_chart(at, "Pearson r of ECS")), per_sentence.ecs_r, rtol=1e-5, atol=1e-6
+        z_of(chart(at, "Pearson r of ECS")), per_sentence.ecs_r, rtol=1e-5, atol=1e-6
     )
     assert at.session_state[STATE_KEY].heads_request == request
 
 
-def test_corpus_split_statistics(make_app: Callable[[], AppTest]) -> None:
-    at = _heads_page(make_app)
+def test_corpus_split_statistics(
+    open_page: Callable[[str], AppTest],
+    no_exception: Callable[[AppTest], None],
+    chart: Callable[[AppTest, str], dict],
+    z_of: Callable[[dict], np.ndarray],
+    page_text: Callable[[AppTest], str],
+) -> None:
+    at = open_page(HEADS)
     at.selectbox(key=KEY_HEADS_SOURCE).set_value(HEADS_FROM_CORPUS).run()
     assert at.selectbox(key=KEY_HEADS_SPLIT).options == [
         "all splits",
@@ -222,37 +195,36 @@ def test_corpus_split_statistics(make_app: Callable[[], AppTest]) -> None:
     at.selectbox(key=KEY_HEADS_SPLIT).set_value("validation").run()
     at.number_input(key=KEY_HEADS_LIMIT).set_value(4).run()
     at.button(key=KEY_HEADS_COMPUTE).click().run()
-    _no_exception(at)
+    no_exception(at)
     request = at.session_state[STATE_KEY].heads_request
     split = {e.id: e.provenance.split for e in load_builtin()}
     assert len(request.ids) == 4 and {split[i] for i in request.ids} == {"validation"}
     for prefix in ECS_TITLES:
-        _chart(at, prefix)
+        chart(at, prefix)
     # The example picker lists the chosen split's examples.
     options = at.selectbox(key=KEY_HEADS_EXAMPLE).options
     assert len(options) == sum(1 for s in split.values() if s == "validation")
 
     # Another split: the computed statistics stay, with a note, until Compute is pressed.
-    r_before = _z(_chart(at, "Pearson r of ECS"))
+    r_before = z_of(chart(at, "Pearson r of ECS"))
     at.selectbox(key=KEY_HEADS_SPLIT).set_value("test").run()
-    _no_exception(at)
-    assert "Showing the statistics of 4 examples of Built-in labelled corpus" in _text(at)
-    np.testing.assert_array_equal(_z(_chart(at, "Pearson r of ECS")), r_before)
+    no_exception(at)
+    assert "Showing the statistics of 4 examples of Built-in labelled corpus" in page_text(at)
+    np.testing.assert_array_equal(z_of(chart(at, "Pearson r of ECS")), r_before)
     assert at.session_state[STATE_KEY].heads_request == request
 
 
-def test_playground_answer_is_the_default(make_app: Callable[[], AppTest]) -> None:
-    at = make_app().run()
-    at.switch_page(PLAYGROUND).run()
-    at.selectbox(key=KEY_EXAMPLE).select(EXAMPLE).run()
-    at.radio(key=KEY_ANSWER_SOURCE).set_value(ANSWER_PASTE).run()
-    at.button(key=KEY_ANALYSE).click().run()
-    at.switch_page(HEADS).run()
-    _no_exception(at)
+def test_playground_answer_is_the_default(
+    open_after_analysis: Callable[[str, str], AppTest],
+    chart: Callable[[AppTest, str], dict],
+    z_of: Callable[[dict], np.ndarray],
+    page_text: Callable[[AppTest], str],
+) -> None:
+    at = open_after_analysis(EXAMPLE, HEADS)
     assert at.radio(key=KEY_HEADS_EXAMPLE_SOURCE).value == HEADS_EXAMPLE_PLAYGROUND
-    assert f"Example `{EXAMPLE}`" in _text(at)
+    assert f"Example `{EXAMPLE}`" in page_text(at)
     analysis = at.session_state[STATE_KEY].analysis
-    assert _z(_chart(at, "Attention of")).shape[0] == len(analysis.layout.response_positions)
+    assert z_of(chart(at, "Attention of")).shape[0] == len(analysis.layout.response_positions)
 
 
 # --------------------------------------------------------------------------- artifacts
@@ -271,7 +243,9 @@ def redeep_artifacts(tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathF
 
 
 def test_redeep_artifacts_colour_tokens_and_score_chunks(
-    make_app: Callable[[], AppTest],
+    open_page: Callable[[str], AppTest],
+    no_exception: Callable[[AppTest], None],
+    page_text: Callable[[AppTest], str],
     monkeypatch: pytest.MonkeyPatch,
     redeep_artifacts: Path,
     tiny_model: LoadedModel,
@@ -279,10 +253,10 @@ def test_redeep_artifacts_colour_tokens_and_score_chunks(
     from core.detectors import load_shipped
 
     monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(redeep_artifacts))
-    at = _heads_page(make_app)
+    at = open_page(HEADS)
     at.selectbox(key=KEY_HEADS_EXAMPLE).set_value(EXAMPLE).run()
-    _no_exception(at)
-    assert "No trained redeep_token" not in _text(at)
+    no_exception(at)
+    assert "No trained redeep_token" not in page_text(at)
     (heatmap,) = _heatmaps(at)
     assert "redeep_token score" in heatmap
 
@@ -293,7 +267,7 @@ def test_redeep_artifacts_colour_tokens_and_score_chunks(
     chk = load_shipped("redeep_chunk", key, redeep_artifacts)
     feats = run_example(tiny_model, example, [tok, chk])
     verdict = tok.predict(feats["redeep_token"])
-    assert f"scores this answer **{verdict.score:.3f}**" in _text(at)
+    assert f"scores this answer **{verdict.score:.3f}**" in page_text(at)
     shown = [float(v) for v in re_values(heatmap, "redeep_token score")]
     np.testing.assert_allclose(shown, np.round(verdict.token_scores, 2), atol=0.006)
     table = _chunk_table(at)
@@ -303,7 +277,7 @@ def test_redeep_artifacts_colour_tokens_and_score_chunks(
         rtol=1e-5,
     )
     layers = ", ".join(f"L{x}" for x in chk.selected_layers)
-    assert f"redeep_chunk detector's selected layers ({layers})" in _text(at)
+    assert f"redeep_chunk detector's selected layers ({layers})" in page_text(at)
 
 
 def re_values(heatmap: str, name: str) -> list[str]:

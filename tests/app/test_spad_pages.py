@@ -8,7 +8,6 @@ with one (fitted here on the demo examples and written to a temporary
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable
 from pathlib import Path
 
@@ -17,11 +16,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.state import (
-    ANSWER_PASTE,
     HEADS_EXAMPLE_PLAYGROUND,
-    KEY_ANALYSE,
-    KEY_ANSWER_SOURCE,
-    KEY_EXAMPLE,
     KEY_SHAP_COMPUTE,
     KEY_SHAP_GRID,
     KEY_SHAP_LIMIT,
@@ -44,55 +39,11 @@ from core.trace import trace
 
 SHAP = "views/shap_summary.py"
 TOKENS = "views/token_sources.py"
-PLAYGROUND = "views/playground.py"
 EXAMPLE = "demo-02-waggle-dance"  # a built-in example with one gold span
 OTHER = "demo-01-lighthouse"  # faithful, no span
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _no_exception(at: AppTest) -> None:
-    assert not at.exception, [e.value for e in at.exception]
-    assert not at.error, [e.value for e in at.error]
-
-
-def _charts(at: AppTest) -> dict[str, dict]:
-    out = {}
-    for el in at.get("plotly_chart"):
-        spec = json.loads(el.proto.spec)
-        out[spec["layout"]["title"]["text"]] = spec
-    return out
-
-
-def _chart(at: AppTest, prefix: str) -> dict:
-    hits = [spec for title, spec in _charts(at).items() if title.startswith(prefix)]
-    assert len(hits) == 1, (prefix, list(_charts(at)))
-    return hits[0]
-
-
-def _array(v: object) -> np.ndarray:
-    """A plotly JSON array (plain list or the typed-array encoding)."""
-    if isinstance(v, dict):
-        import base64
-
-        raw = np.frombuffer(base64.b64decode(v["bdata"]), dtype=np.dtype(v["dtype"]))
-        if "shape" in v:
-            raw = raw.reshape(tuple(int(n) for n in str(v["shape"]).split(",")))
-        return raw.astype(float)
-    return np.asarray(v, dtype=float)
-
-
-def _text(at: AppTest) -> str:
-    parts = [m.value for m in at.markdown] + [c.value for c in at.caption]
-    return "\n".join(parts + [i.value for i in at.info] + [w.value for w in at.warning])
-
-
-def _page(make_app: Callable[[], AppTest], page: str) -> AppTest:
-    at = make_app().run()
-    at.switch_page(page).run()
-    _no_exception(at)
-    return at
 
 
 def _example(ex_id: str):
@@ -116,26 +67,32 @@ def spad_artifact(tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathFact
 
 
 def test_shap_page_quick_fit_without_an_artifact(
-    make_app: Callable[[], AppTest], tiny_model: LoadedModel
+    open_page: Callable[[str], AppTest],
+    no_exception: Callable[[AppTest], None],
+    charts: Callable[[AppTest], dict[str, dict]],
+    chart: Callable[[AppTest, str], dict],
+    page_text: Callable[[AppTest], str],
+    plotly_array: Callable[[object], np.ndarray],
+    tiny_model: LoadedModel,
 ) -> None:
-    at = _page(make_app, SHAP)
-    assert "No trained spad detector" in _text(at)
-    assert "ragscope train --model tiny --dataset builtin --detectors spad" in _text(at)
-    assert "Press **Compute SHAP values**" in _text(at)
+    at = open_page(SHAP)
+    assert "No trained spad detector" in page_text(at)
+    assert "ragscope train --model tiny --dataset builtin --detectors spad" in page_text(at)
+    assert "Press **Compute SHAP values**" in page_text(at)
     at.number_input(key=KEY_SHAP_LIMIT).set_value(8).run()
     at.button(key=KEY_SHAP_COMPUTE).click().run()
-    _no_exception(at)
+    no_exception(at)
     request = at.session_state[STATE_KEY].shap_request
     assert request.detector == "spad" and len(request.ids) == 8
-    assert "press **Quick fit** above" in _text(at)
-    assert not _charts(at)
+    assert "press **Quick fit** above" in page_text(at)
+    assert not charts(at)
 
     at.button(key=KEY_SHAP_QUICK_FIT).click().run()
-    _no_exception(at)
+    no_exception(at)
     quick = at.session_state[STATE_KEY].spad_quick
     assert quick is not None and set(quick.ids) == set(request.ids)  # demo: no train split
     assert any("**Quick fit** (not a trained detector)" in w.value for w in at.warning)
-    assert "8 of these 8 answers were in the quick fit's training data" in _text(at)
+    assert "8 of these 8 answers were in the quick fit's training data" in page_text(at)
 
     # The figures show exactly the quick fit's TreeSHAP values on these examples.
     by_id = {e.id: e for e in builtin_examples()}
@@ -143,32 +100,38 @@ def test_shap_page_quick_fit_without_an_artifact(
     feats = extract_features(tiny_model, examples, [make_detector("spad")]).features["spad"]
     want = shap_values(quick.detector, feats)
     top = at.session_state[STATE_KEY].shap_top
-    beeswarm = _chart(at, "SHAP values of the top")
-    n_points = sum(len(_array(t["x"])) for t in beeswarm["data"])
+    beeswarm = chart(at, "SHAP values of the top")
+    n_points = sum(len(plotly_array(t["x"])) for t in beeswarm["data"])
     assert n_points == min(top, 126) * len(examples)
     assert beeswarm["layout"]["yaxis"]["ticktext"] == [want.names[k] for k in want.top(top)]
-    bar = _chart(at, "Mean |SHAP| of the top")
-    np.testing.assert_allclose(_array(bar["data"][0]["x"]), want.mean_abs[want.top(top)], rtol=1e-6)
-    grid = _chart(at, "Mean SHAP value by source")
+    bar = chart(at, "Mean |SHAP| of the top")
     np.testing.assert_allclose(
-        _array(grid["data"][0]["z"]), want.grid("mean"), rtol=1e-6, atol=1e-9
+        plotly_array(bar["data"][0]["x"]), want.mean_abs[want.top(top)], rtol=1e-6
+    )
+    grid = chart(at, "Mean SHAP value by source")
+    np.testing.assert_allclose(
+        plotly_array(grid["data"][0]["z"]), want.grid("mean"), rtol=1e-6, atol=1e-9
     )
 
 
 def test_shap_page_explains_the_shipped_detector(
-    make_app: Callable[[], AppTest],
+    open_page: Callable[[str], AppTest],
+    no_exception: Callable[[AppTest], None],
+    chart: Callable[[AppTest, str], dict],
+    page_text: Callable[[AppTest], str],
+    plotly_array: Callable[[object], np.ndarray],
     monkeypatch: pytest.MonkeyPatch,
     spad_artifact: Path,
     tiny_model: LoadedModel,
 ) -> None:
     monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(spad_artifact))
-    at = _page(make_app, SHAP)
-    assert "Explaining the shipped **spad** detector" in _text(at)
-    assert "No trained spad detector" not in _text(at)
+    at = open_page(SHAP)
+    assert "Explaining the shipped **spad** detector" in page_text(at)
+    assert "No trained spad detector" not in page_text(at)
     assert not _has_button(at, KEY_SHAP_QUICK_FIT)
     at.number_input(key=KEY_SHAP_LIMIT).set_value(4).run()
     at.button(key=KEY_SHAP_COMPUTE).click().run()
-    _no_exception(at)
+    no_exception(at)
     request = at.session_state[STATE_KEY].shap_request
     assert len(request.ids) == 4 and request.computed == 4
 
@@ -179,19 +142,19 @@ def test_shap_page_explains_the_shipped_detector(
     ).features["spad"]
     want = shap_values(det, feats)
     np.testing.assert_allclose(want.margins, det.margins(feats), rtol=1e-5, atol=1e-5)
-    grid = _chart(at, "Mean SHAP value by source")
+    grid = chart(at, "Mean SHAP value by source")
     np.testing.assert_allclose(
-        _array(grid["data"][0]["z"]), want.grid("mean"), rtol=1e-6, atol=1e-9
+        plotly_array(grid["data"][0]["z"]), want.grid("mean"), rtol=1e-6, atol=1e-9
     )
 
     # Fewer features, and the grid of mean |SHAP|.
     at.number_input(key=KEY_SHAP_TOP).set_value(5).run()
-    assert len(_chart(at, "SHAP values of the top 5")["layout"]["yaxis"]["ticktext"]) == 5
-    assert len(_chart(at, "Mean |SHAP| of the top 5")["data"][0]["y"]) == 5
+    assert len(chart(at, "SHAP values of the top 5")["layout"]["yaxis"]["ticktext"]) == 5
+    assert len(chart(at, "Mean |SHAP| of the top 5")["data"][0]["y"]) == 5
     at.radio(key=KEY_SHAP_GRID).set_value("mean_abs").run()
-    _no_exception(at)
-    grid = _chart(at, "Mean |SHAP value| by source")
-    np.testing.assert_allclose(_array(grid["data"][0]["z"]), want.grid("mean_abs"), rtol=1e-6)
+    no_exception(at)
+    grid = chart(at, "Mean |SHAP value| by source")
+    np.testing.assert_allclose(plotly_array(grid["data"][0]["z"]), want.grid("mean_abs"), rtol=1e-6)
     # A second Compute reads the features from the cache.
     at.button(key=KEY_SHAP_COMPUTE).click().run()
     assert at.session_state[STATE_KEY].shap_request.cache_hits == 4
@@ -205,70 +168,80 @@ def _has_button(at: AppTest, key: str) -> bool:
 
 
 def test_token_sources_bars_pos_toggle_and_quick_fit(
-    make_app: Callable[[], AppTest], tiny_model: LoadedModel
+    open_page: Callable[[str], AppTest],
+    no_exception: Callable[[AppTest], None],
+    charts: Callable[[AppTest], dict[str, dict]],
+    chart: Callable[[AppTest, str], dict],
+    page_text: Callable[[AppTest], str],
+    plotly_array: Callable[[object], np.ndarray],
+    tiny_model: LoadedModel,
 ) -> None:
-    at = _page(make_app, TOKENS)
+    at = open_page(TOKENS)
     assert at.selectbox(key=KEY_TOKENS_EXAMPLE).value == EXAMPLE  # first with a gold span
     example = _example(EXAMPLE)
     layout = render(example, tiny_model)
     src = token_sources(tiny_model, trace(tiny_model, layout, spad_needs(tiny_model.info.n_layers)))
-    chart = _chart(at, "Seven sources of each answer token")
-    bars = [t for t in chart["data"] if t["type"] == "bar"]
+    sources = chart(at, "Seven sources of each answer token")
+    bars = [t for t in sources["data"] if t["type"] == "bar"]
     assert [b["name"] for b in bars] == list(SOURCES)
     for i, b in enumerate(bars):
-        np.testing.assert_allclose(_array(b["y"]), src.values[:, i], rtol=1e-5, atol=1e-9)
-    diamonds = next(t for t in chart["data"] if t["name"] == "P_final (sum)")
-    np.testing.assert_allclose(_array(diamonds["y"]), src.p_final, rtol=1e-4, atol=1e-9)
-    gold = next(t for t in chart["data"] if t["name"] == "gold hallucination span")
+        np.testing.assert_allclose(plotly_array(b["y"]), src.values[:, i], rtol=1e-5, atol=1e-9)
+    diamonds = next(t for t in sources["data"] if t["name"] == "P_final (sum)")
+    np.testing.assert_allclose(plotly_array(diamonds["y"]), src.p_final, rtol=1e-4, atol=1e-9)
+    gold = next(t for t in sources["data"] if t["name"] == "gold hallucination span")
     labels = layout.token_labels()
-    assert list(_array(gold["x"]).astype(int)) == np.flatnonzero(labels == 1).tolist()
-    assert "inside a gold hallucination span sit on a blue band" in _text(at)
+    assert list(plotly_array(gold["x"]).astype(int)) == np.flatnonzero(labels == 1).tolist()
+    assert "inside a gold hallucination span sit on a blue band" in page_text(at)
 
     # Aggregated by part of speech: one bar per tag present, the spad feature means.
     at.toggle(key=KEY_TOKENS_BY_POS).set_value(True).run()
-    _no_exception(at)
-    assert not [t for t in _charts(at) if t.startswith("Seven sources")]
-    pos_chart = _chart(at, "Mean of the seven sources per part of speech")
+    no_exception(at)
+    assert not [t for t in charts(at) if t.startswith("Seven sources")]
+    pos_chart = chart(at, "Mean of the seven sources per part of speech")
     tags = response_pos(layout)
     present = sorted(set(tags))
     assert len(pos_chart["data"][0]["x"]) == len(present)
     noun = next(k for k, x in enumerate(pos_chart["data"][0]["x"]) if x.startswith("NOUN ("))
-    rag = _array(pos_chart["data"][SOURCES.index("RAG")]["y"])[noun]
+    rag = plotly_array(pos_chart["data"][SOURCES.index("RAG")]["y"])[noun]
     mask = np.asarray(tags) == "NOUN"
     np.testing.assert_allclose(rag, src.values[mask, SOURCES.index("RAG")].mean(), rtol=1e-5)
     assert at.session_state[STATE_KEY].tokens_by_pos is True
 
     # No spad detector: no waterfall, the command and a quick fit that makes one.
-    assert "Make one with `ragscope train --model tiny" in _text(at)
-    assert not [t for t in _charts(at) if t.startswith("SHAP waterfall")]
+    assert "Make one with `ragscope train --model tiny" in page_text(at)
+    assert not [t for t in charts(at) if t.startswith("SHAP waterfall")]
     at.button(key=KEY_TOKENS_QUICK_FIT).click().run()
-    _no_exception(at)
+    no_exception(at)
     quick = at.session_state[STATE_KEY].spad_quick
     assert quick is not None and len(quick.ids) >= 4
-    waterfall = _chart(at, f"SHAP waterfall of {EXAMPLE}")
+    waterfall = chart(at, f"SHAP waterfall of {EXAMPLE}")
     feats = run_example(tiny_model, example, [make_detector("spad")])["spad"]
     margin = float(quick.detector.margins([feats])[0])
-    assert _array(waterfall["data"][0]["x"])[-1] == pytest.approx(margin, rel=1e-4, abs=1e-5)
+    assert plotly_array(waterfall["data"][0]["x"])[-1] == pytest.approx(margin, rel=1e-4, abs=1e-5)
     assert any("**Quick fit**" in w.value for w in at.warning)
 
 
 def test_token_sources_waterfall_of_the_shipped_detector(
-    make_app: Callable[[], AppTest],
+    open_page: Callable[[str], AppTest],
+    no_exception: Callable[[AppTest], None],
+    chart: Callable[[AppTest, str], dict],
+    page_text: Callable[[AppTest], str],
+    plotly_array: Callable[[object], np.ndarray],
     monkeypatch: pytest.MonkeyPatch,
     spad_artifact: Path,
     tiny_model: LoadedModel,
 ) -> None:
     monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(spad_artifact))
-    at = _page(make_app, TOKENS)
+    at = open_page(TOKENS)
     at.selectbox(key=KEY_TOKENS_EXAMPLE).set_value(OTHER).run()
-    _no_exception(at)
-    assert "No trained spad detector" not in _text(at)
+    no_exception(at)
+    assert "No trained spad detector" not in page_text(at)
     det = load_shipped("spad", tiny_model.info.key, spad_artifact)
     feats = run_example(tiny_model, _example(OTHER), [make_detector("spad")])["spad"]
     verdict = det.predict(feats)
-    assert f"gives this answer a score of **{verdict.score:.3f}**" in _text(at)
-    w = _chart(at, f"SHAP waterfall of {OTHER}")["data"][0]
-    x = _array(w["x"])
+    assert f"gives this answer a score of **{verdict.score:.3f}**" in page_text(at)
+    w = chart(at, f"SHAP waterfall of {OTHER}")["data"][0]
+    x = plotly_array(w["x"])
     assert w["measure"][0] == "absolute" and w["measure"][-1] == "total"
     assert len(x) == 1 + 10 + 1 + 1  # base, top 10, the rest, the margin
     np.testing.assert_allclose(x[:-1].sum(), x[-1], rtol=1e-6, atol=1e-9)
@@ -279,16 +252,15 @@ def test_token_sources_waterfall_of_the_shipped_detector(
     assert w["y"][1].startswith(f"{first} = ")
 
 
-def test_token_sources_default_to_the_playground_answer(make_app: Callable[[], AppTest]) -> None:
-    at = make_app().run()
-    at.switch_page(PLAYGROUND).run()
-    at.selectbox(key=KEY_EXAMPLE).select(OTHER).run()
-    at.radio(key=KEY_ANSWER_SOURCE).set_value(ANSWER_PASTE).run()
-    at.button(key=KEY_ANALYSE).click().run()
-    at.switch_page(TOKENS).run()
-    _no_exception(at)
+def test_token_sources_default_to_the_playground_answer(
+    open_after_analysis: Callable[[str, str], AppTest],
+    chart: Callable[[AppTest, str], dict],
+    page_text: Callable[[AppTest], str],
+    plotly_array: Callable[[object], np.ndarray],
+) -> None:
+    at = open_after_analysis(OTHER, TOKENS)
     assert at.radio(key=KEY_TOKENS_EXAMPLE_SOURCE).value == HEADS_EXAMPLE_PLAYGROUND
-    assert f"Example `{OTHER}`" in _text(at)
+    assert f"Example `{OTHER}`" in page_text(at)
     analysis = at.session_state[STATE_KEY].analysis
-    chart = _chart(at, "Seven sources of each answer token")
-    assert len(_array(chart["data"][0]["y"])) == len(analysis.layout.response_positions)
+    sources = chart(at, "Seven sources of each answer token")
+    assert len(plotly_array(sources["data"][0]["y"])) == len(analysis.layout.response_positions)

@@ -406,7 +406,9 @@ def test_heads_in_chromium(server: str, browser: object) -> None:
         page.keyboard.type("L20")
         page.get_by_role("option", name="L20", exact=True).click()
         plots.filter(has_text="Attention of L20H").wait_for(state="visible")
-        page.get_by_role("heading", name="Chunks").wait_for()
+        # The previous run's elements linger until the rerun replaces them: wait until
+        # exactly one chunk table heading is left.
+        expect(page.get_by_role("heading", name="Chunks")).to_have_count(1, timeout=60_000)
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "heads.png")
     finally:

@@ -1,0 +1,76 @@
+"""Shipped detector artifacts on the pages: load errors with their fix, and the quick
+spad fit that stands in (SHAP summary, Token sources) while none is trained.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Collection, Sequence
+from typing import TYPE_CHECKING
+
+import streamlit as st
+
+from app.components.example_picker import progress_bar
+from app.state import AppState, ShippedDetectors, fit_quick_spad, train_command
+from core.errors import RagscopeError
+
+if TYPE_CHECKING:
+    from core.examples import RAGExample
+    from core.model import LoadedModel
+
+QUICK_FIT_MIN_EXAMPLES = 4  # fewer labelled examples cannot give two of each class
+
+
+def show_broken_artifacts(shipped: ShippedDetectors, names: Collection[str]) -> None:
+    """An error, with the command that remakes it, per artifact of ``names`` that failed to load."""
+    for b in shipped.broken:
+        if b.name in names:
+            st.error(
+                f"The **{b.name}** artifact in `{b.folder}` could not be loaded: {b.reason}  \n"
+                f"Fix: retrain it with `{train_command(b.name, shipped.folder)}`, or remove "
+                "the folder."
+            )
+
+
+def quick_fit_row(
+    state: AppState,
+    model: LoadedModel,
+    train: Sequence[RAGExample],
+    *,
+    split: str,
+    dataset_label: str,
+    note: str,
+    key: str,
+) -> None:
+    """``note`` beside a "Quick fit" button that fits spad on ``train`` with progress.
+
+    The fit goes to ``state.spad_quick``; a failure is shown as an error.
+
+    Args:
+        state: The session's state.
+        model: The loaded model.
+        train: The labelled examples to fit on.
+        split: The split they came from (recorded with the fit).
+        dataset_label: Their dataset, as the page names it.
+        note: What the fit will read (markdown).
+        key: The button's widget key.
+    """
+    c_note, c_button = st.columns([4, 1], vertical_alignment="center")
+    with c_note:
+        st.caption(note)
+    with c_button:
+        fit = st.button(
+            "Quick fit",
+            key=key,
+            icon=":material/bolt:",
+            disabled=len(train) < QUICK_FIT_MIN_EXAMPLES,
+            width="stretch",
+        )
+    if not fit:
+        return
+    with progress_bar("Quick fit: spad features,") as progress:
+        try:
+            state.spad_quick = fit_quick_spad(
+                model, train, dataset_label=dataset_label, split=split, progress=progress
+            )
+        except RagscopeError as e:
+            st.error(f"The quick fit failed: {e}")

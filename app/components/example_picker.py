@@ -1,0 +1,355 @@
+"""Example pickers the analysis pages share (Heads & layers, SHAP summary, Token sources).
+
+- :func:`pick_examples`: the "Examples" dataset (Home's or the built-in labelled
+  corpus), its "Split" and "At most", remembered in an :class:`~app.state.ExampleSelection`.
+- :func:`pick_answer_source`, :func:`show_playground_answer` and :func:`pick_example`:
+  one answer to look at, the Playground's analysed answer or an example of a dataset.
+- :func:`compute_row`, :func:`progress_bar` and :func:`show_request_failures`: the
+  picked examples' features, extracted with progress, and the examples that failed.
+
+Each page passes its own widget keys (the ``KEY_*`` constants of :mod:`app.state`) and
+keeps its choices in its own fields of the session's :class:`~app.state.AppState`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import streamlit as st
+
+from app.state import (
+    ALL_SPLITS,
+    HEADS_EXAMPLE_DATASET,
+    HEADS_EXAMPLE_PLAYGROUND,
+    HEADS_FROM_CORPUS,
+    HEADS_FROM_HOME,
+    Analysis,
+    DatasetRef,
+    ExampleSelection,
+    FeatureRequest,
+    example_splits,
+    extract_request,
+    heads_examples,
+    seed_widget,
+    stats_examples,
+)
+from core.errors import RagscopeError
+
+if TYPE_CHECKING:
+    from streamlit.delta_generator import DeltaGenerator
+
+    from core.examples import RAGExample
+    from core.model import LoadedModel
+
+SPLIT_LABELS = {ALL_SPLITS: "all splits"}
+
+
+def split_label(split: str | None) -> str:
+    """How a split choice is named on the page (``None``: every split)."""
+    return SPLIT_LABELS.get(split or ALL_SPLITS, split or ALL_SPLITS)
+
+
+def first_words(text: str | None, n: int = 9) -> str:
+    """The first ``n`` words of ``text``, with an ellipsis when there are more."""
+    words = (text or "").split()
+    return " ".join(words[:n]) + (" …" if len(words) > n else "")
+
+
+def dataset_labels(home: DatasetRef) -> dict[str, str]:
+    """The dataset choices (:data:`HEADS_FROM_HOME`, :data:`HEADS_FROM_CORPUS`) by label."""
+    return {
+        HEADS_FROM_HOME: f"The Home dataset ({home.label})",
+        HEADS_FROM_CORPUS: "Built-in labelled corpus",
+    }
+
+
+# --------------------------------------------------------------------------- examples
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExampleKeys:
+    """The widget keys of one page's :func:`pick_examples`.
+
+    Attributes:
+        source: The "Examples" select box (the dataset).
+        split: The "Split" select box.
+        limit: The "At most" number input.
+    """
+
+    source: str
+    split: str
+    limit: str
+
+
+@dataclass(frozen=True, kw_only=True)
+class PickedExamples:
+    """What :func:`pick_examples` picked.
+
+    Attributes:
+        key: Identifies the dataset (cache key).
+        label: How the dataset is named on the page.
+        examples: Every example of the dataset.
+        pool: The examples of the chosen split.
+        chosen: At most ``limit`` of them, labelled ones first, whole sources together
+            (:func:`app.state.stats_examples`).
+    """
+
+    key: str
+    label: str
+    examples: list[RAGExample]
+    pool: list[RAGExample]
+    chosen: list[RAGExample]
+
+
+def pick_examples(
+    selection: ExampleSelection,
+    home: DatasetRef,
+    keys: ExampleKeys,
+    columns: Sequence[DeltaGenerator],
+    *,
+    default_split: str,
+    max_limit: int,
+    limit_help: str,
+) -> PickedExamples | None:
+    """The "Examples", "Split" and "At most" widgets, one in each of three ``columns``.
+
+    Args:
+        selection: The page's choice, updated in place.
+        home: The dataset picked on Home.
+        keys: The page's widget keys.
+        columns: Where the three widgets go.
+        default_split: The split a newly picked dataset starts from when it has one
+            (else every split).
+        max_limit: The most examples "At most" allows.
+        limit_help: The help of "At most".
+
+    Returns:
+        The picked examples, or ``None`` when the dataset cannot be read (the error is
+        shown).
+    """
+    source_col, split_col, limit_col = columns
+    labels = dataset_labels(home)
+    if selection.source not in labels:
+        selection.source = HEADS_FROM_HOME
+    seed_widget(keys.source, selection.source)
+    before = selection.source
+    with source_col:
+        selection.source = st.selectbox(
+            "Examples", list(labels), key=keys.source, format_func=labels.__getitem__
+        )
+    if selection.source != before:  # another dataset: start from its default split
+        selection.split = None
+        st.session_state.pop(keys.split, None)
+    try:
+        key, label, examples = heads_examples(selection.source, home)
+    except RagscopeError as e:
+        st.error(f"{labels[selection.source]} cannot be read: {e}")
+        return None
+    splits = example_splits(examples)
+    if selection.split not in splits:
+        selection.split = default_split if default_split in splits else ALL_SPLITS
+        st.session_state.pop(keys.split, None)
+    seed_widget(keys.split, selection.split)
+    with split_col:
+        selection.split = st.selectbox(
+            "Split",
+            splits,
+            key=keys.split,
+            format_func=split_label,
+            disabled=len(splits) == 1,
+            help="The split the dataset declares for each example (the corpus has three)",
+        )
+    seed_widget(keys.limit, selection.limit)
+    with limit_col:
+        selection.limit = int(
+            st.number_input(
+                "At most",
+                min_value=2,
+                max_value=max_limit,
+                step=4,
+                key=keys.limit,
+                help=limit_help,
+            )
+        )
+    split = selection.split or ALL_SPLITS
+    return PickedExamples(
+        key=key,
+        label=label,
+        examples=examples,
+        pool=[e for e in examples if split in (ALL_SPLITS, e.provenance.split)],
+        chosen=stats_examples(examples, split, selection.limit),
+    )
+
+
+# --------------------------------------------------------------------------- one answer
+
+
+def pick_answer_source(
+    current: str | None, options: Sequence[str], *, key: str, dataset_name: str
+) -> str:
+    """The "Answer" radio (shown when there are two ``options``); returns the choice.
+
+    Args:
+        current: The page's last choice (``None``: the first option).
+        options: :data:`HEADS_EXAMPLE_PLAYGROUND` and/or :data:`HEADS_EXAMPLE_DATASET`.
+        key: The radio's widget key.
+        dataset_name: How the dataset option is named.
+    """
+    assert options, "no answer to pick from"
+    if current not in options:
+        current = options[0]
+        st.session_state.pop(key, None)
+    if len(options) > 1:
+        seed_widget(key, current)
+        names = {
+            HEADS_EXAMPLE_PLAYGROUND: "The Playground's analysed answer",
+            HEADS_EXAMPLE_DATASET: dataset_name,
+        }
+        current = st.radio(
+            "Answer", options, key=key, format_func=names.__getitem__, horizontal=True
+        )
+    return current
+
+
+def show_playground_answer(analysis: Analysis) -> tuple[int, ...] | None:
+    """Name the Playground's analysed answer; returns its token ids when the model wrote it.
+
+    A generated answer is analysed with the model's own tokens (no re-tokenizing).
+    """
+    ids = (
+        tuple(int(i) for i in analysis.layout.response_ids)
+        if analysis.answer_source == "generated"
+        else None
+    )
+    st.caption(
+        f"Example `{analysis.example.id}`, answer {analysis.answer_source}: "
+        f"“{first_words(analysis.example.response, 14)}”"
+    )
+    return ids
+
+
+def pick_example(examples: Sequence[RAGExample], remembered: str | None, *, key: str) -> RAGExample:
+    """The "Example" select box over ``examples`` (not empty).
+
+    Starts from ``remembered`` when it is one of them, else from the first example with
+    a gold span (else the first).
+    """
+    by_id = {e.id: e for e in examples}
+    if remembered not in by_id:
+        remembered = next((e.id for e in examples if e.spans), examples[0].id)
+    if st.session_state.get(key) not in by_id:
+        st.session_state.pop(key, None)
+    seed_widget(key, remembered)
+
+    def label(ex_id: str) -> str:
+        ex = by_id[ex_id]
+        gold = {True: " · hallucinated", False: " · faithful", None: ""}[ex.label]
+        return f"{ex_id} — {first_words(ex.question or ex.response)}{gold}"
+
+    return by_id[st.selectbox("Example", list(by_id), key=key, format_func=label)]
+
+
+# --------------------------------------------------------------------------- extraction
+
+
+@contextmanager
+def progress_bar(text: str, step: str | None = None) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar while the block runs; yields the ``progress(done, total)`` callback.
+
+    Args:
+        text: The bar's text before the first example.
+        step: What the bar says before ``done / total examples`` (default: ``text``).
+    """
+    bar = st.progress(0.0, text=text)
+    prefix = text if step is None else step
+
+    def progress(done: int, total: int) -> None:
+        bar.progress(done / max(total, 1), text=f"{prefix} {done} / {total} examples")
+
+    try:
+        yield progress
+    finally:
+        bar.empty()
+
+
+def compute_row(
+    model: LoadedModel,
+    picked: PickedExamples,
+    selection: ExampleSelection,
+    *,
+    detector: str,
+    button: str,
+    key: str,
+    progress_text: str,
+    progress_step: str | None = None,
+) -> FeatureRequest | None:
+    """What the picked examples are, beside a button that extracts ``detector``'s features.
+
+    Args:
+        model: The loaded model.
+        picked: The examples (:func:`pick_examples`); their ``chosen`` ones are read.
+        selection: The choice they were picked by.
+        detector: Whose features to extract.
+        button: The button's label.
+        key: The button's widget key.
+        progress_text: The progress bar's first text (see :func:`progress_bar`).
+        progress_step: What it says before ``done / total examples``.
+
+    Returns:
+        The extracted features' request when the button was pressed and the extraction
+        worked (a failure is shown as an error), else ``None``.
+    """
+    chosen = picked.chosen
+    n_hal = sum(1 for e in chosen if e.label is True)
+    n_fai = sum(1 for e in chosen if e.label is False)
+    c_note, c_button = st.columns([4, 1], vertical_alignment="center")
+    with c_note:
+        st.caption(
+            f"{len(chosen)} of the {len(picked.pool)} examples ({split_label(selection.split)}) "
+            f"of {picked.label}: {n_hal} hallucinated, {n_fai} faithful. Each is traced once "
+            f"with {model.info.display_name}; later runs read its features from the feature "
+            "cache."
+        )
+    with c_button:
+        compute = st.button(
+            button,
+            key=key,
+            type="primary",
+            icon=":material/query_stats:",
+            disabled=not chosen,
+            width="stretch",
+        )
+    if not compute:
+        return None
+    with progress_bar(progress_text, progress_step) as progress:
+        try:
+            return extract_request(
+                model,
+                chosen,
+                detector,
+                source=selection.source,
+                dataset_key=picked.key,
+                dataset_label=picked.label,
+                split=selection.split or ALL_SPLITS,
+                limit=selection.limit,
+                progress=progress,
+            )
+        except RagscopeError as e:
+            st.error(f"The features could not be extracted: {e}")
+    return None
+
+
+def show_request_failures(req: FeatureRequest) -> bool:
+    """Warn about the examples ``req`` could not analyse; ``False`` when that was all of them."""
+    if req.n_failed:
+        st.warning(
+            f"{req.n_failed} example(s) could not be analysed and were left out: "
+            + " · ".join(req.errors)
+        )
+    if not req.ids:
+        st.error("None of the examples could be analysed; pick other examples.")
+        return False
+    return True
