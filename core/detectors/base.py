@@ -569,6 +569,30 @@ def tokens_from_chunks(
     return out
 
 
+def check_features(
+    name: str,
+    features: Features,
+    model_key: str | None,
+    names: Sequence[str] | None = None,
+) -> None:
+    """Refuse features read with another model (or with other columns) than a fitted detector's.
+
+    Raises:
+        ModelError: ``features.model`` is not ``model_key``, or ``features.names``
+            differs from ``names`` (another config, e.g. other copying heads).
+    """
+    if model_key and features.model and features.model != model_key:
+        raise ModelError(
+            f"{name} was trained on {model_key!r} but these features come from "
+            f"{features.model!r}; retrain or load the matching model"
+        )
+    if names is not None and tuple(features.names) != tuple(names):
+        raise ModelError(
+            f"{name}: these features have other columns than the fitted detector (another "
+            "config?); re-extract them with the artifact's config"
+        )
+
+
 def require_fitted(obj: Any, attr: str, name: str) -> None:
     if getattr(obj, attr, None) is None:
         raise NotFittedError(

@@ -27,6 +27,7 @@ from core.detectors.base import (
     Features,
     Run,
     Verdict,
+    check_features,
     read_artifact,
     register_detector,
     require_fitted,
@@ -114,11 +115,7 @@ class CalibratedDetector:
     def predict(self, features: Features) -> Verdict:
         require_fitted(self, "response_model_", self.name)
         assert self.response_model_ is not None
-        if self.model_key_ is not None and features.model and features.model != self.model_key_:
-            raise ModelError(
-                f"{self.name} was trained on {self.model_key_!r} but these features come from "
-                f"{features.model!r}; retrain or load the matching model"
-            )
+        check_features(self.name, features, self.model_key_)
         x = features.response[None, :]
         score = float(self.response_model_.predict_proba(x)[0])
         contrib = self.response_model_.contributions(features.response)

@@ -37,6 +37,7 @@ from core.detectors.base import (
     Features,
     Run,
     Verdict,
+    check_features,
     read_artifact,
     register_detector,
     require_fitted,
@@ -359,15 +360,7 @@ class InterpDetectDetector:
 
     def predict(self, features: Features) -> Verdict:
         require_fitted(self, "pipeline_", self.name)
-        if self.model_key_ and features.model != self.model_key_:
-            raise ModelError(
-                f"interpdetect was trained on {self.model_key_!r} but these features come from "
-                f"{features.model!r}; retrain or load the matching model"
-            )
-        if features.names != self.names_:
-            raise ModelError(
-                "interpdetect: these features have other columns than the fitted model"
-            )
+        check_features(self.name, features, self.model_key_, self.names_)
         probs = self._chunk_probs(features).astype(np.float32)
         score = float(probs.max()) if probs.size else 0.0
         token_scores = (

@@ -36,6 +36,7 @@ from core.detectors.base import (
     Features,
     Run,
     Verdict,
+    check_features,
     read_artifact,
     register_detector,
     require_fitted,
@@ -426,16 +427,7 @@ class RedeepDetector:
     def predict(self, features: Features) -> Verdict:
         require_fitted(self, "selection_", self.name)
         assert self.selection_ is not None and self.rule_ is not None and self.logistic_ is not None
-        if self.model_key_ and features.model != self.model_key_:
-            raise ModelError(
-                f"{self.name} was trained on {self.model_key_!r} but these features come from "
-                f"{features.model!r}; retrain or load the matching model"
-            )
-        if features.names != self.names_:
-            raise ModelError(
-                f"{self.name}: these features list other heads than the fitted detector "
-                "(another copying-head config?); re-extract them with the artifact's config"
-            )
+        check_features(self.name, features, self.model_key_, self.names_)
         sel = self.selection_
         units = self._units(features).astype(np.float64)
         ue, up = self._split(units)

@@ -33,6 +33,7 @@ from core.detectors.base import (
     Features,
     Run,
     Verdict,
+    check_features,
     read_artifact,
     register_detector,
     require_fitted,
@@ -264,13 +265,7 @@ class SpadDetector:
 
         require_fitted(self, "booster_", self.name)
         for f in features:
-            if self.model_key_ and f.model != self.model_key_:
-                raise ModelError(
-                    f"spad was trained on {self.model_key_!r} but these features come from "
-                    f"{f.model!r}; retrain or load the matching model"
-                )
-            if f.names != self.names_:
-                raise ModelError("spad: these features have other columns than the fitted model")
+            check_features(self.name, f, self.model_key_, self.names_)
         X = np.stack([f.response for f in features]).astype(np.float32)
         return xgboost.DMatrix(X, feature_names=list(self.names_))
 
