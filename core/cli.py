@@ -357,6 +357,41 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_spad_check(args: argparse.Namespace) -> int:
+    """Max ``|sum of the seven SPAD sources - P_final|`` over a dataset's answer tokens."""
+    import numpy as np
+
+    from core.detectors.base import make_detector
+    from core.detectors.spad import split_errors
+    from core.extract import FeatureCache, extract_features
+    from core.spad import SPLIT_TOLERANCE
+    from core.storage import Store
+
+    _, _, splits = _eval_splits(args)
+    examples = [e for part in ("train", "validation", "test") for e in splits[part]]
+    model = _load(args)
+    det = make_detector("spad")
+    with Store() as store:
+        ext = extract_features(
+            model,
+            examples,
+            [det],
+            cache=None if args.no_cache else FeatureCache(store),
+            progress=_tqdm_progress("spad"),
+        )
+    feats = ext.features["spad"]
+    err = split_errors(feats)
+    n_tok = sum(len(f.tokens) for f in feats)
+    worst = int(err.argmax()) if len(err) else -1
+    print(f"{len(feats)} answers, {n_tok} answer tokens, model {model.info.display_name}")
+    print(f"max |Query+RAG+Past+Self+FFN+LN+Init - P_final| = {err.max(initial=0.0):.3e}")
+    if worst >= 0:
+        print(f"  worst answer {feats[worst].example_id!r}; median {np.median(err):.3e}")
+    ok = bool(err.max(initial=0.0) <= SPLIT_TOLERANCE)
+    print(f"{'within' if ok else 'OVER'} the tolerance {SPLIT_TOLERANCE:g}")
+    return 0 if ok else 1
+
+
 def _train_recipe(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     """The inputs that rebuild a training run, recorded in every artifact it saves."""
     recipe: dict[str, Any] = {
@@ -733,6 +768,22 @@ def build_parser() -> argparse.ArgumentParser:
                 "recipe it records, and check the rebuild matches; exit 1 if not",
             )
             p.set_defaults(func=cmd_train)
+
+    p = sub.add_parser(
+        "spad-check",
+        help="check that the seven SPAD sources sum to each answer token's probability",
+    )
+    _add_model_args(p)
+    p.add_argument(
+        "--dataset", default="builtin", help="demo, builtin, a file/folder or a stored name"
+    )
+    p.add_argument("--test-dataset", default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--limit", type=int, default=None, help="about this many examples (whole sources)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="split seed (only with --limit)")
+    p.add_argument("--no-cache", action="store_true", help="recompute features (ignore the cache)")
+    p.set_defaults(func=cmd_spad_check)
 
     p = sub.add_parser(
         "answer", help="write the model's own (unlabelled) answers to a dataset's prompts"

@@ -40,7 +40,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.errors import ModelError
-from core.lens import DEFAULT_CHUNK, _chunks, _logits_chunk, _unembed
+from core.lens import _chunks, _logits_chunk, _unembed
 from core.trace import Needs
 
 if TYPE_CHECKING:
@@ -76,6 +76,10 @@ POS_TAGS: tuple[str, ...] = (
     "SPACE",
 )
 """The 17 Universal Dependencies tags plus spaCy's ``SPACE``."""
+PROBE_CHUNK = 256
+"""Rows per vocabulary-size probe (a 256 x vocab float32 block: 50 MB for 49k tokens)."""
+SPLIT_TOLERANCE = 1e-4
+"""Largest allowed ``|sum of the seven sources - P_final|`` (float32, ``specs/spad.md``)."""
 FEATURE_NAMES: tuple[str, ...] = tuple(f"{s}_{t}" for s in SOURCES for t in POS_TAGS)
 """The 126 response features, source first: ``Query_ADJ``, ..., ``Init_SPACE``."""
 
@@ -270,9 +274,7 @@ def source_fractions(tr: Trace, n_layers: int) -> Float[np.ndarray, "layer resp 
     return torch.stack(out).numpy()
 
 
-def token_sources(
-    model: LoadedModel, tr: Trace, *, chunk_size: int = DEFAULT_CHUNK
-) -> TokenSources:
+def token_sources(model: LoadedModel, tr: Trace, *, chunk_size: int = PROBE_CHUNK) -> TokenSources:
     """The seven-source split of every response token (see the module docstring).
 
     Args:
@@ -292,19 +294,16 @@ def token_sources(
     y = torch.as_tensor(layout.response_ids, dtype=torch.long)
 
     with torch.inference_mode():
-        phi_pre0 = _probe_probs(model, tr.at("resid_pre", 0, g), y, chunk_size).double()
-        phi_mid = torch.stack(
-            [
-                _probe_probs(model, tr.at("resid_mid", ly, g), y, chunk_size)
-                for ly in range(n_layers)
-            ]
-        ).double()
-        phi_post = torch.stack(
-            [
-                _probe_probs(model, tr.at("resid_post", ly, g), y, chunk_size)
-                for ly in range(n_layers)
-            ]
-        ).double()
+        # All 2L + 1 probes of all tokens in one batch of rows (chunked inside):
+        # [resid_pre[0]; resid_mid[0..L-1]; resid_post[0..L-1]], each block T rows.
+        rows = torch.cat(
+            [tr.at("resid_pre", 0, g)]
+            + [tr.at("resid_mid", ly, g) for ly in range(n_layers)]
+            + [tr.at("resid_post", ly, g) for ly in range(n_layers)]
+        )
+        phi = _probe_probs(model, rows, y.repeat(2 * n_layers + 1), chunk_size)
+        phi = phi.double().reshape(2 * n_layers + 1, -1)
+        phi_pre0, phi_mid, phi_post = phi[0], phi[1 : n_layers + 1], phi[n_layers + 1 :]
         logits = tr.at("logits", None, g).double()
         p_final = (logits.gather(1, y[:, None]).squeeze(1) - torch.logsumexp(logits, -1)).exp()
 
@@ -339,8 +338,12 @@ def token_sources(
         d_ffn=d_ffn.T.numpy().astype(np.float32),
         tokens=layout.response_token_strings(),
     )
-    # Internal check: the decomposition is exact up to float rounding.
-    assert out.max_error < 1e-4, f"SPAD split does not sum to P_final ({out.max_error:.2e})"
+    if out.max_error > SPLIT_TOLERANCE:
+        raise ModelError(
+            f"the SPAD split of {layout.example_id!r} misses P_final by {out.max_error:.2e} "
+            f"(> {SPLIT_TOLERANCE:g}): a head's attention row put no mass on Query, RAG, Past "
+            "or Self, or a probe overflowed; report this with the example"
+        )
     return out
 
 

@@ -4,7 +4,8 @@ Features (``specs/spad.md``, :mod:`core.spad`): every response token's final
 probability split exactly into Query, RAG, Past, Self, FFN, LN and Init,
 averaged over the tokens of each of 18 part-of-speech tags: 126 response
 features named ``<source>_<tag>`` (``RAG_NOUN``, ``LN_NUM``, ...). The
-per-token ``[T, 7]`` split is kept as token features for the views.
+per-token ``[T, 7]`` split and ``P_final`` are kept as token features
+(:data:`TOKEN_NAMES`; :func:`split_errors` checks them).
 
 Learning: XGBoost with ``scale_pos_weight = neg / pos``; hyper-parameters by
 ``RandomizedSearchCV`` (F1, stratified folds; the paper used 50 iterations
@@ -40,7 +41,7 @@ from core.detectors.base import (
     write_artifact,
 )
 from core.errors import DataError, ModelError
-from core.spad import FEATURE_NAMES, SOURCES
+from core.spad import FEATURE_NAMES, PROBE_CHUNK, SOURCES
 
 if TYPE_CHECKING:
     import xgboost
@@ -51,6 +52,8 @@ if TYPE_CHECKING:
     from core.trace import Needs
 
 BOOSTER_FILE = "model.json"
+TOKEN_NAMES: tuple[str, ...] = (*SOURCES, "P_final")
+"""Token feature columns: the seven sources, then the probability they sum to."""
 BIAS = "bias"
 """Explanation key of the booster's base margin (the SHAP expected value)."""
 
@@ -78,7 +81,7 @@ class SpadConfig(DetectorConfig):
     holdout: float = 0.15
     early_stopping_rounds: int = 50
     seed: int = 0
-    chunk_size: int = 64
+    chunk_size: int = PROBE_CHUNK
 
     def __post_init__(self) -> None:
         if self.n_iter < 0 or self.cv < 2:
@@ -166,14 +169,15 @@ class SpadDetector:
 
         src = self.sources(run)
         tags = response_pos(run.layout)
+        tokens = np.concatenate([src.values, src.p_final[:, None]], axis=1)
         return Features(
             detector=self.name,
             example_id=run.example.id,
             model=run.model.key,
             names=FEATURE_NAMES,
             response=pos_features(src.values, tags),
-            token_names=SOURCES,
-            tokens=src.values,
+            token_names=TOKEN_NAMES,
+            tokens=tokens,
             token_offsets=src.token_offsets,
         )
 
@@ -355,3 +359,22 @@ class SpadDetector:
                 source=str(folder),
             ) from e
         return det
+
+
+def split_errors(features: Sequence[Features]) -> np.ndarray:
+    """Per example, the largest ``|sum of the seven sources - P_final|`` over its tokens.
+
+    Reads the token features (:data:`TOKEN_NAMES`) of ``spad`` :class:`Features`;
+    an answer without tokens counts 0.
+    """
+    out = np.zeros(len(features), dtype=np.float64)
+    for i, f in enumerate(features):
+        if f.token_names != TOKEN_NAMES:
+            raise DataError(
+                f"features of {f.example_id!r} are not spad token features "
+                f"(columns {f.token_names}); extract them with the spad detector"
+            )
+        t = np.asarray(f.tokens, dtype=np.float64)
+        if t.size:
+            out[i] = float(np.abs(t[:, : len(SOURCES)].sum(1) - t[:, len(SOURCES)]).max())
+    return out

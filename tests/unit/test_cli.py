@@ -268,3 +268,11 @@ def test_set_passes_detector_options_and_rejects_bad_ones(capsys, tmp_path: Path
     argv += ["--set", 'lexical.pos=["NOUN"]', "--out", str(tmp_path)]
     assert main(argv) != 0
     assert "options given for detectors not being run: ['lexical']" in capsys.readouterr().err
+
+
+def test_spad_check_reports_the_largest_split_error(capsys, tiny_model) -> None:
+    assert main(["spad-check", "--model", "tiny", "--dataset", "demo"]) == 0
+    out = capsys.readouterr().out
+    err = float(out.split("P_final| = ")[1].split()[0])
+    assert 0.0 <= err < 1e-4 and "within the tolerance" in out
+    assert "answer tokens, model" in out

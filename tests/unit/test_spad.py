@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -11,7 +12,7 @@ import torch
 
 from core.datasets import resolve_dataset
 from core.detectors import make_detector
-from core.detectors.spad import BIAS, BOOSTER_FILE, SpadDetector
+from core.detectors.spad import BIAS, BOOSTER_FILE, SpadDetector, split_errors
 from core.errors import DataError, ModelError, NotFittedError
 from core.extract import extract_features, run_example
 from core.layout import render
@@ -311,14 +312,28 @@ def fitted(tiny_model, balanced):
 def test_features_hold_the_126_pos_means_and_the_token_split(tiny_model, toy_example) -> None:
     det = make_detector("spad")
     f = run_example(tiny_model, toy_example, [det])["spad"]
-    assert f.names == FEATURE_NAMES and f.token_names == SOURCES
+    assert f.names == FEATURE_NAMES and f.token_names == (*SOURCES, "P_final")
     layout = render(toy_example, tiny_model)
     s = token_sources(tiny_model, trace(tiny_model, layout, spad_needs(tiny_model.info.n_layers)))
-    np.testing.assert_allclose(f.tokens, s.values, rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(f.tokens[:, :7], s.values, rtol=1e-6, atol=1e-12)
+    np.testing.assert_allclose(f.tokens[:, 7], s.p_final, rtol=1e-6, atol=1e-12)
+    assert split_errors([f])[0] == pytest.approx(s.max_error, abs=1e-6)
     np.testing.assert_array_equal(f.token_offsets, layout.response_offsets)
     np.testing.assert_allclose(f.response, pos_features(s.values, response_pos(layout)), atol=1e-12)
     # The chunk size is a memory knob: not part of the feature cache key.
     assert make_detector("spad", chunk_size=7).config.feature_hash() == det.config.feature_hash()
+
+
+def test_split_errors_read_the_stored_token_split(tiny_model, toy_example) -> None:
+    f = run_example(tiny_model, toy_example, [make_detector("spad")])["spad"]
+    assert split_errors([f])[0] < 1e-6
+    tokens = f.tokens.copy()
+    tokens[2, 5] += 1e-3  # LN of the third token off by 1e-3
+    bad = dataclasses.replace(f, tokens=tokens)
+    np.testing.assert_allclose(split_errors([f, bad]), [split_errors([f])[0], 1e-3], atol=1e-6)
+    nll = run_example(tiny_model, toy_example, [make_detector("nll")])["nll"]
+    with pytest.raises(DataError, match="not spad token features"):
+        split_errors([nll])
 
 
 def test_fit_predict_and_contributions_sum_to_the_margin(fitted) -> None:
