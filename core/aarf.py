@@ -512,6 +512,8 @@ def aarf_generate(
     max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
     plain: bool = True,
     keep_logits: bool = False,
+    heads: Iterable[Head] | None = None,
+    layers: Iterable[int] | None = None,
 ) -> AARFResult:
     """Greedy decoding with AARF (see the module docstring).
 
@@ -532,6 +534,11 @@ def aarf_generate(
         plain: Also generate the plain greedy answer (:func:`core.generate.generate`)
             for the before/after comparison.
         keep_logits: Keep every step's logits (``[step, d_vocab]``, for audits and tests).
+        heads: Scale these ``(layer, head)`` instead of the detector's selected heads
+            (the score still reads the detector's heads).
+        layers: Scale these layers' MLPs instead of the detector's selected layers
+            (``()`` scales none; e.g. leave out layer 0, whose MLP the token embeddings
+            lean on).
 
     Raises:
         ValueError: bad factors, ``tau``, ``score`` or detector.
@@ -554,8 +561,11 @@ def aarf_generate(
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     prompt = _as_prompt(example_or_prompt)
-    heads = tuple((int(a), int(b)) for a, b in detector.selected_heads)
-    layers = tuple(int(x) for x in detector.selected_layers)
+    heads = tuple(
+        (int(a), int(b)) for a, b in (detector.selected_heads if heads is None else heads)
+    )
+    layers = tuple(int(x) for x in (detector.selected_layers if layers is None else layers))
+    _check_components(model, heads, layers)
 
     baseline = None
     if plain:

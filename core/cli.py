@@ -392,6 +392,48 @@ def cmd_spad_check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_shap(args: argparse.Namespace) -> int:
+    """Global SHAP ranking of a fitted ``spad`` detector's 126 features on a dataset split."""
+    from core.detectors.base import detector_class, load_shipped
+    from core.extract import FeatureCache, extract_features
+    from core.shapviz import shap_values
+    from core.storage import Store
+
+    _, _, splits = _eval_splits(args)
+    parts = ("train", "validation", "test") if args.split == "all" else (args.split,)
+    examples = [e for part in parts for e in splits[part]]
+    if not examples:
+        from core.errors import DataError
+
+        raise DataError(f"the {args.split} split of {args.dataset} is empty; try --split all")
+    model = _load(args)
+    if args.artifact:
+        det = detector_class("spad").load(args.artifact, model_key=model.info.key)
+    else:
+        det = load_shipped("spad", model.info.key)
+    with Store() as store:
+        ext = extract_features(
+            model,
+            examples,
+            [det],
+            cache=None if args.no_cache else FeatureCache(store),
+            progress=_tqdm_progress("spad"),
+        )
+    res = shap_values(det, ext.features["spad"])
+    df = res.to_frame().head(args.top)
+    n_pos = sum(bool(e.label) for e in ext.examples)
+    print(
+        f"spad SHAP on {args.dataset} ({args.split}: {len(res)} answers, {n_pos} hallucinated); "
+        f"base margin {res.base:+.3f}"
+    )
+    print(
+        "direction = Spearman r of the feature's value with its SHAP value "
+        "(+: higher pushes towards hallucinated)"
+    )
+    print(df.to_string(index=False, float_format=lambda v: f"{v:.4f}"))
+    return 0
+
+
 def _train_recipe(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     """The inputs that rebuild a training run, recorded in every artifact it saves."""
     recipe: dict[str, Any] = {
@@ -557,6 +599,33 @@ def cmd_answer(args: argparse.Namespace) -> int:
     return 0
 
 
+def _parse_ints(text: str, flag: str) -> list[int]:
+    """``"29,25"`` -> ``[29, 25]`` (``""`` -> ``[]``), or a DataError naming the flag."""
+    from core.errors import DataError
+
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        raise DataError(f"{flag} {text!r}: write comma-separated integers, e.g. 29,25") from None
+
+
+def _parse_heads(text: str) -> list[tuple[int, int]]:
+    """``"L21H8,L22H7"`` -> ``[(21, 8), (22, 7)]`` (``""`` -> ``[]``)."""
+    import re
+
+    from core.errors import DataError
+
+    out = []
+    for item in (x.strip() for x in text.split(",")):
+        if not item:
+            continue
+        m = re.fullmatch(r"L(\d+)H(\d+)", item, flags=re.IGNORECASE)
+        if m is None:
+            raise DataError(f"--heads {item!r}: write heads as L<layer>H<head>, e.g. L21H8")
+        out.append((int(m[1]), int(m[2])))
+    return out
+
+
 def cmd_aarf(args: argparse.Namespace) -> int:
     """Answer with AARF (ReDeEP's mitigation) and compare with the plain greedy answer."""
     from core.aarf import aarf_generate
@@ -578,6 +647,8 @@ def cmd_aarf(args: argparse.Namespace) -> int:
         alpha2=args.alpha2,
         beta2=args.beta2,
         max_new_tokens=args.max_new_tokens,
+        heads=None if args.heads is None else _parse_heads(args.heads),
+        layers=None if args.layers is None else _parse_ints(args.layers, "--layers"),
     )
     others = [load_shipped(n, key) for n in args.rescore.split(",") if n and n != name]
     table = res.rescore(model, [det, *others])
@@ -786,6 +857,33 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_spad_check)
 
     p = sub.add_parser(
+        "shap", help="rank a fitted spad detector's 126 POS x source features by mean |SHAP|"
+    )
+    _add_model_args(p)
+    p.add_argument(
+        "--dataset", default="builtin", help="demo, builtin, a file/folder or a stored name"
+    )
+    p.add_argument("--test-dataset", default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--limit", type=int, default=None, help="about this many examples (whole sources)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="split seed (datasets without a split)")
+    p.add_argument(
+        "--split",
+        choices=("train", "validation", "test", "all"),
+        default="test",
+        help="which split to explain (default: test)",
+    )
+    p.add_argument(
+        "--artifact",
+        default=None,
+        help="a spad artifact folder (default: the shipped assets/detectors/spad)",
+    )
+    p.add_argument("--top", type=int, default=10, help="how many features to list")
+    p.add_argument("--no-cache", action="store_true", help="recompute features (ignore the cache)")
+    p.set_defaults(func=cmd_shap)
+
+    p = sub.add_parser(
         "answer", help="write the model's own (unlabelled) answers to a dataset's prompts"
     )
     _add_model_args(p)
@@ -821,6 +919,18 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--alpha2", type=float, default=5.0, help="factor on the selected heads")
     p.add_argument("--beta2", type=float, default=0.2, help="factor on the selected MLPs")
+    p.add_argument(
+        "--heads",
+        default=None,
+        metavar="L21H8,...",
+        help="scale these heads instead of the detector's selected ones ('' = none)",
+    )
+    p.add_argument(
+        "--layers",
+        default=None,
+        metavar="29,25,...",
+        help="scale these layers' MLPs instead of the detector's selected ones ('' = none)",
+    )
     p.add_argument("--max-new-tokens", type=int, default=64)
     p.add_argument(
         "--rescore",

@@ -233,9 +233,27 @@ class ShapResult:
         v = self.values if kind == "mean" else np.abs(self.values)
         return v.mean(0).reshape(len(SOURCES), len(POS_TAGS))
 
+    @property
+    def direction(self) -> np.ndarray:
+        """``[f]`` Spearman correlation of each feature's value with its SHAP value.
+
+        Positive: higher values push towards "hallucinated"; negative: towards
+        "faithful"; NaN where the feature or its SHAP values are constant.
+        """
+        from scipy.stats import rankdata
+
+        out = np.full(len(self.names), np.nan)
+        rx = rankdata(self.data, axis=0)
+        rv = rankdata(self.values, axis=0)
+        for j in range(len(self.names)):
+            if np.ptp(rx[:, j]) > 0 and np.ptp(rv[:, j]) > 0:
+                out[j] = float(np.corrcoef(rx[:, j], rv[:, j])[0, 1])
+        return out
+
     def to_frame(self) -> pd.DataFrame:
         """One row per feature: ``feature``, ``source``, ``tag``, ``mean |SHAP|``,
-        ``mean SHAP``, ``mean value``, sorted by ``mean |SHAP|`` (largest first)."""
+        ``mean SHAP``, ``mean value``, ``direction`` (:attr:`direction`), sorted by
+        ``mean |SHAP|`` (largest first)."""
         import pandas as pd
 
         parts = [_feature_parts(n) for n in self.names]
@@ -247,6 +265,7 @@ class ShapResult:
                 "mean |SHAP|": self.mean_abs,
                 "mean SHAP": self.values.mean(0),
                 "mean value": self.data.mean(0),
+                "direction": self.direction,
             }
         )
         return df.sort_values("mean |SHAP|", ascending=False, kind="stable").reset_index(drop=True)

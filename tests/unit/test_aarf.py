@@ -206,6 +206,22 @@ def test_always_intervening_scales_every_step(tiny_model, detector, toy_example)
     assert res.layers == tuple(detector.selected_layers)
 
 
+def test_explicit_components_replace_the_detectors_selection(tiny_model, detector, toy_example):
+    kw = dict(tau=-1.0, max_new_tokens=3, plain=False, keep_logits=True)
+    nothing = aarf_generate(tiny_model, toy_example, detector, heads=(), layers=(), **kw)
+    never = aarf_generate(tiny_model, toy_example, detector, **{**kw, "tau": 2.0})
+    # Scaling no component is the plain model, though every step "intervenes".
+    assert nothing.n_intervened == 3 and nothing.heads == () and nothing.layers == ()
+    np.testing.assert_allclose(nothing.step_logits, never.step_logits, rtol=1e-5, atol=1e-5)
+    some = aarf_generate(
+        tiny_model, toy_example, detector, heads=[(0, 1)], layers=[], alpha2=STRONG, **kw
+    )
+    assert some.heads == ((0, 1),) and some.layers == ()
+    assert not np.allclose(some.step_logits[0], never.step_logits[0])
+    with pytest.raises(ValueError, match="outside"):
+        aarf_generate(tiny_model, toy_example, detector, layers=[99], **kw)
+
+
 def test_logits_change_exactly_on_the_intervened_steps(tiny_model, detector, toy_example):
     n = 5
     free = aarf_generate(tiny_model, toy_example, detector, tau=1.0, max_new_tokens=n, plain=False)
@@ -299,28 +315,27 @@ def test_cli_aarf_prints_both_answers_and_the_intervened_steps(
 ):
     monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "cli.sqlite3"))
     art = detector.save(tmp_path / "redeep_token")
-    code = main(
-        [
-            "aarf",
-            "--model",
-            "tiny",
-            "--device",
-            "cpu",
-            "--question",
-            "Who built the Old Bridge?",
-            "--passage",
-            "The Old Bridge was built by Ada Lovell in 1820.",
-            "--artifact",
-            str(art),
-            "--tau",
-            "-1",
-            "--alpha2",
-            str(STRONG),
-            "--max-new-tokens",
-            "3",
-            "--json",
-        ]
-    )
+    argv = [
+        "aarf",
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--question",
+        "Who built the Old Bridge?",
+        "--passage",
+        "The Old Bridge was built by Ada Lovell in 1820.",
+        "--artifact",
+        str(art),
+        "--tau",
+        "-1",
+        "--alpha2",
+        str(STRONG),
+        "--max-new-tokens",
+        "3",
+        "--json",
+    ]
+    code = main(argv)
     assert code == 0
     out = json.loads(capsys.readouterr().out)
     assert out["intervened_steps"] == out["steps"] == 3
@@ -329,6 +344,13 @@ def test_cli_aarf_prints_both_answers_and_the_intervened_steps(
     assert out["plain"] != out["aarf"]
     assert {r["answer"] for r in out["rescored"]} == {"plain", "aarf"}
     assert out["heads"] == [f"L{a}H{b}" for a, b in detector.selected_heads]
+    # Explicit components: --heads picks the heads, --layers '' scales no MLP.
+    code = main([*argv, "--heads", "L0H1", "--layers", ""])
+    assert code == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["heads"] == ["L0H1"] and out["layers"] == []
+    assert main([*argv, "--heads", "0:1"]) == 2
+    assert "L<layer>H<head>" in capsys.readouterr().err
 
 
 def test_cli_aarf_default_artifact_must_match_the_model(

@@ -95,7 +95,11 @@ def test_planted_features_lead_the_ranking(fitted) -> None:
         "mean |SHAP|",
         "mean SHAP",
         "mean value",
+        "direction",
     ]
+    # Planted: less RAG on nouns and more LN on numerals in hallucinated answers.
+    by = frame.set_index("feature")["direction"]
+    assert by["RAG_NOUN"] < -0.5 and by["LN_NUM"] > 0.5
     grid = res.grid("mean_abs")
     assert grid.shape == (len(SOURCES), len(POS_TAGS))
     assert grid[SOURCES.index("RAG"), POS_TAGS.index("NOUN")] == pytest.approx(
