@@ -92,3 +92,27 @@ def one_torch_thread() -> Iterator[None]:
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="session")
+def tiny_sae(tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory):
+    """A small TopK SAE on the tiny model's layer-1 residual stream, saved and reloaded."""
+    from core.sae import (
+        LoadedSAE,
+        SaeSettings,
+        collect_activations,
+        load_sae,
+        sae_corpus,
+        save_sae,
+        train_sae,
+    )
+
+    corpus = sae_corpus(("demo", "builtin"))
+    acts = collect_activations(tiny_model, corpus.train[:60], 1)
+    settings = SaeSettings(layer=1, expansion=4, k=8, training_tokens=40_000, batch_size=512)
+    sae = train_sae(acts, settings)
+    folder = tmp_path_factory.mktemp("sae") / "tiny-sae"
+    save_sae(sae, folder, layer=1, model_key=tiny_model.info.key, meta={"note": "test"})
+    loaded = load_sae(folder)
+    assert isinstance(loaded, LoadedSAE)
+    return loaded

@@ -348,6 +348,7 @@ def _ensure_builtin() -> None:
     # ``core.detectors.base`` stays import-light.
     import core.detectors.baselines  # noqa: F401
     import core.detectors.interpdetect  # noqa: F401
+    import core.detectors.raglens  # noqa: F401
     import core.detectors.redeep  # noqa: F401
     import core.detectors.spad  # noqa: F401
 

@@ -1,0 +1,407 @@
+"""RAGLens (Xiong et al., ICLR 2026): SAE features of the answer -> MI selection -> EBM.
+
+Features (``specs/raglens.md``): the residual stream after the SAE's block at
+every response token's own position ``p_j``, encoded by the SAE
+(:mod:`core.sae`; ``activation="pre"`` pools the ReLU of the encoder
+pre-activations before the top-k cut, as the RAGLens public code did;
+``"post"`` the SAE's sparse TopK output), max-pooled over the answer:
+``zbar_k = max_j z_jk``, one response feature ``F<k>`` per SAE feature
+(zeros for an empty answer).
+
+Learning: mutual information of every pooled feature with the label
+(:func:`core.mi.mutual_information`, 50 bins, quantile thresholds by default),
+the top ``top_k`` features kept (the paper's K' = 1000 is scaled down for small
+training sets), and an :class:`interpret.glassbox.ExplainableBoostingClassifier`
+with the spec's parameters (no interactions, 32 bins, 10% validation, up to
+1000 rounds, tolerance 1e-5, seed 0). Explanations are the EBM's exact
+per-term contributions (log-odds; with ``intercept`` they sum to the margin).
+
+The SAE is part of the feature-cache key (its weights' hash), so features
+read with a retrained SAE are never mixed with older ones.
+"""
+
+from __future__ import annotations
+
+import functools
+import hashlib
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Self
+
+import numpy as np
+
+from core.detectors.base import (
+    DetectorConfig,
+    Features,
+    Run,
+    Verdict,
+    check_features,
+    read_artifact,
+    register_detector,
+    require_fitted,
+    write_artifact,
+)
+from core.errors import DataError, ModelError
+
+if TYPE_CHECKING:
+    import torch
+
+    from core.examples import RAGExample
+    from core.model import ModelInfo
+    from core.sae import LoadedSAE
+    from core.trace import Needs
+
+EBM_FILE = "ebm.skops"
+INTERCEPT = "intercept"
+_TRUSTED_PREFIXES = ("interpret.", "sklearn.", "numpy.")
+
+
+def feature_name(k: int) -> str:
+    """Name of SAE feature ``k`` among the response features: ``F<k>``."""
+    return f"F{k}"
+
+
+def feature_index(name: str) -> int:
+    if not name.startswith("F") or not name[1:].isdigit():
+        raise ValueError(f"not a RAGLens feature name: {name!r}")
+    return int(name[1:])
+
+
+@functools.lru_cache(maxsize=4)
+def _load_sae_cached(folder: str, stamp: str) -> LoadedSAE:
+    from core.sae import load_sae
+
+    return load_sae(folder)
+
+
+def sae_folder(spec: str) -> Path:
+    """The SAE folder a config names (``""``: the shipped one for the embedded model)."""
+    from core.sae import shipped_sae_dir
+
+    return Path(spec).expanduser() if spec else shipped_sae_dir()
+
+
+def sae_stamp(folder: Path) -> str:
+    """Identity of the SAE in ``folder`` for caches: its weights' hash, or its file stats."""
+    from core.sae import META_FILE
+
+    meta = folder / META_FILE
+    if meta.is_file():
+        import json
+
+        try:
+            digest = json.loads(meta.read_text()).get("weights_sha256")
+        except ValueError:
+            digest = None
+        if digest:
+            return str(digest)
+    weights = folder / "sae_weights.safetensors"
+    if not weights.is_file():
+        raise DataError(
+            "no SAE here; train one with `ragscope sae train` (or set raglens.sae to a folder)",
+            source=str(folder),
+        )
+    st = weights.stat()
+    return hashlib.sha256(f"{weights.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+
+
+def load_config_sae(spec: str) -> LoadedSAE:
+    """The (cached) SAE a config names."""
+    folder = sae_folder(spec)
+    return _load_sae_cached(str(folder.resolve()), sae_stamp(folder))
+
+
+@dataclass(frozen=True, kw_only=True)
+class RaglensConfig(DetectorConfig):
+    """RAGLens options.
+
+    Attributes:
+        sae: SAE folder (``""``: the shipped SAE of the embedded model).
+        activation: ``pre`` (encoder ReLU before the top-k cut; the public code) or
+            ``post`` (the SAE's TopK output).
+        top_k: Features kept by mutual information (K').
+        bins: MI bins per feature.
+        binning: ``quantile`` (paper) or ``uniform`` (public code).
+        max_bins: EBM bins per feature.
+        validation_size: EBM's internal validation share (early stopping).
+        max_rounds: EBM boosting rounds.
+        early_stopping_tolerance: EBM tolerance.
+        seed: EBM random state.
+    """
+
+    FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
+        {
+            "top_k",
+            "bins",
+            "binning",
+            "max_bins",
+            "validation_size",
+            "max_rounds",
+            "early_stopping_tolerance",
+            "seed",
+        }
+    )
+
+    sae: str = ""
+    activation: str = "pre"
+    top_k: int = 256
+    bins: int = 50
+    binning: str = "quantile"
+    max_bins: int = 32
+    validation_size: float = 0.1
+    max_rounds: int = 1000
+    early_stopping_tolerance: float = 1e-5
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        from core.mi import BINNINGS
+        from core.sae import ACTIVATIONS
+
+        if self.activation not in ACTIVATIONS:
+            raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
+        if self.binning not in BINNINGS:
+            raise ValueError(f"binning must be one of {BINNINGS}, got {self.binning!r}")
+        if self.top_k < 1 or self.bins < 2 or self.max_bins < 2 or self.max_rounds < 1:
+            raise ValueError("top_k >= 1, bins >= 2, max_bins >= 2 and max_rounds >= 1")
+        if not 0.0 <= self.validation_size < 0.5:
+            raise ValueError(f"validation_size must be in [0, 0.5), got {self.validation_size}")
+
+    def feature_hash(self) -> str:
+        """Options that shape the features plus the SAE's identity (its weights)."""
+        base = super().feature_hash()
+        stamp = sae_stamp(sae_folder(self.sae))
+        return hashlib.sha256(f"{base}|{stamp}".encode()).hexdigest()[:16]
+
+
+@register_detector
+class RaglensDetector:
+    """Max-pooled SAE features, mutual-information selection, EBM."""
+
+    name: ClassVar[str] = "raglens"
+    Config: ClassVar[type[RaglensConfig]] = RaglensConfig
+    needs_bare: ClassVar[bool] = False
+
+    def __init__(self, config: RaglensConfig | None = None) -> None:
+        self.config: RaglensConfig = config or self.Config()
+        self.ebm_: Any = None
+        self.model_key_: str | None = None
+        self.names_: tuple[str, ...] = ()
+        self.selected_: tuple[int, ...] = ()
+        self.mi_: np.ndarray | None = None
+        self.threshold_: float = 0.5
+        self.train_info_: dict[str, Any] = {}
+
+    # -- features ---------------------------------------------------------------
+
+    @property
+    def sae(self) -> LoadedSAE:
+        return load_config_sae(self.config.sae)
+
+    def needs(self, model: ModelInfo) -> Needs:
+        from core.trace import Needs
+
+        return Needs.of(["resid_post"], layers=[self.sae.layer], positions="response")
+
+    def token_activations(self, run: Run) -> torch.Tensor:
+        """``[T, d_sae]`` SAE activations at the response tokens (the config's kind)."""
+        if run.trace is None:
+            raise ModelError("raglens needs a trace (the residual stream at the SAE's layer)")
+        sae = self.sae
+        sae.check_model(run.model.key, run.model.d_model)
+        x = run.trace.at("resid_post", sae.layer, run.layout.response_positions)
+        return sae.encode(x, self.config.activation)  # type: ignore[arg-type]
+
+    def features(self, run: Run) -> Features:
+        z = self.token_activations(run)
+        pooled = z.max(0).values.numpy() if z.shape[0] else np.zeros(z.shape[1], np.float32)
+        return Features(
+            detector=self.name,
+            example_id=run.example.id,
+            model=run.model.key,
+            names=tuple(feature_name(k) for k in range(z.shape[1])),
+            response=pooled.astype(np.float32),
+        )
+
+    # -- learning ---------------------------------------------------------------
+
+    def fit(self, features: Sequence[Features], examples: Sequence[RAGExample]) -> Self:
+        """MI selection of the top ``top_k`` pooled features, then the EBM."""
+        from interpret.glassbox import ExplainableBoostingClassifier
+
+        from core.detectors.baselines import response_labels
+        from core.mi import mutual_information, top_features
+
+        if len(features) != len(examples) or not features:
+            raise DataError(
+                f"fit needs one Features per example; got {len(features)} and {len(examples)}"
+            )
+        if len({f.model for f in features}) != 1 or len({f.names for f in features}) != 1:
+            raise ModelError("raglens: features come from several models or SAEs; train on one")
+        y = response_labels(examples)
+        if len(set(y.tolist())) < 2:
+            raise DataError(
+                "raglens needs hallucinated and faithful responses in the training data"
+            )
+        c = self.config
+        X = np.stack([f.response for f in features]).astype(np.float64)
+        mi = mutual_information(X, y, bins=c.bins, binning=c.binning)  # type: ignore[arg-type]
+        sel = top_features(mi, c.top_k)
+        names = [feature_name(int(k)) for k in sel]
+        ebm = ExplainableBoostingClassifier(
+            feature_names=names,
+            interactions=0,
+            max_bins=c.max_bins,
+            validation_size=c.validation_size,
+            max_rounds=c.max_rounds,
+            early_stopping_tolerance=c.early_stopping_tolerance,
+            random_state=c.seed,
+            n_jobs=1,
+        )
+        ebm.fit(X[:, sel], y)
+        self.ebm_ = ebm
+        self.model_key_ = features[0].model
+        self.names_ = features[0].names
+        self.selected_ = tuple(int(k) for k in sel)
+        self.mi_ = mi.astype(np.float32)
+        self.train_info_ = {
+            "n_train": len(y),
+            "n_hallucinated": int(y.sum()),
+            "n_sae_features": X.shape[1],
+            "top_mi": [[feature_name(int(k)), float(mi[k])] for k in sel[:10]],
+        }
+        return self
+
+    # -- scoring ----------------------------------------------------------------
+
+    def _matrix(self, features: Sequence[Features]) -> np.ndarray:
+        require_fitted(self, "ebm_", self.name)
+        for f in features:
+            check_features(self.name, f, self.model_key_, self.names_)
+        X = np.stack([f.response for f in features]).astype(np.float64)
+        return X[:, list(self.selected_)]
+
+    def contributions(self, features: Sequence[Features]) -> np.ndarray:
+        """``[n, K' + 1]`` per-feature log-odds contributions; last column the intercept."""
+        Xs = self._matrix(features)
+        terms = np.asarray(self.ebm_.eval_terms(Xs), dtype=np.float64)
+        icpt = np.full((terms.shape[0], 1), float(np.ravel(self.ebm_.intercept_)[0]))
+        return np.concatenate([terms, icpt], axis=1)
+
+    def margins(self, features: Sequence[Features]) -> np.ndarray:
+        return np.asarray(self.ebm_.decision_function(self._matrix(features)), dtype=np.float64)
+
+    def predict(self, features: Features) -> Verdict:
+        Xs = self._matrix([features])
+        score = float(self.ebm_.predict_proba(Xs)[0, 1])
+        contrib = self.contributions([features])[0]
+        expl = {
+            feature_name(k): float(v) for k, v in zip(self.selected_, contrib[:-1], strict=True)
+        }
+        expl[INTERCEPT] = float(contrib[-1])
+        return Verdict(
+            detector=self.name,
+            example_id=features.example_id,
+            score=min(max(score, 0.0), 1.0),
+            hallucinated=score >= self.threshold_,
+            explanation=expl,
+        )
+
+    # -- global view ------------------------------------------------------------
+
+    def importances(self) -> list[tuple[int, float]]:
+        """``(SAE feature, EBM importance)`` of the selected features, most important first."""
+        require_fitted(self, "ebm_", self.name)
+        imp = np.asarray(self.ebm_.term_importances(), dtype=np.float64)
+        order = np.argsort(-imp, kind="stable")
+        return [(self.selected_[i], float(imp[i])) for i in order]
+
+    def shape_function(self, feature: int) -> dict[str, np.ndarray]:
+        """The EBM shape function of a selected SAE feature.
+
+        Returns:
+            ``edges`` (``[b + 1]`` activation bin edges), ``scores`` (``[b]`` log-odds
+            contribution per bin, zero-centred over the training data as the EBM stores
+            them), ``density`` (training counts per density bin) and ``density_edges``.
+        """
+        require_fitted(self, "ebm_", self.name)
+        if feature not in self.selected_:
+            raise ValueError(f"feature {feature} is not among the selected ones")
+        i = self.selected_.index(feature)
+        data = self.ebm_.explain_global().data(i)
+        dens = data.get("density", {})
+        return {
+            "edges": np.asarray(data["names"], dtype=np.float64),
+            "scores": np.asarray(data["scores"], dtype=np.float64),
+            "density": np.asarray(dens.get("scores", []), dtype=np.float64),
+            "density_edges": np.asarray(dens.get("names", []), dtype=np.float64),
+        }
+
+    # -- artifacts --------------------------------------------------------------
+
+    def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
+        import skops.io as sio
+
+        require_fitted(self, "ebm_", self.name)
+        assert self.model_key_ is not None and self.mi_ is not None
+        out = write_artifact(
+            folder,
+            name=self.name,
+            config=self.config,
+            model_key=self.model_key_,
+            weights={
+                "n_features": len(self.names_),
+                "selected": list(self.selected_),
+                "mi": [float(v) for v in self.mi_[list(self.selected_)]],
+                "sae": sae_stamp(sae_folder(self.config.sae)),
+                "ebm_file": EBM_FILE,
+            },
+            extra={"threshold": self.threshold_, "train": self.train_info_, **(extra or {})},
+        )
+        sio.dump(self.ebm_, out / EBM_FILE)
+        return out
+
+    @classmethod
+    def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
+        import skops.io as sio
+
+        cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
+        path = Path(folder) / EBM_FILE
+        try:
+            det = cls(cls.Config.from_dict(cfg["config"]))
+            if not path.is_file():
+                raise FileNotFoundError(f"{EBM_FILE} is missing")
+            untrusted = sio.get_untrusted_types(file=path)
+            bad = [t for t in untrusted if not t.startswith(_TRUSTED_PREFIXES)]
+            if bad:
+                raise DataError(
+                    f"refusing to load types {bad} from {path}; retrain the detector",
+                    source=str(path),
+                )
+            det.ebm_ = sio.load(path, trusted=untrusted)
+            n = int(w["n_features"])
+            det.names_ = tuple(feature_name(k) for k in range(n))
+            det.selected_ = tuple(int(k) for k in w["selected"])
+            mi = np.zeros(n, dtype=np.float32)
+            mi[list(det.selected_)] = np.asarray(w["mi"], dtype=np.float32)
+            det.mi_ = mi
+            det.model_key_ = cfg["model"]
+            det.threshold_ = float(cfg.get("threshold", 0.5))
+            det.train_info_ = dict(cfg.get("train", {}))
+        except DataError:
+            raise
+        except (OSError, KeyError, TypeError, ValueError) as e:
+            raise DataError(
+                f"malformed raglens artifact ({type(e).__name__}: {e}); retrain it with "
+                "`ragscope train --detectors raglens`",
+                source=str(folder),
+            ) from e
+        stamp = w.get("sae")
+        current = sae_stamp(sae_folder(det.config.sae))
+        if stamp and stamp != current:
+            raise ModelError(
+                f"the raglens artifact in {folder} was trained on another SAE (weights "
+                f"{str(stamp)[:12]}, now {current[:12]}); retrain it with "
+                "`ragscope train --detectors raglens`"
+            )
+        return det
