@@ -27,6 +27,7 @@ navigation = st.navigation(
             title="Token sources",
             icon=":material/stacked_bar_chart:",
         ),
+        st.Page(PAGES_DIR / "gam.py", title="GAM shape functions", icon=":material/show_chart:"),
         st.Page(PAGES_DIR / "benchmark.py", title="Benchmark", icon=":material/leaderboard:"),
     ]
 )

@@ -1675,6 +1675,8 @@ class AppState:
             when there is one).
         tokens_dataset: Its dataset: :data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`.
         tokens_example_id: The Token sources example, per dataset key.
+        gam_feature: The SAE feature shown in close-up on the GAM shape functions page.
+        gam_example_id: The answer explained on the GAM shape functions page.
         tokens_by_pos: Whether the token bars are aggregated by part of speech.
     """
 
@@ -1717,6 +1719,8 @@ class AppState:
     tokens_example_source: str | None = None
     tokens_dataset: str = HEADS_FROM_HOME
     tokens_example_id: dict[str, str] = field(default_factory=dict)
+    gam_feature: int | None = None
+    gam_example_id: str | None = None
     tokens_by_pos: bool = False
 
     def add_passage(self) -> None:

@@ -48,7 +48,7 @@ if TYPE_CHECKING:
     import torch
 
     from core.examples import RAGExample
-    from core.model import ModelInfo
+    from core.model import LoadedModel, ModelInfo
     from core.sae import LoadedSAE
     from core.trace import Needs
 
@@ -110,6 +110,35 @@ def load_config_sae(spec: str) -> LoadedSAE:
     """The (cached) SAE a config names."""
     folder = sae_folder(spec)
     return _load_sae_cached(str(folder.resolve()), sae_stamp(folder))
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class RaglensAnswer:
+    """One answer read by RAGLens (:meth:`RaglensDetector.explain_answer`).
+
+    Attributes:
+        verdict: The detector's verdict (explanation: per-feature log-odds contributions).
+        tokens: The answer's tokens as text.
+        token_offsets: ``[T, 2]`` character ranges of the tokens.
+        features: The selected SAE features, in :attr:`activations` column order.
+        activations: ``[T, K']`` each selected feature's activation at each answer token.
+    """
+
+    verdict: Verdict
+    tokens: tuple[str, ...]
+    token_offsets: np.ndarray
+    features: tuple[int, ...]
+    activations: np.ndarray
+
+    def top_positive(self, n: int = 3) -> list[int]:
+        """The ``n`` selected features pushing hardest towards "hallucinated" (positive only)."""
+        contrib = [(k, self.verdict.explanation.get(feature_name(k), 0.0)) for k in self.features]
+        pos = sorted((kv for kv in contrib if kv[1] > 0), key=lambda kv: -kv[1])
+        return [k for k, _ in pos[:n]]
+
+    def activations_of(self, feature: int) -> np.ndarray:
+        """``[T]`` one selected feature's activation at each answer token."""
+        return self.activations[:, self.features.index(feature)]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -336,6 +365,28 @@ class RaglensDetector:
             "density": np.asarray(dens.get("scores", []), dtype=np.float64),
             "density_edges": np.asarray(dens.get("names", []), dtype=np.float64),
         }
+
+    def explain_answer(self, model: LoadedModel, example: RAGExample) -> RaglensAnswer:
+        """One traced pass over ``example``: its verdict and the selected features per token."""
+        from core.detectors.base import Run
+        from core.layout import render
+        from core.trace import trace
+
+        require_fitted(self, "ebm_", self.name)
+        layout = render(example, model)
+        tr = trace(model, layout, self.needs(model.info))
+        run = Run(
+            example=example, layout=layout, trace=tr, bare=None, model=model.info, loaded=model
+        )
+        z = self.token_activations(run)
+        feats = self.features(run)
+        return RaglensAnswer(
+            verdict=self.predict(feats),
+            tokens=layout.response_token_strings(),
+            token_offsets=np.asarray(layout.response_offsets),
+            features=self.selected_,
+            activations=z[:, list(self.selected_)].numpy(),
+        )
 
     # -- artifacts --------------------------------------------------------------
 

@@ -136,3 +136,41 @@ def test_unfitted_foreign_and_one_class_fail_clearly(fitted, balanced, sae_dir):
                 "R", (), {"trace": object(), "model": type("M", (), {"key": "x", "d_model": 64})()}
             )()
         )
+
+
+def test_figures_show_the_ebm_numbers(fitted):
+    from core.gamviz import contributions_figure, importance_figure, shape_function_figure
+
+    det, feats = fitted
+    imp = det.importances()
+    bars = importance_figure(det, top=5).data[0]
+    assert list(bars.y) == [f"F{k}" for k, _ in imp[:5]][::-1]
+    np.testing.assert_allclose(bars.x, [v for _, v in imp[:5]][::-1])
+    k = imp[0][0]
+    fig = shape_function_figure(det, k)
+    sf = det.shape_function(k)
+    line = fig.data[0]
+    assert len(line.x) == 2 * sf["scores"].size
+    np.testing.assert_allclose(line.y[::2], sf["scores"])
+    np.testing.assert_allclose(line.x[::2], sf["edges"][:-1])
+    v = det.predict(feats[0])
+    c = contributions_figure(v.explanation, top=4).data[0]
+    top4 = sorted(
+        (kv for kv in v.explanation.items() if kv[0] != INTERCEPT), key=lambda kv: -abs(kv[1])
+    )[:4]
+    assert list(c.y) == [n for n, _ in top4][::-1]
+    assert list(c.marker.color) == ["#d62728" if x > 0 else "#1f77b4" for x in c.x]
+
+
+def test_explain_answer_matches_features_and_tokens(fitted, tiny_model, balanced):
+    det, feats = fitted
+    ans = det.explain_answer(tiny_model, balanced[0])
+    assert ans.verdict.score == pytest.approx(det.predict(feats[0]).score, rel=1e-6)
+    assert ans.activations.shape == (len(ans.tokens), len(det.selected_))
+    # Max over tokens of each selected feature = the pooled feature the EBM read.
+    np.testing.assert_allclose(
+        ans.activations.max(0), feats[0].response[list(det.selected_)], rtol=1e-5
+    )
+    for k in ans.top_positive(3):
+        assert ans.verdict.explanation[feature_name(k)] > 0
+    np.testing.assert_array_equal(ans.activations_of(det.selected_[1]), ans.activations[:, 1])

@@ -1,0 +1,266 @@
+"""GAM shape functions: what RAGLens's explainable boosting model reads from SAE features.
+
+RAGLens encodes every answer token's residual stream with a sparse autoencoder (SAE),
+max-pools each SAE feature over the answer, keeps the features that share the most
+mutual information with the label and fits an explainable boosting machine (EBM, a
+GAM): the answer's log-odds of "hallucinated" is a sum of one learnt function per
+feature. This page shows the SAE (and its measured quality), the features ranked by
+EBM importance, each feature's shape function over its activation histogram, and one
+answer's contributions with the top features' activations per token.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+import streamlit as st
+
+from app.components.artifacts import show_broken_artifacts
+from app.components.example_picker import first_words, pick_example
+from app.components.heatmap import render_token_heatmap
+from app.state import (
+    HEADS_FROM_HOME,
+    app_state,
+    get_model,
+    heads_examples,
+    input_signature,
+    model_key,
+    seed_widget,
+    shipped_detectors,
+    train_command,
+)
+from core.errors import RagscopeError
+
+if TYPE_CHECKING:
+    from core.detectors.raglens import RaglensAnswer, RaglensDetector
+    from core.examples import RAGExample
+    from core.model import LoadedModel
+
+# Page scripts run with Streamlit's magic: a bare string would be drawn, so no
+# attribute docstrings here.
+RAGLENS = "raglens"
+KEY_FEATURE = "gam.feature"
+KEY_TOP = "gam.top"
+KEY_EXAMPLE = "gam.example"
+ACTIVATION_CMAP = ((0.0, "#ffffff"), (0.35, "#fdd49e"), (0.7, "#fc8d59"), (1.0, "#b30000"))
+
+
+# --------------------------------------------------------------------------- SAE
+
+
+def sae_section(model: LoadedModel, detector: RaglensDetector | None) -> None:
+    """The SAE the features come from: where, which layer, and its measured quality."""
+    from core.detectors.raglens import load_config_sae, sae_folder
+
+    spec = detector.config.sae if detector is not None else ""
+    folder = sae_folder(spec)
+    try:
+        sae = load_config_sae(spec)
+    except RagscopeError as e:
+        st.info(
+            f"No SAE for RAGLens yet ({e}). Train one for {model.info.display_name} with "
+            "`ragscope sae train` (about an hour on a laptop CPU) and reload this page."
+        )
+        return
+    q = sae.meta.get("quality") or {}
+    corpus = (sae.meta.get("corpus") or {}).get("sources") or []
+    st.markdown(
+        f"**SAE**: `{folder.name}` · TopK, {sae.d_sae} features on the residual stream after "
+        f"block {sae.layer} · trained on {sae.meta.get('activation_tokens', '?')} activation "
+        f"tokens of {', '.join(s['name'] for s in corpus) or 'unrecorded text'}"
+    )
+    if q:
+        cols = st.columns(4)
+        cols[0].metric("Variance explained", f"{q['fve']:.3f}", help="held-out tokens")
+        cols[1].metric("Mean L0", f"{q['mean_l0']:.1f}", help="active features per token")
+        cols[2].metric("Dead features", f"{100 * q['dead_fraction']:.1f}%")
+        cols[3].metric(
+            "CE increase",
+            f"+{q['ce_spliced'] - q['ce_clean']:.3f} nats",
+            help="next-token cross-entropy with the SAE's reconstruction spliced in, minus "
+            f"the clean model's ({q['ce_clean']:.3f} nats)",
+        )
+    if sae.model_key is not None and sae.model_key != model.info.key:
+        st.warning(
+            f"This SAE was trained on another model ({sae.model_key}); RAGLens cannot read "
+            f"{model.info.display_name} with it."
+        )
+
+
+# --------------------------------------------------------------------------- global view
+
+
+def ranking_section(detector: RaglensDetector) -> int | None:
+    """The selected features by EBM importance; returns the feature picked for a close-up."""
+    import pandas as pd
+
+    from core.gamviz import importance_figure
+
+    state = app_state()
+    imp = detector.importances()
+    mi = detector.mi_ if detector.mi_ is not None else np.zeros(0)
+    n = len(imp)
+    seed_widget(KEY_TOP, min(20, n))
+    left, right = st.columns([2, 3], gap="medium")
+    with left:
+        top = int(st.number_input("Features shown", 1, n, step=5, key=KEY_TOP))
+        frame = pd.DataFrame(
+            {
+                "rank": np.arange(1, n + 1),
+                "feature": [f"F{k}" for k, _ in imp],
+                "importance": [v for _, v in imp],
+                "MI (nats)": [float(mi[k]) if k < mi.size else np.nan for k, _ in imp],
+            }
+        )
+        st.dataframe(
+            frame.head(top),
+            hide_index=True,
+            width="stretch",
+            height=min(420, 35 * (top + 1) + 3),
+            column_config={
+                "importance": st.column_config.NumberColumn(format="%.4f"),
+                "MI (nats)": st.column_config.NumberColumn(format="%.4f"),
+            },
+        )
+    with right:
+        st.plotly_chart(importance_figure(detector, top), width="stretch", key="gam.importance")
+    options = [k for k, _ in imp]
+    remembered = state.gam_feature if state.gam_feature in options else options[0]
+    if st.session_state.get(KEY_FEATURE) not in options:
+        st.session_state.pop(KEY_FEATURE, None)
+    seed_widget(KEY_FEATURE, remembered)
+    rank = {k: i + 1 for i, k in enumerate(options)}
+    picked = st.selectbox(
+        "Feature",
+        options,
+        key=KEY_FEATURE,
+        format_func=lambda k: f"F{k} (rank {rank[k]})",
+    )
+    state.gam_feature = int(picked)
+    return int(picked)
+
+
+def shape_section(detector: RaglensDetector, feature: int) -> None:
+    from core.gamviz import shape_function_figure
+
+    st.plotly_chart(shape_function_figure(detector, feature), width="stretch", key="gam.shape")
+    st.caption(
+        "The EBM's learnt contribution of this feature to the log-odds of "
+        "\u201challucinated\u201d (zero-centred over the training answers), as a function of "
+        "the feature's largest activation over an answer's tokens; below, how many "
+        "training answers fell at each activation. Rising to the right: the more the "
+        "feature fires somewhere in an answer, the riskier the answer looks."
+    )
+
+
+# --------------------------------------------------------------------------- one answer
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _explain_cached(
+    key: str,
+    signature: str,
+    folder_stamp: str,
+    _model: LoadedModel,
+    _det: RaglensDetector,
+    _example: RAGExample,
+) -> RaglensAnswer:
+    return _det.explain_answer(_model, _example)
+
+
+def answer_section(model: LoadedModel, detector: RaglensDetector, stamp: str) -> None:
+    """One answer: its score, the contributions, and where the top features fire."""
+    from core.gamviz import contributions_figure
+
+    state = app_state()
+    st.subheader("One answer")
+    try:
+        _, label, examples = heads_examples(HEADS_FROM_HOME, state.dataset)
+    except RagscopeError as e:
+        st.error(f"The dataset picked on Home could not be read: {e}")
+        return
+    if not examples:
+        st.info("The dataset picked on Home holds no examples; pick another one there.")
+        return
+    ex = pick_example(examples, state.gam_example_id, key=KEY_EXAMPLE)
+    state.gam_example_id = ex.id
+    st.caption(f"From {label}. Answer: \u201c{first_words(ex.response, 40)}\u201d")
+    try:
+        with st.spinner("Tracing the answer and encoding it with the SAE…"):
+            ans = _explain_cached(
+                model_key(model), input_signature(ex, None), stamp, model, detector, ex
+            )
+    except RagscopeError as e:
+        st.error(f"This answer could not be analysed: {e}  \nFix: pick another example.")
+        return
+    v = ans.verdict
+    flag = "flagged" if v.hallucinated else "not flagged"
+    gold = {True: "hallucinated", False: "faithful", None: "unlabelled"}[ex.label]
+    st.markdown(
+        f"RAGLens score **{v.score:.3f}** ({flag} at threshold {detector.threshold_:.3f}) · "
+        f"gold: {gold} · {len(ans.tokens)} answer tokens"
+    )
+    st.plotly_chart(contributions_figure(v.explanation), width="stretch", key="gam.contrib")
+    top = ans.top_positive(3)
+    if not top:
+        st.info("No selected feature pushes this answer towards \u201challucinated\u201d.")
+        return
+    labels = None
+    if ex.spans:
+        from core.layout import render
+
+        labels = render(ex, model).token_labels()
+    for k in top:
+        acts = ans.activations_of(k)
+        st.markdown(
+            f"**F{k}** · contribution {v.explanation[f'F{k}']:+.3f} log-odds · max activation "
+            f"{float(acts.max()) if acts.size else 0.0:.3g}"
+        )
+        render_token_heatmap(
+            list(ans.tokens),
+            acts.tolist(),
+            labels=labels,
+            value_name=f"F{k} activation",
+            vmin=0.0,
+            cmap=ACTIVATION_CMAP,
+        )
+
+
+# --------------------------------------------------------------------------- page
+
+
+def main() -> None:
+    model = get_model()
+    st.title("GAM shape functions")
+    st.caption(
+        "RAGLens reads the answer through a sparse autoencoder (SAE): each SAE feature's "
+        "largest activation over the answer tokens, the features most informative about "
+        "the label, and an explainable boosting machine that adds one learnt function per "
+        "feature. Every number below is the model's own."
+    )
+    shipped = shipped_detectors(model)
+    found = next((d for d in shipped.detectors if d.name == RAGLENS), None)
+    detector = found.detector if found is not None else None
+    sae_section(model, detector)  # type: ignore[arg-type]
+    show_broken_artifacts(shipped, (RAGLENS,))
+    if found is None:
+        st.info(
+            f"No trained raglens detector for {model.info.display_name}. Make one with "
+            f"`{train_command(RAGLENS, shipped.folder)}` (after `ragscope sae train`) and "
+            "reload this page."
+        )
+        return
+    facts = [f"trained on {found.trained_on}" if found.trained_on else None]
+    facts.append(f"{found.n_train} training answers" if found.n_train else None)
+    facts.append(f"test AUROC {found.test_auroc:.3f}" if found.test_auroc is not None else None)
+    st.caption("Shipped **raglens** detector: " + ", ".join(f for f in facts if f) + ".")
+    st.divider()
+    feature = ranking_section(found.detector)  # type: ignore[arg-type]
+    if feature is not None:
+        shape_section(found.detector, feature)  # type: ignore[arg-type]
+    st.divider()
+    answer_section(model, found.detector, shipped.cache_id)  # type: ignore[arg-type]
+
+
+main()

@@ -1,0 +1,81 @@
+"""The GAM shape functions page on the tiny model (AppTest).
+
+Without an SAE or a raglens artifact it names the commands that make them; with a
+raglens detector fitted here on the demo examples (tiny model + the small test SAE,
+written to a temporary ``RAGSCOPE_DETECTORS_DIR``) its ranking, shape function and
+answer view show exactly the detector's own numbers.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from core.datasets import builtin_examples
+from core.detectors import load_shipped, make_detector
+from core.extract import extract_features
+from core.model import LoadedModel
+
+GAM = "views/gam.py"
+
+
+@pytest.fixture(scope="module")
+def raglens_artifact(tiny_model: LoadedModel, tiny_sae, tmp_path_factory) -> Path:
+    out = tmp_path_factory.mktemp("raglens-detectors")
+    examples = builtin_examples()
+    det = make_detector("raglens", sae=str(tiny_sae.path), top_k=8, max_rounds=200)
+    feats = extract_features(tiny_model, examples, [det]).features["raglens"]
+    det.fit(list(feats), examples).save(
+        out / "raglens", extra={"trained_on": {"dataset": "demo", "n": {"train": len(examples)}}}
+    )
+    return out
+
+
+def test_gam_page_names_the_commands_without_artifacts(
+    open_page: Callable[[str], AppTest], page_text: Callable[[AppTest], str]
+) -> None:
+    text = page_text(open_page(GAM))
+    assert "No SAE for RAGLens yet" in text and "ragscope sae train" in text
+    assert "ragscope train --model tiny --dataset builtin --detectors raglens" in text
+
+
+def test_gam_page_shows_the_detectors_own_numbers(
+    open_page: Callable[[str], AppTest],
+    no_exception: Callable[[AppTest], None],
+    chart: Callable[[AppTest, str], dict],
+    page_text: Callable[[AppTest], str],
+    plotly_array: Callable[[object], np.ndarray],
+    monkeypatch: pytest.MonkeyPatch,
+    raglens_artifact: Path,
+    tiny_model: LoadedModel,
+) -> None:
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(raglens_artifact))
+    at = open_page(GAM)
+    text = page_text(at)
+    assert "Shipped **raglens** detector" in text and "SAE**: `tiny-sae`" in text
+    det = load_shipped("raglens", tiny_model.info.key, raglens_artifact)
+    imp = det.importances()
+    bars = chart(at, "EBM importance of the top")
+    np.testing.assert_allclose(
+        plotly_array(bars["data"][0]["x"]), [v for _, v in imp][: len(imp)][::-1], rtol=1e-6
+    )
+    # Close-up of the second-ranked feature: the EBM's own shape function.
+    k = imp[1][0]
+    at.selectbox(key="gam.feature").set_value(k).run()
+    no_exception(at)
+    shape = chart(at, f"Shape function of SAE feature F{k}")
+    sf = det.shape_function(k)
+    np.testing.assert_allclose(plotly_array(shape["data"][0]["y"])[::2], sf["scores"], rtol=1e-6)
+    # The answer view: the detector's verdict on the picked example.
+    ex_id = at.selectbox(key="gam.example").value
+    ex = next(e for e in builtin_examples() if e.id == ex_id)
+    ans = det.explain_answer(tiny_model, ex)
+    assert f"RAGLens score **{ans.verdict.score:.3f}**" in page_text(at)
+    contrib = chart(at, "Largest contributions to this answer")
+    assert len(plotly_array(contrib["data"][0]["x"])) == min(12, len(det.selected_))
+    n_maps = sum(1 for h in at.get("html") if "activation" in str(h.proto))
+    assert n_maps == len(ans.top_positive(3))
