@@ -57,9 +57,10 @@ INTERCEPT = "intercept"
 _TRUSTED_PREFIXES = ("interpret.", "sklearn.", "numpy.")
 
 
-def feature_name(k: int) -> str:
-    """Name of SAE feature ``k`` among the response features: ``F<k>``."""
-    return f"F{k}"
+def feature_name(k: int, raw: bool = False) -> str:
+    """Name of SAE feature ``k`` among the response features: ``F<k>`` (``H<k>``: raw
+    residual dimension ``k``)."""
+    return f"H{k}" if raw else f"F{k}"
 
 
 def feature_index(name: str) -> int:
@@ -157,6 +158,9 @@ class RaglensConfig(DetectorConfig):
         max_rounds: EBM boosting rounds.
         early_stopping_tolerance: EBM tolerance.
         seed: EBM random state.
+        raw_layer: ``-1`` (default): SAE features. A block index: the raw residual
+            stream after that block, max-pooled the same way (``H<d>`` features), with
+            the same MI + EBM pipeline: the layer comparison of the spec, no SAE needed.
     """
 
     FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
@@ -182,6 +186,7 @@ class RaglensConfig(DetectorConfig):
     max_rounds: int = 1000
     early_stopping_tolerance: float = 1e-5
     seed: int = 0
+    raw_layer: int = -1
 
     def __post_init__(self) -> None:
         from core.mi import BINNINGS
@@ -195,10 +200,14 @@ class RaglensConfig(DetectorConfig):
             raise ValueError("top_k >= 1, bins >= 2, max_bins >= 2 and max_rounds >= 1")
         if not 0.0 <= self.validation_size < 0.5:
             raise ValueError(f"validation_size must be in [0, 0.5), got {self.validation_size}")
+        if self.raw_layer < -1:
+            raise ValueError(f"raw_layer must be -1 (SAE) or a block index, got {self.raw_layer}")
 
     def feature_hash(self) -> str:
         """Options that shape the features plus the SAE's identity (its weights)."""
         base = super().feature_hash()
+        if self.raw_layer >= 0:
+            return base
         stamp = sae_stamp(sae_folder(self.sae))
         return hashlib.sha256(f"{base}|{stamp}".encode()).hexdigest()[:16]
 
@@ -227,15 +236,29 @@ class RaglensDetector:
     def sae(self) -> LoadedSAE:
         return load_config_sae(self.config.sae)
 
+    @property
+    def raw(self) -> bool:
+        return self.config.raw_layer >= 0
+
+    @property
+    def layer(self) -> int:
+        """The block whose residual stream is read (the SAE's, or ``raw_layer``)."""
+        return self.config.raw_layer if self.config.raw_layer >= 0 else self.sae.layer
+
     def needs(self, model: ModelInfo) -> Needs:
         from core.trace import Needs
 
-        return Needs.of(["resid_post"], layers=[self.sae.layer], positions="response")
+        if self.layer >= model.n_layers:
+            raise ModelError(f"raglens: layer {self.layer} is outside 0..{model.n_layers - 1}")
+        return Needs.of(["resid_post"], layers=[self.layer], positions="response")
 
     def token_activations(self, run: Run) -> torch.Tensor:
-        """``[T, d_sae]`` SAE activations at the response tokens (the config's kind)."""
+        """``[T, d_sae]`` SAE activations at the response tokens (the config's kind);
+        with ``raw_layer``, the raw ``[T, d_model]`` residuals."""
         if run.trace is None:
             raise ModelError("raglens needs a trace (the residual stream at the SAE's layer)")
+        if self.config.raw_layer >= 0:
+            return run.trace.at("resid_post", self.layer, run.layout.response_positions)
         sae = self.sae
         sae.check_model(run.model.key, run.model.d_model)
         x = run.trace.at("resid_post", sae.layer, run.layout.response_positions)
@@ -248,7 +271,7 @@ class RaglensDetector:
             detector=self.name,
             example_id=run.example.id,
             model=run.model.key,
-            names=tuple(feature_name(k) for k in range(z.shape[1])),
+            names=tuple(feature_name(k, self.raw) for k in range(z.shape[1])),
             response=pooled.astype(np.float32),
         )
 
@@ -276,7 +299,7 @@ class RaglensDetector:
         X = np.stack([f.response for f in features]).astype(np.float64)
         mi = mutual_information(X, y, bins=c.bins, binning=c.binning)  # type: ignore[arg-type]
         sel = top_features(mi, c.top_k)
-        names = [feature_name(int(k)) for k in sel]
+        names = [feature_name(int(k), self.raw) for k in sel]
         ebm = ExplainableBoostingClassifier(
             feature_names=names,
             interactions=0,
@@ -297,7 +320,7 @@ class RaglensDetector:
             "n_train": len(y),
             "n_hallucinated": int(y.sum()),
             "n_sae_features": X.shape[1],
-            "top_mi": [[feature_name(int(k)), float(mi[k])] for k in sel[:10]],
+            "top_mi": [[feature_name(int(k), self.raw), float(mi[k])] for k in sel[:10]],
         }
         return self
 
@@ -325,7 +348,8 @@ class RaglensDetector:
         score = float(self.ebm_.predict_proba(Xs)[0, 1])
         contrib = self.contributions([features])[0]
         expl = {
-            feature_name(k): float(v) for k, v in zip(self.selected_, contrib[:-1], strict=True)
+            feature_name(k, self.raw): float(v)
+            for k, v in zip(self.selected_, contrib[:-1], strict=True)
         }
         expl[INTERCEPT] = float(contrib[-1])
         return Verdict(
@@ -404,7 +428,7 @@ class RaglensDetector:
                 "n_features": len(self.names_),
                 "selected": list(self.selected_),
                 "mi": [float(v) for v in self.mi_[list(self.selected_)]],
-                "sae": sae_stamp(sae_folder(self.config.sae)),
+                "sae": None if self.raw else sae_stamp(sae_folder(self.config.sae)),
                 "ebm_file": EBM_FILE,
             },
             extra={"threshold": self.threshold_, "train": self.train_info_, **(extra or {})},
@@ -431,7 +455,7 @@ class RaglensDetector:
                 )
             det.ebm_ = sio.load(path, trusted=untrusted)
             n = int(w["n_features"])
-            det.names_ = tuple(feature_name(k) for k in range(n))
+            det.names_ = tuple(feature_name(k, det.raw) for k in range(n))
             det.selected_ = tuple(int(k) for k in w["selected"])
             mi = np.zeros(n, dtype=np.float32)
             mi[list(det.selected_)] = np.asarray(w["mi"], dtype=np.float32)
@@ -448,7 +472,7 @@ class RaglensDetector:
                 source=str(folder),
             ) from e
         stamp = w.get("sae")
-        current = sae_stamp(sae_folder(det.config.sae))
+        current = "" if det.raw else sae_stamp(sae_folder(det.config.sae))
         if stamp and stamp != current:
             raise ModelError(
                 f"the raglens artifact in {folder} was trained on another SAE (weights "

@@ -174,3 +174,20 @@ def test_explain_answer_matches_features_and_tokens(fitted, tiny_model, balanced
     for k in ans.top_positive(3):
         assert ans.verdict.explanation[feature_name(k)] > 0
     np.testing.assert_array_equal(ans.activations_of(det.selected_[1]), ans.activations[:, 1])
+
+
+def test_raw_residual_variant_needs_no_sae(tiny_model, balanced, tmp_path):
+    det = make_detector("raglens", sae=str(tmp_path / "no-sae"), raw_layer=0, top_k=6)
+    feats = list(extract_features(tiny_model, balanced, [det]).features["raglens"])
+    layout = render(balanced[0], tiny_model)
+    tr = trace(tiny_model, layout, Needs.of(["resid_post"], layers=[0], positions="response"))
+    want = tr.at("resid_post", 0, layout.response_positions).max(0).values.numpy()
+    np.testing.assert_allclose(feats[0].response, want, rtol=1e-6)
+    assert feats[0].names[:2] == ("H0", "H1") and len(feats[0].names) == tiny_model.info.d_model
+    det.fit(feats, balanced)
+    v = det.predict(feats[0])
+    assert all(k.startswith("H") for k in v.explanation if k != INTERCEPT)
+    again = RaglensDetector.load(det.save(tmp_path / "raw"), model_key=det.model_key_)
+    assert again.predict(feats[0]).score == pytest.approx(v.score)
+    with pytest.raises(ModelError, match="outside"):
+        make_detector("raglens", raw_layer=7).needs(tiny_model.info)
