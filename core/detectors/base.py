@@ -594,6 +594,19 @@ def check_features(
         )
 
 
+def thresholded_verdict(detector: Any, features: Features, score: float, **kw: Any) -> Verdict:
+    """The verdict of a fitted detector with a ``threshold_``: ``score`` clamped to [0, 1]
+    (rounding can step just outside), flagged when it reaches the threshold; ``kw`` are
+    the other :class:`Verdict` fields (token/chunk scores, explanation)."""
+    return Verdict(
+        detector=detector.name,
+        example_id=features.example_id,
+        score=min(max(float(score), 0.0), 1.0),
+        hallucinated=score >= detector.threshold_,
+        **kw,
+    )
+
+
 def require_fitted(obj: Any, attr: str, name: str) -> None:
     if getattr(obj, attr, None) is None:
         raise NotFittedError(

@@ -31,6 +31,7 @@ from core.detectors.base import (
     read_artifact,
     register_detector,
     require_fitted,
+    thresholded_verdict,
     write_artifact,
 )
 from core.errors import DataError, ModelError
@@ -127,11 +128,10 @@ class CalibratedDetector:
                 mu, sd = self.token_stats_
                 z = self.token_direction * (features.tokens[:, 0] - mu) / sd
                 token_scores = 1.0 / (1.0 + np.exp(-z))
-        return Verdict(
-            detector=self.name,
-            example_id=features.example_id,
-            score=min(max(score, 0.0), 1.0),
-            hallucinated=score >= self.threshold_,
+        return thresholded_verdict(
+            self,
+            features,
+            score,
             token_scores=None if token_scores is None else token_scores.astype(np.float32),
             token_offsets=features.token_offsets,
             explanation={n: float(c) for n, c in zip(features.names, contrib, strict=True)},

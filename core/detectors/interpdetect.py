@@ -41,6 +41,7 @@ from core.detectors.base import (
     read_artifact,
     register_detector,
     require_fitted,
+    thresholded_verdict,
     tokens_from_chunks,
     write_artifact,
 )
@@ -375,11 +376,10 @@ class InterpDetectDetector:
             col = {n: i for i, n in enumerate(self.names_)}
             for n in self.kept_[:20]:
                 expl[n] = float(features.chunks[top, col[n]])
-        return Verdict(
-            detector=self.name,
-            example_id=features.example_id,
-            score=min(max(score, 0.0), 1.0),
-            hallucinated=score >= self.threshold_,
+        return thresholded_verdict(
+            self,
+            features,
+            score,
             token_scores=token_scores,
             token_offsets=features.token_offsets if token_scores is not None else None,
             chunk_scores=probs,

@@ -40,6 +40,7 @@ from core.detectors.base import (
     read_artifact,
     register_detector,
     require_fitted,
+    thresholded_verdict,
     write_artifact,
 )
 from core.errors import DataError, ModelError
@@ -352,11 +353,10 @@ class RaglensDetector:
             for k, v in zip(self.selected_, contrib[:-1], strict=True)
         }
         expl[INTERCEPT] = float(contrib[-1])
-        return Verdict(
-            detector=self.name,
-            example_id=features.example_id,
-            score=min(max(score, 0.0), 1.0),
-            hallucinated=score >= self.threshold_,
+        return thresholded_verdict(
+            self,
+            features,
+            score,
             explanation=expl,
         )
 

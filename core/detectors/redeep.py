@@ -40,6 +40,7 @@ from core.detectors.base import (
     read_artifact,
     register_detector,
     require_fitted,
+    thresholded_verdict,
     tokens_from_chunks,
     write_artifact,
 )
@@ -462,11 +463,10 @@ class RedeepDetector:
         n_heads = ue.shape[1]
         for i in sel.layers:
             explanation[names[n_heads + i]] = float(means[n_heads + i])
-        return Verdict(
-            detector=self.name,
-            example_id=features.example_id,
-            score=min(max(score, 0.0), 1.0),
-            hallucinated=score >= self.threshold_,
+        return thresholded_verdict(
+            self,
+            features,
+            score,
             token_scores=token_scores,
             token_offsets=features.token_offsets if token_scores is not None else None,
             chunk_scores=chunk_scores,

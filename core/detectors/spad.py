@@ -38,6 +38,7 @@ from core.detectors.base import (
     read_artifact,
     register_detector,
     require_fitted,
+    thresholded_verdict,
     write_artifact,
 )
 from core.errors import DataError, ModelError
@@ -295,11 +296,10 @@ class SpadDetector:
         contrib = self.booster_.predict(dm, pred_contribs=True)[0]
         expl = {n: float(v) for n, v in zip(self.names_, contrib[:-1], strict=True)}
         expl[BIAS] = float(contrib[-1])
-        return Verdict(
-            detector=self.name,
-            example_id=features.example_id,
-            score=min(max(score, 0.0), 1.0),
-            hallucinated=score >= self.threshold_,
+        return thresholded_verdict(
+            self,
+            features,
+            score,
             explanation=expl,
         )
 
