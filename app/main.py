@@ -28,6 +28,11 @@ navigation = st.navigation(
             icon=":material/stacked_bar_chart:",
         ),
         st.Page(PAGES_DIR / "gam.py", title="GAM shape functions", icon=":material/show_chart:"),
+        st.Page(
+            PAGES_DIR / "feature_explanations.py",
+            title="Feature explanations",
+            icon=":material/lightbulb:",
+        ),
         st.Page(PAGES_DIR / "benchmark.py", title="Benchmark", icon=":material/leaderboard:"),
     ]
 )

@@ -37,9 +37,11 @@ if TYPE_CHECKING:
     from core.detectors import Detector, Features, Verdict
     from core.evaluate import EvalRun
     from core.examples import RAGExample
+    from core.explain import FeatureExamples, FidelityResult
     from core.headstats import HeadStats, HeadView
     from core.layout import Layout
     from core.model import LoadedModel
+    from core.sae import LoadedSAE
     from core.shapviz import ShapResult
     from core.spad import TokenSources
     from core.storage import Store
@@ -119,6 +121,16 @@ KEY_TOKENS_DATASET = "tokens.dataset"
 KEY_TOKENS_EXAMPLE = "tokens.example.id"
 KEY_TOKENS_BY_POS = "tokens.by_pos"
 KEY_TOKENS_QUICK_FIT = "tokens.quick_fit"
+# Feature explanations
+KEY_EXPLAIN_SOURCE = "explain.source"
+KEY_EXPLAIN_SPLIT = "explain.split"
+KEY_EXPLAIN_LIMIT = "explain.limit"
+KEY_EXPLAIN_READ = "explain.read"
+KEY_EXPLAIN_FEATURES = "explain.features"
+KEY_EXPLAIN_IDS = "explain.ids"
+KEY_EXPLAIN_TOP_N = "explain.top_n"
+KEY_EXPLAIN_RUN = "explain.run"
+KEY_EXPLAIN_STOP = "explain.stop"
 
 HEADS_FROM_HOME = "home"
 """The Heads & layers examples choice meaning "the dataset picked on Home"."""
@@ -144,6 +156,16 @@ def passage_key(pid: int) -> str:
 def remove_passage_key(pid: int) -> str:
     """Widget key of the remove button of own-example passage ``pid``."""
     return f"playground.own.remove.{pid}"
+
+
+def explain_one_key(feature: int) -> str:
+    """Widget key of the Feature explanations page's "Explain" button of one feature."""
+    return f"explain.one.{feature}"
+
+
+def fidelity_key(feature: int) -> str:
+    """Widget key of the Feature explanations page's "Check fidelity" button of one feature."""
+    return f"explain.fidelity.{feature}"
 
 
 def threshold_key(run: str, detector: str) -> str:
@@ -1574,6 +1596,100 @@ def answer_shap(answer: AnswerSources, choice: SpadChoice) -> ShapResult:
     )
 
 
+# --------------------------------------------------------------------------- SAE features
+
+RAGLENS = "raglens"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExplainRequest:
+    """The answers whose SAE activations the Feature explanations page last read.
+
+    Attributes:
+        model: ``ModelInfo.key`` of the model they were read with.
+        sae_key: :attr:`~core.sae.LoadedSAE.key` of the SAE.
+        activation: ``post`` or ``pre``.
+        source: :data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`.
+        dataset_key: Identifies the dataset (cache key).
+        dataset_label: How the dataset is named on the page.
+        split: The split the examples were drawn from (:data:`ALL_SPLITS`: any).
+        limit: The number asked for.
+        ids: The examples read, in order.
+        errors: Why examples were left out (the first few).
+        n_failed: Examples that could not be read.
+        computed: Examples that needed a forward pass.
+        seconds: Wall time.
+    """
+
+    model: str
+    sae_key: str
+    activation: str
+    source: str
+    dataset_key: str
+    dataset_label: str
+    split: str
+    limit: int
+    ids: tuple[str, ...]
+    errors: tuple[str, ...] = ()
+    n_failed: int = 0
+    computed: int = 0
+    seconds: float = 0.0
+
+
+@st.cache_data(show_spinner="Reading SAE activations…", max_entries=256)
+def _feature_examples_cached(
+    _model: LoadedModel,
+    model_id: str,
+    _sae: LoadedSAE,
+    sae_key: str,
+    activation: str,
+    dataset_key: str,
+    ids: tuple[str, ...],
+    _examples: tuple[RAGExample, ...],
+    feature: int,
+) -> FeatureExamples:
+    """One feature's examples among the answers ``ids``; keyed by model, SAE and answers.
+
+    The encoded answers come from :mod:`core.explain`'s in-process cache (read again only
+    if it dropped them)."""
+    from core.explain import feature_examples
+
+    return feature_examples(_model, _sae, _examples, feature, activation=activation)  # type: ignore[arg-type]
+
+
+def sae_feature_examples(
+    model: LoadedModel,
+    sae: LoadedSAE,
+    request: ExplainRequest,
+    examples: Sequence[RAGExample],
+    feature: int,
+) -> FeatureExamples:
+    """The examples of SAE feature ``feature`` among ``request``'s answers (cached).
+
+    Raises:
+        DataError: The request's examples are gone from the dataset.
+        ModelError: The SAE was trained on another model.
+    """
+    by_id = {e.id: e for e in examples}
+    missing = [i for i in request.ids if i not in by_id]
+    if missing:
+        raise DataError(
+            f"{len(missing)} of the examples read are no longer in {request.dataset_label} "
+            f"(e.g. {missing[0]!r}); press **Read activations** again"
+        )
+    return _feature_examples_cached(
+        model,
+        model_key(model),
+        sae,
+        sae.key,
+        request.activation,
+        request.dataset_key,
+        request.ids,
+        tuple(by_id[i] for i in request.ids),
+        int(feature),
+    )
+
+
 # --------------------------------------------------------------------------- session
 
 
@@ -1678,6 +1794,17 @@ class AppState:
         gam_feature: The SAE feature shown in close-up on the GAM shape functions page.
         gam_example_id: The answer explained on the GAM shape functions page.
         tokens_by_pos: Whether the token bars are aggregated by part of speech.
+        explain_selection: The answers the Feature explanations page reads (default: the
+            built-in labelled corpus, every split).
+        explain_request: The answers whose SAE activations were last read.
+        explain_features: The features picked from the raglens detector's (``None``:
+            its most important ones).
+        explain_ids: The feature ids typed in when there is no raglens detector
+            (empty: the features that fire on the most answers).
+        explain_top_n: How many of the picked features "Explain top N" explains.
+        explain_stop: Set by the Stop button; the running batch checks it.
+        explain_outcome: What the last explanation batch did, shown once.
+        explain_fidelity: Fidelity results by explanation prompt hash.
     """
 
     dataset: DatasetRef = BUILTIN
@@ -1722,6 +1849,16 @@ class AppState:
     gam_feature: int | None = None
     gam_example_id: str | None = None
     tokens_by_pos: bool = False
+    explain_selection: ExampleSelection = field(
+        default_factory=lambda: ExampleSelection(source=HEADS_FROM_CORPUS, limit=48)
+    )
+    explain_request: ExplainRequest | None = None
+    explain_features: list[int] | None = None
+    explain_ids: str = ""
+    explain_top_n: int = 5
+    explain_stop: bool = False
+    explain_outcome: tuple[str, str] | None = None
+    explain_fidelity: dict[str, FidelityResult] = field(default_factory=dict)
 
     def add_passage(self) -> None:
         self.own_passages[self.next_passage_id] = ""

@@ -42,3 +42,8 @@ class NotFittedError(RagscopeError, RuntimeError):
 
 class StorageError(RagscopeError, RuntimeError):
     """The analysis database cannot be opened, migrated or written."""
+
+
+class LLMError(RagscopeError, RuntimeError):
+    """The LLM that writes feature explanations is not configured, unreachable or gave
+    nothing usable. Messages never include the API key."""

@@ -116,3 +116,61 @@ def tiny_sae(tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory):
     loaded = load_sae(folder)
     assert isinstance(loaded, LoadedSAE)
     return loaded
+
+
+# --------------------------------------------------------------------------- LLM endpoint
+
+FAKE_LLM_URL = "http://llm.invalid/v1"
+
+
+def _register_httpcore2_mocker() -> None:
+    """Teach respx the transport the ``openai`` SDK uses (httpx2 over httpcore2).
+
+    respx patches httpx/httpcore only; this registers the same request interception for
+    httpcore2 under the name ``"httpcore2"`` (``respx.mock(using="httpcore2")``).
+    """
+    import httpcore2
+    from respx.mocks import HTTPCoreMocker, Mocker
+
+    if "httpcore2" in Mocker.registry:
+        return
+
+    class HTTPCore2Mocker(HTTPCoreMocker):
+        name = "httpcore2"
+        targets = [
+            "httpcore2._sync.connection.HTTPConnection",
+            "httpcore2._sync.connection_pool.ConnectionPool",
+            "httpcore2._sync.http_proxy.HTTPProxy",
+            "httpcore2._async.connection.AsyncHTTPConnection",
+            "httpcore2._async.connection_pool.AsyncConnectionPool",
+            "httpcore2._async.http_proxy.AsyncHTTPProxy",
+        ]
+
+        @classmethod
+        def from_sync_httpx_response(cls, httpx_response, target, **kwargs):
+            return httpcore2.Response(
+                status=httpx_response.status_code,
+                headers=httpx_response.headers.raw,
+                content=httpx_response.stream,
+                extensions=httpx_response.extensions,
+            )
+
+
+@pytest.fixture
+def llm_base_url() -> str:
+    """The base URL of the fake OpenAI-compatible server (``.invalid``: never resolves)."""
+    return FAKE_LLM_URL
+
+
+@pytest.fixture
+def llm_server(llm_base_url: str) -> Iterator[object]:
+    """A respx router standing in for an OpenAI-compatible server at :func:`llm_base_url`.
+
+    Routes are relative to the base URL (``llm_server.post("/chat/completions")``). Any
+    request no route matches raises instead of leaving the machine.
+    """
+    import respx
+
+    _register_httpcore2_mocker()
+    with respx.mock(base_url=llm_base_url, using="httpcore2", assert_all_called=False) as router:
+        yield router

@@ -1,0 +1,614 @@
+"""Feature explanations: what the SAE features RAGLens reads respond to, in words.
+
+RAGLens (``specs/raglens.md``) max-pools the activations of a sparse autoencoder's
+features over the answer and keeps the few that carry information about
+hallucination. This page shows, for each picked feature, the answers where it fires
+hardest and a quantile-spread sample of the others (activating tokens highlighted),
+and an LLM-written one-sentence explanation, cached in the database. An optional
+fidelity check asks the LLM to predict the feature on held-out answers from the
+explanation alone and reports the Pearson r with the real activations.
+
+Features default to those the shipped raglens detector selected, by EBM importance;
+without one, feature ids are typed in. The explainer is any OpenAI-compatible chat
+endpoint, configured by environment variables or ``.streamlit/secrets.toml``
+(:data:`core.explain.SETTING_NAMES`); without one, cached explanations still show.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+import streamlit as st
+
+from app.components.artifacts import show_broken_artifacts
+from app.components.example_picker import (
+    ExampleKeys,
+    PickedExamples,
+    pick_examples,
+    progress_bar,
+    split_label,
+)
+from app.components.heatmap import ColorStops, render_token_heatmap
+from app.state import (
+    ALL_SPLITS,
+    KEY_EXPLAIN_FEATURES,
+    KEY_EXPLAIN_IDS,
+    KEY_EXPLAIN_LIMIT,
+    KEY_EXPLAIN_READ,
+    KEY_EXPLAIN_RUN,
+    KEY_EXPLAIN_SOURCE,
+    KEY_EXPLAIN_SPLIT,
+    KEY_EXPLAIN_STOP,
+    KEY_EXPLAIN_TOP_N,
+    RAGLENS,
+    AppState,
+    ExplainRequest,
+    ShippedDetector,
+    app_state,
+    explain_one_key,
+    fidelity_key,
+    get_model,
+    get_store,
+    heads_examples,
+    model_spec,
+    sae_feature_examples,
+    seed_widget,
+    shipped_detectors,
+    shown_folder,
+    train_command,
+)
+from core.errors import DataError, LLMError, ModelError, RagscopeError
+from core.examples import RAGExample
+from core.explain import (
+    CONFIG_HELP,
+    ENV_API_KEY,
+    ENV_BASE_URL,
+    ENV_MODEL,
+    SETTING_NAMES,
+    Explanation,
+    FeatureExample,
+    FeatureExamples,
+    LLMEndpoint,
+    active_features,
+    cached_explanation,
+    encode_answers,
+    explain_feature,
+    explain_many,
+    fidelity,
+)
+from core.model import LoadedModel
+from core.sae import LoadedSAE
+
+# Page scripts run with Streamlit's magic: a bare string would be drawn, so no
+# attribute docstrings here.
+MAX_EXAMPLES = 400  # each answer costs one forward pass the first time
+DEFAULT_FEATURES = 8
+EXAMPLE_KEYS = ExampleKeys(
+    source=KEY_EXPLAIN_SOURCE, split=KEY_EXPLAIN_SPLIT, limit=KEY_EXPLAIN_LIMIT
+)
+ACTIVATION_CMAP: ColorStops = ((0.0, "#ffffff"), (0.4, "#d9c8f0"), (1.0, "#5b2a9e"))
+SECRETS_EXAMPLE = f"""# .streamlit/secrets.toml (or export the same names as environment variables)
+{ENV_BASE_URL} = "http://localhost:11434/v1"   # any OpenAI-compatible server
+{ENV_MODEL} = "qwen2.5:7b-instruct"
+{ENV_API_KEY} = "..."                           # if the server needs one
+"""
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SaeChoice:
+    """The SAE the page explains and where its features come from."""
+
+    sae: LoadedSAE
+    activation: str
+    raglens: ShippedDetector | None
+    ranked: tuple[tuple[int, float], ...]  # (feature, EBM importance), most important first
+
+
+# --------------------------------------------------------------------------- SAE
+
+
+def sae_train_command(model: LoadedModel) -> str:
+    """The ``ragscope sae train`` command that makes the SAE this page looks for."""
+    from core.sae import shipped_sae_dir
+
+    spec = model_spec()
+    if spec == "embedded":
+        return "ragscope sae train"
+    return f"ragscope sae train --model {spec} --out {shown_folder(shipped_sae_dir())}"
+
+
+def choose_sae(model: LoadedModel) -> SaeChoice | None:
+    """The shipped raglens detector's SAE, else the shipped SAE (notices when missing).
+
+    A raglens detector trained on the raw residual stream (``raw_layer``) has no SAE
+    features to rank: the shipped SAE is shown, features picked by id.
+    """
+    from core.detectors.raglens import RaglensConfig, load_config_sae
+
+    shipped = shipped_detectors(model)
+    show_broken_artifacts(shipped, (RAGLENS,))
+    raglens = next((d for d in shipped.detectors if d.name == RAGLENS), None)
+    raw = raglens is not None and bool(getattr(raglens.detector, "raw", False))
+    make_raglens = train_command(RAGLENS, shipped.folder)
+    try:
+        if raglens is not None and not raw:
+            det = raglens.detector
+            sae = det.sae  # type: ignore[attr-defined]
+            ranked = tuple(det.importances())  # type: ignore[attr-defined]
+            return SaeChoice(
+                sae=sae, activation=det.config.activation, raglens=raglens, ranked=ranked
+            )
+        sae = load_config_sae("")
+        sae.check_model(model.info.key, model.info.d_model)
+    except DataError as e:
+        st.info(
+            f"**No SAE for {model.info.display_name}.** RAGLens reads the features of a "
+            f"sparse autoencoder on the residual stream; train one with "
+            f"`{sae_train_command(model)}`"
+            + ("" if model_spec() == "embedded" else " and point `RAGSCOPE_SAE_DIR` at it")
+            + f", then the detector with `{make_raglens}`, and reload this page.  \n"
+            f"({e})",
+            icon=":material/info:",
+        )
+        return None
+    except ModelError as e:
+        st.warning(
+            f"The SAE does not fit {model.info.display_name}: {e}", icon=":material/warning:"
+        )
+        return None
+    why = (
+        "The shipped **raglens** detector reads the raw residual stream, not SAE features"
+        if raw
+        else f"No trained **raglens** detector for {model.info.display_name}"
+    )
+    st.info(
+        f"{why}, so features are picked by id below. Make one on the SAE with "
+        f"`{make_raglens}` to list the features it selected, by EBM importance.",
+        icon=":material/info:",
+    )
+    activation = RaglensConfig().activation  # what a raglens detector trained now reads
+    return SaeChoice(sae=sae, activation=activation, raglens=None, ranked=())
+
+
+# --------------------------------------------------------------------------- endpoint
+
+
+def secret_settings() -> dict[str, str]:
+    """The explainer settings found in Streamlit's secrets (none without secrets.toml)."""
+    try:
+        return {n: str(st.secrets[n]) for n in SETTING_NAMES if n in st.secrets}
+    except FileNotFoundError:  # no secrets.toml anywhere: nothing configured there
+        return {}
+
+
+def endpoint_section() -> LLMEndpoint | None:
+    """The configured explainer, or the instructions to configure one."""
+    secrets = secret_settings()
+    try:
+        endpoint = LLMEndpoint.resolve(secrets=secrets)
+    except DataError as e:
+        st.error(f"The explainer settings are malformed: {e}")
+        return None
+    if endpoint is not None:
+        st.caption(f"Explainer: `{endpoint.model}` at {endpoint.where}.")
+        return endpoint
+    missing = " and ".join(f"`{m}`" for m in LLMEndpoint.missing(secrets=secrets))
+    st.info(
+        "**No LLM endpoint is configured**, so no new explanations can be written; cached "
+        f"ones are still shown. {CONFIG_HELP} Missing: {missing}. Then reload this page.",
+        icon=":material/key:",
+    )
+    st.code(SECRETS_EXAMPLE, language="toml")
+    return None
+
+
+# --------------------------------------------------------------------------- answers
+
+
+def read_row(
+    state: AppState, model: LoadedModel, choice: SaeChoice, picked: PickedExamples
+) -> None:
+    """What the picked answers are, beside the button that reads their SAE activations."""
+    chosen = picked.chosen
+    selection = state.explain_selection
+    c_note, c_button = st.columns([4, 1], vertical_alignment="center")
+    with c_note:
+        st.caption(
+            f"{len(chosen)} of the {len(picked.pool)} examples ({split_label(selection.split)}) "
+            f"of {picked.label}. Each answer costs one forward pass up to block "
+            f"{choice.sae.layer} the first time; later reads come from memory."
+        )
+    with c_button:
+        read = st.button(
+            "Read activations",
+            key=KEY_EXPLAIN_READ,
+            type="primary",
+            icon=":material/query_stats:",
+            disabled=not chosen,
+            width="stretch",
+        )
+    if not read:
+        return
+    with progress_bar("SAE activations:") as progress:
+        try:
+            got = encode_answers(
+                model,
+                choice.sae,
+                chosen,
+                activation=choice.activation,  # type: ignore[arg-type]
+                progress=progress,
+                on_error="skip",
+            )
+        except RagscopeError as e:
+            st.error(f"The activations could not be read: {e}")
+            return
+    state.explain_request = ExplainRequest(
+        model=model.info.key,
+        sae_key=choice.sae.key,
+        activation=choice.activation,
+        source=selection.source,
+        dataset_key=picked.key,
+        dataset_label=picked.label,
+        split=selection.split or ALL_SPLITS,
+        limit=selection.limit,
+        ids=tuple(e.id for e in got.examples),
+        errors=got.errors[:3],
+        n_failed=len(got.errors),
+        computed=got.computed,
+        seconds=got.seconds,
+    )
+
+
+def current_request(
+    state: AppState, model: LoadedModel, choice: SaeChoice, picked: PickedExamples
+) -> ExplainRequest | None:
+    """The last read, when it fits the model and the SAE (notes when it is stale)."""
+    req = state.explain_request
+    if req is None or (req.model, req.sae_key, req.activation) != (
+        model.info.key,
+        choice.sae.key,
+        choice.activation,
+    ):
+        st.info("Press **Read activations** to find where the features fire.")
+        return None
+    selection = state.explain_selection
+    chosen = (picked.key, selection.split or ALL_SPLITS, selection.limit)
+    if (req.dataset_key, req.split, req.limit) != chosen:
+        st.info(
+            f"Showing {len(req.ids)} answers of {req.dataset_label} ({split_label(req.split)}); "
+            "press **Read activations** for the choice above."
+        )
+    if req.n_failed:
+        st.warning(
+            f"{req.n_failed} example(s) could not be read and were left out: "
+            + " · ".join(req.errors)
+        )
+    if not req.ids:
+        st.warning("None of the examples could be read; pick other examples.")
+        return None
+    return req
+
+
+# --------------------------------------------------------------------------- features
+
+
+def parse_ids(text: str, d_sae: int) -> tuple[list[int], list[str]]:
+    """Feature ids in ``text`` (any separators) and the tokens that are not valid ids."""
+    ids: list[int] = []
+    bad: list[str] = []
+    for tok in re.split(r"[\s,;]+", text.strip()):
+        if not tok:
+            continue
+        k = int(tok[1:]) if tok[:1] in "Ff" and tok[1:].isdigit() else None
+        k = int(tok) if tok.isdigit() else k
+        if k is None or not 0 <= k < d_sae:
+            bad.append(tok)
+        elif k not in ids:
+            ids.append(k)
+    return ids, bad
+
+
+def pick_features(state: AppState, choice: SaeChoice) -> list[int]:
+    """The features to show: picked from raglens's ranking, else typed in (empty: none
+    typed, the caller shows the most active ones)."""
+    if choice.ranked:
+        rank = {k: (i + 1, imp) for i, (k, imp) in enumerate(choice.ranked)}
+        options = [k for k, _ in choice.ranked]
+        if state.explain_features is None or not set(state.explain_features) <= set(options):
+            state.explain_features = options[:DEFAULT_FEATURES]
+            st.session_state.pop(KEY_EXPLAIN_FEATURES, None)
+        seed_widget(KEY_EXPLAIN_FEATURES, state.explain_features)
+        state.explain_features = st.multiselect(
+            "Features",
+            options,
+            key=KEY_EXPLAIN_FEATURES,
+            format_func=lambda k: f"F{k} · #{rank[k][0]} (importance {rank[k][1]:.3f})",
+            help="The SAE features the raglens detector selected, most important first",
+        )
+        return list(state.explain_features)
+    seed_widget(KEY_EXPLAIN_IDS, state.explain_ids)
+    state.explain_ids = st.text_input(
+        "SAE features",
+        key=KEY_EXPLAIN_IDS,
+        placeholder="e.g. 12, 305, 1877 (empty: the features that fire on the most answers)",
+        help=f"Feature ids from 0 to {choice.sae.d_sae - 1}, separated by commas or spaces. "
+        "Empty: the features that fire on the most answers read.",
+    )
+    ids, bad = parse_ids(state.explain_ids, choice.sae.d_sae)
+    if bad:
+        st.warning(f"Not feature ids of this SAE (0 to {choice.sae.d_sae - 1}): {', '.join(bad)}")
+    return ids
+
+
+def most_active(model: LoadedModel, choice: SaeChoice, examples: list[RAGExample]) -> list[int]:
+    """The features that fire on the most of ``examples`` (when none are typed in)."""
+    ids = active_features(
+        model,
+        choice.sae,
+        examples,
+        activation=choice.activation,  # type: ignore[arg-type]
+        n=DEFAULT_FEATURES,
+    )
+    st.caption(
+        f"Showing the {len(ids)} features that fire on the most of these answers; type ids "
+        "above to pick others."
+    )
+    return ids
+
+
+# --------------------------------------------------------------------------- explain
+
+
+def request_stop(state: AppState) -> None:
+    state.explain_stop = True
+
+
+def batch_row(
+    state: AppState,
+    model: LoadedModel,
+    endpoint: LLMEndpoint | None,
+    items: list[FeatureExamples],
+) -> None:
+    """The "Explain top N" row, with progress and a Stop button; the outcome shows once."""
+    if state.explain_stop:
+        state.explain_stop = False
+        state.explain_outcome = (
+            "info",
+            "Stopped. The explanations written before the stop are cached; press "
+            "**Explain top N** again to go on.",
+        )
+    n_max = max(len(items), 1)
+    if not 1 <= state.explain_top_n <= n_max:
+        state.explain_top_n = min(5, n_max)
+        st.session_state.pop(KEY_EXPLAIN_TOP_N, None)
+    seed_widget(KEY_EXPLAIN_TOP_N, state.explain_top_n)
+    c_n, c_button, c_note = st.columns([1, 1.2, 3], vertical_alignment="bottom")
+    with c_n:
+        state.explain_top_n = int(
+            st.number_input("N", min_value=1, max_value=n_max, key=KEY_EXPLAIN_TOP_N)
+        )
+    with c_button:
+        run = st.button(
+            "Explain top N",
+            key=KEY_EXPLAIN_RUN,
+            icon=":material/auto_awesome:",
+            disabled=endpoint is None or not items,
+            width="stretch",
+            help="Explain the first N features below (cached ones cost no request)",
+        )
+    with c_note:
+        st.caption(
+            "One request per feature not yet explained for these examples; explanations "
+            "are cached in the database."
+        )
+    if run and endpoint is not None:
+        stop_slot = st.empty()
+        stop_slot.button(
+            "Stop",
+            key=KEY_EXPLAIN_STOP,
+            icon=":material/stop:",
+            on_click=request_stop,
+            args=(state,),
+        )
+        bar = st.progress(0.0, text="Explaining…")
+        result = explain_many(
+            endpoint,
+            model.info.key,
+            items[: state.explain_top_n],
+            store=get_store(),
+            progress=lambda d, t: bar.progress(d / max(t, 1), text=f"Explained {d} / {t}"),
+            should_stop=lambda: state.explain_stop,
+        )
+        bar.empty()
+        stop_slot.empty()
+        parts = [f"{len(result.done)} of {result.total} features explained"]
+        if result.done:
+            parts.append(
+                f"{result.n_requested} asked, {len(result.done) - result.n_requested} cached"
+            )
+        if result.skipped:
+            parts.append(f"{len(result.skipped)} fire on none of these answers")
+        text = " · ".join(parts) + "."
+        if result.error:
+            state.explain_outcome = ("error", f"{text} Stopped on an error: {result.error}")
+        elif result.cancelled:
+            state.explain_outcome = ("info", f"{text} Stopped on request.")
+        else:
+            state.explain_outcome = ("success", text)
+    if state.explain_outcome is not None:
+        kind, text = state.explain_outcome
+        {"error": st.error, "info": st.info, "success": st.success}[kind](text)
+        state.explain_outcome = None
+
+
+def show_examples(title: str, shown: tuple[FeatureExample, ...], feature: int, top: float) -> None:
+    """The answers of one group, activating tokens highlighted (scale shared by the card)."""
+    with st.expander(f"{title} ({len(shown)})", expanded=False):
+        if not shown:
+            st.caption("None.")
+        for i, ex in enumerate(shown):
+            st.caption(f"`{ex.example_id}` · peak {ex.max_activation:.3f}")
+            render_token_heatmap(
+                ex.tokens,
+                ex.activations,
+                value_name=f"F{feature} activation",
+                vmin=0.0,
+                vmax=top,
+                cmap=ACTIVATION_CMAP,
+                legend=i == len(shown) - 1,
+            )
+
+
+def show_explanation(expl: Explanation | None) -> None:
+    if expl is None:
+        st.caption("No explanation cached for these examples yet.")
+        return
+    st.markdown(f"**Explanation:** {expl.description}")
+    if expl.hallucination is not None:
+        why = f" — {expl.reason}" if expl.reason else ""
+        st.caption(f"Related to hallucination: **{expl.hallucination}**{why}")
+
+
+def feature_card(
+    state: AppState,
+    model: LoadedModel,
+    endpoint: LLMEndpoint | None,
+    choice: SaeChoice,
+    fx: FeatureExamples,
+) -> None:
+    """One feature: facts, explanation (cached or on request), fidelity, examples."""
+    k = fx.feature
+    rank = {f: i + 1 for i, (f, _) in enumerate(choice.ranked)}
+    with st.container(border=True):
+        facts = [f"fires on {fx.n_firing} of {fx.n_examples} answers"]
+        if k in rank:
+            facts.insert(0, f"raglens #{rank[k]}")
+        if fx.n_firing:
+            facts.append(f"peak {float(fx.max_activations.max()):.3f}")
+        st.markdown(f"#### F{k}")
+        st.caption(" · ".join(facts))
+        if not fx.n_firing:
+            st.caption(f"F{k} fires on none of these answers: nothing to show or explain.")
+            return
+        store = get_store()
+        expl = cached_explanation(model.info.key, fx, store=store)
+        c_explain, c_fid, _ = st.columns([1, 1, 3])
+        with c_explain:
+            ask = st.button(
+                "Explain",
+                key=explain_one_key(k),
+                icon=":material/auto_awesome:",
+                disabled=endpoint is None or expl is not None,
+                width="stretch",
+            )
+        with c_fid:
+            check = st.button(
+                "Check fidelity",
+                key=fidelity_key(k),
+                icon=":material/rule:",
+                disabled=endpoint is None or not fx.held_out,
+                width="stretch",
+                help="The LLM predicts this feature (0-5 per token) on held-out answers from "
+                "the explanation alone; the score is the Pearson r with the real activations",
+            )
+        if ask and endpoint is not None:
+            try:
+                with st.spinner(f"Asking {endpoint.model}…"):
+                    expl = explain_feature(endpoint, model.info.key, fx.sae_key, k, fx, store=store)
+            except RagscopeError as e:
+                st.error(f"F{k} could not be explained: {e}")
+        show_explanation(expl)
+        if check and endpoint is not None:
+            if expl is None:
+                st.warning("Explain the feature first; the fidelity check reads its explanation.")
+            else:
+                try:
+                    with st.spinner(f"Asking {endpoint.model} to predict F{k}…"):
+                        state.explain_fidelity[expl.prompt_hash] = fidelity(
+                            endpoint, expl, fx.held_out
+                        )
+                except (LLMError, DataError) as e:
+                    st.error(f"The fidelity check of F{k} failed: {e}")
+        fid = state.explain_fidelity.get(expl.prompt_hash) if expl is not None else None
+        if fid is not None:
+            r = (
+                "undefined (constant predictions or activations)"
+                if fid.r != fid.r
+                else f"{fid.r:+.2f}"
+            )
+            unread = f"; {fid.n_unread} answer(s) got no prediction" if fid.n_unread else ""
+            st.markdown(
+                f"**Fidelity:** Pearson r = {r} over {fid.n_tokens} tokens of "
+                f"{len(fid.example_ids)} held-out answers{unread}."
+            )
+        top = max(e.max_activation for e in fx.shown)
+        show_examples("Top-activating answers", fx.top, k, top)
+        show_examples("Quantile sample", fx.quantile, k, top)
+
+
+# --------------------------------------------------------------------------- page
+
+
+def main() -> None:
+    state = app_state()
+    model = get_model()
+    st.title("Feature explanations")
+    st.caption(
+        "RAGLens reads the features of a sparse autoencoder (SAE) on the residual stream, "
+        "max-pooled over the answer. What does each feature it relies on respond to? Here: "
+        "the answers where it fires, its activating tokens highlighted, and a one-sentence "
+        "explanation written by an LLM from those examples."
+    )
+    choice = choose_sae(model)
+    if choice is None:
+        return
+    st.caption(
+        f"SAE `{choice.sae.name}`: {choice.sae.d_sae} features on the residual stream after "
+        f"block {choice.sae.layer} ({choice.activation} activations)."
+    )
+    endpoint = endpoint_section()
+    st.divider()
+    picked = pick_examples(
+        state.explain_selection,
+        state.dataset,
+        EXAMPLE_KEYS,
+        st.columns([2.6, 1.1, 1], vertical_alignment="bottom"),
+        default_split=ALL_SPLITS,
+        max_limit=MAX_EXAMPLES,
+        limit_help="Answers to read; each costs one forward pass the first time",
+    )
+    if picked is None:
+        return
+    features = pick_features(state, choice)
+    read_row(state, model, choice, picked)
+    req = current_request(state, model, choice, picked)
+    if req is None:
+        return
+    try:
+        pool = (
+            picked.examples
+            if req.dataset_key == picked.key
+            else heads_examples(req.source, state.dataset)[2]
+        )
+    except RagscopeError as e:
+        st.error(f"{req.dataset_label} cannot be read: {e}")
+        return
+    by_id = {e.id: e for e in pool}
+    examples = [by_id[i] for i in req.ids if i in by_id]
+    if not features and not choice.ranked:
+        features = most_active(model, choice, examples)
+    if not features:
+        st.info("No feature to show: pick some above.")
+        return
+    try:
+        items = [sae_feature_examples(model, choice.sae, req, pool, k) for k in features]
+    except RagscopeError as e:
+        st.error(f"The features' examples could not be read: {e}")
+        return
+    batch_row(state, model, endpoint, items)
+    for fx in items:
+        feature_card(state, model, endpoint, choice, fx)
+
+
+main()

@@ -1,0 +1,1168 @@
+"""LLM-written explanations of SAE features (RAGLens feature cards, ``specs/raglens.md``).
+
+1. :func:`feature_examples`: one forward pass per example (stopped after the SAE's
+   block, :func:`core.sae.residuals`), the SAE's activations of one feature at every
+   answer token, and from them the examples a reader (or an LLM) is shown: the
+   top-activating answers and a quantile-spread sample of the others where the
+   feature fires (12 + 12 in the paper), plus a few held-out answers for the
+   fidelity check. Encoded answers stay in a bounded in-process cache (every
+   feature's max per answer, and token-level activations within a byte budget), so
+   reading several features costs one pass per example.
+2. :func:`build_prompt`: our own prompt. Each shown answer is a list of
+   ``(token, activation)`` pairs (activations on a 0-10 scale, 10 = the strongest in
+   the examples shown); the LLM is asked whether the strongly activated tokens have
+   to do with hallucination in retrieval-augmented answers, and for a one-sentence
+   description. Its :attr:`ExplainPrompt.hash` (template version + the examples
+   shown) keys the cache.
+3. :func:`explain_feature` / :func:`explain_many`: the explanation from the
+   :class:`~core.storage.Store` cache, else from an OpenAI-compatible chat endpoint
+   (:class:`LLMEndpoint`, resolved from ``RAGSCOPE_LLM_*`` settings), then cached.
+4. :func:`fidelity`: the LLM predicts, from the explanation alone, a 0-5 activation
+   for every token of held-out answers; the score is the Pearson correlation of those
+   predictions with the real activations over all their tokens.
+
+The API key is only ever handed to the ``openai`` client: it is not in any repr,
+message, cached text or database row.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import math
+import os
+import re
+import threading
+from collections import OrderedDict
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+from urllib.parse import urlsplit, urlunsplit
+
+import numpy as np
+
+from core.errors import DataError, LLMError
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from scipy import sparse
+
+    from core.examples import RAGExample
+    from core.model import LoadedModel
+    from core.sae import Activation, LoadedSAE
+    from core.storage import Store
+
+Progress = Callable[[int, int], None]
+ShouldStop = Callable[[], bool]
+
+PROMPT_VERSION = "ragscope-explain-v1"
+"""Version of the explanation prompt; part of every prompt hash (bump it when the text changes)."""
+EXPLAIN_SCALE = 10
+"""Activations in the explanation prompt are integers ``0..EXPLAIN_SCALE``."""
+FIDELITY_SCALE = 5
+"""The fidelity check asks for integer predictions ``0..FIDELITY_SCALE``."""
+DEFAULT_WINDOW = 64
+"""Tokens shown per answer in the explanation prompt (a window around its peak)."""
+FIDELITY_MAX_TOKENS = 96
+"""Tokens of each held-out answer the fidelity check predicts (its first ones)."""
+
+ENV_BASE_URL = "RAGSCOPE_LLM_BASE_URL"
+ENV_MODEL = "RAGSCOPE_LLM_MODEL"
+ENV_API_KEY = "RAGSCOPE_LLM_API_KEY"
+ENV_OPENAI_KEY = "OPENAI_API_KEY"
+SETTING_NAMES: tuple[str, ...] = (ENV_BASE_URL, ENV_MODEL, ENV_API_KEY, ENV_OPENAI_KEY)
+"""Every setting :meth:`LLMEndpoint.resolve` reads (environment or Streamlit secrets)."""
+
+CONFIG_HELP = (
+    f"Set `{ENV_MODEL}` (the model name the server knows) and either `{ENV_BASE_URL}` "
+    "(an OpenAI-compatible server, e.g. `http://localhost:11434/v1` for Ollama or "
+    f"`http://localhost:8000/v1` for vLLM) or `{ENV_API_KEY}` (or `{ENV_OPENAI_KEY}`) for "
+    "api.openai.com, as environment variables or as top-level keys of "
+    "`.streamlit/secrets.toml`."
+)
+"""How to configure the explainer (shown by the app and in :class:`~core.errors.LLMError`)."""
+
+NO_KEY = "unused"
+"""Sent as the key to servers that need none (the ``openai`` client insists on one)."""
+
+
+# --------------------------------------------------------------------------- endpoint
+
+
+def _safe_url(url: str | None) -> str:
+    """``url`` without any ``user:password@`` part (for messages and reprs)."""
+    if not url:
+        return "https://api.openai.com/v1 (the openai default)"
+    parts = urlsplit(url)
+    if parts.username is None and parts.password is None:
+        return url
+    host = parts.hostname or ""
+    if parts.port is not None:
+        host = f"{host}:{parts.port}"
+    return urlunsplit((parts.scheme, f"***@{host}", parts.path, parts.query, parts.fragment))
+
+
+def _setting(name: str, env: Mapping[str, str], secrets: Mapping[str, Any]) -> str | None:
+    for source in (env, secrets):
+        value = source.get(name)
+        if value is not None and str(value).strip():
+            return str(value).strip()
+    return None
+
+
+@dataclass(frozen=True, kw_only=True)
+class LLMEndpoint:
+    """An OpenAI-compatible chat endpoint that writes the explanations.
+
+    Attributes:
+        model: The model name the server knows.
+        base_url: The server's base URL (``None``: api.openai.com).
+        api_key: The key (``None``: a server that needs none). Never shown.
+        timeout: Seconds one request may take.
+        max_retries: Retries of the ``openai`` client (connection errors, 429, 5xx).
+        temperature: Sampling temperature (``None``: the server's default).
+    """
+
+    model: str
+    base_url: str | None = None
+    api_key: str | None = field(default=None, repr=False)
+    timeout: float = 60.0
+    max_retries: int = 2
+    temperature: float | None = 0.0
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.model, str) or not self.model.strip():
+            raise DataError(f"the explainer needs a model name; set {ENV_MODEL}", field="model")
+        if self.base_url is not None and not self.base_url.startswith(("http://", "https://")):
+            raise DataError(
+                f"{ENV_BASE_URL} must start with http:// or https://, got "
+                f"{_safe_url(self.base_url)!r}",
+                field="base_url",
+            )
+        if not self.timeout > 0 or self.max_retries < 0:
+            raise DataError(
+                f"timeout must be > 0 and max_retries >= 0, got {self.timeout}, {self.max_retries}"
+            )
+
+    def __repr__(self) -> str:
+        key = "'***'" if self.api_key else "None"
+        return (
+            f"LLMEndpoint(model={self.model!r}, base_url={_safe_url(self.base_url)!r}, "
+            f"api_key={key}, timeout={self.timeout}, max_retries={self.max_retries})"
+        )
+
+    __str__ = __repr__
+
+    @property
+    def where(self) -> str:
+        """The server, safe to show."""
+        return _safe_url(self.base_url)
+
+    @classmethod
+    def resolve(
+        cls,
+        env: Mapping[str, str] | None = None,
+        secrets: Mapping[str, Any] | None = None,
+    ) -> LLMEndpoint | None:
+        """The endpoint the settings describe, or ``None`` when none is configured.
+
+        Each of :data:`SETTING_NAMES` is read from ``env`` (default ``os.environ``),
+        else from ``secrets`` (the app passes its Streamlit secrets). The key is
+        ``RAGSCOPE_LLM_API_KEY``, else ``OPENAI_API_KEY``. Configured means a model
+        and a base URL or a key (without a base URL the client talks to
+        api.openai.com, which needs one).
+
+        Raises:
+            DataError: A setting is malformed (the base URL is not http(s)).
+        """
+        env = os.environ if env is None else env
+        secrets = secrets or {}
+        model = _setting(ENV_MODEL, env, secrets)
+        base_url = _setting(ENV_BASE_URL, env, secrets)
+        key = _setting(ENV_API_KEY, env, secrets) or _setting(ENV_OPENAI_KEY, env, secrets)
+        if model is None or (base_url is None and key is None):
+            return None
+        return cls(model=model, base_url=base_url, api_key=key)
+
+    @staticmethod
+    def missing(
+        env: Mapping[str, str] | None = None, secrets: Mapping[str, Any] | None = None
+    ) -> list[str]:
+        """The settings still needed for :meth:`resolve` to find an endpoint (empty: none)."""
+        env = os.environ if env is None else env
+        secrets = secrets or {}
+        out = []
+        if _setting(ENV_MODEL, env, secrets) is None:
+            out.append(ENV_MODEL)
+        has_key = any(_setting(n, env, secrets) for n in (ENV_API_KEY, ENV_OPENAI_KEY))
+        if _setting(ENV_BASE_URL, env, secrets) is None and not has_key:
+            out.append(f"{ENV_BASE_URL} or {ENV_API_KEY}")
+        return out
+
+
+def _scrub(text: str, endpoint: LLMEndpoint) -> str:
+    """``text`` with the key (and any password in the base URL) blanked out."""
+    for secret in (endpoint.api_key, urlsplit(endpoint.base_url or "").password):
+        if secret:
+            text = text.replace(secret, "***")
+    return text
+
+
+def _chat(endpoint: LLMEndpoint, system: str, user: str) -> str:
+    """One chat completion; its reply text (stripped, never empty).
+
+    Raises:
+        LLMError: HTTP error, no connection, timeout or an empty reply (the key is
+            never in the message, and the client's exception is not chained, since its
+            request carries the key in a header).
+    """
+    import openai
+
+    where = f"the LLM endpoint {endpoint.where} (model {endpoint.model!r})"
+    client = openai.OpenAI(
+        base_url=endpoint.base_url,
+        api_key=endpoint.api_key or NO_KEY,
+        timeout=endpoint.timeout,
+        max_retries=endpoint.max_retries,
+    )
+    kwargs: dict[str, Any] = {}
+    if endpoint.temperature is not None:
+        kwargs["temperature"] = endpoint.temperature
+    message: str | None = None
+    try:
+        reply = client.chat.completions.create(
+            model=endpoint.model,
+            messages=[{"role": "system", "content": system}, {"role": "user", "content": user}],
+            **kwargs,
+        )
+    except openai.APIStatusError as e:
+        body = e.body if e.body is not None else e.message
+        detail = body if isinstance(body, str) else json.dumps(body, default=str)
+        hint = {
+            401: f"check {ENV_API_KEY} (or {ENV_OPENAI_KEY})",
+            403: f"check {ENV_API_KEY} (or {ENV_OPENAI_KEY})",
+            404: f"check {ENV_MODEL} and {ENV_BASE_URL} (most servers' base URL ends in /v1)",
+            429: "rate-limited: wait and try again",
+        }.get(e.status_code, "a server error: try again later" if e.status_code >= 500 else "")
+        detail = _scrub(detail, endpoint)[:300]  # scrubbed before cutting: no partial key
+        message = f"{where} answered HTTP {e.status_code}: {detail}" + (f"; {hint}" if hint else "")
+    except openai.APITimeoutError:
+        message = (
+            f"{where} did not answer within {endpoint.timeout:g} s; try again or raise the timeout"
+        )
+    except openai.APIConnectionError as e:
+        message = f"could not reach {where} ({type(e.__cause__ or e).__name__}); is the server up?"
+    except openai.OpenAIError as e:
+        message = f"{where} failed ({type(e).__name__}: {_scrub(str(e), endpoint)[:300]})"
+    finally:
+        client.close()
+    if message is not None:
+        raise LLMError(_scrub(message, endpoint)) from None
+    choices = getattr(reply, "choices", None) or []
+    content = choices[0].message.content if choices else None
+    if not content or not content.strip():
+        finish = choices[0].finish_reason if choices else "no choices"
+        raise LLMError(
+            f"{where} returned an empty reply (finish reason: {finish}); try another model"
+        )
+    return _scrub(content.strip(), endpoint)
+
+
+# --------------------------------------------------------------------------- activations
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class FeatureExample:
+    """One answer with one SAE feature's activation at each of its tokens.
+
+    Attributes:
+        example_id: The example's id.
+        tokens: The answer's tokens as decoded one by one, shape ``[n]``.
+        activations: The feature's activation at each token, shape ``[n]``.
+        max_activation: The largest of them (0 for an empty answer).
+    """
+
+    example_id: str
+    tokens: tuple[str, ...]
+    activations: np.ndarray
+    max_activation: float
+
+    def __post_init__(self) -> None:
+        if self.activations.shape != (len(self.tokens),):
+            raise DataError(
+                f"got {len(self.tokens)} tokens but activations of shape {self.activations.shape}",
+                source=self.example_id,
+            )
+
+    @property
+    def peak(self) -> int | None:
+        """Index of the most strongly activated token (``None`` for an empty answer)."""
+        return int(np.argmax(self.activations)) if len(self.tokens) else None
+
+    def top_tokens(self, n: int = 3) -> list[tuple[str, float]]:
+        """The ``n`` most strongly activated tokens that fire, strongest first."""
+        order = np.argsort(-self.activations, kind="stable")[:n]
+        return [
+            (self.tokens[i], float(self.activations[i])) for i in order if self.activations[i] > 0
+        ]
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class FeatureExamples:
+    """The examples of one SAE feature (:func:`feature_examples`).
+
+    Attributes:
+        feature: The SAE feature.
+        sae_key: :attr:`~core.sae.LoadedSAE.key` of its SAE.
+        activation: ``post`` or ``pre`` (:meth:`~core.sae.LoadedSAE.encode`).
+        top: The answers where it fires hardest, strongest first.
+        quantile: One answer from each quantile bin of the other answers where it fires,
+            strongest first.
+        held_out: Answers shown to no one, for :func:`fidelity` (about half where it
+            fires, half where it does not).
+        example_ids: Every example read, shape ``[n]``.
+        max_activations: The feature's max over each example's answer, shape ``[n]``.
+    """
+
+    feature: int
+    sae_key: str
+    activation: str
+    top: tuple[FeatureExample, ...]
+    quantile: tuple[FeatureExample, ...]
+    held_out: tuple[FeatureExample, ...]
+    example_ids: tuple[str, ...]
+    max_activations: np.ndarray
+
+    @property
+    def shown(self) -> tuple[FeatureExample, ...]:
+        """The examples an explanation is written from: ``top`` then ``quantile``."""
+        return self.top + self.quantile
+
+    @property
+    def n_examples(self) -> int:
+        return len(self.example_ids)
+
+    @property
+    def n_firing(self) -> int:
+        """Examples where the feature fires on at least one answer token."""
+        return int((self.max_activations > 0).sum())
+
+    @property
+    def feature_key(self) -> str:
+        """The explanation cache's ``feature_key``: ``"<sae key>:F<k>"``."""
+        return feature_key(self.sae_key, self.feature)
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per shown or held-out example: group, id, max activation, top tokens."""
+        import pandas as pd
+
+        rows = []
+        for group, exs in (
+            ("top", self.top),
+            ("quantile", self.quantile),
+            ("held out", self.held_out),
+        ):
+            for e in exs:
+                rows.append(
+                    {
+                        "group": group,
+                        "example": e.example_id,
+                        "max activation": e.max_activation,
+                        "top tokens": ", ".join(f"{t!r} {v:.2f}" for t, v in e.top_tokens()),
+                    }
+                )
+        return pd.DataFrame(rows, columns=["group", "example", "max activation", "top tokens"])
+
+
+def feature_key(sae_key: str, feature: int) -> str:
+    """How a feature is named in the explanation cache: ``"<sae key>:F<k>"``."""
+    return f"{sae_key}:F{feature}"
+
+
+CacheKey = tuple[str, str, str, str]  # model key, SAE key, activation kind, example hash
+
+
+class _LRU:
+    """A thread-safe least-recently-used dict bounded by the bytes of its values."""
+
+    def __init__(self, max_bytes: int) -> None:
+        self.max_bytes = max_bytes
+        self._items: OrderedDict[CacheKey, tuple[Any, int]] = OrderedDict()
+        self._bytes = 0
+        self._lock = threading.Lock()
+
+    def get(self, key: CacheKey) -> Any:
+        with self._lock:
+            hit = self._items.get(key)
+            if hit is None:
+                return None
+            self._items.move_to_end(key)
+            return hit[0]
+
+    def put(self, key: CacheKey, value: Any, nbytes: int) -> None:
+        with self._lock:
+            old = self._items.pop(key, None)
+            if old is not None:
+                self._bytes -= old[1]
+            self._items[key] = (value, nbytes)
+            self._bytes += nbytes
+            while self._bytes > self.max_bytes and len(self._items) > 1:
+                _, (_, dropped) = self._items.popitem(last=False)
+                self._bytes -= dropped
+
+    def clear(self) -> None:
+        with self._lock:
+            self._items.clear()
+            self._bytes = 0
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class _Answer:
+    """One encoded answer: its tokens and every feature's max over them."""
+
+    tokens: tuple[str, ...]
+    peaks: np.ndarray  # [d_sae]; zeros for an empty answer
+
+
+PEAKS_CACHE_BYTES = 64 * 2**20
+"""Bound of the cache of answers' per-feature maxima (about 3,500 answers of a 4,608-feature
+SAE): all that selecting a feature's examples reads."""
+TOKENS_CACHE_BYTES = 256 * 2**20
+"""Bound of the cache of answers' token-level activations (read for the examples shown;
+an answer dropped from it costs one forward pass when shown again)."""
+_peaks_cache = _LRU(PEAKS_CACHE_BYTES)
+_tokens_cache = _LRU(TOKENS_CACHE_BYTES)
+
+
+def clear_activation_cache() -> None:
+    """Forget every cached encoded answer."""
+    _peaks_cache.clear()
+    _tokens_cache.clear()
+
+
+def _cache_key(
+    model: LoadedModel, sae: LoadedSAE, example: RAGExample, activation: Activation
+) -> CacheKey:
+    from core.storage import example_hash
+
+    return (model.info.key, sae.key, str(activation), example_hash(example))
+
+
+def _read(
+    model: LoadedModel, sae: LoadedSAE, example: RAGExample, activation: Activation
+) -> tuple[_Answer, np.ndarray | sparse.csc_array]:
+    """One forward pass: the answer's ``[T, d_sae]`` activations, cached in both tiers.
+
+    Token-level activations are kept sparse (CSC: a feature's column is a cheap slice)
+    unless more than half of them are non-zero (``pre`` activations), then dense.
+    """
+    from scipy import sparse
+
+    from core.layout import render
+    from core.sae import residuals
+
+    layout = render(example, model)
+    positions = layout.response_positions
+    if positions.size:
+        x = residuals(model, layout.token_ids, sae.layer)[positions]
+        z = sae.encode(x, activation).numpy().astype(np.float32, copy=False)
+    else:
+        z = np.zeros((0, sae.d_sae), dtype=np.float32)
+    answer = _Answer(
+        tokens=tuple(layout.response_token_strings()),
+        peaks=z.max(0) if z.shape[0] else np.zeros(sae.d_sae, dtype=np.float32),
+    )
+    acts: np.ndarray | sparse.csc_array
+    if np.count_nonzero(z) * 2 > z.size:
+        acts, nbytes = z, z.nbytes
+    else:
+        acts = sparse.csc_array(z)
+        nbytes = acts.data.nbytes + acts.indices.nbytes + acts.indptr.nbytes
+    key = _cache_key(model, sae, example, activation)
+    _peaks_cache.put(key, answer, answer.peaks.nbytes + 64 * len(answer.tokens))
+    _tokens_cache.put(key, acts, int(nbytes))
+    return answer, acts
+
+
+def _answer(
+    model: LoadedModel, sae: LoadedSAE, example: RAGExample, activation: Activation
+) -> tuple[_Answer, bool]:
+    """The answer's tokens and per-feature maxima, and whether they were cached."""
+    hit = _peaks_cache.get(_cache_key(model, sae, example, activation))
+    if hit is not None:
+        return hit, True
+    return _read(model, sae, example, activation)[0], False
+
+
+def _token_activations(
+    model: LoadedModel, sae: LoadedSAE, example: RAGExample, activation: Activation, feature: int
+) -> np.ndarray:
+    """``[T]`` one feature's activation at each answer token (cached, else one pass)."""
+    acts = _tokens_cache.get(_cache_key(model, sae, example, activation))
+    if acts is None:
+        acts = _read(model, sae, example, activation)[1]
+    col = acts[:, [feature]]
+    col = col.toarray() if hasattr(col, "toarray") else col
+    return np.asarray(col, dtype=np.float32).reshape(-1)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class EncodedAnswers:
+    """What :func:`encode_answers` read.
+
+    Attributes:
+        examples: The examples whose answers were encoded, in order.
+        errors: ``"<id>: <why>"`` of each example that could not be read (skipped).
+        computed: Examples that needed a forward pass.
+        cache_hits: Examples found in the in-process cache.
+        seconds: Wall time.
+    """
+
+    examples: tuple[RAGExample, ...]
+    errors: tuple[str, ...]
+    computed: int
+    cache_hits: int
+    seconds: float
+
+
+def encode_answers(
+    model: LoadedModel,
+    sae: LoadedSAE,
+    examples: Sequence[RAGExample],
+    *,
+    activation: Activation = "post",
+    progress: Progress | None = None,
+    on_error: Literal["raise", "skip"] = "raise",
+) -> EncodedAnswers:
+    """Encode every example's answer with the SAE into the in-process cache.
+
+    Later :func:`feature_examples` and :func:`active_features` calls on these examples
+    need no forward pass (while they stay cached).
+
+    Args:
+        model: The model the SAE reads.
+        sae: The SAE.
+        examples: The examples.
+        activation: ``post`` or ``pre``.
+        progress: ``progress(done, total)`` after each example.
+        on_error: ``skip`` leaves out (and lists) examples that cannot be laid out or
+            run; ``raise`` raises the first such error.
+
+    Raises:
+        ModelError: The SAE was trained on another model.
+        RagscopeError: An example failed and ``on_error`` is ``raise``.
+    """
+    import time
+
+    from core.errors import RagscopeError
+
+    sae.check_model(model.info.key, model.info.d_model)
+    t0 = time.perf_counter()
+    ok: list[RAGExample] = []
+    errors: list[str] = []
+    computed = hits = 0
+    for i, ex in enumerate(examples):
+        try:
+            _, hit = _answer(model, sae, ex, activation)
+        except RagscopeError as e:
+            if on_error == "raise":
+                raise
+            errors.append(f"{ex.id}: {e}")
+        else:
+            ok.append(ex)
+            hits += hit
+            computed += not hit
+        if progress is not None:
+            progress(i + 1, len(examples))
+    return EncodedAnswers(
+        examples=tuple(ok),
+        errors=tuple(errors),
+        computed=computed,
+        cache_hits=hits,
+        seconds=time.perf_counter() - t0,
+    )
+
+
+def active_features(
+    model: LoadedModel,
+    sae: LoadedSAE,
+    examples: Sequence[RAGExample],
+    *,
+    activation: Activation = "post",
+    n: int = 8,
+) -> list[int]:
+    """The ``n`` features that fire on the most answers of ``examples`` (ties: the higher
+    mean max activation first); features that never fire are left out."""
+    count = np.zeros(sae.d_sae, dtype=np.int64)
+    total = np.zeros(sae.d_sae, dtype=np.float64)
+    for ex in examples:
+        peaks = _answer(model, sae, ex, activation)[0].peaks
+        count += peaks > 0
+        total += peaks
+    order = np.lexsort((-total, -count))
+    return [int(k) for k in order[:n] if count[k] > 0]
+
+
+def _bins(order: np.ndarray, n: int) -> list[np.ndarray]:
+    return [b for b in np.array_split(order, min(n, order.size)) if b.size] if order.size else []
+
+
+def feature_examples(
+    model: LoadedModel,
+    sae: LoadedSAE,
+    examples: Sequence[RAGExample],
+    feature: int,
+    *,
+    activation: Activation = "post",
+    n_top: int = 12,
+    n_quantile: int = 12,
+    n_held_out: int = 8,
+    seed: int = 0,
+    progress: Progress | None = None,
+) -> FeatureExamples:
+    """The examples of SAE feature ``feature`` among ``examples``' answers.
+
+    Every example is read once per process (one forward pass that stops after the SAE's
+    block). Its per-feature maxima, all the selection reads, stay cached for thousands of
+    answers; its token-level activations, read for the examples kept, are cached within
+    :data:`TOKENS_CACHE_BYTES` (an answer dropped from there costs one pass again).
+
+    Selection, by each answer's max activation of the feature:
+
+    - ``top``: the ``n_top`` highest (ties: dataset order), among answers where it fires.
+    - ``quantile``: the other answers where it fires, sorted by max activation and cut
+      into ``n_quantile`` equal-count bins (its quantiles), one drawn at random from each.
+    - ``held_out``: up to ``n_held_out`` of the rest, half where it fires and half where
+      it does not (when there are enough of each), drawn at random.
+
+    Args:
+        model: The model the SAE reads.
+        sae: The SAE.
+        examples: The examples to read (their answers only).
+        feature: The SAE feature, ``0 <= feature < sae.d_sae``.
+        activation: ``post`` (the SAE's TopK output) or ``pre`` (before the top-k cut).
+        n_top: Top-activating answers to keep.
+        n_quantile: Quantile bins to draw one answer from.
+        n_held_out: Answers to keep for :func:`fidelity`.
+        seed: Seed of the random draws.
+        progress: ``progress(done, total)`` after each example that needed a forward pass.
+
+    Raises:
+        ValueError: ``feature`` is outside the SAE.
+        ModelError: The SAE was trained on another model.
+        DataError: An example cannot be laid out.
+    """
+    if not 0 <= feature < sae.d_sae:
+        raise ValueError(f"feature {feature} is outside 0..{sae.d_sae - 1} of {sae.name!r}")
+    if min(n_top, n_quantile, n_held_out) < 0:
+        raise ValueError(
+            f"n_top, n_quantile and n_held_out must be >= 0, got {n_top}, {n_quantile}, {n_held_out}"
+        )
+    sae.check_model(model.info.key, model.info.d_model)
+    answers: list[_Answer] = []
+    for i, ex in enumerate(examples):
+        answer, hit = _answer(model, sae, ex, activation)
+        answers.append(answer)
+        if progress is not None and not hit:
+            progress(i + 1, len(examples))
+    maxes = np.array([a.peaks[feature] for a in answers], dtype=np.float64)
+
+    def example(i: int) -> FeatureExample:
+        acts = _token_activations(model, sae, examples[i], activation, feature)
+        return FeatureExample(
+            example_id=examples[i].id,
+            tokens=answers[i].tokens,
+            activations=acts,
+            max_activation=float(maxes[i]),
+        )
+
+    firing = np.flatnonzero(maxes > 0)
+    by_strength = firing[np.argsort(-maxes[firing], kind="stable")]
+    top = by_strength[:n_top]
+    rest = by_strength[n_top:][::-1]  # ascending
+    rng = np.random.default_rng(seed)
+    quantile = np.array([rng.choice(b) for b in _bins(rest, n_quantile)], dtype=np.int64)
+    quantile = quantile[np.argsort(-maxes[quantile], kind="stable")]
+    used = set(top.tolist()) | set(quantile.tolist())
+    fire_left = np.array([i for i in firing if i not in used], dtype=np.int64)
+    silent = np.flatnonzero(maxes <= 0)
+    n_fire = min(fire_left.size, max(n_held_out - silent.size, math.ceil(n_held_out / 2)))
+    n_silent = min(silent.size, n_held_out - n_fire)
+    held = np.concatenate(
+        [
+            rng.choice(fire_left, n_fire, replace=False) if n_fire else np.zeros(0, np.int64),
+            rng.choice(silent, n_silent, replace=False) if n_silent else np.zeros(0, np.int64),
+        ]
+    ).astype(np.int64)
+    held.sort()
+    return FeatureExamples(
+        feature=int(feature),
+        sae_key=sae.key,
+        activation=str(activation),
+        top=tuple(example(i) for i in top),
+        quantile=tuple(example(i) for i in quantile),
+        held_out=tuple(example(i) for i in held),
+        example_ids=tuple(e.id for e in examples),
+        max_activations=maxes.astype(np.float32),
+    )
+
+
+# --------------------------------------------------------------------------- prompt
+
+EXPLAIN_SYSTEM = (
+    "You help interpret the internals of a language model that answers questions and "
+    "writes summaries from retrieved passages (retrieval-augmented generation). A sparse "
+    "autoencoder splits the model's hidden state at each token into many features; you "
+    "are shown where one of them fires and asked what it responds to. Answer briefly and "
+    "concretely, and say so when the evidence is weak."
+)
+
+FIDELITY_SYSTEM = (
+    "You predict where one internal feature of a language model fires, from a short "
+    "description of that feature alone. Follow the requested reply format exactly."
+)
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExplainPrompt:
+    """A prompt for the explainer and its cache identity.
+
+    Attributes:
+        system: The system message.
+        user: The user message (the examples and the questions).
+        hash: sha256 of :data:`PROMPT_VERSION` and both messages (so of the examples shown).
+    """
+
+    system: str
+    user: str
+    hash: str
+
+
+def scaled(values: np.ndarray, top: float, scale: int = EXPLAIN_SCALE) -> np.ndarray:
+    """``round(scale * values / top)`` as integers clipped to ``0..scale`` (``top`` > 0)."""
+    if not top > 0:
+        raise ValueError(f"the scale's top must be > 0, got {top}")
+    return np.clip(np.rint(scale * np.asarray(values, dtype=np.float64) / top), 0, scale).astype(
+        int
+    )
+
+
+def _window(n: int, center: int, size: int | None) -> tuple[int, int]:
+    if size is None or n <= size:
+        return 0, n
+    start = min(max(center - size // 2, 0), n - size)
+    return start, start + size
+
+
+def _prompt_hash(version: str, system: str, user: str) -> str:
+    payload = json.dumps([version, system, user], ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def build_prompt(
+    examples: FeatureExamples, *, window: int | None = DEFAULT_WINDOW
+) -> ExplainPrompt:
+    """Our explanation prompt for the examples shown (:attr:`FeatureExamples.shown`).
+
+    Each answer is written as a list of ``(token, activation)`` pairs, tokens as JSON
+    strings, activations as :func:`scaled` integers (10 = the strongest activation among
+    the examples shown), followed by its strongest tokens.
+
+    Args:
+        examples: The feature's examples.
+        window: At most this many tokens per answer, centred on its peak (``None``: all).
+
+    Raises:
+        DataError: The feature fires on none of the examples (nothing to explain).
+    """
+    shown = examples.shown
+    top = max((e.max_activation for e in shown), default=0.0)
+    if not top > 0:
+        raise DataError(
+            f"feature F{examples.feature} fires on none of the {examples.n_examples} examples "
+            "read; read more (or other) examples to explain it"
+        )
+    blocks = []
+    for i, ex in enumerate(shown, start=1):
+        q = scaled(ex.activations, top)
+        start, end = _window(len(ex.tokens), ex.peak or 0, window)
+        pairs = ", ".join(
+            f"({json.dumps(ex.tokens[j], ensure_ascii=False)}, {q[j]})" for j in range(start, end)
+        )
+        cut = ""
+        if (start, end) != (0, len(ex.tokens)):
+            cut = f" (tokens {start + 1}-{end} of {len(ex.tokens)})"
+        strongest = ", ".join(
+            f"{json.dumps(t, ensure_ascii=False)} ({int(scaled(np.array([v]), top)[0])})"
+            for t, v in ex.top_tokens(3)
+        )
+        group = "strongest" if i <= len(examples.top) else "spread"
+        blocks.append(
+            f"Answer {i} [{group}; peak {q.max() if q.size else 0}]{cut}:\n[{pairs}]\n"
+            f"Most active tokens: {strongest or 'none'}"
+        )
+    n_top, n_q = len(examples.top), len(examples.quantile)
+    user = (
+        "Below are answers a language model wrote from retrieved passages. Each is given as "
+        "a list of (token, activation) pairs: how strongly one internal feature fires on "
+        f"each token, from 0 (not at all) to {EXPLAIN_SCALE} (the strongest activation "
+        f"among these answers). Answers marked 'strongest' ({n_top}) are those where the "
+        f"feature fires hardest; those marked 'spread' ({n_q}) are drawn from across the "
+        "range of its activations.\n\n"
+        + "\n\n".join(blocks)
+        + "\n\nLook at the tokens with high activations and at what surrounds them.\n"
+        "1. Do they have to do with hallucination in retrieval-augmented answers, that is "
+        "content the passages do not support (invented names, numbers, dates or claims), "
+        "as opposed to faithful use of the passages or plain wording?\n"
+        "2. In one sentence, what does this feature respond to?\n\n"
+        "Reply in exactly two lines:\n"
+        "Hallucination: <yes | no | unclear> - <a few words why>\n"
+        "Description: <one sentence>"
+    )
+    return ExplainPrompt(
+        system=EXPLAIN_SYSTEM, user=user, hash=_prompt_hash(PROMPT_VERSION, EXPLAIN_SYSTEM, user)
+    )
+
+
+# --------------------------------------------------------------------------- explanations
+
+Relation = Literal["yes", "no", "unclear"]
+_RELATION = re.compile(r"^hallucination\W*\s*(yes|no|unclear)\b\W*(.*)", re.IGNORECASE)
+_DESCRIPTION = re.compile(r"^description\W*\s*(.+)", re.IGNORECASE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Explanation:
+    """An LLM-written explanation of one SAE feature.
+
+    Attributes:
+        feature: The SAE feature.
+        feature_key: Its key in the cache (:func:`feature_key`).
+        prompt_hash: :attr:`ExplainPrompt.hash` of the prompt it answers.
+        text: The explainer's reply, as cached.
+        cached: Whether it came from the cache (no request was made).
+    """
+
+    feature: int
+    feature_key: str
+    prompt_hash: str
+    text: str
+    cached: bool
+
+    def _line(self, pattern: re.Pattern[str]) -> re.Match[str] | None:
+        for line in self.text.splitlines():
+            m = pattern.search(line.strip().strip("*_#>- ").replace("**", ""))
+            if m:
+                return m
+        return None
+
+    @property
+    def description(self) -> str:
+        """The one-sentence description (the whole reply when it is not in the asked form)."""
+        m = self._line(_DESCRIPTION)
+        return m.group(1).strip() if m else self.text.strip()
+
+    @property
+    def hallucination(self) -> Relation | None:
+        """Whether the explainer relates the feature to hallucination (``None``: it did not say)."""
+        m = self._line(_RELATION)
+        return m.group(1).lower() if m else None  # type: ignore[return-value]
+
+    @property
+    def reason(self) -> str | None:
+        """The explainer's few words on why (or why not) it relates to hallucination."""
+        m = self._line(_RELATION)
+        return (m.group(2).strip(" -:–—") or None) if m else None
+
+
+def cached_explanation(
+    model_key: str, examples: FeatureExamples, *, store: Store, window: int | None = DEFAULT_WINDOW
+) -> Explanation | None:
+    """The cached explanation of ``examples``' feature for this prompt, if any (no request)."""
+    prompt = build_prompt(examples, window=window)
+    text = store.get_explanation(
+        model=model_key, feature_key=examples.feature_key, prompt_hash=prompt.hash
+    )
+    if text is None:
+        return None
+    return Explanation(
+        feature=examples.feature,
+        feature_key=examples.feature_key,
+        prompt_hash=prompt.hash,
+        text=text,
+        cached=True,
+    )
+
+
+def explain_feature(
+    endpoint: LLMEndpoint | None,
+    model_key: str,
+    sae_key: str,
+    feature: int,
+    examples: FeatureExamples,
+    *,
+    store: Store,
+    window: int | None = DEFAULT_WINDOW,
+) -> Explanation:
+    """The explanation of SAE feature ``feature``: cached, else asked of ``endpoint`` and cached.
+
+    Cached under ``(model_key, "<sae_key>:F<feature>", prompt hash)``; a cached one is
+    returned without any request (so also with no endpoint configured).
+
+    Args:
+        endpoint: The explainer (``None``: only the cache can answer).
+        model_key: The SAE's host model (:attr:`~core.model.ModelInfo.key`).
+        sae_key: :attr:`~core.sae.LoadedSAE.key`.
+        feature: The SAE feature.
+        examples: Its examples (:func:`feature_examples`).
+        store: The cache.
+        window: Tokens shown per answer (:func:`build_prompt`).
+
+    Raises:
+        ValueError: ``examples`` are another feature's or another SAE's.
+        DataError: The feature fires on none of the examples.
+        LLMError: Not cached and no endpoint is configured, or the request failed.
+    """
+    if examples.feature != feature or examples.sae_key != sae_key:
+        raise ValueError(
+            f"the examples are of {examples.feature_key}, not {feature_key(sae_key, feature)}"
+        )
+    hit = cached_explanation(model_key, examples, store=store, window=window)
+    if hit is not None:
+        return hit
+    if endpoint is None:
+        raise LLMError(f"no LLM endpoint is configured to explain F{feature}. {CONFIG_HELP}")
+    prompt = build_prompt(examples, window=window)
+    text = _chat(endpoint, prompt.system, prompt.user)
+    key = feature_key(sae_key, feature)
+    store.put_explanation(model=model_key, feature_key=key, prompt_hash=prompt.hash, text=text)
+    return Explanation(
+        feature=feature, feature_key=key, prompt_hash=prompt.hash, text=text, cached=False
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BatchResult:
+    """What :func:`explain_many` did.
+
+    Attributes:
+        done: The explanations got (cached or new), in the order asked.
+        skipped: Features that fire on none of their examples (nothing to explain).
+        total: Features asked for.
+        cancelled: Whether ``should_stop`` ended the batch early.
+        error: Why the batch stopped early on an error (``None``: it did not).
+    """
+
+    done: tuple[Explanation, ...]
+    skipped: tuple[int, ...]
+    total: int
+    cancelled: bool
+    error: str | None = None
+
+    @property
+    def n_requested(self) -> int:
+        """Explanations that needed a request (not from the cache)."""
+        return sum(1 for e in self.done if not e.cached)
+
+    @property
+    def complete(self) -> bool:
+        return len(self.done) + len(self.skipped) == self.total
+
+
+def explain_many(
+    endpoint: LLMEndpoint | None,
+    model_key: str,
+    items: Sequence[FeatureExamples],
+    *,
+    store: Store,
+    progress: Progress | None = None,
+    should_stop: ShouldStop | None = None,
+    window: int | None = DEFAULT_WINDOW,
+) -> BatchResult:
+    """Explain several features in order ("explain top N"), cached ones without a request.
+
+    ``should_stop()`` is asked before each feature; when it returns True the batch ends
+    there (what is done stays cached, so a later batch resumes). The first
+    :class:`~core.errors.LLMError` also ends it (the next requests would most likely
+    fail the same way); it is returned in :attr:`BatchResult.error`.
+
+    Args:
+        endpoint: The explainer (``None``: only cached explanations are returned; the
+            first feature not cached ends the batch with the configuration help).
+        model_key: The SAE's host model.
+        items: Each feature's examples (:func:`feature_examples`), in the order to explain.
+        store: The cache.
+        progress: ``progress(done, total)`` after each feature.
+        should_stop: Cancellation check.
+        window: Tokens shown per answer.
+    """
+    done: list[Explanation] = []
+    skipped: list[int] = []
+    total = len(items)
+    for i, fx in enumerate(items):
+        if should_stop is not None and should_stop():
+            return BatchResult(
+                done=tuple(done), skipped=tuple(skipped), total=total, cancelled=True
+            )
+        if fx.n_firing == 0:
+            skipped.append(fx.feature)
+        else:
+            try:
+                done.append(
+                    explain_feature(
+                        endpoint, model_key, fx.sae_key, fx.feature, fx, store=store, window=window
+                    )
+                )
+            except LLMError as e:
+                return BatchResult(
+                    done=tuple(done),
+                    skipped=tuple(skipped),
+                    total=total,
+                    cancelled=False,
+                    error=str(e),
+                )
+        if progress is not None:
+            progress(i + 1, total)
+    return BatchResult(done=tuple(done), skipped=tuple(skipped), total=total, cancelled=False)
+
+
+# --------------------------------------------------------------------------- fidelity
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class FidelityResult:
+    """How well an explanation predicts a feature's activations on held-out answers.
+
+    Attributes:
+        r: Pearson correlation of predicted (0-5) and real activations over every token
+            of the answers whose predictions could be read (NaN when either side is
+            constant).
+        example_ids: The answers read, shape ``[m]``.
+        predicted: Per answer read, the predictions of its first tokens.
+        actual: Per answer read, the real activations of the same tokens.
+        n_unread: Held-out answers the reply gave no line for (left out of ``r``).
+    """
+
+    r: float
+    example_ids: tuple[str, ...]
+    predicted: tuple[np.ndarray, ...]
+    actual: tuple[np.ndarray, ...]
+    n_unread: int
+
+    @property
+    def n_tokens(self) -> int:
+        return int(sum(p.size for p in self.predicted))
+
+
+def fidelity_prompt(
+    explanation: str, held_out: Sequence[FeatureExample], *, max_tokens: int = FIDELITY_MAX_TOKENS
+) -> tuple[str, str]:
+    """``(system, user)`` messages asking for 0-5 per-token predictions from ``explanation``.
+
+    Each answer's first ``max_tokens`` tokens are numbered from 0; the reply lists only
+    the tokens predicted above 0, one line per answer (``Answer 2: 3=4, 7=1`` or
+    ``Answer 2: none``).
+    """
+    blocks = []
+    for i, ex in enumerate(held_out, start=1):
+        toks = ex.tokens[:max_tokens]
+        listed = " | ".join(f"{j} {json.dumps(t, ensure_ascii=False)}" for j, t in enumerate(toks))
+        blocks.append(f"Answer {i}:\n{listed}")
+    user = (
+        "An internal feature of a language model has been described as follows:\n"
+        f"{explanation.strip()}\n\n"
+        "Below are answers the model wrote from retrieved passages, split into numbered "
+        "tokens. For every answer, predict how strongly the feature fires on each token, "
+        f"from 0 (not at all) to {FIDELITY_SCALE} (as strongly as it ever does). List only "
+        "the tokens you predict above 0, as number=prediction; every token you leave out "
+        "counts as 0.\n\n"
+        + "\n\n".join(blocks)
+        + "\n\nReply with one line per answer and nothing else, like:\n"
+        "Answer 1: 4=3, 9=5\nAnswer 2: none"
+    )
+    return FIDELITY_SYSTEM, user
+
+
+_ANSWER_LINE = re.compile(r"^\W*answer\s*(\d+)\s*\W*?[:\-–—]\s*(.*)$", re.IGNORECASE)
+_PAIR = re.compile(r"(\d+)\s*[=:]\s*(\d+(?:\.\d+)?)")
+
+
+def parse_predictions(reply: str, lengths: Sequence[int]) -> list[np.ndarray | None]:
+    """Per answer, the 0-5 predictions a fidelity reply gives (``None``: no line for it).
+
+    Lenient: markdown emphasis and bullets are ignored, ``=`` or ``:`` separate a token
+    number from its prediction, predictions are clipped to ``0..5``, token numbers out of
+    range and repeated answer lines (after the first) are ignored.
+    """
+    out: list[np.ndarray | None] = [None] * len(lengths)
+    for raw in reply.splitlines():
+        m = _ANSWER_LINE.match(raw.replace("*", "").replace("`", "").strip())
+        if not m:
+            continue
+        i = int(m.group(1)) - 1
+        if not 0 <= i < len(lengths) or out[i] is not None:
+            continue
+        pred = np.zeros(lengths[i], dtype=np.float64)
+        for tok, val in _PAIR.findall(m.group(2)):
+            j = int(tok)
+            if 0 <= j < lengths[i]:
+                pred[j] = min(max(float(val), 0.0), float(FIDELITY_SCALE))
+        out[i] = pred
+    return out
+
+
+def pearson(a: np.ndarray, b: np.ndarray) -> float:
+    """Pearson correlation of two equal-length vectors (NaN when either is constant)."""
+    x = np.asarray(a, dtype=np.float64).reshape(-1)
+    y = np.asarray(b, dtype=np.float64).reshape(-1)
+    if x.shape != y.shape:
+        raise ValueError(f"shapes differ: {x.shape} and {y.shape}")
+    if x.size < 2:
+        return float("nan")
+    dx, dy = x - x.mean(), y - y.mean()
+    denom = math.sqrt(float(dx @ dx) * float(dy @ dy))
+    return float(dx @ dy / denom) if denom > 0 else float("nan")
+
+
+def fidelity(
+    endpoint: LLMEndpoint,
+    explanation: str | Explanation,
+    held_out: Sequence[FeatureExample],
+    *,
+    max_tokens: int = FIDELITY_MAX_TOKENS,
+) -> FidelityResult:
+    """Ask the LLM to predict the feature on ``held_out`` from ``explanation``; score it.
+
+    Per token: the LLM gives a 0-5 prediction for each of the first ``max_tokens`` tokens
+    of every held-out answer (listing only those above 0); the score is the Pearson r of
+    those predictions with the real activations, over all tokens of the answers it
+    answered for. Not cached (each call is a request).
+
+    Raises:
+        DataError: No held-out answer has tokens.
+        LLMError: The request failed, or no prediction could be read from the reply.
+    """
+    text = explanation.description if isinstance(explanation, Explanation) else explanation
+    usable = [e for e in held_out if e.tokens]
+    if not usable:
+        raise DataError("the fidelity check needs held-out answers with at least one token")
+    system, user = fidelity_prompt(text, usable, max_tokens=max_tokens)
+    reply = _chat(endpoint, system, user)
+    lengths = [min(len(e.tokens), max_tokens) for e in usable]
+    preds = parse_predictions(reply, lengths)
+    read = [(e, p) for e, p in zip(usable, preds, strict=True) if p is not None]
+    if not read:
+        raise LLMError(
+            f"could not read any prediction from the reply of {endpoint.where} "
+            f"(it began {reply[:120]!r}); try another model"
+        )
+    actual = tuple(e.activations[: p.size].astype(np.float64) for e, p in read)
+    predicted = tuple(p for _, p in read)
+    r = pearson(np.concatenate(predicted), np.concatenate(actual))
+    return FidelityResult(
+        r=r,
+        example_ids=tuple(e.example_id for e, _ in read),
+        predicted=predicted,
+        actual=actual,
+        n_unread=len(usable) - len(read),
+    )

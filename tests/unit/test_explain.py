@@ -1,0 +1,568 @@
+"""LLM-written SAE feature explanations: examples, prompt, cache, endpoint, fidelity.
+
+The tiny model with the small trained ``tiny_sae``; the explainer is a fake
+OpenAI-compatible server (respx, ``llm_server``): no request leaves the machine.
+"""
+
+from __future__ import annotations
+
+import json
+import traceback
+from collections.abc import Iterator
+from pathlib import Path
+
+import httpx
+import numpy as np
+import pytest
+from scipy.stats import pearsonr
+
+import core.explain as explain
+from core.datasets import resolve_dataset
+from core.errors import DataError, LLMError
+from core.explain import (
+    BatchResult,
+    Explanation,
+    FeatureExample,
+    FeatureExamples,
+    LLMEndpoint,
+    active_features,
+    build_prompt,
+    cached_explanation,
+    clear_activation_cache,
+    encode_answers,
+    explain_feature,
+    explain_many,
+    feature_examples,
+    fidelity,
+    parse_predictions,
+)
+from core.layout import render
+from core.storage import Store
+from core.trace import Needs, trace
+
+KEY = "sk-test-DO-NOT-LEAK-5f1c9a7e"
+CHAT = "/chat/completions"
+REPLY = "Hallucination: yes - invented years\nDescription: Fires on years the passages lack."
+N_TOP, N_QUANTILE, N_HELD_OUT = 4, 4, 4
+
+
+def completion(content: str | None, finish: str = "stop") -> httpx.Response:
+    return httpx.Response(
+        200,
+        json={
+            "id": "chatcmpl-1",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "fake-explainer",
+            "choices": [
+                {
+                    "index": 0,
+                    "finish_reason": finish,
+                    "message": {"role": "assistant", "content": content},
+                }
+            ],
+        },
+    )
+
+
+@pytest.fixture
+def endpoint(llm_base_url: str) -> LLMEndpoint:
+    return LLMEndpoint(model="fake-explainer", base_url=llm_base_url, api_key=KEY, max_retries=0)
+
+
+@pytest.fixture
+def store(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
+    db = tmp_path / "explain.sqlite3"
+    monkeypatch.setenv("RAGSCOPE_DB", str(db))
+    with Store(db) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def examples():
+    return resolve_dataset("builtin")[1][:24]
+
+
+@pytest.fixture(scope="module")
+def reference(tiny_model, tiny_sae, examples, one_torch_thread):
+    """Per example: answer tokens and ``[T, d_sae]`` activations, read through the trace
+    engine (independent of :func:`core.sae.residuals`)."""
+    out = []
+    for ex in examples:
+        layout = render(ex, tiny_model)
+        tr = trace(tiny_model, layout, Needs.of(["resid_post"], layers=[1], positions="response"))
+        z = tiny_sae.encode(tr.at("resid_post", 1, layout.response_positions), "post").numpy()
+        out.append((ex.id, layout.response_token_strings(), z))
+    return out
+
+
+@pytest.fixture(scope="module")
+def feature(reference) -> int:
+    """A feature that fires on enough answers for top, quantile and held-out groups."""
+    maxes = np.stack([z.max(0) for _, _, z in reference])
+    n_firing = (maxes > 0).sum(0)
+    ok = np.flatnonzero((n_firing >= N_TOP + N_QUANTILE + 2) & (n_firing <= len(reference) - 2))
+    assert ok.size, "the tiny SAE has no feature firing on most but not all answers"
+    return int(ok[0])
+
+
+@pytest.fixture(scope="module")
+def fx(tiny_model, tiny_sae, examples, feature, one_torch_thread) -> FeatureExamples:
+    clear_activation_cache()
+    return feature_examples(
+        tiny_model,
+        tiny_sae,
+        examples,
+        feature,
+        n_top=N_TOP,
+        n_quantile=N_QUANTILE,
+        n_held_out=N_HELD_OUT,
+    )
+
+
+# --------------------------------------------------------------------------- examples
+
+
+def test_activations_match_an_independent_trace(fx, reference, feature):
+    ref = {ex_id: (toks, z[:, feature]) for ex_id, toks, z in reference}
+    assert fx.example_ids == tuple(ex_id for ex_id, _, _ in reference)
+    for ex in fx.shown + fx.held_out:
+        toks, acts = ref[ex.example_id]
+        assert ex.tokens == toks
+        np.testing.assert_allclose(ex.activations, acts, rtol=1e-5, atol=1e-6)
+        assert ex.max_activation == pytest.approx(float(acts.max()))
+    np.testing.assert_allclose(
+        fx.max_activations, [z[:, feature].max() for _, _, z in reference], rtol=1e-5, atol=1e-6
+    )
+
+
+def test_pre_activations_are_cached_apart_from_post(tiny_model, tiny_sae, examples, feature):
+    few = examples[:3]
+    post = feature_examples(tiny_model, tiny_sae, few, feature, activation="post")
+    pre = feature_examples(tiny_model, tiny_sae, few, feature, activation="pre")
+    for ex in few:
+        layout = render(ex, tiny_model)
+        tr = trace(tiny_model, layout, Needs.of(["resid_post"], layers=[1], positions="response"))
+        x = tr.at("resid_post", 1, layout.response_positions)
+        i = pre.example_ids.index(ex.id)
+        assert pre.max_activations[i] == pytest.approx(
+            float(tiny_sae.encode(x, "pre")[:, feature].max()), rel=1e-5, abs=1e-6
+        )
+    assert (pre.max_activations >= post.max_activations - 1e-6).all()
+    assert not np.allclose(pre.max_activations, post.max_activations)
+
+
+def test_top_examples_are_the_top_by_max_activation(fx, reference, feature):
+    maxes = {ex_id: float(z[:, feature].max()) for ex_id, _, z in reference}
+    top_ids = [e.example_id for e in fx.top]
+    assert len(top_ids) == N_TOP
+    expected = sorted(maxes.values(), reverse=True)[:N_TOP]
+    np.testing.assert_allclose([maxes[i] for i in top_ids], expected, rtol=1e-6)
+    others = [v for k, v in maxes.items() if k not in top_ids]
+    assert min(maxes[i] for i in top_ids) >= max(others)
+    # quantile sample: firing, not in the top, one from each equal-count bin of the rest
+    rest = sorted((v, k) for k, v in maxes.items() if v > 0 and k not in top_ids)
+    bins = [{k for _, k in b} for b in np.array_split(np.array(rest, dtype=object), N_QUANTILE)]
+    q_ids = [e.example_id for e in fx.quantile]
+    assert len(q_ids) == N_QUANTILE
+    assert all(maxes[i] > 0 for i in q_ids) and not set(q_ids) & set(top_ids)
+    assert sorted(next(b for b, s in enumerate(bins) if i in s) for i in q_ids) == list(
+        range(N_QUANTILE)
+    )
+    assert [e.max_activation for e in fx.quantile] == sorted(
+        (e.max_activation for e in fx.quantile), reverse=True
+    )
+    held = [e.example_id for e in fx.held_out]
+    assert len(held) == N_HELD_OUT and not set(held) & set(top_ids + q_ids)
+    assert any(maxes[i] > 0 for i in held) and any(maxes[i] == 0 for i in held)
+
+
+def test_encoded_answers_are_cached_across_features(
+    fx, tiny_model, tiny_sae, examples, feature, monkeypatch
+):
+    import core.sae
+
+    def no_forward(*args, **kwargs):
+        raise AssertionError("a forward pass ran although the answers were cached")
+
+    monkeypatch.setattr(core.sae, "residuals", no_forward)
+    other = feature_examples(tiny_model, tiny_sae, examples, (feature + 1) % tiny_sae.d_sae)
+    assert other.n_examples == len(examples)
+    clear_activation_cache()
+    with pytest.raises(AssertionError, match="forward pass"):
+        feature_examples(tiny_model, tiny_sae, examples[:1], feature)
+
+
+def test_token_activations_dropped_from_memory_are_read_again(
+    tiny_model, tiny_sae, examples, feature, reference, monkeypatch
+):
+    import core.sae
+
+    clear_activation_cache()
+    monkeypatch.setattr(explain._tokens_cache, "max_bytes", 1)  # keeps only the last answer
+    encode_answers(tiny_model, tiny_sae, examples)
+    real = core.sae.residuals
+    calls = []
+
+    def counting(*args, **kwargs):
+        calls.append(1)
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(core.sae, "residuals", counting)
+    assert active_features(tiny_model, tiny_sae, examples, n=3)
+    assert not calls  # the per-feature maxima stayed cached
+    again = feature_examples(
+        tiny_model, tiny_sae, examples, feature, n_top=N_TOP, n_quantile=N_QUANTILE, n_held_out=0
+    )
+    assert 0 < len(calls) <= len(again.shown)
+    ref = {ex_id: z[:, feature] for ex_id, _, z in reference}
+    for ex in again.shown:
+        np.testing.assert_allclose(ex.activations, ref[ex.example_id], rtol=1e-5, atol=1e-6)
+    clear_activation_cache()
+
+
+def test_encode_answers_counts_reads_and_skips_failures(
+    tiny_model, tiny_sae, examples, monkeypatch
+):
+    import core.layout
+
+    real = core.layout.render
+
+    def render(example, model, **kwargs):
+        if example.id == examples[1].id:
+            raise DataError("too long for the model", source=example.id)
+        return real(example, model, **kwargs)
+
+    clear_activation_cache()
+    first = encode_answers(tiny_model, tiny_sae, examples[:2])
+    assert (first.computed, first.cache_hits, len(first.examples)) == (2, 0, 2)
+    clear_activation_cache()
+    encode_answers(tiny_model, tiny_sae, examples[:1])
+    monkeypatch.setattr(core.layout, "render", render)
+    seen = []
+    got = encode_answers(
+        tiny_model, tiny_sae, examples[:3], on_error="skip", progress=lambda d, t: seen.append(d)
+    )
+    assert [e.id for e in got.examples] == [examples[0].id, examples[2].id]
+    assert (got.cache_hits, got.computed) == (1, 1)
+    assert len(got.errors) == 1 and got.errors[0].startswith(examples[1].id)
+    assert seen == [1, 2, 3]
+    with pytest.raises(DataError, match="too long"):
+        encode_answers(tiny_model, tiny_sae, examples[:3])
+
+
+def test_active_features_fire_on_the_most_answers(tiny_model, tiny_sae, examples, reference):
+    count = (np.stack([z.max(0) for _, _, z in reference]) > 0).sum(0)
+    got = active_features(tiny_model, tiny_sae, examples, n=5)
+    assert len(got) == 5
+    np.testing.assert_array_equal(count[got], np.sort(count)[::-1][:5])
+
+
+def test_feature_outside_the_sae_is_refused(tiny_model, tiny_sae, examples):
+    with pytest.raises(ValueError, match=str(tiny_sae.d_sae)):
+        feature_examples(tiny_model, tiny_sae, examples[:1], tiny_sae.d_sae)
+
+
+# --------------------------------------------------------------------------- prompt
+
+
+def test_prompt_lists_every_token_with_its_scaled_activation(fx):
+    prompt = build_prompt(fx, window=None)
+    top = max(e.max_activation for e in fx.shown)
+    for ex in fx.shown:
+        for tok, a in zip(ex.tokens, ex.activations, strict=True):
+            level = int(np.clip(np.rint(10 * a / top), 0, 10))
+            assert f"({json.dumps(tok, ensure_ascii=False)}, {level})" in prompt.user
+    assert prompt.user.count("Answer ") == len(fx.shown)
+    assert "hallucination" in prompt.user.lower() and "one sentence" in prompt.user
+    assert "(token, activation)" in prompt.user
+
+
+def test_prompt_window_keeps_the_peak(fx):
+    ex = max(fx.shown, key=lambda e: len(e.tokens))
+    assert len(ex.tokens) > 6
+    prompt = build_prompt(fx, window=6)
+    block = prompt.user.split(f"Answer {fx.shown.index(ex) + 1} [")[1].split("\n")[1]
+    assert block.count('", ') == 6
+    assert json.dumps(ex.tokens[ex.peak], ensure_ascii=False) in block
+    assert f"of {len(ex.tokens)})" in prompt.user
+
+
+def test_prompt_hash_follows_version_and_examples(fx, tiny_model, tiny_sae, examples, monkeypatch):
+    a = build_prompt(fx).hash
+    assert build_prompt(fx).hash == a
+    fewer = FeatureExamples(
+        feature=fx.feature,
+        sae_key=fx.sae_key,
+        activation=fx.activation,
+        top=fx.top[:-1],
+        quantile=fx.quantile,
+        held_out=fx.held_out,
+        example_ids=fx.example_ids,
+        max_activations=fx.max_activations,
+    )
+    assert build_prompt(fewer).hash != a
+    monkeypatch.setattr(explain, "PROMPT_VERSION", "ragscope-explain-v999")
+    assert build_prompt(fx).hash != a
+
+
+def test_a_silent_feature_has_nothing_to_explain():
+    ex = FeatureExample(
+        example_id="e", tokens=("a",), activations=np.zeros(1, np.float32), max_activation=0.0
+    )
+    fx = FeatureExamples(
+        feature=3,
+        sae_key="s",
+        activation="post",
+        top=(),
+        quantile=(),
+        held_out=(ex,),
+        example_ids=("e",),
+        max_activations=np.zeros(1, np.float32),
+    )
+    with pytest.raises(DataError, match="fires on none"):
+        build_prompt(fx)
+
+
+# --------------------------------------------------------------------------- endpoint
+
+
+def test_endpoint_resolves_from_env_then_secrets():
+    assert LLMEndpoint.resolve(env={}, secrets={}) is None
+    assert LLMEndpoint.resolve(env={"RAGSCOPE_LLM_MODEL": "m"}, secrets={}) is None
+    e = LLMEndpoint.resolve(
+        env={"RAGSCOPE_LLM_MODEL": "m", "OPENAI_API_KEY": KEY},
+        secrets={"RAGSCOPE_LLM_MODEL": "other", "RAGSCOPE_LLM_BASE_URL": "http://h:1/v1"},
+    )
+    assert (e.model, e.base_url, e.api_key) == ("m", "http://h:1/v1", KEY)
+    e = LLMEndpoint.resolve(
+        env={"OPENAI_API_KEY": "fallback"},
+        secrets={"RAGSCOPE_LLM_MODEL": "s", "RAGSCOPE_LLM_API_KEY": KEY},
+    )
+    assert (e.model, e.base_url, e.api_key) == ("s", None, KEY)
+    assert LLMEndpoint.missing(env={}, secrets={}) == [
+        "RAGSCOPE_LLM_MODEL",
+        "RAGSCOPE_LLM_BASE_URL or RAGSCOPE_LLM_API_KEY",
+    ]
+    assert LLMEndpoint.missing(env={"RAGSCOPE_LLM_BASE_URL": "http://h/v1"}) == [
+        "RAGSCOPE_LLM_MODEL"
+    ]
+    with pytest.raises(DataError, match="http"):
+        LLMEndpoint(model="m", base_url="localhost:8000")
+
+
+def test_explanation_is_asked_once_then_cached(endpoint, store, fx, llm_server):
+    route = llm_server.post(CHAT).mock(return_value=completion(REPLY))
+    model_key = "tiny|model"
+    first = explain_feature(endpoint, model_key, fx.sae_key, fx.feature, fx, store=store)
+    assert route.call_count == 1
+    assert (first.text, first.cached) == (REPLY, False)
+    assert first.feature_key == f"{fx.sae_key}:F{fx.feature}"
+    body = json.loads(route.calls.last.request.content)
+    assert body["model"] == "fake-explainer"
+    assert [m["role"] for m in body["messages"]] == ["system", "user"]
+    assert body["messages"][1]["content"] == build_prompt(fx).user
+    assert route.calls.last.request.headers["authorization"] == f"Bearer {KEY}"
+
+    again = explain_feature(endpoint, model_key, fx.sae_key, fx.feature, fx, store=store)
+    assert route.call_count == 1
+    assert (again.text, again.cached) == (REPLY, True)
+    # persisted under the documented key, and read back with no endpoint at all
+    with Store(store.path) as other:
+        assert (
+            other.get_explanation(
+                model=model_key, feature_key=first.feature_key, prompt_hash=first.prompt_hash
+            )
+            == REPLY
+        )
+        assert explain_feature(None, model_key, fx.sae_key, fx.feature, fx, store=other).cached
+    assert route.call_count == 1
+    assert first.hallucination == "yes"
+    assert first.reason == "invented years"
+    assert first.description == "Fires on years the passages lack."
+
+
+def test_no_endpoint_and_nothing_cached_says_how_to_configure(store, fx):
+    with pytest.raises(LLMError, match="RAGSCOPE_LLM_MODEL"):
+        explain_feature(None, "m", fx.sae_key, fx.feature, fx, store=store)
+    assert cached_explanation("m", fx, store=store) is None
+
+
+def test_the_key_never_leaks(endpoint, store, fx, llm_server, tmp_path):
+    assert KEY not in repr(endpoint) and KEY not in str(endpoint)
+    assert "***" in repr(endpoint)
+    assert KEY not in repr(
+        LLMEndpoint.resolve(env={"RAGSCOPE_LLM_MODEL": "m", "OPENAI_API_KEY": KEY})
+    )
+    route = llm_server.post(CHAT)
+    # a reply that echoes the key is cached without it
+    route.mock(return_value=completion(f"Description: uses {KEY} a lot."))
+    e = explain_feature(endpoint, "m", fx.sae_key, fx.feature, fx, store=store)
+    assert KEY not in e.text
+    assert route.calls.last.request.headers["authorization"] == f"Bearer {KEY}"  # it was used
+    # an error whose body echoes the key
+    route.mock(
+        return_value=httpx.Response(401, json={"error": {"message": f"Incorrect API key {KEY}"}})
+    )
+    with pytest.raises(LLMError) as info:
+        explain_feature(endpoint, "m2", fx.sae_key, fx.feature, fx, store=store)
+    assert "HTTP 401" in str(info.value) and "RAGSCOPE_LLM_API_KEY" in str(info.value)
+    shown = "".join(traceback.format_exception(info.value)) + repr(info.value)
+    assert KEY not in shown
+    assert info.value.__cause__ is None and info.value.__suppress_context__
+    # a long body is cut after the key is blanked, so no part of it is left either
+    padded = {"error": {"message": "x" * 270 + KEY + "y" * 50}}
+    route.mock(return_value=httpx.Response(403, json=padded))
+    with pytest.raises(LLMError, match="HTTP 403") as info:
+        explain_feature(endpoint, "m3", fx.sae_key, fx.feature, fx, store=store)
+    assert KEY[:10] not in str(info.value)
+    store.close()
+    files = [p for p in Path(store.path).parent.iterdir() if p.name.startswith("explain.sqlite3")]
+    assert files and all(KEY.encode() not in p.read_bytes() for p in files)
+
+
+def test_server_error_is_a_clear_error(endpoint, store, fx, llm_server):
+    route = llm_server.post(CHAT).mock(
+        return_value=httpx.Response(500, json={"error": {"message": "boom"}})
+    )
+    with pytest.raises(LLMError, match=r"HTTP 500.*boom.*try again"):
+        explain_feature(endpoint, "m", fx.sae_key, fx.feature, fx, store=store)
+    assert route.call_count == 1  # max_retries=0
+    assert cached_explanation("m", fx, store=store) is None
+
+
+@pytest.mark.parametrize("content", ["", "   \n", None])
+def test_empty_reply_is_a_clear_error(endpoint, store, fx, llm_server, content):
+    llm_server.post(CHAT).mock(return_value=completion(content))
+    with pytest.raises(LLMError, match="empty reply"):
+        explain_feature(endpoint, "m", fx.sae_key, fx.feature, fx, store=store)
+    assert cached_explanation("m", fx, store=store) is None
+
+
+def test_unreachable_server_is_a_clear_error(store, fx, llm_server):
+    llm_server.post(CHAT).mock(side_effect=httpx.ConnectError("refused"))
+    ep = LLMEndpoint(model="m", base_url=f"http://user:{KEY}@llm.invalid/v1", max_retries=0)
+    assert KEY not in repr(ep)
+    with pytest.raises(LLMError, match="could not reach") as info:
+        explain_feature(ep, "m", fx.sae_key, fx.feature, fx, store=store)
+    assert KEY not in str(info.value)
+
+
+# --------------------------------------------------------------------------- batches
+
+
+def _batch(tiny_model, tiny_sae, examples, fx) -> list[FeatureExamples]:
+    firing = [fx]
+    k = 0
+    while len(firing) < 4:
+        if k != fx.feature:
+            other = feature_examples(tiny_model, tiny_sae, examples, k, n_top=N_TOP)
+            if other.n_firing:
+                firing.append(other)
+        k += 1
+    return firing
+
+
+def test_cancellation_stops_a_batch(
+    endpoint, store, fx, llm_server, tiny_model, tiny_sae, examples
+):
+    items = _batch(tiny_model, tiny_sae, examples, fx)
+    route = llm_server.post(CHAT).mock(return_value=completion(REPLY))
+    seen: list[tuple[int, int]] = []
+    result = explain_many(
+        endpoint,
+        "m",
+        items,
+        store=store,
+        progress=lambda d, t: seen.append((d, t)),
+        should_stop=lambda: len(seen) >= 2,
+    )
+    assert isinstance(result, BatchResult)
+    assert result.cancelled and not result.complete and result.error is None
+    assert [e.feature for e in result.done] == [items[0].feature, items[1].feature]
+    assert route.call_count == 2 and result.n_requested == 2
+    assert seen == [(1, 4), (2, 4)]
+    # resumed: the two done come from the cache, the other two are asked
+    rest = explain_many(endpoint, "m", items, store=store)
+    assert rest.complete and not rest.cancelled
+    assert [e.cached for e in rest.done] == [True, True, False, False]
+    assert route.call_count == 4
+
+
+def test_a_failing_batch_stops_at_the_first_error(
+    endpoint, store, fx, llm_server, tiny_model, tiny_sae, examples
+):
+    items = _batch(tiny_model, tiny_sae, examples, fx)
+    route = llm_server.post(CHAT).mock(
+        side_effect=[completion(REPLY), httpx.Response(503, text="overloaded")]
+    )
+    result = explain_many(endpoint, "m", items, store=store)
+    assert len(result.done) == 1 and not result.cancelled
+    assert result.error is not None and "HTTP 503" in result.error
+    assert route.call_count == 2
+
+
+# --------------------------------------------------------------------------- fidelity
+
+
+def _held_out() -> list[FeatureExample]:
+    acts = [
+        np.array([0.0, 2.0, 0.0, 4.0, 0.5], np.float32),
+        np.array([0.0, 0.0, 0.0], np.float32),
+        np.array([1.0, 0.0, 3.0, 0.0], np.float32),
+        np.array([0.0, 1.0], np.float32),
+    ]
+    return [
+        FeatureExample(
+            example_id=f"h{i}",
+            tokens=tuple(f" t{i}{j}" for j in range(a.size)),
+            activations=a,
+            max_activation=float(a.max()),
+        )
+        for i, a in enumerate(acts)
+    ]
+
+
+def test_fidelity_is_the_pearson_r_of_predicted_and_real(endpoint, llm_server):
+    held = _held_out()
+    reply = (
+        "Here are my predictions.\n"
+        "**Answer 1:** 1=2, 3=5, 4 = 1, 99=5\n"
+        "- Answer 2: none\n"
+        "Answer 3: 0:1, 2=9\n"  # 9 is clipped to 5
+    )  # no line for answer 4: left out
+    route = llm_server.post(CHAT).mock(return_value=completion(reply))
+    expl = Explanation(feature=1, feature_key="s:F1", prompt_hash="h", text=REPLY, cached=True)
+    res = fidelity(endpoint, expl, held)
+    predicted = np.array([0, 2, 0, 5, 1, 0, 0, 0, 1, 0, 5, 0], float)
+    actual = np.concatenate([h.activations for h in held[:3]]).astype(float)
+    assert res.r == pytest.approx(pearsonr(predicted, actual).statistic, abs=1e-12)
+    assert res.example_ids == ("h0", "h1", "h2") and res.n_unread == 1 and res.n_tokens == 12
+    sent = json.loads(route.calls.last.request.content)["messages"][1]["content"]
+    assert "Fires on years the passages lack." in sent and "Hallucination:" not in sent
+    assert '0 " t00" | 1 " t01"' in sent and "from 0 (not at all) to 5" in sent
+
+
+def test_fidelity_reply_without_predictions_is_a_clear_error(endpoint, llm_server):
+    llm_server.post(CHAT).mock(return_value=completion("I cannot tell."))
+    with pytest.raises(LLMError, match="could not read any prediction"):
+        fidelity(endpoint, "fires on years", _held_out())
+
+
+def test_an_explanation_in_another_form_is_kept_whole():
+    e = Explanation(feature=1, feature_key="s:F1", prompt_hash="h", text="Years.", cached=False)
+    assert (e.description, e.hallucination, e.reason) == ("Years.", None, None)
+    e = Explanation(
+        feature=1,
+        feature_key="s:F1",
+        prompt_hash="h",
+        text="**Hallucination:** Unclear\n**Description:** Commas.",
+        cached=False,
+    )
+    assert (e.description, e.hallucination, e.reason) == ("Commas.", "unclear", None)
+
+
+def test_parse_predictions_is_lenient():
+    got = parse_predictions("answer 2 - 0=3\nAnswer 2: 1=5\nANSWER 1: none\nAnswer 7: 0=1", [2, 3])
+    np.testing.assert_array_equal(got[0], [0, 0])
+    np.testing.assert_array_equal(got[1], [3, 0, 0])
