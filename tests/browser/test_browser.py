@@ -58,7 +58,16 @@ ANALYSE_MS = 120_000
 EXAMPLE_ID = "demo-02-waggle-dance"  # has a gold hallucination span
 BENCH_RUN = "synthetic-browser-run"
 EMBEDDED_KEY = "SmolLM2-135M-Instruct|L30xH9/KV3|D576|V49152|float32"
-PAGES = ["Home", "Playground", "Heads & layers", "SHAP summary", "Token sources", "Benchmark"]
+PAGES = [
+    "Home",
+    "Playground",
+    "Heads & layers",
+    "SHAP summary",
+    "Token sources",
+    "GAM shape functions",
+    "Feature explanations",
+    "Benchmark",
+]
 HEADS_EXAMPLES = 6
 SHAP_EXAMPLES = 4
 STATS_MS = 600_000  # a traced pass per example on a small CPU machine
