@@ -594,6 +594,34 @@ def check_features(
         )
 
 
+def restore_fitted(detector: Any, cfg: Mapping[str, Any]) -> None:
+    """Set what every artifact's ``cfg.json`` records on a loaded detector: the model
+    key, the decision threshold and the training facts."""
+    detector.model_key_ = cfg["model"]
+    detector.threshold_ = float(cfg.get("threshold", 0.5))
+    detector.train_info_ = dict(cfg.get("train", {}))
+
+
+def read_skops(path: Path, trusted_prefixes: tuple[str, ...]) -> Any:
+    """A skops file, refusing any type outside ``trusted_prefixes`` (modules, e.g. ``sklearn.``).
+
+    Raises:
+        DataError: A type outside the allowlist (the file may be tampered with).
+        FileNotFoundError: No such file (callers turn it into their own DataError).
+    """
+    import skops.io as sio
+
+    if not path.is_file():
+        raise FileNotFoundError(f"{path.name} is missing")
+    untrusted = sio.get_untrusted_types(file=path)
+    bad = [t for t in untrusted if not t.startswith(trusted_prefixes)]
+    if bad:
+        raise DataError(
+            f"refusing to load types {bad} from {path}; retrain the detector", source=str(path)
+        )
+    return sio.load(path, trusted=untrusted)
+
+
 def thresholded_verdict(detector: Any, features: Features, score: float, **kw: Any) -> Verdict:
     """The verdict of a fitted detector with a ``threshold_``: ``score`` clamped to [0, 1]
     (rounding can step just outside), flagged when it reaches the threshold; ``kw`` are

@@ -31,6 +31,7 @@ from core.detectors.base import (
     read_artifact,
     register_detector,
     require_fitted,
+    restore_fitted,
     thresholded_verdict,
     write_artifact,
 )
@@ -163,9 +164,7 @@ class CalibratedDetector:
             det.response_model_ = LogisticCalibrator.from_json(w["response"])
             det.token_model_ = LogisticCalibrator.from_json(w["token"]) if w.get("token") else None
             det.token_stats_ = tuple(w["token_stats"]) if w.get("token_stats") else None  # type: ignore[assignment]
-            det.model_key_ = cfg["model"]
-            det.threshold_ = float(cfg.get("threshold", 0.5))
-            det.train_info_ = dict(cfg.get("train", {}))
+            restore_fitted(det, cfg)
         except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise DataError(
                 f"malformed {cls.name} artifact ({type(e).__name__}: {e}); retrain it with "

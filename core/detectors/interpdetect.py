@@ -39,8 +39,10 @@ from core.detectors.base import (
     Verdict,
     check_features,
     read_artifact,
+    read_skops,
     register_detector,
     require_fitted,
+    restore_fitted,
     thresholded_verdict,
     tokens_from_chunks,
     write_artifact,
@@ -412,27 +414,17 @@ class InterpDetectDetector:
 
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
-        import skops.io as sio
 
         cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
         path = Path(folder) / PIPELINE_FILE
         try:
-            untrusted = sio.get_untrusted_types(file=path)
-            bad = [t for t in untrusted if not t.startswith(_TRUSTED_PREFIXES)]
-            if bad:
-                raise DataError(
-                    f"refusing to load types {bad} from {path}; retrain the detector",
-                    source=str(path),
-                )
             det = cls(cls.Config.from_dict(cfg["config"]))
-            det.pipeline_ = sio.load(path, trusted=untrusted)
+            det.pipeline_ = read_skops(path, _TRUSTED_PREFIXES)
             det.names_ = tuple(str(n) for n in w["names"])
             det.kept_ = tuple(str(n) for n in w["kept"])
             det.classifier_name_ = str(w["classifier"])
             det.candidates_ = {str(k): float(v) for k, v in w.get("candidates_f1", {}).items()}
-            det.model_key_ = cfg["model"]
-            det.threshold_ = float(cfg.get("threshold", 0.5))
-            det.train_info_ = dict(cfg.get("train", {}))
+            restore_fitted(det, cfg)
             if not set(det.kept_) <= set(det.names_):
                 raise ValueError("kept columns are not among the feature names")
         except DataError:

@@ -38,8 +38,10 @@ from core.detectors.base import (
     Verdict,
     check_features,
     read_artifact,
+    read_skops,
     register_detector,
     require_fitted,
+    restore_fitted,
     thresholded_verdict,
     write_artifact,
 )
@@ -438,31 +440,19 @@ class RaglensDetector:
 
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
-        import skops.io as sio
 
         cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
         path = Path(folder) / EBM_FILE
         try:
             det = cls(cls.Config.from_dict(cfg["config"]))
-            if not path.is_file():
-                raise FileNotFoundError(f"{EBM_FILE} is missing")
-            untrusted = sio.get_untrusted_types(file=path)
-            bad = [t for t in untrusted if not t.startswith(_TRUSTED_PREFIXES)]
-            if bad:
-                raise DataError(
-                    f"refusing to load types {bad} from {path}; retrain the detector",
-                    source=str(path),
-                )
-            det.ebm_ = sio.load(path, trusted=untrusted)
+            det.ebm_ = read_skops(path, _TRUSTED_PREFIXES)
             n = int(w["n_features"])
             det.names_ = tuple(feature_name(k, det.raw) for k in range(n))
             det.selected_ = tuple(int(k) for k in w["selected"])
             mi = np.zeros(n, dtype=np.float32)
             mi[list(det.selected_)] = np.asarray(w["mi"], dtype=np.float32)
             det.mi_ = mi
-            det.model_key_ = cfg["model"]
-            det.threshold_ = float(cfg.get("threshold", 0.5))
-            det.train_info_ = dict(cfg.get("train", {}))
+            restore_fitted(det, cfg)
         except DataError:
             raise
         except (OSError, KeyError, TypeError, ValueError) as e:

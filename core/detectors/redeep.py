@@ -40,6 +40,7 @@ from core.detectors.base import (
     read_artifact,
     register_detector,
     require_fitted,
+    restore_fitted,
     thresholded_verdict,
     tokens_from_chunks,
     write_artifact,
@@ -521,9 +522,7 @@ class RedeepDetector:
             det.logistic_ = LogisticCalibrator.from_json(w["logistic"])
             det.head_auc_ = {str(k): float(v) for k, v in w.get("head_auc", {}).items()}
             det.layer_auc_ = {str(k): float(v) for k, v in w.get("layer_auc", {}).items()}
-            det.model_key_ = cfg["model"]
-            det.threshold_ = float(cfg.get("threshold", 0.5))
-            det.train_info_ = dict(cfg.get("train", {}))
+            restore_fitted(det, cfg)
             n = len(det.names_)
             if max((*det.selection_.heads, *det.selection_.layers), default=0) >= n:
                 raise ValueError("selected columns beyond the feature names")

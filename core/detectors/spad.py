@@ -38,6 +38,7 @@ from core.detectors.base import (
     read_artifact,
     register_detector,
     require_fitted,
+    restore_fitted,
     thresholded_verdict,
     write_artifact,
 )
@@ -347,9 +348,7 @@ class SpadDetector:
             det.booster_ = booster
             det.names_ = names
             det.best_params_ = dict(w.get("best_params") or {})
-            det.model_key_ = cfg["model"]
-            det.threshold_ = float(cfg.get("threshold", 0.5))
-            det.train_info_ = dict(cfg.get("train", {}))
+            restore_fitted(det, cfg)
         except DataError:
             raise
         except (OSError, KeyError, TypeError, ValueError, xgboost.core.XGBoostError) as e:
