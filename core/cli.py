@@ -27,6 +27,20 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda")
 
 
+def _add_split_args(p: argparse.ArgumentParser) -> None:
+    """Model, dataset and the evaluation split options (``_eval_splits``), plus --no-cache."""
+    _add_model_args(p)
+    p.add_argument(
+        "--dataset", default="builtin", help="demo, builtin, a file/folder or a stored name"
+    )
+    p.add_argument("--test-dataset", default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--limit", type=int, default=None, help="about this many examples (whole sources)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="split seed (datasets without a split)")
+    p.add_argument("--no-cache", action="store_true", help="recompute features (ignore the cache)")
+
+
 def _add_example_args(p: argparse.ArgumentParser, *, need_response: bool) -> None:
     g = p.add_argument_group("example (pick one from a dataset, or write one)")
     g.add_argument(
@@ -912,30 +926,13 @@ def build_parser() -> argparse.ArgumentParser:
         "spad-check",
         help="check that the seven SPAD sources sum to each answer token's probability",
     )
-    _add_model_args(p)
-    p.add_argument(
-        "--dataset", default="builtin", help="demo, builtin, a file/folder or a stored name"
-    )
-    p.add_argument("--test-dataset", default=None, help=argparse.SUPPRESS)
-    p.add_argument(
-        "--limit", type=int, default=None, help="about this many examples (whole sources)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="split seed (only with --limit)")
-    p.add_argument("--no-cache", action="store_true", help="recompute features (ignore the cache)")
+    _add_split_args(p)
     p.set_defaults(func=cmd_spad_check)
 
     p = sub.add_parser(
         "shap", help="rank a fitted spad detector's 126 POS x source features by mean |SHAP|"
     )
-    _add_model_args(p)
-    p.add_argument(
-        "--dataset", default="builtin", help="demo, builtin, a file/folder or a stored name"
-    )
-    p.add_argument("--test-dataset", default=None, help=argparse.SUPPRESS)
-    p.add_argument(
-        "--limit", type=int, default=None, help="about this many examples (whole sources)"
-    )
-    p.add_argument("--seed", type=int, default=0, help="split seed (datasets without a split)")
+    _add_split_args(p)
     p.add_argument(
         "--split",
         choices=("train", "validation", "test", "all"),
@@ -948,7 +945,6 @@ def build_parser() -> argparse.ArgumentParser:
         help="a spad artifact folder (default: the shipped assets/detectors/spad)",
     )
     p.add_argument("--top", type=int, default=10, help="how many features to list")
-    p.add_argument("--no-cache", action="store_true", help="recompute features (ignore the cache)")
     p.set_defaults(func=cmd_shap)
 
     p = sub.add_parser("sae", help="train or measure the residual-stream SAE (RAGLens)")
