@@ -6,8 +6,9 @@ example (with a synthetic ``nll`` detector artifact for the embedded model, so t
 verdict table and the detector colouring show), opens the Benchmark on a synthetic
 saved run, computes the Heads & layers statistics on a few examples and shows one
 answer through another head, explains a quick spad fit on the SHAP summary page and
-one answer's seven token sources and SHAP waterfall on the Token sources page, and
-saves full-page screenshots to ``test-artifacts/``.
+one answer's seven token sources and SHAP waterfall on the Token sources page, shows
+the shipped RAGLens detector (and SAE) on the GAM shape functions page, and saves
+full-page screenshots to ``test-artifacts/``.
 
 The server gets its own cache dir (``RAGSCOPE_CACHE_DIR``) whose ``models`` folder
 links to the session's, so the embedded model is not dequantized again while the
@@ -21,6 +22,7 @@ from __future__ import annotations
 
 import os
 import re
+import shutil
 import socket
 import subprocess
 import sys
@@ -165,6 +167,8 @@ def _synthetic_detectors(folder: Path, n: int = 40, n_tokens: int = 12) -> Path:
                 id=f"s{i}", question="Q?", passages=("P.",), response="x" * n_tokens, label=bool(y)
             )
         )
+    # The shipped RAGLens detector (it reads the shipped SAE) for the GAM page.
+    shutil.copytree(REPO / "assets" / "detectors" / "raglens", folder / "raglens")
     det = make_detector("nll").fit(features, examples)
     det.save(
         folder / "nll",
@@ -484,5 +488,29 @@ def test_spad_pages_in_chromium(server: str, browser: object) -> None:
         # The old chart leaves the DOM when the rerun finishes: expect() waits for that.
         expect(plots.filter(has_text="Seven sources of each answer token")).to_have_count(0)
         _assert_no_exception(page)
+    finally:
+        page.close()
+
+
+def test_gam_page_in_chromium(server: str, browser: object) -> None:
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})  # type: ignore[attr-defined]
+    try:
+        page.goto(f"{server}/gam", wait_until="domcontentloaded")
+        page.get_by_role("heading", name="GAM shape functions").wait_for(timeout=MODEL_LOAD_MS)
+        assert _sidebar_pages(page) == PAGES
+        page.get_by_text("Variance explained").wait_for()  # the shipped SAE's quality
+        page.get_by_text(re.compile(r"Shipped raglens detector")).first.wait_for()
+        plots = page.locator(".js-plotly-plot")
+        for title in (
+            "EBM importance of the top",
+            "Shape function of SAE feature",
+            "Largest contributions to this answer",
+        ):
+            plot = plots.filter(has_text=title)
+            plot.wait_for(state="visible", timeout=ANALYSE_MS)
+            assert plot.bounding_box()["height"] > 200  # type: ignore[index]
+        page.get_by_text(re.compile(r"RAGLens score")).first.wait_for()
+        _assert_no_exception(page)
+        _full_page_screenshot(page, ARTIFACTS / "gam.png")
     finally:
         page.close()
