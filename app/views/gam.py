@@ -49,6 +49,10 @@ ACTIVATION_CMAP = ((0.0, "#ffffff"), (0.35, "#fdd49e"), (0.7, "#fc8d59"), (1.0, 
 # --------------------------------------------------------------------------- SAE
 
 
+def _count(n: object) -> str:
+    return f"{n:,}" if isinstance(n, int) else "?"
+
+
 def sae_section(model: LoadedModel, detector: RaglensDetector | None) -> None:
     """The SAE the features come from: where, which layer, and its measured quality."""
     from core.detectors.raglens import load_config_sae, sae_folder
@@ -67,7 +71,7 @@ def sae_section(model: LoadedModel, detector: RaglensDetector | None) -> None:
     corpus = (sae.meta.get("corpus") or {}).get("sources") or []
     st.markdown(
         f"**SAE**: `{folder.name}` · TopK, {sae.d_sae} features on the residual stream after "
-        f"block {sae.layer} · trained on {sae.meta.get('activation_tokens', '?')} activation "
+        f"block {sae.layer} · trained on {_count(sae.meta.get('activation_tokens'))} activation "
         f"tokens of {', '.join(s['name'] for s in corpus) or 'unrecorded text'}"
     )
     if q:
