@@ -148,12 +148,12 @@ def bench_extraction(
     import torch
 
     from core.corpus import load_builtin
-    from core.detectors import available_detectors, make_detector
+    from core.detectors import make_detector, runnable_detectors
     from core.evaluate import stratified_head
     from core.extract import FeatureCache, extract_features
     from core.storage import Store
 
-    names = tuple(detectors or available_detectors())
+    names = tuple(detectors or runnable_detectors(model))
     exs = stratified_head(load_builtin(None), n_examples)
     layouts = [render(e, model) for e in exs]
 

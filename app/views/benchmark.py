@@ -50,7 +50,7 @@ from app.state import (
     seed_widget,
     threshold_key,
 )
-from core.detectors import available_detectors
+from core.detectors import runnable_detectors
 from core.errors import RagscopeError
 from core.evaluate import DetectorResult, EvalRun, evaluate, make_splits, response_metrics, runs_dir
 from core.extract import FeatureCache
@@ -185,7 +185,7 @@ def _summary_note(spec: str, labels: Mapping[str, str]) -> DatasetSummary | None
     return s
 
 
-def launch_form(state: AppState, *, expanded: bool) -> bool:
+def launch_form(state: AppState, model: LoadedModel, *, expanded: bool) -> bool:
     """The new-run form (datasets, detectors, limit); True when Run was pressed."""
     with st.expander("Launch a new run", expanded=expanded, icon=":material/play_arrow:"):
         try:
@@ -232,7 +232,7 @@ def launch_form(state: AppState, *, expanded: bool) -> bool:
             if state.bench_test != SAME_DATASET:
                 ok = _summary_note(state.bench_test, labels) is not None and ok
 
-        names = available_detectors()
+        names = runnable_detectors(model)  # e.g. no raglens without an SAE for the model
         if state.bench_detectors is None:
             state.bench_detectors = list(names)
         seed_widget(KEY_BENCH_DETECTORS, [d for d in state.bench_detectors if d in names])
@@ -504,7 +504,7 @@ def main() -> None:
         "test data. Runs are saved by this page and by `ragscope evaluate`."
     )
     saved = saved_runs()
-    if launch_form(state, expanded=not saved.runs):
+    if launch_form(state, model, expanded=not saved.runs):
         if launch_run(state, model) is not None:
             saved = saved_runs()
     for name, why in saved.unreadable:

@@ -13,6 +13,7 @@ from core.detectors.base import (
     load_shipped,
     make_detector,
     register_detector,
+    runnable_detectors,
     shipped_artifacts,
     shipped_dir,
 )
@@ -30,6 +31,7 @@ __all__ = [
     "load_shipped",
     "make_detector",
     "register_detector",
+    "runnable_detectors",
     "shipped_artifacts",
     "shipped_dir",
 ]

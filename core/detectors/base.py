@@ -337,6 +337,18 @@ def available_detectors() -> list[str]:
     return sorted(_REGISTRY)
 
 
+def runnable_detectors(model: Any) -> list[str]:
+    """The registered detectors that can read ``model`` with their default config
+    (a detector may say why not through an ``unavailable(model_info)`` method, e.g.
+    RAGLens without an SAE for that model)."""
+    out = []
+    for name in available_detectors():
+        check = getattr(make_detector(name), "unavailable", None)
+        if check is None or check(model.info) is None:
+            out.append(name)
+    return out
+
+
 def make_detector(name: str, **config: Any) -> Any:
     """A fresh, unfitted detector with ``config`` overriding the defaults."""
     cls = detector_class(name)

@@ -248,6 +248,16 @@ class RaglensDetector:
         """The block whose residual stream is read (the SAE's, or ``raw_layer``)."""
         return self.config.raw_layer if self.config.raw_layer >= 0 else self.sae.layer
 
+    def unavailable(self, model: ModelInfo) -> str | None:
+        """Why this detector cannot read ``model`` (no SAE for it), or ``None``."""
+        if self.raw:
+            return None
+        try:
+            self.sae.check_model(model.key, model.d_model)
+        except (DataError, ModelError) as e:
+            return str(e)
+        return None
+
     def needs(self, model: ModelInfo) -> Needs:
         from core.trace import Needs
 

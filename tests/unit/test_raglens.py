@@ -191,3 +191,17 @@ def test_raw_residual_variant_needs_no_sae(tiny_model, balanced, tmp_path):
     assert again.predict(feats[0]).score == pytest.approx(v.score)
     with pytest.raises(ModelError, match="outside"):
         make_detector("raglens", raw_layer=7).needs(tiny_model.info)
+
+
+def test_runnable_detectors_leave_out_raglens_without_an_sae_for_the_model(
+    tiny_model, tiny_sae, monkeypatch, tmp_path
+):
+    from core.detectors import available_detectors, runnable_detectors
+
+    monkeypatch.setenv("RAGSCOPE_SAE_DIR", str(tmp_path / "none"))
+    assert "raglens" in available_detectors()
+    assert "raglens" not in runnable_detectors(tiny_model)
+    assert "no SAE" in make_detector("raglens").unavailable(tiny_model.info)
+    monkeypatch.setenv("RAGSCOPE_SAE_DIR", str(tiny_sae.path))
+    assert "raglens" in runnable_detectors(tiny_model)
+    assert set(available_detectors()) - set(runnable_detectors(tiny_model)) == set()
