@@ -284,6 +284,16 @@ def _full_page_screenshot(page: object, path: Path) -> None:
     page.set_viewport_size(size)  # type: ignore[attr-defined]
 
 
+def _wait_for_plots(
+    plots: object, titles: tuple[str, ...], *, timeout: int, min_height: int
+) -> None:
+    """Wait until each plotly figure titled ``titles[i]`` is visible and at least that tall."""
+    for title in titles:
+        plot = plots.filter(has_text=title)  # type: ignore[attr-defined]
+        plot.wait_for(state="visible", timeout=timeout)
+        assert plot.bounding_box()["height"] > min_height
+
+
 def _assert_no_exception(page: object) -> None:
     boxes = page.locator('[data-testid="stException"]')  # type: ignore[attr-defined]
     assert boxes.count() == 0, boxes.first.inner_text()
@@ -454,14 +464,16 @@ def test_spad_pages_in_chromium(server: str, browser: object) -> None:
         # The quick fit (train split), then the beeswarm, the bars and the grid.
         page.get_by_role("button", name=re.compile("Quick fit")).click()
         plots = page.locator(".js-plotly-plot")
-        for title in (
-            "SHAP values of the top",
-            "Mean |SHAP| of the top",
-            "Mean SHAP value by source and part of speech",
-        ):
-            plot = plots.filter(has_text=title)
-            plot.wait_for(state="visible", timeout=STATS_MS)
-            assert plot.bounding_box()["height"] > 250  # type: ignore[index]
+        _wait_for_plots(
+            plots,
+            (
+                "SHAP values of the top",
+                "Mean |SHAP| of the top",
+                "Mean SHAP value by source and part of speech",
+            ),
+            timeout=STATS_MS,
+            min_height=250,
+        )
         page.get_by_text(re.compile(r"not a trained detector")).first.wait_for()
         assert plots.filter(has_text="SHAP values of the top").locator(".point").count() > 0
         _assert_no_exception(page)
@@ -501,14 +513,16 @@ def test_gam_page_in_chromium(server: str, browser: object) -> None:
         page.get_by_text("Variance explained").wait_for()  # the shipped SAE's quality
         page.get_by_text(re.compile(r"Shipped raglens detector")).first.wait_for()
         plots = page.locator(".js-plotly-plot")
-        for title in (
-            "EBM importance of the top",
-            "Shape function of SAE feature",
-            "Largest contributions to this answer",
-        ):
-            plot = plots.filter(has_text=title)
-            plot.wait_for(state="visible", timeout=ANALYSE_MS)
-            assert plot.bounding_box()["height"] > 200  # type: ignore[index]
+        _wait_for_plots(
+            plots,
+            (
+                "EBM importance of the top",
+                "Shape function of SAE feature",
+                "Largest contributions to this answer",
+            ),
+            timeout=ANALYSE_MS,
+            min_height=200,
+        )
         page.get_by_text(re.compile(r"RAGLens score")).first.wait_for()
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "gam.png")
