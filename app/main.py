@@ -20,6 +20,9 @@ navigation = st.navigation(
     [
         st.Page(PAGES_DIR / "home.py", title="Home", icon=":material/home:", default=True),
         st.Page(PAGES_DIR / "playground.py", title="Playground", icon=":material/science:"),
+        st.Page(
+            PAGES_DIR / "token_heatmaps.py", title="Token heatmaps", icon=":material/gradient:"
+        ),
         st.Page(PAGES_DIR / "heads.py", title="Heads & layers", icon=":material/grid_view:"),
         st.Page(PAGES_DIR / "shap_summary.py", title="SHAP summary", icon=":material/insights:"),
         st.Page(

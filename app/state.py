@@ -21,7 +21,7 @@ import hashlib
 import json
 import os
 import threading
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -902,12 +902,14 @@ class DetectorVerdicts:
         detectors: The detectors that judged it.
         verdicts: One verdict per detector, aligned with ``detectors``.
         seconds: Wall time of the shared trace and the predictions (when first computed).
+        features: Detector name -> the features its verdict was computed from.
     """
 
     signature: str
     detectors: tuple[ShippedDetector, ...]
     verdicts: tuple[Verdict, ...]
     seconds: float
+    features: Mapping[str, Features] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         assert len(self.detectors) == len(self.verdicts), "one verdict per detector"
@@ -952,7 +954,7 @@ def _verdicts_cached(
     signature: str,
     _detectors: tuple[Detector, ...],
     detectors_id: str,
-) -> tuple[tuple[Verdict, ...], float]:
+) -> tuple[tuple[Verdict, ...], float, dict[str, Features]]:
     """One shared trace -> features -> verdicts; keyed by model, input and detector set."""
     import time
 
@@ -961,7 +963,7 @@ def _verdicts_cached(
     t0 = time.perf_counter()
     features = run_example(_model, _example, list(_detectors))
     verdicts = tuple(d.predict(features[d.name]) for d in _detectors)
-    return verdicts, time.perf_counter() - t0
+    return verdicts, time.perf_counter() - t0, features
 
 
 def detector_verdicts(
@@ -976,18 +978,19 @@ def detector_verdicts(
         ModelError: A detector cannot run (missing trace, spaCy model, other model).
     """
     dets = tuple(s.detector for s in shipped.detectors)
-    verdicts, seconds = (
+    verdicts, seconds, features = (
         _verdicts_cached(
             model, model_key(model), analysis.example, analysis.signature, dets, shipped.cache_id
         )
         if dets
-        else ((), 0.0)
+        else ((), 0.0, {})
     )
     return DetectorVerdicts(
         signature=analysis.signature,
         detectors=shipped.detectors,
         verdicts=verdicts,
         seconds=seconds,
+        features=features,
     )
 
 
@@ -1805,6 +1808,19 @@ class AppState:
         explain_stop: Set by the Stop button; the running batch checks it.
         explain_outcome: What the last explanation batch did, shown once.
         explain_fidelity: Fidelity results by explanation prompt hash.
+        heatmap_example_source: The Token heatmaps input (like ``tokens_example_source``).
+        heatmap_dataset: Its dataset: :data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`.
+        heatmap_example_id: The Token heatmaps example, per dataset key.
+        heatmap_p_stay: The smoothing slider's ``p_stay``.
+        heatmap_threshold: The flagging threshold (``None``: the CORTEX artifact's).
+        heatmap_flag_row: The row whose scores the threshold reads (``None``: CORTEX smoothed).
+        heatmap_smooth_all: Whether the other detectors' rows are smoothed too.
+        heatmap_hidden: The rows the user took off the heatmap.
+        heatmap_focus: Index of the predicted span "Previous"/"Next" jumped to (-1: none).
+        heatmap_focus_for: The answer (signature) that focus belongs to.
+        heatmap_only_flagged: Whether the example list keeps only answers with flags.
+        heatmap_scan_limit: How many answers of the dataset a scan reads.
+        heatmap_scan: Dataset key -> example id -> CORTEX raw token scores, from scans.
     """
 
     dataset: DatasetRef = BUILTIN
@@ -1859,6 +1875,19 @@ class AppState:
     explain_stop: bool = False
     explain_outcome: tuple[str, str] | None = None
     explain_fidelity: dict[str, FidelityResult] = field(default_factory=dict)
+    heatmap_example_source: str | None = None
+    heatmap_dataset: str = HEADS_FROM_HOME
+    heatmap_example_id: dict[str, str] = field(default_factory=dict)
+    heatmap_p_stay: float = 0.993
+    heatmap_threshold: float | None = None
+    heatmap_flag_row: str | None = None
+    heatmap_smooth_all: bool = False
+    heatmap_hidden: set[str] = field(default_factory=set)
+    heatmap_focus: int = -1
+    heatmap_focus_for: str | None = None
+    heatmap_only_flagged: bool = False
+    heatmap_scan_limit: int = 40
+    heatmap_scan: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
 
     def add_passage(self) -> None:
         self.own_passages[self.next_passage_id] = ""

@@ -364,6 +364,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             n_boot=args.bootstrap,
             name=args.name,
             configs=_detector_options(args),
+            smooth=args.smooth,
         )
     j, m = run.save(args.out or runs_dir())
     print(run.to_markdown())
@@ -903,6 +904,14 @@ def build_parser() -> argparse.ArgumentParser:
             )
             p.add_argument("--name", default=None, help="run name (default: time + datasets)")
             p.add_argument("--out", default=None, help="folder for the run's JSON and markdown")
+            p.add_argument(
+                "--smooth",
+                type=float,
+                default=None,
+                metavar="P_STAY",
+                help="also report token metrics after label-persistence smoothing of every "
+                "detector's token scores (CORTEX uses 0.993)",
+            )
             p.set_defaults(func=cmd_evaluate)
         else:
             p.add_argument(

@@ -338,6 +338,8 @@ class EvalRun:
                     "threshold": r.threshold,
                     "token AP": (r.token_metrics or {}).get("ap"),
                     "token AUROC": (r.token_metrics or {}).get("auroc"),
+                    "token AP smoothed": _smoothed(r).get("ap"),
+                    "token AUROC smoothed": _smoothed(r).get("auroc"),
                 }
             )
         return pd.DataFrame(rows)
@@ -346,23 +348,30 @@ class EvalRun:
         def f(v: Any) -> str:
             return "-" if v is None else f"{v:.3f}"
 
+        p_stay = next((_smoothed(r)["p_stay"] for r in self.results if _smoothed(r)), None)
+        extra_head = (
+            f" token AP (smoothed {p_stay}) | token AUROC (smoothed {p_stay}) |" if p_stay else ""
+        )
         lines = [
             f"# {self.name}",
             "",
             f"model `{self.model}`; train `{self.train_dataset}` -> test `{self.test_dataset}`; "
             f"splits {dict(self.split_sizes)}; data hashes {dict(self.data_hashes)}",
             "",
-            "| detector | AUROC [95% CI] | AP | bal. acc | F1 | P | R | r | token AP | token AUROC |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| detector | AUROC [95% CI] | AP | bal. acc | F1 | P | R | r | token AP | token AUROC |"
+            + extra_head,
+            "|---|---|---|---|---|---|---|---|---|---|" + ("---|---|" if p_stay else ""),
         ]
         for r in self.results:
             m, t = r.metrics, r.token_metrics or {}
             ci = m.get("auroc_ci")
             auroc = f(m.get("auroc")) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+            sm = _smoothed(r)
             lines.append(
                 f"| {r.detector} | {auroc} | {f(m.get('ap'))} | {f(m.get('balanced_accuracy'))} | "
                 f"{f(m.get('f1'))} | {f(m.get('precision'))} | {f(m.get('recall'))} | "
                 f"{f(m.get('pearson_r'))} | {f(t.get('ap'))} | {f(t.get('auroc'))} |"
+                + (f" {f(sm.get('ap'))} | {f(sm.get('auroc'))} |" if p_stay else "")
             )
         ex = self.extraction
         if ex:
@@ -395,6 +404,11 @@ class EvalRun:
                     }
                 )
         return pd.DataFrame(rows)
+
+
+def _smoothed(result: DetectorResult) -> Mapping[str, Any]:
+    """A result's token metrics after smoothing (empty when the run did not smooth)."""
+    return (result.token_metrics or {}).get("smoothed") or {}
 
 
 def runs_dir() -> Path:
@@ -469,6 +483,7 @@ def evaluate(
     save_artifacts: str | Path | None = None,
     recipe: Mapping[str, Any] | None = None,
     configs: Mapping[str, Mapping[str, Any]] | None = None,
+    smooth: float | None = None,
 ) -> EvalRun:
     """Fit (or load) each detector, pick thresholds on validation, report on test.
 
@@ -490,6 +505,9 @@ def evaluate(
             seed, model), recorded in each artifact for ``ragscope train --reproduce``.
         configs: Detector name -> config options for freshly made detectors
             (e.g. ``{"redeep_token": {"scorer": "logistic"}}``).
+        smooth: Also report token metrics after label-persistence smoothing of every
+            detector's token scores with this ``p_stay`` (:mod:`core.smoothing`),
+            under ``token_metrics["smoothed"]``.
     """
     artifacts = dict(artifacts or {})
     dets: dict[str, Any] = {}
@@ -551,6 +569,14 @@ def evaluate(
                 tok_sc.append(v.token_scores)
         if tok_lab:
             tok = token_metrics(np.concatenate(tok_lab), np.concatenate(tok_sc))
+            if smooth is not None:
+                from core.smoothing import smooth_tokens
+
+                smoothed = np.concatenate(smooth_tokens(tok_sc, smooth))
+                tok["smoothed"] = {
+                    "p_stay": float(smooth),
+                    **token_metrics(np.concatenate(tok_lab), smoothed),
+                }
         metrics = response_metrics(y_te, scores, det.threshold_, n_boot=n_boot)
         art = None
         if save_artifacts is not None and n not in artifacts:

@@ -95,8 +95,12 @@ def run_example(
     needs = [d.needs(model.info) for d in detectors]  # type: ignore[attr-defined]
     wanted = [n for n in needs if n is not None]
     full = trace(model, layout, Needs.union(wanted)) if wanted else None
+    # A detector may ask for less in the no-context pass (``bare_needs``; CORTEX
+    # needs only hidden states there) than in the pass with the passages.
     bare_needs = [
-        n for d, n in zip(detectors, needs, strict=True) if getattr(d, "needs_bare", False) and n
+        d.bare_needs(model.info) if hasattr(d, "bare_needs") else n
+        for d, n in zip(detectors, needs, strict=True)
+        if getattr(d, "needs_bare", False) and n
     ]
     bare = None
     if bare_needs:

@@ -104,7 +104,7 @@ def text_color(background: str) -> str:
     return "#111111" if lum > 0.179 else "#ffffff"
 
 
-def _visible(token: str) -> str:
+def visible_token(token: str) -> str:
     """Escaped token text with newlines and tabs made visible."""
     if token == "":
         return '<span class="rs-ws">∅</span>'
@@ -205,7 +205,7 @@ def token_heatmap_html(
         cls = "rs-tok rs-gold" if gold else "rs-tok"
         spans.append(
             f'<span class="{cls}" data-pos="{pos[j]}" style="background-color: {bg}; '
-            f'color: {fg};" title="{title_attr}">{_visible(tok)}</span>'
+            f'color: {fg};" title="{title_attr}">{visible_token(tok)}</span>'
         )
     body = "".join(spans)
     out = [_CSS, '<div class="rs-heatmap-wrap">', f'<div class="rs-heatmap">{body}</div>']

@@ -359,6 +359,7 @@ def _ensure_builtin() -> None:
     # Importing the modules registers their classes; done lazily so that
     # ``core.detectors.base`` stays import-light.
     import core.detectors.baselines  # noqa: F401
+    import core.detectors.cortex  # noqa: F401
     import core.detectors.interpdetect  # noqa: F401
     import core.detectors.raglens  # noqa: F401
     import core.detectors.redeep  # noqa: F401

@@ -212,3 +212,27 @@ def test_fit_gets_the_validation_split_and_never_the_test_split(
     assert seen["train"] == [e.id for e in splits["train"]]
     assert seen["validation"] == [e.id for e in splits["validation"]]
     assert not {e.id for e in splits["test"]} & {*seen["train"], *seen["validation"]}
+
+
+def test_evaluate_reports_smoothed_token_metrics(tiny_model) -> None:
+    exs = [_ex(i, q=i, label=bool(i % 2)) for i in range(24)]
+    splits = split_examples(exs, seed=0)
+    kw = dict(
+        train=splits["train"],
+        validation=splits["validation"],
+        test=splits["test"],
+        train_dataset="toy",
+        n_boot=0,
+    )
+    plain = evaluate(tiny_model, ["nll"], **kw)
+    assert "smoothed" not in plain.results[0].token_metrics
+    assert "smoothed" not in plain.to_markdown()
+    # p_stay 0.5 leaves the scores as they are; 0.99 spreads them along the answer.
+    same = evaluate(tiny_model, ["nll"], smooth=0.5, **kw).results[0].token_metrics
+    assert same["smoothed"]["auroc"] == pytest.approx(same["auroc"], abs=1e-9)
+    run = evaluate(tiny_model, ["nll"], smooth=0.99, **kw)
+    tok = run.results[0].token_metrics
+    assert tok["smoothed"]["p_stay"] == 0.99
+    assert tok["smoothed"]["auroc"] != pytest.approx(tok["auroc"], abs=1e-6)
+    assert "token AUROC (smoothed 0.99)" in run.to_markdown()
+    assert run.to_frame()["token AUROC smoothed"].iloc[0] == tok["smoothed"]["auroc"]

@@ -1,0 +1,501 @@
+"""Token heatmaps: every detector's reading of one answer, token by token, aligned.
+
+One answer, several rows of cells under the same tokens: the gold spans, CORTEX's
+raw token probabilities and their label-persistence smoothing (the ``p_stay`` slider
+re-smooths live), every other shipped detector that scores single tokens, the
+strongest RAGLens SAE features' activations and the model's own surprisal. A
+threshold on one row marks the predicted spans; the page compares them with the gold
+spans (overlap F1), steps through them, and can scan a dataset to list only the
+answers that get flagged.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from app.components.artifacts import show_broken_artifacts
+from app.components.example_picker import (
+    dataset_labels,
+    first_words,
+    pick_answer_source,
+    pick_example,
+    progress_bar,
+    show_playground_answer,
+)
+from app.components.multirow import ACTIVATION_CMAP, HeatRow, gold_row, multirow_html
+from app.state import (
+    HEADS_EXAMPLE_DATASET,
+    HEADS_EXAMPLE_PLAYGROUND,
+    HEADS_FROM_HOME,
+    Analysis,
+    AppState,
+    DetectorVerdicts,
+    ShippedDetectors,
+    align_token_scores,
+    analyse,
+    app_state,
+    detector_verdicts,
+    get_model,
+    get_store,
+    heads_examples,
+    model_key,
+    seed_widget,
+    shipped_detectors,
+    train_command,
+)
+from core.errors import RagscopeError
+from core.smoothing import flagged_spans, smooth_tokens, span_overlap_f1
+
+if TYPE_CHECKING:
+    from core.detectors.cortex import CortexDetector
+    from core.detectors.raglens import RaglensAnswer, RaglensDetector
+    from core.examples import RAGExample
+    from core.model import LoadedModel
+
+# Page scripts run with Streamlit's magic: a bare string would be drawn, so no
+# attribute docstrings here.
+CORTEX = "cortex"
+RAGLENS = "raglens"
+ROW_GOLD = "gold span"
+ROW_RAW = "CORTEX raw"
+ROW_SMOOTH = "CORTEX smoothed"
+ROW_SURPRISAL = "surprisal (bits)"
+RAGLENS_ROWS = 2
+KEY_SOURCE = "heatmaps.example.source"
+KEY_DATASET = "heatmaps.dataset"
+KEY_EXAMPLE = "heatmaps.example.id"
+KEY_ONLY_FLAGGED = "heatmaps.only_flagged"
+KEY_SCAN_LIMIT = "heatmaps.scan.limit"
+KEY_SCAN = "heatmaps.scan"
+KEY_P_STAY = "heatmaps.p_stay"
+KEY_THRESHOLD = "heatmaps.threshold"
+KEY_FLAG_ROW = "heatmaps.flag_row"
+KEY_SMOOTH_ALL = "heatmaps.smooth_all"
+KEY_ROWS = "heatmaps.rows"
+KEY_ROWS_OPTIONS = "heatmaps.rows.options"
+KEY_PREV = "heatmaps.prev"
+KEY_NEXT = "heatmaps.next"
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class AnswerRows:
+    """Everything the heatmap shows for one answer (before the sliders)."""
+
+    analysis: Analysis
+    verdicts: DetectorVerdicts
+    cortex_raw: np.ndarray | None
+    raglens: RaglensAnswer | None
+
+
+# --------------------------------------------------------------------------- data
+
+
+@st.cache_data(show_spinner=False, max_entries=32)
+def _raglens_cached(
+    key: str,
+    signature: str,
+    stamp: str,
+    _model: LoadedModel,
+    _det: RaglensDetector,
+    _ex: RAGExample,
+) -> RaglensAnswer:
+    return _det.explain_answer(_model, _ex)
+
+
+def read_answer(
+    model: LoadedModel, example: RAGExample, ids: tuple[int, ...] | None, shipped: ShippedDetectors
+) -> AnswerRows:
+    """Trace the answer once per detector family and collect every row's raw values."""
+    analysis = analyse(model, example, response_ids=ids, answer_source="dataset")
+    verdicts = detector_verdicts(model, analysis, shipped)
+    by_name = {d.name: d for d in shipped.detectors}
+    raw = None
+    if CORTEX in verdicts.features:
+        cortex: CortexDetector = by_name[CORTEX].detector  # type: ignore[assignment]
+        f = verdicts.features[CORTEX]
+        raw = align_token_scores(
+            cortex.raw_token_scores(f), f.token_offsets, analysis.layout.response_offsets
+        )
+    rl = None
+    if RAGLENS in by_name:
+        rl = _raglens_cached(
+            model_key(model),
+            analysis.signature,
+            shipped.cache_id,
+            model,
+            by_name[RAGLENS].detector,  # type: ignore[arg-type]
+            example,
+        )
+    return AnswerRows(analysis=analysis, verdicts=verdicts, cortex_raw=raw, raglens=rl)
+
+
+def build_rows(a: AnswerRows, p_stay: float, smooth_all: bool) -> dict[str, HeatRow]:
+    """Every available row by name, in display order."""
+    rows: dict[str, HeatRow] = {}
+    labels = a.analysis.labels
+    offsets = a.analysis.layout.response_offsets
+    if labels is not None:
+        rows[ROW_GOLD] = gold_row(labels, ROW_GOLD)
+    if a.cortex_raw is not None:
+        rows[ROW_RAW] = HeatRow(name=ROW_RAW, values=a.cortex_raw)
+        finite = np.nan_to_num(a.cortex_raw, nan=0.0)
+        rows[ROW_SMOOTH] = HeatRow(
+            name=f"{ROW_SMOOTH}", values=np.asarray(smooth_tokens(finite, p_stay), dtype=float)
+        )
+    for v in a.verdicts.verdicts:
+        if v.detector == CORTEX or v.token_scores is None or v.token_offsets is None:
+            continue
+        vals = align_token_scores(v.token_scores, v.token_offsets, offsets)
+        if smooth_all:
+            vals = np.asarray(smooth_tokens(np.nan_to_num(vals, nan=0.0), p_stay), dtype=float)
+        rows[v.detector] = HeatRow(name=v.detector, values=vals)
+    if a.raglens is not None:
+        for k in a.raglens.top_positive(RAGLENS_ROWS):
+            act = align_token_scores(a.raglens.activations_of(k), a.raglens.token_offsets, offsets)
+            top = float(np.nanmax(act)) if np.isfinite(act).any() else 0.0
+            name = f"RAGLens F{k}"
+            rows[name] = HeatRow(
+                name=name,
+                values=act / top if top > 0 else np.zeros_like(act),
+                cmap=ACTIVATION_CMAP,
+                shown=["n/a" if np.isnan(x) else f"{x:.3f}" for x in act],
+            )
+    s = a.analysis.surprisal
+    rows[ROW_SURPRISAL] = HeatRow(
+        name=ROW_SURPRISAL, values=s, vmin=0.0, vmax=max(float(s.max()), 1.0), fmt=".2f"
+    )
+    return rows
+
+
+def scan_dataset(
+    model: LoadedModel, cortex: CortexDetector, examples: list[RAGExample]
+) -> dict[str, np.ndarray]:
+    """CORTEX's raw token scores for ``examples`` (features from the cache when there)."""
+    from core.extract import FeatureCache, extract_features
+
+    with progress_bar("Scanning with CORTEX:") as progress:
+        ext = extract_features(
+            model,
+            examples,
+            [cortex],
+            cache=FeatureCache(get_store()),
+            progress=progress,
+            on_error="skip",
+        )
+    return {f.example_id: cortex.raw_token_scores(f) for f in ext.features[CORTEX]}
+
+
+def has_flags(raw: np.ndarray, p_stay: float, threshold: float) -> bool:
+    """Whether any smoothed token of an answer reaches the threshold."""
+    return bool(raw.size) and float(np.max(smooth_tokens(raw, p_stay))) >= threshold
+
+
+# --------------------------------------------------------------------------- input
+
+
+def pick_answer(
+    state: AppState, model: LoadedModel, cortex: CortexDetector | None
+) -> tuple[RAGExample, tuple[int, ...] | None] | None:
+    """The answer to show: the Playground's, or an example (optionally only flagged ones)."""
+    a = state.analysis
+    options = ([HEADS_EXAMPLE_PLAYGROUND] if a is not None else []) + [HEADS_EXAMPLE_DATASET]
+    state.heatmap_example_source = pick_answer_source(
+        state.heatmap_example_source,
+        options,
+        key=KEY_SOURCE,
+        dataset_name="An example from a dataset",
+    )
+    if state.heatmap_example_source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
+        return a.example, show_playground_answer(a)
+
+    labels = dataset_labels(state.dataset)
+    if state.heatmap_dataset not in labels:
+        state.heatmap_dataset = HEADS_FROM_HOME
+    seed_widget(KEY_DATASET, state.heatmap_dataset)
+    c1, c2 = st.columns([2, 3], vertical_alignment="bottom")
+    with c1:
+        state.heatmap_dataset = st.selectbox(
+            "Dataset", list(labels), key=KEY_DATASET, format_func=labels.__getitem__
+        )
+    try:
+        key, label, examples = heads_examples(state.heatmap_dataset, state.dataset)
+    except RagscopeError as e:
+        st.error(f"{labels[state.heatmap_dataset]} cannot be read: {e}")
+        return None
+    if not examples:
+        st.info("This dataset holds no examples; pick another one.")
+        return None
+    scan_key = f"{model_key(model)}|{key}"
+    if cortex is not None:
+        scan_row(state, model, cortex, examples, scan_key)
+    scanned = state.heatmap_scan.get(scan_key, {})
+    if state.heatmap_only_flagged and scanned:
+        threshold = current_threshold(state, cortex)
+        flagged = {
+            i for i, raw in scanned.items() if has_flags(raw, state.heatmap_p_stay, threshold)
+        }
+        kept = [e for e in examples if e.id in flagged]
+        st.caption(
+            f"{len(kept)} of the {len(scanned)} scanned answers have a token at or above "
+            f"{threshold:.2f} (smoothed with p_stay {state.heatmap_p_stay:.3f})."
+        )
+        if not kept:
+            st.info("No scanned answer is flagged at this threshold; lower it or scan more.")
+            return None
+        examples = kept
+    with c2:
+        ex = pick_example(examples, state.heatmap_example_id.get(key), key=KEY_EXAMPLE)
+    state.heatmap_example_id[key] = ex.id
+    st.caption(f"From {label}. Answer: \u201c{first_words(ex.response, 40)}\u201d")
+    return ex, None
+
+
+def scan_row(
+    state: AppState,
+    model: LoadedModel,
+    cortex: CortexDetector,
+    examples: list[RAGExample],
+    scan_key: str,
+) -> None:
+    """ "Only flagged answers" + how many to scan + the Scan button."""
+    c1, c2, c3 = st.columns([2, 1, 1], vertical_alignment="bottom")
+    with c1:
+        seed_widget(KEY_ONLY_FLAGGED, state.heatmap_only_flagged)
+        state.heatmap_only_flagged = st.toggle(
+            "Only answers with flags",
+            key=KEY_ONLY_FLAGGED,
+            help="Keep the answers where some token's smoothed CORTEX score reaches the "
+            "threshold (needs a scan of the dataset)",
+        )
+    with c2:
+        seed_widget(KEY_SCAN_LIMIT, min(state.heatmap_scan_limit, len(examples)))
+        state.heatmap_scan_limit = int(
+            st.number_input(
+                "Scan at most",
+                min_value=1,
+                max_value=len(examples),
+                step=10,
+                key=KEY_SCAN_LIMIT,
+            )
+        )
+    with c3:
+        scan = st.button("Scan", key=KEY_SCAN, icon=":material/radar:", width="stretch")
+    if scan:
+        try:
+            found = scan_dataset(model, cortex, examples[: state.heatmap_scan_limit])
+        except RagscopeError as e:
+            st.error(f"The scan failed: {e}")
+            return
+        state.heatmap_scan.setdefault(scan_key, {}).update(found)
+
+
+def current_threshold(state: AppState, cortex: CortexDetector | None) -> float:
+    if state.heatmap_threshold is not None:
+        return state.heatmap_threshold
+    return float(getattr(cortex, "threshold_", 0.5)) if cortex is not None else 0.5
+
+
+# --------------------------------------------------------------------------- view
+
+
+def controls(state: AppState, rows: dict[str, HeatRow], cortex: CortexDetector | None) -> None:
+    """The p_stay and threshold sliders, the row to threshold, rows shown, smoothing of others."""
+    c1, c2 = st.columns(2)
+    with c1:
+        seed_widget(KEY_P_STAY, state.heatmap_p_stay)
+        state.heatmap_p_stay = st.slider(
+            "p_stay (label persistence)",
+            min_value=0.5,
+            max_value=0.999,
+            step=0.001,
+            format="%.3f",
+            key=KEY_P_STAY,
+            help="Chance that the next token keeps this token's label; 0.5 = no smoothing. "
+            "CORTEX uses 0.993 for tokens and 0.93 for its answer score.",
+        )
+    with c2:
+        seed_widget(KEY_THRESHOLD, round(current_threshold(state, cortex), 2))
+        state.heatmap_threshold = st.slider(
+            "Threshold",
+            min_value=0.0,
+            max_value=1.0,
+            step=0.01,
+            key=KEY_THRESHOLD,
+            help="Tokens whose score (in the row below) reaches it are flagged",
+        )
+    scored = [n for n in rows if n not in (ROW_GOLD, ROW_SURPRISAL) and not n.startswith("RAGLens")]
+    c3, c4 = st.columns([1, 2], vertical_alignment="bottom")
+    with c3:
+        if scored:
+            if state.heatmap_flag_row not in scored:
+                state.heatmap_flag_row = ROW_SMOOTH if ROW_SMOOTH in scored else scored[0]
+                st.session_state.pop(KEY_FLAG_ROW, None)
+            seed_widget(KEY_FLAG_ROW, state.heatmap_flag_row)
+            state.heatmap_flag_row = st.selectbox("Flag tokens by", scored, key=KEY_FLAG_ROW)
+        seed_widget(KEY_SMOOTH_ALL, state.heatmap_smooth_all)
+        state.heatmap_smooth_all = st.toggle(
+            "Smooth the other detectors too",
+            key=KEY_SMOOTH_ALL,
+            help="Apply the same label-persistence smoothing to every detector's token scores",
+        )
+    with c4:
+        # Rows come and go with the answer (gold spans, detectors): the widget is reset
+        # to "every row but the ones hidden" whenever the available rows change.
+        names = list(rows)
+        if st.session_state.get(KEY_ROWS_OPTIONS) != names:
+            st.session_state[KEY_ROWS_OPTIONS] = names
+            st.session_state[KEY_ROWS] = [n for n in names if n not in state.heatmap_hidden]
+        picked = st.multiselect("Rows", names, key=KEY_ROWS)
+        state.heatmap_hidden = {n for n in state.heatmap_hidden if n not in names} | {
+            n for n in names if n not in picked
+        }
+
+
+def span_readout(
+    state: AppState, a: AnswerRows, values: np.ndarray | None, signature: str
+) -> tuple[int, int] | None:
+    """Predicted vs gold spans, overlap F1, and stepping through the predicted spans.
+
+    Returns the focused span's first and last token indices (or ``None``).
+    """
+    st.subheader("Predicted spans")
+    if values is None:
+        st.info("No detector here scores single tokens; train CORTEX to flag spans.")
+        return None
+    threshold = state.heatmap_threshold if state.heatmap_threshold is not None else 0.5
+    offsets = a.analysis.layout.response_offsets
+    text = a.analysis.example.response
+    vals = np.nan_to_num(values, nan=0.0)
+    pred = flagged_spans(vals, offsets, threshold)
+    gold = [(s.start, s.end) for s in a.analysis.example.spans]
+    labels = a.analysis.labels
+    cols = st.columns(4)
+    cols[0].metric("Predicted spans", len(pred))
+    cols[1].metric("Gold spans", len(gold))
+    if a.analysis.example.label is None and not gold:
+        cols[2].metric("Span F1 (overlap)", "n/a", help="the answer has no gold labels")
+    else:
+        m = span_overlap_f1(pred, gold)
+        cols[2].metric(
+            "Span F1 (overlap)",
+            f"{m['f1']:.2f}",
+            help=f"precision {m['precision']:.2f} (predicted spans touching a gold span), "
+            f"recall {m['recall']:.2f} (gold spans touched by a predicted span)",
+        )
+    if labels is not None:
+        flag = vals >= threshold
+        tp = int((flag & (labels == 1)).sum())
+        p = tp / flag.sum() if flag.sum() else 0.0
+        r = tp / labels.sum() if labels.sum() else 0.0
+        f1 = 2 * p * r / (p + r) if p + r else 0.0
+        cols[3].metric("Token F1", f"{f1:.2f}", help=f"precision {p:.2f}, recall {r:.2f}")
+    if state.heatmap_focus_for != signature:
+        state.heatmap_focus, state.heatmap_focus_for = -1, signature
+    b1, b2, b3 = st.columns([1, 1, 4], vertical_alignment="center")
+    if b1.button("Previous", key=KEY_PREV, icon=":material/arrow_back:", disabled=not pred):
+        state.heatmap_focus = (state.heatmap_focus - 1) % len(pred)
+    if b2.button("Next", key=KEY_NEXT, icon=":material/arrow_forward:", disabled=not pred):
+        state.heatmap_focus = (state.heatmap_focus + 1) % len(pred)
+    focus = None
+    if pred and 0 <= state.heatmap_focus < len(pred):
+        s0, s1 = pred[state.heatmap_focus]
+        hit = np.nonzero((offsets[:, 0] < s1) & (s0 < offsets[:, 1]))[0]
+        focus = (int(hit.min()), int(hit.max()))
+        touches = any(g0 < s1 and s0 < g1 for g0, g1 in gold)
+        b3.markdown(
+            f"Span {state.heatmap_focus + 1} of {len(pred)}: **\u201c{text[s0:s1].strip()}\u201d** "
+            f"(characters {s0}\u2013{s1}; max score {vals[focus[0] : focus[1] + 1].max():.2f}; "
+            f"{'overlaps a gold span' if touches else 'no gold span here'})"
+        )
+    elif pred:
+        b3.caption("Step through the predicted spans with Previous / Next.")
+    else:
+        b3.caption("No token reaches the threshold.")
+    if pred or gold:
+        rows = [
+            {"kind": "predicted", "start": s0, "end": s1, "text": text[s0:s1]} for s0, s1 in pred
+        ] + [{"kind": "gold", "start": s0, "end": s1, "text": text[s0:s1]} for s0, s1 in gold]
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+    return focus
+
+
+def sync_sliders(state: AppState) -> None:
+    """Take the sliders' new values before the example list reads them (they are drawn
+    after it, and a moved slider reruns the page from the top)."""
+    if KEY_P_STAY in st.session_state:
+        state.heatmap_p_stay = float(st.session_state[KEY_P_STAY])
+    if KEY_THRESHOLD in st.session_state:
+        state.heatmap_threshold = float(st.session_state[KEY_THRESHOLD])
+
+
+def main() -> None:
+    state = app_state()
+    model = get_model()
+    sync_sliders(state)
+    st.title("Token heatmaps")
+    st.caption(
+        "One answer, every detector's token scores aligned under the same tokens: the gold "
+        "spans, CORTEX's raw and smoothed scores, the other detectors that score tokens, "
+        "the top RAGLens features and the model's surprisal. Hover a cell for all values "
+        "of its token."
+    )
+    shipped = shipped_detectors(model)
+    show_broken_artifacts(shipped, {b.name for b in shipped.broken})
+    by_name = {d.name: d for d in shipped.detectors}
+    cortex: CortexDetector | None = (
+        by_name[CORTEX].detector if CORTEX in by_name else None  # type: ignore[assignment]
+    )
+    if cortex is None:
+        st.info(
+            f"No CORTEX detector is trained for {model.info.display_name} yet; the other rows "
+            f"still show. Train it with `{train_command(CORTEX, shipped.folder)}`."
+        )
+    picked = pick_answer(state, model, cortex)
+    if picked is None:
+        return
+    example, ids = picked
+    try:
+        with st.spinner("Tracing the answer (with and without the passages)…"):
+            a = read_answer(model, example, ids, shipped)
+    except RagscopeError as e:
+        st.error(f"This answer could not be analysed: {e}  \nFix: pick another example.")
+        return
+    st.divider()
+    rows = build_rows(a, state.heatmap_p_stay, state.heatmap_smooth_all)
+    controls(state, rows, cortex)
+    rows = build_rows(a, state.heatmap_p_stay, state.heatmap_smooth_all)
+    if cortex is not None and CORTEX in a.verdicts.features:
+        v = dict(zip((d.name for d in a.verdicts.detectors), a.verdicts.verdicts, strict=True))
+        answer = v[CORTEX]
+        st.caption(
+            f"CORTEX answer score {answer.score:.3f} (highest token score smoothed with p_stay "
+            f"{cortex.config.p_stay_answer}); flagged at {cortex.threshold_:.3f}: "
+            f"**{'hallucinated' if answer.score >= cortex.threshold_ else 'not flagged'}**."
+        )
+    flag_values = rows[state.heatmap_flag_row].values if state.heatmap_flag_row in rows else None
+    focus = span_readout(state, a, flag_values, a.analysis.signature)
+    threshold = state.heatmap_threshold if state.heatmap_threshold is not None else 0.5
+    shown = [r for n, r in rows.items() if n not in state.heatmap_hidden]
+    st.subheader("The answer, row by row")
+    st.html(
+        multirow_html(
+            a.analysis.layout.response_token_strings(),
+            shown,
+            flagged=None if flag_values is None else np.nan_to_num(flag_values) >= threshold,
+            focus=focus,
+            positions=a.analysis.layout.response_positions.tolist(),
+        )
+    )
+    st.caption(
+        "Scores run white (0) to red (1); gold cells are blue inside a hallucinated span; "
+        "RAGLens rows show each SAE feature's activation relative to its peak in this answer; "
+        f"the threshold reads **{state.heatmap_flag_row or 'no row'}**."
+    )
+
+
+main()
