@@ -424,6 +424,38 @@ def span_readout(
     return focus
 
 
+def loss_curve(cortex: CortexDetector) -> None:
+    """The shipped CORTEX's training (and validation) loss per epoch, in an expander."""
+    import plotly.graph_objects as go
+
+    info = cortex.train_info_
+    train = info.get("loss_curve") or []
+    if not train:
+        return
+    val = info.get("validation_loss_curve") or []
+    with st.expander(
+        f"CORTEX training: {info.get('n_tokens', '?')} tokens of {info.get('n_token_answers', '?')} "
+        f"answers, {info.get('n_positive_tokens', '?')} in gold spans"
+    ):
+        fig = go.Figure()
+        epochs = list(range(1, len(train) + 1))
+        fig.add_scatter(x=epochs, y=train, mode="lines+markers", name="training")
+        if val:
+            fig.add_scatter(x=epochs, y=val, mode="lines+markers", name="validation")
+        fig.update_layout(
+            title="CORTEX loss per epoch (class-weighted BCE)",
+            xaxis_title="epoch",
+            yaxis_title="loss",
+            height=300,
+            margin={"t": 40, "b": 40},
+        )
+        st.plotly_chart(fig, width="stretch", key="heatmaps.loss")
+        st.caption(
+            "A validation loss that rises while the training loss falls means the MLP "
+            "memorises the training tokens; the spec fixes 10 epochs, the curve shows the cost."
+        )
+
+
 def sync_sliders(state: AppState) -> None:
     """Take the sliders' new values before the example list reads them (they are drawn
     after it, and a moved slider reruns the page from the top)."""
@@ -450,6 +482,8 @@ def main() -> None:
     cortex: CortexDetector | None = (
         by_name[CORTEX].detector if CORTEX in by_name else None  # type: ignore[assignment]
     )
+    if cortex is not None:
+        loss_curve(cortex)
     if cortex is None:
         st.info(
             f"No CORTEX detector is trained for {model.info.display_name} yet; the other rows "

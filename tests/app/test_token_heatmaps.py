@@ -93,6 +93,7 @@ def test_rows_are_the_detectors_own_scores(
     with_detectors: Path,
     open_page: Callable[[str], AppTest],
     no_exception: Callable[[AppTest], None],
+    chart: Callable[[AppTest, str], dict],
     tiny_model: LoadedModel,
 ) -> None:
     at = _open(open_page)
@@ -112,6 +113,10 @@ def test_rows_are_the_detectors_own_scores(
         gain.predict(feats["context_gain"]).token_scores,
         atol=6e-4,
     )
+    # The training loss curve of the artifact, epoch by epoch.
+    loss = chart(at, "CORTEX loss per epoch")
+    np.testing.assert_allclose(loss["data"][0]["y"], cortex.train_info_["loss_curve"])
+    assert len(loss["data"][0]["y"]) == 3
     gold = re.findall(r"gold span: (hallucinated|faithful)", html)
     assert "hallucinated" in gold and "faithful" in gold
     # p_stay 0.5 is no smoothing: the smoothed row equals the raw one.

@@ -7,7 +7,8 @@ verdict table and the detector colouring show), opens the Benchmark on a synthet
 saved run, computes the Heads & layers statistics on a few examples and shows one
 answer through another head, explains a quick spad fit on the SHAP summary page and
 one answer's seven token sources and SHAP waterfall on the Token sources page, shows
-the shipped RAGLens detector (and SAE) on the GAM shape functions page, and saves
+the shipped RAGLens detector (and SAE) on the GAM shape functions page, steps through
+the shipped CORTEX detector's flagged spans on the Token heatmaps page, and saves
 full-page screenshots to ``test-artifacts/``.
 
 The server gets its own cache dir (``RAGSCOPE_CACHE_DIR``) whose ``models`` folder
@@ -63,6 +64,7 @@ EMBEDDED_KEY = "SmolLM2-135M-Instruct|L30xH9/KV3|D576|V49152|float32"
 PAGES = [
     "Home",
     "Playground",
+    "Token heatmaps",
     "Heads & layers",
     "SHAP summary",
     "Token sources",
@@ -167,8 +169,10 @@ def _synthetic_detectors(folder: Path, n: int = 40, n_tokens: int = 12) -> Path:
                 id=f"s{i}", question="Q?", passages=("P.",), response="x" * n_tokens, label=bool(y)
             )
         )
-    # The shipped RAGLens detector (it reads the shipped SAE) for the GAM page.
-    shutil.copytree(REPO / "assets" / "detectors" / "raglens", folder / "raglens")
+    # The shipped RAGLens detector (it reads the shipped SAE) for the GAM page, and the
+    # shipped CORTEX for the Token heatmaps page.
+    for name in ("raglens", "cortex"):
+        shutil.copytree(REPO / "assets" / "detectors" / name, folder / name)
     det = make_detector("nll").fit(features, examples)
     det.save(
         folder / "nll",
@@ -526,5 +530,37 @@ def test_gam_page_in_chromium(server: str, browser: object) -> None:
         page.get_by_text(re.compile(r"RAGLens score")).first.wait_for()
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "gam.png")
+    finally:
+        page.close()
+
+
+def test_token_heatmaps_in_chromium(server: str, browser: object) -> None:
+    page = browser.new_page(viewport={"width": 1440, "height": 1000})  # type: ignore[attr-defined]
+    try:
+        page.goto(f"{server}/token_heatmaps", wait_until="domcontentloaded")
+        page.get_by_role("heading", name="Token heatmaps").wait_for(timeout=MODEL_LOAD_MS)
+        assert _sidebar_pages(page) == PAGES
+        page.locator('[data-testid="stSelectbox"]', has_text="Example").click()
+        page.get_by_role("option", name=re.compile(EXAMPLE_ID)).click()
+        heat = page.locator(".rs-mr")
+        heat.wait_for(state="visible", timeout=ANALYSE_MS)
+        # The rows the page reads: gold, CORTEX raw and smoothed, the nll detector, the
+        # top RAGLens features and the surprisal, each under every token.
+        names = set(heat.locator("td.rs-mr-name").all_inner_texts())
+        assert {"gold span", "CORTEX raw", "CORTEX smoothed", "nll", "surprisal (bits)"} <= names
+        assert any(n.startswith("RAGLens F") for n in names)
+        n_tok = heat.locator("td.rs-mr-tok").count()
+        assert n_tok > 10
+        assert heat.locator("td.rs-mr-cell").count() == n_tok * len(
+            heat.locator("table").first.locator("tr").all()[1:]
+        )
+        page.get_by_text(re.compile(r"CORTEX answer score")).wait_for()
+        # Flag with a low threshold and jump to the first predicted span.
+        page.get_by_role("button", name=re.compile("Next")).click()
+        page.get_by_text(re.compile(r"^Span 1 of \d+")).wait_for(timeout=ANALYSE_MS)
+        assert heat.locator("td.rs-mr-focus").count() > 0
+        assert heat.locator("td.rs-mr-flag").count() > 0
+        _assert_no_exception(page)
+        _full_page_screenshot(page, ARTIFACTS / "token_heatmaps.png")
     finally:
         page.close()
