@@ -8,8 +8,9 @@ saved run, computes the Heads & layers statistics on a few examples and shows on
 answer through another head, explains a quick spad fit on the SHAP summary page and
 one answer's seven token sources and SHAP waterfall on the Token sources page, shows
 the shipped RAGLens detector (and SAE) on the GAM shape functions page, steps through
-the shipped CORTEX detector's flagged spans on the Token heatmaps page, and saves
-full-page screenshots to ``test-artifacts/``.
+the shipped CORTEX detector's flagged spans on the Token heatmaps page, explains an
+SAE feature through a local fake OpenAI-compatible endpoint on the Feature
+explanations page, and saves full-page screenshots to ``test-artifacts/``.
 
 The server gets its own cache dir (``RAGSCOPE_CACHE_DIR``) whose ``models`` folder
 links to the session's, so the embedded model is not dequantized again while the
@@ -21,17 +22,22 @@ skipped, except in CI (``CI=true``) where it fails.
 
 from __future__ import annotations
 
+import http.server
+import json
 import os
 import re
 import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 import urllib.error
 import urllib.request
 from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
+from typing import ClassVar
 
 import numpy as np
 import pytest
@@ -74,6 +80,7 @@ PAGES = [
 ]
 HEADS_EXAMPLES = 6
 SHAP_EXAMPLES = 4
+EXPLAIN_EXAMPLES = 8
 STATS_MS = 600_000  # a traced pass per example on a small CPU machine
 
 
@@ -194,8 +201,61 @@ def _server_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     return cache
 
 
+FAKE_EXPLANATION = (
+    "Description: fires on dates and numbers the answer states.\n"
+    "Hallucination: unclear - numbers can be copied or invented."
+)
+
+
+class _FakeLLM(http.server.BaseHTTPRequestHandler):
+    """An OpenAI-compatible chat endpoint on localhost that answers every request with
+    :data:`FAKE_EXPLANATION` and records what it was asked (the class's ``asked``)."""
+
+    asked: ClassVar[list[dict]] = []
+
+    def do_POST(self) -> None:  # noqa: N802 (the handler's API)
+        body = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+        type(self).asked.append({"path": self.path, **body})
+        reply = json.dumps(
+            {
+                "id": "chatcmpl-fake",
+                "object": "chat.completion",
+                "created": 0,
+                "model": body.get("model", "fake"),
+                "choices": [
+                    {
+                        "index": 0,
+                        "message": {"role": "assistant", "content": FAKE_EXPLANATION},
+                        "finish_reason": "stop",
+                    }
+                ],
+                "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2},
+            }
+        ).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(reply)))
+        self.end_headers()
+        self.wfile.write(reply)
+
+    def log_message(self, *args: object) -> None:
+        pass
+
+
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+def fake_llm() -> Iterator[str]:
+    """The base URL (``.../v1``) of a local fake explainer (see :class:`_FakeLLM`)."""
+    srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _FakeLLM)
+    thread = threading.Thread(target=srv.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
+    finally:
+        srv.shutdown()
+
+
+@pytest.fixture(scope="module")
+def server(tmp_path_factory: pytest.TempPathFactory, fake_llm: str) -> Iterator[str]:
     """A running ``streamlit run app/main.py`` on the embedded model; yields its URL."""
     _require_chromium()
     ARTIFACTS.mkdir(exist_ok=True)
@@ -213,6 +273,9 @@ def server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
         HF_HUB_OFFLINE="1",
         TRANSFORMERS_OFFLINE="1",
         PYTHONUNBUFFERED="1",
+        RAGSCOPE_LLM_BASE_URL=fake_llm,
+        RAGSCOPE_LLM_MODEL="fake-explainer",
+        RAGSCOPE_LLM_API_KEY="test-key",
     )
     cmd = [
         sys.executable,
@@ -309,14 +372,24 @@ def _sidebar_pages(page: object) -> list[str]:
     return [t.strip().splitlines()[-1] for t in links.all_inner_texts()]
 
 
-def test_playground_and_home_in_chromium(server: str, browser: object) -> None:
+@contextmanager
+def _opened(browser: object, server: str, path: str, heading: str) -> Iterator[object]:
+    """A new 1440 x 1000 page at ``server/path``, once its ``heading`` shows (the model
+    may load first) and the sidebar lists every page; closed when the block ends."""
     page = browser.new_page(viewport={"width": 1440, "height": 1000})  # type: ignore[attr-defined]
     try:
-        # A fresh server, visited straight at /playground: the app's navigation (not a
-        # pages-folder fallback) must run, and the (possibly cold) model must load.
-        page.goto(f"{server}/playground", wait_until="domcontentloaded")
-        page.get_by_role("heading", name="Playground").wait_for(timeout=MODEL_LOAD_MS)
+        page.goto(f"{server}/{path}", wait_until="domcontentloaded")
+        page.get_by_role("heading", name=heading).wait_for(timeout=MODEL_LOAD_MS)
         assert _sidebar_pages(page) == PAGES
+        yield page
+    finally:
+        page.close()
+
+
+def test_playground_and_home_in_chromium(server: str, browser: object) -> None:
+    # A fresh server, visited straight at /playground: the app's navigation (not a
+    # pages-folder fallback) must run, and the (possibly cold) model must load.
+    with _opened(browser, server, "playground", "Playground") as page:
         page.get_by_text("SmolLM2-135M-Instruct").first.wait_for()  # sidebar model status
 
         # Pick a built-in example with a gold span, paste mode, analyse.
@@ -360,17 +433,10 @@ def test_playground_and_home_in_chromium(server: str, browser: object) -> None:
         assert page.get_by_text("30 × 9").is_visible()
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "home.png")
-    finally:
-        page.close()
 
 
 def test_benchmark_in_chromium(server: str, browser: object) -> None:
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})  # type: ignore[attr-defined]
-    try:
-        page.goto(f"{server}/benchmark", wait_until="domcontentloaded")
-        page.get_by_role("heading", name="Benchmark").wait_for(timeout=MODEL_LOAD_MS)
-        assert _sidebar_pages(page) == PAGES
-
+    with _opened(browser, server, "benchmark", "Benchmark") as page:
         # The synthetic run is picked (newest first) and its metric table is drawn.
         page.get_by_text(re.compile(re.escape(BENCH_RUN))).first.wait_for()
         page.get_by_role("heading", name="Test metrics").wait_for()
@@ -386,17 +452,10 @@ def test_benchmark_in_chromium(server: str, browser: object) -> None:
         assert page.locator(".js-plotly-plot").count() == 5
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "benchmark.png")
-    finally:
-        page.close()
 
 
 def test_heads_in_chromium(server: str, browser: object) -> None:
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})  # type: ignore[attr-defined]
-    try:
-        page.goto(f"{server}/heads", wait_until="domcontentloaded")
-        page.get_by_role("heading", name="Heads & layers").wait_for(timeout=MODEL_LOAD_MS)
-        assert _sidebar_pages(page) == PAGES
-
+    with _opened(browser, server, "heads", "Heads & layers") as page:
         # Copying heads of all 30 x 9 heads, and the one-answer view of the top head
         # (traced on first show, before any statistics).
         plots = page.locator(".js-plotly-plot")
@@ -438,16 +497,10 @@ def test_heads_in_chromium(server: str, browser: object) -> None:
         expect(page.get_by_role("heading", name="Chunks")).to_have_count(1, timeout=60_000)
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "heads.png")
-    finally:
-        page.close()
 
 
 def test_spad_pages_in_chromium(server: str, browser: object) -> None:
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})  # type: ignore[attr-defined]
-    try:
-        page.goto(f"{server}/shap_summary", wait_until="domcontentloaded")
-        page.get_by_role("heading", name="SHAP summary").wait_for(timeout=MODEL_LOAD_MS)
-        assert _sidebar_pages(page) == PAGES
+    with _opened(browser, server, "shap_summary", "SHAP summary") as page:
         # No spad artifact for the embedded model here: the command is named.
         page.get_by_text(re.compile("No trained spad detector")).wait_for()
 
@@ -504,16 +557,10 @@ def test_spad_pages_in_chromium(server: str, browser: object) -> None:
         # The old chart leaves the DOM when the rerun finishes: expect() waits for that.
         expect(plots.filter(has_text="Seven sources of each answer token")).to_have_count(0)
         _assert_no_exception(page)
-    finally:
-        page.close()
 
 
 def test_gam_page_in_chromium(server: str, browser: object) -> None:
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})  # type: ignore[attr-defined]
-    try:
-        page.goto(f"{server}/gam", wait_until="domcontentloaded")
-        page.get_by_role("heading", name="GAM shape functions").wait_for(timeout=MODEL_LOAD_MS)
-        assert _sidebar_pages(page) == PAGES
+    with _opened(browser, server, "gam", "GAM shape functions") as page:
         page.get_by_text("Variance explained").wait_for()  # the shipped SAE's quality
         page.get_by_text(re.compile(r"Shipped raglens detector")).first.wait_for()
         plots = page.locator(".js-plotly-plot")
@@ -530,16 +577,10 @@ def test_gam_page_in_chromium(server: str, browser: object) -> None:
         page.get_by_text(re.compile(r"RAGLens score")).first.wait_for()
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "gam.png")
-    finally:
-        page.close()
 
 
 def test_token_heatmaps_in_chromium(server: str, browser: object) -> None:
-    page = browser.new_page(viewport={"width": 1440, "height": 1000})  # type: ignore[attr-defined]
-    try:
-        page.goto(f"{server}/token_heatmaps", wait_until="domcontentloaded")
-        page.get_by_role("heading", name="Token heatmaps").wait_for(timeout=MODEL_LOAD_MS)
-        assert _sidebar_pages(page) == PAGES
+    with _opened(browser, server, "token_heatmaps", "Token heatmaps") as page:
         page.locator('[data-testid="stSelectbox"]', has_text="Example").click()
         page.get_by_role("option", name=re.compile(EXAMPLE_ID)).click()
         heat = page.locator(".rs-mr")
@@ -562,5 +603,28 @@ def test_token_heatmaps_in_chromium(server: str, browser: object) -> None:
         assert heat.locator("td.rs-mr-flag").count() > 0
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "token_heatmaps.png")
-    finally:
-        page.close()
+
+
+def test_feature_explanations_in_chromium(server: str, browser: object) -> None:
+    with _opened(browser, server, "feature_explanations", "Feature explanations") as page:
+        page.get_by_text(re.compile(r"Explainer: fake-explainer at")).wait_for()
+        limit = page.get_by_role("spinbutton", name="At most")
+        limit.fill(str(EXPLAIN_EXAMPLES))
+        limit.press("Enter")
+        page.get_by_text(re.compile(rf"^{EXPLAIN_EXAMPLES} of the \d+ examples")).wait_for()
+        page.get_by_role("button", name=re.compile("Read activations")).click()
+        # One card per feature the shipped raglens detector ranks first.
+        page.get_by_role("heading", name=re.compile(r"^F\d+$")).first.wait_for(timeout=STATS_MS)
+        n_asked = len(_FakeLLM.asked)
+        page.get_by_role("button", name=re.compile(r"Explain$")).first.click()
+        page.get_by_text(re.compile("fires on dates and numbers the answer states")).first.wait_for(
+            timeout=ANALYSE_MS
+        )
+        page.get_by_text(re.compile(r"Related to hallucination: unclear")).first.wait_for()
+        # The page asked the endpoint once, with the model named and the examples in the prompt.
+        asked = _FakeLLM.asked[n_asked:]
+        assert len(asked) == 1 and asked[0]["path"] == "/v1/chat/completions"
+        assert asked[0]["model"] == "fake-explainer"
+        assert [m["role"] for m in asked[0]["messages"]] == ["system", "user"]
+        _assert_no_exception(page)
+        _full_page_screenshot(page, ARTIFACTS / "feature_explanations.png")
