@@ -23,10 +23,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType, TracebackType
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.errors import DataError, StorageError
 from core.examples import RAGExample
+
+if TYPE_CHECKING:
+    from core.counterfactual import Counterfactual
 
 DB_FILENAME = "ragscope.sqlite3"
 
@@ -87,6 +90,17 @@ MIGRATIONS: tuple[str, ...] = (
         created_at TEXT NOT NULL,
         UNIQUE (model, feature_key, prompt_hash)
     );
+    """,
+    """
+    CREATE TABLE counterfactuals (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL,
+        model TEXT NOT NULL,
+        example_id TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        json TEXT NOT NULL
+    );
+    CREATE INDEX counterfactuals_by_model ON counterfactuals(model, created_at);
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -657,6 +671,48 @@ class Store:
             (model, feature_key, prompt_hash),
         )
         return rows[0][0] if rows else None
+
+    # -- counterfactuals ---------------------------------------------------------
+
+    def save_counterfactual(self, cf: Counterfactual) -> int:
+        """Store a counterfactual session (original, edit, scores); returns its id."""
+        with self._tx() as c:
+            cur = c.execute(
+                "INSERT INTO counterfactuals (name, model, example_id, created_at, json) "
+                "VALUES (?, ?, ?, ?, ?)",
+                (cf.name, cf.model, cf.original.id, cf.created_at, cf.to_json()),
+            )
+            return int(cur.lastrowid or 0)
+
+    def list_counterfactuals(self, model: str | None = None) -> list[tuple[int, str, str, str]]:
+        """``(id, name, example id, created at)`` of the saved sessions, newest first."""
+        sql = "SELECT id, name, example_id, created_at FROM counterfactuals"
+        params: tuple[Any, ...] = ()
+        if model is not None:
+            sql += " WHERE model = ?"
+            params = (model,)
+        return [tuple(r) for r in self._query(sql + " ORDER BY id DESC", params)]  # type: ignore[misc]
+
+    def load_counterfactual(self, cf_id: int) -> Counterfactual:
+        """A saved session.
+
+        Raises:
+            DataError: No such id, or its JSON cannot be read back.
+        """
+        from core.counterfactual import Counterfactual
+
+        rows = self._query("SELECT json FROM counterfactuals WHERE id = ?", (cf_id,))
+        if not rows:
+            raise DataError(f"no saved counterfactual with id {cf_id}")
+        try:
+            payload = json.loads(rows[0][0])
+        except json.JSONDecodeError as e:
+            raise DataError(f"saved counterfactual {cf_id} is not valid JSON ({e})") from e
+        return Counterfactual.from_dict(payload, id=cf_id)
+
+    def delete_counterfactual(self, cf_id: int) -> None:
+        with self._tx() as c:
+            c.execute("DELETE FROM counterfactuals WHERE id = ?", (cf_id,))
 
 
 def _statements(script: str) -> list[str]:

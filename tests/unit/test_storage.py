@@ -64,14 +64,15 @@ def test_reopen_is_idempotent_and_applies_new_migrations(
     path = tmp_path / "db.sqlite3"
     with Store(path) as s:
         s.import_dataset("demo", demo, source="x", fmt="ragscope")
+    n = len(storage.MIGRATIONS)
     with Store(path) as s:
-        assert s.schema_version() == 1
-        assert s._conn.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == 1
+        assert s.schema_version() == n
+        assert s._conn.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == n
     extra = "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT);\nCREATE INDEX notes_body ON notes(body);"
     monkeypatch.setattr(storage, "MIGRATIONS", (*storage.MIGRATIONS, extra))
-    monkeypatch.setattr(storage, "SCHEMA_VERSION", 2)
+    monkeypatch.setattr(storage, "SCHEMA_VERSION", n + 1)
     with Store(path) as s:
-        assert s.schema_version() == 2
+        assert s.schema_version() == n + 1
         assert s._conn.execute("SELECT COUNT(*) FROM notes").fetchone()[0] == 0
         assert len(s.load_examples("demo")) == len(demo)
 
@@ -81,16 +82,19 @@ def test_failed_migration_leaves_db_unchanged(
 ) -> None:
     path = tmp_path / "db.sqlite3"
     Store(path).close()
+    n = len(storage.MIGRATIONS)
     bad = "CREATE TABLE half (id INTEGER);\nCREATE TABLE broken (;"
     monkeypatch.setattr(storage, "MIGRATIONS", (*storage.MIGRATIONS, bad))
-    monkeypatch.setattr(storage, "SCHEMA_VERSION", 2)
-    with pytest.raises(StorageError, match="schema version 2 failed.*unchanged at version 1"):
+    monkeypatch.setattr(storage, "SCHEMA_VERSION", n + 1)
+    with pytest.raises(
+        StorageError, match=f"schema version {n + 1} failed.*unchanged at version {n}"
+    ):
         Store(path)
     con = sqlite3.connect(path)
     names = {r[0] for r in con.execute("SELECT name FROM sqlite_master")}
     assert (
         "half" not in names
-        and con.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == 1
+        and con.execute("SELECT MAX(version) FROM schema_version").fetchone()[0] == n
     )
     con.close()
 
@@ -265,5 +269,5 @@ def test_threads_share_one_store(store: Store) -> None:
 
 def test_memory_store() -> None:
     with Store(":memory:") as s:
-        assert s.schema_version() == 1
+        assert s.schema_version() == len(storage.MIGRATIONS)
         assert s.list_datasets() == []
