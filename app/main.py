@@ -23,6 +23,11 @@ navigation = st.navigation(
         st.Page(
             PAGES_DIR / "token_heatmaps.py", title="Token heatmaps", icon=":material/gradient:"
         ),
+        st.Page(
+            PAGES_DIR / "counterfactual.py",
+            title="Counterfactual context",
+            icon=":material/edit_note:",
+        ),
         st.Page(PAGES_DIR / "heads.py", title="Heads & layers", icon=":material/grid_view:"),
         st.Page(PAGES_DIR / "shap_summary.py", title="SHAP summary", icon=":material/insights:"),
         st.Page(

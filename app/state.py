@@ -34,6 +34,7 @@ from core.errors import DataError, ModelError, RagscopeError
 if TYPE_CHECKING:
     import pandas as pd
 
+    from core.counterfactual import Counterfactual
     from core.detectors import Detector, Features, Verdict
     from core.evaluate import EvalRun
     from core.examples import RAGExample
@@ -1821,6 +1822,11 @@ class AppState:
         heatmap_only_flagged: Whether the example list keeps only answers with flags.
         heatmap_scan_limit: How many answers of the dataset a scan reads.
         heatmap_scan: Dataset key -> example id -> CORTEX raw token scores, from scans.
+        cf_example_source: The Counterfactual page's input (like ``tokens_example_source``).
+        cf_dataset: Its dataset: :data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`.
+        cf_example_id: The example it edits, per dataset key.
+        cf_answer_mode: ``fixed`` (teacher-forced) or ``regenerate``.
+        cf_result: The last comparison (or the loaded session).
     """
 
     dataset: DatasetRef = BUILTIN
@@ -1888,6 +1894,11 @@ class AppState:
     heatmap_only_flagged: bool = False
     heatmap_scan_limit: int = 40
     heatmap_scan: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+    cf_example_source: str | None = None
+    cf_dataset: str = HEADS_FROM_HOME
+    cf_example_id: dict[str, str] = field(default_factory=dict)
+    cf_answer_mode: str = "fixed"
+    cf_result: Counterfactual | None = None
 
     def add_passage(self) -> None:
         self.own_passages[self.next_passage_id] = ""

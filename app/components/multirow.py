@@ -32,6 +32,8 @@ from app.components.heatmap import (
 SCORE_CMAP: ColorStops = SURPRISAL_CMAP
 GOLD_CMAP: ColorStops = ((0.0, "#f4f5f8"), (1.0, GOLD_COLOR))
 ACTIVATION_CMAP: ColorStops = ((0.0, "#ffffff"), (0.5, "#c7b8ea"), (1.0, "#5e3c99"))
+DIFF_CMAP: ColorStops = ((0.0, "#2166ac"), (0.5, "#f7f7f7"), (1.0, "#b2182b"))
+"""A difference: blue (lower) through white (unchanged) to red (higher); use vmin=-1, vmax=1."""
 
 _CSS = """
 <style>

@@ -71,6 +71,7 @@ PAGES = [
     "Home",
     "Playground",
     "Token heatmaps",
+    "Counterfactual context",
     "Heads & layers",
     "SHAP summary",
     "Token sources",

@@ -1,0 +1,427 @@
+"""Counterfactual context editing: change the passages, keep or regenerate the answer,
+and see how every detector's reading moves.
+
+Start from an example (the Home dataset, the built-in corpus, or the Playground's
+analysed answer, which may be typed by hand); edit its passages in place (change a
+number or a name, delete or insert a sentence, drop a passage, or drop them all), or
+apply a preset built from a hallucination span (state its claim in the passage, or
+state it differently); keep the answer fixed (teacher-forced) or let the model
+regenerate it; then **Compare**. Every shipped detector scores both versions; the
+page shows the scores side by side, the context diff, and token rows of the original,
+the edited version and their difference aligned on the answer's tokens. Sessions are
+saved in SQLite, reloaded, and exported as JSON.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import html
+from typing import TYPE_CHECKING
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from app.components.artifacts import show_broken_artifacts
+from app.components.example_picker import (
+    dataset_labels,
+    first_words,
+    pick_answer_source,
+    pick_example,
+    show_playground_answer,
+)
+from app.components.multirow import DIFF_CMAP, HeatRow, gold_row, multirow_html
+from app.state import (
+    HEADS_EXAMPLE_DATASET,
+    HEADS_EXAMPLE_PLAYGROUND,
+    HEADS_FROM_HOME,
+    AppState,
+    align_token_scores,
+    app_state,
+    get_model,
+    get_store,
+    heads_examples,
+    input_signature,
+    seed_widget,
+    shipped_detectors,
+)
+from core.counterfactual import (
+    Counterfactual,
+    SideScore,
+    contradict_span,
+    edit_example,
+    regenerate,
+    score_pair,
+    support_span,
+)
+from core.errors import RagscopeError
+
+if TYPE_CHECKING:
+    from core.examples import RAGExample
+    from core.model import LoadedModel
+
+# Page scripts run with Streamlit's magic: a bare string would be drawn, so no
+# attribute docstrings here.
+KEY_SOURCE = "cf.example.source"
+KEY_DATASET = "cf.dataset"
+KEY_EXAMPLE = "cf.example.id"
+KEY_SPAN = "cf.span"
+KEY_SUPPORT = "cf.preset.support"
+KEY_CONTRADICT = "cf.preset.contradict"
+KEY_RESET = "cf.reset"
+KEY_NO_CONTEXT = "cf.no_context"
+KEY_MODE = "cf.answer_mode"
+KEY_MAX_TOKENS = "cf.max_tokens"
+KEY_COMPARE = "cf.compare"
+KEY_NAME = "cf.name"
+KEY_SAVE = "cf.save"
+KEY_SAVED = "cf.saved"
+KEY_LOAD = "cf.load"
+MODES = {"fixed": "Keep the answer (teacher-forced)", "regenerate": "Regenerate it"}
+
+
+def passage_key(sig: str, k: int) -> str:
+    return f"cf.passage.{sig}.{k}"
+
+
+def keep_key(sig: str, k: int) -> str:
+    return f"cf.keep.{sig}.{k}"
+
+
+# --------------------------------------------------------------------------- input
+
+
+def pick_original(state: AppState) -> RAGExample | None:
+    """The example to edit: the Playground's analysed answer or a dataset example."""
+    a = state.analysis
+    options = ([HEADS_EXAMPLE_PLAYGROUND] if a is not None else []) + [HEADS_EXAMPLE_DATASET]
+    state.cf_example_source = pick_answer_source(
+        state.cf_example_source, options, key=KEY_SOURCE, dataset_name="An example from a dataset"
+    )
+    if state.cf_example_source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
+        show_playground_answer(a)
+        return a.example
+    labels = dataset_labels(state.dataset)
+    if state.cf_dataset not in labels:
+        state.cf_dataset = HEADS_FROM_HOME
+    seed_widget(KEY_DATASET, state.cf_dataset)
+    c1, c2 = st.columns([2, 3], vertical_alignment="bottom")
+    with c1:
+        state.cf_dataset = st.selectbox(
+            "Dataset", list(labels), key=KEY_DATASET, format_func=labels.__getitem__
+        )
+    try:
+        key, label, examples = heads_examples(state.cf_dataset, state.dataset)
+    except RagscopeError as e:
+        st.error(f"{labels[state.cf_dataset]} cannot be read: {e}")
+        return None
+    if not examples:
+        st.info("This dataset holds no examples; pick another one.")
+        return None
+    with c2:
+        ex = pick_example(examples, state.cf_example_id.get(key), key=KEY_EXAMPLE)
+    state.cf_example_id[key] = ex.id
+    st.caption(f"From {label}. Answer: \u201c{first_words(ex.response, 40)}\u201d")
+    return ex
+
+
+def _set_passages(sig: str, passages: tuple[str, ...]) -> None:
+    for k, text in enumerate(passages):
+        st.session_state[passage_key(sig, k)] = text
+        st.session_state[keep_key(sig, k)] = True
+
+
+def _drop_all(sig: str, n: int) -> None:
+    for k in range(n):
+        st.session_state[keep_key(sig, k)] = False
+
+
+def edit_passages(example: RAGExample, sig: str) -> tuple[str, ...]:
+    """The passage editors (with presets); returns the edited passages (dropped ones left out)."""
+    st.subheader("Edit the context")
+    if example.spans:
+        spans = {
+            i: f"“{example.response[s.start : s.end]}” ({s.start}\u2013{s.end})"
+            for i, s in enumerate(example.spans)
+        }
+        c1, c2, c3, c4 = st.columns([2, 1.2, 1.2, 0.8], vertical_alignment="bottom")
+        with c1:
+            span = st.selectbox(
+                "Hallucination span", list(spans), key=KEY_SPAN, format_func=spans.__getitem__
+            )
+        c2.button(
+            "Support it",
+            key=KEY_SUPPORT,
+            on_click=_set_passages,
+            args=(sig, support_span(example, span)),
+            help="Copy the span's claim (its answer sentence) into the passage it is about: "
+            "the flags should go",
+            width="stretch",
+        )
+        c3.button(
+            "State it differently",
+            key=KEY_CONTRADICT,
+            on_click=_set_passages,
+            args=(sig, contradict_span(example, span)),
+            help="Put the claim in the passage with its numbers or names changed: still "
+            "unsupported, so the flags should stay",
+            width="stretch",
+        )
+        c4.button(
+            "Reset",
+            key=KEY_RESET,
+            on_click=_set_passages,
+            args=(sig, example.passages),
+            width="stretch",
+        )
+    else:
+        st.button("Reset", key=KEY_RESET, on_click=_set_passages, args=(sig, example.passages))
+        st.caption("This answer has no hallucination span, so the span presets are off.")
+    out = []
+    for k, text in enumerate(example.passages):
+        seed_widget(passage_key(sig, k), text)
+        seed_widget(keep_key(sig, k), True)
+        c_text, c_keep = st.columns([6, 1], vertical_alignment="top")
+        with c_text:
+            edited = st.text_area(f"Passage {k + 1}", key=passage_key(sig, k), height=110)
+        with c_keep:
+            keep = st.checkbox("Keep", key=keep_key(sig, k), help="Untick to remove the passage")
+        if keep:
+            out.append(edited)
+    st.button(
+        "Remove all context",
+        key=KEY_NO_CONTEXT,
+        on_click=_drop_all,
+        args=(sig, len(example.passages)),
+        icon=":material/block:",
+    )
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- results
+
+
+def diff_html(old: str, new: str) -> str:
+    """``new`` with the words removed from ``old`` struck through and the added ones marked."""
+    a, b = old.split(), new.split()
+    parts = []
+    for tag, i0, i1, j0, j1 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            parts.append(html.escape(" ".join(a[i0:i1])))
+            continue
+        if i1 > i0:
+            parts.append(
+                '<del style="background:#fbd0d0;color:#7a0000">'
+                + html.escape(" ".join(a[i0:i1]))
+                + "</del>"
+            )
+        if j1 > j0:
+            parts.append(
+                '<ins style="background:#cdeccd;color:#0b4f0b;text-decoration:none">'
+                + html.escape(" ".join(b[j0:j1]))
+                + "</ins>"
+            )
+    return '<div class="rs-diff" style="line-height:1.7">' + " ".join(parts) + "</div>"
+
+
+def scores_frame(cf: Counterfactual) -> pd.DataFrame:
+    """One row per detector: original and edited score and verdict, and the change."""
+
+    def verdict(s: SideScore) -> str:
+        return {True: "flagged", False: "not flagged", None: "-"}[s.flagged]
+
+    rows = []
+    for name, o in cf.original_scores.items():
+        e = cf.edited_scores.get(name)
+        if e is None:
+            continue
+        rows.append(
+            {
+                "detector": name,
+                "original": o.score,
+                "edited": e.score,
+                "change": e.score - o.score,
+                "original verdict": verdict(o),
+                "edited verdict": verdict(e),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def token_rows(cf: Counterfactual, model: LoadedModel) -> tuple[list[str], list[HeatRow]] | None:
+    """Answer tokens and, per token-scoring detector, original / edited / difference rows
+    (fixed answers only: a regenerated answer has other tokens)."""
+    from core.layout import render
+
+    if cf.answer_mode != "fixed":
+        return None
+    layout = render(cf.original, model)
+    offsets = layout.response_offsets
+    rows: list[HeatRow] = []
+    labels = layout.token_labels()
+    if labels is not None:
+        rows.append(gold_row(labels))
+    for name, o in cf.original_scores.items():
+        e = cf.edited_scores.get(name)
+        if e is None or o.token_scores is None or e.token_scores is None:
+            continue
+        vo = align_token_scores(np.asarray(o.token_scores), np.asarray(o.token_offsets), offsets)
+        ve = align_token_scores(np.asarray(e.token_scores), np.asarray(e.token_offsets), offsets)
+        rows += [
+            HeatRow(name=f"{name}: original", values=vo),
+            HeatRow(name=f"{name}: edited", values=ve),
+            HeatRow(
+                name=f"{name}: edited − original",
+                values=ve - vo,
+                vmin=-1.0,
+                vmax=1.0,
+                cmap=DIFF_CMAP,
+                fmt="+.3f",
+            ),
+        ]
+    return list(layout.response_token_strings()), rows
+
+
+def show_result(cf: Counterfactual, model: LoadedModel) -> None:
+    st.subheader(f"Original vs edited: {cf.name}")
+    changes = cf.changes
+    if not changes:
+        st.info("The context is unchanged: both sides read the same prompt.")
+    else:
+        st.markdown("**Context changes:** " + "; ".join(c.describe() for c in changes[:12]))
+        with st.expander("Context diff", expanded=True):
+            n = max(len(cf.original.passages), len(cf.edited.passages))
+            for k in range(n):
+                old = cf.original.passages[k] if k < len(cf.original.passages) else ""
+                new = cf.edited.passages[k] if k < len(cf.edited.passages) else ""
+                if old != new:
+                    st.markdown(f"Passage {k + 1}")
+                    st.html(diff_html(old, new))
+    if cf.answer_mode == "regenerate":
+        st.markdown(f"**Regenerated answer:** {cf.edited.response}")
+    frame = scores_frame(cf)
+    if frame.empty:
+        st.info("No detector is shipped for this model, so there is nothing to re-score.")
+    else:
+        st.dataframe(
+            frame,
+            hide_index=True,
+            width="stretch",
+            column_config={
+                "original": st.column_config.NumberColumn(format="%.3f"),
+                "edited": st.column_config.NumberColumn(format="%.3f"),
+                "change": st.column_config.NumberColumn(format="%+.3f"),
+            },
+        )
+    got = token_rows(cf, model)
+    if got is not None and len(got[1]) > 1:
+        st.markdown(
+            "**Token scores, original vs edited** (the difference row: blue = lower, red = higher)"
+        )
+        st.html(multirow_html(got[0], got[1]))
+
+
+def save_load(state: AppState, model: LoadedModel) -> None:
+    """Save the shown session, reload a saved one, export it as JSON."""
+    store = get_store()
+    cf = state.cf_result
+    c1, c2, c3 = st.columns([3, 1, 1], vertical_alignment="bottom")
+    if cf is not None:
+        with c1:
+            seed_widget(KEY_NAME, cf.name)
+            name = st.text_input("Session name", key=KEY_NAME)
+        if c2.button("Save", key=KEY_SAVE, icon=":material/save:", width="stretch"):
+            try:
+                saved = dataclasses.replace(cf, name=name, id=None)
+                cf_id = store.save_counterfactual(saved)
+                state.cf_result = dataclasses.replace(saved, id=cf_id)
+                st.success(f"Saved as #{cf_id} “{name}”.")
+            except RagscopeError as e:
+                st.error(f"Not saved: {e}")
+        c3.download_button(
+            "Export JSON",
+            data=state.cf_result.to_json(),
+            file_name=f"counterfactual-{cf.original.id}.json",
+            mime="application/json",
+            icon=":material/download:",
+            width="stretch",
+        )
+    saved_rows = store.list_counterfactuals(model.info.key)
+    if saved_rows:
+        by_id = {r[0]: f"#{r[0]} {r[1]} ({r[2]}, {r[3]})" for r in saved_rows}
+        d1, d2 = st.columns([4, 1], vertical_alignment="bottom")
+        with d1:
+            pick = st.selectbox(
+                "Saved sessions", list(by_id), key=KEY_SAVED, format_func=by_id.__getitem__
+            )
+        if d2.button("Load", key=KEY_LOAD, icon=":material/folder_open:", width="stretch"):
+            try:
+                state.cf_result = store.load_counterfactual(int(pick))
+                st.session_state.pop(KEY_NAME, None)
+                st.rerun()
+            except RagscopeError as e:
+                st.error(f"Could not load #{pick}: {e}")
+
+
+def main() -> None:
+    state = app_state()
+    model = get_model()
+    st.title("Counterfactual context")
+    st.caption(
+        "Change the passages and see whether the detectors' flags move the way they should: "
+        "support a flagged claim and the flag should go; state it differently and it should "
+        "stay."
+    )
+    shipped = shipped_detectors(model)
+    show_broken_artifacts(shipped, {b.name for b in shipped.broken})
+    example = pick_original(state)
+    if example is None:
+        return
+    sig = input_signature(example, None)
+    edited_passages = edit_passages(example, sig)
+    seed_widget(KEY_MODE, state.cf_answer_mode)
+    c1, c2, c3 = st.columns([2, 1, 1], vertical_alignment="bottom")
+    with c1:
+        state.cf_answer_mode = st.radio(
+            "Answer", list(MODES), key=KEY_MODE, format_func=MODES.__getitem__, horizontal=True
+        )
+    with c2:
+        seed_widget(KEY_MAX_TOKENS, 96)
+        max_tokens = int(
+            st.number_input(
+                "Max new tokens",
+                min_value=8,
+                max_value=512,
+                step=8,
+                key=KEY_MAX_TOKENS,
+                disabled=state.cf_answer_mode != "regenerate",
+            )
+        )
+    with c3:
+        go = st.button("Compare", key=KEY_COMPARE, type="primary", icon=":material/compare:")
+    if go:
+        try:
+            with st.spinner("Scoring the original and the edited version…"):
+                if state.cf_answer_mode == "regenerate":
+                    edited = regenerate(model, example, edited_passages, max_new_tokens=max_tokens)
+                else:
+                    edited = edit_example(example, edited_passages)
+                state.cf_result = score_pair(
+                    model,
+                    [d.detector for d in shipped.detectors],
+                    example,
+                    edited,
+                    name=f"{example.id}: {len(edited_passages)} passage(s) edited",
+                    answer_mode=state.cf_answer_mode,  # type: ignore[arg-type]
+                )
+                st.session_state.pop(KEY_NAME, None)
+        except RagscopeError as e:
+            st.error(f"The comparison failed: {e}  \nFix: edit the passages and try again.")
+    st.divider()
+    if state.cf_result is not None:
+        show_result(state.cf_result, model)
+    save_load(state, model)
+
+
+main()
