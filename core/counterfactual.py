@@ -10,7 +10,9 @@ and re-score it with every detector (RAGLens appendix H's perturbation pattern).
   different way (numbers shifted, names swapped), so the flags should disappear in
   the first case and stay in the second.
 - :func:`score_pair` runs every given detector on both versions (one shared trace per
-  version) and :class:`Counterfactual` keeps the original, the edit and the results;
+  version), with what else their features show (:func:`detector_views`: SPAD's
+  source means, the ECS of ReDeEP's selected heads, RAGLens's top SAE features per
+  token), and :class:`Counterfactual` keeps the original, the edit and the results;
   it saves to SQLite (:meth:`core.storage.Store.save_counterfactual`) and exports as
   JSON.
 
@@ -231,15 +233,22 @@ class SideScore:
     flagged: bool | None
     token_scores: tuple[float, ...] | None = None
     token_offsets: tuple[tuple[int, int], ...] | None = None
+    token_rows: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
+    summary: Mapping[str, float] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        d = dataclasses.asdict(self)
+        d["token_rows"] = {k: list(v) for k, v in self.token_rows.items()}
+        d["summary"] = dict(self.summary)
+        return d
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SideScore:
         return cls(
             score=float(d["score"]),
             flagged=d.get("flagged"),
+            token_rows={k: tuple(map(float, v)) for k, v in (d.get("token_rows") or {}).items()},
+            summary={k: float(v) for k, v in (d.get("summary") or {}).items()},
             token_scores=tuple(d["token_scores"]) if d.get("token_scores") is not None else None,
             token_offsets=(
                 tuple(tuple(o) for o in d["token_offsets"])  # type: ignore[misc]
@@ -249,17 +258,52 @@ class SideScore:
         )
 
 
+def detector_views(
+    detector: Any, features: Any
+) -> tuple[dict[str, tuple[float, ...]], dict[str, float]]:
+    """What else a detector's features show about the answer, beyond its scores:
+    ``(token rows, summary values)``.
+
+    - ``spad``: the mean of each of the seven sources (and P_final) over the answer tokens;
+    - ``redeep_token``: per token, the mean ECS of the heads the detector selected.
+    """
+    rows: dict[str, tuple[float, ...]] = {}
+    summary: dict[str, float] = {}
+    if features.tokens is None or not features.tokens.shape[0]:
+        return rows, summary
+    if detector.name == "spad":
+        means = features.tokens.mean(0)
+        summary = {n: float(v) for n, v in zip(features.token_names, means, strict=True)}
+    sel = getattr(detector, "selection_", None)
+    if detector.name == "redeep_token" and sel is not None and sel.heads:
+        ecs = features.tokens[:, list(sel.heads)].mean(1)
+        rows["ECS of the selected heads"] = tuple(map(float, ecs))
+    return rows, summary
+
+
 def score_one(
-    model: LoadedModel, detectors: Sequence[Any], example: RAGExample
+    model: LoadedModel,
+    detectors: Sequence[Any],
+    example: RAGExample,
+    *,
+    sae_features: Sequence[int] = (),
 ) -> dict[str, SideScore]:
-    """Every detector's :class:`SideScore` of ``example`` (one shared trace)."""
+    """Every detector's :class:`SideScore` of ``example`` (one shared trace), with its
+    :func:`detector_views`; for ``raglens``, the activation per token of ``sae_features``."""
     from core.extract import run_example
 
     feats = run_example(model, example, list(detectors))
     out = {}
     for d in detectors:
         v = d.predict(feats[d.name])
+        rows, summary = detector_views(d, feats[d.name])
+        if d.name == "raglens" and sae_features:
+            got = d.explain_answer(model, example)
+            for k in sae_features:
+                rows[f"SAE F{k}"] = tuple(map(float, got.activations_of(k)))
         out[d.name] = SideScore(
+            token_rows=rows,
+            summary=summary,
             score=float(v.score),
             flagged=v.hallucinated,
             token_scores=None if v.token_scores is None else tuple(map(float, v.token_scores)),
@@ -357,17 +401,24 @@ def score_pair(
     *,
     name: str,
     answer_mode: AnswerMode = "fixed",
+    n_sae: int = 2,
 ) -> Counterfactual:
-    """Score the original and the edited version with every detector."""
+    """Score the original and the edited version with every detector (RAGLens: also the
+    activations of the ``n_sae`` SAE features pushing the original hardest to
+    "hallucinated", on both versions)."""
     base = on_template(original)
+    sae: list[int] = []
+    raglens = next((d for d in detectors if d.name == "raglens"), None)
+    if raglens is not None:
+        sae = raglens.explain_answer(model, base).top_positive(n_sae)
     return Counterfactual(
         name=name,
         model=model.info.key,
         original=base,
         edited=edited,
         answer_mode=answer_mode,
-        original_scores=score_one(model, detectors, base),
-        edited_scores=score_one(model, detectors, edited),
+        original_scores=score_one(model, detectors, base, sae_features=sae),
+        edited_scores=score_one(model, detectors, edited, sae_features=sae),
     )
 
 

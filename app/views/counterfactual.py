@@ -268,19 +268,58 @@ def token_rows(cf: Counterfactual, model: LoadedModel) -> tuple[list[str], list[
             continue
         vo = align_token_scores(np.asarray(o.token_scores), np.asarray(o.token_offsets), offsets)
         ve = align_token_scores(np.asarray(e.token_scores), np.asarray(e.token_offsets), offsets)
-        rows += [
-            HeatRow(name=f"{name}: original", values=vo),
-            HeatRow(name=f"{name}: edited", values=ve),
-            HeatRow(
-                name=f"{name}: edited − original",
-                values=ve - vo,
-                vmin=-1.0,
-                vmax=1.0,
-                cmap=DIFF_CMAP,
-                fmt="+.3f",
-            ),
-        ]
+        rows += _triple(name, vo, ve, 1.0)
+    for name, o in cf.original_scores.items():
+        e = cf.edited_scores.get(name)
+        if e is None or o.token_offsets is None or e.token_offsets is None:
+            continue
+        for row, vals in o.token_rows.items():
+            if row not in e.token_rows:
+                continue
+            vo = _on(vals, o.token_offsets, offsets)
+            ve = _on(e.token_rows[row], e.token_offsets, offsets)
+            top = float(np.nanmax(np.abs(np.concatenate([vo, ve])))) or 1.0
+            rows += _triple(f"{name} {row}", vo, ve, top)
     return list(layout.response_token_strings()), rows
+
+
+def _on(values: tuple[float, ...], offsets: object, target: np.ndarray) -> np.ndarray:
+    return align_token_scores(np.asarray(values), np.asarray(offsets), target)
+
+
+def _triple(name: str, vo: np.ndarray, ve: np.ndarray, top: float) -> list[HeatRow]:
+    """Original, edited and difference rows of one signal (``top``: its scale)."""
+    return [
+        HeatRow(name=f"{name}: original", values=vo, vmax=top),
+        HeatRow(name=f"{name}: edited", values=ve, vmax=top),
+        HeatRow(
+            name=f"{name}: edited − original",
+            values=ve - vo,
+            vmin=-top,
+            vmax=top,
+            cmap=DIFF_CMAP,
+            fmt="+.3f",
+        ),
+    ]
+
+
+def summary_frame(cf: Counterfactual) -> pd.DataFrame:
+    """The detectors' summary values (e.g. SPAD's mean sources), original vs edited."""
+    rows = []
+    for name, o in cf.original_scores.items():
+        e = cf.edited_scores.get(name)
+        for key, v in o.summary.items():
+            if e is not None and key in e.summary:
+                rows.append(
+                    {
+                        "detector": name,
+                        "value": key,
+                        "original": v,
+                        "edited": e.summary[key],
+                        "change": e.summary[key] - v,
+                    }
+                )
+    return pd.DataFrame(rows)
 
 
 def show_result(cf: Counterfactual, model: LoadedModel) -> None:
@@ -314,6 +353,10 @@ def show_result(cf: Counterfactual, model: LoadedModel) -> None:
                 "change": st.column_config.NumberColumn(format="%+.3f"),
             },
         )
+    summary = summary_frame(cf)
+    if not summary.empty:
+        st.markdown("**Summaries** (SPAD: mean of each probability source over the answer tokens)")
+        st.dataframe(summary, hide_index=True, width="stretch")
     got = token_rows(cf, model)
     if got is not None and len(got[1]) > 1:
         st.markdown(

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 import json
 
+import numpy as np
 import pytest
 
 from core.counterfactual import (
@@ -138,3 +139,29 @@ def test_regenerate_writes_a_new_answer_under_the_edit(tiny_model, spanned) -> N
 def test_span_objects_are_accepted(spanned) -> None:
     s = Span(start=spanned.spans[0].start, end=spanned.spans[0].end)
     assert support_span(spanned, s) == support_span(spanned, 0)
+
+
+def test_detector_views_spad_sources_and_redeep_selected_heads() -> None:
+    from types import SimpleNamespace
+
+    from core.counterfactual import SideScore, detector_views
+    from core.detectors import Features
+
+    tokens = np.arange(12, dtype=np.float32).reshape(3, 4)
+    f = Features(
+        detector="x",
+        example_id="e",
+        model="m",
+        names=("a",),
+        response=np.zeros(1),
+        token_names=("Query", "RAG", "Past", "P_final"),
+        tokens=tokens,
+        token_offsets=np.asarray([[0, 1], [1, 2], [2, 3]]),
+    )
+    rows, summary = detector_views(SimpleNamespace(name="spad"), f)
+    assert rows == {} and summary == {"Query": 4.0, "RAG": 5.0, "Past": 6.0, "P_final": 7.0}
+    det = SimpleNamespace(name="redeep_token", selection_=SimpleNamespace(heads=(0, 2)))
+    rows, summary = detector_views(det, f)
+    assert rows == {"ECS of the selected heads": (1.0, 5.0, 9.0)} and summary == {}
+    side = SideScore(score=0.5, flagged=True, token_rows=rows, summary={"RAG": 1.5})
+    assert SideScore.from_dict(json.loads(json.dumps(side.to_dict()))) == side
