@@ -10,7 +10,8 @@ one answer's seven token sources and SHAP waterfall on the Token sources page, s
 the shipped RAGLens detector (and SAE) on the GAM shape functions page, steps through
 the shipped CORTEX detector's flagged spans on the Token heatmaps page, explains an
 SAE feature through a local fake OpenAI-compatible endpoint on the Feature
-explanations page, and saves full-page screenshots to ``test-artifacts/``.
+explanations page, supports a flagged claim in the passage and re-scores it on the
+Counterfactual context page, and saves full-page screenshots to ``test-artifacts/``.
 
 The server gets its own cache dir (``RAGSCOPE_CACHE_DIR``) whose ``models`` folder
 links to the session's, so the embedded model is not dequantized again while the
@@ -65,6 +66,7 @@ SERVER_START_S = 90
 MODEL_LOAD_MS = 240_000  # a cold cache dequantizes the embedded GGUF first
 ANALYSE_MS = 120_000
 EXAMPLE_ID = "demo-02-waggle-dance"  # has a gold hallucination span
+CF_EXAMPLE_ID = "demo-04-mount-kelsey"  # one gold span, flagged by the shipped CORTEX
 BENCH_RUN = "synthetic-browser-run"
 EMBEDDED_KEY = "SmolLM2-135M-Instruct|L30xH9/KV3|D576|V49152|float32"
 PAGES = [
@@ -629,3 +631,25 @@ def test_feature_explanations_in_chromium(server: str, browser: object) -> None:
         assert [m["role"] for m in asked[0]["messages"]] == ["system", "user"]
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "feature_explanations.png")
+
+
+def test_counterfactual_in_chromium(server: str, browser: object) -> None:
+    with _opened(browser, server, "counterfactual", "Counterfactual context") as page:
+        page.locator('[data-testid="stSelectbox"]', has_text="Example").click()
+        page.get_by_role("option", name=re.compile(re.escape(CF_EXAMPLE_ID))).click()
+        page.get_by_text(re.compile("Mount Kelsey")).first.wait_for()
+        # Support the gold span's claim in the passage, then re-score both versions.
+        page.get_by_role("button", name=re.compile("Support it")).click()
+        page.get_by_role("button", name=re.compile("Compare")).click()
+        page.get_by_role("heading", name=re.compile(r"^Original vs edited")).wait_for(
+            timeout=ANALYSE_MS
+        )
+        heat = page.locator(".rs-mr")
+        heat.wait_for(state="visible", timeout=ANALYSE_MS)
+        names = set(heat.locator("td.rs-mr-name").all_inner_texts())
+        assert {"cortex: original", "cortex: edited", "cortex: edited − original"} <= names
+        assert any(n.startswith("raglens SAE F") for n in names)
+        assert page.locator(".rs-diff ins").count() > 0  # the inserted claim
+        page.get_by_text(re.compile(r"Context changes: passage \d+: inserted")).wait_for()
+        _assert_no_exception(page)
+        _full_page_screenshot(page, ARTIFACTS / "counterfactual.png")
