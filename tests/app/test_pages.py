@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -222,3 +223,24 @@ def test_own_passages_can_be_added_and_removed(make_app: Callable[[], AppTest]) 
     areas = {a.key: a.value for a in at.text_area if a.key.startswith("playground.own.passage.")}
     assert areas == {passage_key(1): "Second passage."}
     assert at.text_area(key=passage_key(1)).label == "Passage 1"
+
+
+def _registered_pages() -> list[str]:
+    main = (Path(__file__).resolve().parents[2] / "app" / "main.py").read_text()
+    return sorted(set(re.findall(r'PAGES_DIR / "(\w+\.py)"', main)))
+
+
+@pytest.mark.parametrize("page", _registered_pages())
+def test_every_page_opens_without_artifacts(page: str, open_page: Callable[[str], AppTest]) -> None:
+    # open_page fails on any exception or st.error; the views folder holds no stray page.
+    open_page(f"views/{page}")
+    views = Path(__file__).resolve().parents[2] / "app" / "views"
+    assert {p.name for p in views.glob("*.py")} - {"__init__.py"} == set(_registered_pages())
+
+
+@pytest.mark.parametrize("page", ["views/token_heatmaps.py", "views/counterfactual.py"])
+def test_answer_pages_read_the_playgrounds_answer(
+    page: str, open_after_analysis: Callable[[str, str], AppTest]
+) -> None:
+    at = open_after_analysis("demo-02-waggle-dance", page)
+    assert any("The Playground's analysed answer" in str(r.options) for r in at.radio)
