@@ -407,6 +407,49 @@ def cmd_spad_check(args: argparse.Namespace) -> int:
     return 0 if ok else 1
 
 
+def cmd_mitigate(args: argparse.Namespace) -> int:
+    """Regenerate a split's answers with a mitigation method; flagged rates before/after."""
+    import dataclasses
+
+    from core.detectors.base import load_shipped, shipped_artifacts
+    from core.errors import DataError
+    from core.mitigate import mitigate_batch
+
+    _, _, splits = _eval_splits(args)
+    parts = ("train", "validation", "test") if args.split == "all" else (args.split,)
+    examples = [e for part in parts for e in splits[part]]
+    if not examples:
+        raise DataError(f"the {args.split} split of {args.dataset} is empty; pick another")
+    model = _load(args)
+    shipped = shipped_artifacts(model.info.key)
+    names = args.detectors.split(",") if args.detectors else sorted(shipped)
+    missing = [n for n in names if n not in shipped]
+    if missing:
+        raise DataError(
+            f"no shipped {', '.join(missing)} for {model.info.display_name}; train them with "
+            f"`ragscope train --detectors {','.join(missing)}`"
+        )
+    dets = [load_shipped(n, model.info.key) for n in names]
+    report = mitigate_batch(
+        model,
+        examples,
+        dets,
+        method=args.method,
+        guide=args.guide,
+        max_new_tokens=args.max_new_tokens,
+        progress=_tqdm_progress(args.method),
+    )
+    print(report.to_markdown())
+    for err in report.errors[:10]:
+        print(f"  failed: {err}")
+    if args.out:
+        out = Path(args.out)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(dataclasses.asdict(report), indent=1, default=str) + "\n")
+        print(f"saved {out}")
+    return 0
+
+
 def cmd_shap(args: argparse.Namespace) -> int:
     """Global SHAP ranking of a fitted ``spad`` detector's 126 features on a dataset split."""
     from core.detectors.base import detector_class, load_shipped
@@ -955,6 +998,38 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--top", type=int, default=10, help="how many features to list")
     p.set_defaults(func=cmd_shap)
+
+    p = sub.add_parser(
+        "mitigate",
+        help="regenerate answers with a mitigation method and report each detector's "
+        "flagged rate before and after",
+    )
+    _add_split_args(p)
+    p.add_argument(
+        "--split",
+        choices=("train", "validation", "test", "all"),
+        default="test",
+        help="which split's answers to mitigate (default: test)",
+    )
+    p.add_argument(
+        "--method",
+        choices=("feedback-instance", "feedback-token", "aarf"),
+        default="feedback-token",
+    )
+    p.add_argument(
+        "--detectors",
+        default=None,
+        help="comma-separated shipped detectors that re-score (default: every shipped one)",
+    )
+    p.add_argument(
+        "--guide",
+        default=None,
+        help="detector whose token flags guide token feedback (default: cortex) or AARF "
+        "(redeep_token)",
+    )
+    p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--out", default=None, help="write the report's JSON here")
+    p.set_defaults(func=cmd_mitigate)
 
     p = sub.add_parser("sae", help="train or measure the residual-stream SAE (RAGLens)")
     p.add_argument("action", choices=("train", "eval"))

@@ -99,6 +99,28 @@ class AnswerStream:
                 f"prompt of {len(self.prompt_ids)} tokens + {self.config.max_new_tokens} new tokens "
                 f"exceeds the model's context of {model.info.n_ctx}; shorten the passages"
             )
+        self._reset()
+
+    @classmethod
+    def from_ids(
+        cls, model: LoadedModel, prompt_ids: Sequence[int], config: GenerationConfig | None = None
+    ) -> AnswerStream:
+        """A stream that continues ready-made prompt token ids (e.g. a multi-turn chat)."""
+        self = cls.__new__(cls)
+        self.model = model
+        self.config = config or GenerationConfig()
+        self.prompt_ids = [int(i) for i in prompt_ids]
+        if not self.prompt_ids:
+            raise DataError("the prompt has no tokens")
+        if len(self.prompt_ids) + self.config.max_new_tokens > model.info.n_ctx:
+            raise DataError(
+                f"prompt of {len(self.prompt_ids)} tokens + {self.config.max_new_tokens} new tokens "
+                f"exceeds the model's context of {model.info.n_ctx}; shorten the passages"
+            )
+        self._reset()
+        return self
+
+    def _reset(self) -> None:
         self.token_ids: list[int] = []
         self.stop: StopReason | None = None
         self.seconds = 0.0

@@ -299,3 +299,35 @@ def test_shap_lists_the_top_features_of_a_trained_spad(tmp_path: Path, capsys, t
     # No artifact for the tiny model is shipped: a clear error, not a crash.
     assert main(["shap", *argv]) == 2
     assert "spad" in capsys.readouterr().err
+
+
+def test_mitigate_reports_rates_and_names_missing_detectors(
+    tmp_path: Path, capsys, tiny_model, monkeypatch
+) -> None:
+    from core.datasets import builtin_examples
+    from core.detectors import make_detector
+    from core.extract import extract_features
+
+    demo = builtin_examples()
+    det = make_detector("nll")
+    det.fit(list(extract_features(tiny_model, demo, [det]).features["nll"]), demo)
+    det.save(tmp_path / "detectors" / "nll")
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(tmp_path / "detectors"))
+    args = ["mitigate", "--model", "tiny", "--dataset", "demo", "--split", "all", "--limit", "2"]
+    code = main(
+        [
+            *args,
+            "--method",
+            "feedback-instance",
+            "--max-new-tokens",
+            "4",
+            "--out",
+            str(tmp_path / "r.json"),
+        ]
+    )
+    out = capsys.readouterr().out
+    assert code == 0 and "# mitigation: feedback-instance" in out
+    report = json.loads((tmp_path / "r.json").read_text())
+    assert report["method"] == "feedback-instance" and "nll" in report["thresholds"]
+    assert main([*args, "--detectors", "cortex"]) == 2
+    assert "ragscope train --detectors cortex" in capsys.readouterr().err

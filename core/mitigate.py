@@ -1,0 +1,294 @@
+"""Mitigation by feedback (RAGLens section 4.6): tell the model what a detector flagged
+and let it answer again.
+
+- :func:`feedback_message`: the follow-up turn. ``instance`` level says only that the
+  answer may not be supported by the passages; ``token`` level quotes the flagged
+  spans.
+- :func:`feedback_regenerate`: the conversation (the RAG prompt, the first answer, the
+  feedback) through the model's chat template, and a greedy new answer.
+- :func:`mitigate_batch`: for many examples, regenerate with a method (``feedback``
+  at either level, or ``aarf``), re-score the answers before and after with every
+  detector, and report each detector's flagged rate before and after
+  (:class:`MitigationReport`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from core.errors import DataError
+
+if TYPE_CHECKING:
+    from core.examples import RAGExample
+    from core.generate import Generation
+    from core.model import LoadedModel
+
+FeedbackLevel = Literal["instance", "token"]
+FEEDBACK_LEVELS: tuple[FeedbackLevel, ...] = ("instance", "token")
+METHODS: tuple[str, ...] = ("feedback-instance", "feedback-token", "aarf")
+
+INSTANCE_FEEDBACK = (
+    "Your answer may contain information that is not supported by the passages. "
+    "Answer the question again, using only what the passages say."
+)
+TOKEN_FEEDBACK = (
+    "These parts of your answer are not supported by the passages: {spans}. "
+    "Answer the question again: correct or leave out those parts, using only what the "
+    "passages say."
+)
+
+
+def feedback_message(
+    example: RAGExample, spans: Sequence[tuple[int, int]] = (), level: FeedbackLevel = "token"
+) -> str:
+    """The follow-up turn for ``example``'s answer.
+
+    Args:
+        example: The example whose answer is criticised.
+        spans: Flagged character ranges of the answer (token level).
+        level: ``instance`` (no detail) or ``token`` (quotes the spans; falls back to
+            the instance message when there are none).
+
+    Raises:
+        DataError: Unknown level, or a span outside the answer.
+    """
+    if level not in FEEDBACK_LEVELS:
+        raise DataError(f"feedback level must be one of {FEEDBACK_LEVELS}, got {level!r}")
+    n = len(example.response)
+    bad = [(a, b) for a, b in spans if not 0 <= a < b <= n]
+    if bad:
+        raise DataError(
+            f"flagged spans {bad} lie outside the answer of {n} characters", field="spans"
+        )
+    quotes = [example.response[a:b].strip() for a, b in spans]
+    quotes = [q for q in quotes if q]
+    if level == "instance" or not quotes:
+        return INSTANCE_FEEDBACK
+    return TOKEN_FEEDBACK.format(spans="; ".join(f"\u201c{q}\u201d" for q in quotes))
+
+
+def conversation_ids(model: LoadedModel, example: RAGExample, feedback: str) -> list[int]:
+    """Token ids of: the RAG prompt (user), the first answer (assistant), the feedback
+    (user), and the assistant header; plain text turns for models without a chat template."""
+    from core.layout import prompt_pieces
+
+    tok = model.tokenizer
+    user = "".join(
+        p.text
+        for p in prompt_pieces(
+            task=example.task,
+            question=example.question,
+            passages=example.passages,
+            prompt=example.prompt,
+        )
+    )
+    if getattr(tok, "chat_template", None):
+        messages = [
+            {"role": "user", "content": user},
+            {"role": "assistant", "content": example.response},
+            {"role": "user", "content": feedback},
+        ]
+        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    else:
+        text = f"{user}\n\nAnswer: {example.response}\n\n{feedback}\n\nAnswer: "
+    return list(tok(text, add_special_tokens=False)["input_ids"])
+
+
+def feedback_regenerate(
+    model: LoadedModel,
+    example: RAGExample,
+    *,
+    spans: Sequence[tuple[int, int]] = (),
+    level: FeedbackLevel = "token",
+    max_new_tokens: int = 128,
+    temperature: float = 0.0,
+    seed: int | None = 0,
+) -> Generation:
+    """A new answer after the feedback turn (greedy unless ``temperature`` > 0)."""
+    from core.generate import AnswerStream, GenerationConfig
+
+    ids = conversation_ids(model, example, feedback_message(example, spans, level))
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
+    stream = AnswerStream.from_ids(model, ids, cfg)
+    for _ in stream:
+        pass
+    return stream.result()
+
+
+# --------------------------------------------------------------------------- batch
+
+
+@dataclass(frozen=True, kw_only=True)
+class MitigationReport:
+    """Before/after flagged rates of a mitigation method over many examples.
+
+    Attributes:
+        method: ``feedback-instance``, ``feedback-token`` or ``aarf``.
+        guide: The detector whose flags guided the method (token feedback, AARF).
+        example_ids: The examples, in order.
+        before: Detector -> its score of each original answer.
+        after: Detector -> its score of each new answer.
+        thresholds: Detector -> its threshold.
+        answers: ``(original, new)`` answer per example.
+        judge: An LLM judge's verdicts ``(before, after)`` per example, when one ran.
+        errors: ``example id: reason`` for the examples that failed.
+    """
+
+    method: str
+    guide: str | None
+    example_ids: tuple[str, ...]
+    before: dict[str, list[float]]
+    after: dict[str, list[float]]
+    thresholds: dict[str, float]
+    answers: tuple[tuple[str, str], ...]
+    judge: tuple[tuple[bool | None, bool | None], ...] = ()
+    errors: tuple[str, ...] = field(default_factory=tuple)
+
+    def rates(self) -> dict[str, tuple[float, float]]:
+        """Detector -> (share flagged before, share flagged after)."""
+        out = {}
+        for name, t in self.thresholds.items():
+            b = np.asarray(self.before[name]) >= t
+            a = np.asarray(self.after[name]) >= t
+            out[name] = (
+                float(b.mean()) if b.size else float("nan"),
+                float(a.mean()) if a.size else float("nan"),
+            )
+        return out
+
+    def to_markdown(self) -> str:
+        lines = [
+            f"# mitigation: {self.method}" + (f" (guided by {self.guide})" if self.guide else ""),
+            "",
+            f"{len(self.example_ids)} answers re-scored; {len(self.errors)} failed.",
+            "",
+            "| detector | flagged before | flagged after | change |",
+            "|---|---|---|---|",
+        ]
+        for name, (b, a) in self.rates().items():
+            lines.append(f"| {name} | {b:.3f} | {a:.3f} | {a - b:+.3f} |")
+        if self.judge:
+            jb = [x for x, _ in self.judge if x is not None]
+            ja = [y for _, y in self.judge if y is not None]
+            if jb and ja:
+                lines.append(
+                    f"| LLM judge | {np.mean(jb):.3f} | {np.mean(ja):.3f} | {np.mean(ja) - np.mean(jb):+.3f} |"
+                )
+        return "\n".join(lines)
+
+
+def mitigate_batch(
+    model: LoadedModel,
+    examples: Sequence[RAGExample],
+    detectors: Sequence[Any],
+    *,
+    method: str,
+    guide: str | None = None,
+    max_new_tokens: int = 96,
+    progress: Callable[[int, int], None] | None = None,
+    aarf_options: dict[str, Any] | None = None,
+    temperature: float = 0.0,
+) -> MitigationReport:
+    """Regenerate every example's answer with ``method`` and re-score before/after.
+
+    Args:
+        model: The analysing (and regenerating) model.
+        examples: Examples whose answers to mitigate (their responses are the "before").
+        detectors: Fitted detectors; all of them re-score both answers.
+        method: One of :data:`METHODS`.
+        guide: The detector whose token flags the token feedback quotes (default:
+            ``cortex`` when given, else the first detector with token scores); for
+            ``aarf``, a fitted ``redeep_token`` detector's name.
+        max_new_tokens: Length limit of the new answers.
+        progress: ``(done, total)`` callback.
+        aarf_options: Passed on to :func:`core.aarf.aarf_generate` (alpha2, beta2, ...).
+        temperature: Sampling temperature of the feedback answers (0: greedy; seeded).
+
+    Raises:
+        DataError: Unknown method, or no usable guide detector.
+    """
+    import dataclasses
+
+    from core.counterfactual import on_template, score_one
+    from core.smoothing import flagged_spans
+
+    if method not in METHODS:
+        raise DataError(f"method must be one of {METHODS}, got {method!r}")
+    by_name = {d.name: d for d in detectors}
+    if not by_name:
+        raise DataError("give at least one fitted detector to re-score the answers")
+    if method == "aarf":
+        guide = guide or "redeep_token"
+        if guide not in by_name:
+            raise DataError("aarf needs a fitted redeep_token detector among the detectors")
+    elif method == "feedback-token" and guide is None:
+        guide = "cortex" if "cortex" in by_name else None
+    before: dict[str, list[float]] = {n: [] for n in by_name}
+    after: dict[str, list[float]] = {n: [] for n in by_name}
+    ids, answers, errors = [], [], []
+    for i, original in enumerate(examples):
+        # Both answers are read on ragscope's template (a verbatim prompt is dropped).
+        ex = on_template(original)
+        try:
+            old = score_one(model, detectors, ex)
+            if method == "aarf":
+                from core.aarf import aarf_generate
+
+                res = aarf_generate(
+                    model,
+                    ex,
+                    by_name[guide],  # type: ignore[index]
+                    max_new_tokens=max_new_tokens,
+                    plain=False,
+                    **(aarf_options or {}),
+                )
+                text = res.text
+            else:
+                spans: list[tuple[int, int]] = []
+                level: FeedbackLevel = "instance" if method == "feedback-instance" else "token"
+                if level == "token":
+                    g = guide or next(
+                        (n for n, s in old.items() if s.token_scores is not None), None
+                    )
+                    s = old.get(g) if g else None
+                    if s is not None and s.token_scores is not None:
+                        t = float(getattr(by_name[g], "threshold_", 0.5))  # type: ignore[index]
+                        spans = flagged_spans(
+                            np.asarray(s.token_scores), np.asarray(s.token_offsets), t
+                        )
+                text = feedback_regenerate(
+                    model,
+                    ex,
+                    spans=spans,
+                    level=level,
+                    max_new_tokens=max_new_tokens,
+                    temperature=temperature,
+                ).text
+            if not text.strip():
+                raise DataError("the model wrote an empty answer")
+            new_ex = dataclasses.replace(ex, response=text, spans=(), label=None)
+            new = score_one(model, detectors, new_ex)
+        except DataError as e:
+            errors.append(f"{ex.id}: {e}")
+        else:
+            ids.append(ex.id)
+            answers.append((ex.response, text))
+            for n in by_name:
+                before[n].append(old[n].score)
+                after[n].append(new[n].score)
+        if progress:
+            progress(i + 1, len(examples))
+    return MitigationReport(
+        method=method,
+        guide=guide,
+        example_ids=tuple(ids),
+        before=before,
+        after=after,
+        thresholds={n: float(getattr(d, "threshold_", 0.5)) for n, d in by_name.items()},
+        answers=tuple(answers),
+        errors=tuple(errors),
+    )
