@@ -28,6 +28,7 @@ navigation = st.navigation(
             title="Counterfactual context",
             icon=":material/edit_note:",
         ),
+        st.Page(PAGES_DIR / "mitigation.py", title="Mitigation", icon=":material/healing:"),
         st.Page(PAGES_DIR / "heads.py", title="Heads & layers", icon=":material/grid_view:"),
         st.Page(PAGES_DIR / "shap_summary.py", title="SHAP summary", icon=":material/insights:"),
         st.Page(

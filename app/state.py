@@ -1827,6 +1827,12 @@ class AppState:
         cf_example_id: The example it edits, per dataset key.
         cf_answer_mode: ``fixed`` (teacher-forced) or ``regenerate``.
         cf_result: The last comparison (or the loaded session).
+        mit_example_source: The Mitigation page's input (like ``tokens_example_source``).
+        mit_dataset: Its dataset: :data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`.
+        mit_example_id: The example it regenerates, per dataset key.
+        mit_method: ``feedback``, ``aarf`` or ``steer``.
+        mit_guide: The detector whose flags the feedback quotes (or instance level).
+        mit_result: ``(method, example id, result, scores)`` of the last run.
     """
 
     dataset: DatasetRef = BUILTIN
@@ -1899,6 +1905,12 @@ class AppState:
     cf_example_id: dict[str, str] = field(default_factory=dict)
     cf_answer_mode: str = "fixed"
     cf_result: Counterfactual | None = None
+    mit_example_source: str | None = None
+    mit_dataset: str = HEADS_FROM_HOME
+    mit_example_id: dict[str, str] = field(default_factory=dict)
+    mit_method: str = "feedback"
+    mit_guide: str | None = None
+    mit_result: tuple[Any, ...] | None = None
 
     def add_passage(self) -> None:
         self.own_passages[self.next_passage_id] = ""

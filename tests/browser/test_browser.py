@@ -74,6 +74,7 @@ PAGES = [
     "Playground",
     "Token heatmaps",
     "Counterfactual context",
+    "Mitigation",
     "Heads & layers",
     "SHAP summary",
     "Token sources",

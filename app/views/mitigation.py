@@ -1,0 +1,428 @@
+"""Mitigation: make the model answer again, and see whether the detectors agree it helped.
+
+Three ways, on one answer (the Home dataset, the built-in corpus, or the
+Playground's analysed answer):
+
+- **Feedback**: a follow-up turn tells the model its answer may be unsupported
+  (instance level) or quotes the spans a detector flagged (token level); the model
+  answers again and every shipped detector scores both answers.
+- **AARF** (ReDeEP): greedy decoding that, on the steps where the token-level ReDeEP
+  score passes tau, scales the selected copying heads by alpha2 and the selected
+  layers' MLPs by beta2; the steps it intervened on are listed.
+- **SAE steering** (RAGLens): set one SAE feature at one answer position to -20, 0 or
+  20 (or your values) and let the model continue; the continuations side by side.
+"""
+
+from __future__ import annotations
+
+import difflib
+import html
+from typing import TYPE_CHECKING, Any
+
+import numpy as np
+import pandas as pd
+import streamlit as st
+
+from app.components.artifacts import show_broken_artifacts
+from app.components.example_picker import (
+    dataset_labels,
+    first_words,
+    pick_answer_source,
+    pick_example,
+    show_playground_answer,
+)
+from app.state import (
+    HEADS_EXAMPLE_DATASET,
+    HEADS_EXAMPLE_PLAYGROUND,
+    HEADS_FROM_HOME,
+    AppState,
+    app_state,
+    get_model,
+    heads_examples,
+    seed_widget,
+    shipped_detectors,
+    train_command,
+)
+from core.counterfactual import on_template, score_one
+from core.errors import RagscopeError
+from core.mitigate import feedback_message, feedback_regenerate
+from core.smoothing import flagged_spans
+
+if TYPE_CHECKING:
+    from core.examples import RAGExample
+    from core.model import LoadedModel
+
+# Page scripts run with Streamlit's magic: a bare string would be drawn, so no
+# attribute docstrings here.
+KEY_SOURCE = "mit.example.source"
+KEY_DATASET = "mit.dataset"
+KEY_EXAMPLE = "mit.example.id"
+KEY_METHOD = "mit.method"
+KEY_GUIDE = "mit.guide"
+KEY_MAX_TOKENS = "mit.max_tokens"
+KEY_TEMPERATURE = "mit.temperature"
+KEY_FEEDBACK = "mit.feedback.run"
+KEY_ALPHA2 = "mit.aarf.alpha2"
+KEY_BETA2 = "mit.aarf.beta2"
+KEY_TAU = "mit.aarf.tau"
+KEY_HEADS_ONLY = "mit.aarf.heads_only"
+KEY_AARF = "mit.aarf.run"
+KEY_FEATURE = "mit.steer.feature"
+KEY_POSITION = "mit.steer.position"
+KEY_VALUES = "mit.steer.values"
+KEY_STEER = "mit.steer.run"
+METHODS = {"feedback": "Feedback", "aarf": "AARF (ReDeEP)", "steer": "SAE steering (RAGLens)"}
+INSTANCE = "instance level (no detail)"
+
+
+def pick_answer(state: AppState) -> RAGExample | None:
+    a = state.analysis
+    options = ([HEADS_EXAMPLE_PLAYGROUND] if a is not None else []) + [HEADS_EXAMPLE_DATASET]
+    state.mit_example_source = pick_answer_source(
+        state.mit_example_source, options, key=KEY_SOURCE, dataset_name="An example from a dataset"
+    )
+    if state.mit_example_source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
+        show_playground_answer(a)
+        return a.example
+    labels = dataset_labels(state.dataset)
+    if state.mit_dataset not in labels:
+        state.mit_dataset = HEADS_FROM_HOME
+    seed_widget(KEY_DATASET, state.mit_dataset)
+    c1, c2 = st.columns([2, 3], vertical_alignment="bottom")
+    with c1:
+        state.mit_dataset = st.selectbox(
+            "Dataset", list(labels), key=KEY_DATASET, format_func=labels.__getitem__
+        )
+    try:
+        key, label, examples = heads_examples(state.mit_dataset, state.dataset)
+    except RagscopeError as e:
+        st.error(f"{labels[state.mit_dataset]} cannot be read: {e}")
+        return None
+    if not examples:
+        st.info("This dataset holds no examples; pick another one.")
+        return None
+    with c2:
+        ex = pick_example(examples, state.mit_example_id.get(key), key=KEY_EXAMPLE)
+    state.mit_example_id[key] = ex.id
+    st.caption(f"From {label}. Answer: \u201c{first_words(ex.response, 40)}\u201d")
+    return ex
+
+
+def answer_diff_html(old: str, new: str) -> str:
+    """The new answer with the old answer's removed words struck and the new ones marked."""
+    a, b = old.split(), new.split()
+    parts = []
+    for tag, i0, i1, j0, j1 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag == "equal":
+            parts.append(html.escape(" ".join(a[i0:i1])))
+            continue
+        if i1 > i0:
+            parts.append(f"<del style='background:#fbd0d0'>{html.escape(' '.join(a[i0:i1]))}</del>")
+        if j1 > j0:
+            parts.append(
+                "<ins style='background:#cdeccd;text-decoration:none'>"
+                f"{html.escape(' '.join(b[j0:j1]))}</ins>"
+            )
+    return "<div class='rs-answer-diff' style='line-height:1.7'>" + " ".join(parts) + "</div>"
+
+
+def before_after(
+    model: LoadedModel, detectors: list[Any], original: RAGExample, answers: dict[str, str]
+) -> pd.DataFrame:
+    """Every detector's score of each answer (columns), one row per detector."""
+    import dataclasses
+
+    base = on_template(original)
+    cols: dict[str, dict[str, float]] = {}
+    for label, text in answers.items():
+        if not text.strip():
+            continue
+        ex = (
+            base
+            if text == base.response
+            else dataclasses.replace(base, response=text, spans=(), label=None)
+        )
+        for name, s in score_one(model, detectors, ex).items():
+            cols.setdefault(name, {})[label] = s.score
+    return pd.DataFrame([{"detector": n, **v} for n, v in cols.items()])
+
+
+def show_scores(frame: pd.DataFrame, thresholds: dict[str, float]) -> None:
+    if frame.empty:
+        st.info("No detector is shipped for this model, so the answers are not re-scored.")
+        return
+    frame = frame.copy()
+    frame.insert(1, "threshold", [thresholds.get(n, 0.5) for n in frame["detector"]])
+    st.dataframe(frame, hide_index=True, width="stretch")
+
+
+@st.cache_data(show_spinner="Reading the answer's flags…", max_entries=32)
+def _guide_spans(
+    key: str, _model: LoadedModel, _det: Any, _example: RAGExample
+) -> list[tuple[int, int]]:
+    s = score_one(_model, [_det], on_template(_example))[_det.name]
+    if s.token_scores is None:
+        return []
+    return flagged_spans(
+        np.asarray(s.token_scores), np.asarray(s.token_offsets), float(_det.threshold_)
+    )
+
+
+def guide_spans(
+    model: LoadedModel, detector: Any, example: RAGExample, detectors_id: str
+) -> list[tuple[int, int]]:
+    """The answer's character spans ``detector`` flags at its threshold (cached)."""
+    from app.state import input_signature, model_key
+
+    key = f"{model_key(model)}|{detectors_id}|{detector.name}|{input_signature(example, None)}"
+    return _guide_spans(key, model, detector, example)
+
+
+def feedback_section(
+    state: AppState, model: LoadedModel, example: RAGExample, shipped: Any, max_tokens: int
+) -> None:
+    dets = {d.name: d for d in shipped.detectors}
+    token_dets = [
+        n for n in dets if n in ("cortex", "nll", "context_gain", "lexical", "redeep_token", "spad")
+    ]
+    options = [INSTANCE, *token_dets]
+    if state.mit_guide not in options:
+        state.mit_guide = "cortex" if "cortex" in options else options[-1]
+        st.session_state.pop(KEY_GUIDE, None)
+    seed_widget(KEY_GUIDE, state.mit_guide)
+    c1, c3, c4 = st.columns([3, 1, 1], vertical_alignment="bottom")
+    with c1:
+        state.mit_guide = st.selectbox(
+            "Feedback",
+            options,
+            key=KEY_GUIDE,
+            format_func=lambda n: n if n == INSTANCE else f"token level: spans {n} flags",
+        )
+    with c3:
+        seed_widget(KEY_TEMPERATURE, 0.0)
+        temperature = float(
+            st.number_input(
+                "Temperature", 0.0, 2.0, step=0.1, key=KEY_TEMPERATURE, help="0 = greedy"
+            )
+        )
+    with c4:
+        go = st.button("Regenerate", key=KEY_FEEDBACK, type="primary", icon=":material/replay:")
+    spans: list[tuple[int, int]] = []
+    if state.mit_guide != INSTANCE:
+        guide = dets[state.mit_guide]
+        try:
+            spans = guide_spans(model, guide.detector, example, shipped.cache_id)
+        except RagscopeError as e:
+            st.error(f"{guide.name} could not read this answer: {e}")
+            return
+    level = "instance" if state.mit_guide == INSTANCE else "token"
+    message = feedback_message(example, spans, level)  # type: ignore[arg-type]
+    st.markdown(f"**Feedback turn:** {message}")
+    if go:
+        try:
+            with st.spinner("The model answers again…"):
+                gen = feedback_regenerate(
+                    model,
+                    on_template(example),
+                    spans=spans,
+                    level=level,  # type: ignore[arg-type]
+                    max_new_tokens=max_tokens,
+                    temperature=temperature,
+                )
+                if not gen.text.strip():
+                    raise RagscopeError(
+                        "the model wrote an empty answer; raise the temperature or the length"
+                    )
+                frame = before_after(
+                    model,
+                    [d.detector for d in dets.values()],
+                    example,
+                    {"original": example.response, "after feedback": gen.text},
+                )
+            state.mit_result = ("feedback", example.id, gen.text, frame)
+        except RagscopeError as e:
+            st.error(f"Regeneration failed: {e}")
+    res = state.mit_result
+    if res is not None and res[0] == "feedback" and res[1] == example.id:
+        st.markdown("**New answer** (struck: left out; green: new)")
+        st.html(answer_diff_html(example.response, res[2]))
+        show_scores(res[3], {n: d.threshold for n, d in dets.items()})
+
+
+def aarf_section(
+    state: AppState, model: LoadedModel, example: RAGExample, shipped: Any, max_tokens: int
+) -> None:
+    from core.aarf import aarf_generate
+
+    dets = {d.name: d for d in shipped.detectors}
+    if "redeep_token" not in dets:
+        st.info(
+            "AARF reads a trained redeep_token detector, and none is shipped for this model: "
+            f"`{train_command('redeep_token', shipped.folder)}`."
+        )
+        return
+    det = dets["redeep_token"]
+    c1, c2, c3, c4, c5 = st.columns([1, 1, 1, 1.2, 1], vertical_alignment="bottom")
+    seed_widget(KEY_ALPHA2, 2.0)
+    seed_widget(KEY_BETA2, 0.8)
+    seed_widget(KEY_TAU, round(float(det.threshold_), 3))
+    seed_widget(KEY_HEADS_ONLY, True)
+    alpha2 = float(c1.number_input("alpha2 (heads)", 0.1, 20.0, step=0.5, key=KEY_ALPHA2))
+    beta2 = float(c2.number_input("beta2 (MLPs)", 0.05, 5.0, step=0.05, key=KEY_BETA2))
+    tau = float(c3.number_input("tau", 0.0, 1.0, step=0.01, key=KEY_TAU, format="%.3f"))
+    heads_only = c4.toggle(
+        "Heads only",
+        key=KEY_HEADS_ONLY,
+        help="Leave the MLPs alone: the paper's beta2 = 0.2 on many MLPs derails a 135M model",
+    )
+    go = c5.button("Run AARF", key=KEY_AARF, type="primary", icon=":material/tune:")
+    if go:
+        try:
+            with st.spinner("Decoding with AARF (each step re-reads the whole answer)…"):
+                res = aarf_generate(
+                    model,
+                    on_template(example),
+                    det.detector,
+                    tau=tau,
+                    alpha2=alpha2,
+                    beta2=beta2,
+                    max_new_tokens=max_tokens,
+                    layers=() if heads_only else None,
+                )
+                frame = before_after(
+                    model,
+                    [d.detector for d in shipped.detectors],
+                    example,
+                    {"plain greedy": res.plain_text or "", "AARF": res.text},
+                )
+            state.mit_result = ("aarf", example.id, res, frame)
+        except (RagscopeError, ValueError) as e:
+            st.error(f"AARF failed: {e}")
+    r = state.mit_result
+    if r is not None and r[0] == "aarf" and r[1] == example.id:
+        res = r[2]
+        st.markdown(
+            f"**Plain greedy:** {res.plain_text}  \n**AARF:** {res.text}  \n"
+            f"{res.n_intervened} of {res.n_steps} steps intervened on."
+        )
+        show_scores(r[3], {d.name: float(d.threshold) for d in shipped.detectors})
+        with st.expander("Steps"):
+            st.dataframe(res.to_frame(model.tokenizer), hide_index=True, width="stretch")
+
+
+def steer_section(
+    state: AppState, model: LoadedModel, example: RAGExample, shipped: Any, max_tokens: int
+) -> None:
+    from core.detectors.raglens import load_config_sae
+    from core.layout import render
+    from core.steer import steer_continuation
+
+    dets = {d.name: d for d in shipped.detectors}
+    spec = dets["raglens"].detector.config.sae if "raglens" in dets else ""
+    try:
+        sae = load_config_sae(spec)
+        sae.check_model(model.info.key, model.info.d_model)
+    except RagscopeError as e:
+        st.info(
+            f"SAE steering needs an SAE for this model ({e}); train one with `ragscope sae train`."
+        )
+        return
+    ranked = list(getattr(dets.get("raglens", None) and dets["raglens"].detector, "selected_", ()))
+    layout = render(on_template(example), model)
+    tokens = layout.response_token_strings()
+    c1, c2, c3, c4 = st.columns([1.2, 2, 1.2, 1], vertical_alignment="bottom")
+    seed_widget(KEY_FEATURE, int(ranked[0]) if ranked else 0)
+    feature = int(
+        c1.number_input(
+            "SAE feature",
+            0,
+            sae.d_sae - 1,
+            step=1,
+            key=KEY_FEATURE,
+            help="Default: the feature RAGLens ranks first",
+        )
+    )
+    seed_widget(KEY_POSITION, min(len(tokens) - 1, max(0, len(tokens) // 3)))
+    with c2:
+        position = st.select_slider(
+            "Answer position",
+            options=list(range(len(tokens))),
+            key=KEY_POSITION,
+            format_func=lambda j: f"{j}: {tokens[j]!r}",
+        )
+    seed_widget(KEY_VALUES, "-20, 0, 20")
+    raw = c3.text_input("Values", key=KEY_VALUES, help="Comma-separated activations to set")
+    go = c4.button("Steer", key=KEY_STEER, type="primary", icon=":material/alt_route:")
+    if go:
+        try:
+            values = [float(v) for v in raw.split(",") if v.strip()]
+            if not values:
+                raise ValueError("give at least one value")
+        except ValueError as e:
+            st.error(f"Values must be numbers separated by commas ({e}).")
+            return
+        try:
+            with st.spinner("Continuing the answer under each value…"):
+                runs = [
+                    steer_continuation(
+                        model,
+                        sae,
+                        on_template(example),
+                        feature=feature,
+                        position=int(position),
+                        value=v,
+                        max_new_tokens=max_tokens,
+                    )
+                    for v in [None, *values]
+                ]
+            state.mit_result = ("steer", example.id, runs, None)
+        except RagscopeError as e:
+            st.error(f"Steering failed: {e}")
+    r = state.mit_result
+    if r is not None and r[0] == "steer" and r[1] == example.id:
+        runs = r[2]
+        st.markdown(f"**Prefix** (teacher-forced): {runs[0].prefix}")
+        cols = st.columns(len(runs))
+        for col, run in zip(cols, runs, strict=True):
+            with col.container(border=True):
+                st.markdown(
+                    "**not steered**"
+                    if run.value is None
+                    else f"**F{run.feature} = {run.value:g}**"
+                )
+                st.write(run.continuation or "(stops at once)")
+
+
+def main() -> None:
+    state = app_state()
+    model = get_model()
+    st.title("Mitigation")
+    st.caption(
+        "Make the model answer again — told what was flagged, with ReDeEP's attention "
+        "reweighting, or with an SAE feature pushed up or down — and see whether the "
+        "detectors think it helped."
+    )
+    shipped = shipped_detectors(model)
+    show_broken_artifacts(shipped, {b.name for b in shipped.broken})
+    example = pick_answer(state)
+    if example is None:
+        return
+    seed_widget(KEY_METHOD, state.mit_method)
+    seed_widget(KEY_MAX_TOKENS, 48)
+    m1, m2 = st.columns([4, 1], vertical_alignment="bottom")
+    with m1:
+        state.mit_method = st.radio(
+            "Method",
+            list(METHODS),
+            key=KEY_METHOD,
+            format_func=METHODS.__getitem__,
+            horizontal=True,
+        )
+    with m2:
+        max_tokens = int(st.number_input("Max new tokens", 4, 512, step=8, key=KEY_MAX_TOKENS))
+    st.divider()
+    section = {"feedback": feedback_section, "aarf": aarf_section, "steer": steer_section}
+    section[state.mit_method](state, model, example, shipped, max_tokens)
+
+
+main()

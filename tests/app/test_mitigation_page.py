@@ -1,0 +1,114 @@
+"""The Mitigation page on the tiny model (AppTest): feedback regeneration re-scored by
+every detector, AARF's missing detector named, SAE steering continuations."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.state import STATE_KEY
+from app.views.mitigation import (
+    KEY_EXAMPLE,
+    KEY_FEEDBACK,
+    KEY_GUIDE,
+    KEY_METHOD,
+    KEY_STEER,
+    KEY_TEMPERATURE,
+    KEY_VALUES,
+)
+from core.counterfactual import on_template, score_one
+from core.datasets import builtin_examples
+from core.detectors import load_shipped, make_detector
+from core.extract import extract_features
+from core.model import LoadedModel
+from core.steer import steer_continuation
+
+PAGE = "views/mitigation.py"
+EXAMPLE = "demo-04-mount-kelsey"
+
+
+@pytest.fixture(scope="module")
+def detectors_dir(tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("mit-detectors")
+    examples = builtin_examples()
+    dets = [make_detector("nll"), make_detector("context_gain")]
+    feats = extract_features(tiny_model, examples, dets).features
+    for d in dets:
+        d.fit(list(feats[d.name]), examples).save(out / d.name)
+    return out
+
+
+@pytest.fixture
+def page(
+    detectors_dir: Path,
+    tiny_sae,
+    monkeypatch: pytest.MonkeyPatch,
+    app_env: Path,
+    open_page: Callable[[str], AppTest],
+) -> AppTest:
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(detectors_dir))
+    monkeypatch.setenv("RAGSCOPE_SAE_DIR", str(tiny_sae.path))
+    at = open_page(PAGE)
+    at.selectbox(key=KEY_EXAMPLE).select(EXAMPLE).run()
+    return at
+
+
+def _example():
+    return next(e for e in builtin_examples() if e.id == EXAMPLE)
+
+
+def test_feedback_regenerates_and_rescores(
+    page: AppTest, no_exception: Callable[[AppTest], None], tiny_model: LoadedModel
+) -> None:
+    page.selectbox(key=KEY_GUIDE).select("context_gain").run()
+    assert any("Feedback turn:" in m.value for m in page.markdown)
+    page.number_input(key=KEY_TEMPERATURE).set_value(1.0).run()
+    page.button(key=KEY_FEEDBACK).click().run()
+    no_exception(page)
+    method, ex_id, text, _ = page.session_state[STATE_KEY].mit_result
+    assert method == "feedback" and ex_id == EXAMPLE and text.strip()
+    frame = page.dataframe[0].value
+    ex = _example()
+    for name in ("nll", "context_gain"):
+        det = load_shipped(name, tiny_model.info.key)
+        row = frame[frame["detector"] == name].iloc[0]
+        want = score_one(tiny_model, [det], on_template(ex))[name].score
+        assert row["original"] == pytest.approx(want, abs=1e-6)
+        assert 0.0 <= row["after feedback"] <= 1.0
+    assert any("rs-answer-diff" in h.value for h in page.html)
+
+
+def test_greedy_blank_answer_is_a_clear_error(page: AppTest) -> None:
+    page.button(key=KEY_FEEDBACK).click().run()
+    assert any("empty answer" in e.value for e in page.error)
+    assert page.session_state[STATE_KEY].mit_result is None
+
+
+def test_aarf_names_the_missing_detector(page: AppTest, page_text) -> None:
+    page.radio(key=KEY_METHOD).set_value("aarf").run()
+    assert "--detectors redeep_token" in page_text(page)
+
+
+def test_steering_shows_one_continuation_per_value(
+    page: AppTest, no_exception: Callable[[AppTest], None], tiny_model: LoadedModel, tiny_sae
+) -> None:
+    page.radio(key=KEY_METHOD).set_value("steer").run()
+    page.text_input(key=KEY_VALUES).input("-200, 200").run()
+    page.button(key=KEY_STEER).click().run()
+    no_exception(page)
+    method, _, runs, _ = page.session_state[STATE_KEY].mit_result
+    assert method == "steer" and [r.value for r in runs] == [None, -200.0, 200.0]
+    ref = steer_continuation(
+        tiny_model,
+        tiny_sae,
+        on_template(_example()),
+        feature=runs[1].feature,
+        position=runs[1].position,
+        value=200.0,
+        max_new_tokens=48,
+    )
+    assert runs[2].token_ids == ref.token_ids
+    assert any("F" in m.value and "= 200" in m.value for m in page.markdown)
