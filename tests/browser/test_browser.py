@@ -11,7 +11,8 @@ the shipped RAGLens detector (and SAE) on the GAM shape functions page, steps th
 the shipped CORTEX detector's flagged spans on the Token heatmaps page, explains an
 SAE feature through a local fake OpenAI-compatible endpoint on the Feature
 explanations page, supports a flagged claim in the passage and re-scores it on the
-Counterfactual context page, and saves full-page screenshots to ``test-artifacts/``.
+Counterfactual context page, regenerates an answer with token-level feedback on the
+Mitigation page, and saves full-page screenshots to ``test-artifacts/``.
 
 The server gets its own cache dir (``RAGSCOPE_CACHE_DIR``) whose ``models`` folder
 links to the session's, so the embedded model is not dequantized again while the
@@ -654,3 +655,20 @@ def test_counterfactual_in_chromium(server: str, browser: object) -> None:
         page.get_by_text(re.compile(r"Context changes: passage \d+: inserted")).wait_for()
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "counterfactual.png")
+
+
+def test_mitigation_in_chromium(server: str, browser: object) -> None:
+    with _opened(browser, server, "mitigation", "Mitigation") as page:
+        page.locator('[data-testid="stSelectbox"]', has_text="Example").click()
+        page.get_by_role("option", name=re.compile(re.escape(CF_EXAMPLE_ID))).click()
+        # Token-level feedback quoting what the shipped CORTEX flags, then a new answer.
+        page.get_by_text(re.compile(r"Feedback turn: These parts of your answer")).wait_for(
+            timeout=ANALYSE_MS
+        )
+        page.get_by_role("button", name=re.compile("Regenerate")).click()
+        page.locator(".rs-answer-diff").wait_for(state="visible", timeout=ANALYSE_MS)
+        table = page.locator('[data-testid="stDataFrame"]').first
+        table.wait_for(state="visible")
+        assert table.bounding_box()["height"] > 80  # type: ignore[index]
+        _assert_no_exception(page)
+        _full_page_screenshot(page, ARTIFACTS / "mitigation.png")
