@@ -3,7 +3,9 @@
 - :func:`pick_examples`: the "Examples" dataset (Home's or the built-in labelled
   corpus), its "Split" and "At most", remembered in an :class:`~app.state.ExampleSelection`.
 - :func:`pick_answer_source`, :func:`show_playground_answer` and :func:`pick_example`:
-  one answer to look at, the Playground's analysed answer or an example of a dataset.
+  one answer to look at, the Playground's analysed answer or an example of a dataset;
+  :func:`pick_page_answer` puts them together for the one-answer pages (Token
+  heatmaps, Counterfactual context, Mitigation).
 - :func:`compute_row`, :func:`progress_bar` and :func:`show_request_failures`: the
   picked examples' features, extracted with progress, and the examples that failed.
 
@@ -27,6 +29,7 @@ from app.state import (
     HEADS_FROM_CORPUS,
     HEADS_FROM_HOME,
     Analysis,
+    AppState,
     DatasetRef,
     ExampleSelection,
     FeatureRequest,
@@ -353,3 +356,86 @@ def show_request_failures(req: FeatureRequest) -> bool:
         st.error("None of the examples could be analysed; pick other examples.")
         return False
     return True
+
+
+# --------------------------------------------------------------------------- one answer
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnswerKeys:
+    """The widget keys of :func:`pick_page_answer`.
+
+    Attributes:
+        source: The "Answer" radio (Playground's answer or a dataset example).
+        dataset: The "Dataset" select box.
+        example: The "Example" select box.
+    """
+
+    source: str
+    dataset: str
+    example: str
+
+
+Narrow = Callable[[str, list["RAGExample"]], "list[RAGExample] | None"]
+"""``(dataset key, examples) -> the examples to offer`` (``None``: stop, a notice was shown)."""
+
+
+def pick_page_answer(
+    state: AppState, prefix: str, keys: AnswerKeys, *, narrow: Narrow | None = None
+) -> tuple[RAGExample, tuple[int, ...] | None] | None:
+    """One answer for a page: the Playground's analysed answer, or an example of the Home
+    dataset or of the built-in corpus.
+
+    The page's choices live in ``state.<prefix>_example_source``, ``state.<prefix>_dataset``
+    and ``state.<prefix>_example_id`` (per dataset key).
+
+    Args:
+        state: The session's state.
+        prefix: The page's field prefix (``heatmap``, ``cf``, ``mit``).
+        keys: Its widget keys.
+        narrow: Drawn under the dataset choice; may shorten the example list.
+
+    Returns:
+        ``(example, response ids)`` (ids when the model wrote the Playground's answer),
+        or ``None`` when there is nothing to pick (a notice is shown).
+    """
+    a = state.analysis
+    options = ([HEADS_EXAMPLE_PLAYGROUND] if a is not None else []) + [HEADS_EXAMPLE_DATASET]
+    source = pick_answer_source(
+        getattr(state, f"{prefix}_example_source"),
+        options,
+        key=keys.source,
+        dataset_name="An example from a dataset",
+    )
+    setattr(state, f"{prefix}_example_source", source)
+    if source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
+        return a.example, show_playground_answer(a)
+    labels = dataset_labels(state.dataset)
+    if getattr(state, f"{prefix}_dataset") not in labels:
+        setattr(state, f"{prefix}_dataset", HEADS_FROM_HOME)
+    seed_widget(keys.dataset, getattr(state, f"{prefix}_dataset"))
+    c1, c2 = st.columns([2, 3], vertical_alignment="bottom")
+    with c1:
+        choice = st.selectbox(
+            "Dataset", list(labels), key=keys.dataset, format_func=labels.__getitem__
+        )
+    setattr(state, f"{prefix}_dataset", choice)
+    try:
+        key, label, examples = heads_examples(choice, state.dataset)
+    except RagscopeError as e:
+        st.error(f"{labels[choice]} cannot be read: {e}")
+        return None
+    if not examples:
+        st.info("This dataset holds no examples; pick another one.")
+        return None
+    if narrow is not None:
+        narrowed = narrow(key, examples)
+        if narrowed is None:
+            return None
+        examples = narrowed
+    remembered: dict[str, str] = getattr(state, f"{prefix}_example_id")
+    with c2:
+        ex = pick_example(examples, remembered.get(key), key=keys.example)
+    remembered[key] = ex.id
+    st.caption(f"From {label}. Answer: \u201c{first_words(ex.response, 40)}\u201d")
+    return ex, None

@@ -15,8 +15,6 @@ saved in SQLite, reloaded, and exported as JSON.
 from __future__ import annotations
 
 import dataclasses
-import difflib
-import html
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -24,24 +22,15 @@ import pandas as pd
 import streamlit as st
 
 from app.components.artifacts import show_broken_artifacts
-from app.components.example_picker import (
-    dataset_labels,
-    first_words,
-    pick_answer_source,
-    pick_example,
-    show_playground_answer,
-)
+from app.components.diff import word_diff_html
+from app.components.example_picker import AnswerKeys, pick_page_answer
 from app.components.multirow import DIFF_CMAP, HeatRow, gold_row, multirow_html
 from app.state import (
-    HEADS_EXAMPLE_DATASET,
-    HEADS_EXAMPLE_PLAYGROUND,
-    HEADS_FROM_HOME,
     AppState,
     align_token_scores,
     app_state,
     get_model,
     get_store,
-    heads_examples,
     input_signature,
     seed_widget,
     shipped_detectors,
@@ -66,6 +55,7 @@ if TYPE_CHECKING:
 KEY_SOURCE = "cf.example.source"
 KEY_DATASET = "cf.dataset"
 KEY_EXAMPLE = "cf.example.id"
+ANSWER_KEYS = AnswerKeys(source=KEY_SOURCE, dataset=KEY_DATASET, example=KEY_EXAMPLE)
 KEY_SPAN = "cf.span"
 KEY_SUPPORT = "cf.preset.support"
 KEY_CONTRADICT = "cf.preset.contradict"
@@ -90,40 +80,6 @@ def keep_key(sig: str, k: int) -> str:
 
 
 # --------------------------------------------------------------------------- input
-
-
-def pick_original(state: AppState) -> RAGExample | None:
-    """The example to edit: the Playground's analysed answer or a dataset example."""
-    a = state.analysis
-    options = ([HEADS_EXAMPLE_PLAYGROUND] if a is not None else []) + [HEADS_EXAMPLE_DATASET]
-    state.cf_example_source = pick_answer_source(
-        state.cf_example_source, options, key=KEY_SOURCE, dataset_name="An example from a dataset"
-    )
-    if state.cf_example_source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
-        show_playground_answer(a)
-        return a.example
-    labels = dataset_labels(state.dataset)
-    if state.cf_dataset not in labels:
-        state.cf_dataset = HEADS_FROM_HOME
-    seed_widget(KEY_DATASET, state.cf_dataset)
-    c1, c2 = st.columns([2, 3], vertical_alignment="bottom")
-    with c1:
-        state.cf_dataset = st.selectbox(
-            "Dataset", list(labels), key=KEY_DATASET, format_func=labels.__getitem__
-        )
-    try:
-        key, label, examples = heads_examples(state.cf_dataset, state.dataset)
-    except RagscopeError as e:
-        st.error(f"{labels[state.cf_dataset]} cannot be read: {e}")
-        return None
-    if not examples:
-        st.info("This dataset holds no examples; pick another one.")
-        return None
-    with c2:
-        ex = pick_example(examples, state.cf_example_id.get(key), key=KEY_EXAMPLE)
-    state.cf_example_id[key] = ex.id
-    st.caption(f"From {label}. Answer: \u201c{first_words(ex.response, 40)}\u201d")
-    return ex
 
 
 def _set_passages(sig: str, passages: tuple[str, ...]) -> None:
@@ -200,29 +156,6 @@ def edit_passages(example: RAGExample, sig: str) -> tuple[str, ...]:
 
 
 # --------------------------------------------------------------------------- results
-
-
-def diff_html(old: str, new: str) -> str:
-    """``new`` with the words removed from ``old`` struck through and the added ones marked."""
-    a, b = old.split(), new.split()
-    parts = []
-    for tag, i0, i1, j0, j1 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
-        if tag == "equal":
-            parts.append(html.escape(" ".join(a[i0:i1])))
-            continue
-        if i1 > i0:
-            parts.append(
-                '<del style="background:#fbd0d0;color:#7a0000">'
-                + html.escape(" ".join(a[i0:i1]))
-                + "</del>"
-            )
-        if j1 > j0:
-            parts.append(
-                '<ins style="background:#cdeccd;color:#0b4f0b;text-decoration:none">'
-                + html.escape(" ".join(b[j0:j1]))
-                + "</ins>"
-            )
-    return '<div class="rs-diff" style="line-height:1.7">' + " ".join(parts) + "</div>"
 
 
 def scores_frame(cf: Counterfactual) -> pd.DataFrame:
@@ -336,7 +269,7 @@ def show_result(cf: Counterfactual, model: LoadedModel) -> None:
                 new = cf.edited.passages[k] if k < len(cf.edited.passages) else ""
                 if old != new:
                     st.markdown(f"Passage {k + 1}")
-                    st.html(diff_html(old, new))
+                    st.html(word_diff_html(old, new))
     if cf.answer_mode == "regenerate":
         st.markdown(f"**Regenerated answer:** {cf.edited.response}")
     frame = scores_frame(cf)
@@ -418,9 +351,10 @@ def main() -> None:
     )
     shipped = shipped_detectors(model)
     show_broken_artifacts(shipped, {b.name for b in shipped.broken})
-    example = pick_original(state)
-    if example is None:
+    picked = pick_page_answer(state, "cf", ANSWER_KEYS)
+    if picked is None:
         return
+    example = picked[0]
     sig = input_signature(example, None)
     edited_passages = edit_passages(example, sig)
     seed_widget(KEY_MODE, state.cf_answer_mode)

@@ -15,8 +15,6 @@ Playground's analysed answer):
 
 from __future__ import annotations
 
-import difflib
-import html
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -24,21 +22,12 @@ import pandas as pd
 import streamlit as st
 
 from app.components.artifacts import show_broken_artifacts
-from app.components.example_picker import (
-    dataset_labels,
-    first_words,
-    pick_answer_source,
-    pick_example,
-    show_playground_answer,
-)
+from app.components.diff import word_diff_html
+from app.components.example_picker import AnswerKeys, pick_page_answer
 from app.state import (
-    HEADS_EXAMPLE_DATASET,
-    HEADS_EXAMPLE_PLAYGROUND,
-    HEADS_FROM_HOME,
     AppState,
     app_state,
     get_model,
-    heads_examples,
     seed_widget,
     shipped_detectors,
     train_command,
@@ -57,6 +46,7 @@ if TYPE_CHECKING:
 KEY_SOURCE = "mit.example.source"
 KEY_DATASET = "mit.dataset"
 KEY_EXAMPLE = "mit.example.id"
+ANSWER_KEYS = AnswerKeys(source=KEY_SOURCE, dataset=KEY_DATASET, example=KEY_EXAMPLE)
 KEY_METHOD = "mit.method"
 KEY_GUIDE = "mit.guide"
 KEY_MAX_TOKENS = "mit.max_tokens"
@@ -73,57 +63,6 @@ KEY_VALUES = "mit.steer.values"
 KEY_STEER = "mit.steer.run"
 METHODS = {"feedback": "Feedback", "aarf": "AARF (ReDeEP)", "steer": "SAE steering (RAGLens)"}
 INSTANCE = "instance level (no detail)"
-
-
-def pick_answer(state: AppState) -> RAGExample | None:
-    a = state.analysis
-    options = ([HEADS_EXAMPLE_PLAYGROUND] if a is not None else []) + [HEADS_EXAMPLE_DATASET]
-    state.mit_example_source = pick_answer_source(
-        state.mit_example_source, options, key=KEY_SOURCE, dataset_name="An example from a dataset"
-    )
-    if state.mit_example_source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
-        show_playground_answer(a)
-        return a.example
-    labels = dataset_labels(state.dataset)
-    if state.mit_dataset not in labels:
-        state.mit_dataset = HEADS_FROM_HOME
-    seed_widget(KEY_DATASET, state.mit_dataset)
-    c1, c2 = st.columns([2, 3], vertical_alignment="bottom")
-    with c1:
-        state.mit_dataset = st.selectbox(
-            "Dataset", list(labels), key=KEY_DATASET, format_func=labels.__getitem__
-        )
-    try:
-        key, label, examples = heads_examples(state.mit_dataset, state.dataset)
-    except RagscopeError as e:
-        st.error(f"{labels[state.mit_dataset]} cannot be read: {e}")
-        return None
-    if not examples:
-        st.info("This dataset holds no examples; pick another one.")
-        return None
-    with c2:
-        ex = pick_example(examples, state.mit_example_id.get(key), key=KEY_EXAMPLE)
-    state.mit_example_id[key] = ex.id
-    st.caption(f"From {label}. Answer: \u201c{first_words(ex.response, 40)}\u201d")
-    return ex
-
-
-def answer_diff_html(old: str, new: str) -> str:
-    """The new answer with the old answer's removed words struck and the new ones marked."""
-    a, b = old.split(), new.split()
-    parts = []
-    for tag, i0, i1, j0, j1 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
-        if tag == "equal":
-            parts.append(html.escape(" ".join(a[i0:i1])))
-            continue
-        if i1 > i0:
-            parts.append(f"<del style='background:#fbd0d0'>{html.escape(' '.join(a[i0:i1]))}</del>")
-        if j1 > j0:
-            parts.append(
-                "<ins style='background:#cdeccd;text-decoration:none'>"
-                f"{html.escape(' '.join(b[j0:j1]))}</ins>"
-            )
-    return "<div class='rs-answer-diff' style='line-height:1.7'>" + " ".join(parts) + "</div>"
 
 
 def before_after(
@@ -245,7 +184,7 @@ def feedback_section(
     res = state.mit_result
     if res is not None and res[0] == "feedback" and res[1] == example.id:
         st.markdown("**New answer** (struck: left out; green: new)")
-        st.html(answer_diff_html(example.response, res[2]))
+        st.html(word_diff_html(example.response, res[2], "rs-answer-diff"))
         show_scores(res[3], {n: d.threshold for n, d in dets.items()})
 
 
@@ -404,9 +343,10 @@ def main() -> None:
     )
     shipped = shipped_detectors(model)
     show_broken_artifacts(shipped, {b.name for b in shipped.broken})
-    example = pick_answer(state)
-    if example is None:
+    picked = pick_page_answer(state, "mit", ANSWER_KEYS)
+    if picked is None:
         return
+    example = picked[0]
     seed_widget(KEY_METHOD, state.mit_method)
     seed_widget(KEY_MAX_TOKENS, 48)
     m1, m2 = st.columns([4, 1], vertical_alignment="bottom")

@@ -11,6 +11,7 @@ answers that get flagged.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,19 +20,9 @@ import pandas as pd
 import streamlit as st
 
 from app.components.artifacts import show_broken_artifacts
-from app.components.example_picker import (
-    dataset_labels,
-    first_words,
-    pick_answer_source,
-    pick_example,
-    progress_bar,
-    show_playground_answer,
-)
+from app.components.example_picker import AnswerKeys, pick_page_answer, progress_bar
 from app.components.multirow import ACTIVATION_CMAP, HeatRow, gold_row, multirow_html
 from app.state import (
-    HEADS_EXAMPLE_DATASET,
-    HEADS_EXAMPLE_PLAYGROUND,
-    HEADS_FROM_HOME,
     Analysis,
     AppState,
     DetectorVerdicts,
@@ -42,7 +33,6 @@ from app.state import (
     detector_verdicts,
     get_model,
     get_store,
-    heads_examples,
     model_key,
     seed_widget,
     shipped_detectors,
@@ -80,6 +70,7 @@ KEY_ROWS = "heatmaps.rows"
 KEY_ROWS_OPTIONS = "heatmaps.rows.options"
 KEY_PREV = "heatmaps.prev"
 KEY_NEXT = "heatmaps.next"
+ANSWER_KEYS = AnswerKeys(source=KEY_SOURCE, dataset=KEY_DATASET, example=KEY_EXAMPLE)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -198,43 +189,18 @@ def has_flags(raw: np.ndarray, p_stay: float, threshold: float) -> bool:
 # --------------------------------------------------------------------------- input
 
 
-def pick_answer(
+def flagged_only(
     state: AppState, model: LoadedModel, cortex: CortexDetector | None
-) -> tuple[RAGExample, tuple[int, ...] | None] | None:
-    """The answer to show: the Playground's, or an example (optionally only flagged ones)."""
-    a = state.analysis
-    options = ([HEADS_EXAMPLE_PLAYGROUND] if a is not None else []) + [HEADS_EXAMPLE_DATASET]
-    state.heatmap_example_source = pick_answer_source(
-        state.heatmap_example_source,
-        options,
-        key=KEY_SOURCE,
-        dataset_name="An example from a dataset",
-    )
-    if state.heatmap_example_source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
-        return a.example, show_playground_answer(a)
+) -> Callable[[str, list[RAGExample]], list[RAGExample] | None]:
+    """The scan row under the dataset choice, and the "only flagged answers" filter."""
 
-    labels = dataset_labels(state.dataset)
-    if state.heatmap_dataset not in labels:
-        state.heatmap_dataset = HEADS_FROM_HOME
-    seed_widget(KEY_DATASET, state.heatmap_dataset)
-    c1, c2 = st.columns([2, 3], vertical_alignment="bottom")
-    with c1:
-        state.heatmap_dataset = st.selectbox(
-            "Dataset", list(labels), key=KEY_DATASET, format_func=labels.__getitem__
-        )
-    try:
-        key, label, examples = heads_examples(state.heatmap_dataset, state.dataset)
-    except RagscopeError as e:
-        st.error(f"{labels[state.heatmap_dataset]} cannot be read: {e}")
-        return None
-    if not examples:
-        st.info("This dataset holds no examples; pick another one.")
-        return None
-    scan_key = f"{model_key(model)}|{key}"
-    if cortex is not None:
-        scan_row(state, model, cortex, examples, scan_key)
-    scanned = state.heatmap_scan.get(scan_key, {})
-    if state.heatmap_only_flagged and scanned:
+    def narrow(key: str, examples: list[RAGExample]) -> list[RAGExample] | None:
+        scan_key = f"{model_key(model)}|{key}"
+        if cortex is not None:
+            scan_row(state, model, cortex, examples, scan_key)
+        scanned = state.heatmap_scan.get(scan_key, {})
+        if not (state.heatmap_only_flagged and scanned):
+            return examples
         threshold = current_threshold(state, cortex)
         flagged = {
             i for i, raw in scanned.items() if has_flags(raw, state.heatmap_p_stay, threshold)
@@ -247,12 +213,9 @@ def pick_answer(
         if not kept:
             st.info("No scanned answer is flagged at this threshold; lower it or scan more.")
             return None
-        examples = kept
-    with c2:
-        ex = pick_example(examples, state.heatmap_example_id.get(key), key=KEY_EXAMPLE)
-    state.heatmap_example_id[key] = ex.id
-    st.caption(f"From {label}. Answer: \u201c{first_words(ex.response, 40)}\u201d")
-    return ex, None
+        return kept
+
+    return narrow
 
 
 def scan_row(
@@ -489,7 +452,9 @@ def main() -> None:
             f"No CORTEX detector is trained for {model.info.display_name} yet; the other rows "
             f"still show. Train it with `{train_command(CORTEX, shipped.folder)}`."
         )
-    picked = pick_answer(state, model, cortex)
+    picked = pick_page_answer(
+        state, "heatmap", ANSWER_KEYS, narrow=flagged_only(state, model, cortex)
+    )
     if picked is None:
         return
     example, ids = picked

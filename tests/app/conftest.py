@@ -162,3 +162,29 @@ def plotly_array() -> Callable[[object], np.ndarray]:
 def z_of(plotly_array: Callable[[object], np.ndarray]) -> Callable[[dict], np.ndarray]:
     """The ``z`` grid of a figure's first trace (a heatmap's values)."""
     return lambda spec: plotly_array(spec["data"][0]["z"])
+
+
+@pytest.fixture(scope="session")
+def demo_detectors_dir(tiny_model, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """``nll``, ``context_gain`` and ``cortex`` (3 epochs) fitted on the demo examples with
+    the tiny model, saved as a detectors folder (for ``RAGSCOPE_DETECTORS_DIR``)."""
+    from core.datasets import builtin_examples
+    from core.detectors import make_detector
+    from core.extract import extract_features
+
+    out = tmp_path_factory.mktemp("demo-detectors")
+    examples = builtin_examples()
+    dets = [make_detector("nll"), make_detector("context_gain"), make_detector("cortex", epochs=3)]
+    feats = extract_features(tiny_model, examples, dets).features
+    for d in dets:
+        d.fit(list(feats[d.name]), examples).save(out / d.name)
+    return out
+
+
+@pytest.fixture
+def with_demo_detectors(
+    demo_detectors_dir: Path, monkeypatch: pytest.MonkeyPatch, app_env: Path
+) -> Path:
+    """The app sees :func:`demo_detectors_dir` as its shipped detectors."""
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(demo_detectors_dir))
+    return demo_detectors_dir

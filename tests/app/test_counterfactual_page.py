@@ -25,33 +25,16 @@ from app.views.counterfactual import (
 )
 from core.counterfactual import NO_CONTEXT, edit_example, on_template, support_span
 from core.datasets import builtin_examples
-from core.detectors import load_shipped, make_detector
-from core.extract import extract_features, run_example
+from core.detectors import load_shipped
+from core.extract import run_example
 from core.model import LoadedModel
 
 PAGE = "views/counterfactual.py"
 EXAMPLE = "demo-04-mount-kelsey"  # one gold span
 
 
-@pytest.fixture(scope="module")
-def detectors_dir(tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("cf-detectors")
-    examples = builtin_examples()
-    dets = [make_detector("nll"), make_detector("context_gain")]
-    feats = extract_features(tiny_model, examples, dets).features
-    for d in dets:
-        d.fit(list(feats[d.name]), examples).save(out / d.name)
-    return out
-
-
 @pytest.fixture
-def page(
-    detectors_dir: Path,
-    monkeypatch: pytest.MonkeyPatch,
-    app_env: Path,
-    open_page: Callable[[str], AppTest],
-) -> AppTest:
-    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(detectors_dir))
+def page(with_demo_detectors: Path, open_page: Callable[[str], AppTest]) -> AppTest:
     at = open_page(PAGE)
     at.selectbox(key=KEY_EXAMPLE).select(EXAMPLE).run()
     return at
@@ -72,7 +55,7 @@ def test_support_preset_then_compare(
     page.button(key=KEY_COMPARE).click().run()
     no_exception(page)
     frame = page.dataframe[0].value
-    assert sorted(frame["detector"]) == ["context_gain", "nll"]
+    assert sorted(frame["detector"]) == ["context_gain", "cortex", "nll"]
     dets = {n: load_shipped(n, tiny_model.info.key) for n in ("nll", "context_gain")}
     orig, edited = on_template(ex), edit_example(ex, want)
     for name, det in dets.items():

@@ -21,8 +21,7 @@ from app.views.mitigation import (
 )
 from core.counterfactual import on_template, score_one
 from core.datasets import builtin_examples
-from core.detectors import load_shipped, make_detector
-from core.extract import extract_features
+from core.detectors import load_shipped
 from core.model import LoadedModel
 from core.steer import steer_continuation
 
@@ -30,26 +29,13 @@ PAGE = "views/mitigation.py"
 EXAMPLE = "demo-04-mount-kelsey"
 
 
-@pytest.fixture(scope="module")
-def detectors_dir(tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("mit-detectors")
-    examples = builtin_examples()
-    dets = [make_detector("nll"), make_detector("context_gain")]
-    feats = extract_features(tiny_model, examples, dets).features
-    for d in dets:
-        d.fit(list(feats[d.name]), examples).save(out / d.name)
-    return out
-
-
 @pytest.fixture
 def page(
-    detectors_dir: Path,
+    with_demo_detectors: Path,
     tiny_sae,
     monkeypatch: pytest.MonkeyPatch,
-    app_env: Path,
     open_page: Callable[[str], AppTest],
 ) -> AppTest:
-    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(detectors_dir))
     monkeypatch.setenv("RAGSCOPE_SAE_DIR", str(tiny_sae.path))
     at = open_page(PAGE)
     at.selectbox(key=KEY_EXAMPLE).select(EXAMPLE).run()

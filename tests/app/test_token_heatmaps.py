@@ -12,7 +12,6 @@ from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
-import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.state import STATE_KEY
@@ -29,30 +28,13 @@ from app.views.token_heatmaps import (
     KEY_THRESHOLD,
 )
 from core.datasets import builtin_examples
-from core.detectors import load_shipped, make_detector
-from core.extract import extract_features, run_example
+from core.detectors import load_shipped
+from core.extract import run_example
 from core.model import LoadedModel
 from core.smoothing import smooth_tokens
 
 PAGE = "views/token_heatmaps.py"
 EXAMPLE = "demo-02-waggle-dance"  # one gold span
-
-
-@pytest.fixture(scope="module")
-def detectors_dir(tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    out = tmp_path_factory.mktemp("heatmap-detectors")
-    examples = builtin_examples()
-    dets = [make_detector("cortex", epochs=3), make_detector("context_gain")]
-    feats = extract_features(tiny_model, examples, dets).features
-    for d in dets:
-        d.fit(list(feats[d.name]), examples).save(out / d.name)
-    return out
-
-
-@pytest.fixture
-def with_detectors(detectors_dir: Path, monkeypatch: pytest.MonkeyPatch, app_env: Path) -> Path:
-    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(detectors_dir))
-    return detectors_dir
 
 
 def _html(at: AppTest) -> str:
@@ -90,7 +72,7 @@ def test_without_detectors_the_page_names_the_train_command(
 
 
 def test_rows_are_the_detectors_own_scores(
-    with_detectors: Path,
+    with_demo_detectors: Path,
     open_page: Callable[[str], AppTest],
     no_exception: Callable[[AppTest], None],
     chart: Callable[[AppTest, str], dict],
@@ -100,8 +82,8 @@ def test_rows_are_the_detectors_own_scores(
     no_exception(at)
     html = _html(at)
     ex = next(e for e in builtin_examples() if e.id == EXAMPLE)
-    cortex = load_shipped("cortex", tiny_model.info.key, with_detectors)
-    gain = load_shipped("context_gain", tiny_model.info.key, with_detectors)
+    cortex = load_shipped("cortex", tiny_model.info.key, with_demo_detectors)
+    gain = load_shipped("context_gain", tiny_model.info.key, with_demo_detectors)
     feats = run_example(tiny_model, ex, [cortex, gain])
     raw = cortex.raw_token_scores(feats["cortex"])
     np.testing.assert_allclose(_row_values(html, "CORTEX raw"), raw, atol=6e-4)
@@ -139,7 +121,7 @@ def test_rows_are_the_detectors_own_scores(
 
 
 def test_threshold_flags_spans_and_next_steps_through_them(
-    with_detectors: Path,
+    with_demo_detectors: Path,
     open_page: Callable[[str], AppTest],
     no_exception: Callable[[AppTest], None],
 ) -> None:
@@ -164,7 +146,7 @@ def test_threshold_flags_spans_and_next_steps_through_them(
 
 
 def test_scan_keeps_only_flagged_answers(
-    with_detectors: Path,
+    with_demo_detectors: Path,
     open_page: Callable[[str], AppTest],
     no_exception: Callable[[AppTest], None],
     page_text: Callable[[AppTest], str],
