@@ -317,6 +317,22 @@ def _eval_splits(args: argparse.Namespace):  # noqa: ANN202
     return make_splits(args.dataset, args.test_dataset, limit=args.limit, seed=args.seed)
 
 
+def _split_examples(args: argparse.Namespace) -> list[Any]:
+    """The examples of ``--split`` (``all``: every split) of ``--dataset``.
+
+    Raises:
+        DataError: That split is empty.
+    """
+    from core.errors import DataError
+
+    _, _, splits = _eval_splits(args)
+    parts = ("train", "validation", "test") if args.split == "all" else (args.split,)
+    examples = [e for part in parts for e in splits[part]]
+    if not examples:
+        raise DataError(f"the {args.split} split of {args.dataset} is empty; try --split all")
+    return examples
+
+
 def _detector_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """``--set NAME.OPTION=VALUE`` flags -> ``{name: {option: value}}`` (values read as JSON
     when they parse, else as strings: ``scorer=logistic``, ``pool=sum``, ``topk_frac=0.2``)."""
@@ -415,11 +431,7 @@ def cmd_mitigate(args: argparse.Namespace) -> int:
     from core.errors import DataError
     from core.mitigate import mitigate_batch
 
-    _, _, splits = _eval_splits(args)
-    parts = ("train", "validation", "test") if args.split == "all" else (args.split,)
-    examples = [e for part in parts for e in splits[part]]
-    if not examples:
-        raise DataError(f"the {args.split} split of {args.dataset} is empty; pick another")
+    examples = _split_examples(args)
     model = _load(args)
     shipped = shipped_artifacts(model.info.key)
     names = args.detectors.split(",") if args.detectors else sorted(shipped)
@@ -457,13 +469,7 @@ def cmd_shap(args: argparse.Namespace) -> int:
     from core.shapviz import shap_values
     from core.storage import Store
 
-    _, _, splits = _eval_splits(args)
-    parts = ("train", "validation", "test") if args.split == "all" else (args.split,)
-    examples = [e for part in parts for e in splits[part]]
-    if not examples:
-        from core.errors import DataError
-
-        raise DataError(f"the {args.split} split of {args.dataset} is empty; try --split all")
+    examples = _split_examples(args)
     model = _load(args)
     if args.artifact:
         det = detector_class("spad").load(args.artifact, model_key=model.info.key)
