@@ -462,6 +462,27 @@ def cmd_mitigate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_serve_llm(args: argparse.Namespace) -> int:
+    """Serve the loaded model at ``http://HOST:PORT/v1`` until interrupted."""
+    from core.llmserve import make_server
+
+    model = _load(args)
+    server = make_server(model, args.host, args.port)
+    host, port = server.server_address[:2]
+    name = model.info.display_name
+    print(
+        f"serving {name} at http://{host}:{port}/v1 (Ctrl-C stops); for the app:\n"
+        f"  RAGSCOPE_LLM_BASE_URL=http://{host}:{port}/v1 RAGSCOPE_LLM_MODEL={name!r} make app"
+    )
+    try:
+        server.serve_forever()
+    except KeyboardInterrupt:
+        pass
+    finally:
+        server.server_close()
+    return 0
+
+
 def cmd_shap(args: argparse.Namespace) -> int:
     """Global SHAP ranking of a fitted ``spad`` detector's 126 features on a dataset split."""
     from core.detectors.base import detector_class, load_shipped
@@ -1036,6 +1057,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--max-new-tokens", type=int, default=96)
     p.add_argument("--out", default=None, help="write the report's JSON here")
     p.set_defaults(func=cmd_mitigate)
+
+    p = sub.add_parser(
+        "serve-llm",
+        help="serve the model as a local OpenAI-compatible chat endpoint (for feature "
+        "explanations offline)",
+    )
+    _add_model_args(p)
+    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument("--port", type=int, default=8000)
+    p.set_defaults(func=cmd_serve_llm)
 
     p = sub.add_parser("sae", help="train or measure the residual-stream SAE (RAGLens)")
     p.add_argument("action", choices=("train", "eval"))
