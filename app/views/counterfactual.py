@@ -68,6 +68,10 @@ KEY_NAME = "cf.name"
 KEY_SAVE = "cf.save"
 KEY_SAVED = "cf.saved"
 KEY_LOAD = "cf.load"
+KEY_PRESET = "cf.preset.applied"
+PRESET_SUPPORT = "support the span"
+PRESET_DIFFERENT = "state the span differently"
+EXPECT = {PRESET_SUPPORT: "fewer", PRESET_DIFFERENT: "as many"}
 MODES = {"fixed": "Keep the answer (teacher-forced)", "regenerate": "Regenerate it"}
 
 
@@ -82,10 +86,19 @@ def keep_key(sig: str, k: int) -> str:
 # --------------------------------------------------------------------------- input
 
 
-def _set_passages(sig: str, passages: tuple[str, ...]) -> None:
+def _set_passages(sig: str, passages: tuple[str, ...], preset: str | None = None) -> None:
+    st.session_state[KEY_PRESET] = (preset, tuple(passages)) if preset else None
     for k, text in enumerate(passages):
         st.session_state[passage_key(sig, k)] = text
         st.session_state[keep_key(sig, k)] = True
+
+
+def edit_name(passages: tuple[str, ...]) -> str:
+    """The preset that made ``passages`` (when they are still exactly its output)."""
+    applied = st.session_state.get(KEY_PRESET)
+    if applied and tuple(passages) == applied[1]:
+        return str(applied[0])
+    return "context edited by hand"
 
 
 def _drop_all(sig: str, n: int) -> None:
@@ -110,7 +123,7 @@ def edit_passages(example: RAGExample, sig: str) -> tuple[str, ...]:
             "Support it",
             key=KEY_SUPPORT,
             on_click=_set_passages,
-            args=(sig, support_span(example, span)),
+            args=(sig, support_span(example, span), PRESET_SUPPORT),
             help="Copy the span's claim (its answer sentence) into the passage it is about: "
             "the flags should go",
             width="stretch",
@@ -119,7 +132,7 @@ def edit_passages(example: RAGExample, sig: str) -> tuple[str, ...]:
             "State it differently",
             key=KEY_CONTRADICT,
             on_click=_set_passages,
-            args=(sig, contradict_span(example, span)),
+            args=(sig, contradict_span(example, span), PRESET_DIFFERENT),
             help="Put the claim in the passage with its numbers or names changed: still "
             "unsupported, so the flags should stay",
             width="stretch",
@@ -270,6 +283,17 @@ def show_result(cf: Counterfactual, model: LoadedModel) -> None:
                 if old != new:
                     st.markdown(f"Passage {k + 1}")
                     st.html(word_diff_html(old, new))
+    n_o = sum(bool(s.flagged) for s in cf.original_scores.values())
+    n_e = sum(
+        bool(cf.edited_scores[n].flagged) for n in cf.original_scores if n in cf.edited_scores
+    )
+    preset = next((p for p in EXPECT if cf.name.endswith(p)), None)
+    expected = f" (this preset should leave {EXPECT[preset]})" if preset else ""
+    moved = "fewer" if n_e < n_o else ("more" if n_e > n_o else "as many")
+    st.markdown(
+        f"**Flags:** {n_o} of {len(cf.original_scores)} detectors flag the original, {n_e} the "
+        f"edited version: {moved}{expected}."
+    )
     if cf.answer_mode == "regenerate":
         st.markdown(f"**Regenerated answer:** {cf.edited.response}")
     frame = scores_frame(cf)
@@ -389,7 +413,7 @@ def main() -> None:
                     [d.detector for d in shipped.detectors],
                     example,
                     edited,
-                    name=f"{example.id}: {len(edited_passages)} passage(s) edited",
+                    name=f"{example.id}: {edit_name(edited_passages)}",
                     answer_mode=state.cf_answer_mode,  # type: ignore[arg-type]
                 )
                 st.session_state.pop(KEY_NAME, None)

@@ -68,6 +68,15 @@ def test_support_preset_then_compare(
     html = next(h.value for h in page.html if 'class="rs-mr"' in h.value)
     assert ">context_gain: edited − original</td>" in html and ">gold span</td>" in html
     assert any("inserted" in m.value for m in page.markdown)
+    cf = page.session_state[STATE_KEY].cf_result
+    assert cf.name == f"{EXAMPLE}: support the span"
+    n_o = sum(bool(s.flagged) for s in cf.original_scores.values())
+    n_e = sum(bool(s.flagged) for s in cf.edited_scores.values())
+    assert any(
+        f"{n_o} of 3 detectors flag the original, {n_e} the edited version" in m.value
+        and "should leave fewer" in m.value
+        for m in page.markdown
+    )
     assert any("<ins" in h.value for h in page.html)
 
 
