@@ -442,6 +442,13 @@ def cmd_mitigate(args: argparse.Namespace) -> int:
             f"`ragscope train --detectors {','.join(missing)}`"
         )
     dets = [load_shipped(n, model.info.key) for n in names]
+    judge = None
+    if args.judge:
+        from core.explain import CONFIG_HELP, LLMEndpoint
+
+        judge = LLMEndpoint.resolve()
+        if judge is None:
+            raise DataError(f"--judge needs an LLM endpoint. {CONFIG_HELP}")
     report = mitigate_batch(
         model,
         examples,
@@ -450,6 +457,7 @@ def cmd_mitigate(args: argparse.Namespace) -> int:
         guide=args.guide,
         max_new_tokens=args.max_new_tokens,
         progress=_tqdm_progress(args.method),
+        judge=judge,
     )
     print(report.to_markdown())
     for err in report.errors[:10]:
@@ -1055,6 +1063,12 @@ def build_parser() -> argparse.ArgumentParser:
         "(redeep_token)",
     )
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument(
+        "--judge",
+        action="store_true",
+        help="also ask the OpenAI-compatible endpoint of RAGSCOPE_LLM_* whether each answer "
+        "is supported (e.g. one `ragscope serve-llm` serves)",
+    )
     p.add_argument("--out", default=None, help="write the report's JSON here")
     p.set_defaults(func=cmd_mitigate)
 

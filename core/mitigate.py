@@ -24,6 +24,7 @@ from core.errors import DataError
 
 if TYPE_CHECKING:
     from core.examples import RAGExample
+    from core.explain import LLMEndpoint
     from core.generate import Generation
     from core.model import LoadedModel
 
@@ -119,6 +120,37 @@ def feedback_regenerate(
     return stream.result()
 
 
+# --------------------------------------------------------------------------- judge
+
+JUDGE_SYSTEM = (
+    "You check answers against retrieved passages. Reply with one word: yes if every "
+    "claim in the answer is supported by the passages, no otherwise."
+)
+
+
+def judge_answer(endpoint: LLMEndpoint, example: RAGExample, answer: str) -> bool | None:
+    """An LLM judge's verdict: ``True`` = hallucinated (some claim unsupported), ``False`` =
+    supported, ``None`` = the reply said neither.
+
+    Raises:
+        LLMError: The endpoint failed.
+    """
+    import re
+
+    from core.explain import _chat
+
+    passages = "\n\n".join(f"Passage {k + 1}: {p}" for k, p in enumerate(example.passages))
+    question = f"\n\nQuestion: {example.question}" if example.question else ""
+    reply = _chat(
+        endpoint,
+        JUDGE_SYSTEM,
+        f"{passages}{question}\n\nAnswer: {answer}\n\nIs every claim in the answer supported "
+        "by the passages? Reply yes or no.",
+    )
+    m = re.search(r"\b(yes|no)\b", reply.lower())
+    return None if m is None else m.group(1) == "no"
+
+
 # --------------------------------------------------------------------------- batch
 
 
@@ -192,6 +224,7 @@ def mitigate_batch(
     progress: Callable[[int, int], None] | None = None,
     aarf_options: dict[str, Any] | None = None,
     temperature: float = 0.0,
+    judge: LLMEndpoint | None = None,
 ) -> MitigationReport:
     """Regenerate every example's answer with ``method`` and re-score before/after.
 
@@ -207,6 +240,8 @@ def mitigate_batch(
         progress: ``(done, total)`` callback.
         aarf_options: Passed on to :func:`core.aarf.aarf_generate` (alpha2, beta2, ...).
         temperature: Sampling temperature of the feedback answers (0: greedy; seeded).
+        judge: An OpenAI-compatible endpoint that also judges both answers
+            (:func:`judge_answer`); a failed request leaves that verdict ``None``.
 
     Raises:
         DataError: Unknown method, or no usable guide detector.
@@ -230,6 +265,7 @@ def mitigate_batch(
     before: dict[str, list[float]] = {n: [] for n in by_name}
     after: dict[str, list[float]] = {n: [] for n in by_name}
     ids, answers, errors = [], [], []
+    verdicts: list[tuple[bool | None, bool | None]] = []
     for i, original in enumerate(examples):
         # Both answers are read on ragscope's template (a verbatim prompt is dropped).
         ex = on_template(original)
@@ -277,6 +313,8 @@ def mitigate_batch(
         else:
             ids.append(ex.id)
             answers.append((ex.response, text))
+            if judge is not None:
+                verdicts.append((_judge(judge, ex, ex.response), _judge(judge, ex, text)))
             for n in by_name:
                 before[n].append(old[n].score)
                 after[n].append(new[n].score)
@@ -290,5 +328,15 @@ def mitigate_batch(
         after=after,
         thresholds={n: float(getattr(d, "threshold_", 0.5)) for n, d in by_name.items()},
         answers=tuple(answers),
+        judge=tuple(verdicts),
         errors=tuple(errors),
     )
+
+
+def _judge(endpoint: LLMEndpoint, example: RAGExample, answer: str) -> bool | None:
+    from core.explain import LLMError
+
+    try:
+        return judge_answer(endpoint, example, answer)
+    except LLMError:
+        return None

@@ -71,3 +71,55 @@ def test_batch_rescores_before_and_after(tiny_model, demo) -> None:
         mitigate_batch(tiny_model, demo[:1], dets, method="pray")
     with pytest.raises(DataError, match="redeep_token"):
         mitigate_batch(tiny_model, demo[:1], dets, method="aarf")
+
+
+def _reply(content: str):
+    import httpx
+
+    return httpx.Response(
+        200,
+        json={
+            "id": "c",
+            "object": "chat.completion",
+            "created": 0,
+            "model": "judge",
+            "choices": [
+                {
+                    "index": 0,
+                    "message": {"role": "assistant", "content": content},
+                    "finish_reason": "stop",
+                }
+            ],
+        },
+    )
+
+
+def test_llm_judge_verdicts(tiny_model, demo, llm_server, llm_base_url) -> None:
+    import json
+
+    from core.explain import LLMEndpoint
+    from core.mitigate import judge_answer
+
+    endpoint = LLMEndpoint(model="judge", base_url=llm_base_url, max_retries=0)
+    route = llm_server.post("/chat/completions")
+    ex = demo[0]
+    for content, want in (("No, the year is invented.", True), ("Yes.", False), ("Maybe", None)):
+        route.mock(return_value=_reply(content))
+        assert judge_answer(endpoint, ex, ex.response) is want
+    body = json.loads(route.calls.last.request.content)
+    assert ex.passages[0] in body["messages"][1]["content"]
+    dets = [make_detector("nll")]
+    feats = extract_features(tiny_model, demo, dets).features
+    dets[0].fit(list(feats["nll"]), demo)
+    route.mock(side_effect=[_reply("No."), _reply("Yes."), _reply("No."), _reply("No.")])
+    report = mitigate_batch(
+        tiny_model,
+        demo[:2],
+        dets,
+        method="feedback-instance",
+        max_new_tokens=4,
+        temperature=1.0,
+        judge=endpoint,
+    )
+    assert report.judge == ((True, False), (True, True))
+    assert "| LLM judge | 1.000 | 0.500 | -0.500 |" in report.to_markdown()
