@@ -63,6 +63,12 @@ def complete(model: LoadedModel, body: dict[str, Any], name: str) -> dict[str, A
         )
     except (TypeError, ValueError) as e:
         raise DataError(f"bad generation options: {e}") from e
+    if len(ids) + cfg.max_new_tokens > model.info.n_ctx:
+        raise DataError(
+            f"the prompt has {len(ids)} tokens and asks for {cfg.max_new_tokens} more, over the "
+            f"served model's context of {model.info.n_ctx} tokens; send a shorter prompt (fewer "
+            "or shorter examples) or a smaller max_tokens"
+        )
     stream = AnswerStream.from_ids(model, ids, cfg)
     for _ in stream:
         pass

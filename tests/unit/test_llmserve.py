@@ -52,7 +52,11 @@ def test_the_openai_client_gets_the_models_own_answer(tiny_model, base_url) -> N
 def test_models_route_and_bad_requests(base_url) -> None:
     with urllib.request.urlopen(f"{base_url}/models") as r:
         assert json.loads(r.read())["data"][0]["id"] == "tiny-served"
-    for body in ({"messages": []}, {"messages": [{"role": "robot", "content": "x"}]}):
+    for body in (
+        {"messages": []},
+        {"messages": [{"role": "robot", "content": "x"}]},
+        {"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6},
+    ):
         req = urllib.request.Request(
             f"{base_url}/chat/completions", data=json.dumps(body).encode(), method="POST"
         )
