@@ -458,6 +458,11 @@ def cmd_mitigate(args: argparse.Namespace) -> int:
         max_new_tokens=args.max_new_tokens,
         progress=_tqdm_progress(args.method),
         judge=judge,
+        aarf_options={
+            "alpha2": args.alpha2,
+            "beta2": args.beta2,
+            "layers": None if args.layers == "selected" else _parse_ints(args.layers, "--layers"),
+        },
     )
     print(report.to_markdown())
     for err in report.errors[:10]:
@@ -1063,6 +1068,15 @@ def build_parser() -> argparse.ArgumentParser:
         "(redeep_token)",
     )
     p.add_argument("--max-new-tokens", type=int, default=96)
+    p.add_argument("--alpha2", type=float, default=2.0, help="aarf: factor on the selected heads")
+    p.add_argument("--beta2", type=float, default=0.8, help="aarf: factor on the MLPs")
+    p.add_argument(
+        "--layers",
+        default="",
+        metavar="29,25,...",
+        help="aarf: layers whose MLPs are scaled (default '': none, heads only; 'selected': "
+        "the detector's selection, which derails a 135M model at the paper's beta2 0.2)",
+    )
     p.add_argument(
         "--judge",
         action="store_true",
