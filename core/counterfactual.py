@@ -226,7 +226,10 @@ class SideScore:
         score: Response score in [0, 1].
         flagged: Whether it reaches the detector's threshold.
         token_scores: Per answer token (``None`` when the detector gives none).
-        token_offsets: Character ranges of those tokens.
+        token_offsets: Character ranges of the tokens that ``token_scores`` and
+            ``token_rows`` describe.
+        token_rows: Other per-token values by name (e.g. ``SAE F12`` activations).
+        summary: Answer-level values by name (e.g. SPAD's mean sources).
     """
 
     score: float
@@ -297,8 +300,10 @@ def score_one(
     for d in detectors:
         v = d.predict(feats[d.name])
         rows, summary = detector_views(d, feats[d.name])
+        offsets = v.token_offsets if v.token_offsets is not None else feats[d.name].token_offsets
         if d.name == "raglens" and sae_features:
             got = d.explain_answer(model, example)
+            offsets = got.token_offsets  # its rows are per answer token, its score is not
             for k in sae_features:
                 rows[f"SAE F{k}"] = tuple(map(float, got.activations_of(k)))
         out[d.name] = SideScore(
@@ -308,9 +313,7 @@ def score_one(
             flagged=v.hallucinated,
             token_scores=None if v.token_scores is None else tuple(map(float, v.token_scores)),
             token_offsets=(
-                None
-                if v.token_offsets is None
-                else tuple((int(a), int(b)) for a, b in np.asarray(v.token_offsets))
+                None if offsets is None else tuple((int(a), int(b)) for a, b in np.asarray(offsets))
             ),
         )
     return out
@@ -406,11 +409,22 @@ def score_pair(
     """Score the original and the edited version with every detector (RAGLens: also the
     activations of the ``n_sae`` SAE features pushing the original hardest to
     "hallucinated", on both versions)."""
+    from core.detectors.raglens import feature_name
+
     base = on_template(original)
     sae: list[int] = []
     raglens = next((d for d in detectors if d.name == "raglens"), None)
     if raglens is not None:
-        sae = raglens.explain_answer(model, base).top_positive(n_sae)
+        got = raglens.explain_answer(model, base)
+        # The features pushing hardest to "hallucinated"; when none does, the ones with
+        # the largest contribution either way.
+        sae = (
+            got.top_positive(n_sae)
+            or sorted(
+                got.features,
+                key=lambda k: -abs(got.verdict.explanation.get(feature_name(k), 0.0)),
+            )[:n_sae]
+        )
     return Counterfactual(
         name=name,
         model=model.info.key,

@@ -42,7 +42,7 @@ _CSS = """
 .rs-mr table { border-collapse: separate; border-spacing: 1px 2px; margin: 0 0 0.7rem 0; }
 .rs-mr td { padding: 0; vertical-align: middle; }
 .rs-mr td.rs-mr-name { font-size: 0.72rem; color: #50535e; padding-right: 0.5rem;
-  white-space: nowrap; text-align: right; min-width: 8.5rem; max-width: 8.5rem;
+  white-space: nowrap; text-align: right; min-width: 10rem; max-width: 10rem;
   overflow: hidden; text-overflow: ellipsis; }
 .rs-mr td.rs-mr-tok { font-size: 1.0rem; color: #111; white-space: pre; padding: 1px 1px;
   border: 2px solid transparent; border-radius: 3px; }

@@ -93,8 +93,10 @@ def _set_passages(sig: str, passages: tuple[str, ...], preset: str | None = None
         st.session_state[keep_key(sig, k)] = True
 
 
-def edit_name(passages: tuple[str, ...]) -> str:
+def edit_name(passages: tuple[str, ...], original: tuple[str, ...]) -> str:
     """The preset that made ``passages`` (when they are still exactly its output)."""
+    if tuple(passages) == tuple(original):
+        return "context unchanged"
     applied = st.session_state.get(KEY_PRESET)
     if applied and tuple(passages) == applied[1]:
         return str(applied[0])
@@ -225,7 +227,7 @@ def token_rows(cf: Counterfactual, model: LoadedModel) -> tuple[list[str], list[
             vo = _on(vals, o.token_offsets, offsets)
             ve = _on(e.token_rows[row], e.token_offsets, offsets)
             top = float(np.nanmax(np.abs(np.concatenate([vo, ve])))) or 1.0
-            rows += _triple(f"{name} {row}", vo, ve, top)
+            rows += _triple(row if row.startswith("SAE") else f"{name} {row}", vo, ve, top)
     return list(layout.response_token_strings()), rows
 
 
@@ -236,10 +238,10 @@ def _on(values: tuple[float, ...], offsets: object, target: np.ndarray) -> np.nd
 def _triple(name: str, vo: np.ndarray, ve: np.ndarray, top: float) -> list[HeatRow]:
     """Original, edited and difference rows of one signal (``top``: its scale)."""
     return [
-        HeatRow(name=f"{name}: original", values=vo, vmax=top),
+        HeatRow(name=f"{name}: orig", values=vo, vmax=top),
         HeatRow(name=f"{name}: edited", values=ve, vmax=top),
         HeatRow(
-            name=f"{name}: edited − original",
+            name=f"{name}: Δ",
             values=ve - vo,
             vmin=-top,
             vmax=top,
@@ -317,7 +319,7 @@ def show_result(cf: Counterfactual, model: LoadedModel) -> None:
     got = token_rows(cf, model)
     if got is not None and len(got[1]) > 1:
         st.markdown(
-            "**Token scores, original vs edited** (the difference row: blue = lower, red = higher)"
+            "**Token scores, original vs edited** (orig, edited, and Δ = edited − original: blue = lower, red = higher)"
         )
         st.html(multirow_html(got[0], got[1]))
 
@@ -413,7 +415,7 @@ def main() -> None:
                     [d.detector for d in shipped.detectors],
                     example,
                     edited,
-                    name=f"{example.id}: {edit_name(edited_passages)}",
+                    name=f"{example.id}: {edit_name(edited_passages, example.passages)}",
                     answer_mode=state.cf_answer_mode,  # type: ignore[arg-type]
                 )
                 st.session_state.pop(KEY_NAME, None)

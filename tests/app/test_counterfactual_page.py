@@ -66,7 +66,7 @@ def test_support_preset_then_compare(
         assert row["edited"] == pytest.approx(e, abs=1e-6)
         assert row["change"] == pytest.approx(e - o, abs=1e-6)
     html = next(h.value for h in page.html if 'class="rs-mr"' in h.value)
-    assert ">context_gain: edited − original</td>" in html and ">gold span</td>" in html
+    assert ">context_gain: Δ</td>" in html and ">gold span</td>" in html
     assert any("inserted" in m.value for m in page.markdown)
     cf = page.session_state[STATE_KEY].cf_result
     assert cf.name == f"{EXAMPLE}: support the span"
