@@ -284,15 +284,21 @@ def detector_views(
     return rows, summary
 
 
+_NO_ROWS = SideScore(score=0.0, flagged=None)
+
+
 def score_one(
     model: LoadedModel,
     detectors: Sequence[Any],
     example: RAGExample,
     *,
-    sae_features: Sequence[int] = (),
+    sae_features: Sequence[int] | None = (),
+    n_sae: int = 2,
 ) -> dict[str, SideScore]:
     """Every detector's :class:`SideScore` of ``example`` (one shared trace), with its
-    :func:`detector_views`; for ``raglens``, the activation per token of ``sae_features``."""
+    :func:`detector_views`; for ``raglens``, the activation per token of ``sae_features``
+    (``None``: the ``n_sae`` features of :func:`top_sae_features` on this example; the
+    rows are named ``SAE F<k>``)."""
     from core.extract import run_example
 
     feats = run_example(model, example, list(detectors))
@@ -301,10 +307,11 @@ def score_one(
         v = d.predict(feats[d.name])
         rows, summary = detector_views(d, feats[d.name])
         offsets = v.token_offsets if v.token_offsets is not None else feats[d.name].token_offsets
-        if d.name == "raglens" and sae_features:
+        if d.name == "raglens" and (sae_features is None or len(sae_features) > 0):
             got = d.explain_answer(model, example)
             offsets = got.token_offsets  # its rows are per answer token, its score is not
-            for k in sae_features:
+            chosen = top_sae_features(got, n_sae) if sae_features is None else sae_features
+            for k in chosen:
                 rows[f"SAE F{k}"] = tuple(map(float, got.activations_of(k)))
         out[d.name] = SideScore(
             token_rows=rows,
@@ -409,30 +416,32 @@ def score_pair(
     """Score the original and the edited version with every detector (RAGLens: also the
     activations of the ``n_sae`` SAE features pushing the original hardest to
     "hallucinated", on both versions)."""
-    from core.detectors.raglens import feature_name
-
     base = on_template(original)
-    sae: list[int] = []
-    raglens = next((d for d in detectors if d.name == "raglens"), None)
-    if raglens is not None:
-        got = raglens.explain_answer(model, base)
-        # The features pushing hardest to "hallucinated"; when none does, the ones with
-        # the largest contribution either way.
-        sae = (
-            got.top_positive(n_sae)
-            or sorted(
-                got.features,
-                key=lambda k: -abs(got.verdict.explanation.get(feature_name(k), 0.0)),
-            )[:n_sae]
-        )
+    before = score_one(model, detectors, base, sae_features=None, n_sae=n_sae)
+    # The edited side reads the SAE features chosen on the original.
+    sae = [int(r[len("SAE F") :]) for r in before.get("raglens", _NO_ROWS).token_rows]
     return Counterfactual(
         name=name,
         model=model.info.key,
         original=base,
         edited=edited,
         answer_mode=answer_mode,
-        original_scores=score_one(model, detectors, base, sae_features=sae),
+        original_scores=before,
         edited_scores=score_one(model, detectors, edited, sae_features=sae),
+    )
+
+
+def top_sae_features(answer: Any, n: int) -> list[int]:
+    """The ``n`` RAGLens features pushing ``answer`` hardest to "hallucinated"; when none
+    does, the ones with the largest contribution either way."""
+    from core.detectors.raglens import feature_name
+
+    return (
+        answer.top_positive(n)
+        or sorted(
+            answer.features,
+            key=lambda k: -abs(answer.verdict.explanation.get(feature_name(k), 0.0)),
+        )[:n]
     )
 
 

@@ -420,12 +420,14 @@ def loss_curve(cortex: CortexDetector) -> None:
 
 
 def sync_sliders(state: AppState) -> None:
-    """Take the sliders' new values before the example list reads them (they are drawn
-    after it, and a moved slider reruns the page from the top)."""
+    """Take the controls' new values before the example list and the rows read them (they
+    are drawn after both, and a moved control reruns the page from the top)."""
     if KEY_P_STAY in st.session_state:
         state.heatmap_p_stay = float(st.session_state[KEY_P_STAY])
     if KEY_THRESHOLD in st.session_state:
         state.heatmap_threshold = float(st.session_state[KEY_THRESHOLD])
+    if KEY_SMOOTH_ALL in st.session_state:
+        state.heatmap_smooth_all = bool(st.session_state[KEY_SMOOTH_ALL])
 
 
 def main() -> None:
@@ -465,9 +467,9 @@ def main() -> None:
         st.error(f"This answer could not be analysed: {e}  \nFix: pick another example.")
         return
     st.divider()
+    # The sliders' values were synced at the top, so the rows are built once.
     rows = build_rows(a, state.heatmap_p_stay, state.heatmap_smooth_all)
     controls(state, rows, cortex)
-    rows = build_rows(a, state.heatmap_p_stay, state.heatmap_smooth_all)
     if cortex is not None and CORTEX in a.verdicts.features:
         v = dict(zip((d.name for d in a.verdicts.detectors), a.verdicts.verdicts, strict=True))
         answer = v[CORTEX]
