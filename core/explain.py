@@ -35,7 +35,7 @@ import re
 import threading
 from collections import OrderedDict
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING, Any, Literal
 from urllib.parse import urlsplit, urlunsplit
 
@@ -70,7 +70,14 @@ ENV_BASE_URL = "RAGSCOPE_LLM_BASE_URL"
 ENV_MODEL = "RAGSCOPE_LLM_MODEL"
 ENV_API_KEY = "RAGSCOPE_LLM_API_KEY"
 ENV_OPENAI_KEY = "OPENAI_API_KEY"
-SETTING_NAMES: tuple[str, ...] = (ENV_BASE_URL, ENV_MODEL, ENV_API_KEY, ENV_OPENAI_KEY)
+ENV_CONTEXT = "RAGSCOPE_LLM_CONTEXT"
+SETTING_NAMES: tuple[str, ...] = (
+    ENV_BASE_URL,
+    ENV_MODEL,
+    ENV_API_KEY,
+    ENV_OPENAI_KEY,
+    ENV_CONTEXT,
+)
 """Every setting :meth:`LLMEndpoint.resolve` reads (environment or Streamlit secrets)."""
 
 CONFIG_HELP = (
@@ -78,9 +85,19 @@ CONFIG_HELP = (
     "(an OpenAI-compatible server, e.g. `http://localhost:11434/v1` for Ollama or "
     f"`http://localhost:8000/v1` for vLLM) or `{ENV_API_KEY}` (or `{ENV_OPENAI_KEY}`) for "
     "api.openai.com, as environment variables or as top-level keys of "
-    "`.streamlit/secrets.toml`."
+    f"`.streamlit/secrets.toml`. For a small-context model set `{ENV_CONTEXT}` (tokens; vLLM "
+    "and `ragscope serve-llm` state it themselves) and prompts are cut to fit."
 )
 """How to configure the explainer (shown by the app and in :class:`~core.errors.LLMError`)."""
+
+REPLY_RESERVE = 256
+"""Tokens of the explainer's context kept free for its reply (:class:`PromptBudget`)."""
+TEMPLATE_OVERHEAD = 64
+"""Tokens a chat template adds around the two messages (:class:`PromptBudget`)."""
+COUNT_MARGIN = 1.1
+"""Counted tokens are scaled by this much: the explainer's tokenizer is not ours."""
+MIN_CONTEXT = 1024
+"""The smallest explainer context accepted (smaller cannot hold a useful prompt)."""
 
 NO_KEY = "unused"
 """Sent as the key to servers that need none (the ``openai`` client insists on one)."""
@@ -121,6 +138,8 @@ class LLMEndpoint:
         timeout: Seconds one request may take.
         max_retries: Retries of the ``openai`` client (connection errors, 429, 5xx).
         temperature: Sampling temperature (``None``: the server's default).
+        context: The explainer's context in tokens, when known (``RAGSCOPE_LLM_CONTEXT``,
+            else :func:`probe_context`); prompts are cut to fit it (:class:`PromptBudget`).
     """
 
     model: str
@@ -129,6 +148,7 @@ class LLMEndpoint:
     timeout: float = 60.0
     max_retries: int = 2
     temperature: float | None = 0.0
+    context: int | None = None
 
     def __post_init__(self) -> None:
         if not isinstance(self.model, str) or not self.model.strip():
@@ -143,12 +163,18 @@ class LLMEndpoint:
             raise DataError(
                 f"timeout must be > 0 and max_retries >= 0, got {self.timeout}, {self.max_retries}"
             )
+        if self.context is not None and self.context < MIN_CONTEXT:
+            raise DataError(
+                f"{ENV_CONTEXT} must be at least {MIN_CONTEXT} tokens, got {self.context}",
+                field="context",
+            )
 
     def __repr__(self) -> str:
         key = "'***'" if self.api_key else "None"
         return (
             f"LLMEndpoint(model={self.model!r}, base_url={_safe_url(self.base_url)!r}, "
-            f"api_key={key}, timeout={self.timeout}, max_retries={self.max_retries})"
+            f"api_key={key}, timeout={self.timeout}, max_retries={self.max_retries}, "
+            f"context={self.context})"
         )
 
     __str__ = __repr__
@@ -170,10 +196,12 @@ class LLMEndpoint:
         else from ``secrets`` (the app passes its Streamlit secrets). The key is
         ``RAGSCOPE_LLM_API_KEY``, else ``OPENAI_API_KEY``. Configured means a model
         and a base URL or a key (without a base URL the client talks to
-        api.openai.com, which needs one).
+        api.openai.com, which needs one). ``RAGSCOPE_LLM_CONTEXT`` (optional) is the
+        explainer's context in tokens.
 
         Raises:
-            DataError: A setting is malformed (the base URL is not http(s)).
+            DataError: A setting is malformed (the base URL is not http(s), the context
+                not a whole number of at least :data:`MIN_CONTEXT`).
         """
         env = os.environ if env is None else env
         secrets = secrets or {}
@@ -182,7 +210,18 @@ class LLMEndpoint:
         key = _setting(ENV_API_KEY, env, secrets) or _setting(ENV_OPENAI_KEY, env, secrets)
         if model is None or (base_url is None and key is None):
             return None
-        return cls(model=model, base_url=base_url, api_key=key)
+        raw_context = _setting(ENV_CONTEXT, env, secrets)
+        context = None
+        if raw_context is not None:
+            try:
+                context = int(raw_context)
+            except ValueError:
+                raise DataError(
+                    f"{ENV_CONTEXT} must be a whole number of tokens (e.g. 8192), got "
+                    f"{raw_context!r}",
+                    field="context",
+                ) from None
+        return cls(model=model, base_url=base_url, api_key=key, context=context)
 
     @staticmethod
     def missing(
@@ -266,6 +305,45 @@ def _chat(endpoint: LLMEndpoint, system: str, user: str) -> str:
             f"{where} returned an empty reply (finish reason: {finish}); try another model"
         )
     return _scrub(content.strip(), endpoint)
+
+
+CONTEXT_FIELDS = ("max_model_len", "context_length", "context_window", "max_context_length")
+"""Fields of a ``/models`` entry that servers use for the model's context (vLLM, ours, others)."""
+
+
+def probe_context(endpoint: LLMEndpoint, *, timeout: float = 3.0) -> int | None:
+    """The explainer's context in tokens as its server's ``/models`` listing states it.
+
+    vLLM and ``ragscope serve-llm`` list ``max_model_len``; some servers use another of
+    :data:`CONTEXT_FIELDS`. ``None`` when the server does not say, is not reachable
+    within ``timeout`` or is api.openai.com (no base URL: its listing states none). One
+    quick request, no retries; never raises.
+    """
+    if endpoint.base_url is None:
+        return None
+    import openai
+
+    client = openai.OpenAI(
+        base_url=endpoint.base_url,
+        api_key=endpoint.api_key or NO_KEY,
+        timeout=timeout,
+        max_retries=0,
+    )
+    try:
+        listed = list(client.models.list())
+    except Exception:  # a probe: any failure means "not stated"
+        return None
+    finally:
+        client.close()
+    for m in listed:
+        if getattr(m, "id", None) != endpoint.model:
+            continue
+        extra = getattr(m, "model_extra", None) or {}
+        for name in CONTEXT_FIELDS:
+            value = extra.get(name)
+            if isinstance(value, int) and not isinstance(value, bool) and value > 0:
+                return value
+    return None
 
 
 # --------------------------------------------------------------------------- activations
@@ -723,6 +801,63 @@ FIDELITY_SYSTEM = (
 )
 
 
+def estimate_tokens(text: str) -> int:
+    """A tokenizer-free estimate of ``text``'s tokens: one per 2.2 characters.
+
+    The explanation prompt is mostly short quoted tokens, digits and punctuation, which
+    BPE tokenizers split finely (SmolLM2's counts one token per 2.4 characters of it).
+    """
+    return math.ceil(len(text) / 2.2)
+
+
+@dataclass(frozen=True, kw_only=True)
+class PromptBudget:
+    """How many tokens a prompt to the explainer may take.
+
+    A prompt fits when ``margin * (count(system) + count(user))`` plus ``overhead``
+    (the chat template) plus ``reserve`` (the reply) is at most ``context``.
+
+    Attributes:
+        context: The explainer's context in tokens.
+        count: Counts a message's tokens (the app passes the loaded model's tokenizer;
+            default :func:`estimate_tokens`).
+        reserve: Tokens kept for the reply.
+        overhead: Tokens the chat template adds.
+        margin: Scale on counted tokens (the explainer's tokenizer may split finer).
+    """
+
+    context: int
+    count: Callable[[str], int] = estimate_tokens
+    reserve: int = REPLY_RESERVE
+    overhead: int = TEMPLATE_OVERHEAD
+    margin: float = COUNT_MARGIN
+
+    def __post_init__(self) -> None:
+        if self.context < MIN_CONTEXT:
+            raise DataError(
+                f"the explainer's context must be at least {MIN_CONTEXT} tokens, got "
+                f"{self.context}; set {ENV_CONTEXT} to the model's real context",
+                field="context",
+            )
+        if self.reserve < 0 or self.overhead < 0 or not self.margin >= 1.0:
+            raise ValueError(
+                f"reserve and overhead must be >= 0 and margin >= 1, got {self.reserve}, "
+                f"{self.overhead}, {self.margin}"
+            )
+
+    @property
+    def limit(self) -> int:
+        """Tokens both messages may take, before the margin."""
+        return self.context - self.reserve - self.overhead
+
+    def size(self, system: str, user: str) -> int:
+        """The tokens both messages are budgeted at (counted, times the margin)."""
+        return math.ceil(self.margin * (self.count(system) + self.count(user)))
+
+    def fits(self, system: str, user: str) -> bool:
+        return self.size(system, user) <= self.limit
+
+
 @dataclass(frozen=True, kw_only=True)
 class ExplainPrompt:
     """A prompt for the explainer and its cache identity.
@@ -731,11 +866,24 @@ class ExplainPrompt:
         system: The system message.
         user: The user message (the examples and the questions).
         hash: sha256 of :data:`PROMPT_VERSION` and both messages (so of the examples shown).
+        n_top: Strongest answers shown (the first of :attr:`FeatureExamples.top`).
+        n_spread: Quantile-spread answers shown (the first of
+            :attr:`FeatureExamples.quantile`).
+        window: Tokens shown per answer at most (``None``: all).
+        n_tokens: Its size by the budget it was fitted to (``None``: not fitted).
     """
 
     system: str
     user: str
     hash: str
+    n_top: int
+    n_spread: int
+    window: int | None
+    n_tokens: int | None = None
+
+    @property
+    def n_shown(self) -> int:
+        return self.n_top + self.n_spread
 
 
 def scaled(values: np.ndarray, top: float, scale: int = EXPLAIN_SCALE) -> np.ndarray:
@@ -759,23 +907,42 @@ def _prompt_hash(version: str, system: str, user: str) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
-def build_prompt(
-    examples: FeatureExamples, *, window: int | None = DEFAULT_WINDOW
-) -> ExplainPrompt:
-    """Our explanation prompt for the examples shown (:attr:`FeatureExamples.shown`).
+SHRINK_WINDOWS: tuple[int, ...] = (48, 32, 24)
+"""Windows a fitted prompt tries, in order, before it drops answers."""
+LAST_WINDOWS: tuple[int, ...] = (16, 8)
+"""Windows tried with the fewest answers, when nothing larger fits."""
+MIN_SHOWN = 2
+"""Answers a fitted prompt keeps at least."""
 
-    Each answer is written as a list of ``(token, activation)`` pairs, tokens as JSON
-    strings, activations as :func:`scaled` integers (10 = the strongest activation among
-    the examples shown), followed by its strongest tokens.
 
-    Args:
-        examples: The feature's examples.
-        window: At most this many tokens per answer, centred on its peak (``None``: all).
+def prompt_layouts(
+    n_top: int, n_spread: int, window: int | None = DEFAULT_WINDOW
+) -> list[tuple[int, int, int | None]]:
+    """The ``(n_top, n_spread, window)`` a fitted prompt tries, largest first.
 
-    Raises:
-        DataError: The feature fires on none of the examples (nothing to explain).
+    First every answer with narrower windows (``window``, then each of
+    :data:`SHRINK_WINDOWS` below it), then one answer fewer at a time at the narrowest
+    of those (strongest and spread answers dropped in proportion, at least one
+    strongest kept) down to :data:`MIN_SHOWN`, then :data:`LAST_WINDOWS`.
     """
-    shown = examples.shown
+    total = n_top + n_spread
+    windows: list[int | None] = [window]
+    windows += [w for w in SHRINK_WINDOWS if window is None or w < window]
+    out: list[tuple[int, int, int | None]] = [(n_top, n_spread, w) for w in windows]
+    w_min = windows[-1]
+    k = (n_top, n_spread)
+    for shown in range(total - 1, min(MIN_SHOWN, total) - 1, -1):
+        kt = min(n_top, max(1, round(shown * n_top / total)))
+        k = (kt, min(n_spread, shown - kt))
+        out.append((*k, w_min))
+    out += [(*k, w) for w in LAST_WINDOWS if w_min is None or w < w_min]
+    return list(dict.fromkeys(out))  # without repeats, in order
+
+
+def _render_prompt(
+    examples: FeatureExamples, n_top: int, n_spread: int, window: int | None
+) -> ExplainPrompt:
+    shown = examples.top[:n_top] + examples.quantile[:n_spread]
     top = max((e.max_activation for e in shown), default=0.0)
     if not top > 0:
         raise DataError(
@@ -796,18 +963,17 @@ def build_prompt(
             f"{json.dumps(t, ensure_ascii=False)} ({int(scaled(np.array([v]), top)[0])})"
             for t, v in ex.top_tokens(3)
         )
-        group = "strongest" if i <= len(examples.top) else "spread"
+        group = "strongest" if i <= n_top else "spread"
         blocks.append(
             f"Answer {i} [{group}; peak {q.max() if q.size else 0}]{cut}:\n[{pairs}]\n"
             f"Most active tokens: {strongest or 'none'}"
         )
-    n_top, n_q = len(examples.top), len(examples.quantile)
     user = (
         "Below are answers a language model wrote from retrieved passages. Each is given as "
         "a list of (token, activation) pairs: how strongly one internal feature fires on "
         f"each token, from 0 (not at all) to {EXPLAIN_SCALE} (the strongest activation "
         f"among these answers). Answers marked 'strongest' ({n_top}) are those where the "
-        f"feature fires hardest; those marked 'spread' ({n_q}) are drawn from across the "
+        f"feature fires hardest; those marked 'spread' ({n_spread}) are drawn from across the "
         "range of its activations.\n\n"
         + "\n\n".join(blocks)
         + "\n\nLook at the tokens with high activations and at what surrounds them.\n"
@@ -820,7 +986,67 @@ def build_prompt(
         "Description: <one sentence>"
     )
     return ExplainPrompt(
-        system=EXPLAIN_SYSTEM, user=user, hash=_prompt_hash(PROMPT_VERSION, EXPLAIN_SYSTEM, user)
+        system=EXPLAIN_SYSTEM,
+        user=user,
+        hash=_prompt_hash(PROMPT_VERSION, EXPLAIN_SYSTEM, user),
+        n_top=n_top,
+        n_spread=n_spread,
+        window=window,
+    )
+
+
+def _candidates(examples: FeatureExamples, window: int | None) -> list[ExplainPrompt]:
+    """Every layout's prompt, largest first, skipping layouts whose answers never fire."""
+    out = []
+    for kt, ks, w in prompt_layouts(len(examples.top), len(examples.quantile), window):
+        try:
+            out.append(_render_prompt(examples, kt, ks, w))
+        except DataError:
+            continue
+    return out
+
+
+def build_prompt(
+    examples: FeatureExamples,
+    *,
+    window: int | None = DEFAULT_WINDOW,
+    budget: PromptBudget | None = None,
+) -> ExplainPrompt:
+    """Our explanation prompt for the feature's examples.
+
+    Each answer is written as a list of ``(token, activation)`` pairs, tokens as JSON
+    strings, activations as :func:`scaled` integers (10 = the strongest activation among
+    the answers shown), followed by its strongest tokens. Without a budget every shown
+    answer (:attr:`FeatureExamples.shown`) is in it; with one, the largest of
+    :func:`prompt_layouts` that fits (narrower windows first, then fewer answers), so a
+    small explainer such as ``ragscope serve-llm``'s 8k-context model gets a prompt it
+    can read.
+
+    Args:
+        examples: The feature's examples.
+        window: At most this many tokens per answer, centred on its peak (``None``: all).
+        budget: The explainer's context (``None``: no limit).
+
+    Raises:
+        DataError: The feature fires on none of the examples (nothing to explain), or
+            not even the smallest layout fits the budget.
+    """
+    if budget is None:
+        return _render_prompt(examples, len(examples.top), len(examples.quantile), window)
+    candidates = _candidates(examples, window)
+    if not candidates:  # none fires: the full prompt's error names the feature
+        _render_prompt(examples, len(examples.top), len(examples.quantile), window)
+    for p in candidates:
+        size = budget.size(p.system, p.user)
+        if size <= budget.limit:
+            return replace(p, n_tokens=size)
+    smallest = candidates[-1]
+    raise DataError(
+        f"even {smallest.n_shown} answers of {smallest.window} tokens (about "
+        f"{budget.size(smallest.system, smallest.user)} tokens) do not fit the explainer's "
+        f"context of {budget.context} tokens ({budget.reserve} kept for the reply); use a "
+        f"model with a larger context (and set {ENV_CONTEXT})",
+        field="context",
     )
 
 
@@ -841,6 +1067,7 @@ class Explanation:
         prompt_hash: :attr:`ExplainPrompt.hash` of the prompt it answers.
         text: The explainer's reply, as cached.
         cached: Whether it came from the cache (no request was made).
+        prompt: The prompt it answers (its layout: answers and window shown).
     """
 
     feature: int
@@ -848,6 +1075,7 @@ class Explanation:
     prompt_hash: str
     text: str
     cached: bool
+    prompt: ExplainPrompt | None = None
 
     def _line(self, pattern: re.Pattern[str]) -> re.Match[str] | None:
         for line in self.text.splitlines():
@@ -876,21 +1104,36 @@ class Explanation:
 
 
 def cached_explanation(
-    model_key: str, examples: FeatureExamples, *, store: Store, window: int | None = DEFAULT_WINDOW
+    model_key: str,
+    examples: FeatureExamples,
+    *,
+    store: Store,
+    window: int | None = DEFAULT_WINDOW,
 ) -> Explanation | None:
-    """The cached explanation of ``examples``' feature for this prompt, if any (no request)."""
-    prompt = build_prompt(examples, window=window)
-    text = store.get_explanation(
-        model=model_key, feature_key=examples.feature_key, prompt_hash=prompt.hash
-    )
-    if text is None:
+    """The cached explanation of these examples, if any (no request).
+
+    Any of the feature's prompt layouts (:func:`prompt_layouts`) counts, the largest
+    cached one first: an explanation written through a small explainer's fitted prompt
+    still shows once that explainer is gone (and with no explainer at all).
+    """
+    candidates = _candidates(examples, window)
+    if not candidates:
         return None
+    hit = store.find_explanation(
+        model=model_key,
+        feature_key=examples.feature_key,
+        prompt_hashes=[p.hash for p in candidates],
+    )
+    if hit is None:
+        return None
+    prompt = next(p for p in candidates if p.hash == hit[0])
     return Explanation(
         feature=examples.feature,
         feature_key=examples.feature_key,
         prompt_hash=prompt.hash,
-        text=text,
+        text=hit[1],
         cached=True,
+        prompt=prompt,
     )
 
 
@@ -903,11 +1146,14 @@ def explain_feature(
     *,
     store: Store,
     window: int | None = DEFAULT_WINDOW,
+    budget: PromptBudget | None = None,
 ) -> Explanation:
     """The explanation of SAE feature ``feature``: cached, else asked of ``endpoint`` and cached.
 
-    Cached under ``(model_key, "<sae_key>:F<feature>", prompt hash)``; a cached one is
-    returned without any request (so also with no endpoint configured).
+    Cached under ``(model_key, "<sae_key>:F<feature>", prompt hash)``. The prompt is
+    fitted to ``budget`` (:func:`build_prompt`); when it is cached, no request is made.
+    With no endpoint, any cached layout of these examples answers
+    (:func:`cached_explanation`).
 
     Args:
         endpoint: The explainer (``None``: only the cache can answer).
@@ -917,27 +1163,43 @@ def explain_feature(
         examples: Its examples (:func:`feature_examples`).
         store: The cache.
         window: Tokens shown per answer (:func:`build_prompt`).
+        budget: The explainer's context (``None``: no limit).
 
     Raises:
         ValueError: ``examples`` are another feature's or another SAE's.
-        DataError: The feature fires on none of the examples.
+        DataError: The feature fires on none of the examples, or no prompt fits the budget.
         LLMError: Not cached and no endpoint is configured, or the request failed.
     """
     if examples.feature != feature or examples.sae_key != sae_key:
         raise ValueError(
             f"the examples are of {examples.feature_key}, not {feature_key(sae_key, feature)}"
         )
-    hit = cached_explanation(model_key, examples, store=store, window=window)
-    if hit is not None:
-        return hit
-    if endpoint is None:
-        raise LLMError(f"no LLM endpoint is configured to explain F{feature}. {CONFIG_HELP}")
-    prompt = build_prompt(examples, window=window)
-    text = _chat(endpoint, prompt.system, prompt.user)
     key = feature_key(sae_key, feature)
+    if endpoint is None:
+        hit = cached_explanation(model_key, examples, store=store, window=window)
+        if hit is not None:
+            return hit
+        raise LLMError(f"no LLM endpoint is configured to explain F{feature}. {CONFIG_HELP}")
+    prompt = build_prompt(examples, window=window, budget=budget)
+    text = store.get_explanation(model=model_key, feature_key=key, prompt_hash=prompt.hash)
+    if text is not None:
+        return Explanation(
+            feature=feature,
+            feature_key=key,
+            prompt_hash=prompt.hash,
+            text=text,
+            cached=True,
+            prompt=prompt,
+        )
+    text = _chat(endpoint, prompt.system, prompt.user)
     store.put_explanation(model=model_key, feature_key=key, prompt_hash=prompt.hash, text=text)
     return Explanation(
-        feature=feature, feature_key=key, prompt_hash=prompt.hash, text=text, cached=False
+        feature=feature,
+        feature_key=key,
+        prompt_hash=prompt.hash,
+        text=text,
+        cached=False,
+        prompt=prompt,
     )
 
 
@@ -978,6 +1240,7 @@ def explain_many(
     progress: Progress | None = None,
     should_stop: ShouldStop | None = None,
     window: int | None = DEFAULT_WINDOW,
+    budget: PromptBudget | None = None,
 ) -> BatchResult:
     """Explain several features in order ("explain top N"), cached ones without a request.
 
@@ -995,6 +1258,7 @@ def explain_many(
         progress: ``progress(done, total)`` after each feature.
         should_stop: Cancellation check.
         window: Tokens shown per answer.
+        budget: The explainer's context (``None``: no limit).
     """
     done: list[Explanation] = []
     skipped: list[int] = []
@@ -1010,10 +1274,17 @@ def explain_many(
             try:
                 done.append(
                     explain_feature(
-                        endpoint, model_key, fx.sae_key, fx.feature, fx, store=store, window=window
+                        endpoint,
+                        model_key,
+                        fx.sae_key,
+                        fx.feature,
+                        fx,
+                        store=store,
+                        window=window,
+                        budget=budget,
                     )
                 )
-            except LLMError as e:
+            except (LLMError, DataError) as e:
                 return BatchResult(
                     done=tuple(done),
                     skipped=tuple(skipped),
@@ -1124,29 +1395,73 @@ def pearson(a: np.ndarray, b: np.ndarray) -> float:
     return float(dx @ dy / denom) if denom > 0 else float("nan")
 
 
+FIDELITY_SHRINK: tuple[int, ...] = (64, 48, 32, 24)
+"""Tokens per held-out answer a fitted fidelity prompt tries before it drops answers."""
+
+
+def _alternate(answers: Sequence[FeatureExample]) -> list[FeatureExample]:
+    """Answers where the feature fires and where it does not, alternately (firing first)."""
+    firing = [e for e in answers if e.max_activation > 0]
+    silent = [e for e in answers if not e.max_activation > 0]
+    out: list[FeatureExample] = []
+    for i in range(max(len(firing), len(silent))):
+        out += firing[i : i + 1] + silent[i : i + 1]
+    return out
+
+
+def _fit_fidelity(
+    text: str,
+    answers: Sequence[FeatureExample],
+    max_tokens: int,
+    budget: PromptBudget | None,
+) -> tuple[str, str, list[FeatureExample], int]:
+    """The fidelity prompt's messages, the answers in it and their token cap, fitted."""
+    if budget is None:
+        return (*fidelity_prompt(text, answers, max_tokens=max_tokens), list(answers), max_tokens)
+    answers = _alternate(answers)
+    caps = [max_tokens] + [c for c in FIDELITY_SHRINK if c < max_tokens]
+    layouts = [(len(answers), c) for c in caps]
+    layouts += [
+        (n, caps[-1]) for n in range(len(answers) - 1, min(MIN_SHOWN, len(answers)) - 1, -1)
+    ]
+    for n, cap in layouts:
+        system, user = fidelity_prompt(text, answers[:n], max_tokens=cap)
+        if budget.fits(system, user):
+            return system, user, list(answers[:n]), cap
+    raise DataError(
+        f"even {min(MIN_SHOWN, len(answers))} held-out answers of {caps[-1]} tokens do not fit "
+        f"the explainer's context of {budget.context} tokens; use a model with a larger "
+        f"context (and set {ENV_CONTEXT})",
+        field="context",
+    )
+
+
 def fidelity(
     endpoint: LLMEndpoint,
     explanation: str | Explanation,
     held_out: Sequence[FeatureExample],
     *,
     max_tokens: int = FIDELITY_MAX_TOKENS,
+    budget: PromptBudget | None = None,
 ) -> FidelityResult:
     """Ask the LLM to predict the feature on ``held_out`` from ``explanation``; score it.
 
     Per token: the LLM gives a 0-5 prediction for each of the first ``max_tokens`` tokens
     of every held-out answer (listing only those above 0); the score is the Pearson r of
     those predictions with the real activations, over all tokens of the answers it
-    answered for. Not cached (each call is a request).
+    answered for. Not cached (each call is a request). With a ``budget``, fewer tokens
+    per answer and then fewer answers (firing and silent ones alternately) until the
+    prompt fits.
 
     Raises:
-        DataError: No held-out answer has tokens.
+        DataError: No held-out answer has tokens, or no prompt fits the budget.
         LLMError: The request failed, or no prediction could be read from the reply.
     """
     text = explanation.description if isinstance(explanation, Explanation) else explanation
     usable = [e for e in held_out if e.tokens]
     if not usable:
         raise DataError("the fidelity check needs held-out answers with at least one token")
-    system, user = fidelity_prompt(text, usable, max_tokens=max_tokens)
+    system, user, usable, max_tokens = _fit_fidelity(text, usable, max_tokens, budget)
     reply = _chat(endpoint, system, user)
     lengths = [min(len(e.tokens), max_tokens) for e in usable]
     preds = parse_predictions(reply, lengths)

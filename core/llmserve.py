@@ -8,7 +8,8 @@ they are its own). Routes:
 - ``POST /v1/chat/completions``: ``messages`` through the model's chat template,
   greedy (``temperature`` 0, default) or sampled, at most ``max_tokens`` (default 256)
   new tokens; the usual ``choices[0].message.content`` reply with token usage.
-- ``GET /v1/models``: the one model, by the name the server was started with.
+- ``GET /v1/models``: the one model, by the name the server was started with, with its
+  context as ``max_model_len`` (as vLLM lists it; the explainer reads it to fit prompts).
 
 Bad requests get HTTP 400 with ``{"error": {"message": ...}}``.
 """
@@ -110,7 +111,8 @@ def make_server(
 
         def do_GET(self) -> None:  # noqa: N802 (the handler's API)
             if self.path.rstrip("/").endswith("/models"):
-                self._send(200, {"object": "list", "data": [{"id": served, "object": "model"}]})
+                entry = {"id": served, "object": "model", "max_model_len": model.info.n_ctx}
+                self._send(200, {"object": "list", "data": [entry]})
             else:
                 self._send(404, {"error": {"message": f"no route {self.path}"}})
 

@@ -17,7 +17,7 @@ import json
 import os
 import sqlite3
 import threading
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -671,6 +671,24 @@ class Store:
             (model, feature_key, prompt_hash),
         )
         return rows[0][0] if rows else None
+
+    def find_explanation(
+        self, *, model: str, feature_key: str, prompt_hashes: Sequence[str]
+    ) -> tuple[str, str] | None:
+        """``(prompt_hash, text)`` of the first of ``prompt_hashes`` cached, or ``None``."""
+        if not prompt_hashes:
+            return None
+        marks = ", ".join("?" * len(prompt_hashes))
+        rows = self._query(
+            "SELECT prompt_hash, text FROM explanations WHERE model = ? AND feature_key = ? "
+            f"AND prompt_hash IN ({marks})",
+            (model, feature_key, *prompt_hashes),
+        )
+        found = dict(rows)
+        for h in prompt_hashes:
+            if h in found:
+                return h, found[h]
+        return None
 
     # -- counterfactuals ---------------------------------------------------------
 

@@ -17,7 +17,7 @@ endpoint, configured by environment variables or ``.streamlit/secrets.toml``
 from __future__ import annotations
 
 import re
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 import streamlit as st
 
@@ -64,18 +64,24 @@ from core.explain import (
     CONFIG_HELP,
     ENV_API_KEY,
     ENV_BASE_URL,
+    ENV_CONTEXT,
     ENV_MODEL,
+    MIN_CONTEXT,
     SETTING_NAMES,
+    ExplainPrompt,
     Explanation,
     FeatureExample,
     FeatureExamples,
     LLMEndpoint,
+    PromptBudget,
     active_features,
+    build_prompt,
     cached_explanation,
     encode_answers,
     explain_feature,
     explain_many,
     fidelity,
+    probe_context,
 )
 from core.model import LoadedModel
 from core.sae import LoadedSAE
@@ -92,6 +98,7 @@ SECRETS_EXAMPLE = f"""# .streamlit/secrets.toml (or export the same names as env
 {ENV_BASE_URL} = "http://localhost:11434/v1"   # any OpenAI-compatible server
 {ENV_MODEL} = "qwen2.5:7b-instruct"
 {ENV_API_KEY} = "..."                           # if the server needs one
+{ENV_CONTEXT} = 32768                          # its context in tokens, if the server does not list it
 """
 
 
@@ -182,8 +189,14 @@ def secret_settings() -> dict[str, str]:
         return {}
 
 
+@st.cache_data(ttl=300, show_spinner=False)
+def stated_context(base_url: str | None, model_name: str, _endpoint: LLMEndpoint) -> int | None:
+    """The context the explainer's server states (cached per server and model a while)."""
+    return probe_context(_endpoint)
+
+
 def endpoint_section() -> LLMEndpoint | None:
-    """The configured explainer, or the instructions to configure one."""
+    """The configured explainer (its context filled in when known), or how to configure one."""
     secrets = secret_settings()
     try:
         endpoint = LLMEndpoint.resolve(secrets=secrets)
@@ -191,7 +204,18 @@ def endpoint_section() -> LLMEndpoint | None:
         st.error(f"The explainer settings are malformed: {e}")
         return None
     if endpoint is not None:
-        st.caption(f"Explainer: `{endpoint.model}` at {endpoint.where}.")
+        where = f"`{ENV_CONTEXT}`"
+        if endpoint.context is None:
+            stated = stated_context(endpoint.base_url, endpoint.model, endpoint)
+            if stated is not None and stated >= MIN_CONTEXT:
+                endpoint = replace(endpoint, context=stated)
+                where = "its server's model list"
+        context = (
+            f"context {endpoint.context:,} tokens (from {where}): prompts are fitted to it"
+            if endpoint.context is not None
+            else f"context not stated: prompts go whole (set `{ENV_CONTEXT}` for a small model)"
+        )
+        st.caption(f"Explainer: `{endpoint.model}` at {endpoint.where} · {context}.")
         return endpoint
     missing = " and ".join(f"`{m}`" for m in LLMEndpoint.missing(secrets=secrets))
     st.info(
@@ -201,6 +225,28 @@ def endpoint_section() -> LLMEndpoint | None:
     )
     st.code(SECRETS_EXAMPLE, language="toml")
     return None
+
+
+def prompt_budget(model: LoadedModel, endpoint: LLMEndpoint | None) -> PromptBudget | None:
+    """What the explainer's prompts may take, counted with the loaded model's tokenizer."""
+    if endpoint is None or endpoint.context is None:
+        return None
+    tok = model.tokenizer
+
+    def count(text: str) -> int:
+        return len(tok(text, add_special_tokens=False)["input_ids"])
+
+    return PromptBudget(context=endpoint.context, count=count)
+
+
+def layout_text(prompt: ExplainPrompt, fx: FeatureExamples) -> str:
+    """How much of the examples a prompt shows, in words."""
+    window = "whole answers" if prompt.window is None else f"at most {prompt.window} tokens each"
+    size = f", about {prompt.n_tokens:,} tokens" if prompt.n_tokens is not None else ""
+    return (
+        f"{prompt.n_shown} of the {len(fx.shown)} answers ({prompt.n_top} strongest, "
+        f"{prompt.n_spread} spread), {window}{size}"
+    )
 
 
 # --------------------------------------------------------------------------- answers
@@ -369,6 +415,7 @@ def batch_row(
     model: LoadedModel,
     endpoint: LLMEndpoint | None,
     items: list[FeatureExamples],
+    budget: PromptBudget | None,
 ) -> None:
     """The "Explain top N" row, with progress and a Stop button; the outcome shows once."""
     if state.explain_stop:
@@ -419,6 +466,7 @@ def batch_row(
             store=get_store(),
             progress=lambda d, t: bar.progress(d / max(t, 1), text=f"Explained {d} / {t}"),
             should_stop=lambda: state.explain_stop,
+            budget=budget,
         )
         bar.empty()
         stop_slot.empty()
@@ -460,14 +508,19 @@ def show_examples(title: str, shown: tuple[FeatureExample, ...], feature: int, t
             )
 
 
-def show_explanation(expl: Explanation | None) -> None:
+def show_explanation(expl: Explanation | None, fx: FeatureExamples) -> None:
     if expl is None:
         st.caption("No explanation cached for these examples yet.")
         return
     st.markdown(f"**Explanation:** {expl.description}")
+    notes = []
     if expl.hallucination is not None:
         why = f" — {expl.reason}" if expl.reason else ""
-        st.caption(f"Related to hallucination: **{expl.hallucination}**{why}")
+        notes.append(f"Related to hallucination: **{expl.hallucination}**{why}")
+    if expl.prompt is not None:
+        notes.append(f"written from {layout_text(expl.prompt, fx)}")
+    if notes:
+        st.caption(" · ".join(notes))
 
 
 def feature_card(
@@ -476,6 +529,7 @@ def feature_card(
     endpoint: LLMEndpoint | None,
     choice: SaeChoice,
     fx: FeatureExamples,
+    budget: PromptBudget | None,
 ) -> None:
     """One feature: facts, explanation (cached or on request), fidelity, examples."""
     k = fx.feature
@@ -493,14 +547,30 @@ def feature_card(
             return
         store = get_store()
         expl = cached_explanation(model.info.key, fx, store=store)
-        c_explain, c_fid, _ = st.columns([1, 1, 3])
+        prompt: ExplainPrompt | None = None
+        if endpoint is not None:
+            try:
+                prompt = build_prompt(fx, budget=budget)
+            except DataError as e:
+                st.error(f"F{k} cannot be explained by this explainer: {e}")
+        # A cached explanation from a smaller prompt can be rewritten from this larger one.
+        more = (
+            expl is not None
+            and prompt is not None
+            and expl.prompt is not None
+            and prompt.hash != expl.prompt_hash
+            and (prompt.n_shown, prompt.window or 10**9)
+            > (expl.prompt.n_shown, expl.prompt.window or 10**9)
+        )
+        c_explain, c_fid, _ = st.columns([1.3, 1, 2.7])
         with c_explain:
             ask = st.button(
-                "Explain",
+                "Explain from more answers" if more else "Explain",
                 key=explain_one_key(k),
                 icon=":material/auto_awesome:",
-                disabled=endpoint is None or expl is not None,
+                disabled=prompt is None or (expl is not None and not more),
                 width="stretch",
+                help=f"Asks the explainer with {layout_text(prompt, fx)}" if prompt else None,
             )
         with c_fid:
             check = st.button(
@@ -515,10 +585,14 @@ def feature_card(
         if ask and endpoint is not None:
             try:
                 with st.spinner(f"Asking {endpoint.model}…"):
-                    expl = explain_feature(endpoint, model.info.key, fx.sae_key, k, fx, store=store)
+                    explain_feature(
+                        endpoint, model.info.key, fx.sae_key, k, fx, store=store, budget=budget
+                    )
             except RagscopeError as e:
                 st.error(f"F{k} could not be explained: {e}")
-        show_explanation(expl)
+            else:
+                st.rerun()  # cached now: the card redraws with it (and its button's new state)
+        show_explanation(expl, fx)
         if check and endpoint is not None:
             if expl is None:
                 st.warning("Explain the feature first; the fidelity check reads its explanation.")
@@ -526,7 +600,7 @@ def feature_card(
                 try:
                     with st.spinner(f"Asking {endpoint.model} to predict F{k}…"):
                         state.explain_fidelity[expl.prompt_hash] = fidelity(
-                            endpoint, expl, fx.held_out
+                            endpoint, expl, fx.held_out, budget=budget
                         )
                 except (LLMError, DataError) as e:
                     st.error(f"The fidelity check of F{k} failed: {e}")
@@ -606,9 +680,10 @@ def main() -> None:
     except RagscopeError as e:
         st.error(f"The features' examples could not be read: {e}")
         return
-    batch_row(state, model, endpoint, items)
+    budget = prompt_budget(model, endpoint)
+    batch_row(state, model, endpoint, items, budget)
     for fx in items:
-        feature_card(state, model, endpoint, choice, fx)
+        feature_card(state, model, endpoint, choice, fx, budget)
 
 
 main()

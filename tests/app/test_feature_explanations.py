@@ -25,7 +25,13 @@ from app.state import (
     fidelity_key,
 )
 from core.corpus import load_builtin
-from core.explain import SETTING_NAMES, build_prompt, feature_examples, feature_key
+from core.explain import (
+    SETTING_NAMES,
+    PromptBudget,
+    build_prompt,
+    feature_examples,
+    feature_key,
+)
 from core.storage import Store
 
 PAGE = "views/feature_explanations.py"
@@ -177,6 +183,7 @@ def test_explain_top_n_and_fidelity_with_a_fake_endpoint(
     route = llm_server.post("/chat/completions").mock(side_effect=reply)
     at = open_page(PAGE)
     assert "Explainer: `fake-explainer`" in page_text(at)
+    assert "context not stated: prompts go whole" in page_text(at)  # /models not routed
     assert "sk-app-test-secret" not in page_text(at)
     _read(at)
     req, examples = _request_examples(at)
@@ -204,6 +211,60 @@ def test_explain_top_n_and_fidelity_with_a_fake_endpoint(
     assert route.call_count == 2
     assert "Fires on words copied from a passage." in asked[1]
     assert "**Fidelity:** Pearson r = " in page_text(at)
+
+
+def test_a_small_explainer_gets_prompts_fitted_to_the_context_its_server_states(
+    sae_env: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    llm_server,
+    llm_base_url: str,
+    tiny_model,
+    tiny_sae,
+    open_page: Callable[[str], AppTest],
+    page_text: Callable[[AppTest], str],
+    no_exception: Callable[[AppTest], None],
+) -> None:
+    monkeypatch.setenv("RAGSCOPE_LLM_BASE_URL", llm_base_url)
+    monkeypatch.setenv("RAGSCOPE_LLM_MODEL", "small-explainer")
+    listing = {"object": "list", "data": [{"id": "small-explainer", "max_model_len": 2048}]}
+    llm_server.get("/models").mock(return_value=httpx.Response(200, json=listing))
+    asked: list[str] = []
+
+    def reply(request: httpx.Request) -> httpx.Response:
+        asked.append(json.loads(request.content)["messages"][1]["content"])
+        return _completion(ASKED)
+
+    llm_server.post("/chat/completions").mock(side_effect=reply)
+    at = open_page(PAGE)
+    assert "context 2,048 tokens (from its server's model list)" in page_text(at)
+    _read(at)
+    req, examples = _request_examples(at)
+    k = _firing_feature(tiny_model, tiny_sae, examples)
+    at.text_input(key=KEY_EXPLAIN_IDS).input(f"{k}").run()
+    at.button(key=explain_one_key(k)).click().run()
+    no_exception(at)
+    fx = feature_examples(tiny_model, tiny_sae, examples, k, activation=req.activation)
+    tok = tiny_model.tokenizer
+    budget = PromptBudget(
+        context=2048, count=lambda t: len(tok(t, add_special_tokens=False)["input_ids"])
+    )
+    fitted = build_prompt(fx, budget=budget)
+    assert asked == [fitted.user] and fitted.user != build_prompt(fx).user
+    assert fitted.n_tokens <= 2048 - budget.reserve - budget.overhead
+    assert "**Explanation:** Fires on words copied from a passage." in page_text(at)
+    assert f"written from {fitted.n_shown} of the {len(fx.shown)} answers" in page_text(at)
+    assert at.button(key=explain_one_key(k)).disabled  # this explainer's prompt is cached
+
+    # A roomier explainer offers to explain again from the whole prompt.
+    monkeypatch.setenv("RAGSCOPE_LLM_CONTEXT", "100000")
+    at.run()
+    no_exception(at)
+    assert "context 100,000 tokens (from `RAGSCOPE_LLM_CONTEXT`)" in page_text(at)
+    again = at.button(key=explain_one_key(k))
+    assert again.label == "Explain from more answers" and not again.disabled
+    again.click().run()
+    assert asked[-1] == build_prompt(fx).user and len(asked) == 2
+    assert f"written from {len(fx.shown)} of the {len(fx.shown)} answers" in page_text(at)
 
 
 def test_a_shipped_raglens_detector_ranks_the_features(

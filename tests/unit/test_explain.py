@@ -25,6 +25,7 @@ from core.explain import (
     FeatureExample,
     FeatureExamples,
     LLMEndpoint,
+    PromptBudget,
     active_features,
     build_prompt,
     cached_explanation,
@@ -35,6 +36,8 @@ from core.explain import (
     feature_examples,
     fidelity,
     parse_predictions,
+    probe_context,
+    prompt_layouts,
 )
 from core.layout import render
 from core.storage import Store
@@ -324,6 +327,121 @@ def test_a_silent_feature_has_nothing_to_explain():
         build_prompt(fx)
 
 
+# --------------------------------------------------------------------------- prompt budget
+
+
+def test_layouts_narrow_the_windows_then_drop_answers_in_proportion():
+    got = prompt_layouts(12, 12, 64)
+    assert got[:4] == [(12, 12, 64), (12, 12, 48), (12, 12, 32), (12, 12, 24)]
+    assert got[4] == (12, 11, 24) and got[5] == (11, 11, 24)
+    assert got[-3:] == [(1, 1, 24), (1, 1, 16), (1, 1, 8)]
+    shown = [kt + ks for kt, ks, _ in got]
+    assert shown == sorted(shown, reverse=True) and len(set(got)) == len(got)
+    assert all(kt >= 1 for kt, _, _ in got)
+    assert prompt_layouts(3, 0, None)[:4] == [(3, 0, None), (3, 0, 48), (3, 0, 32), (3, 0, 24)]
+
+
+def _chars(text: str) -> int:
+    return len(text)
+
+
+def test_a_budget_gets_the_largest_prompt_that_fits(fx):
+    full = build_prompt(fx)
+    assert full.n_tokens is None and (full.n_top, full.n_spread) == (N_TOP, N_QUANTILE)
+    roomy = PromptBudget(context=10**7, count=_chars)
+    assert build_prompt(fx, budget=roomy).hash == full.hash
+    layouts = explain._candidates(fx, explain.DEFAULT_WINDOW)
+    sizes = [len(p.system) + len(p.user) for p in layouts]
+    assert sizes == sorted(sizes, reverse=True) and sizes[-1] < sizes[0] / 2
+    # a context that holds about the middle layout, not the full one
+    mid = sizes[len(sizes) // 2]
+    budget = PromptBudget(context=mid + 400, count=_chars, margin=1.0)
+    got = build_prompt(fx, budget=budget)
+    assert got.n_tokens == len(got.system) + len(got.user) <= budget.limit
+    i = [p.hash for p in layouts].index(got.hash)
+    assert i > 0 and sizes[i - 1] > budget.limit  # the next larger one does not fit
+    assert got.n_shown < full.n_shown or (got.window or 0) < (full.window or 10**9)
+    assert f"'strongest' ({got.n_top})" in got.user and f"'spread' ({got.n_spread})" in got.user
+    assert got.user.count("Answer ") == got.n_shown
+    # the margin counts too: 10% more per counted token needs a smaller layout
+    tighter = build_prompt(fx, budget=PromptBudget(context=mid + 400, count=_chars, margin=1.5))
+    assert len(tighter.user) < len(got.user)
+
+
+def test_too_small_a_context_is_a_clear_error(fx):
+    with pytest.raises(DataError, match="RAGSCOPE_LLM_CONTEXT"):
+        build_prompt(fx, budget=PromptBudget(context=1024, count=lambda t: 50 * len(t)))
+    with pytest.raises(DataError, match="at least 1024"):
+        PromptBudget(context=512)
+
+
+def test_a_fitted_explanation_is_cached_and_found_without_the_explainer(
+    endpoint, store, fx, llm_server
+):
+    route = llm_server.post(CHAT).mock(return_value=completion(REPLY))
+    sizes = [len(p.system) + len(p.user) for p in explain._candidates(fx, explain.DEFAULT_WINDOW)]
+    budget = PromptBudget(context=sizes[-1] + 400, count=_chars, margin=1.0)
+    small = explain_feature(endpoint, "m", fx.sae_key, fx.feature, fx, store=store, budget=budget)
+    sent = json.loads(route.calls.last.request.content)["messages"][1]["content"]
+    assert sent == small.prompt.user and small.prompt.n_tokens <= budget.limit
+    assert small.prompt.n_shown < len(fx.shown)
+    # with no explainer, any cached layout of these examples shows (with its layout)
+    found = cached_explanation("m", fx, store=store)
+    assert found is not None and found.prompt_hash == small.prompt_hash and found.text == REPLY
+    assert found.prompt.n_shown == small.prompt.n_shown
+    assert explain_feature(None, "m", fx.sae_key, fx.feature, fx, store=store).cached
+    # an explainer with room for the whole prompt asks again (more evidence), once
+    big = explain_feature(endpoint, "m", fx.sae_key, fx.feature, fx, store=store)
+    assert route.call_count == 2 and not big.cached and big.prompt.n_shown == len(fx.shown)
+    assert cached_explanation("m", fx, store=store).prompt_hash == big.prompt_hash  # largest
+    assert explain_feature(endpoint, "m", fx.sae_key, fx.feature, fx, store=store).cached
+    assert route.call_count == 2
+
+
+def test_store_finds_the_first_cached_of_several_prompts(store):
+    store.put_explanation(model="m", feature_key="s:F1", prompt_hash="b", text="B")
+    store.put_explanation(model="m", feature_key="s:F1", prompt_hash="c", text="C")
+    store.put_explanation(model="m", feature_key="s:F2", prompt_hash="a", text="other feature")
+    assert store.find_explanation(model="m", feature_key="s:F1", prompt_hashes=["a", "c", "b"]) == (
+        "c",
+        "C",
+    )
+    assert store.find_explanation(model="m", feature_key="s:F1", prompt_hashes=["a"]) is None
+    assert store.find_explanation(model="m", feature_key="s:F1", prompt_hashes=[]) is None
+    assert store.find_explanation(model="x", feature_key="s:F1", prompt_hashes=["b"]) is None
+
+
+def test_the_context_is_read_from_the_settings_or_the_server(llm_server, llm_base_url):
+    base = {"RAGSCOPE_LLM_MODEL": "fake-explainer", "RAGSCOPE_LLM_BASE_URL": llm_base_url}
+    assert LLMEndpoint.resolve(env=base).context is None
+    got = LLMEndpoint.resolve(env=base, secrets={"RAGSCOPE_LLM_CONTEXT": "8192"})
+    assert got.context == 8192 and "context=8192" in repr(got)
+    for bad, match in (("8k", "whole number"), ("100", "at least 1024")):
+        with pytest.raises(DataError, match=match):
+            LLMEndpoint.resolve(env={**base, "RAGSCOPE_LLM_CONTEXT": bad})
+    listing = {
+        "object": "list",
+        "data": [
+            {"id": "other", "object": "model", "max_model_len": 4096},
+            {"id": "fake-explainer", "object": "model", "max_model_len": 8192},
+        ],
+    }
+    route = llm_server.get("/models").mock(return_value=httpx.Response(200, json=listing))
+    endpoint = LLMEndpoint(model="fake-explainer", base_url=llm_base_url)
+    assert probe_context(endpoint) == 8192
+    listing["data"][1] = {"id": "fake-explainer", "object": "model", "context_length": 32768}
+    route.mock(return_value=httpx.Response(200, json=listing))
+    assert probe_context(endpoint) == 32768
+    listing["data"][1] = {"id": "fake-explainer", "object": "model"}  # not stated
+    route.mock(return_value=httpx.Response(200, json=listing))
+    assert probe_context(endpoint) is None
+    route.mock(return_value=httpx.Response(500, json={"error": {"message": "down"}}))
+    assert probe_context(endpoint) is None  # never raises
+    n = route.call_count
+    assert probe_context(LLMEndpoint(model="gpt", api_key=KEY)) is None  # api.openai.com
+    assert route.call_count == n
+
+
 # --------------------------------------------------------------------------- endpoint
 
 
@@ -541,6 +659,38 @@ def test_fidelity_is_the_pearson_r_of_predicted_and_real(endpoint, llm_server):
     sent = json.loads(route.calls.last.request.content)["messages"][1]["content"]
     assert "Fires on years the passages lack." in sent and "Hallucination:" not in sent
     assert '0 " t00" | 1 " t01"' in sent and "from 0 (not at all) to 5" in sent
+
+
+def test_a_budget_fits_the_fidelity_prompt_keeping_firing_and_silent_answers(endpoint, llm_server):
+    rng = np.random.default_rng(0)
+    held = []
+    for i in range(8):
+        a = np.zeros(90, np.float32) if i % 2 else rng.random(90).astype(np.float32)
+        held.append(
+            FeatureExample(
+                example_id=f"h{i}",
+                tokens=tuple(f" w{i}_{j}" for j in range(90)),
+                activations=a,
+                max_activation=float(a.max()),
+            )
+        )
+    held.sort(key=lambda e: -e.max_activation)  # firing ones first, as a bad order
+    route = llm_server.post(CHAT).mock(return_value=completion("Answer 1: 0=3\nAnswer 2: none"))
+    whole = explain.fidelity_prompt("fires on w", held)
+    budget = PromptBudget(context=len(whole[1]) // 3, count=_chars, margin=1.0)
+    res = fidelity(endpoint, "fires on w", held, budget=budget)
+    sent = json.loads(route.calls.last.request.content)["messages"]
+    assert budget.fits(sent[0]["content"], sent[1]["content"])
+    n = sent[1]["content"].count("Answer ") - 2  # the two in the format example
+    assert 2 <= n < 8
+    # the answers kept alternate firing and silent; each is cut to the same token cap
+    assert [int(i[1:]) % 2 for i in res.example_ids] == [0, 1]  # read: answers 1 and 2
+    firing, silent = res.actual
+    assert firing.max() > 0 and silent.max() == 0 and firing.size == silent.size < 90
+    with pytest.raises(DataError, match="RAGSCOPE_LLM_CONTEXT"):
+        fidelity(
+            endpoint, "x", held, budget=PromptBudget(context=1024, count=lambda t: 99 * len(t))
+        )
 
 
 def test_fidelity_reply_without_predictions_is_a_clear_error(endpoint, llm_server):

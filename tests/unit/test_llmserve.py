@@ -10,7 +10,7 @@ import urllib.request
 
 import pytest
 
-from core.explain import LLMEndpoint, _chat
+from core.explain import LLMEndpoint, _chat, probe_context
 from core.generate import AnswerStream, GenerationConfig
 from core.llmserve import _prompt_ids, make_server
 
@@ -49,9 +49,15 @@ def test_the_openai_client_gets_the_models_own_answer(tiny_model, base_url) -> N
     assert isinstance(text, str) and text.strip()
 
 
-def test_models_route_and_bad_requests(base_url) -> None:
+def test_models_route_and_bad_requests(tiny_model, base_url) -> None:
     with urllib.request.urlopen(f"{base_url}/models") as r:
-        assert json.loads(r.read())["data"][0]["id"] == "tiny-served"
+        entry = json.loads(r.read())["data"][0]
+    assert entry["id"] == "tiny-served" and entry["max_model_len"] == tiny_model.info.n_ctx
+    # the explainer reads the served model's context from the listing (to fit its prompts)
+    assert probe_context(LLMEndpoint(model="tiny-served", base_url=base_url)) == (
+        tiny_model.info.n_ctx
+    )
+    assert probe_context(LLMEndpoint(model="another", base_url=base_url)) is None
     for body in (
         {"messages": []},
         {"messages": [{"role": "robot", "content": "x"}]},
