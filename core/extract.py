@@ -87,26 +87,79 @@ class Extraction:
         return 60.0 * len(self.examples) / self.seconds if self.seconds > 0 else float("inf")
 
 
+def _flatten(detectors: Sequence[object]) -> list[object]:
+    """The detectors that read the model: the plain ones and every composite's members.
+
+    A member shares the features of a detector of the same name in the batch when
+    their feature configs agree.
+
+    Raises:
+        DataError: A member has the name of another detector in the batch but not its
+            feature config.
+    """
+    flat: dict[str, object] = {}
+
+    def add(d: object) -> None:
+        name = d.name  # type: ignore[attr-defined]
+        have = flat.get(name)
+        if have is None:
+            flat[name] = d
+        elif have.config.feature_hash() != d.config.feature_hash():  # type: ignore[attr-defined]
+            raise DataError(
+                f"two {name} detectors with different feature options in one run (one of "
+                "them an ensemble member); give the ensemble the same member options"
+            )
+
+    for d in detectors:
+        if not hasattr(d, "member_detectors"):
+            add(d)
+    for d in detectors:
+        if hasattr(d, "member_detectors"):
+            for m in d.member_detectors():
+                add(m)
+    return list(flat.values())
+
+
+def _compose(
+    detectors: Sequence[object], got: Mapping[str, Features], model_key: str, example_id: str
+) -> dict[str, Features]:
+    """Every requested detector's features: plain ones as read, composites bundled."""
+    out = {}
+    for d in detectors:
+        name = d.name  # type: ignore[attr-defined]
+        if hasattr(d, "member_detectors"):
+            out[name] = d.bundle(example_id, model_key, got)  # type: ignore[attr-defined]
+        else:
+            out[name] = got[name]
+    return out
+
+
 def run_example(
     model: LoadedModel, example: RAGExample, detectors: Sequence[object]
 ) -> dict[str, Features]:
-    """Trace one example once for all ``detectors`` and return their features."""
+    """Trace one example once for all ``detectors`` and return their features.
+
+    Composite detectors (the ensemble) get their members' features bundled; each
+    member is computed once, shared with a detector of the same name in the batch.
+    """
+    flat = _flatten(detectors)
     layout = render(example, model)
-    needs = [d.needs(model.info) for d in detectors]  # type: ignore[attr-defined]
+    needs = [d.needs(model.info) for d in flat]  # type: ignore[attr-defined]
     wanted = [n for n in needs if n is not None]
     full = trace(model, layout, Needs.union(wanted)) if wanted else None
     # A detector may ask for less in the no-context pass (``bare_needs``; CORTEX
     # needs only hidden states there) than in the pass with the passages.
     bare_needs = [
         d.bare_needs(model.info) if hasattr(d, "bare_needs") else n
-        for d, n in zip(detectors, needs, strict=True)
+        for d, n in zip(flat, needs, strict=True)
         if getattr(d, "needs_bare", False) and n
     ]
     bare = None
     if bare_needs:
         bare = trace(model, render(example, model, with_context=False), Needs.union(bare_needs))
     run = Run(example=example, layout=layout, trace=full, bare=bare, model=model.info, loaded=model)
-    return {d.name: d.features(run) for d in detectors}  # type: ignore[attr-defined]
+    got = {d.name: d.features(run) for d in flat}  # type: ignore[attr-defined]
+    return _compose(detectors, got, model.info.key, example.id)
 
 
 def extract_features(
@@ -129,14 +182,15 @@ def extract_features(
     errors: list[DataError] = []
     hits = computed = 0
     t0 = time.perf_counter()
+    flat = _flatten(detectors)
     for i, ex in enumerate(exs):
         got: dict[str, Features] = {}
         if cache is not None:
-            for d in detectors:
+            for d in flat:
                 f = cache.get(key, ex, d)
                 if f is not None:
                     got[d.name] = f  # type: ignore[attr-defined]
-        missing = [d for d in detectors if d.name not in got]  # type: ignore[attr-defined]
+        missing = [d for d in flat if d.name not in got]  # type: ignore[attr-defined]
         if missing:
             try:
                 fresh = run_example(model, ex, missing)
@@ -155,8 +209,9 @@ def extract_features(
         else:
             hits += 1
         kept.append(ex)
+        composed = _compose(detectors, got, key, ex.id)
         for n in names:
-            out[n].append(got[n])
+            out[n].append(composed[n])
         if progress:
             progress(i + 1, len(exs))
     return Extraction(

@@ -21,11 +21,19 @@ class LogisticCalibrator:
     Args:
         C: Inverse regularisation strength.
         max_iter: Solver iterations.
+        class_weight: ``"balanced"`` (default: the classes weigh the same) or ``None``
+            (every example weighs the same, so probabilities stay calibrated to the
+            training base rate).
     """
 
-    def __init__(self, C: float = 1.0, max_iter: int = 1000) -> None:
+    def __init__(
+        self, C: float = 1.0, max_iter: int = 1000, class_weight: str | None = "balanced"
+    ) -> None:
+        if class_weight not in ("balanced", None):
+            raise ValueError(f"class_weight must be 'balanced' or None, got {class_weight!r}")
         self.C = C
         self.max_iter = max_iter
+        self.class_weight = class_weight
         self.mean_: np.ndarray | None = None
         self.scale_: np.ndarray | None = None
         self.coef_: np.ndarray | None = None
@@ -47,7 +55,7 @@ class LogisticCalibrator:
         self.mean_ = X.mean(axis=0)
         scale = X.std(axis=0)
         self.scale_ = np.where(scale > 1e-12, scale, 1.0)
-        lr = LogisticRegression(C=self.C, class_weight="balanced", max_iter=self.max_iter)
+        lr = LogisticRegression(C=self.C, class_weight=self.class_weight, max_iter=self.max_iter)
         lr.fit((X - self.mean_) / self.scale_, y)
         self.coef_ = lr.coef_[0].astype(np.float64)
         self.intercept_ = float(lr.intercept_[0])
@@ -80,6 +88,7 @@ class LogisticCalibrator:
         return {
             "kind": "logistic",
             "C": self.C,
+            "class_weight": self.class_weight,
             "mean": self.mean_.tolist(),
             "scale": self.scale_.tolist(),
             "coef": self.coef_.tolist(),
@@ -90,7 +99,7 @@ class LogisticCalibrator:
     def from_json(cls, d: Mapping[str, Any]) -> Self:
         if d.get("kind") != "logistic":
             raise DataError(f"not a logistic calibrator: kind={d.get('kind')!r}")
-        obj = cls(C=float(d["C"]))
+        obj = cls(C=float(d["C"]), class_weight=d.get("class_weight", "balanced"))
         obj.mean_ = np.asarray(d["mean"], dtype=np.float64)
         obj.scale_ = np.asarray(d["scale"], dtype=np.float64)
         obj.coef_ = np.asarray(d["coef"], dtype=np.float64)

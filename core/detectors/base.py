@@ -61,6 +61,9 @@ class Features:
         chunk_names: Names of chunk-level features (may be empty).
         chunks: ``[n_chunks, n_chunk_features]`` or ``None``.
         chunk_offsets: ``[n_chunks, 2]`` character ranges of the chunks.
+        members: A composite detector's features (the ensemble's): its members'
+            features by name. Never cached itself (the members are, each under its
+            own key); ``None`` for every other detector.
     """
 
     detector: str
@@ -74,6 +77,7 @@ class Features:
     chunk_names: tuple[str, ...] = ()
     chunks: np.ndarray | None = None
     chunk_offsets: np.ndarray | None = None
+    members: Mapping[str, Features] | None = None
 
     def __post_init__(self) -> None:
         r = np.asarray(self.response, dtype=np.float32).reshape(-1)
@@ -113,7 +117,15 @@ class Features:
         return pd.DataFrame({"feature": list(self.names), "value": self.response})
 
     def to_bytes(self) -> bytes:
-        """A compact ``.npz`` payload (for the feature cache)."""
+        """A compact ``.npz`` payload (for the feature cache).
+
+        Raises:
+            ValueError: Composite features (:attr:`members`): their members are cached instead.
+        """
+        if self.members is not None:
+            raise ValueError(
+                f"{self.detector}: composite features are not cached; cache each member's"
+            )
         buf = io.BytesIO()
         arrays: dict[str, np.ndarray] = {"response": self.response}
         for name in ("tokens", "token_offsets", "chunks", "chunk_offsets"):
@@ -360,6 +372,7 @@ def _ensure_builtin() -> None:
     # ``core.detectors.base`` stays import-light.
     import core.detectors.baselines  # noqa: F401
     import core.detectors.cortex  # noqa: F401
+    import core.detectors.ensemble  # noqa: F401
     import core.detectors.interpdetect  # noqa: F401
     import core.detectors.raglens  # noqa: F401
     import core.detectors.redeep  # noqa: F401

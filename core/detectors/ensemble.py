@@ -1,0 +1,457 @@
+"""``ensemble``: the landed detectors stacked by a calibrated logistic regression.
+
+Members are ordinary detectors (default: every detector of ragscope's own, see
+:data:`DEFAULT_MEMBERS`). The ensemble reads no activations itself: its features
+are the members' own features, bundled (:attr:`core.detectors.base.Features.members`);
+the extraction engine computes and caches each member's features under the
+member's own key, so nothing is traced or stored twice
+(:meth:`EnsembleDetector.member_detectors`).
+
+Fitting keeps the stacker honest: the members are fitted on the training split
+(without any validation split of their own), and the stacker on a split none of
+them saw: the validation split when one is given (as ``ragscope train`` and
+``ragscope evaluate`` do), else a held-out quarter of the training sources.
+
+- Response level: one feature per member, the logit of its response score; an
+  (unweighted, so calibrated) L2 logistic regression whose strength is chosen by
+  cross-validated log loss.
+- Token level, when ``tokens`` is on: one feature per member that scores tokens
+  on the same token grid (the answer's tokens), the logit of its token score; a
+  second logistic regression on the gold token labels of the stacking split.
+
+A verdict's explanation is each member's contribution to the response logit;
+:meth:`EnsembleDetector.member_verdicts` gives the members' own verdicts.
+The artifact folder holds the stacker and each member's own artifact
+(``members/<name>/``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, ClassVar, Self
+
+import numpy as np
+
+from core.detectors.base import (
+    DetectorConfig,
+    Features,
+    Run,
+    Verdict,
+    detector_class,
+    make_detector,
+    read_artifact,
+    register_detector,
+    require_fitted,
+    restore_fitted,
+    thresholded_verdict,
+    write_artifact,
+)
+from core.errors import DataError, ModelError
+from core.learners import LogisticCalibrator
+
+if TYPE_CHECKING:
+    from core.examples import RAGExample
+    from core.model import ModelInfo
+    from core.trace import Needs
+
+DEFAULT_MEMBERS: tuple[str, ...] = (
+    "nll",
+    "context_gain",
+    "lexical",
+    "redeep_token",
+    "redeep_chunk",
+    "interpdetect",
+    "spad",
+    "raglens",
+    "cortex",
+)
+"""The landed detectors, stacked by default."""
+C_GRID: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
+"""Regularisation strengths the stacker chooses among (by cross-validated log loss)."""
+STACK_FRACTION = 0.25
+"""Share of the training sources held out for the stacker when no validation split is given."""
+_EPS = 1e-4
+
+
+def logit(p: np.ndarray) -> np.ndarray:
+    """``log(p / (1 - p))`` with ``p`` clipped to ``[1e-4, 1 - 1e-4]``."""
+    q = np.clip(np.asarray(p, dtype=np.float64), _EPS, 1.0 - _EPS)
+    return np.log(q / (1.0 - q))
+
+
+def choose_c(X: np.ndarray, y: np.ndarray, seed: int = 0) -> float:
+    """The strength in :data:`C_GRID` with the best cross-validated log loss (1.0 when the
+    split is too small to cross-validate)."""
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedKFold, cross_val_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    folds = min(5, int(np.bincount(y, minlength=2).min()))
+    if folds < 2:
+        return 1.0
+    cv = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
+    scores = [
+        cross_val_score(
+            make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000)),
+            X,
+            y,
+            cv=cv,
+            scoring="neg_log_loss",
+        ).mean()
+        for c in C_GRID
+    ]
+    return float(C_GRID[int(np.argmax(scores))])
+
+
+@dataclass(frozen=True, kw_only=True)
+class EnsembleConfig(DetectorConfig):
+    """Options of :class:`EnsembleDetector`.
+
+    Attributes:
+        members: The detectors stacked, by name.
+        member_configs: Per member, config options (default: each member's defaults).
+        tokens: Also stack the members' token scores (a token-level stacker).
+        seed: Seed of the stacker's cross-validation and of the held-out quarter.
+    """
+
+    FIT_ONLY: ClassVar[frozenset[str]] = frozenset({"tokens", "seed"})
+
+    members: tuple[str, ...] = DEFAULT_MEMBERS
+    member_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
+    tokens: bool = True
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.members:
+            raise DataError("the ensemble needs at least one member detector", field="members")
+        if len(set(self.members)) != len(self.members):
+            raise DataError(f"ensemble members repeat: {list(self.members)}", field="members")
+        if "ensemble" in self.members:
+            raise DataError("an ensemble cannot be its own member", field="members")
+        unknown = sorted(set(self.member_configs) - set(self.members))
+        if unknown:
+            raise DataError(
+                f"options given for detectors that are not members: {unknown}",
+                field="member_configs",
+            )
+
+
+@register_detector
+class EnsembleDetector:
+    """Stacked members (see the module docstring)."""
+
+    name: ClassVar[str] = "ensemble"
+    Config: ClassVar[type[EnsembleConfig]] = EnsembleConfig
+    needs_bare: ClassVar[bool] = False
+
+    def __init__(self, config: EnsembleConfig | None = None) -> None:
+        self.config = config or EnsembleConfig()
+        self.members_: dict[str, Any] = {
+            n: make_detector(n, **dict(self.config.member_configs.get(n, {})))
+            for n in self.config.members
+        }
+        self.stacker_: LogisticCalibrator | None = None
+        self.token_stacker_: LogisticCalibrator | None = None
+        self.token_members_: tuple[str, ...] = ()
+        self.model_key_: str | None = None
+        self.threshold_: float = 0.5
+        self.train_info_: dict[str, Any] = {}
+        # An instance attribute: whether any member reads the no-context pass.
+        self.needs_bare = any(getattr(m, "needs_bare", False) for m in self.members_.values())
+
+    # -- the contract --------------------------------------------------------------
+
+    def unavailable(self, model: ModelInfo) -> str | None:
+        """Why a member cannot read ``model`` (e.g. RAGLens without an SAE), or ``None``."""
+        for n, m in self.members_.items():
+            check = getattr(m, "unavailable", None)
+            why = check(model) if check is not None else None
+            if why is not None:
+                return f"member {n}: {why}"
+        return None
+
+    def member_detectors(self) -> list[Any]:
+        """The members, whose features the extraction engine computes (and caches)."""
+        return list(self.members_.values())
+
+    def needs(self, model: ModelInfo) -> Needs | None:
+        from core.trace import Needs
+
+        wanted = [n for n in (m.needs(model) for m in self.members_.values()) if n is not None]
+        return Needs.union(wanted) if wanted else None
+
+    def bare_needs(self, model: ModelInfo) -> Needs | None:
+        from core.trace import Needs
+
+        wanted = [
+            m.bare_needs(model) if hasattr(m, "bare_needs") else m.needs(model)
+            for m in self.members_.values()
+            if getattr(m, "needs_bare", False)
+        ]
+        wanted = [n for n in wanted if n is not None]
+        return Needs.union(wanted) if wanted else None
+
+    def features(self, run: Run) -> Features:
+        """The members' features of this run, bundled (the extraction engine instead
+        computes each member once, shared with the run's other detectors, and bundles)."""
+        return self.bundle(
+            run.example.id, run.model.key, {n: m.features(run) for n, m in self.members_.items()}
+        )
+
+    def bundle(self, example_id: str, model_key: str, members: Mapping[str, Features]) -> Features:
+        """The ensemble's features of one example: its members' features, by name."""
+        missing = [n for n in self.config.members if n not in members]
+        if missing:
+            raise DataError(f"ensemble: no features of members {missing} for {example_id!r}")
+        return Features(
+            detector=self.name,
+            example_id=example_id,
+            model=model_key,
+            names=(),
+            response=np.zeros(0, np.float32),
+            members={n: members[n] for n in self.config.members},
+        )
+
+    # -- learning ------------------------------------------------------------------
+
+    def _split(
+        self, features: Sequence[Features], examples: Sequence[RAGExample]
+    ) -> tuple[list[int], list[int]]:
+        from core.evaluate import source_key
+
+        keys = sorted({source_key(e) for e in examples})
+        rng = np.random.default_rng(self.config.seed)
+        held = set(rng.permutation(keys)[: max(1, round(STACK_FRACTION * len(keys)))].tolist())
+        fit = [i for i, e in enumerate(examples) if source_key(e) not in held]
+        stack = [i for i, e in enumerate(examples) if source_key(e) in held]
+        if not fit or not stack:
+            raise DataError(
+                f"the ensemble needs a validation split or more training sources (got "
+                f"{len(keys)}): its members and its stacker must learn from different examples"
+            )
+        return fit, stack
+
+    def fit(
+        self,
+        features: Sequence[Features],
+        examples: Sequence[RAGExample],
+        *,
+        validation: tuple[Sequence[Features], Sequence[RAGExample]] | None = None,
+    ) -> Self:
+        """Fit the members on ``features`` and the stacker on ``validation`` (see module)."""
+        from core.detectors.baselines import response_labels
+
+        if len(features) != len(examples) or not features:
+            raise DataError(
+                f"fit needs one Features per example; got {len(features)} and {len(examples)}"
+            )
+        models = {f.model for f in features}
+        if len(models) != 1:
+            raise ModelError(f"features come from several models {sorted(models)}; train on one")
+        if validation is None or not validation[0]:
+            fit_i, stack_i = self._split(features, examples)
+            tr_f, tr_ex = [features[i] for i in fit_i], [examples[i] for i in fit_i]
+            st_f, st_ex = [features[i] for i in stack_i], [examples[i] for i in stack_i]
+        else:
+            tr_f, tr_ex = list(features), list(examples)
+            st_f, st_ex = list(validation[0]), list(validation[1])
+        for n, det in self.members_.items():
+            det.fit([self._member(f, n) for f in tr_f], tr_ex)
+        y = response_labels(st_ex)
+        if len(set(y.tolist())) < 2:
+            raise DataError(
+                "the ensemble's stacking split needs faithful and hallucinated examples; "
+                "use a larger or more balanced dataset"
+            )
+        verdicts = [self._verdicts(f) for f in st_f]
+        X = np.stack([self._row(v) for v in verdicts])
+        c = choose_c(X, y, self.config.seed)
+        self.stacker_ = LogisticCalibrator(C=c, class_weight=None).fit(X, y)
+        self.token_stacker_ = None
+        self.token_members_ = ()
+        if self.config.tokens:
+            self._fit_tokens(verdicts, st_f, st_ex)
+        self.model_key_ = models.pop()
+        self.train_info_ = {
+            "n_train": len(tr_f),
+            "n_stack": len(st_f),
+            "n_hallucinated": int(response_labels(tr_ex).sum()),
+            "C": c,
+            "token_members": list(self.token_members_),
+        }
+        return self
+
+    def _fit_tokens(
+        self,
+        verdicts: Sequence[Mapping[str, Verdict]],
+        st_f: Sequence[Features],
+        st_ex: Sequence[RAGExample],
+    ) -> None:
+        candidates = [n for n in self.config.members if verdicts and _has_tokens(verdicts[0][n])]
+        grid = [_grid(v, candidates) for v in verdicts]
+        members = [
+            n
+            for n in candidates
+            if all(
+                g is not None and _has_tokens(v[n]) and np.array_equal(v[n].token_offsets, g)
+                for v, g in zip(verdicts, grid, strict=True)
+            )
+        ]
+        if not members:
+            return
+        X, y = [], []
+        for v, g, ex in zip(verdicts, grid, st_ex, strict=True):
+            lab = _token_labels(g, ex)
+            if lab is None:
+                continue
+            X.append(np.stack([logit(v[n].token_scores) for n in members], axis=1))
+            y.append(lab)
+        if not y or len(set(np.concatenate(y).tolist())) < 2:
+            return
+        self.token_stacker_ = LogisticCalibrator(class_weight=None).fit(
+            np.concatenate(X), np.concatenate(y)
+        )
+        self.token_members_ = tuple(members)
+
+    # -- prediction ----------------------------------------------------------------
+
+    def _member(self, features: Features, name: str) -> Features:
+        if features.detector != self.name or features.members is None:
+            raise DataError(
+                f"ensemble: expected ensemble features (the members' features bundled), got "
+                f"{features.detector!r} features for {features.example_id!r}"
+            )
+        if name not in features.members:
+            raise DataError(
+                f"ensemble: the features of {features.example_id!r} lack member {name!r}"
+            )
+        return features.members[name]
+
+    def _verdicts(self, features: Features) -> dict[str, Verdict]:
+        return {n: det.predict(self._member(features, n)) for n, det in self.members_.items()}
+
+    def _row(self, verdicts: Mapping[str, Verdict]) -> np.ndarray:
+        return logit(np.asarray([verdicts[n].score for n in self.config.members]))
+
+    def member_verdicts(self, features: Features) -> dict[str, Verdict]:
+        """Each member's own verdict on these features."""
+        require_fitted(self, "stacker_", self.name)
+        return self._verdicts(features)
+
+    def predict(self, features: Features) -> Verdict:
+        require_fitted(self, "stacker_", self.name)
+        assert self.stacker_ is not None
+        if features.model != self.model_key_:
+            raise ModelError(
+                f"ensemble was trained on {self.model_key_!r} but these features come from "
+                f"{features.model!r}; retrain or load the matching model"
+            )
+        verdicts = self._verdicts(features)
+        row = self._row(verdicts)
+        score = float(self.stacker_.predict_proba(row[None, :])[0])
+        contrib = self.stacker_.contributions(row)
+        token_scores = offsets = None
+        if self.token_stacker_ is not None:
+            offsets = _grid(verdicts, self.token_members_)
+            usable = offsets is not None and all(
+                _has_tokens(verdicts[n]) and np.array_equal(verdicts[n].token_offsets, offsets)
+                for n in self.token_members_
+            )
+            if usable:
+                X = np.stack([logit(verdicts[n].token_scores) for n in self.token_members_], 1)
+                token_scores = self.token_stacker_.predict_proba(X).astype(np.float32)
+            else:
+                offsets = None
+        return thresholded_verdict(
+            self,
+            features,
+            score,
+            token_scores=token_scores,
+            token_offsets=offsets,
+            explanation={n: float(c) for n, c in zip(self.config.members, contrib, strict=True)},
+        )
+
+    def importances(self) -> list[tuple[str, float]]:
+        """Members by the size of their stacker weight (on standardised logits), largest first."""
+        require_fitted(self, "stacker_", self.name)
+        assert self.stacker_ is not None and self.stacker_.coef_ is not None
+        pairs = list(zip(self.config.members, self.stacker_.coef_.tolist(), strict=True))
+        return sorted(pairs, key=lambda p: -abs(p[1]))
+
+    # -- artifacts -----------------------------------------------------------------
+
+    def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
+        require_fitted(self, "stacker_", self.name)
+        assert self.stacker_ is not None and self.model_key_ is not None
+        out = Path(folder)
+        for n, det in self.members_.items():
+            det.save(out / "members" / n)
+        return write_artifact(
+            out,
+            name=self.name,
+            config=self.config,
+            model_key=self.model_key_,
+            weights={
+                "response": self.stacker_.to_json(),
+                "token": self.token_stacker_.to_json() if self.token_stacker_ else None,
+                "token_members": list(self.token_members_),
+            },
+            extra={"threshold": self.threshold_, "train": self.train_info_, **(extra or {})},
+        )
+
+    @classmethod
+    def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
+        cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
+        try:
+            det = cls(cls.Config.from_dict(cfg["config"]))
+            det.stacker_ = LogisticCalibrator.from_json(w["response"])
+            det.token_stacker_ = (
+                LogisticCalibrator.from_json(w["token"]) if w.get("token") else None
+            )
+            det.token_members_ = tuple(w.get("token_members") or ())
+            restore_fitted(det, cfg)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise DataError(
+                f"malformed ensemble artifact ({type(e).__name__}: {e}); retrain it with "
+                "`ragscope train --detectors ensemble`",
+                source=str(folder),
+            ) from e
+        n_members = len(det.config.members)
+        if det.stacker_.coef_ is None or det.stacker_.coef_.shape != (n_members,):
+            raise DataError(
+                f"the ensemble's stacker has another number of inputs than its {n_members} "
+                "members; retrain it with `ragscope train --detectors ensemble`",
+                source=str(folder),
+            )
+        for n in det.config.members:
+            det.members_[n] = detector_class(n).load(
+                Path(folder) / "members" / n, model_key=det.model_key_
+            )
+        return det
+
+
+def _has_tokens(v: Verdict) -> bool:
+    return v.token_scores is not None and v.token_offsets is not None and v.token_scores.size > 0
+
+
+def _grid(verdicts: Mapping[str, Verdict], members: Sequence[str]) -> np.ndarray | None:
+    """The token offsets the token members share (those of the first that has any)."""
+    for n in members:
+        if _has_tokens(verdicts[n]):
+            return np.asarray(verdicts[n].token_offsets)
+    return None
+
+
+def _token_labels(offsets: np.ndarray | None, ex: RAGExample) -> np.ndarray | None:
+    """Gold per-token labels on ``offsets`` (faithful answers without spans: all 0)."""
+    if offsets is None:
+        return None
+    if not ex.spans:
+        return np.zeros(offsets.shape[0], np.int8) if ex.label is False else None
+    lab = np.zeros(offsets.shape[0], dtype=np.int8)
+    for s in ex.spans:
+        lab |= ((offsets[:, 0] < s.end) & (s.start < offsets[:, 1])).astype(np.int8)
+    return lab

@@ -1,0 +1,207 @@
+"""The ``ensemble`` detector on the tiny model: bundled member features (cached per
+member), members fitted on train only, a calibrated stacker on a split they never saw,
+token stacking, artifacts, and evaluation beside the members."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.datasets import resolve_dataset
+from core.detectors import make_detector
+from core.detectors.base import detector_class
+from core.detectors.ensemble import EnsembleDetector, choose_c, logit
+from core.errors import DataError, ModelError
+from core.evaluate import evaluate, source_key, split_examples
+from core.extract import FeatureCache, extract_features, run_example
+from core.learners import LogisticCalibrator
+from core.storage import Store
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+MEMBERS = ("nll", "context_gain", "lexical")
+
+
+def _ensemble(**kw) -> EnsembleDetector:
+    return make_detector("ensemble", members=MEMBERS, **kw)
+
+
+@pytest.fixture(scope="module")
+def splits():
+    examples = resolve_dataset("builtin")[1]
+    # a small balanced subset that keeps whole sources together
+    by_key: dict[str, list] = {}
+    for e in examples:
+        by_key.setdefault(source_key(e), []).append(e)
+    chosen = [e for k in sorted(by_key)[:60] for e in by_key[k]]
+    return split_examples(chosen, fractions=(0.5, 0.25, 0.25), seed=1)
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory):
+    with Store(tmp_path_factory.mktemp("ens") / "t.sqlite3") as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def extracted(tiny_model, splits, db):
+    ens = _ensemble()
+    nll = make_detector("nll")
+    everything = [*splits["train"], *splits["validation"], *splits["test"]]
+    ext = extract_features(tiny_model, everything, [nll, ens], cache=FeatureCache(db))
+    by_id = {f.example_id: f for f in ext.features["ensemble"]}
+    return ext, {s: [by_id[e.id] for e in splits[s]] for s in splits}
+
+
+def test_features_bundle_the_members_once_and_only_members_are_cached(
+    tiny_model, splits, extracted, db
+):
+    ext, _ = extracted
+    first = ext.features["ensemble"][0]
+    assert first.detector == "ensemble" and first.names == () and first.response.size == 0
+    assert list(first.members) == list(MEMBERS)
+    # the batch's own nll and the member share one computation
+    assert first.members["nll"] is ext.features["nll"][0]
+    cached = {r[0] for r in db._query("SELECT DISTINCT detector FROM analyses")}
+    assert cached == set(MEMBERS)
+    # equal to the members computed on their own
+    ex = ext.examples[0]
+    alone = run_example(tiny_model, ex, [make_detector(n) for n in MEMBERS])
+    for n in MEMBERS:
+        np.testing.assert_allclose(first.members[n].response, alone[n].response, rtol=1e-5)
+    # the ensemble's own features() (no engine) give the same bundle
+    direct = run_example(tiny_model, ex, [_ensemble()])["ensemble"]
+    np.testing.assert_allclose(
+        direct.members["lexical"].response, alone["lexical"].response, rtol=1e-5
+    )
+    with pytest.raises(ValueError, match="composite"):
+        first.to_bytes()
+    # a member that disagrees with a detector of its name in the batch is refused
+    other = make_detector("ensemble", members=("lexical",), member_configs={"lexical": {}})
+    clash = make_detector("lexical", **_other_lexical_option())
+    with pytest.raises(DataError, match="different feature options"):
+        run_example(tiny_model, ex, [clash, other])
+
+
+def _other_lexical_option() -> dict:
+    cfg = make_detector("lexical").config.to_dict()
+    key = next(k for k, v in cfg.items() if isinstance(v, tuple | list) and v)
+    return {key: tuple(cfg[key])[:1]}
+
+
+def test_members_learn_on_train_and_the_stacker_on_validation(splits, extracted):
+    _, f = extracted
+    ens = _ensemble().fit(
+        f["train"], splits["train"], validation=(f["validation"], splits["validation"])
+    )
+    # every member is exactly the detector fitted on the training split alone
+    for n in MEMBERS:
+        alone = make_detector(n).fit([x.members[n] for x in f["train"]], splits["train"])
+        np.testing.assert_allclose(
+            ens.members_[n].response_model_.coef_, alone.response_model_.coef_, rtol=1e-6
+        )
+    # the stacker: an unweighted logistic regression on the members' validation logits
+    X = np.stack(
+        [
+            logit([ens.members_[n].predict(x.members[n]).score for n in MEMBERS])
+            for x in f["validation"]
+        ]
+    )
+    y = np.asarray([int(e.label) for e in splits["validation"]])
+    c = choose_c(X, y)
+    assert ens.train_info_["C"] == c and ens.stacker_.class_weight is None
+    ref = LogisticCalibrator(C=c, class_weight=None).fit(X, y)
+    np.testing.assert_allclose(ens.stacker_.coef_, ref.coef_, rtol=1e-6)
+    # unweighted: the mean predicted probability on its own split is the base rate
+    assert ref.predict_proba(X).mean() == pytest.approx(y.mean(), abs=0.02)
+    v = ens.predict(f["test"][0])
+    row = logit([ens.members_[n].predict(f["test"][0].members[n]).score for n in MEMBERS])
+    assert v.score == pytest.approx(float(ref.predict_proba(row[None])[0]), abs=1e-9)
+    contrib = sum(v.explanation.values())
+    assert contrib + ens.stacker_.intercept_ == pytest.approx(
+        float(ens.stacker_.decision_function(row[None])[0])
+    )
+    assert set(v.explanation) == set(MEMBERS)
+    assert [n for n, _ in ens.importances()] and len(ens.importances()) == 3
+    # token stacking over the members that score the answer's tokens
+    assert ens.token_members_ and set(ens.token_members_) <= set(MEMBERS)
+    nll_v = ens.member_verdicts(f["test"][0])["nll"]
+    np.testing.assert_array_equal(v.token_offsets, nll_v.token_offsets)
+    assert v.token_scores.shape == (nll_v.token_scores.shape[0],)
+    assert ((v.token_scores >= 0) & (v.token_scores <= 1)).all()
+
+
+def test_without_validation_members_and_stacker_see_different_sources(splits, extracted):
+    _, f = extracted
+    ens = _ensemble().fit(f["train"], splits["train"])
+    n_stack, n_fit = ens.train_info_["n_stack"], ens.train_info_["n_train"]
+    assert n_stack + n_fit == len(splits["train"]) and 0 < n_stack < n_fit
+    fit_i, stack_i = ens._split(f["train"], splits["train"])
+    keys_fit = {source_key(splits["train"][i]) for i in fit_i}
+    keys_stack = {source_key(splits["train"][i]) for i in stack_i}
+    assert not keys_fit & keys_stack
+
+
+def test_save_load_round_trip_and_bad_artifacts(splits, extracted, tmp_path: Path, tiny_model):
+    _, f = extracted
+    ens = _ensemble().fit(
+        f["train"], splits["train"], validation=(f["validation"], splits["validation"])
+    )
+    ens.threshold_ = 0.4
+    out = ens.save(tmp_path / "ensemble")
+    assert {p.name for p in (out / "members").iterdir()} == set(MEMBERS)
+    back = detector_class("ensemble").load(out, model_key=tiny_model.info.key)
+    assert back.threshold_ == 0.4 and back.token_members_ == ens.token_members_
+    for x in f["test"][:5]:
+        a, b = ens.predict(x), back.predict(x)
+        assert a.score == pytest.approx(b.score, abs=1e-12)
+        np.testing.assert_allclose(a.token_scores, b.token_scores, atol=1e-7)
+    with pytest.raises(ModelError):
+        detector_class("ensemble").load(out, model_key="another|model")
+    w = json.loads((out / "weights.json").read_text())
+    w["response"]["coef"] = w["response"]["coef"][:2]
+    w["response"]["mean"] = w["response"]["mean"][:2]
+    w["response"]["scale"] = w["response"]["scale"][:2]
+    (out / "weights.json").write_text(json.dumps(w))
+    with pytest.raises(DataError, match="members"):
+        detector_class("ensemble").load(out)
+    with pytest.raises(DataError, match="ensemble features"):
+        ens.predict(f["test"][0].members["nll"])
+
+
+def test_config_is_checked():
+    with pytest.raises(DataError, match="repeat"):
+        make_detector("ensemble", members=("nll", "nll"))
+    with pytest.raises(DataError, match="its own member"):
+        make_detector("ensemble", members=("nll", "ensemble"))
+    with pytest.raises(DataError, match="not members"):
+        make_detector("ensemble", members=("nll",), member_configs={"lexical": {}})
+    with pytest.raises(DataError, match="at least one"):
+        make_detector("ensemble", members=())
+
+
+def test_a_member_that_cannot_read_the_model_makes_the_ensemble_unavailable(tiny_model):
+    why = make_detector("ensemble").unavailable(tiny_model.info)
+    assert why is not None and why.startswith("member raglens")
+    assert _ensemble().unavailable(tiny_model.info) is None
+
+
+def test_evaluate_reports_the_ensemble_beside_its_members(tiny_model, splits, db):
+    run = evaluate(
+        tiny_model,
+        [*MEMBERS, "ensemble"],
+        train=splits["train"],
+        validation=splits["validation"],
+        test=splits["test"],
+        train_dataset="builtin",
+        cache=FeatureCache(db),
+        n_boot=50,
+        configs={"ensemble": {"members": MEMBERS}},
+    )
+    names = [r.detector for r in run.results]
+    assert names == [*MEMBERS, "ensemble"]
+    ens = run.results[-1]
+    assert 0.0 <= ens.metrics["auroc"] <= 1.0
