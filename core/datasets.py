@@ -28,7 +28,7 @@ import hashlib
 import json
 import os
 import re
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
@@ -663,6 +663,45 @@ def _place_passages(
 # --------------------------------------------------------------------------- formats
 
 
+def _ragscope_extension(d: Mapping[str, Any], src: str, spans: Sequence[Span]) -> dict[str, Any]:
+    """The optional ``ragscope`` object of a RAGTruth-style record (written by
+    :func:`core.review.ragtruth_record`): id, task, label, split, group, own_prompt."""
+    raw = d.get("ragscope")
+    if raw is None:
+        return {}
+    if not isinstance(raw, Mapping):
+        raise DataError("expected an object", source=src, field="ragscope")
+    out: dict[str, Any] = {}
+    checks: dict[str, tuple[type | tuple[type, ...], str]] = {
+        "id": (str, "a non-empty string"),
+        "task": (str, f"one of {', '.join(TASKS)}"),
+        "label": (bool, "true or false"),
+        "split": (str, "train, validation or test"),
+        "group": (str, "a string"),
+        "own_prompt": (bool, "true or false"),
+    }
+    for key, (typ, what) in checks.items():
+        v = raw.get(key)
+        if v is None:
+            continue
+        if not isinstance(v, typ) or (key == "id" and not v.strip()):
+            raise DataError(f"expected {what}, got {v!r}", source=src, field=f"ragscope.{key}")
+        out[key] = v
+    if out.get("task") is not None and out["task"] not in TASKS:
+        raise DataError(
+            f"expected one of {', '.join(TASKS)}, got {out['task']!r}",
+            source=src,
+            field="ragscope.task",
+        )
+    if out.get("label") is False and spans:
+        raise DataError(
+            "label is false but hall_info has spans; fix one of them",
+            source=src,
+            field="ragscope.label",
+        )
+    return out
+
+
 class _RagtruthJsonl:
     """RAGTruth/RAGLens JSONL records.
 
@@ -699,19 +738,22 @@ class _RagtruthJsonl:
         spans = _spans(hall, response, src, "hall_info")
         model = d.get("model")
         line = int(src.rsplit(":", 1)[1])
+        ours = _ragscope_extension(d, src, spans)
         return RAGExample(
-            id=f"{self.dataset}-{line:05d}-{_stable_hash(prompt, response)}",
-            task="qa",
+            id=ours.get("id") or f"{self.dataset}-{line:05d}-{_stable_hash(prompt, response)}",
+            task=ours.get("task", "qa"),
             question=question,
             passages=tuple(passages),
             response=response,
-            label=bool(spans),
+            label=ours.get("label", bool(spans)),
             spans=spans,
-            prompt=prompt,
+            prompt=prompt if ours.get("own_prompt", True) else None,
             provenance=Provenance(
                 dataset=self.dataset,
                 generator=str(model) if model is not None else None,
                 source=src,
+                split=ours.get("split"),
+                group=ours.get("group"),
             ),
         )
 

@@ -18,7 +18,7 @@ import os
 import sqlite3
 import threading
 from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -101,6 +101,60 @@ MIGRATIONS: tuple[str, ...] = (
         json TEXT NOT NULL
     );
     CREATE INDEX counterfactuals_by_model ON counterfactuals(model, created_at);
+    """,
+    # 3: annotation review (core.review): the queue, one review per item and reviewer,
+    # and an append-only audit trail.
+    """
+    CREATE TABLE review_items (
+        id INTEGER PRIMARY KEY,
+        dataset TEXT NOT NULL,
+        example_id TEXT NOT NULL,
+        span_start INTEGER NOT NULL CHECK (span_start >= 0),
+        span_end INTEGER NOT NULL CHECK (span_end > span_start),
+        answer_len INTEGER NOT NULL,
+        sources TEXT NOT NULL,
+        score REAL NOT NULL,
+        margin REAL NOT NULL,
+        task TEXT,
+        generator TEXT,
+        position INTEGER NOT NULL,
+        created_at TEXT NOT NULL,
+        UNIQUE (dataset, example_id, span_start, span_end)
+    );
+    CREATE INDEX review_items_by_dataset ON review_items(dataset, position);
+    CREATE TABLE reviews (
+        id INTEGER PRIMARY KEY,
+        item_id INTEGER NOT NULL REFERENCES review_items(id),
+        reviewer TEXT NOT NULL,
+        decision TEXT NOT NULL CHECK (decision IN ('accept', 'reject')),
+        span_start INTEGER NOT NULL,
+        span_end INTEGER NOT NULL,
+        kind TEXT CHECK (kind IS NULL OR kind IN ('baseless', 'conflict')),
+        evidence TEXT CHECK (evidence IS NULL OR evidence IN ('evident', 'subtle')),
+        note TEXT,
+        version INTEGER NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        UNIQUE (item_id, reviewer)
+    );
+    CREATE TABLE review_audit (
+        id INTEGER PRIMARY KEY,
+        item_id INTEGER NOT NULL,
+        reviewer TEXT NOT NULL,
+        at TEXT NOT NULL,
+        action TEXT NOT NULL,
+        before TEXT,
+        after TEXT NOT NULL
+    );
+    CREATE INDEX review_audit_by_item ON review_audit(item_id, id);
+    CREATE TRIGGER review_audit_no_update BEFORE UPDATE ON review_audit
+    BEGIN
+        SELECT RAISE(ABORT, 'the review audit trail is append-only');
+    END;
+    CREATE TRIGGER review_audit_no_delete BEFORE DELETE ON review_audit
+    BEGIN
+        SELECT RAISE(ABORT, 'the review audit trail is append-only');
+    END;
     """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
@@ -274,6 +328,15 @@ class Store:
     def _query(self, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
         with self._lock:
             return self._conn.execute(sql, tuple(params)).fetchall()
+
+    def transaction(self) -> AbstractContextManager[sqlite3.Connection]:
+        """One write transaction (``BEGIN IMMEDIATE``; committed on success, rolled back
+        on any exception), for modules that keep their own tables here (:mod:`core.review`)."""
+        return self._tx()
+
+    def query(self, sql: str, params: Iterable[Any] = ()) -> list[tuple[Any, ...]]:
+        """Rows of one read statement."""
+        return self._query(sql, params)
 
     # -- schema ------------------------------------------------------------------
 

@@ -1,0 +1,820 @@
+"""Annotation review: a queue of flagged spans, reviewers' decisions, an audit trail.
+
+- :func:`propose_flags` turns detectors' token scores on one answer into flagged
+  character spans (runs of tokens at or above each detector's threshold, optionally
+  after label-persistence smoothing); overlapping spans of several detectors merge
+  into one item that names them all.
+- :class:`ReviewBook` keeps the queue and the decisions in the ragscope database:
+  ``review_items`` (one per flagged span; re-building the queue never touches
+  reviews), ``reviews`` (one row per item and reviewer, so two reviewers never
+  overwrite each other; a version number per row makes a stale save from a second
+  tab of the same reviewer fail with :class:`ReviewConflict` instead of silently
+  overwriting) and ``review_audit`` (append-only: triggers refuse updates and
+  deletes; one row per change with who, when, before and after). Every change is
+  one ``BEGIN IMMEDIATE`` transaction.
+- :func:`agreement`: Cohen's kappa of two reviewers' accept / reject decisions on
+  the items both reviewed, and the span-overlap F1 of their accepted spans.
+- :func:`reviewed_examples`, :func:`write_ragtruth_jsonl` and :func:`reviews_frame`:
+  the reviewed dataset as RAGTruth-style JSONL (the format of
+  ``../shared/data/ragtruth_qa_dev.jsonl``, read back by
+  :func:`core.datasets.load_dataset`) and a CSV of every decision.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+
+from core.errors import DataError, StorageError
+from core.examples import RAGExample, Span
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from core.detectors.base import Verdict
+    from core.storage import Store
+
+Decision = Literal["accept", "reject"]
+DECISIONS: tuple[str, ...] = ("accept", "reject")
+KINDS: tuple[str, ...] = ("baseless", "conflict")
+"""Hallucination types (RAGTruth): content the passages lack, or content they contradict."""
+EVIDENCE: tuple[str, ...] = ("evident", "subtle")
+LABEL_TYPES: Mapping[tuple[str, str], str] = {
+    ("evident", "baseless"): "Evident Baseless Info",
+    ("subtle", "baseless"): "Subtle Baseless Info",
+    ("evident", "conflict"): "Evident Conflict",
+    ("subtle", "conflict"): "Subtle Conflict",
+}
+"""RAGTruth's ``meta.label_type`` for each (evidence, kind)."""
+STATUSES: tuple[str, ...] = ("open", "accepted", "rejected", "disputed")
+SORTS: tuple[str, ...] = ("uncertainty", "score", "position")
+
+
+def _now() -> str:
+    return datetime.now(UTC).isoformat(timespec="milliseconds")
+
+
+class ReviewConflict(StorageError):
+    """A save based on a review that someone (or another tab) changed meanwhile.
+
+    Nothing is lost: the stored review stays as the other save left it, and the
+    attempted one is in :attr:`attempted` to re-apply after a reload.
+    """
+
+    def __init__(self, message: str, *, attempted: Mapping[str, Any]) -> None:
+        super().__init__(message)
+        self.attempted = dict(attempted)
+
+
+# --------------------------------------------------------------------------- flags
+
+
+@dataclass(frozen=True, kw_only=True)
+class Flag:
+    """A flagged character span of one answer.
+
+    Attributes:
+        example_id: The example.
+        start, end: Character range ``[start, end)`` of the answer.
+        sources: Detector name -> ``(max token score in the span, its threshold)``.
+    """
+
+    example_id: str
+    start: int
+    end: int
+    sources: Mapping[str, tuple[float, float]]
+
+    @property
+    def score(self) -> float:
+        return max(s for s, _ in self.sources.values())
+
+    @property
+    def margin(self) -> float:
+        """How far the closest detector is above its threshold (small: uncertain)."""
+        return min(s - t for s, t in self.sources.values())
+
+
+def propose_flags(
+    example: RAGExample,
+    verdicts: Mapping[str, Verdict],
+    thresholds: Mapping[str, float],
+    *,
+    p_stay: float | None = None,
+) -> list[Flag]:
+    """The flagged spans of one answer, merged across detectors, in answer order.
+
+    Each detector in ``thresholds`` that gives token scores flags the maximal runs of
+    tokens scoring at least its threshold (after :func:`core.smoothing.smooth_tokens`
+    with ``p_stay`` when given). Spans of any detectors that overlap merge into one.
+    """
+    from core.smoothing import flagged_spans, smooth_tokens
+
+    raw: list[tuple[int, int, str, float, float]] = []
+    for name, thr in thresholds.items():
+        v = verdicts.get(name)
+        if v is None or v.token_scores is None or v.token_offsets is None:
+            continue
+        scores = np.asarray(v.token_scores, dtype=np.float64)
+        if not scores.size:
+            continue
+        if p_stay is not None:
+            scores = smooth_tokens(scores, p_stay)
+        offs = np.asarray(v.token_offsets)
+        for s, e in flagged_spans(scores, offs, thr):
+            inside = (offs[:, 0] < e) & (s < offs[:, 1])
+            start = max(0, min(s, len(example.response)))
+            end = min(max(e, start + 1), len(example.response))
+            if end > start:
+                raw.append((start, end, name, float(scores[inside].max()), float(thr)))
+    raw.sort()
+    flags: list[Flag] = []
+    cur: list[tuple[int, int, str, float, float]] = []
+    for item in raw:
+        if cur and item[0] < max(x[1] for x in cur):
+            cur.append(item)
+            continue
+        if cur:
+            flags.append(_merge(example.id, cur))
+        cur = [item]
+    if cur:
+        flags.append(_merge(example.id, cur))
+    return flags
+
+
+def _merge(example_id: str, parts: Sequence[tuple[int, int, str, float, float]]) -> Flag:
+    sources: dict[str, tuple[float, float]] = {}
+    for _, _, name, score, thr in parts:
+        old = sources.get(name)
+        if old is None or score > old[0]:
+            sources[name] = (score, thr)
+    return Flag(
+        example_id=example_id,
+        start=min(p[0] for p in parts),
+        end=max(p[1] for p in parts),
+        sources=dict(sorted(sources.items())),
+    )
+
+
+# --------------------------------------------------------------------------- store
+
+
+@dataclass(frozen=True, kw_only=True)
+class Review:
+    """One reviewer's decision on one item."""
+
+    id: int
+    item_id: int
+    reviewer: str
+    decision: Decision
+    start: int
+    end: int
+    kind: str | None
+    evidence: str | None
+    note: str | None
+    version: int
+    created_at: str
+    updated_at: str
+
+    @property
+    def label_type(self) -> str | None:
+        """RAGTruth's label type, when both kind and evidence are set."""
+        if self.kind is None or self.evidence is None:
+            return None
+        return LABEL_TYPES[(self.evidence, self.kind)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ReviewItem:
+    """A flagged span in the queue, with its reviews."""
+
+    id: int
+    dataset: str
+    example_id: str
+    start: int
+    end: int
+    answer_len: int
+    sources: Mapping[str, tuple[float, float]]
+    score: float
+    margin: float
+    task: str | None
+    generator: str | None
+    position: int
+    created_at: str
+    reviews: tuple[Review, ...] = ()
+
+    @property
+    def detectors(self) -> tuple[str, ...]:
+        return tuple(self.sources)
+
+    @property
+    def status(self) -> str:
+        """``open`` (no review), ``accepted`` / ``rejected`` (all agree) or ``disputed``."""
+        decisions = {r.decision for r in self.reviews}
+        if not decisions:
+            return "open"
+        if len(decisions) > 1:
+            return "disputed"
+        return "accepted" if decisions == {"accept"} else "rejected"
+
+    def review_by(self, reviewer: str) -> Review | None:
+        return next((r for r in self.reviews if r.reviewer == reviewer), None)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AuditEntry:
+    """One change to a review: who, when, what it was before and after."""
+
+    id: int
+    item_id: int
+    reviewer: str
+    at: str
+    action: str
+    before: Mapping[str, Any] | None
+    after: Mapping[str, Any]
+
+
+_REVIEW_COLS = (
+    "id, item_id, reviewer, decision, span_start, span_end, kind, evidence, note, version, "
+    "created_at, updated_at"
+)
+_ITEM_COLS = (
+    "id, dataset, example_id, span_start, span_end, answer_len, sources, score, margin, task, "
+    "generator, position, created_at"
+)
+
+
+def _review(r: Sequence[Any]) -> Review:
+    return Review(
+        id=r[0],
+        item_id=r[1],
+        reviewer=r[2],
+        decision=r[3],
+        start=r[4],
+        end=r[5],
+        kind=r[6],
+        evidence=r[7],
+        note=r[8],
+        version=r[9],
+        created_at=r[10],
+        updated_at=r[11],
+    )
+
+
+def _review_state(r: Review) -> dict[str, Any]:
+    d = asdict(r)
+    for k in ("id", "item_id", "reviewer", "created_at"):
+        d.pop(k)
+    return d
+
+
+class ReviewBook:
+    """The review queue, decisions and audit trail in a :class:`~core.storage.Store`."""
+
+    def __init__(self, store: Store) -> None:
+        self.store = store
+
+    # -- queue ---------------------------------------------------------------------
+
+    def add_flags(self, dataset: str, examples: Sequence[RAGExample], flags: Iterable[Flag]) -> int:
+        """Queue the flags (one item per span); spans already queued are left as they
+        are (with their reviews). Returns how many items are new."""
+        by_id = {e.id: e for e in examples}
+        rows = []
+        for f in flags:
+            ex = by_id.get(f.example_id)
+            if ex is None:
+                raise DataError(f"flag for unknown example {f.example_id!r} of {dataset!r}")
+            if not 0 <= f.start < f.end <= len(ex.response):
+                raise DataError(
+                    f"flag [{f.start}, {f.end}) is outside the answer of {f.example_id!r} "
+                    f"({len(ex.response)} characters)"
+                )
+            rows.append((ex, f))
+        new = 0
+        with self.store.transaction() as c:
+            (pos,) = c.execute(
+                "SELECT COALESCE(MAX(position), -1) + 1 FROM review_items WHERE dataset = ?",
+                (dataset,),
+            ).fetchone()
+            for ex, f in rows:
+                cur = c.execute(
+                    "INSERT INTO review_items (dataset, example_id, span_start, span_end, "
+                    "answer_len, sources, score, margin, task, generator, position, created_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
+                    "ON CONFLICT (dataset, example_id, span_start, span_end) DO NOTHING",
+                    (
+                        dataset,
+                        ex.id,
+                        f.start,
+                        f.end,
+                        len(ex.response),
+                        json.dumps({k: list(v) for k, v in f.sources.items()}),
+                        f.score,
+                        f.margin,
+                        ex.task,
+                        ex.provenance.generator,
+                        pos,
+                        _now(),
+                    ),
+                )
+                if cur.rowcount:
+                    new += 1
+                    pos += 1
+        return new
+
+    def item(self, item_id: int) -> ReviewItem:
+        """One item with its reviews.
+
+        Raises:
+            StorageError: No item has that id.
+        """
+        rows = self.store.query(f"SELECT {_ITEM_COLS} FROM review_items WHERE id = ?", (item_id,))
+        if not rows:
+            raise StorageError(f"no review item {item_id}; rebuild the queue or reload the page")
+        return self._items(rows)[0]
+
+    def _items(self, rows: Sequence[Sequence[Any]]) -> list[ReviewItem]:
+        ids = [r[0] for r in rows]
+        reviews: dict[int, list[Review]] = {i: [] for i in ids}
+        for chunk in range(0, len(ids), 500):
+            part = ids[chunk : chunk + 500]
+            marks = ", ".join("?" * len(part))
+            for r in self.store.query(
+                f"SELECT {_REVIEW_COLS} FROM reviews WHERE item_id IN ({marks}) ORDER BY reviewer",
+                part,
+            ):
+                reviews[r[1]].append(_review(r))
+        return [
+            ReviewItem(
+                id=r[0],
+                dataset=r[1],
+                example_id=r[2],
+                start=r[3],
+                end=r[4],
+                answer_len=r[5],
+                sources={k: (float(v[0]), float(v[1])) for k, v in json.loads(r[6]).items()},
+                score=r[7],
+                margin=r[8],
+                task=r[9],
+                generator=r[10],
+                position=r[11],
+                created_at=r[12],
+                reviews=tuple(reviews[r[0]]),
+            )
+            for r in rows
+        ]
+
+    def items(
+        self,
+        dataset: str,
+        *,
+        detectors: Iterable[str] | None = None,
+        tasks: Iterable[str] | None = None,
+        generators: Iterable[str] | None = None,
+        statuses: Iterable[str] | None = None,
+        sort: str = "uncertainty",
+    ) -> list[ReviewItem]:
+        """The dataset's queue, filtered and sorted.
+
+        Args:
+            dataset: The dataset's name.
+            detectors: Keep items flagged by any of these (``None``: all).
+            tasks, generators: Keep items of these tasks / generators.
+            statuses: Keep items in these :data:`STATUSES`.
+            sort: ``uncertainty`` (closest to a threshold first), ``score`` (highest
+                first) or ``position`` (queue order).
+        """
+        if sort not in SORTS:
+            raise ValueError(f"sort must be one of {SORTS}, got {sort!r}")
+        rows = self.store.query(
+            f"SELECT {_ITEM_COLS} FROM review_items WHERE dataset = ? ORDER BY position",
+            (dataset,),
+        )
+        out = self._items(rows)
+        if detectors is not None:
+            keep = set(detectors)
+            out = [i for i in out if keep & set(i.sources)]
+        if tasks is not None:
+            keep = set(tasks)
+            out = [i for i in out if i.task in keep]
+        if generators is not None:
+            keep = set(generators)
+            out = [i for i in out if i.generator in keep]
+        if statuses is not None:
+            keep = set(statuses)
+            out = [i for i in out if i.status in keep]
+        if sort == "uncertainty":
+            out.sort(key=lambda i: (abs(i.margin), i.position))
+        elif sort == "score":
+            out.sort(key=lambda i: (-i.score, i.position))
+        return out
+
+    def datasets(self) -> list[tuple[str, int]]:
+        """Datasets with a queue, and their number of items."""
+        return [
+            (r[0], r[1])
+            for r in self.store.query(
+                "SELECT dataset, COUNT(*) FROM review_items GROUP BY dataset ORDER BY dataset"
+            )
+        ]
+
+    # -- decisions -----------------------------------------------------------------
+
+    def save_review(
+        self,
+        item_id: int,
+        reviewer: str,
+        decision: str,
+        *,
+        start: int | None = None,
+        end: int | None = None,
+        kind: str | None = None,
+        evidence: str | None = None,
+        note: str | None = None,
+        expected_version: int | None = None,
+    ) -> Review:
+        """Record (or change) ``reviewer``'s decision on an item, with an audit entry.
+
+        Args:
+            item_id: The item.
+            reviewer: Who decides (non-empty).
+            decision: ``accept`` or ``reject``.
+            start, end: The span's adjusted boundaries (default: the item's).
+            kind, evidence: The hallucination type (:data:`KINDS`, :data:`EVIDENCE`).
+            note: Free text.
+            expected_version: The version of this reviewer's review the change is based
+                on (0: none yet); ``None`` skips the check.
+
+        Raises:
+            DataError: Bad reviewer, decision, type or span (nothing is written).
+            ReviewConflict: The stored review is not at ``expected_version``.
+            StorageError: No such item.
+        """
+        reviewer = (reviewer or "").strip()
+        if not reviewer:
+            raise DataError("a review needs the reviewer's name", field="reviewer")
+        if decision not in DECISIONS:
+            raise DataError(f"decision must be one of {DECISIONS}, got {decision!r}")
+        if kind is not None and kind not in KINDS:
+            raise DataError(f"kind must be one of {KINDS}, got {kind!r}", field="kind")
+        if evidence is not None and evidence not in EVIDENCE:
+            raise DataError(
+                f"evidence must be one of {EVIDENCE}, got {evidence!r}", field="evidence"
+            )
+        note = (note or "").strip() or None
+        attempted = {
+            "decision": decision,
+            "start": start,
+            "end": end,
+            "kind": kind,
+            "evidence": evidence,
+            "note": note,
+        }
+        with self.store.transaction() as c:
+            row = c.execute(
+                "SELECT example_id, span_start, span_end, answer_len FROM review_items "
+                "WHERE id = ?",
+                (item_id,),
+            ).fetchone()
+            if row is None:
+                raise StorageError(f"no review item {item_id}; rebuild the queue or reload")
+            example_id, i_start, i_end, n = row
+            s = i_start if start is None else int(start)
+            e = i_end if end is None else int(end)
+            if not 0 <= s < e <= n:
+                raise DataError(
+                    f"span [{s}, {e}) is not inside the answer of {example_id!r} ({n} "
+                    "characters); pick boundaries within the answer",
+                    source=example_id,
+                    field="span",
+                )
+            old_row = c.execute(
+                f"SELECT {_REVIEW_COLS} FROM reviews WHERE item_id = ? AND reviewer = ?",
+                (item_id, reviewer),
+            ).fetchone()
+            old = _review(old_row) if old_row else None
+            have = old.version if old else 0
+            if expected_version is not None and expected_version != have:
+                raise ReviewConflict(
+                    f"item {item_id} ({example_id!r}) was changed by {reviewer} elsewhere "
+                    f"(version {have}, this edit was based on version {expected_version}); "
+                    "nothing was overwritten: reload the item and apply the change again",
+                    attempted=attempted,
+                )
+            now = _now()
+            if old is None:
+                c.execute(
+                    "INSERT INTO reviews (item_id, reviewer, decision, span_start, span_end, "
+                    "kind, evidence, note, version, created_at, updated_at) "
+                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)",
+                    (item_id, reviewer, decision, s, e, kind, evidence, note, now, now),
+                )
+            else:
+                c.execute(
+                    "UPDATE reviews SET decision = ?, span_start = ?, span_end = ?, kind = ?, "
+                    "evidence = ?, note = ?, version = version + 1, updated_at = ? "
+                    "WHERE id = ?",
+                    (decision, s, e, kind, evidence, note, now, old.id),
+                )
+            new = _review(
+                c.execute(
+                    f"SELECT {_REVIEW_COLS} FROM reviews WHERE item_id = ? AND reviewer = ?",
+                    (item_id, reviewer),
+                ).fetchone()
+            )
+            c.execute(
+                "INSERT INTO review_audit (item_id, reviewer, at, action, before, after) "
+                "VALUES (?, ?, ?, ?, ?, ?)",
+                (
+                    item_id,
+                    reviewer,
+                    now,
+                    "create" if old is None else "update",
+                    json.dumps(_review_state(old)) if old else None,
+                    json.dumps(_review_state(new)),
+                ),
+            )
+        return new
+
+    def audit(self, item_id: int | None = None, dataset: str | None = None) -> list[AuditEntry]:
+        """The audit trail, oldest first (of one item, of a dataset's items, or all)."""
+        sql = "SELECT a.id, a.item_id, a.reviewer, a.at, a.action, a.before, a.after FROM review_audit a"
+        params: list[Any] = []
+        if item_id is not None:
+            sql += " WHERE a.item_id = ?"
+            params.append(item_id)
+        elif dataset is not None:
+            sql += " JOIN review_items i ON i.id = a.item_id WHERE i.dataset = ?"
+            params.append(dataset)
+        sql += " ORDER BY a.id"
+        return [
+            AuditEntry(
+                id=r[0],
+                item_id=r[1],
+                reviewer=r[2],
+                at=r[3],
+                action=r[4],
+                before=json.loads(r[5]) if r[5] else None,
+                after=json.loads(r[6]),
+            )
+            for r in self.store.query(sql, params)
+        ]
+
+    def reviewers(self, dataset: str) -> list[str]:
+        return [
+            r[0]
+            for r in self.store.query(
+                "SELECT DISTINCT r.reviewer FROM reviews r JOIN review_items i "
+                "ON i.id = r.item_id WHERE i.dataset = ? ORDER BY r.reviewer",
+                (dataset,),
+            )
+        ]
+
+
+# --------------------------------------------------------------------------- agreement
+
+
+@dataclass(frozen=True, kw_only=True)
+class Agreement:
+    """Two reviewers on the items both reviewed.
+
+    Attributes:
+        reviewers: The pair.
+        n_items: Items both reviewed.
+        kappa: Cohen's kappa of their accept / reject decisions (``None`` with fewer
+            than two items, NaN when both always gave one same answer).
+        span_f1: Span-overlap F1 of their accepted spans (one reviewer's as
+            predicted, the other's as gold), micro-averaged over answers (``None``
+            when neither accepted any).
+    """
+
+    reviewers: tuple[str, str]
+    n_items: int
+    kappa: float | None
+    span_f1: float | None
+
+
+def agreement(
+    items: Sequence[ReviewItem], a: str | None = None, b: str | None = None
+) -> Agreement | None:
+    """Agreement of two reviewers (default: the pair with the most items in common);
+    ``None`` when no item has two reviews."""
+    from itertools import combinations
+
+    from sklearn.metrics import cohen_kappa_score
+
+    if a is None or b is None:
+        counts: dict[tuple[str, str], int] = {}
+        for it in items:
+            names = sorted({r.reviewer for r in it.reviews})
+            for pair in combinations(names, 2):
+                counts[pair] = counts.get(pair, 0) + 1
+        if not counts:
+            return None
+        a, b = max(counts, key=lambda p: (counts[p], tuple(-ord(ch) for ch in p[0])))
+    both = [
+        (it, it.review_by(a), it.review_by(b))
+        for it in items
+        if it.review_by(a) is not None and it.review_by(b) is not None
+    ]
+    if not both:
+        return None
+    da = [ra.decision for _, ra, _ in both]  # type: ignore[union-attr]
+    db = [rb.decision for _, _, rb in both]  # type: ignore[union-attr]
+    kappa: float | None = None
+    if len(both) >= 2:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            kappa = float(cohen_kappa_score(da, db, labels=list(DECISIONS)))
+    spans_a: dict[str, list[tuple[int, int]]] = {}
+    spans_b: dict[str, list[tuple[int, int]]] = {}
+    for it, ra, rb in both:
+        for rv, spans in ((ra, spans_a), (rb, spans_b)):
+            if rv is not None and rv.decision == "accept":
+                spans.setdefault(it.example_id, []).append((rv.start, rv.end))
+    hits_p = hits_g = n_p = n_g = 0
+    for ex in set(spans_a) | set(spans_b):
+        p, g = spans_a.get(ex, []), spans_b.get(ex, [])
+        hits_p += sum(any(x0 < y1 and y0 < x1 for y0, y1 in g) for x0, x1 in p)
+        hits_g += sum(any(x0 < y1 and y0 < x1 for y0, y1 in p) for x0, x1 in g)
+        n_p, n_g = n_p + len(p), n_g + len(g)
+    span_f1: float | None = None
+    if n_p or n_g:
+        prec = hits_p / n_p if n_p else 0.0
+        rec = hits_g / n_g if n_g else 0.0
+        span_f1 = 2 * prec * rec / (prec + rec) if prec + rec > 0 else 0.0
+    return Agreement(reviewers=(a, b), n_items=len(both), kappa=kappa, span_f1=span_f1)
+
+
+# --------------------------------------------------------------------------- export
+
+
+def resolved_review(item: ReviewItem, reviewer: str | None = None) -> Review | None:
+    """The review that decides an item: ``reviewer``'s, else the latest of any reviewer."""
+    if reviewer is not None:
+        return item.review_by(reviewer)
+    if not item.reviews:
+        return None
+    return max(item.reviews, key=lambda r: (r.updated_at, r.id))
+
+
+def reviewed_examples(
+    examples: Sequence[RAGExample],
+    items: Sequence[ReviewItem],
+    *,
+    reviewer: str | None = None,
+    include_unreviewed: bool = False,
+) -> list[RAGExample]:
+    """The dataset as the reviews say: per answer with a decided item, the accepted
+    spans (adjusted boundaries, RAGTruth label type, note) and ``label = any accepted``.
+
+    Args:
+        examples: The dataset's examples.
+        items: Its review items (:meth:`ReviewBook.items`).
+        reviewer: Whose decisions count (default: the latest decision on each item).
+        include_unreviewed: Also keep answers with no decided item, as they were.
+    """
+    import dataclasses
+
+    decided: dict[str, list[Review]] = {}
+    for it in items:
+        r = resolved_review(it, reviewer)
+        if r is not None:
+            decided.setdefault(it.example_id, []).append(r)
+    out = []
+    for ex in examples:
+        rs = decided.get(ex.id)
+        if rs is None:
+            if include_unreviewed:
+                out.append(ex)
+            continue
+        spans = tuple(
+            sorted(
+                (
+                    Span(start=r.start, end=r.end, type=r.label_type, note=r.note)
+                    for r in rs
+                    if r.decision == "accept"
+                ),
+                key=lambda s: (s.start, s.end),
+            )
+        )
+        out.append(dataclasses.replace(ex, spans=spans, label=bool(spans)))
+    return out
+
+
+RAGTRUTH_TEMPLATE = (
+    "Briefly answer the following question:\n{question}\nBear in mind that your response "
+    "should be strictly based on the following {n} passages:\n{passages}\nIn case the "
+    "passages do not contain the necessary information to answer the question, please "
+    'reply with: "Unable to answer based on given passages."\noutput:'
+)
+"""RAGTruth's QA prompt, for answers whose own prompt is not recorded."""
+
+
+def ragtruth_record(ex: RAGExample) -> dict[str, Any]:
+    """One example as a RAGTruth-style record (``input``, ``output``, ``hall_info``,
+    ``model``, ``context``), plus a ``ragscope`` object (id, task, split, whether the
+    prompt is the example's own) that :func:`core.datasets.load_dataset` reads back."""
+    passages = "".join(f"passage {i}:{p}\n\n" for i, p in enumerate(ex.passages, start=1))
+    prompt = ex.prompt
+    if prompt is None:
+        words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
+        prompt = RAGTRUTH_TEMPLATE.format(
+            question=ex.question or "",
+            n=words.get(len(ex.passages), str(len(ex.passages))),
+            passages=passages,
+        )
+    rec: dict[str, Any] = {
+        "input": prompt,
+        "output": ex.response,
+        "hall_info": [
+            {
+                "start": s.start,
+                "end": s.end,
+                "text": ex.response[s.start : s.end],
+                "meta": {"label_type": s.type, "exp": s.note},
+            }
+            for s in ex.spans
+        ],
+        "model": ex.provenance.generator,
+        "context": {"question": ex.question, "passages": passages},
+        "ragscope": {
+            "id": ex.id,
+            "task": ex.task,
+            "label": ex.label,
+            "split": ex.provenance.split,
+            "group": ex.provenance.group,
+            "own_prompt": ex.prompt is not None,
+        },
+    }
+    if ex.provenance.split is not None:
+        rec["split"] = ex.provenance.split
+    return rec
+
+
+def write_ragtruth_jsonl(examples: Iterable[RAGExample], path: str | Path) -> Path:
+    """Write examples as RAGTruth-style JSONL (:func:`ragtruth_record`); returns the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as fh:
+        for ex in examples:
+            fh.write(json.dumps(ragtruth_record(ex), ensure_ascii=False) + "\n")
+    return out
+
+
+def ragtruth_jsonl(examples: Iterable[RAGExample]) -> str:
+    """The same as :func:`write_ragtruth_jsonl`, as text (for a download button)."""
+    return "".join(json.dumps(ragtruth_record(e), ensure_ascii=False) + "\n" for e in examples)
+
+
+def reviews_frame(items: Sequence[ReviewItem], examples: Sequence[RAGExample]) -> pd.DataFrame:
+    """One row per decision (and one per undecided item): the CSV export."""
+    import pandas as pd
+
+    by_id = {e.id: e for e in examples}
+    rows = []
+    for it in items:
+        text = by_id[it.example_id].response if it.example_id in by_id else ""
+        base = {
+            "dataset": it.dataset,
+            "example_id": it.example_id,
+            "item": it.id,
+            "flag_start": it.start,
+            "flag_end": it.end,
+            "flag_text": text[it.start : it.end],
+            "detectors": ",".join(it.detectors),
+            "score": it.score,
+            "task": it.task,
+            "generator": it.generator,
+            "status": it.status,
+        }
+        if not it.reviews:
+            rows.append(base)
+        for r in it.reviews:
+            rows.append(
+                {
+                    **base,
+                    "reviewer": r.reviewer,
+                    "decision": r.decision,
+                    "start": r.start,
+                    "end": r.end,
+                    "text": text[r.start : r.end],
+                    "label_type": r.label_type,
+                    "note": r.note,
+                    "updated_at": r.updated_at,
+                }
+            )
+    cols = [
+        "dataset", "example_id", "item", "flag_start", "flag_end", "flag_text", "detectors",
+        "score", "task", "generator", "status", "reviewer", "decision", "start", "end", "text",
+        "label_type", "note", "updated_at",
+    ]  # fmt: skip
+    return pd.DataFrame(rows, columns=cols)

@@ -1,0 +1,271 @@
+"""Annotation review: flags from token scores, the queue, decisions with an append-only
+audit trail, concurrent writers, inter-annotator agreement, export -> import."""
+
+from __future__ import annotations
+
+import dataclasses
+import sqlite3
+import threading
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.datasets import load_dataset, resolve_dataset
+from core.detectors.base import Verdict
+from core.errors import DataError, StorageError
+from core.review import (
+    Flag,
+    ReviewBook,
+    ReviewConflict,
+    agreement,
+    propose_flags,
+    reviewed_examples,
+    reviews_frame,
+    write_ragtruth_jsonl,
+)
+from core.storage import Store
+
+RESPONSE = "The bridge was built in 1820 by Ada Lovell from red granite."
+
+
+def _example(i: int = 0, **kw):
+    from core.examples import RAGExample
+
+    return RAGExample(
+        id=f"ex{i}",
+        question="Who built the bridge?",
+        passages=("The bridge was built in 1820 by Ada Lovell.",),
+        response=RESPONSE,
+        label=True,
+        **kw,
+    )
+
+
+def _offsets(text: str) -> np.ndarray:
+    out, pos = [], 0
+    for w in text.split(" "):
+        out.append((pos, pos + len(w)))
+        pos += len(w) + 1
+    return np.asarray(out)
+
+
+def _verdict(name: str, scores: list[float]) -> Verdict:
+    offs = _offsets(RESPONSE)
+    assert len(scores) == len(offs)
+    return Verdict(
+        detector=name,
+        example_id="ex0",
+        score=0.5,
+        token_scores=np.asarray(scores, np.float32),
+        token_offsets=offs,
+    )
+
+
+@pytest.fixture
+def book(tmp_path: Path):
+    with Store(tmp_path / "r.sqlite3") as s:
+        yield ReviewBook(s)
+
+
+def _queue(book: ReviewBook, n: int = 3):
+    examples = [_example(i) for i in range(n)]
+    flags = [
+        Flag(example_id=e.id, start=52, end=60, sources={"cortex": (0.9, 0.5)}) for e in examples
+    ]
+    flags.append(Flag(example_id="ex0", start=0, end=3, sources={"nll": (0.55, 0.5)}))
+    book.add_flags("demo", examples, flags)
+    return examples
+
+
+# --------------------------------------------------------------------------- flags
+
+
+def test_flags_are_runs_over_threshold_merged_across_detectors():
+    #        The  bridge was  built in  1820 by  Ada  Lovell from red  granite.
+    a = [0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.8, 0.9]
+    b = [0.9, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.1, 0.7, 0.7, 0.1]
+    ex = _example()
+    flags = propose_flags(ex, {"a": _verdict("a", a), "b": _verdict("b", b)}, {"a": 0.5, "b": 0.6})
+    assert [(f.start, f.end) for f in flags] == [(0, 3), (43, 60)]
+    assert RESPONSE[43:60] == "from red granite."
+    merged = flags[1]
+    assert merged.sources == {"a": (pytest.approx(0.9), 0.5), "b": (pytest.approx(0.7), 0.6)}
+    assert merged.score == pytest.approx(0.9)
+    assert merged.margin == pytest.approx(0.1)  # b: 0.7 - 0.6
+    assert flags[0].sources == {"b": (pytest.approx(0.9), 0.6)}
+    # only the detectors given thresholds count; smoothing joins the gap in a's run
+    assert [f.start for f in propose_flags(ex, {"a": _verdict("a", a)}, {"a": 0.95})] == []
+    gap = [0.1] * 8 + [0.9, 0.4, 0.9, 0.9]
+    raw = propose_flags(ex, {"a": _verdict("a", gap)}, {"a": 0.5})
+    smooth = propose_flags(ex, {"a": _verdict("a", gap)}, {"a": 0.5}, p_stay=0.9)
+    assert len(raw) == 2 and len(smooth) == 1
+
+
+# --------------------------------------------------------------------------- queue
+
+
+def test_queue_is_idempotent_and_filters_and_sorts(book: ReviewBook):
+    examples = _queue(book)
+    assert _queue(book) == examples  # the same flags again: nothing new
+    items = book.items("demo", sort="position")
+    assert len(items) == 4 and [i.status for i in items] == ["open"] * 4
+    assert [i.example_id for i in book.items("demo", detectors=["nll"])] == ["ex0"]
+    assert book.items("demo", sort="uncertainty")[0].detectors == ("nll",)  # margin 0.05
+    assert book.items("demo", sort="score")[0].score == pytest.approx(0.9)
+    assert book.items("demo", tasks=["summary"]) == []
+    assert book.datasets() == [("demo", 4)]
+    with pytest.raises(DataError, match="outside the answer of 'ex1'"):
+        book.add_flags("demo", examples, [Flag(example_id="ex1", start=0, end=999, sources={})])
+    with pytest.raises(DataError, match="unknown example 'nope'"):
+        book.add_flags("demo", examples, [Flag(example_id="nope", start=0, end=1, sources={})])
+    assert len(book.items("demo")) == 4
+
+
+def test_reviews_update_with_versions_and_an_append_only_audit(book: ReviewBook):
+    _queue(book)
+    item = book.items("demo", sort="position")[0]
+    r1 = book.save_review(item.id, "ann", "accept", kind="baseless", evidence="evident")
+    assert (r1.version, r1.start, r1.end, r1.label_type) == (1, 52, 60, "Evident Baseless Info")
+    r2 = book.save_review(item.id, "ann", "accept", start=56, end=60, note="only granite",
+                          expected_version=1)  # fmt: skip
+    assert (r2.version, r2.start, r2.note, r2.kind) == (2, 56, "only granite", None)
+    # a save based on version 1 again (a second tab) is refused; nothing is lost
+    with pytest.raises(ReviewConflict, match="reload") as info:
+        book.save_review(item.id, "ann", "reject", expected_version=1)
+    assert info.value.attempted["decision"] == "reject"
+    assert book.item(item.id).review_by("ann").version == 2
+    # bad input names the record and changes nothing
+    n_audit = len(book.audit())
+    with pytest.raises(DataError, match="'ex0'"):
+        book.save_review(item.id, "ann", "accept", start=50, end=999)
+    with pytest.raises(DataError, match="reviewer"):
+        book.save_review(item.id, "  ", "accept")
+    with pytest.raises(DataError, match="kind"):
+        book.save_review(item.id, "ann", "accept", kind="made-up")
+    with pytest.raises(StorageError, match="no review item"):
+        book.save_review(10**6, "ann", "accept")
+    assert len(book.audit()) == n_audit
+    trail = book.audit(item.id)
+    assert [a.action for a in trail] == ["create", "update"]
+    assert trail[1].before["start"] == 52 and trail[1].after["start"] == 56
+    assert trail[1].reviewer == "ann" and trail[1].at >= trail[0].at
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        book.store.query("UPDATE review_audit SET reviewer = 'mallory'")
+    with pytest.raises(sqlite3.DatabaseError, match="append-only"):
+        book.store.query("DELETE FROM review_audit")
+    # a second reviewer has their own row; the item is now disputed
+    book.save_review(item.id, "bob", "reject")
+    assert book.item(item.id).status == "disputed"
+    assert book.reviewers("demo") == ["ann", "bob"]
+    assert [i.id for i in book.items("demo", statuses=["disputed"])] == [item.id]
+
+
+def test_two_writers_at_once_lose_nothing(tmp_path: Path):
+    db = tmp_path / "shared.sqlite3"
+    with Store(db) as s:
+        _queue(ReviewBook(s))
+        ids = [i.id for i in ReviewBook(s).items("demo", sort="position")]
+    n = 25
+    errors: list[BaseException] = []
+
+    def work(reviewer: str) -> None:
+        try:
+            with Store(db) as s:  # its own connection, as a second app process has
+                b = ReviewBook(s)
+                for k in range(n):
+                    item = ids[k % len(ids)]
+                    have = b.item(item).review_by(reviewer)
+                    b.save_review(
+                        item,
+                        reviewer,
+                        "accept" if k % 2 else "reject",
+                        note=f"{reviewer} {k}",
+                        expected_version=have.version if have else 0,
+                    )
+        except BaseException as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=work, args=(name,)) for name in ("ann", "bob")]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert not errors, errors
+    with Store(db) as s:  # and after a restart
+        b = ReviewBook(s)
+        audit = b.audit()
+        assert len(audit) == 2 * n
+        for name in ("ann", "bob"):
+            mine = [a for a in audit if a.reviewer == name]
+            assert len(mine) == n and mine[-1].after["note"] == f"{name} {n - 1}"
+            versions = [b.item(i).review_by(name).version for i in ids]
+            assert sum(versions) == n  # every save landed on its own row
+
+
+# --------------------------------------------------------------------------- agreement
+
+
+def test_kappa_and_span_f1_match_a_hand_computed_case(book: ReviewBook):
+    examples = [_example(i) for i in range(10)]
+    book.add_flags(
+        "k",
+        examples,
+        [Flag(example_id=e.id, start=52, end=60, sources={"x": (0.9, 0.5)}) for e in examples],
+    )
+    items = book.items("k", sort="position")
+    a = ["accept"] * 6 + ["reject"] * 4
+    b = ["accept"] * 4 + ["reject"] * 2 + ["accept"] + ["reject"] * 3
+    for it, da, db_ in zip(items, a, b, strict=True):
+        book.save_review(it.id, "ann", da)
+        book.save_review(it.id, "bob", db_, start=56 if it.example_id == "ex0" else None)
+    # p_o = 7/10; p_e = 0.6*0.5 + 0.4*0.5 = 0.5; kappa = (0.7 - 0.5) / 0.5 = 0.4
+    got = agreement(book.items("k"))
+    assert got.reviewers == ("ann", "bob") and got.n_items == 10
+    assert got.kappa == pytest.approx(0.4)
+    # accepted spans: ann on ex0..ex5, bob on ex0..ex3 and ex6 (ex0 narrowed, still overlaps)
+    # precision 4/6, recall 4/5 -> F1 = 2 * (2/3) * (4/5) / (2/3 + 4/5) = 8/11
+    assert got.span_f1 == pytest.approx(8 / 11)
+    assert agreement(book.items("demo-none")) is None
+
+
+# --------------------------------------------------------------------------- export
+
+
+def test_export_then_import_gives_back_the_reviewed_dataset(book: ReviewBook, tmp_path: Path):
+    examples = _queue(book)
+    items = book.items("demo", sort="position")
+    book.save_review(items[0].id, "ann", "accept", start=56, kind="conflict", evidence="subtle",
+                     note="granite vs basalt")  # fmt: skip
+    book.save_review(items[3].id, "ann", "reject")  # ex0's other flag
+    book.save_review(items[1].id, "ann", "reject")  # ex1: rejected -> faithful
+    reviewed = reviewed_examples(examples, book.items("demo"))
+    assert [e.id for e in reviewed] == ["ex0", "ex1"]
+    assert reviewed[0].label and reviewed[0].spans[0].type == "Subtle Conflict"
+    assert (reviewed[0].spans[0].start, reviewed[0].spans[0].note) == (56, "granite vs basalt")
+    assert reviewed[1].label is False and reviewed[1].spans == ()
+    path = write_ragtruth_jsonl(reviewed, tmp_path / "reviewed.jsonl")
+    back = load_dataset(path).examples
+    assert [_plain(e) for e in back] == [_plain(e) for e in reviewed]
+    # with every answer kept (unreviewed ones as they were), and RAGTruth's own prompts
+    everything = reviewed_examples(examples, book.items("demo"), include_unreviewed=True)
+    assert len(everything) == 3 and everything[2] == examples[2]
+    ragtruth = [e for e in resolve_dataset("../shared/data/ragtruth_qa_dev.jsonl")[1] if e.spans][
+        :5
+    ]
+    builtin = resolve_dataset("builtin")[1][:5]
+    for original in (ragtruth, builtin, everything):
+        p = write_ragtruth_jsonl(original, tmp_path / "round.jsonl")
+        assert [_plain(e) for e in load_dataset(p).examples] == [_plain(e) for e in original]
+    frame = reviews_frame(book.items("demo", sort="position"), examples)
+    assert list(frame["decision"].fillna("-")) == ["accept", "reject", "-", "reject"]
+    assert (
+        frame.loc[0, "text"] == RESPONSE[56:60] and frame.loc[0, "label_type"] == "Subtle Conflict"
+    )
+
+
+def _plain(e):
+    """An example without where it was read from (the file and the dataset name differ)."""
+    return dataclasses.replace(
+        e, provenance=dataclasses.replace(e.provenance, source=None, dataset=None)
+    )
