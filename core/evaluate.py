@@ -24,7 +24,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from core.detectors.base import detector_class, make_detector
+from core.detectors.base import detector_class, make_detector, span_labels
 from core.errors import DataError
 from core.extract import Extraction, FeatureCache, extract_features
 from core.storage import example_hash
@@ -558,10 +558,10 @@ def evaluate(
         scores = np.asarray([v.score for v in verdicts])
         tok = None
         tok_lab, tok_sc = [], []
-        for f, e, v in zip(te_f[n], te_ex, verdicts, strict=True):
-            lab = f.token_labels(e)
+        for e, v in zip(te_ex, verdicts, strict=True):
             if v.token_scores is None:
                 continue
+            lab = span_labels(v.token_offsets, e)
             if lab is None and e.label is False:
                 lab = np.zeros(len(v.token_scores), dtype=np.int8)
             if lab is not None:

@@ -42,6 +42,18 @@ ARTIFACT_VERSION = 1
 # ----------------------------------------------------------------------------- data
 
 
+def span_labels(offsets: np.ndarray | None, example: RAGExample) -> np.ndarray | None:
+    """Gold label per token of ``offsets`` (``[n, 2]`` character ranges): 1 when it
+    overlaps a hallucinated span; ``None`` without offsets or spans."""
+    if offsets is None or not example.spans:
+        return None
+    o = np.asarray(offsets)
+    lab = np.zeros(o.shape[0], dtype=np.int8)
+    for s in example.spans:
+        lab |= ((o[:, 0] < s.end) & (s.start < o[:, 1])).astype(np.int8)
+    return lab
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Features:
     """What one detector read from one example.
@@ -103,13 +115,7 @@ class Features:
 
     def token_labels(self, example: RAGExample) -> np.ndarray | None:
         """Gold label per token (1 = overlaps a hallucinated span), ``None`` without spans."""
-        if self.token_offsets is None or not example.spans:
-            return None
-        o = self.token_offsets
-        lab = np.zeros(o.shape[0], dtype=np.int8)
-        for s in example.spans:
-            lab |= ((o[:, 0] < s.end) & (s.start < o[:, 1])).astype(np.int8)
-        return lab
+        return span_labels(self.token_offsets, example)
 
     def to_frame(self) -> pd.DataFrame:
         import pandas as pd

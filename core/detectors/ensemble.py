@@ -45,6 +45,7 @@ from core.detectors.base import (
     register_detector,
     require_fitted,
     restore_fitted,
+    span_labels,
     thresholded_verdict,
     write_artifact,
 )
@@ -304,7 +305,9 @@ class EnsembleDetector:
             return
         X, y = [], []
         for v, g, ex in zip(verdicts, grid, st_ex, strict=True):
-            lab = _token_labels(g, ex)
+            lab = span_labels(g, ex)
+            if lab is None and ex.label is False and g is not None:
+                lab = np.zeros(g.shape[0], np.int8)  # a faithful answer without spans
             if lab is None:
                 continue
             X.append(np.stack([logit(v[n].token_scores) for n in members], axis=1))
@@ -443,15 +446,3 @@ def _grid(verdicts: Mapping[str, Verdict], members: Sequence[str]) -> np.ndarray
         if _has_tokens(verdicts[n]):
             return np.asarray(verdicts[n].token_offsets)
     return None
-
-
-def _token_labels(offsets: np.ndarray | None, ex: RAGExample) -> np.ndarray | None:
-    """Gold per-token labels on ``offsets`` (faithful answers without spans: all 0)."""
-    if offsets is None:
-        return None
-    if not ex.spans:
-        return np.zeros(offsets.shape[0], np.int8) if ex.label is False else None
-    lab = np.zeros(offsets.shape[0], dtype=np.int8)
-    for s in ex.spans:
-        lab |= ((offsets[:, 0] < s.end) & (s.start < offsets[:, 1])).astype(np.int8)
-    return lab

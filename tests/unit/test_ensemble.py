@@ -205,3 +205,5 @@ def test_evaluate_reports_the_ensemble_beside_its_members(tiny_model, splits, db
     assert names == [*MEMBERS, "ensemble"]
     ens = run.results[-1]
     assert 0.0 <= ens.metrics["auroc"] <= 1.0
+    # token metrics from the token stacker, labelled on the verdict's own token grid
+    assert ens.token_metrics is not None and 0.0 <= ens.token_metrics["auroc"] <= 1.0
