@@ -23,7 +23,8 @@
 from __future__ import annotations
 
 import json
-from collections.abc import Iterable, Mapping, Sequence
+import re
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from datetime import UTC, datetime
 from pathlib import Path
@@ -38,6 +39,8 @@ if TYPE_CHECKING:
     import pandas as pd
 
     from core.detectors.base import Verdict
+    from core.extract import FeatureCache
+    from core.model import LoadedModel
     from core.storage import Store
 
 Decision = Literal["accept", "reject"]
@@ -159,6 +162,65 @@ def _merge(example_id: str, parts: Sequence[tuple[int, int, str, float, float]])
         end=max(p[1] for p in parts),
         sources=dict(sorted(sources.items())),
     )
+
+
+def dataset_verdicts(
+    model: LoadedModel,
+    examples: Sequence[RAGExample],
+    detectors: Sequence[Any],
+    *,
+    cache: FeatureCache | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> tuple[list[RAGExample], dict[str, dict[str, Verdict]]]:
+    """Every detector's verdict on every example (one trace per example, features from
+    the cache when there); returns the examples read and ``{example id: {name: verdict}}``.
+    Examples that cannot be read are left out."""
+    from core.extract import extract_features
+
+    ext = extract_features(
+        model, examples, list(detectors), cache=cache, progress=progress, on_error="skip"
+    )
+    out: dict[str, dict[str, Verdict]] = {e.id: {} for e in ext.examples}
+    for d in detectors:
+        for f in ext.features[d.name]:
+            out[f.example_id][d.name] = d.predict(f)
+    return list(ext.examples), out
+
+
+_SENTENCE = re.compile(r"[^.!?\n]+(?:[.!?]+|$)")
+
+
+def passage_sentences(passages: Sequence[str]) -> list[tuple[int, int, int]]:
+    """``(passage index, start, end)`` of every sentence of the passages (stripped)."""
+    out = []
+    for k, p in enumerate(passages):
+        for m in _SENTENCE.finditer(p):
+            start, end = m.start(), m.end()
+            while start < end and p[start].isspace():
+                start += 1
+            while end > start and p[end - 1].isspace():
+                end -= 1
+            if end > start:
+                out.append((k, start, end))
+    return out
+
+
+def related_context(
+    passages: Sequence[str], claim: str, *, k: int = 2, floor: float = 0.3
+) -> list[tuple[int, int, int, float]]:
+    """The passage sentences closest in meaning to ``claim`` (sentence embeddings,
+    :mod:`core.embed`): up to ``k`` of ``(passage, start, end, cosine)`` with cosine >=
+    ``floor``, closest first. What a reviewer checks the flagged claim against."""
+    from core.embed import embed
+
+    sents = passage_sentences(passages)
+    if not sents or not claim.strip():
+        return []
+    vecs = embed([passages[p][a:b] for p, a, b in sents])
+    q = embed([claim])[0]
+    sims = vecs @ q
+    order = np.argsort(-sims, kind="stable")[:k]
+    return [(*sents[i], float(sims[i])) for i in order if sims[i] >= floor]
 
 
 # --------------------------------------------------------------------------- store

@@ -82,6 +82,7 @@ PAGES = [
     "GAM shape functions",
     "Feature explanations",
     "Benchmark",
+    "Review",
 ]
 HEADS_EXAMPLES = 6
 SHAP_EXAMPLES = 4

@@ -1,0 +1,617 @@
+"""Review: annotators accept, reject, re-bound and type the spans the detectors flag.
+
+The queue is built from a dataset and some shipped detectors' token scores
+(:func:`core.review.propose_flags`: runs of tokens at or above each detector's
+threshold, merged across detectors) and kept in the database with every decision
+and an append-only audit trail (:class:`core.review.ReviewBook`). Each item shows
+the passages with the sentences closest in meaning to the flagged claim
+highlighted, and the answer with the flagged span. Decisions are per reviewer (the
+name is asked once per session); a save based on a stale view is refused, never
+applied over someone's newer one. Keyboard: ``a`` accept, ``x`` reject, ``n`` next,
+``p`` previous. When items have two reviews, Cohen's kappa and the span-overlap F1
+show. The reviewed dataset exports as RAGTruth-style JSONL (``ragscope train
+--dataset reviewed.jsonl`` retrains on it) or CSV, or is stored as a dataset.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import streamlit as st
+
+from app.components.example_picker import progress_bar
+from app.components.highlight import FLAG, RELATED, Mark, marked_html
+from app.state import (
+    HEADS_FROM_CORPUS,
+    DatasetRef,
+    app_state,
+    dataset_choices,
+    get_model,
+    get_store,
+    heads_examples,
+    load_examples,
+    shipped_detectors,
+)
+from core.errors import DataError, RagscopeError, StorageError
+from core.examples import RAGExample
+from core.review import (
+    EVIDENCE,
+    KINDS,
+    SORTS,
+    STATUSES,
+    ReviewBook,
+    ReviewConflict,
+    ReviewItem,
+    agreement,
+    dataset_verdicts,
+    propose_flags,
+    ragtruth_jsonl,
+    related_context,
+    reviewed_examples,
+    reviews_frame,
+)
+
+# Page scripts run with Streamlit's magic: no bare strings (they would be drawn).
+STATE_KEY = "ragscope.review"
+KEY_NAME = "review.name"
+KEY_START = "review.start"
+KEY_CHANGE = "review.change_name"
+KEY_DATASET = "review.dataset"
+KEY_DETECTORS = "review.detectors"
+KEY_LIMIT = "review.limit"
+KEY_SMOOTH = "review.smooth"
+KEY_BUILD = "review.build"
+KEY_F_DETECTORS = "review.f.detectors"
+KEY_F_STATUS = "review.f.status"
+KEY_F_TASK = "review.f.task"
+KEY_F_GENERATOR = "review.f.generator"
+KEY_SORT = "review.sort"
+KEY_TABLE = "review.table"
+KEY_ACCEPT = "review.accept"
+KEY_REJECT = "review.reject"
+KEY_NEXT = "review.next"
+KEY_PREV = "review.prev"
+KEY_EXPORT_WHO = "review.export.who"
+KEY_EXPORT_ALL = "review.export.all"
+KEY_EXPORT_NAME = "review.export.name"
+KEY_EXPORT_SAVE = "review.export.save"
+CORPUS = "corpus"
+CORPUS_LABEL = "Built-in labelled corpus"
+UNSET = "unset"
+LATEST = "the latest decision on each item"
+DEFAULT_SMOOTH = 0.9
+
+
+def span_key(item_id: int) -> str:
+    return f"review.span.{item_id}"
+
+
+def kind_key(item_id: int) -> str:
+    return f"review.kind.{item_id}"
+
+
+def evidence_key(item_id: int) -> str:
+    return f"review.evidence.{item_id}"
+
+
+def note_key(item_id: int) -> str:
+    return f"review.note.{item_id}"
+
+
+def threshold_key(name: str) -> str:
+    return f"review.threshold.{name}"
+
+
+@dataclass
+class ReviewState:
+    reviewer: str | None = None
+    current: int | None = None  # item id
+    outcome: tuple[str, str] | None = None  # (kind, text), shown once
+    build_report: str | None = None
+    thresholds: dict[str, float] = field(default_factory=dict)
+
+
+def page_state() -> ReviewState:
+    if STATE_KEY not in st.session_state:
+        st.session_state[STATE_KEY] = ReviewState()
+    return st.session_state[STATE_KEY]
+
+
+# --------------------------------------------------------------------------- reviewer
+
+
+def reviewer_gate(rs: ReviewState) -> bool:
+    """The reviewer's name, asked once per session; False until it is given."""
+    if rs.reviewer:
+        c_who, c_change = st.columns([5, 1], vertical_alignment="center")
+        c_who.caption(f"Reviewing as **{rs.reviewer}**.")
+        if c_change.button("Change name", key=KEY_CHANGE, width="stretch"):
+            rs.reviewer = None
+            st.rerun()
+        return True
+    c_name, c_go = st.columns([3, 1], vertical_alignment="bottom")
+    name = c_name.text_input("Your name", key=KEY_NAME, help="Recorded with each decision")
+    if c_go.button("Start reviewing", key=KEY_START, type="primary", width="stretch"):
+        if name.strip():
+            rs.reviewer = name.strip()
+            st.rerun()
+        st.error("Type your name first: every decision is recorded with it.")
+    return False
+
+
+# --------------------------------------------------------------------------- dataset
+
+
+def dataset_options() -> dict[str, tuple[str, DatasetRef | None]]:
+    """Dataset key -> (label, reference); the built-in corpus has no reference."""
+    out: dict[str, tuple[str, DatasetRef | None]] = {CORPUS: (CORPUS_LABEL, None)}
+    for ref in dataset_choices():
+        out[f"{ref.kind}:{ref.name}"] = (ref.label, ref)
+    return out
+
+
+def pick_dataset() -> tuple[str, list[RAGExample]] | None:
+    options = dataset_options()
+    key = st.selectbox(
+        "Dataset", list(options), format_func=lambda k: options[k][0], key=KEY_DATASET
+    )
+    label, ref = options[key]
+    try:
+        if ref is None:
+            examples = heads_examples(HEADS_FROM_CORPUS, app_state().dataset)[2]
+        else:
+            examples = load_examples(ref)
+    except RagscopeError as e:
+        st.error(f"{label} cannot be read: {e}")
+        return None
+    return key, examples
+
+
+# --------------------------------------------------------------------------- queue
+
+
+def build_section(
+    rs: ReviewState, book: ReviewBook, key: str, examples: list[RAGExample], n_items: int
+) -> None:
+    """Flag spans of the dataset's answers with chosen detectors and queue them."""
+    model = get_model()
+    shipped = shipped_detectors(model)
+    names = [s.name for s in shipped.detectors]
+    with st.expander("Build the queue", expanded=n_items == 0, icon=":material/playlist_add:"):
+        if not names:
+            st.info(
+                "No trained detector is shipped for this model: train some with "
+                "`ragscope train` to flag spans."
+            )
+            return
+        default = [n for n in ("ensemble", "cortex") if n in names][:1] or names[:1]
+        c_det, c_lim = st.columns([3, 1])
+        chosen = c_det.multiselect(
+            "Detectors that flag spans",
+            names,
+            default=default,
+            key=KEY_DETECTORS,
+            help="Detectors that score single tokens; a span is a run of tokens at or "
+            "above the detector's threshold",
+        )
+        limit = int(
+            c_lim.number_input(
+                "Answers to scan",
+                min_value=1,
+                max_value=max(len(examples), 1),
+                value=min(100, len(examples)),
+                key=KEY_LIMIT,
+            )
+        )
+        by_name = {s.name: s.detector for s in shipped.detectors}
+        cols = st.columns(max(len(chosen), 1))
+        for c, n in zip(cols, chosen, strict=False):
+            default_thr = float(getattr(by_name[n], "threshold_", 0.5))
+            rs.thresholds[n] = float(
+                c.number_input(
+                    f"{n} token threshold",
+                    min_value=0.0,
+                    max_value=1.0,
+                    value=rs.thresholds.get(n, default_thr),
+                    step=0.01,
+                    format="%.3f",
+                    key=threshold_key(n),
+                )
+            )
+        smooth = st.toggle(
+            f"Smooth token scores first (label persistence, p_stay {DEFAULT_SMOOTH})",
+            key=KEY_SMOOTH,
+            help="Joins runs broken by a single low token (core.smoothing)",
+        )
+        if st.button(
+            "Scan and queue", key=KEY_BUILD, type="primary", icon=":material/radar:",
+            disabled=not chosen,
+        ):  # fmt: skip
+            from core.extract import FeatureCache
+
+            dets = [by_name[n] for n in chosen]
+            with progress_bar("Scanning:") as progress:
+                try:
+                    kept, verdicts = dataset_verdicts(
+                        model,
+                        examples[:limit],
+                        dets,
+                        cache=FeatureCache(get_store()),
+                        progress=progress,
+                    )
+                except RagscopeError as e:
+                    st.error(f"The scan failed: {e}")
+                    return
+            thresholds = {n: rs.thresholds[n] for n in chosen}
+            flags = [
+                f
+                for ex in kept
+                for f in propose_flags(
+                    ex, verdicts[ex.id], thresholds, p_stay=DEFAULT_SMOOTH if smooth else None
+                )
+            ]
+            new = book.add_flags(key, kept, flags)
+            silent = [
+                n for n in chosen if all(verdicts[e.id][n].token_scores is None for e in kept)
+            ]
+            report = (
+                f"Scanned {len(kept)} answers: {len(flags)} flagged spans, {new} new in the "
+                f"queue ({len(flags) - new} were there already)."
+            )
+            if len(kept) < limit:
+                report += f" {limit - len(kept)} answers could not be read."
+            if silent:
+                report += f" {', '.join(silent)} give no token scores, so no flags."
+            rs.build_report = report
+            st.rerun()
+        if rs.build_report:
+            st.success(rs.build_report)
+
+
+def queue_filters(book: ReviewBook, key: str) -> list[ReviewItem]:
+    everything = book.items(key, sort="position")
+    detectors = sorted({d for i in everything for d in i.detectors})
+    tasks = sorted({i.task for i in everything if i.task})
+    generators = sorted({i.generator for i in everything if i.generator})
+    c1, c2, c3, c4, c5 = st.columns(5)
+    f_det = c1.multiselect("Detector", detectors, key=KEY_F_DETECTORS)
+    f_status = c2.multiselect("Status", list(STATUSES), key=KEY_F_STATUS)
+    f_task = c3.multiselect("Task", tasks, key=KEY_F_TASK)
+    f_gen = c4.multiselect("Generator", generators, key=KEY_F_GENERATOR)
+    sort = c5.selectbox(
+        "Sort",
+        list(SORTS),
+        key=KEY_SORT,
+        format_func={
+            "uncertainty": "closest to threshold first",
+            "score": "highest score first",
+            "position": "queue order",
+        }.get,
+    )
+    return book.items(
+        key,
+        detectors=f_det or None,
+        statuses=f_status or None,
+        tasks=f_task or None,
+        generators=f_gen or None,
+        sort=sort,
+    )
+
+
+def queue_table(rs: ReviewState, items: list[ReviewItem], texts: dict[str, str]) -> None:
+    import pandas as pd
+
+    rows = [
+        {
+            "item": it.id,
+            "answer": it.example_id,
+            "flagged text": texts.get(it.example_id, "")[it.start : it.end],
+            "detectors": ", ".join(it.detectors),
+            "score": round(it.score, 3),
+            "margin": round(it.margin, 3),
+            "status": it.status,
+            "mine": (r.decision if (r := it.review_by(rs.reviewer or "")) else ""),
+        }
+        for it in items
+    ]
+    event = st.dataframe(
+        pd.DataFrame(rows),
+        hide_index=True,
+        on_select="rerun",
+        selection_mode="single-row",
+        key=KEY_TABLE,
+        height=min(36 * (len(rows) + 1) + 2, 260),
+        width="stretch",
+    )
+    picked = event.selection.rows if event is not None else []
+    if picked:
+        rs.current = items[picked[0]].id
+
+
+# --------------------------------------------------------------------------- item
+
+
+def answer_bounds(text: str) -> list[int]:
+    """Positions a span may start or end at: word starts and ends (and the text's ends)."""
+    out = {0, len(text)}
+    for i, ch in enumerate(text):
+        prev = text[i - 1] if i else " "
+        if ch.isspace() != prev.isspace():
+            out.add(i)
+    return sorted(out)
+
+
+@st.cache_data(show_spinner="Finding the related passage sentences…", max_entries=256)
+def cached_related(passages: tuple[str, ...], claim: str) -> list[tuple[int, int, int, float]]:
+    return related_context(passages, claim)
+
+
+def save(
+    book: ReviewBook, rs: ReviewState, item: ReviewItem, decision: str, expected: int,
+    next_id: int | None,
+) -> None:  # fmt: skip
+    """Accept / Reject: store the decision with the item's controls (a callback)."""
+    start, end = st.session_state.get(span_key(item.id), (item.start, item.end))
+    kind = st.session_state.get(kind_key(item.id), UNSET)
+    evidence = st.session_state.get(evidence_key(item.id), UNSET)
+    try:
+        book.save_review(
+            item.id,
+            rs.reviewer or "",
+            decision,
+            start=int(start),
+            end=int(end),
+            kind=None if kind == UNSET else kind,
+            evidence=None if evidence == UNSET else evidence,
+            note=st.session_state.get(note_key(item.id)),
+            expected_version=expected,
+        )
+    except ReviewConflict as e:
+        rs.outcome = ("error", f"Not saved: {e}")
+        return
+    except (DataError, StorageError) as e:
+        rs.outcome = ("error", f"Not saved: {e}")
+        return
+    rs.outcome = ("success", f"Item {item.id} {decision}ed.")
+    if next_id is not None:
+        rs.current = next_id
+
+
+def move(rs: ReviewState, item_id: int | None) -> None:
+    if item_id is not None:
+        rs.current = item_id
+
+
+def item_card(
+    book: ReviewBook, rs: ReviewState, items: list[ReviewItem], examples: dict[str, RAGExample]
+) -> None:
+    ids = [i.id for i in items]
+    if rs.current not in ids:
+        mine = [i for i in items if i.review_by(rs.reviewer or "") is None]
+        rs.current = (mine or items)[0].id
+    idx = ids.index(rs.current)
+    item = items[idx]
+    prev_id = ids[idx - 1] if idx > 0 else None
+    next_id = ids[idx + 1] if idx + 1 < len(ids) else None
+    ex = examples.get(item.example_id)
+    with st.container(border=True):
+        st.markdown(f"#### Item {idx + 1} of {len(items)} · `{item.example_id}`")
+        facts = [f"{n} {s:.3f} (threshold {t:.3f})" for n, (s, t) in item.sources.items()]
+        meta = " · ".join(x for x in (item.task, item.generator) if x)
+        st.caption(" · ".join(facts) + (f" · {meta}" if meta else "") + f" · {item.status}")
+        if ex is None:
+            st.warning(
+                f"`{item.example_id}` is not in this dataset any more; the item stays in the "
+                "queue with its reviews."
+            )
+            return
+        mine = item.review_by(rs.reviewer or "")
+        c_ctx, c_ans = st.columns(2)
+        claim = ex.response[item.start : item.end]
+        related = cached_related(tuple(ex.passages), claim)
+        with c_ctx:
+            st.markdown("**Passages** (related to the flagged claim in blue)")
+            for k, p in enumerate(ex.passages):
+                marks = [
+                    Mark(a, b, RELATED, f"cosine {sim:.2f} with the flagged span")
+                    for pk, a, b, sim in related
+                    if pk == k
+                ]
+                st.html(marked_html(p, marks))
+        with c_ans:
+            if ex.question:
+                st.markdown(f"**Question:** {ex.question}")
+            st.markdown("**Answer** (flagged span in orange)")
+            st.html(marked_html(ex.response, [Mark(item.start, item.end, FLAG, "flagged")]))
+            bounds = answer_bounds(ex.response)
+            start = mine.start if mine else item.start
+            end = mine.end if mine else item.end
+            for b in (start, end):
+                if b not in bounds:
+                    bounds = sorted({*bounds, b})
+            span = st.select_slider(
+                "Span boundaries (characters)",
+                options=bounds,
+                value=(start, end),
+                key=span_key(item.id),
+                format_func=lambda b: str(b),
+            )
+            st.caption(f"Span: “{ex.response[span[0] : span[1]]}”")
+            c_kind, c_ev = st.columns(2)
+            kinds = [UNSET, *KINDS]
+            evs = [UNSET, *EVIDENCE]
+            c_kind.radio(
+                "Type",
+                kinds,
+                index=kinds.index(mine.kind) if mine and mine.kind else 0,
+                key=kind_key(item.id),
+                horizontal=True,
+                help="baseless: the passages do not say it; conflict: they say otherwise",
+            )
+            c_ev.radio(
+                "Evidence",
+                evs,
+                index=evs.index(mine.evidence) if mine and mine.evidence else 0,
+                key=evidence_key(item.id),
+                horizontal=True,
+            )
+            st.text_area(
+                "Note", value=(mine.note or "") if mine else "", key=note_key(item.id), height=68
+            )
+        expected = mine.version if mine else 0
+        b1, b2, b3, b4, _ = st.columns([1, 1, 1, 1, 2])
+        b1.button(
+            "Accept", key=KEY_ACCEPT, type="primary", icon=":material/check:", shortcut="a",
+            on_click=save, args=(book, rs, item, "accept", expected, next_id), width="stretch",
+        )  # fmt: skip
+        b2.button(
+            "Reject", key=KEY_REJECT, icon=":material/close:", shortcut="x",
+            on_click=save, args=(book, rs, item, "reject", expected, next_id), width="stretch",
+        )  # fmt: skip
+        b3.button(
+            "Previous", key=KEY_PREV, icon=":material/arrow_back:", shortcut="p",
+            on_click=move, args=(rs, prev_id), disabled=prev_id is None, width="stretch",
+        )  # fmt: skip
+        b4.button(
+            "Next", key=KEY_NEXT, icon=":material/arrow_forward:", shortcut="n",
+            on_click=move, args=(rs, next_id), disabled=next_id is None, width="stretch",
+        )  # fmt: skip
+        if rs.outcome is not None:
+            kind, text = rs.outcome
+            (st.error if kind == "error" else st.success)(text)
+            rs.outcome = None
+        if item.reviews:
+            st.markdown("**Reviews**")
+            for r in item.reviews:
+                typ = f" · {r.label_type}" if r.label_type else ""
+                note = f" · “{r.note}”" if r.note else ""
+                st.caption(
+                    f"{r.reviewer}: **{r.decision}** “{ex.response[r.start : r.end]}”{typ}{note} "
+                    f"(version {r.version}, {r.updated_at})"
+                )
+        with st.expander("Audit trail of this item"):
+            trail = book.audit(item.id)
+            if not trail:
+                st.caption("No change yet.")
+            for a in trail:
+                st.caption(
+                    f"{a.at} · {a.reviewer} · {a.action}: {a.after.get('decision')} "
+                    f"[{a.after.get('start')}, {a.after.get('end')})"
+                    + (f" (was {a.before.get('decision')})" if a.before else "")
+                )
+
+
+# --------------------------------------------------------------------------- agreement, export
+
+
+def agreement_section(book: ReviewBook, key: str) -> None:
+    items = book.items(key, sort="position")
+    got = agreement(items)
+    st.subheader("Agreement between reviewers")
+    if got is None:
+        st.caption("Shown once some items have two reviewers' decisions.")
+        return
+    c1, c2, c3 = st.columns(3)
+    kappa = "n/a" if got.kappa is None or got.kappa != got.kappa else f"{got.kappa:.2f}"
+    c1.metric("Cohen's kappa (accept / reject)", kappa)
+    c2.metric(
+        "Span-overlap F1 of accepted spans", "n/a" if got.span_f1 is None else f"{got.span_f1:.2f}"
+    )
+    c3.metric("Items both reviewed", got.n_items)
+    st.caption(f"Reviewers {got.reviewers[0]} and {got.reviewers[1]}.")
+
+
+def export_section(book: ReviewBook, key: str, label: str, examples: list[RAGExample]) -> None:
+    st.subheader("Export the reviewed dataset")
+    items = book.items(key, sort="position")
+    who_options = [LATEST, *book.reviewers(key)]
+    c_who, c_all = st.columns([2, 2], vertical_alignment="bottom")
+    who = c_who.selectbox("Decisions that count", who_options, key=KEY_EXPORT_WHO)
+    keep_all = c_all.toggle("Also keep answers nobody reviewed", key=KEY_EXPORT_ALL)
+    reviewed = reviewed_examples(
+        examples, items, reviewer=None if who == LATEST else who, include_unreviewed=keep_all
+    )
+    n_h = sum(1 for e in reviewed if e.label)
+    st.caption(
+        f"{len(reviewed)} answers ({n_h} with accepted spans). RAGTruth-style JSONL, the "
+        "format of the shared dev sets: retrain on it with "
+        "`ragscope train --dataset reviewed.jsonl`."
+    )
+    stem = key.replace(":", "-").replace("/", "-")
+    c1, c2 = st.columns(2)
+    c1.download_button(
+        "Download JSONL",
+        ragtruth_jsonl(reviewed),
+        file_name=f"reviewed-{stem}.jsonl",
+        mime="application/jsonl",
+        icon=":material/download:",
+        disabled=not reviewed,
+        width="stretch",
+    )
+    c2.download_button(
+        "Download CSV (every decision)",
+        reviews_frame(items, examples).to_csv(index=False),
+        file_name=f"reviews-{stem}.csv",
+        mime="text/csv",
+        icon=":material/table:",
+        disabled=not items,
+        width="stretch",
+    )
+    c_name, c_save = st.columns([3, 1], vertical_alignment="bottom")
+    name = c_name.text_input(
+        "Store as a dataset named", value=f"reviewed-{stem}", key=KEY_EXPORT_NAME
+    )
+    if c_save.button("Store", key=KEY_EXPORT_SAVE, disabled=not reviewed, width="stretch"):
+        try:
+            n = get_store().import_dataset(
+                name.strip(),
+                reviewed,
+                source=f"review of {label}",
+                fmt="ragtruth_jsonl",
+                replace=True,
+            )
+        except RagscopeError as e:
+            st.error(f"Not stored: {e}")
+        else:
+            st.success(f"Stored {n} answers as **{name.strip()}**: pick it on Home or here.")
+
+
+# --------------------------------------------------------------------------- page
+
+
+def main() -> None:
+    st.title("Review flagged spans")
+    st.caption(
+        "Accept, reject, re-bound and type the spans the detectors flag. Decisions are "
+        "saved per reviewer with an audit trail; keyboard: **a** accept, **x** reject, "
+        "**n** next, **p** previous."
+    )
+    rs = page_state()
+    if not reviewer_gate(rs):
+        return
+    picked = pick_dataset()
+    if picked is None:
+        return
+    key, examples = picked
+    book = ReviewBook(get_store())
+    n_items = len(book.items(key, sort="position"))
+    build_section(rs, book, key, examples, n_items)
+    if not n_items:
+        st.info("The queue of this dataset is empty: scan it above.")
+        return
+    items = queue_filters(book, key)
+    texts = {e.id: e.response for e in examples}
+    done = sum(1 for i in items if i.review_by(rs.reviewer) is not None)
+    st.caption(f"{len(items)} items shown · {done} reviewed by you.")
+    if not items:
+        st.info("No item matches these filters.")
+    else:
+        queue_table(rs, items, texts)
+        item_card(book, rs, items, {e.id: e for e in examples})
+    st.divider()
+    agreement_section(book, key)
+    st.divider()
+    export_section(book, key, dataset_options()[key][0], examples)
+
+
+main()

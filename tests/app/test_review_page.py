@@ -1,0 +1,143 @@
+"""The Review page (AppTest, tiny model, the demo detectors): the reviewer's name, a
+queue scanned from CORTEX's token scores, accept / reject with adjusted spans and
+types, a second reviewer and the agreement, the audit trail, export and store."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from core.review import ReviewBook, reviewed_examples
+from core.storage import Store
+
+PAGE = "views/review.py"
+KEY = "corpus"
+
+
+def _start(at: AppTest, name: str) -> AppTest:
+    at.text_input(key="review.name").input(name)
+    at.button(key="review.start").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _scan(at: AppTest, n: int) -> AppTest:
+    at.number_input(key="review.limit").set_value(n)
+    for t in at.number_input:
+        if t.key and t.key.startswith("review.threshold."):
+            t.set_value(0.05)  # the tiny model's scores are low: flag generously
+    at.button(key="review.build").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_a_reviewer_scans_reviews_and_exports(
+    with_demo_detectors: Path,
+    app_env: Path,
+    open_page: Callable[[str], AppTest],
+    page_text: Callable[[AppTest], str],
+    no_exception: Callable[[AppTest], None],
+) -> None:
+    at = open_page(PAGE)
+    assert at.text_input(key="review.name") is not None
+    at.button(key="review.start").click().run()
+    assert [e.value for e in at.error] == [
+        "Type your name first: every decision is recorded with it."
+    ]
+    _start(at, "ann")
+    assert "Reviewing as **ann**." in page_text(at)
+    assert "The queue of this dataset is empty" in page_text(at)
+    assert at.multiselect(key="review.detectors").value == ["cortex"]
+    _scan(at, 6)
+    no_exception(at)
+    report = at.success[0].value
+    assert report.startswith("Scanned 6 answers:") and "new in the queue" in report
+    with Store(app_env) as s:
+        book = ReviewBook(s)
+        items = book.items(KEY)
+    assert items, "the scan queued no flagged span"
+    assert all(set(i.sources) == {"cortex"} for i in items)
+    first = items[0]  # the page starts with the first item not yet reviewed by ann
+    assert f"#### Item 1 of {len(items)} · `{first.example_id}`" in page_text(at)
+
+    # accept with narrower boundaries and a type, by the page's own controls
+    slider = at.select_slider(key=f"review.span.{first.id}")
+    assert tuple(slider.value) == (first.start, first.end)
+    inner = [b for b in map(int, slider.options) if first.start < b < first.end]
+    new_end = inner[-1] if inner else first.end  # one word shorter when it has two
+    slider.set_value((first.start, new_end))
+    at.radio(key=f"review.kind.{first.id}").set_value("baseless")
+    at.radio(key=f"review.evidence.{first.id}").set_value("evident")
+    at.text_area(key=f"review.note.{first.id}").input("not in the passages")
+    at.button(key="review.accept").click().run()
+    no_exception(at)
+    with Store(app_env) as s:
+        r = ReviewBook(s).item(first.id).review_by("ann")
+        assert (r.decision, r.kind, r.evidence, r.note) == (
+            "accept",
+            "baseless",
+            "evident",
+            "not in the passages",
+        )
+        assert (r.start, r.end) == (first.start, new_end)
+        assert [a.action for a in ReviewBook(s).audit(first.id)] == ["create"]
+    if len(items) > 1:  # moved on to the next item
+        assert f"#### Item 2 of {len(items)}" in page_text(at)
+        at.button(key="review.reject").click().run()
+        no_exception(at)
+        with Store(app_env) as s:
+            assert ReviewBook(s).item(items[1].id).review_by("ann").decision == "reject"
+        for _ in range(len(items)):
+            if f"#### Item 1 of {len(items)}" in page_text(at):
+                break
+            at.button(key="review.prev").click().run()
+        assert f"#### Item 1 of {len(items)}" in page_text(at)
+
+    # a second reviewer: their own decisions, then the agreement shows
+    at.button(key="review.change_name").click().run()
+    _start(at, "bob")
+    for _ in range(len(items)):  # bob starts at his first unreviewed item: item 1
+        if f"#### Item 1 of {len(items)}" in page_text(at):
+            break
+        at.button(key="review.prev").click().run()
+    at.button(key="review.reject").click().run()
+    no_exception(at)
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Items both reviewed"] == "1"
+    assert "Reviewers ann and bob." in page_text(at)
+    with Store(app_env) as s:
+        book = ReviewBook(s)
+        assert book.item(first.id).status == "disputed"
+        assert book.reviewers(KEY) == ["ann", "bob"]
+
+    # export: stored as a dataset with the latest decisions (bob's reject on item 1)
+    at.text_input(key="review.export.name").input("reviewed-demo")
+    at.button(key="review.export.save").click().run()
+    no_exception(at)
+    assert any("Stored" in s.value and "reviewed-demo" in s.value for s in at.success)
+    with Store(app_env) as s:
+        stored = {e.id: e for e in s.load_examples("reviewed-demo")}
+        want = reviewed_examples([e for e in _corpus() if e.id in stored], ReviewBook(s).items(KEY))
+    assert {e.id: (e.label, e.spans) for e in want} == {
+        i: (e.label, e.spans) for i, e in stored.items()
+    }
+    assert stored[first.example_id].label is False or any(
+        sp for sp in stored[first.example_id].spans
+    )
+
+
+def _corpus():
+    from core.corpus import load_builtin
+
+    return load_builtin()
+
+
+@pytest.mark.parametrize("bad", ["  "])
+def test_a_blank_name_is_refused(bad: str, open_page: Callable[[str], AppTest]) -> None:
+    at = open_page(PAGE)
+    at.text_input(key="review.name").input(bad)
+    at.button(key="review.start").click().run()
+    assert at.error and "Type your name" in at.error[0].value
