@@ -43,6 +43,7 @@ navigation = st.navigation(
             icon=":material/lightbulb:",
         ),
         st.Page(PAGES_DIR / "benchmark.py", title="Benchmark", icon=":material/leaderboard:"),
+        st.Page(PAGES_DIR / "agreement.py", title="Agreement", icon=":material/join_inner:"),
         st.Page(PAGES_DIR / "review.py", title="Review", icon=":material/rate_review:"),
     ]
 )

@@ -28,6 +28,9 @@ from app.state import (
     HEADS_EXAMPLE_PLAYGROUND,
     HEADS_FROM_CORPUS,
     HEADS_FROM_HOME,
+    KEY_HEATMAP_DATASET,
+    KEY_HEATMAP_EXAMPLE,
+    KEY_HEATMAP_SOURCE,
     Analysis,
     AppState,
     DatasetRef,
@@ -439,3 +442,21 @@ def pick_page_answer(
     remembered[key] = ex.id
     st.caption(f"From {label}. Answer: \u201c{first_words(ex.response, 40)}\u201d")
     return ex, None
+
+
+TOKEN_HEATMAPS_PAGE = "views/token_heatmaps.py"
+
+
+def open_in_token_heatmaps(state: AppState, dataset: str, example_id: str) -> None:
+    """Switch to the Token heatmaps page showing ``example_id`` of ``dataset``
+    (:data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`): the click-through of the
+    pages that list answers."""
+    key = heads_examples(dataset, state.dataset)[0]
+    state.heatmap_example_source = HEADS_EXAMPLE_DATASET
+    state.heatmap_dataset = dataset
+    state.heatmap_example_id[key] = example_id
+    state.heatmap_only_flagged = False
+    st.session_state[KEY_HEATMAP_SOURCE] = HEADS_EXAMPLE_DATASET
+    st.session_state[KEY_HEATMAP_DATASET] = dataset
+    st.session_state[KEY_HEATMAP_EXAMPLE] = example_id
+    st.switch_page(TOKEN_HEATMAPS_PAGE)

@@ -23,6 +23,9 @@ from app.components.artifacts import show_broken_artifacts
 from app.components.example_picker import AnswerKeys, pick_page_answer, progress_bar
 from app.components.multirow import ACTIVATION_CMAP, HeatRow, gold_row, multirow_html
 from app.state import (
+    KEY_HEATMAP_DATASET,
+    KEY_HEATMAP_EXAMPLE,
+    KEY_HEATMAP_SOURCE,
     Analysis,
     AppState,
     DetectorVerdicts,
@@ -56,9 +59,6 @@ ROW_RAW = "CORTEX raw"
 ROW_SMOOTH = "CORTEX smoothed"
 ROW_SURPRISAL = "surprisal (bits)"
 RAGLENS_ROWS = 2
-KEY_SOURCE = "heatmaps.example.source"
-KEY_DATASET = "heatmaps.dataset"
-KEY_EXAMPLE = "heatmaps.example.id"
 KEY_ONLY_FLAGGED = "heatmaps.only_flagged"
 KEY_SCAN_LIMIT = "heatmaps.scan.limit"
 KEY_SCAN = "heatmaps.scan"
@@ -70,7 +70,9 @@ KEY_ROWS = "heatmaps.rows"
 KEY_ROWS_OPTIONS = "heatmaps.rows.options"
 KEY_PREV = "heatmaps.prev"
 KEY_NEXT = "heatmaps.next"
-ANSWER_KEYS = AnswerKeys(source=KEY_SOURCE, dataset=KEY_DATASET, example=KEY_EXAMPLE)
+ANSWER_KEYS = AnswerKeys(
+    source=KEY_HEATMAP_SOURCE, dataset=KEY_HEATMAP_DATASET, example=KEY_HEATMAP_EXAMPLE
+)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

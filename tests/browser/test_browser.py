@@ -82,6 +82,7 @@ PAGES = [
     "GAM shape functions",
     "Feature explanations",
     "Benchmark",
+    "Agreement",
     "Review",
 ]
 HEADS_EXAMPLES = 6

@@ -1,0 +1,102 @@
+"""Agreement charts (plotly): the detectors' score correlation and where each detector's
+call matches gold, answer by answer. Pure: tables in, ``go.Figure`` out."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from core.agreement import VerdictTable, gold_matrix
+
+if TYPE_CHECKING:
+    import pandas as pd
+    import plotly.graph_objects as go
+
+RIGHT, WRONG, UNLABELLED = "#3a8f5c", "#d1495b", "#d9d9d9"
+
+
+def correlation_figure(corr: pd.DataFrame, *, title: str) -> go.Figure:
+    """The ``[d, d]`` correlation matrix as an annotated heatmap on [-1, 1]."""
+    import plotly.graph_objects as go
+
+    names = list(corr.columns)
+    z = corr.to_numpy(dtype=float)
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=names,
+            y=names,
+            zmin=-1,
+            zmax=1,
+            colorscale="RdBu",
+            reversescale=True,
+            text=[[("" if np.isnan(v) else f"{v:.2f}") for v in row] for row in z],
+            texttemplate="%{text}",
+            hovertemplate="%{y} vs %{x}: %{z:.3f}<extra></extra>",
+            colorbar={"title": "r"},
+        )
+    )
+    fig.update_layout(
+        title=title,
+        height=120 + 42 * len(names),
+        margin={"l": 10, "r": 10, "t": 50, "b": 10},
+        yaxis={"autorange": "reversed"},
+    )
+    return fig
+
+
+def gold_matrix_figure(table: VerdictTable, *, title: str) -> go.Figure:
+    """Rows: detectors; columns: answers (hallucinated ones first); green where the call
+    matches gold, red where it does not, grey without gold."""
+    import plotly.graph_objects as go
+
+    right = gold_matrix(table)
+    order = np.lexsort((np.arange(table.gold.size), -table.gold))
+    z = right[order].T.astype(float)  # [d, n]
+    ids = [table.example_ids[i] for i in order]
+    gold = [
+        "hallucinated" if g == 1 else "faithful" if g == 0 else "unlabelled"
+        for g in table.gold[order]
+    ]
+    text = [
+        [
+            f"{ids[j]} ({gold[j]}): {d} {'right' if z[i, j] == 1 else 'wrong' if z[i, j] == 0 else 'no gold'}"
+            for j in range(len(ids))
+        ]
+        for i, d in enumerate(table.detectors)
+    ]
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=list(range(len(ids))),
+            y=list(table.detectors),
+            zmin=-1,
+            zmax=1,
+            colorscale=[
+                [0.0, UNLABELLED],
+                [0.33, UNLABELLED],
+                [0.34, WRONG],
+                [0.66, WRONG],
+                [0.67, RIGHT],
+                [1.0, RIGHT],
+            ],  # fmt: skip
+            showscale=False,
+            text=text,
+            hovertemplate="%{text}<extra></extra>",
+            xgap=0,
+            ygap=2,
+        )
+    )
+    n_h = int((table.gold == 1).sum())
+    fig.update_layout(
+        title=title,
+        height=110 + 30 * len(table.detectors),
+        margin={"l": 10, "r": 10, "t": 50, "b": 30},
+        xaxis={
+            "title": f"answers: {n_h} hallucinated (left), then faithful",
+            "showticklabels": False,
+        },
+        yaxis={"autorange": "reversed"},
+    )
+    return fig

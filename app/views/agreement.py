@@ -1,0 +1,171 @@
+"""Agreement: where the shipped detectors agree, with each other and with gold.
+
+For the answers of a dataset (the Home dataset or the built-in corpus), every chosen
+detector's verdict (one trace per answer; features from the cache): the pairwise
+correlation of their scores, a matrix of where each call matches gold, the share of
+answers each pair gets right together or apart, and the answers they disagree on
+most, each one click away from the Token heatmaps page.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import streamlit as st
+
+from app.components.agreement_charts import correlation_figure, gold_matrix_figure
+from app.components.example_picker import (
+    dataset_labels,
+    open_in_token_heatmaps,
+    progress_bar,
+)
+from app.state import app_state, get_model, get_store, heads_examples, shipped_detectors
+from core.agreement import (
+    VerdictTable,
+    disagreements,
+    pairwise_gold,
+    score_correlation,
+    verdict_table,
+)
+from core.errors import RagscopeError
+from core.review import dataset_verdicts
+
+STATE_KEY = "ragscope.agreement"
+KEY_DATASET = "agreement.dataset"
+KEY_DETECTORS = "agreement.detectors"
+KEY_LIMIT = "agreement.limit"
+KEY_RUN = "agreement.run"
+KEY_METHOD = "agreement.method"
+KEY_LIST = "agreement.list"
+KEY_OPEN = "agreement.open"
+DEFAULT_LIMIT = 100
+
+
+@dataclass
+class AgreementState:
+    tables: dict[str, VerdictTable] = field(default_factory=dict)  # by request key
+    last: str | None = None
+
+
+def page_state() -> AgreementState:
+    if STATE_KEY not in st.session_state:
+        st.session_state[STATE_KEY] = AgreementState()
+    return st.session_state[STATE_KEY]
+
+
+def main() -> None:
+    st.title("Agreement between detectors")
+    st.caption(
+        "Do the detectors see the same hallucinations? Their scores' correlation, where "
+        "each one's call matches gold, and the answers they disagree on most."
+    )
+    state = app_state()
+    ag = page_state()
+    model = get_model()
+    shipped = shipped_detectors(model)
+    names = [s.name for s in shipped.detectors]
+    if len(names) < 2:
+        st.info(
+            "Agreement needs at least two trained detectors for this model; train them "
+            "with `ragscope train --detectors ...`."
+        )
+        return
+    labels = dataset_labels(state.dataset)
+    c_ds, c_lim = st.columns([3, 1], vertical_alignment="bottom")
+    choice = c_ds.selectbox(
+        "Dataset", list(labels), key=KEY_DATASET, format_func=labels.__getitem__
+    )
+    try:
+        key, label, examples = heads_examples(choice, state.dataset)
+    except RagscopeError as e:
+        st.error(f"{labels[choice]} cannot be read: {e}")
+        return
+    if not examples:
+        st.info("This dataset holds no examples; pick another one.")
+        return
+    limit = int(
+        c_lim.number_input(
+            "Answers",
+            min_value=2,
+            max_value=len(examples),
+            value=min(DEFAULT_LIMIT, len(examples)),
+            key=KEY_LIMIT,
+        )
+    )
+    chosen = st.multiselect("Detectors", names, default=names, key=KEY_DETECTORS)
+    request = f"{key}|{limit}|{','.join(chosen)}|{shipped.cache_id}"
+    run = st.button(
+        "Compare", key=KEY_RUN, type="primary", icon=":material/compare_arrows:",
+        disabled=len(chosen) < 2,
+    )  # fmt: skip
+    if run:
+        from core.extract import FeatureCache
+
+        by_name = {s.name: s.detector for s in shipped.detectors}
+        with progress_bar("Reading verdicts:") as progress:
+            try:
+                kept, verdicts = dataset_verdicts(
+                    model,
+                    examples[:limit],
+                    [by_name[n] for n in chosen],
+                    cache=FeatureCache(get_store()),
+                    progress=progress,
+                )
+            except RagscopeError as e:
+                st.error(f"The detectors could not read {label}: {e}")
+                return
+        ag.tables[request] = verdict_table(kept, verdicts, chosen)
+    table = ag.tables.get(request)
+    if table is None:
+        st.info(f"Press **Compare** to read {len(chosen)} detectors' verdicts on {limit} answers.")
+        return
+    if table.scores.shape[0] < 2:
+        st.warning("Fewer than two answers could be read; nothing to compare.")
+        return
+    st.caption(f"{len(table.example_ids)} answers of {label}.")
+    method = st.radio(
+        "Correlation", ["spearman", "pearson", "kendall"], horizontal=True, key=KEY_METHOD
+    )
+    corr = score_correlation(table, method)
+    c_corr, c_pairs = st.columns([1, 1])
+    with c_corr:
+        st.plotly_chart(
+            correlation_figure(corr, title=f"Score correlation ({method})"), width="stretch"
+        )
+    with c_pairs:
+        st.markdown("**Right and wrong together** (labelled answers)")
+        st.dataframe(
+            pairwise_gold(table).style.format(
+                {
+                    "both right": "{:.0%}",
+                    "only A": "{:.0%}",
+                    "only B": "{:.0%}",
+                    "neither": "{:.0%}",
+                }
+            ),
+            hide_index=True,
+            width="stretch",
+        )
+    if (table.gold >= 0).any():
+        st.plotly_chart(
+            gold_matrix_figure(table, title="Where each detector's call matches gold"),
+            width="stretch",
+        )
+    st.markdown("**Answers the detectors disagree on most**")
+    dis = disagreements(table)
+    shown = dis.head(50)
+    event = st.dataframe(
+        shown.style.format({"flagged by": "{:.0%}", "split": "{:.2f}", "score spread": "{:.3f}"}),
+        hide_index=True,
+        on_select="rerun",
+        selection_mode="single-row",
+        key=KEY_LIST,
+        width="stretch",
+    )
+    rows = event.selection.rows if event is not None else []
+    target = str(shown.iloc[rows[0]]["example"]) if rows else str(shown.iloc[0]["example"])
+    if st.button(f"Open {target} in Token heatmaps", key=KEY_OPEN, icon=":material/open_in_new:"):
+        open_in_token_heatmaps(state, choice, target)
+
+
+main()

@@ -1,0 +1,56 @@
+"""The Agreement page (AppTest, tiny model, the demo detectors): the verdicts of every
+chosen detector on the built-in corpus, the correlation the page draws equals the one
+computed directly, and an answer opens in Token heatmaps."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+from streamlit.testing.v1 import AppTest
+
+from app.state import KEY_HEATMAP_EXAMPLE
+from core.agreement import score_correlation, verdict_table
+from core.corpus import load_builtin
+from core.detectors.base import load_shipped
+from core.review import dataset_verdicts
+
+PAGE = "views/agreement.py"
+N = 8
+
+
+def test_compare_draws_the_detectors_agreement_and_opens_an_answer(
+    with_demo_detectors: Path,
+    tiny_model,
+    open_page: Callable[[str], AppTest],
+    chart: Callable[[AppTest, str], dict],
+    plotly_array,
+    page_text: Callable[[AppTest], str],
+    no_exception: Callable[[AppTest], None],
+) -> None:
+    at = open_page(PAGE)
+    assert "Press **Compare**" in page_text(at)
+    at.selectbox(key="agreement.dataset").select_index(1)  # the built-in labelled corpus
+    at.number_input(key="agreement.limit").set_value(N)
+    at.button(key="agreement.run").click().run()
+    no_exception(at)
+    names = at.multiselect(key="agreement.detectors").value
+    assert set(names) == {"nll", "context_gain", "cortex"}
+    dets = [load_shipped(n, tiny_model.info.key, with_demo_detectors) for n in names]
+    kept, verdicts = dataset_verdicts(tiny_model, load_builtin()[:N], dets)
+    want = score_correlation(verdict_table(kept, verdicts, names))
+    fig = chart(at, "Score correlation (spearman)")
+    z = plotly_array(fig["data"][0]["z"]).reshape(len(names), len(names))
+    np.testing.assert_allclose(z, want.to_numpy(), atol=1e-9)
+    assert chart(at, "Where each detector's call matches gold")
+    tables = at.dataframe
+    assert len(tables) == 2
+    pairs = tables[0].value
+    assert len(pairs) == 3 and set(pairs["A"]) | set(pairs["B"]) == set(names)
+    listed = tables[1].value
+    assert len(listed) == N and listed["split"].is_monotonic_decreasing
+    first = str(listed["example"].iloc[0])
+    at.button(key="agreement.open").click().run()
+    no_exception(at)
+    assert at.selectbox(key=KEY_HEATMAP_EXAMPLE).value == first
