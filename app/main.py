@@ -45,7 +45,8 @@ navigation = st.navigation(
         st.Page(PAGES_DIR / "benchmark.py", title="Benchmark", icon=":material/leaderboard:"),
         st.Page(PAGES_DIR / "agreement.py", title="Agreement", icon=":material/join_inner:"),
         st.Page(PAGES_DIR / "review.py", title="Review", icon=":material/rate_review:"),
-    ]
+    ],
+    expanded=True,  # every page listed, without a "view more" fold
 )
 
 model = get_model()

@@ -475,6 +475,67 @@ def cmd_mitigate(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_token_thresholds(args: argparse.Namespace) -> int:
+    """Record each artifact's token threshold (best token F1 on its own validation split).
+
+    The split comes from the artifact's training recipe (so the answers are ones it
+    did not learn from); artifacts without a recipe use ``--dataset``. The threshold
+    goes into the artifact's ``cfg.json`` as ``token_threshold`` (with where it came
+    from); detectors that score no tokens are listed and left alone.
+    """
+    from core.detectors import artifact_info, shipped_artifacts
+    from core.detectors.base import detector_class
+    from core.errors import DataError
+    from core.evaluate import data_hash, make_splits, token_threshold
+    from core.extract import FeatureCache, extract_features
+    from core.storage import Store
+
+    folder = Path(args.folder) if args.folder else None
+    model = _load(args)
+    found = shipped_artifacts(model.info.key, folder=folder)
+    names = [d for d in args.detectors.split(",") if d] if args.detectors else sorted(found)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise DataError(f"no artifact for {', '.join(missing)}", source=str(folder or "assets"))
+    rows = []
+    with Store() as store:
+        for n in names:
+            path = Path(found[n])
+            recipe = (artifact_info(path).get("trained_on") or {}).get("recipe") or {}
+            spec = recipe.get("dataset") or args.dataset
+            if spec is None:
+                raise DataError(
+                    "the artifact records no training recipe: give --dataset", source=str(path)
+                )
+            limit = recipe.get("limit") if recipe else args.limit
+            seed = recipe.get("seed", args.seed) if recipe else args.seed
+            name, _, splits = make_splits(spec, limit=limit, seed=seed)
+            val = splits["validation"]
+            det = detector_class(n).load(path, model_key=model.info.key)
+            ext = extract_features(model, val, [det], cache=FeatureCache(store), on_error="skip")
+            verdicts = [det.predict(f) for f in ext.features[n]]
+            t = token_threshold(list(ext.examples), verdicts)
+            if t is None:
+                rows.append((n, "-", "scores no tokens (or one class only)"))
+                continue
+            cfg_path = path / "cfg.json"
+            cfg = json.loads(cfg_path.read_text())
+            cfg["token_threshold"] = t
+            cfg["token_threshold_from"] = {
+                "dataset": name,
+                "split": "validation",
+                "n": len(ext.examples),
+                "data_hash": data_hash(list(ext.examples)),
+                "criterion": "token F1",
+            }
+            cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+            rows.append((n, f"{t:.4f}", f"{name} validation, {len(ext.examples)} answers"))
+    print("| detector | token threshold | from |\n|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]} |")
+    return 0
+
+
 def cmd_serve_llm(args: argparse.Namespace) -> int:
     """Serve the loaded model at ``http://HOST:PORT/v1`` until interrupted."""
     from core.llmserve import make_server
@@ -1085,6 +1146,19 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--out", default=None, help="write the report's JSON here")
     p.set_defaults(func=cmd_mitigate)
+
+    p = sub.add_parser(
+        "token-thresholds",
+        help="record each detector artifact's token threshold (best token F1 on its "
+        "validation split) for flagging spans",
+    )
+    _add_model_args(p)
+    p.add_argument("--folder", default=None, help="artifact folder (default: the shipped one)")
+    p.add_argument("--detectors", default=None, help="comma-separated (default: every one)")
+    p.add_argument("--dataset", default=None, help="for artifacts without a training recipe")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_token_thresholds)
 
     p = sub.add_parser(
         "serve-llm",

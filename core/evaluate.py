@@ -32,6 +32,7 @@ from core.storage import example_hash
 if TYPE_CHECKING:
     import pandas as pd
 
+    from core.detectors.base import Verdict
     from core.examples import RAGExample
     from core.model import LoadedModel
 
@@ -243,6 +244,41 @@ def best_threshold(
     return best_t
 
 
+def token_labels_and_scores(
+    examples: Sequence[RAGExample], verdicts: Sequence[Verdict]
+) -> tuple[np.ndarray, np.ndarray]:
+    """Every labelled token's gold label and score, concatenated: tokens of answers with
+    gold spans, and of faithful answers without spans (all 0)."""
+    labs, scores = [], []
+    for e, v in zip(examples, verdicts, strict=True):
+        if v.token_scores is None:
+            continue
+        lab = span_labels(v.token_offsets, e)
+        if lab is None and e.label is False:
+            lab = np.zeros(len(v.token_scores), dtype=np.int8)
+        if lab is not None:
+            labs.append(lab)
+            scores.append(np.asarray(v.token_scores, dtype=np.float64))
+    if not labs:
+        return np.zeros(0, np.int8), np.zeros(0)
+    return np.concatenate(labs), np.concatenate(scores)
+
+
+def token_threshold(examples: Sequence[RAGExample], verdicts: Sequence[Verdict]) -> float | None:
+    """The token-score threshold with the best token F1 on these (validation) answers;
+    ``None`` when the detector scores no token or the tokens are all of one class. The
+    threshold to flag spans with (answer-level thresholds live on another scale)."""
+    from sklearn.metrics import precision_recall_curve
+
+    y, s = token_labels_and_scores(examples, verdicts)
+    if y.size == 0 or not _binary_checks(y):
+        return None
+    precision, recall, thresholds = precision_recall_curve(y, s)
+    p, r = precision[:-1], recall[:-1]
+    f1 = np.divide(2 * p * r, p + r, out=np.zeros_like(p), where=(p + r) > 0)
+    return float(thresholds[int(np.argmax(f1))])
+
+
 # ----------------------------------------------------------------------------- runs
 
 
@@ -258,6 +294,7 @@ class DetectorResult:
     validation_metrics: Mapping[str, Any] | None
     scores: tuple[float, ...]  # aligned with EvalRun.test_ids
     artifact: str | None = None
+    token_threshold: float | None = None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -551,22 +588,20 @@ def evaluate(
                 det.fit(tr_f[n], tr_ex)
         va_metrics = None
         if va_ex:
-            va_scores = np.asarray([det.predict(f).score for f in va_f[n]])
+            va_verdicts = [det.predict(f) for f in va_f[n]]
+            va_scores = np.asarray([v.score for v in va_verdicts])
             det.threshold_ = best_threshold(y_va, va_scores, threshold_criterion)
             va_metrics = response_metrics(y_va, va_scores, det.threshold_, n_boot=0)
+            det.token_threshold_ = token_threshold(va_ex, va_verdicts)
         verdicts = [det.predict(f) for f in te_f[n]]
         scores = np.asarray([v.score for v in verdicts])
         tok = None
         tok_lab, tok_sc = [], []
         for e, v in zip(te_ex, verdicts, strict=True):
-            if v.token_scores is None:
-                continue
-            lab = span_labels(v.token_offsets, e)
-            if lab is None and e.label is False:
-                lab = np.zeros(len(v.token_scores), dtype=np.int8)
-            if lab is not None:
-                tok_lab.append(lab)
-                tok_sc.append(v.token_scores)
+            y_tok, s_tok = token_labels_and_scores([e], [v])
+            if y_tok.size:
+                tok_lab.append(y_tok)
+                tok_sc.append(s_tok)
         if tok_lab:
             tok = token_metrics(np.concatenate(tok_lab), np.concatenate(tok_sc))
             if smooth is not None:
@@ -598,6 +633,7 @@ def evaluate(
                             },
                         },
                         "threshold_criterion": threshold_criterion,
+                        "token_threshold": getattr(det, "token_threshold_", None),
                         "metrics": {"test": metrics, "validation": va_metrics, "token": tok},
                     },
                 )
@@ -614,6 +650,7 @@ def evaluate(
                 validation_metrics=va_metrics,
                 scores=tuple(float(s) for s in scores),
                 artifact=art,
+                token_threshold=getattr(det, "token_threshold_", None),
             )
         )
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")

@@ -32,6 +32,7 @@ from app.state import (
     load_examples,
     shipped_detectors,
 )
+from core.detectors.base import flag_threshold
 from core.errors import DataError, RagscopeError, StorageError
 from core.examples import RAGExample
 from core.review import (
@@ -206,7 +207,7 @@ def build_section(
         by_name = {s.name: s.detector for s in shipped.detectors}
         cols = st.columns(max(len(chosen), 1))
         for c, n in zip(cols, chosen, strict=False):
-            default_thr = float(getattr(by_name[n], "threshold_", 0.5))
+            default_thr = flag_threshold(by_name[n])
             rs.thresholds[n] = float(
                 c.number_input(
                     f"{n} token threshold",

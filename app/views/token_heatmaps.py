@@ -41,6 +41,7 @@ from app.state import (
     shipped_detectors,
     train_command,
 )
+from core.detectors.base import flag_threshold
 from core.errors import RagscopeError
 from core.smoothing import flagged_spans, smooth_tokens, span_overlap_f1
 
@@ -262,7 +263,7 @@ def scan_row(
 def current_threshold(state: AppState, cortex: CortexDetector | None) -> float:
     if state.heatmap_threshold is not None:
         return state.heatmap_threshold
-    return float(getattr(cortex, "threshold_", 0.5)) if cortex is not None else 0.5
+    return flag_threshold(cortex) if cortex is not None else 0.5
 
 
 # --------------------------------------------------------------------------- view

@@ -626,11 +626,24 @@ def check_features(
         )
 
 
+def flag_threshold(detector: Any) -> float:
+    """The threshold to flag single tokens at: the detector's token threshold (best token
+    F1 on validation, recorded by ``ragscope train`` / ``ragscope token-thresholds``),
+    else its answer threshold, else 0.5."""
+    tok = getattr(detector, "token_threshold_", None)
+    if tok is not None:
+        return float(tok)
+    return float(getattr(detector, "threshold_", 0.5))
+
+
 def restore_fitted(detector: Any, cfg: Mapping[str, Any]) -> None:
     """Set what every artifact's ``cfg.json`` records on a loaded detector: the model
-    key, the decision threshold and the training facts."""
+    key, the decision threshold, the token threshold (best token F1 on validation, for
+    flagging spans; ``None`` when not recorded) and the training facts."""
     detector.model_key_ = cfg["model"]
     detector.threshold_ = float(cfg.get("threshold", 0.5))
+    tok = cfg.get("token_threshold")
+    detector.token_threshold_ = float(tok) if tok is not None else None
     detector.train_info_ = dict(cfg.get("train", {}))
 
 

@@ -12,7 +12,9 @@ the shipped CORTEX detector's flagged spans on the Token heatmaps page, explains
 SAE feature through a local fake OpenAI-compatible endpoint on the Feature
 explanations page, supports a flagged claim in the passage and re-scores it on the
 Counterfactual context page, regenerates an answer with token-level feedback on the
-Mitigation page, and saves full-page screenshots to ``test-artifacts/``.
+Mitigation page, compares the detectors on the Agreement page, scans a review queue
+and accepts an item with the keyboard on the Review page, and saves full-page
+screenshots to ``test-artifacts/``.
 
 The server gets its own cache dir (``RAGSCOPE_CACHE_DIR``) whose ``models`` folder
 links to the session's, so the embedded model is not dequantized again while the
@@ -678,3 +680,42 @@ def test_mitigation_in_chromium(server: str, browser: object) -> None:
         assert table.bounding_box()["height"] > 80  # type: ignore[index]
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "mitigation.png")
+
+
+def test_agreement_in_chromium(server: str, browser: object) -> None:
+    with _opened(browser, server, "agreement", "Agreement between detectors") as page:
+        page.locator('[data-testid="stSelectbox"]', has_text="Dataset").click()
+        page.get_by_role("option", name="Built-in labelled corpus").click()
+        answers = page.get_by_label("Answers")
+        answers.fill("6")
+        answers.press("Enter")
+        page.get_by_role("button", name=re.compile("Compare")).click()
+        page.get_by_text(re.compile(r"^6 answers of")).wait_for(timeout=ANALYSE_MS)
+        page.locator(".js-plotly-plot").first.wait_for(state="visible")
+        assert page.locator(".js-plotly-plot").count() == 2  # correlation, gold matrix
+        page.get_by_text("Answers the detectors disagree on most").wait_for()
+        page.get_by_role("button", name=re.compile("in Token heatmaps")).wait_for()
+        _assert_no_exception(page)
+        _full_page_screenshot(page, ARTIFACTS / "agreement.png")
+
+
+def test_review_in_chromium(server: str, browser: object) -> None:
+    with _opened(browser, server, "review", "Review flagged spans") as page:
+        page.get_by_label("Your name", exact=True).fill("ann")
+        page.get_by_role("button", name="Start reviewing").click()
+        page.get_by_text("Reviewing as").wait_for()
+        page.locator('[data-testid="stSelectbox"]', has_text="Dataset").wait_for()
+        scan = page.get_by_label("Answers to scan")
+        scan.fill("4")
+        scan.press("Enter")
+        page.get_by_role("button", name=re.compile("Scan and queue")).click()
+        page.get_by_text(re.compile(r"^Scanned 4 answers")).wait_for(timeout=ANALYSE_MS)
+        header = page.get_by_role("heading", name=re.compile(r"^Item 1 of \d+"))
+        header.wait_for()
+        page.locator(".rs-marked mark").first.wait_for()  # the flagged span
+        # The keyboard: "a" accepts the item and moves on.
+        page.locator("body").press("a")
+        page.get_by_text(re.compile(r"^Item \d+ accepted\.")).wait_for(timeout=ANALYSE_MS)
+        page.get_by_text(re.compile(r"ann: accept|1 reviewed by you")).first.wait_for()
+        _assert_no_exception(page)
+        _full_page_screenshot(page, ARTIFACTS / "review.png")

@@ -216,6 +216,33 @@ def test_train_records_recipe_and_reproduce_checks_it(tmp_path: Path, capsys, ti
     assert "2/3 artifacts reproduced" in out
 
 
+def test_train_records_token_thresholds_and_the_command_recomputes_them(
+    tmp_path: Path, capsys, tiny_model
+) -> None:
+    from core.detectors.base import detector_class, flag_threshold
+
+    shipped = tmp_path / "shipped"
+    assert main(_train_args(shipped)) == 0
+    capsys.readouterr()
+    cfg_path = shipped / "nll" / "cfg.json"
+    cfg = json.loads(cfg_path.read_text())
+    trained = cfg["token_threshold"]
+    assert 0.0 <= trained <= 1.0
+    det = detector_class("nll").load(shipped / "nll")
+    assert det.token_threshold_ == trained and flag_threshold(det) == trained
+    # the command recomputes it on the artifact's own validation split: the same value
+    del cfg["token_threshold"]
+    cfg_path.write_text(json.dumps(cfg))
+    assert detector_class("nll").load(shipped / "nll").token_threshold_ is None
+    args = ["token-thresholds", "--model", "tiny", "--folder", str(shipped)]
+    assert main([*args, "--detectors", "nll"]) == 0
+    out = capsys.readouterr().out
+    assert "| nll |" in out and "validation" in out
+    cfg = json.loads(cfg_path.read_text())
+    assert cfg["token_threshold"] == pytest.approx(trained)
+    assert cfg["token_threshold_from"]["split"] == "validation"
+
+
 def test_reproduce_refuses_artifacts_without_recipe(tmp_path: Path, capsys) -> None:
     folder = tmp_path / "old" / "nll"
     folder.mkdir(parents=True)

@@ -236,3 +236,37 @@ def test_evaluate_reports_smoothed_token_metrics(tiny_model) -> None:
     assert tok["smoothed"]["auroc"] != pytest.approx(tok["auroc"], abs=1e-6)
     assert "token AUROC (smoothed 0.99)" in run.to_markdown()
     assert run.to_frame()["token AUROC smoothed"].iloc[0] == tok["smoothed"]["auroc"]
+
+
+def test_token_threshold_is_the_best_token_f1_threshold():
+    from core.detectors.base import Verdict
+    from core.evaluate import best_threshold, token_labels_and_scores, token_threshold
+    from core.examples import RAGExample, Span
+
+    rng = np.random.default_rng(3)
+    examples, verdicts = [], []
+    for i in range(12):
+        n = 10
+        text = " ".join(f"w{j}" for j in range(n))
+        offs = np.asarray([(3 * j, 3 * j + 2) for j in range(n)])
+        hall = i % 3 != 0
+        spans = (Span(start=6, end=14),) if hall else ()
+        examples.append(
+            RAGExample(
+                id=f"e{i}", question="q", passages=("p",), response=text, label=hall, spans=spans
+            )
+        )
+        scores = rng.random(n) * 0.6
+        if hall:
+            scores[2:5] += 0.3
+        verdicts.append(
+            Verdict(
+                detector="d", example_id=f"e{i}", score=0.5, token_scores=scores, token_offsets=offs
+            )
+        )
+    y, s = token_labels_and_scores(examples, verdicts)
+    assert y.size == 120 and y.sum() == 8 * 3
+    t = token_threshold(examples, verdicts)
+    assert t == pytest.approx(best_threshold(y, s, "f1"))
+    none = [Verdict(detector="d", example_id=e.id, score=0.5) for e in examples]
+    assert token_threshold(examples, none) is None
