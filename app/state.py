@@ -1040,6 +1040,14 @@ def _corpus_examples() -> list[RAGExample]:
     return load_builtin()
 
 
+REVIEW_CORPUS_KEY = "corpus"
+
+
+def review_key(ref: DatasetRef | None) -> str:
+    """The review queue's name of a dataset (``None``: the built-in labelled corpus)."""
+    return REVIEW_CORPUS_KEY if ref is None else f"{ref.kind}:{ref.name}"
+
+
 def heads_examples(source: str, home: DatasetRef) -> tuple[str, str, list[RAGExample]]:
     """``(dataset key, label, examples)`` of the Heads & layers page's examples choice.
 

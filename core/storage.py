@@ -735,6 +735,15 @@ class Store:
         )
         return rows[0][0] if rows else None
 
+    def latest_explanation(self, *, model: str, feature_key: str) -> str | None:
+        """The most recently cached explanation of a feature, from any prompt (``None``: none)."""
+        rows = self._query(
+            "SELECT text FROM explanations WHERE model = ? AND feature_key = ? "
+            "ORDER BY created_at DESC, id DESC LIMIT 1",
+            (model, feature_key),
+        )
+        return rows[0][0] if rows else None
+
     def find_explanation(
         self, *, model: str, feature_key: str, prompt_hashes: Sequence[str]
     ) -> tuple[str, str] | None:

@@ -19,7 +19,13 @@ from app.components.example_picker import (
     open_in_token_heatmaps,
     progress_bar,
 )
-from app.state import app_state, get_model, get_store, heads_examples, shipped_detectors
+from app.state import (
+    app_state,
+    get_model,
+    get_store,
+    heads_examples,
+    shipped_detectors,
+)
 from core.agreement import (
     VerdictTable,
     disagreements,
@@ -38,6 +44,7 @@ KEY_RUN = "agreement.run"
 KEY_METHOD = "agreement.method"
 KEY_LIST = "agreement.list"
 KEY_OPEN = "agreement.open"
+KEY_REPORT = "agreement.report"
 DEFAULT_LIMIT = 100
 
 

@@ -30,6 +30,7 @@ from app.state import (
     get_store,
     heads_examples,
     load_examples,
+    review_key,
     shipped_detectors,
 )
 from core.detectors.base import flag_threshold
@@ -76,7 +77,8 @@ KEY_EXPORT_WHO = "review.export.who"
 KEY_EXPORT_ALL = "review.export.all"
 KEY_EXPORT_NAME = "review.export.name"
 KEY_EXPORT_SAVE = "review.export.save"
-CORPUS = "corpus"
+KEY_REPORT = "review.report"
+KEY_REPORT_GET = "review.report.get"
 CORPUS_LABEL = "Built-in labelled corpus"
 UNSET = "unset"
 LATEST = "the latest decision on each item"
@@ -110,6 +112,7 @@ class ReviewState:
     outcome: tuple[str, str] | None = None  # (kind, text), shown once
     build_report: str | None = None
     thresholds: dict[str, float] = field(default_factory=dict)
+    report: tuple[str, str] | None = None  # (example id, HTML)
 
 
 def page_state() -> ReviewState:
@@ -145,9 +148,9 @@ def reviewer_gate(rs: ReviewState) -> bool:
 
 def dataset_options() -> dict[str, tuple[str, DatasetRef | None]]:
     """Dataset key -> (label, reference); the built-in corpus has no reference."""
-    out: dict[str, tuple[str, DatasetRef | None]] = {CORPUS: (CORPUS_LABEL, None)}
+    out: dict[str, tuple[str, DatasetRef | None]] = {review_key(None): (CORPUS_LABEL, None)}
     for ref in dataset_choices():
-        out[f"{ref.kind}:{ref.name}"] = (ref.label, ref)
+        out[review_key(ref)] = (ref.label, ref)
     return out
 
 
@@ -490,6 +493,7 @@ def item_card(
                     f"{r.reviewer}: **{r.decision}** “{ex.response[r.start : r.end]}”{typ}{note} "
                     f"(version {r.version}, {r.updated_at})"
                 )
+        report_row(book, rs, item, ex)
         with st.expander("Audit trail of this item"):
             trail = book.audit(item.id)
             if not trail:
@@ -500,6 +504,65 @@ def item_card(
                     f"[{a.after.get('start')}, {a.after.get('end')})"
                     + (f" (was {a.before.get('decision')})" if a.before else "")
                 )
+
+
+def build_answer_report(book: ReviewBook, dataset: str, ex: RAGExample, label: str) -> str:
+    """The audit report of one answer: every shipped detector's verdict and view, and
+    the reviews of its flagged spans in this dataset's queue."""
+    from app.components.report import answer_report_html
+    from core.explain import feature_key
+    from core.extract import run_example
+
+    model = get_model()
+    shipped = shipped_detectors(model)
+    dets = {s.name: s.detector for s in shipped.detectors}
+    features = run_example(model, ex, list(dets.values())) if dets else {}
+    verdicts = {n: d.predict(features[n]) for n, d in dets.items()}
+    explanations: dict[str, str] = {}
+    raglens = dets.get("raglens")
+    if raglens is not None and "raglens" in verdicts:
+        store = get_store()
+        for name in verdicts["raglens"].explanation:
+            if name.startswith("F") and name[1:].isdigit():
+                text = store.latest_explanation(
+                    model=model.info.key, feature_key=feature_key(raglens.sae.key, int(name[1:]))
+                )
+                if text:
+                    explanations[name] = text
+    reviews = [i for i in book.items(dataset, sort="position") if i.example_id == ex.id]
+    return answer_report_html(
+        example=ex,
+        model_name=model.info.display_name,
+        verdicts=verdicts,
+        detectors=dets,
+        features=features,
+        explanations=explanations,
+        reviews=reviews,
+        dataset=label,
+    )
+
+
+def report_row(book: ReviewBook, rs: ReviewState, item: ReviewItem, ex: RAGExample) -> None:
+    """Build (on request) and download the answer's self-contained audit report."""
+    c_build, c_get, _ = st.columns([1.4, 1.4, 2])
+    if c_build.button("Build audit report", key=KEY_REPORT, icon=":material/description:"):
+        with st.spinner("Running every detector on the answer…"):
+            try:
+                rs.report = (
+                    ex.id,
+                    build_answer_report(book, item.dataset, ex, dataset_options()[item.dataset][0]),
+                )
+            except RagscopeError as e:
+                st.error(f"The report could not be built: {e}")
+    if rs.report is not None and rs.report[0] == ex.id:
+        c_get.download_button(
+            "Download report (HTML)",
+            rs.report[1],
+            file_name=f"audit-{ex.id}.html",
+            mime="text/html",
+            key=KEY_REPORT_GET,
+            icon=":material/download:",
+        )
 
 
 # --------------------------------------------------------------------------- agreement, export

@@ -719,3 +719,26 @@ def test_review_in_chromium(server: str, browser: object) -> None:
         page.get_by_text(re.compile(r"ann: accept|1 reviewed by you")).first.wait_for()
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "review.png")
+
+        # The answer's audit report: built, downloaded, opened offline.
+        page.get_by_role("button", name=re.compile("Build audit report")).click()
+        get = page.get_by_role("button", name=re.compile(r"Download report \(HTML\)"))
+        get.wait_for(timeout=ANALYSE_MS)
+        with page.expect_download() as info:
+            get.click()
+        report_path = ARTIFACTS / "audit_report.html"
+        info.value.save_as(report_path)
+    report = browser.new_page(viewport={"width": 1200, "height": 1000})  # type: ignore[attr-defined]
+    try:
+        fetched: list[str] = []
+        report.on("request", lambda r: fetched.append(r.url))
+        report.goto(report_path.as_uri(), wait_until="load")
+        for heading in ("Example", "Verdicts", "Explanations", "Reviewer decisions"):
+            report.get_by_role("heading", name=heading, exact=True).wait_for()
+        report.locator(".js-plotly-plot").first.wait_for(state="visible")
+        assert report.locator("table.rs").count() >= 2
+        assert report.get_by_text("ann", exact=True).count() >= 1
+        assert all(u.startswith(("file:", "data:", "blob:")) for u in fetched), fetched
+        _full_page_screenshot(report, ARTIFACTS / "audit_report.png")
+    finally:
+        report.close()
