@@ -233,8 +233,9 @@ def mitigate_batch(
         examples: Examples whose answers to mitigate (their responses are the "before").
         detectors: Fitted detectors; all of them re-score both answers.
         method: One of :data:`METHODS`.
-        guide: The detector whose token flags the token feedback quotes (default:
-            ``cortex`` when given, else the first detector with token scores); for
+        guide: The detector whose token flags (at its :func:`flag_threshold`) the token
+            feedback quotes (default: ``ensemble``, else ``cortex`` when given, else the
+            first detector with token scores); for
             ``aarf``, a fitted ``redeep_token`` detector's name.
         max_new_tokens: Length limit of the new answers.
         progress: ``(done, total)`` callback.
@@ -249,6 +250,7 @@ def mitigate_batch(
     import dataclasses
 
     from core.counterfactual import on_template, score_one
+    from core.detectors.base import flag_threshold
     from core.smoothing import flagged_spans
 
     if method not in METHODS:
@@ -261,7 +263,7 @@ def mitigate_batch(
         if guide not in by_name:
             raise DataError("aarf needs a fitted redeep_token detector among the detectors")
     elif method == "feedback-token" and guide is None:
-        guide = "cortex" if "cortex" in by_name else None
+        guide = next((n for n in ("ensemble", "cortex") if n in by_name), None)
     before: dict[str, list[float]] = {n: [] for n in by_name}
     after: dict[str, list[float]] = {n: [] for n in by_name}
     ids, answers, errors = [], [], []
@@ -292,7 +294,7 @@ def mitigate_batch(
                     )
                     s = old.get(g) if g else None
                     if s is not None and s.token_scores is not None:
-                        t = float(getattr(by_name[g], "threshold_", 0.5))  # type: ignore[index]
+                        t = flag_threshold(by_name[g])  # type: ignore[index]
                         spans = flagged_spans(
                             np.asarray(s.token_scores), np.asarray(s.token_offsets), t
                         )

@@ -33,6 +33,7 @@ from app.state import (
     train_command,
 )
 from core.counterfactual import on_template, score_one
+from core.detectors.base import flag_threshold, scores_tokens
 from core.errors import RagscopeError
 from core.mitigate import feedback_message, feedback_regenerate
 from core.smoothing import flagged_spans
@@ -103,7 +104,7 @@ def _guide_spans(
     if s.token_scores is None:
         return []
     return flagged_spans(
-        np.asarray(s.token_scores), np.asarray(s.token_offsets), float(_det.threshold_)
+        np.asarray(s.token_scores), np.asarray(s.token_offsets), flag_threshold(_det)
     )
 
 
@@ -121,12 +122,10 @@ def feedback_section(
     state: AppState, model: LoadedModel, example: RAGExample, shipped: Any, max_tokens: int
 ) -> None:
     dets = {d.name: d for d in shipped.detectors}
-    token_dets = [
-        n for n in dets if n in ("cortex", "nll", "context_gain", "lexical", "redeep_token", "spad")
-    ]
+    token_dets = [n for n, d in dets.items() if scores_tokens(d.detector)]
     options = [INSTANCE, *token_dets]
     if state.mit_guide not in options:
-        state.mit_guide = "cortex" if "cortex" in options else options[-1]
+        state.mit_guide = next((n for n in ("ensemble", "cortex") if n in options), options[-1])
         st.session_state.pop(KEY_GUIDE, None)
     seed_widget(KEY_GUIDE, state.mit_guide)
     c1, c3, c4 = st.columns([3, 1, 1], vertical_alignment="bottom")

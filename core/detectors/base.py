@@ -626,6 +626,22 @@ def check_features(
         )
 
 
+TOKEN_SCORERS = frozenset(
+    {"nll", "context_gain", "lexical", "redeep_token", "redeep_chunk", "interpdetect", "cortex"}
+)
+"""Detectors that give every answer token a score (the ensemble does when its token
+stacker is fitted)."""
+
+
+def scores_tokens(detector: Any) -> bool:
+    """Whether ``detector``'s verdicts carry token scores (to flag spans with)."""
+    if getattr(detector, "token_threshold_", None) is not None:
+        return True
+    if getattr(detector, "name", None) == "ensemble":
+        return bool(getattr(detector, "token_members_", ()))
+    return getattr(detector, "name", None) in TOKEN_SCORERS
+
+
 def flag_threshold(detector: Any) -> float:
     """The threshold to flag single tokens at: the detector's token threshold (best token
     F1 on validation, recorded by ``ragscope train`` / ``ragscope token-thresholds``),

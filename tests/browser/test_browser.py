@@ -645,10 +645,14 @@ def test_counterfactual_in_chromium(server: str, browser: object) -> None:
         page.locator('[data-testid="stSelectbox"]', has_text="Example").click()
         page.get_by_role("option", name=re.compile(re.escape(CF_EXAMPLE_ID))).click()
         page.get_by_text(re.compile("Mount Kelsey")).first.wait_for()
+        # The first example's passage boxes stay in the DOM until the rerun ends.
+        passage = page.get_by_label("Passage 1")
+        expect(passage).to_have_count(1, timeout=ANALYSE_MS)
+        expect(passage).to_have_value(re.compile("^Mount Kelsey"), timeout=ANALYSE_MS)
         # Support the gold span's claim in the passage, then re-score both versions.
         page.get_by_role("button", name=re.compile("Support it")).click()
-        expect(page.get_by_label("Passage 1")).to_have_value(
-            re.compile("It was built by the national park service in 1974")
+        expect(passage).to_have_value(
+            re.compile("It was built by the national park service in 1974"), timeout=ANALYSE_MS
         )
         page.get_by_role("button", name=re.compile("Compare")).click()
         page.get_by_role("heading", name=re.compile(r"^Original vs edited")).wait_for(
