@@ -1125,7 +1125,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--guide",
         default=None,
-        help="detector whose token flags guide token feedback (default: cortex) or AARF "
+        help="detector whose token flags guide token feedback (default: ensemble, else cortex) "
+        "or AARF "
         "(redeep_token)",
     )
     p.add_argument("--max-new-tokens", type=int, default=96)

@@ -243,6 +243,24 @@ def test_train_records_token_thresholds_and_the_command_recomputes_them(
     assert cfg["token_threshold_from"]["split"] == "validation"
 
 
+def test_train_reads_a_reviewed_export(tmp_path: Path, capsys, tiny_model) -> None:
+    """The Review page's JSONL export is a training set like any other."""
+    from core.datasets import resolve_dataset
+    from core.evaluate import stratified_head
+    from core.review import write_ragtruth_jsonl
+
+    examples = stratified_head(resolve_dataset("builtin")[1], 48)
+    path = write_ragtruth_jsonl(examples, tmp_path / "reviewed.jsonl")
+    out = tmp_path / "out"
+    args = ["train", "--model", "tiny", "--device", "cpu", "--dataset", str(path)]
+    assert main([*args, "--detectors", "nll", "--bootstrap", "0", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "| nll |" in printed
+    cfg = json.loads((out / "nll" / "cfg.json").read_text())
+    assert cfg["trained_on"]["dataset"] == "reviewed"
+    assert sum(cfg["trained_on"]["n"].values()) == len(examples)
+
+
 def test_reproduce_refuses_artifacts_without_recipe(tmp_path: Path, capsys) -> None:
     folder = tmp_path / "old" / "nll"
     folder.mkdir(parents=True)
