@@ -696,6 +696,38 @@ def thresholded_verdict(detector: Any, features: Features, score: float, **kw: A
     )
 
 
+def check_fit_inputs(
+    name: str,
+    features: Sequence[Features],
+    examples: Sequence[RAGExample],
+    *,
+    same_columns: bool = False,
+) -> str:
+    """The model key all training ``features`` come from, after the checks every ``fit``
+    makes: one Features per example (and at least one), one model (and, with
+    ``same_columns``, one set of feature names).
+
+    Raises:
+        DataError: The lists differ in length or are empty.
+        ModelError: The features come from different models (or configs).
+    """
+    if len(features) != len(examples) or not features:
+        raise DataError(
+            f"{name}: fit needs one Features per example; got {len(features)} and {len(examples)}"
+        )
+    models = {f.model for f in features}
+    if len(models) != 1:
+        raise ModelError(
+            f"{name}: features come from different models {sorted(models)}; train on one"
+        )
+    if same_columns and len({f.names for f in features}) != 1:
+        raise ModelError(
+            f"{name}: features have different columns (several configs or SAEs); "
+            "re-extract them with one config"
+        )
+    return models.pop()
+
+
 def require_fitted(obj: Any, attr: str, name: str) -> None:
     if getattr(obj, attr, None) is None:
         raise NotFittedError(

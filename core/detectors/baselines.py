@@ -28,6 +28,7 @@ from core.detectors.base import (
     Run,
     Verdict,
     check_features,
+    check_fit_inputs,
     read_artifact,
     register_detector,
     require_fitted,
@@ -81,17 +82,11 @@ class CalibratedDetector:
     # -- learning ---------------------------------------------------------------
 
     def fit(self, features: Sequence[Features], examples: Sequence[RAGExample]) -> Self:
-        if len(features) != len(examples) or not features:
-            raise DataError(
-                f"fit needs one Features per example; got {len(features)} and {len(examples)}"
-            )
-        models = {f.model for f in features}
-        if len(models) != 1:
-            raise ModelError(f"features come from several models {sorted(models)}; train on one")
+        model_key = check_fit_inputs(self.name, features, examples)
         y = response_labels(examples)
         X = np.stack([f.response for f in features])
         self.response_model_ = LogisticCalibrator().fit(X, y)
-        self.model_key_ = models.pop()
+        self.model_key_ = model_key
         tok_X, tok_y = [], []
         for f, ex in zip(features, examples, strict=True):
             lab = f.token_labels(ex)

@@ -44,6 +44,7 @@ from core.detectors.base import (
     Run,
     Verdict,
     check_features,
+    check_fit_inputs,
     read_artifact,
     register_detector,
     require_fitted,
@@ -312,13 +313,7 @@ class CortexDetector:
         only adds its loss to the recorded curve (nothing is selected on it)."""
         import torch
 
-        if len(features) != len(examples) or not features:
-            raise DataError(
-                f"fit needs one Features per example; got {len(features)} and {len(examples)}"
-            )
-        models = {f.model for f in features}
-        if len(models) != 1:
-            raise ModelError(f"features come from several models {sorted(models)}; train on one")
+        model_key = check_fit_inputs(self.name, features, examples)
         xs, ys = token_training_set(features, examples)
         y = np.concatenate(ys) if ys else np.zeros(0, dtype=np.int8)
         n_pos = int(y.sum())
@@ -372,7 +367,7 @@ class CortexDetector:
                         val_curve.append(float(loss_fn(mlp(val[0]).squeeze(1), val[1])))
         self.mlp_ = mlp.cpu().eval()
         self.mean_, self.std_ = mean, std
-        self.model_key_ = models.pop()
+        self.model_key_ = model_key
         self.train_info_ = {
             "n_train": len(features),
             "n_hallucinated": int(sum(bool(e.label) for e in examples)),

@@ -39,6 +39,7 @@ from core.detectors.base import (
     Features,
     Run,
     Verdict,
+    check_fit_inputs,
     detector_class,
     make_detector,
     read_artifact,
@@ -245,13 +246,7 @@ class EnsembleDetector:
         """Fit the members on ``features`` and the stacker on ``validation`` (see module)."""
         from core.detectors.baselines import response_labels
 
-        if len(features) != len(examples) or not features:
-            raise DataError(
-                f"fit needs one Features per example; got {len(features)} and {len(examples)}"
-            )
-        models = {f.model for f in features}
-        if len(models) != 1:
-            raise ModelError(f"features come from several models {sorted(models)}; train on one")
+        model_key = check_fit_inputs(self.name, features, examples)
         if validation is None or not validation[0]:
             fit_i, stack_i = self._split(features, examples)
             tr_f, tr_ex = [features[i] for i in fit_i], [examples[i] for i in fit_i]
@@ -275,7 +270,7 @@ class EnsembleDetector:
         self.token_members_ = ()
         if self.config.tokens:
             self._fit_tokens(verdicts, st_f, st_ex)
-        self.model_key_ = models.pop()
+        self.model_key_ = model_key
         self.train_info_ = {
             "n_train": len(tr_f),
             "n_stack": len(st_f),

@@ -38,6 +38,7 @@ from core.detectors.base import (
     Run,
     Verdict,
     check_features,
+    check_fit_inputs,
     read_artifact,
     read_skops,
     register_detector,
@@ -299,12 +300,7 @@ class InterpDetectDetector:
 
         from core.detectors.baselines import response_labels
 
-        if len(features) != len(examples) or not features:
-            raise DataError(
-                f"fit needs one Features per example; got {len(features)} and {len(examples)}"
-            )
-        if len({f.model for f in features}) != 1 or len({f.names for f in features}) != 1:
-            raise ModelError("interpdetect: features come from several models; train on one")
+        check_fit_inputs(self.name, features, examples, same_columns=True)
         self.names_ = features[0].names
         self.model_key_ = features[0].model
         X = self._frame(features)

@@ -37,6 +37,7 @@ from core.detectors.base import (
     Run,
     Verdict,
     check_features,
+    check_fit_inputs,
     read_artifact,
     read_skops,
     register_detector,
@@ -297,12 +298,7 @@ class RaglensDetector:
         from core.detectors.baselines import response_labels
         from core.mi import mutual_information, top_features
 
-        if len(features) != len(examples) or not features:
-            raise DataError(
-                f"fit needs one Features per example; got {len(features)} and {len(examples)}"
-            )
-        if len({f.model for f in features}) != 1 or len({f.names for f in features}) != 1:
-            raise ModelError("raglens: features come from several models or SAEs; train on one")
+        check_fit_inputs(self.name, features, examples, same_columns=True)
         y = response_labels(examples)
         if len(set(y.tolist())) < 2:
             raise DataError(

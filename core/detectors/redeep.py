@@ -37,6 +37,7 @@ from core.detectors.base import (
     Run,
     Verdict,
     check_features,
+    check_fit_inputs,
     read_artifact,
     register_detector,
     require_fitted,
@@ -332,10 +333,7 @@ class RedeepDetector:
         """Rank heads and layers on ``features``, choose N, K, beta on ``validation``."""
         from core.detectors.baselines import response_labels
 
-        if len(features) != len(examples):
-            raise DataError(
-                f"fit needs one Features per example; got {len(features)} and {len(examples)}"
-            )
+        check_fit_inputs(self.name, features, examples)
         self._check(features)
         self.names_ = features[0].names
         self.model_key_ = features[0].model

@@ -35,6 +35,7 @@ from core.detectors.base import (
     Run,
     Verdict,
     check_features,
+    check_fit_inputs,
     read_artifact,
     register_detector,
     require_fitted,
@@ -199,10 +200,7 @@ class SpadDetector:
 
         from core.detectors.baselines import response_labels
 
-        if len(features) != len(examples) or not features:
-            raise DataError(
-                f"fit needs one Features per example; got {len(features)} and {len(examples)}"
-            )
+        check_fit_inputs(self.name, features, examples)
         self._check(features)
         y = response_labels(examples)
         X = np.stack([f.response for f in features]).astype(np.float32)
