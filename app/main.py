@@ -45,6 +45,7 @@ navigation = st.navigation(
         st.Page(PAGES_DIR / "benchmark.py", title="Benchmark", icon=":material/leaderboard:"),
         st.Page(PAGES_DIR / "agreement.py", title="Agreement", icon=":material/join_inner:"),
         st.Page(PAGES_DIR / "review.py", title="Review", icon=":material/rate_review:"),
+        st.Page(PAGES_DIR / "learn.py", title="Learn", icon=":material/school:"),
     ],
     expanded=True,  # every page listed, without a "view more" fold
 )

@@ -86,6 +86,7 @@ PAGES = [
     "Benchmark",
     "Agreement",
     "Review",
+    "Learn",
 ]
 HEADS_EXAMPLES = 6
 SHAP_EXAMPLES = 4
@@ -746,3 +747,20 @@ def test_review_in_chromium(server: str, browser: object) -> None:
         _full_page_screenshot(report, ARTIFACTS / "audit_report.png")
     finally:
         report.close()
+
+
+def test_learn_in_chromium(server: str, browser: object) -> None:
+    with _opened(browser, server, "learn", "Learn") as page:
+        for walk, n, name in ((None, 4, "learn_primer"), ("CORTEX", 5, "learn_cortex")):
+            if walk is not None:
+                page.get_by_text(walk, exact=True).click()
+            page.get_by_text(re.compile(rf"^Step 1 of {n}: ")).wait_for(timeout=ANALYSE_MS)
+            page.locator(".katex").first.wait_for()  # the step's formula
+            _assert_no_exception(page)
+            _full_page_screenshot(page, ARTIFACTS / f"{name}_first.png")
+            for k in range(2, n + 1):
+                page.get_by_role("button", name=re.compile("Next")).click()
+                page.get_by_text(re.compile(rf"^Step {k} of {n}: ")).wait_for(timeout=ANALYSE_MS)
+            page.get_by_role("link", name=re.compile("Edit the context")).wait_for()
+            _assert_no_exception(page)
+            _full_page_screenshot(page, ARTIFACTS / f"{name}_last.png")

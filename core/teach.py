@@ -1,0 +1,149 @@
+"""The numbers behind the teaching walkthroughs (the Learn page): computed, never drawn
+from illustration.
+
+- :func:`lens_curve`: the residual stream read layer by layer with the logit lens: for
+  every answer token, the probability each block's output already gives it
+  (``softmax(W_U LN_f(h_l))`` at the position that predicts it), next to the model's
+  own final probability, and the layer where it jumps most.
+- :func:`cortex_walk`: CORTEX's reading of one answer, step by step: the change the
+  passages make to the last block's output at each token (``dh``), what is left after
+  the attention-weighted changes of earlier tokens (``c``), the classifier's raw token
+  scores, and the smoothing that turns them into spans.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+if TYPE_CHECKING:
+    from core.detectors.cortex import CortexDetector
+    from core.examples import RAGExample
+    from core.model import LoadedModel
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class LensCurve:
+    """The logit lens over one teacher-forced answer.
+
+    Attributes:
+        tokens: The answer's tokens, decoded one by one, ``[T]``.
+        offsets: ``[T, 2]`` their character ranges in the answer.
+        probs: ``[L, T]`` the probability block ``l``'s output gives token ``t`` (lens
+            with the final norm, at the position that predicts it).
+        final: ``[T]`` the model's own probability of each token (its logits).
+    """
+
+    tokens: tuple[str, ...]
+    offsets: np.ndarray
+    probs: np.ndarray
+    final: np.ndarray
+
+    @property
+    def n_layers(self) -> int:
+        return int(self.probs.shape[0])
+
+    def jump_layer(self, t: int) -> int:
+        """The block whose output raises token ``t``'s probability the most (0 counts the
+        rise from nothing, i.e. block 0's own probability)."""
+        p = self.probs[:, t]
+        rise = np.diff(np.concatenate([[0.0], p]))
+        return int(np.argmax(rise))
+
+    def jump_layers(self) -> np.ndarray:
+        return np.asarray([self.jump_layer(t) for t in range(len(self.tokens))], dtype=np.int64)
+
+
+def lens_curve(model: LoadedModel, example: RAGExample) -> LensCurve:
+    """Trace the answer once (``resid_post`` of every block and the logits, at the
+    positions that predict the answer's tokens) and read it with the logit lens."""
+    import torch
+
+    from core.layout import render
+    from core.lens import lens_logprobs
+    from core.trace import Needs, trace
+
+    layout = render(example, model)
+    n_layers = model.info.n_layers
+    needs = Needs.of(["resid_post"], n_layers=n_layers, positions="generation") | Needs(
+        hooks=frozenset({("logits", None)}), positions=frozenset({"generation"})
+    )
+    tr = trace(model, layout, needs)
+    gen = layout.generation_positions
+    ids = torch.as_tensor(np.asarray(layout.response_ids, dtype=np.int64))
+    rows = torch.arange(ids.shape[0])
+    probs = np.zeros((n_layers, ids.shape[0]), dtype=np.float64)
+    for layer in range(n_layers):
+        lp = lens_logprobs(model, tr.at("resid_post", layer, gen))
+        probs[layer] = lp[rows, ids].exp().double().numpy()
+    logits = tr.at("logits", None, gen).float()
+    final = torch.log_softmax(logits, dim=-1)[rows, ids].exp().double().numpy()
+    tok = model.tokenizer
+    tokens = tuple(
+        tok.decode([int(i)], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        for i in layout.response_ids
+    )
+    return LensCurve(
+        tokens=tokens, offsets=np.asarray(layout.response_offsets), probs=probs, final=final
+    )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class CortexWalk:
+    """CORTEX's reading of one answer (see :func:`cortex_walk`).
+
+    Attributes:
+        tokens: The answer's tokens (text of each token's character range), ``[T]``.
+        offsets: ``[T, 2]`` character ranges.
+        dh_norm: ``[T]`` ``||dh_i||``: how much the passages change the last block's
+            output at token ``i``.
+        c_norm: ``[T]`` ``||c_i||``: what is left of that change after subtracting the
+            attention-weighted changes of earlier answer tokens.
+        raw: ``[T]`` the classifier's probability that token ``i`` is hallucinated.
+        threshold: The token threshold spans are flagged at.
+        answer_p_stay: The smoothing of the answer score (its max).
+    """
+
+    tokens: tuple[str, ...]
+    offsets: np.ndarray
+    dh_norm: np.ndarray
+    c_norm: np.ndarray
+    raw: np.ndarray
+    threshold: float
+    answer_p_stay: float
+
+    def smoothed(self, p_stay: float) -> np.ndarray:
+        """The token scores after label-persistence smoothing with ``p_stay``."""
+        from core.smoothing import smooth_tokens
+
+        return np.asarray(smooth_tokens(self.raw, p_stay), dtype=np.float64)
+
+    def spans(self, p_stay: float, threshold: float | None = None) -> list[tuple[int, int]]:
+        """Character spans of the runs of smoothed scores at or above the threshold."""
+        from core.smoothing import flagged_spans
+
+        t = self.threshold if threshold is None else threshold
+        return flagged_spans(self.smoothed(p_stay), self.offsets, t)
+
+
+def cortex_walk(model: LoadedModel, detector: CortexDetector, example: RAGExample) -> CortexWalk:
+    """Read one answer with a fitted CORTEX detector (two traced passes)."""
+    from core.detectors.base import flag_threshold
+    from core.extract import run_example
+
+    feats = run_example(model, example, [detector])[detector.name]
+    assert feats.tokens is not None and feats.token_offsets is not None
+    d = feats.tokens.shape[1] // 2
+    dh, c = feats.tokens[:, :d], feats.tokens[:, d:]
+    offs = np.asarray(feats.token_offsets)
+    return CortexWalk(
+        tokens=tuple(example.response[a:b] for a, b in offs),
+        offsets=offs,
+        dh_norm=np.linalg.norm(dh.astype(np.float64), axis=1),
+        c_norm=np.linalg.norm(c.astype(np.float64), axis=1),
+        raw=np.asarray(detector.raw_token_scores(feats), dtype=np.float64),
+        threshold=flag_threshold(detector),
+        answer_p_stay=float(detector.config.p_stay_answer),
+    )

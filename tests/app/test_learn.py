@@ -1,0 +1,126 @@
+"""The Learn page (AppTest, tiny model, the demo detectors): every step of the logit-lens
+primer and of the CORTEX walkthrough, with the numbers it shows checked against
+:mod:`core.teach` computed directly."""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from pathlib import Path
+
+import numpy as np
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from core.datasets import builtin_examples
+from core.detectors.base import load_shipped
+from core.teach import cortex_walk, lens_curve
+
+PAGE = "views/learn.py"
+PRESET = "demo-04-mount-kelsey"
+
+
+def _values(at: AppTest, name: str) -> np.ndarray:
+    """The values of the token heatmap whose legend names ``name``."""
+    for el in at.get("html"):
+        body = el.proto.body
+        if f"{name}: " in body:
+            vals = re.findall(re.escape(name) + r": ([-0-9.e+]+|nan)", body)
+            return np.asarray([float(v) for v in vals])
+    raise AssertionError(f"no heatmap of {name!r}")
+
+
+def _step(at: AppTest) -> str:
+    return at.get("progress")[0].proto.text
+
+
+def _next(at: AppTest) -> AppTest:
+    at.button(key="learn.next").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+@pytest.fixture
+def preset():
+    return next(e for e in builtin_examples() if e.id == PRESET)
+
+
+def test_primer_steps_show_the_lens_numbers(
+    open_page: Callable[[str], AppTest],
+    chart: Callable[[AppTest, str], dict],
+    plotly_array,
+    tiny_model,
+    preset,
+) -> None:
+    at = open_page(PAGE)
+    curve = lens_curve(tiny_model, preset)
+    assert _step(at) == "Step 1 of 4: The answer, as the model scores it"
+    assert at.button(key="learn.back").disabled
+    np.testing.assert_allclose(_values(at, "p(token)"), curve.final, atol=0.0051)
+    assert any("softmax" in m.value for m in at.get("latex"))
+
+    _next(at)
+    assert _step(at) == "Step 2 of 4: Reading the middle of the network"
+    t = int(np.argmin(curve.final))
+    fig = chart(at, "Probability of")
+    np.testing.assert_allclose(plotly_array(fig["data"][0]["y"]), curve.probs[:, t], atol=1e-9)
+    assert fig["layout"]["shapes"][0]["x0"] == curve.jump_layer(t)
+    # the last block under the lens is the model itself
+    np.testing.assert_allclose(curve.probs[-1], curve.final, atol=1e-9)
+
+    _next(at)
+    assert _step(at) == "Step 3 of 4: Every token, every block"
+    z = plotly_array(chart(at, "Logit-lens probability")["data"][0]["z"])
+    np.testing.assert_allclose(z.reshape(curve.probs.shape), curve.probs, atol=1e-9)
+
+    _next(at)
+    assert _step(at) == "Step 4 of 4: Try it"
+    assert at.button(key="learn.next").disabled
+    at.button(key="learn.back").click().run()
+    assert _step(at).startswith("Step 3 of 4")
+
+
+def test_cortex_steps_show_the_detectors_numbers(
+    with_demo_detectors: Path,
+    open_page: Callable[[str], AppTest],
+    chart: Callable[[AppTest, str], dict],
+    plotly_array,
+    tiny_model,
+    preset,
+) -> None:
+    at = open_page(PAGE)
+    at.radio(key="learn.walk").set_value("CORTEX").run()
+    det = load_shipped("cortex", tiny_model.info.key, with_demo_detectors)
+    walk = cortex_walk(tiny_model, det, preset)
+    titles = [
+        "Two readings of one answer",
+        "What is new at each token",
+        "Token scores",
+        "From scores to spans",
+        "Try it",
+    ]
+    assert _step(at) == f"Step 1 of 5: {titles[0]}"
+    np.testing.assert_allclose(_values(at, "‖Δh‖"), walk.dh_norm, atol=0.0051)
+    _next(at)
+    bars = chart(at, "Change from the passages")["data"]
+    np.testing.assert_allclose(plotly_array(bars[1]["y"]), walk.c_norm, rtol=1e-6)
+    assert (walk.c_norm <= walk.dh_norm * 10).all()
+    _next(at)
+    np.testing.assert_allclose(_values(at, "raw score"), walk.raw, atol=0.0051)
+    _next(at)
+    assert _step(at) == f"Step 4 of 5: {titles[3]}"
+    np.testing.assert_allclose(_values(at, "smoothed"), walk.smoothed(0.993), atol=0.0051)
+    at.slider(key="learn.p_stay").set_value(0.5).run()
+    np.testing.assert_allclose(
+        _values(at, "smoothed"), np.clip(walk.raw, 1e-4, 1 - 1e-4), atol=0.0051
+    )
+    n_spans = len(walk.spans(0.5))
+    assert any(c.value.startswith(f"{n_spans} span(s)") for c in at.caption)
+    _next(at)
+    assert _step(at) == f"Step 5 of 5: {titles[4]}"
+
+
+def test_cortex_without_a_trained_detector_says_how(open_page: Callable[[str], AppTest]) -> None:
+    at = open_page(PAGE)
+    at.radio(key="learn.walk").set_value("CORTEX").run()
+    assert any("ragscope train --detectors cortex" in i.value for i in at.info)
