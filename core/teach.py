@@ -9,6 +9,9 @@ from illustration.
   passages make to the last block's output at each token (``dh``), what is left after
   the attention-weighted changes of earlier tokens (``c``), the classifier's raw token
   scores, and the smoothing that turns them into spans.
+- :func:`raglens_walk`: the SAE as a dictionary on this answer (reconstruction,
+  sparsity), the selected features' activations over the answer, their max-pooled
+  values and the GAM's sum of shape values that makes the score.
 """
 
 from __future__ import annotations
@@ -20,6 +23,7 @@ import numpy as np
 
 if TYPE_CHECKING:
     from core.detectors.cortex import CortexDetector
+    from core.detectors.raglens import RaglensDetector
     from core.examples import RAGExample
     from core.model import LoadedModel
 
@@ -146,4 +150,79 @@ def cortex_walk(model: LoadedModel, detector: CortexDetector, example: RAGExampl
         raw=np.asarray(detector.raw_token_scores(feats), dtype=np.float64),
         threshold=flag_threshold(detector),
         answer_p_stay=float(detector.config.p_stay_answer),
+    )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class RaglensWalk:
+    """RAGLens's reading of one answer (see :func:`raglens_walk`).
+
+    Attributes:
+        tokens: The answer's tokens, ``[T]``.
+        offsets: ``[T, 2]`` character ranges.
+        fve: Fraction of the answer's residual variance the SAE reconstruction keeps
+            (``1 - SSE / SST`` over its tokens, SST about their mean).
+        token_error: ``[T]`` each token's relative reconstruction error
+            ``||x - x_hat||^2 / ||x - mean||^2``.
+        l0: ``[T]`` features active at each token.
+        d_sae: The dictionary's size.
+        held_out: The SAE's held-out quality as recorded when it was trained (or empty).
+        features: The detector's selected features, most important first.
+        activations: ``[T, K]`` their activations at each token (the detector's kind).
+        pooled: ``[K]`` their max over the answer (what the classifier reads).
+        contributions: Feature name -> log-odds contribution to this answer's score.
+        intercept: The classifier's intercept.
+        score: The answer's score.
+    """
+
+    tokens: tuple[str, ...]
+    offsets: np.ndarray
+    fve: float
+    token_error: np.ndarray
+    l0: np.ndarray
+    d_sae: int
+    held_out: dict[str, float]
+    features: tuple[int, ...]
+    activations: np.ndarray
+    pooled: np.ndarray
+    contributions: dict[str, float]
+    intercept: float
+    score: float
+
+
+def raglens_walk(model: LoadedModel, detector: RaglensDetector, example: RAGExample) -> RaglensWalk:
+    """Read one answer with a fitted RAGLens detector and its SAE (two cheap passes)."""
+    from core.detectors.raglens import INTERCEPT
+    from core.layout import render
+    from core.trace import Needs, trace
+
+    ans = detector.explain_answer(model, example)
+    sae = detector.sae
+    layout = render(example, model)
+    tr = trace(model, layout, Needs.of(["resid_post"], layers=[sae.layer], positions="response"))
+    x = tr.at("resid_post", sae.layer, layout.response_positions).double()
+    z = sae.encode(x.float(), "post")
+    x_hat = sae.decode(z).double()
+    err = ((x - x_hat) ** 2).sum(1).numpy()
+    centred = ((x - x.mean(0, keepdim=True)) ** 2).sum(1).numpy()
+    fve = float(1.0 - err.sum() / centred.sum()) if centred.sum() > 0 else float("nan")
+    ranked = [k for k, _ in detector.importances() if k in ans.features]
+    cols = [ans.features.index(k) for k in ranked]
+    acts = np.asarray(ans.activations, dtype=np.float64)[:, cols]
+    expl = dict(ans.verdict.explanation)
+    quality = (sae.meta or {}).get("quality") or {}
+    return RaglensWalk(
+        tokens=tuple(ans.tokens),
+        offsets=np.asarray(ans.token_offsets),
+        fve=fve,
+        token_error=err / np.where(centred > 0, centred, 1.0),
+        l0=(z > 0).sum(1).numpy(),
+        d_sae=int(sae.d_sae),
+        held_out={k: float(v) for k, v in quality.items() if isinstance(v, int | float)},
+        features=tuple(ranked),
+        activations=acts,
+        pooled=acts.max(0) if acts.size else np.zeros(len(cols)),
+        contributions={k: float(v) for k, v in expl.items() if k != INTERCEPT},
+        intercept=float(expl.get(INTERCEPT, 0.0)),
+        score=float(ans.verdict.score),
     )

@@ -4,9 +4,9 @@ Each walkthrough is a short sequence of steps (Back / Next, a progress bar), eac
 live view of the current example (the Playground's analysed answer, or a preset with
 a clear hallucination), a few sentences of plain language and the formula it
 computes. Every number shown comes from the model (:mod:`core.teach`), computed
-once per example and kept for the session. This first part holds the shared primer
-(the residual stream read with the logit lens) and CORTEX; the other detectors'
-walkthroughs come next.
+once per example and kept for the session. Walkthroughs: the shared primer (the
+residual stream read with the logit lens), SPAD, RAGLens and CORTEX; ReDeEP /
+InterpDetect come next.
 """
 
 from __future__ import annotations
@@ -19,10 +19,17 @@ import streamlit as st
 
 from app.components.heatmap import render_token_heatmap
 from app.components.highlight import FLAG, Mark, marked_html
-from app.state import app_state, get_model, shipped_detectors
+from app.state import AnswerSources, answer_sources, app_state, get_model, shipped_detectors
 from core.errors import RagscopeError
 from core.examples import RAGExample
-from core.teach import CortexWalk, LensCurve, cortex_walk, lens_curve
+from core.teach import (
+    CortexWalk,
+    LensCurve,
+    RaglensWalk,
+    cortex_walk,
+    lens_curve,
+    raglens_walk,
+)
 
 STATE_KEY = "ragscope.learn"
 KEY_WALK = "learn.walk"
@@ -33,8 +40,10 @@ KEY_TOKEN = "learn.token"
 KEY_P_STAY = "learn.p_stay"
 PRESET_ID = "demo-04-mount-kelsey"  # a hallucinated date in an otherwise supported answer
 PRIMER = "Residual stream & logit lens"
+SPAD = "SPAD"
+RAGLENS = "RAGLens"
 CORTEX = "CORTEX"
-WALKS = (PRIMER, CORTEX)
+WALKS = (PRIMER, SPAD, RAGLENS, CORTEX)
 PRESET = "Preset: a clear hallucination"
 PLAYGROUND = "The Playground's analysed answer"
 PROB_CMAP = ((0.0, "#ffffff"), (0.5, "#9ecae1"), (1.0, "#08519c"))
@@ -180,6 +189,239 @@ def primer_steps(curve: LensCurve, ex: RAGExample) -> list[tuple[str, Callable[[
     ]
 
 
+# --------------------------------------------------------------------------- SPAD
+
+
+@dataclass(frozen=True)
+class SpadData:
+    answer: AnswerSources
+    detector: object | None  # the shipped spad detector, when there is one
+
+
+def spad_steps(data: SpadData, ex: RAGExample) -> list[tuple[str, Callable[[], None]]]:
+    from core.spad import SOURCES
+
+    src = data.answer.sources
+    tokens = list(src.tokens)
+
+    def token_choice() -> int:
+        return int(
+            st.select_slider(
+                "Token",
+                options=list(range(len(tokens))),
+                value=int(np.argmin(src.p_final)),
+                format_func=lambda i: f"{i}: {tokens[i]!r}",
+                key=KEY_TOKEN,
+            )
+        )
+
+    def telescope() -> None:
+        import plotly.graph_objects as go
+
+        st.markdown(
+            "SPAD asks where a token's probability comes from. Read the residual stream "
+            "with the unembedding before the first block, then after each attention and "
+            "each feed-forward part, then through the final norm: the changes add up, "
+            "exactly, to the probability the model gives the token."
+        )
+        st.latex(
+            r"P_{\text{final}}(y) = \Phi(h_0) + \sum_\ell \big(\Delta\text{Attn}_\ell + "
+            r"\Delta\text{FFN}_\ell\big) + \Delta\text{LN}"
+        )
+        t = token_choice()
+        steps = [("Init", float(src.values[t, SOURCES.index("Init")]))]
+        for ly in range(src.d_attn.shape[1]):
+            steps += [
+                (f"attn {ly}", float(src.d_attn[t, ly])),
+                (f"FFN {ly}", float(src.d_ffn[t, ly])),
+            ]
+        steps.append(("final norm", float(src.values[t, SOURCES.index("LN")])))
+        fig = go.Figure(
+            go.Waterfall(
+                x=[n for n, _ in steps] + ["P_final"],
+                y=[v for _, v in steps] + [float(src.p_final[t])],
+                measure=["relative"] * len(steps) + ["total"],
+                hovertemplate="%{x}: %{y:+.4f}<extra></extra>",
+            )
+        )
+        fig.update_layout(
+            title=f"How p(“{tokens[t]}”) is built, part by part",
+            height=360,
+            margin={"l": 10, "r": 10, "t": 50, "b": 40},
+            xaxis={
+                "showticklabels": False,
+                "title": "embedding, then each block's attention and FFN, then the final norm",
+            },
+            yaxis_title="change in probability",
+        )
+        st.plotly_chart(fig, width="stretch")
+        total = sum(v for _, v in steps)
+        st.caption(
+            f"The parts sum to {total:.6f}; the model gives {float(src.p_final[t]):.6f} "
+            f"(difference {abs(total - float(src.p_final[t])):.1e})."
+        )
+
+    def attention_split() -> None:
+        from core.shapviz import token_sources_figure
+
+        st.markdown(
+            "Each block's attention change is shared among its heads (by how much each "
+            "head's output pushes the token) and each head's share among what it attended "
+            "to: the question and instructions (Query), the passages (RAG), the answer so "
+            "far (Past) and the token itself (Self). With the FFN, the norm and the "
+            "embedding, seven sources per token."
+        )
+        st.latex(
+            r"\text{source}_s = \sum_\ell \sum_h w_{\ell h}\, a_{\ell h}(s)\, "
+            r"\Delta\text{Attn}_\ell,\quad s \in \{\text{Query}, \text{RAG}, "
+            r"\text{Past}, \text{Self}\}"
+        )
+        st.plotly_chart(
+            token_sources_figure(
+                src.values, tokens, data.answer.pos, title="Seven sources of every answer token"
+            ),
+            width="stretch",
+        )
+
+    def pos_step() -> None:
+        from core.shapviz import pos_sources_figure
+
+        st.markdown(
+            "The detector does not read tokens one by one: it averages the seven sources "
+            "over the tokens of each part of speech (nouns, numbers, proper names, ...), "
+            "126 numbers per answer. A number that leans on the model's own FFN rather "
+            "than on the passages is a warning sign."
+        )
+        st.latex(
+            r"x_{s,\text{POS}} = \operatorname{mean}_{t:\ \text{pos}(t)=\text{POS}}\ \text{source}_s(t)"
+        )
+        st.plotly_chart(
+            pos_sources_figure(
+                src.values, data.answer.pos, title="Mean sources per part of speech"
+            ),
+            width="stretch",
+        )
+
+    def shap_step() -> None:
+        st.markdown(
+            "A gradient-boosted classifier reads the 126 numbers. SHAP splits its output "
+            "for this answer exactly into one contribution per number: the waterfall runs "
+            "from the average answer to this one."
+        )
+        st.latex(r"f(x) = \mathbb{E}[f] + \sum_i \phi_i(x)")
+        if data.detector is None:
+            st.info("No trained spad detector for this model: `ragscope train --detectors spad`.")
+            return
+        from core.shapviz import shap_values
+
+        res = shap_values(data.detector, [data.answer.features])  # type: ignore[arg-type]
+        st.plotly_chart(res.waterfall_figure(0), width="stretch")
+
+    return [
+        ("A probability, taken apart", telescope),
+        ("Who the attention listened to", attention_split),
+        ("From tokens to features", pos_step),
+        ("The classifier's reading", shap_step),
+        ("Try it", try_it),
+    ]
+
+
+# --------------------------------------------------------------------------- RAGLens
+
+
+def raglens_steps(walk: RaglensWalk, ex: RAGExample) -> list[tuple[str, Callable[[], None]]]:
+    def dictionary() -> None:
+        st.markdown(
+            f"A sparse autoencoder rewrites the residual stream at one block as a short sum "
+            f"of directions taken from a dictionary of {walk.d_sae:,}: at each token only a "
+            "few are active. Each direction is a candidate concept the model uses."
+        )
+        st.latex(
+            r"x \approx b_{\text{dec}} + \sum_k f_k(x)\, W_{\text{dec}}[k],\quad f = \mathrm{TopK}(W_{\text{enc}} x + b_{\text{enc}})"
+        )
+        c1, c2, c3 = st.columns(3)
+        c1.metric("Variance kept on this answer", f"{walk.fve:.1%}")
+        c2.metric("Active features per token", f"{walk.l0.mean():.0f}")
+        if walk.held_out:
+            c3.metric(
+                "Variance kept on held-out text", f"{walk.held_out.get('fve', float('nan')):.1%}"
+            )
+        render_token_heatmap(
+            walk.tokens, walk.token_error, value_name="reconstruction error", vmin=0.0,
+            vmax=max(1.0, float(walk.token_error.max())), cmap=SCORE_CMAP,
+        )  # fmt: skip
+
+    def one_feature() -> None:
+        st.markdown(
+            "The detector picked, from the whole dictionary, the few features that carry "
+            "the most information about hallucination. Here is the most important one, "
+            "token by token on this answer."
+        )
+        if not walk.features:
+            st.info("The detector selected no feature.")
+            return
+        k = walk.features[0]
+        a = walk.activations[:, 0]
+        st.latex(rf"f_{{{k}}}(x_t),\ t = 1..T")
+        render_token_heatmap(
+            walk.tokens, a, value_name=f"F{k} activation", vmin=0.0,
+            vmax=max(float(a.max()), 1e-6), cmap=PROB_CMAP,
+        )  # fmt: skip
+
+    def pooling() -> None:
+        import pandas as pd
+
+        st.markdown(
+            "The classifier does not read positions: each feature counts once per answer, "
+            "at its strongest token (max pooling)."
+        )
+        st.latex(r"z_k = \max_t f_k(x_t)")
+        rows = [
+            {"feature": f"F{k}", "max over the answer": float(walk.pooled[i]),
+             "at token": walk.tokens[int(np.argmax(walk.activations[:, i]))] if walk.activations.size else ""}
+            for i, k in enumerate(walk.features[:10])
+        ]  # fmt: skip
+        st.dataframe(pd.DataFrame(rows), hide_index=True, width="stretch")
+
+    def gam() -> None:
+        import plotly.graph_objects as go
+
+        st.markdown(
+            "An explainable boosting machine, a generalised additive model: one learned "
+            "curve per feature, mapping its pooled value to a push towards (red) or away "
+            "from (blue) hallucination. The score is the sum of the pushes, through a "
+            "sigmoid."
+        )
+        st.latex(r"\text{score} = \sigma\Big(\beta_0 + \sum_k g_k(z_k)\Big)")
+        items = sorted(walk.contributions.items(), key=lambda kv: -abs(kv[1]))[:12][::-1]
+        fig = go.Figure(
+            go.Bar(
+                x=[v for _, v in items], y=[n for n, _ in items], orientation="h",
+                marker_color=["#c0392b" if v > 0 else "#2c7fb8" for _, v in items],
+            )
+        )  # fmt: skip
+        fig.update_layout(
+            title="This answer's largest shape values g_k(z_k)",
+            height=max(260, 24 * len(items) + 90),
+            margin={"l": 10, "r": 10, "t": 50, "b": 40},
+            xaxis_title="log-odds",
+        )
+        st.plotly_chart(fig, width="stretch")
+        logit = walk.intercept + sum(walk.contributions.values())
+        st.caption(
+            f"β0 {walk.intercept:+.3f} + Σ g = {logit:+.3f}; σ({logit:+.3f}) = "
+            f"{1 / (1 + np.exp(-logit)):.3f}, the detector's score {walk.score:.3f}."
+        )
+
+    return [
+        ("A dictionary of directions", dictionary),
+        ("One feature over the answer", one_feature),
+        ("Max pooling", pooling),
+        ("A sum of shape values", gam),
+        ("Try it", try_it),
+    ]
+
+
 # --------------------------------------------------------------------------- CORTEX
 
 
@@ -304,20 +546,24 @@ def walk_data(ls: LearnState, walk: str, ex: RAGExample) -> object | None:
     if key in ls.cache:
         return ls.cache[key]
     model = get_model()
+    shipped = {s.name: s.detector for s in shipped_detectors(model).detectors}
     if walk == PRIMER:
         with st.spinner("Reading every block with the logit lens…"):
             data: object = lens_curve(model, ex)
+    elif walk == SPAD:
+        with st.spinner("Splitting every token's probability into its sources…"):
+            data = SpadData(answer=answer_sources(model, ex), detector=shipped.get("spad"))
     else:
-        shipped = {s.name: s.detector for s in shipped_detectors(model).detectors}
-        det = shipped.get("cortex")
+        name = "raglens" if walk == RAGLENS else "cortex"
+        det = shipped.get(name)
         if det is None:
             st.info(
-                "No trained CORTEX detector for this model: train one with "
-                "`ragscope train --detectors cortex` to step through it."
+                f"No trained {walk} detector for this model: train one with "
+                f"`ragscope train --detectors {name}` to step through it."
             )
             return None
-        with st.spinner("Reading the answer with and without the passages…"):
-            data = cortex_walk(model, det, ex)
+        with st.spinner(f"Reading the answer as {walk} does…"):
+            data = raglens_walk(model, det, ex) if walk == RAGLENS else cortex_walk(model, det, ex)
     ls.cache[key] = data
     return data
 
@@ -344,11 +590,8 @@ def main() -> None:
         return
     if data is None:
         return
-    steps = (
-        primer_steps(data, ex)  # type: ignore[arg-type]
-        if walk == PRIMER
-        else cortex_steps(data, ex)  # type: ignore[arg-type]
-    )
+    build = {PRIMER: primer_steps, SPAD: spad_steps, RAGLENS: raglens_steps, CORTEX: cortex_steps}
+    steps = build[walk](data, ex)  # type: ignore[operator]
     n = len(steps)
     k = min(ls.step.get(walk, 0), n - 1)
     title, show = steps[k]

@@ -124,3 +124,89 @@ def test_cortex_without_a_trained_detector_says_how(open_page: Callable[[str], A
     at = open_page(PAGE)
     at.radio(key="learn.walk").set_value("CORTEX").run()
     assert any("ragscope train --detectors cortex" in i.value for i in at.info)
+
+
+def _walk(at: AppTest, name: str) -> AppTest:
+    at.radio(key="learn.walk").set_value(name).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def test_spad_steps_add_up_to_the_models_probability(
+    open_page: Callable[[str], AppTest],
+    chart: Callable[[AppTest, str], dict],
+    plotly_array,
+    page_text: Callable[[AppTest], str],
+    tiny_model,
+    preset,
+) -> None:
+    from core.layout import render
+    from core.spad import spad_needs, token_sources
+    from core.trace import trace
+
+    at = _walk(open_page(PAGE), "SPAD")
+    src = token_sources(
+        tiny_model,
+        trace(tiny_model, render(preset, tiny_model), spad_needs(tiny_model.info.n_layers)),
+    )
+    assert _step(at) == "Step 1 of 5: A probability, taken apart"
+    t = int(np.argmin(src.p_final))
+    bars = plotly_array(chart(at, "How p(")["data"][0]["y"])
+    assert bars.size == 2 * tiny_model.info.n_layers + 3  # Init, attn/FFN per block, norm, total
+    assert bars[:-1].sum() == pytest.approx(float(src.p_final[t]), abs=1e-5)
+    assert bars[-1] == pytest.approx(float(src.p_final[t]), abs=1e-6)
+    _next(at)
+    assert chart(at, "Seven sources of every answer token")
+    _next(at)
+    assert chart(at, "Mean sources per part of speech")
+    _next(at)
+    assert "No trained spad detector" in page_text(at)  # the demo detectors have none
+    _next(at)
+    assert _step(at) == "Step 5 of 5: Try it"
+
+
+def test_raglens_steps_sum_to_the_detectors_score(
+    app_env: Path,
+    tiny_sae,
+    monkeypatch: pytest.MonkeyPatch,
+    open_page: Callable[[str], AppTest],
+    chart: Callable[[AppTest, str], dict],
+    plotly_array,
+    page_text: Callable[[AppTest], str],
+    tiny_model,
+    preset,
+) -> None:
+    import os
+
+    from core.datasets import resolve_dataset
+    from core.detectors import make_detector
+    from core.extract import extract_features
+    from core.teach import raglens_walk
+
+    monkeypatch.setenv("RAGSCOPE_SAE_DIR", str(tiny_sae.path))
+    builtin = resolve_dataset("builtin")[1]
+    train = [e for e in builtin if e.label][:12] + [e for e in builtin if e.label is False][:12]
+    det = make_detector("raglens", sae=str(tiny_sae.path), top_k=10, max_rounds=100)
+    det.fit(list(extract_features(tiny_model, train, [det]).features["raglens"]), train)
+    det.save(Path(os.environ["RAGSCOPE_DETECTORS_DIR"]) / "raglens")
+    walk = raglens_walk(tiny_model, det, preset)
+
+    at = _walk(open_page(PAGE), "RAGLens")
+    assert _step(at) == "Step 1 of 5: A dictionary of directions"
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics["Variance kept on this answer"] == f"{walk.fve:.1%}"
+    assert metrics["Active features per token"] == f"{walk.l0.mean():.0f}"
+    assert 0.0 < walk.fve <= 1.0
+    _next(at)
+    k = walk.features[0]
+    np.testing.assert_allclose(_values(at, f"F{k} activation"), walk.activations[:, 0], atol=0.0051)
+    _next(at)
+    table = at.dataframe[0].value
+    np.testing.assert_allclose(table["max over the answer"], walk.pooled[: len(table)], rtol=1e-6)
+    _next(at)
+    assert chart(at, "This answer's largest shape values")
+    logit = walk.intercept + sum(walk.contributions.values())
+    assert 1 / (1 + np.exp(-logit)) == pytest.approx(walk.score, abs=1e-6)
+    assert f"the detector's score {walk.score:.3f}" in page_text(at)
+    _next(at)
+    assert _step(at) == "Step 5 of 5: Try it"

@@ -751,7 +751,13 @@ def test_review_in_chromium(server: str, browser: object) -> None:
 
 def test_learn_in_chromium(server: str, browser: object) -> None:
     with _opened(browser, server, "learn", "Learn") as page:
-        for walk, n, name in ((None, 4, "learn_primer"), ("CORTEX", 5, "learn_cortex")):
+        walks = (
+            (None, 4, "learn_primer"),
+            ("SPAD", 5, "learn_spad"),
+            ("RAGLens", 5, "learn_raglens"),
+            ("CORTEX", 5, "learn_cortex"),
+        )
+        for walk, n, name in walks:
             if walk is not None:
                 page.get_by_text(walk, exact=True).click()
             page.get_by_text(re.compile(rf"^Step 1 of {n}: ")).wait_for(timeout=ANALYSE_MS)
@@ -759,7 +765,9 @@ def test_learn_in_chromium(server: str, browser: object) -> None:
             _assert_no_exception(page)
             _full_page_screenshot(page, ARTIFACTS / f"{name}_first.png")
             for k in range(2, n + 1):
-                page.get_by_role("button", name=re.compile("Next")).click()
+                nxt = page.get_by_role("button", name=re.compile("Next"))
+                expect(nxt).to_have_count(1, timeout=ANALYSE_MS)  # the rerun has settled
+                nxt.click()
                 page.get_by_text(re.compile(rf"^Step {k} of {n}: ")).wait_for(timeout=ANALYSE_MS)
             page.get_by_role("link", name=re.compile("Edit the context")).wait_for()
             _assert_no_exception(page)
