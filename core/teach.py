@@ -9,6 +9,8 @@ from illustration.
   passages make to the last block's output at each token (``dh``), what is left after
   the attention-weighted changes of earlier tokens (``c``), the classifier's raw token
   scores, and the smoothing that turns them into spans.
+- :func:`ffn_lens`: one block's FFN read with the lens before and after it, and
+  the divergence between the two (ReDeEP's PKS).
 - :func:`raglens_walk`: the SAE as a dictionary on this answer (reconstruction,
   sparsity), the selected features' activations over the answer, their max-pooled
   values and the GAM's sum of shape values that makes the score.
@@ -25,6 +27,7 @@ if TYPE_CHECKING:
     from core.detectors.cortex import CortexDetector
     from core.detectors.raglens import RaglensDetector
     from core.examples import RAGExample
+    from core.lens import LensTopK
     from core.model import LoadedModel
 
 
@@ -225,4 +228,44 @@ def raglens_walk(model: LoadedModel, detector: RaglensDetector, example: RAGExam
         contributions={k: float(v) for k, v in expl.items() if k != INTERCEPT},
         intercept=float(expl.get(INTERCEPT, 0.0)),
         score=float(ans.verdict.score),
+    )
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class FfnLens:
+    """One block's FFN read with the logit lens at every answer token.
+
+    Attributes:
+        layer: The block.
+        before: Top next tokens of ``resid_mid`` (before the FFN), per token.
+        after: Top next tokens of ``resid_post`` (after it), per token.
+        jsd: ``[T]`` Jensen-Shannon divergence (bits) of the two full distributions:
+            the block's parametric knowledge score.
+    """
+
+    layer: int
+    before: LensTopK
+    after: LensTopK
+    jsd: np.ndarray
+
+
+def ffn_lens(model: LoadedModel, example: RAGExample, layer: int, *, k: int = 5) -> FfnLens:
+    """Read block ``layer``'s FFN (before / after) at the positions that predict the answer."""
+    from core.layout import render
+    from core.lens import layer_jsd, lens_top_k
+    from core.trace import Needs, trace
+
+    layout = render(example, model)
+    tr = trace(
+        model,
+        layout,
+        Needs.of(["resid_mid", "resid_post"], layers=[layer], positions="generation"),
+    )
+    gen = layout.generation_positions
+    mid, post = tr.at("resid_mid", layer, gen), tr.at("resid_post", layer, gen)
+    return FfnLens(
+        layer=layer,
+        before=lens_top_k(model, mid, k=k),
+        after=lens_top_k(model, post, k=k),
+        jsd=np.asarray(layer_jsd(model, [mid], [post])[0], dtype=np.float64),
     )

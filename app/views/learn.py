@@ -5,8 +5,8 @@ live view of the current example (the Playground's analysed answer, or a preset 
 a clear hallucination), a few sentences of plain language and the formula it
 computes. Every number shown comes from the model (:mod:`core.teach`), computed
 once per example and kept for the session. Walkthroughs: the shared primer (the
-residual stream read with the logit lens), SPAD, RAGLens and CORTEX; ReDeEP /
-InterpDetect come next.
+residual stream read with the logit lens), ReDeEP / InterpDetect, SPAD, RAGLens and
+CORTEX.
 """
 
 from __future__ import annotations
@@ -19,7 +19,14 @@ import streamlit as st
 
 from app.components.heatmap import render_token_heatmap
 from app.components.highlight import FLAG, Mark, marked_html
-from app.state import AnswerSources, answer_sources, app_state, get_model, shipped_detectors
+from app.state import (
+    AnswerSources,
+    answer_heads,
+    answer_sources,
+    app_state,
+    get_model,
+    shipped_detectors,
+)
 from core.errors import RagscopeError
 from core.examples import RAGExample
 from core.teach import (
@@ -40,10 +47,12 @@ KEY_TOKEN = "learn.token"
 KEY_P_STAY = "learn.p_stay"
 PRESET_ID = "demo-04-mount-kelsey"  # a hallucinated date in an otherwise supported answer
 PRIMER = "Residual stream & logit lens"
+REDEEP = "ReDeEP / InterpDetect"
 SPAD = "SPAD"
 RAGLENS = "RAGLens"
 CORTEX = "CORTEX"
-WALKS = (PRIMER, SPAD, RAGLENS, CORTEX)
+WALKS = (PRIMER, REDEEP, SPAD, RAGLENS, CORTEX)
+HEADS_PAGE = "views/heads.py"
 PRESET = "Preset: a clear hallucination"
 PLAYGROUND = "The Playground's analysed answer"
 PROB_CMAP = ((0.0, "#ffffff"), (0.5, "#9ecae1"), (1.0, "#08519c"))
@@ -185,6 +194,155 @@ def primer_steps(curve: LensCurve, ex: RAGExample) -> list[tuple[str, Callable[[
         ("The answer, as the model scores it", answer),
         ("Reading the middle of the network", probe),
         ("Every token, every block", grid),
+        ("Try it", try_it),
+    ]
+
+
+# --------------------------------------------------------------------------- ReDeEP
+
+
+@dataclass(frozen=True)
+class RedeepData:
+    view: object  # core.headstats.HeadView
+    head: tuple[int, int]
+    layer: int
+    ffn: object  # core.teach.FfnLens
+    detector: object | None  # the shipped redeep_token detector, when there is one
+
+
+def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[], None]]]:
+    import plotly.graph_objects as go
+
+    hv = data.view
+    layer, head = data.head
+    tokens = list(hv.response_tokens)  # type: ignore[attr-defined]
+    ctx = list(hv.context_tokens)  # type: ignore[attr-defined]
+
+    def token_choice() -> int:
+        return int(
+            st.select_slider(
+                "Answer token",
+                options=list(range(len(tokens))),
+                value=len(tokens) // 2,
+                format_func=lambda i: f"{i}: {tokens[i]!r}",
+                key=KEY_TOKEN,
+            )
+        )
+
+    def attention() -> None:
+        which = (
+            "the first of the copying heads the shipped ReDeEP detector reads"
+            if data.detector is not None
+            else "the head with the highest mean ECS on this answer"
+        )
+        st.markdown(
+            f"Some attention heads copy: they look back at the passages and carry what they "
+            f"find into the answer. Head {head} of block {layer}, {which}, attends from "
+            "each answer token (rows) to the passage tokens (columns); the squares mark the "
+            "tokens it attends to most."
+        )
+        st.latex(r"a_{t,j} = \mathrm{softmax}_j\big(q_t \cdot k_j / \sqrt{d}\big)")
+        st.plotly_chart(hv.attention_figure((layer, head)), width="stretch")  # type: ignore[attr-defined]
+
+    def ecs() -> None:
+        st.markdown(
+            "External context score: take the passage tokens this head attends to most "
+            f"(the top {hv.k} = 10%), average their final hidden states, and compare with "  # type: ignore[attr-defined]
+            "the answer token's own final hidden state. High: the token carries what it "
+            "read."
+        )
+        st.latex(
+            r"\text{ECS}_{\ell h}(t) = \cos\Big(\tfrac{1}{k}\sum_{j \in \text{top-}k} "
+            r"x^{L}_j,\; x^{L}_t\Big)"
+        )
+        t = token_choice()
+        top = [
+            ctx[list(hv.context).index(int(p))] if int(p) in set(hv.context) else "?"  # type: ignore[attr-defined]
+            for p in hv.top_positions[layer, head, t][:10]
+        ]  # type: ignore[attr-defined]
+        st.caption("Most attended passage tokens: " + " · ".join(repr(x) for x in top))
+        vals = hv.token_ecs[:, layer, head]  # type: ignore[attr-defined]
+        st.metric(f"ECS of “{tokens[t]}”", f"{float(vals[t]):.3f}")
+        render_token_heatmap(
+            tokens, vals, value_name=f"ECS L{layer}H{head}", vmin=-1.0, vmax=1.0, cmap=PROB_CMAP
+        )
+
+    def pks() -> None:
+        f = data.ffn
+        st.markdown(
+            f"Feed-forward blocks hold what the model memorised. Read the residual stream "
+            f"just before and just after block {layer}'s FFN with the logit lens: the "
+            "Jensen-Shannon divergence between the two next-token distributions is the "
+            "parametric knowledge score. High: the FFN changed the model's mind."
+        )
+        st.latex(
+            r"\text{PKS}_\ell(t) = \mathrm{JSD}\big(p_\ell^{\text{mid}}(\cdot)\,\|\,"
+            r"p_\ell^{\text{post}}(\cdot)\big)"
+        )
+        t = token_choice()
+        c1, c2 = st.columns(2)
+        for col, name, top in ((c1, "before the FFN", f.before), (c2, "after the FFN", f.after)):  # type: ignore[attr-defined]
+            fig = go.Figure(
+                go.Bar(x=list(top.probs[t]), y=[repr(x) for x in top.tokens[t]], orientation="h")
+            )
+            fig.update_layout(
+                title=f"Top next tokens {name}", height=260,
+                margin={"l": 10, "r": 10, "t": 50, "b": 30}, yaxis={"autorange": "reversed"},
+            )  # fmt: skip
+            col.plotly_chart(fig, width="stretch")
+        st.metric(f"PKS at block {layer}, token “{tokens[t]}”", f"{float(f.jsd[t]):.4f} bits")  # type: ignore[attr-defined]
+
+    def grid() -> None:
+        st.markdown(
+            "Every head and every block at once, averaged over this answer's tokens: "
+            "where the copying happens (ECS, heads) and where the FFNs rewrite (PKS, "
+            "blocks). The Heads & layers page draws the same picture over a dataset, "
+            "hallucinated answers against faithful ones."
+        )
+        mean_ecs = hv.token_ecs.mean(0)  # type: ignore[attr-defined]
+        fig = go.Figure(
+            go.Heatmap(
+                z=mean_ecs, x=[f"H{h}" for h in range(mean_ecs.shape[1])],
+                y=[f"L{ly}" for ly in range(mean_ecs.shape[0])], colorscale="Viridis",
+                hovertemplate="%{y} %{x}: mean ECS %{z:.3f}<extra></extra>",
+            )
+        )  # fmt: skip
+        fig.update_layout(
+            title="Mean ECS of every head on this answer", height=max(300, 12 * mean_ecs.shape[0] + 120),
+            margin={"l": 10, "r": 10, "t": 50, "b": 30}, yaxis={"autorange": "reversed"},
+        )  # fmt: skip
+        st.plotly_chart(fig, width="stretch")
+        st.page_link(HEADS_PAGE, label="Heads & layers over a dataset", icon=":material/grid_view:")
+
+    def combine() -> None:
+        st.markdown(
+            "ReDeEP combines the two: a token is suspect when the FFNs pushed hard (high "
+            "PKS over the selected blocks) while the copying heads brought little from the "
+            "passages (low ECS over the selected heads)."
+        )
+        st.latex(
+            r"H(t) = \textstyle\sum_{\ell \in L^*}\text{PKS}_\ell(t) - \beta \sum_{(\ell,h) \in A^*}\text{ECS}_{\ell h}(t)"
+        )
+        verdict = hv.verdicts.get("redeep_token")  # type: ignore[attr-defined]
+        if verdict is None or verdict.token_scores is None:
+            st.info(
+                "No trained redeep_token detector for this model: `ragscope train --detectors redeep_token`."
+            )
+            return
+        render_token_heatmap(
+            tokens, verdict.token_scores, value_name="redeep_token score", vmin=0.0, vmax=1.0,
+            cmap=SCORE_CMAP,
+        )  # fmt: skip
+        st.caption(
+            f"Answer score {verdict.score:.3f} (threshold {getattr(data.detector, 'threshold_', 0.5):.3f})."
+        )
+
+    return [
+        ("A head that copies", attention),
+        ("External context score", ecs),
+        ("Parametric knowledge score", pks),
+        ("Every head, every block", grid),
+        ("Putting them together", combine),
         ("Try it", try_it),
     ]
 
@@ -553,6 +711,9 @@ def walk_data(ls: LearnState, walk: str, ex: RAGExample) -> object | None:
     elif walk == SPAD:
         with st.spinner("Splitting every token's probability into its sources…"):
             data = SpadData(answer=answer_sources(model, ex), detector=shipped.get("spad"))
+    elif walk == REDEEP:
+        with st.spinner("Reading every head and every FFN on the answer…"):
+            data = redeep_data(model, ex, shipped)
     else:
         name = "raglens" if walk == RAGLENS else "cortex"
         det = shipped.get(name)
@@ -566,6 +727,30 @@ def walk_data(ls: LearnState, walk: str, ex: RAGExample) -> object | None:
             data = raglens_walk(model, det, ex) if walk == RAGLENS else cortex_walk(model, det, ex)
     ls.cache[key] = data
     return data
+
+
+def redeep_data(model: object, ex: RAGExample, shipped: dict[str, object]) -> RedeepData:
+    """The answer's head view, the head and FFN block to show, and that FFN's lens."""
+    from core.teach import ffn_lens
+
+    view = answer_heads(model, ex, shipped_detectors(model))  # type: ignore[arg-type]
+    det = shipped.get("redeep_token")
+    mean_ecs = view.token_ecs.mean(0)
+    if det is not None and det.selected_heads:  # type: ignore[attr-defined]
+        head = tuple(det.selected_heads[0])  # type: ignore[attr-defined]
+    else:
+        head = tuple(int(i) for i in np.unravel_index(int(np.argmax(mean_ecs)), mean_ecs.shape))
+    if det is not None and det.selected_layers:  # type: ignore[attr-defined]
+        layer = int(det.selected_layers[0])  # type: ignore[attr-defined]
+    else:
+        layer = int(np.argmax(view.pks.mean(1)))
+    return RedeepData(
+        view=view,
+        head=(int(head[0]), int(head[1])),
+        layer=layer,
+        ffn=ffn_lens(model, ex, layer),  # type: ignore[arg-type]
+        detector=det,
+    )
 
 
 def move(ls: LearnState, walk: str, delta: int, n: int) -> None:
@@ -590,7 +775,13 @@ def main() -> None:
         return
     if data is None:
         return
-    build = {PRIMER: primer_steps, SPAD: spad_steps, RAGLENS: raglens_steps, CORTEX: cortex_steps}
+    build = {
+        PRIMER: primer_steps,
+        REDEEP: redeep_steps,
+        SPAD: spad_steps,
+        RAGLENS: raglens_steps,
+        CORTEX: cortex_steps,
+    }
     steps = build[walk](data, ex)  # type: ignore[operator]
     n = len(steps)
     k = min(ls.step.get(walk, 0), n - 1)

@@ -210,3 +210,39 @@ def test_raglens_steps_sum_to_the_detectors_score(
     assert f"the detector's score {walk.score:.3f}" in page_text(at)
     _next(at)
     assert _step(at) == "Step 5 of 5: Try it"
+
+
+def test_redeep_steps_read_the_heads_and_the_ffn(
+    open_page: Callable[[str], AppTest],
+    chart: Callable[[AppTest, str], dict],
+    page_text: Callable[[AppTest], str],
+    tiny_model,
+    preset,
+) -> None:
+    from core.headstats import head_view
+    from core.teach import ffn_lens
+
+    at = _walk(open_page(PAGE), "ReDeEP / InterpDetect")
+    assert _step(at) == "Step 1 of 6: A head that copies"
+    hv = head_view(tiny_model, preset)
+    mean_ecs = hv.token_ecs.mean(0)
+    layer, head = np.unravel_index(int(np.argmax(mean_ecs)), mean_ecs.shape)  # no detector
+    assert f"Head {head} of block {layer}" in page_text(at)
+    _next(at)
+    t = len(hv.response_tokens) // 2
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics[f"ECS of “{hv.response_tokens[t]}”"] == f"{hv.token_ecs[t, layer, head]:.3f}"
+    _next(at)
+    pks_layer = int(np.argmax(hv.pks.mean(1)))
+    f = ffn_lens(tiny_model, preset, pks_layer)
+    np.testing.assert_allclose(f.jsd, hv.pks[pks_layer], atol=1e-5)  # PKS, two ways
+    metrics = {m.label: m.value for m in at.metric}
+    assert metrics[f"PKS at block {pks_layer}, token “{hv.response_tokens[t]}”"] == (
+        f"{f.jsd[t]:.4f} bits"
+    )
+    _next(at)
+    assert chart(at, "Mean ECS of every head")
+    _next(at)
+    assert "No trained redeep_token detector" in page_text(at)
+    _next(at)
+    assert _step(at) == "Step 6 of 6: Try it"

@@ -753,6 +753,7 @@ def test_learn_in_chromium(server: str, browser: object) -> None:
     with _opened(browser, server, "learn", "Learn") as page:
         walks = (
             (None, 4, "learn_primer"),
+            ("ReDeEP / InterpDetect", 6, "learn_redeep"),
             ("SPAD", 5, "learn_spad"),
             ("RAGLens", 5, "learn_raglens"),
             ("CORTEX", 5, "learn_cortex"),
