@@ -25,6 +25,7 @@ from app.state import (
     answer_sources,
     app_state,
     get_model,
+    get_store,
     shipped_detectors,
 )
 from core.errors import RagscopeError
@@ -45,6 +46,8 @@ KEY_BACK = "learn.back"
 KEY_NEXT = "learn.next"
 KEY_TOKEN = "learn.token"
 KEY_P_STAY = "learn.p_stay"
+KEY_STATS = "learn.stats"
+DATASET_N = 24
 PRESET_ID = "demo-04-mount-kelsey"  # a hallucinated date in an otherwise supported answer
 PRIMER = "Residual stream & logit lens"
 REDEEP = "ReDeEP / InterpDetect"
@@ -201,13 +204,29 @@ def primer_steps(curve: LensCurve, ex: RAGExample) -> list[tuple[str, Callable[[
 # --------------------------------------------------------------------------- ReDeEP
 
 
-@dataclass(frozen=True)
+@dataclass
 class RedeepData:
     view: object  # core.headstats.HeadView
     head: tuple[int, int]
     layer: int
     ffn: object  # core.teach.FfnLens
     detector: object | None  # the shipped redeep_token detector, when there is one
+    stats: object | None = None  # HeadStats over the corpus, once computed
+
+
+def dataset_head_stats() -> object:
+    """InterpDetect's head statistics over the first corpus answers (cached features)."""
+    from core.corpus import load_builtin
+    from core.detectors import make_detector
+    from core.extract import FeatureCache, extract_features
+    from core.headstats import HeadStats
+
+    examples = load_builtin()[:DATASET_N]
+    det = make_detector("interpdetect")
+    ext = extract_features(
+        get_model(), examples, [det], cache=FeatureCache(get_store()), on_error="skip"
+    )
+    return HeadStats.from_features(list(ext.features["interpdetect"]), list(ext.examples))
 
 
 def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[], None]]]:
@@ -312,7 +331,26 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
             margin={"l": 10, "r": 10, "t": 50, "b": 30}, yaxis={"autorange": "reversed"},
         )  # fmt: skip
         st.plotly_chart(fig, width="stretch")
-        st.page_link(HEADS_PAGE, label="Heads & layers over a dataset", icon=":material/grid_view:")
+        st.markdown(
+            f"Over a dataset: mean ECS of each head on faithful answers minus on "
+            f"hallucinated ones, over the first {DATASET_N} answers of the built-in "
+            "corpus (features cached, so a second look is instant)."
+        )
+        stats = data.stats
+        if stats is None and st.button(
+            f"Compute over {DATASET_N} corpus answers", key=KEY_STATS, icon=":material/grid_view:"
+        ):
+            with st.spinner(f"Reading {DATASET_N} answers…"):
+                stats = dataset_head_stats()
+            data.stats = stats
+        if stats is not None:
+            st.plotly_chart(
+                stats.figure_ecs("difference", marked=[data.head]),  # type: ignore[attr-defined]
+                width="stretch",
+            )
+        st.page_link(
+            HEADS_PAGE, label="Heads & layers: the full picture", icon=":material/grid_view:"
+        )
 
     def combine() -> None:
         st.markdown(

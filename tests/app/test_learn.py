@@ -215,6 +215,8 @@ def test_raglens_steps_sum_to_the_detectors_score(
 def test_redeep_steps_read_the_heads_and_the_ffn(
     open_page: Callable[[str], AppTest],
     chart: Callable[[AppTest, str], dict],
+    plotly_array,
+    no_exception: Callable[[AppTest], None],
     page_text: Callable[[AppTest], str],
     tiny_model,
     preset,
@@ -242,6 +244,19 @@ def test_redeep_steps_read_the_heads_and_the_ffn(
     )
     _next(at)
     assert chart(at, "Mean ECS of every head")
+    at.button(key="learn.stats").click().run()  # over the first corpus answers
+    no_exception(at)
+    from core.corpus import load_builtin
+    from core.detectors import make_detector
+    from core.extract import extract_features
+    from core.headstats import HeadStats
+
+    exs = load_builtin()[:24]
+    feats = extract_features(tiny_model, exs, [make_detector("interpdetect")])
+    stats = HeadStats.from_features(list(feats.features["interpdetect"]), list(feats.examples))
+    want = stats.figure_ecs("difference").data[0].z
+    got = plotly_array(chart(at, stats.figure_ecs("difference").layout.title.text)["data"][0]["z"])
+    np.testing.assert_allclose(got.reshape(np.shape(want)), want, atol=1e-9, equal_nan=True)
     _next(at)
     assert "No trained redeep_token detector" in page_text(at)
     _next(at)
