@@ -28,6 +28,9 @@ from app.state import (
     HEADS_EXAMPLE_PLAYGROUND,
     HEADS_FROM_CORPUS,
     HEADS_FROM_HOME,
+    KEY_CF_DATASET,
+    KEY_CF_EXAMPLE,
+    KEY_CF_SOURCE,
     KEY_HEATMAP_DATASET,
     KEY_HEATMAP_EXAMPLE,
     KEY_HEATMAP_SOURCE,
@@ -445,18 +448,51 @@ def pick_page_answer(
 
 
 TOKEN_HEATMAPS_PAGE = "views/token_heatmaps.py"
+COUNTERFACTUAL_PAGE = "views/counterfactual.py"
+
+
+def open_answer_in(
+    state: AppState,
+    prefix: str,
+    keys: AnswerKeys,
+    page: str,
+    *,
+    dataset: str | None = None,
+    example_id: str | None = None,
+) -> None:
+    """Switch to a one-answer page (``prefix``: ``heatmap``, ``cf``, ``mit``) showing an
+    example of ``dataset`` (:data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`), or the
+    Playground's answer when no dataset is given: the click-through of the pages that
+    list or teach with answers."""
+    if dataset is None:
+        setattr(state, f"{prefix}_example_source", HEADS_EXAMPLE_PLAYGROUND)
+        st.session_state[keys.source] = HEADS_EXAMPLE_PLAYGROUND
+    else:
+        assert example_id is not None, "an example of a dataset needs its id"
+        key = heads_examples(dataset, state.dataset)[0]
+        setattr(state, f"{prefix}_example_source", HEADS_EXAMPLE_DATASET)
+        setattr(state, f"{prefix}_dataset", dataset)
+        getattr(state, f"{prefix}_example_id")[key] = example_id
+        st.session_state[keys.source] = HEADS_EXAMPLE_DATASET
+        st.session_state[keys.dataset] = dataset
+        st.session_state[keys.example] = example_id
+    st.switch_page(page)
 
 
 def open_in_token_heatmaps(state: AppState, dataset: str, example_id: str) -> None:
-    """Switch to the Token heatmaps page showing ``example_id`` of ``dataset``
-    (:data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`): the click-through of the
-    pages that list answers."""
-    key = heads_examples(dataset, state.dataset)[0]
-    state.heatmap_example_source = HEADS_EXAMPLE_DATASET
-    state.heatmap_dataset = dataset
-    state.heatmap_example_id[key] = example_id
+    """Token heatmaps on ``example_id`` of ``dataset`` (the Agreement page's click-through)."""
     state.heatmap_only_flagged = False
-    st.session_state[KEY_HEATMAP_SOURCE] = HEADS_EXAMPLE_DATASET
-    st.session_state[KEY_HEATMAP_DATASET] = dataset
-    st.session_state[KEY_HEATMAP_EXAMPLE] = example_id
-    st.switch_page(TOKEN_HEATMAPS_PAGE)
+    keys = AnswerKeys(
+        source=KEY_HEATMAP_SOURCE, dataset=KEY_HEATMAP_DATASET, example=KEY_HEATMAP_EXAMPLE
+    )
+    open_answer_in(
+        state, "heatmap", keys, TOKEN_HEATMAPS_PAGE, dataset=dataset, example_id=example_id
+    )
+
+
+def open_in_counterfactual(
+    state: AppState, *, dataset: str | None = None, example_id: str | None = None
+) -> None:
+    """Counterfactual context on an example (or the Playground's answer)."""
+    keys = AnswerKeys(source=KEY_CF_SOURCE, dataset=KEY_CF_DATASET, example=KEY_CF_EXAMPLE)
+    open_answer_in(state, "cf", keys, COUNTERFACTUAL_PAGE, dataset=dataset, example_id=example_id)

@@ -26,6 +26,9 @@ from app.components.diff import word_diff_html
 from app.components.example_picker import AnswerKeys, pick_page_answer
 from app.components.multirow import DIFF_CMAP, HeatRow, gold_row, multirow_html
 from app.state import (
+    KEY_CF_DATASET,
+    KEY_CF_EXAMPLE,
+    KEY_CF_SOURCE,
     AppState,
     align_token_scores,
     app_state,
@@ -52,10 +55,7 @@ if TYPE_CHECKING:
 
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.
-KEY_SOURCE = "cf.example.source"
-KEY_DATASET = "cf.dataset"
-KEY_EXAMPLE = "cf.example.id"
-ANSWER_KEYS = AnswerKeys(source=KEY_SOURCE, dataset=KEY_DATASET, example=KEY_EXAMPLE)
+ANSWER_KEYS = AnswerKeys(source=KEY_CF_SOURCE, dataset=KEY_CF_DATASET, example=KEY_CF_EXAMPLE)
 KEY_SPAN = "cf.span"
 KEY_SUPPORT = "cf.preset.support"
 KEY_CONTRADICT = "cf.preset.contradict"

@@ -20,6 +20,8 @@ import streamlit as st
 from app.components.heatmap import render_token_heatmap
 from app.components.highlight import FLAG, Mark, marked_html
 from app.state import (
+    BUILTIN,
+    HEADS_FROM_HOME,
     AnswerSources,
     answer_heads,
     answer_sources,
@@ -47,6 +49,7 @@ KEY_NEXT = "learn.next"
 KEY_TOKEN = "learn.token"
 KEY_P_STAY = "learn.p_stay"
 KEY_STATS = "learn.stats"
+KEY_TRY = "learn.try"
 DATASET_N = 24
 PRESET_ID = "demo-04-mount-kelsey"  # a hallucinated date in an otherwise supported answer
 PRIMER = "Residual stream & logit lens"
@@ -724,13 +727,26 @@ def _gold_labels(walk: CortexWalk, ex: RAGExample) -> list[int] | None:
 
 
 def try_it() -> None:
+    from app.components.example_picker import open_in_counterfactual
+
     st.markdown(
         "Change the passages and watch these numbers move: support the flagged claim in "
         "a passage (the flags should fade) or state it differently (they should stay). The "
         "Counterfactual context page does the edit and re-reads the answer with every "
         "detector."
     )
-    st.page_link(COUNTERFACTUAL_PAGE, label="Edit the context", icon=":material/edit_note:")
+    state = app_state()
+    source = st.session_state.get(KEY_SOURCE)
+    if source == PLAYGROUND and state.analysis is not None:
+        target: dict[str, str] | None = {}
+    elif state.dataset == BUILTIN:  # the preset is one of the Home dataset's examples
+        target = {"dataset": HEADS_FROM_HOME, "example_id": PRESET_ID}
+    else:
+        target = None
+    if target is None:
+        st.page_link(COUNTERFACTUAL_PAGE, label="Edit the context", icon=":material/edit_note:")
+    elif st.button("Edit this answer's context", key=KEY_TRY, icon=":material/edit_note:"):
+        open_in_counterfactual(state, **target)
 
 
 # --------------------------------------------------------------------------- page

@@ -11,10 +11,10 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.state import KEY_CF_EXAMPLE as KEY_EXAMPLE
 from app.state import STATE_KEY, input_signature
 from app.views.counterfactual import (
     KEY_COMPARE,
-    KEY_EXAMPLE,
     KEY_LOAD,
     KEY_MODE,
     KEY_NAME,

@@ -78,6 +78,13 @@ def test_primer_steps_show_the_lens_numbers(
     assert at.button(key="learn.next").disabled
     at.button(key="learn.back").click().run()
     assert _step(at).startswith("Step 3 of 4")
+    _next(at)
+    # "try it" opens the same answer on the Counterfactual context page
+    from app.state import KEY_CF_EXAMPLE
+
+    at.button(key="learn.try").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.selectbox(key=KEY_CF_EXAMPLE).value == PRESET
 
 
 def test_cortex_steps_show_the_detectors_numbers(

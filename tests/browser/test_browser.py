@@ -770,6 +770,6 @@ def test_learn_in_chromium(server: str, browser: object) -> None:
                 expect(nxt).to_have_count(1, timeout=ANALYSE_MS)  # the rerun has settled
                 nxt.click()
                 page.get_by_text(re.compile(rf"^Step {k} of {n}: ")).wait_for(timeout=ANALYSE_MS)
-            page.get_by_role("link", name=re.compile("Edit the context")).wait_for()
+            page.get_by_role("button", name=re.compile("Edit this answer's context")).wait_for()
             _assert_no_exception(page)
             _full_page_screenshot(page, ARTIFACTS / f"{name}_last.png")
