@@ -230,7 +230,8 @@ def mitigate_batch(
 
     Args:
         model: The analysing (and regenerating) model.
-        examples: Examples whose answers to mitigate (their responses are the "before").
+        examples: Examples whose answers to mitigate (their responses are the "before";
+            for ``aarf``, the model's plain greedy answer to the same prompt is).
         detectors: Fitted detectors; all of them re-score both answers.
         method: One of :data:`METHODS`.
         guide: The detector whose token flags (at its :func:`flag_threshold`) the token
@@ -272,20 +273,27 @@ def mitigate_batch(
         # Both answers are read on ragscope's template (a verbatim prompt is dropped).
         ex = on_template(original)
         try:
-            old = score_one(model, detectors, ex)
             if method == "aarf":
                 from core.aarf import aarf_generate
 
+                # AARF changes decoding: its baseline is the same model's plain greedy
+                # answer to the same prompt (same length limit), not the dataset's answer.
                 res = aarf_generate(
                     model,
                     ex,
                     by_name[guide],  # type: ignore[index]
                     max_new_tokens=max_new_tokens,
-                    plain=False,
+                    plain=True,
                     **(aarf_options or {}),
                 )
+                assert res.plain is not None
+                if not res.plain.text.strip():
+                    raise DataError("the model wrote an empty plain answer")
+                ex = dataclasses.replace(ex, response=res.plain.text, spans=(), label=None)
+                old = score_one(model, detectors, ex)
                 text = res.text
             else:
+                old = score_one(model, detectors, ex)
                 spans: list[tuple[int, int]] = []
                 level: FeedbackLevel = "instance" if method == "feedback-instance" else "token"
                 if level == "token":

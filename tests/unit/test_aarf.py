@@ -366,3 +366,21 @@ def test_cli_aarf_default_artifact_must_match_the_model(
     assert code == 2
     err = capsys.readouterr().err
     assert "ragscope aarf: error:" in err and "was trained on model 'another-model" in err
+
+
+def test_the_batch_compares_aarf_with_the_plain_greedy_answer(tiny_model, detector, toy_example):
+    """AARF changes decoding, so the batch's "before" is the model's own plain answer."""
+    from core.counterfactual import on_template
+    from core.mitigate import mitigate_batch
+
+    ex = on_template(toy_example)
+    res = aarf_generate(tiny_model, ex, detector, max_new_tokens=6, plain=True, tau=-1.0)
+    report = mitigate_batch(
+        tiny_model, [toy_example], [detector], method="aarf", max_new_tokens=6,
+        aarf_options={"tau": -1.0},
+    )  # fmt: skip
+    if res.plain is None or not res.plain.text.strip():
+        assert report.errors and "plain answer" in report.errors[0]
+        return
+    assert report.answers == ((res.plain.text, res.text),)
+    assert report.answers[0][0] != toy_example.response
