@@ -368,19 +368,41 @@ def test_cli_aarf_default_artifact_must_match_the_model(
     assert "ragscope aarf: error:" in err and "was trained on model 'another-model" in err
 
 
-def test_the_batch_compares_aarf_with_the_plain_greedy_answer(tiny_model, detector, toy_example):
-    """AARF changes decoding, so the batch's "before" is the model's own plain answer."""
-    from core.counterfactual import on_template
+def test_the_batch_compares_aarf_with_the_plain_greedy_answer(
+    tiny_model, detector, toy_example, monkeypatch
+):
+    """AARF changes decoding, so the batch's "before" is the model's own plain answer
+    (the tiny random model writes blanks, so its decoding is stood in for)."""
+    from types import SimpleNamespace
+
+    import core.aarf
     from core.mitigate import mitigate_batch
 
-    ex = on_template(toy_example)
-    res = aarf_generate(tiny_model, ex, detector, max_new_tokens=6, plain=True, tau=-1.0)
+    plain, steered = "The Old Bridge was built in 1820.", "Ada Lovell built the Old Bridge."
+    seen = {}
+
+    def fake(model, ex, det, **kw):
+        seen.update(kw)
+        return SimpleNamespace(plain=SimpleNamespace(text=plain), text=steered)
+
+    monkeypatch.setattr(core.aarf, "aarf_generate", fake)
     report = mitigate_batch(
         tiny_model, [toy_example], [detector], method="aarf", max_new_tokens=6,
-        aarf_options={"tau": -1.0},
+        aarf_options={"alpha2": 2.0},
     )  # fmt: skip
-    if res.plain is None or not res.plain.text.strip():
-        assert report.errors and "plain answer" in report.errors[0]
-        return
-    assert report.answers == ((res.plain.text, res.text),)
-    assert report.answers[0][0] != toy_example.response
+    assert seen["plain"] is True and seen["alpha2"] == 2.0 and seen["max_new_tokens"] == 6
+    assert report.answers == ((plain, steered),)
+    # both answers were scored as answers to the same prompt
+    import dataclasses
+
+    from core.counterfactual import on_template, score_one
+
+    base = on_template(toy_example)
+    want = score_one(tiny_model, [detector], dataclasses.replace(base, response=plain, spans=()))
+    assert report.before["redeep_token"] == [want["redeep_token"].score]
+    monkeypatch.setattr(
+        core.aarf, "aarf_generate",
+        lambda *a, **k: SimpleNamespace(plain=SimpleNamespace(text="  "), text=steered),
+    )  # fmt: skip
+    blank = mitigate_batch(tiny_model, [toy_example], [detector], method="aarf")
+    assert blank.errors and "plain answer" in blank.errors[0]
