@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkab
 
 import numpy as np
 
-from core.errors import DataError, ModelError, NotFittedError
+from core.errors import DataError, ModelError, NotFittedError, RagscopeError
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -650,6 +650,57 @@ def flag_threshold(detector: Any) -> float:
     if tok is not None:
         return float(tok)
     return float(getattr(detector, "threshold_", 0.5))
+
+
+MALFORMED: tuple[type[BaseException], ...] = (
+    OSError,
+    KeyError,
+    TypeError,
+    ValueError,
+    AttributeError,
+    IndexError,
+    RuntimeError,
+)
+"""What reading a damaged artifact raises (turned into a :class:`DataError` by :func:`load_fitted`)."""
+
+
+def load_fitted(
+    cls: Any,
+    folder: str | Path,
+    model_key: str | None,
+    fill: Callable[[Any, Mapping[str, Any], Mapping[str, Any]], None],
+    *,
+    errors: tuple[type[BaseException], ...] = (),
+) -> Any:
+    """A fitted detector from its artifact folder, for every detector's ``load``.
+
+    Reads and checks ``cfg.json`` and ``weights.json`` (:func:`read_artifact`), makes
+    the detector from its recorded config, lets ``fill(detector, weights, cfg)``
+    restore what it learned, then what every artifact records (:func:`restore_fitted`).
+    Anything a damaged artifact raises (:data:`MALFORMED`, plus ``errors``) becomes a
+    :class:`DataError` naming the folder and the retrain command; ragscope's own
+    errors raised by ``fill`` pass through as they are.
+    """
+    cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
+    try:
+        det = cls(cls.Config.from_dict(cfg["config"]))
+        fill(det, w, cfg)
+        restore_fitted(det, cfg)
+    except RagscopeError:  # already says what is wrong (e.g. a DataError of fill's)
+        raise
+    except (*MALFORMED, *errors) as e:
+        raise DataError(
+            f"malformed {cls.name} artifact ({type(e).__name__}: {e}); retrain it with "
+            f"`ragscope train --detectors {cls.name}`",
+            source=str(folder),
+        ) from e
+    return det
+
+
+def fitted_extra(detector: Any, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """What every artifact's ``cfg.json`` records beside the weights (threshold, training
+    facts), plus ``extra``: the ``extra`` of :func:`write_artifact` in every ``save``."""
+    return {"threshold": detector.threshold_, "train": detector.train_info_, **(extra or {})}
 
 
 def restore_fitted(detector: Any, cfg: Mapping[str, Any]) -> None:

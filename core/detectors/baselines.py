@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import functools
 import re
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -29,10 +29,10 @@ from core.detectors.base import (
     Verdict,
     check_features,
     check_fit_inputs,
-    read_artifact,
+    fitted_extra,
+    load_fitted,
     register_detector,
     require_fitted,
-    restore_fitted,
     thresholded_verdict,
     write_artifact,
 )
@@ -148,25 +148,17 @@ class CalibratedDetector:
                 "token": self.token_model_.to_json() if self.token_model_ else None,
                 "token_stats": list(self.token_stats_) if self.token_stats_ else None,
             },
-            extra={"threshold": self.threshold_, "train": self.train_info_, **(extra or {})},
+            extra=fitted_extra(self, extra),
         )
 
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
-        cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
-        try:
-            det = cls(cls.Config.from_dict(cfg["config"]))
+        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
             det.response_model_ = LogisticCalibrator.from_json(w["response"])
             det.token_model_ = LogisticCalibrator.from_json(w["token"]) if w.get("token") else None
-            det.token_stats_ = tuple(w["token_stats"]) if w.get("token_stats") else None  # type: ignore[assignment]
-            restore_fitted(det, cfg)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise DataError(
-                f"malformed {cls.name} artifact ({type(e).__name__}: {e}); retrain it with "
-                f"`ragscope train --detectors {cls.name}`",
-                source=str(folder),
-            ) from e
-        return det
+            det.token_stats_ = tuple(w["token_stats"]) if w.get("token_stats") else None
+
+        return load_fitted(cls, folder, model_key, fill)
 
 
 def _surprisal_features(s: np.ndarray) -> np.ndarray:

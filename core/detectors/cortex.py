@@ -31,7 +31,7 @@ without, the token output is raw and the answer score their maximum.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
@@ -45,10 +45,10 @@ from core.detectors.base import (
     Verdict,
     check_features,
     check_fit_inputs,
-    read_artifact,
+    fitted_extra,
+    load_fitted,
     register_detector,
     require_fitted,
-    restore_fitted,
     thresholded_verdict,
     write_artifact,
 )
@@ -448,7 +448,7 @@ class CortexDetector:
                 "std": self.std_.tolist(),
                 "mlp_file": MLP_FILE,
             },
-            extra={"threshold": self.threshold_, "train": self.train_info_, **(extra or {})},
+            extra=fitted_extra(self, extra),
         )
         state = {k: v.detach().contiguous() for k, v in self.mlp_.state_dict().items()}
         save_file(state, str(out / MLP_FILE))
@@ -459,9 +459,7 @@ class CortexDetector:
         from safetensors import SafetensorError
         from safetensors.torch import load_file
 
-        cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
-        try:
-            det = cls(cls.Config.from_dict(cfg["config"]))
+        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
             n_in = int(w["n_inputs"])
             det.mean_ = np.asarray(w["mean"], dtype=np.float32)
             det.std_ = np.asarray(w["std"], dtype=np.float32)
@@ -470,13 +468,5 @@ class CortexDetector:
             mlp = build_mlp(n_in, det.config.hidden, det.config.dropout)
             mlp.load_state_dict(load_file(str(Path(folder) / MLP_FILE)))
             det.mlp_ = mlp.eval()
-            restore_fitted(det, cfg)
-        except DataError:
-            raise
-        except (OSError, KeyError, TypeError, ValueError, RuntimeError, SafetensorError) as e:
-            raise DataError(
-                f"malformed cortex artifact ({type(e).__name__}: {e}); retrain it with "
-                "`ragscope train --detectors cortex`",
-                source=str(folder),
-            ) from e
-        return det
+
+        return load_fitted(cls, folder, model_key, fill, errors=(SafetensorError,))

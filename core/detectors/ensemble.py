@@ -41,11 +41,11 @@ from core.detectors.base import (
     Verdict,
     check_fit_inputs,
     detector_class,
+    fitted_extra,
+    load_fitted,
     make_detector,
-    read_artifact,
     register_detector,
     require_fitted,
-    restore_fitted,
     span_labels,
     thresholded_verdict,
     write_artifact,
@@ -397,26 +397,19 @@ class EnsembleDetector:
                 "token": self.token_stacker_.to_json() if self.token_stacker_ else None,
                 "token_members": list(self.token_members_),
             },
-            extra={"threshold": self.threshold_, "train": self.train_info_, **(extra or {})},
+            extra=fitted_extra(self, extra),
         )
 
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
-        cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
-        try:
-            det = cls(cls.Config.from_dict(cfg["config"]))
+        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
             det.stacker_ = LogisticCalibrator.from_json(w["response"])
             det.token_stacker_ = (
                 LogisticCalibrator.from_json(w["token"]) if w.get("token") else None
             )
             det.token_members_ = tuple(w.get("token_members") or ())
-            restore_fitted(det, cfg)
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise DataError(
-                f"malformed ensemble artifact ({type(e).__name__}: {e}); retrain it with "
-                "`ragscope train --detectors ensemble`",
-                source=str(folder),
-            ) from e
+
+        det = load_fitted(cls, folder, model_key, fill)
         n_members = len(det.config.members)
         if det.stacker_.coef_ is None or det.stacker_.coef_.shape != (n_members,):
             raise DataError(

@@ -24,7 +24,7 @@ NumPy types.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
@@ -39,11 +39,11 @@ from core.detectors.base import (
     Verdict,
     check_features,
     check_fit_inputs,
-    read_artifact,
+    fitted_extra,
+    load_fitted,
     read_skops,
     register_detector,
     require_fitted,
-    restore_fitted,
     thresholded_verdict,
     tokens_from_chunks,
     write_artifact,
@@ -403,7 +403,7 @@ class InterpDetectDetector:
                 "candidates_f1": self.candidates_,
                 "pipeline_file": PIPELINE_FILE,
             },
-            extra={"threshold": self.threshold_, "train": self.train_info_, **(extra or {})},
+            extra=fitted_extra(self, extra),
         )
         sio.dump(self.pipeline_, out / PIPELINE_FILE)
         return out
@@ -411,24 +411,13 @@ class InterpDetectDetector:
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
 
-        cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
-        path = Path(folder) / PIPELINE_FILE
-        try:
-            det = cls(cls.Config.from_dict(cfg["config"]))
-            det.pipeline_ = read_skops(path, _TRUSTED_PREFIXES)
+        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
+            det.pipeline_ = read_skops(Path(folder) / PIPELINE_FILE, _TRUSTED_PREFIXES)
             det.names_ = tuple(str(n) for n in w["names"])
             det.kept_ = tuple(str(n) for n in w["kept"])
             det.classifier_name_ = str(w["classifier"])
             det.candidates_ = {str(k): float(v) for k, v in w.get("candidates_f1", {}).items()}
-            restore_fitted(det, cfg)
             if not set(det.kept_) <= set(det.names_):
                 raise ValueError("kept columns are not among the feature names")
-        except DataError:
-            raise
-        except (OSError, KeyError, TypeError, ValueError, AttributeError, BadZipFile) as e:
-            raise DataError(
-                f"malformed interpdetect artifact ({type(e).__name__}: {e}); retrain it with "
-                "`ragscope train --detectors interpdetect`",
-                source=str(folder),
-            ) from e
-        return det
+
+        return load_fitted(cls, folder, model_key, fill, errors=(BadZipFile,))

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -38,11 +38,11 @@ from core.detectors.base import (
     Verdict,
     check_features,
     check_fit_inputs,
-    read_artifact,
+    fitted_extra,
+    load_fitted,
     read_skops,
     register_detector,
     require_fitted,
-    restore_fitted,
     thresholded_verdict,
     write_artifact,
 )
@@ -439,7 +439,7 @@ class RaglensDetector:
                 "sae": None if self.raw else sae_stamp(sae_folder(self.config.sae)),
                 "ebm_file": EBM_FILE,
             },
-            extra={"threshold": self.threshold_, "train": self.train_info_, **(extra or {})},
+            extra=fitted_extra(self, extra),
         )
         sio.dump(self.ebm_, out / EBM_FILE)
         return out
@@ -447,27 +447,20 @@ class RaglensDetector:
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
 
-        cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
-        path = Path(folder) / EBM_FILE
-        try:
-            det = cls(cls.Config.from_dict(cfg["config"]))
-            det.ebm_ = read_skops(path, _TRUSTED_PREFIXES)
+        recorded: dict[str, Any] = {}
+
+        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
+            recorded["sae"] = w.get("sae")
+            det.ebm_ = read_skops(Path(folder) / EBM_FILE, _TRUSTED_PREFIXES)
             n = int(w["n_features"])
             det.names_ = tuple(feature_name(k, det.raw) for k in range(n))
             det.selected_ = tuple(int(k) for k in w["selected"])
             mi = np.zeros(n, dtype=np.float32)
             mi[list(det.selected_)] = np.asarray(w["mi"], dtype=np.float32)
             det.mi_ = mi
-            restore_fitted(det, cfg)
-        except DataError:
-            raise
-        except (OSError, KeyError, TypeError, ValueError) as e:
-            raise DataError(
-                f"malformed raglens artifact ({type(e).__name__}: {e}); retrain it with "
-                "`ragscope train --detectors raglens`",
-                source=str(folder),
-            ) from e
-        stamp = w.get("sae")
+
+        det = load_fitted(cls, folder, model_key, fill)
+        stamp = recorded.get("sae")
         current = "" if det.raw else sae_stamp(sae_folder(det.config.sae))
         if stamp and stamp != current:
             raise ModelError(

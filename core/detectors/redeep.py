@@ -24,7 +24,7 @@ the one the verdict reports, the other stays in the explanation.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
@@ -38,10 +38,10 @@ from core.detectors.base import (
     Verdict,
     check_features,
     check_fit_inputs,
-    read_artifact,
+    fitted_extra,
+    load_fitted,
     register_detector,
     require_fitted,
-    restore_fitted,
     thresholded_verdict,
     tokens_from_chunks,
     write_artifact,
@@ -498,14 +498,12 @@ class RedeepDetector:
                 "head_auc": self.head_auc_,
                 "layer_auc": self.layer_auc_,
             },
-            extra={"threshold": self.threshold_, "train": self.train_info_, **(extra or {})},
+            extra=fitted_extra(self, extra),
         )
 
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
-        cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
-        try:
-            det = cls(cls.Config.from_dict(cfg["config"]))
+        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
             s = w["selection"]
             det.selection_ = Selection(
                 heads=tuple(int(i) for i in s["heads"]),
@@ -520,17 +518,11 @@ class RedeepDetector:
             det.logistic_ = LogisticCalibrator.from_json(w["logistic"])
             det.head_auc_ = {str(k): float(v) for k, v in w.get("head_auc", {}).items()}
             det.layer_auc_ = {str(k): float(v) for k, v in w.get("layer_auc", {}).items()}
-            restore_fitted(det, cfg)
             n = len(det.names_)
             if max((*det.selection_.heads, *det.selection_.layers), default=0) >= n:
                 raise ValueError("selected columns beyond the feature names")
-        except (KeyError, TypeError, ValueError, AttributeError, IndexError) as e:
-            raise DataError(
-                f"malformed {cls.name} artifact ({type(e).__name__}: {e}); retrain it with "
-                f"`ragscope train --detectors {cls.name}`",
-                source=str(folder),
-            ) from e
-        return det
+
+        return load_fitted(cls, folder, model_key, fill)
 
 
 def _range(v: np.ndarray) -> tuple[float, float]:

@@ -22,7 +22,7 @@ JSON format.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Self
@@ -36,10 +36,10 @@ from core.detectors.base import (
     Verdict,
     check_features,
     check_fit_inputs,
-    read_artifact,
+    fitted_extra,
+    load_fitted,
     register_detector,
     require_fitted,
-    restore_fitted,
     thresholded_verdict,
     write_artifact,
 )
@@ -317,7 +317,7 @@ class SpadDetector:
                 "best_params": self.best_params_,
                 "booster_file": BOOSTER_FILE,
             },
-            extra={"threshold": self.threshold_, "train": self.train_info_, **(extra or {})},
+            extra=fitted_extra(self, extra),
         )
         self.booster_.save_model(str(out / BOOSTER_FILE))
         return out
@@ -326,10 +326,9 @@ class SpadDetector:
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
         import xgboost
 
-        cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
         path = Path(folder) / BOOSTER_FILE
-        try:
-            det = cls(cls.Config.from_dict(cfg["config"]))
+
+        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
             names = tuple(str(n) for n in w["names"])
             if names != FEATURE_NAMES:
                 raise ValueError("feature names are not the 126 POS x source features")
@@ -346,16 +345,8 @@ class SpadDetector:
             det.booster_ = booster
             det.names_ = names
             det.best_params_ = dict(w.get("best_params") or {})
-            restore_fitted(det, cfg)
-        except DataError:
-            raise
-        except (OSError, KeyError, TypeError, ValueError, xgboost.core.XGBoostError) as e:
-            raise DataError(
-                f"malformed spad artifact ({type(e).__name__}: {e}); retrain it with "
-                "`ragscope train --detectors spad`",
-                source=str(folder),
-            ) from e
-        return det
+
+        return load_fitted(cls, folder, model_key, fill, errors=(xgboost.core.XGBoostError,))
 
 
 def split_errors(features: Sequence[Features]) -> np.ndarray:
