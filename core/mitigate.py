@@ -269,6 +269,7 @@ def mitigate_batch(
     after: dict[str, list[float]] = {n: [] for n in by_name}
     ids, answers, errors = [], [], []
     verdicts: list[tuple[bool | None, bool | None]] = []
+    generated: dict[tuple[Any, ...], Any] = {}  # aarf: prompt -> its two answers
     for i, original in enumerate(examples):
         # Both answers are read on ragscope's template (a verbatim prompt is dropped).
         ex = on_template(original)
@@ -278,14 +279,18 @@ def mitigate_batch(
 
                 # AARF changes decoding: its baseline is the same model's plain greedy
                 # answer to the same prompt (same length limit), not the dataset's answer.
-                res = aarf_generate(
-                    model,
-                    ex,
-                    by_name[guide],  # type: ignore[index]
-                    max_new_tokens=max_new_tokens,
-                    plain=True,
-                    **(aarf_options or {}),
-                )
+                # Both depend on the prompt alone: generated once per distinct prompt.
+                prompt_key = (ex.task, ex.question, ex.passages, ex.prompt)
+                if prompt_key not in generated:
+                    generated[prompt_key] = aarf_generate(
+                        model,
+                        ex,
+                        by_name[guide],  # type: ignore[index]
+                        max_new_tokens=max_new_tokens,
+                        plain=True,
+                        **(aarf_options or {}),
+                    )
+                res = generated[prompt_key]
                 assert res.plain is not None
                 if not res.plain.text.strip():
                     raise DataError("the model wrote an empty plain answer")

@@ -604,6 +604,54 @@ class ReviewBook:
             )
         return new
 
+    def add_missed_span(
+        self,
+        dataset: str,
+        example: RAGExample,
+        reviewer: str,
+        start: int,
+        end: int,
+        *,
+        kind: str | None = None,
+        evidence: str | None = None,
+        note: str | None = None,
+    ) -> Review:
+        """A span no detector flagged, queued as the reviewer's own item and accepted.
+
+        The item's source is ``added by <reviewer>`` (score 1, threshold 1); adding the
+        same span again reuses the item and updates the reviewer's decision.
+
+        Raises:
+            DataError: Blank reviewer, a span outside the answer, or a bad type
+                (nothing is written).
+        """
+        who = (reviewer or "").strip()
+        if not who:
+            raise DataError("a review needs the reviewer's name", field="reviewer")
+        if not 0 <= start < end <= len(example.response):
+            raise DataError(
+                f"span [{start}, {end}) is not inside the answer of {example.id!r} "
+                f"({len(example.response)} characters); pick boundaries within the answer",
+                source=example.id,
+                field="span",
+            )
+        if kind is not None and kind not in KINDS:
+            raise DataError(f"kind must be one of {KINDS}, got {kind!r}", field="kind")
+        if evidence is not None and evidence not in EVIDENCE:
+            raise DataError(
+                f"evidence must be one of {EVIDENCE}, got {evidence!r}", field="evidence"
+            )
+        flag = Flag(
+            example_id=example.id, start=start, end=end, sources={f"added by {who}": (1.0, 1.0)}
+        )
+        self.add_flags(dataset, [example], [flag])
+        (item_id,) = self.store.query(
+            "SELECT id FROM review_items WHERE dataset = ? AND example_id = ? AND "
+            "span_start = ? AND span_end = ?",
+            (dataset, example.id, start, end),
+        )[0]
+        return self.save_review(item_id, who, "accept", kind=kind, evidence=evidence, note=note)
+
     def audit(self, item_id: int | None = None, dataset: str | None = None) -> list[AuditEntry]:
         """The audit trail, oldest first (of one item, of a dataset's items, or all)."""
         sql = "SELECT a.id, a.item_id, a.reviewer, a.at, a.action, a.before, a.after FROM review_audit a"

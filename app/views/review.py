@@ -78,6 +78,7 @@ KEY_EXPORT_ALL = "review.export.all"
 KEY_EXPORT_NAME = "review.export.name"
 KEY_EXPORT_SAVE = "review.export.save"
 KEY_REPORT = "review.report"
+KEY_ADD_SPAN = "review.add_span"
 KEY_REPORT_GET = "review.report.get"
 CORPUS_LABEL = "Built-in labelled corpus"
 UNSET = "unset"
@@ -99,6 +100,10 @@ def evidence_key(item_id: int) -> str:
 
 def note_key(item_id: int) -> str:
     return f"review.note.{item_id}"
+
+
+def missed_key(item_id: int) -> str:
+    return f"review.missed.{item_id}"
 
 
 def threshold_key(name: str) -> str:
@@ -493,6 +498,7 @@ def item_card(
                     f"{r.reviewer}: **{r.decision}** “{ex.response[r.start : r.end]}”{typ}{note} "
                     f"(version {r.version}, {r.updated_at})"
                 )
+        missed_span_row(book, rs, item, ex)
         report_row(book, rs, item, ex)
         with st.expander("Audit trail of this item"):
             trail = book.audit(item.id)
@@ -504,6 +510,40 @@ def item_card(
                     f"[{a.after.get('start')}, {a.after.get('end')})"
                     + (f" (was {a.before.get('decision')})" if a.before else "")
                 )
+
+
+def missed_span_row(book: ReviewBook, rs: ReviewState, item: ReviewItem, ex: RAGExample) -> None:
+    """Mark a hallucinated span of this answer that no detector flagged (accepted as yours)."""
+    with st.expander("Add a span the detectors missed", icon=":material/add_box:"):
+        bounds = answer_bounds(ex.response)
+        span = st.select_slider(
+            "Span (characters)",
+            options=bounds,
+            value=(bounds[0], bounds[min(2, len(bounds) - 1)]),
+            key=missed_key(item.id),
+        )
+        st.caption(f"Span: “{ex.response[span[0] : span[1]]}”")
+        c_kind, c_ev = st.columns(2)
+        kind = c_kind.radio(
+            "Type", [UNSET, *KINDS], horizontal=True, key=f"{missed_key(item.id)}.kind"
+        )
+        evidence = c_ev.radio(
+            "Evidence", [UNSET, *EVIDENCE], horizontal=True, key=f"{missed_key(item.id)}.ev"
+        )
+        note = st.text_input("Note", key=f"{missed_key(item.id)}.note")
+        if st.button("Add and accept", key=KEY_ADD_SPAN, icon=":material/add:"):
+            try:
+                book.add_missed_span(
+                    item.dataset, ex, rs.reviewer or "", int(span[0]), int(span[1]),
+                    kind=None if kind == UNSET else kind,
+                    evidence=None if evidence == UNSET else evidence,
+                    note=note,
+                )  # fmt: skip
+            except (DataError, StorageError) as e:
+                st.error(f"Not added: {e}")
+            else:
+                rs.outcome = ("success", f"Added “{ex.response[span[0] : span[1]]}” as accepted.")
+                st.rerun()
 
 
 def build_answer_report(book: ReviewBook, dataset: str, ex: RAGExample, label: str) -> str:

@@ -128,6 +128,18 @@ def test_a_reviewer_scans_reviews_and_exports(
         sp for sp in stored[first.example_id].spans
     )
 
+    # a span no detector flagged: added by the reviewer (bob), accepted
+    current = next(i for i in items if f"`{i.example_id}`" in page_text(at))
+    missed = at.select_slider(key=f"review.missed.{current.id}")
+    bounds = [int(b) for b in missed.options]
+    missed.set_value((bounds[0], bounds[2]))
+    at.button(key="review.add_span").click().run()
+    no_exception(at)
+    with Store(app_env) as s:
+        added = [i for i in ReviewBook(s).items(KEY) if "added by bob" in i.sources]
+    assert len(added) == 1 and (added[0].start, added[0].end) == (bounds[0], bounds[2])
+    assert added[0].review_by("bob").decision == "accept"
+
 
 def _corpus():
     from core.corpus import load_builtin

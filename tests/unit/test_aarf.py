@@ -373,6 +373,7 @@ def test_the_batch_compares_aarf_with_the_plain_greedy_answer(
 ):
     """AARF changes decoding, so the batch's "before" is the model's own plain answer
     (the tiny random model writes blanks, so its decoding is stood in for)."""
+    import dataclasses
     from types import SimpleNamespace
 
     import core.aarf
@@ -392,6 +393,15 @@ def test_the_batch_compares_aarf_with_the_plain_greedy_answer(
     )  # fmt: skip
     assert seen["plain"] is True and seen["alpha2"] == 2.0 and seen["max_new_tokens"] == 6
     assert report.answers == ((plain, steered),)
+    # two answers to one prompt (the corpus pairs them): decoded once
+    calls = []
+    monkeypatch.setattr(
+        core.aarf, "aarf_generate",
+        lambda *a, **k: calls.append(1) or SimpleNamespace(plain=SimpleNamespace(text=plain), text=steered),
+    )  # fmt: skip
+    twin = dataclasses.replace(toy_example, id="toy-2", response="Ada Lovell built it.", spans=())
+    pair = mitigate_batch(tiny_model, [toy_example, twin], [detector], method="aarf")
+    assert len(calls) == 1 and pair.answers == ((plain, steered), (plain, steered))
     # both answers were scored as answers to the same prompt
     import dataclasses
 

@@ -269,3 +269,23 @@ def _plain(e):
     return dataclasses.replace(
         e, provenance=dataclasses.replace(e.provenance, source=None, dataset=None)
     )
+
+
+def test_a_reviewer_adds_a_span_the_detectors_missed(book: ReviewBook):
+    examples = _queue(book)
+    ex = examples[1]
+    r = book.add_missed_span("demo", ex, "ann", 24, 28, kind="baseless", evidence="evident")
+    item = book.item(r.item_id)
+    assert (item.start, item.end, item.detectors) == (24, 28, ("added by ann",))
+    assert (r.decision, r.reviewer, r.label_type) == ("accept", "ann", "Evident Baseless Info")
+    assert RESPONSE[24:28] == "1820"
+    again = book.add_missed_span("demo", ex, "ann", 24, 28, note="the year")
+    assert again.item_id == r.item_id and again.version == 2 and again.note == "the year"
+    n = len(book.items("demo"))
+    with pytest.raises(DataError, match="'ex1'"):
+        book.add_missed_span("demo", ex, "ann", 50, 500)
+    with pytest.raises(DataError, match="reviewer"):
+        book.add_missed_span("demo", ex, " ", 0, 3)
+    assert len(book.items("demo")) == n
+    reviewed = reviewed_examples(examples, book.items("demo"))
+    assert any(s.start == 24 and s.end == 28 for e in reviewed if e.id == "ex1" for s in e.spans)
