@@ -1,8 +1,8 @@
 """Learn: guided walkthroughs of how the detectors read the model, live on one answer.
 
 Each walkthrough is a short sequence of steps (Back / Next, a progress bar), each a
-live view of the current example (the Playground's analysed answer, or a preset with
-a clear hallucination), a few sentences of plain language and the formula it
+live view of the current example (the Playground's analysed answer, a preset with a
+clear hallucination, or the Counterfactual page's edited version), a few sentences of plain language and the formula it
 computes. Every number shown comes from the model (:mod:`core.teach`), computed
 once per example and kept for the session. Walkthroughs: the shared primer (the
 residual stream read with the logit lens), ReDeEP / InterpDetect, SPAD, RAGLens and
@@ -61,6 +61,7 @@ WALKS = (PRIMER, REDEEP, SPAD, RAGLENS, CORTEX)
 HEADS_PAGE = "views/heads.py"
 PRESET = "Preset: a clear hallucination"
 PLAYGROUND = "The Playground's analysed answer"
+EDITED = "The Counterfactual page's edited answer"
 PROB_CMAP = ((0.0, "#ffffff"), (0.5, "#9ecae1"), (1.0, "#08519c"))
 SCORE_CMAP = ((0.0, "#ffffff"), (0.5, "#f4b183"), (1.0, "#c0392b"))
 COUNTERFACTUAL_PAGE = "views/counterfactual.py"
@@ -79,14 +80,24 @@ def page_state() -> LearnState:
 
 
 def current_example() -> RAGExample | None:
-    """The Playground's answer when there is one (the user picks), else the preset."""
+    """The example the walkthrough reads: the Playground's answer, the Counterfactual
+    page's edited version (to watch a step change with the context), or the preset."""
     from core.datasets import builtin_examples
 
-    a = app_state().analysis
-    options = ([PLAYGROUND] if a is not None else []) + [PRESET]
+    state = app_state()
+    a = state.analysis
+    cf = state.cf_result
+    options = (
+        ([PLAYGROUND] if a is not None else []) + ([EDITED] if cf is not None else []) + [PRESET]
+    )
+    if st.session_state.get(KEY_SOURCE) not in options:
+        st.session_state.pop(KEY_SOURCE, None)
     source = st.radio("Example", options, horizontal=True, key=KEY_SOURCE)
     if source == PLAYGROUND and a is not None:
         return a.example
+    if source == EDITED and cf is not None:
+        st.caption(f"Edited on the Counterfactual context page: “{cf.name}”.")
+        return cf.edited
     preset = next((e for e in builtin_examples() if e.id == PRESET_ID), None)
     if preset is None:
         st.error(f"The preset example {PRESET_ID!r} is missing from the built-in examples.")

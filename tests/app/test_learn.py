@@ -268,3 +268,27 @@ def test_redeep_steps_read_the_heads_and_the_ffn(
     assert "No trained redeep_token detector" in page_text(at)
     _next(at)
     assert _step(at) == "Step 6 of 6: Try it"
+
+
+def test_the_counterfactual_pages_edit_can_be_walked_through(
+    open_page: Callable[[str], AppTest], page_text: Callable[[AppTest], str], tiny_model, preset
+) -> None:
+    from app.state import STATE_KEY
+    from core.counterfactual import Counterfactual, edit_example, on_template, support_span
+
+    at = open_page(PAGE)
+    original = on_template(preset)
+    edited = edit_example(original, support_span(original))
+    at.session_state[STATE_KEY].cf_result = Counterfactual(
+        name="support it", model=tiny_model.info.key, original=original, edited=edited,
+        answer_mode="fixed",
+    )  # fmt: skip
+    at.run()
+    choice = at.radio(key="learn.source")
+    assert "The Counterfactual page's edited answer" in choice.options
+    choice.set_value("The Counterfactual page's edited answer").run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert "Edited on the Counterfactual context page: “support it”." in page_text(at)
+    want = lens_curve(tiny_model, edited)
+    np.testing.assert_allclose(_values(at, "p(token)"), want.final, atol=0.0051)
+    assert edited.passages != preset.passages
