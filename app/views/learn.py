@@ -2,8 +2,8 @@
 
 Each walkthrough is a short sequence of steps (Back / Next, a progress bar), each a
 live view of the current example (the Playground's analysed answer, a preset with a
-clear hallucination, or the Counterfactual page's edited version), a few sentences of plain language and the formula it
-computes. Every number shown comes from the model (:mod:`core.teach`), computed
+clear hallucination, or the Counterfactual page's edited version), a few sentences
+of plain language and the formula it computes. Every number shown comes from the model (:mod:`core.teach`), computed
 once per example and kept for the session. Walkthroughs: the shared primer (the
 residual stream read with the logit lens), ReDeEP / InterpDetect, SPAD, RAGLens and
 CORTEX.
