@@ -486,6 +486,31 @@ def _finite_abs_max(v: np.ndarray) -> float:
     return m if m > 0 else 1.0
 
 
+def mean_ecs_figure(grid: np.ndarray, *, title: str) -> go.Figure:
+    """A ``[layer, head]`` grid of mean ECS values as a heatmap (NaN cells stay blank):
+    one answer's picture (the Learn page, audit reports)."""
+    import plotly.graph_objects as go
+
+    n_layers, n_heads = grid.shape
+    fig = go.Figure(
+        go.Heatmap(
+            z=grid,
+            x=[f"H{h}" for h in range(n_heads)],
+            y=[f"L{ly}" for ly in range(n_layers)],
+            colorscale="Viridis",
+            colorbar={"title": "ECS"},
+            hovertemplate="%{y} %{x}: mean ECS %{z:.3f}<extra></extra>",
+        )
+    )
+    fig.update_layout(
+        title=title,
+        height=_grid_height(n_layers),
+        margin={"l": 10, "r": 10, "t": 50, "b": 30},
+        yaxis={"autorange": "reversed"},
+    )
+    return fig
+
+
 def _grid_height(n_layers: int) -> int:
     return int(min(max(260, 18 * n_layers + 110), 720))
 

@@ -26,7 +26,6 @@ import json
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
@@ -60,7 +59,9 @@ SORTS: tuple[str, ...] = ("uncertainty", "score", "position")
 
 
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="milliseconds")
+    from core.storage import now_iso
+
+    return now_iso("milliseconds")  # reviews within one second still order by time
 
 
 class ReviewConflict(StorageError):
@@ -328,11 +329,62 @@ def _review(r: Sequence[Any]) -> Review:
     )
 
 
+def _check_review(reviewer: str | None, kind: str | None, evidence: str | None) -> str:
+    """The reviewer's name, stripped, after checking it and the type fields.
+
+    Raises:
+        DataError: A blank name, or a kind / evidence outside :data:`KINDS` / :data:`EVIDENCE`.
+    """
+    who = (reviewer or "").strip()
+    if not who:
+        raise DataError("a review needs the reviewer's name", field="reviewer")
+    if kind is not None and kind not in KINDS:
+        raise DataError(f"kind must be one of {KINDS}, got {kind!r}", field="kind")
+    if evidence is not None and evidence not in EVIDENCE:
+        raise DataError(f"evidence must be one of {EVIDENCE}, got {evidence!r}", field="evidence")
+    return who
+
+
 def _review_state(r: Review) -> dict[str, Any]:
     d = asdict(r)
     for k in ("id", "item_id", "reviewer", "created_at"):
         d.pop(k)
     return d
+
+
+def filter_items(
+    items: Iterable[ReviewItem],
+    *,
+    detectors: Iterable[str] | None = None,
+    tasks: Iterable[str] | None = None,
+    generators: Iterable[str] | None = None,
+    statuses: Iterable[str] | None = None,
+    sort: str = "uncertainty",
+) -> list[ReviewItem]:
+    """The items kept by every given filter (``None``: no filter), sorted
+    (:meth:`ReviewBook.items` documents the options)."""
+    if sort not in SORTS:
+        raise ValueError(f"sort must be one of {SORTS}, got {sort!r}")
+    out = list(items)
+    if detectors is not None:
+        keep = set(detectors)
+        out = [i for i in out if keep & set(i.sources)]
+    if tasks is not None:
+        keep = set(tasks)
+        out = [i for i in out if i.task in keep]
+    if generators is not None:
+        keep = set(generators)
+        out = [i for i in out if i.generator in keep]
+    if statuses is not None:
+        keep = set(statuses)
+        out = [i for i in out if i.status in keep]
+    if sort == "uncertainty":
+        out.sort(key=lambda i: (abs(i.margin), i.position))
+    elif sort == "score":
+        out.sort(key=lambda i: (-i.score, i.position))
+    else:
+        out.sort(key=lambda i: i.position)
+    return out
 
 
 class ReviewBook:
@@ -452,30 +504,18 @@ class ReviewBook:
             sort: ``uncertainty`` (closest to a threshold first), ``score`` (highest
                 first) or ``position`` (queue order).
         """
-        if sort not in SORTS:
-            raise ValueError(f"sort must be one of {SORTS}, got {sort!r}")
         rows = self.store.query(
             f"SELECT {_ITEM_COLS} FROM review_items WHERE dataset = ? ORDER BY position",
             (dataset,),
         )
-        out = self._items(rows)
-        if detectors is not None:
-            keep = set(detectors)
-            out = [i for i in out if keep & set(i.sources)]
-        if tasks is not None:
-            keep = set(tasks)
-            out = [i for i in out if i.task in keep]
-        if generators is not None:
-            keep = set(generators)
-            out = [i for i in out if i.generator in keep]
-        if statuses is not None:
-            keep = set(statuses)
-            out = [i for i in out if i.status in keep]
-        if sort == "uncertainty":
-            out.sort(key=lambda i: (abs(i.margin), i.position))
-        elif sort == "score":
-            out.sort(key=lambda i: (-i.score, i.position))
-        return out
+        return filter_items(
+            self._items(rows),
+            detectors=detectors,
+            tasks=tasks,
+            generators=generators,
+            statuses=statuses,
+            sort=sort,
+        )
 
     def datasets(self) -> list[tuple[str, int]]:
         """Datasets with a queue, and their number of items."""
@@ -518,17 +558,9 @@ class ReviewBook:
             ReviewConflict: The stored review is not at ``expected_version``.
             StorageError: No such item.
         """
-        reviewer = (reviewer or "").strip()
-        if not reviewer:
-            raise DataError("a review needs the reviewer's name", field="reviewer")
+        reviewer = _check_review(reviewer, kind, evidence)
         if decision not in DECISIONS:
             raise DataError(f"decision must be one of {DECISIONS}, got {decision!r}")
-        if kind is not None and kind not in KINDS:
-            raise DataError(f"kind must be one of {KINDS}, got {kind!r}", field="kind")
-        if evidence is not None and evidence not in EVIDENCE:
-            raise DataError(
-                f"evidence must be one of {EVIDENCE}, got {evidence!r}", field="evidence"
-            )
         note = (note or "").strip() or None
         attempted = {
             "decision": decision,
@@ -625,21 +657,13 @@ class ReviewBook:
             DataError: Blank reviewer, a span outside the answer, or a bad type
                 (nothing is written).
         """
-        who = (reviewer or "").strip()
-        if not who:
-            raise DataError("a review needs the reviewer's name", field="reviewer")
+        who = _check_review(reviewer, kind, evidence)
         if not 0 <= start < end <= len(example.response):
             raise DataError(
                 f"span [{start}, {end}) is not inside the answer of {example.id!r} "
                 f"({len(example.response)} characters); pick boundaries within the answer",
                 source=example.id,
                 field="span",
-            )
-        if kind is not None and kind not in KINDS:
-            raise DataError(f"kind must be one of {KINDS}, got {kind!r}", field="kind")
-        if evidence is not None and evidence not in EVIDENCE:
-            raise DataError(
-                f"evidence must be one of {EVIDENCE}, got {evidence!r}", field="evidence"
             )
         flag = Flag(
             example_id=example.id, start=start, end=end, sources={f"added by {who}": (1.0, 1.0)}

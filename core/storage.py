@@ -188,8 +188,13 @@ def example_hash(example: RAGExample) -> str:
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
+def now_iso(timespec: str = "seconds") -> str:
+    """The current UTC time as ISO 8601 (the timestamps the database stores)."""
+    return datetime.now(UTC).isoformat(timespec=timespec)
+
+
 def _now() -> str:
-    return datetime.now(UTC).isoformat(timespec="seconds")
+    return now_iso()
 
 
 @dataclass(frozen=True, kw_only=True)

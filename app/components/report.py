@@ -100,9 +100,8 @@ def _fmt(v: float | None, spec: str = ".3f") -> str:
 def head_ecs_figure(features: Features, *, title: str) -> go.Figure | None:
     """Mean ECS of each candidate head over the answer's tokens, on a layer x head grid
     (``None`` when the features hold no per-token ECS columns)."""
-    import plotly.graph_objects as go
-
     from core.detectors.redeep import parse_head
+    from core.headstats import mean_ecs_figure
 
     if features.tokens is None or not features.tokens.size:
         return None
@@ -114,23 +113,7 @@ def head_ecs_figure(features: Features, *, title: str) -> go.Figure | None:
     grid = np.full((n_layers, n_heads), np.nan)
     for i, (ly, h) in cols:
         grid[ly, h] = float(np.nanmean(features.tokens[:, i]))
-    fig = go.Figure(
-        go.Heatmap(
-            z=grid,
-            x=[f"H{h}" for h in range(n_heads)],
-            y=[f"L{ly}" for ly in range(n_layers)],
-            colorscale="Viridis",
-            colorbar={"title": "ECS"},
-            hovertemplate="%{y} %{x}: mean ECS %{z:.3f}<extra></extra>",
-        )
-    )
-    fig.update_layout(
-        title=title,
-        height=max(260, 14 * n_layers + 120),
-        margin={"l": 10, "r": 10, "t": 50, "b": 30},
-        yaxis={"autorange": "reversed"},
-    )
-    return fig
+    return mean_ecs_figure(grid, title=title)
 
 
 def _detector_section(

@@ -332,19 +332,15 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
             "blocks). The Heads & layers page draws the same picture over a dataset, "
             "hallucinated answers against faithful ones."
         )
-        mean_ecs = hv.token_ecs.mean(0)  # type: ignore[attr-defined]
-        fig = go.Figure(
-            go.Heatmap(
-                z=mean_ecs, x=[f"H{h}" for h in range(mean_ecs.shape[1])],
-                y=[f"L{ly}" for ly in range(mean_ecs.shape[0])], colorscale="Viridis",
-                hovertemplate="%{y} %{x}: mean ECS %{z:.3f}<extra></extra>",
-            )
-        )  # fmt: skip
-        fig.update_layout(
-            title="Mean ECS of every head on this answer", height=max(300, 12 * mean_ecs.shape[0] + 120),
-            margin={"l": 10, "r": 10, "t": 50, "b": 30}, yaxis={"autorange": "reversed"},
-        )  # fmt: skip
-        st.plotly_chart(fig, width="stretch")
+        from core.headstats import mean_ecs_figure
+
+        st.plotly_chart(
+            mean_ecs_figure(
+                hv.token_ecs.mean(0),  # type: ignore[attr-defined]
+                title="Mean ECS of every head on this answer",
+            ),
+            width="stretch",
+        )
         st.markdown(
             f"Over a dataset: mean ECS of each head on faithful answers minus on "
             f"hallucinated ones, over the first {DATASET_N} answers of the built-in "

@@ -46,6 +46,7 @@ from core.review import (
     ReviewItem,
     agreement,
     dataset_verdicts,
+    filter_items,
     propose_flags,
     ragtruth_jsonl,
     related_context,
@@ -86,24 +87,9 @@ LATEST = "the latest decision on each item"
 DEFAULT_SMOOTH = 0.9
 
 
-def span_key(item_id: int) -> str:
-    return f"review.span.{item_id}"
-
-
-def kind_key(item_id: int) -> str:
-    return f"review.kind.{item_id}"
-
-
-def evidence_key(item_id: int) -> str:
-    return f"review.evidence.{item_id}"
-
-
-def note_key(item_id: int) -> str:
-    return f"review.note.{item_id}"
-
-
-def missed_key(item_id: int) -> str:
-    return f"review.missed.{item_id}"
+def item_key(control: str, item_id: int) -> str:
+    """The widget key of one item's control (span, kind, evidence, note, missed)."""
+    return f"review.{control}.{item_id}"
 
 
 def threshold_key(name: str) -> str:
@@ -277,8 +263,8 @@ def build_section(
             st.success(rs.build_report)
 
 
-def queue_filters(book: ReviewBook, key: str) -> list[ReviewItem]:
-    everything = book.items(key, sort="position")
+def queue_filters(everything: list[ReviewItem]) -> list[ReviewItem]:
+    """The filter and sort row over the dataset's queue; the items it keeps."""
     detectors = sorted({d for i in everything for d in i.detectors})
     tasks = sorted({i.task for i in everything if i.task})
     generators = sorted({i.generator for i in everything if i.generator})
@@ -297,8 +283,8 @@ def queue_filters(book: ReviewBook, key: str) -> list[ReviewItem]:
             "position": "queue order",
         }.get,
     )
-    return book.items(
-        key,
+    return filter_items(
+        everything,
         detectors=f_det or None,
         statuses=f_status or None,
         tasks=f_task or None,
@@ -360,9 +346,9 @@ def save(
     next_id: int | None,
 ) -> None:  # fmt: skip
     """Accept / Reject: store the decision with the item's controls (a callback)."""
-    start, end = st.session_state.get(span_key(item.id), (item.start, item.end))
-    kind = st.session_state.get(kind_key(item.id), UNSET)
-    evidence = st.session_state.get(evidence_key(item.id), UNSET)
+    start, end = st.session_state.get(item_key("span", item.id), (item.start, item.end))
+    kind = st.session_state.get(item_key("kind", item.id), UNSET)
+    evidence = st.session_state.get(item_key("evidence", item.id), UNSET)
     try:
         book.save_review(
             item.id,
@@ -372,7 +358,7 @@ def save(
             end=int(end),
             kind=None if kind == UNSET else kind,
             evidence=None if evidence == UNSET else evidence,
-            note=st.session_state.get(note_key(item.id)),
+            note=st.session_state.get(item_key("note", item.id)),
             expected_version=expected,
         )
     except ReviewConflict as e:
@@ -442,7 +428,7 @@ def item_card(
                 "Span boundaries (characters)",
                 options=bounds,
                 value=(start, end),
-                key=span_key(item.id),
+                key=item_key("span", item.id),
                 format_func=lambda b: str(b),
             )
             st.caption(f"Span: “{ex.response[span[0] : span[1]]}”")
@@ -453,7 +439,7 @@ def item_card(
                 "Type",
                 kinds,
                 index=kinds.index(mine.kind) if mine and mine.kind else 0,
-                key=kind_key(item.id),
+                key=item_key("kind", item.id),
                 horizontal=True,
                 help="baseless: the passages do not say it; conflict: they say otherwise",
             )
@@ -461,11 +447,14 @@ def item_card(
                 "Evidence",
                 evs,
                 index=evs.index(mine.evidence) if mine and mine.evidence else 0,
-                key=evidence_key(item.id),
+                key=item_key("evidence", item.id),
                 horizontal=True,
             )
             st.text_area(
-                "Note", value=(mine.note or "") if mine else "", key=note_key(item.id), height=68
+                "Note",
+                value=(mine.note or "") if mine else "",
+                key=item_key("note", item.id),
+                height=68,
             )
         expected = mine.version if mine else 0
         b1, b2, b3, b4, _ = st.columns([1, 1, 1, 1, 2])
@@ -520,17 +509,17 @@ def missed_span_row(book: ReviewBook, rs: ReviewState, item: ReviewItem, ex: RAG
             "Span (characters)",
             options=bounds,
             value=(bounds[0], bounds[min(2, len(bounds) - 1)]),
-            key=missed_key(item.id),
+            key=item_key("missed", item.id),
         )
         st.caption(f"Span: “{ex.response[span[0] : span[1]]}”")
         c_kind, c_ev = st.columns(2)
         kind = c_kind.radio(
-            "Type", [UNSET, *KINDS], horizontal=True, key=f"{missed_key(item.id)}.kind"
+            "Type", [UNSET, *KINDS], horizontal=True, key=f"{item_key('missed', item.id)}.kind"
         )
         evidence = c_ev.radio(
-            "Evidence", [UNSET, *EVIDENCE], horizontal=True, key=f"{missed_key(item.id)}.ev"
+            "Evidence", [UNSET, *EVIDENCE], horizontal=True, key=f"{item_key('missed', item.id)}.ev"
         )
-        note = st.text_input("Note", key=f"{missed_key(item.id)}.note")
+        note = st.text_input("Note", key=f"{item_key('missed', item.id)}.note")
         if st.button("Add and accept", key=KEY_ADD_SPAN, icon=":material/add:"):
             try:
                 book.add_missed_span(
@@ -608,8 +597,7 @@ def report_row(book: ReviewBook, rs: ReviewState, item: ReviewItem, ex: RAGExamp
 # --------------------------------------------------------------------------- agreement, export
 
 
-def agreement_section(book: ReviewBook, key: str) -> None:
-    items = book.items(key, sort="position")
+def agreement_section(items: list[ReviewItem]) -> None:
     got = agreement(items)
     st.subheader("Agreement between reviewers")
     if got is None:
@@ -625,10 +613,11 @@ def agreement_section(book: ReviewBook, key: str) -> None:
     st.caption(f"Reviewers {got.reviewers[0]} and {got.reviewers[1]}.")
 
 
-def export_section(book: ReviewBook, key: str, label: str, examples: list[RAGExample]) -> None:
+def export_section(
+    key: str, label: str, items: list[ReviewItem], examples: list[RAGExample]
+) -> None:
     st.subheader("Export the reviewed dataset")
-    items = book.items(key, sort="position")
-    who_options = [LATEST, *book.reviewers(key)]
+    who_options = [LATEST, *sorted({r.reviewer for i in items for r in i.reviews})]
     c_who, c_all = st.columns([2, 2], vertical_alignment="bottom")
     who = c_who.selectbox("Decisions that count", who_options, key=KEY_EXPORT_WHO)
     keep_all = c_all.toggle("Also keep answers nobody reviewed", key=KEY_EXPORT_ALL)
@@ -698,12 +687,12 @@ def main() -> None:
         return
     key, examples = picked
     book = ReviewBook(get_store())
-    n_items = len(book.items(key, sort="position"))
-    build_section(rs, book, key, examples, n_items)
-    if not n_items:
+    everything = book.items(key, sort="position")  # one read of the queue per rerun
+    build_section(rs, book, key, examples, len(everything))
+    if not everything:
         st.info("The queue of this dataset is empty: scan it above.")
         return
-    items = queue_filters(book, key)
+    items = queue_filters(everything)
     texts = {e.id: e.response for e in examples}
     done = sum(1 for i in items if i.review_by(rs.reviewer) is not None)
     st.caption(f"{len(items)} items shown · {done} reviewed by you.")
@@ -713,9 +702,9 @@ def main() -> None:
         queue_table(rs, items, texts)
         item_card(book, rs, items, {e.id: e for e in examples})
     st.divider()
-    agreement_section(book, key)
+    agreement_section(everything)
     st.divider()
-    export_section(book, key, dataset_options()[key][0], examples)
+    export_section(key, dataset_options()[key][0], everything, examples)
 
 
 main()
