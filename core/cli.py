@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from core.errors import RagscopeError
+from core.errors import DataError, RagscopeError
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -555,6 +555,48 @@ def cmd_serve_llm(args: argparse.Namespace) -> int:
     finally:
         server.server_close()
     return 0
+
+
+def _artifact_folders(paths: Sequence[str]) -> list[Path]:
+    """Artifact folders named on the command line: a folder holding ``cfg.json`` is one;
+    any other folder is searched one level down (default: the shipped folder)."""
+    from core.detectors import shipped_dir
+
+    roots = [Path(p) for p in paths] or [shipped_dir()]
+    out: list[Path] = []
+    for r in roots:
+        if (r / "cfg.json").is_file():
+            out.append(r)
+        elif r.is_dir():
+            out += [s for s in sorted(r.iterdir()) if (s / "cfg.json").is_file()]
+        else:
+            raise DataError("no such artifact folder", source=str(r))
+    if not out:
+        raise DataError(
+            "no detector artifacts here (folders holding cfg.json)",
+            source=", ".join(map(str, roots)),
+        )
+    return out
+
+
+def cmd_artifacts(args: argparse.Namespace) -> int:
+    """Verify artifacts (hashes, allowlists, a full load) or record their file hashes."""
+    from core.detectors import artifact_info, detector_class, seal_artifact
+
+    failed = 0
+    for folder in _artifact_folders(args.folders):
+        try:
+            if args.action == "seal":
+                for f in seal_artifact(folder):
+                    print(f"sealed {f}")
+            else:
+                name = str(artifact_info(folder).get("detector"))
+                detector_class(name).load(folder, model_key=None)
+                print(f"ok      {name:<14} {folder}")
+        except RagscopeError as e:
+            failed += 1
+            print(f"refused {folder}: {e}", file=sys.stderr)
+    return 1 if failed else 0
 
 
 def cmd_shap(args: argparse.Namespace) -> int:
@@ -1170,6 +1212,17 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--host", default="127.0.0.1")
     p.add_argument("--port", type=int, default=8000)
     p.set_defaults(func=cmd_serve_llm)
+
+    p = sub.add_parser(
+        "artifacts",
+        help="verify detector artifacts (file hashes, exact type allowlists, a full load) or "
+        "record the file hashes of ones you made with an older ragscope",
+    )
+    p.add_argument("action", choices=["verify", "seal"])
+    p.add_argument(
+        "folders", nargs="*", help="artifact folders, or folders of them (default: the shipped one)"
+    )
+    p.set_defaults(func=cmd_artifacts)
 
     p = sub.add_parser("sae", help="train or measure the residual-stream SAE (RAGLens)")
     p.add_argument("action", choices=("train", "eval"))

@@ -27,6 +27,7 @@ import numpy as np
 from core.detectors.base import detector_class, make_detector, span_labels
 from core.errors import DataError
 from core.extract import Extraction, FeatureCache, extract_features
+from core.safeio import MiB, read_json_file
 from core.storage import example_hash
 
 if TYPE_CHECKING:
@@ -297,6 +298,10 @@ class DetectorResult:
     token_threshold: float | None = None
 
 
+RUN_JSON_LIMIT = 256 * MiB
+"""Largest evaluation run file read (one score per test answer and detector)."""
+
+
 @dataclass(frozen=True, kw_only=True)
 class EvalRun:
     """A saved evaluation: what was run, on what, and how each detector did."""
@@ -347,9 +352,12 @@ class EvalRun:
 
     @classmethod
     def load(cls, path: str | Path) -> EvalRun:
+        d = read_json_file(path, RUN_JSON_LIMIT, what="evaluation run")
+        if not isinstance(d, dict):
+            raise DataError("not a readable evaluation run (not a JSON object)", source=str(path))
         try:
-            return cls.from_dict(json.loads(Path(path).read_text()))
-        except (OSError, json.JSONDecodeError, KeyError, TypeError) as e:
+            return cls.from_dict(d)
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
             raise DataError(f"not a readable evaluation run ({e})", source=str(path)) from e
 
     def to_frame(self) -> pd.DataFrame:

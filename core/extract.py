@@ -47,7 +47,10 @@ class FeatureCache:
         )
         if rec is None or not isinstance(rec.result, bytes):
             return None
-        return Features.from_bytes(rec.result, example_id=example.id)
+        try:
+            return Features.from_bytes(rec.result, example_id=example.id)
+        except DataError:
+            return None  # a damaged entry is recomputed (and overwritten) like a miss
 
     def put(self, model_key: str, example: RAGExample, detector: object, feats: Features) -> None:
         name, cfg = self._key(detector)

@@ -45,6 +45,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from core.errors import DataError, ModelError
+from core.safeio import MiB, read_json_file, regular_file, sha256_file
 
 if TYPE_CHECKING:
     import torch
@@ -117,14 +118,6 @@ class SaeCorpus:
     skipped: tuple[str, ...] = ()
 
 
-def _sha256_file(path: Path) -> str:
-    h = hashlib.sha256()
-    with path.open("rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            h.update(block)
-    return h.hexdigest()
-
-
 def is_held_out(example: RAGExample) -> bool:
     """Whether ``example``'s source belongs to the SAE's held-out evaluation text."""
     from core.evaluate import source_key
@@ -176,7 +169,7 @@ def sae_corpus(specs: Sequence[str] = DEFAULT_SOURCES) -> SaeCorpus:
                 n_examples=len(exs),
                 content_sha256=digest.hexdigest(),
                 file=file.name if file is not None else None,
-                file_sha256=_sha256_file(file) if file is not None else None,
+                file_sha256=sha256_file(file) if file is not None else None,
             )
         )
         for e in exs:
@@ -482,7 +475,7 @@ def save_sae(
         "model": model_key,
         "layer": int(layer),
         "hook": hook_name(layer),
-        "weights_sha256": _sha256_file(Path(weights)),
+        "weights_sha256": sha256_file(Path(weights)),
         **dict(meta),
     }
     (out / META_FILE).write_text(json.dumps(record, indent=2, default=_json_default) + "\n")
@@ -499,6 +492,46 @@ def _json_default(o: Any) -> Any:
     raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
+SAE_JSON_LIMIT = 4 * MiB
+
+
+def _checked_sae_files(path: Path) -> dict[str, Any]:
+    """Check what loading an SAE folder reads, before sae-lens reads it: ``cfg.json``
+    and :data:`META_FILE` are bounded JSON objects, ``sae_weights.safetensors`` is a
+    plain file (no symlink, FIFO, ...) whose SHA-256 matches the one :data:`META_FILE`
+    records. sae-lens reads only these (JSON and safetensors; no pickle). Returns the
+    sidecar (empty when absent: a plain sae-lens folder).
+
+    Raises:
+        DataError: A file is missing, not a plain file, oversized, not a JSON object,
+            or the weights do not match the recorded hash.
+    """
+    retrain = "retrain it with `ragscope sae train`"
+    docs: dict[str, dict[str, Any]] = {}
+    for name in ("cfg.json", META_FILE):
+        f = path / name
+        if name == META_FILE and not f.exists():
+            docs[name] = {}
+            continue
+        value = read_json_file(f, SAE_JSON_LIMIT, what=f"SAE {name}", follow_symlinks=False)
+        if not isinstance(value, dict):
+            raise DataError(f"must hold a JSON object; {retrain}", source=str(f))
+        docs[name] = value
+    weights = path / "sae_weights.safetensors"
+    if not weights.exists():
+        raise DataError(f"sae_weights.safetensors is missing; {retrain}", source=str(path))
+    regular_file(weights, follow_symlinks=False)
+    meta = docs[META_FILE]
+    digest = meta.get("weights_sha256")
+    if digest is not None and sha256_file(weights) != digest:
+        raise DataError(
+            f"sae_weights.safetensors does not match the SHA-256 recorded in {META_FILE} "
+            f"(damaged or edited since it was written); {retrain}",
+            source=str(path),
+        )
+    return meta
+
+
 def load_sae(folder: str | Path) -> LoadedSAE:
     """Load an SAE saved by :func:`save_sae` (or any sae-lens folder with our sidecar).
 
@@ -506,14 +539,13 @@ def load_sae(folder: str | Path) -> LoadedSAE:
         DataError: The folder is missing, incomplete or malformed (names the fix).
     """
     path = Path(folder)
-    meta_path = path / META_FILE
     if not (path / "cfg.json").is_file():
         raise DataError(
             "no SAE here (cfg.json is missing); train one with `ragscope sae train`",
             source=str(path),
         )
+    meta = _checked_sae_files(path)
     try:
-        meta = json.loads(meta_path.read_text()) if meta_path.is_file() else {}
         # float32 in memory whatever the stored dtype (fp16 on disk halves the repo size).
         sae = sae_lens().SAE.load_from_disk(str(path), device="cpu").float().eval()
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:

@@ -27,6 +27,7 @@ from typing import TYPE_CHECKING, Any
 
 from core.errors import DataError, StorageError
 from core.examples import RAGExample
+from core.safeio import parse_json
 
 if TYPE_CHECKING:
     from core.counterfactual import Counterfactual
@@ -799,10 +800,9 @@ class Store:
         rows = self._query("SELECT json FROM counterfactuals WHERE id = ?", (cf_id,))
         if not rows:
             raise DataError(f"no saved counterfactual with id {cf_id}")
-        try:
-            payload = json.loads(rows[0][0])
-        except json.JSONDecodeError as e:
-            raise DataError(f"saved counterfactual {cf_id} is not valid JSON ({e})") from e
+        payload = parse_json(str(rows[0][0]), source=f"saved counterfactual {cf_id}")
+        if not isinstance(payload, dict):
+            raise DataError(f"saved counterfactual {cf_id} is not a JSON object")
         return Counterfactual.from_dict(payload, id=cf_id)
 
     def delete_counterfactual(self, cf_id: int) -> None:

@@ -174,3 +174,90 @@ def llm_server(llm_base_url: str) -> Iterator[object]:
     _register_httpcore2_mocker()
     with respx.mock(base_url=llm_base_url, using="httpcore2", assert_all_called=False) as router:
         yield router
+
+
+@pytest.fixture
+def reseal():
+    """Re-record an artifact folder's file hashes after a test edited its files on purpose.
+
+    Tests of what a loader does with malformed content edit ``weights.json`` and the
+    like; the hash check would refuse those first. Resealing makes the edit look like
+    an attacker's (who can rewrite ``cfg.json`` too), so the checks behind it are hit.
+    """
+    import json
+
+    from core.detectors.base import artifact_hashes
+
+    def _reseal(folder: Path) -> None:
+        cfg_path = Path(folder) / "cfg.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["files"] = artifact_hashes(folder)
+        cfg_path.write_text(json.dumps(cfg, indent=2))
+
+    return _reseal
+
+
+def _code_running_pipeline(marker: Path):
+    """A scikit-learn pipeline that runs Python code at its first ``predict_proba``.
+
+    Every callable in it comes from NumPy or scikit-learn, so a loader trusting those
+    packages by prefix lets it through: ``numpy.full_like`` makes a 0-d array holding
+    the code, ``str`` turns it into a string, and scikit-learn's test helper
+    ``assert_run_python_script_without_output`` runs it in a subprocess. The code only
+    creates ``marker`` (a harmless stand-in for any command).
+    """
+    import numpy as np
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import FunctionTransformer
+    from sklearn.utils._testing import assert_run_python_script_without_output
+
+    code = f"open({str(marker)!r}, 'w').write('pwned')"
+    X = np.random.default_rng(0).normal(size=(8, 2))
+    steps = [
+        FunctionTransformer(
+            func=np.full_like, kw_args={"fill_value": code, "shape": (), "dtype": "O"}
+        ),
+        FunctionTransformer(func=str),
+        FunctionTransformer(func=assert_run_python_script_without_output),
+    ]
+    for s in steps:
+        s.fit(X)  # fitting does not call func
+    clf = LogisticRegression().fit(X, np.arange(8) % 2)
+    return Pipeline([*((f"s{i}", s) for i, s in enumerate(steps)), ("clf", clf)])
+
+
+@pytest.fixture
+def hostile_artifact(tmp_path: Path):
+    """``(root, detector, model_key) -> marker``: writes a detector artifact under
+    ``root/<detector>`` whose skops file would run code when used, with every file hash
+    recorded (an attacker rewrites ``cfg.json`` too), for ``interpdetect`` (its pipeline)
+    or ``raglens`` (its EBM). The code would create ``marker``, which must never appear.
+    """
+    import skops.io as sio
+
+    from core.detectors import make_detector
+    from core.detectors.base import write_artifact
+
+    def make(root: Path, detector: str = "interpdetect", model_key: str = "any") -> Path:
+        marker = tmp_path / f"PWNED-{detector}"
+        payload = _code_running_pipeline(marker)
+        det = make_detector(detector)
+        if detector == "interpdetect":
+            weights = {"names": ["ECS_L0H0"], "kept": ["ECS_L0H0"], "classifier": "lr"}
+            fname = "pipeline.skops"
+        else:
+            weights = {"n_features": 4, "selected": [0], "mi": [0.1], "sae": None}
+            fname = "ebm.skops"
+        write_artifact(
+            root / detector,
+            name=detector,
+            config=det.config,
+            model_key=model_key,
+            weights=weights,
+            extra={"threshold": 0.5, "train": {}},
+            files={fname: lambda p: sio.dump(payload, p)},
+        )
+        return marker
+
+    return make

@@ -14,6 +14,7 @@ from core.detectors.base import (
     make_detector,
     register_detector,
     runnable_detectors,
+    seal_artifact,
     shipped_artifacts,
     shipped_dir,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "make_detector",
     "register_detector",
     "runnable_detectors",
+    "seal_artifact",
     "shipped_artifacts",
     "shipped_dir",
 ]

@@ -19,7 +19,9 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-from collections.abc import Callable, Mapping, Sequence
+import re
+import zipfile
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
@@ -27,6 +29,16 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkab
 import numpy as np
 
 from core.errors import DataError, ModelError, NotFittedError, RagscopeError
+from core.safeio import (
+    MiB,
+    SkopsType,
+    check_zip,
+    load_skops,
+    parse_json,
+    read_bounded,
+    read_json_file,
+    sha256_file,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -152,9 +164,33 @@ class Features:
 
     @classmethod
     def from_bytes(cls, blob: bytes, *, example_id: str | None = None) -> Features:
-        with np.load(io.BytesIO(blob)) as z:
-            meta = json.loads(z["meta"].tobytes().decode("utf-8"))
-            get = {k: z[k] for k in z.files if k != "meta"}
+        """Features from :meth:`to_bytes`'s payload: a bounded ``.npz`` of plain arrays
+        (``allow_pickle`` stays off) and a JSON header.
+
+        Raises:
+            DataError: A damaged or foreign payload (the feature cache then recomputes).
+        """
+        try:
+            with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+                check_zip(zf, source="feature cache entry", max_members=16)
+            with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+                meta = parse_json(z["meta"].tobytes(), source="feature cache entry")
+                get = {k: z[k] for k in z.files if k != "meta"}
+            return cls._from_parts(meta, get, example_id)
+        except DataError:
+            raise
+        except (*MALFORMED, zipfile.BadZipFile, EOFError) as e:
+            raise DataError(
+                f"unreadable feature cache entry ({type(e).__name__}: {str(e)[:120]})",
+                source="feature cache",
+            ) from e
+
+    @classmethod
+    def _from_parts(
+        cls, meta: Any, get: Mapping[str, np.ndarray], example_id: str | None
+    ) -> Features:
+        if not isinstance(meta, dict):
+            raise DataError("feature cache entry header is not a JSON object")
         return cls(
             detector=meta["detector"],
             example_id=example_id or meta["example_id"],
@@ -400,6 +436,131 @@ def library_versions() -> dict[str, str]:
     return out
 
 
+ARTIFACT_JSON_LIMIT = 64 * MiB
+"""Largest ``cfg.json`` / ``weights.json`` read from an artifact."""
+ARTIFACT_FILE_LIMIT = 1024 * MiB
+"""Largest single file an artifact may hold (hashed in chunks, never read whole)."""
+MAX_ARTIFACT_FILES = 1000
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+def _artifact_files(folder: Path) -> dict[str, Path]:
+    """Every file of an artifact folder but its own ``cfg.json``: relative POSIX name ->
+    path, recursively (an ensemble holds its members' folders).
+
+    Raises:
+        DataError: A symlink, a special file (FIFO, device, ...), or too many files.
+    """
+    out: dict[str, Path] = {}
+    stack = [folder]
+    while stack:
+        d = stack.pop()
+        try:
+            entries = sorted(d.iterdir())
+        except OSError as e:
+            raise DataError(f"cannot list the artifact ({e.strerror or e})", source=str(d)) from e
+        for p in entries:
+            rel = p.relative_to(folder).as_posix()
+            if p.is_symlink():
+                raise DataError(
+                    f"the artifact holds a symbolic link ({rel}); artifacts hold plain files "
+                    "only, copy the real file in or retrain",
+                    source=str(folder),
+                )
+            if p.is_dir():
+                stack.append(p)
+            elif p.is_file():
+                if rel != "cfg.json":
+                    out[rel] = p
+            else:
+                raise DataError(
+                    f"the artifact holds {rel}, which is not a regular file", source=str(folder)
+                )
+            if len(out) > MAX_ARTIFACT_FILES:
+                raise DataError(
+                    f"the artifact holds over {MAX_ARTIFACT_FILES} files; is this the right "
+                    "folder?",
+                    source=str(folder),
+                )
+    return out
+
+
+def artifact_hashes(folder: str | Path) -> dict[str, str]:
+    """SHA-256 of every file of an artifact folder but its ``cfg.json``, by relative name
+    (what ``cfg.json`` records under ``files``).
+
+    Raises:
+        DataError: A file over :data:`ARTIFACT_FILE_LIMIT`, a symlink or special file.
+    """
+    out: dict[str, str] = {}
+    for rel, p in sorted(_artifact_files(Path(folder)).items()):
+        size = p.stat().st_size
+        if size > ARTIFACT_FILE_LIMIT:
+            raise DataError(
+                f"{rel} is {size:,} bytes, over the {ARTIFACT_FILE_LIMIT:,}-byte limit per "
+                "artifact file",
+                source=str(folder),
+            )
+        out[rel] = sha256_file(p)
+    return out
+
+
+def verify_artifact(folder: str | Path, cfg: Mapping[str, Any], *, name: str) -> None:
+    """Check an artifact's files against the SHA-256 hashes its ``cfg.json`` records.
+
+    Every file must be recorded (nothing unverified is ever read) and match its hash.
+
+    Raises:
+        DataError: No hashes recorded (an artifact from before ragscope recorded them),
+            a malformed record, a missing, extra, changed, linked or oversized file.
+            The message names the file and the fix.
+    """
+    path = Path(folder)
+    retrain = f"retrain it with `ragscope train --detectors {name}`"
+    files = cfg.get("files")
+    if files is None:
+        raise DataError(
+            "the artifact records no file hashes (made before ragscope recorded them, or "
+            f"edited); {retrain}, or, if you made it yourself, record them with "
+            f"`ragscope artifacts seal {path}` (which first checks that it loads safely)",
+            source=str(path),
+        )
+    if not isinstance(files, dict) or not all(
+        isinstance(k, str) and isinstance(v, str) and _HEX64.fullmatch(v) for k, v in files.items()
+    ):
+        raise DataError(
+            f"cfg.json's 'files' must map file names to SHA-256 hex digests; {retrain}",
+            source=str(path),
+        )
+    present = _artifact_files(path)
+    unrecorded = sorted(set(present) - set(files))
+    if unrecorded:
+        raise DataError(
+            f"the artifact holds files its cfg.json does not record: {', '.join(unrecorded[:5])}; "
+            f"remove them or {retrain}",
+            source=str(path),
+        )
+    missing = sorted(set(files) - set(present))
+    if missing:
+        raise DataError(
+            f"the artifact is missing {', '.join(missing[:5])}; {retrain}", source=str(path)
+        )
+    for rel in sorted(files):
+        p = present[rel]
+        size = p.stat().st_size
+        if size > ARTIFACT_FILE_LIMIT:
+            raise DataError(
+                f"{rel} is {size:,} bytes, over the {ARTIFACT_FILE_LIMIT:,}-byte limit; {retrain}",
+                source=str(path),
+            )
+        if sha256_file(p) != files[rel]:
+            raise DataError(
+                f"{rel} does not match the SHA-256 recorded in cfg.json (damaged or edited "
+                f"since it was written); {retrain}",
+                source=str(path),
+            )
+
+
 def write_artifact(
     folder: str | Path,
     *,
@@ -408,10 +569,16 @@ def write_artifact(
     model_key: str,
     weights: Mapping[str, Any],
     extra: Mapping[str, Any] | None = None,
+    files: Mapping[str, Callable[[Path], None]] | None = None,
 ) -> Path:
-    """Write ``cfg.json`` and ``weights.json`` into ``folder`` (created)."""
+    """Write an artifact folder (created): ``weights.json``, the learner's own ``files``
+    (name -> a function writing that path), then ``cfg.json`` last, recording the
+    SHA-256 of every other file in the folder under ``files``."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
+    (out / "weights.json").write_text(json.dumps(weights, indent=1, default=_json_default) + "\n")
+    for fname, write in (files or {}).items():
+        write(out / fname)
     cfg = {
         "detector": name,
         "artifact_version": ARTIFACT_VERSION,
@@ -420,17 +587,28 @@ def write_artifact(
         "model": model_key,
         "versions": library_versions(),
         **(extra or {}),
+        "files": artifact_hashes(out),
     }
-    (out / "weights.json").write_text(json.dumps(weights, indent=1, default=_json_default) + "\n")
     (out / "cfg.json").write_text(json.dumps(cfg, indent=2, default=_json_default) + "\n")
     return out
 
 
+def _read_cfg(path: Path) -> dict[str, Any]:
+    cfg = read_json_file(path, ARTIFACT_JSON_LIMIT, what="artifact cfg.json")
+    if not isinstance(cfg, dict):
+        raise DataError("cfg.json must hold a JSON object", source=str(path))
+    return cfg
+
+
 def read_artifact(folder: str | Path, *, name: str, model_key: str | None) -> tuple[dict, dict]:
-    """Read and check an artifact folder; returns ``(cfg, weights)``.
+    """Read, verify and check an artifact folder; returns ``(cfg, weights)``.
+
+    ``cfg.json`` is read first (bounded), then every other file is checked against the
+    hashes it records (:func:`verify_artifact`) before anything else is read.
 
     Raises:
-        DataError: missing or malformed files, or another detector's artifact.
+        DataError: missing, malformed, oversized, unrecorded or changed files, or
+            another detector's artifact.
         ModelError: the artifact was trained on another model than ``model_key``.
     """
     path = Path(folder)
@@ -441,14 +619,11 @@ def read_artifact(folder: str | Path, *, name: str, model_key: str | None) -> tu
             f"`ragscope train --detectors {name}`",
             source=str(path),
         )
+    retrain = f"retrain it with `ragscope train --detectors {name}`"
     try:
-        cfg = json.loads(cfg_path.read_text())
-        weights = json.loads(w_path.read_text())
-    except json.JSONDecodeError as e:
-        raise DataError(
-            f"malformed artifact JSON ({e}); retrain it with `ragscope train --detectors {name}`",
-            source=str(path),
-        ) from e
+        cfg = _read_cfg(cfg_path)
+    except DataError as e:
+        raise DataError(f"{e.reason}; {retrain}", source=str(cfg_path)) from e
     if cfg.get("detector") != name:
         raise DataError(
             f"artifact is for detector {cfg.get('detector')!r}, not {name!r}", source=str(path)
@@ -464,7 +639,51 @@ def read_artifact(folder: str | Path, *, name: str, model_key: str | None) -> tu
             f"{path} was trained on model {cfg.get('model')!r}, not {model_key!r}; load the model it "
             f"was made for or retrain it with `ragscope train --detectors {name} --model ...`"
         )
+    verify_artifact(path, cfg, name=name)
+    try:
+        weights = read_json_file(w_path, ARTIFACT_JSON_LIMIT, what="artifact weights.json")
+    except DataError as e:
+        raise DataError(f"{e.reason}; {retrain}", source=str(w_path)) from e
+    if not isinstance(weights, dict):
+        raise DataError(f"weights.json must hold a JSON object; {retrain}", source=str(w_path))
     return cfg, weights
+
+
+def seal_artifact(folder: str | Path) -> list[Path]:
+    """Record the SHA-256 of every file in an artifact folder's ``cfg.json`` (and in its
+    members', for an ensemble), for artifacts written before ragscope recorded them.
+
+    Sealing does not vouch for a file by itself: after recording, the detector is
+    loaded in full (skops files under their exact allowlists, every check of
+    ``load``); if that fails the old ``cfg.json`` is put back and the error raised.
+
+    Returns:
+        The folders sealed, members first.
+
+    Raises:
+        DataError: Not an artifact folder, or it does not load safely.
+    """
+    path = Path(folder)
+    cfg_path = path / "cfg.json"
+    cfg = _read_cfg(cfg_path)
+    name = cfg.get("detector")
+    if not isinstance(name, str) or name not in available_detectors():
+        raise DataError(f"cfg.json names no known detector ({name!r})", source=str(path))
+    sealed: list[Path] = []
+    members = path / "members"
+    if members.is_dir() and not members.is_symlink():
+        for sub in sorted(members.iterdir()):
+            if (sub / "cfg.json").is_file():
+                sealed += seal_artifact(sub)
+    old = read_bounded(cfg_path, ARTIFACT_JSON_LIMIT)
+    cfg["files"] = artifact_hashes(path)
+    cfg_path.write_text(json.dumps(cfg, indent=2, default=_json_default) + "\n")
+    try:
+        detector_class(name).load(path, model_key=None)
+    except BaseException:
+        cfg_path.write_bytes(old)
+        raise
+    return [*sealed, path]
 
 
 def shipped_dir() -> Path:
@@ -489,9 +708,9 @@ def artifact_info(folder: str | Path) -> dict[str, Any]:
     """
     path = Path(folder) / "cfg.json"
     try:
-        return json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise DataError(f"cannot read artifact config ({e})", source=str(path)) from e
+        return _read_cfg(path)
+    except DataError as e:
+        raise DataError(f"cannot read artifact config ({e.reason})", source=str(path)) from e
 
 
 def shipped_artifacts(
@@ -573,8 +792,8 @@ def compare_artifacts(
         out,
     )
     _diff(ca.get("threshold"), cb.get("threshold"), "threshold", rtol, atol, out)
-    wa = json.loads((Path(original) / "weights.json").read_text())
-    wb = json.loads((Path(rebuilt) / "weights.json").read_text())
+    wa = read_json_file(Path(original) / "weights.json", ARTIFACT_JSON_LIMIT)
+    wb = read_json_file(Path(rebuilt) / "weights.json", ARTIFACT_JSON_LIMIT)
     _diff(wa, wb, "weights", rtol, atol, out)
     return out
 
@@ -714,24 +933,18 @@ def restore_fitted(detector: Any, cfg: Mapping[str, Any]) -> None:
     detector.train_info_ = dict(cfg.get("train", {}))
 
 
-def read_skops(path: Path, trusted_prefixes: tuple[str, ...]) -> Any:
-    """A skops file, refusing any type outside ``trusted_prefixes`` (modules, e.g. ``sklearn.``).
+def read_skops(path: Path, allowed: Iterable[SkopsType], name: str) -> Any:
+    """A detector's skops file, holding only the exact types in ``allowed``
+    (:func:`core.safeio.load_skops`; never a function or method reference).
 
     Raises:
-        DataError: A type outside the allowlist (the file may be tampered with).
+        DataError: A type outside the allowlist (named, with the file and the retrain
+            command), or a malformed file.
         FileNotFoundError: No such file (callers turn it into their own DataError).
     """
-    import skops.io as sio
-
     if not path.is_file():
         raise FileNotFoundError(f"{path.name} is missing")
-    untrusted = sio.get_untrusted_types(file=path)
-    bad = [t for t in untrusted if not t.startswith(trusted_prefixes)]
-    if bad:
-        raise DataError(
-            f"refusing to load types {bad} from {path}; retrain the detector", source=str(path)
-        )
-    return sio.load(path, trusted=untrusted)
+    return load_skops(path, allowed, retrain=f"retrain it with `ragscope train --detectors {name}`")
 
 
 def thresholded_verdict(detector: Any, features: Features, score: float, **kw: Any) -> Verdict:

@@ -437,7 +437,8 @@ class CortexDetector:
         require_fitted(self, "mlp_", self.name)
         assert self.mlp_ is not None and self.model_key_ is not None
         assert self.mean_ is not None and self.std_ is not None
-        out = write_artifact(
+        state = {k: v.detach().contiguous() for k, v in self.mlp_.state_dict().items()}
+        return write_artifact(
             folder,
             name=self.name,
             config=self.config,
@@ -449,10 +450,8 @@ class CortexDetector:
                 "mlp_file": MLP_FILE,
             },
             extra=fitted_extra(self, extra),
+            files={MLP_FILE: lambda path: save_file(state, str(path))},
         )
-        state = {k: v.detach().contiguous() for k, v in self.mlp_.state_dict().items()}
-        save_file(state, str(out / MLP_FILE))
-        return out
 
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:

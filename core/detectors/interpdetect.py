@@ -50,6 +50,7 @@ from core.detectors.base import (
 )
 from core.detectors.redeep import head_name, layer_name, shared_pks
 from core.errors import DataError, ModelError
+from core.safeio import SkopsType
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -61,9 +62,24 @@ if TYPE_CHECKING:
 ClassifierName = Literal["lr", "svc", "rf", "xgb"]
 CLASSIFIERS: tuple[ClassifierName, ...] = ("lr", "svc", "rf", "xgb")
 PIPELINE_FILE = "pipeline.skops"
-# No "builtins.": skops already trusts the safe builtin types, and what it reports
-# from builtins are functions such as exec or eval.
-_TRUSTED_PREFIXES = ("sklearn.", "xgboost.", "numpy.")
+SKOPS_TYPES: frozenset[SkopsType] = frozenset(
+    {
+        ("ObjectNode", "sklearn.pipeline", "Pipeline"),
+        ("ObjectNode", "sklearn.preprocessing._data", "StandardScaler"),
+        ("ObjectNode", "sklearn.linear_model._logistic", "LogisticRegression"),
+        ("ObjectNode", "sklearn.calibration", "CalibratedClassifierCV"),
+        ("ObjectNode", "sklearn.calibration", "_CalibratedClassifier"),
+        ("ObjectNode", "sklearn.calibration", "_SigmoidCalibration"),
+        ("ObjectNode", "sklearn.svm._classes", "SVC"),
+        ("ObjectNode", "sklearn.ensemble._forest", "RandomForestClassifier"),
+        ("ObjectNode", "sklearn.tree._classes", "DecisionTreeClassifier"),
+        ("TreeNode", "sklearn.tree._tree", "Tree"),
+        ("ObjectNode", "xgboost.sklearn", "XGBClassifier"),
+        ("ObjectNode", "xgboost.core", "Booster"),
+    }
+)
+"""The exact classes a fitted pipeline holds (scaler + one of :data:`CLASSIFIERS`), as
+``(skops loader, module, class)``; a pipeline file with anything else is refused."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -391,7 +407,7 @@ class InterpDetectDetector:
 
         require_fitted(self, "pipeline_", self.name)
         assert self.model_key_ is not None
-        out = write_artifact(
+        return write_artifact(
             folder,
             name=self.name,
             config=self.config,
@@ -404,15 +420,14 @@ class InterpDetectDetector:
                 "pipeline_file": PIPELINE_FILE,
             },
             extra=fitted_extra(self, extra),
+            files={PIPELINE_FILE: lambda path: sio.dump(self.pipeline_, path)},
         )
-        sio.dump(self.pipeline_, out / PIPELINE_FILE)
-        return out
 
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
 
         def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
-            det.pipeline_ = read_skops(Path(folder) / PIPELINE_FILE, _TRUSTED_PREFIXES)
+            det.pipeline_ = read_skops(Path(folder) / PIPELINE_FILE, SKOPS_TYPES, cls.name)
             det.names_ = tuple(str(n) for n in w["names"])
             det.kept_ = tuple(str(n) for n in w["kept"])
             det.classifier_name_ = str(w["classifier"])

@@ -47,6 +47,7 @@ from core.detectors.base import (
     write_artifact,
 )
 from core.errors import DataError, ModelError
+from core.safeio import SkopsType, read_json_file
 
 if TYPE_CHECKING:
     import torch
@@ -58,7 +59,11 @@ if TYPE_CHECKING:
 
 EBM_FILE = "ebm.skops"
 INTERCEPT = "intercept"
-_TRUSTED_PREFIXES = ("interpret.", "sklearn.", "numpy.")
+SKOPS_TYPES: frozenset[SkopsType] = frozenset(
+    {("ObjectNode", "interpret.glassbox._ebm._ebm", "ExplainableBoostingClassifier")}
+)
+"""The one class an EBM file holds (``(skops loader, module, class)``); anything else is
+refused."""
 
 
 def feature_name(k: int, raw: bool = False) -> str:
@@ -89,18 +94,17 @@ def sae_folder(spec: str) -> Path:
 
 def sae_stamp(folder: Path) -> str:
     """Identity of the SAE in ``folder`` for caches: its weights' hash, or its file stats."""
-    from core.sae import META_FILE
+    from core.sae import META_FILE, SAE_JSON_LIMIT
 
     meta = folder / META_FILE
     if meta.is_file():
-        import json
-
         try:
-            digest = json.loads(meta.read_text()).get("weights_sha256")
-        except ValueError:
-            digest = None
-        if digest:
-            return str(digest)
+            doc = read_json_file(meta, SAE_JSON_LIMIT, follow_symlinks=False)
+        except DataError:
+            doc = None  # load_sae names what is wrong with it; the stamp falls back
+        digest = doc.get("weights_sha256") if isinstance(doc, dict) else None
+        if isinstance(digest, str) and digest:
+            return digest
     weights = folder / "sae_weights.safetensors"
     if not weights.is_file():
         raise DataError(
@@ -427,7 +431,7 @@ class RaglensDetector:
 
         require_fitted(self, "ebm_", self.name)
         assert self.model_key_ is not None and self.mi_ is not None
-        out = write_artifact(
+        return write_artifact(
             folder,
             name=self.name,
             config=self.config,
@@ -440,9 +444,8 @@ class RaglensDetector:
                 "ebm_file": EBM_FILE,
             },
             extra=fitted_extra(self, extra),
+            files={EBM_FILE: lambda path: sio.dump(self.ebm_, path)},
         )
-        sio.dump(self.ebm_, out / EBM_FILE)
-        return out
 
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
@@ -451,7 +454,7 @@ class RaglensDetector:
 
         def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
             recorded["sae"] = w.get("sae")
-            det.ebm_ = read_skops(Path(folder) / EBM_FILE, _TRUSTED_PREFIXES)
+            det.ebm_ = read_skops(Path(folder) / EBM_FILE, SKOPS_TYPES, cls.name)
             n = int(w["n_features"])
             det.names_ = tuple(feature_name(k, det.raw) for k in range(n))
             det.selected_ = tuple(int(k) for k in w["selected"])

@@ -307,7 +307,8 @@ class SpadDetector:
     def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
         require_fitted(self, "booster_", self.name)
         assert self.booster_ is not None and self.model_key_ is not None
-        out = write_artifact(
+        booster = self.booster_
+        return write_artifact(
             folder,
             name=self.name,
             config=self.config,
@@ -318,9 +319,8 @@ class SpadDetector:
                 "booster_file": BOOSTER_FILE,
             },
             extra=fitted_extra(self, extra),
+            files={BOOSTER_FILE: lambda path: booster.save_model(str(path))},
         )
-        self.booster_.save_model(str(out / BOOSTER_FILE))
-        return out
 
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:

@@ -241,7 +241,7 @@ def test_broken_artifacts_are_errors_and_the_rest_still_runs(
     errors = sorted(e.value for e in at.error)
     assert len(errors) == 2, errors
     lexical, nll = errors
-    assert f"`{folder / 'nll'}`" in nll and "malformed artifact JSON" in nll
+    assert f"`{folder / 'nll'}`" in nll and "weights.json does not match the SHA-256" in nll
     assert f"`{folder / 'lexical'}`" in lexical and "cfg.json cannot be read" in lexical
     assert f"{TRAIN} --detectors nll --out {folder}" in nll
     # The page goes on: the working detector is judged, the rest of the analysis is drawn.
@@ -249,6 +249,26 @@ def test_broken_artifacts_are_errors_and_the_rest_still_runs(
     assert at.radio(key=KEY_COLOR_BY).options == ["surprisal (bits)", "context_gain token score"]
     assert "surprisal (bits)" in _heatmap(at)
     assert at.get("plotly_chart"), "the segment strip is missing"
+
+
+def test_an_artifact_that_would_run_code_is_refused_and_the_rest_still_runs(
+    make_app: Callable[[], AppTest],
+    detectors_dir: Callable[[Path], None],
+    tiny_artifacts: Path,
+    tiny_model: LoadedModel,
+    tmp_path: Path,
+    hostile_artifact,
+) -> None:
+    folder = _copy(tiny_artifacts, tmp_path)
+    marker = hostile_artifact(folder, "interpdetect", model_key=tiny_model.info.key)
+    detectors_dir(folder)
+    at = _analysed(make_app)
+    errors = [e.value for e in at.error]
+    assert len(errors) == 1, errors
+    assert "interpdetect" in errors[0] and "refusing to load" in errors[0]
+    assert "numpy.full_like" in errors[0] or "assert_run_python_script" in errors[0]
+    assert sorted(_verdict_table(at)["detector"]) == sorted(DETECTORS)
+    assert not marker.exists()
 
 
 def test_detectors_that_cannot_run_are_an_error_not_an_exception(

@@ -244,7 +244,7 @@ def test_training_needs_token_labels() -> None:
         make_detector("cortex").fit(f, no_spans)
 
 
-def test_artifact_round_trip_and_refusals(fitted, feats, tmp_path) -> None:
+def test_artifact_round_trip_and_refusals(fitted, feats, tmp_path, reseal) -> None:
     folder = fitted.save(tmp_path / "cortex")
     loaded = CortexDetector.load(folder, model_key=fitted.model_key_)
     for f in feats[:3]:
@@ -256,6 +256,9 @@ def test_artifact_round_trip_and_refusals(fitted, feats, tmp_path) -> None:
     with pytest.raises(ModelError, match="trained on model"):
         CortexDetector.load(folder, model_key="another-model")
     (folder / "mlp.safetensors").write_bytes(b"not a safetensors file")
+    with pytest.raises(DataError, match="mlp.safetensors does not match the SHA-256"):
+        CortexDetector.load(folder)
+    reseal(folder)
     with pytest.raises(DataError, match="malformed cortex artifact"):
         CortexDetector.load(folder)
     with pytest.raises(NotFittedError):

@@ -189,7 +189,7 @@ def test_bad_example_is_skipped_with_its_error(tiny_model) -> None:
 
 
 @pytest.mark.parametrize("name", ["nll", "context_gain", "lexical"])
-def test_fit_predict_save_load(tiny_model, tmp_path: Path, name: str) -> None:
+def test_fit_predict_save_load(tiny_model, tmp_path: Path, name: str, reseal) -> None:
     exs = _examples()
     res = extract_features(tiny_model, exs, [make_detector(name)])
     det = make_detector(name)
@@ -215,6 +215,9 @@ def test_fit_predict_save_load(tiny_model, tmp_path: Path, name: str) -> None:
         detector_class("nll" if name != "nll" else "lexical").load(folder)
     # Valid JSON with the wrong content is a DataError naming the folder and the fix.
     (folder / "weights.json").write_text('{"response": {"kind": "logistic"}}')
+    with pytest.raises(DataError, match="weights.json does not match the SHA-256"):
+        type(det).load(folder)
+    reseal(folder)
     with pytest.raises(DataError, match=f"malformed {name} artifact.*ragscope train") as err:
         type(det).load(folder)
     assert str(folder) in str(err.value)

@@ -145,7 +145,7 @@ def test_without_validation_members_and_stacker_see_different_sources(splits, ex
     assert not keys_fit & keys_stack
 
 
-def test_save_load_round_trip_and_bad_artifacts(splits, extracted, tmp_path: Path, tiny_model):
+def test_save_load_round_trip_and_bad_artifacts(splits, extracted, tmp_path: Path, tiny_model, reseal):
     _, f = extracted
     ens = _ensemble().fit(
         f["train"], splits["train"], validation=(f["validation"], splits["validation"])
@@ -166,6 +166,9 @@ def test_save_load_round_trip_and_bad_artifacts(splits, extracted, tmp_path: Pat
     w["response"]["mean"] = w["response"]["mean"][:2]
     w["response"]["scale"] = w["response"]["scale"][:2]
     (out / "weights.json").write_text(json.dumps(w))
+    with pytest.raises(DataError, match="does not match the SHA-256"):
+        detector_class("ensemble").load(out)
+    reseal(out)
     with pytest.raises(DataError, match="members"):
         detector_class("ensemble").load(out)
     with pytest.raises(DataError, match="ensemble features"):

@@ -332,7 +332,7 @@ def test_predictions_scores_and_explanations(real, fitted) -> None:
 
 
 @pytest.mark.parametrize("name", ["redeep_token", "redeep_chunk"])
-def test_artifact_round_trip(tiny_model, real, fitted, tmp_path: Path, name: str) -> None:
+def test_artifact_round_trip(tiny_model, real, fitted, tmp_path: Path, name: str, reseal) -> None:
     det = fitted[name, "logistic"]
     cls = type(det)
     with pytest.raises(NotFittedError, match=f"ragscope train --detectors {name}"):
@@ -361,13 +361,17 @@ def test_artifact_round_trip(tiny_model, real, fitted, tmp_path: Path, name: str
         {**weights, "selection": {**weights["selection"], "layers": [99]}},
     ):
         (folder / "weights.json").write_text(json.dumps(broken))
+        with pytest.raises(DataError, match="weights.json does not match the SHA-256"):
+            cls.load(folder)
+        reseal(folder)
         with pytest.raises(
             DataError, match=f"malformed {name} artifact.*ragscope train --detectors {name}"
         ) as err:
             cls.load(folder)
         assert str(folder) in str(err.value)
     (folder / "weights.json").write_text(json.dumps(weights)[:40])
-    with pytest.raises(DataError, match="malformed artifact JSON"):
+    reseal(folder)
+    with pytest.raises(DataError, match=r"invalid JSON at line 1, column \d+ \(Unterminated.*ragscope train"):
         cls.load(folder)
 
 

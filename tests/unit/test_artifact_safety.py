@@ -1,0 +1,365 @@
+"""Artifacts never run code: exact skops allowlists, recorded SHA-256 hashes, bounded reads.
+
+The hostile artifacts are built by the ``hostile_artifact`` fixture (tests/conftest.py):
+a scikit-learn pipeline of NumPy / scikit-learn callables that runs Python code at its
+first ``predict_proba``, with every hash recorded as an attacker would. Every way a
+user can point ragscope at a detector folder must refuse it, and its marker file must
+never appear.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import zipfile
+from pathlib import Path
+
+import pytest
+import skops.io as sio
+
+from core.cli import main
+from core.datasets import repo_root
+from core.detectors import detector_class, seal_artifact
+from core.detectors.base import artifact_hashes, read_artifact
+from core.detectors.interpdetect import SKOPS_TYPES as INTERPDETECT_TYPES
+from core.detectors.raglens import SKOPS_TYPES as RAGLENS_TYPES
+from core.errors import DataError
+from core.safeio import SKOPS_PLAIN_DATA, load_skops, parse_json, read_bounded, skops_types
+
+SHIPPED = repo_root() / "assets" / "detectors"
+OLD_PREFIXES = ("sklearn.", "xgboost.", "numpy.")  # what ragscope trusted before
+
+
+def _shipped_folders() -> list[Path]:
+    top = [p for p in sorted(SHIPPED.iterdir()) if (p / "cfg.json").is_file()]
+    members = [p for p in sorted(SHIPPED.glob("*/members/*")) if (p / "cfg.json").is_file()]
+    return top + members
+
+
+@pytest.fixture(autouse=True)
+def _isolated_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "cli.sqlite3"))
+
+
+# --------------------------------------------------------------------------- shipped
+
+
+@pytest.mark.parametrize("folder", _shipped_folders(), ids=lambda p: str(p.relative_to(SHIPPED)))
+def test_every_shipped_artifact_is_hashed_and_loads_under_the_exact_allowlist(folder: Path) -> None:
+    cfg = json.loads((folder / "cfg.json").read_text())
+    files = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}
+    assert set(cfg["files"]) == files - {"cfg.json"}
+    assert cfg["files"] == artifact_hashes(folder)
+    allowed = {"interpdetect": INTERPDETECT_TYPES, "raglens": RAGLENS_TYPES}.get(cfg["detector"])
+    for sk in folder.glob("*.skops"):
+        schema = json.loads(zipfile.ZipFile(sk).read("schema.json"))
+        assert allowed is not None and skops_types(schema) <= allowed | SKOPS_PLAIN_DATA
+    det = detector_class(cfg["detector"]).load(folder, model_key=cfg["model"])
+    assert det.threshold_ == cfg["threshold"]
+
+
+def test_artifacts_verify_command_passes_on_the_shipped_folder(capsys) -> None:
+    assert main(["artifacts", "verify"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("ok ") == len([p for p in SHIPPED.iterdir() if (p / "cfg.json").is_file()])
+
+
+# --------------------------------------------------------------------------- code in skops
+
+
+def test_the_payload_is_the_real_attack(tmp_path: Path, hostile_artifact) -> None:
+    """Documentation of the hole: the payload passes the old prefix rule, and skops
+    loading it with those types trusted runs the code at the first predict."""
+    marker = hostile_artifact(tmp_path, "interpdetect")
+    path = tmp_path / "interpdetect" / "pipeline.skops"
+    untrusted = sio.get_untrusted_types(file=path)
+    assert untrusted and all(t.startswith(OLD_PREFIXES) for t in untrusted)
+    pipe = sio.load(path, trusted=untrusted)
+    assert not marker.exists()  # loading alone does not run it ...
+    with pytest.raises(ValueError):
+        pipe.predict_proba([[0.0, 0.0]])
+    assert marker.exists()  # ... the first predict does
+
+
+@pytest.mark.parametrize("detector", ["interpdetect", "raglens"])
+def test_code_in_a_skops_file_is_refused_by_load(tmp_path: Path, hostile_artifact, detector):
+    marker = hostile_artifact(tmp_path, detector)
+    with pytest.raises(DataError) as err:
+        detector_class(detector).load(tmp_path / detector)
+    msg = str(err.value)
+    assert "refusing to load" in msg and "function or type reference" in msg
+    assert "numpy.full_like" in msg or "assert_run_python_script" in msg
+    assert str(tmp_path / detector) in msg
+    assert f"ragscope train --detectors {detector}" in msg
+    assert not marker.exists()
+
+
+def test_allowlists_are_exact_types_not_packages(tmp_path: Path) -> None:
+    from sklearn.preprocessing import FunctionTransformer, MinMaxScaler
+
+    # Classes from an allowed package but not in the list, and a function reference.
+    for obj, name in (
+        (MinMaxScaler().fit([[0.0], [1.0]]), "MinMaxScaler"),
+        (FunctionTransformer(func=len), "builtins.len"),
+    ):
+        path = tmp_path / f"{name}.skops"
+        sio.dump(obj, path)
+        with pytest.raises(DataError, match=f"refusing to load.*{name}"):
+            load_skops(path, INTERPDETECT_TYPES)
+
+
+def test_skops_zip_bombs_and_junk_are_refused(tmp_path: Path) -> None:
+    junk = tmp_path / "junk.skops"
+    junk.write_bytes(b"PK\x03\x04 not really a zip")
+    with pytest.raises(DataError, match="not a readable skops file"):
+        load_skops(junk, INTERPDETECT_TYPES)
+    bomb = tmp_path / "bomb.skops"
+    with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
+        z.writestr("schema.json", "{}")
+        z.writestr("big.npy", b"\0" * (2 * 1024 * 1024))
+    from core import safeio
+
+    with pytest.raises(DataError, match="unpacks to"):
+        with zipfile.ZipFile(bomb) as z:
+            safeio.check_zip(z, source=str(bomb), max_bytes=1024 * 1024)
+    deep = tmp_path / "deep.skops"
+    with zipfile.ZipFile(deep, "w") as z:
+        z.writestr("schema.json", "[" * 100_000 + "]" * 100_000)
+    with pytest.raises(DataError, match="nested too deeply"):
+        load_skops(deep, INTERPDETECT_TYPES)
+
+
+# --------------------------------------------------------------------------- every path in
+
+
+def _hostile_root(tmp_path: Path, hostile_artifact, model_key: str) -> tuple[Path, Path]:
+    root = tmp_path / "shared-detectors"
+    marker = hostile_artifact(root, "interpdetect", model_key=model_key)
+    return root, marker
+
+
+def test_cli_evaluate_artifacts_refuses_it(tmp_path, hostile_artifact, tiny_model, capsys):
+    root, marker = _hostile_root(tmp_path, hostile_artifact, tiny_model.info.key)
+    args = ["evaluate", "--model", "tiny", "--dataset", "demo", "--detectors", "interpdetect"]
+    code = main([*args, "--artifacts", str(root), "--out", str(tmp_path / "run")])
+    assert code == 2
+    assert "refusing to load" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+def test_cli_token_thresholds_folder_refuses_it(tmp_path, hostile_artifact, tiny_model, capsys):
+    root, marker = _hostile_root(tmp_path, hostile_artifact, tiny_model.info.key)
+    before = (root / "interpdetect" / "cfg.json").read_bytes()
+    args = ["token-thresholds", "--model", "tiny", "--dataset", "demo", "--folder", str(root)]
+    assert main(args) == 2
+    assert "refusing to load" in capsys.readouterr().err
+    assert not marker.exists()
+    assert (root / "interpdetect" / "cfg.json").read_bytes() == before  # nothing rewritten
+
+
+def test_detectors_dir_env_refuses_it(tmp_path, hostile_artifact, tiny_model, monkeypatch, capsys):
+    root, marker = _hostile_root(tmp_path, hostile_artifact, tiny_model.info.key)
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(root))
+    args = ["mitigate", "--model", "tiny", "--dataset", "demo", "--detectors", "interpdetect"]
+    assert main(args) == 2
+    assert "refusing to load" in capsys.readouterr().err
+    assert main(["artifacts", "verify"]) == 1
+    assert "refusing to load" in capsys.readouterr().err
+    assert not marker.exists()
+
+
+def test_seal_refuses_it_and_restores_cfg(tmp_path, hostile_artifact, capsys) -> None:
+    marker = hostile_artifact(tmp_path, "interpdetect")
+    folder = tmp_path / "interpdetect"
+    cfg = json.loads((folder / "cfg.json").read_text())
+    del cfg["files"]
+    (folder / "cfg.json").write_text(json.dumps(cfg))
+    before = (folder / "cfg.json").read_bytes()
+    with pytest.raises(DataError, match="refusing to load"):
+        seal_artifact(folder)
+    assert (folder / "cfg.json").read_bytes() == before
+    assert main(["artifacts", "seal", str(folder)]) == 1
+    assert not marker.exists()
+
+
+# --------------------------------------------------------------------------- hashes
+
+
+@pytest.fixture
+def nll_copy(tmp_path: Path) -> Path:
+    dst = tmp_path / "nll"
+    shutil.copytree(SHIPPED / "nll", dst)
+    return dst
+
+
+def _load(folder: Path):
+    return detector_class("nll").load(folder)
+
+
+def test_an_edited_file_is_refused(nll_copy: Path) -> None:
+    w = json.loads((nll_copy / "weights.json").read_text())
+    (nll_copy / "weights.json").write_text(json.dumps(w) + " ")
+    with pytest.raises(DataError, match="weights.json does not match the SHA-256.*ragscope train"):
+        _load(nll_copy)
+
+
+def test_extra_missing_and_linked_files_are_refused(nll_copy: Path, tmp_path: Path) -> None:
+    (nll_copy / "notes.txt").write_text("hi")
+    with pytest.raises(DataError, match="does not record: notes.txt"):
+        _load(nll_copy)
+    (nll_copy / "notes.txt").unlink()
+    os.symlink(tmp_path / "elsewhere", nll_copy / "link")
+    with pytest.raises(DataError, match="symbolic link"):
+        _load(nll_copy)
+    (nll_copy / "link").unlink()
+    os.mkfifo(nll_copy / "pipe")  # reading it would block forever
+    with pytest.raises(DataError, match="not a regular file"):
+        _load(nll_copy)
+    (nll_copy / "pipe").unlink()
+    weights = (nll_copy / "weights.json").read_bytes()
+    (nll_copy / "weights.json").unlink()
+    with pytest.raises(DataError, match="need cfg.json and weights.json"):
+        _load(nll_copy)
+    (nll_copy / "weights.json").write_bytes(weights)
+    assert _load(nll_copy).threshold_ > 0
+
+
+def test_an_artifact_without_hashes_names_seal_and_seal_fixes_it(nll_copy: Path, capsys) -> None:
+    cfg = json.loads((nll_copy / "cfg.json").read_text())
+    del cfg["files"]
+    (nll_copy / "cfg.json").write_text(json.dumps(cfg))
+    with pytest.raises(DataError, match="records no file hashes.*ragscope artifacts seal"):
+        _load(nll_copy)
+    assert main(["artifacts", "seal", str(nll_copy)]) == 0
+    assert _load(nll_copy).threshold_ == cfg["threshold"]
+    bad = {**cfg, "files": {"weights.json": "not-a-digest"}}
+    (nll_copy / "cfg.json").write_text(json.dumps(bad))
+    with pytest.raises(DataError, match="SHA-256 hex digests"):
+        _load(nll_copy)
+
+
+def test_hostile_json_in_artifacts_is_a_data_error(nll_copy: Path, reseal, monkeypatch) -> None:
+    good = (nll_copy / "weights.json").read_text()
+    for text, reason in (
+        ("[" * 5000 + "]" * 5000, "nested too deeply"),
+        ('{"a": ' + "9" * 5000 + "}", "unreadable JSON value"),
+        ('{"a": 1', "invalid JSON at line 1"),
+        ("[1, 2]", "must hold a JSON object"),
+    ):
+        (nll_copy / "weights.json").write_text(text)
+        reseal(nll_copy)
+        with pytest.raises(DataError, match=reason):
+            _load(nll_copy)
+    (nll_copy / "weights.json").write_text(good)
+    reseal(nll_copy)
+    import core.detectors.base as base
+
+    monkeypatch.setattr(base, "ARTIFACT_JSON_LIMIT", 100)
+    with pytest.raises(DataError, match="over the 100-byte limit"):
+        _load(nll_copy)
+
+
+def test_read_artifact_checks_before_reading_weights(nll_copy: Path) -> None:
+    (nll_copy / "weights.json").write_bytes(b"\xff\xfe not even utf-8")
+    with pytest.raises(DataError, match="does not match the SHA-256"):
+        read_artifact(nll_copy, name="nll", model_key=None)
+
+
+# --------------------------------------------------------------------------- safeio
+
+
+def test_parse_json_locates_errors_and_accepts_a_bom() -> None:
+    assert parse_json(b'\xef\xbb\xbf{"a": 1}', source="x") == {"a": 1}
+    with pytest.raises(DataError, match=r"x: invalid JSON at line 3, column 5"):
+        parse_json('{\n "a": 1,\n    }', source="x")
+    with pytest.raises(DataError, match="byte 1"):
+        parse_json(b"{\xff}", source="x")
+
+
+def test_read_bounded_refuses_big_and_special_files(tmp_path: Path) -> None:
+    big = tmp_path / "big"
+    big.write_bytes(b"x" * 101)
+    with pytest.raises(DataError, match="101 bytes, over the 100-byte limit"):
+        read_bounded(big, 100)
+    assert read_bounded(big, 101) == b"x" * 101
+    os.mkfifo(tmp_path / "fifo")
+    with pytest.raises(DataError, match="not a regular file"):
+        read_bounded(tmp_path / "fifo", 100)
+
+
+# --------------------------------------------------------------------------- SAE folders
+
+
+@pytest.fixture
+def sae_copy(tmp_path: Path) -> Path:
+    dst = tmp_path / "sae"
+    shutil.copytree(repo_root() / "assets" / "sae" / "smollm2-135m-instruct", dst)
+    return dst
+
+
+def test_sae_folders_are_hash_checked_json_and_safetensors(sae_copy: Path, tmp_path) -> None:
+    from core.sae import load_sae
+
+    assert load_sae(sae_copy).layer >= 0
+    weights = sae_copy / "sae_weights.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    with pytest.raises(DataError, match="does not match the SHA-256.*ragscope sae train"):
+        load_sae(sae_copy)
+    data[-1] ^= 1
+    (tmp_path / "real.safetensors").write_bytes(bytes(data))
+    weights.unlink()
+    os.symlink(tmp_path / "real.safetensors", weights)
+    with pytest.raises(DataError, match="symbolic link"):
+        load_sae(sae_copy)
+    weights.unlink()
+    os.mkfifo(weights)
+    with pytest.raises(DataError, match="not a regular file"):
+        load_sae(sae_copy)
+    weights.unlink()
+    weights.write_bytes(bytes(data))
+    good_cfg = (sae_copy / "cfg.json").read_text()
+    (sae_copy / "cfg.json").write_text("[" * 10_000 + "]" * 10_000)
+    with pytest.raises(DataError, match="nested too deeply"):
+        load_sae(sae_copy)
+    (sae_copy / "cfg.json").write_text(good_cfg)
+    assert load_sae(sae_copy).layer >= 0
+
+
+# --------------------------------------------------------------------------- feature cache
+
+
+def test_damaged_feature_cache_entries_are_misses(tmp_path: Path, toy_example) -> None:
+    import io
+
+    import numpy as np
+
+    from core.detectors import Features, make_detector
+    from core.extract import FeatureCache
+    from core.storage import Store, example_hash
+
+    f = Features(
+        detector="nll", example_id=toy_example.id, model="m", names=("a",), response=np.ones(1)
+    )
+    assert Features.from_bytes(f.to_bytes()).names == ("a",)
+    buf = io.BytesIO()
+    np.savez(buf, response=np.array([object()], dtype=object), meta=np.zeros(1, np.uint8))
+    for blob in (b"junk", buf.getvalue(), f.to_bytes()[:40]):
+        with pytest.raises(DataError, match="feature cache"):
+            Features.from_bytes(blob)
+    store = Store(tmp_path / "db.sqlite3")
+    cache, det = FeatureCache(store), make_detector("nll")
+    cache.put("m", toy_example, det, f)
+    assert cache.get("m", toy_example, det) is not None
+    store.put_analysis(
+        example_hash=example_hash(toy_example),
+        model="m",
+        detector="nll",
+        config_hash=det.config.feature_hash(),
+        result=b"damaged",
+        dataset="x",
+        example_id=toy_example.id,
+    )
+    assert cache.get("m", toy_example, det) is None
