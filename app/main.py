@@ -2,6 +2,9 @@
 
 The model comes from env ``RAGSCOPE_MODEL`` (default ``embedded``; tests use
 ``tiny``). It is loaded once per server process and shared by every session.
+With logins configured (``[auth]`` in ``.streamlit/secrets.toml``) every page is
+behind :func:`app.auth.login_gate`; served beyond localhost without them, every page
+warns (:func:`app.auth.exposure_banner`).
 """
 
 from __future__ import annotations
@@ -10,11 +13,14 @@ from pathlib import Path
 
 import streamlit as st
 
+from app.auth import exposure_banner, login_gate
+from app.components.text import md
 from app.state import get_model
 
 PAGES_DIR = Path(__file__).parent / "views"
 
 st.set_page_config(page_title="ragscope", page_icon=":material/troubleshoot:", layout="wide")
+login_gate()  # with logins configured, nothing below runs until the visitor signs in
 
 navigation = st.navigation(
     [
@@ -50,11 +56,12 @@ navigation = st.navigation(
     expanded=True,  # every page listed, without a "view more" fold
 )
 
+exposure_banner()
 model = get_model()
 with st.sidebar:
     info = model.info
     st.caption(
-        f"**Model:** {info.display_name}  \n"
+        f"**Model:** {md(info.display_name)}  \n"
         f"{info.n_layers} layers × {info.n_heads} heads · {info.device} · {info.dtype}"
     )
 

@@ -29,6 +29,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import streamlit as st
 
+from app.components.text import md
 from core.errors import DataError, ModelError, RagscopeError
 
 if TYPE_CHECKING:
@@ -339,6 +340,14 @@ class DatasetRef:
         return f"Imported: {self.name}{n}"
 
     @property
+    def markdown_label(self) -> str:
+        """:attr:`label` for widgets that render Markdown (radio options): the dataset's
+        name, which the importer chose, escaped (:func:`app.components.text.md`)."""
+        if self.kind in ("shared", "store"):
+            return self.label.replace(self.name, md(self.name), 1)
+        return self.label
+
+    @property
     def key(self) -> str:
         return f"{self.kind}:{self.name}:{self.path or ''}"
 
@@ -464,13 +473,31 @@ class UploadReport:
         return pd.DataFrame(list(self.errors), columns=["record", "field", "reason"])
 
 
-@st.cache_data(show_spinner="Reading the uploaded file…", max_entries=4)
+UPLOAD_SUFFIXES = (".jsonl", ".csv")
+
+
+def upload_file_name(file_name: str) -> str:
+    """A harmless local name for an uploaded file: its last path part, letters,
+    digits, ``.``, ``-`` and ``_`` only, no leading dot, at most 80 characters, ending
+    in ``.jsonl`` or ``.csv`` (the browser's name is only a hint; ``..``, ``/x`` or a
+    500-character name must not reach the file system)."""
+    import re
+
+    base = re.split(r"[\\/]", str(file_name))[-1]
+    suffix = Path(base).suffix.lower()
+    suffix = suffix if suffix in UPLOAD_SUFFIXES else ".jsonl"
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "_", Path(base).stem).strip("._-")[:80]
+    return f"{stem or 'upload'}{suffix}"
+
+
 def read_upload(file_name: str, data: bytes) -> UploadReport:
     """Read an uploaded ``.jsonl``/``.csv`` with ``on_error="skip"``.
 
-    The bytes go to a temporary file named like the upload (the loader detects the
-    format from the name and content); record locations are reported as
-    ``file_name:LINE``.
+    The bytes go to a temporary file with a sanitised version of the upload's name
+    (:func:`upload_file_name`; the loader detects the format from the name and
+    content); record locations are reported as ``name:LINE``. Deliberately not cached
+    across sessions: one visitor's upload never sits in a cache another can hit (the
+    Home page keeps the report in its own session).
 
     Raises:
         DataError: The file as a whole is unreadable (empty, not UTF-8, unknown layout).
@@ -480,15 +507,17 @@ def read_upload(file_name: str, data: bytes) -> UploadReport:
 
     from core.datasets import load_dataset
 
-    safe_name = Path(file_name).name or "upload.jsonl"
+    safe_name = upload_file_name(file_name)
     with tempfile.TemporaryDirectory(prefix="ragscope-upload-") as tmp:
         path = Path(tmp) / safe_name
-        path.write_bytes(data)
         prefix = str(path)
         try:
+            path.write_bytes(data)
             report = load_dataset(path, on_error="skip", dataset=path.stem)
         except DataError as e:
             raise DataError(str(e).replace(prefix, safe_name)) from e
+        except OSError as e:
+            raise DataError(f"the upload could not be read ({e.strerror or e})") from e
 
     def here(text: str | None) -> str:
         return (text or "").replace(prefix, safe_name)
@@ -1781,6 +1810,7 @@ class AppState:
             or a shipped detector's name.
         imported_message: A note to show once after a successful import.
         import_error: Why the last import failed, shown until the next attempt.
+        upload: The Home page's current upload, read once: its file id and report.
         bench_runs: The runs picked on the Benchmark (names; several = compare).
         bench_confusion: The Benchmark's confusion-matrix pick (``run/detector``).
         bench_breakdown_metric: What the Benchmark's breakdown bars show.
@@ -1866,6 +1896,7 @@ class AppState:
     color_by: str = COLOR_SURPRISAL
     imported_message: str | None = None
     import_error: str | None = None
+    upload: tuple[str, UploadReport] | None = None
     bench_runs: list[str] | None = None
     bench_confusion: str | None = None
     bench_breakdown_metric: str = "AUROC"

@@ -246,17 +246,12 @@ def cmd_datasets(args: argparse.Namespace) -> int:
         for r in rows:
             print(f"{r.name}\t{r.n_examples} examples\t{r.format}\t{r.source}")
         return 0
-    if args.path is None:
-        raise SystemExit(f"ragscope datasets {args.action}: give the PATH of the dataset")
-    on_error = "skip" if (args.action == "validate" or args.skip_bad) else "raise"
-    report = load_dataset(args.path, fmt=args.format, on_error=on_error)
-    print(report.summary())
     if args.action == "validate":
-        for e in report.errors[: args.max_errors]:
-            print(f"  {e}")
-        if len(report.errors) > args.max_errors:
-            print(f"  ... and {len(report.errors) - args.max_errors} more")
+        report = load_dataset(args.path, fmt=args.format, on_error="skip")
+        print(report.summary(max_errors=args.max_errors, max_warnings=args.max_errors))
         return 1 if report.errors else 0
+    report = load_dataset(args.path, fmt=args.format, on_error="skip" if args.skip_bad else "raise")
+    print(report.summary())
     from core.storage import Store
 
     name = args.name or Path(args.path).stem
@@ -538,22 +533,35 @@ def cmd_token_thresholds(args: argparse.Namespace) -> int:
 
 def cmd_serve_llm(args: argparse.Namespace) -> int:
     """Serve the loaded model at ``http://HOST:PORT/v1`` until interrupted."""
-    from core.llmserve import make_server
+    import os
 
+    from core.llmserve import ENV_API_KEY, ServeLimits, make_server
+
+    limits = ServeLimits(
+        max_body_bytes=args.max_body_bytes,
+        read_timeout=args.read_timeout,
+        max_in_flight=args.max_in_flight,
+        max_prompt_chars=args.max_prompt_chars,
+    )
+    api_key = args.api_key or os.environ.get(ENV_API_KEY) or None
     model = _load(args)
-    server = make_server(model, args.host, args.port)
-    host, port = server.server_address[:2]
     name = model.info.display_name
+    server, sock = make_server(model, args.host, args.port, limits=limits, api_key=api_key)
+    host, port = sock.getsockname()[:2]
+    key_env = " RAGSCOPE_LLM_API_KEY=<the key>" if api_key else ""
     print(
-        f"serving {name} at http://{host}:{port}/v1 (Ctrl-C stops); for the app:\n"
-        f"  RAGSCOPE_LLM_BASE_URL=http://{host}:{port}/v1 RAGSCOPE_LLM_MODEL={name!r} make app"
+        f"serving {name} at http://{host}:{port}/v1 (Ctrl-C stops; "
+        f"{'API key required' if api_key else 'no API key: this machine only'}); for the app:\n"
+        f"  RAGSCOPE_LLM_BASE_URL=http://{host}:{port}/v1 RAGSCOPE_LLM_MODEL={name!r}{key_env} "
+        "make app",
+        flush=True,
     )
     try:
-        server.serve_forever()
+        server.run(sockets=[sock])
     except KeyboardInterrupt:
         pass
     finally:
-        server.server_close()
+        sock.close()
     return 0
 
 
@@ -1031,18 +1039,26 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_trace)
 
     p = sub.add_parser("datasets", help="validate, import or list datasets")
-    p.add_argument("action", choices=["validate", "import", "list"])
-    p.add_argument("path", nargs="?", help="file or folder (validate, import)")
-    p.add_argument(
-        "--format",
-        default="auto",
-        choices=["auto", "ragtruth_jsonl", "ragtruth_pair", "interpdetect", "generic", "ragscope"],
-    )
-    p.add_argument("--name", help="name to store the dataset under (import; default: file stem)")
-    p.add_argument("--skip-bad", action="store_true", help="import: skip bad records, report them")
-    p.add_argument("--replace", action="store_true", help="import: replace a stored dataset")
-    p.add_argument("--max-errors", type=int, default=20, help="validate: errors to print")
-    p.set_defaults(func=cmd_datasets)
+    dsub = p.add_subparsers(dest="action", metavar="ACTION", required=True)
+    formats = ["auto", "ragtruth_jsonl", "ragtruth_pair", "interpdetect", "generic", "ragscope"]
+    for action, helptext in (
+        ("validate", "read a dataset and list every bad record (nothing is stored)"),
+        ("import", "store a dataset (all or nothing; --skip-bad keeps the good records)"),
+    ):
+        d = dsub.add_parser(action, help=helptext)
+        d.add_argument("path", help="file or folder")
+        d.add_argument("--format", default="auto", choices=formats)
+        if action == "import":
+            d.add_argument("--name", help="name to store the dataset under (default: file stem)")
+            d.add_argument(
+                "--skip-bad", action="store_true", help="skip bad records and report them"
+            )
+            d.add_argument("--replace", action="store_true", help="replace a stored dataset")
+        else:
+            d.add_argument("--max-errors", type=int, default=20, help="errors to print")
+        d.set_defaults(func=cmd_datasets)
+    d = dsub.add_parser("list", help="the stored datasets")
+    d.set_defaults(func=cmd_datasets)
 
     for cmd, helptext in (
         (
@@ -1209,8 +1225,35 @@ def build_parser() -> argparse.ArgumentParser:
         "explanations offline)",
     )
     _add_model_args(p)
-    p.add_argument("--host", default="127.0.0.1")
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1, this machine only; any other needs an "
+        "API key)",
+    )
     p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every request (better: set "
+        "RAGSCOPE_SERVE_API_KEY, which other users cannot see in the process list)",
+    )
+    p.add_argument("--max-body-bytes", type=int, default=1024 * 1024, help="largest request body")
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client has to send its headers, and again its body",
+    )
+    p.add_argument(
+        "--max-in-flight", type=int, default=4, help="requests admitted at once (503 beyond)"
+    )
+    p.add_argument(
+        "--max-prompt-chars",
+        type=int,
+        default=None,
+        help="characters of messages accepted before tokenizing (default 16 per context token)",
+    )
     p.set_defaults(func=cmd_serve_llm)
 
     p = sub.add_parser(

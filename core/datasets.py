@@ -35,6 +35,7 @@ from typing import TYPE_CHECKING, Any, Literal, get_args
 
 from core.errors import DataError
 from core.examples import TASKS, Provenance, RAGExample, Span, Task, dedupe_ids, parse_label
+from core.safeio import MiB, parse_json
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -75,8 +76,8 @@ class LoadReport:
     warnings: tuple[str, ...] = ()
     fmt: str = ""
 
-    def summary(self) -> str:
-        """A few human-readable lines: counts, then the first errors and warnings."""
+    def summary(self, *, max_errors: int = 5, max_warnings: int = 3) -> str:
+        """Human-readable lines: counts, then the first errors and warnings (each once)."""
         n_bad = len(self.errors)
         lines = [
             f"{self.path}: {len(self.examples)} of {self.n_read} records loaded"
@@ -84,14 +85,14 @@ class LoadReport:
             + (f", {n_bad} skipped" if n_bad else "")
             + (f", {len(self.warnings)} warnings" if self.warnings else "")
         ]
-        for e in self.errors[:5]:
+        for e in self.errors[:max_errors]:
             lines.append(f"  error: {e}")
-        if n_bad > 5:
-            lines.append(f"  ... and {n_bad - 5} more errors")
-        for w in self.warnings[:3]:
+        if n_bad > max_errors:
+            lines.append(f"  ... and {n_bad - max_errors} more errors")
+        for w in self.warnings[:max_warnings]:
             lines.append(f"  warning: {w}")
-        if len(self.warnings) > 3:
-            lines.append(f"  ... and {len(self.warnings) - 3} more warnings")
+        if len(self.warnings) > max_warnings:
+            lines.append(f"  ... and {len(self.warnings) - max_warnings} more warnings")
         return "\n".join(lines)
 
     def to_frame(self) -> pd.DataFrame:
@@ -203,7 +204,7 @@ def load_dataset(
         else:
             m = mapping or ColumnMapping()
             if p.suffix.lower() in (".csv", ".tsv"):
-                col.run(_read_csv(p, m), _Generic(ds, m, csv_values=True))
+                col.run(_read_csv(p, m, col.warnings), _Generic(ds, m, csv_values=True))
             else:
                 col.run(_read_jsonl(p), _Generic(ds, m, csv_values=False))
     return col.report(fmt)
@@ -397,8 +398,18 @@ class _Collector:
             except DataError as e:
                 self.fail(_relocate(e, src))
                 continue
-            except (KeyError, TypeError, AttributeError, ValueError) as e:
-                err = DataError(f"malformed record ({type(e).__name__}: {e})", source=src)
+            except (
+                KeyError,
+                TypeError,
+                AttributeError,
+                ValueError,
+                IndexError,
+                RecursionError,
+                OverflowError,
+            ) as e:
+                err = DataError(
+                    f"malformed record ({type(e).__name__}: {str(e)[:200]})", source=src
+                )
                 err.__cause__ = e
                 self.fail(err)
                 continue
@@ -418,73 +429,185 @@ class _Collector:
 
 def _relocate(e: DataError, src: str) -> DataError:
     """The same error, located at ``src`` (the line being read) when it names elsewhere."""
-    if e.source == src:
-        return e
+    if e.source == src or (e.source or "").startswith(src + ":"):
+        return e  # already here, or more precisely (a column on this line)
     where = f" (record's own source: {e.source})" if e.source else ""
     new = DataError(e.reason + where, source=src, field=e.field)
     new.__cause__ = e
     return new
 
 
-def _read_jsonl(path: Path) -> Iterator[_Record]:
-    """Yield ``(path:line, object)`` per non-blank line; bad JSON yields a DataError."""
+MAX_RECORD_BYTES = 64 * MiB
+"""Longest JSONL line or CSV physical line read (a record, not a whole file)."""
+MAX_CSV_FIELD = 16 * MiB
+"""Longest CSV field (the csv module's own default, 128 KiB, is too small for long
+passages; a field over this is almost always an unclosed quote)."""
+_BOM = b"\xef\xbb\xbf"
+
+
+def _lines(path: Path) -> Iterator[tuple[int, bytes | DataError]]:
+    """``(line number, bytes)`` per physical line (BOM stripped from the first), or a
+    :class:`DataError` for a line over :data:`MAX_RECORD_BYTES` (skipped unread)."""
     try:
-        f = path.open(encoding="utf-8")
+        f = path.open("rb")
     except OSError as e:
         raise DataError(f"cannot open the file ({e.strerror})", source=str(path)) from e
     with f:
         line_no = 0
         while True:
             try:
-                line = f.readline()
-            except UnicodeDecodeError as e:
-                src = f"{path}:{line_no + 1}"
-                raise DataError(f"not UTF-8 text ({e.reason}); save it as UTF-8", source=src) from e
-            if not line:
+                raw = f.readline(MAX_RECORD_BYTES + 1)
+            except OSError as e:
+                raise DataError(f"cannot read the file ({e.strerror})", source=str(path)) from e
+            if not raw:
                 return
             line_no += 1
-            if not line.strip():
+            if line_no == 1 and raw.startswith(_BOM):
+                raw = raw[len(_BOM) :]
+            if len(raw) > MAX_RECORD_BYTES and not raw.endswith(b"\n"):
+                while (rest := f.readline(MiB)) and not rest.endswith(b"\n"):
+                    pass
+                yield (
+                    line_no,
+                    DataError(
+                        f"the line is over {MAX_RECORD_BYTES // MiB} MiB; a record this long is "
+                        "not a RAG example (a missing line break?)",
+                        source=f"{path}:{line_no}",
+                    ),
+                )
                 continue
-            src = f"{path}:{line_no}"
-            try:
-                yield src, json.loads(line)
-            except json.JSONDecodeError as e:
-                yield src, DataError(f"invalid JSON ({e.msg} at column {e.colno})", source=src)
+            yield line_no, raw
 
 
-def _read_csv(path: Path, m: ColumnMapping) -> Iterator[_Record]:
-    """Yield ``(path:line, row dict)`` per CSV row; ``line`` is the row's first line."""
-    delim = "\t" if path.suffix.lower() == ".tsv" else ","
+def _decode(raw: bytes, path: Path, line_no: int) -> str:
     try:
-        f = path.open(encoding="utf-8-sig", newline="")
-    except OSError as e:
-        raise DataError(f"cannot open the file ({e.strerror})", source=str(path)) from e
-    with f:
-        reader = csv.DictReader(f, delimiter=delim)
+        return raw.decode("utf-8")
+    except UnicodeDecodeError as e:
+        raise DataError(
+            f"not UTF-8 text (byte {e.start + 1} of the line: {e.reason}); save the file as UTF-8",
+            source=f"{path}:{line_no}:{e.start + 1}",
+        ) from e
+
+
+def _read_jsonl(path: Path) -> Iterator[_Record]:
+    """Yield ``(path:line, object)`` per non-blank line; a bad line yields a DataError
+    located at ``path:line:column`` where it has a column (JSON syntax, bad bytes)."""
+    for line_no, raw in _lines(path):
+        src = f"{path}:{line_no}"
+        if isinstance(raw, DataError):
+            yield src, raw
+            continue
+        if not raw.strip():
+            continue
         try:
-            header = reader.fieldnames or []
-        except (csv.Error, UnicodeDecodeError) as e:
-            raise DataError(f"cannot read the CSV header ({e})", source=f"{path}:1") from e
-        missing = [c for c in m.columns() if c not in header]
-        if missing:
-            raise DataError(
-                f"column(s) {', '.join(map(repr, missing))} not in the file; available "
-                f"columns: {', '.join(map(repr, header)) or '(none)'}; pass a ColumnMapping "
-                "that names the right columns",
-                source=f"{path}:1",
-                field=missing[0],
-            )
-        prev = reader.line_num
-        while True:
-            try:
-                row = next(reader)
-            except StopIteration:
+            text = _decode(raw, path, line_no).rstrip("\r\n")
+            yield src, parse_json(text, source=str(path), line=line_no)
+        except DataError as e:
+            yield src, e
+
+
+class _BadLine(Exception):
+    """A physical CSV line that could not be read (carries its DataError)."""
+
+    def __init__(self, err: DataError) -> None:
+        self.err = err
+
+
+class _CsvLines:
+    """Decoded CSV lines for the csv reader, counting physical lines itself (the reader's
+    ``line_num`` skips lines that failed); an unreadable line raises :class:`_BadLine`
+    out of the reader, which starts afresh on the next line."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.line = 0  # physical lines handed out (or refused) so far
+        self._it = _lines(path)
+
+    def __iter__(self) -> _CsvLines:
+        return self
+
+    def __next__(self) -> str:
+        line_no, raw = next(self._it)
+        self.line = line_no
+        if isinstance(raw, DataError):
+            raise _BadLine(raw)
+        try:
+            return _decode(raw, self.path, line_no)
+        except DataError as e:
+            raise _BadLine(e) from None
+
+
+def _read_csv(path: Path, m: ColumnMapping, warnings: list[str]) -> Iterator[_Record]:
+    """Yield ``(path:line, row dict)`` per CSV row; ``line`` is the row's first line.
+
+    Strict parsing: a stray quote is an error at its row (the next rows still load);
+    an unclosed quote is an error at the line where it opens (nothing after it can be
+    read reliably, so reading stops there). Duplicate header names and columns nobody
+    reads are warnings; so are cells beyond the header in a row.
+    """
+    delim = "\t" if path.suffix.lower() == ".tsv" else ","
+    csv.field_size_limit(MAX_CSV_FIELD)  # process-wide; every CSV read sets it the same
+    lines = _CsvLines(path)
+    reader = csv.reader(lines, delimiter=delim, strict=True)
+    try:
+        header = next(reader, None) or []
+    except _BadLine as e:
+        raise DataError(f"cannot read the CSV header ({e.err.reason})", source=e.err.source) from e
+    except csv.Error as e:
+        raise DataError(f"cannot read the CSV header ({e})", source=f"{path}:1") from e
+    missing = [c for c in m.columns() if c not in header]
+    if missing:
+        raise DataError(
+            f"column(s) {', '.join(map(repr, missing))} not in the file; available "
+            f"columns: {', '.join(map(repr, header)) or '(none)'}; pass a ColumnMapping "
+            "that names the right columns",
+            source=f"{path}:1",
+            field=missing[0],
+        )
+    dupes = sorted({c for c in header if header.count(c) > 1})
+    if dupes:
+        warnings.append(
+            f"{path}:1: column(s) {', '.join(map(repr, dupes))} appear more than once; the "
+            "last of each is read"
+        )
+    unused = [c for c in header if c not in m.columns() and c not in dupes]
+    if unused:
+        warnings.append(
+            f"{path}:1: column(s) {', '.join(map(repr, unused[:10]))}"
+            f"{' ...' if len(unused) > 10 else ''} are not read by the column mapping"
+        )
+    while True:
+        start = lines.line + 1
+        try:
+            cells = next(reader)
+        except StopIteration:
+            return
+        except _BadLine as e:
+            yield f"{path}:{lines.line}", e.err
+            continue
+        except csv.Error as e:
+            msg = str(e)
+            if "unexpected end of data" in msg or "field larger than field limit" in msg:
+                yield (
+                    f"{path}:{start}",
+                    DataError(
+                        "a quoted field opens here and never closes (or is over "
+                        f"{MAX_CSV_FIELD // MiB} MiB); close the quote; the rest of the file was "
+                        "not read",
+                        source=f"{path}:{start}",
+                    ),
+                )
                 return
-            except (csv.Error, UnicodeDecodeError) as e:
-                raise DataError(f"malformed CSV ({e})", source=f"{path}:{prev + 1}") from e
-            start = prev + 1
-            prev = reader.line_num
-            yield f"{path}:{start}", row
+            yield f"{path}:{start}", DataError(f"malformed CSV ({msg})", source=f"{path}:{start}")
+            continue
+        if not cells:
+            continue  # a blank line
+        if len(cells) > len(header):
+            warnings.append(
+                f"{path}:{start}: {len(cells) - len(header)} cell(s) beyond the header ignored"
+            )
+        row = {h: (cells[i] if i < len(cells) else None) for i, h in enumerate(header)}
+        yield f"{path}:{start}", row
 
 
 # --------------------------------------------------------------------------- helpers
@@ -927,8 +1050,8 @@ class _Generic:
     def _json_cell(self, v: Any) -> Any:
         if self.csv_values and isinstance(v, str) and v.lstrip().startswith(("[", "{")):
             try:
-                return json.loads(v)
-            except json.JSONDecodeError:
+                return parse_json(v, source="cell")
+            except DataError:
                 return v
         return v
 
@@ -970,10 +1093,10 @@ class _Generic:
             raw_s = self._value(d, m.spans, src, required=False)
             if isinstance(raw_s, str):
                 try:
-                    raw_s = json.loads(raw_s)
-                except json.JSONDecodeError as e:
+                    raw_s = parse_json(raw_s, source="spans")
+                except DataError as e:
                     raise DataError(
-                        f"spans are not valid JSON ({e.msg})", source=src, field=m.spans
+                        f"spans are not valid JSON ({e.reason})", source=src, field=m.spans
                     ) from e
             spans = _spans(raw_s, response, src, m.spans)
         task = self._value(d, m.task, src, required=False) if m.task else None

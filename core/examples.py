@@ -34,6 +34,10 @@ class Span:
     note: str | None = None
 
     def __post_init__(self) -> None:
+        for name in ("type", "note"):
+            v = getattr(self, name)
+            if v is not None and not isinstance(v, str):
+                raise DataError(f"span {name} must be a string or null, got {type(v).__name__}")
         if not isinstance(self.start, int) or not isinstance(self.end, int):
             raise DataError(f"span offsets must be integers, got [{self.start!r}, {self.end!r})")
         if self.start < 0 or self.end <= self.start:
@@ -65,8 +69,29 @@ class Provenance:
     split: str | None = None  # train / validation / test when the dataset fixes one
     group: str | None = None  # examples sharing a source document (never split apart)
 
+    def __post_init__(self) -> None:
+        for name, v in vars(self).items():
+            if v is not None and not isinstance(v, str):
+                raise DataError(
+                    f"provenance {name} must be a string or null, got {type(v).__name__}",
+                    field=f"provenance.{name}",
+                )
+
     def to_dict(self) -> dict[str, Any]:
         return {k: v for k, v in vars(self).items() if v is not None}
+
+
+def lone_surrogate_at(text: str) -> int | None:
+    """Index of the first lone UTF-16 surrogate in ``text`` (``None`` when there is none).
+
+    JSON escapes such as ``"\\ud800"`` decode to one; such a string cannot be written as
+    UTF-8, so SQLite, files and the browser would all fail on it later.
+    """
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -140,6 +165,7 @@ class RAGExample:
             raise fail("label says faithful but hallucinated spans are given; fix one", "label")
         if self.spans and self.label is None:
             object.__setattr__(self, "label", True)
+        self._refuse_lone_surrogates(fail)
         if self.prompt is not None:
             if not isinstance(self.prompt, str) or not self.prompt.strip():
                 raise fail("prompt must be a non-empty string or null", "prompt")
@@ -148,6 +174,25 @@ class RAGExample:
             for k, p in enumerate(self.passages):
                 if p not in self.prompt:
                     raise fail(f"passage {k} does not occur verbatim in the prompt", "passages")
+
+    def _refuse_lone_surrogates(self, fail: Any) -> None:
+        texts: list[tuple[str, str | None]] = [
+            ("id", self.id),
+            ("question", self.question),
+            ("response", self.response),
+            ("prompt", self.prompt),
+        ]
+        texts += [("passages", p) for p in self.passages]
+        texts += [("spans", s.type) for s in self.spans] + [("spans", s.note) for s in self.spans]
+        texts += [(f"provenance.{k}", v) for k, v in vars(self.provenance).items()]
+        for fld, text in texts:
+            at = lone_surrogate_at(text) if text is not None else None
+            if at is not None:
+                raise fail(
+                    f"holds a lone UTF-16 surrogate ({text[at]!a} at character {at}), which "
+                    "no file or database can store; fix the text's encoding",
+                    fld,
+                )
 
     @property
     def hallucinated_chars(self) -> list[tuple[int, int]]:
@@ -217,7 +262,12 @@ class RAGExample:
                 ) from e
             except DataError as e:
                 raise DataError(f"span {k}: {e.reason}", source=src, field="spans") from e
-        prov = dict(d.get("provenance") or {})
+        raw_prov = d.get("provenance") or {}
+        if not isinstance(raw_prov, Mapping):
+            raise DataError(
+                "provenance must be an object of strings", source=src, field="provenance"
+            )
+        prov = dict(raw_prov)
         prov.setdefault("source", source)
         passages = d["passages"]
         return cls(

@@ -6,39 +6,250 @@ whole explanation pipeline runs for real (explanations by a 135M model are weak,
 they are its own). Routes:
 
 - ``POST /v1/chat/completions``: ``messages`` through the model's chat template,
-  greedy (``temperature`` 0, default) or sampled, at most ``max_tokens`` (default 256)
-  new tokens; the usual ``choices[0].message.content`` reply with token usage.
+  greedy (``temperature`` 0, default) or sampled (``temperature``, ``top_p``, ``seed``),
+  at most ``max_tokens`` (default 256) new tokens; the usual
+  ``choices[0].message.content`` reply with token usage.
 - ``GET /v1/models``: the one model, by the name the server was started with, with its
   context as ``max_model_len`` (as vLLM lists it; the explainer reads it to fit prompts).
 
-Bad requests get HTTP 400 with ``{"error": {"message": ...}}``.
+The server is built to face clients it cannot trust (a browser tab on the same
+machine, a teammate's script, a fuzzer). It runs on uvicorn + Starlette, the ASGI
+stack Streamlit already brings: a maintained HTTP parser (h11) with a header size
+cap, keep-alive timeouts and flow control, instead of the standard library's
+``http.server``, which has no limits at all. On top of it, :class:`Guard` checks every
+request before any handler runs:
+
+1. ``Host`` and ``Origin`` must be loopback names when bound to loopback (a DNS
+   rebinding page cannot reach it); 403 otherwise.
+2. With an API key (``--api-key`` / ``RAGSCOPE_SERVE_API_KEY``) every request must
+   carry ``Authorization: Bearer <key>`` (compared in constant time); 401 otherwise.
+3. At most :attr:`ServeLimits.max_in_flight` requests are admitted at once (503 with
+   ``Retry-After`` beyond); one generation runs at a time (the model is shared).
+4. A POST must be ``application/json`` (UTF-8; 415 otherwise, which also blocks
+   cross-site "simple" form posts), state a ``Content-Length`` (411 without; chunked
+   bodies are refused), at most :attr:`ServeLimits.max_body_bytes` (413 before a byte
+   of the body is read), and arrive within :attr:`ServeLimits.read_timeout` seconds
+   (408, connection closed). The request line and headers have the same deadline
+   (:class:`TimedH11Protocol`), so a slow client cannot hold a connection open.
+
+The body is then parsed with bounded depth and digits (:func:`core.safeio.parse_json`)
+and every field is checked (:func:`parse_request`): ``model`` must be the served name
+(404), ``temperature``/``top_p``/``max_tokens``/``seed`` finite and in range, the
+prompt's length checked in characters before it is tokenized, then in tokens against
+the context. Every error, expected or not, is an HTTP reply with an OpenAI-style body
+``{"error": {"message", "type", "param", "code"}}``; nothing reaches the client as a
+traceback, and nothing a client sends can stop the server.
 """
 
 from __future__ import annotations
 
-import http.server
-import json
+import asyncio
+import hmac
+import ipaddress
+import math
+import socket
+import threading
 import time
+from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from core.errors import DataError
+from core.safeio import MiB, parse_json
 
 if TYPE_CHECKING:
+    import uvicorn
+
     from core.model import LoadedModel
 
 DEFAULT_MAX_TOKENS = 256
+ENV_API_KEY = "RAGSCOPE_SERVE_API_KEY"
+LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
+MAX_SEED = 2**63 - 1
+
+Scope = MutableMapping[str, Any]
+Message = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[Message]]
+Send = Callable[[Message], Awaitable[None]]
+ASGIApp = Callable[[Scope, Receive, Send], Awaitable[None]]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ServeLimits:
+    """What one client may ask of the server.
+
+    Attributes:
+        max_body_bytes: Largest request body (JSON) accepted.
+        read_timeout: Seconds a client has to send the request line and headers, and
+            again the body.
+        max_in_flight: Requests admitted at once (queued behind the one generating).
+        max_prompt_chars: Characters of message content accepted before tokenizing
+            (``None``: 16 per token of the model's context).
+        max_messages: Messages per request.
+    """
+
+    max_body_bytes: int = 1 * MiB
+    read_timeout: float = 10.0
+    max_in_flight: int = 4
+    max_prompt_chars: int | None = None
+    max_messages: int = 256
+
+    def __post_init__(self) -> None:
+        if self.max_body_bytes < 1024:
+            raise DataError(f"max_body_bytes must be at least 1024, got {self.max_body_bytes}")
+        if not (math.isfinite(self.read_timeout) and self.read_timeout > 0):
+            raise DataError(f"read_timeout must be positive seconds, got {self.read_timeout}")
+        if self.max_in_flight < 1:
+            raise DataError(f"max_in_flight must be at least 1, got {self.max_in_flight}")
+        if self.max_prompt_chars is not None and self.max_prompt_chars < 1:
+            raise DataError(f"max_prompt_chars must be positive, got {self.max_prompt_chars}")
+
+    def prompt_chars(self, n_ctx: int) -> int:
+        return self.max_prompt_chars if self.max_prompt_chars is not None else 16 * n_ctx
+
+
+class RequestError(Exception):
+    """A request the server refuses: its HTTP status and OpenAI-style error fields."""
+
+    def __init__(
+        self,
+        status: int,
+        message: str,
+        *,
+        type: str = "invalid_request_error",  # noqa: A002 (the OpenAI field's name)
+        param: str | None = None,
+        code: str | None = None,
+        headers: Mapping[str, str] | None = None,
+        close: bool = False,
+    ) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.type = type
+        self.param = param
+        self.code = code
+        self.headers = dict(headers or {})
+        self.close = close
+
+    def body(self) -> dict[str, Any]:
+        return {
+            "error": {
+                "message": self.message,
+                "type": self.type,
+                "param": self.param,
+                "code": self.code,
+            }
+        }
+
+
+# ----------------------------------------------------------------------------- requests
+
+
+@dataclass(frozen=True, kw_only=True)
+class ChatRequest:
+    """A checked ``/chat/completions`` request."""
+
+    messages: tuple[tuple[str, str], ...]
+    max_tokens: int
+    temperature: float
+    top_p: float
+    seed: int
+
+
+def _number(body: Mapping[str, Any], key: str, lo: float, hi: float, default: float) -> float:
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int | float):
+        raise RequestError(400, f"{key} must be a number, got {type(v).__name__}", param=key)
+    x = float(v)  # an int too large for a float is refused below as not finite
+    if not math.isfinite(x) or not lo <= x <= hi:
+        raise RequestError(400, f"{key} must be a finite number in [{lo:g}, {hi:g}]", param=key)
+    return x
+
+
+def _integer(body: Mapping[str, Any], key: str, lo: int, hi: int, default: int) -> int:
+    v = body.get(key)
+    if v is None:
+        return default
+    if isinstance(v, bool) or not isinstance(v, int):
+        raise RequestError(400, f"{key} must be a whole number, got {type(v).__name__}", param=key)
+    if not lo <= v <= hi:
+        raise RequestError(400, f"{key} must be in [{lo}, {hi}]", param=key)
+    return v
+
+
+def parse_request(body: Any, *, served: str, n_ctx: int, limits: ServeLimits) -> ChatRequest:
+    """Check a parsed ``/chat/completions`` body.
+
+    Raises:
+        RequestError: 400 for a malformed field (named in ``param``), 404 for another
+            model than ``served``.
+    """
+    if not isinstance(body, dict):
+        raise RequestError(400, "the request body must be a JSON object")
+    model = body.get("model")
+    if not isinstance(model, str):
+        raise RequestError(400, "model is required (a string)", param="model")
+    if model != served:
+        raise RequestError(
+            404,
+            f"the model {model[:100]!r} does not exist here; this server serves {served!r}",
+            param="model",
+            code="model_not_found",
+        )
+    if body.get("stream"):
+        raise RequestError(400, "streaming is not supported; leave stream unset", param="stream")
+    if body.get("n") not in (None, 1):
+        raise RequestError(400, "n must be 1", param="n")
+    raw = body.get("messages")
+    if not isinstance(raw, list) or not raw:
+        raise RequestError(
+            400, "messages must be a non-empty list of {role, content}", param="messages"
+        )
+    if len(raw) > limits.max_messages:
+        raise RequestError(
+            400, f"at most {limits.max_messages} messages per request", param="messages"
+        )
+    messages = []
+    for i, m in enumerate(raw):
+        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
+            raise RequestError(400, f"messages[{i}] needs a string content", param="messages")
+        role = m.get("role")
+        if role not in ("system", "user", "assistant"):
+            raise RequestError(
+                400, f"messages[{i}] has an unknown role {str(role)[:40]!r}", param="messages"
+            )
+        messages.append((role, m["content"]))
+    chars = sum(len(c) for _, c in messages)
+    cap = limits.prompt_chars(n_ctx)
+    if chars > cap:
+        raise RequestError(
+            400,
+            f"the messages hold {chars:,} characters, over this server's {cap:,}; send a "
+            "shorter prompt",
+            param="messages",
+            code="context_length_exceeded",
+        )
+    for s in (c for _, c in messages):
+        if any(0xD800 <= ord(ch) <= 0xDFFF for ch in s):
+            raise RequestError(400, "messages hold a lone UTF-16 surrogate", param="messages")
+    max_tokens = body.get("max_completion_tokens", body.get("max_tokens"))
+    return ChatRequest(
+        messages=tuple(messages),
+        max_tokens=_integer({"max_tokens": max_tokens}, "max_tokens", 1, n_ctx, DEFAULT_MAX_TOKENS),
+        temperature=_number(body, "temperature", 0.0, 2.0, 0.0),
+        top_p=_number(body, "top_p", 1e-6, 1.0, 1.0),
+        seed=_integer(body, "seed", 0, MAX_SEED, 0),
+    )
 
 
 def _prompt_ids(model: LoadedModel, messages: Any) -> list[int]:
-    if not isinstance(messages, list) or not messages:
-        raise DataError("messages must be a non-empty list of {role, content}")
-    clean = []
-    for m in messages:
-        if not isinstance(m, dict) or not isinstance(m.get("content"), str):
-            raise DataError("each message needs a string content")
-        if m.get("role") not in ("system", "user", "assistant"):
-            raise DataError(f"unknown role {m.get('role')!r}")
-        clean.append({"role": m["role"], "content": m["content"]})
+    """Token ids of ``messages`` (``(role, content)`` pairs or OpenAI-style dicts) through
+    the model's chat template, ready for the answer."""
+    clean = [
+        {"role": m[0], "content": m[1]} if isinstance(m, tuple) else dict(m) for m in messages
+    ]
     tok = model.tokenizer
     if getattr(tok, "chat_template", None):
         text = tok.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
@@ -47,29 +258,27 @@ def _prompt_ids(model: LoadedModel, messages: Any) -> list[int]:
     return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
-def complete(model: LoadedModel, body: dict[str, Any], name: str) -> dict[str, Any]:
+def complete(model: LoadedModel, req: ChatRequest, name: str) -> dict[str, Any]:
     """One chat completion in the OpenAI response format.
 
     Raises:
-        DataError: Malformed messages, options, or a prompt longer than the context.
+        RequestError: The prompt plus ``max_tokens`` is over the model's context.
     """
     from core.generate import AnswerStream, GenerationConfig
 
-    ids = _prompt_ids(model, body.get("messages"))
-    try:
-        cfg = GenerationConfig(
-            max_new_tokens=int(body.get("max_tokens") or DEFAULT_MAX_TOKENS),
-            temperature=float(body.get("temperature") or 0.0),
-            seed=int(body["seed"]) if body.get("seed") is not None else 0,
-        )
-    except (TypeError, ValueError) as e:
-        raise DataError(f"bad generation options: {e}") from e
-    if len(ids) + cfg.max_new_tokens > model.info.n_ctx:
-        raise DataError(
-            f"the prompt has {len(ids)} tokens and asks for {cfg.max_new_tokens} more, over the "
+    ids = _prompt_ids(model, req.messages)
+    if len(ids) + req.max_tokens > model.info.n_ctx:
+        raise RequestError(
+            400,
+            f"the prompt has {len(ids)} tokens and asks for {req.max_tokens} more, over the "
             f"served model's context of {model.info.n_ctx} tokens; send a shorter prompt (fewer "
-            "or shorter examples) or a smaller max_tokens"
+            "or shorter examples) or a smaller max_tokens",
+            param="messages",
+            code="context_length_exceeded",
         )
+    cfg = GenerationConfig(
+        max_new_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed
+    )
     stream = AnswerStream.from_ids(model, ids, cfg)
     for _ in stream:
         pass
@@ -94,42 +303,421 @@ def complete(model: LoadedModel, body: dict[str, Any], name: str) -> dict[str, A
     }
 
 
-def make_server(
-    model: LoadedModel, host: str = "127.0.0.1", port: int = 8000, *, name: str | None = None
-) -> http.server.ThreadingHTTPServer:
-    """An HTTP server (not yet serving) answering the routes in the module docstring."""
-    served = name or model.info.display_name
+# ----------------------------------------------------------------------------- the guard
 
-    class Handler(http.server.BaseHTTPRequestHandler):
-        def _send(self, status: int, payload: dict[str, Any]) -> None:
-            data = json.dumps(payload).encode("utf-8")
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(data)))
-            self.end_headers()
-            self.wfile.write(data)
 
-        def do_GET(self) -> None:  # noqa: N802 (the handler's API)
-            if self.path.rstrip("/").endswith("/models"):
-                entry = {"id": served, "object": "model", "max_model_len": model.info.n_ctx}
-                self._send(200, {"object": "list", "data": [entry]})
-            else:
-                self._send(404, {"error": {"message": f"no route {self.path}"}})
+def is_loopback_host(host: str) -> bool:
+    """Whether ``host`` (a name or address, no port) is this machine's loopback."""
+    h = host.strip().lower().strip("[]")
+    if h in LOOPBACK_NAMES:
+        return True
+    try:
+        return ipaddress.ip_address(h).is_loopback
+    except ValueError:
+        return False
 
-        def do_POST(self) -> None:  # noqa: N802
-            if not self.path.rstrip("/").endswith("/chat/completions"):
-                self._send(404, {"error": {"message": f"no route {self.path}"}})
-                return
+
+def _host_of(value: str) -> str:
+    """The host of a ``Host`` header (``name``, ``name:port``, ``[v6]:port``)."""
+    v = value.strip()
+    if v.startswith("["):
+        return v[1 : v.find("]")] if "]" in v else v
+    return v.rsplit(":", 1)[0] if v.count(":") == 1 else v
+
+
+def _origin_host(origin: str) -> str | None:
+    from urllib.parse import urlsplit
+
+    try:
+        parts = urlsplit(origin)
+        return parts.hostname if parts.scheme in ("http", "https") else None
+    except ValueError:
+        return None
+
+
+async def send_error(send: Send, err: RequestError) -> None:
+    """Reply with ``err`` as JSON (and ``Connection: close`` when the body is unread)."""
+    import json
+
+    data = json.dumps(err.body()).encode("utf-8")
+    headers = [
+        (b"content-type", b"application/json"),
+        (b"content-length", str(len(data)).encode()),
+    ]
+    headers += [(k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in err.headers.items()]
+    if err.close:
+        headers.append((b"connection", b"close"))
+    await send({"type": "http.response.start", "status": err.status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
+
+
+class Guard:
+    """ASGI middleware: every check of the module docstring before a handler runs, then
+    the checked body handed on (the handler's ``receive`` replays it)."""
+
+    def __init__(
+        self,
+        app: ASGIApp,
+        *,
+        limits: ServeLimits,
+        api_key: str | None,
+        loopback_only: bool,
+    ) -> None:
+        self.app = app
+        self.limits = limits
+        self.api_key = api_key
+        self.loopback_only = loopback_only
+        self.in_flight = 0
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            if scope["type"] == "lifespan":
+                await self.app(scope, receive, send)
+            return  # websockets: not served (closing without accepting refuses them)
+        try:
+            self._check_headers(scope)
+        except RequestError as e:
+            await send_error(send, e)
+            return
+        if self.in_flight >= self.limits.max_in_flight:
+            await send_error(
+                send,
+                RequestError(
+                    503,
+                    f"the server is busy ({self.in_flight} requests in flight); retry shortly",
+                    type="server_error",
+                    code="overloaded",
+                    headers={"Retry-After": "1"},
+                    close=True,
+                ),
+            )
+            return
+        self.in_flight += 1
+        try:
             try:
-                n = int(self.headers.get("Content-Length") or 0)
-                body = json.loads(self.rfile.read(n) or b"{}")
-                if not isinstance(body, dict):
-                    raise DataError("the request body must be a JSON object")
-                self._send(200, complete(model, body, served))
-            except (DataError, json.JSONDecodeError) as e:
-                self._send(400, {"error": {"message": str(e), "type": "invalid_request_error"}})
+                body = await self._read_body(scope, receive)
+            except RequestError as e:
+                await send_error(send, e)
+                return
+            await self.app(scope, _replay(body, receive), send)
+        finally:
+            self.in_flight -= 1
 
-        def log_message(self, *args: object) -> None:
-            pass
+    def _check_headers(self, scope: Scope) -> None:
+        headers = _headers(scope)
+        if self.loopback_only:
+            host = headers.get("host")
+            if host is None or not is_loopback_host(_host_of(host)):
+                raise RequestError(
+                    403,
+                    "this server answers only requests addressed to localhost (Host header)",
+                    type="permission_error",
+                )
+            origin = headers.get("origin")
+            if origin is not None:
+                oh = _origin_host(origin)  # None for "null" (opaque) and non-http origins
+                if oh is None or not is_loopback_host(oh):
+                    raise RequestError(
+                        403,
+                        "requests from web pages of other sites are refused (Origin header)",
+                        type="permission_error",
+                    )
+        if self.api_key is not None:
+            auth = headers.get("authorization", "")
+            scheme, _, token = auth.partition(" ")
+            ok = scheme.lower() == "bearer" and hmac.compare_digest(
+                token.strip().encode("utf-8", "replace"), self.api_key.encode("utf-8")
+            )
+            if not ok:
+                raise RequestError(
+                    401,
+                    "missing or wrong API key; send Authorization: Bearer <key>",
+                    type="invalid_request_error",
+                    code="invalid_api_key",
+                    headers={"WWW-Authenticate": "Bearer"},
+                )
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            return
+        ctype = headers.get("content-type", "")
+        media, _, params = ctype.partition(";")
+        charset = params.strip().lower().removeprefix("charset=").strip('"') if params else "utf-8"
+        if media.strip().lower() != "application/json" or charset not in ("utf-8", "utf8"):
+            raise RequestError(
+                415,
+                f"Content-Type must be application/json (UTF-8), got {ctype[:80]!r}",
+                close=True,
+            )
+        if "transfer-encoding" in headers:
+            raise RequestError(
+                411, "chunked bodies are not accepted; send a Content-Length", close=True
+            )
+        length = headers.get("content-length")
+        if length is None:
+            raise RequestError(411, "a Content-Length header is required", close=True)
+        if not length.isdigit() or len(length) > 18:
+            raise RequestError(400, f"bad Content-Length {length[:40]!r}", close=True)
+        if int(length) > self.limits.max_body_bytes:
+            raise RequestError(
+                413,
+                f"the body is {int(length):,} bytes, over this server's "
+                f"{self.limits.max_body_bytes:,}",
+                close=True,
+            )
 
-    return http.server.ThreadingHTTPServer((host, port), Handler)
+    async def _read_body(self, scope: Scope, receive: Receive) -> bytes:
+        if scope["method"] not in ("POST", "PUT", "PATCH"):
+            return b""
+        declared = int(_headers(scope)["content-length"])
+        chunks: list[bytes] = []
+        got = 0
+        try:
+            async with asyncio.timeout(self.limits.read_timeout):
+                while True:
+                    msg = await receive()
+                    if msg["type"] == "http.disconnect":
+                        raise RequestError(400, "the client went away", close=True)
+                    part = msg.get("body", b"")
+                    got += len(part)
+                    if got > declared or got > self.limits.max_body_bytes:
+                        raise RequestError(413, "the body is longer than stated", close=True)
+                    chunks.append(part)
+                    if not msg.get("more_body", False):
+                        break
+        except TimeoutError:
+            raise RequestError(
+                408,
+                f"the body did not arrive within {self.limits.read_timeout:g} s",
+                close=True,
+            ) from None
+        return b"".join(chunks)
+
+
+def _headers(scope: Scope) -> dict[str, str]:
+    """Header name -> value (the first of repeated ones; names lowercased by the server)."""
+    out: dict[str, str] = {}
+    for k, v in scope.get("headers", ()):
+        out.setdefault(k.decode("latin-1").lower(), v.decode("latin-1"))
+    return out
+
+
+def _replay(body: bytes, receive: Receive) -> Receive:
+    sent = False
+
+    async def replay() -> Message:
+        nonlocal sent
+        if not sent:
+            sent = True
+            return {"type": "http.request", "body": body, "more_body": False}
+        return await receive()
+
+    return replay
+
+
+# ----------------------------------------------------------------------------- the app
+
+
+def make_app(
+    model: LoadedModel,
+    *,
+    name: str | None = None,
+    limits: ServeLimits | None = None,
+    api_key: str | None = None,
+    loopback_only: bool = True,
+) -> ASGIApp:
+    """The guarded ASGI app answering the routes in the module docstring."""
+    from starlette.applications import Starlette
+    from starlette.concurrency import run_in_threadpool
+    from starlette.exceptions import HTTPException
+    from starlette.requests import Request
+    from starlette.responses import JSONResponse
+    from starlette.routing import Route
+
+    served = name or model.info.display_name
+    lim = limits or ServeLimits()
+    lock = threading.Lock()  # one generation at a time: the model is shared
+
+    def error(err: RequestError) -> JSONResponse:
+        headers = dict(err.headers)
+        if err.close:
+            headers["Connection"] = "close"
+        return JSONResponse(err.body(), status_code=err.status, headers=headers)
+
+    async def models(request: Request) -> JSONResponse:
+        entry = {"id": served, "object": "model", "owned_by": "ragscope"}
+        entry["max_model_len"] = model.info.n_ctx
+        return JSONResponse({"object": "list", "data": [entry]})
+
+    def run(req: ChatRequest) -> dict[str, Any]:
+        with lock:
+            return complete(model, req, served)
+
+    async def chat(request: Request) -> JSONResponse:
+        try:
+            body = parse_json(await request.body(), source="the request body")
+        except DataError as e:
+            return error(RequestError(400, e.reason))
+        try:
+            req = parse_request(body, served=served, n_ctx=model.info.n_ctx, limits=lim)
+            return JSONResponse(await run_in_threadpool(run, req))
+        except RequestError as e:
+            return error(e)
+
+    async def http_error(request: Request, exc: Exception) -> JSONResponse:
+        assert isinstance(exc, HTTPException)
+        msg = {404: f"no route {request.url.path[:200]}", 405: "method not allowed"}.get(
+            exc.status_code, str(exc.detail)
+        )
+        return error(RequestError(exc.status_code, msg, headers=exc.headers))
+
+    async def server_error(request: Request, exc: Exception) -> JSONResponse:
+        return error(RequestError(500, "internal error; see the server log", type="server_error"))
+
+    app = Starlette(
+        routes=[
+            Route("/v1/models", models, methods=["GET"]),
+            Route("/v1/chat/completions", chat, methods=["POST"]),
+        ],
+        exception_handlers={HTTPException: http_error, Exception: server_error},
+    )
+    return Guard(app, limits=lim, api_key=api_key, loopback_only=loopback_only)
+
+
+# ----------------------------------------------------------------------------- the server
+
+
+def timed_h11(header_timeout: float) -> type:
+    """uvicorn's h11 protocol with a deadline for each request's line and headers.
+
+    uvicorn closes idle keep-alive connections but has no deadline for a request that
+    has started and never completes its headers; without one a client trickling bytes
+    holds a connection (and a concurrency slot) forever.
+    """
+    from uvicorn.protocols.http.h11_impl import H11Protocol
+
+    class TimedH11Protocol(H11Protocol):
+        _timer: asyncio.TimerHandle | None = None
+        _armed_for: object = None
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._armed_for = self.cycle
+            self._timer = self.loop.call_later(header_timeout, self._late)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _late(self) -> None:
+            if self.cycle is self._armed_for and not self.transport.is_closing():
+                self.transport.close()
+
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+            super().connection_made(transport)
+            self._arm()
+
+        def handle_events(self) -> None:
+            super().handle_events()
+            if self._timer is not None and self.cycle is not self._armed_for:
+                self._disarm()  # a new request's headers are in
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing():
+                self._arm()
+
+        def connection_lost(self, exc: Exception | None) -> None:
+            self._disarm()
+            super().connection_lost(exc)
+
+    return TimedH11Protocol
+
+
+@dataclass
+class RunningServer:
+    """A server started by :func:`start`: its address, and :meth:`stop`."""
+
+    server: uvicorn.Server
+    thread: threading.Thread | None
+    host: str
+    port: int
+
+    @property
+    def base_url(self) -> str:
+        h = f"[{self.host}]" if ":" in self.host else self.host
+        return f"http://{h}:{self.port}/v1"
+
+    def stop(self, timeout: float = 10.0) -> None:
+        self.server.should_exit = True
+        if self.thread is not None:
+            self.thread.join(timeout)
+
+
+def make_server(
+    model: LoadedModel,
+    host: str = "127.0.0.1",
+    port: int = 8000,
+    *,
+    name: str | None = None,
+    limits: ServeLimits | None = None,
+    api_key: str | None = None,
+) -> tuple[uvicorn.Server, socket.socket]:
+    """A uvicorn server for :func:`make_app` and its bound (not yet serving) socket.
+
+    Raises:
+        DataError: A non-loopback address without an API key (anyone on the network
+            could use the model), or an address that cannot be bound.
+    """
+    import uvicorn
+
+    lim = limits or ServeLimits()
+    loopback = is_loopback_host(host)
+    if not loopback and not api_key:
+        raise DataError(
+            f"serving on {host} reaches other machines; set an API key (--api-key or "
+            f"{ENV_API_KEY}) or keep the default 127.0.0.1",
+            field="host",
+        )
+    try:
+        family = socket.AF_INET6 if ":" in host else socket.AF_INET
+        sock = socket.create_server((host, port), family=family, reuse_port=False)
+    except OSError as e:
+        raise DataError(f"cannot listen on {host}:{port} ({e.strerror or e})", field="port") from e
+    app = make_app(model, name=name, limits=lim, api_key=api_key, loopback_only=loopback)
+    config = uvicorn.Config(
+        app,
+        http=timed_h11(lim.read_timeout),
+        lifespan="off",
+        ws="none",
+        log_level="warning",
+        access_log=False,
+        server_header=False,
+        timeout_keep_alive=5,
+        # A backstop under the guard's own limit: connections beyond it get 503 from uvicorn.
+        limit_concurrency=lim.max_in_flight + 32,
+        h11_max_incomplete_event_size=16 * 1024,
+    )
+    return uvicorn.Server(config), sock
+
+
+def start(
+    model: LoadedModel,
+    host: str = "127.0.0.1",
+    port: int = 0,
+    *,
+    name: str | None = None,
+    limits: ServeLimits | None = None,
+    api_key: str | None = None,
+    timeout: float = 30.0,
+) -> RunningServer:
+    """Serve in a background thread until :meth:`RunningServer.stop` (tests, notebooks)."""
+    server, sock = make_server(model, host, port, name=name, limits=limits, api_key=api_key)
+    bound = sock.getsockname()
+    t = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, daemon=True)
+    t.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not t.is_alive() or time.monotonic() > deadline:
+            raise DataError(f"the server on {host}:{bound[1]} did not start")
+        time.sleep(0.02)
+    return RunningServer(server=server, thread=t, host=bound[0], port=bound[1])

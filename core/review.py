@@ -33,6 +33,7 @@ import numpy as np
 
 from core.errors import DataError, StorageError
 from core.examples import RAGExample, Span
+from core.storage import example_hash
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -270,6 +271,15 @@ class ReviewItem:
     position: int
     created_at: str
     reviews: tuple[Review, ...] = ()
+    example_hash: str | None = None  # of the answer it was flagged on (None: before v4)
+
+    def is_stale(self, example: RAGExample | None) -> bool:
+        """Whether the item no longer belongs to ``example``'s text (the dataset was
+        re-imported with another answer or passages, or the answer is gone): its span
+        must not be shown on, exported with or accepted for the new text."""
+        if example is None or len(example.response) != self.answer_len:
+            return True
+        return self.example_hash is not None and self.example_hash != example_hash(example)
 
     @property
     def detectors(self) -> tuple[str, ...]:
@@ -308,7 +318,7 @@ _REVIEW_COLS = (
 )
 _ITEM_COLS = (
     "id, dataset, example_id, span_start, span_end, answer_len, sources, score, margin, task, "
-    "generator, position, created_at"
+    "generator, position, created_at, example_hash"
 )
 
 
@@ -396,8 +406,9 @@ class ReviewBook:
     # -- queue ---------------------------------------------------------------------
 
     def add_flags(self, dataset: str, examples: Sequence[RAGExample], flags: Iterable[Flag]) -> int:
-        """Queue the flags (one item per span); spans already queued are left as they
-        are (with their reviews). Returns how many items are new."""
+        """Queue the flags (one item per span). A span already queued is left as it is
+        (with its reviews), unless its answer changed since and nobody reviewed it yet:
+        then it is refreshed for the new text. Returns how many items are new."""
         by_id = {e.id: e for e in examples}
         rows = []
         for f in flags:
@@ -417,29 +428,56 @@ class ReviewBook:
                 (dataset,),
             ).fetchone()
             for ex, f in rows:
-                cur = c.execute(
+                digest = example_hash(ex)
+                sources = json.dumps({k: list(v) for k, v in f.sources.items()})
+                have = c.execute(
+                    "SELECT id, example_hash, EXISTS (SELECT 1 FROM reviews WHERE item_id = "
+                    "review_items.id) FROM review_items WHERE dataset = ? AND example_id = ? "
+                    "AND span_start = ? AND span_end = ?",
+                    (dataset, ex.id, f.start, f.end),
+                ).fetchone()
+                if have is not None:
+                    # The same span again: left alone, unless its answer changed and nobody
+                    # reviewed it yet (then it is refreshed for the new text; a reviewed one
+                    # stays, stale, with its reviews).
+                    if have[1] != digest and not have[2]:
+                        c.execute(
+                            "UPDATE review_items SET answer_len = ?, sources = ?, score = ?, "
+                            "margin = ?, task = ?, generator = ?, example_hash = ? WHERE id = ?",
+                            (
+                                len(ex.response),
+                                sources,
+                                f.score,
+                                f.margin,
+                                ex.task,
+                                ex.provenance.generator,
+                                digest,
+                                have[0],
+                            ),
+                        )
+                    continue
+                c.execute(
                     "INSERT INTO review_items (dataset, example_id, span_start, span_end, "
-                    "answer_len, sources, score, margin, task, generator, position, created_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?) "
-                    "ON CONFLICT (dataset, example_id, span_start, span_end) DO NOTHING",
+                    "answer_len, sources, score, margin, task, generator, position, created_at, "
+                    "example_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
                     (
                         dataset,
                         ex.id,
                         f.start,
                         f.end,
                         len(ex.response),
-                        json.dumps({k: list(v) for k, v in f.sources.items()}),
+                        sources,
                         f.score,
                         f.margin,
                         ex.task,
                         ex.provenance.generator,
                         pos,
                         _now(),
+                        digest,
                     ),
                 )
-                if cur.rowcount:
-                    new += 1
-                    pos += 1
+                new += 1
+                pos += 1
         return new
 
     def item(self, item_id: int) -> ReviewItem:
@@ -480,6 +518,7 @@ class ReviewBook:
                 position=r[11],
                 created_at=r[12],
                 reviews=tuple(reviews[r[0]]),
+                example_hash=r[13],
             )
             for r in rows
         ]
@@ -540,6 +579,7 @@ class ReviewBook:
         evidence: str | None = None,
         note: str | None = None,
         expected_version: int | None = None,
+        example: RAGExample | None = None,
     ) -> Review:
         """Record (or change) ``reviewer``'s decision on an item, with an audit entry.
 
@@ -552,9 +592,12 @@ class ReviewBook:
             note: Free text.
             expected_version: The version of this reviewer's review the change is based
                 on (0: none yet); ``None`` skips the check.
+            example: The answer as the reviewer sees it now; a decision on an item that
+                no longer belongs to it (:meth:`ReviewItem.is_stale`) is refused.
 
         Raises:
-            DataError: Bad reviewer, decision, type or span (nothing is written).
+            DataError: Bad reviewer, decision, type or span, or a stale item (nothing
+                is written).
             ReviewConflict: The stored review is not at ``expected_version``.
             StorageError: No such item.
         """
@@ -572,13 +615,24 @@ class ReviewBook:
         }
         with self.store.transaction() as c:
             row = c.execute(
-                "SELECT example_id, span_start, span_end, answer_len FROM review_items "
-                "WHERE id = ?",
+                "SELECT example_id, span_start, span_end, answer_len, example_hash "
+                "FROM review_items WHERE id = ?",
                 (item_id,),
             ).fetchone()
             if row is None:
                 raise StorageError(f"no review item {item_id}; rebuild the queue or reload")
-            example_id, i_start, i_end, n = row
+            example_id, i_start, i_end, n, digest = row
+            if example is not None and (
+                example.id != example_id
+                or len(example.response) != n
+                or (digest is not None and digest != example_hash(example))
+            ):
+                raise DataError(
+                    f"item {item_id} was flagged on another version of {example_id!r} (the "
+                    "dataset was re-imported since); it is stale and cannot be reviewed "
+                    "against the new text: rebuild the queue",
+                    source=example_id,
+                )
             s = i_start if start is None else int(start)
             e = i_end if end is None else int(end)
             if not 0 <= s < e <= n:
@@ -815,11 +869,16 @@ def reviewed_examples(
         items: Its review items (:meth:`ReviewBook.items`).
         reviewer: Whose decisions count (default: the latest decision on each item).
         include_unreviewed: Also keep answers with no decided item, as they were.
+
+    Stale items (:meth:`ReviewItem.is_stale`) are left out.
     """
     import dataclasses
 
+    by_id = {e.id: e for e in examples}
     decided: dict[str, list[Review]] = {}
     for it in items:
+        if it.is_stale(by_id.get(it.example_id)):
+            continue  # flagged on another text: never exported against this one
         r = resolved_review(it, reviewer)
         if r is not None:
             decided.setdefault(it.example_id, []).append(r)
@@ -910,13 +969,16 @@ def ragtruth_jsonl(examples: Iterable[RAGExample]) -> str:
 
 
 def reviews_frame(items: Sequence[ReviewItem], examples: Sequence[RAGExample]) -> pd.DataFrame:
-    """One row per decision (and one per undecided item): the CSV export."""
+    """One row per decision (and one per undecided item): the CSV export (stale items
+    left out). Write it with :func:`safe_csv`."""
     import pandas as pd
 
     by_id = {e.id: e for e in examples}
     rows = []
     for it in items:
-        text = by_id[it.example_id].response if it.example_id in by_id else ""
+        if it.is_stale(by_id.get(it.example_id)):
+            continue  # its spans would cut the wrong text
+        text = by_id[it.example_id].response
         base = {
             "dataset": it.dataset,
             "example_id": it.example_id,
@@ -952,3 +1014,26 @@ def reviews_frame(items: Sequence[ReviewItem], examples: Sequence[RAGExample]) -
         "label_type", "note", "updated_at",
     ]  # fmt: skip
     return pd.DataFrame(rows, columns=cols)
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+"""What a spreadsheet reads as the start of a formula (OWASP's CSV injection list)."""
+
+
+def neutralise_cell(value: Any) -> Any:
+    """``value`` with a leading ``'`` when it is text a spreadsheet would run as a
+    formula (``=HYPERLINK(...)``, ``+cmd|...``, ``@SUM(...)``); other values as they are."""
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
+    return value
+
+
+def safe_csv(frame: pd.DataFrame) -> str:
+    """``frame`` as CSV text with every formula-like text cell neutralised
+    (:func:`neutralise_cell`), headers included; numbers stay numbers."""
+    out = frame.copy()
+    out.columns = [neutralise_cell(str(c)) for c in out.columns]
+    for col in out.columns:
+        if out[col].dtype == object or str(out[col].dtype) in ("string", "str"):
+            out[col] = out[col].map(neutralise_cell)
+    return out.to_csv(index=False)

@@ -127,47 +127,50 @@ def parse_json(
     *,
     source: str,
     max_depth: int = MAX_JSON_DEPTH,
-    line_offset: int = 0,
+    line: int | None = None,
 ) -> Any:
     """Parse JSON from outside, every failure a :class:`DataError` naming where.
 
     Args:
         text: The JSON text (bytes are decoded as UTF-8; a leading BOM is accepted).
-        source: What to name in errors (a path, ``path:line``).
+        source: What to name in errors: a path, or ``path:line`` for a record.
         max_depth: Deepest container nesting accepted.
-        line_offset: Added to JSON's own line numbers (for a record inside a file).
+        line: The file line ``text`` starts on, when ``source`` is the file: errors
+            are then located as ``path:line:column`` (JSONL records).
 
     Raises:
         DataError: Not UTF-8 (with the byte offset), invalid JSON (with line and
             column), an integer over Python's digit limit, or nesting over ``max_depth``.
     """
+    at = source if line is None else f"{source}:{line}"
     if isinstance(text, bytes):
         try:
             text = text.decode("utf-8-sig")
         except UnicodeDecodeError as e:
+            where = at if line is None else f"{at}:{e.start + 1}"
             raise DataError(
-                f"not UTF-8 text (byte {e.start}: {e.reason}); save it as UTF-8", source=source
+                f"not UTF-8 text (byte {e.start + 1}: {e.reason}); save it as UTF-8", source=where
             ) from e
     if text.startswith("\ufeff"):
         text = text[1:]
     try:
         value = json.loads(text)
     except json.JSONDecodeError as e:
-        raise DataError(
-            f"invalid JSON at line {e.lineno + line_offset}, column {e.colno} ({e.msg})",
-            source=source,
-        ) from e
+        if line is None:
+            raise DataError(
+                f"invalid JSON at line {e.lineno}, column {e.colno} ({e.msg})", source=source
+            ) from e
+        where = f"{source}:{line + e.lineno - 1}:{e.colno}"
+        raise DataError(f"invalid JSON ({e.msg})", source=where) from e
     except RecursionError as e:
         raise DataError(
-            f"JSON nested too deeply (over {max_depth} levels); flatten the record",
-            source=source,
+            f"JSON nested too deeply (over {max_depth} levels); flatten the record", source=at
         ) from e
     except ValueError as e:  # e.g. "Exceeds the limit (4300 digits) for integer string conversion"
-        raise DataError(f"unreadable JSON value ({e})", source=source) from e
+        raise DataError(f"unreadable JSON value ({e})", source=at) from e
     if not json_depth_ok(value, max_depth):
         raise DataError(
-            f"JSON nested too deeply (over {max_depth} levels); flatten the record",
-            source=source,
+            f"JSON nested too deeply (over {max_depth} levels); flatten the record", source=at
         )
     return value
 

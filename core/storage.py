@@ -157,6 +157,11 @@ MIGRATIONS: tuple[str, ...] = (
         SELECT RAISE(ABORT, 'the review audit trail is append-only');
     END;
     """,
+    # 4: each review item remembers the content hash of the answer it was flagged on, so
+    # an item whose dataset was re-imported with another answer shows as stale.
+    """
+    ALTER TABLE review_items ADD COLUMN example_hash TEXT;
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import streamlit as st
 
+from app.components.text import code, md
 from app.state import (
     BUILTIN,
     KEY_DATASET,
@@ -45,7 +46,7 @@ def model_status(model: LoadedModel) -> None:
     """The loaded model's facts."""
     i = model.info
     st.subheader("Model")
-    st.markdown(f"**{i.display_name}** · `{i.architecture}`")
+    st.markdown(f"**{md(i.display_name)}** · {code(i.architecture)}")
     c1, c2, c3, c4 = st.columns(4)
     c1.metric("Layers × heads", f"{i.n_layers} × {i.n_heads}")
     c2.metric("KV heads", i.n_kv_heads, help="Fewer than heads: grouped-query attention")
@@ -57,7 +58,7 @@ def model_status(model: LoadedModel) -> None:
         f"{'yes' if i.has_chat_template else 'no'}"
     )
     st.caption(
-        f"Weights read from `{model.source}`. Set `RAGSCOPE_MODEL` to analyse another model."
+        f"Weights read from {code(model.source)}. Set `RAGSCOPE_MODEL` to analyse another model."
     )
 
 
@@ -67,7 +68,7 @@ def dataset_picker(state: AppState) -> None:
     try:
         choices = dataset_choices()
     except RagscopeError as e:
-        st.error(str(e))
+        st.error(md(e))
         choices = [BUILTIN]
     by_key: dict[str, DatasetRef] = {c.key: c for c in choices}
     if state.dataset.key not in by_key:
@@ -79,20 +80,20 @@ def dataset_picker(state: AppState) -> None:
         "Examples for the Playground",
         list(by_key),
         key=KEY_DATASET,
-        format_func=lambda k: by_key[k].label,
+        format_func=lambda k: by_key[k].markdown_label,  # radio options render Markdown
     )
     state.dataset = by_key[picked]
     try:
         examples = load_examples(state.dataset)
     except RagscopeError as e:
-        st.error(str(e))
+        st.error(md(e))
         return
     n_hall = sum(1 for e in examples if e.label is True)
     n_faith = sum(1 for e in examples if e.label is False)
     n_spans = sum(1 for e in examples if e.spans)
     tasks = sorted({e.task for e in examples})
     st.markdown(
-        f"**{len(examples)}** examples ({', '.join(tasks)}): {n_hall} hallucinated, "
+        f"**{len(examples)}** examples ({md(', '.join(tasks))}): {n_hall} hallucinated, "
         f"{n_faith} faithful, {len(examples) - n_hall - n_faith} unlabelled; "
         f"{n_spans} with gold spans."
     )
@@ -108,12 +109,14 @@ def _do_import(report: UploadReport) -> None:
         n = store.import_dataset(name, report.examples, source=report.file_name, fmt=report.fmt)
     except RagscopeError as e:
         state.imported_message = None
-        state.import_error = str(e)
+        state.import_error = md(e)
         return
     state.import_error = None
     state.dataset = DatasetRef(kind="store", name=name, path=store.path, n_examples=n)
     st.session_state[KEY_DATASET] = state.dataset.key
-    state.imported_message = f"Imported {n} examples as **{name}**; the Playground now uses them."
+    state.imported_message = (
+        f"Imported {n} examples as **{md(name)}**; the Playground now uses them."
+    )
 
 
 def upload_section(state: AppState) -> None:
@@ -131,15 +134,21 @@ def upload_section(state: AppState) -> None:
         st.error(state.import_error)
     upload = st.file_uploader("Dataset file", type=["jsonl", "csv"], key=KEY_UPLOAD)
     if upload is None:
+        state.upload = None
         return
-    try:
-        report = read_upload(upload.name, upload.getvalue())
-    except RagscopeError as e:
-        st.error(str(e))
-        return
+    if state.upload is None or state.upload[0] != upload.file_id:
+        # Read once per upload and kept in this session only (no cross-session cache).
+        try:
+            with st.spinner("Reading the uploaded file…"):
+                state.upload = (upload.file_id, read_upload(upload.name, upload.getvalue()))
+        except RagscopeError as e:
+            state.upload = None
+            st.error(md(e))
+            return
+    report = state.upload[1]
     n_bad = len(report.errors)
     st.markdown(
-        f"**{len(report.examples)}** of {report.n_read} records read as `{report.fmt}`"
+        f"**{len(report.examples)}** of {report.n_read} records read as {code(report.fmt)}"
         + (f"; **{n_bad}** skipped:" if n_bad else ".")
     )
     if n_bad:

@@ -6,8 +6,10 @@ threshold, merged across detectors) and kept in the database with every decision
 and an append-only audit trail (:class:`core.review.ReviewBook`). Each item shows
 the passages with the sentences closest in meaning to the flagged claim
 highlighted, and the answer with the flagged span. Decisions are per reviewer (the
-name is asked once per session); a save based on a stale view is refused, never
-applied over someone's newer one. Keyboard: ``a`` accept, ``x`` reject, ``n`` next,
+name is asked once per session, or, with logins configured, the signed-in identity);
+a save based on a stale view is refused, never applied over someone's newer one, and
+an item flagged on an answer that has changed since (the dataset was re-imported) is
+shown as stale: not drawn on the new text, not decidable, left out of exports. Keyboard: ``a`` accept, ``x`` reject, ``n`` next,
 ``p`` previous. When items have two reviews, Cohen's kappa and the span-overlap F1
 show. The reviewed dataset exports as RAGTruth-style JSONL (``ragscope train
 --dataset reviewed.jsonl`` retrains on it) or CSV, or is stored as a dataset.
@@ -19,8 +21,10 @@ from dataclasses import dataclass, field
 
 import streamlit as st
 
+from app.auth import auth_configured, current_identity
 from app.components.example_picker import progress_bar
 from app.components.highlight import FLAG, RELATED, Mark, marked_html
+from app.components.text import code, md
 from app.state import (
     HEADS_FROM_CORPUS,
     DatasetRef,
@@ -52,6 +56,7 @@ from core.review import (
     related_context,
     reviewed_examples,
     reviews_frame,
+    safe_csv,
 )
 
 # Page scripts run with Streamlit's magic: no bare strings (they would be drawn).
@@ -78,6 +83,7 @@ KEY_EXPORT_WHO = "review.export.who"
 KEY_EXPORT_ALL = "review.export.all"
 KEY_EXPORT_NAME = "review.export.name"
 KEY_EXPORT_SAVE = "review.export.save"
+KEY_EXPORT_REPLACE = "review.export.replace"
 KEY_REPORT = "review.report"
 KEY_ADD_SPAN = "review.add_span"
 KEY_REPORT_GET = "review.report.get"
@@ -116,10 +122,20 @@ def page_state() -> ReviewState:
 
 
 def reviewer_gate(rs: ReviewState) -> bool:
-    """The reviewer's name, asked once per session; False until it is given."""
+    """Who is reviewing: with logins configured, the signed-in identity (no typed
+    names, so nobody can review as someone else); otherwise a name asked once per
+    session. False until there is one."""
+    if auth_configured():
+        who = current_identity()
+        if who is None:  # the login gate in app/main.py comes first; never reached
+            st.error("Sign in to review.")
+            return False
+        rs.reviewer = who.id
+        st.caption(f"Reviewing as **{md(who.name)}** ({code(who.id)}), signed in.")
+        return True
     if rs.reviewer:
         c_who, c_change = st.columns([5, 1], vertical_alignment="center")
-        c_who.caption(f"Reviewing as **{rs.reviewer}**.")
+        c_who.caption(f"Reviewing as **{md(rs.reviewer)}**.")
         if c_change.button("Change name", key=KEY_CHANGE, width="stretch"):
             rs.reviewer = None
             st.rerun()
@@ -157,7 +173,7 @@ def pick_dataset() -> tuple[str, list[RAGExample]] | None:
         else:
             examples = load_examples(ref)
     except RagscopeError as e:
-        st.error(f"{label} cannot be read: {e}")
+        st.error(f"{md(label)} cannot be read: {md(e)}")
         return None
     return key, examples
 
@@ -235,7 +251,7 @@ def build_section(
                         progress=progress,
                     )
                 except RagscopeError as e:
-                    st.error(f"The scan failed: {e}")
+                    st.error(f"The scan failed: {md(e)}")
                     return
             thresholds = {n: rs.thresholds[n] for n in chosen}
             flags = [
@@ -293,18 +309,22 @@ def queue_filters(everything: list[ReviewItem]) -> list[ReviewItem]:
     )
 
 
-def queue_table(rs: ReviewState, items: list[ReviewItem], texts: dict[str, str]) -> None:
+def queue_table(
+    rs: ReviewState, items: list[ReviewItem], stale: set[int], texts: dict[str, str]
+) -> None:
     import pandas as pd
 
     rows = [
         {
             "item": it.id,
             "answer": it.example_id,
-            "flagged text": texts.get(it.example_id, "")[it.start : it.end],
+            "flagged text": "(stale: the answer changed)"
+            if it.id in stale
+            else texts.get(it.example_id, "")[it.start : it.end],
             "detectors": ", ".join(it.detectors),
             "score": round(it.score, 3),
             "margin": round(it.margin, 3),
-            "status": it.status,
+            "status": "stale" if it.id in stale else it.status,
             "mine": (r.decision if (r := it.review_by(rs.reviewer or "")) else ""),
         }
         for it in items
@@ -343,7 +363,7 @@ def cached_related(passages: tuple[str, ...], claim: str) -> list[tuple[int, int
 
 def save(
     book: ReviewBook, rs: ReviewState, item: ReviewItem, decision: str, expected: int,
-    next_id: int | None,
+    next_id: int | None, example: RAGExample,
 ) -> None:  # fmt: skip
     """Accept / Reject: store the decision with the item's controls (a callback)."""
     start, end = st.session_state.get(item_key("span", item.id), (item.start, item.end))
@@ -360,12 +380,13 @@ def save(
             evidence=None if evidence == UNSET else evidence,
             note=st.session_state.get(item_key("note", item.id)),
             expected_version=expected,
+            example=example,
         )
     except ReviewConflict as e:
-        rs.outcome = ("error", f"Not saved: {e}")
+        rs.outcome = ("error", f"Not saved: {md(e)}")
         return
     except (DataError, StorageError) as e:
-        rs.outcome = ("error", f"Not saved: {e}")
+        rs.outcome = ("error", f"Not saved: {md(e)}")
         return
     rs.outcome = ("success", f"Item {item.id} {decision}ed.")
     if next_id is not None:
@@ -390,15 +411,34 @@ def item_card(
     next_id = ids[idx + 1] if idx + 1 < len(ids) else None
     ex = examples.get(item.example_id)
     with st.container(border=True):
-        st.markdown(f"#### Item {idx + 1} of {len(items)} · `{item.example_id}`")
-        facts = [f"{n} {s:.3f} (threshold {t:.3f})" for n, (s, t) in item.sources.items()]
-        meta = " · ".join(x for x in (item.task, item.generator) if x)
+        st.markdown(f"#### Item {idx + 1} of {len(items)} · {code(item.example_id)}")
+        facts = [f"{md(n)} {s:.3f} (threshold {t:.3f})" for n, (s, t) in item.sources.items()]
+        meta = " · ".join(md(x) for x in (item.task, item.generator) if x)
         st.caption(" · ".join(facts) + (f" · {meta}" if meta else "") + f" · {item.status}")
         if ex is None:
             st.warning(
-                f"`{item.example_id}` is not in this dataset any more; the item stays in the "
-                "queue with its reviews."
+                f"{code(item.example_id)} is not in this dataset any more; the item stays in "
+                "the queue with its reviews."
             )
+            return
+        if item.is_stale(ex):
+            st.warning(
+                f"Stale: this span was flagged on another version of {code(item.example_id)} "
+                "(the dataset was re-imported with a changed answer or passages since). It "
+                "is not shown on the new text, cannot be decided and is left out of exports; "
+                "its reviews stay in the audit trail. Scan the dataset again to flag the new "
+                "answer.",
+                icon=":material/history:",
+            )
+            b3, b4, _ = st.columns([1, 1, 4])
+            b3.button(
+                "Previous", key=KEY_PREV, icon=":material/arrow_back:", shortcut="p",
+                on_click=move, args=(rs, prev_id), disabled=prev_id is None, width="stretch",
+            )  # fmt: skip
+            b4.button(
+                "Next", key=KEY_NEXT, icon=":material/arrow_forward:", shortcut="n",
+                on_click=move, args=(rs, next_id), disabled=next_id is None, width="stretch",
+            )  # fmt: skip
             return
         mine = item.review_by(rs.reviewer or "")
         c_ctx, c_ans = st.columns(2)
@@ -415,7 +455,7 @@ def item_card(
                 st.html(marked_html(p, marks))
         with c_ans:
             if ex.question:
-                st.markdown(f"**Question:** {ex.question}")
+                st.markdown(f"**Question:** {md(ex.question)}")
             st.markdown("**Answer** (flagged span in orange)")
             st.html(marked_html(ex.response, [Mark(item.start, item.end, FLAG, "flagged")]))
             bounds = answer_bounds(ex.response)
@@ -431,7 +471,7 @@ def item_card(
                 key=item_key("span", item.id),
                 format_func=lambda b: str(b),
             )
-            st.caption(f"Span: “{ex.response[span[0] : span[1]]}”")
+            st.caption(f"Span: “{md(ex.response[span[0] : span[1]])}”")
             c_kind, c_ev = st.columns(2)
             kinds = [UNSET, *KINDS]
             evs = [UNSET, *EVIDENCE]
@@ -460,11 +500,13 @@ def item_card(
         b1, b2, b3, b4, _ = st.columns([1, 1, 1, 1, 2])
         b1.button(
             "Accept", key=KEY_ACCEPT, type="primary", icon=":material/check:", shortcut="a",
-            on_click=save, args=(book, rs, item, "accept", expected, next_id), width="stretch",
+            on_click=save, args=(book, rs, item, "accept", expected, next_id, ex),
+            width="stretch",
         )  # fmt: skip
         b2.button(
             "Reject", key=KEY_REJECT, icon=":material/close:", shortcut="x",
-            on_click=save, args=(book, rs, item, "reject", expected, next_id), width="stretch",
+            on_click=save, args=(book, rs, item, "reject", expected, next_id, ex),
+            width="stretch",
         )  # fmt: skip
         b3.button(
             "Previous", key=KEY_PREV, icon=":material/arrow_back:", shortcut="p",
@@ -482,10 +524,10 @@ def item_card(
             st.markdown("**Reviews**")
             for r in item.reviews:
                 typ = f" · {r.label_type}" if r.label_type else ""
-                note = f" · “{r.note}”" if r.note else ""
+                note = f" · “{md(r.note)}”" if r.note else ""
                 st.caption(
-                    f"{r.reviewer}: **{r.decision}** “{ex.response[r.start : r.end]}”{typ}{note} "
-                    f"(version {r.version}, {r.updated_at})"
+                    f"{md(r.reviewer)}: **{r.decision}** “{md(ex.response[r.start : r.end])}”"
+                    f"{typ}{note} (version {r.version}, {md(r.updated_at)})"
                 )
         missed_span_row(book, rs, item, ex)
         report_row(book, rs, item, ex)
@@ -495,9 +537,11 @@ def item_card(
                 st.caption("No change yet.")
             for a in trail:
                 st.caption(
-                    f"{a.at} · {a.reviewer} · {a.action}: {a.after.get('decision')} "
-                    f"[{a.after.get('start')}, {a.after.get('end')})"
-                    + (f" (was {a.before.get('decision')})" if a.before else "")
+                    md(
+                        f"{a.at} · {a.reviewer} · {a.action}: {a.after.get('decision')} "
+                        f"[{a.after.get('start')}, {a.after.get('end')})"
+                        + (f" (was {a.before.get('decision')})" if a.before else "")
+                    )
                 )
 
 
@@ -511,7 +555,7 @@ def missed_span_row(book: ReviewBook, rs: ReviewState, item: ReviewItem, ex: RAG
             value=(bounds[0], bounds[min(2, len(bounds) - 1)]),
             key=item_key("missed", item.id),
         )
-        st.caption(f"Span: “{ex.response[span[0] : span[1]]}”")
+        st.caption(f"Span: “{md(ex.response[span[0] : span[1]])}”")
         c_kind, c_ev = st.columns(2)
         kind = c_kind.radio(
             "Type", [UNSET, *KINDS], horizontal=True, key=f"{item_key('missed', item.id)}.kind"
@@ -529,9 +573,10 @@ def missed_span_row(book: ReviewBook, rs: ReviewState, item: ReviewItem, ex: RAG
                     note=note,
                 )  # fmt: skip
             except (DataError, StorageError) as e:
-                st.error(f"Not added: {e}")
+                st.error(f"Not added: {md(e)}")
             else:
-                rs.outcome = ("success", f"Added “{ex.response[span[0] : span[1]]}” as accepted.")
+                added = md(ex.response[span[0] : span[1]])
+                rs.outcome = ("success", f"Added “{added}” as accepted.")
                 st.rerun()
 
 
@@ -582,7 +627,7 @@ def report_row(book: ReviewBook, rs: ReviewState, item: ReviewItem, ex: RAGExamp
                     build_answer_report(book, item.dataset, ex, dataset_options()[item.dataset][0]),
                 )
             except RagscopeError as e:
-                st.error(f"The report could not be built: {e}")
+                st.error(f"The report could not be built: {md(e)}")
     if rs.report is not None and rs.report[0] == ex.id:
         c_get.download_button(
             "Download report (HTML)",
@@ -610,7 +655,7 @@ def agreement_section(items: list[ReviewItem]) -> None:
         "Span-overlap F1 of accepted spans", "n/a" if got.span_f1 is None else f"{got.span_f1:.2f}"
     )
     c3.metric("Items both reviewed", got.n_items)
-    st.caption(f"Reviewers {got.reviewers[0]} and {got.reviewers[1]}.")
+    st.caption(f"Reviewers {md(got.reviewers[0])} and {md(got.reviewers[1])}.")
 
 
 def export_section(
@@ -625,10 +670,18 @@ def export_section(
         examples, items, reviewer=None if who == LATEST else who, include_unreviewed=keep_all
     )
     n_h = sum(1 for e in reviewed if e.label)
+    by_id = {e.id: e for e in examples}
+    n_stale = sum(1 for i in items if i.is_stale(by_id.get(i.example_id)))
     st.caption(
         f"{len(reviewed)} answers ({n_h} with accepted spans). RAGTruth-style JSONL, the "
         "format of the shared dev sets: retrain on it with "
         "`ragscope train --dataset reviewed.jsonl`."
+        + (
+            f" {n_stale} stale items (flagged on an earlier version of their answer) are "
+            "left out of every export."
+            if n_stale
+            else ""
+        )
     )
     stem = key.replace(":", "-").replace("/", "-")
     c1, c2 = st.columns(2)
@@ -643,7 +696,7 @@ def export_section(
     )
     c2.download_button(
         "Download CSV (every decision)",
-        reviews_frame(items, examples).to_csv(index=False),
+        safe_csv(reviews_frame(items, examples)),  # spreadsheet formulas neutralised
         file_name=f"reviews-{stem}.csv",
         mime="text/csv",
         icon=":material/table:",
@@ -653,20 +706,27 @@ def export_section(
     c_name, c_save = st.columns([3, 1], vertical_alignment="bottom")
     name = c_name.text_input(
         "Store as a dataset named", value=f"reviewed-{stem}", key=KEY_EXPORT_NAME
-    )
-    if c_save.button("Store", key=KEY_EXPORT_SAVE, disabled=not reviewed, width="stretch"):
+    ).strip()
+    store = get_store()
+    exists = name in {d.name for d in store.list_datasets()}
+    replace = False
+    if exists:
+        replace = st.checkbox(
+            f"Replace the stored dataset {code(name)} (its examples are overwritten; reviews stay)",
+            key=KEY_EXPORT_REPLACE,
+        )
+    if c_save.button(
+        "Store", key=KEY_EXPORT_SAVE, disabled=not reviewed or (exists and not replace),
+        width="stretch",
+    ):  # fmt: skip
         try:
-            n = get_store().import_dataset(
-                name.strip(),
-                reviewed,
-                source=f"review of {label}",
-                fmt="ragtruth_jsonl",
-                replace=True,
+            n = store.import_dataset(
+                name, reviewed, source=f"review of {label}", fmt="ragtruth_jsonl", replace=replace
             )
         except RagscopeError as e:
-            st.error(f"Not stored: {e}")
+            st.error(f"Not stored: {md(e)}")
         else:
-            st.success(f"Stored {n} answers as **{name.strip()}**: pick it on Home or here.")
+            st.success(f"Stored {n} answers as **{md(name)}**: pick it on Home or here.")
 
 
 # --------------------------------------------------------------------------- page
@@ -694,13 +754,15 @@ def main() -> None:
         return
     items = queue_filters(everything)
     texts = {e.id: e.response for e in examples}
+    by_id = {e.id: e for e in examples}
+    stale = {i.id for i in everything if i.is_stale(by_id.get(i.example_id))}
     done = sum(1 for i in items if i.review_by(rs.reviewer) is not None)
     st.caption(f"{len(items)} items shown · {done} reviewed by you.")
     if not items:
         st.info("No item matches these filters.")
     else:
-        queue_table(rs, items, texts)
-        item_card(book, rs, items, {e.id: e for e in examples})
+        queue_table(rs, items, stale, texts)
+        item_card(book, rs, items, by_id)
     st.divider()
     agreement_section(everything)
     st.divider()

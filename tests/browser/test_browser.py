@@ -31,13 +31,7 @@ import json
 import os
 import re
 import shutil
-import socket
-import subprocess
-import sys
 import threading
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -55,17 +49,6 @@ pytestmark = [pytest.mark.browser, pytest.mark.embedded]
 
 REPO = Path(__file__).resolve().parents[2]
 ARTIFACTS = REPO / "test-artifacts"
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
-SERVER_START_S = 90
 MODEL_LOAD_MS = 240_000  # a cold cache dequantizes the embedded GGUF first
 ANALYSE_MS = 120_000
 EXAMPLE_ID = "demo-02-waggle-dance"  # has a gold hallucination span
@@ -92,27 +75,6 @@ HEADS_EXAMPLES = 6
 SHAP_EXAMPLES = 4
 EXPLAIN_EXAMPLES = 8
 STATS_MS = 600_000  # a traced pass per example on a small CPU machine
-
-
-def _require_chromium() -> None:
-    if CHROMIUM.is_file():
-        return
-    if os.environ.get("CI") == "true":
-        pytest.fail("Chromium missing: install the Debian package chromium")
-    pytest.skip(f"{CHROMIUM} not found; install the Debian package chromium to run browser tests")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
-
-
-def _log_tail(path: Path, n: int = 40) -> str:
-    try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-n:])
-    except OSError:
-        return "(no server log)"
 
 
 def _synthetic_run(n: int = 60, seed: int = 0) -> EvalRun:
@@ -265,83 +227,32 @@ def fake_llm() -> Iterator[str]:
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory, fake_llm: str) -> Iterator[str]:
+def server(
+    tmp_path_factory: pytest.TempPathFactory, fake_llm: str, launch_streamlit
+) -> Iterator[str]:
     """A running ``streamlit run app/main.py`` on the embedded model; yields its URL."""
-    _require_chromium()
     ARTIFACTS.mkdir(exist_ok=True)
-    port = _free_port()
-    log_path = ARTIFACTS / "streamlit-server.log"
-    env = dict(os.environ)
-    env.update(
-        RAGSCOPE_MODEL="embedded",
-        RAGSCOPE_DEVICE="cpu",
-        RAGSCOPE_CACHE_DIR=str(_server_cache_dir(tmp_path_factory)),
-        RAGSCOPE_DB=str(tmp_path_factory.mktemp("browser-db") / "ragscope.sqlite3"),
-        RAGSCOPE_DETECTORS_DIR=str(
+    env = {
+        "RAGSCOPE_MODEL": "embedded",
+        "RAGSCOPE_DEVICE": "cpu",
+        "RAGSCOPE_CACHE_DIR": str(_server_cache_dir(tmp_path_factory)),
+        "RAGSCOPE_DB": str(tmp_path_factory.mktemp("browser-db") / "ragscope.sqlite3"),
+        "RAGSCOPE_DETECTORS_DIR": str(
             _synthetic_detectors(tmp_path_factory.mktemp("browser-detectors"))
         ),
-        HF_HUB_OFFLINE="1",
-        TRANSFORMERS_OFFLINE="1",
-        PYTHONUNBUFFERED="1",
-        RAGSCOPE_LLM_BASE_URL=fake_llm,
-        RAGSCOPE_LLM_MODEL="fake-explainer",
-        RAGSCOPE_LLM_API_KEY="test-key",
-    )
-    cmd = [
-        sys.executable,
-        "-m",
-        "streamlit",
-        "run",
-        "app/main.py",
-        "--server.port",
-        str(port),
-        "--server.address",
-        "127.0.0.1",
-        "--server.headless",
-        "true",
-        "--browser.gatherUsageStats",
-        "false",
-    ]
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
-    url = f"http://127.0.0.1:{port}"
-    try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"streamlit exited with {proc.returncode}:\n{_log_tail(log_path)}")
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"streamlit did not answer in {SERVER_START_S} s:\n{_log_tail(log_path)}"
-                )
-            time.sleep(0.5)
+        "RAGSCOPE_LLM_BASE_URL": fake_llm,
+        "RAGSCOPE_LLM_MODEL": "fake-explainer",
+        "RAGSCOPE_LLM_API_KEY": "test-key",
+    }
+    with launch_streamlit(env, ARTIFACTS / "streamlit-server.log") as url:
         yield url
-    finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
 
 
 @pytest.fixture(scope="module")
-def browser(server: str) -> Iterator[object]:
+def browser(server: str, open_chromium) -> Iterator[object]:
     """Headless Debian Chromium through Playwright."""
-    from playwright.sync_api import sync_playwright
-
-    with sync_playwright() as pw:
-        b = pw.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS, headless=True)
-        try:
-            yield b
-        finally:
-            b.close()
+    with open_chromium() as b:
+        yield b
 
 
 def _full_page_screenshot(page: object, path: Path) -> None:

@@ -1,41 +1,66 @@
-"""The local OpenAI-compatible endpoint: the openai client (through core.explain) talks
-to it, replies are the model's own greedy continuations, bad requests get HTTP 400."""
+"""The local OpenAI-compatible endpoint (``ragscope serve-llm``).
+
+In-process (uvicorn in a thread): the openai client (through core.explain) gets the
+model's own continuation; the models route; field checks. Then the CLI's server in a
+subprocess faces a bounded loop of malformed and hostile requests (each on a socket
+with a timeout), slow clients, a full house and oversize bodies, and still answers a
+normal chat request at the end, with its peak memory barely moved.
+"""
 
 from __future__ import annotations
 
+import http.client
 import json
-import threading
-import urllib.error
-import urllib.request
+import os
+import re
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
+from core.errors import DataError
 from core.explain import LLMEndpoint, _chat, probe_context
 from core.generate import AnswerStream, GenerationConfig
-from core.llmserve import _prompt_ids, make_server
+from core.llmserve import ServeLimits, _prompt_ids, is_loopback_host, make_server, start
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
+KEY = "s3cret-test-key"
+NAME = "tiny-random-llama (seed 0)"
+
 
 @pytest.fixture(scope="module")
-def base_url(tiny_model):
-    srv = make_server(tiny_model, "127.0.0.1", 0, name="tiny-served")
-    threading.Thread(target=srv.serve_forever, daemon=True).start()
-    yield f"http://127.0.0.1:{srv.server_address[1]}/v1"
-    srv.shutdown()
-    srv.server_close()
+def base_url(tiny_model) -> Iterator[str]:
+    srv = start(tiny_model, name="tiny-served")
+    yield srv.base_url
+    srv.stop()
+
+
+def _post(url: str, body: dict, headers: dict | None = None) -> tuple[int, dict]:
+    host, port = url.split("//")[1].split("/")[0].split(":")
+    conn = http.client.HTTPConnection(host, int(port), timeout=60)
+    try:
+        conn.request(
+            "POST",
+            "/v1/chat/completions",
+            body=json.dumps(body).encode(),
+            headers={"Content-Type": "application/json", **(headers or {})},
+        )
+        r = conn.getresponse()
+        return r.status, json.loads(r.read())
+    finally:
+        conn.close()
 
 
 def test_the_openai_client_gets_the_models_own_answer(tiny_model, base_url) -> None:
     messages = [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Hi"}]
     body = {"model": "tiny-served", "messages": messages, "max_tokens": 5, "temperature": 1.0}
-    req = urllib.request.Request(
-        f"{base_url}/chat/completions",
-        data=json.dumps(body).encode(),
-        headers={"Content-Type": "application/json"},
-    )
-    with urllib.request.urlopen(req) as r:
-        reply = json.loads(r.read())
+    status, reply = _post(base_url, body)
+    assert status == 200
     ids = _prompt_ids(tiny_model, messages)
     stream = AnswerStream.from_ids(
         tiny_model, ids, GenerationConfig(max_new_tokens=5, temperature=1.0, seed=0)
@@ -49,8 +74,10 @@ def test_the_openai_client_gets_the_models_own_answer(tiny_model, base_url) -> N
     assert isinstance(text, str) and text.strip()
 
 
-def test_models_route_and_bad_requests(tiny_model, base_url) -> None:
-    with urllib.request.urlopen(f"{base_url}/models") as r:
+def test_models_route_and_bad_fields(tiny_model, base_url) -> None:
+    import urllib.request
+
+    with urllib.request.urlopen(f"{base_url}/models", timeout=30) as r:
         entry = json.loads(r.read())["data"][0]
     assert entry["id"] == "tiny-served" and entry["max_model_len"] == tiny_model.info.n_ctx
     # the explainer reads the served model's context from the listing (to fit its prompts)
@@ -58,15 +85,289 @@ def test_models_route_and_bad_requests(tiny_model, base_url) -> None:
         tiny_model.info.n_ctx
     )
     assert probe_context(LLMEndpoint(model="another", base_url=base_url)) is None
-    for body in (
-        {"messages": []},
-        {"messages": [{"role": "robot", "content": "x"}]},
-        {"messages": [{"role": "user", "content": "x"}], "max_tokens": 10**6},
+    msg = [{"role": "user", "content": "x"}]
+    for body, status, param in (
+        ({"model": "tiny-served", "messages": []}, 400, "messages"),
+        (
+            {"model": "tiny-served", "messages": [{"role": "robot", "content": "x"}]},
+            400,
+            "messages",
+        ),
+        ({"model": "tiny-served", "messages": msg, "max_tokens": 10**6}, 400, "max_tokens"),
+        ({"model": "gpt-4o", "messages": msg}, 404, "model"),
+        ({"messages": msg}, 400, "model"),
+        ({"model": "tiny-served", "messages": msg, "stream": True}, 400, "stream"),
     ):
-        req = urllib.request.Request(
-            f"{base_url}/chat/completions", data=json.dumps(body).encode(), method="POST"
-        )
-        with pytest.raises(urllib.error.HTTPError) as e:
-            urllib.request.urlopen(req)
-        assert e.value.code == 400
-        assert "message" in json.loads(e.value.read())["error"]
+        got, reply = _post(base_url, body)
+        assert got == status, body
+        assert reply["error"]["param"] == param and reply["error"]["message"]
+
+
+def test_a_public_address_needs_a_key_and_limits_are_checked(tiny_model) -> None:
+    with pytest.raises(DataError, match="API key"):
+        make_server(tiny_model, "0.0.0.0", 0)
+    with pytest.raises(DataError, match="max_in_flight"):
+        ServeLimits(max_in_flight=0)
+    assert (
+        is_loopback_host("127.0.0.5")
+        and is_loopback_host("[::1]")
+        and is_loopback_host("LOCALHOST")
+    )
+    assert not is_loopback_host("localhost.evil.example") and not is_loopback_host("10.0.0.1")
+
+
+# --------------------------------------------------------------------------- hostile clients
+
+TIMEOUT = 1.5  # the server's --read-timeout in these tests
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory) -> Iterator[tuple[int, int]]:
+    """``ragscope serve-llm`` on the tiny model in a subprocess: ``(port, pid)``."""
+    log = tmp_path_factory.mktemp("serve") / "serve.log"
+    env = {**os.environ, "RAGSCOPE_SERVE_API_KEY": KEY}
+    cmd = [sys.executable, "-m", "core.cli", "serve-llm", "--model", "tiny", "--device", "cpu"]
+    cmd += ["--port", "0", "--max-body-bytes", "65536", "--read-timeout", str(TIMEOUT)]
+    cmd += ["--max-in-flight", "2"]
+    with log.open("w") as out:
+        proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
+    try:
+        deadline = time.monotonic() + 120
+        port = None
+        while port is None:
+            assert proc.poll() is None, log.read_text()
+            assert time.monotonic() < deadline, log.read_text()
+            m = re.search(r"http://127\.0\.0\.1:(\d+)/v1", log.read_text())
+            port = int(m.group(1)) if m else None
+            time.sleep(0.2)
+        yield port, proc.pid
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(10)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _raw(
+    port: int, data: bytes, *, then: bytes = b"", timeout: float = 10.0
+) -> tuple[int, dict[str, str], bytes]:
+    """Send ``data`` as is and read the reply; then send ``then`` (a body the server
+    refused unread: errors ignored). The status, headers and body of the reply (status
+    0: the server closed the connection without one)."""
+    with socket.create_connection(("127.0.0.1", port), timeout=timeout) as s:
+        try:
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass
+        buf = b""
+        try:
+            while chunk := s.recv(65536):
+                buf += chunk
+                head, sep, body = buf.partition(b"\r\n\r\n")
+                if sep:
+                    m = re.search(rb"(?i)content-length: *(\d+)", head)
+                    if m and len(body) >= int(m.group(1)):
+                        break
+        except ConnectionResetError:
+            pass
+        try:
+            s.sendall(then)
+        except OSError:
+            pass
+    if not buf:
+        return 0, {}, b""
+    head, _, body = buf.partition(b"\r\n\r\n")
+    lines = head.decode("latin-1").split("\r\n")
+    headers = dict(line.split(": ", 1) for line in lines[1:] if ": " in line)
+    return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
+
+
+def _stating(port: int, length: int) -> bytes:
+    """Request headers stating a ``length``-byte body (none of it sent)."""
+    return _request(port, b"", headers={"Content-Length": str(length)})
+
+
+def _request(
+    port: int,
+    body: bytes,
+    *,
+    method: str = "POST",
+    path: str = "/v1/chat/completions",
+    headers: dict[str, str] | None = None,
+    auth: bool = True,
+) -> bytes:
+    h = {"Host": f"127.0.0.1:{port}", "Content-Type": "application/json"}
+    h["Content-Length"] = str(len(body))
+    if auth:
+        h["Authorization"] = f"Bearer {KEY}"
+    h.update(headers or {})
+    lines = [f"{method} {path} HTTP/1.1"] + [f"{k}: {v}" for k, v in h.items() if v is not None]
+    return ("\r\n".join(lines) + "\r\n\r\n").encode("latin-1") + body
+
+
+def _chat_body(**over) -> bytes:
+    body = {"model": NAME, "messages": [{"role": "user", "content": "Hi"}], "max_tokens": 3}
+    return json.dumps({**body, **over}).encode()
+
+
+def _peak_rss_kib(pid: int) -> int:
+    status = Path(f"/proc/{pid}/status").read_text()
+    return int(re.search(r"VmHWM:\s+(\d+)", status).group(1))
+
+
+def test_hostile_requests_get_json_errors_and_the_server_survives(served) -> None:
+    port, _ = served
+    ok = _chat_body()
+    nested = b'{"model": "x", "messages": ' + b"[" * 5000 + b"]" * 5000 + b"}"
+    cases: list[tuple[str, bytes, int]] = [
+        ("no key", _request(port, ok, auth=False), 401),
+        ("wrong key", _request(port, ok, headers={"Authorization": "Bearer nope"}), 401),
+        ("basic auth", _request(port, ok, headers={"Authorization": "Basic eDp5"}), 401),
+        ("no Content-Length", _request(port, b"", headers={"Content-Length": None}), 411),
+        ("bad Content-Length", _request(port, ok, headers={"Content-Length": "12abc"}), 400),
+        ("negative length", _request(port, ok, headers={"Content-Length": "-5"}), 400),
+        ("chunked", _request(port, b"", headers={"Transfer-Encoding": "chunked"}), 411),
+        ("text/plain", _request(port, ok, headers={"Content-Type": "text/plain"}), 415),
+        (
+            "form post",
+            _request(port, ok, headers={"Content-Type": "application/x-www-form-urlencoded"}),
+            415,
+        ),
+        (
+            "latin-1 JSON",
+            _request(port, ok, headers={"Content-Type": "application/json; charset=latin-1"}),
+            415,
+        ),
+        ("not JSON", _request(port, b"hello, world"), 400),
+        ("not UTF-8", _request(port, b'{"model": "\xff\xfe"}'), 400),
+        ("truncated JSON", _request(port, ok[:-3]), 400),
+        ("deeply nested", _request(port, nested), 400),
+        ("huge integer", _request(port, b'{"max_tokens": ' + b"9" * 5000 + b"}"), 400),
+        ("a list body", _request(port, b"[1, 2, 3]"), 400),
+        (
+            "NaN temperature",
+            _request(port, ok.replace(b'"max_tokens": 3', b'"temperature": NaN')),
+            400,
+        ),
+        (
+            "infinite top_p",
+            _request(port, ok.replace(b'"max_tokens": 3', b'"top_p": Infinity')),
+            400,
+        ),
+        ("temperature 3", _request(port, _chat_body(temperature=3)), 400),
+        ("temperature text", _request(port, _chat_body(temperature="hot")), 400),
+        ("top_p 0", _request(port, _chat_body(top_p=0)), 400),
+        ("max_tokens 0", _request(port, _chat_body(max_tokens=0)), 400),
+        ("max_tokens true", _request(port, _chat_body(max_tokens=True)), 400),
+        ("max_tokens 1.5", _request(port, _chat_body(max_tokens=1.5)), 400),
+        ("max_tokens 10**30", _request(port, _chat_body(max_tokens=10**30)), 400),
+        ("seed -1", _request(port, _chat_body(seed=-1)), 400),
+        ("seed 2**64", _request(port, _chat_body(seed=2**64)), 400),
+        ("unknown model", _request(port, _chat_body(model="gpt-4o")), 404),
+        (
+            "lone surrogate",
+            _request(
+                port, _chat_body()[:-1] + b', "messages": [{"role": "user", "content": "\\ud800"}]}'
+            ),
+            400,
+        ),
+        (
+            "too many chars",
+            _request(port, _chat_body(messages=[{"role": "user", "content": "x" * 40_000}])),
+            400,
+        ),
+        (
+            "over the context",
+            _request(
+                port, _chat_body(messages=[{"role": "user", "content": "ab " * 8000}], max_tokens=8)
+            ),
+            400,
+        ),
+        ("foreign Host", _request(port, ok, headers={"Host": "evil.example"}), 403),
+        ("rebinding Host", _request(port, ok, headers={"Host": f"attacker.example:{port}"}), 403),
+        ("foreign Origin", _request(port, ok, headers={"Origin": "https://evil.example"}), 403),
+        ("opaque Origin", _request(port, ok, headers={"Origin": "null"}), 403),
+        ("unknown route", _request(port, ok, path="/v1/embeddings"), 404),
+        ("wrong method", _request(port, b"", method="DELETE", path="/v1/models"), 405),
+        ("over the body cap", _stating(port, 70_000), 413),
+        ("garbage", b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03" + b"\0" * 64, 400),
+        (
+            "header bomb",
+            b"GET /v1/models HTTP/1.1\r\nHost: 127.0.0.1\r\nX: " + b"a" * 2**20,
+            400,
+        ),
+    ]
+    seen = []
+    for what, data, want in cases:
+        status, headers, body = _raw(port, data)
+        seen.append((what, status))
+        assert status == want, (what, status, body[:300])
+        if status != 400 or headers.get("content-type") == "application/json":
+            err = json.loads(body)["error"]
+            assert err["message"] and "Traceback" not in err["message"], what
+    # the rest of the contract: loopback Host names and Origins are served
+    for headers in ({"Host": f"localhost:{port}"}, {"Origin": "http://localhost:8501"}):
+        status, _, body = _raw(port, _request(port, _chat_body(), headers=headers))
+        assert status == 200, (headers, body[:300])
+    # ... and after all that, a normal request through the openai client still works
+    endpoint = LLMEndpoint(
+        model=NAME, base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0
+    )
+    assert _chat(endpoint, "Be brief.", "Hi").strip()
+    assert len(seen) == len(cases)
+
+
+def test_slow_clients_are_cut_off_at_the_timeout(served) -> None:
+    port, _ = served
+    # Headers in, body trickling: 408 and the connection closed, at the timeout.
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(_stating(port, 100) + b"{")
+        reply = b""
+        while chunk := s.recv(4096):
+            reply += chunk
+    took = time.monotonic() - t0
+    assert reply.startswith(b"HTTP/1.1 408") and b"did not arrive" in reply
+    assert TIMEOUT - 0.2 < took < TIMEOUT + 3
+    # Headers never finished: the connection is closed at the timeout, without a reply.
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+        assert s.recv(4096) == b""
+    assert TIMEOUT - 0.2 < time.monotonic() - t0 < TIMEOUT + 3
+
+
+def test_at_most_n_requests_in_flight(served) -> None:
+    port, _ = served
+    slow = _stating(port, 50)
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+    try:
+        for s in held:
+            s.sendall(slow)  # admitted, then waiting for a body that never comes
+        time.sleep(0.3)
+        status, headers, body = _raw(port, _request(port, _chat_body()))
+        assert status == 503 and headers.get("retry-after") == "1"
+        assert json.loads(body)["error"]["code"] == "overloaded"
+    finally:
+        for s in held:
+            s.close()
+    time.sleep(TIMEOUT + 0.5)  # the held slots time out
+    status, _, _ = _raw(port, _request(port, _chat_body()))
+    assert status == 200
+
+
+def test_oversize_bodies_do_not_grow_the_server(served) -> None:
+    port, pid = served
+    before = _peak_rss_kib(pid)
+    mib = 1024 * 1024
+    for _ in range(4):  # stated 64 MiB, then sent: refused after the headers, never read
+        status, _, _ = _raw(port, _stating(port, 64 * mib), then=b"x" * (16 * mib))
+        assert status == 413
+    for _ in range(4):  # stated small, then 16 MiB more: the rest is not a request
+        status, _, _ = _raw(port, _request(port, _chat_body()), then=b"y" * (16 * mib))
+        assert status == 200
+    grew = _peak_rss_kib(pid) - before
+    assert grew < 16 * 1024, f"peak RSS grew by {grew} KiB after 128 MiB were sent"
+    status, _, _ = _raw(port, _request(port, _chat_body()))
+    assert status == 200

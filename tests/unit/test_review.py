@@ -289,3 +289,78 @@ def test_a_reviewer_adds_a_span_the_detectors_missed(book: ReviewBook):
     assert len(book.items("demo")) == n
     reviewed = reviewed_examples(examples, book.items("demo"))
     assert any(s.start == 24 and s.end == 28 for e in reviewed if e.id == "ex1" for s in e.spans)
+
+
+def test_items_of_a_changed_answer_are_stale_and_never_exported(book: ReviewBook, tmp_path):
+    examples = _queue(book, 2)
+    items = book.items("demo", sort="position")
+    first = next(i for i in items if i.example_id == "ex0" and i.start == 52)
+    book.save_review(first.id, "ann", "accept", example=examples[0])
+    # the dataset is re-imported: ex0's answer changed (same length), ex1 is gone
+    changed = dataclasses.replace(examples[0], response=RESPONSE.replace("red", "tan"))
+    now = [changed]
+    items = book.items("demo", sort="position")
+    by_id = {e.id: e for e in now}
+    stale = {i.id for i in items if i.is_stale(by_id.get(i.example_id))}
+    assert stale == {i.id for i in items}  # every item: changed text, or no answer at all
+    assert not next(i for i in items if i.id == first.id).is_stale(examples[0])
+    with pytest.raises(DataError, match="stale"):
+        book.save_review(first.id, "bob", "reject", example=changed)
+    assert book.item(first.id).review_by("bob") is None  # nothing written
+    assert reviewed_examples(now, items) == []
+    assert reviews_frame(items, now).empty
+    write_ragtruth_jsonl(
+        reviewed_examples(now, items, include_unreviewed=True), tmp_path / "x.jsonl"
+    )
+    # a rescan refreshes the unreviewed item for the new text; the reviewed one stays stale
+    flags = [
+        Flag(example_id="ex0", start=52, end=60, sources={"cortex": (0.8, 0.5)}),
+        Flag(example_id="ex0", start=0, end=3, sources={"nll": (0.6, 0.5)}),
+    ]
+    assert book.add_flags("demo", now, flags) == 0
+    items = {(i.start, i.end): i for i in book.items("demo") if i.example_id == "ex0"}
+    assert items[(52, 60)].is_stale(changed) and not items[(0, 3)].is_stale(changed)
+    assert items[(0, 3)].sources == {"nll": (0.6, 0.5)}
+
+
+def test_csv_export_neutralises_spreadsheet_formulas(book: ReviewBook):
+    import csv
+    import io
+
+    from core.review import neutralise_cell, safe_csv
+
+    ex = _example(0)
+    evil = dataclasses.replace(ex, id='=HYPERLINK("http://evil.example")')
+    book.add_flags(
+        "demo", [evil], [Flag(example_id=evil.id, start=0, end=3, sources={"x": (1, 0.5)})]
+    )
+    item = book.items("demo")[0]
+    for note, who in (("+cmd|' /C calc'!A0", "@SUM(1+1)"), ("-2+3", "\tx"), ("\rx", "ok")):
+        book.save_review(item.id, who, "accept", note=note)
+    text = safe_csv(reviews_frame(book.items("demo"), [evil]))
+    cells = [c for row in csv.reader(io.StringIO(text)) for c in row]
+    assert not [c for c in cells if c[:1] in ("=", "+", "-", "@", "\t", "\r")]
+    assert '\'=HYPERLINK("http://evil.example")' in cells and "'@SUM(1+1)" in cells
+    assert neutralise_cell(-3) == -3 and neutralise_cell("plain") == "plain"
+
+
+def test_a_version_3_database_migrates_and_its_items_still_load(tmp_path: Path, monkeypatch):
+    from core import storage
+
+    db = tmp_path / "old.sqlite3"
+    with monkeypatch.context() as m:
+        m.setattr(storage, "MIGRATIONS", storage.MIGRATIONS[:3])
+        m.setattr(storage, "SCHEMA_VERSION", 3)
+        with Store(db) as s, s.transaction() as c:
+            c.execute(
+                "INSERT INTO review_items (dataset, example_id, span_start, span_end, "
+                "answer_len, sources, score, margin, position, created_at) "
+                "VALUES ('demo', 'ex0', 0, 3, ?, '{}', 0.9, 0.4, 0, 'then')",
+                (len(RESPONSE),),
+            )
+    with Store(db) as s:
+        assert s.schema_version() == len(storage.MIGRATIONS) >= 4
+        (item,) = ReviewBook(s).items("demo")
+    assert item.example_hash is None
+    assert not item.is_stale(_example(0))  # same length: cannot tell, trusted
+    assert item.is_stale(_example(0).with_response(RESPONSE + " Also."))

@@ -1,0 +1,132 @@
+"""The app private by default and team-ready (AppTest, tiny model): the login gate
+when logins are configured, reviews recorded under the signed-in identity, the store
+that never overwrites a dataset unasked, stale review items, uploads with hostile
+names, and untrusted text that stays text."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from core.review import Flag, ReviewBook
+from core.storage import Store
+
+REVIEW = "views/review.py"
+KEY = "corpus"
+AUTH = {
+    "redirect_uri": "http://localhost:8501/oauth2callback",
+    "cookie_secret": "x" * 32,
+    "client_id": "ragscope",
+    "client_secret": "secret",
+    "server_metadata_url": "http://127.0.0.1:1/.well-known/openid-configuration",
+}
+
+
+def _with_auth(at: AppTest, user: dict) -> AppTest:
+    at.secrets["auth"] = AUTH
+    at.user = user
+    return at
+
+
+def test_with_logins_configured_a_visitor_sees_only_the_login(
+    make_app: Callable[[], AppTest], app_env: Path
+) -> None:
+    at = _with_auth(make_app(), {"is_logged_in": False}).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.button(key="auth.login").label == "Log in"
+    assert [t.value for t in at.title] == ["ragscope"]
+    assert not at.subheader and not at.metric  # no model, no dataset, no page
+    for page in (REVIEW, "views/playground.py"):  # a deep link is gated too
+        at.switch_page(page).run()
+        assert at.button(key="auth.login") is not None and not at.text_input
+
+
+def test_signed_in_reviews_are_recorded_under_the_identity(
+    make_app: Callable[[], AppTest],
+    app_env: Path,
+    with_demo_detectors: Path,
+) -> None:
+    user = {"is_logged_in": True, "email": "alice@example.com", "name": "Alice"}
+    at = _with_auth(make_app(), user).run()
+    assert not at.exception
+    at.switch_page(REVIEW).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert not [t for t in at.text_input if t.key == "review.name"]  # nobody types a name
+    assert not [b for b in at.button if b.key == "review.change_name"]
+    text = "\n".join(c.value for c in at.caption)
+    assert "Reviewing as **Alice** (`alice@example.com`), signed in." in text
+    at.number_input(key="review.limit").set_value(4)
+    for t in at.number_input:
+        if t.key and t.key.startswith("review.threshold."):
+            t.set_value(0.05)
+    at.button(key="review.build").click().run()
+    at.button(key="review.accept").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    with Store(app_env) as s:
+        reviewers = {r.reviewer for i in ReviewBook(s).items(KEY) for r in i.reviews}
+    assert reviewers == {"alice@example.com"}
+
+
+def _queued(app_env: Path) -> list:
+    from core.corpus import load_builtin
+
+    examples = load_builtin()[:3]
+    with Store(app_env) as s:
+        ReviewBook(s).add_flags(
+            KEY,
+            examples,
+            [
+                Flag(example_id=e.id, start=0, end=3, sources={"cortex": (0.9, 0.5)})
+                for e in examples
+            ],
+        )
+    return examples
+
+
+def test_store_as_dataset_never_overwrites_unasked(
+    make_app: Callable[[], AppTest], app_env: Path
+) -> None:
+    examples = _queued(app_env)
+    with Store(app_env) as s:
+        ReviewBook(s).save_review(ReviewBook(s).items(KEY)[0].id, "ann", "accept")
+        s.import_dataset("precious", examples[:1], source="mine", fmt="ragscope")
+    at = make_app().run()
+    at.switch_page(REVIEW).run()
+    at.text_input(key="review.name").input("ann")
+    at.button(key="review.start").click().run()
+    at.text_input(key="review.export.name").input("precious").run()
+    assert at.button(key="review.export.save").disabled
+    at.checkbox(key="review.export.replace").check().run()
+    assert not at.button(key="review.export.save").disabled
+    at.button(key="review.export.save").click().run()
+    assert not at.error, [e.value for e in at.error]
+    with Store(app_env) as s:
+        assert s.list_datasets()[0].source == "review of Built-in labelled corpus"
+
+
+def test_a_stale_item_is_marked_and_cannot_be_decided(
+    make_app: Callable[[], AppTest], app_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    examples = _queued(app_env)
+    changed = {examples[0].id: examples[0].with_response(examples[0].response.upper())}
+    import app.state as state  # the page reads the corpus through app.state each run
+
+    real = state.heads_examples
+
+    def corpus_now(*a, **kw):
+        got = real(*a, **kw)
+        return (*got[:2], [changed.get(e.id, e) for e in got[2]], *got[3:])
+
+    monkeypatch.setattr(state, "heads_examples", corpus_now)
+    at = make_app().run()
+    at.switch_page(REVIEW).run()
+    at.text_input(key="review.name").input("ann")
+    at.button(key="review.start").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    table = next(d.value for d in at.dataframe if "status" in d.value.columns)
+    assert list(table["status"]).count("stale") == 1
+    assert any("Stale:" in w.value for w in at.warning)
+    assert not [b for b in at.button if b.key == "review.accept"]
