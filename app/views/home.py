@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import streamlit as st
 
 from app.components.text import code, md
@@ -11,6 +13,7 @@ from app.state import (
     KEY_IMPORT,
     KEY_UPLOAD,
     KEY_UPLOAD_NAME,
+    UPLOAD_SUFFIXES,
     AppState,
     DatasetRef,
     UploadReport,
@@ -132,7 +135,20 @@ def upload_section(state: AppState) -> None:
         state.imported_message = None
     if state.import_error:
         st.error(state.import_error)
-    upload = st.file_uploader("Dataset file", type=["jsonl", "csv"], key=KEY_UPLOAD)
+    # No type= filter: Streamlit would raise on a name without the extension (a crafted
+    # request) before this script runs; the name is checked here instead, as an error.
+    upload = st.file_uploader(
+        "Dataset file (.jsonl or .csv)",
+        key=KEY_UPLOAD,
+        help="JSONL or CSV, up to the server's upload limit",
+    )
+    if upload is not None and Path(upload.name).suffix.lower() not in UPLOAD_SUFFIXES:
+        st.error(
+            f"ragscope reads .jsonl and .csv files; {code(upload.name, max_len=80)} is neither. "
+            "Rename it if it holds one of those formats."
+        )
+        state.upload = None
+        return
     if upload is None:
         state.upload = None
         return

@@ -130,3 +130,34 @@ def test_a_stale_item_is_marked_and_cannot_be_decided(
     assert list(table["status"]).count("stale") == 1
     assert any("Stale:" in w.value for w in at.warning)
     assert not [b for b in at.button if b.key == "review.accept"]
+
+
+@pytest.mark.parametrize(
+    "name", ["../../etc/passwd.jsonl", "..", "x" * 500 + ".csv.jsonl", "C:\\evil\\d.jsonl"]
+)
+def test_a_hostile_upload_lists_its_bad_records_and_nothing_escapes(
+    make_app: Callable[[], AppTest], app_env: Path, tmp_path: Path, name: str
+) -> None:
+    import json
+
+    lines = [
+        json.dumps({"id": "u1", "question": "Q?", "passages": ["P."], "response": "A."}),
+        '{"id": "deep", "passages": ' + "[" * 5000 + "]" * 5000 + "}",
+        '{"id": ' + "9" * 5000 + "}",
+        json.dumps({"id": "sur", "question": "Q?", "passages": ["P."], "response": "\ud800"}),
+        '{"id": "cut", "passages": ["P',
+    ]
+    data = "\n".join(lines).encode() + b"\n\xff\xfe not utf-8\n"
+    at = make_app().run()
+    at.file_uploader(key="home.upload").set_value((name, data, "application/jsonl")).run()
+    assert not at.exception, [e.value for e in at.exception]
+    if name == "..":  # no .jsonl / .csv: said, not raised
+        assert "ragscope reads .jsonl and .csv files" in at.error[0].value
+        return
+    assert not at.error, [e.value for e in at.error]
+    errors = at.dataframe[0].value
+    assert len(errors) == 5, errors
+    assert all(":" in r for r in errors["record"])  # each located (name:line[:column])
+    assert not any("/" in r.split(":")[0] or "\\" in r.split(":")[0] for r in errors["record"])
+    assert at.button(key="home.import").label == "Import 1 examples"
+    assert not (tmp_path.parent / "passwd.jsonl").exists()
