@@ -429,7 +429,15 @@ class ReviewBook:
             ).fetchone()
             for ex, f in rows:
                 digest = example_hash(ex)
-                sources = json.dumps({k: list(v) for k, v in f.sources.items()})
+                fresh = {  # what a flag says about its span on this answer
+                    "answer_len": len(ex.response),
+                    "sources": json.dumps({k: list(v) for k, v in f.sources.items()}),
+                    "score": f.score,
+                    "margin": f.margin,
+                    "task": ex.task,
+                    "generator": ex.provenance.generator,
+                    "example_hash": digest,
+                }
                 have = c.execute(
                     "SELECT id, example_hash, EXISTS (SELECT 1 FROM reviews WHERE item_id = "
                     "review_items.id) FROM review_items WHERE dataset = ? AND example_id = ? "
@@ -441,40 +449,25 @@ class ReviewBook:
                     # reviewed it yet (then it is refreshed for the new text; a reviewed one
                     # stays, stale, with its reviews).
                     if have[1] != digest and not have[2]:
+                        sets = ", ".join(f"{k} = ?" for k in fresh)
                         c.execute(
-                            "UPDATE review_items SET answer_len = ?, sources = ?, score = ?, "
-                            "margin = ?, task = ?, generator = ?, example_hash = ? WHERE id = ?",
-                            (
-                                len(ex.response),
-                                sources,
-                                f.score,
-                                f.margin,
-                                ex.task,
-                                ex.provenance.generator,
-                                digest,
-                                have[0],
-                            ),
+                            f"UPDATE review_items SET {sets} WHERE id = ?",
+                            (*fresh.values(), have[0]),
                         )
                     continue
+                row = {
+                    "dataset": dataset,
+                    "example_id": ex.id,
+                    "span_start": f.start,
+                    "span_end": f.end,
+                    **fresh,
+                    "position": pos,
+                    "created_at": _now(),
+                }
                 c.execute(
-                    "INSERT INTO review_items (dataset, example_id, span_start, span_end, "
-                    "answer_len, sources, score, margin, task, generator, position, created_at, "
-                    "example_hash) VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?, ?)",
-                    (
-                        dataset,
-                        ex.id,
-                        f.start,
-                        f.end,
-                        len(ex.response),
-                        sources,
-                        f.score,
-                        f.margin,
-                        ex.task,
-                        ex.provenance.generator,
-                        pos,
-                        _now(),
-                        digest,
-                    ),
+                    f"INSERT INTO review_items ({', '.join(row)}) "
+                    f"VALUES ({', '.join('?' * len(row))})",
+                    tuple(row.values()),
                 )
                 new += 1
                 pos += 1

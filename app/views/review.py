@@ -18,6 +18,7 @@ show. The reviewed dataset exports as RAGTruth-style JSONL (``ragscope train
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Any
 
 import streamlit as st
 
@@ -398,6 +399,20 @@ def move(rs: ReviewState, item_id: int | None) -> None:
         rs.current = item_id
 
 
+def move_buttons(
+    rs: ReviewState, prev_id: int | None, next_id: int | None, left: Any, right: Any
+) -> None:
+    """Previous / Next (keys ``p`` / ``n``) in two columns."""
+    left.button(
+        "Previous", key=KEY_PREV, icon=":material/arrow_back:", shortcut="p",
+        on_click=move, args=(rs, prev_id), disabled=prev_id is None, width="stretch",
+    )  # fmt: skip
+    right.button(
+        "Next", key=KEY_NEXT, icon=":material/arrow_forward:", shortcut="n",
+        on_click=move, args=(rs, next_id), disabled=next_id is None, width="stretch",
+    )  # fmt: skip
+
+
 def item_card(
     book: ReviewBook, rs: ReviewState, items: list[ReviewItem], examples: dict[str, RAGExample]
 ) -> None:
@@ -430,15 +445,7 @@ def item_card(
                 "answer.",
                 icon=":material/history:",
             )
-            b3, b4, _ = st.columns([1, 1, 4])
-            b3.button(
-                "Previous", key=KEY_PREV, icon=":material/arrow_back:", shortcut="p",
-                on_click=move, args=(rs, prev_id), disabled=prev_id is None, width="stretch",
-            )  # fmt: skip
-            b4.button(
-                "Next", key=KEY_NEXT, icon=":material/arrow_forward:", shortcut="n",
-                on_click=move, args=(rs, next_id), disabled=next_id is None, width="stretch",
-            )  # fmt: skip
+            move_buttons(rs, prev_id, next_id, *st.columns([1, 1, 4])[:2])
             return
         mine = item.review_by(rs.reviewer or "")
         c_ctx, c_ans = st.columns(2)
@@ -508,14 +515,7 @@ def item_card(
             on_click=save, args=(book, rs, item, "reject", expected, next_id, ex),
             width="stretch",
         )  # fmt: skip
-        b3.button(
-            "Previous", key=KEY_PREV, icon=":material/arrow_back:", shortcut="p",
-            on_click=move, args=(rs, prev_id), disabled=prev_id is None, width="stretch",
-        )  # fmt: skip
-        b4.button(
-            "Next", key=KEY_NEXT, icon=":material/arrow_forward:", shortcut="n",
-            on_click=move, args=(rs, next_id), disabled=next_id is None, width="stretch",
-        )  # fmt: skip
+        move_buttons(rs, prev_id, next_id, b3, b4)
         if rs.outcome is not None:
             kind, text = rs.outcome
             (st.error if kind == "error" else st.success)(text)
