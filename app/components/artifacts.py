@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from app.components.example_picker import progress_bar
+from app.components.text import code, md
 from app.state import AppState, ShippedDetectors, fit_quick_spad, train_command
 from core.errors import RagscopeError
 
@@ -25,9 +26,9 @@ def show_broken_artifacts(shipped: ShippedDetectors, names: Collection[str]) -> 
     for b in shipped.broken:
         if b.name in names:
             st.error(
-                f"The **{b.name}** artifact in `{b.folder}` could not be loaded: {b.reason}  \n"
-                f"Fix: retrain it with `{train_command(b.name, shipped.folder)}`, or remove "
-                "the folder."
+                f"The **{md(b.name)}** artifact in {code(b.folder)} could not be loaded: "
+                f"{md(b.reason)}  \nFix: retrain it with "
+                f"{code(train_command(b.name, shipped.folder))}, or remove the folder."
             )
 
 
@@ -73,4 +74,4 @@ def quick_fit_row(
                 model, train, dataset_label=dataset_label, split=split, progress=progress
             )
         except RagscopeError as e:
-            st.error(f"The quick fit failed: {e}")
+            st.error(f"The quick fit failed: {md(e)}")

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
+from app.components.text import code, md
 from app.state import (
     ALL_SPLITS,
     HEADS_EXAMPLE_DATASET,
@@ -155,7 +156,7 @@ def pick_examples(
     try:
         key, label, examples = heads_examples(selection.source, home)
     except RagscopeError as e:
-        st.error(f"{labels[selection.source]} cannot be read: {e}")
+        st.error(f"{md(labels[selection.source])} cannot be read: {md(e)}")
         return None
     splits = example_splits(examples)
     if selection.split not in splits:
@@ -215,7 +216,7 @@ def pick_answer_source(
         seed_widget(key, current)
         names = {
             HEADS_EXAMPLE_PLAYGROUND: "The Playground's analysed answer",
-            HEADS_EXAMPLE_DATASET: dataset_name,
+            HEADS_EXAMPLE_DATASET: md(dataset_name),  # radio options render Markdown
         }
         current = st.radio(
             "Answer", options, key=key, format_func=names.__getitem__, horizontal=True
@@ -234,8 +235,8 @@ def show_playground_answer(analysis: Analysis) -> tuple[int, ...] | None:
         else None
     )
     st.caption(
-        f"Example `{analysis.example.id}`, answer {analysis.answer_source}: "
-        f"“{first_words(analysis.example.response, 14)}”"
+        f"Example {code(analysis.example.id)}, answer {md(analysis.answer_source)}: "
+        f"“{md(first_words(analysis.example.response, 14))}”"
     )
     return ids
 
@@ -318,8 +319,9 @@ def compute_row(
     with c_note:
         st.caption(
             f"{len(chosen)} of the {len(picked.pool)} examples ({split_label(selection.split)}) "
-            f"of {picked.label}: {n_hal} hallucinated, {n_fai} faithful. Each is traced once "
-            f"with {model.info.display_name}; later runs read its features from the feature "
+            f"of {md(picked.label)}: {n_hal} hallucinated, {n_fai} faithful. Each is traced "
+            f"once with {md(model.info.display_name)}; later runs read its features from the "
+            "feature "
             "cache."
         )
     with c_button:
@@ -347,7 +349,7 @@ def compute_row(
                 progress=progress,
             )
         except RagscopeError as e:
-            st.error(f"The features could not be extracted: {e}")
+            st.error(f"The features could not be extracted: {md(e)}")
     return None
 
 
@@ -356,7 +358,7 @@ def show_request_failures(req: FeatureRequest) -> bool:
     if req.n_failed:
         st.warning(
             f"{req.n_failed} example(s) could not be analysed and were left out: "
-            + " · ".join(req.errors)
+            + " · ".join(md(e) for e in req.errors)
         )
     if not req.ids:
         st.error("None of the examples could be analysed; pick other examples.")
@@ -429,7 +431,7 @@ def pick_page_answer(
     try:
         key, label, examples = heads_examples(choice, state.dataset)
     except RagscopeError as e:
-        st.error(f"{labels[choice]} cannot be read: {e}")
+        st.error(f"{md(labels[choice])} cannot be read: {md(e)}")
         return None
     if not examples:
         st.info("This dataset holds no examples; pick another one.")
@@ -443,7 +445,7 @@ def pick_page_answer(
     with c2:
         ex = pick_example(examples, remembered.get(key), key=keys.example)
     remembered[key] = ex.id
-    st.caption(f"From {label}. Answer: \u201c{first_words(ex.response, 40)}\u201d")
+    st.caption(f"From {md(label)}. Answer: \u201c{md(first_words(ex.response, 40))}\u201d")
     return ex, None
 
 

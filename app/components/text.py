@@ -60,3 +60,10 @@ def code(text: object, *, max_len: int | None = None) -> str:
     fence = "`" * (longest + 1)
     pad = " " if s.startswith("`") or s.endswith("`") or not s.strip() else ""
     return f"{fence}{pad}{s}{pad}{fence}"
+
+
+def md_lines(text: object) -> str:
+    """Multi-line untrusted text for Markdown: each line escaped with :func:`md`, the
+    lines kept apart by hard breaks (a model's answer, a passage)."""
+    lines = str(text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
+    return "  \n".join(md(line) for line in lines)

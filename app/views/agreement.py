@@ -19,6 +19,7 @@ from app.components.example_picker import (
     open_in_token_heatmaps,
     progress_bar,
 )
+from app.components.text import md
 from app.state import (
     app_state,
     get_model,
@@ -85,7 +86,7 @@ def main() -> None:
     try:
         key, label, examples = heads_examples(choice, state.dataset)
     except RagscopeError as e:
-        st.error(f"{labels[choice]} cannot be read: {e}")
+        st.error(f"{md(labels[choice])} cannot be read: {md(e)}")
         return
     if not examples:
         st.info("This dataset holds no examples; pick another one.")
@@ -119,7 +120,7 @@ def main() -> None:
                     progress=progress,
                 )
             except RagscopeError as e:
-                st.error(f"The detectors could not read {label}: {e}")
+                st.error(f"The detectors could not read {md(label)}: {md(e)}")
                 return
         ag.tables[request] = verdict_table(kept, verdicts, chosen)
     table = ag.tables.get(request)
@@ -129,7 +130,7 @@ def main() -> None:
     if table.scores.shape[0] < 2:
         st.warning("Fewer than two answers could be read; nothing to compare.")
         return
-    st.caption(f"{len(table.example_ids)} answers of {label}.")
+    st.caption(f"{len(table.example_ids)} answers of {md(label)}.")
     method = st.radio(
         "Correlation", ["spearman", "pearson", "kendall"], horizontal=True, key=KEY_METHOD
     )
@@ -171,7 +172,9 @@ def main() -> None:
     )
     rows = event.selection.rows if event is not None else []
     target = str(shown.iloc[rows[0]]["example"]) if rows else str(shown.iloc[0]["example"])
-    if st.button(f"Open {target} in Token heatmaps", key=KEY_OPEN, icon=":material/open_in_new:"):
+    if st.button(
+        f"Open {md(target)} in Token heatmaps", key=KEY_OPEN, icon=":material/open_in_new:"
+    ):
         open_in_token_heatmaps(state, choice, target)
 
 

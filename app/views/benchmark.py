@@ -27,6 +27,7 @@ from app.components.charts import (
     pr_figure,
     roc_figure,
 )
+from app.components.text import code, md
 from app.state import (
     CORPUS,
     KEY_BENCH_BREAKDOWN_METRIC,
@@ -174,11 +175,11 @@ def _summary_note(spec: str, labels: Mapping[str, str]) -> DatasetSummary | None
     except RagscopeError as e:
         if spec == CORPUS:
             st.error(
-                f"The built-in labelled corpus is not available yet: {e}. "
+                f"The built-in labelled corpus is not available yet: {md(e)}. "
                 "Pick another dataset meanwhile."
             )
         else:
-            st.error(f"{labels.get(spec, spec)} cannot be read: {e}")
+            st.error(f"{md(labels.get(spec, spec))} cannot be read: {md(e)}")
         return None
     unl = f", {s.n_unlabelled} unlabelled (evaluation needs labels)" if s.n_unlabelled else ""
     st.caption(f"{s.n} examples: {s.n_hallucinated} hallucinated, {s.n_faithful} faithful{unl}.")
@@ -191,7 +192,7 @@ def launch_form(state: AppState, model: LoadedModel, *, expanded: bool) -> bool:
         try:
             labels = eval_dataset_choices()
         except RagscopeError as e:
-            st.error(str(e))
+            st.error(md(e))
             labels = {
                 "demo": "Demo examples (12, hand-written)",
                 CORPUS: "Built-in labelled corpus",
@@ -270,13 +271,13 @@ def launch_run(state: AppState, model: LoadedModel) -> EvalRun | None:
     test = None if state.bench_test == SAME_DATASET else state.bench_test
     try:
         with st.status(
-            f"Evaluating {', '.join(detectors)} on {model.info.display_name}…", expanded=True
+            f"Evaluating {', '.join(detectors)} on {md(model.info.display_name)}…", expanded=True
         ) as status:
             train_name, test_name, splits = make_splits(
                 state.bench_train, test, limit=state.bench_limit or None
             )
             st.write(
-                f"Datasets: train on **{train_name}**, test on **{test_name or train_name}** · "
+                f"Datasets: train on **{md(train_name)}**, test on **{md(test_name or train_name)}** · "
                 + " · ".join(f"{k} {len(v)}" for k, v in splits.items())
             )
             bar = st.progress(0.0, text="Extracting features…")
@@ -301,15 +302,15 @@ def launch_run(state: AppState, model: LoadedModel) -> EvalRun | None:
                 progress=progress,
             )
             json_path, _ = run.save(runs_dir())
-            status.update(label=f"Saved run {run.name}", state="complete", expanded=False)
+            status.update(label=f"Saved run {md(run.name)}", state="complete", expanded=False)
     except RagscopeError as e:
-        st.error(f"The run failed: {e}")
+        st.error(f"The run failed: {md(e)}")
         return None
     state.bench_runs = [run.name]
     st.session_state[KEY_BENCH_RUNS] = [run.name]  # the picker below is not drawn yet
     ex = run.extraction
     st.success(
-        f"Saved **{run.name}** to `{json_path}` ({ex.get('computed')} examples computed, "
+        f"Saved **{md(run.name)}** to {code(json_path)} ({ex.get('computed')} examples computed, "
         f"{ex.get('cache_hits')} from the feature cache); it is selected below."
     )
     return run
@@ -330,7 +331,7 @@ def pick_runs(state: AppState, saved: SavedRuns) -> list[EvalRun]:
         st.session_state[KEY_BENCH_RUNS] = [n for n in widget if n in runs]
     seed_widget(KEY_BENCH_RUNS, state.bench_runs)
     n_local = len(names) - len(saved.shipped)
-    where = f"{n_local} in `{saved.folder}`"
+    where = f"{n_local} in {code(saved.folder)}"
     if saved.shipped:
         where += f", {len(saved.shipped)} shipped with ragscope"
     picked = st.multiselect(

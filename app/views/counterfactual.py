@@ -25,6 +25,7 @@ from app.components.artifacts import show_broken_artifacts
 from app.components.diff import word_diff_html
 from app.components.example_picker import AnswerKeys, pick_page_answer
 from app.components.multirow import DIFF_CMAP, HeatRow, gold_row, multirow_html
+from app.components.text import md
 from app.state import (
     KEY_CF_DATASET,
     KEY_CF_EXAMPLE,
@@ -271,12 +272,12 @@ def summary_frame(cf: Counterfactual) -> pd.DataFrame:
 
 
 def show_result(cf: Counterfactual, model: LoadedModel) -> None:
-    st.subheader(f"Original vs edited: {cf.name}")
+    st.subheader(f"Original vs edited: {md(cf.name)}")
     changes = cf.changes
     if not changes:
         st.info("The context is unchanged: both sides read the same prompt.")
     else:
-        st.markdown("**Context changes:** " + "; ".join(c.describe() for c in changes[:12]))
+        st.markdown("**Context changes:** " + "; ".join(md(c.describe()) for c in changes[:12]))
         with st.expander("Context diff", expanded=True):
             n = max(len(cf.original.passages), len(cf.edited.passages))
             for k in range(n):
@@ -297,7 +298,7 @@ def show_result(cf: Counterfactual, model: LoadedModel) -> None:
         f"edited version: {moved}{expected}."
     )
     if cf.answer_mode == "regenerate":
-        st.markdown(f"**Regenerated answer:** {cf.edited.response}")
+        st.markdown(f"**Regenerated answer:** {md(cf.edited.response)}")
     frame = scores_frame(cf)
     if frame.empty:
         st.info("No detector is shipped for this model, so there is nothing to re-score.")
@@ -338,9 +339,9 @@ def save_load(state: AppState, model: LoadedModel) -> None:
                 saved = dataclasses.replace(cf, name=name, id=None)
                 cf_id = store.save_counterfactual(saved)
                 state.cf_result = dataclasses.replace(saved, id=cf_id)
-                st.success(f"Saved as #{cf_id} “{name}”.")
+                st.success(f"Saved as #{cf_id} “{md(name)}”.")
             except RagscopeError as e:
-                st.error(f"Not saved: {e}")
+                st.error(f"Not saved: {md(e)}")
         c3.download_button(
             "Export JSON",
             data=state.cf_result.to_json(),
@@ -363,7 +364,7 @@ def save_load(state: AppState, model: LoadedModel) -> None:
                 st.session_state.pop(KEY_NAME, None)
                 st.rerun()
             except RagscopeError as e:
-                st.error(f"Could not load #{pick}: {e}")
+                st.error(f"Could not load #{pick}: {md(e)}")
 
 
 def main() -> None:
@@ -420,7 +421,7 @@ def main() -> None:
                 )
                 st.session_state.pop(KEY_NAME, None)
         except RagscopeError as e:
-            st.error(f"The comparison failed: {e}  \nFix: edit the passages and try again.")
+            st.error(f"The comparison failed: {md(e)}  \nFix: edit the passages and try again.")
     st.divider()
     if state.cf_result is not None:
         show_result(state.cf_result, model)

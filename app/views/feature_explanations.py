@@ -30,6 +30,7 @@ from app.components.example_picker import (
     split_label,
 )
 from app.components.heatmap import ColorStops, render_token_heatmap
+from app.components.text import code, md
 from app.state import (
     ALL_SPLITS,
     KEY_EXPLAIN_FEATURES,
@@ -150,24 +151,25 @@ def choose_sae(model: LoadedModel) -> SaeChoice | None:
         sae.check_model(model.info.key, model.info.d_model)
     except DataError as e:
         st.info(
-            f"**No SAE for {model.info.display_name}.** RAGLens reads the features of a "
+            f"**No SAE for {md(model.info.display_name)}.** RAGLens reads the features of a "
             f"sparse autoencoder on the residual stream; train one with "
             f"`{sae_train_command(model)}`"
             + ("" if model_spec() == "embedded" else " and point `RAGSCOPE_SAE_DIR` at it")
             + f", then the detector with `{make_raglens}`, and reload this page.  \n"
-            f"({e})",
+            f"({md(e)})",
             icon=":material/info:",
         )
         return None
     except ModelError as e:
         st.warning(
-            f"The SAE does not fit {model.info.display_name}: {e}", icon=":material/warning:"
+            f"The SAE does not fit {md(model.info.display_name)}: {md(e)}",
+            icon=":material/warning:",
         )
         return None
     why = (
         "The shipped **raglens** detector reads the raw residual stream, not SAE features"
         if raw
-        else f"No trained **raglens** detector for {model.info.display_name}"
+        else f"No trained **raglens** detector for {md(model.info.display_name)}"
     )
     st.info(
         f"{why}, so features are picked by id below. Make one on the SAE with "
@@ -201,7 +203,7 @@ def endpoint_section() -> LLMEndpoint | None:
     try:
         endpoint = LLMEndpoint.resolve(secrets=secrets)
     except DataError as e:
-        st.error(f"The explainer settings are malformed: {e}")
+        st.error(f"The explainer settings are malformed: {md(e)}")
         return None
     if endpoint is not None:
         where = f"`{ENV_CONTEXT}`"
@@ -215,7 +217,7 @@ def endpoint_section() -> LLMEndpoint | None:
             if endpoint.context is not None
             else f"context not stated: prompts go whole (set `{ENV_CONTEXT}` for a small model)"
         )
-        st.caption(f"Explainer: `{endpoint.model}` at {endpoint.where} · {context}.")
+        st.caption(f"Explainer: {code(endpoint.model)} at {md(endpoint.where)} · {context}.")
         return endpoint
     missing = " and ".join(f"`{m}`" for m in LLMEndpoint.missing(secrets=secrets))
     st.info(
@@ -262,7 +264,7 @@ def read_row(
     with c_note:
         st.caption(
             f"{len(chosen)} of the {len(picked.pool)} examples ({split_label(selection.split)}) "
-            f"of {picked.label}. Each answer costs one forward pass up to block "
+            f"of {md(picked.label)}. Each answer costs one forward pass up to block "
             f"{choice.sae.layer} the first time; later reads come from memory."
         )
     with c_button:
@@ -287,7 +289,7 @@ def read_row(
                 on_error="skip",
             )
         except RagscopeError as e:
-            st.error(f"The activations could not be read: {e}")
+            st.error(f"The activations could not be read: {md(e)}")
             return
     state.explain_request = ExplainRequest(
         model=model.info.key,
@@ -322,13 +324,14 @@ def current_request(
     chosen = (picked.key, selection.split or ALL_SPLITS, selection.limit)
     if (req.dataset_key, req.split, req.limit) != chosen:
         st.info(
-            f"Showing {len(req.ids)} answers of {req.dataset_label} ({split_label(req.split)}); "
+            f"Showing {len(req.ids)} answers of {md(req.dataset_label)} "
+            f"({split_label(req.split)}); "
             "press **Read activations** for the choice above."
         )
     if req.n_failed:
         st.warning(
             f"{req.n_failed} example(s) could not be read and were left out: "
-            + " · ".join(req.errors)
+            + " · ".join(md(e) for e in req.errors)
         )
     if not req.ids:
         st.warning("None of the examples could be read; pick other examples.")
@@ -383,7 +386,9 @@ def pick_features(state: AppState, choice: SaeChoice) -> list[int]:
     )
     ids, bad = parse_ids(state.explain_ids, choice.sae.d_sae)
     if bad:
-        st.warning(f"Not feature ids of this SAE (0 to {choice.sae.d_sae - 1}): {', '.join(bad)}")
+        st.warning(
+            f"Not feature ids of this SAE (0 to {choice.sae.d_sae - 1}): {md(', '.join(bad))}"
+        )
     return ids
 
 
@@ -496,7 +501,7 @@ def show_examples(title: str, shown: tuple[FeatureExample, ...], feature: int, t
         if not shown:
             st.caption("None.")
         for i, ex in enumerate(shown):
-            st.caption(f"`{ex.example_id}` · peak {ex.max_activation:.3f}")
+            st.caption(f"{code(ex.example_id)} · peak {ex.max_activation:.3f}")
             render_token_heatmap(
                 ex.tokens,
                 ex.activations,
@@ -512,11 +517,11 @@ def show_explanation(expl: Explanation | None, fx: FeatureExamples) -> None:
     if expl is None:
         st.caption("No explanation cached for these examples yet.")
         return
-    st.markdown(f"**Explanation:** {expl.description}")
+    st.markdown(f"**Explanation:** {md(expl.description)}")  # an LLM's words: text only
     notes = []
     if expl.hallucination is not None:
-        why = f" — {expl.reason}" if expl.reason else ""
-        notes.append(f"Related to hallucination: **{expl.hallucination}**{why}")
+        why = f" — {md(expl.reason)}" if expl.reason else ""
+        notes.append(f"Related to hallucination: **{md(expl.hallucination)}**{why}")
     if expl.prompt is not None:
         notes.append(f"written from {layout_text(expl.prompt, fx)}")
     if notes:
@@ -552,7 +557,7 @@ def feature_card(
             try:
                 prompt = build_prompt(fx, budget=budget)
             except DataError as e:
-                st.error(f"F{k} cannot be explained by this explainer: {e}")
+                st.error(f"F{k} cannot be explained by this explainer: {md(e)}")
         # A cached explanation from a smaller prompt can be rewritten from this larger one.
         more = (
             expl is not None
@@ -584,12 +589,12 @@ def feature_card(
             )
         if ask and endpoint is not None:
             try:
-                with st.spinner(f"Asking {endpoint.model}…"):
+                with st.spinner(f"Asking {md(endpoint.model)}…"):
                     explain_feature(
                         endpoint, model.info.key, fx.sae_key, k, fx, store=store, budget=budget
                     )
             except RagscopeError as e:
-                st.error(f"F{k} could not be explained: {e}")
+                st.error(f"F{k} could not be explained: {md(e)}")
             else:
                 st.rerun()  # cached now: the card redraws with it (and its button's new state)
         show_explanation(expl, fx)
@@ -598,12 +603,12 @@ def feature_card(
                 st.warning("Explain the feature first; the fidelity check reads its explanation.")
             else:
                 try:
-                    with st.spinner(f"Asking {endpoint.model} to predict F{k}…"):
+                    with st.spinner(f"Asking {md(endpoint.model)} to predict F{k}…"):
                         state.explain_fidelity[expl.prompt_hash] = fidelity(
                             endpoint, expl, fx.held_out, budget=budget
                         )
                 except (LLMError, DataError) as e:
-                    st.error(f"The fidelity check of F{k} failed: {e}")
+                    st.error(f"The fidelity check of F{k} failed: {md(e)}")
         fid = state.explain_fidelity.get(expl.prompt_hash) if expl is not None else None
         if fid is not None:
             r = (
@@ -666,7 +671,7 @@ def main() -> None:
             else heads_examples(req.source, state.dataset)[2]
         )
     except RagscopeError as e:
-        st.error(f"{req.dataset_label} cannot be read: {e}")
+        st.error(f"{md(req.dataset_label)} cannot be read: {md(e)}")
         return
     by_id = {e.id: e for e in pool}
     examples = [by_id[i] for i in req.ids if i in by_id]
@@ -678,7 +683,7 @@ def main() -> None:
     try:
         items = [sae_feature_examples(model, choice.sae, req, pool, k) for k in features]
     except RagscopeError as e:
-        st.error(f"The features' examples could not be read: {e}")
+        st.error(f"The features' examples could not be read: {md(e)}")
         return
     budget = prompt_budget(model, endpoint)
     batch_row(state, model, endpoint, items, budget)

@@ -19,6 +19,7 @@ import streamlit as st
 from app.components.artifacts import show_broken_artifacts
 from app.components.example_picker import first_words, pick_example
 from app.components.heatmap import render_token_heatmap
+from app.components.text import code, md
 from app.state import (
     HEADS_FROM_HOME,
     app_state,
@@ -63,16 +64,17 @@ def sae_section(model: LoadedModel, detector: RaglensDetector | None) -> None:
         sae = load_config_sae(spec)
     except RagscopeError as e:
         st.info(
-            f"No SAE for RAGLens yet ({e}). Train one for {model.info.display_name} with "
+            f"No SAE for RAGLens yet ({md(e)}). Train one for {md(model.info.display_name)} with "
             "`ragscope sae train` (about an hour on a laptop CPU) and reload this page."
         )
         return
     q = sae.meta.get("quality") or {}
     corpus = (sae.meta.get("corpus") or {}).get("sources") or []
     st.markdown(
-        f"**SAE**: `{folder.name}` · TopK, {sae.d_sae} features on the residual stream after "
-        f"block {sae.layer} · trained on {_count(sae.meta.get('activation_tokens'))} activation "
-        f"tokens of {', '.join(s['name'] for s in corpus) or 'unrecorded text'}"
+        f"**SAE**: {code(folder.name)} · TopK, {sae.d_sae} features on the residual stream "
+        f"after block {sae.layer} · trained on {_count(sae.meta.get('activation_tokens'))} "
+        f"activation tokens of "
+        f"{md(', '.join(str(s.get('name')) for s in corpus)) or 'unrecorded text'}"
     )
     if q:
         cols = st.columns(4)
@@ -87,8 +89,8 @@ def sae_section(model: LoadedModel, detector: RaglensDetector | None) -> None:
         )
     if sae.model_key is not None and sae.model_key != model.info.key:
         st.warning(
-            f"This SAE was trained on another model ({sae.model_key}); RAGLens cannot read "
-            f"{model.info.display_name} with it."
+            f"This SAE was trained on another model ({md(sae.model_key)}); RAGLens cannot "
+            f"read {md(model.info.display_name)} with it."
         )
 
 
@@ -182,21 +184,21 @@ def answer_section(model: LoadedModel, detector: RaglensDetector, stamp: str) ->
     try:
         _, label, examples = heads_examples(HEADS_FROM_HOME, state.dataset)
     except RagscopeError as e:
-        st.error(f"The dataset picked on Home could not be read: {e}")
+        st.error(f"The dataset picked on Home could not be read: {md(e)}")
         return
     if not examples:
         st.info("The dataset picked on Home holds no examples; pick another one there.")
         return
     ex = pick_example(examples, state.gam_example_id, key=KEY_EXAMPLE)
     state.gam_example_id = ex.id
-    st.caption(f"From {label}. Answer: \u201c{first_words(ex.response, 40)}\u201d")
+    st.caption(f"From {md(label)}. Answer: \u201c{md(first_words(ex.response, 40))}\u201d")
     try:
         with st.spinner("Tracing the answer and encoding it with the SAE…"):
             ans = _explain_cached(
                 model_key(model), input_signature(ex, None), stamp, model, detector, ex
             )
     except RagscopeError as e:
-        st.error(f"This answer could not be analysed: {e}  \nFix: pick another example.")
+        st.error(f"This answer could not be analysed: {md(e)}  \nFix: pick another example.")
         return
     v = ans.verdict
     flag = "flagged" if v.hallucinated else "not flagged"
@@ -250,12 +252,12 @@ def main() -> None:
     show_broken_artifacts(shipped, (RAGLENS,))
     if found is None:
         st.info(
-            f"No trained raglens detector for {model.info.display_name}. Make one with "
-            f"`{train_command(RAGLENS, shipped.folder)}` (after `ragscope sae train`) and "
+            f"No trained raglens detector for {md(model.info.display_name)}. Make one with "
+            f"{code(train_command(RAGLENS, shipped.folder))} (after `ragscope sae train`) and "
             "reload this page."
         )
         return
-    facts = [f"trained on {found.trained_on}" if found.trained_on else None]
+    facts = [f"trained on {md(found.trained_on)}" if found.trained_on else None]
     facts.append(f"{found.n_train} training answers" if found.n_train else None)
     facts.append(f"test AUROC {found.test_auroc:.3f}" if found.test_auroc is not None else None)
     st.caption("Shipped **raglens** detector: " + ", ".join(f for f in facts if f) + ".")

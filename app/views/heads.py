@@ -34,6 +34,7 @@ from app.components.example_picker import (
     split_label,
 )
 from app.components.heatmap import render_token_heatmap
+from app.components.text import code, md
 from app.state import (
     HEADS_EXAMPLE_DATASET,
     HEADS_EXAMPLE_PLAYGROUND,
@@ -101,7 +102,7 @@ def copying_section(state: AppState, model: LoadedModel) -> CopyingScores | None
             scores = copying_scores(model)
     except RagscopeError as e:
         st.error(
-            f"The copying scores could not be computed: {e}  \nFix: check that the model "
+            f"The copying scores could not be computed: {md(e)}  \nFix: check that the model "
             "loads with its weights (see Home), then reload this page."
         )
         return None
@@ -234,7 +235,7 @@ def show_request_stats(
     selection = state.heads_selection
     if (req.dataset_key, req.split, req.limit) != (current_key, selection.split, selection.limit):
         st.info(
-            f"Showing the statistics of {len(req.ids)} examples of {req.dataset_label} "
+            f"Showing the statistics of {len(req.ids)} examples of {md(req.dataset_label)} "
             f"({split_label(req.split)}); press **Compute statistics** for the choice above."
         )
     if not show_request_failures(req):
@@ -247,7 +248,7 @@ def show_request_stats(
         )
         stats = head_stats(model, req, examples, state.heads_unit)
     except RagscopeError as e:
-        st.error(f"The statistics could not be computed: {e}")
+        st.error(f"The statistics could not be computed: {md(e)}")
         return
     show_stats(stats, req, marked)
 
@@ -408,7 +409,7 @@ def example_section(
             view = answer_heads(model, example, shipped, response_ids=response_ids)
     except RagscopeError as e:
         st.error(
-            f"This answer could not be analysed: {e}  \nFix: pick another example, or "
+            f"This answer could not be analysed: {md(e)}  \nFix: pick another example, or "
             "correct it in the Playground."
         )
         return
@@ -484,8 +485,8 @@ def show_token_scores(
         )
         return
     st.info(
-        f"No trained redeep_token detector for {model.info.display_name}. Make one with "
-        f"`{train_command(model, shipped, 'redeep_token')}` and reload this page. Meanwhile "
+        f"No trained redeep_token detector for {md(model.info.display_name)}. Make one with "
+        f"{code(train_command(model, shipped, 'redeep_token'))} and reload this page. Meanwhile "
         f"the tokens are coloured by {_fmt_head(head)}'s token-level ECS."
     )
     st.caption(
@@ -520,7 +521,8 @@ def show_chunks(view: HeadView, head: Head, model: LoadedModel, shipped: Shipped
     note = (
         ""
         if "redeep_chunk" in view.verdicts
-        else f" Train redeep_chunk (`{train_command(model, shipped, 'redeep_chunk')}`) to add "
+        else f" Train redeep_chunk ({code(train_command(model, shipped, 'redeep_chunk'))}) to "
+        "add "
         "its probability for each chunk."
     )
     st.caption(

@@ -19,6 +19,7 @@ import streamlit as st
 
 from app.components.heatmap import render_token_heatmap
 from app.components.highlight import FLAG, Mark, marked_html
+from app.components.text import md
 from app.state import (
     BUILTIN,
     HEADS_FROM_HOME,
@@ -96,7 +97,7 @@ def current_example() -> RAGExample | None:
     if source == PLAYGROUND and a is not None:
         return a.example
     if source == EDITED and cf is not None:
-        st.caption(f"Edited on the Counterfactual context page: “{cf.name}”.")
+        st.caption(f"Edited on the Counterfactual context page: “{md(cf.name)}”.")
         return cf.edited
     preset = next((e for e in builtin_examples() if e.id == PRESET_ID), None)
     if preset is None:
@@ -832,7 +833,7 @@ def main() -> None:
     try:
         data = walk_data(ls, walk, ex)
     except RagscopeError as e:
-        st.error(f"This answer cannot be read: {e}")
+        st.error(f"This answer cannot be read: {md(e)}")
         return
     if data is None:
         return

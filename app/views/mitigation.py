@@ -24,6 +24,7 @@ import streamlit as st
 from app.components.artifacts import show_broken_artifacts
 from app.components.diff import word_diff_html
 from app.components.example_picker import AnswerKeys, pick_page_answer
+from app.components.text import code, md, md_lines
 from app.state import (
     AppState,
     app_state,
@@ -151,11 +152,11 @@ def feedback_section(
         try:
             spans = guide_spans(model, guide.detector, example, shipped.cache_id)
         except RagscopeError as e:
-            st.error(f"{guide.name} could not read this answer: {e}")
+            st.error(f"{md(guide.name)} could not read this answer: {md(e)}")
             return
     level = "instance" if state.mit_guide == INSTANCE else "token"
     message = feedback_message(example, spans, level)  # type: ignore[arg-type]
-    st.markdown(f"**Feedback turn:** {message}")
+    st.markdown(f"**Feedback turn:** {md(message)}")
     if go:
         try:
             with st.spinner("The model answers again…"):
@@ -179,7 +180,7 @@ def feedback_section(
                 )
             state.mit_result = ("feedback", example.id, gen.text, frame)
         except RagscopeError as e:
-            st.error(f"Regeneration failed: {e}")
+            st.error(f"Regeneration failed: {md(e)}")
     res = state.mit_result
     if res is not None and res[0] == "feedback" and res[1] == example.id:
         st.markdown("**New answer** (struck: left out; green: new)")
@@ -196,7 +197,7 @@ def aarf_section(
     if "redeep_token" not in dets:
         st.info(
             "AARF reads a trained redeep_token detector, and none is shipped for this model: "
-            f"`{train_command('redeep_token', shipped.folder)}`."
+            f"{code(train_command('redeep_token', shipped.folder))}."
         )
         return
     det = dets["redeep_token"]
@@ -235,12 +236,12 @@ def aarf_section(
                 )
             state.mit_result = ("aarf", example.id, res, frame)
         except (RagscopeError, ValueError) as e:
-            st.error(f"AARF failed: {e}")
+            st.error(f"AARF failed: {md(e)}")
     r = state.mit_result
     if r is not None and r[0] == "aarf" and r[1] == example.id:
         res = r[2]
         st.markdown(
-            f"**Plain greedy:** {res.plain_text}  \n**AARF:** {res.text}  \n"
+            f"**Plain greedy:** {md(res.plain_text)}  \n**AARF:** {md(res.text)}  \n"
             f"{res.n_intervened} of {res.n_steps} steps intervened on."
         )
         show_scores(r[3], {d.name: float(d.threshold) for d in shipped.detectors})
@@ -262,7 +263,8 @@ def steer_section(
         sae.check_model(model.info.key, model.info.d_model)
     except RagscopeError as e:
         st.info(
-            f"SAE steering needs an SAE for this model ({e}); train one with `ragscope sae train`."
+            f"SAE steering needs an SAE for this model ({md(e)}); train one with "
+            "`ragscope sae train`."
         )
         return
     ranked = list(getattr(dets.get("raglens", None) and dets["raglens"].detector, "selected_", ()))
@@ -297,7 +299,7 @@ def steer_section(
             if not values:
                 raise ValueError("give at least one value")
         except ValueError as e:
-            st.error(f"Values must be numbers separated by commas ({e}).")
+            st.error(f"Values must be numbers separated by commas ({md(e)}).")
             return
         try:
             with st.spinner("Continuing the answer under each value…"):
@@ -315,11 +317,11 @@ def steer_section(
                 ]
             state.mit_result = ("steer", example.id, runs, None)
         except RagscopeError as e:
-            st.error(f"Steering failed: {e}")
+            st.error(f"Steering failed: {md(e)}")
     r = state.mit_result
     if r is not None and r[0] == "steer" and r[1] == example.id:
         runs = r[2]
-        st.markdown(f"**Prefix** (teacher-forced): {runs[0].prefix}")
+        st.markdown(f"**Prefix** (teacher-forced): {md(runs[0].prefix)}")
         cols = st.columns(len(runs))
         for col, run in zip(cols, runs, strict=True):
             with col.container(border=True):
@@ -328,7 +330,7 @@ def steer_section(
                     if run.value is None
                     else f"**F{run.feature} = {run.value:g}**"
                 )
-                st.write(run.continuation or "(stops at once)")
+                st.markdown(md_lines(run.continuation) if run.continuation else "(stops at once)")
 
 
 def main() -> None:

@@ -20,6 +20,7 @@ import streamlit as st
 
 from app.components.heatmap import render_token_heatmap
 from app.components.segments import segment_figure, segment_rows
+from app.components.text import code, md, md_lines
 from app.state import (
     ANSWER_GENERATE,
     ANSWER_SOURCES,
@@ -122,10 +123,10 @@ def pick_example(state: AppState) -> Draft | None:
     try:
         examples = load_examples(ref)
     except RagscopeError as e:
-        st.error(str(e))
+        st.error(md(e))
         return None
     if not examples:
-        st.warning(f"{ref.label} holds no examples; pick another dataset on Home.")
+        st.warning(f"{md(ref.label)} holds no examples; pick another dataset on Home.")
         return None
     by_id = {e.id: e for e in examples}
     remembered = state.example_id.get(ref.key)
@@ -139,7 +140,7 @@ def pick_example(state: AppState) -> Draft | None:
         return f"{ex_id} — {_first_words(ex.question or ex.response)}{gold}"
 
     ex_id = st.selectbox(
-        f"Example from {ref.label}", list(by_id), key=KEY_EXAMPLE, format_func=label
+        f"Example from {md(ref.label)}", list(by_id), key=KEY_EXAMPLE, format_func=label
     )
     state.example_id[ref.key] = ex_id
     ex = by_id[ex_id]
@@ -162,10 +163,10 @@ def show_example(ex: RAGExample) -> None:
     if ex.spans:
         meta.append(f"{len(ex.spans)} gold span{'s' if len(ex.spans) > 1 else ''}")
     if ex.provenance.generator:
-        meta.append(f"answer by {ex.provenance.generator}")
+        meta.append(f"answer by {md(ex.provenance.generator)}")
     st.caption(" · ".join(meta))
     if ex.question:
-        st.markdown(f"**Question:** {ex.question}")
+        st.markdown(f"**Question:** {md(ex.question)}")
     with st.expander(f"Passages ({len(ex.passages)})", expanded=len(ex.passages) <= 2):
         for k, p in enumerate(ex.passages):
             st.markdown(f"**Passage {k + 1}**")
@@ -173,9 +174,9 @@ def show_example(ex: RAGExample) -> None:
     if ex.spans:
         with st.expander("Gold hallucination spans"):
             for s in ex.spans:
-                kind = f" ({s.type})" if s.type else ""
-                note = f" — {s.note}" if s.note else ""
-                st.markdown(f"- “{ex.response[s.start : s.end]}”{kind}{note}")
+                kind = f" ({md(s.type)})" if s.type else ""
+                note = f" — {md(s.note)}" if s.note else ""
+                st.markdown(f"- “{md(ex.response[s.start : s.end])}”{kind}{note}")
 
 
 def own_input(state: AppState) -> Draft:
@@ -259,7 +260,7 @@ def generate_answer(state: AppState, model: LoadedModel, draft: Draft) -> Genera
                 st.write_stream(stream)
             gen = stream.result()
         except (RagscopeError, ValueError) as e:
-            st.error(str(e))
+            st.error(md(e))
             return None
         state.generation = GeneratedAnswer(
             for_input=draft.signature,
@@ -277,7 +278,7 @@ def generate_answer(state: AppState, model: LoadedModel, draft: Draft) -> Genera
         st.info("Press **Write the answer** to let the model answer this question.")
         return None
     with st.container(border=True):
-        st.markdown(g.text if g.text.strip() else "*(empty answer)*")
+        st.markdown(md_lines(g.text) if g.text.strip() else "*(empty answer)*")
     st.caption(_generation_note(g))
     return g
 
@@ -376,16 +377,16 @@ def show_detector_verdicts(panel: DetectorPanel) -> None:
     shipped = panel.shipped
     for b in shipped.broken:
         st.error(
-            f"The **{b.name}** detector artifact in `{b.folder}` could not be loaded: "
-            f"{b.reason}  \nFix: retrain it with `{train_command(panel, b.name)}`, or remove "
-            "the folder."
+            f"The **{md(b.name)}** detector artifact in {code(b.folder)} could not be loaded: "
+            f"{md(b.reason)}  \nFix: retrain it with {code(train_command(panel, b.name))}, or "
+            "remove the folder."
         )
     if not shipped.detectors:
         if not shipped.broken:
             st.info(_no_detectors_message(panel))
         return
     if panel.result is None:
-        st.error(f"The detectors could not judge this answer: {panel.error}")
+        st.error(f"The detectors could not judge this answer: {md(panel.error)}")
         return
     st.dataframe(
         panel.result.to_frame(),
@@ -412,17 +413,17 @@ def show_detector_verdicts(panel: DetectorPanel) -> None:
 
 def _no_detectors_message(panel: DetectorPanel) -> str:
     shipped = panel.shipped
-    where = f"`{_shown_folder(shipped.folder)}`"
+    where = code(_shown_folder(shipped.folder))
     others = ""
     if shipped.other_models:
-        names = ", ".join(f"`{m.split('|', 1)[0]}`" for m in shipped.other_models)
+        names = ", ".join(code(m.split("|", 1)[0]) for m in shipped.other_models)
         others = (
             f" (the detectors there were trained for {names}, and a detector only reads "
             "the model it was trained on)"
         )
     return (
-        f"No trained detectors for {panel.model_name} in {where}{others}. Make them with "
-        f"`{train_command(panel)}` and reload this page."
+        f"No trained detectors for {md(panel.model_name)} in {where}{others}. Make them with "
+        f"{code(train_command(panel))} and reload this page."
     )
 
 
@@ -473,7 +474,9 @@ def show_analysis(
     worst = int(np.argmax(s))
     c1, c2, c3, c4 = st.columns(4)
     c1.metric("Mean surprisal", f"{float(s.mean()):.2f} bits")
-    c2.metric("Max surprisal", f"{float(s.max()):.2f} bits", help=f"token {tokens[worst]!r}")
+    c2.metric(
+        "Max surprisal", f"{float(s.max()):.2f} bits", help=f"token {md(repr(tokens[worst]))}"
+    )
     c3.metric("Answer tokens", len(tokens), help=f"{len(a.layout)} tokens with the prompt")
     c4.metric("Trace", f"{a.trace_seconds * 1000:.0f} ms", help="one forward pass, CPU/GPU time")
     colour = pick_colouring(state, panel)
@@ -490,7 +493,8 @@ def show_analysis(
         "darker = more likely part of a hallucination by its reckoning."
     )
     st.caption(
-        f"{a.model_name} read the answer ({source.get(a.answer_source, a.answer_source)}). "
+        f"{md(a.model_name)} read the answer "
+        f"({md(source.get(a.answer_source, a.answer_source))}). "
         f"{meaning} Hover a token for details."
         + (
             " Tokens underlined in blue lie inside a gold hallucination span."
@@ -514,7 +518,9 @@ def show_analysis(
     st.subheader("What the model read")
     rows = segment_rows(a.layout.segments)
     st.plotly_chart(segment_figure(a.layout.segments), width="stretch", key="playground.segments")
-    st.caption(" · ".join(f"{r.label}: {r.n_tokens}" for r in rows) + f" — {len(a.layout)} tokens")
+    st.caption(
+        " · ".join(f"{md(r.label)}: {r.n_tokens}" for r in rows) + f" — {len(a.layout)} tokens"
+    )
     with st.expander("Token table"):
         st.dataframe(a.token_frame(), hide_index=True, width="stretch", height=360)
 
@@ -571,7 +577,7 @@ def main() -> None:
                 )
         except RagscopeError as e:
             state.analysis = None
-            st.error(str(e))
+            st.error(md(e))
     if state.analysis is not None:
         st.divider()
         panel = run_detectors(model, state.analysis)

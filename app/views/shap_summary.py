@@ -26,6 +26,7 @@ from app.components.example_picker import (
     show_request_failures,
     split_label,
 )
+from app.components.text import code, md
 from app.state import (
     KEY_SHAP_COMPUTE,
     KEY_SHAP_GRID,
@@ -101,26 +102,26 @@ def detector_section(
     if choice is not None and not choice.quick:
         d = choice.shipped
         assert d is not None
-        facts = [f"trained on {d.trained_on}" if d.trained_on else None]
+        facts = [f"trained on {md(d.trained_on)}" if d.trained_on else None]
         facts.append(f"{d.n_train} training answers" if d.n_train else None)
         facts.append(f"test AUROC {d.test_auroc:.3f}" if d.test_auroc is not None else None)
         shown = ", ".join(f for f in facts if f)
         st.caption(
-            f"Explaining the shipped **spad** detector for {model.info.display_name}"
+            f"Explaining the shipped **spad** detector for {md(model.info.display_name)}"
             + (f" ({shown})" if shown else "")
             + "."
         )
         return choice
     st.info(
-        f"No trained spad detector for {model.info.display_name}. Make one with "
-        f"`{train_command(SPAD, shipped.folder)}` and reload this page."
+        f"No trained spad detector for {md(model.info.display_name)}. Make one with "
+        f"{code(train_command(SPAD, shipped.folder))} and reload this page."
     )
     split, train = quick_fit_examples(examples, chosen, state.shap_selection.limit)
     where = (
-        f"{len(train)} labelled examples of the train split of {label}"
+        f"{len(train)} labelled examples of the train split of {md(label)}"
         if split == "train"
         else f"the {len(train)} labelled examples chosen above (in-sample: "
-        f"{label} declares no train split)"
+        f"{md(label)} declares no train split)"
     )
     quick_fit_row(
         state,
@@ -137,7 +138,7 @@ def detector_section(
         q = choice.fit
         st.warning(
             f"**Quick fit** (not a trained detector): spad fitted in this session on "
-            f"{len(q.ids)} answers of {q.dataset_label} ({split_label(q.split)}: "
+            f"{len(q.ids)} answers of {md(q.dataset_label)} ({split_label(q.split)}: "
             f"{q.n_hallucinated} hallucinated, {q.n_faithful} faithful) in {q.seconds:.1f} s. "
             "Its SHAP values show how the page works, not what SPAD learns from real data.",
             icon=":material/bolt:",
@@ -181,7 +182,7 @@ def show_summary(
     selection = state.shap_selection
     if (req.dataset_key, req.split, req.limit) != (key, selection.split, selection.limit):
         st.info(
-            f"Showing {len(req.ids)} examples of {req.dataset_label} "
+            f"Showing {len(req.ids)} examples of {md(req.dataset_label)} "
             f"({split_label(req.split)}); press **Compute SHAP values** for the choice above."
         )
     if not show_request_failures(req):
@@ -196,7 +197,7 @@ def show_summary(
         pool = examples if req.dataset_key == key else heads_examples(req.source, state.dataset)[2]
         result = shap_summary(model, req, pool, choice)
     except RagscopeError as e:
-        st.error(f"The SHAP values could not be computed: {e}")
+        st.error(f"The SHAP values could not be computed: {md(e)}")
         return
     by_id = {e.id: e for e in pool}
     draw(state, result, req, choice, [by_id[i].label for i in result.example_ids])

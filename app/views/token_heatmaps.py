@@ -22,6 +22,7 @@ import streamlit as st
 from app.components.artifacts import show_broken_artifacts
 from app.components.example_picker import AnswerKeys, pick_page_answer, progress_bar
 from app.components.multirow import ACTIVATION_CMAP, HeatRow, gold_row, multirow_html
+from app.components.text import code, md
 from app.state import (
     KEY_HEATMAP_DATASET,
     KEY_HEATMAP_EXAMPLE,
@@ -255,7 +256,7 @@ def scan_row(
         try:
             found = scan_dataset(model, cortex, examples[: state.heatmap_scan_limit])
         except RagscopeError as e:
-            st.error(f"The scan failed: {e}")
+            st.error(f"The scan failed: {md(e)}")
             return
         state.heatmap_scan.setdefault(scan_key, {}).update(found)
 
@@ -374,7 +375,8 @@ def span_readout(
         focus = (int(hit.min()), int(hit.max()))
         touches = any(g0 < s1 and s0 < g1 for g0, g1 in gold)
         b3.markdown(
-            f"Span {state.heatmap_focus + 1} of {len(pred)}: **\u201c{text[s0:s1].strip()}\u201d** "
+            f"Span {state.heatmap_focus + 1} of {len(pred)}: "
+            f"**\u201c{md(text[s0:s1].strip())}\u201d** "
             f"(characters {s0}\u2013{s1}; max score {vals[focus[0] : focus[1] + 1].max():.2f}; "
             f"{'overlaps a gold span' if touches else 'no gold span here'})"
         )
@@ -400,8 +402,11 @@ def loss_curve(cortex: CortexDetector) -> None:
         return
     val = info.get("validation_loss_curve") or []
     with st.expander(
-        f"CORTEX training: {info.get('n_tokens', '?')} tokens of {info.get('n_token_answers', '?')} "
-        f"answers, {info.get('n_positive_tokens', '?')} in gold spans"
+        md(
+            f"CORTEX training: {info.get('n_tokens', '?')} tokens of "
+            f"{info.get('n_token_answers', '?')} answers, "
+            f"{info.get('n_positive_tokens', '?')} in gold spans"
+        )
     ):
         fig = go.Figure()
         epochs = list(range(1, len(train) + 1))
@@ -454,8 +459,8 @@ def main() -> None:
         loss_curve(cortex)
     if cortex is None:
         st.info(
-            f"No CORTEX detector is trained for {model.info.display_name} yet; the other rows "
-            f"still show. Train it with `{train_command(CORTEX, shipped.folder)}`."
+            f"No CORTEX detector is trained for {md(model.info.display_name)} yet; the other "
+            f"rows still show. Train it with {code(train_command(CORTEX, shipped.folder))}."
         )
     picked = pick_page_answer(
         state, "heatmap", ANSWER_KEYS, narrow=flagged_only(state, model, cortex)
@@ -467,7 +472,7 @@ def main() -> None:
         with st.spinner("Tracing the answer (with and without the passages)…"):
             a = read_answer(model, example, ids, shipped)
     except RagscopeError as e:
-        st.error(f"This answer could not be analysed: {e}  \nFix: pick another example.")
+        st.error(f"This answer could not be analysed: {md(e)}  \nFix: pick another example.")
         return
     st.divider()
     # The sliders' values were synced at the top, so the rows are built once.
@@ -498,7 +503,7 @@ def main() -> None:
     st.caption(
         "Scores run white (0) to red (1); gold cells are blue inside a hallucinated span; "
         "RAGLens rows show each SAE feature's activation relative to its peak in this answer; "
-        f"the threshold reads **{state.heatmap_flag_row or 'no row'}**."
+        f"the threshold reads **{md(state.heatmap_flag_row or 'no row')}**."
     )
 
 

@@ -23,6 +23,7 @@ from app.components.example_picker import (
     pick_example,
     show_playground_answer,
 )
+from app.components.text import code, md
 from app.state import (
     ALL_SPLITS,
     HEADS_EXAMPLE_DATASET,
@@ -70,7 +71,7 @@ def dataset_examples(state: AppState) -> tuple[str, str, list[RAGExample]] | Non
     try:
         return heads_examples(state.tokens_dataset, state.dataset)
     except RagscopeError as e:
-        st.error(f"{labels[state.tokens_dataset]} cannot be read: {e}")
+        st.error(f"{md(labels[state.tokens_dataset])} cannot be read: {md(e)}")
         return None
 
 
@@ -111,7 +112,7 @@ def pick_answer(
     with c2:
         ex = pick_example(examples, state.tokens_example_id.get(key), key=KEY_TOKENS_EXAMPLE)
     state.tokens_example_id[key] = ex.id
-    st.caption(f"Answer: \u201c{first_words(ex.response, 40)}\u201d")
+    st.caption(f"Answer: \u201c{md(first_words(ex.response, 40))}\u201d")
     return ex, None, examples
 
 
@@ -187,8 +188,9 @@ def quick_fit_offer(
 ) -> None:
     """The train command, and a button for a quick fit on a few labelled examples."""
     st.info(
-        f"No trained spad detector for {model.info.display_name}, so no verdict to explain. "
-        f"Make one with `{train_command(SPAD, shipped.folder)}` and reload this page."
+        f"No trained spad detector for {md(model.info.display_name)}, so no verdict to "
+        f"explain. Make one with {code(train_command(SPAD, shipped.folder))} and reload this "
+        "page."
     )
     pool = stats_examples(examples, ALL_SPLITS, QUICK_FIT_MIN)
     split, train = quick_fit_examples(examples, pool, QUICK_FIT_MIN)
@@ -200,7 +202,7 @@ def quick_fit_offer(
         train,
         split=split,
         dataset_label=dataset,
-        note=f"Or make a **quick fit** on {len(train)} labelled answers of {where}{dataset} "
+        note=f"Or make a **quick fit** on {len(train)} labelled answers of {where}{md(dataset)} "
         "(seconds; too few examples to trust its verdicts, enough to show the waterfall).",
         key=KEY_TOKENS_QUICK_FIT,
     )
@@ -225,7 +227,7 @@ def show_waterfall(
     try:
         result = answer_shap(answer, choice)
     except RagscopeError as e:
-        st.error(f"The SHAP values could not be computed: {e}")
+        st.error(f"The SHAP values could not be computed: {md(e)}")
         return
     draw_waterfall(choice, result, answer)
 
@@ -242,7 +244,7 @@ def draw_waterfall(choice: SpadChoice, result: ShapResult, answer: AnswerSources
         )
         st.warning(
             f"**Quick fit** (not a trained detector): fitted in this session on {len(q.ids)} "
-            f"answers of {q.dataset_label}.{inside}",
+            f"answers of {md(q.dataset_label)}.{inside}",
             icon=":material/bolt:",
         )
         which = "The quick fit"
@@ -307,7 +309,7 @@ def main() -> None:
             answer = answer_sources(model, example, response_ids=response_ids)
     except RagscopeError as e:
         st.error(
-            f"This answer could not be analysed: {e}  \nFix: pick another example, or "
+            f"This answer could not be analysed: {md(e)}  \nFix: pick another example, or "
             "correct it in the Playground."
         )
         return

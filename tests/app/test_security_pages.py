@@ -5,6 +5,7 @@ names, and untrusted text that stays text."""
 
 from __future__ import annotations
 
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -161,3 +162,83 @@ def test_a_hostile_upload_lists_its_bad_records_and_nothing_escapes(
     assert not any("/" in r.split(":")[0] or "\\" in r.split(":")[0] for r in errors["record"])
     assert at.button(key="home.import").label == "Import 1 examples"
     assert not (tmp_path.parent / "passwd.jsonl").exists()
+
+
+EVIL = "http://evil.example/x"
+ATTACK = f"![pixel]({EVIL}.png) [click]({EVIL}) :red[red] $x$ <b>bold</b>"
+PAGES = [
+    "views/playground.py",
+    "views/token_heatmaps.py",
+    "views/counterfactual.py",
+    "views/mitigation.py",
+    "views/heads.py",
+    "views/shap_summary.py",
+    "views/token_sources.py",
+    "views/gam.py",
+    "views/feature_explanations.py",
+    "views/benchmark.py",
+    "views/agreement.py",
+    "views/review.py",
+    "views/learn.py",
+]
+UNESCAPED = re.compile(r"(?<!\\)!\[|(?<!\\)\[click|(?<!\\):red\[|(?<!\\)\$x|(?<!\\)<b>")
+
+
+def _rendered_markdown(at: AppTest) -> list[str]:
+    """Every string the page hands Streamlit to render as Markdown."""
+    out = [
+        el.value
+        for kind in (
+            "markdown",
+            "caption",
+            "info",
+            "warning",
+            "error",
+            "success",
+            "title",
+            "subheader",
+            "header",
+        )
+        for el in getattr(at, kind)
+    ]
+    out += [e.label for e in at.expander] + [b.label for b in at.button]
+    out += [str(o) for r in at.radio for o in r.options] + [m.label for m in at.metric]
+    return [str(x) for x in out]
+
+
+def test_untrusted_text_is_never_markup_on_any_page(
+    make_app: Callable[[], AppTest], app_env: Path
+) -> None:
+    from app.state import ANSWER_PASTE, KEY_ANALYSE, KEY_ANSWER_SOURCE, KEY_DATASET
+    from core.examples import RAGExample, Span
+
+    answer = f"It is tall. {ATTACK}"
+    hostile = RAGExample(
+        id=f"id {ATTACK}",
+        question=f"# Heading {ATTACK}",
+        passages=(f"> quote {ATTACK}", "- list item"),
+        response=answer,
+        spans=(Span(start=12, end=len(answer), type=ATTACK, note=ATTACK),),
+    )
+    with Store(app_env) as s:
+        s.import_dataset(f"set {ATTACK}", [hostile], source=ATTACK, fmt="ragscope")
+    at = make_app().run()
+    picker = at.radio(key=KEY_DATASET)
+    picker.set_value(next(o for o in picker.options if "set" in o)).run()
+    seen: dict[str, list[str]] = {"home": _rendered_markdown(at)}
+    at.switch_page("views/playground.py").run()
+    at.radio(key=KEY_ANSWER_SOURCE).set_value(ANSWER_PASTE).run()
+    at.button(key=KEY_ANALYSE).click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert any("Heading" in m for m in _rendered_markdown(at)), "the hostile example is not shown"
+    for page in PAGES:
+        at.switch_page(page).run()
+        assert not at.exception, (page, [e.value for e in at.exception])
+        seen[page] = _rendered_markdown(at)
+    code_spans = re.compile(r"(`+)(?!`).*?(?<!`)\1(?!`)")  # inline code shows text as is
+    bad = {
+        p: [t for t in texts if UNESCAPED.search(code_spans.sub("", t))]
+        for p, texts in seen.items()
+    }
+    assert len(seen) == len(PAGES) + 1
+    assert not any(bad.values()), {p: b for p, b in bad.items() if b}
