@@ -107,6 +107,7 @@ def test_login_gates_every_page_and_reviews_carry_the_identity(app_url, db, open
             body = stranger.locator("body").inner_text()
             assert "Reviewing as" not in body and "Model" not in body
             assert not stranger.get_by_role("heading", name="Review flagged spans").count()
+        stranger.screenshot(path=str(LOG.with_name("login.png")))
         stranger.close()
 
         page = browser.new_page(viewport={"width": 1400, "height": 1000})
