@@ -20,7 +20,7 @@ from typing import Any
 
 import streamlit as st
 
-from app.components.text import md
+from app.text import md
 from core.llmserve import is_loopback_host
 
 KEY_LOGIN = "auth.login"

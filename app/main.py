@@ -14,8 +14,8 @@ from pathlib import Path
 import streamlit as st
 
 from app.auth import exposure_banner, login_gate
-from app.components.text import md
 from app.state import get_model
+from app.text import md
 
 PAGES_DIR = Path(__file__).parent / "views"
 

@@ -29,14 +29,38 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 import streamlit as st
 
-from app.components.text import md
-from core.errors import DataError, ModelError, RagscopeError
+from app.text import md
+from core.contract import Run, artifact_info
+from core.datasets import (
+    builtin_answers_path,
+    builtin_examples,
+    load_builtin,
+    load_dataset,
+    resolve_dataset,
+    shared_data_dir,
+)
+from core.detectors import available_detectors, load_shipped, make_detector, shipped_artifacts
+from core.errors import DataError, ModelError, RagscopeError, StorageError
+from core.evaluate import EvalRun, list_runs
+from core.examples import RAGExample
+from core.explain import feature_examples
+from core.extract import FeatureCache, extract_features, run_example
+from core.headstats import HeadStats, head_view
+from core.layout import render
+from core.model import load_model
+from core.paths import repo_root, runs_dir, shipped_dir, shipped_runs_dir
+from core.shapviz import shap_values
+from core.smoothing import P_STAY_TOKEN
+from core.spad import response_pos
+from core.splits import stratified_head
+from core.storage import Store, default_db_path
+from core.trace import response_needs, token_surprisal, trace
 
 if TYPE_CHECKING:
     import pandas as pd
 
+    from core.contract import Detector, Features, Verdict
     from core.counterfactual import Counterfactual
-    from core.detectors import Detector, Features, Verdict
     from core.evaluate import EvalRun
     from core.examples import RAGExample
     from core.explain import FeatureExamples, FidelityResult
@@ -224,7 +248,6 @@ class ModelLoader:
         self.fraction = min(max(float(fraction), 0.0), 1.0)
 
     def _run(self) -> None:
-        from core.model import load_model
 
         try:
             model = load_model(self.spec, device=self.device, progress=self._progress)
@@ -251,9 +274,6 @@ def _warm_up(model: LoadedModel) -> None:
     The first forward pass after loading pages the weights in and sets up kernels (about
     10 s for the embedded model on a small CPU machine); later passes take well under 1 s.
     """
-    from core.examples import RAGExample
-    from core.layout import render
-    from core.trace import response_needs, trace
 
     example = RAGExample(
         id="warm-up", question="Who?", passages=("Ada built it.",), response="Ada."
@@ -293,12 +313,6 @@ def get_model() -> LoadedModel:
             st.stop()
         raise err if err is not None else ModelError(f"loading {spec!r} returned nothing")
     return loader.model
-
-
-def model_key(model: LoadedModel) -> str:
-    """A string that identifies the model's weights, for cache keys."""
-    i = model.info
-    return f"{i.name}|{model.source}|{i.device}|{i.dtype}"
 
 
 # --------------------------------------------------------------------------- datasets
@@ -342,7 +356,7 @@ class DatasetRef:
     @property
     def markdown_label(self) -> str:
         """:attr:`label` for widgets that render Markdown (radio options): the dataset's
-        name, which the importer chose, escaped (:func:`app.components.text.md`)."""
+        name, which the importer chose, escaped (:func:`app.text.md`)."""
         if self.kind in ("shared", "store"):
             return self.label.replace(self.name, md(self.name), 1)
         return self.label
@@ -358,7 +372,6 @@ BUILTIN_ANSWERS = DatasetRef(kind="builtin", name="answers")
 
 @st.cache_data(show_spinner="Reading the built-in examples…")
 def _builtin_examples() -> list[RAGExample]:
-    from core.datasets import builtin_examples
 
     return builtin_examples()
 
@@ -366,7 +379,6 @@ def _builtin_examples() -> list[RAGExample]:
 @st.cache_data(show_spinner="Reading the dataset file…", max_entries=8)
 def _file_examples(path: str, mtime: float) -> list[RAGExample]:
     """Examples of a dataset file (bad records skipped); ``mtime`` keys the cache."""
-    from core.datasets import load_dataset
 
     return list(load_dataset(path, on_error="skip").examples)
 
@@ -379,14 +391,12 @@ def _stored_examples(db_path: str, name: str, created_at: str) -> list[RAGExampl
 
 @st.cache_resource(show_spinner=False)
 def _store(db_path: str) -> Store:
-    from core.storage import Store
 
     return Store(db_path)
 
 
 def get_store() -> Store:
     """The shared database (``RAGSCOPE_DB``, else in the cache dir)."""
-    from core.storage import default_db_path
 
     return _store(str(default_db_path()))
 
@@ -397,7 +407,6 @@ def dataset_choices() -> list[DatasetRef]:
     Raises:
         StorageError: The database cannot be opened.
     """
-    from core.datasets import builtin_answers_path, shared_data_dir
 
     out = [BUILTIN]
     if builtin_answers_path().is_file():
@@ -424,8 +433,6 @@ def load_examples(ref: DatasetRef) -> list[RAGExample]:
         StorageError: The stored dataset is gone.
     """
     if ref == BUILTIN_ANSWERS:
-        from core.datasets import builtin_answers_path
-
         path = builtin_answers_path()
         return _file_examples(str(path), path.stat().st_mtime)
     if ref.kind == "builtin":
@@ -436,8 +443,6 @@ def load_examples(ref: DatasetRef) -> list[RAGExample]:
     store = get_store()
     info = {d.name: d for d in store.list_datasets()}.get(ref.name)
     if info is None:
-        from core.errors import StorageError
-
         raise StorageError(f"the imported dataset {ref.name!r} is no longer stored; pick another")
     return _stored_examples(store.path, ref.name, info.created_at)
 
@@ -505,8 +510,6 @@ def read_upload(file_name: str, data: bytes) -> UploadReport:
     import tempfile
     from dataclasses import replace
 
-    from core.datasets import load_dataset
-
     safe_name = upload_file_name(file_name)
     with tempfile.TemporaryDirectory(prefix="ragscope-upload-") as tmp:
         path = Path(tmp) / safe_name
@@ -543,7 +546,6 @@ def read_upload(file_name: str, data: bytes) -> UploadReport:
 @st.cache_data(show_spinner=False, max_entries=64)
 def _read_run(path: str, mtime: float) -> EvalRun:
     """One saved run; ``mtime`` keys the cache (a re-saved run is read again)."""
-    from core.evaluate import EvalRun
 
     return EvalRun.load(path)
 
@@ -570,7 +572,6 @@ class SavedRuns:
 
 def saved_runs() -> SavedRuns:
     """This machine's runs (:func:`core.evaluate.runs_dir`) and the shipped ones."""
-    from core.evaluate import list_runs, runs_dir, shipped_runs_dir
 
     folder, shipped_folder = runs_dir(), shipped_runs_dir()
     runs: dict[str, EvalRun] = {}
@@ -650,7 +651,6 @@ def dataset_summary(spec: str) -> DatasetSummary:
         DataError: The dataset cannot be read (for ``builtin``: the corpus is not built).
         StorageError: The database cannot be opened.
     """
-    from core.datasets import resolve_dataset
 
     name, examples = resolve_dataset(spec, on_error="skip")
     return DatasetSummary(
@@ -724,8 +724,6 @@ def _analyse_cached(
     response_ids: tuple[int, ...] | None,
 ) -> tuple[Layout, np.ndarray, float]:
     """render -> trace -> surprisal; keyed by ``model_id`` and ``signature``."""
-    from core.layout import render
-    from core.trace import response_needs, token_surprisal, trace
 
     layout = render(_example, _model, response_ids=response_ids)
     tr = trace(_model, layout, response_needs())
@@ -747,7 +745,7 @@ def analyse(
     """
     ids = tuple(int(i) for i in response_ids) if response_ids is not None else None
     sig = input_signature(example, ids)
-    layout, surprisal, seconds = _analyse_cached(model, model_key(model), example, sig, ids)
+    layout, surprisal, seconds = _analyse_cached(model, model.instance_key, example, sig, ids)
     return Analysis(
         example=example,
         layout=layout,
@@ -850,7 +848,6 @@ def _cfg_value(cfg: dict[str, Any], *path: str) -> object:
 
 def _artifact_cfg(folder: Path) -> dict[str, Any]:
     """An artifact's ``cfg.json``, or ``{}`` when it cannot be read."""
-    from core.detectors import artifact_info
 
     try:
         return artifact_info(folder)
@@ -883,7 +880,6 @@ def _shipped_detector(name: str, folder: Path, detector: Detector) -> ShippedDet
 @st.cache_resource(show_spinner="Loading the trained detectors…", max_entries=8)
 def _shipped_detectors(model_key: str, folder: str, stamp: str) -> ShippedDetectors:
     """Load every artifact in ``folder`` made for ``model_key``; ``stamp`` keys the cache."""
-    from core.detectors import available_detectors, load_shipped, shipped_artifacts
 
     root = Path(folder)
     readable = shipped_artifacts(folder=root)
@@ -923,7 +919,6 @@ def shipped_detectors(model: LoadedModel) -> ShippedDetectors:
     else ``assets/detectors``). A broken artifact does not raise: it is listed in
     :attr:`ShippedDetectors.broken` and the others still load.
     """
-    from core.detectors import shipped_dir
 
     root = shipped_dir()
     return _shipped_detectors(model.info.key, str(root), _artifacts_stamp(root))
@@ -994,8 +989,6 @@ def _verdicts_cached(
     """One shared trace -> features -> verdicts; keyed by model, input and detector set."""
     import time
 
-    from core.extract import run_example
-
     t0 = time.perf_counter()
     features = run_example(_model, _example, list(_detectors))
     verdicts = tuple(d.predict(features[d.name]) for d in _detectors)
@@ -1016,7 +1009,7 @@ def detector_verdicts(
     dets = tuple(s.detector for s in shipped.detectors)
     verdicts, seconds, features = (
         _verdicts_cached(
-            model, model_key(model), analysis.example, analysis.signature, dets, shipped.cache_id
+            model, model.instance_key, analysis.example, analysis.signature, dets, shipped.cache_id
         )
         if dets
         else ((), 0.0, {})
@@ -1067,7 +1060,6 @@ REDEEP_DETECTORS: tuple[str, ...] = ("redeep_token", "redeep_chunk")
 
 @st.cache_data(show_spinner="Reading the built-in labelled corpus…")
 def _corpus_examples() -> list[RAGExample]:
-    from core.corpus import load_builtin
 
     return load_builtin()
 
@@ -1110,7 +1102,6 @@ def stats_examples(examples: Sequence[RAGExample], split: str, n: int) -> list[R
     Whole sources keep each faithful answer next to its hallucinated variant where a
     dataset has both (the built-in corpus), so both classes show up in a small sample.
     """
-    from core.evaluate import stratified_head
 
     pool = [e for e in examples if split == ALL_SPLITS or e.provenance.split == split]
     labelled = [e for e in pool if e.label is not None]
@@ -1134,7 +1125,7 @@ class FeatureRequest:
         computed: Examples that needed a traced pass.
         cache_hits: Examples read from the feature cache.
         seconds: Extraction wall time.
-        model: :func:`model_key` of the model they were extracted with.
+        model: :attr:`~core.model.LoadedModel.instance_key` of the model they were extracted with.
     """
 
     detector: str
@@ -1175,8 +1166,6 @@ def extract_request(
         StorageError: The feature cache cannot be opened.
         ModelError: The model cannot run the detector (e.g. spaCy model missing).
     """
-    from core.detectors import make_detector
-    from core.extract import FeatureCache, extract_features
 
     ext = extract_features(
         model,
@@ -1199,7 +1188,7 @@ def extract_request(
         computed=ext.computed,
         cache_hits=ext.cache_hits,
         seconds=ext.seconds,
-        model=model_key(model),
+        model=model.instance_key,
     )
 
 
@@ -1235,9 +1224,6 @@ def _head_stats_cached(
     The features come from the feature cache, where :func:`extract_request` put
     them (traced again only if the cache lost them).
     """
-    from core.detectors import make_detector
-    from core.extract import FeatureCache, extract_features
-    from core.headstats import HeadStats
 
     ext = extract_features(
         _model,
@@ -1270,7 +1256,7 @@ def head_stats(
     """
     chosen = request_examples(request, examples)
     return _head_stats_cached(
-        model, model_key(model), request.dataset_key, request.ids, level, chosen
+        model, model.instance_key, request.dataset_key, request.ids, level, chosen
     )
 
 
@@ -1290,7 +1276,6 @@ def _head_view_cached(
     detectors_id: str,
 ) -> HeadView:
     """One traced pass -> every head's view of the answer; keyed by model, input, detectors."""
-    from core.headstats import head_view
 
     return head_view(_model, _example, response_ids=response_ids, detectors=_detectors)
 
@@ -1314,7 +1299,7 @@ def answer_heads(
     detectors_id = f"{shipped.cache_id}|{','.join(d.name for d in dets)}"
     return _head_view_cached(
         model,
-        model_key(model),
+        model.instance_key,
         example,
         input_signature(example, ids),
         ids,
@@ -1335,7 +1320,6 @@ fixed shallow trees (:data:`core.detectors.spad.NO_SEARCH_PARAMS`); fits in a se
 
 def shown_folder(folder: Path) -> str:
     """``folder`` relative to the checkout when inside it (as commands there name it)."""
-    from core.datasets import repo_root
 
     try:
         return str(folder.resolve().relative_to(repo_root()))
@@ -1359,7 +1343,7 @@ class QuickSpad:
 
     Attributes:
         detector: The fitted detector.
-        model: :func:`model_key` of the model its features came from.
+        model: :attr:`~core.model.LoadedModel.instance_key` of the model its features came from.
         dataset_label: The dataset it was fitted on.
         split: The split its examples came from (:data:`ALL_SPLITS`: any).
         ids: The training examples.
@@ -1408,9 +1392,6 @@ def fit_quick_spad(
     """
     import time
 
-    from core.detectors import make_detector
-    from core.extract import FeatureCache, extract_features
-
     t0 = time.perf_counter()
     ext = extract_features(
         model,
@@ -1435,11 +1416,11 @@ def fit_quick_spad(
     det.fit([f for f, _ in kept], [e for _, e in kept])
     ids = tuple(e.id for _, e in kept)
     fit_id = hashlib.sha256(
-        json.dumps([model_key(model), dataset_label, split, ids]).encode("utf-8")
+        json.dumps([model.instance_key, dataset_label, split, ids]).encode("utf-8")
     ).hexdigest()[:16]
     return QuickSpad(
         detector=det,
-        model=model_key(model),
+        model=model.instance_key,
         dataset_label=dataset_label,
         split=split,
         ids=ids,
@@ -1483,7 +1464,7 @@ def spad_choice(
                 fit=None,
                 cache_id=f"shipped|{shipped.cache_id}",
             )
-    if quick is not None and quick.model == model_key(model):
+    if quick is not None and quick.model == model.instance_key:
         return SpadChoice(
             detector=quick.detector,
             quick=True,
@@ -1506,9 +1487,6 @@ def _shap_cached(
 ) -> ShapResult:
     """TreeSHAP of ``_detector`` on the examples ``ids``; keyed by model, dataset, ids and
     detector. Features come from the feature cache (traced again only if it lost them)."""
-    from core.detectors import make_detector
-    from core.extract import FeatureCache, extract_features
-    from core.shapviz import shap_values
 
     ext = extract_features(
         _model, _examples, [make_detector(SPAD)], cache=FeatureCache(get_store()), on_error="skip"
@@ -1533,7 +1511,7 @@ def shap_summary(
     chosen = request_examples(request, examples)
     return _shap_cached(
         model,
-        model_key(model),
+        model.instance_key,
         request.dataset_key,
         request.ids,
         chosen,
@@ -1579,11 +1557,6 @@ def _answer_sources_cached(
     """render -> one trace -> seven sources + POS + spad features; keyed by model and input."""
     import time
 
-    from core.detectors import Run, make_detector
-    from core.layout import render
-    from core.spad import response_pos
-    from core.trace import trace
-
     t0 = time.perf_counter()
     det = make_detector(SPAD)
     layout = render(_example, _model, response_ids=response_ids)
@@ -1614,7 +1587,7 @@ def answer_sources(
     """
     ids = tuple(int(i) for i in response_ids) if response_ids is not None else None
     return _answer_sources_cached(
-        model, model_key(model), example, input_signature(example, ids), ids
+        model, model.instance_key, example, input_signature(example, ids), ids
     )
 
 
@@ -1622,7 +1595,6 @@ def answer_sources(
 def _answer_shap_cached(
     example_id: str, signature: str, _features: Features, _detector: Detector, detector_id: str
 ) -> ShapResult:
-    from core.shapviz import shap_values
 
     return shap_values(_detector, [_features])  # type: ignore[arg-type]
 
@@ -1699,7 +1671,6 @@ def _feature_examples_cached(
 
     The encoded answers come from :mod:`core.explain`'s in-process cache (read again only
     if it dropped them)."""
-    from core.explain import feature_examples
 
     return feature_examples(_model, _sae, _examples, feature, activation=activation)  # type: ignore[arg-type]
 
@@ -1726,7 +1697,7 @@ def sae_feature_examples(
         )
     return _feature_examples_cached(
         model,
-        model_key(model),
+        model.instance_key,
         sae,
         sae.key,
         request.activation,
@@ -1935,7 +1906,7 @@ class AppState:
     heatmap_example_source: str | None = None
     heatmap_dataset: str = HEADS_FROM_HOME
     heatmap_example_id: dict[str, str] = field(default_factory=dict)
-    heatmap_p_stay: float = 0.993
+    heatmap_p_stay: float = P_STAY_TOKEN
     heatmap_threshold: float | None = None
     heatmap_flag_row: str | None = None
     heatmap_smooth_all: bool = False

@@ -42,18 +42,22 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from core.contract import Detector, require_fitted
+from core.detectors.common import parse_head
+from core.ecs import ecs_rows, top_k
 from core.errors import DataError, ModelError
 from core.examples import RAGExample, Task
+from core.extract import run_example
 from core.generate import AnswerStream, Generation, GenerationConfig, StopReason, _stop_ids
 from core.layout import encode_prompt, prompt_pieces
+from core.lens import layer_jsd
+from core.model import LoadedModel
 from core.trace import Needs
 
 if TYPE_CHECKING:
     import pandas as pd
     import torch
     from jaxtyping import Bool, Float, Int
-
-    from core.model import LoadedModel
 
 Head = tuple[int, int]
 ScoreScale = Literal["probability", "h"]
@@ -264,8 +268,6 @@ class StepScorer:
     def __init__(
         self, model: LoadedModel, detector: Any, example_or_prompt: RAGExample | AnswerPrompt
     ) -> None:
-        from core.detectors.redeep import parse_head
-        from core.ecs import top_k
 
         _check_detector(detector, model)
         self.model = model
@@ -304,9 +306,6 @@ class StepScorer:
     def __call__(self, answer_ids: Sequence[int] = ()) -> StepScore:
         """Score the step after ``answer_ids`` (the answer's tokens so far)."""
         import torch
-
-        from core.ecs import ecs_rows
-        from core.lens import layer_jsd
 
         model = self.model
         store: dict[tuple[str, int | None], torch.Tensor] = {}
@@ -365,7 +364,6 @@ class StepScorer:
 
 
 def _check_detector(detector: Any, model: LoadedModel) -> None:
-    from core.detectors.base import require_fitted
 
     name = getattr(detector, "name", type(detector).__name__)
     if getattr(detector, "level", None) != "token" or not hasattr(detector, "unit_h"):
@@ -476,7 +474,7 @@ class AARFResult:
         out["aarf"] = self.text
         return out
 
-    def rescore(self, model: LoadedModel, detectors: Sequence[Any]) -> AnswerScores:
+    def rescore(self, model: LoadedModel, detectors: Sequence[Detector]) -> AnswerScores:
         """Both answers re-scored by every fitted detector (:func:`rescore_answers`)."""
         return rescore_answers(model, self.prompt, self.answers(), detectors)
 
@@ -702,7 +700,7 @@ def rescore_answers(
     model: LoadedModel,
     example_or_prompt: RAGExample | AnswerPrompt,
     answers: Mapping[str, str],
-    detectors: Sequence[Any],
+    detectors: Sequence[Detector],
 ) -> AnswerScores:
     """Score each answer as the response to the same prompt with every fitted detector.
 
@@ -717,7 +715,6 @@ def rescore_answers(
         answers: Label -> answer text (e.g. :meth:`AARFResult.answers`).
         detectors: Fitted detectors.
     """
-    from core.extract import run_example
 
     prompt = _as_prompt(example_or_prompt)
     rows: list[AnswerScore] = []

@@ -20,11 +20,11 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from core.contract import Verdict
+from core.examples import RAGExample
+
 if TYPE_CHECKING:
     import pandas as pd
-
-    from core.detectors.base import Verdict
-    from core.examples import RAGExample
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

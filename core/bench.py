@@ -20,9 +20,15 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.datasets import load_builtin
+from core.detectors import make_detector, runnable_detectors
 from core.examples import RAGExample
+from core.extract import FeatureCache, extract_features, run_example
+from core.heads import copying_scores
 from core.layout import Layout, render
 from core.model import EMBEDDED, LoadedModel, load_model, prepare_embedded
+from core.splits import stratified_head
+from core.storage import Store
 from core.trace import Needs, trace
 
 _FILLER = (
@@ -146,12 +152,6 @@ def bench_extraction(
     The cache lives in a throw-away store, so the cold pass really computes.
     """
     import torch
-
-    from core.corpus import load_builtin
-    from core.detectors import make_detector, runnable_detectors
-    from core.evaluate import stratified_head
-    from core.extract import FeatureCache, extract_features
-    from core.storage import Store
 
     names = tuple(detectors or runnable_detectors(model))
     exs = stratified_head(load_builtin(None), n_examples)
@@ -300,10 +300,6 @@ def run_bench(
     feature_cases = []
     copying_s = None
     if features:
-        from core.detectors import make_detector
-        from core.extract import run_example
-        from core.heads import copying_scores
-
         say("copying scores (uncached) ...")
         t0 = time.perf_counter()
         copying_scores(model, cache=False)

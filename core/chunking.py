@@ -25,12 +25,11 @@ import numpy as np
 
 from core.errors import ModelError
 from core.examples import Span
+from core.layout import Layout
 
 if TYPE_CHECKING:
     import pandas as pd
     from jaxtyping import Int
-
-    from core.layout import Layout
 
 ChunkMethod = Literal["recursive", "sentence"]
 ChunkSource = Literal["response", "passage"]

@@ -14,7 +14,43 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from core.aarf import aarf_generate
+from core.bench import run_bench
+from core.contract import artifact_info, compare_artifacts
+from core.datasets import DEMO, load_dataset, resolve_dataset, save_jsonl
+from core.detectors import (
+    detector_class,
+    load_shipped,
+    make_detector,
+    seal_artifact,
+    shipped_artifacts,
+)
+from core.detectors.spad import split_errors
 from core.errors import DataError, RagscopeError
+from core.evaluate import evaluate, token_threshold
+from core.examples import Provenance, RAGExample, source_key
+from core.extract import FeatureCache, extract_features
+from core.generate import AnswerStream, GenerationConfig, generate
+from core.layout import render
+from core.llm import CONFIG_HELP, LLMEndpoint
+from core.llmserve import ENV_API_KEY, ServeLimits, make_server
+from core.mitigate import mitigate_batch
+from core.model import embedded_cache_path, embedded_gguf_path, load_model, prepare_embedded
+from core.paths import cache_dir, repo_root, runs_dir, shipped_dir, shipped_sae_dir
+from core.sae import (
+    DEFAULT_SOURCES,
+    SaeSettings,
+    evaluate_sae,
+    load_sae,
+    sae_corpus,
+    train_and_save,
+)
+from core.shapviz import shap_values
+from core.smoothing import P_STAY_TOKEN
+from core.spad import SPLIT_TOLERANCE
+from core.splits import data_hash, make_splits
+from core.storage import Store
+from core.trace import Needs, response_needs, token_surprisal, trace
 
 
 def _add_model_args(p: argparse.ArgumentParser) -> None:
@@ -64,15 +100,11 @@ def _progress(msg: str, frac: float) -> None:
 
 
 def _load(args: argparse.Namespace):  # noqa: ANN202 - LoadedModel, imported lazily
-    from core.model import load_model
 
     return load_model(args.model, device=args.device, progress=_progress)
 
 
 def _pick_example(args: argparse.Namespace, *, need_response: bool):  # noqa: ANN202
-    from core.datasets import DEMO, resolve_dataset
-    from core.errors import DataError
-    from core.examples import RAGExample
 
     if args.dataset is None and args.question is None and not args.passage:
         args.dataset = DEMO
@@ -114,8 +146,6 @@ def _pick_example(args: argparse.Namespace, *, need_response: bool):  # noqa: AN
 def cmd_info(args: argparse.Namespace) -> int:
     import importlib.metadata as md
 
-    from core.model import cache_dir, embedded_cache_path, embedded_gguf_path
-
     out: dict[str, Any] = {
         "ragscope": md.version("ragscope"),
         "cache_dir": str(cache_dir()),
@@ -140,8 +170,6 @@ def cmd_info(args: argparse.Namespace) -> int:
 def cmd_prepare(args: argparse.Namespace) -> int:
     import time
 
-    from core.model import embedded_cache_path, prepare_embedded
-
     t0 = time.perf_counter()
     already = (embedded_cache_path() / "model.safetensors").is_file() and not args.force
     path = prepare_embedded(_progress, force=args.force)
@@ -151,7 +179,6 @@ def cmd_prepare(args: argparse.Namespace) -> int:
 
 
 def cmd_generate(args: argparse.Namespace) -> int:
-    from core.generate import AnswerStream, GenerationConfig
 
     ex = _pick_example(args, need_response=False)
     model = _load(args)
@@ -182,9 +209,6 @@ def cmd_generate(args: argparse.Namespace) -> int:
 
 def cmd_trace(args: argparse.Namespace) -> int:
     import numpy as np
-
-    from core.layout import render
-    from core.trace import Needs, response_needs, token_surprisal, trace
 
     ex = _pick_example(args, need_response=True)
     model = _load(args)
@@ -234,11 +258,8 @@ def cmd_trace(args: argparse.Namespace) -> int:
 
 
 def cmd_datasets(args: argparse.Namespace) -> int:
-    from core.datasets import load_dataset
 
     if args.action == "list":
-        from core.storage import Store
-
         with Store() as store:
             rows = store.list_datasets()
         if not rows:
@@ -252,7 +273,6 @@ def cmd_datasets(args: argparse.Namespace) -> int:
         return 1 if report.errors else 0
     report = load_dataset(args.path, fmt=args.format, on_error="skip" if args.skip_bad else "raise")
     print(report.summary())
-    from core.storage import Store
 
     name = args.name or Path(args.path).stem
     with Store() as store:
@@ -271,7 +291,6 @@ def cmd_datasets(args: argparse.Namespace) -> int:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from core.bench import run_bench
 
     rep = run_bench(
         args.model,
@@ -307,7 +326,6 @@ def _tqdm_progress(desc: str):  # noqa: ANN202
 
 
 def _eval_splits(args: argparse.Namespace):  # noqa: ANN202
-    from core.evaluate import make_splits
 
     return make_splits(args.dataset, args.test_dataset, limit=args.limit, seed=args.seed)
 
@@ -318,7 +336,6 @@ def _split_examples(args: argparse.Namespace) -> list[Any]:
     Raises:
         DataError: That split is empty.
     """
-    from core.errors import DataError
 
     _, _, splits = _eval_splits(args)
     parts = ("train", "validation", "test") if args.split == "all" else (args.split,)
@@ -331,7 +348,6 @@ def _split_examples(args: argparse.Namespace) -> list[Any]:
 def _detector_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """``--set NAME.OPTION=VALUE`` flags -> ``{name: {option: value}}`` (values read as JSON
     when they parse, else as strings: ``scorer=logistic``, ``pool=sum``, ``topk_frac=0.2``)."""
-    from core.errors import DataError
 
     out: dict[str, dict[str, Any]] = {}
     for item in getattr(args, "set", None) or []:
@@ -350,9 +366,6 @@ def _detector_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
 
 
 def cmd_evaluate(args: argparse.Namespace) -> int:
-    from core.evaluate import evaluate, runs_dir
-    from core.extract import FeatureCache
-    from core.storage import Store
 
     names = [d for d in args.detectors.split(",") if d]
     train_name, test_name, splits = _eval_splits(args)
@@ -387,12 +400,6 @@ def cmd_spad_check(args: argparse.Namespace) -> int:
     """Max ``|sum of the seven SPAD sources - P_final|`` over a dataset's answer tokens."""
     import numpy as np
 
-    from core.detectors.base import make_detector
-    from core.detectors.spad import split_errors
-    from core.extract import FeatureCache, extract_features
-    from core.spad import SPLIT_TOLERANCE
-    from core.storage import Store
-
     _, _, splits = _eval_splits(args)
     examples = [e for part in ("train", "validation", "test") for e in splits[part]]
     model = _load(args)
@@ -422,10 +429,6 @@ def cmd_mitigate(args: argparse.Namespace) -> int:
     """Regenerate a split's answers with a mitigation method; flagged rates before/after."""
     import dataclasses
 
-    from core.detectors.base import load_shipped, shipped_artifacts
-    from core.errors import DataError
-    from core.mitigate import mitigate_batch
-
     examples = _split_examples(args)
     model = _load(args)
     shipped = shipped_artifacts(model.info.key)
@@ -439,8 +442,6 @@ def cmd_mitigate(args: argparse.Namespace) -> int:
     dets = [load_shipped(n, model.info.key) for n in names]
     judge = None
     if args.judge:
-        from core.explain import CONFIG_HELP, LLMEndpoint
-
         judge = LLMEndpoint.resolve()
         if judge is None:
             raise DataError(f"--judge needs an LLM endpoint. {CONFIG_HELP}")
@@ -478,12 +479,6 @@ def cmd_token_thresholds(args: argparse.Namespace) -> int:
     goes into the artifact's ``cfg.json`` as ``token_threshold`` (with where it came
     from); detectors that score no tokens are listed and left alone.
     """
-    from core.detectors import artifact_info, shipped_artifacts
-    from core.detectors.base import detector_class
-    from core.errors import DataError
-    from core.evaluate import data_hash, make_splits, token_threshold
-    from core.extract import FeatureCache, extract_features
-    from core.storage import Store
 
     folder = Path(args.folder) if args.folder else None
     model = _load(args)
@@ -535,8 +530,6 @@ def cmd_serve_llm(args: argparse.Namespace) -> int:
     """Serve the loaded model at ``http://HOST:PORT/v1`` until interrupted."""
     import os
 
-    from core.llmserve import ENV_API_KEY, ServeLimits, make_server
-
     limits = ServeLimits(
         max_body_bytes=args.max_body_bytes,
         read_timeout=args.read_timeout,
@@ -568,7 +561,6 @@ def cmd_serve_llm(args: argparse.Namespace) -> int:
 def _artifact_folders(paths: Sequence[str]) -> list[Path]:
     """Artifact folders named on the command line: a folder holding ``cfg.json`` is one;
     any other folder is searched one level down (default: the shipped folder)."""
-    from core.detectors import shipped_dir
 
     roots = [Path(p) for p in paths] or [shipped_dir()]
     out: list[Path] = []
@@ -589,7 +581,6 @@ def _artifact_folders(paths: Sequence[str]) -> list[Path]:
 
 def cmd_artifacts(args: argparse.Namespace) -> int:
     """Verify artifacts (hashes, allowlists, a full load) or record their file hashes."""
-    from core.detectors import artifact_info, detector_class, seal_artifact
 
     failed = 0
     for folder in _artifact_folders(args.folders):
@@ -609,10 +600,6 @@ def cmd_artifacts(args: argparse.Namespace) -> int:
 
 def cmd_shap(args: argparse.Namespace) -> int:
     """Global SHAP ranking of a fitted ``spad`` detector's 126 features on a dataset split."""
-    from core.detectors.base import detector_class, load_shipped
-    from core.extract import FeatureCache, extract_features
-    from core.shapviz import shap_values
-    from core.storage import Store
 
     examples = _split_examples(args)
     model = _load(args)
@@ -644,8 +631,6 @@ def cmd_shap(args: argparse.Namespace) -> int:
 
 
 def _sae_out(args: argparse.Namespace) -> Path:
-    from core.errors import DataError
-    from core.sae import shipped_sae_dir
 
     if args.out:
         return Path(args.out)
@@ -659,14 +644,6 @@ def _sae_out(args: argparse.Namespace) -> Path:
 
 def cmd_sae(args: argparse.Namespace) -> int:
     """Train (``sae train``) or measure (``sae eval``) the residual-stream SAE."""
-    from core.sae import (
-        DEFAULT_SOURCES,
-        SaeSettings,
-        evaluate_sae,
-        load_sae,
-        sae_corpus,
-        train_and_save,
-    )
 
     sources = tuple(x for x in args.sources.split(",") if x) if args.sources else DEFAULT_SOURCES
     model = _load(args)
@@ -734,9 +711,6 @@ def _train_recipe(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
 
 
 def _train(args: argparse.Namespace, names: list[str], out: str | Path, model: Any = None):  # noqa: ANN202
-    from core.evaluate import evaluate
-    from core.extract import FeatureCache
-    from core.storage import Store
 
     train_name, test_name, splits = _eval_splits(args)
     model = model or _load(args)
@@ -761,7 +735,6 @@ def _train(args: argparse.Namespace, names: list[str], out: str | Path, model: A
 def cmd_train(args: argparse.Namespace) -> int:
     if args.reproduce is not None:
         return _reproduce(args)
-    from core.detectors import shipped_dir
 
     names = [d for d in args.detectors.split(",") if d]
     run = _train(args, names, args.out or shipped_dir())
@@ -774,9 +747,6 @@ def cmd_train(args: argparse.Namespace) -> int:
 def _reproduce(args: argparse.Namespace) -> int:
     """Rebuild every artifact in ``args.reproduce`` from its recorded recipe and compare."""
     import tempfile
-
-    from core.detectors import artifact_info, compare_artifacts, shipped_artifacts
-    from core.errors import DataError
 
     folder = Path(args.reproduce) if args.reproduce else None
     found = shipped_artifacts(folder=folder)
@@ -821,11 +791,6 @@ def _reproduce(args: argparse.Namespace) -> int:
 def cmd_answer(args: argparse.Namespace) -> int:
     """Write the model's own answers to a dataset's prompts (unlabelled), resumably."""
     import dataclasses
-
-    from core.datasets import load_dataset, repo_root, resolve_dataset, save_jsonl
-    from core.evaluate import source_key
-    from core.examples import Provenance
-    from core.generate import GenerationConfig, generate
 
     name, examples = resolve_dataset(args.dataset)
     if args.split:
@@ -878,7 +843,6 @@ def cmd_answer(args: argparse.Namespace) -> int:
 
 def _parse_ints(text: str, flag: str) -> list[int]:
     """``"29,25"`` -> ``[29, 25]`` (``""`` -> ``[]``), or a DataError naming the flag."""
-    from core.errors import DataError
 
     try:
         return [int(x) for x in text.split(",") if x.strip()]
@@ -889,8 +853,6 @@ def _parse_ints(text: str, flag: str) -> list[int]:
 def _parse_heads(text: str) -> list[tuple[int, int]]:
     """``"L21H8,L22H7"`` -> ``[(21, 8), (22, 7)]`` (``""`` -> ``[]``)."""
     import re
-
-    from core.errors import DataError
 
     out = []
     for item in (x.strip() for x in text.split(",")):
@@ -905,8 +867,6 @@ def _parse_heads(text: str) -> list[tuple[int, int]]:
 
 def cmd_aarf(args: argparse.Namespace) -> int:
     """Answer with AARF (ReDeEP's mitigation) and compare with the plain greedy answer."""
-    from core.aarf import aarf_generate
-    from core.detectors import detector_class, load_shipped
 
     ex = _pick_example(args, need_response=False)
     model = _load(args)
@@ -1112,7 +1072,7 @@ def build_parser() -> argparse.ArgumentParser:
                 default=None,
                 metavar="P_STAY",
                 help="also report token metrics after label-persistence smoothing of every "
-                "detector's token scores (CORTEX uses 0.993)",
+                f"detector's token scores (CORTEX uses {P_STAY_TOKEN})",
             )
             p.set_defaults(func=cmd_evaluate)
         else:

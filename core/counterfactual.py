@@ -29,15 +29,18 @@ import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
+from core.contract import Detector
+from core.detectors.raglens import feature_name
 from core.errors import DataError
 from core.examples import RAGExample, Span
-
-if TYPE_CHECKING:
-    from core.model import LoadedModel
+from core.extract import run_example
+from core.generate import GenerationConfig, generate
+from core.model import LoadedModel
+from core.storage import Store
 
 AnswerMode = Literal["fixed", "regenerate"]
 ANSWER_MODES: tuple[AnswerMode, ...] = ("fixed", "regenerate")
@@ -289,7 +292,7 @@ _NO_ROWS = SideScore(score=0.0, flagged=None)
 
 def score_one(
     model: LoadedModel,
-    detectors: Sequence[Any],
+    detectors: Sequence[Detector],
     example: RAGExample,
     *,
     sae_features: Sequence[int] | None = (),
@@ -299,7 +302,6 @@ def score_one(
     :func:`detector_views`; for ``raglens``, the activation per token of ``sae_features``
     (``None``: the ``n_sae`` features of :func:`top_sae_features` on this example; the
     rows are named ``SAE F<k>``)."""
-    from core.extract import run_example
 
     feats = run_example(model, example, list(detectors))
     out = {}
@@ -403,9 +405,18 @@ class Counterfactual:
             raise DataError(f"malformed counterfactual ({type(e).__name__}: {e})") from e
 
 
+def load_session(store: Store, cf_id: int) -> Counterfactual:
+    """The session saved as ``cf_id`` (:meth:`core.storage.Store.save_counterfactual`).
+
+    Raises:
+        DataError: No such id, or its JSON is not a session.
+    """
+    return Counterfactual.from_dict(store.load_counterfactual(cf_id), id=cf_id)
+
+
 def score_pair(
     model: LoadedModel,
-    detectors: Sequence[Any],
+    detectors: Sequence[Detector],
     original: RAGExample,
     edited: RAGExample,
     *,
@@ -434,7 +445,6 @@ def score_pair(
 def top_sae_features(answer: Any, n: int) -> list[int]:
     """The ``n`` RAGLens features pushing ``answer`` hardest to "hallucinated"; when none
     does, the ones with the largest contribution either way."""
-    from core.detectors.raglens import feature_name
 
     return (
         answer.top_positive(n)
@@ -449,7 +459,6 @@ def regenerate(
     model: LoadedModel, example: RAGExample, passages: Sequence[str], **gen: Any
 ) -> RAGExample:
     """The edited example with an answer the model writes under the edited context (greedy)."""
-    from core.generate import GenerationConfig, generate
 
     draft = edit_example(example, passages)
     out = generate(model, draft, GenerationConfig(**gen) if gen else None)

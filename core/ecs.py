@@ -32,16 +32,14 @@ from typing import TYPE_CHECKING, Literal
 
 import numpy as np
 
-from core.trace import Needs
+from core.chunking import ChunkSet
+from core.embed import SentenceEmbedder, cosine, default_embedder
+from core.layout import Layout
+from core.trace import Needs, Trace
 
 if TYPE_CHECKING:
     import torch
     from jaxtyping import Float, Int
-
-    from core.chunking import ChunkSet
-    from core.embed import SentenceEmbedder
-    from core.layout import Layout
-    from core.trace import Trace
 
 EcsScope = Literal["passages", "prompt"]
 Pool = Literal["mean", "sum"]
@@ -270,8 +268,6 @@ def chunk_embeddings(
     ``ln_final`` at the response and context positions).
     """
     if embedder == "minilm":
-        from core.embed import default_embedder
-
         emb = sentence_embedder or default_embedder()
         texts = [c.text for c in chunks.response] + [c.text for c in chunks.context]
         e = emb.embed(texts) if texts else np.zeros((0, emb.dim), dtype=np.float32)
@@ -300,7 +296,6 @@ def chunk_ecs(
     sentence_embedder: SentenceEmbedder | None = None,
 ) -> ChunkECS:
     """ECS~ of every response chunk for every head of ``layers`` (see the module docstring)."""
-    from core.embed import cosine
 
     n_heads = int(tr.get("pattern", int(layers[0])).shape[0]) if layers else 0
     n_r, n_c = len(chunks.response), len(chunks.context)

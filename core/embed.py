@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from core.errors import ModelError
+from core.model import _offline, resolve_device
 
 if TYPE_CHECKING:
     from jaxtyping import Float
@@ -73,7 +74,6 @@ class SentenceEmbedder:
             raise ValueError(
                 f"need batch_size >= 1 and cache_size >= 0, got {batch_size}, {cache_size}"
             )
-        from core.model import resolve_device
 
         self.device = resolve_device(device)
         self.batch_size = batch_size
@@ -91,7 +91,6 @@ class SentenceEmbedder:
                 from sentence_transformers import SentenceTransformer
             except ImportError as e:
                 raise ModelError(f"sentence-transformers is not installed: {_FIX}") from e
-            from core.model import _offline
 
             with _offline():
                 self._model = SentenceTransformer(
@@ -150,7 +149,6 @@ class SentenceEmbedder:
 
 def default_embedder(device: str | None = None) -> SentenceEmbedder:
     """The process-wide embedder (one per device), shared so its cache is shared."""
-    from core.model import resolve_device
 
     return _embedder_on(resolve_device(device))
 

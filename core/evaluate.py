@@ -14,7 +14,7 @@
 
 from __future__ import annotations
 
-import hashlib
+import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
@@ -24,225 +24,29 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from core.detectors.base import detector_class, make_detector, span_labels
+from core.contract import Detector, Verdict
+from core.detectors import detector_class, make_detector
 from core.errors import DataError
+from core.examples import RAGExample
 from core.extract import Extraction, FeatureCache, extract_features
+from core.labels import span_labels
+from core.metrics import best_threshold, is_binary, response_metrics, token_metrics
+from core.model import LoadedModel
+from core.paths import runs_dir
 from core.safeio import MiB, read_json_file
-from core.storage import example_hash
+from core.smoothing import smooth_tokens
+from core.splits import data_hash
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from core.detectors.base import Verdict
-    from core.examples import RAGExample
-    from core.model import LoadedModel
-
-SPLITS = ("train", "validation", "test")
 RUN_FORMAT = 1
 
 
 # ----------------------------------------------------------------------------- splits
 
 
-def source_key(example: RAGExample) -> str:
-    """The source an example belongs to: its declared group, else question + passages."""
-    if example.provenance.group:
-        return example.provenance.group
-    payload = json.dumps([example.question, list(example.passages)], ensure_ascii=False)
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
-
-
-def split_examples(
-    examples: Sequence[RAGExample],
-    fractions: tuple[float, float, float] = (0.7, 0.15, 0.15),
-    seed: int = 0,
-) -> dict[str, list[RAGExample]]:
-    """Train / validation / test lists; a source never crosses splits.
-
-    When every example declares ``provenance.split`` (one of train, validation,
-    test) that split is kept; otherwise sources are assigned by a seeded hash.
-    """
-    if abs(sum(fractions) - 1.0) > 1e-6 or min(fractions) < 0:
-        raise DataError(f"split fractions must be >= 0 and sum to 1, got {fractions}")
-    out: dict[str, list[RAGExample]] = {s: [] for s in SPLITS}
-    declared = [e.provenance.split for e in examples]
-    if examples and all(s in SPLITS for s in declared) and len(set(declared)) > 1:
-        for e in examples:
-            out[e.provenance.split].append(e)  # type: ignore[index]
-        return out
-    keys = sorted({source_key(e) for e in examples})
-    rng = np.random.default_rng(seed)
-    order = rng.permutation(len(keys))
-    n = len(keys)
-    n_train = round(fractions[0] * n)
-    n_val = round(fractions[1] * n)
-    assign: dict[str, str] = {}
-    for rank, idx in enumerate(order):
-        assign[keys[idx]] = (
-            "train" if rank < n_train else ("validation" if rank < n_train + n_val else "test")
-        )
-    for e in examples:
-        out[assign[source_key(e)]].append(e)
-    return out
-
-
-def stratified_head(examples: Sequence[RAGExample], n: int) -> list[RAGExample]:
-    """A deterministic subset of about ``n`` examples that keeps whole sources together."""
-    groups: dict[str, list[RAGExample]] = {}
-    for e in examples:
-        groups.setdefault(source_key(e), []).append(e)
-    out: list[RAGExample] = []
-    for key in sorted(groups, key=lambda k: hashlib.sha256(k.encode()).hexdigest()):
-        if len(out) >= n:
-            break
-        out.extend(groups[key])
-    return out
-
-
-def make_splits(
-    train_spec: str, test_spec: str | None = None, *, limit: int | None = None, seed: int = 0
-) -> tuple[str, str | None, dict[str, list[RAGExample]]]:
-    """Resolve dataset specs into train / validation / test splits.
-
-    Args:
-        train_spec: The dataset to split (see :func:`core.datasets.resolve_dataset`).
-        test_spec: Cross-dataset mode: learn on all of ``train_spec``'s train split,
-            pick thresholds on its validation split, and test on all of this one.
-        limit: Use about this many examples of each dataset (whole sources).
-        seed: Split seed (for datasets without their own split).
-
-    Returns:
-        ``(train_name, test_name, splits)``; ``test_name`` is ``None`` without
-        ``test_spec``.
-
-    Raises:
-        DataError: A dataset cannot be resolved or read.
-    """
-    from core.datasets import resolve_dataset
-
-    train_name, train_all = resolve_dataset(train_spec, on_error="skip")
-    if limit:
-        train_all = stratified_head(train_all, limit)
-    splits = split_examples(train_all, seed=seed)
-    test_name = None
-    if test_spec:
-        test_name, test_all = resolve_dataset(test_spec, on_error="skip")
-        if limit:
-            test_all = stratified_head(test_all, limit)
-        splits["test"] = test_all
-        if test_name == train_name:
-            test_name = f"{test_name} (again)"
-    return train_name, test_name, splits
-
-
-def data_hash(examples: Sequence[RAGExample]) -> str:
-    """Content hash of a labelled dataset (text + labels), order-independent."""
-    rows = sorted(
-        json.dumps([example_hash(e), e.label, [(s.start, s.end, s.type) for s in e.spans]])
-        for e in examples
-    )
-    return hashlib.sha256("\n".join(rows).encode("utf-8")).hexdigest()[:16]
-
-
 # ----------------------------------------------------------------------------- metrics
-
-
-def _binary_checks(y: np.ndarray) -> bool:
-    return y.size > 0 and 0 < y.sum() < y.size
-
-
-def response_metrics(
-    y: np.ndarray, scores: np.ndarray, threshold: float, *, n_boot: int = 1000, seed: int = 0
-) -> dict[str, Any]:
-    """Response-level metrics at ``threshold`` with a bootstrap 95% CI for AUROC."""
-    import warnings
-
-    from sklearn.metrics import (
-        average_precision_score,
-        balanced_accuracy_score,
-        f1_score,
-        precision_score,
-        recall_score,
-        roc_auc_score,
-    )
-
-    y = np.asarray(y).astype(int)
-    s = np.asarray(scores, dtype=np.float64)
-    pred = (s >= threshold).astype(int)
-    with warnings.catch_warnings():
-        # One class in a small split is reported as such, not warned about.
-        warnings.simplefilter("ignore", UserWarning)
-        balanced = float(balanced_accuracy_score(y, pred)) if y.size else None
-    out: dict[str, Any] = {
-        "n": int(y.size),
-        "n_positive": int(y.sum()),
-        "threshold": float(threshold),
-        "balanced_accuracy": balanced,
-        "f1": float(f1_score(y, pred, zero_division=0)),
-        "precision": float(precision_score(y, pred, zero_division=0)),
-        "recall": float(recall_score(y, pred, zero_division=0)),
-        "confusion": {
-            "tp": int(((pred == 1) & (y == 1)).sum()),
-            "fp": int(((pred == 1) & (y == 0)).sum()),
-            "tn": int(((pred == 0) & (y == 0)).sum()),
-            "fn": int(((pred == 0) & (y == 1)).sum()),
-        },
-    }
-    if not _binary_checks(y):
-        out.update(auroc=None, auroc_ci=None, ap=None, pearson_r=None)
-        return out
-    out["auroc"] = float(roc_auc_score(y, s))
-    out["ap"] = float(average_precision_score(y, s))
-    out["pearson_r"] = float(np.corrcoef(y, s)[0, 1]) if s.std() > 0 else 0.0
-    rng = np.random.default_rng(seed)
-    boots = []
-    for _ in range(n_boot):
-        idx = rng.integers(0, y.size, y.size)
-        if _binary_checks(y[idx]):
-            boots.append(roc_auc_score(y[idx], s[idx]))
-    out["auroc_ci"] = (
-        [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))] if boots else None
-    )
-    return out
-
-
-def token_metrics(labels: np.ndarray, scores: np.ndarray) -> dict[str, Any]:
-    """Token-level AP and AUROC over all labelled tokens."""
-    from sklearn.metrics import average_precision_score, roc_auc_score
-
-    y = np.asarray(labels).astype(int)
-    if not _binary_checks(y):
-        return {"n_tokens": int(y.size), "n_positive": int(y.sum()), "ap": None, "auroc": None}
-    return {
-        "n_tokens": int(y.size),
-        "n_positive": int(y.sum()),
-        "ap": float(average_precision_score(y, scores)),
-        "auroc": float(roc_auc_score(y, scores)),
-    }
-
-
-def best_threshold(
-    y: np.ndarray, scores: np.ndarray, criterion: Literal["f1", "balanced_accuracy"] = "f1"
-) -> float:
-    """The score threshold that maximises ``criterion`` on (validation) data."""
-    from sklearn.metrics import balanced_accuracy_score, f1_score
-
-    y = np.asarray(y).astype(int)
-    s = np.asarray(scores, dtype=np.float64)
-    if not _binary_checks(y):
-        return 0.5
-    cands = np.unique(s)
-    best, best_t = -1.0, 0.5
-    for t in cands:
-        pred = (s >= t).astype(int)
-        v = (
-            f1_score(y, pred, zero_division=0)
-            if criterion == "f1"
-            else balanced_accuracy_score(y, pred)
-        )
-        if v > best:
-            best, best_t = v, float(t)
-    return best_t
 
 
 def token_labels_and_scores(
@@ -272,7 +76,7 @@ def token_threshold(examples: Sequence[RAGExample], verdicts: Sequence[Verdict])
     from sklearn.metrics import precision_recall_curve
 
     y, s = token_labels_and_scores(examples, verdicts)
-    if y.size == 0 or not _binary_checks(y):
+    if y.size == 0 or not is_binary(y):
         return None
     precision, recall, thresholds = precision_recall_curve(y, s)
     p, r = precision[:-1], recall[:-1]
@@ -456,25 +260,6 @@ def _smoothed(result: DetectorResult) -> Mapping[str, Any]:
     return (result.token_metrics or {}).get("smoothed") or {}
 
 
-def runs_dir() -> Path:
-    from core.model import cache_dir
-
-    return cache_dir() / "runs"
-
-
-def shipped_runs_dir() -> Path:
-    """Evaluation runs shipped with ragscope (``assets/runs``): the shipped artifacts' numbers.
-
-    ``RAGSCOPE_SHIPPED_RUNS_DIR`` points elsewhere (tests).
-    """
-    import os
-
-    from core.datasets import repo_root
-
-    env = os.environ.get("RAGSCOPE_SHIPPED_RUNS_DIR")
-    return Path(env) if env else repo_root() / "assets" / "runs"
-
-
 def list_runs(folder: str | Path | None = None) -> list[Path]:
     """Saved run JSON files, newest first."""
     d = Path(folder) if folder is not None else runs_dir()
@@ -504,10 +289,8 @@ def _subset(ext: Extraction, ids: set[str]) -> tuple[list[RAGExample], dict[str,
     }
 
 
-def _accepts_validation(det: object) -> bool:
-    import inspect
-
-    return "validation" in inspect.signature(det.fit).parameters  # type: ignore[attr-defined]
+def _accepts_validation(det: Detector) -> bool:
+    return "validation" in inspect.signature(det.fit).parameters
 
 
 def evaluate(
@@ -613,8 +396,6 @@ def evaluate(
         if tok_lab:
             tok = token_metrics(np.concatenate(tok_lab), np.concatenate(tok_sc))
             if smooth is not None:
-                from core.smoothing import smooth_tokens
-
                 smoothed = np.concatenate(smooth_tokens(tok_sc, smooth))
                 tok["smoothed"] = {
                     "p_stay": float(smooth),

@@ -6,6 +6,7 @@ A :class:`RAGExample` is validated when it is built; a bad record raises
 
 from __future__ import annotations
 
+import hashlib
 import json
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
@@ -310,3 +311,25 @@ def dedupe_ids(examples: Iterable[RAGExample]) -> list[RAGExample]:
         seen[ex.id] = ex.provenance.source
         out.append(ex)
     return out
+
+
+def example_hash(example: RAGExample) -> str:
+    """A content hash of what a model reads: task, question, passages, prompt, response.
+
+    Ids, labels and provenance are left out, so the same input analysed under another
+    dataset name or with other labels reuses cached analyses.
+    """
+    payload = json.dumps(
+        [example.task, example.question, list(example.passages), example.prompt, example.response],
+        ensure_ascii=False,
+        separators=(",", ":"),
+    )
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
+
+
+def source_key(example: RAGExample) -> str:
+    """The source an example belongs to: its declared group, else question + passages."""
+    if example.provenance.group:
+        return example.provenance.group
+    payload = json.dumps([example.question, list(example.passages)], ensure_ascii=False)
+    return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]

@@ -14,17 +14,15 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal
+from typing import Literal
 
-from core.detectors.base import Features, Run
+from core.contract import Detector, Features, Run
 from core.errors import DataError
+from core.examples import RAGExample, example_hash
 from core.layout import render
-from core.storage import Store, example_hash
+from core.model import LoadedModel
+from core.storage import Store
 from core.trace import Needs, trace
-
-if TYPE_CHECKING:
-    from core.examples import RAGExample
-    from core.model import LoadedModel
 
 Progress = Callable[[int, int], None]
 """Callback ``(done, total)`` after each example."""
@@ -37,10 +35,10 @@ class FeatureCache:
         self.store = store
 
     @staticmethod
-    def _key(detector: object) -> tuple[str, str]:
-        return detector.name, detector.config.feature_hash()  # type: ignore[attr-defined]
+    def _key(detector: Detector) -> tuple[str, str]:
+        return detector.name, detector.config.feature_hash()
 
-    def get(self, model_key: str, example: RAGExample, detector: object) -> Features | None:
+    def get(self, model_key: str, example: RAGExample, detector: Detector) -> Features | None:
         name, cfg = self._key(detector)
         rec = self.store.get_analysis(
             example_hash=example_hash(example), model=model_key, detector=name, config_hash=cfg
@@ -52,7 +50,7 @@ class FeatureCache:
         except DataError:
             return None  # a damaged entry is recomputed (and overwritten) like a miss
 
-    def put(self, model_key: str, example: RAGExample, detector: object, feats: Features) -> None:
+    def put(self, model_key: str, example: RAGExample, detector: Detector, feats: Features) -> None:
         name, cfg = self._key(detector)
         self.store.put_analysis(
             example_hash=example_hash(example),
@@ -90,7 +88,7 @@ class Extraction:
         return 60.0 * len(self.examples) / self.seconds if self.seconds > 0 else float("inf")
 
 
-def _flatten(detectors: Sequence[object]) -> list[object]:
+def _flatten(detectors: Sequence[Detector]) -> list[Detector]:
     """The detectors that read the model: the plain ones and every composite's members.
 
     A member shares the features of a detector of the same name in the batch when
@@ -100,45 +98,45 @@ def _flatten(detectors: Sequence[object]) -> list[object]:
         DataError: A member has the name of another detector in the batch but not its
             feature config.
     """
-    flat: dict[str, object] = {}
+    flat: dict[str, Detector] = {}
 
-    def add(d: object) -> None:
-        name = d.name  # type: ignore[attr-defined]
+    def add(d: Detector) -> None:
+        name = d.name
         have = flat.get(name)
         if have is None:
             flat[name] = d
-        elif have.config.feature_hash() != d.config.feature_hash():  # type: ignore[attr-defined]
+        elif have.config.feature_hash() != d.config.feature_hash():
             raise DataError(
                 f"two {name} detectors with different feature options in one run (one of "
                 "them an ensemble member); give the ensemble the same member options"
             )
 
     for d in detectors:
-        if not hasattr(d, "member_detectors"):
+        if not d.composite:
             add(d)
     for d in detectors:
-        if hasattr(d, "member_detectors"):
+        if d.composite:
             for m in d.member_detectors():
                 add(m)
     return list(flat.values())
 
 
 def _compose(
-    detectors: Sequence[object], got: Mapping[str, Features], model_key: str, example_id: str
+    detectors: Sequence[Detector], got: Mapping[str, Features], model_key: str, example_id: str
 ) -> dict[str, Features]:
     """Every requested detector's features: plain ones as read, composites bundled."""
     out = {}
     for d in detectors:
-        name = d.name  # type: ignore[attr-defined]
-        if hasattr(d, "member_detectors"):
-            out[name] = d.bundle(example_id, model_key, got)  # type: ignore[attr-defined]
+        name = d.name
+        if d.composite:
+            out[name] = d.bundle(example_id, model_key, got)
         else:
             out[name] = got[name]
     return out
 
 
 def run_example(
-    model: LoadedModel, example: RAGExample, detectors: Sequence[object]
+    model: LoadedModel, example: RAGExample, detectors: Sequence[Detector]
 ) -> dict[str, Features]:
     """Trace one example once for all ``detectors`` and return their features.
 
@@ -147,28 +145,28 @@ def run_example(
     """
     flat = _flatten(detectors)
     layout = render(example, model)
-    needs = [d.needs(model.info) for d in flat]  # type: ignore[attr-defined]
+    needs = [d.needs(model.info) for d in flat]
     wanted = [n for n in needs if n is not None]
     full = trace(model, layout, Needs.union(wanted)) if wanted else None
     # A detector may ask for less in the no-context pass (``bare_needs``; CORTEX
     # needs only hidden states there) than in the pass with the passages.
     bare_needs = [
-        d.bare_needs(model.info) if hasattr(d, "bare_needs") else n
+        b
         for d, n in zip(flat, needs, strict=True)
-        if getattr(d, "needs_bare", False) and n
+        if d.needs_bare and n and (b := d.bare_needs(model.info)) is not None
     ]
     bare = None
     if bare_needs:
         bare = trace(model, render(example, model, with_context=False), Needs.union(bare_needs))
     run = Run(example=example, layout=layout, trace=full, bare=bare, model=model.info, loaded=model)
-    got = {d.name: d.features(run) for d in flat}  # type: ignore[attr-defined]
+    got = {d.name: d.features(run) for d in flat}
     return _compose(detectors, got, model.info.key, example.id)
 
 
 def extract_features(
     model: LoadedModel,
     examples: Iterable[RAGExample],
-    detectors: Sequence[object],
+    detectors: Sequence[Detector],
     *,
     cache: FeatureCache | None = None,
     progress: Progress | None = None,
@@ -176,7 +174,7 @@ def extract_features(
 ) -> Extraction:
     """Features of every example for every detector (see the module docstring)."""
     exs = list(examples)
-    names = [d.name for d in detectors]  # type: ignore[attr-defined]
+    names = [d.name for d in detectors]
     if len(set(names)) != len(names):
         raise DataError(f"detector names repeat: {names}")
     key = model.info.key
@@ -192,8 +190,8 @@ def extract_features(
             for d in flat:
                 f = cache.get(key, ex, d)
                 if f is not None:
-                    got[d.name] = f  # type: ignore[attr-defined]
-        missing = [d for d in flat if d.name not in got]  # type: ignore[attr-defined]
+                    got[d.name] = f
+        missing = [d for d in flat if d.name not in got]
         if missing:
             try:
                 fresh = run_example(model, ex, missing)
@@ -206,7 +204,7 @@ def extract_features(
                 continue
             if cache is not None:
                 for d in missing:
-                    cache.put(key, ex, d, fresh[d.name])  # type: ignore[attr-defined]
+                    cache.put(key, ex, d, fresh[d.name])
             got.update(fresh)
             computed += 1
         else:

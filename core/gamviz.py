@@ -12,10 +12,10 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from core.detectors.raglens import INTERCEPT, RaglensDetector
+
 if TYPE_CHECKING:
     import plotly.graph_objects as go
-
-    from core.detectors.raglens import RaglensDetector
 
 RED = "#d62728"
 BLUE = "#1f77b4"
@@ -114,8 +114,6 @@ def shape_function_figure(
 def contributions_figure(explanation: Mapping[str, float], top: int = 12) -> go.Figure:
     """An answer's largest per-feature contributions (red: towards hallucinated)."""
     import plotly.graph_objects as go
-
-    from core.detectors.raglens import INTERCEPT
 
     items = [(k, v) for k, v in explanation.items() if k != INTERCEPT]
     items.sort(key=lambda kv: -abs(kv[1]))

@@ -12,13 +12,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
 from core.errors import DataError
+from core.examples import RAGExample
 from core.layout import encode_prompt, prompt_pieces
+from core.model import LoadedModel
 
 if TYPE_CHECKING:
     import torch
-
-    from core.examples import RAGExample
-    from core.model import LoadedModel
 
 StopReason = Literal["eos", "max_tokens"]
 

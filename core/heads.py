@@ -49,14 +49,14 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from core.errors import ModelError
+from core.model import LoadedModel, Progress
+from core.paths import cache_dir
 
 if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
     import torch
     from jaxtyping import Complex, Float, Int
-
-    from core.model import LoadedModel, Progress
 
 CopyingMode = Literal["exact", "paper"]
 _MODES: tuple[str, ...] = ("exact", "paper")
@@ -499,7 +499,6 @@ def _cache_key(model_key: str, fingerprint: str, config: CopyingConfig) -> str:
 
 
 def cache_path(key: str, mode: str) -> Path:
-    from core.model import cache_dir
 
     return cache_dir() / "heads" / f"{key}-{mode}.npz"
 

@@ -33,19 +33,32 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from core.chunking import ChunkSet, chunk_example, chunk_labels
+from core.contract import Detector, Features, Run, Verdict
+from core.detectors.common import parse_head, shared_pks
+from core.detectors.interpdetect import chunk_targets
+from core.detectors.redeep import RedeepChunkConfig, RedeepTokenConfig
+from core.ecs import (
+    ChunkECS,
+    all_heads,
+    chunk_ecs,
+    chunk_means,
+    context_positions,
+    ecs_needs,
+    token_ecs,
+)
+from core.ecs import top_k as ecs_top_k
 from core.errors import DataError, ModelError
+from core.examples import RAGExample
+from core.layout import Layout, render
+from core.lens import pks_needs
+from core.model import LoadedModel
+from core.trace import Needs, trace
 
 if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
     from jaxtyping import Float, Int
-
-    from core.chunking import ChunkSet
-    from core.detectors.base import Features, Verdict
-    from core.ecs import ChunkECS
-    from core.examples import RAGExample
-    from core.layout import Layout
-    from core.model import LoadedModel
 
 StatsLevel = Literal["response", "chunk"]
 STATS_LEVELS: tuple[StatsLevel, ...] = ("response", "chunk")
@@ -105,7 +118,6 @@ def feature_grid(names: Sequence[str]) -> tuple[int, int, np.ndarray, np.ndarray
         DataError: The names are not one ECS column per head of a full layer x head grid
             and one PKS column per layer (e.g. ReDeEP's copying-head subset).
     """
-    from core.detectors.redeep import parse_head
 
     heads: dict[Head, int] = {}
     layers: dict[int, int] = {}
@@ -209,7 +221,6 @@ class HeadStats:
                 ECS and every layer's PKS.
             ModelError: The features come from several models or feature sets.
         """
-        from core.detectors.interpdetect import chunk_targets
 
         if level not in STATS_LEVELS:
             raise ValueError(f"level must be one of {STATS_LEVELS}, got {level!r}")
@@ -653,7 +664,6 @@ class HeadView:
     def chunk_labels(self) -> Int[np.ndarray, " resp_chunk"] | None:
         """Gold label per response chunk: 1 when it overlaps a gold span; without spans 0 for
         a faithful answer and ``None`` when the answer is hallucinated or unlabelled."""
-        from core.chunking import chunk_labels
 
         if self.example.spans:
             return chunk_labels(self.example.spans, self.chunks.response_offsets)
@@ -844,7 +854,7 @@ def head_view(
     example: RAGExample,
     *,
     response_ids: Sequence[int] | None = None,
-    detectors: Sequence[Any] = (),
+    detectors: Sequence[Detector] = (),
 ) -> HeadView:
     """Trace ``example`` once and read every head's view of its answer.
 
@@ -865,15 +875,6 @@ def head_view(
     """
     import torch
 
-    from core.chunking import chunk_example
-    from core.detectors.base import Run
-    from core.detectors.redeep import RedeepChunkConfig, RedeepTokenConfig, shared_pks
-    from core.ecs import all_heads, chunk_ecs, chunk_means, context_positions, ecs_needs, token_ecs
-    from core.ecs import top_k as ecs_top_k
-    from core.layout import render
-    from core.lens import pks_needs
-    from core.trace import Needs, trace
-
     t0 = time.perf_counter()
     by_name = {d.name: d for d in detectors}
     tc = by_name["redeep_token"].config if "redeep_token" in by_name else RedeepTokenConfig()
@@ -888,7 +889,7 @@ def head_view(
     needs += [n for n in (d.needs(info) for d in detectors) if n is not None]
     tr = trace(model, layout, Needs.union(needs))
     bare = None
-    bare_needs = [d.needs(info) for d in detectors if getattr(d, "needs_bare", False)]
+    bare_needs = [n for d in detectors if d.needs_bare and (n := d.needs(info)) is not None]
     if bare_needs:
         bare = trace(model, render(example, model, with_context=False), Needs.union(bare_needs))
     run = Run(example=example, layout=layout, trace=tr, bare=bare, model=info, loaded=model)

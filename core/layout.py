@@ -21,11 +21,10 @@ import numpy as np
 
 from core.errors import DataError
 from core.examples import RAGExample, Span
+from core.model import LoadedModel
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from core.model import LoadedModel
 
 SegmentKind = Literal["template", "instruction", "question", "passage", "response"]
 SEGMENT_KINDS: tuple[SegmentKind, ...] = (

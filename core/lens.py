@@ -32,15 +32,13 @@ from typing import TYPE_CHECKING, Literal, TypeVar
 import numpy as np
 
 from core.errors import ModelError
-from core.trace import Needs
+from core.model import LoadedModel
+from core.trace import Needs, Trace
 
 if TYPE_CHECKING:
     import pandas as pd
     import torch
     from jaxtyping import Float, Int
-
-    from core.model import LoadedModel
-    from core.trace import Trace
 
 DEFAULT_CHUNK = 64
 _LN2 = math.log(2.0)

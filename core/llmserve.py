@@ -55,12 +55,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from core.errors import DataError
+from core.generate import AnswerStream, GenerationConfig
+from core.model import LoadedModel
 from core.safeio import MiB, parse_json
 
 if TYPE_CHECKING:
     import uvicorn
-
-    from core.model import LoadedModel
 
 DEFAULT_MAX_TOKENS = 256
 ENV_API_KEY = "RAGSCOPE_SERVE_API_KEY"
@@ -247,9 +247,7 @@ def parse_request(body: Any, *, served: str, n_ctx: int, limits: ServeLimits) ->
 def _prompt_ids(model: LoadedModel, messages: Any) -> list[int]:
     """Token ids of ``messages`` (``(role, content)`` pairs or OpenAI-style dicts) through
     the model's chat template, ready for the answer."""
-    clean = [
-        {"role": m[0], "content": m[1]} if isinstance(m, tuple) else dict(m) for m in messages
-    ]
+    clean = [{"role": m[0], "content": m[1]} if isinstance(m, tuple) else dict(m) for m in messages]
     tok = model.tokenizer
     if getattr(tok, "chat_template", None):
         text = tok.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
@@ -264,7 +262,6 @@ def complete(model: LoadedModel, req: ChatRequest, name: str) -> dict[str, Any]:
     Raises:
         RequestError: The prompt plus ``max_tokens`` is over the model's context.
     """
-    from core.generate import AnswerStream, GenerationConfig
 
     ids = _prompt_ids(model, req.messages)
     if len(ids) + req.max_tokens > model.info.n_ctx:

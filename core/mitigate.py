@@ -16,17 +16,21 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any, Literal
 
 import numpy as np
 
+from core.aarf import aarf_generate
+from core.contract import Detector, flag_threshold
+from core.counterfactual import on_template, score_one
 from core.errors import DataError
-
-if TYPE_CHECKING:
-    from core.examples import RAGExample
-    from core.explain import LLMEndpoint
-    from core.generate import Generation
-    from core.model import LoadedModel
+from core.examples import RAGExample
+from core.explain import LLMError
+from core.generate import AnswerStream, Generation, GenerationConfig
+from core.layout import prompt_pieces
+from core.llm import LLMEndpoint, chat
+from core.model import LoadedModel
+from core.smoothing import flagged_spans
 
 FeedbackLevel = Literal["instance", "token"]
 FEEDBACK_LEVELS: tuple[FeedbackLevel, ...] = ("instance", "token")
@@ -75,7 +79,6 @@ def feedback_message(
 def conversation_ids(model: LoadedModel, example: RAGExample, feedback: str) -> list[int]:
     """Token ids of: the RAG prompt (user), the first answer (assistant), the feedback
     (user), and the assistant header; plain text turns for models without a chat template."""
-    from core.layout import prompt_pieces
 
     tok = model.tokenizer
     user = "".join(
@@ -110,7 +113,6 @@ def feedback_regenerate(
     seed: int | None = 0,
 ) -> Generation:
     """A new answer after the feedback turn (greedy unless ``temperature`` > 0)."""
-    from core.generate import AnswerStream, GenerationConfig
 
     ids = conversation_ids(model, example, feedback_message(example, spans, level))
     cfg = GenerationConfig(max_new_tokens=max_new_tokens, temperature=temperature, seed=seed)
@@ -137,11 +139,9 @@ def judge_answer(endpoint: LLMEndpoint, example: RAGExample, answer: str) -> boo
     """
     import re
 
-    from core.explain import _chat
-
     passages = "\n\n".join(f"Passage {k + 1}: {p}" for k, p in enumerate(example.passages))
     question = f"\n\nQuestion: {example.question}" if example.question else ""
-    reply = _chat(
+    reply = chat(
         endpoint,
         JUDGE_SYSTEM,
         f"{passages}{question}\n\nAnswer: {answer}\n\nIs every claim in the answer supported "
@@ -216,7 +216,7 @@ class MitigationReport:
 def mitigate_batch(
     model: LoadedModel,
     examples: Sequence[RAGExample],
-    detectors: Sequence[Any],
+    detectors: Sequence[Detector],
     *,
     method: str,
     guide: str | None = None,
@@ -250,10 +250,6 @@ def mitigate_batch(
     """
     import dataclasses
 
-    from core.counterfactual import on_template, score_one
-    from core.detectors.base import flag_threshold
-    from core.smoothing import flagged_spans
-
     if method not in METHODS:
         raise DataError(f"method must be one of {METHODS}, got {method!r}")
     by_name = {d.name: d for d in detectors}
@@ -275,8 +271,6 @@ def mitigate_batch(
         ex = on_template(original)
         try:
             if method == "aarf":
-                from core.aarf import aarf_generate
-
                 # AARF changes decoding: its baseline is the same model's plain greedy
                 # answer to the same prompt (same length limit), not the dataset's answer.
                 # Both depend on the prompt alone: generated once per distinct prompt.
@@ -349,7 +343,6 @@ def mitigate_batch(
 
 
 def _judge(endpoint: LLMEndpoint, example: RAGExample, answer: str) -> bool | None:
-    from core.explain import LLMError
 
     try:
         return judge_answer(endpoint, example, answer)

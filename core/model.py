@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from core.errors import ModelError
+from core.paths import cache_dir
 
 if TYPE_CHECKING:
     import torch
@@ -45,12 +46,6 @@ _CACHE_FORMAT = 1  # bump when the cached layout changes
 
 Progress = Callable[[str, float], None]
 """Callback ``(message, fraction_done)`` for long loads."""
-
-
-def cache_dir() -> Path:
-    """Base directory for ragscope's caches (env ``RAGSCOPE_CACHE_DIR``)."""
-    env = os.environ.get("RAGSCOPE_CACHE_DIR")
-    return Path(env).expanduser() if env else Path.home() / ".cache" / "ragscope"
 
 
 def resolve_device(device: str | None = None) -> str:
@@ -159,6 +154,14 @@ class LoadedModel:
     @property
     def device(self) -> str:
         return self.info.device
+
+    @property
+    def instance_key(self) -> str:
+        """Identifies this loaded instance (name, weights' source, device, dtype): the key
+        of in-process memo caches. Not :attr:`ModelInfo.key`, which identifies the
+        weights' numerics for cached features and artifacts across loads."""
+        i = self.info
+        return f"{i.name}|{self.source}|{i.device}|{i.dtype}"
 
     def __repr__(self) -> str:
         i = self.info

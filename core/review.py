@@ -31,17 +31,17 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from core.contract import Detector, Verdict
+from core.embed import embed
 from core.errors import DataError, StorageError
-from core.examples import RAGExample, Span
-from core.storage import example_hash
+from core.examples import RAGExample, Span, example_hash
+from core.extract import FeatureCache, extract_features
+from core.model import LoadedModel
+from core.smoothing import flagged_spans, smooth_tokens
+from core.storage import Store, now_iso
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from core.detectors.base import Verdict
-    from core.extract import FeatureCache
-    from core.model import LoadedModel
-    from core.storage import Store
 
 Decision = Literal["accept", "reject"]
 DECISIONS: tuple[str, ...] = ("accept", "reject")
@@ -60,7 +60,6 @@ SORTS: tuple[str, ...] = ("uncertainty", "score", "position")
 
 
 def _now() -> str:
-    from core.storage import now_iso
 
     return now_iso("milliseconds")  # reviews within one second still order by time
 
@@ -118,7 +117,6 @@ def propose_flags(
     tokens scoring at least its threshold (after :func:`core.smoothing.smooth_tokens`
     with ``p_stay`` when given). Spans of any detectors that overlap merge into one.
     """
-    from core.smoothing import flagged_spans, smooth_tokens
 
     raw: list[tuple[int, int, str, float, float]] = []
     for name, thr in thresholds.items():
@@ -169,7 +167,7 @@ def _merge(example_id: str, parts: Sequence[tuple[int, int, str, float, float]])
 def dataset_verdicts(
     model: LoadedModel,
     examples: Sequence[RAGExample],
-    detectors: Sequence[Any],
+    detectors: Sequence[Detector],
     *,
     cache: FeatureCache | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -177,7 +175,6 @@ def dataset_verdicts(
     """Every detector's verdict on every example (one trace per example, features from
     the cache when there); returns the examples read and ``{example id: {name: verdict}}``.
     Examples that cannot be read are left out."""
-    from core.extract import extract_features
 
     ext = extract_features(
         model, examples, list(detectors), cache=cache, progress=progress, on_error="skip"
@@ -213,7 +210,6 @@ def related_context(
     """The passage sentences closest in meaning to ``claim`` (sentence embeddings,
     :mod:`core.embed`): up to ``k`` of ``(passage, start, end, cosine)`` with cosine >=
     ``floor``, closest first. What a reviewer checks the flagged claim against."""
-    from core.embed import embed
 
     sents = passage_sentences(passages)
     if not sents or not claim.strip():

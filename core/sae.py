@@ -35,7 +35,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass, field
@@ -44,15 +43,18 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from core.datasets import BUILTIN_ANSWERS, builtin_answers_path, resolve_dataset, shared_data_dir
 from core.errors import DataError, ModelError
-from core.safeio import MiB, read_json_file, regular_file, sha256_file
+from core.examples import RAGExample, example_hash, source_key
+from core.layout import render
+from core.model import LoadedModel
+from core.paths import cache_dir
+from core.sae_compat import import_sae_lens
+from core.safeio import MiB, json_default, read_json_file, regular_file, sha256_file
 
 if TYPE_CHECKING:
     import torch
     from jaxtyping import Float
-
-    from core.examples import RAGExample
-    from core.model import LoadedModel
 
 META_FILE = "ragscope_sae.json"
 """Sidecar of a ragscope-trained SAE: model, hook, training data, settings, quality."""
@@ -66,7 +68,6 @@ Progress = Callable[[int, int], None]
 
 def sae_lens() -> Any:
     """The ``sae_lens`` module (imported through :mod:`core.sae_compat`)."""
-    from core.sae_compat import import_sae_lens
 
     return import_sae_lens()
 
@@ -120,7 +121,6 @@ class SaeCorpus:
 
 def is_held_out(example: RAGExample) -> bool:
     """Whether ``example``'s source belongs to the SAE's held-out evaluation text."""
-    from core.evaluate import source_key
 
     digest = hashlib.sha256(source_key(example).encode("utf-8")).hexdigest()
     return int(digest, 16) % HELD_OUT_MOD == 0
@@ -132,13 +132,6 @@ def sae_corpus(specs: Sequence[str] = DEFAULT_SOURCES) -> SaeCorpus:
     Raises:
         DataError: A spec that is not ``shared:`` cannot be resolved, or nothing is left.
     """
-    from core.datasets import (
-        BUILTIN_ANSWERS,
-        builtin_answers_path,
-        resolve_dataset,
-        shared_data_dir,
-    )
-    from core.storage import example_hash
 
     train: list[RAGExample] = []
     held: list[RAGExample] = []
@@ -193,7 +186,6 @@ class _Stop(Exception):  # noqa: N818 (control flow, not an error)
 
 def example_ids(model: LoadedModel, example: RAGExample) -> np.ndarray:
     """The token ids the model reads for ``example`` (prompt and answer, as traced)."""
-    from core.layout import render
 
     return np.asarray(render(example, model).token_ids, dtype=np.int64)
 
@@ -478,18 +470,8 @@ def save_sae(
         "weights_sha256": sha256_file(Path(weights)),
         **dict(meta),
     }
-    (out / META_FILE).write_text(json.dumps(record, indent=2, default=_json_default) + "\n")
+    (out / META_FILE).write_text(json.dumps(record, indent=2, default=json_default) + "\n")
     return out
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, Path):
-        return str(o)
-    if hasattr(o, "__dataclass_fields__"):
-        return asdict(o)
-    raise TypeError(f"not JSON serialisable: {type(o).__name__}")
 
 
 SAE_JSON_LIMIT = 4 * MiB
@@ -595,16 +577,6 @@ def load_pretrained(release: str, sae_id: str) -> LoadedSAE:
     hook = str(sae.cfg.metadata.hook_name or "")
     layer = _layer_from_hook(hook, source=f"{release}/{sae_id}")
     return LoadedSAE(sae=sae.eval(), layer=layer, model_key=None, name=f"{release}/{sae_id}")
-
-
-def shipped_sae_dir(model_name: str = "smollm2-135m-instruct") -> Path:
-    """Where the shipped SAE for a model lives (``RAGSCOPE_SAE_DIR`` overrides)."""
-    from core.datasets import repo_root
-
-    env = os.environ.get("RAGSCOPE_SAE_DIR")
-    if env:
-        return Path(env).expanduser()
-    return repo_root() / "assets" / "sae" / model_name
 
 
 # --------------------------------------------------------------------------- quality
@@ -791,7 +763,6 @@ def cached_activations(
     Keyed by model, layer and the sources' content hashes, so a retraining with
     other settings skips the (long) collection.
     """
-    from core.model import cache_dir
 
     key = hashlib.sha256(
         json.dumps(

@@ -24,6 +24,7 @@ ragscope; ruff's banned-api and bandit rules in ``pyproject.toml`` enforce it.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import os
@@ -32,6 +33,8 @@ import zipfile
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 from core.errors import DataError
 
@@ -341,3 +344,19 @@ def load_skops(
             f"malformed skops file ({type(e).__name__}: {str(e)[:200]}); {retrain}",
             source=str(p),
         ) from e
+
+
+def json_default(o: Any) -> Any:
+    """``json.dumps(default=...)`` for what ragscope writes: numpy arrays and scalars,
+    tuples and sets (as lists), paths (as strings), dataclasses (as dicts)."""
+    if isinstance(o, np.ndarray):
+        return o.tolist()
+    if isinstance(o, np.generic):
+        return o.item()
+    if isinstance(o, tuple | set | frozenset):
+        return list(o)
+    if isinstance(o, Path):
+        return str(o)
+    if dataclasses.is_dataclass(o) and not isinstance(o, type):
+        return dataclasses.asdict(o)
+    raise TypeError(f"cannot write {type(o).__name__} to JSON")

@@ -31,6 +31,8 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
+from core.contract import Features, require_fitted
+from core.detectors.spad import SpadDetector
 from core.errors import ModelError
 from core.spad import FEATURE_NAMES, POS_TAGS, SOURCES
 
@@ -38,9 +40,6 @@ if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
     from jaxtyping import Float
-
-    from core.detectors.base import Features
-    from core.detectors.spad import SpadDetector
 
 POSITIVE_COLOR = "#ff0051"
 """Pushes towards "hallucinated" (shap's red)."""
@@ -112,7 +111,6 @@ def as_2d(values: Any, expected: Any, n_samples: int, n_features: int) -> tuple[
 def _response_matrix(
     detector: SpadDetector, features: Sequence[Features]
 ) -> Float[np.ndarray, "n feature"]:
-    from core.detectors.base import require_fitted
 
     require_fitted(detector, "booster_", detector.name)
     if not features:

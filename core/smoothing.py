@@ -34,7 +34,9 @@ P_STAY_ANSWER = 0.93
 def _check_p(p_stay: float) -> float:
     p = float(p_stay)
     if not 0.0 <= p <= 1.0 or np.isnan(p):
-        raise DataError(f"p_stay must be in [0, 1], got {p_stay!r} (0.993 is CORTEX's default)")
+        raise DataError(
+            f"p_stay must be in [0, 1], got {p_stay!r} ({P_STAY_TOKEN} is CORTEX's default)"
+        )
     return p
 
 

@@ -40,17 +40,16 @@ from typing import TYPE_CHECKING
 import numpy as np
 
 from core.errors import ModelError
+from core.layout import Layout
 from core.lens import _chunks, _logits_chunk, _unembed
-from core.trace import Needs
+from core.model import LoadedModel
+from core.pos import spacy_pipeline
+from core.trace import Needs, Trace
 
 if TYPE_CHECKING:
     import pandas as pd
     import torch
     from jaxtyping import Float, Int
-
-    from core.layout import Layout
-    from core.model import LoadedModel
-    from core.trace import Trace
 
 SOURCES: tuple[str, ...] = ("Query", "RAG", "Past", "Self", "FFN", "LN", "Init")
 """The seven sources, in the column order of :attr:`TokenSources.values`."""
@@ -388,7 +387,6 @@ def token_pos(
 
 def spacy_words(text: str) -> list[tuple[int, int, str]]:
     """``(start, end, coarse POS)`` of each spaCy token of ``text``."""
-    from core.detectors.baselines import spacy_pipeline
 
     doc = spacy_pipeline()(text)
     return [(t.idx, t.idx + len(t.text), t.pos_) for t in doc]

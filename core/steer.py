@@ -19,14 +19,13 @@ from __future__ import annotations
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 from core.errors import DataError, ModelError
-
-if TYPE_CHECKING:
-    from core.examples import RAGExample
-    from core.model import LoadedModel
-    from core.sae import LoadedSAE
+from core.examples import RAGExample
+from core.generate import _stop_ids
+from core.layout import render
+from core.model import LoadedModel
+from core.sae import LoadedSAE
 
 DEFAULT_VALUES: tuple[float, ...] = (-20.0, 0.0, 20.0)
 
@@ -102,9 +101,6 @@ def steer_continuation(
         DataError: ``position`` is not an answer token, or the layout is too long.
     """
     import torch
-
-    from core.generate import _stop_ids
-    from core.layout import render
 
     layout = render(example, model)
     resp = layout.response_positions

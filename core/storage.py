@@ -12,7 +12,6 @@ a Streamlit server (one thread per session) needs.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import sqlite3
@@ -23,14 +22,25 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import MappingProxyType, TracebackType
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from core.errors import DataError, StorageError
 from core.examples import RAGExample
 from core.safeio import parse_json
 
-if TYPE_CHECKING:
-    from core.counterfactual import Counterfactual
+
+class SavedSession(Protocol):
+    """What :meth:`Store.save_counterfactual` stores (a :class:`core.counterfactual.Counterfactual`)."""
+
+    name: str
+    model: str
+    created_at: str
+
+    @property
+    def original(self) -> RAGExample: ...
+
+    def to_json(self) -> str: ...
+
 
 DB_FILENAME = "ragscope.sqlite3"
 
@@ -178,20 +188,6 @@ def default_db_path() -> Path:
     base = os.environ.get("RAGSCOPE_CACHE_DIR")
     root = Path(base).expanduser() if base else Path.home() / ".cache" / "ragscope"
     return root / DB_FILENAME
-
-
-def example_hash(example: RAGExample) -> str:
-    """A content hash of what a model reads: task, question, passages, prompt, response.
-
-    Ids, labels and provenance are left out, so the same input analysed under another
-    dataset name or with other labels reuses cached analyses.
-    """
-    payload = json.dumps(
-        [example.task, example.question, list(example.passages), example.prompt, example.response],
-        ensure_ascii=False,
-        separators=(",", ":"),
-    )
-    return hashlib.sha256(payload.encode("utf-8")).hexdigest()
 
 
 def now_iso(timespec: str = "seconds") -> str:
@@ -775,7 +771,7 @@ class Store:
 
     # -- counterfactuals ---------------------------------------------------------
 
-    def save_counterfactual(self, cf: Counterfactual) -> int:
+    def save_counterfactual(self, cf: SavedSession) -> int:
         """Store a counterfactual session (original, edit, scores); returns its id."""
         with self._tx() as c:
             cur = c.execute(
@@ -794,21 +790,20 @@ class Store:
             params = (model,)
         return [tuple(r) for r in self._query(sql + " ORDER BY id DESC", params)]  # type: ignore[misc]
 
-    def load_counterfactual(self, cf_id: int) -> Counterfactual:
-        """A saved session.
+    def load_counterfactual(self, cf_id: int) -> dict[str, Any]:
+        """A saved session's JSON object (:func:`core.counterfactual.load_session` makes
+        the session of it).
 
         Raises:
             DataError: No such id, or its JSON cannot be read back.
         """
-        from core.counterfactual import Counterfactual
-
         rows = self._query("SELECT json FROM counterfactuals WHERE id = ?", (cf_id,))
         if not rows:
             raise DataError(f"no saved counterfactual with id {cf_id}")
         payload = parse_json(str(rows[0][0]), source=f"saved counterfactual {cf_id}")
         if not isinstance(payload, dict):
             raise DataError(f"saved counterfactual {cf_id} is not a JSON object")
-        return Counterfactual.from_dict(payload, id=cf_id)
+        return payload
 
     def delete_counterfactual(self, cf_id: int) -> None:
         with self._tx() as c:

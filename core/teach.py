@@ -19,16 +19,19 @@ from illustration.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
-if TYPE_CHECKING:
-    from core.detectors.cortex import CortexDetector
-    from core.detectors.raglens import RaglensDetector
-    from core.examples import RAGExample
-    from core.lens import LensTopK
-    from core.model import LoadedModel
+from core.contract import flag_threshold
+from core.detectors.cortex import CortexDetector
+from core.detectors.raglens import INTERCEPT, RaglensDetector
+from core.examples import RAGExample
+from core.extract import run_example
+from core.layout import render
+from core.lens import LensTopK, layer_jsd, lens_logprobs, lens_top_k
+from core.model import LoadedModel
+from core.smoothing import flagged_spans, smooth_tokens
+from core.trace import Needs, trace
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -67,10 +70,6 @@ def lens_curve(model: LoadedModel, example: RAGExample) -> LensCurve:
     """Trace the answer once (``resid_post`` of every block and the logits, at the
     positions that predict the answer's tokens) and read it with the logit lens."""
     import torch
-
-    from core.layout import render
-    from core.lens import lens_logprobs
-    from core.trace import Needs, trace
 
     layout = render(example, model)
     n_layers = model.info.n_layers
@@ -123,13 +122,11 @@ class CortexWalk:
 
     def smoothed(self, p_stay: float) -> np.ndarray:
         """The token scores after label-persistence smoothing with ``p_stay``."""
-        from core.smoothing import smooth_tokens
 
         return np.asarray(smooth_tokens(self.raw, p_stay), dtype=np.float64)
 
     def spans(self, p_stay: float, threshold: float | None = None) -> list[tuple[int, int]]:
         """Character spans of the runs of smoothed scores at or above the threshold."""
-        from core.smoothing import flagged_spans
 
         t = self.threshold if threshold is None else threshold
         return flagged_spans(self.smoothed(p_stay), self.offsets, t)
@@ -137,8 +134,6 @@ class CortexWalk:
 
 def cortex_walk(model: LoadedModel, detector: CortexDetector, example: RAGExample) -> CortexWalk:
     """Read one answer with a fitted CORTEX detector (two traced passes)."""
-    from core.detectors.base import flag_threshold
-    from core.extract import run_example
 
     feats = run_example(model, example, [detector])[detector.name]
     assert feats.tokens is not None and feats.token_offsets is not None
@@ -195,9 +190,6 @@ class RaglensWalk:
 
 def raglens_walk(model: LoadedModel, detector: RaglensDetector, example: RAGExample) -> RaglensWalk:
     """Read one answer with a fitted RAGLens detector and its SAE (two cheap passes)."""
-    from core.detectors.raglens import INTERCEPT
-    from core.layout import render
-    from core.trace import Needs, trace
 
     ans = detector.explain_answer(model, example)
     sae = detector.sae
@@ -251,9 +243,6 @@ class FfnLens:
 
 def ffn_lens(model: LoadedModel, example: RAGExample, layer: int, *, k: int = 5) -> FfnLens:
     """Read block ``layer``'s FFN (before / after) at the positions that predict the answer."""
-    from core.layout import render
-    from core.lens import layer_jsd, lens_top_k
-    from core.trace import Needs, trace
 
     layout = render(example, model)
     tr = trace(

@@ -33,13 +33,12 @@ from typing import TYPE_CHECKING, Literal, get_args
 import numpy as np
 
 from core.errors import ModelError
+from core.layout import Layout
+from core.model import LoadedModel
 
 if TYPE_CHECKING:
     import torch
     from jaxtyping import Float
-
-    from core.layout import Layout
-    from core.model import LoadedModel
 
 HookKind = Literal[
     "resid_pre",

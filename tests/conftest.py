@@ -186,7 +186,7 @@ def reseal():
     """
     import json
 
-    from core.detectors.base import artifact_hashes
+    from core.contract import artifact_hashes
 
     def _reseal(folder: Path) -> None:
         cfg_path = Path(folder) / "cfg.json"
@@ -236,8 +236,8 @@ def hostile_artifact(tmp_path: Path):
     """
     import skops.io as sio
 
+    from core.contract import write_artifact
     from core.detectors import make_detector
-    from core.detectors.base import write_artifact
 
     def make(root: Path, detector: str = "interpdetect", model_key: str = "any") -> Path:
         marker = tmp_path / f"PWNED-{detector}"

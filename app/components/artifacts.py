@@ -10,8 +10,8 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from app.components.example_picker import progress_bar
-from app.components.text import code, md
 from app.state import AppState, ShippedDetectors, fit_quick_spad, train_command
+from app.text import code, md
 from core.errors import RagscopeError
 
 if TYPE_CHECKING:

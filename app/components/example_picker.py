@@ -22,7 +22,6 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from app.components.text import code, md
 from app.state import (
     ALL_SPLITS,
     HEADS_EXAMPLE_DATASET,
@@ -46,6 +45,7 @@ from app.state import (
     seed_widget,
     stats_examples,
 )
+from app.text import code, md
 from core.errors import RagscopeError
 
 if TYPE_CHECKING:

@@ -27,12 +27,21 @@ import numpy as np
 from app.components.agreement_charts import correlation_figure, gold_matrix_figure
 from app.components.heatmap import token_heatmap_html
 from app.components.highlight import Mark, marked_html
+from core.agreement import pairwise_gold, score_correlation
+from core.contract import flag_threshold
+from core.detectors.common import parse_head
+from core.detectors.raglens import INTERCEPT
+from core.gamviz import contributions_figure
+from core.headstats import mean_ecs_figure
+from core.labels import span_labels as gold_labels
+from core.review import agreement
+from core.shapviz import shap_values
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
     from core.agreement import VerdictTable
-    from core.detectors.base import Features, Verdict
+    from core.contract import Features, Verdict
     from core.examples import RAGExample
     from core.review import ReviewItem
 
@@ -100,8 +109,6 @@ def _fmt(v: float | None, spec: str = ".3f") -> str:
 def head_ecs_figure(features: Features, *, title: str) -> go.Figure | None:
     """Mean ECS of each candidate head over the answer's tokens, on a layer x head grid
     (``None`` when the features hold no per-token ECS columns)."""
-    from core.detectors.redeep import parse_head
-    from core.headstats import mean_ecs_figure
 
     if features.tokens is None or not features.tokens.size:
         return None
@@ -125,9 +132,6 @@ def _detector_section(
     figures: _Figures,
     explanations: Mapping[str, str],
 ) -> str:
-    from core.detectors.base import flag_threshold
-    from core.detectors.base import span_labels as gold_labels
-    from core.gamviz import contributions_figure
 
     parts = [f"<h3 id='det-{_esc(name)}'>{_esc(name)}</h3>"]
     call = verdict.hallucinated
@@ -154,8 +158,6 @@ def _detector_section(
             )
         )
     if name == "spad" and features is not None:
-        from core.shapviz import shap_values
-
         try:
             parts.append(figures(shap_values(detector, [features]).waterfall_figure(0)))
         except Exception as e:  # the report still shows the rest  # noqa: BLE001
@@ -171,8 +173,6 @@ def _detector_section(
             + _table([{"feature": k, "value": f"{v:.4g}"} for k, v in top])
         )
     if name == "raglens":
-        from core.detectors.raglens import INTERCEPT
-
         items = sorted(
             ((k, v) for k, v in verdict.explanation.items() if k != INTERCEPT),
             key=lambda kv: -abs(kv[1]),
@@ -313,9 +313,6 @@ def dataset_report_html(
 ) -> str:
     """The summary report of a dataset (see the module docstring)."""
     from sklearn.metrics import roc_auc_score
-
-    from core.agreement import pairwise_gold, score_correlation
-    from core.review import agreement
 
     figures = _Figures()
     labelled = table.gold >= 0

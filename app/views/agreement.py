@@ -19,7 +19,6 @@ from app.components.example_picker import (
     open_in_token_heatmaps,
     progress_bar,
 )
-from app.components.text import md
 from app.state import (
     app_state,
     get_model,
@@ -27,6 +26,7 @@ from app.state import (
     heads_examples,
     shipped_detectors,
 )
+from app.text import md
 from core.agreement import (
     VerdictTable,
     disagreements,
@@ -35,6 +35,7 @@ from core.agreement import (
     verdict_table,
 )
 from core.errors import RagscopeError
+from core.extract import FeatureCache
 from core.review import dataset_verdicts
 
 STATE_KEY = "ragscope.agreement"
@@ -107,8 +108,6 @@ def main() -> None:
         disabled=len(chosen) < 2,
     )  # fmt: skip
     if run:
-        from core.extract import FeatureCache
-
         by_name = {s.name: s.detector for s in shipped.detectors}
         with progress_bar("Reading verdicts:") as progress:
             try:

@@ -27,7 +27,6 @@ from app.components.charts import (
     pr_figure,
     roc_figure,
 )
-from app.components.text import code, md
 from app.state import (
     CORPUS,
     KEY_BENCH_BREAKDOWN_METRIC,
@@ -51,11 +50,15 @@ from app.state import (
     seed_widget,
     threshold_key,
 )
+from app.text import code, md
 from core.detectors import runnable_detectors
 from core.errors import RagscopeError
-from core.evaluate import DetectorResult, EvalRun, evaluate, make_splits, response_metrics, runs_dir
+from core.evaluate import DetectorResult, EvalRun, evaluate
 from core.extract import FeatureCache
+from core.metrics import response_metrics
 from core.model import LoadedModel
+from core.paths import runs_dir
+from core.splits import make_splits
 
 BREAKDOWN_METRICS: tuple[str, ...] = ("AUROC", "F1")
 EMPTY_STATE = (

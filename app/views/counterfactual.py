@@ -25,7 +25,6 @@ from app.components.artifacts import show_broken_artifacts
 from app.components.diff import word_diff_html
 from app.components.example_picker import AnswerKeys, pick_page_answer
 from app.components.multirow import DIFF_CMAP, HeatRow, gold_row, multirow_html
-from app.components.text import md
 from app.state import (
     KEY_CF_DATASET,
     KEY_CF_EXAMPLE,
@@ -39,16 +38,19 @@ from app.state import (
     seed_widget,
     shipped_detectors,
 )
+from app.text import md
 from core.counterfactual import (
     Counterfactual,
     SideScore,
     contradict_span,
     edit_example,
+    load_session,
     regenerate,
     score_pair,
     support_span,
 )
 from core.errors import RagscopeError
+from core.layout import render
 
 if TYPE_CHECKING:
     from core.examples import RAGExample
@@ -201,7 +203,6 @@ def scores_frame(cf: Counterfactual) -> pd.DataFrame:
 def token_rows(cf: Counterfactual, model: LoadedModel) -> tuple[list[str], list[HeatRow]] | None:
     """Answer tokens and, per token-scoring detector, original / edited / difference rows
     (fixed answers only: a regenerated answer has other tokens)."""
-    from core.layout import render
 
     if cf.answer_mode != "fixed":
         return None
@@ -360,7 +361,7 @@ def save_load(state: AppState, model: LoadedModel) -> None:
             )
         if d2.button("Load", key=KEY_LOAD, icon=":material/folder_open:", width="stretch"):
             try:
-                state.cf_result = store.load_counterfactual(int(pick))
+                state.cf_result = load_session(store, int(pick))
                 st.session_state.pop(KEY_NAME, None)
                 st.rerun()
             except RagscopeError as e:

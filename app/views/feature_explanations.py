@@ -30,7 +30,6 @@ from app.components.example_picker import (
     split_label,
 )
 from app.components.heatmap import ColorStops, render_token_heatmap
-from app.components.text import code, md
 from app.state import (
     ALL_SPLITS,
     KEY_EXPLAIN_FEATURES,
@@ -59,21 +58,15 @@ from app.state import (
     shown_folder,
     train_command,
 )
+from app.text import code, md
+from core.detectors.raglens import RaglensConfig, load_config_sae
 from core.errors import DataError, LLMError, ModelError, RagscopeError
 from core.examples import RAGExample
 from core.explain import (
-    CONFIG_HELP,
-    ENV_API_KEY,
-    ENV_BASE_URL,
-    ENV_CONTEXT,
-    ENV_MODEL,
-    MIN_CONTEXT,
-    SETTING_NAMES,
     ExplainPrompt,
     Explanation,
     FeatureExample,
     FeatureExamples,
-    LLMEndpoint,
     PromptBudget,
     active_features,
     build_prompt,
@@ -82,9 +75,20 @@ from core.explain import (
     explain_feature,
     explain_many,
     fidelity,
+)
+from core.llm import (
+    CONFIG_HELP,
+    ENV_API_KEY,
+    ENV_BASE_URL,
+    ENV_CONTEXT,
+    ENV_MODEL,
+    MIN_CONTEXT,
+    SETTING_NAMES,
+    LLMEndpoint,
     probe_context,
 )
 from core.model import LoadedModel
+from core.paths import shipped_sae_dir
 from core.sae import LoadedSAE
 
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
@@ -118,7 +122,6 @@ class SaeChoice:
 
 def sae_train_command(model: LoadedModel) -> str:
     """The ``ragscope sae train`` command that makes the SAE this page looks for."""
-    from core.sae import shipped_sae_dir
 
     spec = model_spec()
     if spec == "embedded":
@@ -132,7 +135,6 @@ def choose_sae(model: LoadedModel) -> SaeChoice | None:
     A raglens detector trained on the raw residual stream (``raw_layer``) has no SAE
     features to rank: the shipped SAE is shown, features picked by id.
     """
-    from core.detectors.raglens import RaglensConfig, load_config_sae
 
     shipped = shipped_detectors(model)
     show_broken_artifacts(shipped, (RAGLENS,))

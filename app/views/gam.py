@@ -19,19 +19,21 @@ import streamlit as st
 from app.components.artifacts import show_broken_artifacts
 from app.components.example_picker import first_words, pick_example
 from app.components.heatmap import render_token_heatmap
-from app.components.text import code, md
 from app.state import (
     HEADS_FROM_HOME,
     app_state,
     get_model,
     heads_examples,
     input_signature,
-    model_key,
     seed_widget,
     shipped_detectors,
     train_command,
 )
+from app.text import code, md
+from core.detectors.raglens import load_config_sae, sae_folder
 from core.errors import RagscopeError
+from core.gamviz import contributions_figure, importance_figure, shape_function_figure
+from core.layout import render
 
 if TYPE_CHECKING:
     from core.detectors.raglens import RaglensAnswer, RaglensDetector
@@ -56,7 +58,6 @@ def _count(n: object) -> str:
 
 def sae_section(model: LoadedModel, detector: RaglensDetector | None) -> None:
     """The SAE the features come from: where, which layer, and its measured quality."""
-    from core.detectors.raglens import load_config_sae, sae_folder
 
     spec = detector.config.sae if detector is not None else ""
     folder = sae_folder(spec)
@@ -100,8 +101,6 @@ def sae_section(model: LoadedModel, detector: RaglensDetector | None) -> None:
 def ranking_section(detector: RaglensDetector) -> int | None:
     """The selected features by EBM importance; returns the feature picked for a close-up."""
     import pandas as pd
-
-    from core.gamviz import importance_figure
 
     state = app_state()
     imp = detector.importances()
@@ -148,7 +147,6 @@ def ranking_section(detector: RaglensDetector) -> int | None:
 
 
 def shape_section(detector: RaglensDetector, feature: int) -> None:
-    from core.gamviz import shape_function_figure
 
     st.plotly_chart(shape_function_figure(detector, feature), width="stretch", key="gam.shape")
     st.caption(
@@ -177,7 +175,6 @@ def _explain_cached(
 
 def answer_section(model: LoadedModel, detector: RaglensDetector, stamp: str) -> None:
     """One answer: its score, the contributions, and where the top features fire."""
-    from core.gamviz import contributions_figure
 
     state = app_state()
     st.subheader("One answer")
@@ -195,7 +192,7 @@ def answer_section(model: LoadedModel, detector: RaglensDetector, stamp: str) ->
     try:
         with st.spinner("Tracing the answer and encoding it with the SAE…"):
             ans = _explain_cached(
-                model_key(model), input_signature(ex, None), stamp, model, detector, ex
+                model.instance_key, input_signature(ex, None), stamp, model, detector, ex
             )
     except RagscopeError as e:
         st.error(f"This answer could not be analysed: {md(e)}  \nFix: pick another example.")
@@ -214,8 +211,6 @@ def answer_section(model: LoadedModel, detector: RaglensDetector, stamp: str) ->
         return
     labels = None
     if ex.spans:
-        from core.layout import render
-
         labels = render(ex, model).token_labels()
     for k in top:
         acts = ans.activations_of(k)

@@ -34,7 +34,6 @@ from app.components.example_picker import (
     split_label,
 )
 from app.components.heatmap import render_token_heatmap
-from app.components.text import code, md
 from app.state import (
     HEADS_EXAMPLE_DATASET,
     HEADS_EXAMPLE_PLAYGROUND,
@@ -59,11 +58,11 @@ from app.state import (
     get_model,
     head_stats,
     heads_examples,
-    model_key,
     seed_widget,
     shipped_detectors,
 )
 from app.state import train_command as state_train_command
+from app.text import code, md
 from core.errors import RagscopeError
 from core.examples import RAGExample
 from core.heads import DEFAULT_TOP, CopyingScores, copying_scores
@@ -227,7 +226,7 @@ def show_request_stats(
     marked: Sequence[Head],
 ) -> None:
     """The statistics of the last computed examples (with a note when the choice changed)."""
-    if req.model != model_key(model):
+    if req.model != model.instance_key:
         st.info(
             "These statistics were computed with another model; press **Compute statistics** again."
         )

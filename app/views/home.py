@@ -6,7 +6,6 @@ from pathlib import Path
 
 import streamlit as st
 
-from app.components.text import code, md
 from app.state import (
     BUILTIN,
     KEY_DATASET,
@@ -25,6 +24,7 @@ from app.state import (
     read_upload,
     seed_widget,
 )
+from app.text import code, md
 from core.errors import RagscopeError
 from core.model import LoadedModel
 

@@ -17,9 +17,9 @@ from dataclasses import dataclass, field
 import numpy as np
 import streamlit as st
 
+from app.components.example_picker import open_in_counterfactual
 from app.components.heatmap import render_token_heatmap
 from app.components.highlight import FLAG, Mark, marked_html
-from app.components.text import md
 from app.state import (
     BUILTIN,
     HEADS_FROM_HOME,
@@ -31,13 +31,23 @@ from app.state import (
     get_store,
     shipped_detectors,
 )
+from app.text import md
+from core.datasets import builtin_examples, load_builtin
+from core.detectors import make_detector
 from core.errors import RagscopeError
-from core.examples import RAGExample
+from core.examples import RAGExample, example_hash
+from core.extract import FeatureCache, extract_features
+from core.headstats import HeadStats, mean_ecs_figure
+from core.labels import span_labels
+from core.shapviz import pos_sources_figure, shap_values, token_sources_figure
+from core.smoothing import P_STAY_TOKEN
+from core.spad import SOURCES
 from core.teach import (
     CortexWalk,
     LensCurve,
     RaglensWalk,
     cortex_walk,
+    ffn_lens,
     lens_curve,
     raglens_walk,
 )
@@ -83,7 +93,6 @@ def page_state() -> LearnState:
 def current_example() -> RAGExample | None:
     """The example the walkthrough reads: the Playground's answer, the Counterfactual
     page's edited version (to watch a step change with the context), or the preset."""
-    from core.datasets import builtin_examples
 
     state = app_state()
     a = state.analysis
@@ -106,7 +115,6 @@ def current_example() -> RAGExample | None:
 
 
 def signature(ex: RAGExample) -> str:
-    from core.storage import example_hash
 
     return example_hash(ex)
 
@@ -231,10 +239,6 @@ class RedeepData:
 
 def dataset_head_stats() -> object:
     """InterpDetect's head statistics over the first corpus answers (cached features)."""
-    from core.corpus import load_builtin
-    from core.detectors import make_detector
-    from core.extract import FeatureCache, extract_features
-    from core.headstats import HeadStats
 
     examples = load_builtin()[:DATASET_N]
     det = make_detector("interpdetect")
@@ -333,7 +337,6 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
             "blocks). The Heads & layers page draws the same picture over a dataset, "
             "hallucinated answers against faithful ones."
         )
-        from core.headstats import mean_ecs_figure
 
         st.plotly_chart(
             mean_ecs_figure(
@@ -406,7 +409,6 @@ class SpadData:
 
 
 def spad_steps(data: SpadData, ex: RAGExample) -> list[tuple[str, Callable[[], None]]]:
-    from core.spad import SOURCES
 
     src = data.answer.sources
     tokens = list(src.tokens)
@@ -469,7 +471,6 @@ def spad_steps(data: SpadData, ex: RAGExample) -> list[tuple[str, Callable[[], N
         )
 
     def attention_split() -> None:
-        from core.shapviz import token_sources_figure
 
         st.markdown(
             "Each block's attention change is shared among its heads (by how much each "
@@ -491,7 +492,6 @@ def spad_steps(data: SpadData, ex: RAGExample) -> list[tuple[str, Callable[[], N
         )
 
     def pos_step() -> None:
-        from core.shapviz import pos_sources_figure
 
         st.markdown(
             "The detector does not read tokens one by one: it averages the seven sources "
@@ -519,7 +519,6 @@ def spad_steps(data: SpadData, ex: RAGExample) -> list[tuple[str, Callable[[], N
         if data.detector is None:
             st.info("No trained spad detector for this model: `ragscope train --detectors spad`.")
             return
-        from core.shapviz import shap_values
 
         res = shap_values(data.detector, [data.answer.features])  # type: ignore[arg-type]
         st.plotly_chart(res.waterfall_figure(0), width="stretch")
@@ -702,7 +701,7 @@ def cortex_steps(walk: CortexWalk, ex: RAGExample) -> list[tuple[str, Callable[[
             r"P(z_{i+1} = z_i) = p_{\text{stay}}"
         )
         p_stay = st.slider(
-            "p_stay", 0.5, 0.999, value=0.993, step=0.001, format="%.3f", key=KEY_P_STAY
+            "p_stay", 0.5, 0.999, value=P_STAY_TOKEN, step=0.001, format="%.3f", key=KEY_P_STAY
         )
         sm = walk.smoothed(p_stay)
         render_token_heatmap(
@@ -728,14 +727,12 @@ def cortex_steps(walk: CortexWalk, ex: RAGExample) -> list[tuple[str, Callable[[
 
 
 def _gold_labels(walk: CortexWalk, ex: RAGExample) -> list[int] | None:
-    from core.detectors.base import span_labels
 
     lab = span_labels(walk.offsets, ex)
     return None if lab is None else lab.tolist()
 
 
 def try_it() -> None:
-    from app.components.example_picker import open_in_counterfactual
 
     st.markdown(
         "Change the passages and watch these numbers move: support the flagged claim in "
@@ -793,7 +790,6 @@ def walk_data(ls: LearnState, walk: str, ex: RAGExample) -> object | None:
 
 def redeep_data(model: object, ex: RAGExample, shipped: dict[str, object]) -> RedeepData:
     """The answer's head view, the head and FFN block to show, and that FFN's lens."""
-    from core.teach import ffn_lens
 
     view = answer_heads(model, ex, shipped_detectors(model))  # type: ignore[arg-type]
     det = shipped.get("redeep_token")

@@ -24,20 +24,25 @@ import streamlit as st
 from app.components.artifacts import show_broken_artifacts
 from app.components.diff import word_diff_html
 from app.components.example_picker import AnswerKeys, pick_page_answer
-from app.components.text import code, md, md_lines
 from app.state import (
     AppState,
     app_state,
     get_model,
+    input_signature,
     seed_widget,
     shipped_detectors,
     train_command,
 )
+from app.text import code, md, md_lines
+from core.aarf import aarf_generate
+from core.contract import flag_threshold, scores_tokens
 from core.counterfactual import on_template, score_one
-from core.detectors.base import flag_threshold, scores_tokens
+from core.detectors.raglens import load_config_sae
 from core.errors import RagscopeError
+from core.layout import render
 from core.mitigate import feedback_message, feedback_regenerate
 from core.smoothing import flagged_spans
+from core.steer import steer_continuation
 
 if TYPE_CHECKING:
     from core.examples import RAGExample
@@ -113,9 +118,8 @@ def guide_spans(
     model: LoadedModel, detector: Any, example: RAGExample, detectors_id: str
 ) -> list[tuple[int, int]]:
     """The answer's character spans ``detector`` flags at its threshold (cached)."""
-    from app.state import input_signature, model_key
 
-    key = f"{model_key(model)}|{detectors_id}|{detector.name}|{input_signature(example, None)}"
+    key = f"{model.instance_key}|{detectors_id}|{detector.name}|{input_signature(example, None)}"
     return _guide_spans(key, model, detector, example)
 
 
@@ -191,7 +195,6 @@ def feedback_section(
 def aarf_section(
     state: AppState, model: LoadedModel, example: RAGExample, shipped: Any, max_tokens: int
 ) -> None:
-    from core.aarf import aarf_generate
 
     dets = {d.name: d for d in shipped.detectors}
     if "redeep_token" not in dets:
@@ -252,9 +255,6 @@ def aarf_section(
 def steer_section(
     state: AppState, model: LoadedModel, example: RAGExample, shipped: Any, max_tokens: int
 ) -> None:
-    from core.detectors.raglens import load_config_sae
-    from core.layout import render
-    from core.steer import steer_continuation
 
     dets = {d.name: d for d in shipped.detectors}
     spec = dets["raglens"].detector.config.sae if "raglens" in dets else ""

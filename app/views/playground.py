@@ -20,7 +20,6 @@ import streamlit as st
 
 from app.components.heatmap import render_token_heatmap
 from app.components.segments import segment_figure, segment_rows
-from app.components.text import code, md, md_lines
 from app.state import (
     ANSWER_GENERATE,
     ANSWER_SOURCES,
@@ -57,11 +56,13 @@ from app.state import (
     seed_widget,
     shipped_detectors,
 )
-from core.detectors import Verdict
+from app.text import code, md, md_lines
+from core.contract import Verdict
 from core.errors import DataError, RagscopeError
 from core.examples import TASKS, RAGExample
 from core.generate import AnswerStream, GenerationConfig
 from core.model import LoadedModel
+from core.paths import repo_root
 
 OWN_ID = "your-example"
 
@@ -354,7 +355,6 @@ def run_detectors(model: LoadedModel, a: Analysis) -> DetectorPanel:
 
 def _shown_folder(folder: Path) -> str:
     """``folder`` relative to the checkout when inside it (as commands there name it)."""
-    from core.datasets import repo_root
 
     try:
         return str(folder.resolve().relative_to(repo_root()))

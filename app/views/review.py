@@ -25,7 +25,7 @@ import streamlit as st
 from app.auth import auth_configured, current_identity
 from app.components.example_picker import progress_bar
 from app.components.highlight import FLAG, RELATED, Mark, marked_html
-from app.components.text import code, md
+from app.components.report import answer_report_html
 from app.state import (
     HEADS_FROM_CORPUS,
     DatasetRef,
@@ -38,9 +38,12 @@ from app.state import (
     review_key,
     shipped_detectors,
 )
-from core.detectors.base import flag_threshold
+from app.text import code, md
+from core.contract import flag_threshold
 from core.errors import DataError, RagscopeError, StorageError
 from core.examples import RAGExample
+from core.explain import feature_key
+from core.extract import FeatureCache, run_example
 from core.review import (
     EVIDENCE,
     KINDS,
@@ -239,8 +242,6 @@ def build_section(
             "Scan and queue", key=KEY_BUILD, type="primary", icon=":material/radar:",
             disabled=not chosen,
         ):  # fmt: skip
-            from core.extract import FeatureCache
-
             dets = [by_name[n] for n in chosen]
             with progress_bar("Scanning:") as progress:
                 try:
@@ -583,9 +584,6 @@ def missed_span_row(book: ReviewBook, rs: ReviewState, item: ReviewItem, ex: RAG
 def build_answer_report(book: ReviewBook, dataset: str, ex: RAGExample, label: str) -> str:
     """The audit report of one answer: every shipped detector's verdict and view, and
     the reviews of its flagged spans in this dataset's queue."""
-    from app.components.report import answer_report_html
-    from core.explain import feature_key
-    from core.extract import run_example
 
     model = get_model()
     shipped = shipped_detectors(model)

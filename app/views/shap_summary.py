@@ -26,7 +26,6 @@ from app.components.example_picker import (
     show_request_failures,
     split_label,
 )
-from app.components.text import code, md
 from app.state import (
     KEY_SHAP_COMPUTE,
     KEY_SHAP_GRID,
@@ -43,7 +42,6 @@ from app.state import (
     app_state,
     get_model,
     heads_examples,
-    model_key,
     quick_fit_examples,
     seed_widget,
     shap_summary,
@@ -51,6 +49,7 @@ from app.state import (
     spad_choice,
     train_command,
 )
+from app.text import code, md
 from core.errors import RagscopeError
 from core.examples import RAGExample
 from core.model import LoadedModel
@@ -176,7 +175,7 @@ def show_summary(
     if req is None:
         st.info("Press **Compute SHAP values** to explain these answers.")
         return
-    if req.model != model_key(model):
+    if req.model != model.instance_key:
         st.info("These features were read with another model; press **Compute SHAP values**.")
         return
     selection = state.shap_selection

@@ -22,7 +22,6 @@ import streamlit as st
 from app.components.artifacts import show_broken_artifacts
 from app.components.example_picker import AnswerKeys, pick_page_answer, progress_bar
 from app.components.multirow import ACTIVATION_CMAP, HeatRow, gold_row, multirow_html
-from app.components.text import code, md
 from app.state import (
     KEY_HEATMAP_DATASET,
     KEY_HEATMAP_EXAMPLE,
@@ -37,14 +36,21 @@ from app.state import (
     detector_verdicts,
     get_model,
     get_store,
-    model_key,
     seed_widget,
     shipped_detectors,
     train_command,
 )
-from core.detectors.base import flag_threshold
+from app.text import code, md
+from core.contract import flag_threshold
 from core.errors import RagscopeError
-from core.smoothing import flagged_spans, smooth_tokens, span_overlap_f1
+from core.extract import FeatureCache, extract_features
+from core.smoothing import (
+    P_STAY_ANSWER,
+    P_STAY_TOKEN,
+    flagged_spans,
+    smooth_tokens,
+    span_overlap_f1,
+)
 
 if TYPE_CHECKING:
     from core.detectors.cortex import CortexDetector
@@ -119,7 +125,7 @@ def read_answer(
     rl = None
     if RAGLENS in by_name:
         rl = _raglens_cached(
-            model_key(model),
+            model.instance_key,
             analysis.signature,
             shipped.cache_id,
             model,
@@ -171,7 +177,6 @@ def scan_dataset(
     model: LoadedModel, cortex: CortexDetector, examples: list[RAGExample]
 ) -> dict[str, np.ndarray]:
     """CORTEX's raw token scores for ``examples`` (features from the cache when there)."""
-    from core.extract import FeatureCache, extract_features
 
     with progress_bar("Scanning with CORTEX:") as progress:
         ext = extract_features(
@@ -199,7 +204,7 @@ def flagged_only(
     """The scan row under the dataset choice, and the "only flagged answers" filter."""
 
     def narrow(key: str, examples: list[RAGExample]) -> list[RAGExample] | None:
-        scan_key = f"{model_key(model)}|{key}"
+        scan_key = f"{model.instance_key}|{key}"
         if cortex is not None:
             scan_row(state, model, cortex, examples, scan_key)
         scanned = state.heatmap_scan.get(scan_key, {})
@@ -283,7 +288,7 @@ def controls(state: AppState, rows: dict[str, HeatRow], cortex: CortexDetector |
             format="%.3f",
             key=KEY_P_STAY,
             help="Chance that the next token keeps this token's label; 0.5 = no smoothing. "
-            "CORTEX uses 0.993 for tokens and 0.93 for its answer score.",
+            f"CORTEX uses {P_STAY_TOKEN} for tokens and {P_STAY_ANSWER} for its answer score.",
         )
     with c2:
         seed_widget(KEY_THRESHOLD, round(current_threshold(state, cortex), 2))

@@ -23,7 +23,6 @@ from app.components.example_picker import (
     pick_example,
     show_playground_answer,
 )
-from app.components.text import code, md
 from app.state import (
     ALL_SPLITS,
     HEADS_EXAMPLE_DATASET,
@@ -52,6 +51,7 @@ from app.state import (
     stats_examples,
     train_command,
 )
+from app.text import code, md
 from core.errors import RagscopeError
 from core.examples import RAGExample
 from core.model import LoadedModel

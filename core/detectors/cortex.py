@@ -38,7 +38,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 import numpy as np
 
-from core.detectors.base import (
+from core.contract import (
+    DetectorBase,
     DetectorConfig,
     Features,
     Run,
@@ -47,20 +48,18 @@ from core.detectors.base import (
     check_fit_inputs,
     fitted_extra,
     load_fitted,
-    register_detector,
     require_fitted,
     thresholded_verdict,
     write_artifact,
 )
 from core.errors import DataError, ModelError
-from core.smoothing import answer_score, smooth_tokens
+from core.examples import RAGExample
+from core.model import ModelInfo
+from core.smoothing import P_STAY_ANSWER, P_STAY_TOKEN, answer_score, smooth_tokens
+from core.trace import Needs
 
 if TYPE_CHECKING:
     import torch
-
-    from core.examples import RAGExample
-    from core.model import ModelInfo
-    from core.trace import Needs
 
 MLP_FILE = "mlp.safetensors"
 Inputs = Literal["delta", "delta_residual"]
@@ -96,8 +95,8 @@ class CortexConfig(DetectorConfig):
     attn_heads: tuple[int, ...] = ()
     inputs: Inputs = "delta_residual"
     smooth: bool = True
-    p_stay_token: float = 0.993
-    p_stay_answer: float = 0.93
+    p_stay_token: float = P_STAY_TOKEN
+    p_stay_answer: float = P_STAY_ANSWER
     hidden: tuple[int, ...] = (256, 128)
     dropout: float = 0.1
     lr: float = 1e-3
@@ -206,13 +205,12 @@ def token_training_set(
     return xs, ys
 
 
-@register_detector
-class CortexDetector:
+class CortexDetector(DetectorBase):
     """Token classifier on with-vs-without-passages hidden-state differences."""
 
     name: ClassVar[str] = "cortex"
     Config = CortexConfig
-    needs_bare: ClassVar[bool] = True
+    needs_bare = True
 
     def __init__(self, config: CortexConfig | None = None) -> None:
         self.config: CortexConfig = config or CortexConfig()
@@ -237,7 +235,6 @@ class CortexDetector:
         return ("resid_post", layer)
 
     def needs(self, model: ModelInfo) -> Needs:
-        from core.trace import Needs
 
         kind, layer = self._hidden_slot(model)
         attn = _resolve(self.config.attn_layer, model.n_layers, "attn_layer")
@@ -248,7 +245,6 @@ class CortexDetector:
 
     def bare_needs(self, model: ModelInfo) -> Needs:
         """The no-passages pass needs only the hidden states."""
-        from core.trace import Needs
 
         kind, layer = self._hidden_slot(model)
         return Needs.from_slots({(kind, layer, "response")})

@@ -2,7 +2,7 @@
 
 Members are ordinary detectors (default: every detector of ragscope's own, see
 :data:`DEFAULT_MEMBERS`). The ensemble reads no activations itself: its features
-are the members' own features, bundled (:attr:`core.detectors.base.Features.members`);
+are the members' own features, bundled (:attr:`core.contract.Features.members`);
 the extraction engine computes and caches each member's features under the
 member's own key, so nothing is traced or stored twice
 (:meth:`EnsembleDetector.member_detectors`).
@@ -30,33 +30,31 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import Any, ClassVar, Self
 
 import numpy as np
 
-from core.detectors.base import (
+from core.contract import (
+    Detector,
+    DetectorBase,
     DetectorConfig,
     Features,
     Run,
     Verdict,
     check_fit_inputs,
-    detector_class,
     fitted_extra,
     load_fitted,
-    make_detector,
-    register_detector,
     require_fitted,
-    span_labels,
     thresholded_verdict,
     write_artifact,
 )
+from core.detectors.registry import MEMBERS
 from core.errors import DataError, ModelError
+from core.examples import RAGExample, source_key
+from core.labels import response_labels, span_labels
 from core.learners import LogisticCalibrator
-
-if TYPE_CHECKING:
-    from core.examples import RAGExample
-    from core.model import ModelInfo
-    from core.trace import Needs
+from core.model import ModelInfo
+from core.trace import Needs
 
 DEFAULT_MEMBERS: tuple[str, ...] = (
     "nll",
@@ -141,18 +139,17 @@ class EnsembleConfig(DetectorConfig):
             )
 
 
-@register_detector
-class EnsembleDetector:
+class EnsembleDetector(DetectorBase):
     """Stacked members (see the module docstring)."""
 
     name: ClassVar[str] = "ensemble"
     Config: ClassVar[type[EnsembleConfig]] = EnsembleConfig
-    needs_bare: ClassVar[bool] = False
+    composite: ClassVar[bool] = True
 
     def __init__(self, config: EnsembleConfig | None = None) -> None:
         self.config = config or EnsembleConfig()
-        self.members_: dict[str, Any] = {
-            n: make_detector(n, **dict(self.config.member_configs.get(n, {})))
+        self.members_: dict[str, Detector] = {
+            n: MEMBERS.make(n, **dict(self.config.member_configs.get(n, {})))
             for n in self.config.members
         }
         self.stacker_: LogisticCalibrator | None = None
@@ -162,37 +159,30 @@ class EnsembleDetector:
         self.threshold_: float = 0.5
         self.train_info_: dict[str, Any] = {}
         # An instance attribute: whether any member reads the no-context pass.
-        self.needs_bare = any(getattr(m, "needs_bare", False) for m in self.members_.values())
+        self.needs_bare = any(m.needs_bare for m in self.members_.values())
 
     # -- the contract --------------------------------------------------------------
 
     def unavailable(self, model: ModelInfo) -> str | None:
         """Why a member cannot read ``model`` (e.g. RAGLens without an SAE), or ``None``."""
         for n, m in self.members_.items():
-            check = getattr(m, "unavailable", None)
-            why = check(model) if check is not None else None
+            why = m.unavailable(model)
             if why is not None:
                 return f"member {n}: {why}"
         return None
 
-    def member_detectors(self) -> list[Any]:
+    def member_detectors(self) -> list[Detector]:
         """The members, whose features the extraction engine computes (and caches)."""
         return list(self.members_.values())
 
     def needs(self, model: ModelInfo) -> Needs | None:
-        from core.trace import Needs
 
         wanted = [n for n in (m.needs(model) for m in self.members_.values()) if n is not None]
         return Needs.union(wanted) if wanted else None
 
     def bare_needs(self, model: ModelInfo) -> Needs | None:
-        from core.trace import Needs
 
-        wanted = [
-            m.bare_needs(model) if hasattr(m, "bare_needs") else m.needs(model)
-            for m in self.members_.values()
-            if getattr(m, "needs_bare", False)
-        ]
+        wanted = [m.bare_needs(model) for m in self.members_.values() if m.needs_bare]
         wanted = [n for n in wanted if n is not None]
         return Needs.union(wanted) if wanted else None
 
@@ -222,7 +212,6 @@ class EnsembleDetector:
     def _split(
         self, features: Sequence[Features], examples: Sequence[RAGExample]
     ) -> tuple[list[int], list[int]]:
-        from core.evaluate import source_key
 
         keys = sorted({source_key(e) for e in examples})
         rng = np.random.default_rng(self.config.seed)
@@ -244,7 +233,6 @@ class EnsembleDetector:
         validation: tuple[Sequence[Features], Sequence[RAGExample]] | None = None,
     ) -> Self:
         """Fit the members on ``features`` and the stacker on ``validation`` (see module)."""
-        from core.detectors.baselines import response_labels
 
         model_key = check_fit_inputs(self.name, features, examples)
         if validation is None or not validation[0]:
@@ -418,7 +406,7 @@ class EnsembleDetector:
                 source=str(folder),
             )
         for n in det.config.members:
-            det.members_[n] = detector_class(n).load(
+            det.members_[n] = MEMBERS.get(n).load(
                 Path(folder) / "members" / n, model_key=det.model_key_
             )
         return det

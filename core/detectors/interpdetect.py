@@ -32,7 +32,9 @@ from zipfile import BadZipFile
 
 import numpy as np
 
-from core.detectors.base import (
+from core.chunking import chunk_example
+from core.contract import (
+    DetectorBase,
     DetectorConfig,
     Features,
     Run,
@@ -42,22 +44,24 @@ from core.detectors.base import (
     fitted_extra,
     load_fitted,
     read_skops,
-    register_detector,
     require_fitted,
     thresholded_verdict,
     tokens_from_chunks,
     write_artifact,
 )
-from core.detectors.redeep import head_name, layer_name, shared_pks
+from core.detectors.common import head_name, layer_name, shared_pks
+from core.ecs import chunk_ecs, chunk_means, ecs_needs
 from core.errors import DataError, ModelError
+from core.examples import RAGExample
+from core.labels import response_labels
+from core.lens import pks_needs
+from core.metrics import best_threshold
+from core.model import ModelInfo
 from core.safeio import SkopsType
+from core.trace import Needs
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from core.examples import RAGExample
-    from core.model import ModelInfo
-    from core.trace import Needs
 
 ClassifierName = Literal["lr", "svc", "rf", "xgb"]
 CLASSIFIERS: tuple[ClassifierName, ...] = ("lr", "svc", "rf", "xgb")
@@ -216,20 +220,16 @@ def _response_f1(chunk_prob: Sequence[np.ndarray], y: np.ndarray) -> float:
     """
     from sklearn.metrics import f1_score
 
-    from core.evaluate import best_threshold
-
     scores = np.asarray([float(p.max()) if p.size else 0.0 for p in chunk_prob])
     t = best_threshold(y, scores, "f1")
     return float(f1_score(y, (scores >= t).astype(int), zero_division=0))
 
 
-@register_detector
-class InterpDetectDetector:
+class InterpDetectDetector(DetectorBase):
     """Chunk-level ECS of every head and PKS of every layer, classic classifier on top."""
 
     name: ClassVar[str] = "interpdetect"
     Config: ClassVar[type[InterpDetectConfig]] = InterpDetectConfig
-    needs_bare: ClassVar[bool] = False
 
     def __init__(self, config: InterpDetectConfig | None = None) -> None:
         self.config: InterpDetectConfig = config or self.Config()
@@ -245,16 +245,12 @@ class InterpDetectDetector:
     # -- features ---------------------------------------------------------------
 
     def needs(self, model: ModelInfo) -> Needs:
-        from core.ecs import ecs_needs
-        from core.lens import pks_needs
 
         return ecs_needs(
             model.n_layers, hidden_at_response=self.config.embedder == "model"
         ) | pks_needs(model.n_layers)
 
     def features(self, run: Run) -> Features:
-        from core.chunking import chunk_example
-        from core.ecs import chunk_ecs, chunk_means
 
         if run.trace is None:
             raise ModelError("interpdetect needs a trace (attention patterns, residual stream)")
@@ -313,8 +309,6 @@ class InterpDetectDetector:
         """Select features on the training chunks, fit each classifier, keep the best on validation."""
         from sklearn.pipeline import Pipeline
         from sklearn.preprocessing import StandardScaler
-
-        from core.detectors.baselines import response_labels
 
         check_fit_inputs(self.name, features, examples, same_columns=True)
         self.names_ = features[0].names

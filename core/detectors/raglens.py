@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 
-from core.detectors.base import (
+from core.contract import (
+    DetectorBase,
     DetectorConfig,
     Features,
     Run,
@@ -41,21 +42,23 @@ from core.detectors.base import (
     fitted_extra,
     load_fitted,
     read_skops,
-    register_detector,
     require_fitted,
     thresholded_verdict,
     write_artifact,
 )
 from core.errors import DataError, ModelError
+from core.examples import RAGExample
+from core.labels import response_labels
+from core.layout import render
+from core.mi import BINNINGS, mutual_information, top_features
+from core.model import LoadedModel, ModelInfo
+from core.paths import shipped_sae_dir
+from core.sae import ACTIVATIONS, META_FILE, SAE_JSON_LIMIT, LoadedSAE, load_sae
 from core.safeio import SkopsType, read_json_file
+from core.trace import Needs, trace
 
 if TYPE_CHECKING:
     import torch
-
-    from core.examples import RAGExample
-    from core.model import LoadedModel, ModelInfo
-    from core.sae import LoadedSAE
-    from core.trace import Needs
 
 EBM_FILE = "ebm.skops"
 INTERCEPT = "intercept"
@@ -80,21 +83,18 @@ def feature_index(name: str) -> int:
 
 @functools.lru_cache(maxsize=4)
 def _load_sae_cached(folder: str, stamp: str) -> LoadedSAE:
-    from core.sae import load_sae
 
     return load_sae(folder)
 
 
 def sae_folder(spec: str) -> Path:
     """The SAE folder a config names (``""``: the shipped one for the embedded model)."""
-    from core.sae import shipped_sae_dir
 
     return Path(spec).expanduser() if spec else shipped_sae_dir()
 
 
 def sae_stamp(folder: Path) -> str:
     """Identity of the SAE in ``folder`` for caches: its weights' hash, or its file stats."""
-    from core.sae import META_FILE, SAE_JSON_LIMIT
 
     meta = folder / META_FILE
     if meta.is_file():
@@ -197,8 +197,6 @@ class RaglensConfig(DetectorConfig):
     raw_layer: int = -1
 
     def __post_init__(self) -> None:
-        from core.mi import BINNINGS
-        from core.sae import ACTIVATIONS
 
         if self.activation not in ACTIVATIONS:
             raise ValueError(f"activation must be one of {ACTIVATIONS}, got {self.activation!r}")
@@ -220,13 +218,11 @@ class RaglensConfig(DetectorConfig):
         return hashlib.sha256(f"{base}|{stamp}".encode()).hexdigest()[:16]
 
 
-@register_detector
-class RaglensDetector:
+class RaglensDetector(DetectorBase):
     """Max-pooled SAE features, mutual-information selection, EBM."""
 
     name: ClassVar[str] = "raglens"
     Config: ClassVar[type[RaglensConfig]] = RaglensConfig
-    needs_bare: ClassVar[bool] = False
 
     def __init__(self, config: RaglensConfig | None = None) -> None:
         self.config: RaglensConfig = config or self.Config()
@@ -264,7 +260,6 @@ class RaglensDetector:
         return None
 
     def needs(self, model: ModelInfo) -> Needs:
-        from core.trace import Needs
 
         if self.layer >= model.n_layers:
             raise ModelError(f"raglens: layer {self.layer} is outside 0..{model.n_layers - 1}")
@@ -298,9 +293,6 @@ class RaglensDetector:
     def fit(self, features: Sequence[Features], examples: Sequence[RAGExample]) -> Self:
         """MI selection of the top ``top_k`` pooled features, then the EBM."""
         from interpret.glassbox import ExplainableBoostingClassifier
-
-        from core.detectors.baselines import response_labels
-        from core.mi import mutual_information, top_features
 
         check_fit_inputs(self.name, features, examples, same_columns=True)
         y = response_labels(examples)
@@ -404,9 +396,6 @@ class RaglensDetector:
 
     def explain_answer(self, model: LoadedModel, example: RAGExample) -> RaglensAnswer:
         """One traced pass over ``example``: its verdict and the selected features per token."""
-        from core.detectors.base import Run
-        from core.layout import render
-        from core.trace import trace
 
         require_fitted(self, "ebm_", self.name)
         layout = render(example, model)

@@ -27,11 +27,13 @@ import itertools
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
+from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
 
-from core.detectors.base import (
+from core.chunking import ChunkSet, chunk_example
+from core.contract import (
+    DetectorBase,
     DetectorConfig,
     Features,
     Run,
@@ -40,20 +42,21 @@ from core.detectors.base import (
     check_fit_inputs,
     fitted_extra,
     load_fitted,
-    register_detector,
     require_fitted,
     thresholded_verdict,
     tokens_from_chunks,
     write_artifact,
 )
+from core.detectors.common import head_name, layer_name, parse_head, shared_pks
+from core.ecs import chunk_ecs, chunk_means, ecs_needs, token_ecs
 from core.errors import DataError, ModelError
+from core.examples import RAGExample
+from core.heads import CopyingConfig, copying_scores
+from core.labels import response_labels
 from core.learners import LogisticCalibrator
-
-if TYPE_CHECKING:
-    from core.chunking import ChunkSet
-    from core.examples import RAGExample
-    from core.model import LoadedModel, ModelInfo
-    from core.trace import Needs
+from core.lens import pks_needs
+from core.model import LoadedModel, ModelInfo
+from core.trace import Needs
 
 Scorer = Literal["rule", "logistic"]
 
@@ -119,36 +122,8 @@ class RedeepChunkConfig(RedeepConfig):
     embedder: Literal["minilm", "model"] = "minilm"
 
 
-def head_name(layer: int, head: int) -> str:
-    return f"ECS_L{layer}H{head}"
-
-
-def layer_name(layer: int) -> str:
-    return f"PKS_L{layer}"
-
-
-def parse_head(name: str) -> tuple[int, int]:
-    """``"ECS_L3H7"`` -> ``(3, 7)``."""
-    body = name.removeprefix("ECS_L")
-    layer, head = body.split("H")
-    return int(layer), int(head)
-
-
-def shared_pks(run: Run, model: LoadedModel, *, final_norm: bool) -> np.ndarray:
-    """``[layer, resp]`` PKS of the run, computed once for every detector that asks."""
-    from core.lens import pks_from_trace
-
-    def compute() -> np.ndarray:
-        assert run.trace is not None
-        # float32 divergences: 3x faster, error < 1e-6 bits (see core.lens.jsd_bits).
-        return pks_from_trace(model, run.trace, final_norm=final_norm, precision="float32")
-
-    return run.shared(("pks", final_norm), compute)
-
-
 def copying_heads(model: LoadedModel, n: int, mode: str) -> list[tuple[int, int]]:
     """The model's top ``n`` copying heads (cached per model and mode)."""
-    from core.heads import CopyingConfig, copying_scores
 
     return copying_scores(model, CopyingConfig(mode=mode)).top_heads(  # type: ignore[arg-type]
         min(n, model.info.n_layers * model.info.n_heads)
@@ -198,13 +173,12 @@ def _scale(v: np.ndarray, r: tuple[float, float]) -> np.ndarray:
     return (v - lo) / (hi - lo) if hi > lo else v - lo
 
 
-class RedeepDetector:
+class RedeepDetector(DetectorBase):
     """Shared features / selection / scoring of the two ReDeEP detectors."""
 
     name: ClassVar[str]
     Config: ClassVar[type[RedeepConfig]]
     level: ClassVar[Literal["token", "chunk"]]
-    needs_bare: ClassVar[bool] = False
 
     def __init__(self, config: RedeepConfig | None = None) -> None:
         self.config: RedeepConfig = config or self.Config()
@@ -221,8 +195,6 @@ class RedeepDetector:
     # -- features ---------------------------------------------------------------
 
     def needs(self, model: ModelInfo) -> Needs:
-        from core.ecs import ecs_needs
-        from core.lens import pks_needs
 
         c = self.config
         hidden = self.level == "chunk" and getattr(c, "embedder", "minilm") == "model"
@@ -248,8 +220,6 @@ class RedeepDetector:
             "names": names,
         }
         if self.level == "token":
-            from core.ecs import token_ecs
-
             ecs = token_ecs(run.trace, heads, topk_frac=c.topk_frac, scope=c.ecs_scope)
             tokens = np.concatenate([ecs, pks.T], axis=1)
             return Features(
@@ -271,7 +241,6 @@ class RedeepDetector:
         )
 
     def _chunks(self, run: Run) -> ChunkSet:
-        from core.chunking import chunk_example
 
         c = self.config
         return chunk_example(
@@ -284,7 +253,6 @@ class RedeepDetector:
     def _chunk_rows(
         self, run: Run, chunks: ChunkSet, heads: Sequence[tuple[int, int]], pks: np.ndarray
     ) -> np.ndarray:
-        from core.ecs import chunk_ecs, chunk_means
 
         assert run.trace is not None
         c = self.config
@@ -331,7 +299,6 @@ class RedeepDetector:
         validation: tuple[Sequence[Features], Sequence[RAGExample]] | None = None,
     ) -> Self:
         """Rank heads and layers on ``features``, choose N, K, beta on ``validation``."""
-        from core.detectors.baselines import response_labels
 
         check_fit_inputs(self.name, features, examples)
         self._check(features)
@@ -529,7 +496,6 @@ def _range(v: np.ndarray) -> tuple[float, float]:
     return (float(v.min()), float(v.max())) if v.size else (0.0, 1.0)
 
 
-@register_detector
 class RedeepTokenDetector(RedeepDetector):
     """ReDeEP, token level: ECS of the copying heads and PKS of every layer, per token."""
 
@@ -538,7 +504,6 @@ class RedeepTokenDetector(RedeepDetector):
     level = "token"
 
 
-@register_detector
 class RedeepChunkDetector(RedeepDetector):
     """ReDeEP, chunk level: ECS~ from chunk embeddings and PKS~ per response chunk."""
 

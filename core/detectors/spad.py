@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 
-from core.detectors.base import (
+from core.contract import (
+    DetectorBase,
     DetectorConfig,
     Features,
     Run,
@@ -38,21 +39,28 @@ from core.detectors.base import (
     check_fit_inputs,
     fitted_extra,
     load_fitted,
-    register_detector,
     require_fitted,
     thresholded_verdict,
     write_artifact,
 )
 from core.errors import DataError, ModelError
-from core.spad import FEATURE_NAMES, PROBE_CHUNK, SOURCES
+from core.examples import RAGExample
+from core.labels import response_labels
+from core.model import ModelInfo
+from core.spad import (
+    FEATURE_NAMES,
+    PROBE_CHUNK,
+    SOURCES,
+    TokenSources,
+    pos_features,
+    response_pos,
+    spad_needs,
+    token_sources,
+)
+from core.trace import Needs
 
 if TYPE_CHECKING:
     import xgboost
-
-    from core.examples import RAGExample
-    from core.model import ModelInfo
-    from core.spad import TokenSources
-    from core.trace import Needs
 
 BOOSTER_FILE = "model.json"
 TOKEN_NAMES: tuple[str, ...] = (*SOURCES, "P_final")
@@ -131,13 +139,11 @@ def _classifier(seed: int, pos_weight: float, **params: Any) -> Any:
     )
 
 
-@register_detector
-class SpadDetector:
+class SpadDetector(DetectorBase):
     """Seven-source token probabilities by POS, XGBoost on top."""
 
     name: ClassVar[str] = "spad"
     Config: ClassVar[type[SpadConfig]] = SpadConfig
-    needs_bare: ClassVar[bool] = False
 
     def __init__(self, config: SpadConfig | None = None) -> None:
         self.config: SpadConfig = config or self.Config()
@@ -151,13 +157,11 @@ class SpadDetector:
     # -- features ---------------------------------------------------------------
 
     def needs(self, model: ModelInfo) -> Needs:
-        from core.spad import spad_needs
 
         return spad_needs(model.n_layers)
 
     def sources(self, run: Run) -> TokenSources:
         """The seven-source split of ``run``'s response tokens (shared within the run)."""
-        from core.spad import token_sources
 
         if run.trace is None:
             raise ModelError("spad needs a trace (residual stream, z, patterns, logits)")
@@ -168,7 +172,6 @@ class SpadDetector:
         )
 
     def features(self, run: Run) -> Features:
-        from core.spad import pos_features, response_pos
 
         src = self.sources(run)
         tags = response_pos(run.layout)
@@ -197,8 +200,6 @@ class SpadDetector:
         """Randomized search, then a final fit with early stopping on a held-out 15%."""
         from sklearn.metrics import f1_score, make_scorer
         from sklearn.model_selection import RandomizedSearchCV, StratifiedKFold, train_test_split
-
-        from core.detectors.baselines import response_labels
 
         check_fit_inputs(self.name, features, examples)
         self._check(features)

@@ -12,8 +12,8 @@ from streamlit.testing.v1 import AppTest
 
 from app.state import KEY_HEATMAP_EXAMPLE
 from core.agreement import score_correlation, verdict_table
-from core.corpus import load_builtin
-from core.detectors.base import load_shipped
+from core.datasets import load_builtin
+from core.detectors import load_shipped
 from core.review import dataset_verdicts
 
 PAGE = "views/agreement.py"

@@ -32,7 +32,8 @@ from app.state import (
     dataset_summary,
     threshold_key,
 )
-from core.evaluate import DetectorResult, EvalRun, response_metrics
+from core.evaluate import DetectorResult, EvalRun
+from core.metrics import response_metrics
 
 BENCHMARK = "views/benchmark.py"
 RUN_NAME = "synthetic-run"
@@ -266,7 +267,7 @@ def test_unavailable_corpus_is_an_error_not_an_exception(
     def missing(*args: object, **kwargs: object) -> list:
         raise DataError("the built-in corpus is missing")
 
-    monkeypatch.setattr("core.corpus.load_builtin", missing)
+    monkeypatch.setattr("core.datasets.load_builtin", missing)
     dataset_summary.clear()  # a summary of the real corpus may be cached already
     at = _benchmark(make_app)
     at.selectbox(key=KEY_BENCH_TRAIN).set_value("builtin").run()

@@ -24,14 +24,9 @@ from app.state import (
     explain_one_key,
     fidelity_key,
 )
-from core.corpus import load_builtin
-from core.explain import (
-    SETTING_NAMES,
-    PromptBudget,
-    build_prompt,
-    feature_examples,
-    feature_key,
-)
+from core.datasets import load_builtin
+from core.explain import PromptBudget, build_prompt, feature_examples, feature_key
+from core.llm import SETTING_NAMES
 from core.storage import Store
 
 PAGE = "views/feature_explanations.py"

@@ -29,8 +29,7 @@ from app.state import (
     KEY_HEADS_UNIT,
     STATE_KEY,
 )
-from core.corpus import load_builtin
-from core.datasets import builtin_examples
+from core.datasets import builtin_examples, load_builtin
 from core.detectors import make_detector
 from core.extract import extract_features, run_example
 from core.heads import copying_scores

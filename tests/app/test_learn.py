@@ -13,7 +13,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from core.datasets import builtin_examples
-from core.detectors.base import load_shipped
+from core.detectors import load_shipped
 from core.teach import cortex_walk, lens_curve
 
 PAGE = "views/learn.py"
@@ -253,7 +253,7 @@ def test_redeep_steps_read_the_heads_and_the_ffn(
     assert chart(at, "Mean ECS of every head")
     at.button(key="learn.stats").click().run()  # over the first corpus answers
     no_exception(at)
-    from core.corpus import load_builtin
+    from core.datasets import load_builtin
     from core.detectors import make_detector
     from core.extract import extract_features
     from core.headstats import HeadStats

@@ -28,12 +28,14 @@ from app.state import (
     STATE_KEY,
     align_token_scores,
 )
+from core.contract import artifact_info
 from core.datasets import builtin_examples
-from core.detectors import artifact_info, load_shipped
+from core.detectors import load_shipped
 from core.errors import ModelError
-from core.evaluate import evaluate, make_splits
+from core.evaluate import evaluate
 from core.extract import run_example
 from core.model import LoadedModel
+from core.splits import make_splits
 
 PLAYGROUND = "views/playground.py"
 EXAMPLE = "demo-02-waggle-dance"  # a built-in example with one gold span
@@ -282,7 +284,7 @@ def test_detectors_that_cannot_run_are_an_error_not_an_exception(
     def fail(*args: object, **kwargs: object) -> dict:
         raise ModelError("the spaCy model is not installed")
 
-    monkeypatch.setattr("core.extract.run_example", fail)
+    monkeypatch.setattr("app.state.run_example", fail)
     detectors_dir(_copy(tiny_artifacts, tmp_path))  # its own folder: no cached verdicts
     at = _analysed(make_app)
     assert len(at.error) == 1

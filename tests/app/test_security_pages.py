@@ -72,7 +72,7 @@ def test_signed_in_reviews_are_recorded_under_the_identity(
 
 
 def _queued(app_env: Path) -> list:
-    from core.corpus import load_builtin
+    from core.datasets import load_builtin
 
     examples = load_builtin()[:3]
     with Store(app_env) as s:

@@ -41,9 +41,11 @@ import numpy as np
 import pytest
 from playwright.sync_api import expect
 
-from core.detectors import Features, make_detector
-from core.evaluate import DetectorResult, EvalRun, response_metrics
+from core.contract import Features
+from core.detectors import make_detector
+from core.evaluate import DetectorResult, EvalRun
 from core.examples import RAGExample
+from core.metrics import response_metrics
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded]
 

@@ -47,7 +47,7 @@ def oidc() -> str:
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A database with a review queue on the built-in corpus and a hostile dataset."""
-    from core.corpus import load_builtin
+    from core.datasets import load_builtin
 
     path = tmp_path_factory.mktemp("login-db") / "ragscope.sqlite3"
     examples = load_builtin()[:2]

@@ -376,7 +376,7 @@ def test_the_batch_compares_aarf_with_the_plain_greedy_answer(
     import dataclasses
     from types import SimpleNamespace
 
-    import core.aarf
+    import core.mitigate
     from core.mitigate import mitigate_batch
 
     plain, steered = "The Old Bridge was built in 1820.", "Ada Lovell built the Old Bridge."
@@ -386,7 +386,7 @@ def test_the_batch_compares_aarf_with_the_plain_greedy_answer(
         seen.update(kw)
         return SimpleNamespace(plain=SimpleNamespace(text=plain), text=steered)
 
-    monkeypatch.setattr(core.aarf, "aarf_generate", fake)
+    monkeypatch.setattr(core.mitigate, "aarf_generate", fake)
     report = mitigate_batch(
         tiny_model, [toy_example], [detector], method="aarf", max_new_tokens=6,
         aarf_options={"alpha2": 2.0},
@@ -396,7 +396,7 @@ def test_the_batch_compares_aarf_with_the_plain_greedy_answer(
     # two answers to one prompt (the corpus pairs them): decoded once
     calls = []
     monkeypatch.setattr(
-        core.aarf, "aarf_generate",
+        core.mitigate, "aarf_generate",
         lambda *a, **k: calls.append(1) or SimpleNamespace(plain=SimpleNamespace(text=plain), text=steered),
     )  # fmt: skip
     twin = dataclasses.replace(toy_example, id="toy-2", response="Ada Lovell built it.", spans=())
@@ -411,7 +411,7 @@ def test_the_batch_compares_aarf_with_the_plain_greedy_answer(
     want = score_one(tiny_model, [detector], dataclasses.replace(base, response=plain, spans=()))
     assert report.before["redeep_token"] == [want["redeep_token"].score]
     monkeypatch.setattr(
-        core.aarf, "aarf_generate",
+        core.mitigate, "aarf_generate",
         lambda *a, **k: SimpleNamespace(plain=SimpleNamespace(text="  "), text=steered),
     )  # fmt: skip
     blank = mitigate_batch(tiny_model, [toy_example], [detector], method="aarf")

@@ -14,7 +14,7 @@ from core.agreement import (
     score_correlation,
     verdict_table,
 )
-from core.detectors.base import Verdict
+from core.contract import Verdict
 from core.examples import RAGExample
 
 SCORES = {  # example -> (a, b, c) scores; threshold 0.5 for all

@@ -19,12 +19,12 @@ import pytest
 import skops.io as sio
 
 from core.cli import main
-from core.datasets import repo_root
+from core.contract import artifact_hashes, read_artifact
 from core.detectors import detector_class, seal_artifact
-from core.detectors.base import artifact_hashes, read_artifact
 from core.detectors.interpdetect import SKOPS_TYPES as INTERPDETECT_TYPES
 from core.detectors.raglens import SKOPS_TYPES as RAGLENS_TYPES
 from core.errors import DataError
+from core.paths import repo_root
 from core.safeio import SKOPS_PLAIN_DATA, load_skops, parse_json, read_bounded, skops_types
 
 SHIPPED = repo_root() / "assets" / "detectors"
@@ -253,7 +253,7 @@ def test_hostile_json_in_artifacts_is_a_data_error(nll_copy: Path, reseal, monke
             _load(nll_copy)
     (nll_copy / "weights.json").write_text(good)
     reseal(nll_copy)
-    import core.detectors.base as base
+    import core.contract as base
 
     monkeypatch.setattr(base, "ARTIFACT_JSON_LIMIT", 100)
     with pytest.raises(DataError, match="over the 100-byte limit"):
@@ -336,9 +336,11 @@ def test_damaged_feature_cache_entries_are_misses(tmp_path: Path, toy_example) -
 
     import numpy as np
 
-    from core.detectors import Features, make_detector
+    from core.contract import Features
+    from core.detectors import make_detector
+    from core.examples import example_hash
     from core.extract import FeatureCache
-    from core.storage import Store, example_hash
+    from core.storage import Store
 
     f = Features(
         detector="nll", example_id=toy_example.id, model="m", names=("a",), response=np.ones(1)

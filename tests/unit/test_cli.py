@@ -219,7 +219,8 @@ def test_train_records_recipe_and_reproduce_checks_it(tmp_path: Path, capsys, ti
 def test_train_records_token_thresholds_and_the_command_recomputes_them(
     tmp_path: Path, capsys, tiny_model
 ) -> None:
-    from core.detectors.base import detector_class, flag_threshold
+    from core.contract import flag_threshold
+    from core.detectors import detector_class
 
     shipped = tmp_path / "shipped"
     assert main(_train_args(shipped)) == 0
@@ -246,8 +247,8 @@ def test_train_records_token_thresholds_and_the_command_recomputes_them(
 def test_train_reads_a_reviewed_export(tmp_path: Path, capsys, tiny_model) -> None:
     """The Review page's JSONL export is a training set like any other."""
     from core.datasets import resolve_dataset
-    from core.evaluate import stratified_head
     from core.review import write_ragtruth_jsonl
+    from core.splits import stratified_head
 
     examples = stratified_head(resolve_dataset("builtin")[1], 48)
     path = write_ragtruth_jsonl(examples, tmp_path / "reviewed.jsonl")
@@ -282,7 +283,7 @@ def test_bench_times_extraction_cold_and_cached(capsys, tiny_model) -> None:
 
 
 def test_answer_one_per_source_of_one_split(tmp_path: Path, capsys, tiny_model) -> None:
-    from core.corpus import load_builtin
+    from core.datasets import load_builtin
 
     out = tmp_path / "answers.jsonl"
     argv = ["answer", "--model", "tiny", "--dataset", "builtin", "--out", str(out)]

@@ -10,8 +10,11 @@ from pathlib import Path
 
 import pytest
 
-import core.corpus.build as corpus_build
-from core.corpus import (
+import core.datasets as datasets
+from core.datasets import load_builtin, load_dataset, save_jsonl
+from core.errors import DataError
+from core.examples import RAGExample
+from tools.corpus import (
     CORPUS_FILE,
     HALLUCINATION_TYPES,
     MAX_CHARS,
@@ -20,15 +23,11 @@ from core.corpus import (
     TYPE_SLUGS,
     build_corpus,
     builtin_dir,
-    load_builtin,
     template_ids,
     template_of,
 )
-from core.corpus.__main__ import main
-from core.corpus.compose import MONTHS, WEEKDAYS, occurs
-from core.datasets import load_dataset, save_jsonl
-from core.errors import DataError
-from core.examples import RAGExample
+from tools.corpus.__main__ import main
+from tools.corpus.compose import MONTHS, WEEKDAYS, occurs
 
 SHIPPED = builtin_dir() / CORPUS_FILE
 _DATE_WORD = re.compile(r"\d|" + "|".join(MONTHS + WEEKDAYS))
@@ -96,7 +95,7 @@ def test_another_seed_gives_another_corpus() -> None:
 
 
 def test_shipped_file_is_a_fresh_seed_0_build(corpus: list[RAGExample]) -> None:
-    assert SHIPPED.is_file(), f"{SHIPPED} is missing; run `python -m core.corpus`"
+    assert SHIPPED.is_file(), f"{SHIPPED} is missing; run `python -m tools.corpus`"
     shipped = list(load_dataset(SHIPPED, fmt="ragscope").examples)
     assert _dicts(shipped) == _dicts(corpus), "assets/builtin/corpus.jsonl was edited by hand"
     meta = json.loads((SHIPPED.parent / "corpus.meta.json").read_text(encoding="utf-8"))
@@ -271,7 +270,7 @@ def test_load_builtin_by_split(corpus: list[RAGExample]) -> None:
 def test_load_builtin_missing_file_names_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(corpus_build, "builtin_dir", lambda: tmp_path)
+    monkeypatch.setattr(datasets, "builtin_dir", lambda: tmp_path)
     with pytest.raises(DataError) as err:
         load_builtin()
-    assert "python -m core.corpus" in str(err.value) and str(tmp_path) in str(err.value)
+    assert "python -m tools.corpus" in str(err.value) and str(tmp_path) in str(err.value)

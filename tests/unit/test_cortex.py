@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
+from core.contract import Features, Run
 from core.datasets import resolve_dataset
 from core.detectors import make_detector
-from core.detectors.base import Features, Run
 from core.detectors.cortex import CortexDetector, contextual_residual
 from core.errors import DataError, ModelError, NotFittedError
 from core.examples import RAGExample, Span

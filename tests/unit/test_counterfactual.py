@@ -18,6 +18,7 @@ from core.counterfactual import (
     context_diff,
     contradict_span,
     edit_example,
+    load_session,
     regenerate,
     score_pair,
     support_span,
@@ -112,11 +113,11 @@ def test_score_pair_save_load_and_export(tiny_model, detectors, spanned, tmp_pat
     with Store(tmp_path / "db.sqlite3") as store:
         cf_id = store.save_counterfactual(cf)
         assert store.list_counterfactuals(cf.model)[0][:3] == (cf_id, cf.name, spanned.id)
-        back = store.load_counterfactual(cf_id)
+        back = load_session(store, cf_id)
         assert back.to_dict() == cf.to_dict() and back.id == cf_id
         store.delete_counterfactual(cf_id)
         with pytest.raises(DataError, match="no saved counterfactual"):
-            store.load_counterfactual(cf_id)
+            load_session(store, cf_id)
     exported = json.loads(cf.to_json())
     assert exported["changes"][0]["op"] == "insert"
     assert Counterfactual.from_dict(exported).edited == cf.edited
@@ -144,8 +145,8 @@ def test_span_objects_are_accepted(spanned) -> None:
 def test_detector_views_spad_sources_and_redeep_selected_heads() -> None:
     from types import SimpleNamespace
 
+    from core.contract import Features
     from core.counterfactual import SideScore, detector_views
-    from core.detectors import Features
 
     tokens = np.arange(12, dtype=np.float32).reshape(3, 4)
     f = Features(

@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from core import extract as extract_mod
-from core.detectors import Features, Verdict, available_detectors, make_detector, register_detector
-from core.detectors.base import detector_class
+from core.contract import Features, Verdict
+from core.detectors import DETECTORS, available_detectors, detector_class, make_detector
 from core.errors import DataError, ModelError, NotFittedError
 from core.examples import RAGExample, Span
 from core.extract import FeatureCache, extract_features, run_example
@@ -52,7 +52,8 @@ def test_registry_lists_baselines_and_refuses_duplicates() -> None:
         pass
 
     with pytest.raises(ValueError, match="already registered"):
-        register_detector(Impostor)
+        DETECTORS.extended(Impostor)
+    assert DETECTORS.get("nll") is cls  # the registry itself is untouched
     with pytest.raises(DataError, match="unknown detector 'nope'.*nll"):
         make_detector("nope")
     with pytest.raises(DataError, match="unknown LexicalConfig options"):

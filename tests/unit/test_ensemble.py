@@ -11,13 +11,14 @@ import numpy as np
 import pytest
 
 from core.datasets import resolve_dataset
-from core.detectors import make_detector
-from core.detectors.base import detector_class
+from core.detectors import detector_class, make_detector
 from core.detectors.ensemble import EnsembleDetector, choose_c, logit
 from core.errors import DataError, ModelError
-from core.evaluate import evaluate, source_key, split_examples
+from core.evaluate import evaluate
+from core.examples import source_key
 from core.extract import FeatureCache, extract_features, run_example
 from core.learners import LogisticCalibrator
+from core.splits import split_examples
 from core.storage import Store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -145,7 +146,9 @@ def test_without_validation_members_and_stacker_see_different_sources(splits, ex
     assert not keys_fit & keys_stack
 
 
-def test_save_load_round_trip_and_bad_artifacts(splits, extracted, tmp_path: Path, tiny_model, reseal):
+def test_save_load_round_trip_and_bad_artifacts(
+    splits, extracted, tmp_path: Path, tiny_model, reseal
+):
     _, f = extracted
     ens = _ensemble().fit(
         f["train"], splits["train"], validation=(f["validation"], splits["validation"])

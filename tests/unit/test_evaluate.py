@@ -12,17 +12,10 @@ from hypothesis import strategies as st
 from sklearn.metrics import average_precision_score, roc_auc_score
 
 from core.errors import DataError
-from core.evaluate import (
-    EvalRun,
-    best_threshold,
-    data_hash,
-    evaluate,
-    response_metrics,
-    source_key,
-    split_examples,
-    token_metrics,
-)
-from core.examples import Provenance, RAGExample, Span
+from core.evaluate import EvalRun, evaluate
+from core.examples import Provenance, RAGExample, Span, source_key
+from core.metrics import best_threshold, response_metrics, token_metrics
+from core.splits import data_hash, split_examples
 
 
 def _ex(
@@ -239,9 +232,10 @@ def test_evaluate_reports_smoothed_token_metrics(tiny_model) -> None:
 
 
 def test_token_threshold_is_the_best_token_f1_threshold():
-    from core.detectors.base import Verdict
-    from core.evaluate import best_threshold, token_labels_and_scores, token_threshold
+    from core.contract import Verdict
+    from core.evaluate import token_labels_and_scores, token_threshold
     from core.examples import RAGExample, Span
+    from core.metrics import best_threshold
 
     rng = np.random.default_rng(3)
     examples, verdicts = [], []

@@ -24,7 +24,6 @@ from core.explain import (
     Explanation,
     FeatureExample,
     FeatureExamples,
-    LLMEndpoint,
     PromptBudget,
     active_features,
     build_prompt,
@@ -36,10 +35,10 @@ from core.explain import (
     feature_examples,
     fidelity,
     parse_predictions,
-    probe_context,
     prompt_layouts,
 )
 from core.layout import render
+from core.llm import LLMEndpoint, probe_context
 from core.storage import Store
 from core.trace import Needs, trace
 
@@ -183,12 +182,10 @@ def test_top_examples_are_the_top_by_max_activation(fx, reference, feature):
 def test_encoded_answers_are_cached_across_features(
     fx, tiny_model, tiny_sae, examples, feature, monkeypatch
 ):
-    import core.sae
-
     def no_forward(*args, **kwargs):
         raise AssertionError("a forward pass ran although the answers were cached")
 
-    monkeypatch.setattr(core.sae, "residuals", no_forward)
+    monkeypatch.setattr(explain, "residuals", no_forward)
     other = feature_examples(tiny_model, tiny_sae, examples, (feature + 1) % tiny_sae.d_sae)
     assert other.n_examples == len(examples)
     clear_activation_cache()
@@ -199,19 +196,17 @@ def test_encoded_answers_are_cached_across_features(
 def test_token_activations_dropped_from_memory_are_read_again(
     tiny_model, tiny_sae, examples, feature, reference, monkeypatch
 ):
-    import core.sae
-
     clear_activation_cache()
     monkeypatch.setattr(explain._tokens_cache, "max_bytes", 1)  # keeps only the last answer
     encode_answers(tiny_model, tiny_sae, examples)
-    real = core.sae.residuals
+    real = explain.residuals
     calls = []
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(core.sae, "residuals", counting)
+    monkeypatch.setattr(explain, "residuals", counting)
     assert active_features(tiny_model, tiny_sae, examples, n=3)
     assert not calls  # the per-feature maxima stayed cached
     again = feature_examples(
@@ -241,7 +236,7 @@ def test_encode_answers_counts_reads_and_skips_failures(
     assert (first.computed, first.cache_hits, len(first.examples)) == (2, 0, 2)
     clear_activation_cache()
     encode_answers(tiny_model, tiny_sae, examples[:1])
-    monkeypatch.setattr(core.layout, "render", render)
+    monkeypatch.setattr(explain, "render", render)
     seen = []
     got = encode_answers(
         tiny_model, tiny_sae, examples[:3], on_error="skip", progress=lambda d, t: seen.append(d)

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import pearsonr
 
-from core.detectors import Features
+from core.contract import Features
 from core.ecs import token_ecs, top_context_positions
 from core.errors import DataError, ModelError
 from core.examples import RAGExample, Span

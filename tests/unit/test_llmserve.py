@@ -23,8 +23,9 @@ from pathlib import Path
 import pytest
 
 from core.errors import DataError
-from core.explain import LLMEndpoint, _chat, probe_context
+from core.explain import _chat
 from core.generate import AnswerStream, GenerationConfig
+from core.llm import LLMEndpoint, probe_context
 from core.llmserve import ServeLimits, _prompt_ids, is_loopback_host, make_server, start
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

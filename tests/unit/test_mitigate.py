@@ -97,7 +97,7 @@ def _reply(content: str):
 def test_llm_judge_verdicts(tiny_model, demo, llm_server, llm_base_url) -> None:
     import json
 
-    from core.explain import LLMEndpoint
+    from core.llm import LLMEndpoint
     from core.mitigate import judge_answer
 
     endpoint = LLMEndpoint(model="judge", base_url=llm_base_url, max_retries=0)

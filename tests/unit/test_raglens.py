@@ -72,7 +72,7 @@ def test_sae_identity_is_part_of_the_feature_key(tiny_sae, sae_dir, tmp_path):
 
 
 def test_selection_is_the_top_mutual_information(fitted, balanced):
-    from core.detectors.baselines import response_labels
+    from core.labels import response_labels
 
     det, feats = fitted
     X = np.stack([f.response for f in feats])

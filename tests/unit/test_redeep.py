@@ -10,11 +10,12 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-import core.lens
+import core.detectors.common
 from core.chunking import chunk_example
+from core.contract import Features, tokens_from_chunks
 from core.datasets import resolve_dataset
-from core.detectors import Features, make_detector
-from core.detectors.base import tokens_from_chunks
+from core.detectors import make_detector
+from core.detectors.common import head_name
 from core.detectors.interpdetect import InterpDetectConfig
 from core.detectors.redeep import (
     RedeepChunkConfig,
@@ -22,7 +23,6 @@ from core.detectors.redeep import (
     RedeepTokenConfig,
     RedeepTokenDetector,
     copying_heads,
-    head_name,
 )
 from core.ecs import chunk_ecs, chunk_means, token_ecs
 from core.errors import DataError, ModelError, NotFittedError
@@ -371,7 +371,9 @@ def test_artifact_round_trip(tiny_model, real, fitted, tmp_path: Path, name: str
         assert str(folder) in str(err.value)
     (folder / "weights.json").write_text(json.dumps(weights)[:40])
     reseal(folder)
-    with pytest.raises(DataError, match=r"invalid JSON at line 1, column \d+ \(Unterminated.*ragscope train"):
+    with pytest.raises(
+        DataError, match=r"invalid JSON at line 1, column \d+ \(Unterminated.*ragscope train"
+    ):
         cls.load(folder)
 
 
@@ -420,14 +422,14 @@ def test_fit_only_options_keep_the_feature_hash(cls) -> None:
 
 def test_pks_is_computed_once_for_redeep_and_interpdetect(tiny_model, monkeypatch) -> None:
     calls: list[bool] = []
-    real_pks = core.lens.pks_from_trace
+    real_pks = core.detectors.common.pks_from_trace
 
     def counting(*args, **kwargs):
         calls.append(kwargs.get("final_norm", True))
         return real_pks(*args, **kwargs)
 
-    # redeep.shared_pks imports it from core.lens at call time.
-    monkeypatch.setattr(core.lens, "pks_from_trace", counting)
+    # every detector reads PKS through core.detectors.common.shared_pks
+    monkeypatch.setattr(core.detectors.common, "pks_from_trace", counting)
     ex = _pairs(1)[0][1]
     feats = run_example(
         tiny_model, ex, [make_detector("redeep_token"), make_detector("interpdetect")]

@@ -11,8 +11,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.contract import Verdict
 from core.datasets import load_dataset, resolve_dataset
-from core.detectors.base import Verdict
 from core.errors import DataError, StorageError
 from core.review import (
     Flag,

@@ -38,7 +38,7 @@ def test_sae_lens_imports_under_transformer_lens_4() -> None:
 
 
 def test_corpus_holds_out_whole_sources_and_records_hashes(monkeypatch, tmp_path) -> None:
-    from core.evaluate import source_key
+    from core.examples import source_key
 
     monkeypatch.setenv("RAGSCOPE_SHARED_DATA", str(tmp_path / "absent"))
     c = sae_corpus(("demo", "builtin", "shared:ragtruth_qa_dev.jsonl"))

@@ -9,7 +9,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.detectors import Features, make_detector
+from core.contract import Features
+from core.detectors import make_detector
 from core.errors import ModelError, NotFittedError
 from core.examples import RAGExample
 from core.shapviz import (

@@ -13,8 +13,8 @@ import pytest
 import core.storage as storage
 from core.datasets import builtin_examples
 from core.errors import DataError, StorageError
-from core.examples import RAGExample
-from core.storage import Store, default_db_path, example_hash
+from core.examples import RAGExample, example_hash
+from core.storage import Store, default_db_path
 
 
 @pytest.fixture(autouse=True)

@@ -3,14 +3,14 @@
 Each template writes a main passage (sometimes split over two passages) about a
 fictional entity, picks one of several question/answer framings, and may append
 unrelated background passages. Every answer carries number, date, entity and
-contradiction slots plus insertion points (see :mod:`core.corpus.compose`).
+contradiction slots plus insertion points (see :mod:`tools.corpus.compose`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from core.corpus.compose import Doc, Gen, Part, a_an, fdate, fnum, ordinal
+from tools.corpus.compose import Doc, Gen, Part, a_an, fdate, fnum, ordinal
 
 _BUDGET = 1250  # passage characters; leaves room for the question and answer
 

@@ -1,4 +1,4 @@
-"""Rebuild the built-in corpus: ``python -m core.corpus [--seed N] [--out DIR]``."""
+"""Rebuild the built-in corpus: ``python -m tools.corpus [--seed N] [--out DIR]``."""
 
 from __future__ import annotations
 
@@ -8,13 +8,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from core.corpus.build import builtin_dir, write_corpus
+from core.paths import builtin_dir
+from tools.corpus.build import write_corpus
 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Build the corpus, write it, print the counts as JSON; returns the exit status."""
     p = argparse.ArgumentParser(
-        prog="python -m core.corpus",
+        prog="python -m tools.corpus",
         description="Rebuild ragscope's built-in labelled corpus (corpus.jsonl + corpus.meta.json).",
     )
     p.add_argument("--seed", type=int, default=0, help="build seed (the shipped corpus uses 0)")

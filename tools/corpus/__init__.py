@@ -5,31 +5,30 @@ RAGTruth task types -- ``qa``, ``summary`` and ``data2txt`` -- each source docum
 a faithful response and a hallucinated variant carrying one exact character span and
 one of six types (see :data:`HALLUCINATION_TYPES`). Deterministic from a seed; split by
 source document. The shipped copy is ``assets/builtin/corpus.jsonl`` (datasheet:
-``assets/builtin/README.md``); rebuild it with ``python -m core.corpus``.
+``assets/builtin/README.md``); rebuild it with ``python -m tools.corpus``.
 
 Example:
-    >>> from core.corpus import load_builtin
+    >>> from core.datasets import load_builtin
     >>> train = load_builtin("train")
 """
 
 from __future__ import annotations
 
-from core.corpus.build import (
+from core.paths import builtin_dir
+from tools.corpus.build import (
     CORPUS_FILE,
     DEFAULT_DOCS_PER_TASK,
     MAX_CHARS,
     SPLITS,
     TASK_ORDER,
     build_corpus,
-    builtin_dir,
     corpus_counts,
-    load_builtin,
     template_ids,
     template_of,
     templates,
     write_corpus,
 )
-from core.corpus.compose import HALLUCINATION_TYPES, TYPE_SLUGS
+from tools.corpus.compose import HALLUCINATION_TYPES, TYPE_SLUGS
 
 __all__ = [
     "CORPUS_FILE",
@@ -42,7 +41,6 @@ __all__ = [
     "build_corpus",
     "builtin_dir",
     "corpus_counts",
-    "load_builtin",
     "template_ids",
     "template_of",
     "templates",

@@ -26,7 +26,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal, TypeVar
 
-from core.corpus import names
+import tools.corpus.names as names
 from core.examples import Span
 
 T = TypeVar("T")

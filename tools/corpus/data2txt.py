@@ -3,7 +3,7 @@
 The passage is ``json.dumps`` of a dict (flat or nested, with varied key styles); the
 question is ``None`` (the prompt asks for a description). Booleans and status fields
 become contradiction slots; copied values become number, date and entity slots (see
-:mod:`core.corpus.compose`).
+:mod:`tools.corpus.compose`).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import json
 from collections.abc import Callable
 from typing import Any
 
-from core.corpus.compose import Doc, Flip, Gen, Part, fdate
+from tools.corpus.compose import Doc, Flip, Gen, Part, fdate
 
 
 def _doc(record: dict[str, Any], response: list[Part]) -> Doc:

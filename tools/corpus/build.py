@@ -1,7 +1,7 @@
 """Assemble, split, write and load the built-in labelled corpus.
 
 Each task (``qa``, ``summary``, ``data2txt``) has its own templates (see
-:mod:`core.corpus.qa`, :mod:`core.corpus.summary`, :mod:`core.corpus.data2txt`). Document
+:mod:`tools.corpus.qa`, :mod:`tools.corpus.summary`, :mod:`tools.corpus.data2txt`). Document
 ``i`` of a task uses template ``i mod T`` with its own RNG seeded from
 ``(seed, group)``, and yields two examples: the faithful response and one hallucinated
 variant. The variant's type is the one (among those the document supports) used least
@@ -20,7 +20,17 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from core.corpus.compose import (
+import tools.corpus.data2txt as data2txt
+import tools.corpus.qa as qa
+import tools.corpus.summary as summary
+from core.datasets import BUILTIN_CORPUS_FILE as CORPUS_FILE
+from core.datasets import BUILTIN_REBUILD_COMMAND as REBUILD_COMMAND
+from core.datasets import BUILTIN_SPLITS as SPLITS
+from core.datasets import save_jsonl
+from core.errors import DataError
+from core.examples import Provenance, RAGExample
+from core.paths import builtin_dir
+from tools.corpus.compose import (
     HALLUCINATION_TYPES,
     TYPE_SLUGS,
     Doc,
@@ -28,20 +38,15 @@ from core.corpus.compose import (
     check_faithful,
     make_variant,
 )
-from core.errors import DataError
-from core.examples import Provenance, RAGExample
 
 TemplateFn = Callable[[Gen], Doc]
 
 DATASET = "builtin"
 TASK_ORDER: tuple[str, ...] = ("qa", "summary", "data2txt")
-SPLITS: tuple[str, ...] = ("train", "validation", "test")
 DEFAULT_DOCS_PER_TASK = 300
 MAX_CHARS = 1800
 """Upper bound on passages + question + response characters (about 450 tokens)."""
-CORPUS_FILE = "corpus.jsonl"
 META_FILE = "corpus.meta.json"
-REBUILD_COMMAND = "python -m core.corpus"
 
 _SPLIT_PATTERN: tuple[str, ...] = tuple(
     "validation" if k in (3, 10, 16) else "test" if k in (6, 13, 19) else "train" for k in range(20)
@@ -50,7 +55,6 @@ _SPLIT_PATTERN: tuple[str, ...] = tuple(
 
 def templates(task: str) -> dict[str, TemplateFn]:
     """The templates of one task, in their fixed order (name -> function)."""
-    from core.corpus import data2txt, qa, summary
 
     table: dict[str, dict[str, TemplateFn]] = {
         "qa": qa.TEMPLATES,
@@ -201,13 +205,6 @@ def corpus_counts(examples: Iterable[RAGExample]) -> dict[str, Any]:
     }
 
 
-def builtin_dir() -> Path:
-    """``assets/builtin`` in the checkout."""
-    from core.datasets import repo_root
-
-    return repo_root() / "assets" / "builtin"
-
-
 def write_corpus(out_dir: Path | None = None, seed: int = 0) -> dict[str, Any]:
     """Build the corpus and write ``corpus.jsonl`` and ``corpus.meta.json`` into ``out_dir``.
 
@@ -218,8 +215,6 @@ def write_corpus(out_dir: Path | None = None, seed: int = 0) -> dict[str, Any]:
     Returns:
         The counts (see :func:`corpus_counts`) with the file path and its SHA-256.
     """
-    from core.datasets import save_jsonl
-
     out = Path(out_dir) if out_dir is not None else builtin_dir()
     examples = build_corpus(seed)
     path = save_jsonl(examples, out / CORPUS_FILE)
@@ -238,25 +233,3 @@ def write_corpus(out_dir: Path | None = None, seed: int = 0) -> dict[str, Any]:
     }
     (out / META_FILE).write_text(json.dumps(meta, indent=2) + "\n", encoding="utf-8")
     return {**counts, "path": str(path), "sha256": digest}
-
-
-def load_builtin(split: str | None = None) -> list[RAGExample]:
-    """Read the shipped corpus (``assets/builtin/corpus.jsonl``), optionally one split.
-
-    Raises:
-        DataError: The file is missing (rebuild it with ``python -m core.corpus``) or the
-            split is unknown.
-    """
-    from core.datasets import load_dataset
-
-    if split is not None and split not in SPLITS:
-        raise DataError(f"unknown split {split!r}; use one of {', '.join(SPLITS)}")
-    path = builtin_dir() / CORPUS_FILE
-    if not path.is_file():
-        raise DataError(
-            f"the built-in corpus is missing; rebuild it with `{REBUILD_COMMAND}` "
-            "(from the repository root)",
-            source=str(path),
-        )
-    exs = list(load_dataset(path, fmt="ragscope").examples)
-    return exs if split is None else [e for e in exs if e.provenance.split == split]

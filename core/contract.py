@@ -1,4 +1,4 @@
-"""The detector contract: typed features and verdicts, the protocol, the registry, artifacts.
+"""The detector contract: typed features and verdicts, the protocol, artifacts.
 
 A detector declares the activations it needs (:meth:`Detector.needs`), turns
 one traced example into :class:`Features` (:meth:`Detector.features`), learns
@@ -10,8 +10,8 @@ from many (:meth:`Detector.fit`) and scores one (:meth:`Detector.predict`
   threshold and metrics;
 - weights in the learner's own JSON (``weights.json``) or safetensors.
 
-Detectors are looked up by name in an explicit registry that refuses
-duplicate names.
+The engine (:mod:`core.extract`, :mod:`core.evaluate`) and every workflow are typed
+against :class:`Detector`; the registry of named detectors is :mod:`core.detectors`.
 """
 
 from __future__ import annotations
@@ -29,41 +29,29 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkab
 import numpy as np
 
 from core.errors import DataError, ModelError, NotFittedError, RagscopeError
+from core.examples import RAGExample
+from core.labels import span_labels
+from core.layout import Layout
+from core.model import LoadedModel, ModelInfo
 from core.safeio import (
     MiB,
     SkopsType,
     check_zip,
+    json_default,
     load_skops,
     parse_json,
-    read_bounded,
     read_json_file,
     sha256_file,
 )
+from core.trace import Needs, Trace
 
 if TYPE_CHECKING:
     import pandas as pd
-
-    from core.examples import RAGExample
-    from core.layout import Layout
-    from core.model import LoadedModel, ModelInfo
-    from core.trace import Needs, Trace
 
 ARTIFACT_VERSION = 1
 
 
 # ----------------------------------------------------------------------------- data
-
-
-def span_labels(offsets: np.ndarray | None, example: RAGExample) -> np.ndarray | None:
-    """Gold label per token of ``offsets`` (``[n, 2]`` character ranges): 1 when it
-    overlaps a hallucinated span; ``None`` without offsets or spans."""
-    if offsets is None or not example.spans:
-        return None
-    o = np.asarray(offsets)
-    lab = np.zeros(o.shape[0], dtype=np.int8)
-    for s in example.spans:
-        lab |= ((o[:, 0] < s.end) & (s.start < o[:, 1])).astype(np.int8)
-    return lab
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -333,15 +321,35 @@ def _hash(payload: Mapping[str, Any]) -> str:
 
 @runtime_checkable
 class Detector(Protocol):
-    """What every detector provides (see the module docstring)."""
+    """What every detector provides (see the module docstring). Detectors derive from
+    :class:`DetectorBase`, which gives the optional parts their defaults."""
 
     name: ClassVar[str]
+    Config: ClassVar[type[DetectorConfig]]
     config: DetectorConfig
     #: Whether :meth:`features` reads the no-context trace (``Run.bare``).
-    needs_bare: ClassVar[bool]
+    needs_bare: bool
+    #: Whether the detector combines others (:meth:`member_detectors`, :meth:`bundle`).
+    composite: ClassVar[bool]
 
     def needs(self, model: ModelInfo) -> Needs | None:
         """Hooks and positions to trace; ``None`` when no activations are needed."""
+        ...
+
+    def bare_needs(self, model: ModelInfo) -> Needs | None:
+        """What the no-context pass must record (asked only when ``needs_bare``)."""
+        ...
+
+    def unavailable(self, model: ModelInfo) -> str | None:
+        """Why this detector cannot read ``model`` (e.g. no SAE for it); ``None`` if it can."""
+        ...
+
+    def member_detectors(self) -> Sequence[Detector]:
+        """A composite's members, whose features the engine computes (empty otherwise)."""
+        ...
+
+    def bundle(self, example_id: str, model_key: str, members: Mapping[str, Features]) -> Features:
+        """A composite's features for one example, from its members' (by name)."""
         ...
 
     def features(self, run: Run) -> Features: ...
@@ -359,69 +367,32 @@ class Detector(Protocol):
 
     def save(self, folder: str | Path) -> Path: ...
 
-
-# ----------------------------------------------------------------------------- registry
-
-_REGISTRY: dict[str, type[Any]] = {}
+    @classmethod
+    def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self: ...
 
 
-def register_detector(cls: type[Any]) -> type[Any]:
-    """Class decorator: add a detector class under its ``name``; duplicates are refused."""
-    name = getattr(cls, "name", None)
-    if not isinstance(name, str) or not name:
-        raise ValueError(f"{cls.__name__} needs a non-empty class attribute `name`")
-    if name in _REGISTRY and _REGISTRY[name] is not cls:
-        raise ValueError(
-            f"a detector named {name!r} is already registered ({_REGISTRY[name].__qualname__})"
-        )
-    _REGISTRY[name] = cls
-    return cls
+class DetectorBase:
+    """Defaults for the optional parts of :class:`Detector`: a plain (not composite)
+    detector that reads any model and records the same hooks without context."""
 
+    name: ClassVar[str]
+    needs_bare: bool = False
+    composite: ClassVar[bool] = False
 
-def detector_class(name: str) -> type[Any]:
-    """The registered class for ``name``."""
-    _ensure_builtin()
-    if name not in _REGISTRY:
-        raise DataError(f"unknown detector {name!r}; available: {', '.join(sorted(_REGISTRY))}")
-    return _REGISTRY[name]
+    def needs(self, model: ModelInfo) -> Needs | None:
+        raise NotImplementedError
 
+    def bare_needs(self, model: ModelInfo) -> Needs | None:
+        return self.needs(model)
 
-def available_detectors() -> list[str]:
-    _ensure_builtin()
-    return sorted(_REGISTRY)
+    def unavailable(self, model: ModelInfo) -> str | None:
+        return None
 
+    def member_detectors(self) -> Sequence[Detector]:
+        return ()
 
-def runnable_detectors(model: Any) -> list[str]:
-    """The registered detectors that can read ``model`` with their default config
-    (a detector may say why not through an ``unavailable(model_info)`` method, e.g.
-    RAGLens without an SAE for that model)."""
-    out = []
-    for name in available_detectors():
-        check = getattr(make_detector(name), "unavailable", None)
-        if check is None or check(model.info) is None:
-            out.append(name)
-    return out
-
-
-def make_detector(name: str, **config: Any) -> Any:
-    """A fresh, unfitted detector with ``config`` overriding the defaults."""
-    cls = detector_class(name)
-    return cls(cls.Config.from_dict(config) if config else cls.Config())
-
-
-def _ensure_builtin() -> None:
-    # Importing the modules registers their classes; done lazily so that
-    # ``core.detectors.base`` stays import-light.
-    import core.detectors.baselines  # noqa: F401
-    import core.detectors.cortex  # noqa: F401
-    import core.detectors.ensemble  # noqa: F401
-    import core.detectors.interpdetect  # noqa: F401
-    import core.detectors.raglens  # noqa: F401
-    import core.detectors.redeep  # noqa: F401
-    import core.detectors.spad  # noqa: F401
-
-
-# ----------------------------------------------------------------------------- artifacts
+    def bundle(self, example_id: str, model_key: str, members: Mapping[str, Features]) -> Features:
+        raise TypeError(f"{self.name} is not a composite detector")
 
 
 def library_versions() -> dict[str, str]:
@@ -576,7 +547,7 @@ def write_artifact(
     SHA-256 of every other file in the folder under ``files``."""
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
-    (out / "weights.json").write_text(json.dumps(weights, indent=1, default=_json_default) + "\n")
+    (out / "weights.json").write_text(json.dumps(weights, indent=1, default=json_default) + "\n")
     for fname, write in (files or {}).items():
         write(out / fname)
     cfg = {
@@ -589,11 +560,11 @@ def write_artifact(
         **(extra or {}),
         "files": artifact_hashes(out),
     }
-    (out / "cfg.json").write_text(json.dumps(cfg, indent=2, default=_json_default) + "\n")
+    (out / "cfg.json").write_text(json.dumps(cfg, indent=2, default=json_default) + "\n")
     return out
 
 
-def _read_cfg(path: Path) -> dict[str, Any]:
+def read_artifact_cfg(path: Path) -> dict[str, Any]:
     cfg = read_json_file(path, ARTIFACT_JSON_LIMIT, what="artifact cfg.json")
     if not isinstance(cfg, dict):
         raise DataError("cfg.json must hold a JSON object", source=str(path))
@@ -621,7 +592,7 @@ def read_artifact(folder: str | Path, *, name: str, model_key: str | None) -> tu
         )
     retrain = f"retrain it with `ragscope train --detectors {name}`"
     try:
-        cfg = _read_cfg(cfg_path)
+        cfg = read_artifact_cfg(cfg_path)
     except DataError as e:
         raise DataError(f"{e.reason}; {retrain}", source=str(cfg_path)) from e
     if cfg.get("detector") != name:
@@ -649,57 +620,6 @@ def read_artifact(folder: str | Path, *, name: str, model_key: str | None) -> tu
     return cfg, weights
 
 
-def seal_artifact(folder: str | Path) -> list[Path]:
-    """Record the SHA-256 of every file in an artifact folder's ``cfg.json`` (and in its
-    members', for an ensemble), for artifacts written before ragscope recorded them.
-
-    Sealing does not vouch for a file by itself: after recording, the detector is
-    loaded in full (skops files under their exact allowlists, every check of
-    ``load``); if that fails the old ``cfg.json`` is put back and the error raised.
-
-    Returns:
-        The folders sealed, members first.
-
-    Raises:
-        DataError: Not an artifact folder, or it does not load safely.
-    """
-    path = Path(folder)
-    cfg_path = path / "cfg.json"
-    cfg = _read_cfg(cfg_path)
-    name = cfg.get("detector")
-    if not isinstance(name, str) or name not in available_detectors():
-        raise DataError(f"cfg.json names no known detector ({name!r})", source=str(path))
-    sealed: list[Path] = []
-    members = path / "members"
-    if members.is_dir() and not members.is_symlink():
-        for sub in sorted(members.iterdir()):
-            if (sub / "cfg.json").is_file():
-                sealed += seal_artifact(sub)
-    old = read_bounded(cfg_path, ARTIFACT_JSON_LIMIT)
-    cfg["files"] = artifact_hashes(path)
-    cfg_path.write_text(json.dumps(cfg, indent=2, default=_json_default) + "\n")
-    try:
-        detector_class(name).load(path, model_key=None)
-    except BaseException:
-        cfg_path.write_bytes(old)
-        raise
-    return [*sealed, path]
-
-
-def shipped_dir() -> Path:
-    """Where shipped artifacts live: ``assets/detectors/<name>/`` in the checkout.
-
-    ``RAGSCOPE_DETECTORS_DIR`` points elsewhere (tests, or artifacts trained
-    for another model).
-    """
-    import os
-
-    from core.datasets import repo_root
-
-    env = os.environ.get("RAGSCOPE_DETECTORS_DIR")
-    return Path(env) if env else repo_root() / "assets" / "detectors"
-
-
 def artifact_info(folder: str | Path) -> dict[str, Any]:
     """``cfg.json`` of an artifact folder, unchecked (for listings).
 
@@ -708,46 +628,9 @@ def artifact_info(folder: str | Path) -> dict[str, Any]:
     """
     path = Path(folder) / "cfg.json"
     try:
-        return _read_cfg(path)
+        return read_artifact_cfg(path)
     except DataError as e:
         raise DataError(f"cannot read artifact config ({e.reason})", source=str(path)) from e
-
-
-def shipped_artifacts(
-    model_key: str | None = None, folder: str | Path | None = None
-) -> dict[str, Path]:
-    """Detector name -> artifact folder, for the registered detectors shipped in ``folder``.
-
-    Args:
-        model_key: Keep only artifacts trained on this model (``ModelInfo.key``).
-        folder: Where to look (default :func:`shipped_dir`).
-    """
-    root = Path(folder) if folder is not None else shipped_dir()
-    names = set(available_detectors())
-    out: dict[str, Path] = {}
-    if not root.is_dir():
-        return out
-    for sub in sorted(root.iterdir()):
-        if sub.name not in names or not (sub / "cfg.json").is_file():
-            continue
-        try:
-            cfg = artifact_info(sub)
-        except DataError:
-            continue
-        if model_key is None or cfg.get("model") == model_key:
-            out[sub.name] = sub
-    return out
-
-
-def load_shipped(name: str, model_key: str, folder: str | Path | None = None) -> Any:
-    """The shipped, fitted detector ``name`` for the model ``model_key``.
-
-    Raises:
-        DataError: Nothing shipped under that name.
-        ModelError: The shipped artifact was trained on another model.
-    """
-    root = Path(folder) if folder is not None else shipped_dir()
-    return detector_class(name).load(root / name, model_key=model_key)
 
 
 def _diff(a: Any, b: Any, where: str, rtol: float, atol: float, out: list[str]) -> None:
@@ -796,16 +679,6 @@ def compare_artifacts(
     wb = read_json_file(Path(rebuilt) / "weights.json", ARTIFACT_JSON_LIMIT)
     _diff(wa, wb, "weights", rtol, atol, out)
     return out
-
-
-def _json_default(o: Any) -> Any:
-    if isinstance(o, np.ndarray):
-        return o.tolist()
-    if isinstance(o, np.generic):
-        return o.item()
-    if isinstance(o, tuple | set | frozenset):
-        return list(o)
-    raise TypeError(f"cannot write {type(o).__name__} to JSON")
 
 
 def tokens_from_chunks(

@@ -2,14 +2,14 @@
 
 The question is ``None`` (the prompt asks for a summary). Each template varies its
 sentence order and optional sentences, and the summary picks the key facts as slots
-(see :mod:`core.corpus.compose`).
+(see :mod:`tools.corpus.compose`).
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 
-from core.corpus.compose import Doc, Gen, Part, a_an, fdate, fnum
+from tools.corpus.compose import Doc, Gen, Part, a_an, fdate, fnum
 
 
 def _doc(g: Gen, sentences: list[str], response: list[Part], *, shuffle_tail: int = 0) -> Doc:

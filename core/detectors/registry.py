@@ -1,0 +1,85 @@
+"""The detector registry: detector classes by name, listed by explicit import.
+
+:data:`MEMBERS` holds every single detector; :mod:`core.detectors` adds the ensemble,
+which builds its members through :data:`MEMBERS` (no detector imports another).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable
+from typing import Any
+
+from core.contract import Detector
+from core.detectors.baselines import ContextGainDetector, LexicalDetector, NLLDetector
+from core.detectors.cortex import CortexDetector
+from core.detectors.interpdetect import InterpDetectDetector
+from core.detectors.raglens import RaglensDetector
+from core.detectors.redeep import RedeepChunkDetector, RedeepTokenDetector
+from core.detectors.spad import SpadDetector
+from core.errors import DataError
+from core.model import LoadedModel
+
+
+class Registry:
+    """Detector classes by their ``name``; a second class under a taken name is refused."""
+
+    def __init__(self, classes: Iterable[type[Detector]] = ()) -> None:
+        self._classes: dict[str, type[Detector]] = {}
+        for cls in classes:
+            self.add(cls)
+
+    def add(self, cls: type[Detector]) -> type[Detector]:
+        name = getattr(cls, "name", None)
+        if not isinstance(name, str) or not name:
+            raise ValueError(f"{cls.__name__} needs a non-empty class attribute `name`")
+        have = self._classes.get(name)
+        if have is not None and have is not cls:
+            raise ValueError(
+                f"a detector named {name!r} is already registered ({have.__qualname__})"
+            )
+        self._classes[name] = cls
+        return cls
+
+    def extended(self, *classes: type[Detector]) -> Registry:
+        """A new registry with this one's classes and ``classes``."""
+        return Registry([*self._classes.values(), *classes])
+
+    def get(self, name: str) -> type[Detector]:
+        """The class registered as ``name``.
+
+        Raises:
+            DataError: No detector of that name (the message lists those there are).
+        """
+        if name not in self._classes:
+            raise DataError(f"unknown detector {name!r}; available: {', '.join(self.names())}")
+        return self._classes[name]
+
+    def names(self) -> list[str]:
+        return sorted(self._classes)
+
+    def make(self, name: str, **config: Any) -> Detector:
+        """A fresh, unfitted detector with ``config`` overriding the defaults."""
+        cls = self.get(name)
+        return cls(cls.Config.from_dict(config) if config else cls.Config())
+
+    def runnable(self, model: LoadedModel) -> list[str]:
+        """The detectors that can read ``model`` with their default config (a detector
+        says why not through :meth:`~core.contract.Detector.unavailable`, e.g. RAGLens
+        without an SAE for that model)."""
+        return [n for n in self.names() if self.make(n).unavailable(model.info) is None]
+
+
+MEMBERS = Registry(
+    [
+        NLLDetector,
+        ContextGainDetector,
+        LexicalDetector,
+        RedeepTokenDetector,
+        RedeepChunkDetector,
+        InterpDetectDetector,
+        SpadDetector,
+        RaglensDetector,
+        CortexDetector,
+    ]
+)
+"""Every single (non-composite) detector: what an ensemble may combine."""

@@ -1,0 +1,188 @@
+"""The import layers hold (README "Architecture"): import-linter's contracts in
+pyproject.toml pass, no module imports ragscope code inside a function (where a cycle
+could hide), and the import graph has no cycle. Each check is shown to fail on a
+wrong-way import planted in a copy of the tree."""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tomllib
+from pathlib import Path
+
+import pytest
+
+from core.paths import repo_root
+
+ROOT = repo_root()
+PACKAGES = ("core", "app", "tools")
+LINT_IMPORTS = Path(sys.executable).with_name("lint-imports")
+
+
+def _lint(root: Path) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    return subprocess.run(
+        [str(LINT_IMPORTS), "--config", str(root / "pyproject.toml"), "--no-cache"],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
+
+
+def _copy(tmp: Path) -> Path:
+    for pkg in PACKAGES:
+        shutil.copytree(ROOT / pkg, tmp / pkg, ignore=shutil.ignore_patterns("__pycache__"))
+    shutil.copy(ROOT / "pyproject.toml", tmp / "pyproject.toml")
+    return tmp
+
+
+def _function_level_imports(root: Path) -> list[str]:
+    """``file:line`` of every import of a ragscope module inside a function."""
+    out = []
+    for pkg in PACKAGES:
+        for f in sorted((root / pkg).rglob("*.py")):
+            tree = ast.parse(f.read_text(encoding="utf-8"))
+            for fn in ast.walk(tree):
+                if not isinstance(fn, ast.FunctionDef | ast.AsyncFunctionDef):
+                    continue
+                for node in ast.walk(fn):
+                    if isinstance(node, ast.ImportFrom):
+                        names = [node.module or ""] if not node.level else ["."]
+                    elif isinstance(node, ast.Import):
+                        names = [a.name for a in node.names]
+                    else:
+                        continue
+                    if any(n == "." or n.split(".")[0] in PACKAGES for n in names):
+                        out.append(f"{f.relative_to(root)}:{node.lineno}")
+    return sorted(set(out))
+
+
+_CYCLES = """
+import json, sys
+import grimp
+
+graph = grimp.build_graph(*sys.argv[1:], cache_dir=None)
+edges = {m: sorted(graph.find_modules_directly_imported_by(m)) for m in graph.modules}
+index, low, stack, on, found = {}, {}, [], set(), []
+sys.setrecursionlimit(10000)
+
+
+def visit(v):
+    index[v] = low[v] = len(index)
+    stack.append(v)
+    on.add(v)
+    for w in edges[v]:
+        if w not in index:
+            visit(w)
+            low[v] = min(low[v], low[w])
+        elif w in on:
+            low[v] = min(low[v], index[w])
+    if low[v] == index[v]:
+        comp = []
+        while True:
+            w = stack.pop()
+            on.discard(w)
+            comp.append(w)
+            if w == v:
+                break
+        if len(comp) > 1:
+            found.append(sorted(comp))
+
+
+for v in sorted(edges):
+    if v not in index:
+        visit(v)
+print(json.dumps(found))
+"""
+
+
+def _cycles(root: Path) -> list[list[str]]:
+    """Strongly connected components (more than one module) of the import graph that
+    grimp (import-linter's graph builder) draws of the tree at ``root``."""
+    env = {**os.environ, "PYTHONPATH": str(root)}
+    got = subprocess.run(
+        [sys.executable, "-c", _CYCLES, *PACKAGES],
+        cwd=root,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        check=True,
+    )
+    return json.loads(got.stdout)
+
+
+def test_layer_contracts_hold() -> None:
+    got = _lint(ROOT)
+    assert got.returncode == 0, got.stdout[-4000:] + got.stderr[-2000:]
+    assert "0 broken" in got.stdout
+
+
+def test_every_module_is_in_a_layer() -> None:
+    """A module left out of the layer lists would be unchecked."""
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    for contract in contracts["contracts"]:
+        for container in contract.get("containers", []):
+            named = {
+                m.strip()
+                for layer in contract["layers"]
+                for m in layer.replace(":", "|").split("|")
+            }
+            folder = ROOT.joinpath(*container.split("."))
+            there = {
+                p.stem if p.is_file() else p.name
+                for p in folder.iterdir()
+                if (p.suffix == ".py" and p.stem != "__init__") or (p / "__init__.py").is_file()
+            }
+            assert there <= named, f"{container}: not in any layer: {sorted(there - named)}"
+
+
+def test_no_ragscope_import_inside_a_function() -> None:
+    assert _function_level_imports(ROOT) == []
+
+
+def test_no_import_cycle() -> None:
+    assert _cycles(ROOT) == []
+
+
+@pytest.mark.parametrize(
+    ("module", "planted", "broken"),
+    [
+        # the engine reaching up into a detector, at function level
+        (
+            "core/storage.py",
+            "from core.detectors import make_detector",
+            "core.storage is not allowed to import core.detectors",
+        ),
+        # a detector importing another detector
+        (
+            "core/detectors/spad.py",
+            "from core.detectors.redeep import RedeepConfig",
+            "core.detectors.spad is not allowed to import core.detectors.redeep",
+        ),
+        # the engine importing the app
+        ("core/extract.py", "from app.text import md", "core is not allowed to import app"),
+    ],
+)
+def test_a_wrong_way_import_breaks_the_contracts(
+    tmp_path: Path, module: str, planted: str, broken: str
+) -> None:
+    root = _copy(tmp_path)
+    f = root / module
+    f.write_text(f.read_text() + f"\n\ndef _planted() -> None:\n    {planted}  # noqa\n")
+    got = _lint(root)
+    assert got.returncode != 0 and broken in got.stdout, got.stdout[-3000:]
+    assert _function_level_imports(root) == [f"{module}:{len(f.read_text().splitlines())}"]
+
+
+def test_a_cycle_is_found(tmp_path: Path) -> None:
+    root = _copy(tmp_path)
+    f = root / "core" / "errors.py"
+    f.write_text(f.read_text() + "\n\nimport core.examples  # noqa: E402,F401\n")
+    assert ["core.errors", "core.examples"] in _cycles(root)
