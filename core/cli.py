@@ -63,8 +63,9 @@ def _add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda")
 
 
-def _add_split_args(p: argparse.ArgumentParser) -> None:
-    """Model, dataset and the evaluation split options (``_eval_splits``), plus --no-cache."""
+def _add_split_args(p: argparse.ArgumentParser, *, split_help: str | None = None) -> None:
+    """Model, dataset and the evaluation split options (``_eval_splits``), plus --no-cache;
+    with ``split_help``, also ``--split`` (one split or all, default test)."""
     _add_model_args(p)
     p.add_argument(
         "--dataset", default="builtin", help="demo, builtin, a file/folder or a stored name"
@@ -75,6 +76,13 @@ def _add_split_args(p: argparse.ArgumentParser) -> None:
     )
     p.add_argument("--seed", type=int, default=0, help="split seed (datasets without a split)")
     p.add_argument("--no-cache", action="store_true", help="recompute features (ignore the cache)")
+    if split_help is not None:
+        p.add_argument(
+            "--split",
+            choices=("train", "validation", "test", "all"),
+            default="test",
+            help=f"{split_help} (default: test)",
+        )
 
 
 def _add_example_args(p: argparse.ArgumentParser, *, need_response: bool) -> None:
@@ -1103,13 +1111,7 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser(
         "shap", help="rank a fitted spad detector's 126 POS x source features by mean |SHAP|"
     )
-    _add_split_args(p)
-    p.add_argument(
-        "--split",
-        choices=("train", "validation", "test", "all"),
-        default="test",
-        help="which split to explain (default: test)",
-    )
+    _add_split_args(p, split_help="which split to explain")
     p.add_argument(
         "--artifact",
         default=None,
@@ -1123,13 +1125,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="regenerate answers with a mitigation method and report each detector's "
         "flagged rate before and after",
     )
-    _add_split_args(p)
-    p.add_argument(
-        "--split",
-        choices=("train", "validation", "test", "all"),
-        default="test",
-        help="which split's answers to mitigate (default: test)",
-    )
+    _add_split_args(p, split_help="which split's answers to mitigate")
     p.add_argument(
         "--method",
         choices=("feedback-instance", "feedback-token", "aarf"),

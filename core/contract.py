@@ -564,6 +564,32 @@ def write_artifact(
     return out
 
 
+def save_fitted(
+    detector: Any,
+    folder: str | Path,
+    *,
+    weights: Mapping[str, Any],
+    extra: Mapping[str, Any] | None = None,
+    files: Mapping[str, Callable[[Path], None]] | None = None,
+) -> Path:
+    """Every fitted detector's ``save``: :func:`write_artifact` with the detector's name,
+    config and model key, and what :func:`fitted_extra` records beside ``extra``.
+
+    Raises:
+        NotFittedError: The detector has not been fitted (no model key yet).
+    """
+    require_fitted(detector, "model_key_", detector.name)
+    return write_artifact(
+        folder,
+        name=detector.name,
+        config=detector.config,
+        model_key=detector.model_key_,
+        weights=weights,
+        extra=fitted_extra(detector, extra),
+        files=files,
+    )
+
+
 def read_artifact_cfg(path: Path) -> dict[str, Any]:
     cfg = read_json_file(path, ARTIFACT_JSON_LIMIT, what="artifact cfg.json")
     if not isinstance(cfg, dict):
@@ -823,7 +849,10 @@ def read_skops(path: Path, allowed: Iterable[SkopsType], name: str) -> Any:
 def thresholded_verdict(detector: Any, features: Features, score: float, **kw: Any) -> Verdict:
     """The verdict of a fitted detector with a ``threshold_``: ``score`` clamped to [0, 1]
     (rounding can step just outside), flagged when it reaches the threshold; ``kw`` are
-    the other :class:`Verdict` fields (token/chunk scores, explanation)."""
+    the other :class:`Verdict` fields (token/chunk scores, explanation). Token scores
+    come with the features' token offsets unless ``token_offsets`` is given."""
+    if kw.get("token_scores") is not None:
+        kw.setdefault("token_offsets", features.token_offsets)
     return Verdict(
         detector=detector.name,
         example_id=features.example_id,

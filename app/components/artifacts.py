@@ -9,8 +9,16 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from app.components.example_picker import progress_bar
-from app.state import AppState, ShippedDetectors, fit_quick_spad, train_command
+from app.components.example_picker import AnswerKeys, pick_page_answer, progress_bar
+from app.state import (
+    AppState,
+    ShippedDetectors,
+    app_state,
+    fit_quick_spad,
+    get_model,
+    shipped_detectors,
+    train_command,
+)
 from app.text import code, md
 from core.errors import RagscopeError
 
@@ -30,6 +38,27 @@ def show_broken_artifacts(shipped: ShippedDetectors, names: Collection[str]) -> 
                 f"{md(b.reason)}  \nFix: retrain it with "
                 f"{code(train_command(b.name, shipped.folder))}, or remove the folder."
             )
+
+
+def open_answer_page(
+    title: str, caption: str, prefix: str, keys: AnswerKeys
+) -> tuple[AppState, LoadedModel, ShippedDetectors, RAGExample] | None:
+    """The opening of a page that works on one answer with the shipped detectors: title,
+    caption, notices of broken artifacts, the answer picker (:func:`pick_page_answer`).
+
+    Returns:
+        ``(state, model, shipped detectors, answer)``; ``None`` while no answer is picked.
+    """
+    state = app_state()
+    model = get_model()
+    st.title(title)
+    st.caption(caption)
+    shipped = shipped_detectors(model)
+    show_broken_artifacts(shipped, {b.name for b in shipped.broken})
+    picked = pick_page_answer(state, prefix, keys)
+    if picked is None:
+        return None
+    return state, model, shipped, picked[0]
 
 
 def quick_fit_row(

@@ -9,7 +9,7 @@ response-level hallucination score, higher meaning more likely hallucinated.
 from __future__ import annotations
 
 import math
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -152,24 +152,39 @@ def _skipped_note(fig: go.Figure, skipped: Sequence[str], what: str) -> None:
         )
 
 
-def roc_figure(series: Sequence[ScoreSeries]) -> go.Figure:
-    """ROC curves, one trace per series with its AUROC in the legend, and the chance line."""
+def _guide(x: list[float], y: list[float], name: str) -> go.Scatter:
+    """A dashed no-skill line (chance, prevalence) without hover."""
     import plotly.graph_objects as go
 
-    fig = go.Figure()
-    fig.add_trace(
-        go.Scatter(
-            x=[0, 1],
-            y=[0, 1],
-            mode="lines",
-            name="chance (0.5)",
-            line={"dash": "dash", "color": GUIDE_COLOR, "width": 1},
-            hoverinfo="skip",
-        )
+    return go.Scatter(
+        x=x,
+        y=y,
+        mode="lines",
+        name=name,
+        line={"dash": "dash", "color": GUIDE_COLOR, "width": 1},
+        hoverinfo="skip",
     )
+
+
+def _curve_figure(
+    series: Sequence[ScoreSeries],
+    guides: Sequence[go.Scatter],
+    points: Callable[[ScoreSeries], Curve | None],
+    *,
+    kind: str,
+    area: str,
+    shape: str,
+    axes: tuple[str, str, str],
+    hover: tuple[str, str],
+) -> go.Figure:
+    """One curve per series (``points``; ``None`` = one class only, listed in a note),
+    its ``area`` in the legend, over the ``guides``."""
+    import plotly.graph_objects as go
+
+    fig = go.Figure(data=list(guides))
     skipped = []
     for k, s in enumerate(series):
-        c = roc_points(s)
+        c = points(s)
         if c is None:
             skipped.append(s.name)
             continue
@@ -179,17 +194,31 @@ def roc_figure(series: Sequence[ScoreSeries]) -> go.Figure:
                 y=c.y,
                 customdata=c.thresholds,
                 mode="lines",
-                line={"color": PALETTE[k % len(PALETTE)], "width": 2, "shape": "hv"},
-                name=f"{s.name} (AUROC {c.area:.3f})",
+                line={"color": PALETTE[k % len(PALETTE)], "width": 2, "shape": shape},
+                name=f"{s.name} ({area} {c.area:.3f})",
                 hovertemplate=(
-                    f"<b>{s.name}</b><br>FPR %{{x:.3f}} · TPR %{{y:.3f}}"
+                    f"<b>{s.name}</b><br>{hover[0]} %{{x:.3f}} · {hover[1]} %{{y:.3f}}"
                     "<br>threshold %{customdata:.3f}<extra></extra>"
                 ),
             )
         )
-    _axis_layout(fig, "ROC", "False positive rate", "True positive rate (recall)")
-    _skipped_note(fig, skipped, "ROC curve")
+    _axis_layout(fig, *axes)
+    _skipped_note(fig, skipped, kind)
     return fig
+
+
+def roc_figure(series: Sequence[ScoreSeries]) -> go.Figure:
+    """ROC curves, one trace per series with its AUROC in the legend, and the chance line."""
+    return _curve_figure(
+        series,
+        [_guide([0, 1], [0, 1], "chance (0.5)")],
+        roc_points,
+        kind="ROC curve",
+        area="AUROC",
+        shape="hv",
+        axes=("ROC", "False positive rate", "True positive rate (recall)"),
+        hover=("FPR", "TPR"),
+    )
 
 
 def pr_figure(series: Sequence[ScoreSeries]) -> go.Figure:
@@ -198,44 +227,17 @@ def pr_figure(series: Sequence[ScoreSeries]) -> go.Figure:
     The prevalence (share of hallucinated test examples) is what precision a
     detector without skill gets; one dashed line per distinct prevalence.
     """
-    import plotly.graph_objects as go
-
-    fig = go.Figure()
     prevalences = sorted({round(s.prevalence, 6) for s in series if s.both_classes})
-    for p in prevalences:
-        fig.add_trace(
-            go.Scatter(
-                x=[0, 1],
-                y=[p, p],
-                mode="lines",
-                name=f"prevalence ({p:.3f})",
-                line={"dash": "dash", "color": GUIDE_COLOR, "width": 1},
-                hoverinfo="skip",
-            )
-        )
-    skipped = []
-    for k, s in enumerate(series):
-        c = pr_points(s)
-        if c is None:
-            skipped.append(s.name)
-            continue
-        fig.add_trace(
-            go.Scatter(
-                x=c.x,
-                y=c.y,
-                customdata=c.thresholds,
-                mode="lines",
-                line={"color": PALETTE[k % len(PALETTE)], "width": 2, "shape": "vh"},
-                name=f"{s.name} (AP {c.area:.3f})",
-                hovertemplate=(
-                    f"<b>{s.name}</b><br>recall %{{x:.3f}} · precision %{{y:.3f}}"
-                    "<br>threshold %{customdata:.3f}<extra></extra>"
-                ),
-            )
-        )
-    _axis_layout(fig, "Precision-recall", "Recall", "Precision")
-    _skipped_note(fig, skipped, "PR curve")
-    return fig
+    return _curve_figure(
+        series,
+        [_guide([0, 1], [p, p], f"prevalence ({p:.3f})") for p in prevalences],
+        pr_points,
+        kind="PR curve",
+        area="AP",
+        shape="vh",
+        axes=("Precision-recall", "Recall", "Precision"),
+        hover=("recall", "precision"),
+    )
 
 
 def breakdown_figure(

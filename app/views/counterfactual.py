@@ -21,9 +21,9 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app.components.artifacts import show_broken_artifacts
+from app.components.artifacts import open_answer_page
 from app.components.diff import word_diff_html
-from app.components.example_picker import AnswerKeys, pick_page_answer
+from app.components.example_picker import AnswerKeys
 from app.components.multirow import DIFF_CMAP, HeatRow, gold_row, multirow_html
 from app.state import (
     KEY_CF_DATASET,
@@ -31,12 +31,9 @@ from app.state import (
     KEY_CF_SOURCE,
     AppState,
     align_token_scores,
-    app_state,
-    get_model,
     get_store,
     input_signature,
     seed_widget,
-    shipped_detectors,
 )
 from app.text import md
 from core.counterfactual import (
@@ -369,20 +366,17 @@ def save_load(state: AppState, model: LoadedModel) -> None:
 
 
 def main() -> None:
-    state = app_state()
-    model = get_model()
-    st.title("Counterfactual context")
-    st.caption(
+    opened = open_answer_page(
+        "Counterfactual context",
         "Change the passages and see whether the detectors' flags move the way they should: "
         "support a flagged claim and the flag should go; state it differently and it should "
-        "stay."
+        "stay.",
+        "cf",
+        ANSWER_KEYS,
     )
-    shipped = shipped_detectors(model)
-    show_broken_artifacts(shipped, {b.name for b in shipped.broken})
-    picked = pick_page_answer(state, "cf", ANSWER_KEYS)
-    if picked is None:
+    if opened is None:
         return
-    example = picked[0]
+    state, model, shipped, example = opened
     sig = input_signature(example, None)
     edited_passages = edit_passages(example, sig)
     seed_widget(KEY_MODE, state.cf_answer_mode)

@@ -21,16 +21,13 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app.components.artifacts import show_broken_artifacts
+from app.components.artifacts import open_answer_page
 from app.components.diff import word_diff_html
-from app.components.example_picker import AnswerKeys, pick_page_answer
+from app.components.example_picker import AnswerKeys
 from app.state import (
     AppState,
-    app_state,
-    get_model,
     input_signature,
     seed_widget,
-    shipped_detectors,
     train_command,
 )
 from app.text import code, md, md_lines
@@ -334,20 +331,17 @@ def steer_section(
 
 
 def main() -> None:
-    state = app_state()
-    model = get_model()
-    st.title("Mitigation")
-    st.caption(
+    opened = open_answer_page(
+        "Mitigation",
         "Make the model answer again — told what was flagged, with ReDeEP's attention "
         "reweighting, or with an SAE feature pushed up or down — and see whether the "
-        "detectors think it helped."
+        "detectors think it helped.",
+        "mit",
+        ANSWER_KEYS,
     )
-    shipped = shipped_detectors(model)
-    show_broken_artifacts(shipped, {b.name for b in shipped.broken})
-    picked = pick_page_answer(state, "mit", ANSWER_KEYS)
-    if picked is None:
+    if opened is None:
         return
-    example = picked[0]
+    state, model, shipped, example = opened
     seed_widget(KEY_METHOD, state.mit_method)
     seed_widget(KEY_MAX_TOKENS, 48)
     m1, m2 = st.columns([4, 1], vertical_alignment="bottom")

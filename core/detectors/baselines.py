@@ -29,11 +29,10 @@ from core.contract import (
     Verdict,
     check_features,
     check_fit_inputs,
-    fitted_extra,
     load_fitted,
     require_fitted,
+    save_fitted,
     thresholded_verdict,
-    write_artifact,
 )
 from core.errors import ModelError
 from core.examples import RAGExample
@@ -124,17 +123,15 @@ class CalibratedDetector(DetectorBase):
     def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
         require_fitted(self, "response_model_", self.name)
         assert self.response_model_ is not None and self.model_key_ is not None
-        return write_artifact(
+        return save_fitted(
+            self,
             folder,
-            name=self.name,
-            config=self.config,
-            model_key=self.model_key_,
             weights={
                 "response": self.response_model_.to_json(),
                 "token": self.token_model_.to_json() if self.token_model_ else None,
                 "token_stats": list(self.token_stats_) if self.token_stats_ else None,
             },
-            extra=fitted_extra(self, extra),
+            extra=extra,
         )
 
     @classmethod

@@ -46,11 +46,10 @@ from core.contract import (
     Verdict,
     check_features,
     check_fit_inputs,
-    fitted_extra,
     load_fitted,
     require_fitted,
+    save_fitted,
     thresholded_verdict,
-    write_artifact,
 )
 from core.errors import DataError, ModelError
 from core.examples import RAGExample
@@ -434,18 +433,16 @@ class CortexDetector(DetectorBase):
         assert self.mlp_ is not None and self.model_key_ is not None
         assert self.mean_ is not None and self.std_ is not None
         state = {k: v.detach().contiguous() for k, v in self.mlp_.state_dict().items()}
-        return write_artifact(
+        return save_fitted(
+            self,
             folder,
-            name=self.name,
-            config=self.config,
-            model_key=self.model_key_,
             weights={
                 "n_inputs": int(self.mean_.shape[0]),
                 "mean": self.mean_.tolist(),
                 "std": self.std_.tolist(),
                 "mlp_file": MLP_FILE,
             },
-            extra=fitted_extra(self, extra),
+            extra=extra,
             files={MLP_FILE: lambda path: save_file(state, str(path))},
         )
 

@@ -42,11 +42,10 @@ from core.contract import (
     Run,
     Verdict,
     check_fit_inputs,
-    fitted_extra,
     load_fitted,
     require_fitted,
+    save_fitted,
     thresholded_verdict,
-    write_artifact,
 )
 from core.detectors.registry import MEMBERS
 from core.errors import DataError, ModelError
@@ -375,17 +374,15 @@ class EnsembleDetector(DetectorBase):
         out = Path(folder)
         for n, det in self.members_.items():
             det.save(out / "members" / n)
-        return write_artifact(
+        return save_fitted(
+            self,
             out,
-            name=self.name,
-            config=self.config,
-            model_key=self.model_key_,
             weights={
                 "response": self.stacker_.to_json(),
                 "token": self.token_stacker_.to_json() if self.token_stacker_ else None,
                 "token_members": list(self.token_members_),
             },
-            extra=fitted_extra(self, extra),
+            extra=extra,
         )
 
     @classmethod

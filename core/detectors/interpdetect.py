@@ -41,13 +41,12 @@ from core.contract import (
     Verdict,
     check_features,
     check_fit_inputs,
-    fitted_extra,
     load_fitted,
     read_skops,
     require_fitted,
+    save_fitted,
     thresholded_verdict,
     tokens_from_chunks,
-    write_artifact,
 )
 from core.detectors.common import head_name, layer_name, shared_pks
 from core.ecs import chunk_ecs, chunk_means, ecs_needs
@@ -389,7 +388,6 @@ class InterpDetectDetector(DetectorBase):
             features,
             score,
             token_scores=token_scores,
-            token_offsets=features.token_offsets if token_scores is not None else None,
             chunk_scores=probs,
             explanation=expl,
         )
@@ -401,11 +399,9 @@ class InterpDetectDetector(DetectorBase):
 
         require_fitted(self, "pipeline_", self.name)
         assert self.model_key_ is not None
-        return write_artifact(
+        return save_fitted(
+            self,
             folder,
-            name=self.name,
-            config=self.config,
-            model_key=self.model_key_,
             weights={
                 "names": list(self.names_ or ()),
                 "kept": list(self.kept_ or ()),
@@ -413,7 +409,7 @@ class InterpDetectDetector(DetectorBase):
                 "candidates_f1": self.candidates_,
                 "pipeline_file": PIPELINE_FILE,
             },
-            extra=fitted_extra(self, extra),
+            extra=extra,
             files={PIPELINE_FILE: lambda path: sio.dump(self.pipeline_, path)},
         )
 

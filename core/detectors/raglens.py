@@ -39,12 +39,11 @@ from core.contract import (
     Verdict,
     check_features,
     check_fit_inputs,
-    fitted_extra,
     load_fitted,
     read_skops,
     require_fitted,
+    save_fitted,
     thresholded_verdict,
-    write_artifact,
 )
 from core.errors import DataError, ModelError
 from core.examples import RAGExample
@@ -420,11 +419,9 @@ class RaglensDetector(DetectorBase):
 
         require_fitted(self, "ebm_", self.name)
         assert self.model_key_ is not None and self.mi_ is not None
-        return write_artifact(
+        return save_fitted(
+            self,
             folder,
-            name=self.name,
-            config=self.config,
-            model_key=self.model_key_,
             weights={
                 "n_features": len(self.names_),
                 "selected": list(self.selected_),
@@ -432,7 +429,7 @@ class RaglensDetector(DetectorBase):
                 "sae": None if self.raw else sae_stamp(sae_folder(self.config.sae)),
                 "ebm_file": EBM_FILE,
             },
-            extra=fitted_extra(self, extra),
+            extra=extra,
             files={EBM_FILE: lambda path: sio.dump(self.ebm_, path)},
         )
 

@@ -40,12 +40,11 @@ from core.contract import (
     Verdict,
     check_features,
     check_fit_inputs,
-    fitted_extra,
     load_fitted,
     require_fitted,
+    save_fitted,
     thresholded_verdict,
     tokens_from_chunks,
-    write_artifact,
 )
 from core.detectors.common import head_name, layer_name, parse_head, shared_pks
 from core.ecs import chunk_ecs, chunk_means, ecs_needs, token_ecs
@@ -434,7 +433,6 @@ class RedeepDetector(DetectorBase):
             features,
             score,
             token_scores=token_scores,
-            token_offsets=features.token_offsets if token_scores is not None else None,
             chunk_scores=chunk_scores,
             explanation=explanation,
         )
@@ -445,11 +443,9 @@ class RedeepDetector(DetectorBase):
         require_fitted(self, "selection_", self.name)
         assert self.selection_ is not None and self.rule_ and self.logistic_ and self.model_key_
         sel = self.selection_
-        return write_artifact(
+        return save_fitted(
+            self,
             folder,
-            name=self.name,
-            config=self.config,
-            model_key=self.model_key_,
             weights={
                 "names": list(self.names_ or ()),
                 "selection": {
@@ -465,7 +461,7 @@ class RedeepDetector(DetectorBase):
                 "head_auc": self.head_auc_,
                 "layer_auc": self.layer_auc_,
             },
-            extra=fitted_extra(self, extra),
+            extra=extra,
         )
 
     @classmethod

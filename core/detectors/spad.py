@@ -37,11 +37,10 @@ from core.contract import (
     Verdict,
     check_features,
     check_fit_inputs,
-    fitted_extra,
     load_fitted,
     require_fitted,
+    save_fitted,
     thresholded_verdict,
-    write_artifact,
 )
 from core.errors import DataError, ModelError
 from core.examples import RAGExample
@@ -309,17 +308,15 @@ class SpadDetector(DetectorBase):
         require_fitted(self, "booster_", self.name)
         assert self.booster_ is not None and self.model_key_ is not None
         booster = self.booster_
-        return write_artifact(
+        return save_fitted(
+            self,
             folder,
-            name=self.name,
-            config=self.config,
-            model_key=self.model_key_,
             weights={
                 "names": list(self.names_),
                 "best_params": self.best_params_,
                 "booster_file": BOOSTER_FILE,
             },
-            extra=fitted_extra(self, extra),
+            extra=extra,
             files={BOOSTER_FILE: lambda path: booster.save_model(str(path))},
         )
 

@@ -23,9 +23,8 @@ from pathlib import Path
 import pytest
 
 from core.errors import DataError
-from core.explain import _chat
 from core.generate import AnswerStream, GenerationConfig
-from core.llm import LLMEndpoint, probe_context
+from core.llm import LLMEndpoint, chat, probe_context
 from core.llmserve import ServeLimits, _prompt_ids, is_loopback_host, make_server, start
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -71,7 +70,7 @@ def test_the_openai_client_gets_the_models_own_answer(tiny_model, base_url) -> N
     assert reply["usage"]["prompt_tokens"] == len(ids) and reply["model"] == "tiny-served"
     # Through ragscope's own client (the openai SDK), as the explanations use it.
     endpoint = LLMEndpoint(model="tiny-served", base_url=base_url, temperature=1.0, max_retries=0)
-    text = _chat(endpoint, "Be brief.", "Hi")
+    text = chat(endpoint, "Be brief.", "Hi")
     assert isinstance(text, str) and text.strip()
 
 
@@ -315,7 +314,7 @@ def test_hostile_requests_get_json_errors_and_the_server_survives(served) -> Non
     endpoint = LLMEndpoint(
         model=NAME, base_url=f"http://127.0.0.1:{port}/v1", api_key=KEY, max_retries=0
     )
-    assert _chat(endpoint, "Be brief.", "Hi").strip()
+    assert chat(endpoint, "Be brief.", "Hi").strip()
     assert len(seen) == len(cases)
 
 
