@@ -48,11 +48,11 @@ from core.ecs import ecs_rows, top_k
 from core.errors import DataError, ModelError
 from core.examples import RAGExample, Task
 from core.extract import run_example
-from core.generate import AnswerStream, Generation, GenerationConfig, StopReason, _stop_ids
+from core.generate import AnswerStream, Generation, GenerationConfig, StopReason, stop_ids
 from core.layout import encode_prompt, prompt_pieces
 from core.lens import layer_jsd
 from core.model import LoadedModel
-from core.trace import Needs
+from core.trace import Needs, hooked_logits, patched
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -158,7 +158,7 @@ def scaled_components(
         fwd.append((name, head_scaler(scale)))
     if mlp_layers:
         fwd += [(name, mlp_hook) for name in Needs.of(["mlp_out"], layers=mlp_layers).hook_names()]
-    with model.lock, model.bridge.hooks(fwd_hooks=fwd):
+    with patched(model, fwd):
         yield
 
 
@@ -330,10 +330,8 @@ class StepScorer:
 
         x = torch.as_tensor([[*self.prompt_ids, *answer_ids]], device=model.device)
         with model.lock, torch.inference_mode():
-            logits = model.bridge.run_with_hooks(
-                x,
-                fwd_hooks=[(name, saver(key)) for name, key in self._names.items()],
-                return_type="logits",
+            logits = hooked_logits(
+                model, x, [(name, saver(key)) for name, key in self._names.items()]
             )
             last = logits[0, -1].float().cpu()
         missing = [n for n, key in self._names.items() if key not in store]
@@ -586,7 +584,7 @@ def aarf_generate(
             f"prompt of {n_prompt} tokens + {max_new_tokens} new tokens exceeds the "
             f"model's context of {model.info.n_ctx}; shorten the passages"
         )
-    stops = _stop_ids(model)
+    stops = stop_ids(model)
 
     answer: list[int] = []
     hs: list[float] = []

@@ -903,3 +903,32 @@ def require_fitted(obj: Any, attr: str, name: str) -> None:
 
 
 FeatureFn = Callable[[Run], Features]
+
+
+def align_token_scores(
+    scores: np.ndarray, offsets: np.ndarray, target_offsets: np.ndarray
+) -> np.ndarray:
+    """Carry token scores onto another tokenization of the same text.
+
+    A detector re-renders the answer from its text, so a generated answer's own tokens
+    may be split differently; each target token takes the highest score of the source
+    tokens its characters overlap (NaN when none does).
+
+    Args:
+        scores: ``[n_src]`` scores.
+        offsets: ``[n_src, 2]`` character ranges of the scored tokens.
+        target_offsets: ``[n_tgt, 2]`` character ranges to score.
+
+    Returns:
+        ``[n_tgt]`` float64 scores.
+    """
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    src = np.asarray(offsets).reshape(-1, 2)
+    tgt = np.asarray(target_offsets).reshape(-1, 2)
+    if src.shape[0] != s.shape[0]:
+        raise ValueError(f"{s.shape[0]} scores for {src.shape[0]} token offsets")
+    if src.shape == tgt.shape and np.array_equal(src, tgt):
+        return s.copy()
+    overlap = (src[None, :, 0] < tgt[:, None, 1]) & (tgt[:, None, 0] < src[None, :, 1])
+    out = np.where(overlap, s[None, :], -np.inf).max(axis=1, initial=-np.inf)
+    return np.where(np.isfinite(out), out, np.nan)

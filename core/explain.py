@@ -1,7 +1,7 @@
 """LLM-written explanations of SAE features (RAGLens feature cards, ``specs/raglens.md``).
 
 1. :func:`feature_examples`: one forward pass per example (stopped after the SAE's
-   block, :func:`core.sae.residuals`), the SAE's activations of one feature at every
+   block, :func:`core.trace.residuals_until`), the SAE's activations of one feature at every
    answer token, and from them the examples a reader (or an LLM) is shown: the
    top-activating answers and a quantile-spread sample of the others where the
    feature fires (12 + 12 in the paper), plus a few held-out answers for the
@@ -50,8 +50,9 @@ from core.llm import (
     chat,
 )
 from core.model import LoadedModel
-from core.sae import Activation, LoadedSAE, residuals
+from core.sae import Activation, LoadedSAE
 from core.storage import Store
+from core.trace import residuals_until
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -275,7 +276,7 @@ def _read(
     layout = render(example, model)
     positions = layout.response_positions
     if positions.size:
-        x = residuals(model, layout.token_ids, sae.layer)[positions]
+        x = residuals_until(model, layout.token_ids, sae.layer)[positions]
         z = sae.encode(x, activation).numpy().astype(np.float32, copy=False)
     else:
         z = np.zeros((0, sae.d_sae), dtype=np.float32)

@@ -58,7 +58,7 @@ class Generation:
     prompt_tokens: int
 
 
-def _stop_ids(model: LoadedModel) -> set[int]:
+def stop_ids(model: LoadedModel) -> set[int]:
     tok = model.tokenizer
     ids = {tok.eos_token_id}
     eos_cfg = getattr(model.hf_model.generation_config, "eos_token_id", None)
@@ -132,7 +132,7 @@ class AnswerStream:
             raise RuntimeError("this stream was already iterated; start a new one")
         self._started = True
         cfg, model = self.config, self.model
-        stops = _stop_ids(model)
+        stops = stop_ids(model)
         gen = None
         if cfg.temperature > 0 and cfg.seed is not None:
             gen = torch.Generator(device=model.device).manual_seed(cfg.seed)

@@ -51,6 +51,7 @@ from core.model import LoadedModel
 from core.paths import cache_dir
 from core.sae_compat import import_sae_lens
 from core.safeio import MiB, json_default, read_json_file, regular_file, sha256_file
+from core.trace import hooked_logits, resid_post_name, residuals_until
 
 if TYPE_CHECKING:
     import torch
@@ -79,7 +80,7 @@ def default_layer(n_layers: int) -> int:
 
 def hook_name(layer: int) -> str:
     """The TransformerLens hook the SAE reads: ``blocks.{layer}.hook_resid_post``."""
-    return f"blocks.{layer}.hook_resid_post"
+    return resid_post_name(layer)
 
 
 # --------------------------------------------------------------------------- corpus
@@ -180,39 +181,10 @@ def sae_corpus(specs: Sequence[str] = DEFAULT_SOURCES) -> SaeCorpus:
 # --------------------------------------------------------------------------- activations
 
 
-class _Stop(Exception):  # noqa: N818 (control flow, not an error)
-    """Raised by the capture hook to end a forward pass after the SAE's layer."""
-
-
 def example_ids(model: LoadedModel, example: RAGExample) -> np.ndarray:
     """The token ids the model reads for ``example`` (prompt and answer, as traced)."""
 
     return np.asarray(render(example, model).token_ids, dtype=np.int64)
-
-
-def residuals(
-    model: LoadedModel, token_ids: Sequence[int] | np.ndarray, layer: int
-) -> Float[torch.Tensor, "pos d_model"]:
-    """``resid_post`` of ``layer`` at every position, float32 CPU; stops after that layer."""
-    import torch
-
-    got: list[torch.Tensor] = []
-
-    def grab(act: torch.Tensor, hook: object) -> None:
-        got.append(act[0].detach().to("cpu", torch.float32))
-        raise _Stop
-
-    ids = torch.as_tensor(np.asarray(token_ids), device=model.device).unsqueeze(0)
-    with model.lock, torch.inference_mode():
-        try:
-            model.bridge.run_with_hooks(ids, fwd_hooks=[(hook_name(layer), grab)])
-        except _Stop:
-            pass
-        finally:
-            model.bridge.reset_hooks()
-    if not got:
-        raise ModelError(f"{hook_name(layer)} did not fire on {model.info.display_name}")
-    return got[0]
 
 
 def collect_activations(
@@ -232,7 +204,7 @@ def collect_activations(
     n = 0
     for i, ex in enumerate(exs):
         ids = example_ids(model, ex)
-        x = residuals(model, ids, layer)[1:]
+        x = residuals_until(model, ids, layer)[1:]
         parts.append(x.numpy().astype(np.float16))
         n += x.shape[0]
         if progress:
@@ -668,11 +640,11 @@ def _eval_one(
         return out
 
     with model.lock, torch.inference_mode():
-        clean = model.bridge.run_with_hooks(ids, fwd_hooks=[(name, capture)], return_type="logits")
+        clean = hooked_logits(model, ids, [(name, capture)])
         f = sae.encode(store["x"])
         store["rec"] = sae.decode(f)
-        spliced = model.bridge.run_with_hooks(ids, fwd_hooks=[(name, splice)], return_type="logits")
-        zeroed = model.bridge.run_with_hooks(ids, fwd_hooks=[(name, zero)], return_type="logits")
+        spliced = hooked_logits(model, ids, [(name, splice)])
+        zeroed = hooked_logits(model, ids, [(name, zero)])
     sums: dict[str, float] = {}
     count = 0
     for key, logits in (("clean", clean), ("spliced", spliced), ("zero", zeroed)):

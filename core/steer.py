@@ -22,10 +22,11 @@ from dataclasses import dataclass
 
 from core.errors import DataError, ModelError
 from core.examples import RAGExample
-from core.generate import _stop_ids
+from core.generate import stop_ids
 from core.layout import render
 from core.model import LoadedModel
 from core.sae import LoadedSAE
+from core.trace import patched, resid_post_name
 
 DEFAULT_VALUES: tuple[float, ...] = (-20.0, 0.0, 20.0)
 
@@ -58,8 +59,7 @@ def steered(
         out[:, position] = (x + (float(value) - z)[:, None] * direction).to(act.dtype)
         return out
 
-    name = f"blocks.{sae.layer}.hook_resid_post"
-    with model.lock, model.bridge.hooks(fwd_hooks=[(name, hook)]):
+    with patched(model, [(resid_post_name(sae.layer), hook)]):
         yield
 
 
@@ -114,7 +114,7 @@ def steer_continuation(
     ids = list(layout.token_ids[: int(resp[position]) + 1])
     if len(ids) + max_new_tokens > model.info.n_ctx:
         raise DataError("the prompt and continuation exceed the model's context; shorten it")
-    stops = _stop_ids(model)
+    stops = stop_ids(model)
     out: list[int] = []
     abs_pos = int(resp[position])
 

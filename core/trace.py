@@ -5,6 +5,12 @@ positions); the engine takes their union, runs ONE forward pass through the
 TransformerLens bridge with hooks on exactly those names, and keeps only the
 requested positions, as float32 on the CPU.
 
+This module is the only one that sets TransformerLens hooks. Besides :func:`trace`,
+interventions and readers use :func:`patched` (hooks held for a ``with`` block:
+AARF's head scaling, SAE steering), :func:`hooked_logits` (one pass with hooks, e.g.
+the SAE's spliced-in reconstruction) and :func:`residuals_until` (one layer's
+residual stream, the pass stopped right after it).
+
 Hook kinds and their TransformerLens names (layer ``l``):
 
 =============  ================================  ===============================
@@ -26,9 +32,10 @@ logits         (the forward's output)            ``[pos, d_vocab]``
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal, get_args
+from typing import TYPE_CHECKING, Any, Literal, get_args
 
 import numpy as np
 
@@ -342,3 +349,63 @@ def token_surprisal(tr: Trace) -> Float[np.ndarray, " resp"]:
     ids = torch.as_tensor(tr.layout.response_ids)
     nats = -logp.gather(1, ids.unsqueeze(1)).squeeze(1)
     return (nats / np.log(2.0)).numpy().astype(np.float32)
+
+
+# --------------------------------------------------------------------------- interventions
+
+Hook = Callable[["torch.Tensor", Any], "torch.Tensor | None"]
+"""A TransformerLens forward hook: ``(activation, hook point) -> replacement or None``."""
+
+
+def resid_post_name(layer: int) -> str:
+    """The hook of the residual stream after block ``layer``."""
+    return _HOOK_NAMES["resid_post"].format(l=layer)
+
+
+@contextmanager
+def patched(model: LoadedModel, hooks: Sequence[tuple[str, Hook]]) -> Iterator[None]:
+    """Every forward pass inside the ``with`` block runs with ``hooks`` (name, hook);
+    the model's lock is held throughout and the hooks are removed on exit."""
+    with model.lock, model.bridge.hooks(fwd_hooks=list(hooks)):
+        yield
+
+
+def hooked_logits(
+    model: LoadedModel, token_ids: torch.Tensor, hooks: Sequence[tuple[str, Hook]]
+) -> torch.Tensor:
+    """The logits (``[batch, pos, d_vocab]``) of one pass over ``token_ids`` with ``hooks``."""
+    import torch
+
+    with model.lock, torch.inference_mode():
+        return model.bridge.run_with_hooks(token_ids, fwd_hooks=list(hooks), return_type="logits")
+
+
+class _Stop(Exception):  # noqa: N818 (control flow, not an error)
+    """Raised by the capture hook to end a forward pass after the layer read."""
+
+
+def residuals_until(
+    model: LoadedModel, token_ids: Sequence[int] | np.ndarray, layer: int
+) -> Float[torch.Tensor, "pos d_model"]:
+    """``resid_post`` of ``layer`` at every position, float32 CPU; the forward pass stops
+    right after that block (later blocks never run)."""
+    import torch
+
+    got: list[torch.Tensor] = []
+
+    def grab(act: torch.Tensor, hook: object) -> None:
+        got.append(act[0].detach().to("cpu", torch.float32))
+        raise _Stop
+
+    name = resid_post_name(layer)
+    ids = torch.as_tensor(np.asarray(token_ids), device=model.device).unsqueeze(0)
+    with model.lock, torch.inference_mode():
+        try:
+            model.bridge.run_with_hooks(ids, fwd_hooks=[(name, grab)])
+        except _Stop:
+            pass
+        finally:
+            model.bridge.reset_hooks()
+    if not got:
+        raise ModelError(f"{name} did not fire on {model.info.display_name}")
+    return got[0]

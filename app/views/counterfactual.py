@@ -30,12 +30,12 @@ from app.state import (
     KEY_CF_EXAMPLE,
     KEY_CF_SOURCE,
     AppState,
-    align_token_scores,
     get_store,
     input_signature,
     seed_widget,
 )
 from app.text import md
+from core.contract import align_token_scores
 from core.counterfactual import (
     Counterfactual,
     SideScore,

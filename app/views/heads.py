@@ -52,7 +52,6 @@ from app.state import (
     AppState,
     FeatureRequest,
     ShippedDetectors,
-    align_token_scores,
     answer_heads,
     app_state,
     get_model,
@@ -63,6 +62,7 @@ from app.state import (
 )
 from app.state import train_command as state_train_command
 from app.text import code, md
+from core.contract import align_token_scores
 from core.errors import RagscopeError
 from core.examples import RAGExample
 from core.heads import DEFAULT_TOP, CopyingScores, copying_scores

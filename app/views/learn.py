@@ -32,18 +32,23 @@ from app.state import (
     shipped_detectors,
 )
 from app.text import md
+from core.contract import Detector
 from core.datasets import builtin_examples, load_builtin
 from core.detectors import make_detector
+from core.detectors.redeep import RedeepTokenDetector
+from core.detectors.spad import SpadDetector
 from core.errors import RagscopeError
 from core.examples import RAGExample, example_hash
 from core.extract import FeatureCache, extract_features
-from core.headstats import HeadStats, mean_ecs_figure
+from core.headstats import HeadStats, HeadView, mean_ecs_figure
 from core.labels import span_labels
+from core.model import LoadedModel
 from core.shapviz import pos_sources_figure, shap_values, token_sources_figure
 from core.smoothing import P_STAY_TOKEN
 from core.spad import SOURCES
 from core.teach import (
     CortexWalk,
+    FfnLens,
     LensCurve,
     RaglensWalk,
     cortex_walk,
@@ -229,15 +234,15 @@ def primer_steps(curve: LensCurve, ex: RAGExample) -> list[tuple[str, Callable[[
 
 @dataclass
 class RedeepData:
-    view: object  # core.headstats.HeadView
+    view: HeadView
     head: tuple[int, int]
     layer: int
-    ffn: object  # core.teach.FfnLens
-    detector: object | None  # the shipped redeep_token detector, when there is one
-    stats: object | None = None  # HeadStats over the corpus, once computed
+    ffn: FfnLens
+    detector: RedeepTokenDetector | None  # the shipped redeep_token detector, if any
+    stats: HeadStats | None = None  # over the corpus, once computed
 
 
-def dataset_head_stats() -> object:
+def dataset_head_stats() -> HeadStats:
     """InterpDetect's head statistics over the first corpus answers (cached features)."""
 
     examples = load_builtin()[:DATASET_N]
@@ -253,8 +258,8 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
 
     hv = data.view
     layer, head = data.head
-    tokens = list(hv.response_tokens)  # type: ignore[attr-defined]
-    ctx = list(hv.context_tokens)  # type: ignore[attr-defined]
+    tokens = list(hv.response_tokens)
+    ctx = list(hv.context_tokens)
 
     def token_choice() -> int:
         return int(
@@ -280,12 +285,12 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
             "tokens it attends to most."
         )
         st.latex(r"a_{t,j} = \mathrm{softmax}_j\big(q_t \cdot k_j / \sqrt{d}\big)")
-        st.plotly_chart(hv.attention_figure((layer, head)), width="stretch")  # type: ignore[attr-defined]
+        st.plotly_chart(hv.attention_figure((layer, head)), width="stretch")
 
     def ecs() -> None:
         st.markdown(
             "External context score: take the passage tokens this head attends to most "
-            f"(the top {hv.k} = 10%), average their final hidden states, and compare with "  # type: ignore[attr-defined]
+            f"(the top {hv.k} = 10%), average their final hidden states, and compare with "
             "the answer token's own final hidden state. High: the token carries what it "
             "read."
         )
@@ -295,11 +300,11 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
         )
         t = token_choice()
         top = [
-            ctx[list(hv.context).index(int(p))] if int(p) in set(hv.context) else "?"  # type: ignore[attr-defined]
+            ctx[list(hv.context).index(int(p))] if int(p) in set(hv.context) else "?"
             for p in hv.top_positions[layer, head, t][:10]
-        ]  # type: ignore[attr-defined]
+        ]
         st.caption("Most attended passage tokens: " + " · ".join(repr(x) for x in top))
-        vals = hv.token_ecs[:, layer, head]  # type: ignore[attr-defined]
+        vals = hv.token_ecs[:, layer, head]
         st.metric(f"ECS of “{tokens[t]}”", f"{float(vals[t]):.3f}")
         render_token_heatmap(
             tokens, vals, value_name=f"ECS L{layer}H{head}", vmin=-1.0, vmax=1.0, cmap=PROB_CMAP
@@ -319,7 +324,7 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
         )
         t = token_choice()
         c1, c2 = st.columns(2)
-        for col, name, top in ((c1, "before the FFN", f.before), (c2, "after the FFN", f.after)):  # type: ignore[attr-defined]
+        for col, name, top in ((c1, "before the FFN", f.before), (c2, "after the FFN", f.after)):
             fig = go.Figure(
                 go.Bar(x=list(top.probs[t]), y=[repr(x) for x in top.tokens[t]], orientation="h")
             )
@@ -328,7 +333,7 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
                 margin={"l": 10, "r": 10, "t": 50, "b": 30}, yaxis={"autorange": "reversed"},
             )  # fmt: skip
             col.plotly_chart(fig, width="stretch")
-        st.metric(f"PKS at block {layer}, token “{tokens[t]}”", f"{float(f.jsd[t]):.4f} bits")  # type: ignore[attr-defined]
+        st.metric(f"PKS at block {layer}, token “{tokens[t]}”", f"{float(f.jsd[t]):.4f} bits")
 
     def grid() -> None:
         st.markdown(
@@ -340,7 +345,7 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
 
         st.plotly_chart(
             mean_ecs_figure(
-                hv.token_ecs.mean(0),  # type: ignore[attr-defined]
+                hv.token_ecs.mean(0),
                 title="Mean ECS of every head on this answer",
             ),
             width="stretch",
@@ -359,7 +364,7 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
             data.stats = stats
         if stats is not None:
             st.plotly_chart(
-                stats.figure_ecs("difference", marked=[data.head]),  # type: ignore[attr-defined]
+                stats.figure_ecs("difference", marked=[data.head]),
                 width="stretch",
             )
         st.page_link(
@@ -375,7 +380,7 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
         st.latex(
             r"H(t) = \textstyle\sum_{\ell \in L^*}\text{PKS}_\ell(t) - \beta \sum_{(\ell,h) \in A^*}\text{ECS}_{\ell h}(t)"
         )
-        verdict = hv.verdicts.get("redeep_token")  # type: ignore[attr-defined]
+        verdict = hv.verdicts.get("redeep_token")
         if verdict is None or verdict.token_scores is None:
             st.info(
                 "No trained redeep_token detector for this model: `ragscope train --detectors redeep_token`."
@@ -405,7 +410,7 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
 @dataclass(frozen=True)
 class SpadData:
     answer: AnswerSources
-    detector: object | None  # the shipped spad detector, when there is one
+    detector: SpadDetector | None  # the shipped spad detector, when there is one
 
 
 def spad_steps(data: SpadData, ex: RAGExample) -> list[tuple[str, Callable[[], None]]]:
@@ -520,7 +525,7 @@ def spad_steps(data: SpadData, ex: RAGExample) -> list[tuple[str, Callable[[], N
             st.info("No trained spad detector for this model: `ragscope train --detectors spad`.")
             return
 
-        res = shap_values(data.detector, [data.answer.features])  # type: ignore[arg-type]
+        res = shap_values(data.detector, [data.answer.features])
         st.plotly_chart(res.waterfall_figure(0), width="stretch")
 
     return [
@@ -769,7 +774,11 @@ def walk_data(ls: LearnState, walk: str, ex: RAGExample) -> object | None:
             data: object = lens_curve(model, ex)
     elif walk == SPAD:
         with st.spinner("Splitting every token's probability into its sources…"):
-            data = SpadData(answer=answer_sources(model, ex), detector=shipped.get("spad"))
+            spad = shipped.get("spad")
+            data = SpadData(
+                answer=answer_sources(model, ex),
+                detector=spad if isinstance(spad, SpadDetector) else None,
+            )
     elif walk == REDEEP:
         with st.spinner("Reading every head and every FFN on the answer…"):
             data = redeep_data(model, ex, shipped)
@@ -788,25 +797,27 @@ def walk_data(ls: LearnState, walk: str, ex: RAGExample) -> object | None:
     return data
 
 
-def redeep_data(model: object, ex: RAGExample, shipped: dict[str, object]) -> RedeepData:
+def redeep_data(model: LoadedModel, ex: RAGExample, shipped: dict[str, Detector]) -> RedeepData:
     """The answer's head view, the head and FFN block to show, and that FFN's lens."""
 
-    view = answer_heads(model, ex, shipped_detectors(model))  # type: ignore[arg-type]
+    view = answer_heads(model, ex, shipped_detectors(model))
     det = shipped.get("redeep_token")
+    if not isinstance(det, RedeepTokenDetector):
+        det = None
     mean_ecs = view.token_ecs.mean(0)
-    if det is not None and det.selected_heads:  # type: ignore[attr-defined]
-        head = tuple(det.selected_heads[0])  # type: ignore[attr-defined]
+    if det is not None and det.selected_heads:
+        head = tuple(det.selected_heads[0])
     else:
         head = tuple(int(i) for i in np.unravel_index(int(np.argmax(mean_ecs)), mean_ecs.shape))
-    if det is not None and det.selected_layers:  # type: ignore[attr-defined]
-        layer = int(det.selected_layers[0])  # type: ignore[attr-defined]
+    if det is not None and det.selected_layers:
+        layer = int(det.selected_layers[0])
     else:
         layer = int(np.argmax(view.pks.mean(1)))
     return RedeepData(
         view=view,
         head=(int(head[0]), int(head[1])),
         layer=layer,
-        ffn=ffn_lens(model, ex, layer),  # type: ignore[arg-type]
+        ffn=ffn_lens(model, ex, layer),
         detector=det,
     )
 

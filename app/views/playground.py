@@ -43,7 +43,6 @@ from app.state import (
     DetectorVerdicts,
     GeneratedAnswer,
     ShippedDetectors,
-    align_token_scores,
     analyse,
     app_state,
     detector_verdicts,
@@ -57,7 +56,7 @@ from app.state import (
     shipped_detectors,
 )
 from app.text import code, md, md_lines
-from core.contract import Verdict
+from core.contract import Verdict, align_token_scores
 from core.errors import DataError, RagscopeError
 from core.examples import TASKS, RAGExample
 from core.generate import AnswerStream, GenerationConfig

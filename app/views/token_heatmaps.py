@@ -30,7 +30,6 @@ from app.state import (
     AppState,
     DetectorVerdicts,
     ShippedDetectors,
-    align_token_scores,
     analyse,
     app_state,
     detector_verdicts,
@@ -41,7 +40,7 @@ from app.state import (
     train_command,
 )
 from app.text import code, md
-from core.contract import flag_threshold
+from core.contract import align_token_scores, flag_threshold
 from core.errors import RagscopeError
 from core.extract import FeatureCache, extract_features
 from core.smoothing import (

@@ -26,9 +26,8 @@ from app.state import (
     KEY_COLOR_BY,
     KEY_EXAMPLE,
     STATE_KEY,
-    align_token_scores,
 )
-from core.contract import artifact_info
+from core.contract import align_token_scores, artifact_info
 from core.datasets import builtin_examples
 from core.detectors import load_shipped
 from core.errors import ModelError
@@ -284,7 +283,7 @@ def test_detectors_that_cannot_run_are_an_error_not_an_exception(
     def fail(*args: object, **kwargs: object) -> dict:
         raise ModelError("the spaCy model is not installed")
 
-    monkeypatch.setattr("app.state.run_example", fail)
+    monkeypatch.setattr("app.state.detectors.run_example", fail)
     detectors_dir(_copy(tiny_artifacts, tmp_path))  # its own folder: no cached verdicts
     at = _analysed(make_app)
     assert len(at.error) == 1

@@ -186,3 +186,31 @@ def test_a_cycle_is_found(tmp_path: Path) -> None:
     f = root / "core" / "errors.py"
     f.write_text(f.read_text() + "\n\nimport core.examples  # noqa: E402,F401\n")
     assert ["core.errors", "core.examples"] in _cycles(root)
+
+
+HOOK_APIS = frozenset({"run_with_hooks", "hooks", "reset_hooks", "add_hook", "run_with_cache"})
+
+
+def _hook_calls(root: Path) -> list[str]:
+    """``file:line`` of every call of a TransformerLens hook API outside core/trace.py."""
+    out = []
+    for pkg in PACKAGES:
+        for f in sorted((root / pkg).rglob("*.py")):
+            if f == root / "core" / "trace.py":
+                continue
+            for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
+                if (
+                    isinstance(node, ast.Call)
+                    and isinstance(node.func, ast.Attribute)
+                    and node.func.attr in HOOK_APIS
+                ):
+                    out.append(f"{f.relative_to(root)}:{node.lineno}")
+    return out
+
+
+def test_only_the_trace_module_sets_hooks(tmp_path: Path) -> None:
+    assert _hook_calls(ROOT) == []
+    root = _copy(tmp_path)
+    f = root / "core" / "steer.py"
+    f.write_text(f.read_text() + "\n\ndef _planted(model):\n    return model.bridge.hooks([])\n")
+    assert _hook_calls(root) == [f"core/steer.py:{len(f.read_text().splitlines())}"]

@@ -88,7 +88,7 @@ def examples():
 @pytest.fixture(scope="module")
 def reference(tiny_model, tiny_sae, examples, one_torch_thread):
     """Per example: answer tokens and ``[T, d_sae]`` activations, read through the trace
-    engine (independent of :func:`core.sae.residuals`)."""
+    engine (independent of :func:`core.trace.residuals_until`)."""
     out = []
     for ex in examples:
         layout = render(ex, tiny_model)
@@ -185,7 +185,7 @@ def test_encoded_answers_are_cached_across_features(
     def no_forward(*args, **kwargs):
         raise AssertionError("a forward pass ran although the answers were cached")
 
-    monkeypatch.setattr(explain, "residuals", no_forward)
+    monkeypatch.setattr(explain, "residuals_until", no_forward)
     other = feature_examples(tiny_model, tiny_sae, examples, (feature + 1) % tiny_sae.d_sae)
     assert other.n_examples == len(examples)
     clear_activation_cache()
@@ -199,14 +199,14 @@ def test_token_activations_dropped_from_memory_are_read_again(
     clear_activation_cache()
     monkeypatch.setattr(explain._tokens_cache, "max_bytes", 1)  # keeps only the last answer
     encode_answers(tiny_model, tiny_sae, examples)
-    real = explain.residuals
+    real = explain.residuals_until
     calls = []
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(explain, "residuals", counting)
+    monkeypatch.setattr(explain, "residuals_until", counting)
     assert active_features(tiny_model, tiny_sae, examples, n=3)
     assert not calls  # the per-feature maxima stayed cached
     again = feature_examples(

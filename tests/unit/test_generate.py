@@ -118,7 +118,7 @@ def test_stop_token_ends_the_answer(tiny_model, toy_example, monkeypatch):
     free = stream.token_ids
     stop_tok = free[2]
     assert stop_tok not in free[:2]
-    monkeypatch.setattr(generate_mod, "_stop_ids", lambda model: {stop_tok})
+    monkeypatch.setattr(generate_mod, "stop_ids", lambda model: {stop_tok})
     stream = _stream(tiny_model, toy_example, **cfg)
     text = "".join(stream)
     res = stream.result()
@@ -128,7 +128,7 @@ def test_stop_token_ends_the_answer(tiny_model, toy_example, monkeypatch):
 
 
 def test_stop_ids_include_eos(tiny_model):
-    assert tiny_model.tokenizer.eos_token_id in generate_mod._stop_ids(tiny_model)
+    assert tiny_model.tokenizer.eos_token_id in generate_mod.stop_ids(tiny_model)
 
 
 # --------------------------------------------------------------------------- errors

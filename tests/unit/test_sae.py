@@ -20,12 +20,11 @@ from core.sae import (
     is_held_out,
     load_pretrained,
     load_sae,
-    residuals,
     sae_corpus,
     save_sae,
 )
 from core.sae_compat import import_sae_lens
-from core.trace import Needs, trace
+from core.trace import Needs, residuals_until, trace
 
 
 def test_sae_lens_imports_under_transformer_lens_4() -> None:
@@ -57,7 +56,7 @@ def test_corpus_holds_out_whole_sources_and_records_hashes(monkeypatch, tmp_path
 def test_residuals_stop_early_but_equal_the_traced_stream(tiny_model, toy_example) -> None:
     layout = render(toy_example, tiny_model)
     tr = trace(tiny_model, layout, Needs.of(["resid_post"], layers=[1], positions="all"))
-    got = residuals(tiny_model, example_ids(tiny_model, toy_example), 1)
+    got = residuals_until(tiny_model, example_ids(tiny_model, toy_example), 1)
     torch.testing.assert_close(got, tr.get("resid_post", 1), rtol=1e-5, atol=1e-5)
     # No hook is left behind by the early stop.
     assert not any(hp.fwd_hooks for hp in tiny_model.bridge.hook_dict.values())
@@ -66,7 +65,7 @@ def test_residuals_stop_early_but_equal_the_traced_stream(tiny_model, toy_exampl
 def test_trained_sae_reconstructs_and_round_trips(
     tiny_model, tiny_sae, toy_example, tmp_path
 ) -> None:
-    x = residuals(tiny_model, example_ids(tiny_model, toy_example), 1)[1:]
+    x = residuals_until(tiny_model, example_ids(tiny_model, toy_example), 1)[1:]
     f = tiny_sae.encode(x)
     assert f.shape == (x.shape[0], tiny_sae.d_sae) and f.dtype == torch.float32
     assert ((f > 0).sum(1) <= 8).all()  # TopK, k = 8

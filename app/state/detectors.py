@@ -1,0 +1,289 @@
+"""The shipped detectors for the loaded model and their verdicts on one answer (cached)."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import streamlit as st
+
+from core.contract import artifact_info
+from core.detectors import available_detectors, load_shipped, shipped_artifacts
+from core.errors import DataError, RagscopeError
+from core.examples import RAGExample
+from core.extract import run_example
+from core.paths import shipped_dir
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from core.contract import Detector, Features, Verdict
+    from core.examples import RAGExample
+    from core.model import LoadedModel
+from app.state.analysis import Analysis
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ShippedDetector:
+    """A fitted detector loaded from a shipped artifact, with what its ``cfg.json`` says.
+
+    Attributes:
+        name: Detector name (also the artifact's folder name).
+        folder: The artifact folder.
+        detector: The fitted detector.
+        threshold: Score at or above which the detector flags an answer.
+        trained_on: Name of the dataset it was trained on, when recorded.
+        n_train: Training examples, when recorded.
+        test_auroc: AUROC on the held-out test split, when recorded and defined.
+    """
+
+    name: str
+    folder: Path
+    detector: Detector
+    threshold: float
+    trained_on: str | None
+    n_train: int | None
+    test_auroc: float | None
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokenArtifact:
+    """A shipped artifact folder that could not be loaded.
+
+    Attributes:
+        name: Detector name (the folder's name).
+        folder: The artifact folder.
+        reason: Why loading failed.
+    """
+
+    name: str
+    folder: Path
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ShippedDetectors:
+    """The shipped detectors for one model, as found in one artifacts folder.
+
+    Attributes:
+        folder: Where the artifacts were looked for (:func:`core.detectors.shipped_dir`).
+        model_key: ``ModelInfo.key`` of the model they were loaded for.
+        detectors: The loaded detectors trained on that model, by name.
+        broken: Artifacts that could not be read or loaded.
+        other_models: Model keys that the readable artifacts of other models were made for.
+        stamp: :func:`_artifacts_stamp` of the folder when they were loaded.
+    """
+
+    folder: Path
+    model_key: str
+    detectors: tuple[ShippedDetector, ...]
+    broken: tuple[BrokenArtifact, ...]
+    other_models: tuple[str, ...]
+    stamp: str
+
+    @property
+    def cache_id(self) -> str:
+        """Identifies this set of detectors, for the verdict cache."""
+        return f"{self.model_key}|{self.folder}|{self.stamp}"
+
+
+def _artifacts_stamp(root: Path) -> str:
+    """Changes whenever an artifact file under ``root`` is added, removed or rewritten."""
+    parts: list[str] = []
+    for path in sorted(root.glob("*/*.json")) if root.is_dir() else ():
+        try:
+            stat = path.stat()
+        except OSError:  # removed while listing: the next rerun sees the new state
+            continue
+        parts.append(f"{path.relative_to(root)}:{stat.st_mtime_ns}:{stat.st_size}")
+    return hashlib.sha256("\n".join(parts).encode("utf-8")).hexdigest()[:16]
+
+
+def _cfg_value(cfg: dict[str, Any], *path: str) -> object:
+    """``cfg[path[0]][path[1]]...``, or ``None`` where a level is missing."""
+    node: object = cfg
+    for key in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
+
+
+def _artifact_cfg(folder: Path) -> dict[str, Any]:
+    """An artifact's ``cfg.json``, or ``{}`` when it cannot be read."""
+
+    try:
+        return artifact_info(folder)
+    except DataError:
+        return {}
+
+
+def _shipped_detector(name: str, folder: Path, detector: Detector) -> ShippedDetector:
+    """Wrap a loaded detector with the facts of its ``cfg.json``."""
+    cfg = _artifact_cfg(folder)
+    dataset = _cfg_value(cfg, "trained_on", "dataset")
+    n_train = _cfg_value(cfg, "trained_on", "n", "train")
+    if n_train is None:
+        n_train = _cfg_value(cfg, "train", "n_train")
+    auroc = _cfg_value(cfg, "metrics", "test", "auroc")
+    threshold = getattr(detector, "threshold_", None)
+    if threshold is None:
+        threshold = _cfg_value(cfg, "threshold")
+    return ShippedDetector(
+        name=name,
+        folder=folder,
+        detector=detector,
+        threshold=float(threshold) if isinstance(threshold, int | float) else 0.5,
+        trained_on=str(dataset) if dataset is not None else None,
+        n_train=int(n_train) if isinstance(n_train, int | float) else None,
+        test_auroc=float(auroc) if isinstance(auroc, int | float) else None,
+    )
+
+
+@st.cache_resource(show_spinner="Loading the trained detectors…", max_entries=8)
+def _shipped_detectors(model_key: str, folder: str, stamp: str) -> ShippedDetectors:
+    """Load every artifact in ``folder`` made for ``model_key``; ``stamp`` keys the cache."""
+
+    root = Path(folder)
+    readable = shipped_artifacts(folder=root)
+    matching = shipped_artifacts(model_key, folder=root)
+    loaded: list[ShippedDetector] = []
+    broken: list[BrokenArtifact] = []
+    registered = set(available_detectors())
+    for sub in sorted(root.iterdir()) if root.is_dir() else ():
+        if sub.name in registered and sub.name not in readable and (sub / "cfg.json").exists():
+            broken.append(
+                BrokenArtifact(name=sub.name, folder=sub, reason="its cfg.json cannot be read")
+            )
+    for name, path in matching.items():
+        try:
+            loaded.append(_shipped_detector(name, path, load_shipped(name, model_key, root)))
+        except RagscopeError as e:
+            broken.append(BrokenArtifact(name=name, folder=path, reason=str(e)))
+        except (KeyError, TypeError, ValueError) as e:
+            # Well-formed JSON with the wrong content: the loaders index into it directly.
+            reason = f"malformed artifact ({type(e).__name__}: {e})"
+            broken.append(BrokenArtifact(name=name, folder=path, reason=reason))
+    models = {_cfg_value(_artifact_cfg(path), "model") for path in readable.values()}
+    return ShippedDetectors(
+        folder=root,
+        model_key=model_key,
+        detectors=tuple(loaded),
+        broken=tuple(sorted(broken, key=lambda b: b.name)),
+        other_models=tuple(sorted(str(m) for m in models if m and m != model_key)),
+        stamp=stamp,
+    )
+
+
+def shipped_detectors(model: LoadedModel) -> ShippedDetectors:
+    """The shipped detectors trained on ``model`` (cached; reloaded when the files change).
+
+    Artifacts come from :func:`core.detectors.shipped_dir` (``RAGSCOPE_DETECTORS_DIR``,
+    else ``assets/detectors``). A broken artifact does not raise: it is listed in
+    :attr:`ShippedDetectors.broken` and the others still load.
+    """
+
+    root = shipped_dir()
+    return _shipped_detectors(model.info.key, str(root), _artifacts_stamp(root))
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class DetectorVerdicts:
+    """The shipped detectors' verdicts on one analysed answer.
+
+    Attributes:
+        signature: :func:`input_signature` of the analysed input.
+        detectors: The detectors that judged it.
+        verdicts: One verdict per detector, aligned with ``detectors``.
+        seconds: Wall time of the shared trace and the predictions (when first computed).
+        features: Detector name -> the features its verdict was computed from.
+    """
+
+    signature: str
+    detectors: tuple[ShippedDetector, ...]
+    verdicts: tuple[Verdict, ...]
+    seconds: float
+    features: Mapping[str, Features] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        assert len(self.detectors) == len(self.verdicts), "one verdict per detector"
+
+    def with_token_scores(self) -> dict[str, Verdict]:
+        """Detector name -> verdict, for the detectors that score single tokens."""
+        return {
+            v.detector: v
+            for v in self.verdicts
+            if v.token_scores is not None and v.token_offsets is not None
+        }
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per detector: ``detector``, ``score``, ``threshold``, ``verdict``,
+        ``trained on``, ``n train``, ``test AUROC`` (missing facts are empty)."""
+        import pandas as pd
+
+        rows = []
+        for d, v in zip(self.detectors, self.verdicts, strict=True):
+            flagged = v.hallucinated if v.hallucinated is not None else v.score >= d.threshold
+            rows.append(
+                {
+                    "detector": d.name,
+                    "score": v.score,
+                    "threshold": d.threshold,
+                    "verdict": "flagged" if flagged else "not flagged",
+                    "trained on": d.trained_on,
+                    "n train": d.n_train,
+                    "test AUROC": d.test_auroc,
+                }
+            )
+        columns = ["detector", "score", "threshold", "verdict", "trained on", "n train"]
+        frame = pd.DataFrame(rows, columns=[*columns, "test AUROC"])
+        return frame.astype({"n train": "Int64", "test AUROC": "Float64"})
+
+
+@st.cache_data(show_spinner="Running the detectors…", max_entries=64)
+def _verdicts_cached(
+    _model: LoadedModel,
+    model_id: str,
+    _example: RAGExample,
+    signature: str,
+    _detectors: tuple[Detector, ...],
+    detectors_id: str,
+) -> tuple[tuple[Verdict, ...], float, dict[str, Features]]:
+    """One shared trace -> features -> verdicts; keyed by model, input and detector set."""
+    import time
+
+    t0 = time.perf_counter()
+    features = run_example(_model, _example, list(_detectors))
+    verdicts = tuple(d.predict(features[d.name]) for d in _detectors)
+    return verdicts, time.perf_counter() - t0, features
+
+
+def detector_verdicts(
+    model: LoadedModel, analysis: Analysis, shipped: ShippedDetectors
+) -> DetectorVerdicts:
+    """Every loaded shipped detector's verdict on ``analysis``'s answer (cached).
+
+    The example is traced once for all of them (:func:`core.extract.run_example`).
+
+    Raises:
+        DataError: The example cannot be laid out for the detectors.
+        ModelError: A detector cannot run (missing trace, spaCy model, other model).
+    """
+    dets = tuple(s.detector for s in shipped.detectors)
+    verdicts, seconds, features = (
+        _verdicts_cached(
+            model, model.instance_key, analysis.example, analysis.signature, dets, shipped.cache_id
+        )
+        if dets
+        else ((), 0.0, {})
+    )
+    return DetectorVerdicts(
+        signature=analysis.signature,
+        detectors=shipped.detectors,
+        verdicts=verdicts,
+        seconds=seconds,
+        features=features,
+    )

@@ -1,0 +1,148 @@
+"""SAE feature examples for the Feature explanations page, and its widget keys."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+import streamlit as st
+
+from core.errors import DataError
+from core.examples import RAGExample
+from core.explain import feature_examples
+
+if TYPE_CHECKING:
+    from core.examples import RAGExample
+    from core.explain import FeatureExamples
+    from core.model import LoadedModel
+    from core.sae import LoadedSAE
+
+
+# Feature explanations
+KEY_EXPLAIN_SOURCE = "explain.source"
+
+
+KEY_EXPLAIN_SPLIT = "explain.split"
+
+
+KEY_EXPLAIN_LIMIT = "explain.limit"
+
+
+KEY_EXPLAIN_READ = "explain.read"
+
+
+KEY_EXPLAIN_FEATURES = "explain.features"
+
+
+KEY_EXPLAIN_IDS = "explain.ids"
+
+
+KEY_EXPLAIN_TOP_N = "explain.top_n"
+
+
+KEY_EXPLAIN_RUN = "explain.run"
+
+
+KEY_EXPLAIN_STOP = "explain.stop"
+
+
+def explain_one_key(feature: int) -> str:
+    """Widget key of the Feature explanations page's "Explain" button of one feature."""
+    return f"explain.one.{feature}"
+
+
+def fidelity_key(feature: int) -> str:
+    """Widget key of the Feature explanations page's "Check fidelity" button of one feature."""
+    return f"explain.fidelity.{feature}"
+
+
+RAGLENS = "raglens"
+
+
+@dataclass(frozen=True, kw_only=True)
+class ExplainRequest:
+    """The answers whose SAE activations the Feature explanations page last read.
+
+    Attributes:
+        model: ``ModelInfo.key`` of the model they were read with.
+        sae_key: :attr:`~core.sae.LoadedSAE.key` of the SAE.
+        activation: ``post`` or ``pre``.
+        source: :data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`.
+        dataset_key: Identifies the dataset (cache key).
+        dataset_label: How the dataset is named on the page.
+        split: The split the examples were drawn from (:data:`ALL_SPLITS`: any).
+        limit: The number asked for.
+        ids: The examples read, in order.
+        errors: Why examples were left out (the first few).
+        n_failed: Examples that could not be read.
+        computed: Examples that needed a forward pass.
+        seconds: Wall time.
+    """
+
+    model: str
+    sae_key: str
+    activation: str
+    source: str
+    dataset_key: str
+    dataset_label: str
+    split: str
+    limit: int
+    ids: tuple[str, ...]
+    errors: tuple[str, ...] = ()
+    n_failed: int = 0
+    computed: int = 0
+    seconds: float = 0.0
+
+
+@st.cache_data(show_spinner="Reading SAE activations…", max_entries=256)
+def _feature_examples_cached(
+    _model: LoadedModel,
+    model_id: str,
+    _sae: LoadedSAE,
+    sae_key: str,
+    activation: str,
+    dataset_key: str,
+    ids: tuple[str, ...],
+    _examples: tuple[RAGExample, ...],
+    feature: int,
+) -> FeatureExamples:
+    """One feature's examples among the answers ``ids``; keyed by model, SAE and answers.
+
+    The encoded answers come from :mod:`core.explain`'s in-process cache (read again only
+    if it dropped them)."""
+
+    return feature_examples(_model, _sae, _examples, feature, activation=activation)  # type: ignore[arg-type]
+
+
+def sae_feature_examples(
+    model: LoadedModel,
+    sae: LoadedSAE,
+    request: ExplainRequest,
+    examples: Sequence[RAGExample],
+    feature: int,
+) -> FeatureExamples:
+    """The examples of SAE feature ``feature`` among ``request``'s answers (cached).
+
+    Raises:
+        DataError: The request's examples are gone from the dataset.
+        ModelError: The SAE was trained on another model.
+    """
+    by_id = {e.id: e for e in examples}
+    missing = [i for i in request.ids if i not in by_id]
+    if missing:
+        raise DataError(
+            f"{len(missing)} of the examples read are no longer in {request.dataset_label} "
+            f"(e.g. {missing[0]!r}); press **Read activations** again"
+        )
+    return _feature_examples_cached(
+        model,
+        model.instance_key,
+        sae,
+        sae.key,
+        request.activation,
+        request.dataset_key,
+        request.ids,
+        tuple(by_id[i] for i in request.ids),
+        int(feature),
+    )

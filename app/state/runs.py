@@ -1,0 +1,176 @@
+"""Evaluation runs and dataset summaries for the Benchmark page, and its widget keys."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import streamlit as st
+
+from core.datasets import (
+    resolve_dataset,
+)
+from core.errors import DataError
+from core.evaluate import EvalRun, list_runs
+from core.paths import runs_dir, shipped_runs_dir
+
+if TYPE_CHECKING:
+    from core.evaluate import EvalRun
+from app.state.datasets import dataset_choices
+
+# Benchmark: saved runs
+KEY_BENCH_RUNS = "benchmark.runs"
+
+
+KEY_BENCH_BREAKDOWN_METRIC = "benchmark.breakdown_metric"
+
+
+KEY_BENCH_CONFUSION = "benchmark.confusion_detector"
+
+
+# Benchmark: a new run
+KEY_BENCH_TRAIN = "benchmark.new.train"
+
+
+KEY_BENCH_TEST = "benchmark.new.test"
+
+
+KEY_BENCH_DETECTORS = "benchmark.new.detectors"
+
+
+KEY_BENCH_LIMIT = "benchmark.new.limit"
+
+
+KEY_BENCH_LAUNCH = "benchmark.new.launch"
+
+
+SAME_DATASET = ""
+"""The Benchmark's test-dataset choice meaning "the train dataset's own test split"."""
+
+
+def threshold_key(run: str, detector: str) -> str:
+    """Widget key of the Benchmark's threshold slider for ``detector`` in run ``run``.
+
+    One key per run and detector, so each slider starts at that detector's validation
+    threshold and remembers where it was moved to.
+    """
+    return f"benchmark.threshold.{run}.{detector}"
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _read_run(path: str, mtime: float) -> EvalRun:
+    """One saved run; ``mtime`` keys the cache (a re-saved run is read again)."""
+
+    return EvalRun.load(path)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class SavedRuns:
+    """The runs saved in the runs folder, then those shipped with ragscope.
+
+    Attributes:
+        folder: Where this machine's runs are read from (and new runs saved).
+        runs: Run name -> run: this machine's newest first, then the shipped ones
+            by name (a local run shadows a shipped one of the same name).
+        shipped: Names of the runs that came from ``shipped_folder``.
+        shipped_folder: Where the shipped runs live (``assets/runs``).
+        unreadable: ``(file name, reason)`` per JSON file that is not a readable run.
+    """
+
+    folder: Path
+    runs: dict[str, EvalRun]
+    shipped: frozenset[str] = frozenset()
+    shipped_folder: Path | None = None
+    unreadable: tuple[tuple[str, str], ...] = ()
+
+
+def saved_runs() -> SavedRuns:
+    """This machine's runs (:func:`core.evaluate.runs_dir`) and the shipped ones."""
+
+    folder, shipped_folder = runs_dir(), shipped_runs_dir()
+    runs: dict[str, EvalRun] = {}
+    shipped: set[str] = set()
+    bad: list[tuple[str, str]] = []
+    local_paths = list_runs(folder)
+    ship_paths = sorted(list_runs(shipped_folder)) if shipped_folder != folder else []
+    for path in [*local_paths, *ship_paths]:
+        try:
+            run = _read_run(str(path), path.stat().st_mtime)
+        except (DataError, OSError) as e:
+            bad.append((path.name, str(e)))
+            continue
+        if run.name not in runs:
+            runs[run.name] = run
+            if path in ship_paths:
+                shipped.add(run.name)
+    return SavedRuns(
+        folder=folder,
+        runs=runs,
+        shipped=frozenset(shipped),
+        shipped_folder=shipped_folder,
+        unreadable=tuple(bad),
+    )
+
+
+CORPUS = "builtin"
+"""Spec of the built-in labelled corpus (see :func:`core.datasets.resolve_dataset`)."""
+
+
+def eval_dataset_choices() -> dict[str, str]:
+    """Dataset spec -> label, for the Benchmark's new-run pickers.
+
+    The demo examples and the built-in corpus, the shared dev sets (their paths) and the
+    imported datasets (their names). Whether a spec can be read is up to
+    :func:`dataset_summary`.
+
+    Raises:
+        StorageError: The database cannot be opened.
+    """
+    out = {"demo": "Demo examples (12, hand-written)", CORPUS: "Built-in labelled corpus"}
+    for ref in dataset_choices():
+        if ref.kind == "shared":
+            assert ref.path is not None
+            out[ref.path] = ref.label
+        elif ref.kind == "store":
+            out[ref.name] = ref.label
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetSummary:
+    """What a dataset spec holds, for the new-run form.
+
+    Attributes:
+        name: The name a run records for it.
+        n: Examples.
+        n_hallucinated: Examples labelled hallucinated.
+        n_faithful: Examples labelled faithful.
+    """
+
+    name: str
+    n: int
+    n_hallucinated: int
+    n_faithful: int
+
+    @property
+    def n_unlabelled(self) -> int:
+        return self.n - self.n_hallucinated - self.n_faithful
+
+
+@st.cache_data(show_spinner="Reading the dataset…", ttl=60, max_entries=16)
+def dataset_summary(spec: str) -> DatasetSummary:
+    """Counts of a dataset spec (cached for a minute: files and the database can change).
+
+    Raises:
+        DataError: The dataset cannot be read (for ``builtin``: the corpus is not built).
+        StorageError: The database cannot be opened.
+    """
+
+    name, examples = resolve_dataset(spec, on_error="skip")
+    return DatasetSummary(
+        name=name,
+        n=len(examples),
+        n_hallucinated=sum(1 for e in examples if e.label is True),
+        n_faithful=sum(1 for e in examples if e.label is False),
+    )
