@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from core.cli import build_parser, main
+from core.cli.dispatch import COMMANDS
 
 
 @pytest.fixture(autouse=True)
@@ -21,6 +22,17 @@ def test_every_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
             main([cmd, "--help"])
         assert exit_.value.code == 0
         assert "usage: ragscope " + cmd in capsys.readouterr().out
+
+
+def test_each_group_registers_exactly_its_commands() -> None:
+    """The dispatcher's table names every command of every group once, and the parser
+    offers those commands in that order (the order ``ragscope --help`` lists them)."""
+    listed = [command for _, command in COMMANDS]
+    assert len(listed) == len(set(listed))
+    for group in {group for group, _ in COMMANDS}:
+        assert {c for g, c in COMMANDS if g is group} == set(group.COMMANDS), group.__name__
+    (sub,) = (a for a in build_parser()._actions if a.dest == "command")
+    assert list(sub.choices) == listed
 
 
 def test_trace_demo_on_tiny_model(capsys: pytest.CaptureFixture[str], tiny_model) -> None:
@@ -300,7 +312,7 @@ def test_answer_one_per_source_of_one_split(tmp_path: Path, capsys, tiny_model) 
 def test_set_passes_detector_options_and_rejects_bad_ones(capsys, tmp_path: Path) -> None:
     import argparse
 
-    from core.cli import _detector_options
+    from core.cli.training import _detector_options
     from core.errors import DataError
 
     ns = argparse.Namespace(set=["redeep_token.scorer=logistic", "redeep_chunk.topk_frac=0.2"])

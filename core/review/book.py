@@ -1,53 +1,33 @@
-"""Annotation review: a queue of flagged spans, reviewers' decisions, an audit trail.
-
-- :func:`propose_flags` turns detectors' token scores on one answer into flagged
-  character spans (runs of tokens at or above each detector's threshold, optionally
-  after label-persistence smoothing); overlapping spans of several detectors merge
-  into one item that names them all.
-- :class:`ReviewBook` keeps the queue and the decisions in the ragscope database:
-  ``review_items`` (one per flagged span; re-building the queue never touches
-  reviews), ``reviews`` (one row per item and reviewer, so two reviewers never
-  overwrite each other; a version number per row makes a stale save from a second
-  tab of the same reviewer fail with :class:`ReviewConflict` instead of silently
-  overwriting) and ``review_audit`` (append-only: triggers refuse updates and
-  deletes; one row per change with who, when, before and after). Every change is
-  one ``BEGIN IMMEDIATE`` transaction.
-- :func:`agreement`: Cohen's kappa of two reviewers' accept / reject decisions on
-  the items both reviewed, and the span-overlap F1 of their accepted spans.
-- :func:`reviewed_examples`, :func:`write_ragtruth_jsonl` and :func:`reviews_frame`:
-  the reviewed dataset as RAGTruth-style JSONL (the format of
-  ``../shared/data/ragtruth_qa_dev.jsonl``, read back by
-  :func:`core.datasets.load_dataset`) and a CSV of every decision.
-"""
+"""The review book: the queue of flagged spans, one decision per item and reviewer (versioned: a stale save raises ReviewConflict), and the append-only audit trail, in the ragscope database."""
 
 from __future__ import annotations
 
 import json
-import re
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
-import numpy as np
-
-from core.contract import Detector, Verdict
-from core.embed import embed
 from core.errors import DataError, StorageError
-from core.examples import RAGExample, Span, example_hash
-from core.extract import FeatureCache, extract_features
-from core.model import LoadedModel
-from core.smoothing import flagged_spans, smooth_tokens
+from core.examples import RAGExample, example_hash
 from core.storage import Store, now_iso
 
 if TYPE_CHECKING:
-    import pandas as pd
+    pass
+from core.review.flags import Flag
 
 Decision = Literal["accept", "reject"]
+
+
 DECISIONS: tuple[str, ...] = ("accept", "reject")
+
+
 KINDS: tuple[str, ...] = ("baseless", "conflict")
 """Hallucination types (RAGTruth): content the passages lack, or content they contradict."""
+
+
 EVIDENCE: tuple[str, ...] = ("evident", "subtle")
+
+
 LABEL_TYPES: Mapping[tuple[str, str], str] = {
     ("evident", "baseless"): "Evident Baseless Info",
     ("subtle", "baseless"): "Subtle Baseless Info",
@@ -55,7 +35,11 @@ LABEL_TYPES: Mapping[tuple[str, str], str] = {
     ("subtle", "conflict"): "Subtle Conflict",
 }
 """RAGTruth's ``meta.label_type`` for each (evidence, kind)."""
+
+
 STATUSES: tuple[str, ...] = ("open", "accepted", "rejected", "disputed")
+
+
 SORTS: tuple[str, ...] = ("uncertainty", "score", "position")
 
 
@@ -74,154 +58,6 @@ class ReviewConflict(StorageError):
     def __init__(self, message: str, *, attempted: Mapping[str, Any]) -> None:
         super().__init__(message)
         self.attempted = dict(attempted)
-
-
-# --------------------------------------------------------------------------- flags
-
-
-@dataclass(frozen=True, kw_only=True)
-class Flag:
-    """A flagged character span of one answer.
-
-    Attributes:
-        example_id: The example.
-        start, end: Character range ``[start, end)`` of the answer.
-        sources: Detector name -> ``(max token score in the span, its threshold)``.
-    """
-
-    example_id: str
-    start: int
-    end: int
-    sources: Mapping[str, tuple[float, float]]
-
-    @property
-    def score(self) -> float:
-        return max(s for s, _ in self.sources.values())
-
-    @property
-    def margin(self) -> float:
-        """How far the closest detector is above its threshold (small: uncertain)."""
-        return min(s - t for s, t in self.sources.values())
-
-
-def propose_flags(
-    example: RAGExample,
-    verdicts: Mapping[str, Verdict],
-    thresholds: Mapping[str, float],
-    *,
-    p_stay: float | None = None,
-) -> list[Flag]:
-    """The flagged spans of one answer, merged across detectors, in answer order.
-
-    Each detector in ``thresholds`` that gives token scores flags the maximal runs of
-    tokens scoring at least its threshold (after :func:`core.smoothing.smooth_tokens`
-    with ``p_stay`` when given). Spans of any detectors that overlap merge into one.
-    """
-
-    raw: list[tuple[int, int, str, float, float]] = []
-    for name, thr in thresholds.items():
-        v = verdicts.get(name)
-        if v is None or v.token_scores is None or v.token_offsets is None:
-            continue
-        scores = np.asarray(v.token_scores, dtype=np.float64)
-        if not scores.size:
-            continue
-        if p_stay is not None:
-            scores = smooth_tokens(scores, p_stay)
-        offs = np.asarray(v.token_offsets)
-        for s, e in flagged_spans(scores, offs, thr):
-            inside = (offs[:, 0] < e) & (s < offs[:, 1])
-            start = max(0, min(s, len(example.response)))
-            end = min(max(e, start + 1), len(example.response))
-            if end > start:
-                raw.append((start, end, name, float(scores[inside].max()), float(thr)))
-    raw.sort()
-    flags: list[Flag] = []
-    cur: list[tuple[int, int, str, float, float]] = []
-    for item in raw:
-        if cur and item[0] < max(x[1] for x in cur):
-            cur.append(item)
-            continue
-        if cur:
-            flags.append(_merge(example.id, cur))
-        cur = [item]
-    if cur:
-        flags.append(_merge(example.id, cur))
-    return flags
-
-
-def _merge(example_id: str, parts: Sequence[tuple[int, int, str, float, float]]) -> Flag:
-    sources: dict[str, tuple[float, float]] = {}
-    for _, _, name, score, thr in parts:
-        old = sources.get(name)
-        if old is None or score > old[0]:
-            sources[name] = (score, thr)
-    return Flag(
-        example_id=example_id,
-        start=min(p[0] for p in parts),
-        end=max(p[1] for p in parts),
-        sources=dict(sorted(sources.items())),
-    )
-
-
-def dataset_verdicts(
-    model: LoadedModel,
-    examples: Sequence[RAGExample],
-    detectors: Sequence[Detector],
-    *,
-    cache: FeatureCache | None = None,
-    progress: Callable[[int, int], None] | None = None,
-) -> tuple[list[RAGExample], dict[str, dict[str, Verdict]]]:
-    """Every detector's verdict on every example (one trace per example, features from
-    the cache when there); returns the examples read and ``{example id: {name: verdict}}``.
-    Examples that cannot be read are left out."""
-
-    ext = extract_features(
-        model, examples, list(detectors), cache=cache, progress=progress, on_error="skip"
-    )
-    out: dict[str, dict[str, Verdict]] = {e.id: {} for e in ext.examples}
-    for d in detectors:
-        for f in ext.features[d.name]:
-            out[f.example_id][d.name] = d.predict(f)
-    return list(ext.examples), out
-
-
-_SENTENCE = re.compile(r"[^.!?\n]+(?:[.!?]+|$)")
-
-
-def passage_sentences(passages: Sequence[str]) -> list[tuple[int, int, int]]:
-    """``(passage index, start, end)`` of every sentence of the passages (stripped)."""
-    out = []
-    for k, p in enumerate(passages):
-        for m in _SENTENCE.finditer(p):
-            start, end = m.start(), m.end()
-            while start < end and p[start].isspace():
-                start += 1
-            while end > start and p[end - 1].isspace():
-                end -= 1
-            if end > start:
-                out.append((k, start, end))
-    return out
-
-
-def related_context(
-    passages: Sequence[str], claim: str, *, k: int = 2, floor: float = 0.3
-) -> list[tuple[int, int, int, float]]:
-    """The passage sentences closest in meaning to ``claim`` (sentence embeddings,
-    :mod:`core.embed`): up to ``k`` of ``(passage, start, end, cosine)`` with cosine >=
-    ``floor``, closest first. What a reviewer checks the flagged claim against."""
-
-    sents = passage_sentences(passages)
-    if not sents or not claim.strip():
-        return []
-    vecs = embed([passages[p][a:b] for p, a, b in sents])
-    q = embed([claim])[0]
-    sims = vecs @ q
-    order = np.argsort(-sims, kind="stable")[:k]
-    return [(*sents[i], float(sims[i])) for i in order if sims[i] >= floor]
-
-
-# --------------------------------------------------------------------------- store
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -312,6 +148,8 @@ _REVIEW_COLS = (
     "id, item_id, reviewer, decision, span_start, span_end, kind, evidence, note, version, "
     "created_at, updated_at"
 )
+
+
 _ITEM_COLS = (
     "id, dataset, example_id, span_start, span_end, answer_len, sources, score, margin, task, "
     "generator, position, created_at, example_hash"
@@ -752,277 +590,3 @@ class ReviewBook:
                 (dataset,),
             )
         ]
-
-
-# --------------------------------------------------------------------------- agreement
-
-
-@dataclass(frozen=True, kw_only=True)
-class Agreement:
-    """Two reviewers on the items both reviewed.
-
-    Attributes:
-        reviewers: The pair.
-        n_items: Items both reviewed.
-        kappa: Cohen's kappa of their accept / reject decisions (``None`` with fewer
-            than two items, NaN when both always gave one same answer).
-        span_f1: Span-overlap F1 of their accepted spans (one reviewer's as
-            predicted, the other's as gold), micro-averaged over answers (``None``
-            when neither accepted any).
-    """
-
-    reviewers: tuple[str, str]
-    n_items: int
-    kappa: float | None
-    span_f1: float | None
-
-
-def agreement(
-    items: Sequence[ReviewItem], a: str | None = None, b: str | None = None
-) -> Agreement | None:
-    """Agreement of two reviewers (default: the pair with the most items in common);
-    ``None`` when no item has two reviews."""
-    from itertools import combinations
-
-    from sklearn.metrics import cohen_kappa_score
-
-    if a is None or b is None:
-        counts: dict[tuple[str, str], int] = {}
-        for it in items:
-            names = sorted({r.reviewer for r in it.reviews})
-            for pair in combinations(names, 2):
-                counts[pair] = counts.get(pair, 0) + 1
-        if not counts:
-            return None
-        a, b = max(counts, key=lambda p: (counts[p], tuple(-ord(ch) for ch in p[0])))
-    both = [
-        (it, it.review_by(a), it.review_by(b))
-        for it in items
-        if it.review_by(a) is not None and it.review_by(b) is not None
-    ]
-    if not both:
-        return None
-    da = [ra.decision for _, ra, _ in both]  # type: ignore[union-attr]
-    db = [rb.decision for _, _, rb in both]  # type: ignore[union-attr]
-    kappa: float | None = None
-    if len(both) >= 2:
-        import warnings
-
-        with warnings.catch_warnings():
-            warnings.simplefilter("ignore", RuntimeWarning)
-            kappa = float(cohen_kappa_score(da, db, labels=list(DECISIONS)))
-    spans_a: dict[str, list[tuple[int, int]]] = {}
-    spans_b: dict[str, list[tuple[int, int]]] = {}
-    for it, ra, rb in both:
-        for rv, spans in ((ra, spans_a), (rb, spans_b)):
-            if rv is not None and rv.decision == "accept":
-                spans.setdefault(it.example_id, []).append((rv.start, rv.end))
-    hits_p = hits_g = n_p = n_g = 0
-    for ex in set(spans_a) | set(spans_b):
-        p, g = spans_a.get(ex, []), spans_b.get(ex, [])
-        hits_p += sum(any(x0 < y1 and y0 < x1 for y0, y1 in g) for x0, x1 in p)
-        hits_g += sum(any(x0 < y1 and y0 < x1 for y0, y1 in p) for x0, x1 in g)
-        n_p, n_g = n_p + len(p), n_g + len(g)
-    span_f1: float | None = None
-    if n_p or n_g:
-        prec = hits_p / n_p if n_p else 0.0
-        rec = hits_g / n_g if n_g else 0.0
-        span_f1 = 2 * prec * rec / (prec + rec) if prec + rec > 0 else 0.0
-    return Agreement(reviewers=(a, b), n_items=len(both), kappa=kappa, span_f1=span_f1)
-
-
-# --------------------------------------------------------------------------- export
-
-
-def resolved_review(item: ReviewItem, reviewer: str | None = None) -> Review | None:
-    """The review that decides an item: ``reviewer``'s, else the latest of any reviewer."""
-    if reviewer is not None:
-        return item.review_by(reviewer)
-    if not item.reviews:
-        return None
-    return max(item.reviews, key=lambda r: (r.updated_at, r.id))
-
-
-def reviewed_examples(
-    examples: Sequence[RAGExample],
-    items: Sequence[ReviewItem],
-    *,
-    reviewer: str | None = None,
-    include_unreviewed: bool = False,
-) -> list[RAGExample]:
-    """The dataset as the reviews say: per answer with a decided item, the accepted
-    spans (adjusted boundaries, RAGTruth label type, note) and ``label = any accepted``.
-
-    Args:
-        examples: The dataset's examples.
-        items: Its review items (:meth:`ReviewBook.items`).
-        reviewer: Whose decisions count (default: the latest decision on each item).
-        include_unreviewed: Also keep answers with no decided item, as they were.
-
-    Stale items (:meth:`ReviewItem.is_stale`) are left out.
-    """
-    import dataclasses
-
-    by_id = {e.id: e for e in examples}
-    decided: dict[str, list[Review]] = {}
-    for it in items:
-        if it.is_stale(by_id.get(it.example_id)):
-            continue  # flagged on another text: never exported against this one
-        r = resolved_review(it, reviewer)
-        if r is not None:
-            decided.setdefault(it.example_id, []).append(r)
-    out = []
-    for ex in examples:
-        rs = decided.get(ex.id)
-        if rs is None:
-            if include_unreviewed:
-                out.append(ex)
-            continue
-        spans = tuple(
-            sorted(
-                (
-                    Span(start=r.start, end=r.end, type=r.label_type, note=r.note)
-                    for r in rs
-                    if r.decision == "accept"
-                ),
-                key=lambda s: (s.start, s.end),
-            )
-        )
-        out.append(dataclasses.replace(ex, spans=spans, label=bool(spans)))
-    return out
-
-
-RAGTRUTH_TEMPLATE = (
-    "Briefly answer the following question:\n{question}\nBear in mind that your response "
-    "should be strictly based on the following {n} passages:\n{passages}\nIn case the "
-    "passages do not contain the necessary information to answer the question, please "
-    'reply with: "Unable to answer based on given passages."\noutput:'
-)
-"""RAGTruth's QA prompt, for answers whose own prompt is not recorded."""
-
-
-def ragtruth_record(ex: RAGExample) -> dict[str, Any]:
-    """One example as a RAGTruth-style record (``input``, ``output``, ``hall_info``,
-    ``model``, ``context``), plus a ``ragscope`` object (id, task, split, whether the
-    prompt is the example's own) that :func:`core.datasets.load_dataset` reads back."""
-    passages = "".join(f"passage {i}:{p}\n\n" for i, p in enumerate(ex.passages, start=1))
-    prompt = ex.prompt
-    if prompt is None:
-        words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
-        prompt = RAGTRUTH_TEMPLATE.format(
-            question=ex.question or "",
-            n=words.get(len(ex.passages), str(len(ex.passages))),
-            passages=passages,
-        )
-    rec: dict[str, Any] = {
-        "input": prompt,
-        "output": ex.response,
-        "hall_info": [
-            {
-                "start": s.start,
-                "end": s.end,
-                "text": ex.response[s.start : s.end],
-                "meta": {"label_type": s.type, "exp": s.note},
-            }
-            for s in ex.spans
-        ],
-        "model": ex.provenance.generator,
-        "context": {"question": ex.question, "passages": passages},
-        "ragscope": {
-            "id": ex.id,
-            "task": ex.task,
-            "label": ex.label,
-            "split": ex.provenance.split,
-            "group": ex.provenance.group,
-            "own_prompt": ex.prompt is not None,
-        },
-    }
-    if ex.provenance.split is not None:
-        rec["split"] = ex.provenance.split
-    return rec
-
-
-def write_ragtruth_jsonl(examples: Iterable[RAGExample], path: str | Path) -> Path:
-    """Write examples as RAGTruth-style JSONL (:func:`ragtruth_record`); returns the path."""
-    out = Path(path)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("w", encoding="utf-8") as fh:
-        for ex in examples:
-            fh.write(json.dumps(ragtruth_record(ex), ensure_ascii=False) + "\n")
-    return out
-
-
-def ragtruth_jsonl(examples: Iterable[RAGExample]) -> str:
-    """The same as :func:`write_ragtruth_jsonl`, as text (for a download button)."""
-    return "".join(json.dumps(ragtruth_record(e), ensure_ascii=False) + "\n" for e in examples)
-
-
-def reviews_frame(items: Sequence[ReviewItem], examples: Sequence[RAGExample]) -> pd.DataFrame:
-    """One row per decision (and one per undecided item): the CSV export (stale items
-    left out). Write it with :func:`safe_csv`."""
-    import pandas as pd
-
-    by_id = {e.id: e for e in examples}
-    rows = []
-    for it in items:
-        if it.is_stale(by_id.get(it.example_id)):
-            continue  # its spans would cut the wrong text
-        text = by_id[it.example_id].response
-        base = {
-            "dataset": it.dataset,
-            "example_id": it.example_id,
-            "item": it.id,
-            "flag_start": it.start,
-            "flag_end": it.end,
-            "flag_text": text[it.start : it.end],
-            "detectors": ",".join(it.detectors),
-            "score": it.score,
-            "task": it.task,
-            "generator": it.generator,
-            "status": it.status,
-        }
-        if not it.reviews:
-            rows.append(base)
-        for r in it.reviews:
-            rows.append(
-                {
-                    **base,
-                    "reviewer": r.reviewer,
-                    "decision": r.decision,
-                    "start": r.start,
-                    "end": r.end,
-                    "text": text[r.start : r.end],
-                    "label_type": r.label_type,
-                    "note": r.note,
-                    "updated_at": r.updated_at,
-                }
-            )
-    cols = [
-        "dataset", "example_id", "item", "flag_start", "flag_end", "flag_text", "detectors",
-        "score", "task", "generator", "status", "reviewer", "decision", "start", "end", "text",
-        "label_type", "note", "updated_at",
-    ]  # fmt: skip
-    return pd.DataFrame(rows, columns=cols)
-
-
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-"""What a spreadsheet reads as the start of a formula (OWASP's CSV injection list)."""
-
-
-def neutralise_cell(value: Any) -> Any:
-    """``value`` with a leading ``'`` when it is text a spreadsheet would run as a
-    formula (``=HYPERLINK(...)``, ``+cmd|...``, ``@SUM(...)``); other values as they are."""
-    if isinstance(value, str) and value.startswith(FORMULA_START):
-        return "'" + value
-    return value
-
-
-def safe_csv(frame: pd.DataFrame) -> str:
-    """``frame`` as CSV text with every formula-like text cell neutralised
-    (:func:`neutralise_cell`), headers included; numbers stay numbers."""
-    out = frame.copy()
-    out.columns = [neutralise_cell(str(c)) for c in out.columns]
-    for col in out.columns:
-        if out[col].dtype == object or str(out[col].dtype) in ("string", "str"):
-            out[col] = out[col].map(neutralise_cell)
-    return out.to_csv(index=False)

@@ -1,0 +1,153 @@
+"""Saved detector artifacts: ``token-thresholds`` (record each artifact's token threshold
+for flagging spans) and ``artifacts verify|seal`` (check hashes, allowlists and a full
+load, or record the file hashes)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+from core.cli.common import Subparsers, add_model_args, load
+from core.contract import artifact_info
+from core.detectors import detector_class, seal_artifact, shipped_artifacts
+from core.errors import DataError, RagscopeError
+from core.evaluate import token_threshold
+from core.extract import FeatureCache, extract_features
+from core.paths import shipped_dir
+from core.splits import data_hash, make_splits
+from core.storage import Store
+
+
+def _add_token_thresholds(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "token-thresholds",
+        help="record each detector artifact's token threshold (best token F1 on its "
+        "validation split) for flagging spans",
+    )
+    add_model_args(p)
+    p.add_argument("--folder", default=None, help="artifact folder (default: the shipped one)")
+    p.add_argument("--detectors", default=None, help="comma-separated (default: every one)")
+    p.add_argument("--dataset", default=None, help="for artifacts without a training recipe")
+    p.add_argument("--limit", type=int, default=None)
+    p.add_argument("--seed", type=int, default=0)
+    p.set_defaults(func=cmd_token_thresholds)
+
+
+def cmd_token_thresholds(args: argparse.Namespace) -> int:
+    """Record each artifact's token threshold (best token F1 on its own validation split).
+
+    The split comes from the artifact's training recipe (so the answers are ones it
+    did not learn from); artifacts without a recipe use ``--dataset``. The threshold
+    goes into the artifact's ``cfg.json`` as ``token_threshold`` (with where it came
+    from); detectors that score no tokens are listed and left alone.
+    """
+    folder = Path(args.folder) if args.folder else None
+    model = load(args)
+    found = shipped_artifacts(model.info.key, folder=folder)
+    names = [d for d in args.detectors.split(",") if d] if args.detectors else sorted(found)
+    missing = [n for n in names if n not in found]
+    if missing:
+        raise DataError(f"no artifact for {', '.join(missing)}", source=str(folder or "assets"))
+    rows = []
+    with Store() as store:
+        for n in names:
+            path = Path(found[n])
+            recipe = (artifact_info(path).get("trained_on") or {}).get("recipe") or {}
+            spec = recipe.get("dataset") or args.dataset
+            if spec is None:
+                raise DataError(
+                    "the artifact records no training recipe: give --dataset", source=str(path)
+                )
+            limit = recipe.get("limit") if recipe else args.limit
+            seed = recipe.get("seed", args.seed) if recipe else args.seed
+            name, _, splits = make_splits(spec, limit=limit, seed=seed)
+            val = splits["validation"]
+            det = detector_class(n).load(path, model_key=model.info.key)
+            ext = extract_features(model, val, [det], cache=FeatureCache(store), on_error="skip")
+            verdicts = [det.predict(f) for f in ext.features[n]]
+            t = token_threshold(list(ext.examples), verdicts)
+            if t is None:
+                rows.append((n, "-", "scores no tokens (or one class only)"))
+                continue
+            cfg_path = path / "cfg.json"
+            cfg = json.loads(cfg_path.read_text())
+            cfg["token_threshold"] = t
+            cfg["token_threshold_from"] = {
+                "dataset": name,
+                "split": "validation",
+                "n": len(ext.examples),
+                "data_hash": data_hash(list(ext.examples)),
+                "criterion": "token F1",
+            }
+            cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
+            rows.append((n, f"{t:.4f}", f"{name} validation, {len(ext.examples)} answers"))
+    print("| detector | token threshold | from |\n|---|---|---|")
+    for r in rows:
+        print(f"| {r[0]} | {r[1]} | {r[2]} |")
+    return 0
+
+
+def _add_artifacts(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "artifacts",
+        help="verify detector artifacts (file hashes, exact type allowlists, a full load) or "
+        "record the file hashes of ones you made with an older ragscope",
+    )
+    p.add_argument("action", choices=["verify", "seal"])
+    p.add_argument(
+        "folders", nargs="*", help="artifact folders, or folders of them (default: the shipped one)"
+    )
+    p.set_defaults(func=cmd_artifacts)
+
+
+def _artifact_folders(paths: Sequence[str]) -> list[Path]:
+    """Artifact folders named on the command line: a folder holding ``cfg.json`` is one;
+    any other folder is searched one level down (default: the shipped folder)."""
+    roots = [Path(p) for p in paths] or [shipped_dir()]
+    out: list[Path] = []
+    for r in roots:
+        if (r / "cfg.json").is_file():
+            out.append(r)
+        elif r.is_dir():
+            out += [s for s in sorted(r.iterdir()) if (s / "cfg.json").is_file()]
+        else:
+            raise DataError("no such artifact folder", source=str(r))
+    if not out:
+        raise DataError(
+            "no detector artifacts here (folders holding cfg.json)",
+            source=", ".join(map(str, roots)),
+        )
+    return out
+
+
+def cmd_artifacts(args: argparse.Namespace) -> int:
+    """Verify artifacts (hashes, allowlists, a full load) or record their file hashes."""
+    failed = 0
+    for folder in _artifact_folders(args.folders):
+        try:
+            if args.action == "seal":
+                for f in seal_artifact(folder):
+                    print(f"sealed {f}")
+            else:
+                name = str(artifact_info(folder).get("detector"))
+                detector_class(name).load(folder, model_key=None)
+                print(f"ok      {name:<14} {folder}")
+        except RagscopeError as e:
+            failed += 1
+            print(f"refused {folder}: {e}", file=sys.stderr)
+    return 1 if failed else 0
+
+
+_PARSERS: dict[str, Callable[[Subparsers], None]] = {
+    "token-thresholds": _add_token_thresholds,
+    "artifacts": _add_artifacts,
+}
+COMMANDS = tuple(_PARSERS)
+
+
+def add_parser(sub: Subparsers, command: str) -> None:
+    """Register ``command`` (one of ``COMMANDS``) and its options on ``sub``."""
+    _PARSERS[command](sub)

@@ -1,0 +1,173 @@
+"""What the command groups share: argument helpers (model, dataset split, example),
+model loading with progress, picking an example, a dataset's evaluation splits, and
+printing a result as text or JSON."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from core.datasets import DEMO, resolve_dataset
+from core.errors import DataError
+from core.examples import RAGExample
+from core.model import LoadedModel, load_model
+from core.splits import make_splits
+
+# What ``ArgumentParser.add_subparsers`` returns; each group's ``add_parser`` adds to it.
+Subparsers = argparse._SubParsersAction
+
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--model",
+        default="embedded",
+        help="embedded (SmolLM2-135M-Instruct, default), tiny (random, for tests), "
+        "or a Hugging Face id / local folder",
+    )
+    p.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda")
+
+
+def add_split_args(p: argparse.ArgumentParser, *, split_help: str | None = None) -> None:
+    """Model, dataset and the evaluation split options (``eval_splits``), plus --no-cache;
+    with ``split_help``, also ``--split`` (one split or all, default test)."""
+    add_model_args(p)
+    p.add_argument(
+        "--dataset", default="builtin", help="demo, builtin, a file/folder or a stored name"
+    )
+    p.add_argument("--test-dataset", default=None, help=argparse.SUPPRESS)
+    p.add_argument(
+        "--limit", type=int, default=None, help="about this many examples (whole sources)"
+    )
+    p.add_argument("--seed", type=int, default=0, help="split seed (datasets without a split)")
+    p.add_argument("--no-cache", action="store_true", help="recompute features (ignore the cache)")
+    if split_help is not None:
+        p.add_argument(
+            "--split",
+            choices=("train", "validation", "test", "all"),
+            default="test",
+            help=f"{split_help} (default: test)",
+        )
+
+
+def add_example_args(p: argparse.ArgumentParser, *, need_response: bool) -> None:
+    g = p.add_argument_group("example (pick one from a dataset, or write one)")
+    g.add_argument(
+        "--dataset",
+        default=None,
+        help="demo (12 hand-written examples), builtin (the labelled corpus), a file/folder, "
+        "or a stored dataset name",
+    )
+    g.add_argument("--id", default=None, help="example id within --dataset (default: first)")
+    g.add_argument("--question", default=None, help="question text (instead of --dataset)")
+    g.add_argument("--passage", action="append", default=[], help="a passage; repeat for several")
+    g.add_argument("--task", default="qa", choices=["qa", "summary", "data2txt", "other"])
+    if need_response:
+        g.add_argument(
+            "--response", default=None, help="answer to analyse (overrides the example's)"
+        )
+
+
+def progress(msg: str, frac: float) -> None:
+    print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True)
+
+
+def load(args: argparse.Namespace) -> LoadedModel:
+    return load_model(args.model, device=args.device, progress=progress)
+
+
+def pick_example(args: argparse.Namespace, *, need_response: bool) -> RAGExample:
+    if args.dataset is None and args.question is None and not args.passage:
+        args.dataset = DEMO
+    if args.dataset is not None:
+        _, examples = resolve_dataset(args.dataset)
+        if not examples:
+            raise DataError("the dataset has no examples", source=args.dataset)
+        if args.id is None:
+            ex = examples[0]
+        else:
+            found = [e for e in examples if e.id == args.id]
+            if not found:
+                ids = ", ".join(e.id for e in examples[:8])
+                raise DataError(
+                    f"no example with id {args.id!r}; ids start {ids}",
+                    source=args.dataset,
+                    field="id",
+                )
+            ex = found[0]
+        response = getattr(args, "response", None)
+        return ex.with_response(response) if response else ex
+    if not args.passage:
+        raise DataError("give --passage at least once (or --dataset)", field="passage")
+    response = getattr(args, "response", None)
+    if need_response and not response:
+        raise DataError("give --response to analyse (or use --dataset)", field="response")
+    return RAGExample(
+        id="cli",
+        task=args.task,
+        question=args.question,
+        passages=tuple(args.passage),
+        response=response or "(to be generated)",
+    )
+
+
+def tqdm_progress(desc: str) -> Callable[[int, int], None]:
+    from tqdm import tqdm
+
+    bar: list[Any] = []
+
+    def update(done: int, total: int) -> None:
+        if not bar:
+            bar.append(tqdm(total=total, desc=desc, unit="ex", file=sys.stderr))
+        bar[0].n = done
+        bar[0].refresh()
+        if done == total:
+            bar[0].close()
+
+    return update
+
+
+def eval_splits(
+    args: argparse.Namespace,
+) -> tuple[str, str | None, dict[str, list[RAGExample]]]:
+    return make_splits(args.dataset, args.test_dataset, limit=args.limit, seed=args.seed)
+
+
+def split_examples(args: argparse.Namespace) -> list[Any]:
+    """The examples of ``--split`` (``all``: every split) of ``--dataset``.
+
+    Raises:
+        DataError: That split is empty.
+    """
+    _, _, splits = eval_splits(args)
+    parts = ("train", "validation", "test") if args.split == "all" else (args.split,)
+    examples = [e for part in parts for e in splits[part]]
+    if not examples:
+        raise DataError(f"the {args.split} split of {args.dataset} is empty; try --split all")
+    return examples
+
+
+def emit(obj: dict[str, Any], as_json: bool) -> None:
+    if as_json:
+        print(json.dumps(obj, indent=2, ensure_ascii=False))
+        return
+    for k, v in obj.items():
+        if isinstance(v, list):
+            print(f"{k}:")
+            for item in v:
+                print(
+                    "  "
+                    + (
+                        "  ".join(f"{a}={b!r}" for a, b in item.items())
+                        if isinstance(item, dict)
+                        else str(item)
+                    )
+                )
+        elif isinstance(v, dict):
+            print(f"{k}:")
+            for a, b in v.items():
+                print(f"  {a}: {b}")
+        else:
+            print(f"{k}: {v}")

@@ -1,0 +1,195 @@
+"""The model itself: ``info`` (versions, caches, model facts), ``prepare`` (cache the
+dequantized embedded model), ``serve-llm`` (a local OpenAI-compatible endpoint) and
+``bench`` (load times and trace overhead)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from collections.abc import Callable
+from typing import Any
+
+from core.bench import run_bench
+from core.cli.common import Subparsers, add_model_args, emit, load, progress
+from core.errors import RagscopeError
+from core.llmserve import ENV_API_KEY, ServeLimits, make_server
+from core.model import embedded_cache_path, embedded_gguf_path, prepare_embedded
+from core.paths import cache_dir
+
+
+def _add_info(sub: Subparsers) -> None:
+    p = sub.add_parser("info", help="versions, cache locations and (with --load) model facts")
+    add_model_args(p)
+    p.add_argument("--load", action="store_true", help="load the model and print its facts")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_info)
+
+
+def cmd_info(args: argparse.Namespace) -> int:
+    import importlib.metadata as md
+
+    out: dict[str, Any] = {
+        "ragscope": md.version("ragscope"),
+        "cache_dir": str(cache_dir()),
+        "embedded_cache": str(embedded_cache_path()) if embedded_cache_path().exists() else None,
+    }
+    try:
+        out["embedded_gguf"] = str(embedded_gguf_path())
+    except RagscopeError as e:
+        out["embedded_gguf"] = f"missing: {e}"
+    for pkg in ("torch", "transformers", "transformer-lens", "streamlit"):
+        out[pkg] = md.version(pkg)
+    if args.load:
+        model = load(args)
+        out["model"] = model.info.to_dict() | {
+            "load_seconds": round(model.load_seconds, 2),
+            "source": model.source,
+        }
+    emit(out, args.json)
+    return 0
+
+
+def _add_prepare(sub: Subparsers) -> None:
+    p = sub.add_parser("prepare", help="dequantize the embedded model once and cache it")
+    p.add_argument("--force", action="store_true", help="rebuild the cache")
+    p.set_defaults(func=cmd_prepare)
+
+
+def cmd_prepare(args: argparse.Namespace) -> int:
+    import time
+
+    t0 = time.perf_counter()
+    already = (embedded_cache_path() / "model.safetensors").is_file() and not args.force
+    path = prepare_embedded(progress, force=args.force)
+    state = "already cached" if already else f"dequantized in {time.perf_counter() - t0:.1f} s"
+    print(f"embedded model ready at {path} ({state})")
+    return 0
+
+
+def _add_serve_llm(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "serve-llm",
+        help="serve the model as a local OpenAI-compatible chat endpoint (for feature "
+        "explanations offline)",
+    )
+    add_model_args(p)
+    p.add_argument(
+        "--host",
+        default="127.0.0.1",
+        help="address to listen on (default 127.0.0.1, this machine only; any other needs an "
+        "API key)",
+    )
+    p.add_argument("--port", type=int, default=8000)
+    p.add_argument(
+        "--api-key",
+        default=None,
+        help="require 'Authorization: Bearer KEY' on every request (better: set "
+        "RAGSCOPE_SERVE_API_KEY, which other users cannot see in the process list)",
+    )
+    p.add_argument("--max-body-bytes", type=int, default=1024 * 1024, help="largest request body")
+    p.add_argument(
+        "--read-timeout",
+        type=float,
+        default=10.0,
+        help="seconds a client has to send its headers, and again its body",
+    )
+    p.add_argument(
+        "--max-in-flight", type=int, default=4, help="requests admitted at once (503 beyond)"
+    )
+    p.add_argument(
+        "--max-prompt-chars",
+        type=int,
+        default=None,
+        help="characters of messages accepted before tokenizing (default 16 per context token)",
+    )
+    p.set_defaults(func=cmd_serve_llm)
+
+
+def cmd_serve_llm(args: argparse.Namespace) -> int:
+    """Serve the loaded model at ``http://HOST:PORT/v1`` until interrupted."""
+    import os
+
+    limits = ServeLimits(
+        max_body_bytes=args.max_body_bytes,
+        read_timeout=args.read_timeout,
+        max_in_flight=args.max_in_flight,
+        max_prompt_chars=args.max_prompt_chars,
+    )
+    api_key = args.api_key or os.environ.get(ENV_API_KEY) or None
+    model = load(args)
+    name = model.info.display_name
+    server, sock = make_server(model, args.host, args.port, limits=limits, api_key=api_key)
+    host, port = sock.getsockname()[:2]
+    key_env = " RAGSCOPE_LLM_API_KEY=<the key>" if api_key else ""
+    print(
+        f"serving {name} at http://{host}:{port}/v1 (Ctrl-C stops; "
+        f"{'API key required' if api_key else 'no API key: this machine only'}); for the app:\n"
+        f"  RAGSCOPE_LLM_BASE_URL=http://{host}:{port}/v1 RAGSCOPE_LLM_MODEL={name!r}{key_env} "
+        "make app",
+        flush=True,
+    )
+    try:
+        server.run(sockets=[sock])
+    except KeyboardInterrupt:
+        pass
+    finally:
+        sock.close()
+    return 0
+
+
+def _add_bench(sub: Subparsers) -> None:
+    p = sub.add_parser("bench", help="load times and trace overhead, as ratios measured in one run")
+    add_model_args(p)
+    p.add_argument("--tokens", type=int, default=600, help="length of the RAG example")
+    p.add_argument("--repeats", type=int, default=5)
+    p.add_argument("--no-cold", action="store_true", help="skip the cold (dequantizing) load")
+    p.add_argument(
+        "--extraction",
+        type=int,
+        default=60,
+        metavar="N",
+        help="also time feature extraction of every detector over N built-in examples, "
+        "cold and cached (0: skip)",
+    )
+    p.add_argument(
+        "--features",
+        default="redeep_token,redeep_chunk,interpdetect",
+        metavar="NAMES",
+        help="time each detector's feature pass (trace + features) on the example, and all "
+        "together, as a ratio to one plain forward; also the copying-score time ('' to skip)",
+    )
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_bench)
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    rep = run_bench(
+        args.model,
+        n_tokens=args.tokens,
+        repeats=args.repeats,
+        cold=not args.no_cold,
+        device=args.device,
+        extraction=args.extraction,
+        features=tuple(n for n in args.features.split(",") if n),
+        log=lambda m: print(m, file=sys.stderr, flush=True),
+    )
+    if args.json:
+        print(json.dumps(rep.to_dict(), indent=2))
+    else:
+        print(rep.to_text())
+    return 0
+
+
+_PARSERS: dict[str, Callable[[Subparsers], None]] = {
+    "info": _add_info,
+    "prepare": _add_prepare,
+    "serve-llm": _add_serve_llm,
+    "bench": _add_bench,
+}
+COMMANDS = tuple(_PARSERS)
+
+
+def add_parser(sub: Subparsers, command: str) -> None:
+    """Register ``command`` (one of ``COMMANDS``) and its options on ``sub``."""
+    _PARSERS[command](sub)

@@ -1,0 +1,95 @@
+"""Annotation review: a queue of flagged spans, reviewers' decisions, an audit trail.
+
+- :func:`propose_flags` turns detectors' token scores on one answer into flagged
+  character spans (runs of tokens at or above each detector's threshold, optionally
+  after label-persistence smoothing); overlapping spans of several detectors merge
+  into one item that names them all.
+- :class:`ReviewBook` keeps the queue and the decisions in the ragscope database:
+  ``review_items`` (one per flagged span; re-building the queue never touches
+  reviews), ``reviews`` (one row per item and reviewer, so two reviewers never
+  overwrite each other; a version number per row makes a stale save from a second
+  tab of the same reviewer fail with :class:`ReviewConflict` instead of silently
+  overwriting) and ``review_audit`` (append-only: triggers refuse updates and
+  deletes; one row per change with who, when, before and after). Every change is
+  one ``BEGIN IMMEDIATE`` transaction.
+- :func:`agreement`: Cohen's kappa of two reviewers' accept / reject decisions on
+  the items both reviewed, and the span-overlap F1 of their accepted spans.
+- :func:`reviewed_examples`, :func:`write_ragtruth_jsonl` and :func:`reviews_frame`:
+  the reviewed dataset as RAGTruth-style JSONL (the format of
+  ``../shared/data/ragtruth_qa_dev.jsonl``, read back by
+  :func:`core.datasets.load_dataset`) and a CSV of every decision.
+"""
+
+from __future__ import annotations
+
+from core.review.agreement import (
+    Agreement,
+    agreement,
+)
+from core.review.book import (
+    DECISIONS,
+    EVIDENCE,
+    KINDS,
+    LABEL_TYPES,
+    SORTS,
+    STATUSES,
+    AuditEntry,
+    Decision,
+    Review,
+    ReviewBook,
+    ReviewConflict,
+    ReviewItem,
+    filter_items,
+)
+from core.review.export import (
+    FORMULA_START,
+    RAGTRUTH_TEMPLATE,
+    neutralise_cell,
+    ragtruth_jsonl,
+    ragtruth_record,
+    resolved_review,
+    reviewed_examples,
+    reviews_frame,
+    safe_csv,
+    write_ragtruth_jsonl,
+)
+from core.review.flags import (
+    Flag,
+    dataset_verdicts,
+    passage_sentences,
+    propose_flags,
+    related_context,
+)
+
+__all__ = [
+    "Agreement",
+    "AuditEntry",
+    "DECISIONS",
+    "Decision",
+    "EVIDENCE",
+    "FORMULA_START",
+    "Flag",
+    "KINDS",
+    "LABEL_TYPES",
+    "RAGTRUTH_TEMPLATE",
+    "Review",
+    "ReviewBook",
+    "ReviewConflict",
+    "ReviewItem",
+    "SORTS",
+    "STATUSES",
+    "agreement",
+    "dataset_verdicts",
+    "filter_items",
+    "neutralise_cell",
+    "passage_sentences",
+    "propose_flags",
+    "ragtruth_jsonl",
+    "ragtruth_record",
+    "related_context",
+    "resolved_review",
+    "reviewed_examples",
+    "reviews_frame",
+    "safe_csv",
+    "write_ragtruth_jsonl",
+]

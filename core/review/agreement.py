@@ -1,0 +1,85 @@
+"""Agreement between two reviewers: Cohen's kappa of their accept / reject decisions and the span-overlap F1 of their accepted spans."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    pass
+from core.review.book import DECISIONS, ReviewItem
+
+
+@dataclass(frozen=True, kw_only=True)
+class Agreement:
+    """Two reviewers on the items both reviewed.
+
+    Attributes:
+        reviewers: The pair.
+        n_items: Items both reviewed.
+        kappa: Cohen's kappa of their accept / reject decisions (``None`` with fewer
+            than two items, NaN when both always gave one same answer).
+        span_f1: Span-overlap F1 of their accepted spans (one reviewer's as
+            predicted, the other's as gold), micro-averaged over answers (``None``
+            when neither accepted any).
+    """
+
+    reviewers: tuple[str, str]
+    n_items: int
+    kappa: float | None
+    span_f1: float | None
+
+
+def agreement(
+    items: Sequence[ReviewItem], a: str | None = None, b: str | None = None
+) -> Agreement | None:
+    """Agreement of two reviewers (default: the pair with the most items in common);
+    ``None`` when no item has two reviews."""
+    from itertools import combinations
+
+    from sklearn.metrics import cohen_kappa_score
+
+    if a is None or b is None:
+        counts: dict[tuple[str, str], int] = {}
+        for it in items:
+            names = sorted({r.reviewer for r in it.reviews})
+            for pair in combinations(names, 2):
+                counts[pair] = counts.get(pair, 0) + 1
+        if not counts:
+            return None
+        a, b = max(counts, key=lambda p: (counts[p], tuple(-ord(ch) for ch in p[0])))
+    both = [
+        (it, it.review_by(a), it.review_by(b))
+        for it in items
+        if it.review_by(a) is not None and it.review_by(b) is not None
+    ]
+    if not both:
+        return None
+    da = [ra.decision for _, ra, _ in both]  # type: ignore[union-attr]
+    db = [rb.decision for _, _, rb in both]  # type: ignore[union-attr]
+    kappa: float | None = None
+    if len(both) >= 2:
+        import warnings
+
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            kappa = float(cohen_kappa_score(da, db, labels=list(DECISIONS)))
+    spans_a: dict[str, list[tuple[int, int]]] = {}
+    spans_b: dict[str, list[tuple[int, int]]] = {}
+    for it, ra, rb in both:
+        for rv, spans in ((ra, spans_a), (rb, spans_b)):
+            if rv is not None and rv.decision == "accept":
+                spans.setdefault(it.example_id, []).append((rv.start, rv.end))
+    hits_p = hits_g = n_p = n_g = 0
+    for ex in set(spans_a) | set(spans_b):
+        p, g = spans_a.get(ex, []), spans_b.get(ex, [])
+        hits_p += sum(any(x0 < y1 and y0 < x1 for y0, y1 in g) for x0, x1 in p)
+        hits_g += sum(any(x0 < y1 and y0 < x1 for y0, y1 in p) for x0, x1 in g)
+        n_p, n_g = n_p + len(p), n_g + len(g)
+    span_f1: float | None = None
+    if n_p or n_g:
+        prec = hits_p / n_p if n_p else 0.0
+        rec = hits_g / n_g if n_g else 0.0
+        span_f1 = 2 * prec * rec / (prec + rec) if prec + rec > 0 else 0.0
+    return Agreement(reviewers=(a, b), n_items=len(both), kappa=kappa, span_f1=span_f1)

@@ -1,0 +1,208 @@
+"""The reviewed dataset as RAGTruth-style JSONL (read back by core.datasets.load_dataset) and every decision as CSV (formula cells neutralised)."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from core.examples import RAGExample, Span
+
+if TYPE_CHECKING:
+    import pandas as pd
+from core.review.book import Review, ReviewItem
+
+
+def resolved_review(item: ReviewItem, reviewer: str | None = None) -> Review | None:
+    """The review that decides an item: ``reviewer``'s, else the latest of any reviewer."""
+    if reviewer is not None:
+        return item.review_by(reviewer)
+    if not item.reviews:
+        return None
+    return max(item.reviews, key=lambda r: (r.updated_at, r.id))
+
+
+def reviewed_examples(
+    examples: Sequence[RAGExample],
+    items: Sequence[ReviewItem],
+    *,
+    reviewer: str | None = None,
+    include_unreviewed: bool = False,
+) -> list[RAGExample]:
+    """The dataset as the reviews say: per answer with a decided item, the accepted
+    spans (adjusted boundaries, RAGTruth label type, note) and ``label = any accepted``.
+
+    Args:
+        examples: The dataset's examples.
+        items: Its review items (:meth:`ReviewBook.items`).
+        reviewer: Whose decisions count (default: the latest decision on each item).
+        include_unreviewed: Also keep answers with no decided item, as they were.
+
+    Stale items (:meth:`ReviewItem.is_stale`) are left out.
+    """
+    import dataclasses
+
+    by_id = {e.id: e for e in examples}
+    decided: dict[str, list[Review]] = {}
+    for it in items:
+        if it.is_stale(by_id.get(it.example_id)):
+            continue  # flagged on another text: never exported against this one
+        r = resolved_review(it, reviewer)
+        if r is not None:
+            decided.setdefault(it.example_id, []).append(r)
+    out = []
+    for ex in examples:
+        rs = decided.get(ex.id)
+        if rs is None:
+            if include_unreviewed:
+                out.append(ex)
+            continue
+        spans = tuple(
+            sorted(
+                (
+                    Span(start=r.start, end=r.end, type=r.label_type, note=r.note)
+                    for r in rs
+                    if r.decision == "accept"
+                ),
+                key=lambda s: (s.start, s.end),
+            )
+        )
+        out.append(dataclasses.replace(ex, spans=spans, label=bool(spans)))
+    return out
+
+
+RAGTRUTH_TEMPLATE = (
+    "Briefly answer the following question:\n{question}\nBear in mind that your response "
+    "should be strictly based on the following {n} passages:\n{passages}\nIn case the "
+    "passages do not contain the necessary information to answer the question, please "
+    'reply with: "Unable to answer based on given passages."\noutput:'
+)
+"""RAGTruth's QA prompt, for answers whose own prompt is not recorded."""
+
+
+def ragtruth_record(ex: RAGExample) -> dict[str, Any]:
+    """One example as a RAGTruth-style record (``input``, ``output``, ``hall_info``,
+    ``model``, ``context``), plus a ``ragscope`` object (id, task, split, whether the
+    prompt is the example's own) that :func:`core.datasets.load_dataset` reads back."""
+    passages = "".join(f"passage {i}:{p}\n\n" for i, p in enumerate(ex.passages, start=1))
+    prompt = ex.prompt
+    if prompt is None:
+        words = {1: "one", 2: "two", 3: "three", 4: "four", 5: "five"}
+        prompt = RAGTRUTH_TEMPLATE.format(
+            question=ex.question or "",
+            n=words.get(len(ex.passages), str(len(ex.passages))),
+            passages=passages,
+        )
+    rec: dict[str, Any] = {
+        "input": prompt,
+        "output": ex.response,
+        "hall_info": [
+            {
+                "start": s.start,
+                "end": s.end,
+                "text": ex.response[s.start : s.end],
+                "meta": {"label_type": s.type, "exp": s.note},
+            }
+            for s in ex.spans
+        ],
+        "model": ex.provenance.generator,
+        "context": {"question": ex.question, "passages": passages},
+        "ragscope": {
+            "id": ex.id,
+            "task": ex.task,
+            "label": ex.label,
+            "split": ex.provenance.split,
+            "group": ex.provenance.group,
+            "own_prompt": ex.prompt is not None,
+        },
+    }
+    if ex.provenance.split is not None:
+        rec["split"] = ex.provenance.split
+    return rec
+
+
+def write_ragtruth_jsonl(examples: Iterable[RAGExample], path: str | Path) -> Path:
+    """Write examples as RAGTruth-style JSONL (:func:`ragtruth_record`); returns the path."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("w", encoding="utf-8") as fh:
+        for ex in examples:
+            fh.write(json.dumps(ragtruth_record(ex), ensure_ascii=False) + "\n")
+    return out
+
+
+def ragtruth_jsonl(examples: Iterable[RAGExample]) -> str:
+    """The same as :func:`write_ragtruth_jsonl`, as text (for a download button)."""
+    return "".join(json.dumps(ragtruth_record(e), ensure_ascii=False) + "\n" for e in examples)
+
+
+def reviews_frame(items: Sequence[ReviewItem], examples: Sequence[RAGExample]) -> pd.DataFrame:
+    """One row per decision (and one per undecided item): the CSV export (stale items
+    left out). Write it with :func:`safe_csv`."""
+    import pandas as pd
+
+    by_id = {e.id: e for e in examples}
+    rows = []
+    for it in items:
+        if it.is_stale(by_id.get(it.example_id)):
+            continue  # its spans would cut the wrong text
+        text = by_id[it.example_id].response
+        base = {
+            "dataset": it.dataset,
+            "example_id": it.example_id,
+            "item": it.id,
+            "flag_start": it.start,
+            "flag_end": it.end,
+            "flag_text": text[it.start : it.end],
+            "detectors": ",".join(it.detectors),
+            "score": it.score,
+            "task": it.task,
+            "generator": it.generator,
+            "status": it.status,
+        }
+        if not it.reviews:
+            rows.append(base)
+        for r in it.reviews:
+            rows.append(
+                {
+                    **base,
+                    "reviewer": r.reviewer,
+                    "decision": r.decision,
+                    "start": r.start,
+                    "end": r.end,
+                    "text": text[r.start : r.end],
+                    "label_type": r.label_type,
+                    "note": r.note,
+                    "updated_at": r.updated_at,
+                }
+            )
+    cols = [
+        "dataset", "example_id", "item", "flag_start", "flag_end", "flag_text", "detectors",
+        "score", "task", "generator", "status", "reviewer", "decision", "start", "end", "text",
+        "label_type", "note", "updated_at",
+    ]  # fmt: skip
+    return pd.DataFrame(rows, columns=cols)
+
+
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
+"""What a spreadsheet reads as the start of a formula (OWASP's CSV injection list)."""
+
+
+def neutralise_cell(value: Any) -> Any:
+    """``value`` with a leading ``'`` when it is text a spreadsheet would run as a
+    formula (``=HYPERLINK(...)``, ``+cmd|...``, ``@SUM(...)``); other values as they are."""
+    if isinstance(value, str) and value.startswith(FORMULA_START):
+        return "'" + value
+    return value
+
+
+def safe_csv(frame: pd.DataFrame) -> str:
+    """``frame`` as CSV text with every formula-like text cell neutralised
+    (:func:`neutralise_cell`), headers included; numbers stay numbers."""
+    out = frame.copy()
+    out.columns = [neutralise_cell(str(c)) for c in out.columns]
+    for col in out.columns:
+        if out[col].dtype == object or str(out[col].dtype) in ("string", "str"):
+            out[col] = out[col].map(neutralise_cell)
+    return out.to_csv(index=False)
