@@ -24,6 +24,9 @@ images, raw HTML, tables, LaTeX, strikethrough, Streamlit's ``:color[...]`` and
 ``:icon:``, and the ``:``/``@`` of GFM's bare URL and e-mail autolinks."""
 _WWW = re.compile(r"(?i)\b(www)\.")
 """GFM also autolinks bare ``www.`` names."""
+_JOINER = "\u2060"
+"""WORD JOINER: invisible, and it breaks the ``://``, ``www.`` and ``@`` that
+Streamlit's renderer turns into links even after a backslash escape."""
 _LINE_START = re.compile(r"^(\s*)([-+=#>]|\d+[.)])")
 """What makes a block at the start of a line (lists, headings, quotes, setext
 underlines); after :data:`_BREAKS` only the text's own start is one."""
@@ -41,7 +44,11 @@ def md(text: object, *, max_len: int | None = None) -> str:
     if max_len is not None and len(s) > max_len:
         s = s[: max(max_len - 1, 0)] + "…"
     s = _SPECIAL.sub(r"\\\1", s)
-    s = _WWW.sub(r"\1\\.", s)
+    # Streamlit's renderer links bare URLs, www. names and e-mail addresses in the text
+    # it has already unescaped, so a backslash does not stop them: an invisible word
+    # joiner inside every '://', before every '@' and before the dot of 'www.' does.
+    s = _WWW.sub(lambda m: m.group(1) + _JOINER + "\\.", s)
+    s = s.replace("\\://", "\\:" + _JOINER + "//").replace("\\@", _JOINER + "\\@")
     return _LINE_START.sub(_escape_marker, s, count=1)
 
 

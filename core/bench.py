@@ -20,14 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
-from core.datasets import load_builtin
+from core.data import load_builtin, stratified_head
 from core.detectors import make_detector, runnable_detectors
 from core.examples import RAGExample
 from core.extract import FeatureCache, extract_features, run_example
 from core.heads import copying_scores
 from core.layout import Layout, render
 from core.model import EMBEDDED, LoadedModel, load_model, prepare_embedded
-from core.splits import stratified_head
 from core.storage import Store
 from core.trace import Needs, trace
 

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkab
 
 import numpy as np
 
+from core.calibration import PlattCalibrator
 from core.errors import DataError, ModelError, NotFittedError, RagscopeError
 from core.examples import RAGExample
 from core.labels import span_labels
@@ -207,6 +208,9 @@ class Verdict:
         token_offsets: ``[n_tokens, 2]`` character ranges, with token scores.
         chunk_scores: ``[n_chunks]`` scores in [0, 1], or ``None``.
         explanation: Feature name -> contribution (or value) behind the score.
+        raw_score: The detector's own score before calibration, when the detector
+            carries a calibrator (``score`` is then the calibrated probability);
+            ``None`` otherwise.
     """
 
     detector: str
@@ -217,6 +221,7 @@ class Verdict:
     token_offsets: np.ndarray | None = None
     chunk_scores: np.ndarray | None = None
     explanation: Mapping[str, float] = field(default_factory=dict)
+    raw_score: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.score <= 1.0 or np.isnan(self.score):
@@ -331,6 +336,13 @@ class Detector(Protocol):
     needs_bare: bool
     #: Whether the detector combines others (:meth:`member_detectors`, :meth:`bundle`).
     composite: ClassVar[bool]
+    #: What fitting leaves (restored from an artifact's ``cfg.json``): the answer
+    #: threshold, the token threshold (``None`` when not chosen), the score calibration
+    #: (``None``: raw scores) and facts about the training.
+    threshold_: float
+    token_threshold_: float | None
+    calibration_: PlattCalibrator | None
+    train_info_: dict[str, Any]
 
     def needs(self, model: ModelInfo) -> Needs | None:
         """Hooks and positions to trace; ``None`` when no activations are needed."""
@@ -378,6 +390,10 @@ class DetectorBase:
     name: ClassVar[str]
     needs_bare: bool = False
     composite: ClassVar[bool] = False
+    #: Maps the detector's score to a probability calibrated on held-out data (set by
+    #: the training workflow, saved in ``cfg.json``); ``None``: scores are shown as they are.
+    calibration_: PlattCalibrator | None = None
+    token_threshold_: float | None = None
 
     def needs(self, model: ModelInfo) -> Needs | None:
         raise NotImplementedError
@@ -745,7 +761,17 @@ def check_features(
 
 
 TOKEN_SCORERS = frozenset(
-    {"nll", "context_gain", "lexical", "redeep_token", "redeep_chunk", "interpdetect", "cortex"}
+    {
+        "nll",
+        "context_gain",
+        "lexical",
+        "redeep_token",
+        "redeep_chunk",
+        "interpdetect",
+        "cortex",
+        "saplma",
+        "lookback_lens",
+    }
 )
 """Detectors that give every answer token a score (the ensemble does when its token
 stacker is fitted)."""
@@ -818,7 +844,11 @@ def load_fitted(
 def fitted_extra(detector: Any, extra: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """What every artifact's ``cfg.json`` records beside the weights (threshold, training
     facts), plus ``extra``: the ``extra`` of :func:`write_artifact` in every ``save``."""
-    return {"threshold": detector.threshold_, "train": detector.train_info_, **(extra or {})}
+    out = {"threshold": detector.threshold_, "train": detector.train_info_}
+    cal = getattr(detector, "calibration_", None)
+    if cal is not None:
+        out["calibration"] = cal.to_json()
+    return {**out, **(extra or {})}
 
 
 def restore_fitted(detector: Any, cfg: Mapping[str, Any]) -> None:
@@ -830,6 +860,8 @@ def restore_fitted(detector: Any, cfg: Mapping[str, Any]) -> None:
     tok = cfg.get("token_threshold")
     detector.token_threshold_ = float(tok) if tok is not None else None
     detector.train_info_ = dict(cfg.get("train", {}))
+    cal = cfg.get("calibration")
+    detector.calibration_ = PlattCalibrator.from_json(cal) if cal is not None else None
 
 
 def read_skops(path: Path, allowed: Iterable[SkopsType], name: str) -> Any:
@@ -848,16 +880,22 @@ def read_skops(path: Path, allowed: Iterable[SkopsType], name: str) -> Any:
 
 def thresholded_verdict(detector: Any, features: Features, score: float, **kw: Any) -> Verdict:
     """The verdict of a fitted detector with a ``threshold_``: ``score`` clamped to [0, 1]
-    (rounding can step just outside), flagged when it reaches the threshold; ``kw`` are
-    the other :class:`Verdict` fields (token/chunk scores, explanation). Token scores
-    come with the features' token offsets unless ``token_offsets`` is given."""
+    (rounding can step just outside), mapped through the detector's ``calibration_`` when
+    it has one (the raw score is kept as ``raw_score``; the threshold is then on the
+    calibrated scale), flagged when it reaches the threshold; ``kw`` are the other
+    :class:`Verdict` fields (token/chunk scores, explanation). Token scores come with
+    the features' token offsets unless ``token_offsets`` is given."""
     if kw.get("token_scores") is not None:
         kw.setdefault("token_offsets", features.token_offsets)
+    raw = min(max(float(score), 0.0), 1.0)
+    cal = getattr(detector, "calibration_", None)
+    shown = min(max(float(cal.transform(raw)), 0.0), 1.0) if cal is not None else raw
     return Verdict(
         detector=detector.name,
         example_id=features.example_id,
-        score=min(max(float(score), 0.0), 1.0),
-        hallucinated=score >= detector.threshold_,
+        score=shown,
+        hallucinated=shown >= detector.threshold_,
+        raw_score=raw if cal is not None else None,
         **kw,
     )
 

@@ -14,6 +14,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import inspect
 import json
 from collections.abc import Callable, Mapping, Sequence
@@ -24,7 +25,9 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from core.contract import Detector, Verdict
+from core.calibration import PlattCalibrator
+from core.contract import Detector, Features, Verdict
+from core.data import data_hash
 from core.detectors import detector_class, make_detector
 from core.errors import DataError
 from core.examples import RAGExample
@@ -35,7 +38,6 @@ from core.model import LoadedModel
 from core.paths import runs_dir
 from core.safeio import MiB, read_json_file
 from core.smoothing import smooth_tokens
-from core.splits import data_hash
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -289,8 +291,66 @@ def _subset(ext: Extraction, ids: set[str]) -> tuple[list[RAGExample], dict[str,
     }
 
 
-def _accepts_validation(det: Detector) -> bool:
+def accepts_validation(det: Detector) -> bool:
+    """Whether ``det.fit`` takes a ``validation=`` split (to select hyper-parameters on)."""
     return "validation" in inspect.signature(det.fit).parameters
+
+
+def fit_detector(
+    det: Detector,
+    features: Sequence[Features],
+    examples: Sequence[RAGExample],
+    validation: tuple[Sequence[Features], Sequence[RAGExample]] | None = None,
+) -> None:
+    """``det.fit`` on the training answers, passing ``validation`` to detectors that
+    select hyper-parameters on it (:func:`accepts_validation`); the test answers never
+    reach ``fit``."""
+    fit: Any = det.fit  # the protocol's fit has no validation keyword; some fits do
+    if validation is not None and len(validation[0]) and accepts_validation(det):
+        fit(features, examples, validation=validation)
+    else:
+        fit(features, examples)
+
+
+def set_thresholds(
+    det: Detector,
+    features: Sequence[Features],
+    examples: Sequence[RAGExample],
+    *,
+    criterion: Literal["f1", "balanced_accuracy"] = "f1",
+    calibrate: Sequence[bool] | None = None,
+) -> list[Verdict]:
+    """Finish a fitted detector on held-out (validation) answers it never learned from.
+
+    With ``calibrate`` (one flag per answer: use it for calibration), first fit a
+    :class:`~core.calibration.PlattCalibrator` on the flagged answers' scores, so the
+    detector's scores become probabilities calibrated on that data. Then pick the
+    answer threshold maximising ``criterion`` (on the flagged answers when given,
+    calibrated scale) and the token threshold (best token F1). Without ``calibrate`` a
+    calibration the detector already has (a loaded artifact's) is kept. Returns the
+    held-out verdicts, after calibration.
+
+    Raises:
+        DataError: The calibration answers are all of one class.
+    """
+    y = _labels(examples, "validation")
+    use = np.ones(len(examples), bool) if calibrate is None else np.asarray(calibrate, bool)
+    if calibrate is not None:
+        det.calibration_ = None  # the raw scores are what is calibrated
+        verdicts = [det.predict(f) for f in features]
+        if not is_binary(y[use]):
+            raise DataError(
+                "the calibration answers need faithful and hallucinated ones; calibrate on "
+                "more (or other) datasets"
+            )
+        raw = np.asarray([v.score for v in verdicts])
+        det.calibration_ = PlattCalibrator().fit(raw[use], y[use])
+    verdicts = [det.predict(f) for f in features]
+    scores = np.asarray([v.score for v in verdicts])
+    det.threshold_ = best_threshold(y[use], scores[use], criterion)
+    det.token_threshold_ = token_threshold(examples, verdicts)
+    # The verdicts were judged before the threshold existed: judge them at it.
+    return [dataclasses.replace(v, hallucinated=v.score >= det.threshold_) for v in verdicts]
 
 
 def evaluate(
@@ -371,19 +431,14 @@ def evaluate(
     hashes = {"train": data_hash(tr_ex), "validation": data_hash(va_ex), "test": data_hash(te_ex)}
     for n, det in dets.items():
         if n not in artifacts:
-            if _accepts_validation(det) and va_ex:
-                # Detectors that select hyper-parameters (heads, layers, beta, a classifier)
-                # do it on validation, never on test.
-                det.fit(tr_f[n], tr_ex, validation=(va_f[n], va_ex))
-            else:
-                det.fit(tr_f[n], tr_ex)
+            # Detectors that select hyper-parameters (heads, layers, beta, a classifier)
+            # do it on validation, never on test.
+            fit_detector(det, tr_f[n], tr_ex, (va_f[n], va_ex))
         va_metrics = None
         if va_ex:
-            va_verdicts = [det.predict(f) for f in va_f[n]]
+            va_verdicts = set_thresholds(det, va_f[n], va_ex, criterion=threshold_criterion)
             va_scores = np.asarray([v.score for v in va_verdicts])
-            det.threshold_ = best_threshold(y_va, va_scores, threshold_criterion)
             va_metrics = response_metrics(y_va, va_scores, det.threshold_, n_boot=0)
-            det.token_threshold_ = token_threshold(va_ex, va_verdicts)
         verdicts = [det.predict(f) for f in te_f[n]]
         scores = np.asarray([v.score for v in verdicts])
         tok = None

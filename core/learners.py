@@ -2,12 +2,14 @@
 
 :class:`LogisticCalibrator` standardises features and fits a class-balanced
 logistic regression (scikit-learn); it saves as plain JSON so artifacts stay
-readable and need no pickle.
+readable and need no pickle. :func:`choose_c` picks a logistic regression's strength by
+(optionally grouped) cross-validation; :class:`MLPHead` is a small MLP kept as plain arrays
+(safetensors, no pickle).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Any, Self
 
 import numpy as np
@@ -106,4 +108,186 @@ class LogisticCalibrator:
         obj.intercept_ = float(d["intercept"])
         if not (obj.mean_.shape == obj.scale_.shape == obj.coef_.shape):
             raise DataError("logistic calibrator arrays disagree in length")
+        return obj
+
+
+def choose_c(
+    X: np.ndarray,
+    y: np.ndarray,
+    grid: Sequence[float],
+    *,
+    groups: np.ndarray | None = None,
+    scoring: str = "neg_log_loss",
+    class_weight: str | None = None,
+    folds: int = 5,
+    seed: int = 0,
+) -> tuple[float, float]:
+    """The regularisation strength in ``grid`` with the best cross-validated ``scoring``
+    of a standardised logistic regression, and that score.
+
+    Folds are stratified by ``y`` and, when ``groups`` is given (e.g. the answer a
+    window comes from, or an example's source), never split a group. With too few
+    examples of a class to cross-validate, the middle of the grid is returned (score NaN).
+
+    Args:
+        X: ``[n, d]`` features.
+        y: ``[n]`` 0/1 labels.
+        grid: Candidate ``C`` values.
+        groups: ``[n]`` group ids kept within one fold.
+        scoring: A scikit-learn scorer name (``neg_log_loss``, ``roc_auc``, ...).
+        class_weight: ``"balanced"`` or ``None``.
+        folds: Most folds to use (fewer when a class is rarer).
+        seed: Shuffling seed.
+    """
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.model_selection import StratifiedGroupKFold, StratifiedKFold, cross_val_score
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+
+    y = np.asarray(y).astype(int)
+    grid = [float(c) for c in grid]
+    if not grid:
+        raise ValueError("choose_c needs at least one candidate C")
+    k = min(folds, int(np.bincount(y, minlength=2).min()))
+    if groups is not None:
+        k = min(k, len(np.unique(groups)))
+    if k < 2:
+        return grid[len(grid) // 2], float("nan")
+    X = np.nan_to_num(np.asarray(X, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+    if groups is None:
+        splits = list(StratifiedKFold(n_splits=k, shuffle=True, random_state=seed).split(X, y))
+    else:
+        cv = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed)
+        splits = list(cv.split(X, y, groups))
+    splits = [
+        (a, b) for a, b in splits if len(set(y[a].tolist())) == 2 and len(set(y[b].tolist())) == 2
+    ]
+    if not splits:
+        return grid[len(grid) // 2], float("nan")
+    scores = [
+        float(
+            cross_val_score(
+                make_pipeline(
+                    StandardScaler(),
+                    LogisticRegression(C=c, class_weight=class_weight, max_iter=2000),
+                ),
+                X,
+                y,
+                cv=splits,
+                scoring=scoring,
+            ).mean()
+        )
+        for c in grid
+    ]
+    best = int(np.argmax(scores))
+    return grid[best], scores[best]
+
+
+class MLPHead:
+    """A small MLP classifier (scikit-learn's ``MLPClassifier``) on standardised inputs,
+    kept as plain arrays: it predicts with numpy and saves to safetensors (no pickle).
+
+    Args:
+        hidden: Hidden layer widths (ReLU).
+        alpha: L2 penalty.
+        seed: Initialisation and early-stopping split seed.
+        max_iter: Most epochs (early stopping on a 10% split usually ends sooner).
+    """
+
+    def __init__(
+        self,
+        hidden: Sequence[int] = (256, 128, 64),
+        alpha: float = 1e-3,
+        seed: int = 0,
+        max_iter: int = 200,
+    ) -> None:
+        self.hidden = tuple(int(h) for h in hidden)
+        self.alpha = alpha
+        self.seed = seed
+        self.max_iter = max_iter
+        self.mean_: np.ndarray | None = None
+        self.scale_: np.ndarray | None = None
+        self.coefs_: list[np.ndarray] | None = None
+        self.intercepts_: list[np.ndarray] | None = None
+
+    def fit(self, X: np.ndarray, y: np.ndarray) -> Self:
+        import warnings
+
+        from sklearn.exceptions import ConvergenceWarning
+        from sklearn.neural_network import MLPClassifier
+
+        X = np.nan_to_num(np.asarray(X, dtype=np.float64), nan=0.0, posinf=0.0, neginf=0.0)
+        y = np.asarray(y).astype(int).ravel()
+        if set(np.unique(y).tolist()) != {0, 1}:
+            raise DataError("training needs both faithful (0) and hallucinated (1) examples")
+        self.mean_ = X.mean(axis=0)
+        scale = X.std(axis=0)
+        self.scale_ = np.where(scale > 1e-12, scale, 1.0)
+        # Balanced classes by oversampling the rarer one (MLPClassifier takes no weights).
+        rng = np.random.default_rng(self.seed)
+        pos, neg = np.flatnonzero(y == 1), np.flatnonzero(y == 0)
+        small, large = (pos, neg) if pos.size < neg.size else (neg, pos)
+        idx = np.concatenate([large, small, rng.choice(small, large.size - small.size)])
+        mlp = MLPClassifier(
+            hidden_layer_sizes=self.hidden,
+            alpha=self.alpha,
+            early_stopping=len(idx) >= 50,
+            random_state=self.seed,
+            max_iter=self.max_iter,
+        )
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", ConvergenceWarning)
+            mlp.fit((X[idx] - self.mean_) / self.scale_, y[idx])
+        self.coefs_ = [np.asarray(c, dtype=np.float32) for c in mlp.coefs_]
+        self.intercepts_ = [np.asarray(b, dtype=np.float32) for b in mlp.intercepts_]
+        return self
+
+    def decision_function(self, X: np.ndarray) -> np.ndarray:
+        if self.coefs_ is None or self.intercepts_ is None or self.mean_ is None:
+            raise NotFittedError("MLPHead is not fitted; call fit() first")
+        assert self.scale_ is not None
+        h = (np.nan_to_num(np.asarray(X, dtype=np.float64)) - self.mean_) / self.scale_
+        for i, (w, b) in enumerate(zip(self.coefs_, self.intercepts_, strict=True)):
+            h = h @ w + b
+            if i < len(self.coefs_) - 1:
+                h = np.maximum(h, 0.0)
+        return h[:, 0]
+
+    def predict_proba(self, X: np.ndarray) -> np.ndarray:
+        """Probability of class 1 for each row, shape ``[n]``."""
+        return 1.0 / (1.0 + np.exp(-self.decision_function(X)))
+
+    def arrays(self) -> dict[str, np.ndarray]:
+        """Every learned array by name (what :meth:`from_arrays` reads back)."""
+        if self.coefs_ is None or self.intercepts_ is None or self.mean_ is None:
+            raise NotFittedError("MLPHead is not fitted; nothing to save")
+        assert self.scale_ is not None
+        out = {"mean": self.mean_.astype(np.float64), "scale": self.scale_.astype(np.float64)}
+        for i, (w, b) in enumerate(zip(self.coefs_, self.intercepts_, strict=True)):
+            out[f"w{i}"], out[f"b{i}"] = w, b
+        return out
+
+    @classmethod
+    def from_arrays(cls, arrays: Mapping[str, np.ndarray], hidden: Sequence[int]) -> Self:
+        """An :class:`MLPHead` from :meth:`arrays` (shapes checked against ``hidden``).
+
+        Raises:
+            DataError: Missing arrays or shapes that do not chain.
+        """
+        obj = cls(hidden=hidden)
+        n = len(obj.hidden) + 1
+        try:
+            obj.mean_ = np.asarray(arrays["mean"], dtype=np.float64)
+            obj.scale_ = np.asarray(arrays["scale"], dtype=np.float64)
+            obj.coefs_ = [np.asarray(arrays[f"w{i}"], dtype=np.float32) for i in range(n)]
+            obj.intercepts_ = [np.asarray(arrays[f"b{i}"], dtype=np.float32) for i in range(n)]
+        except KeyError as e:
+            raise DataError(f"MLP head arrays lack {e.args[0]!r}") from e
+        width = obj.mean_.shape[0]
+        for w, b in zip(obj.coefs_, obj.intercepts_, strict=True):
+            if w.ndim != 2 or w.shape[0] != width or b.shape != (w.shape[1],):
+                raise DataError("MLP head arrays do not chain (wrong shapes)")
+            width = w.shape[1]
+        if width != 1 or obj.scale_.shape != obj.mean_.shape:
+            raise DataError("MLP head arrays do not end in one output")
         return obj

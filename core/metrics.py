@@ -67,6 +67,47 @@ def response_metrics(
     return out
 
 
+def auroc_or_none(y: np.ndarray, scores: np.ndarray) -> float | None:
+    """AUROC of ``scores`` against 0/1 ``y``; ``None`` when ``y`` holds one class only."""
+    from sklearn.metrics import roc_auc_score
+
+    y = np.asarray(y).astype(int)
+    return float(roc_auc_score(y, np.asarray(scores, dtype=np.float64))) if is_binary(y) else None
+
+
+def grouped_bootstrap_ci(
+    y: np.ndarray,
+    scores: np.ndarray,
+    groups: np.ndarray,
+    metric: Literal["auroc", "ap"] = "auroc",
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
+) -> list[float] | None:
+    """95% percentile interval of AUROC or AP, resampling whole groups (sources) with
+    replacement: answers to one question are not independent, so resampling answers
+    alone would make the interval too narrow. ``None`` without both classes."""
+    from sklearn.metrics import average_precision_score, roc_auc_score
+
+    y = np.asarray(y).astype(int)
+    s = np.asarray(scores, dtype=np.float64)
+    if not is_binary(y) or n_boot <= 0:
+        return None
+    fn = roc_auc_score if metric == "auroc" else average_precision_score
+    _, g = np.unique(np.asarray(groups), return_inverse=True)
+    members = [np.flatnonzero(g == k) for k in range(g.max() + 1)]
+    rng = np.random.default_rng(seed)
+    vals = []
+    for _ in range(n_boot):
+        pick = rng.integers(0, len(members), len(members))
+        idx = np.concatenate([members[k] for k in pick])
+        if is_binary(y[idx]):
+            vals.append(fn(y[idx], s[idx]))
+    if not vals:
+        return None
+    return [float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))]
+
+
 def token_metrics(labels: np.ndarray, scores: np.ndarray) -> dict[str, Any]:
     """Token-level AP and AUROC over all labelled tokens."""
     from sklearn.metrics import average_precision_score, roc_auc_score

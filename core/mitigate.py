@@ -23,9 +23,8 @@ import numpy as np
 from core.aarf import aarf_generate
 from core.contract import Detector, flag_threshold
 from core.counterfactual import on_template, score_one
-from core.errors import DataError
+from core.errors import DataError, LLMError
 from core.examples import RAGExample
-from core.explain import LLMError
 from core.generate import AnswerStream, Generation, GenerationConfig
 from core.layout import prompt_pieces
 from core.llm import LLMEndpoint, chat

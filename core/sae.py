@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from core.datasets import BUILTIN_ANSWERS, builtin_answers_path, resolve_dataset, shared_data_dir
+from core.data import BUILTIN_ANSWERS, builtin_answers_path, resolve_dataset, shared_data_dir
 from core.errors import DataError, ModelError
 from core.examples import RAGExample, example_hash, source_key
 from core.layout import render

@@ -8,6 +8,7 @@ response-level hallucination score, higher meaning more likely hallucinated.
 
 from __future__ import annotations
 
+import html
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -37,6 +38,13 @@ GUIDE_COLOR = "#9aa0aa"
 CONFUSION_SCALE: tuple[tuple[float, str], ...] = ((0.0, "#f4f6fb"), (1.0, "#2f5fb3"))
 
 _MARGIN = {"l": 10, "r": 10, "t": 40, "b": 10}
+
+
+def plain(text: object) -> str:
+    """Untrusted text (a run, detector, dataset or generator name) for plotly: plotly
+    reads a few HTML tags in labels, legends and hover text (links too), so ``<``, ``>``
+    and ``&`` are written as entities, which it shows as the characters."""
+    return html.escape(str(text), quote=False)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -263,16 +271,16 @@ def breakdown_figure(
         n = [int(vals[c]["n"]) if c in vals else 0 for c in cats]
         fig.add_trace(
             go.Bar(
-                x=cats,
+                x=[plain(c) for c in cats],
                 y=y,
-                name=str(name),
+                name=plain(name),
                 marker_color=PALETTE[k % len(PALETTE)],
                 customdata=n,
                 text=[f"{v:.2f}" if v is not None else "–" for v in y],
                 textposition="outside",
                 cliponaxis=False,
                 hovertemplate=(
-                    f"<b>{name}</b><br>{by} %{{x}}<br>{metric} %{{y:.3f}}"
+                    f"<b>%{{fullData.name}}</b><br>{by} %{{x}}<br>{metric} %{{y:.3f}}"
                     "<br>n = %{customdata}<extra></extra>"
                 ),
             )

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Literal
 import streamlit as st
 
 from app.text import md
-from core.datasets import (
+from core.data import (
     builtin_answers_path,
     builtin_examples,
     load_dataset,
@@ -44,7 +44,7 @@ SHARED_FILES: tuple[str, ...] = (
     "dolly_ac_dev.jsonl",
     "finqa_qwen3_interpdetect.jsonl",
 )
-"""The development sets offered when :func:`core.datasets.shared_data_dir` finds them."""
+"""The development sets offered when :func:`core.data.shared_data_dir` finds them."""
 
 
 @dataclass(frozen=True, kw_only=True)

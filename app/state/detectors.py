@@ -35,9 +35,12 @@ class ShippedDetector:
         folder: The artifact folder.
         detector: The fitted detector.
         threshold: Score at or above which the detector flags an answer.
-        trained_on: Name of the dataset it was trained on, when recorded.
+        trained_on: Name of the dataset(s) it was trained on, when recorded.
         n_train: Training examples, when recorded.
-        test_auroc: AUROC on the held-out test split, when recorded and defined.
+        auroc: Its recorded AUROC: cross-validated (pooled out of fold) for artifacts
+            trained with ``ragscope train --cv``, else on the held-out test split.
+        auroc_from: Where :attr:`auroc` comes from (``"5-fold CV"``, ``"test split"``).
+        calibrated: Whether its scores are calibrated probabilities.
     """
 
     name: str
@@ -46,7 +49,9 @@ class ShippedDetector:
     threshold: float
     trained_on: str | None
     n_train: int | None
-    test_auroc: float | None
+    auroc: float | None
+    auroc_from: str | None = None
+    calibrated: bool = False
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -125,10 +130,21 @@ def _shipped_detector(name: str, folder: Path, detector: Detector) -> ShippedDet
     """Wrap a loaded detector with the facts of its ``cfg.json``."""
     cfg = _artifact_cfg(folder)
     dataset = _cfg_value(cfg, "trained_on", "dataset")
+    sets = _cfg_value(cfg, "trained_on", "datasets")
+    if isinstance(sets, list) and sets and all(isinstance(x, str) for x in sets):
+        dataset = " + ".join(sets)
     n_train = _cfg_value(cfg, "trained_on", "n", "train")
+    counts = _cfg_value(cfg, "trained_on", "n")
+    if n_train is None and isinstance(sets, list) and isinstance(counts, dict):
+        n_train = sum(v for v in counts.values() if isinstance(v, int)) or None
     if n_train is None:
         n_train = _cfg_value(cfg, "train", "n_train")
-    auroc = _cfg_value(cfg, "metrics", "test", "auroc")
+    auroc = _cfg_value(cfg, "metrics", "cv", "pooled", "auroc")
+    k = _cfg_value(cfg, "metrics", "cv", "k")
+    auroc_from = f"{k}-fold CV" if auroc is not None else None
+    if auroc is None:
+        auroc = _cfg_value(cfg, "metrics", "test", "auroc")
+        auroc_from = "test split" if auroc is not None else None
     threshold = getattr(detector, "threshold_", None)
     if threshold is None:
         threshold = _cfg_value(cfg, "threshold")
@@ -139,7 +155,9 @@ def _shipped_detector(name: str, folder: Path, detector: Detector) -> ShippedDet
         threshold=float(threshold) if isinstance(threshold, int | float) else 0.5,
         trained_on=str(dataset) if dataset is not None else None,
         n_train=int(n_train) if isinstance(n_train, int | float) else None,
-        test_auroc=float(auroc) if isinstance(auroc, int | float) else None,
+        auroc=float(auroc) if isinstance(auroc, int | float) else None,
+        auroc_from=auroc_from if isinstance(auroc, int | float) else None,
+        calibrated=detector.calibration_ is not None,
     )
 
 
@@ -220,8 +238,9 @@ class DetectorVerdicts:
         }
 
     def to_frame(self) -> pd.DataFrame:
-        """One row per detector: ``detector``, ``score``, ``threshold``, ``verdict``,
-        ``trained on``, ``n train``, ``test AUROC`` (missing facts are empty)."""
+        """One row per detector: ``detector``, ``score`` (a calibrated probability when
+        ``calibrated``), ``threshold``, ``verdict``, ``trained on``, ``n train``, ``AUROC``
+        and where it comes from (missing facts are empty)."""
         import pandas as pd
 
         rows = []
@@ -233,14 +252,16 @@ class DetectorVerdicts:
                     "score": v.score,
                     "threshold": d.threshold,
                     "verdict": "flagged" if flagged else "not flagged",
+                    "calibrated": d.calibrated,
                     "trained on": d.trained_on,
                     "n train": d.n_train,
-                    "test AUROC": d.test_auroc,
+                    "AUROC": d.auroc,
+                    "AUROC from": d.auroc_from,
                 }
             )
-        columns = ["detector", "score", "threshold", "verdict", "trained on", "n train"]
-        frame = pd.DataFrame(rows, columns=[*columns, "test AUROC"])
-        return frame.astype({"n train": "Int64", "test AUROC": "Float64"})
+        columns = ["detector", "score", "threshold", "verdict", "calibrated", "trained on"]
+        frame = pd.DataFrame(rows, columns=[*columns, "n train", "AUROC", "AUROC from"])
+        return frame.astype({"n train": "Int64", "AUROC": "Float64"})
 
 
 @st.cache_data(show_spinner="Running the detectors…", max_entries=64)

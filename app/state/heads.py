@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from core.datasets import (
+from core.data import (
     load_builtin,
+    stratified_head,
 )
 from core.detectors import make_detector
 from core.errors import DataError
 from core.examples import RAGExample
 from core.extract import FeatureCache, extract_features
 from core.headstats import HeadStats, head_view
-from core.splits import stratified_head
 
 if TYPE_CHECKING:
     from core.contract import Detector

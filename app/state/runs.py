@@ -1,23 +1,26 @@
-"""Evaluation runs and dataset summaries for the Benchmark page, and its widget keys."""
+"""Evaluation runs and dataset summaries for the Benchmark page, and its widget keys.
+
+Saved runs come in three kinds (:func:`core.crossval.load_run` tells them apart by the
+file's ``kind``): train / validation / test runs (:class:`~core.evaluate.EvalRun`),
+cross-validations (:class:`~core.crossval.CVRun`) and cross-domain matrices
+(:class:`~core.crossval.MatrixRun`).
+"""
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from core.datasets import (
+from app.state.datasets import dataset_choices
+from core.crossval import CVRun, MatrixRun, load_run
+from core.data import (
     resolve_dataset,
 )
 from core.errors import DataError
 from core.evaluate import EvalRun, list_runs
 from core.paths import runs_dir, shipped_runs_dir
-
-if TYPE_CHECKING:
-    from core.evaluate import EvalRun
-from app.state.datasets import dataset_choices
 
 # Benchmark: saved runs
 KEY_BENCH_RUNS = "benchmark.runs"
@@ -45,6 +48,26 @@ KEY_BENCH_LIMIT = "benchmark.new.limit"
 KEY_BENCH_LAUNCH = "benchmark.new.launch"
 
 
+# Benchmark: cross-validation runs
+KEY_BENCH_CV_RUNS = "benchmark.cv.runs"
+
+
+KEY_BENCH_CV_DATASET_METRIC = "benchmark.cv.dataset_metric"
+
+
+KEY_BENCH_CV_RELIABILITY = "benchmark.cv.reliability_detectors"
+
+
+# Benchmark: cross-domain matrices
+KEY_BENCH_MATRIX_RUN = "benchmark.matrix.run"
+
+
+KEY_BENCH_MATRIX_DETECTOR = "benchmark.matrix.detector"
+
+
+KEY_BENCH_MATRIX_METRIC = "benchmark.matrix.metric"
+
+
 SAME_DATASET = ""
 """The Benchmark's test-dataset choice meaning "the train dataset's own test split"."""
 
@@ -58,38 +81,64 @@ def threshold_key(run: str, detector: str) -> str:
     return f"benchmark.threshold.{run}.{detector}"
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
-def _read_run(path: str, mtime: float) -> EvalRun:
-    """One saved run; ``mtime`` keys the cache (a re-saved run is read again)."""
+def download_key(what: str, run: str = "") -> str:
+    """Widget key of a Benchmark download button: ``what`` it downloads (``cv.table``,
+    ``cv.folds``, ``matrix``...), of run ``run`` when there is one per run."""
+    return f"benchmark.download.{what}.{run}"
 
-    return EvalRun.load(path)
+
+AnyRun = EvalRun | CVRun | MatrixRun
+
+
+@st.cache_data(show_spinner=False, max_entries=64)
+def _read_run(path: str, mtime: float) -> AnyRun:
+    """One saved run of any kind; ``mtime`` keys the cache (a re-saved run is read again).
+
+    Raises:
+        DataError: Not a readable run, or one whose parts do not fit together
+            (:func:`core.crossval.load_run` checks them).
+    """
+    return load_run(path)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
 class SavedRuns:
     """The runs saved in the runs folder, then those shipped with ragscope.
 
+    Each kind is ordered the same way: this machine's newest first, then the shipped
+    ones by name; a local run shadows a shipped one of the same name (whatever its kind).
+
     Attributes:
         folder: Where this machine's runs are read from (and new runs saved).
-        runs: Run name -> run: this machine's newest first, then the shipped ones
-            by name (a local run shadows a shipped one of the same name).
-        shipped: Names of the runs that came from ``shipped_folder``.
+        runs: Run name -> train / test evaluation run.
+        cv: Run name -> cross-validation run.
+        matrices: Run name -> cross-domain matrix run.
+        shipped: Names of the runs (of any kind) that came from ``shipped_folder``.
         shipped_folder: Where the shipped runs live (``assets/runs``).
         unreadable: ``(file name, reason)`` per JSON file that is not a readable run.
     """
 
     folder: Path
     runs: dict[str, EvalRun]
+    cv: dict[str, CVRun] = field(default_factory=dict)
+    matrices: dict[str, MatrixRun] = field(default_factory=dict)
     shipped: frozenset[str] = frozenset()
     shipped_folder: Path | None = None
     unreadable: tuple[tuple[str, str], ...] = ()
 
+    @property
+    def empty(self) -> bool:
+        """Whether no run of any kind was found."""
+        return not (self.runs or self.cv or self.matrices)
+
 
 def saved_runs() -> SavedRuns:
-    """This machine's runs (:func:`core.evaluate.runs_dir`) and the shipped ones."""
+    """This machine's runs (:func:`core.evaluate.runs_dir`) and the shipped ones, by kind."""
 
     folder, shipped_folder = runs_dir(), shipped_runs_dir()
-    runs: dict[str, EvalRun] = {}
+    evals: dict[str, EvalRun] = {}
+    cvs: dict[str, CVRun] = {}
+    matrices: dict[str, MatrixRun] = {}
     shipped: set[str] = set()
     bad: list[tuple[str, str]] = []
     local_paths = list_runs(folder)
@@ -100,13 +149,21 @@ def saved_runs() -> SavedRuns:
         except (DataError, OSError) as e:
             bad.append((path.name, str(e)))
             continue
-        if run.name not in runs:
-            runs[run.name] = run
-            if path in ship_paths:
-                shipped.add(run.name)
+        if run.name in evals or run.name in cvs or run.name in matrices:
+            continue  # shadowed by a newer or a local run of that name
+        if isinstance(run, CVRun):
+            cvs[run.name] = run
+        elif isinstance(run, MatrixRun):
+            matrices[run.name] = run
+        else:
+            evals[run.name] = run
+        if path in ship_paths:
+            shipped.add(run.name)
     return SavedRuns(
         folder=folder,
-        runs=runs,
+        runs=evals,
+        cv=cvs,
+        matrices=matrices,
         shipped=frozenset(shipped),
         shipped_folder=shipped_folder,
         unreadable=tuple(bad),
@@ -114,7 +171,7 @@ def saved_runs() -> SavedRuns:
 
 
 CORPUS = "builtin"
-"""Spec of the built-in labelled corpus (see :func:`core.datasets.resolve_dataset`)."""
+"""Spec of the built-in labelled corpus (see :func:`core.data.resolve_dataset`)."""
 
 
 def eval_dataset_choices() -> dict[str, str]:

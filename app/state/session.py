@@ -104,6 +104,13 @@ class AppState:
             train dataset's own test split).
         bench_detectors: Detectors of a new run (``None``: every registered one).
         bench_limit: About how many examples a new run uses per dataset (0 = all).
+        bench_cv_runs: The cross-validation runs picked on the Benchmark (names).
+        bench_cv_dataset_metric: What the per-dataset bars of a cross-validation show.
+        bench_cv_reliability: The ``run/detector`` pairs of the reliability diagram
+            (``None``: every detector of the first picked run).
+        bench_matrix_run: The cross-domain matrix run shown.
+        bench_matrix_detector: Its detector shown.
+        bench_matrix_metric: The matrix's metric (``AUROC``, ``AP`` or ``balanced accuracy``).
         heads_top: How many top copying heads the Heads & layers page marks
             (``None``: ReDeEP's default).
         heads_selection: The examples the statistics read (default split: train).
@@ -189,6 +196,12 @@ class AppState:
     bench_test: str = SAME_DATASET
     bench_detectors: list[str] | None = None
     bench_limit: int = 200
+    bench_cv_runs: list[str] | None = None
+    bench_cv_dataset_metric: str = "AUROC"
+    bench_cv_reliability: list[str] | None = None
+    bench_matrix_run: str | None = None
+    bench_matrix_detector: str | None = None
+    bench_matrix_metric: str = "AUROC"
     heads_top: int | None = None
     heads_selection: ExampleSelection = field(default_factory=lambda: ExampleSelection(limit=24))
     heads_unit: str = "response"

@@ -6,13 +6,20 @@ precision-recall curves, per-task and per-generator breakdowns, and a confusion
 matrix at a threshold you move. Several runs can be picked to compare them. New
 runs are launched here too, with progress; features come from the on-disk cache
 when an example was analysed before, so a repeated run is quick.
+
+Cross-validations (``ragscope evaluate --cv K`` / ``ragscope train --cv K``) get their
+own section: pooled out-of-fold metrics with CIs, each fold's AUROC, AUROC by
+generator and dataset, and the reliability diagram of the calibrated scores. Cross-domain
+matrices (``ragscope evaluate --matrix A,B,C``) show as a training x test heatmap.
 """
 
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Mapping, Sequence
 from datetime import datetime
+from functools import partial
 from typing import Any
 
 import numpy as np
@@ -27,13 +34,37 @@ from app.components.charts import (
     pr_figure,
     roc_figure,
 )
+from app.components.cv_charts import (
+    DATASET_METRICS,
+    MATRIX_METRICS,
+    breakdown_frame,
+    breakdown_table,
+    cv_frame,
+    cv_metric_table,
+    describe_cv,
+    fold_frame,
+    fold_spread_figure,
+    matrix_figure,
+    matrix_frame,
+    matrix_table,
+    oof_frame,
+    reliability_figure,
+    reliability_frame,
+    series_name,
+)
 from app.state import (
     CORPUS,
     KEY_BENCH_BREAKDOWN_METRIC,
     KEY_BENCH_CONFUSION,
+    KEY_BENCH_CV_DATASET_METRIC,
+    KEY_BENCH_CV_RELIABILITY,
+    KEY_BENCH_CV_RUNS,
     KEY_BENCH_DETECTORS,
     KEY_BENCH_LAUNCH,
     KEY_BENCH_LIMIT,
+    KEY_BENCH_MATRIX_DETECTOR,
+    KEY_BENCH_MATRIX_METRIC,
+    KEY_BENCH_MATRIX_RUN,
     KEY_BENCH_RUNS,
     KEY_BENCH_TEST,
     KEY_BENCH_TRAIN,
@@ -43,6 +74,7 @@ from app.state import (
     SavedRuns,
     app_state,
     dataset_summary,
+    download_key,
     eval_dataset_choices,
     get_model,
     get_store,
@@ -51,6 +83,8 @@ from app.state import (
     threshold_key,
 )
 from app.text import code, md
+from core.crossval import CVRun, MatrixRun
+from core.data import make_splits
 from core.detectors import runnable_detectors
 from core.errors import RagscopeError
 from core.evaluate import DetectorResult, EvalRun, evaluate
@@ -58,12 +92,13 @@ from core.extract import FeatureCache
 from core.metrics import response_metrics
 from core.model import LoadedModel
 from core.paths import runs_dir
-from core.splits import make_splits
+from core.review.export import safe_csv
 
 BREAKDOWN_METRICS: tuple[str, ...] = ("AUROC", "F1")
 EMPTY_STATE = (
     "No saved runs yet. Launch one with **Launch a new run** above, or from a terminal: "
-    "`ragscope evaluate --dataset builtin`."
+    "`ragscope evaluate --dataset builtin` (cross-validation: "
+    "`ragscope evaluate --cv 5 --dataset builtin`)."
 )
 MISSING = "-"
 
@@ -322,6 +357,46 @@ def launch_run(state: AppState, model: LoadedModel) -> EvalRun | None:
 # --------------------------------------------------------------------------- saved runs
 
 
+def _where(saved: SavedRuns, names: Sequence[str]) -> str:
+    """``"2 in `folder`, 1 shipped with ragscope"`` for the runs ``names`` (Markdown)."""
+    n_shipped = sum(1 for n in names if n in saved.shipped)
+    out = f"{len(names) - n_shipped} in {code(saved.folder)}"
+    return out + (f", {n_shipped} shipped with ragscope" if n_shipped else "")
+
+
+def _keep_options(key: str, options: Sequence[str]) -> None:
+    """Drop a multiselect's remembered values that are no longer options (a run was
+    deleted, another run picked) before the widget is drawn."""
+    widget = st.session_state.get(key)
+    if widget is not None and any(v not in options for v in widget):
+        st.session_state[key] = [v for v in widget if v in options]
+
+
+def _keep_option(key: str, options: Sequence[str]) -> None:
+    """Forget a selectbox's remembered value when it is no longer an option."""
+    if key in st.session_state and st.session_state[key] not in options:
+        st.session_state.pop(key)
+
+
+def _file_stem(name: str) -> str:
+    """A run name as a safe download file name stem."""
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", name).strip("._") or "run"
+
+
+def _download(label: str, frame: pd.DataFrame, file_name: str, key: str) -> None:
+    """A CSV download of ``frame`` (formula-like text cells neutralised), written when
+    the button is pressed (a run's per-answer scores can be large)."""
+    st.download_button(
+        label,
+        partial(safe_csv, frame),
+        file_name=file_name,
+        mime="text/csv",
+        key=key,
+        icon=":material/download:",
+        disabled=frame.empty,
+    )
+
+
 def pick_runs(state: AppState, saved: SavedRuns) -> list[EvalRun]:
     """The run picker (newest first; several = compare)."""
     runs = saved.runs
@@ -329,16 +404,10 @@ def pick_runs(state: AppState, saved: SavedRuns) -> list[EvalRun]:
     if state.bench_runs is None:
         state.bench_runs = names[:1]
     state.bench_runs = [n for n in state.bench_runs if n in runs]
-    widget = st.session_state.get(KEY_BENCH_RUNS)
-    if widget is not None and any(n not in runs for n in widget):
-        st.session_state[KEY_BENCH_RUNS] = [n for n in widget if n in runs]
+    _keep_options(KEY_BENCH_RUNS, names)
     seed_widget(KEY_BENCH_RUNS, state.bench_runs)
-    n_local = len(names) - len(saved.shipped)
-    where = f"{n_local} in {code(saved.folder)}"
-    if saved.shipped:
-        where += f", {len(saved.shipped)} shipped with ragscope"
     picked = st.multiselect(
-        f"Saved runs ({where}; newest first; pick several to compare)",
+        f"Saved runs ({_where(saved, names)}; newest first; pick several to compare)",
         names,
         key=KEY_BENCH_RUNS,
         format_func=lambda n: run_label(runs[n]) + (" · shipped" if n in saved.shipped else ""),
@@ -496,6 +565,259 @@ def show_confusion(state: AppState, runs: Sequence[EvalRun]) -> None:
     )
 
 
+# --------------------------------------------------------------------------- cross-validation
+
+
+def cv_run_label(run: CVRun) -> str:
+    """How a cross-validation is named in pickers: name, model, k, datasets, date."""
+    return (
+        f"{run.name} · {_model_name(run.model)} · {run.k}-fold on {' + '.join(run.datasets)}"
+        f" · {_date(run.created_at)}"
+    )
+
+
+def pick_cv_runs(state: AppState, saved: SavedRuns) -> list[CVRun]:
+    """The cross-validation picker (newest first; several = compare)."""
+    runs = saved.cv
+    names = list(runs)
+    if state.bench_cv_runs is None:
+        state.bench_cv_runs = names[:1]
+    state.bench_cv_runs = [n for n in state.bench_cv_runs if n in runs]
+    _keep_options(KEY_BENCH_CV_RUNS, names)
+    seed_widget(KEY_BENCH_CV_RUNS, state.bench_cv_runs)
+    picked = st.multiselect(
+        f"Cross-validation runs ({_where(saved, names)}; newest first; pick several to compare)",
+        names,
+        key=KEY_BENCH_CV_RUNS,
+        format_func=lambda n: cv_run_label(runs[n]) + (" · shipped" if n in saved.shipped else ""),
+    )
+    state.bench_cv_runs = list(picked)
+    return [runs[n] for n in picked]
+
+
+def show_cv_tables(runs: Sequence[CVRun]) -> None:
+    """Per run: what it was, and its pooled out-of-fold metric table (CSV downloads)."""
+    st.subheader("Out-of-fold metrics")
+    for run in runs:
+        st.markdown(f"**{md(run.name)}** · model {code(_model_name(run.model))}")
+        st.caption(md(describe_cv(run)) + f" · created {md(_date(run.created_at))}.")
+        st.dataframe(cv_metric_table(run), hide_index=True, width="stretch")
+        c1, c2 = st.columns(2)
+        with c1:
+            _download(
+                "Metrics (CSV)",
+                cv_frame(run),
+                f"{_file_stem(run.name)}-metrics.csv",
+                download_key("cv.metrics", run.name),
+            )
+        with c2:
+            _download(
+                "Out-of-fold scores per answer (CSV)",
+                oof_frame(run),
+                f"{_file_stem(run.name)}-scores.csv",
+                download_key("cv.scores", run.name),
+            )
+    st.caption(
+        "Every answer is scored once, by the detector fitted without its fold (whole sources "
+        "stay in one fold). AUROC and AP pool those scores, with 95% CIs from a bootstrap over "
+        "sources; balanced accuracy and F1 use each fold's own threshold; ECE is the expected "
+        f"calibration error of the calibrated scores. `{MISSING}`: undefined (one class only, "
+        "or no token scores)."
+    )
+
+
+def show_fold_spread(runs: Sequence[CVRun]) -> None:
+    """Each fold's AUROC against the pooled AUROC and its CI."""
+    st.subheader("Spread over the folds")
+    st.plotly_chart(fold_spread_figure(runs), width="stretch", key="benchmark.cv.spread")
+    _download(
+        "Per-fold metrics (CSV)",
+        fold_frame(runs),
+        "cv-folds.csv",
+        download_key("cv.folds"),
+    )
+
+
+def show_cv_breakdowns(state: AppState, runs: Sequence[CVRun]) -> None:
+    """AUROC per generator and, for runs that combine datasets, a metric per dataset."""
+    st.subheader("By generator and by dataset")
+    by_gen = breakdown_frame(runs, "generator")
+    by_set = breakdown_frame(runs, "dataset")
+    several_sets = any(len(run.datasets) > 1 or len(set(run.example_datasets)) > 1 for run in runs)
+    # Headings in a row of their own, so both charts start at the same height.
+    heads = st.columns(2, vertical_alignment="bottom") if several_sets else [st.container()]
+    heads[0].markdown("**AUROC per generator**")
+    if several_sets:
+        with heads[1]:
+            seed_widget(KEY_BENCH_CV_DATASET_METRIC, state.bench_cv_dataset_metric)
+            state.bench_cv_dataset_metric = st.radio(
+                "Per dataset",
+                DATASET_METRICS,
+                key=KEY_BENCH_CV_DATASET_METRIC,
+                horizontal=True,
+                help="Pooled out-of-fold answers of each dataset; balanced accuracy at each "
+                "fold's threshold; ECE: lower is better calibrated.",
+            )
+    cols = st.columns(2) if several_sets else [st.container()]
+    with cols[0]:
+        st.plotly_chart(
+            breakdown_figure(by_gen, "generator", metric="AUROC"),
+            width="stretch",
+            key="benchmark.cv.generator",
+        )
+        with st.expander("Numbers per generator"):
+            st.dataframe(breakdown_table(by_gen), hide_index=True, width="stretch")
+        _download(
+            "Per generator (CSV)", by_gen, "cv-by-generator.csv", download_key("cv.generator")
+        )
+    if not several_sets:
+        return
+    with cols[1]:
+        st.plotly_chart(
+            breakdown_figure(by_set, "dataset", metric=state.bench_cv_dataset_metric),
+            width="stretch",
+            key="benchmark.cv.dataset",
+        )
+        with st.expander("Numbers per dataset"):
+            st.dataframe(breakdown_table(by_set), hide_index=True, width="stretch")
+        _download("Per dataset (CSV)", by_set, "cv-by-dataset.csv", download_key("cv.dataset"))
+
+
+def show_reliability(state: AppState, runs: Sequence[CVRun]) -> None:
+    """The reliability diagram of the calibrated out-of-fold scores, for picked detectors."""
+    st.subheader("Calibration")
+    compare = len(runs) > 1
+    pairs = {
+        f"{run.name}/{r.detector}": (series_name(run, r.detector, compare), r.reliability)
+        for run in runs
+        for r in run.results
+    }
+    if not pairs:
+        st.info("The picked runs hold no detector results.")
+        return
+    options = list(pairs)
+    if state.bench_cv_reliability is None:
+        state.bench_cv_reliability = [f"{runs[0].name}/{r.detector}" for r in runs[0].results]
+    state.bench_cv_reliability = [p for p in state.bench_cv_reliability if p in pairs]
+    _keep_options(KEY_BENCH_CV_RELIABILITY, options)
+    seed_widget(KEY_BENCH_CV_RELIABILITY, state.bench_cv_reliability)
+    picked = st.multiselect(
+        "Detectors",
+        options,
+        key=KEY_BENCH_CV_RELIABILITY,
+        format_func=lambda k: pairs[k][0],
+    )
+    state.bench_cv_reliability = list(picked)
+    if not picked:
+        st.caption("Pick one or more detectors to see their reliability diagram.")
+        return
+    series = dict(pairs[k] for k in picked)
+    left, right = st.columns(2, gap="large")
+    with left:
+        st.plotly_chart(reliability_figure(series), width="stretch", key="benchmark.cv.reliability")
+    with right:
+        st.caption(
+            "Each point is a bin of answers by calibrated score (0-0.1, 0.1-0.2, ...): its "
+            "mean score against the share of its answers that are hallucinated; the larger "
+            "the marker, the more answers. On the dashed diagonal a score of 0.8 means 8 in "
+            "10 such answers are hallucinated. ECE (in the legend) is the answer-weighted "
+            "mean distance from it."
+        )
+        _download(
+            "Reliability bins (CSV)",
+            reliability_frame(series),
+            "cv-reliability.csv",
+            download_key("cv.reliability"),
+        )
+
+
+def show_cv(state: AppState, saved: SavedRuns) -> None:
+    """The cross-validation section."""
+    st.header("Cross-validation", anchor="cross-validation")
+    st.caption(
+        "Out-of-fold results of `ragscope evaluate --cv K` and `ragscope train --cv K`: every "
+        "answer scored by a detector that never saw its source, so the numbers hold for new "
+        "questions."
+    )
+    runs = pick_cv_runs(state, saved)
+    if not runs:
+        st.info("Pick one or more cross-validation runs above.")
+        return
+    show_cv_tables(runs)
+    show_fold_spread(runs)
+    show_cv_breakdowns(state, runs)
+    show_reliability(state, runs)
+
+
+# --------------------------------------------------------------------------- cross-domain
+
+
+def matrix_run_label(run: MatrixRun) -> str:
+    """How a matrix run is named in its picker: name, model, datasets, date."""
+    return (
+        f"{run.name} · {_model_name(run.model)} · {' × '.join(run.datasets)}"
+        f" · {_date(run.created_at)}"
+    )
+
+
+def show_matrix(state: AppState, saved: SavedRuns) -> None:
+    """The cross-domain matrix section: one run, one detector, one metric as a heatmap."""
+    st.header("Cross-domain matrix", anchor="cross-domain-matrix")
+    st.caption(
+        "From `ragscope evaluate --matrix A,B,C`: a detector trained (with its threshold "
+        "and calibration) on the row's data and tested on the column's. The dotted diagonal "
+        "is cross-validation within one dataset; 'all but X' trains on every other dataset."
+    )
+    runs = saved.matrices
+    names = list(runs)
+    if state.bench_matrix_run not in runs:
+        state.bench_matrix_run = names[0]
+    _keep_option(KEY_BENCH_MATRIX_RUN, names)
+    seed_widget(KEY_BENCH_MATRIX_RUN, state.bench_matrix_run)
+    state.bench_matrix_run = st.selectbox(
+        f"Matrix run ({_where(saved, names)}; newest first)",
+        names,
+        key=KEY_BENCH_MATRIX_RUN,
+        format_func=lambda n: (
+            matrix_run_label(runs[n]) + (" · shipped" if n in saved.shipped else "")
+        ),
+    )
+    run = runs[state.bench_matrix_run]
+    detectors = list(run.cells)
+    if not detectors:
+        st.info(f"{md(run.name)} holds no detector results.")
+        return
+    if state.bench_matrix_detector not in detectors:
+        state.bench_matrix_detector = detectors[0]
+    _keep_option(KEY_BENCH_MATRIX_DETECTOR, detectors)
+    seed_widget(KEY_BENCH_MATRIX_DETECTOR, state.bench_matrix_detector)
+    seed_widget(KEY_BENCH_MATRIX_METRIC, state.bench_matrix_metric)
+    c1, c2 = st.columns(2, vertical_alignment="bottom")
+    with c1:
+        state.bench_matrix_detector = st.selectbox(
+            "Detector", detectors, key=KEY_BENCH_MATRIX_DETECTOR
+        )
+    with c2:
+        state.bench_matrix_metric = st.radio(
+            "Metric", list(MATRIX_METRICS), key=KEY_BENCH_MATRIX_METRIC, horizontal=True
+        )
+    det, metric = state.bench_matrix_detector, state.bench_matrix_metric
+    st.plotly_chart(matrix_figure(run, det, metric), width="stretch", key="benchmark.matrix")
+    st.caption(
+        f"{md(metric)} of {code(det)} on {len(run.datasets)} datasets (model "
+        f"{code(_model_name(run.model))}, diagonal {run.k}-fold, created "
+        f"{md(_date(run.created_at))}); 95% CIs from a bootstrap over sources on hover and "
+        "below. Empty cells: pairs not run."
+    )
+    st.dataframe(matrix_table(run, det, metric), width="stretch")
+    _download(
+        "Every cell of every detector (CSV)",
+        matrix_frame(run),
+        f"{_file_stem(run.name)}-matrix.csv",
+        download_key("matrix", run.name),
+    )
+
+
 # --------------------------------------------------------------------------- page
 
 
@@ -512,11 +834,25 @@ def main() -> None:
         if launch_run(state, model) is not None:
             saved = saved_runs()
     for name, why in saved.unreadable:
-        st.warning(f"Skipped `{name}`: {why}")
-    if not saved.runs:
+        st.warning(f"Skipped {code(name)}: {md(why)}")
+    if saved.empty:
         st.info(EMPTY_STATE)
         return
-    st.divider()
+    if saved.runs:
+        st.divider()
+        show_test_runs(state, saved)
+    if saved.cv:
+        st.divider()
+        show_cv(state, saved)
+    if saved.matrices:
+        st.divider()
+        show_matrix(state, saved)
+
+
+def show_test_runs(state: AppState, saved: SavedRuns) -> None:
+    """The train / validation / test runs: pick, then metrics, curves, breakdowns, confusion."""
+    if saved.cv or saved.matrices:
+        st.header("Held-out test runs", anchor="held-out-test-runs")
     runs = pick_runs(state, saved)
     if not runs:
         st.info("Pick one or more saved runs above.")

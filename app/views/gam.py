@@ -254,7 +254,9 @@ def main() -> None:
         return
     facts = [f"trained on {md(found.trained_on)}" if found.trained_on else None]
     facts.append(f"{found.n_train} training answers" if found.n_train else None)
-    facts.append(f"test AUROC {found.test_auroc:.3f}" if found.test_auroc is not None else None)
+    facts.append(
+        f"AUROC {found.auroc:.3f} ({found.auroc_from})" if found.auroc is not None else None
+    )
     st.caption("Shipped **raglens** detector: " + ", ".join(f for f in facts if f) + ".")
     st.divider()
     feature = ranking_section(found.detector)  # type: ignore[arg-type]

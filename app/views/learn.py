@@ -33,7 +33,7 @@ from app.state import (
 )
 from app.text import md
 from core.contract import Detector
-from core.datasets import builtin_examples, load_builtin
+from core.data import builtin_examples, load_builtin
 from core.detectors import make_detector
 from core.detectors.redeep import RedeepTokenDetector
 from core.detectors.spad import SpadDetector

@@ -396,15 +396,19 @@ def show_detector_verdicts(panel: DetectorPanel) -> None:
                 "score", format="%.3f", min_value=0.0, max_value=1.0
             ),
             "threshold": st.column_config.NumberColumn("threshold", format="%.3f"),
-            "test AUROC": st.column_config.NumberColumn("test AUROC", format="%.3f"),
+            "AUROC": st.column_config.NumberColumn("AUROC", format="%.3f"),
+            "calibrated": st.column_config.CheckboxColumn("calibrated"),
         },
     )
     st.caption(
-        "Each detector reads this answer and gives a score from 0 to 1: its calibrated "
-        "estimate that the answer contains a hallucination. It is *flagged* when the score "
-        "reaches the detector's threshold, chosen on a validation split when it was trained. "
-        "Test AUROC is how well the scores separated hallucinated from faithful answers on "
-        "held-out test data (0.5 = chance, 1 = perfect). "
+        "Each detector reads this answer and gives a score from 0 to 1. Where *calibrated* "
+        "is ticked, the score is a probability calibrated on held-out answers of the data "
+        "it was trained on (of answers scored 0.8, about 80% were hallucinated); otherwise "
+        "it only ranks answers. It is *flagged* when the score reaches the detector's "
+        "threshold, chosen on a validation split when it was trained. AUROC is how well "
+        "the scores separated hallucinated from faithful answers it never learned from "
+        "(0.5 = chance, 1 = perfect): pooled over the folds of a cross-validation, or on a "
+        "held-out test split (the AUROC from column says which). "
         + (f"All {n} detectors read" if (n := len(panel.result.verdicts)) > 1 else "It reads")
         + f" one shared trace of the answer ({panel.result.seconds:.1f} s)."
     )

@@ -277,8 +277,9 @@ def build_section(
                 report += f" {', '.join(silent)} give no token scores, so no flags."
             rs.build_report = report
             st.rerun()
-        if rs.build_report:
-            st.success(rs.build_report)
+    if rs.build_report:
+        # Outside the expander: it closes once the queue has items, the report must show.
+        st.success(rs.build_report)
 
 
 def queue_filters(everything: list[ReviewItem]) -> list[ReviewItem]:

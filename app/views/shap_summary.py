@@ -103,7 +103,7 @@ def detector_section(
         assert d is not None
         facts = [f"trained on {md(d.trained_on)}" if d.trained_on else None]
         facts.append(f"{d.n_train} training answers" if d.n_train else None)
-        facts.append(f"test AUROC {d.test_auroc:.3f}" if d.test_auroc is not None else None)
+        facts.append(f"AUROC {d.auroc:.3f} ({d.auroc_from})" if d.auroc is not None else None)
         shown = ", ".join(f for f in facts if f)
         st.caption(
             f"Explaining the shipped **spad** detector for {md(model.info.display_name)}"

@@ -12,12 +12,12 @@ from pathlib import Path
 
 from core.cli.common import Subparsers, add_model_args, load
 from core.contract import artifact_info
+from core.data import data_hash, make_splits
 from core.detectors import detector_class, seal_artifact, shipped_artifacts
 from core.errors import DataError, RagscopeError
 from core.evaluate import token_threshold
 from core.extract import FeatureCache, extract_features
 from core.paths import shipped_dir
-from core.splits import data_hash, make_splits
 from core.storage import Store
 
 

@@ -10,11 +10,10 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from core.datasets import DEMO, resolve_dataset
+from core.data import DEMO, make_splits, resolve_dataset
 from core.errors import DataError
 from core.examples import RAGExample
 from core.model import LoadedModel, load_model
-from core.splits import make_splits
 
 # What ``ArgumentParser.add_subparsers`` returns; each group's ``add_parser`` adds to it.
 Subparsers = argparse._SubParsersAction

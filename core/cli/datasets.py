@@ -8,7 +8,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from core.cli.common import Subparsers
-from core.datasets import load_dataset
+from core.data import load_dataset
 from core.storage import Store
 
 

@@ -16,7 +16,7 @@ from core.cli.common import (
     pick_example,
     tqdm_progress,
 )
-from core.datasets import load_dataset, resolve_dataset, save_jsonl
+from core.data import load_dataset, resolve_dataset, save_jsonl
 from core.examples import Provenance, source_key
 from core.generate import AnswerStream, GenerationConfig, generate
 from core.paths import repo_root

@@ -13,12 +13,22 @@ from typing import Any
 
 from core.cli.common import Subparsers, add_model_args, eval_splits, load, tqdm_progress
 from core.contract import artifact_info, compare_artifacts
+from core.crossval import (
+    CVRun,
+    MatrixRun,
+    cross_validate,
+    default_maker,
+    domain_matrix,
+    extract_all,
+    fit_procedure,
+)
+from core.data import data_hash, resolve_datasets, stratified_head
 from core.detectors import shipped_artifacts
 from core.errors import DataError
 from core.evaluate import EvalRun, evaluate
-from core.extract import FeatureCache
+from core.extract import Extraction, FeatureCache
 from core.model import LoadedModel
-from core.paths import runs_dir, shipped_dir
+from core.paths import runs_dir, shipped_dir, shipped_runs_dir
 from core.smoothing import P_STAY_TOKEN
 from core.storage import Store
 
@@ -28,9 +38,37 @@ def _fit_parser(sub: Subparsers, cmd: str, helptext: str) -> argparse.ArgumentPa
     p = sub.add_parser(cmd, help=helptext)
     add_model_args(p)
     p.add_argument(
-        "--dataset", default="builtin", help="demo, builtin, a file/folder or a stored name"
+        "--dataset",
+        default="builtin",
+        help="demo, builtin, shared:NAME (a set in ../shared/data), a file/folder or a stored "
+        "name; with --cv, several comma-separated (combined, each keeping its name)",
     )
     p.add_argument("--test-dataset", default=None, help="cross-dataset: test on all of this one")
+    p.add_argument(
+        "--cv",
+        type=int,
+        nargs="?",
+        const=5,
+        default=None,
+        metavar="K",
+        help="K-fold source-grouped cross-validation (default K: 5) instead of one split: "
+        "every answer scored out of fold once, pooled metrics with grouped bootstrap CIs, the "
+        "fold spread, calibration (ECE) and per-generator/per-dataset breakdowns",
+    )
+    p.add_argument(
+        "--calibrate-on",
+        default=None,
+        metavar="NAMES",
+        help="with --cv: fit calibration and thresholds on the validation answers of these "
+        "datasets only (comma-separated dataset names; default: all)",
+    )
+    p.add_argument(
+        "--criterion",
+        choices=("balanced_accuracy", "f1"),
+        default=None,
+        help="what the answer threshold maximises on validation (default: f1; with --cv: "
+        "balanced_accuracy)",
+    )
     p.add_argument("--detectors", default="nll,context_gain,lexical", help="comma-separated names")
     p.add_argument(
         "--limit", type=int, default=None, help="use about this many examples (whole sources)"
@@ -82,6 +120,13 @@ def _add_evaluate(sub: Subparsers) -> None:
         default=None,
         help="load detectors from this folder instead of training",
     )
+    p.add_argument(
+        "--matrix",
+        default=None,
+        metavar="SPECS",
+        help="cross-domain matrix over these comma-separated datasets: train on each (and on "
+        "all but each), test on every other; the diagonal is --cv K cross-validation",
+    )
     p.add_argument("--no-cache", action="store_true", help="recompute features (ignore the cache)")
     p.add_argument("--name", default=None, help="run name (default: time + datasets)")
     p.add_argument("--out", default=None, help="folder for the run's JSON and markdown")
@@ -96,8 +141,147 @@ def _add_evaluate(sub: Subparsers) -> None:
     p.set_defaults(func=cmd_evaluate)
 
 
+def _calibrate_on(args: argparse.Namespace) -> list[str] | None:
+    raw = getattr(args, "calibrate_on", None)
+    return [x.strip() for x in raw.split(",") if x.strip()] if raw else None
+
+
+def _combined(args: argparse.Namespace, specs: str) -> tuple[list[str], list[Any]]:
+    names, examples = resolve_datasets(specs, on_error="skip")
+    if args.limit:
+        examples = stratified_head(examples, args.limit)
+    return names, examples
+
+
+def _cross_validate(
+    args: argparse.Namespace, names: list[str], model: LoadedModel
+) -> tuple[CVRun, Extraction]:
+    """The cross-validation of ``--dataset`` (and the features it read)."""
+    sets, examples = _combined(args, args.dataset)
+    make = default_maker(_detector_options(args))
+    with Store() as store:
+        ext = extract_all(
+            model,
+            examples,
+            names,
+            make,
+            cache=None if getattr(args, "no_cache", False) else FeatureCache(store),
+            progress=tqdm_progress("features"),
+        )
+    run = cross_validate(
+        model,
+        names,
+        examples,
+        k=args.cv,
+        seed=args.seed,
+        datasets=sets,
+        make=make,
+        criterion=args.criterion or "balanced_accuracy",
+        calibrate_on=_calibrate_on(args),
+        n_boot=args.bootstrap,
+        fold_progress=lambda d, f, k: print(f"{d}: fold {f + 1}/{k}", file=sys.stderr),
+        name=getattr(args, "name", None),
+        extraction=ext,
+    )
+    return run, ext
+
+
+def _train_cv(
+    args: argparse.Namespace, names: list[str], out: str | Path, model: LoadedModel
+) -> CVRun:
+    """Cross-validate the recipe, then apply it to all the data and save each artifact
+    with its cross-validated metrics."""
+    run, ext = _cross_validate(args, names, model)
+    make = default_maker(_detector_options(args))
+    exs = list(ext.examples)
+    sets = sorted({e.provenance.dataset or "unknown" for e in exs})
+    hashes = {d: data_hash([e for e in exs if e.provenance.dataset == d]) for d in sets}
+    recipe = _train_recipe(args, names)
+    for n in names:
+        print(f"{n}: final fit on all {len(exs)} answers", file=sys.stderr)
+        det = fit_procedure(
+            make,
+            n,
+            list(ext.features[n]),
+            exs,
+            criterion=args.criterion or "balanced_accuracy",
+            calibrate_on=_calibrate_on(args),
+            seed=args.seed,
+        )
+        r = run.result(n)
+        det.save(
+            Path(out) / n,
+            extra={
+                "trained_on": {
+                    "dataset": args.dataset,
+                    "datasets": sets,
+                    "recipe": recipe,
+                    "data_hashes": {"all": run.data_hash, **hashes},
+                    "n": {d: sum(e.provenance.dataset == d for e in exs) for d in sets},
+                },
+                "threshold_criterion": args.criterion or "balanced_accuracy",
+                "token_threshold": det.token_threshold_,
+                "metrics": {
+                    "cv": {
+                        "run": run.name,
+                        "k": run.k,
+                        "pooled": r.pooled,
+                        "folds_auroc": dict(zip(("mean", "sd"), r.spread(), strict=True)),
+                        "by_dataset": r.by_dataset,
+                        "token": r.token,
+                    }
+                },
+            },
+        )
+    return run
+
+
+def _cv_runs_dir(out: str | Path) -> Path:
+    """Where a training run's cross-validation goes: beside the shipped artifacts'
+    runs when training the shipped set, else the user's runs folder."""
+    return shipped_runs_dir() if Path(out).resolve() == shipped_dir().resolve() else runs_dir()
+
+
+def _matrix(args: argparse.Namespace, names: list[str], model: LoadedModel) -> MatrixRun:
+    parts = {}
+    for spec in [x.strip() for x in args.matrix.split(",") if x.strip()]:
+        (name,), examples = _combined(args, spec)
+        parts[name] = examples
+    with Store() as store:
+        return domain_matrix(
+            model,
+            names,
+            parts,
+            k=args.cv or 5,
+            seed=args.seed,
+            make=default_maker(_detector_options(args)),
+            cache=None if args.no_cache else FeatureCache(store),
+            criterion=args.criterion or "balanced_accuracy",
+            n_boot=args.bootstrap,
+            progress=tqdm_progress("features"),
+            step=lambda msg: print(msg, file=sys.stderr),
+            name=args.name,
+        )
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     names = [d for d in args.detectors.split(",") if d]
+    if args.matrix or args.cv:
+        if args.artifacts or args.test_dataset or args.smooth is not None:
+            raise DataError(
+                "--cv and --matrix fit their own detectors on every dataset; leave out "
+                "--artifacts, --test-dataset and --smooth"
+            )
+        model = load(args)
+        run: Any = (
+            _matrix(args, names, model) if args.matrix else _cross_validate(args, names, model)[0]
+        )
+        j, m = run.save(args.out or runs_dir())
+        print(run.to_markdown())
+        print(f"\nsaved {j} and {m}")
+        return 0
+    if "," in args.dataset:
+        raise DataError("several datasets combine only with --cv (or --matrix)", field="dataset")
     train_name, test_name, splits = eval_splits(args)
     model = load(args)
     artifacts = {}
@@ -119,6 +303,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             name=args.name,
             configs=_detector_options(args),
             smooth=args.smooth,
+            threshold_criterion=args.criterion or "f1",
         )
     j, m = run.save(args.out or runs_dir())
     print(run.to_markdown())
@@ -159,7 +344,21 @@ def _train_recipe(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
         "seed": args.seed,
         "options": _detector_options(args),
     }
+    cv = getattr(args, "cv", None)
+    if cv:
+        recipe.update(
+            procedure="cv",
+            cv=cv,
+            calibrate_on=getattr(args, "calibrate_on", None),
+            criterion=getattr(args, "criterion", None),
+        )
     cmd = ["ragscope train", f"--model {args.model}", f"--dataset {args.dataset}"]
+    if cv:
+        cmd.append(f"--cv {cv}")
+        if recipe["calibrate_on"]:
+            cmd.append(f"--calibrate-on {recipe['calibrate_on']}")
+        if recipe["criterion"]:
+            cmd.append(f"--criterion {recipe['criterion']}")
     if args.test_dataset:
         cmd.append(f"--test-dataset {args.test_dataset}")
     if args.limit:
@@ -172,9 +371,13 @@ def _train_recipe(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
 
 def _train(
     args: argparse.Namespace, names: list[str], out: str | Path, model: LoadedModel | None = None
-) -> EvalRun:
-    train_name, test_name, splits = eval_splits(args)
+) -> EvalRun | CVRun:
     model = model or load(args)
+    if getattr(args, "cv", None):
+        return _train_cv(args, names, out, model)
+    if "," in args.dataset:
+        raise DataError("several datasets combine only with --cv", field="dataset")
+    train_name, test_name, splits = eval_splits(args)
     with Store() as store:
         return evaluate(
             model,
@@ -198,11 +401,28 @@ def cmd_train(args: argparse.Namespace) -> int:
         return _reproduce(args)
 
     names = [d for d in args.detectors.split(",") if d]
-    run = _train(args, names, args.out or shipped_dir())
+    out = args.out or shipped_dir()
+    run = _train(args, names, out)
     print(run.to_markdown())
-    for r in run.results:
-        print(f"saved {r.detector} -> {r.artifact}")
+    if isinstance(run, CVRun):
+        j, m = run.save(_cv_runs_dir(out))
+        print(f"\nsaved the cross-validation as {j} and {m}")
+    for n in names:
+        print(f"saved {n} -> {Path(out) / n}")
     return 0
+
+
+RECIPE_ARGS = (
+    "model",
+    "dataset",
+    "test_dataset",
+    "limit",
+    "seed",
+    "cv",
+    "calibrate_on",
+    "criterion",
+)
+"""The command-line options a recipe records (and ``--reproduce`` sets again)."""
 
 
 def _reproduce(args: argparse.Namespace) -> int:
@@ -230,7 +450,7 @@ def _reproduce(args: argparse.Namespace) -> int:
     out_root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ragscope-repro-"))
     for recipe, names in groups.values():
         ns = argparse.Namespace(**vars(args))
-        for k in ("model", "dataset", "test_dataset", "limit", "seed"):
+        for k in RECIPE_ARGS:
             setattr(ns, k, recipe.get(k))
         opts = (recipe.get("options") or {}).items()
         ns.set = [f"{d}.{k}={json.dumps(v)}" for d, o in opts if d in names for k, v in o.items()]

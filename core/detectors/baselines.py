@@ -34,6 +34,7 @@ from core.contract import (
     save_fitted,
     thresholded_verdict,
 )
+from core.detectors.common import token_training_set
 from core.errors import ModelError
 from core.examples import RAGExample
 from core.labels import response_labels
@@ -72,17 +73,7 @@ class CalibratedDetector(DetectorBase):
         X = np.stack([f.response for f in features])
         self.response_model_ = LogisticCalibrator().fit(X, y)
         self.model_key_ = model_key
-        tok_X, tok_y = [], []
-        for f, ex in zip(features, examples, strict=True):
-            lab = f.token_labels(ex)
-            if f.tokens is None:
-                continue
-            if lab is not None:
-                tok_X.append(f.tokens)
-                tok_y.append(lab)
-            elif ex.label is False:
-                tok_X.append(f.tokens)
-                tok_y.append(np.zeros(f.tokens.shape[0], dtype=np.int8))
+        _, tok_X, tok_y = token_training_set(features, examples)
         if tok_y and len(set(np.concatenate(tok_y).tolist())) == 2:
             self.token_model_ = LogisticCalibrator().fit(
                 np.concatenate(tok_X), np.concatenate(tok_y)

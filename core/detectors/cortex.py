@@ -51,6 +51,7 @@ from core.contract import (
     save_fitted,
     thresholded_verdict,
 )
+from core.detectors.common import token_training_set
 from core.errors import DataError, ModelError
 from core.examples import RAGExample
 from core.model import ModelInfo
@@ -182,28 +183,6 @@ def build_mlp(n_in: int, hidden: Sequence[int], dropout: float) -> torch.nn.Sequ
     return torch.nn.Sequential(*layers)
 
 
-def token_training_set(
-    features: Sequence[Features], examples: Sequence[RAGExample]
-) -> tuple[list[np.ndarray], list[np.ndarray]]:
-    """Token features and labels of the answers whose token labels are known.
-
-    Gold spans label their tokens; a faithful answer without spans is all
-    faithful; a hallucinated answer without spans is left out (which of its
-    tokens are wrong is unknown).
-    """
-    xs, ys = [], []
-    for f, ex in zip(features, examples, strict=True):
-        if f.tokens is None:
-            continue
-        lab = f.token_labels(ex)
-        if lab is None and ex.label is False:
-            lab = np.zeros(f.tokens.shape[0], dtype=np.int8)
-        if lab is not None:
-            xs.append(f.tokens)
-            ys.append(lab)
-    return xs, ys
-
-
 class CortexDetector(DetectorBase):
     """Token classifier on with-vs-without-passages hidden-state differences."""
 
@@ -309,7 +288,7 @@ class CortexDetector(DetectorBase):
         import torch
 
         model_key = check_fit_inputs(self.name, features, examples)
-        xs, ys = token_training_set(features, examples)
+        _, xs, ys = token_training_set(features, examples)
         y = np.concatenate(ys) if ys else np.zeros(0, dtype=np.int8)
         n_pos = int(y.sum())
         if not ys or n_pos == 0 or n_pos == y.size:
@@ -335,7 +314,7 @@ class CortexDetector(DetectorBase):
             opt = torch.optim.AdamW(mlp.parameters(), lr=cfg.lr, weight_decay=cfg.weight_decay)
             val = None
             if validation is not None:
-                vx, vy = token_training_set(*validation)
+                _, vx, vy = token_training_set(*validation)
                 if vy and 0 < int(np.concatenate(vy).sum()) < sum(v.size for v in vy):
                     vxa = self._columns(np.concatenate(vx)).astype(np.float32)
                     val = (

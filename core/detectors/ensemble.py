@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 
+from core import learners
 from core.contract import (
     Detector,
     DetectorBase,
@@ -65,6 +66,8 @@ DEFAULT_MEMBERS: tuple[str, ...] = (
     "spad",
     "raglens",
     "cortex",
+    "saplma",
+    "lookback_lens",
 )
 """The landed detectors, stacked by default."""
 C_GRID: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
@@ -81,28 +84,9 @@ def logit(p: np.ndarray) -> np.ndarray:
 
 
 def choose_c(X: np.ndarray, y: np.ndarray, seed: int = 0) -> float:
-    """The strength in :data:`C_GRID` with the best cross-validated log loss (1.0 when the
-    split is too small to cross-validate)."""
-    from sklearn.linear_model import LogisticRegression
-    from sklearn.model_selection import StratifiedKFold, cross_val_score
-    from sklearn.pipeline import make_pipeline
-    from sklearn.preprocessing import StandardScaler
-
-    folds = min(5, int(np.bincount(y, minlength=2).min()))
-    if folds < 2:
-        return 1.0
-    cv = StratifiedKFold(n_splits=folds, shuffle=True, random_state=seed)
-    scores = [
-        cross_val_score(
-            make_pipeline(StandardScaler(), LogisticRegression(C=c, max_iter=2000)),
-            X,
-            y,
-            cv=cv,
-            scoring="neg_log_loss",
-        ).mean()
-        for c in C_GRID
-    ]
-    return float(C_GRID[int(np.argmax(scores))])
+    """The strength in :data:`C_GRID` with the best cross-validated log loss (the middle
+    of the grid when the split is too small to cross-validate)."""
+    return learners.choose_c(X, y, C_GRID, scoring="neg_log_loss", seed=seed)[0]
 
 
 @dataclass(frozen=True, kw_only=True)

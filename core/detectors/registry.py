@@ -13,8 +13,10 @@ from core.contract import Detector
 from core.detectors.baselines import ContextGainDetector, LexicalDetector, NLLDetector
 from core.detectors.cortex import CortexDetector
 from core.detectors.interpdetect import InterpDetectDetector
+from core.detectors.lookback_lens import LookbackLensDetector
 from core.detectors.raglens import RaglensDetector
 from core.detectors.redeep import RedeepChunkDetector, RedeepTokenDetector
+from core.detectors.saplma import SaplmaDetector
 from core.detectors.spad import SpadDetector
 from core.errors import DataError
 from core.model import LoadedModel
@@ -80,6 +82,8 @@ MEMBERS = Registry(
         SpadDetector,
         RaglensDetector,
         CortexDetector,
+        SaplmaDetector,
+        LookbackLensDetector,
     ]
 )
 """Every single (non-composite) detector: what an ensemble may combine."""

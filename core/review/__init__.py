@@ -17,7 +17,7 @@
 - :func:`reviewed_examples`, :func:`write_ragtruth_jsonl` and :func:`reviews_frame`:
   the reviewed dataset as RAGTruth-style JSONL (the format of
   ``../shared/data/ragtruth_qa_dev.jsonl``, read back by
-  :func:`core.datasets.load_dataset`) and a CSV of every decision.
+  :func:`core.data.load_dataset`) and a CSV of every decision.
 """
 
 from __future__ import annotations
@@ -27,18 +27,9 @@ from core.review.agreement import (
     agreement,
 )
 from core.review.book import (
-    DECISIONS,
-    EVIDENCE,
-    KINDS,
-    LABEL_TYPES,
     SORTS,
-    STATUSES,
-    AuditEntry,
-    Decision,
-    Review,
     ReviewBook,
     ReviewConflict,
-    ReviewItem,
     filter_items,
 )
 from core.review.export import (
@@ -59,6 +50,17 @@ from core.review.flags import (
     passage_sentences,
     propose_flags,
     related_context,
+)
+from core.storage import (
+    DECISIONS,
+    EVIDENCE,
+    KINDS,
+    LABEL_TYPES,
+    STATUSES,
+    AuditEntry,
+    Decision,
+    Review,
+    ReviewItem,
 )
 
 __all__ = [

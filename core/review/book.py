@@ -1,51 +1,31 @@
-"""The review book: the queue of flagged spans, one decision per item and reviewer (versioned: a stale save raises ReviewConflict), and the append-only audit trail, in the ragscope database."""
+"""The review book: the queue of flagged spans, one decision per item and reviewer (versioned: a stale save raises ReviewConflict), and the append-only audit trail, in the ragscope database.
+
+Its SQL (and the row types :class:`Review`, :class:`ReviewItem`, :class:`AuditEntry`)
+is in :mod:`core.storage.reviews`; here are the checks, what to queue and refresh, and
+conflict detection.
+"""
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import asdict, dataclass
-from typing import TYPE_CHECKING, Any, Literal
+from typing import Any
 
 from core.errors import DataError, StorageError
 from core.examples import RAGExample, example_hash
-from core.storage import Store, now_iso
-
-if TYPE_CHECKING:
-    pass
 from core.review.flags import Flag
-
-Decision = Literal["accept", "reject"]
-
-
-DECISIONS: tuple[str, ...] = ("accept", "reject")
-
-
-KINDS: tuple[str, ...] = ("baseless", "conflict")
-"""Hallucination types (RAGTruth): content the passages lack, or content they contradict."""
-
-
-EVIDENCE: tuple[str, ...] = ("evident", "subtle")
-
-
-LABEL_TYPES: Mapping[tuple[str, str], str] = {
-    ("evident", "baseless"): "Evident Baseless Info",
-    ("subtle", "baseless"): "Subtle Baseless Info",
-    ("evident", "conflict"): "Evident Conflict",
-    ("subtle", "conflict"): "Subtle Conflict",
-}
-"""RAGTruth's ``meta.label_type`` for each (evidence, kind)."""
-
-
-STATUSES: tuple[str, ...] = ("open", "accepted", "rejected", "disputed")
-
+from core.storage import (
+    DECISIONS,
+    EVIDENCE,
+    KINDS,
+    AuditEntry,
+    QueuedSpan,
+    Review,
+    ReviewChange,
+    ReviewItem,
+    Store,
+)
 
 SORTS: tuple[str, ...] = ("uncertainty", "score", "position")
-
-
-def _now() -> str:
-
-    return now_iso("milliseconds")  # reviews within one second still order by time
 
 
 class ReviewConflict(StorageError):
@@ -58,119 +38,6 @@ class ReviewConflict(StorageError):
     def __init__(self, message: str, *, attempted: Mapping[str, Any]) -> None:
         super().__init__(message)
         self.attempted = dict(attempted)
-
-
-@dataclass(frozen=True, kw_only=True)
-class Review:
-    """One reviewer's decision on one item."""
-
-    id: int
-    item_id: int
-    reviewer: str
-    decision: Decision
-    start: int
-    end: int
-    kind: str | None
-    evidence: str | None
-    note: str | None
-    version: int
-    created_at: str
-    updated_at: str
-
-    @property
-    def label_type(self) -> str | None:
-        """RAGTruth's label type, when both kind and evidence are set."""
-        if self.kind is None or self.evidence is None:
-            return None
-        return LABEL_TYPES[(self.evidence, self.kind)]
-
-
-@dataclass(frozen=True, kw_only=True)
-class ReviewItem:
-    """A flagged span in the queue, with its reviews."""
-
-    id: int
-    dataset: str
-    example_id: str
-    start: int
-    end: int
-    answer_len: int
-    sources: Mapping[str, tuple[float, float]]
-    score: float
-    margin: float
-    task: str | None
-    generator: str | None
-    position: int
-    created_at: str
-    reviews: tuple[Review, ...] = ()
-    example_hash: str | None = None  # of the answer it was flagged on (None: before v4)
-
-    def is_stale(self, example: RAGExample | None) -> bool:
-        """Whether the item no longer belongs to ``example``'s text (the dataset was
-        re-imported with another answer or passages, or the answer is gone): its span
-        must not be shown on, exported with or accepted for the new text."""
-        if example is None or len(example.response) != self.answer_len:
-            return True
-        return self.example_hash is not None and self.example_hash != example_hash(example)
-
-    @property
-    def detectors(self) -> tuple[str, ...]:
-        return tuple(self.sources)
-
-    @property
-    def status(self) -> str:
-        """``open`` (no review), ``accepted`` / ``rejected`` (all agree) or ``disputed``."""
-        decisions = {r.decision for r in self.reviews}
-        if not decisions:
-            return "open"
-        if len(decisions) > 1:
-            return "disputed"
-        return "accepted" if decisions == {"accept"} else "rejected"
-
-    def review_by(self, reviewer: str) -> Review | None:
-        return next((r for r in self.reviews if r.reviewer == reviewer), None)
-
-
-@dataclass(frozen=True, kw_only=True)
-class AuditEntry:
-    """One change to a review: who, when, what it was before and after."""
-
-    id: int
-    item_id: int
-    reviewer: str
-    at: str
-    action: str
-    before: Mapping[str, Any] | None
-    after: Mapping[str, Any]
-
-
-_REVIEW_COLS = (
-    "id, item_id, reviewer, decision, span_start, span_end, kind, evidence, note, version, "
-    "created_at, updated_at"
-)
-
-
-_ITEM_COLS = (
-    "id, dataset, example_id, span_start, span_end, answer_len, sources, score, margin, task, "
-    "generator, position, created_at, example_hash"
-)
-
-
-def _review(r: Sequence[Any]) -> Review:
-    return Review(
-        id=r[0],
-        item_id=r[1],
-        reviewer=r[2],
-        decision=r[3],
-        start=r[4],
-        end=r[5],
-        kind=r[6],
-        evidence=r[7],
-        note=r[8],
-        version=r[9],
-        created_at=r[10],
-        updated_at=r[11],
-    )
 
 
 def _check_review(reviewer: str | None, kind: str | None, evidence: str | None) -> str:
@@ -189,11 +56,10 @@ def _check_review(reviewer: str | None, kind: str | None, evidence: str | None) 
     return who
 
 
-def _review_state(r: Review) -> dict[str, Any]:
-    d = asdict(r)
-    for k in ("id", "item_id", "reviewer", "created_at"):
-        d.pop(k)
-    return d
+def _refresh(span: QueuedSpan, stored_hash: str | None, reviewed: bool) -> bool:
+    """Whether a span queued again is rewritten for the new text: only when its answer
+    changed and nobody reviewed it yet (a reviewed one stays, stale, with its reviews)."""
+    return stored_hash != span.example_hash and not reviewed
 
 
 def filter_items(
@@ -244,7 +110,7 @@ class ReviewBook:
         (with its reviews), unless its answer changed since and nobody reviewed it yet:
         then it is refreshed for the new text. Returns how many items are new."""
         by_id = {e.id: e for e in examples}
-        rows = []
+        spans = []
         for f in flags:
             ex = by_id.get(f.example_id)
             if ex is None:
@@ -254,58 +120,21 @@ class ReviewBook:
                     f"flag [{f.start}, {f.end}) is outside the answer of {f.example_id!r} "
                     f"({len(ex.response)} characters)"
                 )
-            rows.append((ex, f))
-        new = 0
-        with self.store.transaction() as c:
-            (pos,) = c.execute(
-                "SELECT COALESCE(MAX(position), -1) + 1 FROM review_items WHERE dataset = ?",
-                (dataset,),
-            ).fetchone()
-            for ex, f in rows:
-                digest = example_hash(ex)
-                fresh = {  # what a flag says about its span on this answer
-                    "answer_len": len(ex.response),
-                    "sources": json.dumps({k: list(v) for k, v in f.sources.items()}),
-                    "score": f.score,
-                    "margin": f.margin,
-                    "task": ex.task,
-                    "generator": ex.provenance.generator,
-                    "example_hash": digest,
-                }
-                have = c.execute(
-                    "SELECT id, example_hash, EXISTS (SELECT 1 FROM reviews WHERE item_id = "
-                    "review_items.id) FROM review_items WHERE dataset = ? AND example_id = ? "
-                    "AND span_start = ? AND span_end = ?",
-                    (dataset, ex.id, f.start, f.end),
-                ).fetchone()
-                if have is not None:
-                    # The same span again: left alone, unless its answer changed and nobody
-                    # reviewed it yet (then it is refreshed for the new text; a reviewed one
-                    # stays, stale, with its reviews).
-                    if have[1] != digest and not have[2]:
-                        sets = ", ".join(f"{k} = ?" for k in fresh)
-                        c.execute(
-                            f"UPDATE review_items SET {sets} WHERE id = ?",
-                            (*fresh.values(), have[0]),
-                        )
-                    continue
-                row = {
-                    "dataset": dataset,
-                    "example_id": ex.id,
-                    "span_start": f.start,
-                    "span_end": f.end,
-                    **fresh,
-                    "position": pos,
-                    "created_at": _now(),
-                }
-                c.execute(
-                    f"INSERT INTO review_items ({', '.join(row)}) "
-                    f"VALUES ({', '.join('?' * len(row))})",
-                    tuple(row.values()),
+            spans.append(
+                QueuedSpan(  # what a flag says about its span on this answer
+                    example_id=ex.id,
+                    start=f.start,
+                    end=f.end,
+                    answer_len=len(ex.response),
+                    sources=f.sources,
+                    score=f.score,
+                    margin=f.margin,
+                    task=ex.task,
+                    generator=ex.provenance.generator,
+                    example_hash=example_hash(ex),
                 )
-                new += 1
-                pos += 1
-        return new
+            )
+        return self.store.insert_or_refresh_review_items(dataset, spans, _refresh)
 
     def item(self, item_id: int) -> ReviewItem:
         """One item with its reviews.
@@ -313,42 +142,10 @@ class ReviewBook:
         Raises:
             StorageError: No item has that id.
         """
-        rows = self.store.query(f"SELECT {_ITEM_COLS} FROM review_items WHERE id = ?", (item_id,))
-        if not rows:
+        item = self.store.review_item(item_id)
+        if item is None:
             raise StorageError(f"no review item {item_id}; rebuild the queue or reload the page")
-        return self._items(rows)[0]
-
-    def _items(self, rows: Sequence[Sequence[Any]]) -> list[ReviewItem]:
-        ids = [r[0] for r in rows]
-        reviews: dict[int, list[Review]] = {i: [] for i in ids}
-        for chunk in range(0, len(ids), 500):
-            part = ids[chunk : chunk + 500]
-            marks = ", ".join("?" * len(part))
-            for r in self.store.query(
-                f"SELECT {_REVIEW_COLS} FROM reviews WHERE item_id IN ({marks}) ORDER BY reviewer",
-                part,
-            ):
-                reviews[r[1]].append(_review(r))
-        return [
-            ReviewItem(
-                id=r[0],
-                dataset=r[1],
-                example_id=r[2],
-                start=r[3],
-                end=r[4],
-                answer_len=r[5],
-                sources={k: (float(v[0]), float(v[1])) for k, v in json.loads(r[6]).items()},
-                score=r[7],
-                margin=r[8],
-                task=r[9],
-                generator=r[10],
-                position=r[11],
-                created_at=r[12],
-                reviews=tuple(reviews[r[0]]),
-                example_hash=r[13],
-            )
-            for r in rows
-        ]
+        return item
 
     def items(
         self,
@@ -370,12 +167,8 @@ class ReviewBook:
             sort: ``uncertainty`` (closest to a threshold first), ``score`` (highest
                 first) or ``position`` (queue order).
         """
-        rows = self.store.query(
-            f"SELECT {_ITEM_COLS} FROM review_items WHERE dataset = ? ORDER BY position",
-            (dataset,),
-        )
         return filter_items(
-            self._items(rows),
+            self.store.review_items(dataset),
             detectors=detectors,
             tasks=tasks,
             generators=generators,
@@ -385,12 +178,7 @@ class ReviewBook:
 
     def datasets(self) -> list[tuple[str, int]]:
         """Datasets with a queue, and their number of items."""
-        return [
-            (r[0], r[1])
-            for r in self.store.query(
-                "SELECT dataset, COUNT(*) FROM review_items GROUP BY dataset ORDER BY dataset"
-            )
-        ]
+        return self.store.review_datasets()
 
     # -- decisions -----------------------------------------------------------------
 
@@ -440,15 +228,10 @@ class ReviewBook:
             "evidence": evidence,
             "note": note,
         }
-        with self.store.transaction() as c:
-            row = c.execute(
-                "SELECT example_id, span_start, span_end, answer_len, example_hash "
-                "FROM review_items WHERE id = ?",
-                (item_id,),
-            ).fetchone()
-            if row is None:
-                raise StorageError(f"no review item {item_id}; rebuild the queue or reload")
-            example_id, i_start, i_end, n, digest = row
+
+        def decide(item: ReviewItem, old: Review | None) -> ReviewChange:
+            # Runs inside the store's transaction: raising here writes nothing.
+            example_id, n, digest = item.example_id, item.answer_len, item.example_hash
             if example is not None and (
                 example.id != example_id
                 or len(example.response) != n
@@ -460,8 +243,8 @@ class ReviewBook:
                     "against the new text: rebuild the queue",
                     source=example_id,
                 )
-            s = i_start if start is None else int(start)
-            e = i_end if end is None else int(end)
+            s = item.start if start is None else int(start)
+            e = item.end if end is None else int(end)
             if not 0 <= s < e <= n:
                 raise DataError(
                     f"span [{s}, {e}) is not inside the answer of {example_id!r} ({n} "
@@ -469,11 +252,6 @@ class ReviewBook:
                     source=example_id,
                     field="span",
                 )
-            old_row = c.execute(
-                f"SELECT {_REVIEW_COLS} FROM reviews WHERE item_id = ? AND reviewer = ?",
-                (item_id, reviewer),
-            ).fetchone()
-            old = _review(old_row) if old_row else None
             have = old.version if old else 0
             if expected_version is not None and expected_version != have:
                 raise ReviewConflict(
@@ -482,40 +260,11 @@ class ReviewBook:
                     "nothing was overwritten: reload the item and apply the change again",
                     attempted=attempted,
                 )
-            now = _now()
-            if old is None:
-                c.execute(
-                    "INSERT INTO reviews (item_id, reviewer, decision, span_start, span_end, "
-                    "kind, evidence, note, version, created_at, updated_at) "
-                    "VALUES (?, ?, ?, ?, ?, ?, ?, ?, 1, ?, ?)",
-                    (item_id, reviewer, decision, s, e, kind, evidence, note, now, now),
-                )
-            else:
-                c.execute(
-                    "UPDATE reviews SET decision = ?, span_start = ?, span_end = ?, kind = ?, "
-                    "evidence = ?, note = ?, version = version + 1, updated_at = ? "
-                    "WHERE id = ?",
-                    (decision, s, e, kind, evidence, note, now, old.id),
-                )
-            new = _review(
-                c.execute(
-                    f"SELECT {_REVIEW_COLS} FROM reviews WHERE item_id = ? AND reviewer = ?",
-                    (item_id, reviewer),
-                ).fetchone()
+            return ReviewChange(
+                decision=decision, start=s, end=e, kind=kind, evidence=evidence, note=note
             )
-            c.execute(
-                "INSERT INTO review_audit (item_id, reviewer, at, action, before, after) "
-                "VALUES (?, ?, ?, ?, ?, ?)",
-                (
-                    item_id,
-                    reviewer,
-                    now,
-                    "create" if old is None else "update",
-                    json.dumps(_review_state(old)) if old else None,
-                    json.dumps(_review_state(new)),
-                ),
-            )
-        return new
+
+        return self.store.save_review_row(item_id, reviewer, decide)
 
     def add_missed_span(
         self,
@@ -550,43 +299,12 @@ class ReviewBook:
             example_id=example.id, start=start, end=end, sources={f"added by {who}": (1.0, 1.0)}
         )
         self.add_flags(dataset, [example], [flag])
-        (item_id,) = self.store.query(
-            "SELECT id FROM review_items WHERE dataset = ? AND example_id = ? AND "
-            "span_start = ? AND span_end = ?",
-            (dataset, example.id, start, end),
-        )[0]
+        item_id = self.store.review_item_id(dataset, example.id, start, end)
         return self.save_review(item_id, who, "accept", kind=kind, evidence=evidence, note=note)
 
     def audit(self, item_id: int | None = None, dataset: str | None = None) -> list[AuditEntry]:
         """The audit trail, oldest first (of one item, of a dataset's items, or all)."""
-        sql = "SELECT a.id, a.item_id, a.reviewer, a.at, a.action, a.before, a.after FROM review_audit a"
-        params: list[Any] = []
-        if item_id is not None:
-            sql += " WHERE a.item_id = ?"
-            params.append(item_id)
-        elif dataset is not None:
-            sql += " JOIN review_items i ON i.id = a.item_id WHERE i.dataset = ?"
-            params.append(dataset)
-        sql += " ORDER BY a.id"
-        return [
-            AuditEntry(
-                id=r[0],
-                item_id=r[1],
-                reviewer=r[2],
-                at=r[3],
-                action=r[4],
-                before=json.loads(r[5]) if r[5] else None,
-                after=json.loads(r[6]),
-            )
-            for r in self.store.query(sql, params)
-        ]
+        return self.store.review_audit(item_id, dataset)
 
     def reviewers(self, dataset: str) -> list[str]:
-        return [
-            r[0]
-            for r in self.store.query(
-                "SELECT DISTINCT r.reviewer FROM reviews r JOIN review_items i "
-                "ON i.id = r.item_id WHERE i.dataset = ? ORDER BY r.reviewer",
-                (dataset,),
-            )
-        ]
+        return self.store.reviewers(dataset)

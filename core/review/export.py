@@ -1,4 +1,4 @@
-"""The reviewed dataset as RAGTruth-style JSONL (read back by core.datasets.load_dataset) and every decision as CSV (formula cells neutralised)."""
+"""The reviewed dataset as RAGTruth-style JSONL (read back by core.data.load_dataset) and every decision as CSV (formula cells neutralised)."""
 
 from __future__ import annotations
 
@@ -84,7 +84,7 @@ RAGTRUTH_TEMPLATE = (
 def ragtruth_record(ex: RAGExample) -> dict[str, Any]:
     """One example as a RAGTruth-style record (``input``, ``output``, ``hall_info``,
     ``model``, ``context``), plus a ``ragscope`` object (id, task, split, whether the
-    prompt is the example's own) that :func:`core.datasets.load_dataset` reads back."""
+    prompt is the example's own) that :func:`core.data.load_dataset` reads back."""
     passages = "".join(f"passage {i}:{p}\n\n" for i, p in enumerate(ex.passages, start=1))
     prompt = ex.prompt
     if prompt is None:

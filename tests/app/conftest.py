@@ -168,7 +168,7 @@ def z_of(plotly_array: Callable[[object], np.ndarray]) -> Callable[[dict], np.nd
 def demo_detectors_dir(tiny_model, tmp_path_factory: pytest.TempPathFactory) -> Path:
     """``nll``, ``context_gain`` and ``cortex`` (3 epochs) fitted on the demo examples with
     the tiny model, saved as a detectors folder (for ``RAGSCOPE_DETECTORS_DIR``)."""
-    from core.datasets import builtin_examples
+    from core.data import builtin_examples
     from core.detectors import make_detector
     from core.extract import extract_features
 

@@ -12,7 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.state import KEY_HEATMAP_EXAMPLE
 from core.agreement import score_correlation, verdict_table
-from core.datasets import load_builtin
+from core.data import load_builtin
 from core.detectors import load_shipped
 from core.review import dataset_verdicts
 

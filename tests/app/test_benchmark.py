@@ -1,8 +1,15 @@
-"""The Benchmark page (AppTest, tiny model) and its chart builders (pure functions)."""
+"""The Benchmark page (AppTest, tiny model) and its chart builders (pure functions).
+
+Cross-validation and cross-domain matrix runs are made by the real code
+(:func:`core.crossval.cross_validate`, :func:`core.crossval.domain_matrix`) on the tiny
+model and a stratified slice of the built-in corpus, once per module.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
+import math
 import re
 from collections.abc import Callable
 from pathlib import Path
@@ -17,23 +24,38 @@ from app.components.charts import (
     breakdown_figure,
     confusion_counts,
     confusion_figure,
+    plain,
     pr_figure,
     roc_figure,
     roc_points,
 )
+from app.components.cv_charts import matrix_figure, reliability_figure
 from app.state import (
     KEY_BENCH_CONFUSION,
+    KEY_BENCH_CV_DATASET_METRIC,
+    KEY_BENCH_CV_RELIABILITY,
+    KEY_BENCH_CV_RUNS,
     KEY_BENCH_DETECTORS,
     KEY_BENCH_LAUNCH,
     KEY_BENCH_LIMIT,
+    KEY_BENCH_MATRIX_DETECTOR,
+    KEY_BENCH_MATRIX_METRIC,
+    KEY_BENCH_MATRIX_RUN,
     KEY_BENCH_RUNS,
     KEY_BENCH_TRAIN,
     STATE_KEY,
     dataset_summary,
     threshold_key,
 )
+from app.text import md
+from core.crossval import CVRun, MatrixRun, cross_validate, domain_matrix
+from core.data import load_builtin, stratified_head
 from core.evaluate import DetectorResult, EvalRun
+from core.examples import RAGExample, source_key
+from core.extract import FeatureCache
 from core.metrics import response_metrics
+from core.model import LoadedModel
+from core.storage import Store
 
 BENCHMARK = "views/benchmark.py"
 RUN_NAME = "synthetic-run"
@@ -267,7 +289,7 @@ def test_unavailable_corpus_is_an_error_not_an_exception(
     def missing(*args: object, **kwargs: object) -> list:
         raise DataError("the built-in corpus is missing")
 
-    monkeypatch.setattr("core.datasets.load_builtin", missing)
+    monkeypatch.setattr("core.data.catalog.load_builtin", missing)
     dataset_summary.clear()  # a summary of the real corpus may be cached already
     at = _benchmark(make_app)
     at.selectbox(key=KEY_BENCH_TRAIN).set_value("builtin").run()
@@ -380,3 +402,277 @@ def test_shipped_runs_are_listed_after_local_ones_and_shadowed_by_name(
     # The local run wins over the shipped one of the same name.
     table = at.dataframe[0].value
     assert table.iloc[0]["AUROC"] == f"{local.results[0].metrics['auroc']:.3f}"
+
+
+# --------------------------------------------------------------------------- cross-validation
+
+CV_DETECTORS = ("nll", "lexical")
+CV_NAME = "cv-tiny"
+MATRIX_NAME = "matrix-tiny"
+
+
+def _by_task(examples: list[RAGExample], *, generators: tuple[str, ...]) -> dict[str, list]:
+    """The examples as one dataset per task (as if read from three files); the generator
+    alternates by source over ``generators``."""
+    sources = sorted({source_key(e) for e in examples})
+    out: dict[str, list[RAGExample]] = {}
+    for e in examples:
+        gen = generators[sources.index(source_key(e)) % len(generators)]
+        prov = dataclasses.replace(e.provenance, dataset=e.task, generator=gen, split=None)
+        out.setdefault(e.task, []).append(dataclasses.replace(e, provenance=prov))
+    return out
+
+
+@pytest.fixture(scope="module")
+def crossval_runs(tiny_model: LoadedModel, one_torch_thread: None) -> tuple[CVRun, MatrixRun]:
+    """A 3-fold cross-validation over three datasets with two generators, and a
+    cross-domain matrix over the same three (features extracted once)."""
+    examples = stratified_head(load_builtin(), 90)
+    with Store(":memory:") as store:
+        cache = FeatureCache(store)
+        parts = _by_task(examples, generators=GENERATORS)
+        cv = cross_validate(
+            tiny_model,
+            CV_DETECTORS,
+            [e for p in parts.values() for e in p],
+            k=3,
+            n_boot=50,
+            cache=cache,
+            name=CV_NAME,
+        )
+        # One generator: the diagonal's 2-fold cross-validations need strata that big.
+        matrix = domain_matrix(
+            tiny_model,
+            CV_DETECTORS,
+            _by_task(examples, generators=GENERATORS[:1]),
+            k=2,
+            n_boot=30,
+            cache=cache,
+            name=MATRIX_NAME,
+        )
+    return cv, matrix
+
+
+def _none_for_nan(values: object) -> list[float | None]:
+    return [None if v is None or math.isnan(float(v)) else float(v) for v in values]  # type: ignore[attr-defined]
+
+
+def _trace(spec: dict, name_start: str) -> dict:
+    return next(t for t in spec["data"] if str(t.get("name", "")).startswith(name_start))
+
+
+def _download_labels(at: AppTest) -> list[str]:
+    return [el.proto.label for el in at.get("download_button")]
+
+
+def test_cv_and_matrix_runs_show_their_sections(
+    make_app: Callable[[], AppTest], runs_dir: Path, crossval_runs: tuple[CVRun, MatrixRun]
+) -> None:
+    cv, matrix = crossval_runs
+    cv.save(runs_dir)
+    matrix.save(runs_dir)
+    at = _benchmark(make_app)
+    headers = [h.value for h in at.header]
+    assert headers == ["Cross-validation", "Cross-domain matrix"]  # no test runs: no section
+    assert not any("No saved runs yet" in i.value for i in at.info)
+    assert at.multiselect(key=KEY_BENCH_CV_RUNS).value == [CV_NAME]
+    assert at.selectbox(key=KEY_BENCH_MATRIX_RUN).value == MATRIX_NAME
+
+    # The run's description and its metric table, value for value.
+    text = _text(at)
+    assert f"3-fold source-grouped cross-validation on {md('data2txt, qa, summary')}" in text
+    assert f"{len(cv.labels)} answers, {sum(cv.labels)} hallucinated" in text
+    table = at.dataframe[0].value
+    assert list(table["detector"]) == list(CV_DETECTORS)
+    for (_, row), r in zip(table.iterrows(), cv.results, strict=True):
+        p = r.pooled
+        assert row["AUROC"] == f"{p['auroc']:.3f}"
+        assert row["AUROC 95% CI"] == f"[{p['auroc_ci'][0]:.3f}, {p['auroc_ci'][1]:.3f}]"
+        mean, sd = r.spread()
+        assert row["folds mean ± sd"] == f"{mean:.3f} ± {sd:.3f}"
+        assert row["AP"] == f"{p['ap']:.3f}"
+        assert row["AP 95% CI"] == f"[{p['ap_ci'][0]:.3f}, {p['ap_ci'][1]:.3f}]"
+        assert row["balanced acc"] == f"{p['balanced_accuracy']:.3f}"
+        assert row["F1"] == f"{p['f1']:.3f}"
+        assert row["ECE"] == f"{p['ece']:.3f}"
+        assert row["token AP"] == f"{r.token['ap']:.3f}"
+        assert row["token AUROC"] == f"{r.token['auroc']:.3f}"
+
+    charts = _charts(at)
+    assert {"cv.spread", "cv.generator", "cv.dataset", "cv.reliability", "matrix"} <= set(charts)
+
+    # Fold spread: each fold's AUROC on its detector's row, the pooled AUROC with its CI.
+    spread = charts["cv.spread"]
+    folds, pooled = _trace(spread, "AUROC of each fold"), _trace(spread, "pooled")
+    assert pooled["y"] == list(CV_DETECTORS)
+    for i, r in enumerate(cv.results):
+        xs = [x for x, y in zip(folds["x"], folds["y"], strict=True) if y == r.detector]
+        assert xs == pytest.approx([f["auroc"] for f in r.folds])
+        lo, hi = r.pooled["auroc_ci"]
+        assert pooled["x"][i] == pytest.approx(r.pooled["auroc"])
+        assert pooled["error_x"]["array"][i] == pytest.approx(hi - r.pooled["auroc"])
+        assert pooled["error_x"]["arrayminus"][i] == pytest.approx(r.pooled["auroc"] - lo)
+
+    # Per generator and per dataset: one bar trace per detector.
+    gens = charts["cv.generator"]
+    assert [t["name"] for t in gens["data"]] == list(CV_DETECTORS)
+    for t, r in zip(gens["data"], cv.results, strict=True):
+        assert t["x"] == sorted(r.by_generator) == sorted(GENERATORS)
+        assert t["y"] == _none_for_nan(r.by_generator[g]["auroc"] for g in t["x"])
+    sets = charts["cv.dataset"]
+    assert sets["data"][0]["x"] == ["data2txt", "qa", "summary"]
+    assert sets["layout"]["yaxis"]["title"]["text"] == "AUROC"
+
+    # The reliability diagram: every detector of the run by default, its bins as points.
+    assert at.multiselect(key=KEY_BENCH_CV_RELIABILITY).value == [
+        f"{CV_NAME}/{d}" for d in CV_DETECTORS
+    ]
+    rel = charts["cv.reliability"]
+    assert _trace(rel, "perfectly calibrated")["x"] == [0, 1]
+    for r in cv.results:
+        t = _trace(rel, f"{r.detector} (ECE {r.reliability.ece:.3f})")
+        assert t["x"] == _none_for_nan(r.reliability.mean_predicted)
+        assert t["y"] == _none_for_nan(r.reliability.observed)
+        sizes = t["marker"]["size"]
+        assert [s > 0 for s in sizes] == [c > 0 for c in r.reliability.counts]
+
+    # The cross-domain heatmap: z is the run's own training x test table.
+    heat = charts["matrix"]["data"][0]
+    assert heat["type"] == "heatmap"
+    assert heat["x"] == list(matrix.datasets) and heat["y"] == matrix.rows()
+    assert heat["z"] == [_none_for_nan(row) for row in matrix.frame("nll", "auroc").to_numpy()]
+    assert any(v is None for row in heat["z"] for v in row)  # pairs not run stay blank
+    assert "" in {c for row in heat["text"] for c in row}
+    shown = at.dataframe[-1].value
+    assert list(shown.columns) == list(matrix.datasets)
+    c = matrix.cells["nll"]["qa"]["summary"]
+    lo, hi = c["auroc_ci"]
+    assert shown.loc["qa", "summary"] == f"{c['auroc']:.3f} [{lo:.3f}, {hi:.3f}]"
+    assert shown.loc["all but qa", "summary"] == ""
+
+    labels = _download_labels(at)
+    for label in (
+        "Metrics (CSV)",
+        "Out-of-fold scores per answer (CSV)",
+        "Per-fold metrics (CSV)",
+        "Per generator (CSV)",
+        "Per dataset (CSV)",
+        "Reliability bins (CSV)",
+        "Every cell of every detector (CSV)",
+    ):
+        assert label in labels
+
+
+def test_cv_and_matrix_pickers_redraw_the_charts(
+    make_app: Callable[[], AppTest], runs_dir: Path, crossval_runs: tuple[CVRun, MatrixRun]
+) -> None:
+    cv, matrix = crossval_runs
+    cv.save(runs_dir)
+    matrix.save(runs_dir)
+    at = _benchmark(make_app)
+
+    at.radio(key=KEY_BENCH_CV_DATASET_METRIC).set_value("ECE").run()
+    _no_exception(at)
+    sets = _charts(at)["cv.dataset"]
+    assert sets["layout"]["yaxis"]["title"]["text"] == "ECE"
+    lexical = cv.result("lexical")
+    t = next(t for t in sets["data"] if t["name"] == "lexical")
+    assert t["y"] == pytest.approx([lexical.by_dataset[d]["ece"] for d in t["x"]])
+
+    at.multiselect(key=KEY_BENCH_CV_RELIABILITY).set_value([f"{CV_NAME}/lexical"]).run()
+    _no_exception(at)
+    names = [t["name"] for t in _charts(at)["cv.reliability"]["data"]]
+    assert names == ["perfectly calibrated", f"lexical (ECE {lexical.reliability.ece:.3f})"]
+
+    at.selectbox(key=KEY_BENCH_MATRIX_DETECTOR).set_value("lexical").run()
+    at.radio(key=KEY_BENCH_MATRIX_METRIC).set_value("AP").run()
+    _no_exception(at)
+    heat = _charts(at)["matrix"]
+    assert heat["data"][0]["z"] == [
+        _none_for_nan(row) for row in matrix.frame("lexical", "ap").to_numpy()
+    ]
+    assert heat["layout"]["title"]["text"].startswith("AP of lexical")
+    c = matrix.cells["lexical"]["summary"]["qa"]
+    assert at.dataframe[-1].value.loc["summary", "qa"] == (
+        f"{c['ap']:.3f} [{c['ap_ci'][0]:.3f}, {c['ap_ci'][1]:.3f}]"
+    )
+    assert at.session_state[STATE_KEY].bench_matrix_metric == "AP"
+
+
+def test_two_cv_runs_next_to_test_runs(
+    make_app: Callable[[], AppTest], runs_dir: Path, crossval_runs: tuple[CVRun, MatrixRun]
+) -> None:
+    cv, _ = crossval_runs
+    synthetic_run().save(runs_dir)
+    cv.save(runs_dir)
+    other = dataclasses.replace(cv, name="cv *other* [x](http://e.test)")
+    # Written by hand: CVRun.save names the file after the run, and this name has a "/".
+    (runs_dir / "other.json").write_text(json.dumps(other.to_dict()))
+    at = _benchmark(make_app)
+    assert [h.value for h in at.header] == ["Held-out test runs", "Cross-validation"]
+    assert at.multiselect(key=KEY_BENCH_RUNS).value == [RUN_NAME]  # test runs as before
+    assert list(at.dataframe[0].value["detector"]) == list(DETECTORS)
+
+    picker = at.multiselect(key=KEY_BENCH_CV_RUNS)
+    assert picker.value == [other.name]  # the newest
+    picker.set_value([other.name, CV_NAME]).run()
+    _no_exception(at)
+    # One table per run, each under its (escaped) name.
+    assert any(m.value.startswith(f"**{md(other.name)}**") for m in at.markdown)
+    assert any(m.value.startswith(f"**{CV_NAME}**") for m in at.markdown)
+    cv_tables = [d.value for d in at.dataframe if "folds mean ± sd" in d.value.columns]
+    assert len(cv_tables) == 2
+    spread = _charts(at)["cv.spread"]
+    assert _trace(spread, "pooled")["y"] == [
+        plain(f"{n} · {d}") for n in (other.name, CV_NAME) for d in CV_DETECTORS
+    ]
+
+
+def test_unreadable_runs_are_listed_and_the_rest_still_shows(
+    make_app: Callable[[], AppTest],
+    runs_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    crossval_runs: tuple[CVRun, MatrixRun],
+) -> None:
+    cv, matrix = crossval_runs
+    runs_dir.mkdir(parents=True)
+    (runs_dir / "truncated.json").write_text('{"kind": "cv", "format": 1, "name": ')
+    bad = cv.to_dict()
+    bad["name"], bad["labels"] = "short-labels", bad["labels"][:5]
+    (runs_dir / "short-labels.json").write_text(json.dumps(bad))
+    bad_matrix = {**matrix.to_dict(), "name": "flat-cells", "cells": {"nll": [1, 2]}}
+    (runs_dir / "flat-cells.json").write_text(json.dumps(bad_matrix))
+    cv.save(runs_dir)
+    shipped = tmp_path / "shipped-runs"
+    matrix.save(shipped)
+    dataclasses.replace(cv, name="shipped-cv").save(shipped)
+    monkeypatch.setenv("RAGSCOPE_SHIPPED_RUNS_DIR", str(shipped))
+    at = _benchmark(make_app)
+    warnings = " ".join(w.value for w in at.warning)
+    for name in ("truncated.json", "short-labels.json", "flat-cells.json"):
+        assert f"`{name}`" in warnings
+    assert "5 labels" in warnings and "cells must be" in warnings
+    opts = list(at.multiselect(key=KEY_BENCH_CV_RUNS).options)
+    assert [o.split(" · ")[0] for o in opts] == [CV_NAME, "shipped-cv"]
+    assert [o.endswith(" · shipped") for o in opts] == [False, True]
+    assert at.selectbox(key=KEY_BENCH_MATRIX_RUN).value == MATRIX_NAME
+    assert {"cv.spread", "matrix"} <= set(_charts(at))
+
+
+def test_reliability_and_matrix_figures_escape_names(
+    crossval_runs: tuple[CVRun, MatrixRun],
+) -> None:
+    cv, matrix = crossval_runs
+    name = '<a href="https://e.test">x</a>'
+    fig = reliability_figure({name: cv.results[1].reliability})
+    assert fig.data[1].name == f"{plain(name)} (ECE {cv.results[1].reliability.ece:.3f})"
+    assert "<a" not in fig.data[1].name and "<a" not in fig.data[1].hovertemplate
+    cell = matrix.cells["nll"]["qa"]["summary"]
+    odd = dataclasses.replace(
+        matrix, datasets=(name, "b"), cells={name: {name: {"b": cell}, "b": {name: cell}}}
+    )
+    heat = matrix_figure(odd, name)
+    assert list(heat.data[0].x) == list(heat.data[0].y) == [plain(name), "b"]
+    assert heat.data[0].z[0][1] == pytest.approx(cell["auroc"]) and heat.data[0].z[0][0] is None
+    assert "<a" not in heat.layout.title.text

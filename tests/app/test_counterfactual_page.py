@@ -24,7 +24,7 @@ from app.views.counterfactual import (
     passage_key,
 )
 from core.counterfactual import NO_CONTEXT, edit_example, on_template, support_span
-from core.datasets import builtin_examples
+from core.data import builtin_examples
 from core.detectors import load_shipped
 from core.extract import run_example
 from core.model import LoadedModel

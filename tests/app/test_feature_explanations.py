@@ -24,7 +24,7 @@ from app.state import (
     explain_one_key,
     fidelity_key,
 )
-from core.datasets import load_builtin
+from core.data import load_builtin
 from core.explain import PromptBudget, build_prompt, feature_examples, feature_key
 from core.llm import SETTING_NAMES
 from core.storage import Store
@@ -272,7 +272,7 @@ def test_a_shipped_raglens_detector_ranks_the_features(
 ) -> None:
     import os
 
-    from core.datasets import resolve_dataset
+    from core.data import resolve_dataset
     from core.detectors import make_detector
     from core.extract import extract_features
 

@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from core.datasets import builtin_examples
+from core.data import builtin_examples
 from core.detectors import load_shipped, make_detector
 from core.extract import extract_features
 from core.model import LoadedModel

@@ -29,7 +29,7 @@ from app.state import (
     KEY_HEADS_UNIT,
     STATE_KEY,
 )
-from core.datasets import builtin_examples, load_builtin
+from core.data import builtin_examples, load_builtin
 from core.detectors import make_detector
 from core.extract import extract_features, run_example
 from core.heads import copying_scores

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from core.datasets import builtin_examples
+from core.data import builtin_examples
 from core.detectors import load_shipped
 from core.teach import cortex_walk, lens_curve
 
@@ -185,7 +185,7 @@ def test_raglens_steps_sum_to_the_detectors_score(
 ) -> None:
     import os
 
-    from core.datasets import resolve_dataset
+    from core.data import resolve_dataset
     from core.detectors import make_detector
     from core.extract import extract_features
     from core.teach import raglens_walk
@@ -253,7 +253,7 @@ def test_redeep_steps_read_the_heads_and_the_ffn(
     assert chart(at, "Mean ECS of every head")
     at.button(key="learn.stats").click().run()  # over the first corpus answers
     no_exception(at)
-    from core.datasets import load_builtin
+    from core.data import load_builtin
     from core.detectors import make_detector
     from core.extract import extract_features
     from core.headstats import HeadStats

@@ -20,7 +20,7 @@ from app.views.mitigation import (
     KEY_VALUES,
 )
 from core.counterfactual import on_template, score_one
-from core.datasets import builtin_examples
+from core.data import builtin_examples
 from core.detectors import load_shipped
 from core.model import LoadedModel
 from core.steer import steer_continuation

@@ -28,13 +28,12 @@ from app.state import (
     STATE_KEY,
 )
 from core.contract import align_token_scores, artifact_info
-from core.datasets import builtin_examples
+from core.data import builtin_examples, make_splits
 from core.detectors import load_shipped
 from core.errors import ModelError
 from core.evaluate import evaluate
 from core.extract import run_example
 from core.model import LoadedModel
-from core.splits import make_splits
 
 PLAYGROUND = "views/playground.py"
 EXAMPLE = "demo-02-waggle-dance"  # a built-in example with one gold span
@@ -155,7 +154,9 @@ def test_verdict_table_matches_predict_and_cfg(
         assert row["trained on"] == cfg["trained_on"]["dataset"] == "demo"
         assert row["n train"] == cfg["trained_on"]["n"]["train"]
         auroc = cfg["metrics"]["test"]["auroc"]
-        assert (pd.isna(row["test AUROC"]) and auroc is None) or row["test AUROC"] == auroc
+        assert (pd.isna(row["AUROC"]) and auroc is None) or row["AUROC"] == auroc
+        assert auroc is None or row["AUROC from"] == "test split"
+        assert not row["calibrated"]
     assert any("score from 0 to 1" in c.value for c in at.caption)
 
 

@@ -11,7 +11,7 @@ import numpy as np
 
 from app.components.report import answer_report_html, dataset_report_html
 from core.agreement import verdict_table
-from core.datasets import load_builtin
+from core.data import load_builtin
 from core.detectors import load_shipped
 from core.extract import run_example
 from core.review import Flag, ReviewBook, dataset_verdicts

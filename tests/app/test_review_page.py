@@ -142,7 +142,7 @@ def test_a_reviewer_scans_reviews_and_exports(
 
 
 def _corpus():
-    from core.datasets import load_builtin
+    from core.data import load_builtin
 
     return load_builtin()
 

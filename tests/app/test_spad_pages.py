@@ -28,7 +28,7 @@ from app.state import (
     KEY_TOKENS_QUICK_FIT,
     STATE_KEY,
 )
-from core.datasets import builtin_examples
+from core.data import builtin_examples
 from core.detectors import load_shipped, make_detector
 from core.extract import extract_features, run_example
 from core.layout import render

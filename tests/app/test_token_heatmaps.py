@@ -27,7 +27,7 @@ from app.views.token_heatmaps import (
     KEY_SMOOTH_ALL,
     KEY_THRESHOLD,
 )
-from core.datasets import builtin_examples
+from core.data import builtin_examples
 from core.detectors import load_shipped
 from core.extract import run_example
 from core.model import LoadedModel

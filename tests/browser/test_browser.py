@@ -4,7 +4,8 @@ Starts ``streamlit run app/main.py`` on a free port with ``RAGSCOPE_MODEL=embedd
 opens Home and the Playground in headless Chromium (Playwright), analyses a built-in
 example (with a synthetic ``nll`` detector artifact for the embedded model, so the
 verdict table and the detector colouring show), opens the Benchmark on a synthetic
-saved run, computes the Heads & layers statistics on a few examples and shows one
+saved run (and, below it, a synthetic cross-validation and cross-domain matrix run),
+computes the Heads & layers statistics on a few examples and shows one
 answer through another head, explains a quick spad fit on the SHAP summary page and
 one answer's seven token sources and SHAP waterfall on the Token sources page, shows
 the shipped RAGLens detector (and SAE) on the GAM shape functions page, steps through
@@ -32,6 +33,7 @@ import os
 import re
 import shutil
 import threading
+import types
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -42,9 +44,11 @@ import pytest
 from playwright.sync_api import expect
 
 from core.contract import Features
+from core.crossval import CVRun, MatrixRun, cross_validate
 from core.detectors import make_detector
 from core.evaluate import DetectorResult, EvalRun
-from core.examples import RAGExample
+from core.examples import Provenance, RAGExample, Span
+from core.extract import Extraction
 from core.metrics import response_metrics
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded]
@@ -56,6 +60,12 @@ ANALYSE_MS = 120_000
 EXAMPLE_ID = "demo-02-waggle-dance"  # has a gold hallucination span
 CF_EXAMPLE_ID = "demo-04-mount-kelsey"  # one gold span, flagged by the shipped CORTEX
 BENCH_RUN = "synthetic-browser-run"
+CV_RUN = "synthetic-browser-cv"
+MATRIX_RUN = "synthetic-browser-matrix"
+CV_DATASETS = ("synthetic-qa", "synthetic-summary")
+CV_GENERATORS = ("model-a", "model-b", "model-c")
+MATRIX_DATASETS = ("synthetic-qa", "synthetic-summary", "synthetic-data2txt")
+SCREENSHOTS = REPO / "assets" / "screenshots"
 EMBEDDED_KEY = "SmolLM2-135M-Instruct|L30xH9/KV3|D576|V49152|float32"
 PAGES = [
     "Home",
@@ -120,6 +130,129 @@ def _synthetic_run(n: int = 60, seed: int = 0) -> EvalRun:
     )
 
 
+def _synthetic_cv_run(n_sources: int = 60, n_tokens: int = 12, seed: int = 0) -> CVRun:
+    """A 5-fold cross-validation of nll, context_gain and lexical by the real
+    :func:`core.crossval.cross_validate`, on seeded features of some skill instead of
+    the model's: two datasets (summaries are harder), three generators answering every
+    question (later ones hallucinate more), gold spans on four tokens."""
+    rng = np.random.default_rng(seed)
+    offsets = np.stack([np.arange(n_tokens), np.arange(1, n_tokens + 1)], axis=1)
+    span = slice(4, 8)
+    examples: list[RAGExample] = []
+    feats: dict[str, list[Features]] = {"nll": [], "context_gain": [], "lexical": []}
+    for j in range(n_sources):
+        dataset = CV_DATASETS[j * len(CV_DATASETS) // n_sources]
+        skill = 0.9 if dataset == CV_DATASETS[0] else 0.45
+        for k, gen in enumerate(CV_GENERATORS):
+            y = bool(rng.random() < 0.25 + 0.15 * k)
+            hall = np.zeros(n_tokens, dtype=bool)
+            hall[span] = y
+            s = rng.gamma(2.0, 1.5, n_tokens) + 2.5 * skill * hall
+            gain = rng.normal(0.8, 1.0, n_tokens) - 1.6 * skill * hall
+            absent = (rng.random(n_tokens) < 0.15 + 0.5 * skill * hall).astype(float)
+            eid = f"{dataset}-{j}-{gen}"
+            for det, names, response, tokens in (
+                (
+                    "nll",
+                    ("surprisal_mean", "surprisal_max", "surprisal_p90"),
+                    [s.mean(), s.max(), np.percentile(s, 90)],
+                    s,
+                ),
+                (
+                    "context_gain",
+                    ("gain_mean", "gain_min", "gain_p10", "share_negative_gain"),
+                    [gain.mean(), gain.min(), np.percentile(gain, 10), (gain < 0).mean()],
+                    gain,
+                ),
+                (
+                    "lexical",
+                    ("share_absent", "n_absent", "n_content"),
+                    [absent.mean(), absent.sum(), float(n_tokens)],
+                    absent,
+                ),
+            ):
+                feats[det].append(
+                    Features(
+                        detector=det,
+                        example_id=eid,
+                        model=EMBEDDED_KEY,
+                        names=names,
+                        response=np.asarray(response, dtype=np.float64),
+                        token_names=(names[0],),
+                        tokens=np.asarray(tokens, dtype=np.float64)[:, None],
+                        token_offsets=offsets,
+                    )
+                )
+            examples.append(
+                RAGExample(
+                    id=eid,
+                    task="qa" if dataset == CV_DATASETS[0] else "summary",
+                    question=f"Question {j}?",
+                    passages=(f"Passage {j}.",),
+                    response="x" * n_tokens,
+                    label=y,
+                    spans=(Span(start=span.start, end=span.stop),) if y else (),
+                    provenance=Provenance(dataset=dataset, generator=gen),
+                )
+            )
+    extraction = Extraction(
+        examples=tuple(examples),
+        features={k: tuple(v) for k, v in feats.items()},
+        errors=(),
+        cache_hits=len(examples),
+        computed=0,
+        seconds=0.0,
+    )
+    # Features given: cross_validate reads only the model's key (for the run's record).
+    model = types.SimpleNamespace(info=types.SimpleNamespace(key=EMBEDDED_KEY))
+    return cross_validate(
+        model,  # type: ignore[arg-type]
+        list(feats),
+        examples,
+        k=5,
+        datasets=CV_DATASETS,
+        extraction=extraction,
+        n_boot=200,
+        name=CV_RUN,
+    )
+
+
+def _synthetic_matrix_run(seed: int = 0) -> MatrixRun:
+    """A cross-domain matrix of seeded cells: within a dataset (the diagonal) a detector
+    does best, on another dataset worse, trained on all the others in between."""
+    rng = np.random.default_rng(seed)
+    cells: dict[str, dict[str, dict[str, dict[str, object]]]] = {}
+    for d, det in enumerate(("nll", "context_gain", "lexical")):
+        by_train: dict[str, dict[str, dict[str, object]]] = {}
+        trainings = [(t, list(MATRIX_DATASETS)) for t in MATRIX_DATASETS]
+        trainings += [(f"all but {t}", [t]) for t in MATRIX_DATASETS]
+        for train, tests in trainings:
+            for test in tests:
+                base = 0.78 if train == test else 0.68 if train.startswith("all but") else 0.6
+                auroc = float(np.clip(base - 0.04 * d + rng.normal(0, 0.03), 0.4, 0.95))
+                ap = float(np.clip(auroc - 0.12 + rng.normal(0, 0.02), 0.2, 0.95))
+                half = 0.05 + 0.02 * rng.random()
+                by_train.setdefault(train, {})[test] = {
+                    "n": 120,
+                    "n_positive": 44,
+                    "auroc": auroc,
+                    "auroc_ci": [auroc - half, min(auroc + half, 1.0)],
+                    "ap": ap,
+                    "ap_ci": [ap - half - 0.02, min(ap + half + 0.02, 1.0)],
+                    "balanced_accuracy": float(np.clip(auroc - 0.08, 0.4, 0.95)),
+                }
+        cells[det] = by_train
+    return MatrixRun(
+        name=MATRIX_RUN,
+        created_at="2026-01-02T04:05:06+00:00",
+        model=EMBEDDED_KEY,
+        datasets=MATRIX_DATASETS,
+        k=5,
+        seed=0,
+        cells=cells,
+    )
+
+
 def _synthetic_detectors(folder: Path, n: int = 40, n_tokens: int = 12) -> Path:
     """An ``nll`` artifact for the embedded model, fitted on seeded surprisal values.
 
@@ -166,12 +299,15 @@ def _synthetic_detectors(folder: Path, n: int = 40, n_tokens: int = 12) -> Path:
 
 
 def _server_cache_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """A cache dir of the server's own (one synthetic saved run) sharing the model cache."""
+    """A cache dir of the server's own (a synthetic saved run of each kind: train / test,
+    cross-validation, cross-domain matrix) sharing the model cache."""
     shared = Path(os.environ["RAGSCOPE_CACHE_DIR"]).expanduser() / "models"
     shared.mkdir(parents=True, exist_ok=True)
     cache = tmp_path_factory.mktemp("browser-cache")
     (cache / "models").symlink_to(shared, target_is_directory=True)
     _synthetic_run().save(cache / "runs")
+    _synthetic_cv_run().save(cache / "runs")
+    _synthetic_matrix_run().save(cache / "runs")
     return cache
 
 
@@ -368,13 +504,90 @@ def test_benchmark_in_chromium(server: str, browser: object) -> None:
         assert table.bounding_box()["height"] > 80  # type: ignore[index]
 
         # ROC curves with AUROC in the legend, and the confusion matrix.
-        legend = page.locator(".js-plotly-plot .legendtext", has_text="AUROC")
+        roc = page.locator(".js-plotly-plot").first
+        legend = roc.locator(".legendtext", has_text="AUROC")
         legend.first.wait_for(state="visible")
         assert legend.count() == 3
         page.get_by_text(re.compile(r"At threshold 0\.500: TP \d+")).wait_for()
-        assert page.locator(".js-plotly-plot").count() == 5
+        # 5 of the test run, 4 of the cross-validation, the cross-domain heatmap.
+        expect(page.locator(".js-plotly-plot")).to_have_count(10, timeout=60_000)
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "benchmark.png")
+
+
+def _section_screenshot(
+    page: object, top: object, path: Path, *, until: object | None = None, through: object = None
+) -> None:
+    """Screenshot the main column from the ``top`` element down to the ``until`` one
+    (exclusive), or through the ``through`` one, with the viewport grown to the whole
+    page as in :func:`_full_page_screenshot` so every chart has been drawn."""
+    height = page.evaluate(  # type: ignore[attr-defined]
+        """() => {
+            const main = document.querySelector('[data-testid="stMain"]');
+            if (main) main.scrollTo(0, 0);
+            return Math.max(main ? main.scrollHeight : 0, document.body.scrollHeight);
+        }"""
+    )
+    size = page.viewport_size  # type: ignore[attr-defined]
+    page.set_viewport_size({"width": size["width"], "height": int(height) + 40})  # type: ignore[attr-defined]
+    page.wait_for_timeout(800)  # relayout and plotly resize
+    column = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()  # type: ignore[attr-defined]
+    y0 = top.bounding_box()["y"] - 16  # type: ignore[attr-defined]
+    if until is not None:
+        y1 = until.bounding_box()["y"] - 24  # type: ignore[attr-defined]
+    else:
+        box = through.bounding_box()  # type: ignore[attr-defined]
+        y1 = box["y"] + box["height"] + 24
+    page.screenshot(  # type: ignore[attr-defined]
+        path=str(path),
+        # 2 px in from the left: the sidebar's border runs along the column's edge.
+        clip={"x": column["x"] + 2, "y": y0, "width": column["width"] - 2, "height": y1 - y0},
+    )
+    page.set_viewport_size(size)  # type: ignore[attr-defined]
+
+
+def test_benchmark_cross_validation_and_matrix_in_chromium(server: str, browser: object) -> None:
+    with _opened(browser, server, "benchmark", "Benchmark") as page:
+        cv_head = page.get_by_role("heading", name="Cross-validation", exact=True)
+        matrix_head = page.get_by_role("heading", name="Cross-domain matrix", exact=True)
+        cv_head.wait_for()
+        page.get_by_text(re.compile(re.escape(CV_RUN))).first.wait_for()
+        page.get_by_text(re.compile(r"5-fold source-grouped cross-validation on")).wait_for()
+        plots = page.locator(".js-plotly-plot")
+        _wait_for_plots(
+            plots,
+            (
+                "AUROC of each fold and pooled",
+                "Reliability of the calibrated out-of-fold scores",
+                "AUROC of nll: trained on",
+            ),
+            timeout=60_000,
+            min_height=250,
+        )
+        spread = plots.filter(has_text="AUROC of each fold and pooled")
+        # Every detector's row: 5 fold circles each and a pooled diamond.
+        assert spread.locator(".scatterlayer .point").count() == 3 * 5 + 3
+        reliability = plots.filter(has_text="Reliability of the calibrated")
+        assert reliability.locator(".legendtext", has_text="(ECE ").count() == 3
+        heat = plots.filter(has_text="AUROC of nll: trained on")
+        # Rows: three datasets, then "all but" each; the "all but" rows test one set only.
+        for label in (*MATRIX_DATASETS, "all but synthetic-qa"):
+            assert heat.locator(".ytick", has_text=label).count() >= 1
+        run = _synthetic_matrix_run()
+        diag = run.cells["nll"]["synthetic-qa"]["synthetic-qa"]["auroc"]
+        heat.get_by_text(f"{diag:.3f}", exact=True).wait_for()
+        _assert_no_exception(page)
+        _section_screenshot(
+            page,
+            cv_head,
+            ARTIFACTS / "benchmark_cv.png",
+            until=page.locator("hr").last,
+            through=None,
+        )
+        matrix_csv = page.get_by_role("button", name=re.compile(r"Every cell of every detector"))
+        _section_screenshot(
+            page, matrix_head, ARTIFACTS / "benchmark_matrix.png", through=matrix_csv
+        )
 
 
 def test_heads_in_chromium(server: str, browser: object) -> None:

@@ -47,7 +47,7 @@ def oidc() -> str:
 @pytest.fixture(scope="module")
 def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """A database with a review queue on the built-in corpus and a hostile dataset."""
-    from core.datasets import load_builtin
+    from core.data import load_builtin
 
     path = tmp_path_factory.mktemp("login-db") / "ragscope.sqlite3"
     examples = load_builtin()[:2]
@@ -93,7 +93,14 @@ def _no_attack_rendered(page) -> None:
     """Nothing of :data:`ATTACK` became markup: no image, link or heading to it."""
     imgs = page.eval_on_selector_all("img", "els => els.map(e => e.getAttribute('src') || '')")
     links = page.eval_on_selector_all("a", "els => els.map(e => e.getAttribute('href') || '')")
-    assert not [u for u in imgs + links if "evil" in u], (imgs, links)
+    hits = [u for u in imgs + links if "evil" in u]
+    if hits:  # keep where they sit, for the log
+        where = page.eval_on_selector_all(
+            "a[href*=evil], img[src*=evil]",
+            "els => els.map(e => (e.closest('[data-testid]') || e.parentElement).outerHTML.slice(0, 2000))",
+        )
+        LOG.with_name("attack-rendered.html").write_text("\n\n".join(where))
+    assert not hits, (imgs, links)
     heads = page.locator("h1, h2, h3, h4").all_inner_texts()
     assert not [h for h in heads if "Heading?" in h or "pixel" in h], heads
 
@@ -118,7 +125,9 @@ def test_login_gates_every_page_and_reviews_carry_the_identity(app_url, db, open
         page.get_by_role("button", name="Authorize").click()
         page.get_by_text("Signed in as").wait_for(timeout=LOAD_MS)
         page.get_by_role("heading", name="Model").wait_for(timeout=LOAD_MS)
-        _no_attack_rendered(page)  # Home lists the hostile dataset by name
+        # Home lists the hostile dataset by name (its bare URLs must not become links)
+        page.get_by_text(re.compile(r"^Imported\W+\[x\]")).first.wait_for(timeout=LOAD_MS)
+        _no_attack_rendered(page)
 
         page.goto(f"{app_url}/review", wait_until="domcontentloaded")
         page.get_by_text(re.compile(r"Reviewing as Alice")).wait_for(timeout=LOAD_MS)

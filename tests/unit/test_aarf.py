@@ -17,7 +17,7 @@ from core.aarf import (
     scaled_components,
 )
 from core.cli import main
-from core.datasets import resolve_dataset
+from core.data import resolve_dataset
 from core.detectors import make_detector
 from core.extract import extract_features, run_example
 from core.generate import GenerationConfig, generate

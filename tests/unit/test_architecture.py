@@ -8,6 +8,7 @@ from __future__ import annotations
 import ast
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -156,7 +157,7 @@ def test_no_import_cycle() -> None:
     [
         # the engine reaching up into a detector, at function level
         (
-            "core/storage.py",
+            "core/storage/db.py",
             "from core.detectors import make_detector",
             "core.storage is not allowed to import core.detectors",
         ),
@@ -214,3 +215,82 @@ def test_only_the_trace_module_sets_hooks(tmp_path: Path) -> None:
     f = root / "core" / "steer.py"
     f.write_text(f.read_text() + "\n\ndef _planted(model):\n    return model.bridge.hooks([])\n")
     assert _hook_calls(root) == [f"core/steer.py:{len(f.read_text().splitlines())}"]
+
+
+# SQL as this codebase writes it: statements start with an upper-case keyword.
+SQL = re.compile(
+    r"\bSELECT\b.*\bFROM\b|\bUPDATE\s+\w+\s+SET\b|\b(?i:INSERT\s+(OR\s+\w+\s+)?INTO"
+    r"|DELETE\s+FROM|(CREATE|ALTER|DROP)\s+(TABLE|(UNIQUE\s+)?INDEX|TRIGGER|VIEW)"
+    r"|PRAGMA\s+\w+\s*=?|BEGIN\s+(IMMEDIATE|EXCLUSIVE|DEFERRED))\b",
+    re.S,
+)
+SQL_CALLS = frozenset({"execute", "executemany", "executescript"})
+
+
+def _sql_lines(source: str) -> list[int]:
+    """Lines of ``source`` with SQL: a string (f-strings included, docstrings and other
+    bare strings not) that reads as a statement, an ``execute`` call or ``sqlite3``."""
+    tree = ast.parse(source)
+    docs = {
+        id(n.value)
+        for n in ast.walk(tree)
+        if isinstance(n, ast.Expr) and isinstance(n.value, ast.Constant | ast.JoinedStr)
+    }
+    parts = {id(v) for n in ast.walk(tree) if isinstance(n, ast.JoinedStr) for v in n.values}
+    out = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Call) and isinstance(node.func, ast.Attribute):
+            if node.func.attr in SQL_CALLS:
+                out.add(node.lineno)
+        elif isinstance(node, ast.Import | ast.ImportFrom):
+            names = [node.module or ""] if isinstance(node, ast.ImportFrom) else []
+            if "sqlite3" in [*names, *(a.name for a in node.names)]:
+                out.add(node.lineno)
+        elif id(node) in docs or id(node) in parts:
+            continue
+        elif isinstance(node, ast.JoinedStr):
+            text = "".join(v.value if isinstance(v, ast.Constant) else "{}" for v in node.values)
+            if SQL.search(text):
+                out.add(node.lineno)
+        elif isinstance(node, ast.Constant) and isinstance(node.value, str):
+            if SQL.search(node.value):
+                out.add(node.lineno)
+    return sorted(out)
+
+
+def _sql_outside_storage(root: Path) -> list[str]:
+    """``file:line`` of SQL anywhere but core/storage/ (where all of it lives)."""
+    storage = root / "core" / "storage"
+    return [
+        f"{f.relative_to(root)}:{line}"
+        for pkg in PACKAGES
+        for f in sorted((root / pkg).rglob("*.py"))
+        if storage not in f.parents
+        for line in _sql_lines(f.read_text(encoding="utf-8"))
+    ]
+
+
+def test_sql_lives_only_in_storage() -> None:
+    assert _sql_outside_storage(ROOT) == []
+    found = {  # the same scan does see the SQL that is in core/storage/
+        f.name
+        for f in (ROOT / "core" / "storage").glob("*.py")
+        if _sql_lines(f.read_text(encoding="utf-8"))
+    }
+    assert {"db.py", "migrations.py", "datasets.py", "reviews.py"} <= found
+
+
+def test_sql_outside_storage_is_found() -> None:
+    planted = '''"""A docstring may say SELECT name FROM datasets."""
+import sqlite3
+
+
+def names(store, table):
+    """Or DELETE FROM annotations."""
+    rows = store._query(f"SELECT name FROM {table} WHERE id = ?", (1,))
+    store.run("delete from analyses")
+    store.run("UPDATE reviews SET note = ?", ("x",))
+    store._conn.execute("ROLLBACK")
+    return rows, "Select a dataset from the list; update it, then delete it."
+'''
+    assert _sql_lines(planted) == [2, 7, 8, 9, 10]

@@ -19,7 +19,7 @@ from core.chunking import (
     split_sentences_many,
     split_text,
 )
-from core.datasets import load_dataset
+from core.data import load_dataset
 from core.errors import DataError
 from core.examples import RAGExample, Span
 from core.layout import render

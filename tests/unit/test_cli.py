@@ -258,9 +258,8 @@ def test_train_records_token_thresholds_and_the_command_recomputes_them(
 
 def test_train_reads_a_reviewed_export(tmp_path: Path, capsys, tiny_model) -> None:
     """The Review page's JSONL export is a training set like any other."""
-    from core.datasets import resolve_dataset
+    from core.data import resolve_dataset, stratified_head
     from core.review import write_ragtruth_jsonl
-    from core.splits import stratified_head
 
     examples = stratified_head(resolve_dataset("builtin")[1], 48)
     path = write_ragtruth_jsonl(examples, tmp_path / "reviewed.jsonl")
@@ -295,7 +294,7 @@ def test_bench_times_extraction_cold_and_cached(capsys, tiny_model) -> None:
 
 
 def test_answer_one_per_source_of_one_split(tmp_path: Path, capsys, tiny_model) -> None:
-    from core.datasets import load_builtin
+    from core.data import load_builtin
 
     out = tmp_path / "answers.jsonl"
     argv = ["answer", "--model", "tiny", "--dataset", "builtin", "--out", str(out)]
@@ -362,7 +361,7 @@ def test_shap_lists_the_top_features_of_a_trained_spad(tmp_path: Path, capsys, t
 def test_mitigate_reports_rates_and_names_missing_detectors(
     tmp_path: Path, capsys, tiny_model, monkeypatch
 ) -> None:
-    from core.datasets import builtin_examples
+    from core.data import builtin_examples
     from core.detectors import make_detector
     from core.extract import extract_features
 
@@ -389,3 +388,115 @@ def test_mitigate_reports_rates_and_names_missing_detectors(
     assert report["method"] == "feedback-instance" and "nll" in report["thresholds"]
     assert main([*args, "--detectors", "cortex"]) == 2
     assert "ragscope train --detectors cortex" in capsys.readouterr().err
+
+
+def _cv_args(*extra: str) -> list[str]:
+    return [
+        "--model",
+        "tiny",
+        "--device",
+        "cpu",
+        "--detectors",
+        "nll,lexical",
+        "--bootstrap",
+        "50",
+        *extra,
+    ]
+
+
+def test_evaluate_cv_reports_pooled_out_of_fold_metrics(tmp_path: Path, capsys, tiny_model) -> None:
+    code = main(
+        [
+            "evaluate",
+            "--cv",
+            "3",
+            "--dataset",
+            "builtin",
+            "--limit",
+            "60",
+            "--out",
+            str(tmp_path),
+            *_cv_args(),
+        ]
+    )
+    assert code == 0
+    out = capsys.readouterr().out
+    assert "3-fold source-grouped cross-validation" in out and "| lexical |" in out
+    (saved,) = tmp_path.glob("*.json")
+    run = json.loads(saved.read_text())
+    assert run["kind"] == "cv" and run["k"] == 3 and len(run["ids"]) == len(run["fold"])
+    assert {r["detector"] for r in run["results"]} == {"nll", "lexical"}
+    # several datasets combine only with --cv
+    assert main(["evaluate", "--dataset", "builtin,demo", *_cv_args()]) == 2
+
+
+def test_train_cv_saves_calibrated_artifacts_with_their_cv_metrics(
+    tmp_path: Path, capsys, tiny_model, monkeypatch
+) -> None:
+    monkeypatch.setenv("RAGSCOPE_SHARED_RUNS_DIR", str(tmp_path / "runs"))
+    monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(tmp_path / "cache"))  # the run's folder
+    shipped = tmp_path / "shipped"
+    args = ["train", "--cv", "3", "--dataset", "builtin", "--limit", "60", "--out", str(shipped)]
+    assert main([*args, *_cv_args()]) == 0
+    capsys.readouterr()
+    cfg = json.loads((shipped / "lexical" / "cfg.json").read_text())
+    assert cfg["calibration"]["kind"] == "platt"
+    assert (
+        cfg["trained_on"]["recipe"]["procedure"] == "cv"
+        and "--cv 3" in cfg["trained_on"]["recipe"]["command"]
+    )
+    cv = cfg["metrics"]["cv"]
+    assert cv["k"] == 3 and cv["pooled"]["n"] == cfg["trained_on"]["n"]["builtin"]
+    assert cfg["threshold_criterion"] == "balanced_accuracy"
+    rebuilt = tmp_path / "rebuilt"
+    assert main(["train", "--reproduce", str(shipped), "--out", str(rebuilt)]) == 0
+    assert "2/2 artifacts reproduced" in capsys.readouterr().out
+    assert list((tmp_path / "cache" / "runs").glob("*-cv3-builtin.json"))  # not in ~/.cache
+
+
+def test_shared_specs_say_what_is_missing(tmp_path: Path, capsys, monkeypatch) -> None:
+    from core.data import resolve_dataset, resolve_datasets
+    from core.errors import DataError
+
+    monkeypatch.setenv("RAGSCOPE_SHARED_DATA", str(tmp_path / "nowhere"))
+    with pytest.raises(DataError, match="development data folder is not here"):
+        resolve_dataset("shared:ragtruth_qa_dev")
+    (tmp_path / "data").mkdir()
+    monkeypatch.setenv("RAGSCOPE_SHARED_DATA", str(tmp_path / "data"))
+    with pytest.raises(DataError, match="no ragtruth_qa_dev.jsonl"):
+        resolve_dataset("shared:ragtruth_qa_dev")
+    with pytest.raises(DataError, match="must name a file"):
+        resolve_dataset("shared:../secrets")
+    names, exs = resolve_datasets("demo,builtin")
+    assert names == ["demo", "builtin"]
+    assert {e.provenance.dataset for e in exs} == {"demo", "builtin"}
+    assert len({e.id for e in exs}) == len(exs)
+    assert main(["evaluate", "--cv", "--dataset", "shared:ragtruth_qa_dev", *_cv_args()]) == 2
+    assert "no ragtruth_qa_dev.jsonl" in capsys.readouterr().err
+
+
+def test_evaluate_matrix_trains_on_each_and_tests_on_the_others(
+    tmp_path: Path, capsys, tiny_model
+) -> None:
+    from core.data import load_builtin, save_jsonl, stratified_head
+
+    exs = stratified_head(load_builtin(), 80)
+    save_jsonl([e for e in exs if e.task == "qa"], tmp_path / "qa.jsonl")
+    save_jsonl([e for e in exs if e.task == "summary"], tmp_path / "summary.jsonl")
+    specs = f"{tmp_path / 'qa.jsonl'},{tmp_path / 'summary.jsonl'}"
+    args = [
+        "evaluate",
+        "--matrix",
+        specs,
+        "--cv",
+        "2",
+        "--out",
+        str(tmp_path / "runs"),
+        *_cv_args(),
+    ]
+    assert main(args) == 0
+    out = capsys.readouterr().out
+    assert "## nll" in out and "| qa |" in out and "| summary |" in out
+    (saved,) = (tmp_path / "runs").glob("*.json")
+    run = json.loads(saved.read_text())
+    assert run["kind"] == "matrix" and set(run["cells"]["lexical"]["qa"]) == {"qa", "summary"}

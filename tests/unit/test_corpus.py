@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-import core.datasets as datasets
-from core.datasets import load_builtin, load_dataset, save_jsonl
+import core.data.catalog as catalog
+from core.data import load_builtin, load_dataset, save_jsonl
 from core.errors import DataError
 from core.examples import RAGExample
 from tools.corpus import (
@@ -270,7 +270,7 @@ def test_load_builtin_by_split(corpus: list[RAGExample]) -> None:
 def test_load_builtin_missing_file_names_the_fix(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(datasets, "builtin_dir", lambda: tmp_path)
+    monkeypatch.setattr(catalog, "builtin_dir", lambda: tmp_path)
     with pytest.raises(DataError) as err:
         load_builtin()
     assert "python -m tools.corpus" in str(err.value) and str(tmp_path) in str(err.value)

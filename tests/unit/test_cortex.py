@@ -11,7 +11,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from core.contract import Features, Run
-from core.datasets import resolve_dataset
+from core.data import resolve_dataset
 from core.detectors import make_detector
 from core.detectors.cortex import CortexDetector, contextual_residual
 from core.errors import DataError, ModelError, NotFittedError

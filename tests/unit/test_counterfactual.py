@@ -23,7 +23,7 @@ from core.counterfactual import (
     score_pair,
     support_span,
 )
-from core.datasets import builtin_examples
+from core.data import builtin_examples
 from core.detectors import make_detector
 from core.errors import DataError
 from core.examples import RAGExample, Span

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from core.datasets import (
+from core.data import (
     ColumnMapping,
     LoadReport,
     builtin_examples,
@@ -516,7 +516,7 @@ def test_shared_files_load_fully(name: str, fmt: str, n: int, n_halluc: int | No
 
 
 def test_builtin_answers_are_the_embedded_models_own_unlabelled_answers() -> None:
-    from core.datasets import BUILTIN_ANSWERS, load_builtin, resolve_dataset
+    from core.data import BUILTIN_ANSWERS, load_builtin, resolve_dataset
 
     name, answers = resolve_dataset(BUILTIN_ANSWERS)
     assert name == BUILTIN_ANSWERS and len(answers) >= 100

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.datasets import resolve_dataset
+from core.data import resolve_dataset, split_examples
 from core.detectors import detector_class, make_detector
 from core.detectors.ensemble import EnsembleDetector, choose_c, logit
 from core.errors import DataError, ModelError
@@ -18,7 +18,6 @@ from core.evaluate import evaluate
 from core.examples import source_key
 from core.extract import FeatureCache, extract_features, run_example
 from core.learners import LogisticCalibrator
-from core.splits import split_examples
 from core.storage import Store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

@@ -11,11 +11,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import average_precision_score, roc_auc_score
 
+from core.data import data_hash, split_examples
 from core.errors import DataError
 from core.evaluate import EvalRun, evaluate
 from core.examples import Provenance, RAGExample, Span, source_key
 from core.metrics import best_threshold, response_metrics, token_metrics
-from core.splits import data_hash, split_examples
 
 
 def _ex(

@@ -17,7 +17,9 @@ import pytest
 from scipy.stats import pearsonr
 
 import core.explain as explain
-from core.datasets import resolve_dataset
+import core.explain.activations as explain_activations
+import core.explain.prompt as explain_prompt
+from core.data import resolve_dataset
 from core.errors import DataError, LLMError
 from core.explain import (
     BatchResult,
@@ -185,7 +187,7 @@ def test_encoded_answers_are_cached_across_features(
     def no_forward(*args, **kwargs):
         raise AssertionError("a forward pass ran although the answers were cached")
 
-    monkeypatch.setattr(explain, "residuals_until", no_forward)
+    monkeypatch.setattr(explain_activations, "residuals_until", no_forward)
     other = feature_examples(tiny_model, tiny_sae, examples, (feature + 1) % tiny_sae.d_sae)
     assert other.n_examples == len(examples)
     clear_activation_cache()
@@ -197,16 +199,17 @@ def test_token_activations_dropped_from_memory_are_read_again(
     tiny_model, tiny_sae, examples, feature, reference, monkeypatch
 ):
     clear_activation_cache()
-    monkeypatch.setattr(explain._tokens_cache, "max_bytes", 1)  # keeps only the last answer
+    # keeps only the last answer
+    monkeypatch.setattr(explain_activations._tokens_cache, "max_bytes", 1)
     encode_answers(tiny_model, tiny_sae, examples)
-    real = explain.residuals_until
+    real = explain_activations.residuals_until
     calls = []
 
     def counting(*args, **kwargs):
         calls.append(1)
         return real(*args, **kwargs)
 
-    monkeypatch.setattr(explain, "residuals_until", counting)
+    monkeypatch.setattr(explain_activations, "residuals_until", counting)
     assert active_features(tiny_model, tiny_sae, examples, n=3)
     assert not calls  # the per-feature maxima stayed cached
     again = feature_examples(
@@ -236,7 +239,7 @@ def test_encode_answers_counts_reads_and_skips_failures(
     assert (first.computed, first.cache_hits, len(first.examples)) == (2, 0, 2)
     clear_activation_cache()
     encode_answers(tiny_model, tiny_sae, examples[:1])
-    monkeypatch.setattr(explain, "render", render)
+    monkeypatch.setattr(explain_activations, "render", render)
     seen = []
     got = encode_answers(
         tiny_model, tiny_sae, examples[:3], on_error="skip", progress=lambda d, t: seen.append(d)
@@ -300,7 +303,7 @@ def test_prompt_hash_follows_version_and_examples(fx, tiny_model, tiny_sae, exam
         max_activations=fx.max_activations,
     )
     assert build_prompt(fewer).hash != a
-    monkeypatch.setattr(explain, "PROMPT_VERSION", "ragscope-explain-v999")
+    monkeypatch.setattr(explain_prompt, "PROMPT_VERSION", "ragscope-explain-v999")
     assert build_prompt(fx).hash != a
 
 
@@ -345,7 +348,7 @@ def test_a_budget_gets_the_largest_prompt_that_fits(fx):
     assert full.n_tokens is None and (full.n_top, full.n_spread) == (N_TOP, N_QUANTILE)
     roomy = PromptBudget(context=10**7, count=_chars)
     assert build_prompt(fx, budget=roomy).hash == full.hash
-    layouts = explain._candidates(fx, explain.DEFAULT_WINDOW)
+    layouts = explain_prompt._candidates(fx, explain.DEFAULT_WINDOW)
     sizes = [len(p.system) + len(p.user) for p in layouts]
     assert sizes == sorted(sizes, reverse=True) and sizes[-1] < sizes[0] / 2
     # a context that holds about the middle layout, not the full one
@@ -374,7 +377,9 @@ def test_a_fitted_explanation_is_cached_and_found_without_the_explainer(
     endpoint, store, fx, llm_server
 ):
     route = llm_server.post(CHAT).mock(return_value=completion(REPLY))
-    sizes = [len(p.system) + len(p.user) for p in explain._candidates(fx, explain.DEFAULT_WINDOW)]
+    sizes = [
+        len(p.system) + len(p.user) for p in explain_prompt._candidates(fx, explain.DEFAULT_WINDOW)
+    ]
     budget = PromptBudget(context=sizes[-1] + 400, count=_chars, margin=1.0)
     small = explain_feature(endpoint, "m", fx.sae_key, fx.feature, fx, store=store, budget=budget)
     sent = json.loads(route.calls.last.request.content)["messages"][1]["content"]

@@ -17,7 +17,7 @@ from sklearn.preprocessing import FunctionTransformer, StandardScaler
 import core.detectors.interpdetect as interp
 from core.chunking import chunk_example
 from core.contract import Features, tokens_from_chunks
-from core.datasets import resolve_dataset
+from core.data import resolve_dataset
 from core.detectors import make_detector
 from core.detectors.interpdetect import (
     PIPELINE_FILE,

@@ -14,7 +14,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from core.cli import main
-from core.datasets import FORMATS, ColumnMapping, load_dataset
+from core.data import FORMATS, ColumnMapping, load_dataset
 from core.errors import DataError
 from core.examples import RAGExample
 
@@ -104,9 +104,9 @@ def test_truncated_json_has_its_real_column(tmp_path: Path) -> None:
 
 
 def test_an_overlong_line_is_an_error_and_the_next_line_loads(tmp_path: Path, monkeypatch) -> None:
-    import core.datasets as ds
+    import core.data.records as records
 
-    monkeypatch.setattr(ds, "MAX_RECORD_BYTES", 1000)
+    monkeypatch.setattr(records, "MAX_RECORD_BYTES", 1000)
     p = _jsonl(tmp_path, [_rec(1), _rec(2, response="y" * 5000), _rec(3)])
     rep = load_dataset(p, fmt="ragscope", on_error="skip")
     assert [e.id for e in rep.examples] == ["r1", "r3"]
@@ -130,9 +130,9 @@ def test_csv_fields_over_the_csv_modules_limit_load(tmp_path: Path, monkeypatch)
     p = _csv(tmp_path, HEADER + f'1,q,"{long}",r\n2,q,p,r\n')
     rep = load_dataset(p)
     assert [len(e.passages[0]) for e in rep.examples] == [len(long.strip()), 1]
-    import core.datasets as ds
+    import core.data.records as records
 
-    monkeypatch.setattr(ds, "MAX_CSV_FIELD", 50_000)
+    monkeypatch.setattr(records, "MAX_CSV_FIELD", 50_000)
     with pytest.raises(DataError, match=rf"{p}:2: .*never closes \(or is over"):
         load_dataset(p)
 

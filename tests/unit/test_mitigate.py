@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.datasets import builtin_examples
+from core.data import builtin_examples
 from core.detectors import make_detector
 from core.errors import DataError
 from core.extract import extract_features

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.datasets import resolve_dataset
+from core.data import resolve_dataset
 from core.detectors import make_detector
 from core.detectors.raglens import INTERCEPT, RaglensDetector, feature_name
 from core.errors import DataError, ModelError, NotFittedError

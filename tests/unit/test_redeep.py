@@ -13,7 +13,7 @@ from sklearn.metrics import roc_auc_score
 import core.detectors.common
 from core.chunking import chunk_example
 from core.contract import Features, tokens_from_chunks
-from core.datasets import resolve_dataset
+from core.data import resolve_dataset
 from core.detectors import make_detector
 from core.detectors.common import head_name
 from core.detectors.interpdetect import InterpDetectConfig

@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from core.contract import Verdict
-from core.datasets import load_dataset, resolve_dataset
+from core.data import load_dataset, resolve_dataset
 from core.errors import DataError, StorageError
 from core.review import (
     Flag,
@@ -151,9 +151,9 @@ def test_reviews_update_with_versions_and_an_append_only_audit(book: ReviewBook)
     assert trail[1].before["start"] == 52 and trail[1].after["start"] == 56
     assert trail[1].reviewer == "ann" and trail[1].at >= trail[0].at
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):
-        book.store.query("UPDATE review_audit SET reviewer = 'mallory'")
+        book.store._query("UPDATE review_audit SET reviewer = 'mallory'")
     with pytest.raises(sqlite3.DatabaseError, match="append-only"):
-        book.store.query("DELETE FROM review_audit")
+        book.store._query("DELETE FROM review_audit")
     # a second reviewer has their own row; the item is now disputed
     book.save_review(item.id, "bob", "reject")
     assert book.item(item.id).status == "disputed"
@@ -346,12 +346,13 @@ def test_csv_export_neutralises_spreadsheet_formulas(book: ReviewBook):
 
 def test_a_version_3_database_migrates_and_its_items_still_load(tmp_path: Path, monkeypatch):
     from core import storage
+    from core.storage import db as storage_db
 
     db = tmp_path / "old.sqlite3"
     with monkeypatch.context() as m:
-        m.setattr(storage, "MIGRATIONS", storage.MIGRATIONS[:3])
-        m.setattr(storage, "SCHEMA_VERSION", 3)
-        with Store(db) as s, s.transaction() as c:
+        m.setattr(storage_db, "MIGRATIONS", storage.MIGRATIONS[:3])
+        m.setattr(storage_db, "SCHEMA_VERSION", 3)
+        with Store(db) as s, s._tx() as c:
             c.execute(
                 "INSERT INTO review_items (dataset, example_id, span_start, span_end, "
                 "answer_len, sources, score, margin, position, created_at) "

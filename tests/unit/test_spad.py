@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from core.datasets import resolve_dataset
+from core.data import resolve_dataset
 from core.detectors import make_detector
 from core.detectors.spad import BIAS, BOOSTER_FILE, SpadDetector, split_errors
 from core.errors import DataError, ModelError, NotFittedError

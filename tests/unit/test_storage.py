@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 
 import core.storage as storage
-from core.datasets import builtin_examples
+import core.storage.db as storage_db
+from core.data import builtin_examples
 from core.errors import DataError, StorageError
 from core.examples import RAGExample, example_hash
 from core.storage import Store, default_db_path
@@ -69,8 +70,8 @@ def test_reopen_is_idempotent_and_applies_new_migrations(
         assert s.schema_version() == n
         assert s._conn.execute("SELECT COUNT(*) FROM schema_version").fetchone()[0] == n
     extra = "CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT);\nCREATE INDEX notes_body ON notes(body);"
-    monkeypatch.setattr(storage, "MIGRATIONS", (*storage.MIGRATIONS, extra))
-    monkeypatch.setattr(storage, "SCHEMA_VERSION", n + 1)
+    monkeypatch.setattr(storage_db, "MIGRATIONS", (*storage.MIGRATIONS, extra))
+    monkeypatch.setattr(storage_db, "SCHEMA_VERSION", n + 1)
     with Store(path) as s:
         assert s.schema_version() == n + 1
         assert s._conn.execute("SELECT COUNT(*) FROM notes").fetchone()[0] == 0
@@ -84,8 +85,8 @@ def test_failed_migration_leaves_db_unchanged(
     Store(path).close()
     n = len(storage.MIGRATIONS)
     bad = "CREATE TABLE half (id INTEGER);\nCREATE TABLE broken (;"
-    monkeypatch.setattr(storage, "MIGRATIONS", (*storage.MIGRATIONS, bad))
-    monkeypatch.setattr(storage, "SCHEMA_VERSION", n + 1)
+    monkeypatch.setattr(storage_db, "MIGRATIONS", (*storage.MIGRATIONS, bad))
+    monkeypatch.setattr(storage_db, "SCHEMA_VERSION", n + 1)
     with pytest.raises(
         StorageError, match=f"schema version {n + 1} failed.*unchanged at version {n}"
     ):

@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.datasets import builtin_examples
+from core.data import builtin_examples
 from core.teach import LensCurve, lens_curve
 from core.trace import token_surprisal
 
@@ -38,7 +38,7 @@ def test_jump_layer_is_the_largest_rise() -> None:
 
 @pytest.fixture(scope="module")
 def demo_cortex(tiny_model):
-    from core.datasets import resolve_dataset
+    from core.data import resolve_dataset
     from core.detectors import make_detector
     from core.extract import extract_features
 

@@ -8,7 +8,7 @@ source document. The shipped copy is ``assets/builtin/corpus.jsonl`` (datasheet:
 ``assets/builtin/README.md``); rebuild it with ``python -m tools.corpus``.
 
 Example:
-    >>> from core.datasets import load_builtin
+    >>> from core.data import load_builtin
     >>> train = load_builtin("train")
 """
 

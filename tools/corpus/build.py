@@ -23,10 +23,10 @@ from typing import Any
 import tools.corpus.data2txt as data2txt
 import tools.corpus.qa as qa
 import tools.corpus.summary as summary
-from core.datasets import BUILTIN_CORPUS_FILE as CORPUS_FILE
-from core.datasets import BUILTIN_REBUILD_COMMAND as REBUILD_COMMAND
-from core.datasets import BUILTIN_SPLITS as SPLITS
-from core.datasets import save_jsonl
+from core.data import BUILTIN_CORPUS_FILE as CORPUS_FILE
+from core.data import BUILTIN_REBUILD_COMMAND as REBUILD_COMMAND
+from core.data import BUILTIN_SPLITS as SPLITS
+from core.data import save_jsonl
 from core.errors import DataError
 from core.examples import Provenance, RAGExample
 from core.paths import builtin_dir

@@ -12,7 +12,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from core.datasets import resolve_dataset
+from core.data.catalog import resolve_dataset
 from core.errors import DataError
 from core.examples import RAGExample, example_hash, source_key
 
@@ -72,7 +72,7 @@ def make_splits(
     """Resolve dataset specs into train / validation / test splits.
 
     Args:
-        train_spec: The dataset to split (see :func:`core.datasets.resolve_dataset`).
+        train_spec: The dataset to split (see :func:`core.data.catalog.resolve_dataset`).
         test_spec: Cross-dataset mode: learn on all of ``train_spec``'s train split,
             pick thresholds on its validation split, and test on all of this one.
         limit: Use about this many examples of each dataset (whole sources).

@@ -1,0 +1,549 @@
+"""Cross-validation and cross-domain charts and tables for the Benchmark (plotly, pandas).
+
+Every function here is pure: saved runs (:class:`~core.crossval.CVRun`,
+:class:`~core.crossval.MatrixRun`) in, a ``pd.DataFrame`` or a ``go.Figure`` out, so
+what the page shows is tested without Streamlit. Numeric frames are what the page
+offers as CSV; the ``*_table`` functions format them for display (3 decimals, ``-``
+where a metric is undefined, e.g. a part with one class only).
+
+Names in figures (runs, detectors, datasets, generators) come from saved files; plotly
+reads a few HTML tags (links included) in its text, so they enter a figure through
+:func:`~app.components.charts.plain` and never into a hover template's own text. Frames
+keep them as they are (the CSV goes through :func:`core.review.export.safe_csv`).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+import numpy as np
+import pandas as pd
+
+from app.components.charts import GUIDE_COLOR, PALETTE, plain
+from core.calibration import Reliability
+from core.crossval import CVRun, MatrixRun
+
+if TYPE_CHECKING:
+    import plotly.graph_objects as go
+
+MISSING = "-"
+
+DATASET_METRICS: tuple[str, ...] = ("AUROC", "balanced accuracy", "ECE")
+"""What the per-dataset bars of a cross-validation can show (columns of
+:func:`breakdown_frame`)."""
+
+MATRIX_METRICS: dict[str, str] = {
+    "AUROC": "auroc",
+    "AP": "ap",
+    "balanced accuracy": "balanced_accuracy",
+}
+"""Matrix metric label -> key of a :attr:`~core.crossval.MatrixRun.cells` cell."""
+
+FOLD_COLOR = "#6c8ebf"
+POOLED_COLOR = "#1d2b4f"
+
+# Chance is 0.5 for AUROC and balanced accuracy: red below, blue above.
+DIVERGING_SCALE: tuple[tuple[float, str], ...] = (
+    (0.0, "#c44e52"),
+    (0.5, "#f4f4f4"),
+    (1.0, "#2f5fb3"),
+)
+SEQUENTIAL_SCALE: tuple[tuple[float, str], ...] = ((0.0, "#f4f6fb"), (1.0, "#2f5fb3"))
+
+
+# --------------------------------------------------------------------------- formatting
+
+
+def _num(v: Any) -> float | None:
+    """A finite float, or ``None`` (missing, NaN, not a number)."""
+    if v is None or isinstance(v, bool):
+        return None
+    try:
+        f = float(v)
+    except (TypeError, ValueError):
+        return None
+    return f if math.isfinite(f) else None
+
+
+def fmt(v: Any, digits: int = 3) -> str:
+    """A metric with ``digits`` decimals; undefined as ``-``."""
+    f = _num(v)
+    return MISSING if f is None else f"{f:.{digits}f}"
+
+
+def _ci(ci: Any) -> tuple[float | None, float | None]:
+    if isinstance(ci, Sequence) and not isinstance(ci, str) and len(ci) == 2:
+        return _num(ci[0]), _num(ci[1])
+    return None, None
+
+
+def fmt_ci(ci: Any) -> str:
+    """``[lo, hi]`` to 3 decimals, or ``-``."""
+    lo, hi = _ci(ci)
+    return MISSING if lo is None or hi is None else f"[{lo:.3f}, {hi:.3f}]"
+
+
+def series_name(run: CVRun, detector: str, compare: bool) -> str:
+    """A detector's name in charts: ``run · detector`` when several runs are compared."""
+    return f"{run.name} · {detector}" if compare else detector
+
+
+def describe_cv(run: CVRun) -> str:
+    """What a cross-validation was, in plain text (escape it before Markdown)."""
+    n, n_pos = len(run.labels), int(sum(run.labels))
+    cal = ", ".join(run.calibrate_on) if run.calibrate_on else "every dataset"
+    return (
+        f"{run.k}-fold source-grouped cross-validation on {', '.join(run.datasets)}: "
+        f"{n} answers, {n_pos} hallucinated; thresholds by {run.criterion.replace('_', ' ')}, "
+        "calibrated on "
+        f"each fold's validation part of {cal}; seed {run.seed}; data hash {run.data_hash}"
+    )
+
+
+# --------------------------------------------------------------------------- CV tables
+
+
+def cv_frame(run: CVRun) -> pd.DataFrame:
+    """:meth:`CVRun.to_frame`: one row per detector, unrounded (the CSV download)."""
+    return run.to_frame()
+
+
+def cv_metric_table(run: CVRun) -> pd.DataFrame:
+    """The metric table shown for one run: pooled out-of-fold metrics to 3 decimals,
+    CIs as ``[lo, hi]``, the fold spread as ``mean ± sd``."""
+    rows = []
+    for _, r in cv_frame(run).iterrows():
+        mean, sd = _num(r["fold AUROC mean"]), _num(r["fold AUROC sd"])
+        rows.append(
+            {
+                "detector": r["detector"],
+                "AUROC": fmt(r["AUROC"]),
+                "AUROC 95% CI": fmt_ci([r["AUROC 95% CI low"], r["AUROC 95% CI high"]]),
+                "folds mean ± sd": MISSING
+                if mean is None or sd is None
+                else f"{mean:.3f} ± {sd:.3f}",
+                "AP": fmt(r["AP"]),
+                "AP 95% CI": fmt_ci([r["AP 95% CI low"], r["AP 95% CI high"]]),
+                "balanced acc": fmt(r["balanced acc"]),
+                "F1": fmt(r["F1"]),
+                "ECE": fmt(r["ECE"]),
+                "token AP": fmt(r["token AP"]),
+                "token AUROC": fmt(r["token AUROC"]),
+            }
+        )
+    return pd.DataFrame(rows)
+
+
+def fold_frame(runs: Sequence[CVRun]) -> pd.DataFrame:
+    """One row per run, detector and fold: the per-fold metrics (the fold spread's data)."""
+    compare = len(runs) > 1
+    rows = []
+    for run in runs:
+        for r in run.results:
+            for f in r.folds:
+                rows.append(
+                    {
+                        "series": series_name(run, r.detector, compare),
+                        "run": run.name,
+                        "detector": r.detector,
+                        "fold": f.get("fold"),
+                        "n": f.get("n"),
+                        "hallucinated": f.get("n_positive"),
+                        "AUROC": _num(f.get("auroc")),
+                        "AP": _num(f.get("ap")),
+                        "balanced accuracy": _num(f.get("balanced_accuracy")),
+                        "threshold": _num(f.get("threshold")),
+                        "ECE": _num(f.get("ece")),
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def breakdown_frame(runs: Sequence[CVRun], by: Literal["generator", "dataset"]) -> pd.DataFrame:
+    """One row per (run ·) detector and generator or dataset: pooled out-of-fold n,
+    hallucinated, AUROC, balanced accuracy and ECE (undefined as ``None``). The
+    ``detector`` column names the bar colour of :func:`app.components.charts.breakdown_figure`."""
+    compare = len(runs) > 1
+    rows = []
+    for run in runs:
+        for r in run.results:
+            parts = r.by_generator if by == "generator" else r.by_dataset
+            for key, m in parts.items():
+                rows.append(
+                    {
+                        "detector": series_name(run, r.detector, compare),
+                        by: key,
+                        "n": m.get("n"),
+                        "hallucinated": m.get("n_positive"),
+                        "AUROC": _num(m.get("auroc")),
+                        "balanced accuracy": _num(m.get("balanced_accuracy")),
+                        "ECE": _num(m.get("ece")),
+                    }
+                )
+    return pd.DataFrame(rows, columns=["detector", by, "n", "hallucinated", *DATASET_METRICS])
+
+
+def breakdown_table(frame: pd.DataFrame) -> pd.DataFrame:
+    """:func:`breakdown_frame` with its metrics to 3 decimals."""
+    out = frame.copy()
+    for c in DATASET_METRICS:
+        out[c] = [fmt(v) for v in out[c]]
+    return out
+
+
+def oof_frame(run: CVRun) -> pd.DataFrame:
+    """One row per answer: its dataset, generator, label and fold, and per detector the
+    calibrated out-of-fold score, the raw score and whether its fold's threshold flagged it."""
+    out = pd.DataFrame(
+        {
+            "id": list(run.ids),
+            "dataset": list(run.example_datasets),
+            "generator": list(run.generators),
+            "hallucinated": list(run.labels),
+            "fold": list(run.fold),
+        }
+    )
+    for r in run.results:
+        out[f"{r.detector} score"] = list(r.scores)
+        out[f"{r.detector} raw score"] = list(r.raw_scores)
+        out[f"{r.detector} flagged"] = list(r.flagged)
+    return out
+
+
+# --------------------------------------------------------------------------- CV figures
+
+
+def _layout(fig: go.Figure, title: str, height: int) -> None:
+    fig.update_layout(
+        title={"text": title, "x": 0.0, "xanchor": "left"},
+        template="plotly_white",
+        height=height,
+        margin={"l": 10, "r": 10, "t": 40, "b": 10},
+        hovermode="closest",
+    )
+
+
+def fold_spread_figure(runs: Sequence[CVRun]) -> go.Figure:
+    """Per (run ·) detector: each fold's AUROC as an open circle and the pooled
+    out-of-fold AUROC as a diamond with its 95% CI, on one row, over the chance line.
+
+    Rows are categorical (first detector on top); a fold with one class only has no
+    AUROC and no point.
+    """
+    import plotly.graph_objects as go
+
+    compare = len(runs) > 1
+    names: list[str] = []
+    fx: list[float] = []
+    fy: list[str] = []
+    fdata: list[list[Any]] = []
+    px: list[float | None] = []
+    plus: list[float] = []
+    minus: list[float] = []
+    for run in runs:
+        for r in run.results:
+            name = plain(series_name(run, r.detector, compare))
+            names.append(name)
+            for f in r.folds:
+                v = _num(f.get("auroc"))
+                if v is not None:
+                    fx.append(v)
+                    fy.append(name)
+                    fdata.append([f.get("fold"), f.get("n"), f.get("n_positive")])
+            p = _num(r.pooled.get("auroc"))
+            lo, hi = _ci(r.pooled.get("auroc_ci"))
+            px.append(p)
+            plus.append(hi - p if p is not None and hi is not None else 0.0)
+            minus.append(p - lo if p is not None and lo is not None else 0.0)
+    fig = go.Figure()
+    fig.add_trace(
+        go.Scatter(
+            x=fx,
+            y=fy,
+            mode="markers",
+            name="AUROC of each fold",
+            marker={
+                "symbol": "circle-open",
+                "size": 11,
+                "color": FOLD_COLOR,
+                "line": {"width": 2},
+            },
+            customdata=fdata,
+            hovertemplate=(
+                "<b>%{y}</b><br>fold %{customdata[0]}: AUROC %{x:.3f}"
+                "<br>%{customdata[1]} answers, %{customdata[2]} hallucinated<extra></extra>"
+            ),
+        )
+    )
+    fig.add_trace(
+        go.Scatter(
+            x=px,
+            y=names,
+            mode="markers",
+            name="pooled out-of-fold AUROC, 95% CI",
+            marker={"symbol": "diamond", "size": 13, "color": POOLED_COLOR},
+            error_x={
+                "type": "data",
+                "symmetric": False,
+                "array": plus,
+                "arrayminus": minus,
+                "color": POOLED_COLOR,
+                "thickness": 2,
+                "width": 6,
+            },
+            hovertemplate="<b>%{y}</b><br>pooled AUROC %{x:.3f}<extra></extra>",
+        )
+    )
+    values = [v for v in [*fx, *px] if v is not None]
+    values += [p + d for p, d in zip(px, plus, strict=True) if p is not None]
+    values += [p - d for p, d in zip(px, minus, strict=True) if p is not None]
+    lo_x = max(0.0, min([0.5, *values]) - 0.04)
+    hi_x = min(1.0, max([0.5, *values]) + 0.04)
+    fig.add_vline(x=0.5, line={"dash": "dash", "color": GUIDE_COLOR, "width": 1})
+    _layout(fig, "AUROC of each fold and pooled", 150 + 46 * max(len(names), 1))
+    # Beside the title: below the axes it would crowd the axis title.
+    fig.update_layout(
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0}
+    )
+    fig.update_xaxes(title="AUROC (dashed: chance)", range=[lo_x, hi_x], zeroline=False)
+    fig.update_yaxes(
+        type="category",
+        categoryorder="array",
+        categoryarray=names,
+        autorange="reversed",
+        showgrid=True,
+    )
+    return fig
+
+
+def _nan_to_none(a: np.ndarray) -> list[float | None]:
+    return [None if not np.isfinite(v) else float(v) for v in np.asarray(a, dtype=np.float64)]
+
+
+def reliability_frame(series: Mapping[str, Reliability]) -> pd.DataFrame:
+    """One row per series and bin: its edges, answers, mean predicted and observed rate."""
+    rows = []
+    for name, rel in series.items():
+        for i, c in enumerate(rel.counts):
+            rows.append(
+                {
+                    "detector": name,
+                    "bin low": float(rel.edges[i]),
+                    "bin high": float(rel.edges[i + 1]),
+                    "answers": int(c),
+                    "mean predicted": _nan_to_none(rel.mean_predicted)[i],
+                    "observed share hallucinated": _nan_to_none(rel.observed)[i],
+                    "ECE": float(rel.ece),
+                }
+            )
+    return pd.DataFrame(rows)
+
+
+def reliability_figure(series: Mapping[str, Reliability]) -> go.Figure:
+    """Reliability diagram: per series, each bin's mean predicted probability (x) against
+    the share of its answers that are hallucinated (y), the marker's area growing with
+    the bin's answers; ECE in the legend; the diagonal is perfect calibration.
+
+    Empty bins are ``None`` (no marker); the line joins the bins that hold answers.
+    """
+    import plotly.graph_objects as go
+
+    fig = go.Figure(
+        go.Scatter(
+            x=[0, 1],
+            y=[0, 1],
+            mode="lines",
+            name="perfectly calibrated",
+            line={"dash": "dash", "color": GUIDE_COLOR, "width": 1},
+            hoverinfo="skip",
+        )
+    )
+    most = max((int(np.max(r.counts)) for r in series.values() if len(r.counts)), default=1)
+    for k, (name, rel) in enumerate(series.items()):
+        counts = np.asarray(rel.counts, dtype=np.int64)
+        sizes = [0.0 if c == 0 else 7.0 + 23.0 * math.sqrt(c / max(most, 1)) for c in counts]
+        fig.add_trace(
+            go.Scatter(
+                x=_nan_to_none(rel.mean_predicted),
+                y=_nan_to_none(rel.observed),
+                mode="lines+markers",
+                connectgaps=True,
+                name=f"{plain(name)} (ECE {rel.ece:.3f})",
+                line={"color": PALETTE[k % len(PALETTE)], "width": 1.5},
+                marker={
+                    "size": sizes,
+                    "color": PALETTE[k % len(PALETTE)],
+                    "opacity": 0.8,
+                    "line": {"color": "white", "width": 1},
+                },
+                customdata=[
+                    [float(rel.edges[i]), float(rel.edges[i + 1]), int(c)]
+                    for i, c in enumerate(counts)
+                ],
+                hovertemplate=(
+                    "<b>%{fullData.name}</b><br>bin %{customdata[0]:.1f}–"
+                    "%{customdata[1]:.1f}: %{customdata[2]} answers"
+                    "<br>mean predicted %{x:.3f} · observed %{y:.3f}<extra></extra>"
+                ),
+            )
+        )
+    # Tall enough for a square plot of useful size above the legend.
+    _layout(fig, "Reliability of the calibrated out-of-fold scores", 560)
+    fig.update_layout(legend={"yanchor": "top", "y": -0.2, "xanchor": "left", "x": 0.0})
+    fig.update_xaxes(
+        title="Mean predicted probability (bin)",
+        range=[-0.02, 1.02],
+        constrain="domain",
+        zeroline=False,
+    )
+    fig.update_yaxes(
+        title="Observed share hallucinated",
+        range=[-0.02, 1.02],
+        scaleanchor="x",
+        scaleratio=1,
+        zeroline=False,
+    )
+    return fig
+
+
+# --------------------------------------------------------------------------- matrix
+
+
+def matrix_frame(run: MatrixRun) -> pd.DataFrame:
+    """Every cell of every detector, long: detector, trained on, tested on, n,
+    hallucinated, AUROC with its CI, AP with its CI, balanced accuracy (the CSV)."""
+    rows = []
+    for det, by_train in run.cells.items():
+        for train in run.rows():
+            for test in run.datasets:
+                c = (by_train.get(train) or {}).get(test)
+                if not c:
+                    continue
+                a_lo, a_hi = _ci(c.get("auroc_ci"))
+                p_lo, p_hi = _ci(c.get("ap_ci"))
+                rows.append(
+                    {
+                        "detector": det,
+                        "trained on": train,
+                        "tested on": test,
+                        "n": c.get("n"),
+                        "hallucinated": c.get("n_positive"),
+                        "AUROC": _num(c.get("auroc")),
+                        "AUROC 95% CI low": a_lo,
+                        "AUROC 95% CI high": a_hi,
+                        "AP": _num(c.get("ap")),
+                        "AP 95% CI low": p_lo,
+                        "AP 95% CI high": p_hi,
+                        "balanced accuracy": _num(c.get("balanced_accuracy")),
+                    }
+                )
+    return pd.DataFrame(rows)
+
+
+def _matrix_cell(run: MatrixRun, detector: str, train: str, test: str) -> Mapping[str, Any]:
+    return (run.cells[detector].get(train) or {}).get(test) or {}
+
+
+def matrix_table(run: MatrixRun, detector: str, metric: str = "AUROC") -> pd.DataFrame:
+    """Training (rows) x test (columns) for one detector: ``value [lo, hi]`` (CIs where
+    the metric has one), empty where a pair was not run."""
+    key = MATRIX_METRICS[metric]
+    body = []
+    for train in run.rows():
+        row = []
+        for test in run.datasets:
+            c = _matrix_cell(run, detector, train, test)
+            v = _num(c.get(key))
+            if not c:
+                row.append("")
+            elif v is None:
+                row.append(MISSING)
+            else:
+                ci = fmt_ci(c.get(f"{key}_ci"))
+                row.append(f"{v:.3f}" + ("" if ci == MISSING else f" {ci}"))
+        body.append(row)
+    out = pd.DataFrame(body, index=run.rows(), columns=list(run.datasets))
+    out.index.name = "trained on \\ tested on"
+    return out
+
+
+def matrix_figure(run: MatrixRun, detector: str, metric: str = "AUROC") -> go.Figure:
+    """The training x test heatmap of one detector's ``metric`` (a key of
+    :data:`MATRIX_METRICS`): values written in the cells, CI and counts on hover, empty
+    cells blank, the diagonal (within-dataset cross-validation) outlined.
+
+    ``z`` equals ``run.frame(detector, MATRIX_METRICS[metric])`` with NaN as ``None``.
+    """
+    import plotly.graph_objects as go
+
+    key = MATRIX_METRICS[metric]
+    rows, cols = run.rows(), list(run.datasets)
+    frame = run.frame(detector, key)
+    z = [[_num(v) for v in row] for row in frame.to_numpy(dtype=object).tolist()]
+    text: list[list[str]] = []
+    hover: list[list[list[Any]]] = []
+    for i, train in enumerate(rows):
+        t_row, h_row = [], []
+        for j, test in enumerate(cols):
+            c = _matrix_cell(run, detector, train, test)
+            v = z[i][j]
+            t_row.append("" if not c else (MISSING if v is None else f"{v:.3f}"))
+            ci = fmt_ci(c.get(f"{key}_ci"))
+            n, n_pos = c.get("n", MISSING), c.get("n_positive", MISSING)
+            cv = f" ({run.k}-fold CV)" if train == test else ""
+            h_row.append(
+                [
+                    f"{metric} {fmt(v)}" + ("" if ci == MISSING else f", 95% CI {ci}"),
+                    f"{n} answers, {n_pos} hallucinated{cv}",
+                ]
+            )
+        text.append(t_row)
+        hover.append(h_row)
+    chance_centred = key != "ap"
+    fig = go.Figure(
+        go.Heatmap(
+            z=z,
+            x=[plain(c) for c in cols],
+            y=[plain(r) for r in rows],
+            text=text,
+            texttemplate="%{text}",
+            textfont={"size": 14},
+            customdata=hover,
+            colorscale=[list(s) for s in (DIVERGING_SCALE if chance_centred else SEQUENTIAL_SCALE)],
+            zmin=0.0,
+            zmax=1.0,
+            zmid=0.5 if chance_centred else None,
+            hoverongaps=False,
+            xgap=3,
+            ygap=3,
+            colorbar={"title": {"text": metric}, "thickness": 12},
+            hovertemplate=(
+                "trained on <b>%{y}</b> · tested on <b>%{x}</b>"
+                "<br>%{customdata[0]}<br>%{customdata[1]}<extra></extra>"
+            ),
+        )
+    )
+    for i, train in enumerate(rows):
+        if train in cols:
+            j = cols.index(train)
+            fig.add_shape(
+                type="rect",
+                x0=j - 0.5,
+                x1=j + 0.5,
+                y0=i - 0.5,
+                y1=i + 0.5,
+                xref="x",
+                yref="y",
+                line={"color": POOLED_COLOR, "width": 2, "dash": "dot"},
+            )
+    _layout(
+        fig,
+        f"{metric} of {plain(detector)}: trained on (rows), tested on (columns)",
+        170 + 52 * max(len(rows), 1),
+    )
+    fig.update_layout(margin={"t": 100})
+    fig.update_xaxes(title="Tested on", side="top", showgrid=False, type="category")
+    fig.update_yaxes(title="Trained on", autorange="reversed", showgrid=False, type="category")
+    return fig

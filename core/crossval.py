@@ -1,0 +1,886 @@
+"""Cross-validation and cross-domain matrices: detection numbers that can be trusted.
+
+- :func:`make_folds`: grouped K folds. A source (question + passages, or the dataset's
+  own group) never spans folds, so answers of six generators to one question are tested
+  together; folds are stratified by label x generator x dataset.
+- :func:`fit_procedure` is THE recipe, used alike inside every fold, for the shipped
+  artifacts and for the matrix: the training answers are split again (grouped,
+  stratified) into a fitting part and a validation part (``val_share`` of the sources);
+  the detector learns on the first (selecting hyper-parameters on the second when it
+  does so); a Platt calibrator, the answer threshold and the token threshold are then
+  fitted on the validation part (optionally only on the datasets given as
+  ``calibrate_on``). Nothing of the test fold reaches it.
+- :func:`cross_validate` scores every answer out of fold exactly once and pools: AUROC
+  and AP with source-grouped bootstrap CIs, balanced accuracy / F1 at each fold's own
+  threshold, expected calibration error and the reliability diagram of the calibrated
+  scores, token AP / AUROC, the per-fold spread, and breakdowns by generator and dataset.
+- :func:`domain_matrix` trains on each dataset (and on all but one) and tests on each
+  other dataset; the diagonal is the within-dataset cross-validation.
+
+Runs save as JSON (+ markdown) and load back (:class:`CVRun`, :class:`MatrixRun`); the
+Benchmark page shows them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal
+
+import numpy as np
+
+from core.calibration import Reliability, reliability
+from core.contract import Detector, Features, Verdict
+from core.data import data_hash
+from core.detectors import make_detector
+from core.errors import DataError
+from core.evaluate import (
+    RUN_JSON_LIMIT,
+    EvalRun,
+    fit_detector,
+    set_thresholds,
+    token_labels_and_scores,
+)
+from core.examples import RAGExample, source_key
+from core.extract import Extraction, FeatureCache, extract_features
+from core.metrics import (
+    auroc_or_none,
+    grouped_bootstrap_ci,
+    is_binary,
+    response_metrics,
+    token_metrics,
+)
+from core.model import LoadedModel
+from core.safeio import read_json_file
+
+CV_FORMAT = 1
+Criterion = Literal["f1", "balanced_accuracy"]
+MakeDetector = Callable[[str], Detector]
+VAL_SHARE = 0.2
+"""Share of the training sources held out inside each fit for selection and calibration."""
+
+
+# ----------------------------------------------------------------------------- folds
+
+
+def strata(examples: Sequence[RAGExample]) -> np.ndarray:
+    """One stratum per example: label x generator x dataset."""
+    return np.asarray(
+        [
+            f"{int(bool(e.label))}|{e.provenance.generator or ''}|{e.provenance.dataset or ''}"
+            for e in examples
+        ]
+    )
+
+
+def _grouped_folds(
+    examples: Sequence[RAGExample], k: int, seed: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    groups = np.asarray([source_key(e) for e in examples])
+    n_groups = len(set(groups.tolist()))
+    if n_groups < k:
+        raise DataError(
+            f"{k} folds need at least {k} sources (questions with their passages); these "
+            f"examples have {n_groups}. Use fewer folds or more data"
+        )
+    _, codes = np.unique(strata(examples), return_inverse=True)
+    cv = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed)
+    with warnings.catch_warnings():
+        # Rare strata (one generator's few hallucinations) are spread as well as they can be.
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            return list(cv.split(np.zeros(len(examples)), codes, groups))
+        except ValueError as e:
+            raise DataError(
+                f"cannot split {len(examples)} answers from {n_groups} sources into {k} parts "
+                f"({e}); use fewer folds, a larger validation share or more data"
+            ) from e
+
+
+def make_folds(examples: Sequence[RAGExample], k: int = 5, seed: int = 0) -> np.ndarray:
+    """``[n]`` fold index of every example (see the module docstring).
+
+    Raises:
+        DataError: Fewer sources than folds, or fewer than 2 folds.
+    """
+    if k < 2:
+        raise DataError(f"cross-validation needs at least 2 folds, got {k}")
+    fold = np.full(len(examples), -1, dtype=np.int64)
+    for i, (_, test) in enumerate(_grouped_folds(examples, k, seed)):
+        fold[test] = i
+    return fold
+
+
+def inner_split(
+    examples: Sequence[RAGExample], share: float = VAL_SHARE, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of a fitting part and a validation part (about ``share`` of the sources),
+    grouped and stratified like the folds."""
+    k = max(2, round(1.0 / share))
+    fit, val = _grouped_folds(examples, k, seed)[0]
+    return np.sort(fit), np.sort(val)
+
+
+# ----------------------------------------------------------------------------- the recipe
+
+
+def fit_procedure(
+    make: MakeDetector,
+    name: str,
+    features: Sequence[Features],
+    examples: Sequence[RAGExample],
+    *,
+    criterion: Criterion = "balanced_accuracy",
+    calibrate_on: Sequence[str] | None = None,
+    val_share: float = VAL_SHARE,
+    seed: int = 0,
+) -> Detector:
+    """A fitted, calibrated, thresholded detector from training answers only.
+
+    Args:
+        make: Builds a fresh detector by name.
+        name: The detector.
+        features, examples: The training answers (aligned).
+        criterion: What the answer threshold maximises on the validation part.
+        calibrate_on: Dataset names (``provenance.dataset``) whose validation answers
+            fit the calibrator and threshold (default: all of them).
+        val_share: Share of the sources held out as the validation part.
+        seed: Seed of the inner split.
+
+    Raises:
+        DataError: A part without both classes, or no validation answer of
+            ``calibrate_on``.
+    """
+    fit_i, val_i = inner_split(examples, val_share, seed)
+    fit_f, fit_e = [features[i] for i in fit_i], [examples[i] for i in fit_i]
+    val_f, val_e = [features[i] for i in val_i], [examples[i] for i in val_i]
+    det = make(name)
+    fit_detector(det, fit_f, fit_e, (val_f, val_e))
+    use = [True] * len(val_e)
+    if calibrate_on is not None:
+        wanted = set(calibrate_on)
+        use = [e.provenance.dataset in wanted for e in val_e]
+        if not any(use):
+            raise DataError(
+                f"no validation answers from {sorted(wanted)} to calibrate on; include those "
+                "datasets in the training data"
+            )
+    set_thresholds(det, val_f, val_e, criterion=criterion, calibrate=use)
+    det.train_info_ = {
+        **det.train_info_,
+        "procedure": {
+            "n_fit": len(fit_e),
+            "n_validation": len(val_e),
+            "n_calibration": int(sum(use)),
+            "calibrate_on": sorted(set(calibrate_on)) if calibrate_on is not None else None,
+            "criterion": criterion,
+            "val_share": val_share,
+            "seed": seed,
+        },
+    }
+    return det
+
+
+def default_maker(configs: Mapping[str, Mapping[str, Any]] | None = None) -> MakeDetector:
+    """``name -> make_detector(name, **configs[name])``."""
+    cfg = dict(configs or {})
+
+    def make(name: str) -> Detector:
+        return make_detector(name, **dict(cfg.get(name, {})))
+
+    return make
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, kw_only=True)
+class CVResult:
+    """One detector's out-of-fold results.
+
+    Attributes:
+        detector: Detector name.
+        config_hash: Its config hash.
+        pooled: Metrics over all answers scored out of fold (AUROC/AP with grouped
+            bootstrap CIs, balanced accuracy, F1, precision, recall at each fold's own
+            threshold, ECE of the calibrated scores).
+        folds: Per fold: n, positives, AUROC, AP, balanced accuracy, threshold, ECE.
+        token: Token AP / AUROC pooled over the out-of-fold token scores, or ``None``.
+        reliability: Reliability diagram of the calibrated out-of-fold scores.
+        by_generator: Generator -> n, positives, AUROC (pooled out-of-fold).
+        by_dataset: Dataset -> n, positives, AUROC, balanced accuracy, ECE.
+        scores: Calibrated out-of-fold score per answer (aligned with :attr:`CVRun.ids`).
+        raw_scores: The detector's own scores before calibration.
+        flagged: Whether each answer reached its fold's threshold.
+    """
+
+    detector: str
+    config_hash: str
+    pooled: Mapping[str, Any]
+    folds: tuple[Mapping[str, Any], ...]
+    token: Mapping[str, Any] | None
+    reliability: Reliability
+    by_generator: Mapping[str, Mapping[str, Any]]
+    by_dataset: Mapping[str, Mapping[str, Any]]
+    scores: tuple[float, ...]
+    raw_scores: tuple[float, ...]
+    flagged: tuple[bool, ...]
+
+    def spread(self, key: str = "auroc") -> tuple[float | None, float | None]:
+        """Mean and standard deviation of ``key`` over the folds."""
+        v = [f[key] for f in self.folds if f.get(key) is not None]
+        return (float(np.mean(v)), float(np.std(v))) if v else (None, None)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(vars(self))
+        d["reliability"] = self.reliability.to_json()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CVResult:
+        kw = dict(d)
+        kw["reliability"] = Reliability.from_json(d["reliability"])
+        kw["folds"] = tuple(d["folds"])
+        for k in ("scores", "raw_scores", "flagged"):
+            kw[k] = tuple(d[k])
+        return cls(**kw)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CVRun:
+    """A saved cross-validation: what was run, on what, and every detector's results."""
+
+    name: str
+    created_at: str
+    model: str
+    datasets: tuple[str, ...]
+    k: int
+    seed: int
+    criterion: str
+    calibrate_on: tuple[str, ...] | None
+    ids: tuple[str, ...]
+    labels: tuple[int, ...]
+    fold: tuple[int, ...]
+    generators: tuple[str, ...]
+    example_datasets: tuple[str, ...]
+    data_hash: str
+    results: tuple[CVResult, ...]
+    extraction: Mapping[str, Any] = field(default_factory=dict)
+    kind: str = "cv"
+    format: int = CV_FORMAT
+
+    def result(self, detector: str) -> CVResult:
+        for r in self.results:
+            if r.detector == detector:
+                return r
+        raise KeyError(detector)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(vars(self))
+        d["results"] = [r.to_dict() for r in self.results]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CVRun:
+        if d.get("kind") != "cv" or d.get("format") != CV_FORMAT:
+            raise DataError(f"not a cross-validation run of format {CV_FORMAT}; re-run it")
+        kw = dict(d)
+        kw["results"] = tuple(CVResult.from_dict(r) for r in d["results"])
+        for k in ("datasets", "ids", "labels", "fold", "generators", "example_datasets"):
+            kw[k] = tuple(d[k])
+        if d.get("calibrate_on") is not None:
+            kw["calibrate_on"] = tuple(d["calibrate_on"])
+        n = len(kw["ids"])
+        lengths = {k: len(kw[k]) for k in ("labels", "fold", "generators", "example_datasets")}
+        for r in kw["results"]:
+            lengths |= {f"{r.detector} {k}": len(getattr(r, k)) for k in ("scores", "raw_scores")}
+        wrong = {k: v for k, v in lengths.items() if v != n}
+        if wrong:
+            raise DataError(
+                f"cross-validation run {kw.get('name')!r} is inconsistent: {n} answers but "
+                + ", ".join(f"{v} {k}" for k, v in wrong.items())
+                + "; re-run it"
+            )
+        return cls(**kw)
+
+    def save(self, folder: str | Path) -> tuple[Path, Path]:
+        """Write ``<name>.json`` and ``<name>.md`` into ``folder``."""
+        return _save(self.name, self.to_dict(), self.to_markdown(), folder)
+
+    @classmethod
+    def load(cls, path: str | Path) -> CVRun:
+        return cls.from_dict(_read(path, "cross-validation run"))
+
+    def to_frame(self) -> Any:
+        """One row per detector: pooled metrics, their CIs and the fold spread."""
+        import pandas as pd
+
+        rows = []
+        for r in self.results:
+            p = r.pooled
+            ci = p.get("auroc_ci") or [None, None]
+            mean, sd = r.spread()
+            rows.append(
+                {
+                    "detector": r.detector,
+                    "AUROC": p.get("auroc"),
+                    "AUROC 95% CI low": ci[0],
+                    "AUROC 95% CI high": ci[1],
+                    "fold AUROC mean": mean,
+                    "fold AUROC sd": sd,
+                    "AP": p.get("ap"),
+                    "AP 95% CI low": (p.get("ap_ci") or [None, None])[0],
+                    "AP 95% CI high": (p.get("ap_ci") or [None, None])[1],
+                    "n": p.get("n"),
+                    "hallucinated": p.get("n_positive"),
+                    "balanced acc": p.get("balanced_accuracy"),
+                    "F1": p.get("f1"),
+                    "ECE": p.get("ece"),
+                    "token AP": (r.token or {}).get("ap"),
+                    "token AUROC": (r.token or {}).get("auroc"),
+                }
+            )
+        return pd.DataFrame(rows)
+
+    def to_markdown(self) -> str:
+        lines = [
+            f"# {self.name}",
+            "",
+            f"model `{self.model}`; {self.k}-fold source-grouped cross-validation (stratified by "
+            f"label x generator x dataset, seed {self.seed}) on {', '.join(self.datasets)}: "
+            f"{len(self.ids)} answers, {sum(self.labels)} hallucinated; data hash "
+            f"{self.data_hash}; thresholds by {self.criterion} and calibration on each fold's "
+            f"validation part"
+            + (f" ({', '.join(self.calibrate_on)})" if self.calibrate_on else ""),
+            "",
+            "| detector | AUROC [95% CI] | folds mean ± sd | AP [95% CI] | bal. acc | F1 | ECE "
+            "| token AP | token AUROC |",
+            "|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in self.results:
+            p, t = r.pooled, r.token or {}
+            mean, sd = r.spread()
+            spread = "-" if mean is None else f"{mean:.3f} ± {sd:.3f}"
+            lines.append(
+                f"| {r.detector} | {_ci(p, 'auroc')} | {spread} | {_ci(p, 'ap')} | "
+                f"{_f(p.get('balanced_accuracy'))} | {_f(p.get('f1'))} | {_f(p.get('ece'))} | "
+                f"{_f(t.get('ap'))} | {_f(t.get('auroc'))} |"
+            )
+        gens = sorted({g for r in self.results for g in r.by_generator})
+        if len(gens) > 1:
+            lines += ["", "AUROC by generator (pooled out of fold):", ""]
+            lines.append("| detector | " + " | ".join(gens) + " |")
+            lines.append("|---|" + "---|" * len(gens))
+            for r in self.results:
+                cells = [_f((r.by_generator.get(g) or {}).get("auroc")) for g in gens]
+                lines.append(f"| {r.detector} | " + " | ".join(cells) + " |")
+        sets = sorted({d for r in self.results for d in r.by_dataset})
+        if len(sets) > 1:
+            lines += ["", "By dataset (pooled out of fold): AUROC / balanced accuracy / ECE", ""]
+            lines.append("| detector | " + " | ".join(sets) + " |")
+            lines.append("|---|" + "---|" * len(sets))
+            for r in self.results:
+                cells = []
+                for s in sets:
+                    m = r.by_dataset.get(s) or {}
+                    cells.append(
+                        f"{_f(m.get('auroc'))} / {_f(m.get('balanced_accuracy'))} / {_f(m.get('ece'))}"
+                    )
+                lines.append(f"| {r.detector} | " + " | ".join(cells) + " |")
+        ex = self.extraction
+        if ex:
+            lines += [
+                "",
+                f"feature extraction: {ex.get('computed')} computed, {ex.get('cache_hits')} from "
+                f"cache, {ex.get('n_errors', 0)} failed, {ex.get('seconds', 0):.1f} s",
+            ]
+        return "\n".join(lines)
+
+
+def _f(v: Any) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def _ci(m: Mapping[str, Any], key: str) -> str:
+    ci = m.get(f"{key}_ci")
+    return _f(m.get(key)) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+
+
+def file_stem(name: str) -> str:
+    """A run name as a safe file name: other characters than letters, digits and
+    ``._+-`` become ``_`` (no folders, no hidden files)."""
+    stem = re.sub(r"[^A-Za-z0-9._+-]", "_", name).lstrip(".")
+    return stem[:200] or "run"
+
+
+def _save(name: str, d: Mapping[str, Any], md: str, folder: str | Path) -> tuple[Path, Path]:
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = file_stem(name)
+    j, m = out / f"{stem}.json", out / f"{stem}.md"
+    j.write_text(json.dumps(d, indent=1) + "\n")
+    m.write_text(md + "\n")
+    return j, m
+
+
+def _read(path: str | Path, what: str) -> dict[str, Any]:
+    d = read_json_file(path, RUN_JSON_LIMIT, what=what)
+    if not isinstance(d, dict):
+        raise DataError(f"not a readable {what} (not a JSON object)", source=str(path))
+    return d
+
+
+def load_run(path: str | Path) -> Any:
+    """A saved run of any kind: :class:`CVRun`, :class:`MatrixRun` or
+    :class:`~core.evaluate.EvalRun` (by its ``kind``).
+
+    Raises:
+        DataError: Not a readable run (the message names the file).
+    """
+    d = _read(path, "evaluation run")
+    kinds: dict[str, Any] = {"cv": CVRun, "matrix": MatrixRun}
+    cls = kinds.get(str(d.get("kind")), EvalRun)
+    try:
+        return cls.from_dict(d)
+    except (KeyError, TypeError, ValueError, AttributeError) as e:
+        raise DataError(f"not a readable evaluation run ({e})", source=str(path)) from e
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+def _pooled(
+    y: np.ndarray,
+    scores: np.ndarray,
+    flagged: np.ndarray,
+    groups: np.ndarray,
+    n_boot: int,
+    seed: int,
+) -> dict[str, Any]:
+    """Metrics of out-of-fold scores with each fold's own decisions (``flagged``)."""
+    m = response_metrics(y, flagged.astype(float), 0.5, n_boot=0)  # decisions at 0/1
+    out: dict[str, Any] = {
+        k: m[k]
+        for k in ("n", "n_positive", "balanced_accuracy", "f1", "precision", "recall", "confusion")
+    }
+    ranked = response_metrics(y, scores, 0.5, n_boot=0)
+    out["auroc"], out["ap"] = ranked["auroc"], ranked["ap"]
+    out["auroc_ci"] = grouped_bootstrap_ci(y, scores, groups, "auroc", n_boot=n_boot, seed=seed)
+    out["ap_ci"] = grouped_bootstrap_ci(y, scores, groups, "ap", n_boot=n_boot, seed=seed)
+    out["ece"] = reliability(y, scores).ece if y.size else None
+    return out
+
+
+def _breakdown(
+    keys: np.ndarray, y: np.ndarray, scores: np.ndarray, flagged: np.ndarray
+) -> dict[str, dict[str, Any]]:
+    from sklearn.metrics import balanced_accuracy_score
+
+    out = {}
+    for k in sorted(set(keys.tolist())):
+        mask = keys == k
+        yk = y[mask]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            ba = float(balanced_accuracy_score(yk, flagged[mask])) if is_binary(yk) else None
+        out[str(k)] = {
+            "n": int(mask.sum()),
+            "n_positive": int(yk.sum()),
+            "auroc": auroc_or_none(yk, scores[mask]),
+            "balanced_accuracy": ba,
+            "ece": reliability(yk, scores[mask]).ece,
+        }
+    return out
+
+
+# ----------------------------------------------------------------------------- CV
+
+
+def _labels(examples: Sequence[RAGExample]) -> np.ndarray:
+    missing = [e.id for e in examples if e.label is None]
+    if missing:
+        raise DataError(
+            f"cross-validation needs labelled answers; {len(missing)} have no label (first: "
+            f"{missing[0]!r})"
+        )
+    return np.asarray([int(bool(e.label)) for e in examples])
+
+
+def extract_all(
+    model: LoadedModel,
+    examples: Sequence[RAGExample],
+    detectors: Sequence[str],
+    make: MakeDetector,
+    *,
+    cache: FeatureCache | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Extraction:
+    """Features of every example for every detector (cached, failed examples skipped)."""
+    ids = [e.id for e in examples]
+    if len(set(ids)) != len(ids):
+        raise DataError("example ids repeat; ids must be unique across the datasets combined")
+    return extract_features(
+        model,
+        examples,
+        [make(n) for n in detectors],
+        cache=cache,
+        progress=progress,
+        on_error="skip",
+    )
+
+
+def cross_validate(
+    model: LoadedModel | None,
+    detectors: Sequence[str],
+    examples: Sequence[RAGExample],
+    *,
+    k: int = 5,
+    seed: int = 0,
+    datasets: Sequence[str] = (),
+    make: MakeDetector | None = None,
+    cache: FeatureCache | None = None,
+    criterion: Criterion = "balanced_accuracy",
+    calibrate_on: Sequence[str] | None = None,
+    val_share: float = VAL_SHARE,
+    n_boot: int = 1000,
+    progress: Callable[[int, int], None] | None = None,
+    fold_progress: Callable[[str, int, int], None] | None = None,
+    name: str | None = None,
+    extraction: Extraction | None = None,
+    model_key: str | None = None,
+) -> CVRun:
+    """Score every answer out of fold once, for every detector (see the module docstring).
+
+    Args:
+        model: The analysing model.
+        detectors: Detector names.
+        examples: Labelled answers (several datasets may be combined; each keeps its
+            ``provenance.dataset``).
+        k: Folds.
+        seed: Seed of the folds and inner splits.
+        datasets: Names recorded for the data.
+        make: Builds a fresh detector by name (default: :func:`make_detector`).
+        cache: Feature cache.
+        criterion: What each fold's threshold maximises on its validation part.
+        calibrate_on: Datasets whose validation answers calibrate (default: all).
+        val_share: Share of each training part held out for selection/calibration.
+        n_boot: Grouped bootstrap resamples for the CIs.
+        progress: Extraction progress ``(done, total)``.
+        fold_progress: ``(detector, fold, k)`` before each fit.
+        name: Run name.
+        extraction: Features already extracted for ``examples`` (skips extraction; then
+            ``model`` may be ``None`` with ``model_key`` given).
+        model_key: The model's key to record (default: ``model.info.key``).
+    """
+    make = make or default_maker()
+    if extraction is None:
+        if model is None:
+            raise DataError("cross-validation needs the model to extract features")
+        extraction = extract_all(model, examples, detectors, make, cache=cache, progress=progress)
+    ext = extraction
+    key = model_key or (model.info.key if model is not None else None)
+    if key is None:
+        raise DataError("cross-validation needs the model or its key to record")
+    exs = list(ext.examples)
+    y = _labels(exs)
+    if not is_binary(y):
+        raise DataError("cross-validation needs faithful and hallucinated answers")
+    fold = make_folds(exs, k, seed)
+    groups = np.asarray([source_key(e) for e in exs])
+    gens = np.asarray([e.provenance.generator or "unknown" for e in exs])
+    sets = np.asarray([e.provenance.dataset or "unknown" for e in exs])
+    results = []
+    for n in detectors:
+        feats = ext.features[n]
+        scores = np.zeros(len(exs))
+        raw = np.zeros(len(exs))
+        flagged = np.zeros(len(exs), dtype=bool)
+        verdicts: list[Verdict | None] = [None] * len(exs)
+        per_fold = []
+        config_hash = ""
+        for f in range(k):
+            if fold_progress is not None:
+                fold_progress(n, f, k)
+            tr = np.flatnonzero(fold != f)
+            te = np.flatnonzero(fold == f)
+            det = fit_procedure(
+                make,
+                n,
+                [feats[i] for i in tr],
+                [exs[i] for i in tr],
+                criterion=criterion,
+                calibrate_on=calibrate_on,
+                val_share=val_share,
+                seed=seed + f,
+            )
+            config_hash = det.config.config_hash()
+            for i in te:
+                v = det.predict(feats[i])
+                verdicts[i] = v
+                scores[i] = v.score
+                raw[i] = v.raw_score if v.raw_score is not None else v.score
+                flagged[i] = bool(v.hallucinated)
+            m = response_metrics(y[te], scores[te], float(det.threshold_), n_boot=0)
+            per_fold.append(
+                {
+                    "fold": f,
+                    "n": int(te.size),
+                    "n_positive": int(y[te].sum()),
+                    "auroc": m["auroc"],
+                    "ap": m["ap"],
+                    "balanced_accuracy": m["balanced_accuracy"],
+                    "threshold": float(det.threshold_),
+                    "ece": reliability(y[te], scores[te]).ece,
+                }
+            )
+        done = [v for v in verdicts if v is not None]
+        ty, ts = token_labels_and_scores(exs, done)
+        results.append(
+            CVResult(
+                detector=n,
+                config_hash=config_hash,
+                pooled=_pooled(y, scores, flagged, groups, n_boot, seed),
+                folds=tuple(per_fold),
+                token=token_metrics(ty, ts) if ty.size else None,
+                reliability=reliability(y, scores),
+                by_generator=_breakdown(gens, y, scores, flagged),
+                by_dataset=_breakdown(sets, y, scores, flagged),
+                scores=tuple(float(s) for s in scores),
+                raw_scores=tuple(float(s) for s in raw),
+                flagged=tuple(bool(b) for b in flagged),
+            )
+        )
+    stamp = datetime.now(UTC)
+    names = tuple(datasets) or tuple(sorted(set(sets.tolist())))
+    return CVRun(
+        name=name or file_stem(f"{stamp:%Y%m%d-%H%M%S}-cv{k}-{'+'.join(names)}"),
+        created_at=stamp.isoformat(timespec="seconds"),
+        model=key,
+        datasets=names,
+        k=k,
+        seed=seed,
+        criterion=criterion,
+        calibrate_on=tuple(calibrate_on) if calibrate_on is not None else None,
+        ids=tuple(e.id for e in exs),
+        labels=tuple(int(v) for v in y),
+        fold=tuple(int(f) for f in fold),
+        generators=tuple(gens.tolist()),
+        example_datasets=tuple(sets.tolist()),
+        data_hash=data_hash(exs),
+        results=tuple(results),
+        extraction=_extraction_info(ext),
+    )
+
+
+def _extraction_info(ext: Extraction) -> dict[str, Any]:
+    return {
+        "computed": ext.computed,
+        "cache_hits": ext.cache_hits,
+        "errors": [str(e) for e in ext.errors[:20]],
+        "n_errors": len(ext.errors),
+        "seconds": ext.seconds,
+    }
+
+
+# ----------------------------------------------------------------------------- matrix
+
+
+@dataclass(frozen=True, kw_only=True)
+class MatrixRun:
+    """Cross-domain results: for each detector, AUROC of every (training, test) pair.
+
+    ``cells[detector][train][test]`` holds n, positives, AUROC with its grouped CI,
+    AP and balanced accuracy. ``train`` is a dataset name or ``"all but <test>"``; the
+    diagonal (``train == test``) is the within-dataset cross-validation.
+    """
+
+    name: str
+    created_at: str
+    model: str
+    datasets: tuple[str, ...]
+    k: int
+    seed: int
+    cells: Mapping[str, Mapping[str, Mapping[str, Mapping[str, Any]]]]
+    kind: str = "matrix"
+    format: int = CV_FORMAT
+
+    def to_dict(self) -> dict[str, Any]:
+        return dict(vars(self))
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> MatrixRun:
+        if d.get("kind") != "matrix" or d.get("format") != CV_FORMAT:
+            raise DataError(f"not a matrix run of format {CV_FORMAT}; re-run it")
+        kw = dict(d)
+        kw["datasets"] = tuple(d["datasets"])
+        cells = d["cells"]
+        ok = isinstance(cells, dict) and all(
+            isinstance(by_train, dict)
+            and all(
+                isinstance(by_test, dict) and all(isinstance(c, dict) for c in by_test.values())
+                for by_test in by_train.values()
+            )
+            for by_train in cells.values()
+        )
+        if not ok or not kw["datasets"]:
+            raise DataError(
+                f"matrix run {kw.get('name')!r} is inconsistent: its cells must be detector -> "
+                "training set -> test set -> metrics, over at least one dataset; re-run it"
+            )
+        return cls(**kw)
+
+    def save(self, folder: str | Path) -> tuple[Path, Path]:
+        return _save(self.name, self.to_dict(), self.to_markdown(), folder)
+
+    @classmethod
+    def load(cls, path: str | Path) -> MatrixRun:
+        return cls.from_dict(_read(path, "matrix run"))
+
+    def rows(self) -> list[str]:
+        """Training rows in display order: each dataset, then each 'all but' row."""
+        seen = {t for by_train in self.cells.values() for t in by_train}
+        ordered = [d for d in self.datasets if d in seen]
+        ordered += [f"all but {d}" for d in self.datasets if f"all but {d}" in seen]
+        return ordered
+
+    def frame(self, detector: str, metric: str = "auroc") -> Any:
+        """A training x test table of ``metric`` for one detector."""
+        import pandas as pd
+
+        by_train = self.cells[detector]
+        return pd.DataFrame(
+            [
+                [(by_train.get(tr, {}).get(te) or {}).get(metric) for te in self.datasets]
+                for tr in self.rows()
+            ],
+            index=self.rows(),
+            columns=list(self.datasets),
+        )
+
+    def to_markdown(self) -> str:
+        lines = [
+            f"# {self.name}",
+            "",
+            f"model `{self.model}`; AUROC [95% CI] by training set (rows) and test set "
+            f"(columns); the diagonal is {self.k}-fold source-grouped cross-validation, "
+            "'all but X' trains on every other set.",
+        ]
+        for det, by_train in self.cells.items():
+            lines += ["", f"## {det}", "", "| train \\ test | " + " | ".join(self.datasets) + " |"]
+            lines.append("|---|" + "---|" * len(self.datasets))
+            for tr in self.rows():
+                cells = [
+                    _ci(by_train.get(tr, {}).get(te) or {}, "auroc")
+                    if by_train.get(tr, {}).get(te)
+                    else ""
+                    for te in self.datasets
+                ]
+                lines.append(f"| {tr} | " + " | ".join(cells) + " |")
+        return "\n".join(lines)
+
+
+def _test_cell(
+    det: Detector, feats: Sequence[Features], exs: Sequence[RAGExample], n_boot: int, seed: int
+) -> dict[str, Any]:
+    y = _labels(exs)
+    verdicts = [det.predict(f) for f in feats]
+    s = np.asarray([v.score for v in verdicts])
+    flagged = np.asarray([bool(v.hallucinated) for v in verdicts])
+    groups = np.asarray([source_key(e) for e in exs])
+    return _pooled(y, s, flagged, groups, n_boot, seed)
+
+
+def domain_matrix(
+    model: LoadedModel,
+    detectors: Sequence[str],
+    datasets: Mapping[str, Sequence[RAGExample]],
+    *,
+    k: int = 5,
+    seed: int = 0,
+    make: MakeDetector | None = None,
+    cache: FeatureCache | None = None,
+    criterion: Criterion = "balanced_accuracy",
+    leave_one_out: bool = True,
+    diagonal: bool = True,
+    n_boot: int = 1000,
+    progress: Callable[[int, int], None] | None = None,
+    step: Callable[[str], None] | None = None,
+    name: str | None = None,
+) -> MatrixRun:
+    """Train on each dataset (and, with ``leave_one_out``, on all but one), test on every
+    other; the diagonal is :func:`cross_validate` within each dataset.
+
+    Every fit is :func:`fit_procedure` on the training set alone (its threshold and
+    calibration come from that set's validation part): what a user who trained on
+    one domain would get on another.
+    """
+    make = make or default_maker()
+    if len(datasets) < 2:
+        raise DataError("a cross-domain matrix needs at least two datasets")
+    everything = [e for exs in datasets.values() for e in exs]
+    ext = extract_all(model, everything, detectors, make, cache=cache, progress=progress)
+    kept = {e.id for e in ext.examples}
+    index = {e.id: i for i, e in enumerate(ext.examples)}
+    parts = {d: [index[e.id] for e in exs if e.id in kept] for d, exs in datasets.items()}
+    cells: dict[str, dict[str, dict[str, Any]]] = {n: {} for n in detectors}
+
+    def subset(name: str, idx: Sequence[int]) -> tuple[list[Features], list[RAGExample]]:
+        return [ext.features[name][i] for i in idx], [ext.examples[i] for i in idx]
+
+    trainings = [(d, parts[d], [t for t in datasets if t != d]) for d in datasets]
+    if leave_one_out and len(datasets) > 2:
+        trainings += [
+            (f"all but {t}", [i for d in datasets if d != t for i in parts[d]], [t])
+            for t in datasets
+        ]
+    for n in detectors:
+        for train_name, idx, tests in trainings:
+            if step is not None:
+                step(f"{n}: train on {train_name}")
+            det = fit_procedure(make, n, *subset(n, idx), criterion=criterion, seed=seed)
+            for t in tests:
+                cells[n].setdefault(train_name, {})[t] = _test_cell(
+                    det, *subset(n, parts[t]), n_boot, seed
+                )
+    if diagonal:
+        for d in datasets:
+            if step is not None:
+                step(f"cross-validation within {d}")
+            sub = Extraction(
+                examples=tuple(ext.examples[i] for i in parts[d]),
+                features={n: tuple(ext.features[n][i] for i in parts[d]) for n in detectors},
+                errors=(),
+                cache_hits=0,
+                computed=0,
+                seconds=0.0,
+            )
+            cv = cross_validate(
+                model,
+                detectors,
+                sub.examples,
+                k=k,
+                seed=seed,
+                make=make,
+                criterion=criterion,
+                n_boot=n_boot,
+                extraction=sub,
+            )
+            for r in cv.results:
+                cells[r.detector].setdefault(d, {})[d] = dict(r.pooled)
+    stamp = datetime.now(UTC)
+    return MatrixRun(
+        name=name or file_stem(f"{stamp:%Y%m%d-%H%M%S}-matrix-{'+'.join(datasets)}"),
+        created_at=stamp.isoformat(timespec="seconds"),
+        model=model.info.key,
+        datasets=tuple(datasets),
+        k=k,
+        seed=seed,
+        cells=cells,
+    )

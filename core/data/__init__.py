@@ -1,0 +1,82 @@
+"""Datasets: files on disk -> validated :class:`~core.examples.RAGExample` lists, and splits.
+
+Modules, from the bottom up (each imports only those below it; the format readers
+never import each other):
+
+* :mod:`core.data.records` -- :class:`LoadReport`, :class:`ColumnMapping`, bounded line
+  reading (strict per-line JSONL and CSV), the collector applying ``on_error`` and
+  ``limit``, and small field helpers.
+* :mod:`core.data.spans` -- spans checked against the response; RAGTruth passages split
+  and placed in the prompt.
+* one module per format reader: :mod:`core.data.ragtruth` (``ragtruth_jsonl``),
+  :mod:`core.data.ragtruth_pair` (``ragtruth_pair``), :mod:`core.data.interpdetect`
+  (``interpdetect``), :mod:`core.data.generic` (``generic``) and
+  :mod:`core.data.ragscope` (``ragscope``).
+* :mod:`core.data.loader` -- :func:`load_dataset`, :func:`detect_format` and
+  :func:`save_jsonl`.
+* :mod:`core.data.catalog` -- :func:`resolve_dataset` (demo, builtin, builtin answers,
+  files, stored names) and the built-in corpus.
+* :mod:`core.data.splits` -- source-grouped splits and data hashes.
+"""
+
+from core.data.catalog import (
+    BUILTIN,
+    BUILTIN_ANSWERS,
+    BUILTIN_CORPUS_FILE,
+    BUILTIN_REBUILD_COMMAND,
+    BUILTIN_SPLITS,
+    DEMO,
+    SHARED_PREFIX,
+    builtin_answers_path,
+    builtin_examples,
+    load_builtin,
+    resolve_dataset,
+    resolve_datasets,
+    shared_data_dir,
+)
+from core.data.loader import detect_format, load_dataset, save_jsonl
+from core.data.records import (
+    FORMATS,
+    ColumnMapping,
+    Format,
+    LoadReport,
+    OnError,
+)
+from core.data.spans import split_passages
+from core.data.splits import (
+    SPLITS,
+    data_hash,
+    make_splits,
+    split_examples,
+    stratified_head,
+)
+
+__all__ = [
+    "BUILTIN",
+    "BUILTIN_ANSWERS",
+    "BUILTIN_CORPUS_FILE",
+    "BUILTIN_REBUILD_COMMAND",
+    "BUILTIN_SPLITS",
+    "DEMO",
+    "FORMATS",
+    "SPLITS",
+    "ColumnMapping",
+    "Format",
+    "LoadReport",
+    "OnError",
+    "builtin_answers_path",
+    "builtin_examples",
+    "data_hash",
+    "detect_format",
+    "load_builtin",
+    "load_dataset",
+    "make_splits",
+    "resolve_dataset",
+    "resolve_datasets",
+    "SHARED_PREFIX",
+    "save_jsonl",
+    "shared_data_dir",
+    "split_examples",
+    "split_passages",
+    "stratified_head",
+]

@@ -1,0 +1,315 @@
+"""``saplma``: a probe on the residual stream (SAPLMA; Azaria & Mitchell, "The Internal
+State of an LLM Knows When It's Lying", Findings of EMNLP 2023).
+
+Features: the residual stream after a few blocks (``resid_post``; by default at a third,
+a half, two thirds and five sixths of the depth), at every answer token's own position
+``p_j``. Only the token rows are stored; the answer-level inputs are pooled from them
+when learning: the mean over the answer's tokens, or the last token's row.
+
+Learning: one probe per candidate (layer, pooling); the candidate with the best
+validation AUROC wins (``ragscope evaluate`` / ``train`` pass a validation split; without
+one, the best source-grouped cross-validated log loss on the training split). The probe is
+a standardised, class-balanced L2 logistic regression whose strength is chosen by grouped
+cross-validated log loss (default), or SAPLMA's own small MLP (256-128-64, ReLU; ``learner="mlp"``).
+
+Scores: the answer's probability from the chosen probe on its pooled row; token scores
+from the SAME probe applied to each token's row at the chosen layer.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, ClassVar, Literal, Self
+
+import numpy as np
+
+from core.contract import (
+    DetectorBase,
+    DetectorConfig,
+    Features,
+    Run,
+    Verdict,
+    check_features,
+    check_fit_inputs,
+    load_fitted,
+    require_fitted,
+    save_fitted,
+    thresholded_verdict,
+)
+from core.errors import DataError, ModelError
+from core.examples import RAGExample, source_key
+from core.labels import response_labels
+from core.learners import LogisticCalibrator, MLPHead, choose_c
+from core.metrics import auroc_or_none
+from core.model import ModelInfo
+from core.trace import Needs
+
+Pool = Literal["mean", "last"]
+POOLS: tuple[Pool, ...] = ("mean", "last")
+Learner = Literal["logistic", "mlp"]
+DEFAULT_DEPTHS: tuple[float, ...] = (1 / 3, 1 / 2, 2 / 3, 5 / 6)
+"""Where the default layers sit, as fractions of the depth (SAPLMA probed middle and
+upper layers of 32-layer models; the middle ones did best)."""
+MLP_FILE = "mlp.safetensors"
+
+
+def default_layers(n_layers: int) -> tuple[int, ...]:
+    """The blocks at :data:`DEFAULT_DEPTHS` of an ``n_layers``-block model."""
+    return tuple(sorted({round(f * (n_layers - 1)) for f in DEFAULT_DEPTHS}))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SaplmaConfig(DetectorConfig):
+    """SAPLMA options.
+
+    Attributes:
+        layers: Blocks whose output is read (empty: :func:`default_layers`).
+        pools: Candidate answer poolings (``mean`` over tokens, ``last`` token).
+        learner: ``logistic`` (L2, class-balanced) or ``mlp`` (SAPLMA's 256-128-64 MLP).
+        c_grid: Logistic regression strengths chosen among by grouped cross-validation.
+        hidden: MLP hidden widths.
+        alpha: MLP L2 penalty.
+        seed: Seed of the cross-validation folds and the MLP.
+    """
+
+    FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
+        {"pools", "learner", "c_grid", "hidden", "alpha", "seed"}
+    )
+
+    layers: tuple[int, ...] = ()
+    pools: tuple[Pool, ...] = POOLS
+    learner: Learner = "logistic"
+    c_grid: tuple[float, ...] = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
+    hidden: tuple[int, ...] = (256, 128, 64)
+    alpha: float = 1e-3
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        if not self.pools or any(p not in POOLS for p in self.pools):
+            raise DataError(f"saplma: pools must be a non-empty subset of {POOLS}", field="pools")
+        if self.learner not in ("logistic", "mlp"):
+            raise DataError(f"saplma: learner must be logistic or mlp, got {self.learner!r}")
+        if not self.c_grid or min(self.c_grid) <= 0:
+            raise DataError("saplma: c_grid needs positive values", field="c_grid")
+        if any(int(h) < 1 for h in self.hidden) or not self.hidden:
+            raise DataError("saplma: hidden needs positive widths", field="hidden")
+        if len(set(self.layers)) != len(self.layers):
+            raise DataError(f"saplma: layers repeat: {list(self.layers)}", field="layers")
+
+
+Probe = LogisticCalibrator | MLPHead
+
+
+class SaplmaDetector(DetectorBase):
+    """A probe on pooled residual-stream states (see the module docstring)."""
+
+    name: ClassVar[str] = "saplma"
+    Config = SaplmaConfig
+
+    def __init__(self, config: SaplmaConfig | None = None) -> None:
+        self.config: SaplmaConfig = config or SaplmaConfig()
+        self.probe_: Probe | None = None
+        self.layers_: tuple[int, ...] = ()
+        self.layer_: int | None = None
+        self.pool_: Pool | None = None
+        self.d_model_: int | None = None
+        self.model_key_: str | None = None
+        self.threshold_: float = 0.5
+        self.train_info_: dict[str, Any] = {}
+
+    # -- features ------------------------------------------------------------------
+
+    def layers(self, model: ModelInfo) -> tuple[int, ...]:
+        """The blocks read on ``model`` (checked against its depth)."""
+        layers = self.config.layers or default_layers(model.n_layers)
+        bad = [ly for ly in layers if not 0 <= ly < model.n_layers]
+        if bad:
+            raise ModelError(f"saplma: layers {bad} are outside 0..{model.n_layers - 1}")
+        return tuple(layers)
+
+    def needs(self, model: ModelInfo) -> Needs:
+        return Needs.of(["resid_post"], layers=self.layers(model), positions="response")
+
+    def features(self, run: Run) -> Features:
+        if run.trace is None:
+            raise ModelError("saplma needs the traced forward pass")
+        layers = self.layers(run.model)
+        pos = run.layout.response_positions
+        rows = [run.trace.at("resid_post", ly, pos).numpy() for ly in layers]  # [T, d] each
+        d = rows[0].shape[1]
+        return Features(
+            detector=self.name,
+            example_id=run.example.id,
+            model=run.model.key,
+            names=tuple(f"L{ly}.norm_mean" for ly in layers),
+            response=np.asarray([np.linalg.norm(r, axis=1).mean() for r in rows], np.float32),
+            token_names=tuple(f"L{ly}.{k}" for ly in layers for k in range(d)),
+            tokens=np.concatenate(rows, axis=1),
+            token_offsets=run.layout.response_offsets,
+        )
+
+    # -- learning --------------------------------------------------------------------
+
+    @staticmethod
+    def _layers_of(features: Features) -> tuple[int, ...]:
+        return tuple(int(n.split(".")[0][1:]) for n in features.names)
+
+    def _block(self, features: Features, layer: int) -> np.ndarray:
+        """``[T, d]``: the token rows of one layer."""
+        layers = self._layers_of(features)
+        if features.tokens is None or layer not in layers:
+            raise ModelError(
+                f"saplma: these features hold layers {list(layers)}, not {layer}; re-extract "
+                "them with the detector's config"
+            )
+        d = features.tokens.shape[1] // len(layers)
+        i = layers.index(layer)
+        return features.tokens[:, i * d : (i + 1) * d]
+
+    def _pooled(self, features: Features, layer: int, pool: Pool) -> np.ndarray:
+        block = self._block(features, layer)
+        return block.mean(axis=0) if pool == "mean" else block[-1]
+
+    def _make_probe(self, X: np.ndarray, y: np.ndarray, groups: np.ndarray) -> tuple[Probe, float]:
+        """A probe fitted on ``X``, and its grouped cross-validated log loss, negated
+        (logistic: of the chosen strength; MLP: NaN, it is selected on validation only)."""
+        c = self.config
+        if c.learner == "mlp":
+            return MLPHead(c.hidden, alpha=c.alpha, seed=c.seed).fit(X, y), float("nan")
+        # Log loss, a proper score, picks the strength: AUROC ties across strengths
+        # that rank alike and would pick the weakest, squashing probabilities to 0.5.
+        strength, cv_score = choose_c(
+            X,
+            y,
+            c.c_grid,
+            groups=groups,
+            scoring="neg_log_loss",
+            class_weight="balanced",
+            seed=c.seed,
+        )
+        return LogisticCalibrator(C=strength).fit(X, y), cv_score
+
+    def fit(
+        self,
+        features: Sequence[Features],
+        examples: Sequence[RAGExample],
+        *,
+        validation: tuple[Sequence[Features], Sequence[RAGExample]] | None = None,
+    ) -> Self:
+        """Fit a probe per (layer, pooling) and keep the best (see the module docstring)."""
+        model_key = check_fit_inputs(self.name, features, examples, same_columns=True)
+        y = response_labels(examples)
+        if len(set(y.tolist())) < 2:
+            raise DataError("saplma needs faithful and hallucinated training answers")
+        groups = np.asarray([source_key(e) for e in examples])
+        layers = self._layers_of(features[0])
+        first = features[0].tokens
+        if first is None or first.shape[1] % len(layers):
+            raise ModelError("saplma: these features hold no token rows; re-extract them")
+        use_val = validation is not None and len(validation[0]) > 0
+        y_val = response_labels(validation[1]) if use_val and validation else None
+        tried: list[dict[str, Any]] = []
+        best: tuple[float, int, Pool, Probe] | None = None
+        for layer in layers:
+            for pool in self.config.pools:
+                X = np.stack([self._pooled(f, layer, pool) for f in features])
+                probe, cv_auc = self._make_probe(X, y, groups)
+                score = cv_auc
+                if use_val and validation is not None and y_val is not None:
+                    Xv = np.stack([self._pooled(f, layer, pool) for f in validation[0]])
+                    score = auroc_or_none(y_val, probe.predict_proba(Xv))
+                    score = float("nan") if score is None else score
+                tried.append({"layer": layer, "pool": pool, "score": score})
+                key = -np.inf if np.isnan(score) else score
+                if best is None or key > best[0]:
+                    best = (key, layer, pool, probe)
+        assert best is not None
+        _, self.layer_, self.pool_, self.probe_ = best
+        self.layers_ = layers
+        self.d_model_ = int(first.shape[1] // len(layers))
+        self.model_key_ = model_key
+        self.train_info_ = {
+            "n_train": len(features),
+            "n_hallucinated": int(y.sum()),
+            "layer": self.layer_,
+            "pool": self.pool_,
+            "selected_on": "validation AUROC" if use_val else "grouped cross-validated log loss",
+            "candidates": tried,
+        }
+        return self
+
+    def predict(self, features: Features) -> Verdict:
+        require_fitted(self, "probe_", self.name)
+        assert self.probe_ is not None and self.layer_ is not None and self.pool_ is not None
+        check_features(self.name, features, self.model_key_)
+        block = self._block(features, self.layer_)
+        if block.shape[1] != self.d_model_:
+            raise ModelError(
+                f"saplma: these features are {block.shape[1]} wide, the probe was trained on "
+                f"{self.d_model_} (another model?); retrain it"
+            )
+        pooled = block.mean(axis=0) if self.pool_ == "mean" else block[-1]
+        z = float(self.probe_.decision_function(pooled[None, :])[0])
+        tokens = self.probe_.predict_proba(block).astype(np.float32)
+        return thresholded_verdict(
+            self,
+            features,
+            1.0 / (1.0 + np.exp(-z)),
+            token_scores=tokens,
+            explanation={
+                f"probe logit (layer {self.layer_}, {self.pool_} pooling)": z,
+                **dict(zip(features.names, map(float, features.response), strict=True)),
+            },
+        )
+
+    # -- artifacts -----------------------------------------------------------------
+
+    def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
+        from safetensors.numpy import save_file
+
+        require_fitted(self, "probe_", self.name)
+        probe = self.probe_
+        weights: dict[str, Any] = {
+            "layers": list(self.layers_),
+            "layer": self.layer_,
+            "pool": self.pool_,
+            "d_model": self.d_model_,
+            "logistic": probe.to_json() if isinstance(probe, LogisticCalibrator) else None,
+            "mlp_file": MLP_FILE if isinstance(probe, MLPHead) else None,
+        }
+        files = {}
+        if isinstance(probe, MLPHead):
+            arrays = probe.arrays()
+            files[MLP_FILE] = lambda path: save_file(arrays, str(path))
+        return save_fitted(self, folder, weights=weights, extra=extra, files=files)
+
+    @classmethod
+    def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
+        from safetensors import SafetensorError
+        from safetensors.numpy import load_file
+
+        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
+            det.layers_ = tuple(int(x) for x in w["layers"])
+            det.layer_ = int(w["layer"])
+            if det.layer_ not in det.layers_:
+                raise ValueError(f"layer {det.layer_} is not among {list(det.layers_)}")
+            if w["pool"] not in POOLS:
+                raise ValueError(f"pool {w['pool']!r} is not one of {POOLS}")
+            det.pool_ = w["pool"]
+            det.d_model_ = int(w["d_model"])
+            if w.get("logistic") is not None:
+                det.probe_ = LogisticCalibrator.from_json(w["logistic"])
+                width = det.probe_.coef_.shape[0]
+            else:
+                if w.get("mlp_file") != MLP_FILE:
+                    raise ValueError("neither a logistic probe nor the MLP file is recorded")
+                det.probe_ = MLPHead.from_arrays(
+                    load_file(str(Path(folder) / MLP_FILE)), det.config.hidden
+                )
+                width = det.probe_.mean_.shape[0]
+            if width != det.d_model_:
+                raise ValueError(f"the probe reads {width} inputs, not d_model {det.d_model_}")
+
+        return load_fitted(cls, folder, model_key, fill, errors=(SafetensorError,))

@@ -1,0 +1,68 @@
+"""SQLite storage for datasets, analyses, annotations, cached explanations,
+counterfactual sessions and reviews: all of ragscope's SQL lives in this package.
+
+One file (WAL mode, foreign keys on) with a versioned schema: ``schema_version`` records
+which entries of :data:`MIGRATIONS` have been applied; opening a database applies the
+missing ones in order, each in its own transaction. A database written by a newer
+ragscope (a higher version than this code knows) is refused with a
+:class:`~core.errors.StorageError` that says what to do.
+
+A :class:`Store` holds one connection shared by all threads behind a lock, which is what
+a Streamlit server (one thread per session) needs.
+
+- ``migrations``: :data:`MIGRATIONS` and :data:`SCHEMA_VERSION`.
+- ``db``: the connection (:class:`~core.storage.db.Database`), transactions, applying
+  migrations, :func:`default_db_path` and :func:`now_iso`.
+- one repository per table family, each with its rows' dataclasses: ``datasets``
+  (datasets and examples), ``analyses`` (the feature cache), ``annotations``,
+  ``explanations``, ``counterfactuals`` and ``reviews`` (the review queue, decisions
+  and audit trail that :mod:`core.review` keeps).
+- ``store``: :class:`Store`, the database with all of them.
+"""
+
+from __future__ import annotations
+
+from core.storage.analyses import AnalysisRecord
+from core.storage.annotations import Annotation
+from core.storage.counterfactuals import SavedSession
+from core.storage.datasets import DatasetInfo
+from core.storage.db import DB_FILENAME, default_db_path, now_iso
+from core.storage.migrations import MIGRATIONS, SCHEMA_VERSION
+from core.storage.reviews import (
+    DECISIONS,
+    EVIDENCE,
+    KINDS,
+    LABEL_TYPES,
+    STATUSES,
+    AuditEntry,
+    Decision,
+    QueuedSpan,
+    Review,
+    ReviewChange,
+    ReviewItem,
+)
+from core.storage.store import Store
+
+__all__ = [
+    "DB_FILENAME",
+    "DECISIONS",
+    "EVIDENCE",
+    "KINDS",
+    "LABEL_TYPES",
+    "MIGRATIONS",
+    "SCHEMA_VERSION",
+    "STATUSES",
+    "AnalysisRecord",
+    "Annotation",
+    "AuditEntry",
+    "DatasetInfo",
+    "Decision",
+    "QueuedSpan",
+    "Review",
+    "ReviewChange",
+    "ReviewItem",
+    "SavedSession",
+    "Store",
+    "default_db_path",
+    "now_iso",
+]

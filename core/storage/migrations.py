@@ -1,0 +1,139 @@
+"""The schema migrations of the ragscope database.
+
+Each entry of :data:`MIGRATIONS` is one SQL script; :mod:`core.storage.db` applies the
+missing ones in order when a database is opened. A shipped entry is never edited: a
+schema change appends a new one.
+"""
+
+from __future__ import annotations
+
+#: Schema migrations, applied in order; entry ``k`` brings the schema to version ``k + 1``.
+#: Never edit an entry that has shipped: append a new one.
+MIGRATIONS: tuple[str, ...] = (
+    """
+    CREATE TABLE datasets (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL UNIQUE,
+        source TEXT,
+        format TEXT,
+        created_at TEXT NOT NULL,
+        n_examples INTEGER NOT NULL,
+        meta TEXT NOT NULL DEFAULT '{}'
+    );
+    CREATE TABLE examples (
+        dataset_id INTEGER NOT NULL REFERENCES datasets(id) ON DELETE CASCADE,
+        example_id TEXT NOT NULL,
+        position INTEGER NOT NULL,
+        json TEXT NOT NULL,
+        PRIMARY KEY (dataset_id, example_id)
+    );
+    CREATE UNIQUE INDEX examples_by_position ON examples(dataset_id, position);
+    CREATE TABLE analyses (
+        id INTEGER PRIMARY KEY,
+        dataset TEXT,
+        example_id TEXT,
+        example_hash TEXT NOT NULL,
+        model TEXT NOT NULL,
+        detector TEXT NOT NULL,
+        config_hash TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        encoding TEXT NOT NULL CHECK (encoding IN ('json', 'bytes')),
+        result BLOB NOT NULL,
+        UNIQUE (example_hash, model, detector, config_hash)
+    );
+    CREATE INDEX analyses_by_example ON analyses(dataset, example_id);
+    CREATE TABLE annotations (
+        id INTEGER PRIMARY KEY,
+        dataset TEXT NOT NULL,
+        example_id TEXT NOT NULL,
+        span_start INTEGER NOT NULL CHECK (span_start >= 0),
+        span_end INTEGER NOT NULL CHECK (span_end > span_start),
+        label TEXT NOT NULL,
+        note TEXT,
+        annotator TEXT,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL
+    );
+    CREATE INDEX annotations_by_example ON annotations(dataset, example_id);
+    CREATE TABLE explanations (
+        id INTEGER PRIMARY KEY,
+        model TEXT NOT NULL,
+        feature_key TEXT NOT NULL,
+        prompt_hash TEXT NOT NULL,
+        text TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        UNIQUE (model, feature_key, prompt_hash)
+    );
+    """,
+    """
+    CREATE TABLE counterfactuals (
+        id INTEGER PRIMARY KEY,
+        name TEXT NOT NULL,
+        model TEXT NOT NULL,
+        example_id TEXT NOT NULL,
+        created_at TEXT NOT NULL,
+        json TEXT NOT NULL
+    );
+    CREATE INDEX counterfactuals_by_model ON counterfactuals(model, created_at);
+    """,
+    # 3: annotation review (core.review): the queue, one review per item and reviewer,
+    # and an append-only audit trail.
+    """
+    CREATE TABLE review_items (
+        id INTEGER PRIMARY KEY,
+        dataset TEXT NOT NULL,
+        example_id TEXT NOT NULL,
+        span_start INTEGER NOT NULL CHECK (span_start >= 0),
+        span_end INTEGER NOT NULL CHECK (span_end > span_start),
+        answer_len INTEGER NOT NULL,
+        sources TEXT NOT NULL,
+        score REAL NOT NULL,
+        margin REAL NOT NULL,
+        task TEXT,
+        generator TEXT,
+        position INTEGER NOT NULL,
+        created_at TEXT NOT NULL,
+        UNIQUE (dataset, example_id, span_start, span_end)
+    );
+    CREATE INDEX review_items_by_dataset ON review_items(dataset, position);
+    CREATE TABLE reviews (
+        id INTEGER PRIMARY KEY,
+        item_id INTEGER NOT NULL REFERENCES review_items(id),
+        reviewer TEXT NOT NULL,
+        decision TEXT NOT NULL CHECK (decision IN ('accept', 'reject')),
+        span_start INTEGER NOT NULL,
+        span_end INTEGER NOT NULL,
+        kind TEXT CHECK (kind IS NULL OR kind IN ('baseless', 'conflict')),
+        evidence TEXT CHECK (evidence IS NULL OR evidence IN ('evident', 'subtle')),
+        note TEXT,
+        version INTEGER NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        UNIQUE (item_id, reviewer)
+    );
+    CREATE TABLE review_audit (
+        id INTEGER PRIMARY KEY,
+        item_id INTEGER NOT NULL,
+        reviewer TEXT NOT NULL,
+        at TEXT NOT NULL,
+        action TEXT NOT NULL,
+        before TEXT,
+        after TEXT NOT NULL
+    );
+    CREATE INDEX review_audit_by_item ON review_audit(item_id, id);
+    CREATE TRIGGER review_audit_no_update BEFORE UPDATE ON review_audit
+    BEGIN
+        SELECT RAISE(ABORT, 'the review audit trail is append-only');
+    END;
+    CREATE TRIGGER review_audit_no_delete BEFORE DELETE ON review_audit
+    BEGIN
+        SELECT RAISE(ABORT, 'the review audit trail is append-only');
+    END;
+    """,
+    # 4: each review item remembers the content hash of the answer it was flagged on, so
+    # an item whose dataset was re-imported with another answer shows as stale.
+    """
+    ALTER TABLE review_items ADD COLUMN example_hash TEXT;
+    """,
+)
+SCHEMA_VERSION = len(MIGRATIONS)

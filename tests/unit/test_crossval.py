@@ -1,0 +1,297 @@
+"""Trustworthy evaluation: grouped stratified folds, the fitting recipe that never sees
+its test fold, calibration (Platt scaling, reliability, ECE), grouped bootstrap CIs,
+pooled out-of-fold metrics and the cross-domain matrix."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections import Counter
+
+import numpy as np
+import pytest
+from sklearn.metrics import roc_auc_score
+
+from core.calibration import PlattCalibrator, expected_calibration_error, reliability
+from core.contract import Features
+from core.crossval import (
+    CVRun,
+    MatrixRun,
+    cross_validate,
+    default_maker,
+    domain_matrix,
+    fit_procedure,
+    inner_split,
+    load_run,
+    make_folds,
+)
+from core.data import load_builtin, stratified_head
+from core.detectors.baselines import NLLDetector
+from core.errors import DataError
+from core.evaluate import set_thresholds
+from core.examples import Provenance, RAGExample, source_key
+from core.extract import extract_features
+from core.metrics import grouped_bootstrap_ci
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def examples() -> list[RAGExample]:
+    return stratified_head(load_builtin(), 90)
+
+
+@pytest.fixture(scope="module")
+def extraction(tiny_model, examples):
+    dets = [default_maker()(n) for n in ("nll", "context_gain")]
+    return extract_features(tiny_model, examples, dets)
+
+
+# ----------------------------------------------------------------------------- folds
+
+
+def test_folds_keep_sources_together_and_both_labels_in_each(examples) -> None:
+    fold = make_folds(examples, 5, seed=0)
+    assert set(fold.tolist()) == set(range(5))
+    by_source: dict[str, set[int]] = {}
+    for e, f in zip(examples, fold, strict=True):
+        by_source.setdefault(source_key(e), set()).add(int(f))
+    assert all(len(v) == 1 for v in by_source.values())
+    for f in range(5):
+        labels = {bool(e.label) for e, g in zip(examples, fold, strict=True) if g == f}
+        assert labels == {True, False}
+    np.testing.assert_array_equal(fold, make_folds(examples, 5, seed=0))
+    assert not np.array_equal(fold, make_folds(examples, 5, seed=1))
+
+
+def test_folds_are_stratified_by_generator() -> None:
+    exs = []
+    for i in range(120):
+        gen = ["a", "b", "c"][i % 3]
+        exs.append(
+            RAGExample(
+                id=f"x{i}",
+                question=f"q{i}",
+                passages=(f"p{i}",),
+                response="r",
+                label=bool(i % 4 == 0),
+                provenance=Provenance(generator=gen, dataset="d"),
+            )
+        )
+    fold = make_folds(exs, 4, seed=0)
+    for f in range(4):
+        c = Counter(
+            (e.provenance.generator, e.label) for e, g in zip(exs, fold, strict=True) if g == f
+        )
+        # 120 answers, 3 generators x 2 labels: each stratum lands evenly in every fold
+        assert c[("a", True)] in (2, 3) and c[("b", False)] in (7, 8)  # 10 and 30 of them
+
+
+def test_too_few_sources_for_the_folds_is_a_clear_error(examples) -> None:
+    with pytest.raises(DataError, match="sources"):
+        make_folds(examples[:3], 5)
+    with pytest.raises(DataError, match="2 folds"):
+        make_folds(examples, 1)
+
+
+def test_inner_split_holds_out_whole_sources(examples) -> None:
+    fit, val = inner_split(examples, 0.2, seed=0)
+    assert set(fit.tolist()).isdisjoint(val.tolist())
+    assert len(fit) + len(val) == len(examples)
+    fs = {source_key(examples[i]) for i in fit}
+    assert fs.isdisjoint({source_key(examples[i]) for i in val})
+    assert 0.1 < len(val) / len(examples) < 0.35
+
+
+# ----------------------------------------------------------------------------- calibration
+
+
+def test_platt_calibration_fixes_overconfident_scores_and_keeps_the_ranking() -> None:
+    rng = np.random.default_rng(0)
+    y = (rng.random(2000) < 0.2).astype(int)
+    z = rng.normal(size=2000) + 1.5 * y
+    raw = 1 / (1 + np.exp(-(3 * z + 2)))  # overconfident and shifted
+    cal = PlattCalibrator().fit(raw, y)
+    p = cal.transform(raw)
+    assert cal.a_ > 0
+    assert expected_calibration_error(y, p) < 0.03 < expected_calibration_error(y, raw)
+    assert roc_auc_score(y, p) == pytest.approx(roc_auc_score(y, raw))
+    assert cal.transform(cal.inverse(0.3)) == pytest.approx(0.3, abs=1e-6)
+    back = PlattCalibrator.from_json(json.loads(json.dumps(cal.to_json())))
+    np.testing.assert_allclose(back.transform(raw), p)
+    for bad in (
+        {"kind": "platt", "a": "1", "b": 0},
+        {"kind": "iso"},
+        {"kind": "platt", "a": float("nan"), "b": 0},
+        {"kind": "platt", "a": True, "b": 0},
+    ):
+        with pytest.raises(DataError):
+            PlattCalibrator.from_json(bad)
+    with pytest.raises(DataError, match="faithful and hallucinated"):
+        PlattCalibrator().fit([0.1, 0.2], [0, 0])
+    # scores that rank the wrong way are not turned round: they get the base rate
+    flipped = PlattCalibrator().fit(1 - raw, y)
+    assert flipped.a_ == 0 and flipped.transform(0.3) == pytest.approx(y.mean())
+
+
+def test_reliability_by_hand() -> None:
+    y = np.asarray([0, 0, 1, 1, 1])
+    p = np.asarray([0.05, 0.15, 0.15, 0.95, 1.0])
+    r = reliability(y, p, n_bins=10)
+    assert r.counts.tolist() == [1, 2, 0, 0, 0, 0, 0, 0, 0, 2]
+    assert r.mean_predicted[1] == pytest.approx(0.15) and r.observed[1] == pytest.approx(0.5)
+    want = (1 * 0.05 + 2 * abs(0.15 - 0.5) + 2 * abs(0.975 - 1.0)) / 5
+    assert r.ece == pytest.approx(want)
+    assert np.isnan(r.observed[4])
+
+
+def test_grouped_bootstrap_resamples_whole_groups() -> None:
+    rng = np.random.default_rng(1)
+    y = np.tile([0, 1], 50)
+    groups = np.repeat(np.arange(10), 10)
+    # answers to one source share an offset: they are not independent evidence
+    s = y + 1.5 * rng.normal(size=10)[groups] + rng.normal(scale=0.5, size=100)
+    lone = grouped_bootstrap_ci(y, s, np.arange(100), n_boot=400)
+    big = grouped_bootstrap_ci(y, s, groups, n_boot=400)
+    point = roc_auc_score(y, s)
+    assert lone[0] < point < lone[1] and big[0] < point < big[1]
+    assert big[1] - big[0] > lone[1] - lone[0]
+    assert grouped_bootstrap_ci(np.zeros(5), np.ones(5), np.arange(5)) is None
+
+
+def test_set_thresholds_calibrates_only_on_the_flagged_answers(
+    tiny_model, examples, extraction
+) -> None:
+    feats = list(extraction.features["nll"])
+    exs = list(extraction.examples)
+    det = NLLDetector().fit(feats[:60], exs[:60])
+    held = exs[60:]
+    # every other faithful and every other hallucinated answer calibrates
+    use = [sum(h.label == e.label for h in held[:i]) % 2 == 0 for i, e in enumerate(held)]
+    verdicts = set_thresholds(
+        det, feats[60:], exs[60:], criterion="balanced_accuracy", calibrate=use
+    )
+    assert det.calibration_ is not None and det.calibration_.n_ == sum(use)
+    v = verdicts[0]
+    assert v.raw_score is not None
+    assert v.score == pytest.approx(float(det.calibration_.transform(v.raw_score)))
+    assert v.hallucinated == (v.score >= det.threshold_)
+
+
+def test_calibration_travels_with_the_artifact(tmp_path, examples, extraction) -> None:
+    feats = list(extraction.features["nll"])
+    exs = list(extraction.examples)
+    det = fit_procedure(default_maker(), "nll", feats, exs, calibrate_on=["builtin"])
+    assert det.train_info_["procedure"]["calibrate_on"] == ["builtin"]
+    det.save(tmp_path / "a")
+    cfg = json.loads((tmp_path / "a" / "cfg.json").read_text())
+    assert cfg["calibration"]["kind"] == "platt"
+    back = NLLDetector.load(tmp_path / "a")
+    a, b = det.predict(feats[0]), back.predict(feats[0])
+    assert a.score == pytest.approx(b.score) and a.raw_score == pytest.approx(b.raw_score)
+    cfg["calibration"] = {"kind": "platt", "a": "x", "b": 1}
+    (tmp_path / "a" / "cfg.json").write_text(json.dumps(cfg))
+    with pytest.raises(DataError, match="Platt"):
+        NLLDetector.load(tmp_path / "a")
+    with pytest.raises(DataError, match="calibrate on"):
+        fit_procedure(default_maker(), "nll", feats, exs, calibrate_on=["elsewhere"])
+
+
+# ----------------------------------------------------------------------------- CV
+
+
+class _Spy(NLLDetector):
+    """NLL that records which answers each instance learned from and judged."""
+
+    log: list[dict[str, set[str]]] = []
+
+    def __init__(self, config=None) -> None:
+        super().__init__(config)
+        self.seen = {"fit": set(), "predict": set()}
+        _Spy.log.append(self.seen)
+
+    def fit(self, features, examples):
+        self.seen["fit"] |= {e.id for e in examples}
+        return super().fit(features, examples)
+
+    def predict(self, features: Features):
+        self.seen["predict"].add(features.example_id)
+        return super().predict(features)
+
+
+def test_the_held_out_fold_never_reaches_fit(tiny_model, examples, extraction) -> None:
+    _Spy.log = []
+    run = cross_validate(
+        tiny_model, ["nll"], examples, k=4, make=lambda n: _Spy(), extraction=extraction, n_boot=50
+    )
+    fold = np.asarray(run.fold)
+    ids = np.asarray(run.ids)
+    fitted = [s for s in _Spy.log if s["fit"]]
+    assert len(fitted) == 4
+    judged: Counter[str] = Counter()
+    for f, seen in enumerate(fitted):
+        test = set(ids[fold == f].tolist())
+        assert seen["fit"].isdisjoint(test)
+        train = set(ids[fold != f].tolist())
+        assert seen["predict"] <= train | test  # validation answers come from training
+        judged.update(seen["predict"] & test)
+    assert set(judged) == set(run.ids) and set(judged.values()) == {1}
+
+
+def test_cross_validation_pools_out_of_fold_scores(
+    tiny_model, examples, extraction, tmp_path
+) -> None:
+    run = cross_validate(
+        tiny_model, ["nll", "context_gain"], examples, k=3, extraction=extraction, n_boot=100
+    )
+    y = np.asarray(run.labels)
+    for r in run.results:
+        s = np.asarray(r.scores)
+        assert ((s >= 0) & (s <= 1)).all()
+        assert r.pooled["auroc"] == pytest.approx(roc_auc_score(y, s))
+        lo, hi = r.pooled["auroc_ci"]
+        assert lo <= r.pooled["auroc"] <= hi
+        assert r.pooled["ece"] == pytest.approx(reliability(y, s).ece)
+        assert len(r.folds) == 3 and sum(f["n"] for f in r.folds) == len(y)
+        fold = np.asarray(run.fold)
+        for f in range(3):  # calibration never reverses a fold's ranking
+            m = fold == f
+            raw = np.asarray(r.raw_scores)[m]
+            assert np.all(np.diff(s[m][np.argsort(raw)]) >= -1e-12)
+        assert set(r.by_dataset) == {"builtin"}
+        assert r.token is not None and r.token["n_tokens"] > 0
+    path, md = run.save(tmp_path)
+    back = load_run(path)
+    assert isinstance(back, CVRun)
+    assert json.loads(json.dumps(back.to_dict())) == json.loads(json.dumps(run.to_dict()))
+    text = md.read_text()
+    assert "| nll |" in text and "± " in text
+    assert set(run.to_frame()["detector"]) == {"nll", "context_gain"}
+
+
+def test_domain_matrix_on_two_tasks(tiny_model, examples, tmp_path) -> None:
+    by_task = {
+        "qa": [e for e in examples if e.task == "qa"],
+        "summary": [e for e in examples if e.task == "summary"],
+    }
+    # give each part its own dataset name, as two files would
+    parts = {
+        name: [
+            dataclasses.replace(
+                e,
+                provenance=dataclasses.replace(e.provenance, dataset=name, split=None),
+            )
+            for e in exs
+        ]
+        for name, exs in by_task.items()
+    }
+    steps: list[str] = []
+    m = domain_matrix(tiny_model, ["nll"], parts, k=2, n_boot=30, step=steps.append)
+    cells = m.cells["nll"]
+    assert set(cells["qa"]) == {"qa", "summary"} and set(cells["summary"]) == {"qa", "summary"}
+    assert cells["qa"]["summary"]["n"] == len(parts["summary"])
+    assert any("train on qa" in s for s in steps)
+    table = m.frame("nll")
+    assert list(table.columns) == ["qa", "summary"] and table.shape == (2, 2)
+    path, _ = m.save(tmp_path)
+    assert isinstance(load_run(path), MatrixRun)

@@ -1,0 +1,311 @@
+"""The two literature probes: SAPLMA (residual-stream probe) and Lookback Lens (attention
+ratios) -- their features against direct computations, their learning on planted
+signals, and their artifacts."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+
+from core.contract import Features
+from core.data import resolve_dataset
+from core.detectors import make_detector
+from core.detectors.lookback_lens import (
+    LookbackLensDetector,
+    lookback_ratios,
+    window_means,
+)
+from core.detectors.saplma import SaplmaDetector, default_layers
+from core.errors import DataError
+from core.examples import RAGExample, Span
+from core.extract import extract_features, run_example
+from core.layout import render
+from core.trace import Needs, trace
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+@pytest.fixture(scope="module")
+def balanced() -> list[RAGExample]:
+    builtin = resolve_dataset("builtin")[1]
+    pos = [e for e in builtin if e.label and e.spans][:10]
+    neg = [e for e in builtin if e.label is False][:10]
+    return [x for pair in zip(pos, neg, strict=True) for x in pair]
+
+
+@pytest.fixture(scope="module")
+def feats(tiny_model, balanced) -> dict[str, tuple[Features, ...]]:
+    dets = [make_detector("saplma", layers=(0, 1)), make_detector("lookback_lens")]
+    return dict(extract_features(tiny_model, balanced, dets).features)
+
+
+# ----------------------------------------------------------------------------- SAPLMA
+
+
+def test_default_layers_sit_in_the_middle_and_upper_half() -> None:
+    assert default_layers(30) == (10, 14, 19, 24)
+    assert default_layers(2) == (0, 1)
+    assert all(0 <= ly < 7 for ly in default_layers(7))
+
+
+def test_saplma_features_are_the_residual_stream_at_the_answer(tiny_model, toy_example) -> None:
+    f = run_example(tiny_model, toy_example, [make_detector("saplma", layers=(0, 1))])["saplma"]
+    lay = render(toy_example, tiny_model)
+    tr = trace(tiny_model, lay, Needs.of(["resid_post"], layers=[0, 1], positions="all"))
+    pos = lay.response_positions
+    want = np.concatenate([tr.get("resid_post", ly)[pos].numpy() for ly in (0, 1)], axis=1)
+    assert f.tokens is not None
+    np.testing.assert_allclose(f.tokens, want, rtol=1e-6, atol=1e-6)
+    d = want.shape[1] // 2
+    np.testing.assert_allclose(
+        f.response,
+        [np.linalg.norm(want[:, :d], axis=1).mean(), np.linalg.norm(want[:, d:], axis=1).mean()],
+        rtol=1e-5,
+    )
+    np.testing.assert_array_equal(f.token_offsets, lay.response_offsets)
+
+
+def _planted(n: int, layers: tuple[int, ...], signal_layer: int, pool: str, seed: int = 0):
+    """Synthetic SAPLMA features: only ``signal_layer``'s ``pool`` carries the label."""
+    rng = np.random.default_rng(seed)
+    d, feats, exs = 6, [], []
+    for i in range(n):
+        label = bool(i % 2)
+        t = int(rng.integers(3, 7))
+        blocks = []
+        for ly in layers:
+            b = rng.normal(size=(t, d)).astype(np.float32)
+            if ly == signal_layer:
+                if pool == "last":
+                    b[-1, 0] += 3.0 if label else -3.0
+                else:
+                    b[:, 1] += 2.0 if label else -2.0
+            blocks.append(b)
+        tokens = np.concatenate(blocks, axis=1)
+        resp = "x" * t
+        ex = RAGExample(
+            id=f"s{i}",
+            question=f"q{i}",
+            passages=(f"passage {i}",),
+            response=resp,
+            label=label,
+            spans=(Span(start=0, end=t),) if label else (),
+        )
+        feats.append(
+            Features(
+                detector="saplma",
+                example_id=ex.id,
+                model="m",
+                names=tuple(f"L{ly}.norm_mean" for ly in layers),
+                response=np.zeros(len(layers), np.float32),
+                token_names=tuple(f"L{ly}.{k}" for ly in layers for k in range(d)),
+                tokens=tokens,
+                token_offsets=np.asarray([[k, k + 1] for k in range(t)]),
+            )
+        )
+        exs.append(ex)
+    return feats, exs
+
+
+@pytest.mark.parametrize("pool", ["mean", "last"])
+def test_saplma_selects_the_layer_and_pooling_that_carry_the_signal(pool: str) -> None:
+    f, e = _planted(80, (3, 7, 9), signal_layer=7, pool=pool)
+    fv, ev = _planted(40, (3, 7, 9), signal_layer=7, pool=pool, seed=1)
+    det = SaplmaDetector().fit(f, e, validation=(fv, ev))
+    assert (det.layer_, det.pool_) == (7, pool)
+    assert det.train_info_["selected_on"] == "validation AUROC"
+    # without a validation split, grouped cross-validation on training finds it too
+    det2 = SaplmaDetector().fit(f, e)
+    assert (det2.layer_, det2.pool_) == (7, pool)
+    ft, et = _planted(40, (3, 7, 9), signal_layer=7, pool=pool, seed=2)
+    scores = np.asarray([det.predict(x).score for x in ft])
+    y = np.asarray([x.label for x in et])
+    assert scores[y].mean() > scores[~y].mean() + 0.3
+
+
+def test_saplma_token_scores_come_from_the_same_probe(feats, balanced) -> None:
+    f = list(feats["saplma"])
+    det = SaplmaDetector(SaplmaDetector.Config(layers=(0, 1))).fit(f, balanced)
+    v = det.predict(f[0])
+    block = det._block(f[0], det.layer_)
+    assert v.token_scores is not None and v.token_scores.shape == (block.shape[0],)
+    np.testing.assert_allclose(v.token_scores, det.probe_.predict_proba(block), rtol=1e-5)
+    pooled = block.mean(0) if det.pool_ == "mean" else block[-1]
+    assert v.score == pytest.approx(float(det.probe_.predict_proba(pooled[None])[0]), rel=1e-6)
+
+
+@pytest.mark.parametrize("learner", ["logistic", "mlp"])
+def test_saplma_artifact_round_trip(tmp_path, feats, balanced, learner: str) -> None:
+    f = list(feats["saplma"])
+    det = make_detector("saplma", layers=(0, 1), learner=learner, hidden=(8, 4)).fit(f, balanced)
+    det.save(tmp_path / "a")
+    back = SaplmaDetector.load(tmp_path / "a", model_key=det.model_key_)
+    for x in f[:4]:
+        a, b = det.predict(x), back.predict(x)
+        assert a.score == pytest.approx(b.score, abs=1e-6)
+        np.testing.assert_allclose(a.token_scores, b.token_scores, atol=1e-6)
+
+
+def test_saplma_refuses_an_artifact_whose_layer_is_not_recorded(tmp_path, feats, balanced) -> None:
+    from core.contract import artifact_hashes
+
+    det = make_detector("saplma", layers=(0, 1)).fit(list(feats["saplma"]), balanced)
+    det.save(tmp_path / "a")
+    w = json.loads((tmp_path / "a" / "weights.json").read_text())
+    w["layer"] = 5
+    (tmp_path / "a" / "weights.json").write_text(json.dumps(w))
+    cfg = json.loads((tmp_path / "a" / "cfg.json").read_text())
+    cfg["files"] = artifact_hashes(tmp_path / "a")
+    (tmp_path / "a" / "cfg.json").write_text(json.dumps(cfg))
+    with pytest.raises(DataError, match="layer 5"):
+        SaplmaDetector.load(tmp_path / "a")
+
+
+# ----------------------------------------------------------------------------- Lookback Lens
+
+
+def test_lookback_ratios_against_a_loop() -> None:
+    rng = np.random.default_rng(0)
+    seq, heads = 12, 3
+    answer = np.arange(8, 12)  # p_1..p_4
+    gen = answer - 1
+    full = rng.random((heads, seq, seq))
+    full = np.tril(full)
+    full /= full.sum(-1, keepdims=True)
+    pat = full[:, gen, :]
+    ctx = np.asarray([2, 3, 4, 5])
+    got = lookback_ratios(pat, ctx, answer)
+    for h in range(heads):
+        for j in range(len(answer)):
+            a_ctx = full[h, gen[j], ctx].mean()
+            earlier = answer[:j]
+            a_new = full[h, gen[j], earlier].mean() if j else 0.0
+            assert got[j, h] == pytest.approx(a_ctx / (a_ctx + a_new), rel=1e-5)
+    assert np.allclose(got[0], 1.0)  # nothing written yet: all lookback
+
+
+def test_window_means_cover_every_token() -> None:
+    x = np.arange(20, dtype=np.float32).reshape(10, 2)
+    means, bounds = window_means(x, 4, 3)
+    assert bounds.tolist() == [[0, 4], [3, 7], [6, 10]]
+    for m, (a, b) in zip(means, bounds, strict=True):
+        np.testing.assert_allclose(m, x[a:b].mean(0))
+    short, b2 = window_means(x[:2], 8)
+    assert b2.tolist() == [[0, 2]] and np.allclose(short[0], x[:2].mean(0))
+
+
+def test_lookback_features_match_the_trace(tiny_model, toy_example) -> None:
+    f = run_example(tiny_model, toy_example, [make_detector("lookback_lens")])["lookback_lens"]
+    lay = render(toy_example, tiny_model)
+    n_layers = tiny_model.info.n_layers
+    tr = trace(tiny_model, lay, Needs.of(["pattern"], n_layers=n_layers, positions="all"))
+    ans, ctx = lay.response_positions, lay.context_positions()
+    h = tiny_model.info.n_heads
+    assert f.tokens is not None and f.tokens.shape == (len(ans), n_layers * h)
+    for layer in range(n_layers):
+        full = tr.get("pattern", layer).numpy()  # [head, q, k]
+        for head in range(h):
+            for j, p in enumerate(ans):
+                g = p - 1
+                a_ctx = full[head, g, ctx].mean()
+                a_new = full[head, g, ans[:j]].mean() if j else 0.0
+                want = a_ctx / (a_ctx + a_new)
+                assert f.tokens[j, layer * h + head] == pytest.approx(want, rel=1e-4, abs=1e-6)
+    np.testing.assert_allclose(f.response, f.tokens.mean(0), rtol=1e-5)
+    # the paper's context (the whole prompt) differs from the passages alone
+    g = run_example(tiny_model, toy_example, [make_detector("lookback_lens", context="prompt")])
+    assert not np.allclose(g["lookback_lens"].tokens, f.tokens)
+
+
+def _planted_windows(n: int, seed: int = 0):
+    """Lookback features whose head 0 ratio drops inside hallucinated spans."""
+    rng = np.random.default_rng(seed)
+    feats, exs = [], []
+    for i in range(n):
+        label = bool(i % 2)
+        t = int(rng.integers(12, 24))
+        x = rng.uniform(0.4, 0.6, size=(t, 4)).astype(np.float32)
+        spans = ()
+        if label:
+            a = int(rng.integers(0, t - 6))
+            x[a : a + 6, 0] -= 0.3
+            spans = (Span(start=a, end=a + 6),)
+        ex = RAGExample(
+            id=f"w{i}",
+            question=f"q{i}",
+            passages=(f"p{i}",),
+            response="y" * t,
+            label=label,
+            spans=spans,
+        )
+        names = tuple(f"LR_L0H{h}" for h in range(4))
+        feats.append(
+            Features(
+                detector="lookback_lens",
+                example_id=ex.id,
+                model="m",
+                names=names,
+                response=x.mean(0),
+                token_names=names,
+                tokens=x,
+                token_offsets=np.asarray([[k, k + 1] for k in range(t)]),
+            )
+        )
+        exs.append(ex)
+    return feats, exs
+
+
+def test_lookback_windows_find_the_low_ratio_spans(tmp_path) -> None:
+    f, e = _planted_windows(80)
+    fv, ev = _planted_windows(40, seed=1)
+    det = LookbackLensDetector().fit(f, e, validation=(fv, ev))
+    assert det.window_model_ is not None
+    # head 0 is the signal, with a negative weight (a low ratio means hallucinated)
+    assert np.argmax(np.abs(det.window_model_.coef_)) == 0 and det.window_model_.coef_[0] < 0
+    ft, et = _planted_windows(20, seed=2)
+    hits = []
+    for x, ex in zip(ft, et, strict=True):
+        v = det.predict(x)
+        assert v.token_scores.shape == (x.tokens.shape[0],)
+        if ex.spans:
+            s = ex.spans[0]
+            inside = v.token_scores[s.start : s.end].mean()
+            outside = np.delete(v.token_scores, np.arange(s.start, s.end)).mean()
+            hits.append(inside > outside)
+    assert np.mean(hits) >= 0.9
+    det.save(tmp_path / "l")
+    back = LookbackLensDetector.load(tmp_path / "l", model_key="m")
+    assert back.response_mode_ == det.response_mode_
+    for x in ft[:3]:
+        assert back.predict(x).score == pytest.approx(det.predict(x).score, abs=1e-9)
+
+
+def test_lookback_without_token_labels_scores_windows_with_the_answer_model(
+    feats, balanced
+) -> None:
+    f = list(feats["lookback_lens"])
+    no_spans = [
+        RAGExample(
+            id=e.id, question=e.question, passages=e.passages, response=e.response, label=e.label
+        )
+        if e.label
+        else e
+        for e in balanced
+    ]
+    # hallucinated answers without spans teach no windows; faithful ones alone are one class
+    det = LookbackLensDetector().fit(f, no_spans)
+    assert det.window_model_ is None and det.response_mode_ == "answer"
+    v = det.predict(f[0])
+    assert v.token_scores is not None and v.token_scores.shape == (f[0].tokens.shape[0],)
+    with pytest.raises(DataError, match="token labels"):
+        make_detector("lookback_lens", response="windows").fit(f, no_spans)
+
+
+def test_both_probes_are_ensemble_members_and_token_scorers() -> None:
+    from core.contract import TOKEN_SCORERS
+    from core.detectors.ensemble import DEFAULT_MEMBERS
+
+    assert {"saplma", "lookback_lens"} <= set(DEFAULT_MEMBERS)
+    assert {"saplma", "lookback_lens"} <= TOKEN_SCORERS
