@@ -7,7 +7,10 @@ artifacts trained for another model) and none touches the disk.
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
+
+from core.errors import DataError
 
 
 def repo_root() -> Path:
@@ -26,14 +29,71 @@ def assets_dir() -> Path:
     return repo_root() / "assets"
 
 
-def shipped_dir() -> Path:
-    """Where shipped artifacts live: ``assets/detectors/<name>/`` in the checkout.
+DEFAULT_SET = "default"
+"""The detector set loaded unless ``RAGSCOPE_DETECTOR_SET`` names another."""
+CUSTOM_SET = "custom"
+"""What :func:`detector_set_name` says when ``RAGSCOPE_DETECTORS_DIR`` points at a folder."""
+_SET_NAME = re.compile(r"[a-z0-9][a-z0-9_-]{0,63}")
 
-    ``RAGSCOPE_DETECTORS_DIR`` points elsewhere (tests, or artifacts trained
-    for another model).
+
+def detector_sets_dir() -> Path:
+    """``assets/detector-sets/``: the named alternatives to the default set."""
+    return assets_dir() / "detector-sets"
+
+
+def detector_set_names() -> tuple[str, ...]:
+    """The shipped detector sets: ``default`` (``assets/detectors``), then every folder
+    of :func:`detector_sets_dir` whose name is a valid set name, sorted."""
+    root = detector_sets_dir()
+    named = (
+        sorted(p.name for p in root.iterdir() if p.is_dir() and _SET_NAME.fullmatch(p.name))
+        if root.is_dir()
+        else []
+    )
+    return (DEFAULT_SET, *(n for n in named if n != DEFAULT_SET))
+
+
+def detector_set_dir(name: str) -> Path:
+    """The folder of the shipped detector set ``name``.
+
+    Raises:
+        DataError: ``name`` is not a set name or no such set is shipped (the
+            message lists the sets there are).
+    """
+    if name == DEFAULT_SET:
+        return assets_dir() / "detectors"
+    if not _SET_NAME.fullmatch(name) or not (detector_sets_dir() / name).is_dir():
+        raise DataError(
+            f"no detector set {name!r}; the shipped sets are "
+            f"{', '.join(detector_set_names())} (set RAGSCOPE_DETECTOR_SET to one of them, "
+            "or RAGSCOPE_DETECTORS_DIR to a folder of artifacts)"
+        )
+    return detector_sets_dir() / name
+
+
+def detector_set_name() -> str:
+    """The detector set :func:`shipped_dir` resolves to: ``custom`` when
+    ``RAGSCOPE_DETECTORS_DIR`` is set, else ``RAGSCOPE_DETECTOR_SET`` or ``default``."""
+    if os.environ.get("RAGSCOPE_DETECTORS_DIR"):
+        return CUSTOM_SET
+    return os.environ.get("RAGSCOPE_DETECTOR_SET") or DEFAULT_SET
+
+
+def shipped_dir() -> Path:
+    """Where the loaded detector artifacts live: ``assets/detectors/<name>/`` in the
+    checkout (the ``default`` set, trained on real labelled RAG answers).
+
+    ``RAGSCOPE_DETECTORS_DIR`` points at any folder of artifacts (tests, or artifacts
+    trained for another model); else ``RAGSCOPE_DETECTOR_SET`` picks a shipped set by
+    name (:func:`detector_set_names`, e.g. ``builtin``).
+
+    Raises:
+        DataError: ``RAGSCOPE_DETECTOR_SET`` names no shipped set.
     """
     env = os.environ.get("RAGSCOPE_DETECTORS_DIR")
-    return Path(env) if env else assets_dir() / "detectors"
+    if env:
+        return Path(env)
+    return detector_set_dir(os.environ.get("RAGSCOPE_DETECTOR_SET") or DEFAULT_SET)
 
 
 def shipped_sae_dir(model_name: str = "smollm2-135m-instruct") -> Path:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import hashlib
 from collections.abc import Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -15,7 +15,7 @@ from core.detectors import available_detectors, load_shipped, shipped_artifacts
 from core.errors import DataError, RagscopeError
 from core.examples import RAGExample
 from core.extract import run_example
-from core.paths import shipped_dir
+from core.paths import DEFAULT_SET, detector_set_dir, detector_set_name, shipped_dir
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -80,6 +80,8 @@ class ShippedDetectors:
         broken: Artifacts that could not be read or loaded.
         other_models: Model keys that the readable artifacts of other models were made for.
         stamp: :func:`_artifacts_stamp` of the folder when they were loaded.
+        set_name: The detector set they come from (:func:`core.paths.detector_set_name`).
+        set_error: Why the requested set could not be used (the default set was loaded).
     """
 
     folder: Path
@@ -88,6 +90,13 @@ class ShippedDetectors:
     broken: tuple[BrokenArtifact, ...]
     other_models: tuple[str, ...]
     stamp: str
+    set_name: str = DEFAULT_SET
+    set_error: str | None = None
+
+    @property
+    def trained_on(self) -> tuple[str, ...]:
+        """The distinct training-data names the loaded detectors record, in order."""
+        return tuple(dict.fromkeys(d.trained_on for d in self.detectors if d.trained_on))
 
     @property
     def cache_id(self) -> str:
@@ -204,8 +213,13 @@ def shipped_detectors(model: LoadedModel) -> ShippedDetectors:
     :attr:`ShippedDetectors.broken` and the others still load.
     """
 
-    root = shipped_dir()
-    return _shipped_detectors(model.info.key, str(root), _artifacts_stamp(root))
+    set_name, set_error = detector_set_name(), None
+    try:
+        root = shipped_dir()
+    except DataError as e:
+        set_name, set_error, root = DEFAULT_SET, str(e), detector_set_dir(DEFAULT_SET)
+    found = _shipped_detectors(model.info.key, str(root), _artifacts_stamp(root))
+    return replace(found, set_name=set_name, set_error=set_error)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -23,10 +23,12 @@ from app.state import (
     load_examples,
     read_upload,
     seed_widget,
+    shipped_detectors,
 )
 from app.text import code, md
 from core.errors import RagscopeError
 from core.model import LoadedModel
+from core.paths import detector_set_names
 
 INTRO = (
     "**ragscope** shows *why* a language model's retrieval-augmented answer is or is not "
@@ -63,6 +65,32 @@ def model_status(model: LoadedModel) -> None:
     st.caption(
         f"Weights read from {code(model.source)}. Set `RAGSCOPE_MODEL` to analyse another model."
     )
+
+
+def detector_set_status(model: LoadedModel) -> None:
+    """Which detector set is loaded, what it was trained on, and the other shipped sets."""
+    st.subheader("Detectors")
+    shipped = shipped_detectors(model)
+    if shipped.set_error:
+        st.error(md(shipped.set_error) + " The default set is loaded instead.")
+    n = len(shipped.detectors)
+    data = ", ".join(code(t) for t in shipped.trained_on) or "unrecorded data"
+    if n:
+        st.markdown(
+            f"Detector set **{md(shipped.set_name)}**: {n} detector{'s' if n != 1 else ''} "
+            f"trained for this model on {data}, from {code(shipped.folder.name)}."
+        )
+    else:
+        st.markdown(
+            f"Detector set **{md(shipped.set_name)}** has no detectors trained for this model."
+        )
+    others = [s for s in detector_set_names() if s != shipped.set_name]
+    if others:
+        st.caption(
+            "Other shipped sets: "
+            + ", ".join(code(s) for s in others)
+            + ". Start the app with `RAGSCOPE_DETECTOR_SET=NAME` to load one."
+        )
 
 
 def dataset_picker(state: AppState) -> None:
@@ -192,6 +220,7 @@ def main() -> None:
     left, right = st.columns([1, 1], gap="large")
     with left:
         model_status(model)
+        detector_set_status(model)
     with right:
         dataset_picker(state)
     st.divider()

@@ -17,7 +17,7 @@ from core.detectors import detector_class, seal_artifact, shipped_artifacts
 from core.errors import DataError, RagscopeError
 from core.evaluate import token_threshold
 from core.extract import FeatureCache, extract_features
-from core.paths import shipped_dir
+from core.paths import detector_set_dir, detector_set_name, detector_set_names, shipped_dir
 from core.storage import Store
 
 
@@ -96,9 +96,16 @@ def _add_artifacts(sub: Subparsers) -> None:
         help="verify detector artifacts (file hashes, exact type allowlists, a full load) or "
         "record the file hashes of ones you made with an older ragscope",
     )
-    p.add_argument("action", choices=["verify", "seal"])
     p.add_argument(
-        "folders", nargs="*", help="artifact folders, or folders of them (default: the shipped one)"
+        "action",
+        choices=["verify", "seal", "sets"],
+        help="verify or seal artifacts; sets: list the shipped detector sets and what "
+        "each was trained on (pick one with RAGSCOPE_DETECTOR_SET)",
+    )
+    p.add_argument(
+        "folders",
+        nargs="*",
+        help="artifact folders, or folders of them (default: the loaded detector set)",
     )
     p.set_defaults(func=cmd_artifacts)
 
@@ -123,8 +130,30 @@ def _artifact_folders(paths: Sequence[str]) -> list[Path]:
     return out
 
 
+def _list_sets() -> int:
+    """One line per shipped detector set: name, folder, detectors and training data."""
+    loaded = detector_set_name()
+    for name in detector_set_names():
+        folder = detector_set_dir(name)
+        found = shipped_artifacts(folder=folder)
+        data: dict[str, None] = {}
+        for path in found.values():
+            trained = artifact_info(path).get("trained_on")
+            if isinstance(trained, dict) and isinstance(trained.get("dataset"), str):
+                data[trained["dataset"]] = None
+        mark = "*" if name == loaded else " "
+        print(
+            f"{mark} {name:<10} {len(found):>2} detectors  trained on "
+            f"{', '.join(data) or 'unrecorded data'}  ({folder})"
+        )
+    return 0
+
+
 def cmd_artifacts(args: argparse.Namespace) -> int:
-    """Verify artifacts (hashes, allowlists, a full load) or record their file hashes."""
+    """Verify artifacts (hashes, allowlists, a full load), record their file hashes, or
+    list the shipped detector sets."""
+    if args.action == "sets":
+        return _list_sets()
     failed = 0
     for folder in _artifact_folders(args.folders):
         try:

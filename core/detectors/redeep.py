@@ -49,15 +49,18 @@ from core.contract import (
 from core.detectors.common import head_name, layer_name, parse_head, shared_pks
 from core.ecs import chunk_ecs, chunk_means, ecs_needs, token_ecs
 from core.errors import DataError, ModelError
-from core.examples import RAGExample
+from core.examples import RAGExample, source_key
 from core.heads import CopyingConfig, copying_scores
 from core.labels import response_labels
-from core.learners import LogisticCalibrator
+from core.learners import LogisticCalibrator, choose_c
 from core.lens import pks_needs
 from core.model import LoadedModel, ModelInfo
 from core.trace import Needs
 
-Scorer = Literal["rule", "logistic"]
+Scorer = Literal["rule", "logistic", "probe"]
+
+PROBE_C_GRID: tuple[float, ...] = (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
+"""Strengths of the ``probe`` scorer's logistic regression, chosen by grouped CV log loss."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -73,7 +76,12 @@ class RedeepConfig(DetectorConfig):
         ecs_scope: ``"passages"`` (ragscope) or ``"prompt"`` (public code).
         pks_final_norm: Apply LN_f in the PKS lens (False: InterpDetect's code).
         heads_grid, layers_grid, beta_grid: Selection grids for N, K, beta.
-        scorer: Which fitted scorer gives the verdict's score.
+        scorer: Which fitted scorer gives the verdict's score: ``rule`` (the paper's
+            ``H``), ``logistic`` (the two selected sums) or ``probe`` (not in the paper:
+            a standardised L2 logistic regression over every candidate head's ECS and
+            every layer's PKS, strength by source-grouped cross-validated log loss;
+            per unit, the same regression on the unit's row). ``probe`` is fitted only
+            when chosen.
     """
 
     FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
@@ -93,8 +101,8 @@ class RedeepConfig(DetectorConfig):
     def __post_init__(self) -> None:
         if self.n_copy_heads < 1:
             raise ValueError(f"n_copy_heads must be >= 1, got {self.n_copy_heads}")
-        if self.scorer not in ("rule", "logistic"):
-            raise ValueError(f"scorer must be 'rule' or 'logistic', got {self.scorer!r}")
+        if self.scorer not in ("rule", "logistic", "probe"):
+            raise ValueError(f"scorer must be rule, logistic or probe, got {self.scorer!r}")
         for name in ("heads_grid", "layers_grid", "beta_grid"):
             if not getattr(self, name):
                 raise ValueError(f"{name} is empty")
@@ -186,6 +194,7 @@ class RedeepDetector(DetectorBase):
         self.selection_: Selection | None = None
         self.rule_: LogisticCalibrator | None = None
         self.logistic_: LogisticCalibrator | None = None
+        self.probe_: LogisticCalibrator | None = None
         self.head_auc_: dict[str, float] = {}
         self.layer_auc_: dict[str, float] = {}
         self.threshold_: float = 0.5
@@ -350,12 +359,32 @@ class RedeepDetector(DetectorBase):
         self.rule_ = LogisticCalibrator().fit((p_n - best.beta * e_n)[:, None], y)
         self.logistic_ = LogisticCalibrator().fit(np.stack([e_n, p_n], 1), y)
         v_e, v_p = best.sums(v_ecs, v_pks)
+        self.probe_ = None
+        probe_info: dict[str, Any] = {}
+        if c.scorer == "probe":
+            X = np.concatenate([ecs, pks], axis=1)
+            strength, cv_score = choose_c(
+                X,
+                y,
+                PROBE_C_GRID,
+                groups=np.asarray([source_key(e) for e in examples]),
+                class_weight="balanced",
+            )
+            self.probe_ = LogisticCalibrator(C=strength).fit(X, y)
+            probe_info = {
+                "probe_C": strength,
+                "probe_cv_log_loss": -cv_score,
+                "auc_probe": _auc(
+                    v_y, self.probe_.predict_proba(np.concatenate([v_ecs, v_pks], axis=1))
+                ),
+            }
         self.train_info_ = {
             "n_train": len(features),
             "n_hallucinated": int(y.sum()),
             "selected_on": on,
             "auc_rule": best.auc,
             "auc_logistic": _auc(v_y, self.logistic_.predict_proba(np.stack([v_e, v_p], 1))),
+            **probe_info,
         }
         return self
 
@@ -368,9 +397,16 @@ class RedeepDetector(DetectorBase):
         e, p = self._split(np.asarray(rows, dtype=np.float64))
         return self.selection_.h(e, p)
 
-    def probability(self, h: np.ndarray, ecs_n: np.ndarray, pks_n: np.ndarray) -> np.ndarray:
-        """The configured scorer's probability for ``H`` (rule) or the two sums (logistic)."""
+    def probability(
+        self, h: np.ndarray, ecs_n: np.ndarray, pks_n: np.ndarray, rows: np.ndarray | None = None
+    ) -> np.ndarray:
+        """The configured scorer's probability for ``H`` (rule), the two sums (logistic)
+        or the units' full rows (probe)."""
         assert self.rule_ is not None and self.logistic_ is not None
+        if self.config.scorer == "probe":
+            if self.probe_ is None or rows is None:
+                raise ModelError(f"{self.name}: the probe scorer is not fitted; retrain")
+            return self.probe_.predict_proba(rows)
         if self.config.scorer == "logistic":
             return self.logistic_.predict_proba(np.stack([ecs_n, pks_n], 1))
         return self.rule_.predict_proba(np.asarray(h)[:, None])
@@ -404,7 +440,11 @@ class RedeepDetector(DetectorBase):
         rule = float(self.rule_.predict_proba(np.asarray([[resp_h]]))[0])
         logistic = float(self.logistic_.predict_proba(np.asarray([[resp_e, resp_p]]))[0])
         score = logistic if self.config.scorer == "logistic" else rule
-        unit_p = self.probability(u_h, u_e, u_p).astype(np.float32)
+        probe = None
+        if self.config.scorer == "probe":
+            probe = float(self.probability(u_h, u_e, u_p, units.mean(0)[None, :])[0])
+            score = probe
+        unit_p = self.probability(u_h, u_e, u_p, units).astype(np.float32)
         token_scores = chunk_scores = None
         if self.level == "token":
             token_scores = unit_p
@@ -421,6 +461,8 @@ class RedeepDetector(DetectorBase):
             "rule_score": rule,
             "logistic_score": logistic,
         }
+        if probe is not None:
+            explanation["probe_score"] = probe
         names = features.names
         means = units.mean(0)
         for i in sel.heads:
@@ -458,6 +500,7 @@ class RedeepDetector(DetectorBase):
                 },
                 "rule": self.rule_.to_json(),
                 "logistic": self.logistic_.to_json(),
+                **({"probe": self.probe_.to_json()} if self.probe_ is not None else {}),
                 "head_auc": self.head_auc_,
                 "layer_auc": self.layer_auc_,
             },
@@ -479,6 +522,10 @@ class RedeepDetector(DetectorBase):
             det.names_ = tuple(str(n) for n in w["names"])
             det.rule_ = LogisticCalibrator.from_json(w["rule"])
             det.logistic_ = LogisticCalibrator.from_json(w["logistic"])
+            det.probe_ = LogisticCalibrator.from_json(w["probe"]) if "probe" in w else None
+            if det.probe_ is not None and det.probe_.coef_ is not None:
+                if det.probe_.coef_.shape[0] != len(w["names"]):
+                    raise ValueError("the probe's width differs from the feature names")
             det.head_auc_ = {str(k): float(v) for k, v in w.get("head_auc", {}).items()}
             det.layer_auc_ = {str(k): float(v) for k, v in w.get("layer_auc", {}).items()}
             n = len(det.names_)

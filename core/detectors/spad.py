@@ -25,7 +25,7 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Self
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 import numpy as np
 
@@ -80,10 +80,29 @@ class SpadConfig(DetectorConfig):
         early_stopping_rounds: Rounds without improvement before stopping.
         seed: Seed of the search, the folds, the hold-out split and XGBoost.
         chunk_size: Rows per vocabulary-size probe (memory, not values).
+        scoring: What the search maximises: ``"f1"`` (the paper's), ``"roc_auc"`` or
+            ``"average_precision"`` (threshold-free: F1 at 0.5 rewards a booster whose
+            scores barely move as long as they land on the right side of 0.5).
+        stop_metric: XGBoost's early-stopping metric: ``"logloss"`` (the paper's) or
+            ``"auc"`` (log loss on a small hold-out often bottoms out after a few
+            trees, leaving a booster that is nearly constant).
+        missing: A part-of-speech tag absent from the response is ``"zero"`` in every
+            source (the spec's features) or ``"nan"``: XGBoost's missing value, so an
+            absent tag is not read as "no probability from any source".
     """
 
     FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
-        {"n_iter", "cv", "holdout", "early_stopping_rounds", "seed", "chunk_size"}
+        {
+            "n_iter",
+            "cv",
+            "holdout",
+            "early_stopping_rounds",
+            "seed",
+            "chunk_size",
+            "scoring",
+            "stop_metric",
+            "missing",
+        }
     )
 
     n_iter: int = 12
@@ -92,8 +111,19 @@ class SpadConfig(DetectorConfig):
     early_stopping_rounds: int = 50
     seed: int = 0
     chunk_size: int = PROBE_CHUNK
+    scoring: Literal["f1", "roc_auc", "average_precision"] = "f1"
+    stop_metric: Literal["logloss", "auc"] = "logloss"
+    missing: Literal["zero", "nan"] = "zero"
 
     def __post_init__(self) -> None:
+        if self.scoring not in ("f1", "roc_auc", "average_precision"):
+            raise ValueError(
+                f"scoring must be f1, roc_auc or average_precision, got {self.scoring!r}"
+            )
+        if self.stop_metric not in ("logloss", "auc"):
+            raise ValueError(f"stop_metric must be logloss or auc, got {self.stop_metric!r}")
+        if self.missing not in ("zero", "nan"):
+            raise ValueError(f"missing must be zero or nan, got {self.missing!r}")
         if self.n_iter < 0 or self.cv < 2:
             raise ValueError(f"n_iter must be >= 0 and cv >= 2, got {self.n_iter} and {self.cv}")
         if not 0.0 <= self.holdout < 0.5:
@@ -124,12 +154,12 @@ def search_space() -> dict[str, Any]:
     }
 
 
-def _classifier(seed: int, pos_weight: float, **params: Any) -> Any:
+def _classifier(seed: int, pos_weight: float, metric: str = "logloss", **params: Any) -> Any:
     from xgboost import XGBClassifier
 
     return XGBClassifier(
         objective="binary:logistic",
-        eval_metric="logloss",
+        eval_metric=metric,
         tree_method="hist",
         scale_pos_weight=pos_weight,
         random_state=seed,
@@ -203,7 +233,7 @@ class SpadDetector(DetectorBase):
         check_fit_inputs(self.name, features, examples)
         self._check(features)
         y = response_labels(examples)
-        X = np.stack([f.response for f in features]).astype(np.float32)
+        X = self._design([f.response for f in features])
         n_pos, n_neg = int(y.sum()), int((1 - y).sum())
         if min(n_pos, n_neg) == 0:
             raise DataError("spad needs hallucinated and faithful responses in the training data")
@@ -217,7 +247,9 @@ class SpadDetector(DetectorBase):
                 _classifier(c.seed, pos_weight),
                 search_space(),
                 n_iter=c.n_iter,
-                scoring=make_scorer(f1_score, zero_division=0),
+                scoring=(
+                    make_scorer(f1_score, zero_division=0) if c.scoring == "f1" else c.scoring
+                ),
                 cv=StratifiedKFold(n_splits=folds, shuffle=True, random_state=c.seed),
                 random_state=c.seed,
                 n_jobs=1,
@@ -236,7 +268,11 @@ class SpadDetector(DetectorBase):
                 X, y, test_size=n_hold, stratify=y, random_state=c.seed
             )
             clf = _classifier(
-                c.seed, pos_weight, early_stopping_rounds=c.early_stopping_rounds, **best
+                c.seed,
+                pos_weight,
+                c.stop_metric,
+                early_stopping_rounds=c.early_stopping_rounds,
+                **best,
             )
             clf.fit(X_tr, y_tr, eval_set=[(X_va, y_va)], verbose=False)
             n_trees = int(clf.best_iteration) + 1
@@ -256,7 +292,7 @@ class SpadDetector(DetectorBase):
             "n_hallucinated": n_pos,
             "scale_pos_weight": pos_weight,
             "cv_folds": folds if c.n_iter else 0,
-            "cv_f1": cv_f1,
+            "cv_f1" if c.scoring == "f1" else f"cv_{c.scoring}": cv_f1,
             "n_iter": c.n_iter if folds >= 2 else 0,
             "early_stopping": {"held_out": n_hold if stop else 0, "n_trees": n_trees},
         }
@@ -264,14 +300,25 @@ class SpadDetector(DetectorBase):
 
     # -- scoring ----------------------------------------------------------------
 
+    def _design(self, rows: Sequence[np.ndarray]) -> np.ndarray:
+        """``[n, 126]`` float32; with ``missing="nan"`` an absent tag's seven columns are NaN."""
+        X = np.stack(rows).astype(np.float32)
+        if self.config.missing == "nan":
+            grid = X.reshape(len(X), len(SOURCES), -1)
+            absent = np.all(grid == 0.0, axis=1)  # [n, tags]: a present tag sums to P_final > 0
+            grid[np.broadcast_to(absent[:, None, :], grid.shape)] = np.nan
+            X = grid.reshape(len(X), -1)
+        return X
+
     def _matrix(self, features: Sequence[Features]) -> xgboost.DMatrix:
         import xgboost
 
         require_fitted(self, "booster_", self.name)
         for f in features:
             check_features(self.name, f, self.model_key_, self.names_)
-        X = np.stack([f.response for f in features]).astype(np.float32)
-        return xgboost.DMatrix(X, feature_names=list(self.names_))
+        return xgboost.DMatrix(
+            self._design([f.response for f in features]), feature_names=list(self.names_)
+        )
 
     def contributions(self, features: Sequence[Features]) -> np.ndarray:
         """``[n, 127]`` exact per-feature contributions (log-odds); last column the bias.

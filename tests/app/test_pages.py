@@ -71,6 +71,24 @@ def test_home_shows_model_status_and_datasets(make_app: Callable[[], AppTest]) -
     assert "**135** examples" in _markdown(at)
 
 
+def test_home_says_which_detector_set_is_loaded(
+    make_app: Callable[[], AppTest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    at = make_app().run()  # RAGSCOPE_DETECTORS_DIR points at an empty folder
+    _no_exception(at)
+    assert "Detector set **custom** has no detectors trained for this model" in _markdown(at)
+    monkeypatch.delenv("RAGSCOPE_DETECTORS_DIR")
+    monkeypatch.setenv("RAGSCOPE_DETECTOR_SET", "no-such-set")
+    at = make_app().run()
+    _no_exception(at)
+    errors = " ".join(e.value for e in at.error)
+    assert "no detector set 'no-such-set'" in errors and "default" in errors
+    assert "The default set is loaded instead" in errors
+    # The shipped sets are for the embedded model, not the tiny one.
+    assert "Detector set **default** has no detectors trained for this model" in _markdown(at)
+    assert "`builtin`" in " ".join(c.value for c in at.caption)
+
+
 def test_home_upload_lists_bad_records_and_imports_the_rest(
     make_app: Callable[[], AppTest], app_env: Path
 ) -> None:

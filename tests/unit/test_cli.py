@@ -500,3 +500,17 @@ def test_evaluate_matrix_trains_on_each_and_tests_on_the_others(
     (saved,) = (tmp_path / "runs").glob("*.json")
     run = json.loads(saved.read_text())
     assert run["kind"] == "matrix" and set(run["cells"]["lexical"]["qa"]) == {"qa", "summary"}
+
+
+def test_artifacts_sets_lists_each_shipped_set_and_marks_the_loaded_one(
+    capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("RAGSCOPE_DETECTORS_DIR", raising=False)
+    monkeypatch.setenv("RAGSCOPE_DETECTOR_SET", "builtin")
+    assert main(["artifacts", "sets"]) == 0
+    lines = capsys.readouterr().out.splitlines()
+    by_name = {line[2:].split()[0]: line for line in lines}
+    assert set(by_name) >= {"default", "builtin"}
+    assert by_name["builtin"].startswith("* ") and by_name["default"].startswith("  ")
+    assert "trained on builtin" in by_name["builtin"]
+    assert all(" detectors  trained on " in line for line in lines)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import json
+from dataclasses import replace
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +166,49 @@ def test_selection_without_validation_uses_training_responses() -> None:
     assert det.train_info_["selected_on"] == "train"
     assert (det.selection_.heads, det.selection_.layers, det.selection_.beta) == best[1:4]
     assert det.selection_.auc == pytest.approx(best[0])
+
+
+def _own_sources(exs: list[RAGExample]) -> list[RAGExample]:
+    """The same answers, each with its own source (grouped CV needs several)."""
+    return [
+        RAGExample(id=e.id, question=f"Q{i}?", passages=("P.",), response="R", label=e.label)
+        for i, e in enumerate(exs)
+    ]
+
+
+def test_probe_scorer_reads_every_column_and_round_trips(tmp_path: Path) -> None:
+    feats, exs = _synthetic(60, seed=3)
+    exs = _own_sources(exs)
+    val_f, val_e = _synthetic(30, seed=4)
+    val_e = _own_sources(val_e)
+    cfg = RedeepTokenConfig(
+        heads_grid=(1, 2), layers_grid=(1, 2), beta_grid=(0.0, 1.0), scorer="probe"
+    )
+    det = RedeepTokenDetector(cfg).fit(feats, exs, validation=(val_f, val_e))
+    info = det.train_info_
+    assert info["probe_C"] in (0.001, 0.003, 0.01, 0.03, 0.1, 0.3, 1.0)
+    assert np.isfinite(info["probe_cv_log_loss"]) and info["auc_probe"] > 0.8
+    # The probe weighs the two informative columns most, in the paper's directions.
+    coef = det.probe_.coef_
+    assert coef.shape == (len(NAMES),)
+    assert np.argsort(-np.abs(coef))[:2].tolist() in (
+        [GOOD_HEAD, len(HEADS) + GOOD_LAYER],
+        [len(HEADS) + GOOD_LAYER, GOOD_HEAD],
+    )
+    assert coef[GOOD_HEAD] < 0 < coef[len(HEADS) + GOOD_LAYER]
+    v = det.predict(val_f[0])
+    assert v.score == pytest.approx(v.explanation["probe_score"])
+    assert v.score == pytest.approx(det.probe_.predict_proba(val_f[0].tokens.mean(0)[None])[0])
+    np.testing.assert_allclose(v.token_scores, det.probe_.predict_proba(val_f[0].tokens), rtol=1e-6)
+    back = RedeepTokenDetector.load(det.save(tmp_path / "r"), model_key="synthetic")
+    assert back.config.scorer == "probe"
+    assert back.predict(val_f[0]).score == pytest.approx(v.score)
+    # Other scorers fit no probe; asking a probe-less artifact for the probe fails clearly.
+    rule = RedeepTokenDetector(replace(cfg, scorer="rule")).fit(feats, exs)
+    assert rule.probe_ is None and "probe_C" not in rule.train_info_
+    rule.config = cfg
+    with pytest.raises(ModelError, match="retrain"):
+        rule.predict(val_f[0])
 
 
 def test_fit_refuses_mixed_models_and_mismatched_lengths() -> None:

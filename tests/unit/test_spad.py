@@ -12,7 +12,7 @@ import torch
 
 from core.data import resolve_dataset
 from core.detectors import make_detector
-from core.detectors.spad import BIAS, BOOSTER_FILE, SpadDetector, split_errors
+from core.detectors.spad import BIAS, BOOSTER_FILE, SpadConfig, SpadDetector, split_errors
 from core.errors import DataError, ModelError, NotFittedError
 from core.extract import extract_features, run_example
 from core.layout import render
@@ -393,3 +393,42 @@ def test_unfitted_and_one_class_training_fail_clearly(fitted, balanced) -> None:
         make_detector("spad").fit([f for f, _ in faithful], [e for _, e in faithful])
     with pytest.raises(ValueError, match="holdout"):
         make_detector("spad", holdout=0.6)
+
+
+def test_learner_options_nan_for_absent_tags_auc_search_and_round_trip(
+    fitted, balanced, tmp_path
+) -> None:
+    _, feats = fitted
+    # A tag absent from an answer has all seven sources at zero; a present tag sums to
+    # P_final > 0, so "all zero" identifies absence exactly.
+    grid = np.stack([f.response for f in feats]).reshape(len(feats), len(SOURCES), -1)
+    absent = np.all(grid == 0.0, axis=1)
+    assert absent.any() and (~absent).any()
+    det = SpadDetector(
+        SpadConfig(n_iter=2, cv=2, scoring="roc_auc", stop_metric="auc", missing="nan")
+    )
+    X = det._design([f.response for f in feats]).reshape(grid.shape)
+    assert np.isnan(X).transpose(0, 2, 1)[absent].all()
+    assert not np.isnan(X).transpose(0, 2, 1)[~absent].any()
+    np.testing.assert_array_equal(X.transpose(0, 2, 1)[~absent], grid.transpose(0, 2, 1)[~absent])
+    # The zero-filled design (the spec's) is the features unchanged.
+    spec = SpadDetector(SpadConfig(n_iter=2, cv=2))
+    np.testing.assert_array_equal(
+        spec._design([f.response for f in feats]), grid.reshape(len(feats), -1)
+    )
+    det.fit(feats, balanced)
+    assert "cv_roc_auc" in det.train_info_ and "cv_f1" not in det.train_info_
+    # Early stopping on AUC, without the hold-out: every searched tree is kept.
+    nohold = SpadDetector(SpadConfig(n_iter=0, cv=2, holdout=0.0)).fit(feats, balanced)
+    assert nohold.train_info_["early_stopping"] == {"held_out": 0, "n_trees": 100}
+    back = SpadDetector.load(det.save(tmp_path / "spad"), model_key=feats[0].model)
+    assert back.config == det.config and back.config.missing == "nan"
+    for f in feats:
+        assert back.predict(f).score == det.predict(f).score
+    for bad in ({"scoring": "f2"}, {"stop_metric": "error"}, {"missing": "mean"}):
+        with pytest.raises(ValueError):
+            SpadConfig(**bad)
+    # Learner-only options leave the feature hash alone (cached features stay valid).
+    assert (
+        SpadConfig(scoring="roc_auc", missing="nan").feature_hash() == SpadConfig().feature_hash()
+    )
