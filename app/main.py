@@ -14,7 +14,7 @@ from pathlib import Path
 import streamlit as st
 
 from app.auth import exposure_banner, login_gate
-from app.state import get_model
+from app.state import get_model, shipped_detectors
 from app.text import md
 
 PAGES_DIR = Path(__file__).parent / "views"
@@ -22,40 +22,36 @@ PAGES_DIR = Path(__file__).parent / "views"
 st.set_page_config(page_title="ragscope", page_icon=":material/troubleshoot:", layout="wide")
 login_gate()  # with logins configured, nothing below runs until the visitor signs in
 
-navigation = st.navigation(
-    [
-        st.Page(PAGES_DIR / "home.py", title="Home", icon=":material/home:", default=True),
-        st.Page(PAGES_DIR / "playground.py", title="Playground", icon=":material/science:"),
-        st.Page(
-            PAGES_DIR / "token_heatmaps.py", title="Token heatmaps", icon=":material/gradient:"
-        ),
-        st.Page(
-            PAGES_DIR / "counterfactual.py",
-            title="Counterfactual context",
-            icon=":material/edit_note:",
-        ),
-        st.Page(PAGES_DIR / "mitigation.py", title="Mitigation", icon=":material/healing:"),
-        st.Page(PAGES_DIR / "heads.py", title="Heads & layers", icon=":material/grid_view:"),
-        st.Page(PAGES_DIR / "shap_summary.py", title="SHAP summary", icon=":material/insights:"),
-        st.Page(
-            PAGES_DIR / "token_sources.py",
-            title="Token sources",
-            icon=":material/stacked_bar_chart:",
-        ),
-        st.Page(PAGES_DIR / "gam.py", title="GAM shape functions", icon=":material/show_chart:"),
-        st.Page(
-            PAGES_DIR / "feature_explanations.py",
-            title="Feature explanations",
-            icon=":material/lightbulb:",
-        ),
-        st.Page(PAGES_DIR / "benchmark.py", title="Benchmark", icon=":material/leaderboard:"),
-        st.Page(PAGES_DIR / "agreement.py", title="Agreement", icon=":material/join_inner:"),
-        st.Page(PAGES_DIR / "review.py", title="Review", icon=":material/rate_review:"),
-        st.Page(PAGES_DIR / "learn.py", title="Learn", icon=":material/school:"),
-    ],
-    expanded=True,  # every page listed, without a "view more" fold
-)
 
+def _page(file: str, title: str, icon: str, **kw: bool) -> st.Page:
+    return st.Page(PAGES_DIR / file, title=title, icon=f":material/{icon}:", **kw)
+
+
+SECTIONS: dict[str, list[st.Page]] = {
+    "": [_page("home.py", "Home", "home", default=True)],
+    "Analyse": [
+        _page("playground.py", "Playground", "science"),
+        _page("token_heatmaps.py", "Token heatmaps", "gradient"),
+        _page("counterfactual.py", "Counterfactual context", "edit_note"),
+        _page("mitigation.py", "Mitigation", "healing"),
+    ],
+    "Detectors": [
+        _page("heads.py", "Heads & layers", "grid_view"),
+        _page("shap_summary.py", "SHAP summary", "insights"),
+        _page("token_sources.py", "Token sources", "stacked_bar_chart"),
+        _page("gam.py", "GAM shape functions", "show_chart"),
+        _page("feature_explanations.py", "Feature explanations", "lightbulb"),
+    ],
+    "Evaluate": [
+        _page("benchmark.py", "Benchmark", "leaderboard"),
+        _page("agreement.py", "Agreement", "join_inner"),
+    ],
+    "Annotate": [_page("review.py", "Review", "rate_review")],
+    "Learn": [_page("learn.py", "Learn", "school")],
+}
+"""The sidebar: Home first, then the pages grouped by what a visitor came to do."""
+
+navigation = st.navigation(SECTIONS, expanded=True)  # every page listed, no "view more" fold
 exposure_banner()
 model = get_model()
 with st.sidebar:
@@ -63,6 +59,10 @@ with st.sidebar:
     st.caption(
         f"**Model:** {md(info.display_name)}  \n"
         f"{info.n_layers} layers × {info.n_heads} heads · {info.device} · {info.dtype}"
+    )
+    shipped = shipped_detectors(model)
+    st.caption(
+        f"**Detectors:** {md(shipped.set_name)} set · {len(shipped.detectors)} for this model"
     )
 
 navigation.run()

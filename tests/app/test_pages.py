@@ -77,6 +77,8 @@ def test_home_says_which_detector_set_is_loaded(
     at = make_app().run()  # RAGSCOPE_DETECTORS_DIR points at an empty folder
     _no_exception(at)
     assert "Detector set **custom** has no detectors trained for this model" in _markdown(at)
+    sidebar = " ".join(c.value for c in at.sidebar.caption)
+    assert "**Detectors:** custom set · 0 for this model" in sidebar
     monkeypatch.delenv("RAGSCOPE_DETECTORS_DIR")
     monkeypatch.setenv("RAGSCOPE_DETECTOR_SET", "no-such-set")
     at = make_app().run()
@@ -245,7 +247,9 @@ def test_own_passages_can_be_added_and_removed(make_app: Callable[[], AppTest]) 
 
 def _registered_pages() -> list[str]:
     main = (Path(__file__).resolve().parents[2] / "app" / "main.py").read_text()
-    return sorted(set(re.findall(r'PAGES_DIR / "(\w+\.py)"', main)))
+    pages = sorted(set(re.findall(r'_page\("(\w+\.py)"', main)))
+    assert len(pages) >= 14, "app/main.py registers its pages as _page(FILE, TITLE, ICON)"
+    return pages
 
 
 @pytest.mark.parametrize("page", _registered_pages())

@@ -83,6 +83,8 @@ PAGES = [
     "Review",
     "Learn",
 ]
+SECTIONS = ["Analyse", "Detectors", "Evaluate", "Annotate", "Learn"]
+"""The sidebar's section headers, in order (Home stands first, under none)."""
 HEADS_EXAMPLES = 6
 SHAP_EXAMPLES = 4
 EXPLAIN_EXAMPLES = 8
@@ -431,6 +433,12 @@ def _sidebar_pages(page: object) -> list[str]:
     return [t.strip().splitlines()[-1] for t in links.all_inner_texts()]
 
 
+def _sidebar_sections(page: object) -> list[str]:
+    """The sidebar's section headers."""
+    heads = page.locator('[data-testid="stNavSectionHeader"]')  # type: ignore[attr-defined]
+    return [t.strip() for t in heads.all_inner_texts()]
+
+
 @contextmanager
 def _opened(browser: object, server: str, path: str, heading: str) -> Iterator[object]:
     """A new 1440 x 1000 page at ``server/path``, once its ``heading`` shows (the model
@@ -440,6 +448,7 @@ def _opened(browser: object, server: str, path: str, heading: str) -> Iterator[o
         page.goto(f"{server}/{path}", wait_until="domcontentloaded")
         page.get_by_role("heading", name=heading).wait_for(timeout=MODEL_LOAD_MS)
         assert _sidebar_pages(page) == PAGES
+        assert [t.title() for t in _sidebar_sections(page)] == SECTIONS
         yield page
     finally:
         page.close()
