@@ -228,6 +228,25 @@ def test_train_records_recipe_and_reproduce_checks_it(tmp_path: Path, capsys, ti
     assert "2/3 artifacts reproduced" in out
 
 
+def test_reproduce_names_a_missing_dev_set_and_rebuilds_the_rest(
+    tmp_path: Path, capsys, tiny_model, monkeypatch
+) -> None:
+    shipped = tmp_path / "shipped"
+    assert main(_train_args(shipped)) == 0
+    capsys.readouterr()
+    # One artifact says it was trained on a dev set this machine does not have.
+    cfg_path = shipped / "nll" / "cfg.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["trained_on"]["recipe"]["dataset"] = "shared:ragtruth_qa_dev"
+    cfg_path.write_text(json.dumps(cfg))
+    monkeypatch.setenv("RAGSCOPE_SHARED_DATA", str(tmp_path / "no-shared-data"))
+    assert main(["train", "--reproduce", str(shipped), "--out", str(tmp_path / "r")]) == 1
+    out = capsys.readouterr().out
+    assert "CANNOT   nll: shared:ragtruth_qa_dev: the development data folder is not here" in out
+    assert "same     lexical" in out and "same     context_gain" in out
+    assert "2/3 artifacts reproduced" in out
+
+
 def test_train_records_token_thresholds_and_the_command_recomputes_them(
     tmp_path: Path, capsys, tiny_model
 ) -> None:
