@@ -286,9 +286,12 @@ def _synthetic_detectors(folder: Path, n: int = 40, n_tokens: int = 12) -> Path:
             )
         )
     # The shipped RAGLens detector (it reads the shipped SAE) for the GAM page, and the
-    # shipped CORTEX for the Token heatmaps page.
-    for name in ("raglens", "cortex"):
-        shutil.copytree(REPO / "assets" / "detectors" / name, folder / name)
+    # CORTEX of the built-in set for the pages that follow its token flags (Token
+    # heatmaps, Mitigation, Review): trained on template answers like the demo's, it
+    # flags the demo's gold spans; the default set's, trained on RAGTruth, stays under
+    # its token threshold on them.
+    shutil.copytree(REPO / "assets" / "detectors" / "raglens", folder / "raglens")
+    shutil.copytree(REPO / "assets" / "detector-sets" / "builtin" / "cortex", folder / "cortex")
     det = make_detector("nll").fit(features, examples)
     det.save(
         folder / "nll",
