@@ -48,8 +48,7 @@ SECTIONS: dict[str, list[st.Page]] = {
     ],
     "Annotate": [_page("review.py", "Review", "rate_review")],
     "Learn": [_page("learn.py", "Learn", "school")],
-}
-"""The sidebar: Home first, then the pages grouped by what a visitor came to do."""
+}  # the sidebar: Home first, then the pages grouped by what a visitor came to do
 
 navigation = st.navigation(SECTIONS, expanded=True)  # every page listed, no "view more" fold
 exposure_banner()

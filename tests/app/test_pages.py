@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import ast
 import json
 import re
 from collections.abc import Callable
@@ -266,3 +267,17 @@ def test_answer_pages_read_the_playgrounds_answer(
 ) -> None:
     at = open_after_analysis("demo-02-waggle-dance", page)
     assert any("The Playground's analysed answer" in str(r.options) for r in at.radio)
+
+
+def test_no_page_script_holds_a_stray_string_that_streamlit_magic_would_print() -> None:
+    # Streamlit "magic" writes every bare module-level expression of a page script to
+    # the page: a string meant as a comment (say, a docstring after a constant) shows
+    # up as text. Only the module docstring (the first statement) is allowed.
+    app = Path(__file__).resolve().parents[2] / "app"
+    for script in [app / "main.py", *sorted((app / "views").glob("*.py"))]:
+        body = ast.parse(script.read_text()).body
+        for node in body[1:]:
+            if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant):
+                raise AssertionError(
+                    f"{script.name}:{node.lineno}: a bare string, shown on the page"
+                )
