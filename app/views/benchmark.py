@@ -17,10 +17,10 @@ from __future__ import annotations
 
 import math
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 import pandas as pd
@@ -101,6 +101,7 @@ EMPTY_STATE = (
     "`ragscope evaluate --cv 5 --dataset builtin`)."
 )
 MISSING = "-"
+R = TypeVar("R")  # a saved run of one kind (EvalRun, CVRun)
 
 
 # --------------------------------------------------------------------------- formatting
@@ -397,23 +398,35 @@ def _download(label: str, frame: pd.DataFrame, file_name: str, key: str) -> None
     )
 
 
+def _pick_saved(
+    saved: SavedRuns,
+    runs: Mapping[str, R],
+    chosen: list[str] | None,
+    key: str,
+    what: str,
+    label: Callable[[R], str],
+) -> list[str]:
+    """A multiselect of saved ``runs`` (newest first, the newest picked at first; names
+    no longer saved dropped); returns the picked names."""
+    names = list(runs)
+    chosen = [n for n in (names[:1] if chosen is None else chosen) if n in runs]
+    _keep_options(key, names)
+    seed_widget(key, chosen)
+    picked = st.multiselect(
+        f"{what} ({_where(saved, names)}; newest first; pick several to compare)",
+        names,
+        key=key,
+        format_func=lambda n: label(runs[n]) + (" · shipped" if n in saved.shipped else ""),
+    )
+    return list(picked)
+
+
 def pick_runs(state: AppState, saved: SavedRuns) -> list[EvalRun]:
     """The run picker (newest first; several = compare)."""
-    runs = saved.runs
-    names = list(runs)
-    if state.bench_runs is None:
-        state.bench_runs = names[:1]
-    state.bench_runs = [n for n in state.bench_runs if n in runs]
-    _keep_options(KEY_BENCH_RUNS, names)
-    seed_widget(KEY_BENCH_RUNS, state.bench_runs)
-    picked = st.multiselect(
-        f"Saved runs ({_where(saved, names)}; newest first; pick several to compare)",
-        names,
-        key=KEY_BENCH_RUNS,
-        format_func=lambda n: run_label(runs[n]) + (" · shipped" if n in saved.shipped else ""),
+    state.bench_runs = _pick_saved(
+        saved, saved.runs, state.bench_runs, KEY_BENCH_RUNS, "Saved runs", run_label
     )
-    state.bench_runs = list(picked)
-    return [runs[n] for n in picked]
+    return [saved.runs[n] for n in state.bench_runs]
 
 
 def _series_name(run: EvalRun, r: DetectorResult, compare: bool) -> str:
@@ -578,21 +591,15 @@ def cv_run_label(run: CVRun) -> str:
 
 def pick_cv_runs(state: AppState, saved: SavedRuns) -> list[CVRun]:
     """The cross-validation picker (newest first; several = compare)."""
-    runs = saved.cv
-    names = list(runs)
-    if state.bench_cv_runs is None:
-        state.bench_cv_runs = names[:1]
-    state.bench_cv_runs = [n for n in state.bench_cv_runs if n in runs]
-    _keep_options(KEY_BENCH_CV_RUNS, names)
-    seed_widget(KEY_BENCH_CV_RUNS, state.bench_cv_runs)
-    picked = st.multiselect(
-        f"Cross-validation runs ({_where(saved, names)}; newest first; pick several to compare)",
-        names,
-        key=KEY_BENCH_CV_RUNS,
-        format_func=lambda n: cv_run_label(runs[n]) + (" · shipped" if n in saved.shipped else ""),
+    state.bench_cv_runs = _pick_saved(
+        saved,
+        saved.cv,
+        state.bench_cv_runs,
+        KEY_BENCH_CV_RUNS,
+        "Cross-validation runs",
+        cv_run_label,
     )
-    state.bench_cv_runs = list(picked)
-    return [runs[n] for n in picked]
+    return [saved.cv[n] for n in state.bench_cv_runs]
 
 
 def show_cv_tables(runs: Sequence[CVRun]) -> None:
