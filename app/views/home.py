@@ -78,7 +78,10 @@ def detector_set_status(model: LoadedModel) -> None:
     if n:
         st.markdown(
             f"Detector set **{md(shipped.set_name)}**: {n} detector{'s' if n != 1 else ''} "
-            f"trained for this model on {data}, from {code(shipped.folder.name)}."
+            f"trained for this model on {data}, from {code(shipped.folder.name)}. Their "
+            "thresholds and calibrated scores hold for answers like those they were trained "
+            "on; on other kinds of answers their ranking carries over better than their "
+            "verdicts (the Benchmark page's cross-domain matrix shows how far)."
         )
     else:
         st.markdown(
