@@ -29,8 +29,12 @@ PALETTE: tuple[str, ...] = (
     "#7f7f7f",
     "#bcbd22",
     "#17becf",
+    "#8c564b",
+    "#e377c2",
+    "#2ca02c",
+    "#393b79",
 )
-"""Trace colours, in the order series are given."""
+"""Trace colours, in the order series are given: twelve, one per shipped detector."""
 
 GUIDE_COLOR = "#9aa0aa"
 """Colour of the chance (ROC) and prevalence (PR) lines."""

@@ -104,6 +104,11 @@ MISSING = "-"
 R = TypeVar("R")  # a saved run of one kind (EvalRun, CVRun)
 
 
+def _table_height(n_rows: int) -> int:
+    """Pixels that show a dataframe's header and ``n_rows`` rows without a scrollbar."""
+    return 35 * (n_rows + 1) + 3
+
+
 # --------------------------------------------------------------------------- formatting
 
 
@@ -436,7 +441,8 @@ def _series_name(run: EvalRun, r: DetectorResult, compare: bool) -> str:
 def show_metrics(runs: Sequence[EvalRun]) -> None:
     """The metric table and what each run was."""
     st.subheader("Test metrics")
-    st.dataframe(metric_table(runs), hide_index=True, width="stretch")
+    table = metric_table(runs)
+    st.dataframe(table, hide_index=True, width="stretch", height=_table_height(len(table)))
     st.caption(
         "Response level, on the test split; AUROC with a bootstrap 95% CI. Precision, recall, "
         "F1 and balanced accuracy use the threshold picked on the validation split. "
@@ -446,7 +452,7 @@ def show_metrics(runs: Sequence[EvalRun]) -> None:
     with st.expander("Run details: model, data, hashes, feature extraction", expanded=True):
         details = details_table(runs)
         # Tall enough for every row: the table is short and a scrollbar would hide the end.
-        st.dataframe(details, width="stretch", height=35 * (len(details) + 1) + 3)
+        st.dataframe(details, width="stretch", height=_table_height(len(details)))
 
 
 def show_curves(runs: Sequence[EvalRun]) -> None:
@@ -608,7 +614,8 @@ def show_cv_tables(runs: Sequence[CVRun]) -> None:
     for run in runs:
         st.markdown(f"**{md(run.name)}** · model {code(_model_name(run.model))}")
         st.caption(md(describe_cv(run)) + f" · created {md(_date(run.created_at))}.")
-        st.dataframe(cv_metric_table(run), hide_index=True, width="stretch")
+        table = cv_metric_table(run)
+        st.dataframe(table, hide_index=True, width="stretch", height=_table_height(len(table)))
         c1, c2 = st.columns(2)
         with c1:
             _download(

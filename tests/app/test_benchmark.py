@@ -676,3 +676,12 @@ def test_reliability_and_matrix_figures_escape_names(
     assert list(heat.data[0].x) == list(heat.data[0].y) == [plain(name), "b"]
     assert heat.data[0].z[0][1] == pytest.approx(cell["auroc"]) and heat.data[0].z[0][0] is None
     assert "<a" not in heat.layout.title.text
+
+
+def test_every_shipped_detector_gets_its_own_colour() -> None:
+    # The per-generator bars and curves colour series by position: with fewer colours
+    # than detectors, two detectors share one and the legend cannot tell them apart.
+    from app.components.charts import PALETTE
+    from core.detectors import available_detectors
+
+    assert len(set(PALETTE)) == len(PALETTE) >= len(available_detectors())
