@@ -52,7 +52,7 @@ from core.detectors.common import token_training_set
 from core.errors import DataError, ModelError
 from core.examples import RAGExample, source_key
 from core.labels import response_labels
-from core.learners import LogisticCalibrator, choose_c
+from core.learners import LogisticCalibrator, grouped_logistic
 from core.metrics import auroc_or_none
 from core.model import ModelInfo
 from core.trace import Needs
@@ -210,16 +210,7 @@ class LookbackLensDetector(DetectorBase):
         return np.concatenate(X), np.concatenate(y), np.concatenate(g)
 
     def _logistic(self, X: np.ndarray, y: np.ndarray, groups: np.ndarray) -> LogisticCalibrator:
-        c, _ = choose_c(
-            X,
-            y,
-            self.config.c_grid,
-            groups=groups,
-            scoring="neg_log_loss",  # a proper score: AUROC ties would pick the weakest
-            class_weight="balanced",
-            seed=self.config.seed,
-        )
-        return LogisticCalibrator(C=c).fit(X, y)
+        return grouped_logistic(X, y, self.config.c_grid, groups=groups, seed=self.config.seed)[0]
 
     def fit(
         self,

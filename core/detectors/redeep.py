@@ -52,7 +52,7 @@ from core.errors import DataError, ModelError
 from core.examples import RAGExample, source_key
 from core.heads import CopyingConfig, copying_scores
 from core.labels import response_labels
-from core.learners import LogisticCalibrator, choose_c
+from core.learners import LogisticCalibrator, grouped_logistic
 from core.lens import pks_needs
 from core.model import LoadedModel, ModelInfo
 from core.trace import Needs
@@ -363,16 +363,11 @@ class RedeepDetector(DetectorBase):
         probe_info: dict[str, Any] = {}
         if c.scorer == "probe":
             X = np.concatenate([ecs, pks], axis=1)
-            strength, cv_score = choose_c(
-                X,
-                y,
-                PROBE_C_GRID,
-                groups=np.asarray([source_key(e) for e in examples]),
-                class_weight="balanced",
+            self.probe_, cv_score = grouped_logistic(
+                X, y, PROBE_C_GRID, groups=np.asarray([source_key(e) for e in examples])
             )
-            self.probe_ = LogisticCalibrator(C=strength).fit(X, y)
             probe_info = {
-                "probe_C": strength,
+                "probe_C": self.probe_.C,
                 "probe_cv_log_loss": -cv_score,
                 "auc_probe": _auc(
                     v_y, self.probe_.predict_proba(np.concatenate([v_ecs, v_pks], axis=1))

@@ -41,7 +41,7 @@ from core.contract import (
 from core.errors import DataError, ModelError
 from core.examples import RAGExample, source_key
 from core.labels import response_labels
-from core.learners import LogisticCalibrator, MLPHead, choose_c
+from core.learners import LogisticCalibrator, MLPHead, grouped_logistic
 from core.metrics import auroc_or_none
 from core.model import ModelInfo
 from core.trace import Needs
@@ -178,18 +178,7 @@ class SaplmaDetector(DetectorBase):
         c = self.config
         if c.learner == "mlp":
             return MLPHead(c.hidden, alpha=c.alpha, seed=c.seed).fit(X, y), float("nan")
-        # Log loss, a proper score, picks the strength: AUROC ties across strengths
-        # that rank alike and would pick the weakest, squashing probabilities to 0.5.
-        strength, cv_score = choose_c(
-            X,
-            y,
-            c.c_grid,
-            groups=groups,
-            scoring="neg_log_loss",
-            class_weight="balanced",
-            seed=c.seed,
-        )
-        return LogisticCalibrator(C=strength).fit(X, y), cv_score
+        return grouped_logistic(X, y, c.c_grid, groups=groups, seed=c.seed)
 
     def fit(
         self,
