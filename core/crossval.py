@@ -8,8 +8,10 @@
   stratified) into a fitting part and a validation part (``val_share`` of the sources);
   the detector learns on the first (selecting hyper-parameters on the second when it
   does so); a Platt calibrator, the answer threshold and the token threshold are then
-  fitted on the validation part (optionally only on the datasets given as
-  ``calibrate_on``). Nothing of the test fold reaches it.
+  fitted on cross-fitted scores of all the training answers (each scored by a detector
+  fitted the same way without it; ``calibration="split"``: on the validation part
+  only), optionally only on the datasets given as ``calibrate_on``. Nothing of the test
+  fold reaches it.
 - :func:`cross_validate` scores every answer out of fold exactly once and pools: AUROC
   and AP with source-grouped bootstrap CIs, balanced accuracy / F1 at each fold's own
   threshold, expected calibration error and the reliability diagram of the calibrated
@@ -60,6 +62,13 @@ from core.safeio import read_json_file
 
 CV_FORMAT = 1
 Criterion = Literal["f1", "balanced_accuracy"]
+Calibration = Literal["crossfit", "split"]
+CALIBRATIONS: tuple[Calibration, ...] = ("crossfit", "split")
+CROSSFIT_K = 5
+"""Inner folds of cross-fitted calibration."""
+CROSSFIT_MIN_SOURCES = 7
+"""Fewest training sources cross-fitting works on: each of its :data:`CROSSFIT_K`
+training parts must still split into fitting and validation parts."""
 MakeDetector = Callable[[str], Detector]
 VAL_SHARE = 0.2
 """Share of the training sources held out inside each fit for selection and calibration."""
@@ -141,6 +150,7 @@ def fit_procedure(
     calibrate_on: Sequence[str] | None = None,
     val_share: float = VAL_SHARE,
     seed: int = 0,
+    calibration: Calibration = "crossfit",
 ) -> Detector:
     """A fitted, calibrated, thresholded detector from training answers only.
 
@@ -153,32 +163,44 @@ def fit_procedure(
             fit the calibrator and threshold (default: all of them).
         val_share: Share of the sources held out as the validation part.
         seed: Seed of the inner split.
+        calibration: ``"crossfit"`` (default): the calibrator and thresholds are fitted
+            on cross-fitted scores of *every* training answer — :data:`CROSSFIT_K` inner
+            grouped folds, each scored by a detector fitted (by the same split recipe)
+            without it — five times the answers of the validation part alone, so fewer
+            noisy calibrators and thresholds; ``"split"``: on the validation part only
+            (the detector's own scores; what artifacts trained before it used).
 
     Raises:
         DataError: A part without both classes, or no validation answer of
             ``calibrate_on``.
     """
-    fit_i, val_i = inner_split(examples, val_share, seed)
-    fit_f, fit_e = [features[i] for i in fit_i], [examples[i] for i in fit_i]
-    val_f, val_e = [features[i] for i in val_i], [examples[i] for i in val_i]
-    det = make(name)
-    fit_detector(det, fit_f, fit_e, (val_f, val_e))
-    use = [True] * len(val_e)
+    det, n_fit, n_val = _fit_on_split(make, name, features, examples, val_share, seed)
+    raw: list[Verdict] | None = None
+    if calibration == "crossfit":
+        cal_f, cal_e = list(features), list(examples)
+        raw = _crossfit_verdicts(make, name, features, examples, val_share, seed)
+    elif calibration == "split":
+        _, val_i = inner_split(examples, val_share, seed)
+        cal_f, cal_e = [features[i] for i in val_i], [examples[i] for i in val_i]
+    else:
+        raise DataError(f"unknown calibration {calibration!r}; use one of {list(CALIBRATIONS)}")
+    use = [True] * len(cal_e)
     if calibrate_on is not None:
         wanted = set(calibrate_on)
-        use = [e.provenance.dataset in wanted for e in val_e]
+        use = [e.provenance.dataset in wanted for e in cal_e]
         if not any(use):
             raise DataError(
                 f"no validation answers from {sorted(wanted)} to calibrate on; include those "
                 "datasets in the training data"
             )
-    set_thresholds(det, val_f, val_e, criterion=criterion, calibrate=use)
+    set_thresholds(det, cal_f, cal_e, criterion=criterion, calibrate=use, raw_verdicts=raw)
     det.train_info_ = {
         **det.train_info_,
         "procedure": {
-            "n_fit": len(fit_e),
-            "n_validation": len(val_e),
+            "n_fit": n_fit,
+            "n_validation": n_val,
             "n_calibration": int(sum(use)),
+            "calibration": calibration,
             "calibrate_on": sorted(set(calibrate_on)) if calibrate_on is not None else None,
             "criterion": criterion,
             "val_share": val_share,
@@ -186,6 +208,66 @@ def fit_procedure(
         },
     }
     return det
+
+
+def _fit_on_split(
+    make: MakeDetector,
+    name: str,
+    features: Sequence[Features],
+    examples: Sequence[RAGExample],
+    val_share: float,
+    seed: int,
+) -> tuple[Detector, int, int]:
+    """A fresh detector fitted on the fitting part of :func:`inner_split`, selecting on
+    its validation part (uncalibrated, threshold not yet set), and the two parts' sizes."""
+    fit_i, val_i = inner_split(examples, val_share, seed)
+    det = make(name)
+    fit_detector(
+        det,
+        [features[i] for i in fit_i],
+        [examples[i] for i in fit_i],
+        ([features[i] for i in val_i], [examples[i] for i in val_i]),
+    )
+    return det, int(fit_i.size), int(val_i.size)
+
+
+def _crossfit_verdicts(
+    make: MakeDetector,
+    name: str,
+    features: Sequence[Features],
+    examples: Sequence[RAGExample],
+    val_share: float,
+    seed: int,
+) -> list[Verdict]:
+    """Uncalibrated verdicts on every answer, each from a detector fitted (by
+    :func:`_fit_on_split`) on the other inner folds' answers only."""
+    n_sources = len({source_key(e) for e in examples})
+    if n_sources < CROSSFIT_MIN_SOURCES:
+        raise DataError(
+            f"cross-fitted calibration needs at least {CROSSFIT_MIN_SOURCES} sources (questions "
+            f"with their passages) to train on; these answers have {n_sources}. Use "
+            "calibration on the validation part (`--calibration split`) or more data"
+        )
+    out: list[Verdict | None] = [None] * len(examples)
+    try:
+        for tr, te in _grouped_folds(examples, CROSSFIT_K, seed + 7919):
+            det, _, _ = _fit_on_split(
+                make, name, [features[i] for i in tr], [examples[i] for i in tr], val_share, seed
+            )
+            det.calibration_ = None
+            for i in te:
+                out[i] = det.predict(features[i])
+    except DataError as e:
+        raise DataError(
+            f"cross-fitted calibration of {name}: {e}; or calibrate on the validation part "
+            "(`--calibration split`)"
+        ) from e
+    missing = [examples[i].id for i, v in enumerate(out) if v is None]
+    if missing:
+        raise DataError(
+            f"cross-fitting left {len(missing)} answers unscored (first {missing[0]!r})"
+        )
+    return [v for v in out if v is not None]
 
 
 def default_maker(configs: Mapping[str, Mapping[str, Any]] | None = None) -> MakeDetector:
@@ -273,6 +355,7 @@ class CVRun:
     data_hash: str
     results: tuple[CVResult, ...]
     extraction: Mapping[str, Any] = field(default_factory=dict)
+    calibration: str = "split"
     kind: str = "cv"
     format: int = CV_FORMAT
 
@@ -297,6 +380,11 @@ class CVRun:
             kw[k] = tuple(d[k])
         if d.get("calibrate_on") is not None:
             kw["calibrate_on"] = tuple(d["calibrate_on"])
+        if kw.get("calibration", "split") not in CALIBRATIONS:
+            raise DataError(
+                f"cross-validation run {kw.get('name')!r}: unknown calibration "
+                f"{kw.get('calibration')!r} (expected one of {list(CALIBRATIONS)})"
+            )
         n = len(kw["ids"])
         lengths = {k: len(kw[k]) for k in ("labels", "fold", "generators", "example_datasets")}
         for r in kw["results"]:
@@ -357,7 +445,11 @@ class CVRun:
             f"label x generator x dataset, seed {self.seed}) on {', '.join(self.datasets)}: "
             f"{len(self.ids)} answers, {sum(self.labels)} hallucinated; data hash "
             f"{self.data_hash}; thresholds by {self.criterion} and calibration on each fold's "
-            f"validation part"
+            + (
+                "training answers, cross-fitted"
+                if self.calibration == "crossfit"
+                else "validation part"
+            )
             + (f" ({', '.join(self.calibrate_on)})" if self.calibrate_on else ""),
             "",
             "| detector | AUROC [95% CI] | folds mean ± sd | AP [95% CI] | bal. acc | F1 | ECE "
@@ -548,6 +640,7 @@ def cross_validate(
     cache: FeatureCache | None = None,
     criterion: Criterion = "balanced_accuracy",
     calibrate_on: Sequence[str] | None = None,
+    calibration: Calibration = "crossfit",
     val_share: float = VAL_SHARE,
     n_boot: int = 1000,
     progress: Callable[[int, int], None] | None = None,
@@ -570,6 +663,7 @@ def cross_validate(
         cache: Feature cache.
         criterion: What each fold's threshold maximises on its validation part.
         calibrate_on: Datasets whose validation answers calibrate (default: all).
+        calibration: How each fold's calibrator is fitted (:func:`fit_procedure`).
         val_share: Share of each training part held out for selection/calibration.
         n_boot: Grouped bootstrap resamples for the CIs.
         progress: Extraction progress ``(done, total)``.
@@ -617,6 +711,7 @@ def cross_validate(
                 [exs[i] for i in tr],
                 criterion=criterion,
                 calibrate_on=calibrate_on,
+                calibration=calibration,
                 val_share=val_share,
                 seed=seed + f,
             )
@@ -668,6 +763,7 @@ def cross_validate(
         seed=seed,
         criterion=criterion,
         calibrate_on=tuple(calibrate_on) if calibrate_on is not None else None,
+        calibration=calibration,
         ids=tuple(e.id for e in exs),
         labels=tuple(int(v) for v in y),
         fold=tuple(int(f) for f in fold),
@@ -807,6 +903,7 @@ def domain_matrix(
     make: MakeDetector | None = None,
     cache: FeatureCache | None = None,
     criterion: Criterion = "balanced_accuracy",
+    calibration: Calibration = "crossfit",
     leave_one_out: bool = True,
     diagonal: bool = True,
     n_boot: int = 1000,
@@ -844,7 +941,9 @@ def domain_matrix(
         for train_name, idx, tests in trainings:
             if step is not None:
                 step(f"{n}: train on {train_name}")
-            det = fit_procedure(make, n, *subset(n, idx), criterion=criterion, seed=seed)
+            det = fit_procedure(
+                make, n, *subset(n, idx), criterion=criterion, calibration=calibration, seed=seed
+            )
             for t in tests:
                 cells[n].setdefault(train_name, {})[t] = _test_cell(
                     det, *subset(n, parts[t]), n_boot, seed
@@ -869,6 +968,7 @@ def domain_matrix(
                 seed=seed,
                 make=make,
                 criterion=criterion,
+                calibration=calibration,
                 n_boot=n_boot,
                 extraction=sub,
             )

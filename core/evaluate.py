@@ -319,6 +319,7 @@ def set_thresholds(
     *,
     criterion: Literal["f1", "balanced_accuracy"] = "f1",
     calibrate: Sequence[bool] | None = None,
+    raw_verdicts: Sequence[Verdict] | None = None,
 ) -> list[Verdict]:
     """Finish a fitted detector on held-out (validation) answers it never learned from.
 
@@ -330,22 +331,37 @@ def set_thresholds(
     calibration the detector already has (a loaded artifact's) is kept. Returns the
     held-out verdicts, after calibration.
 
+    ``raw_verdicts`` (with ``calibrate``) are uncalibrated verdicts on these answers from
+    elsewhere — cross-fitted ones, each from a model that never saw its answer — used
+    instead of ``det``'s own; ``features`` are then not read.
+
     Raises:
-        DataError: The calibration answers are all of one class.
+        DataError: The calibration answers are all of one class, or ``raw_verdicts``
+            without ``calibrate`` or of the wrong length.
     """
     y = _labels(examples, "validation")
     use = np.ones(len(examples), bool) if calibrate is None else np.asarray(calibrate, bool)
+    if raw_verdicts is not None and (calibrate is None or len(raw_verdicts) != len(examples)):
+        raise DataError("raw verdicts need calibration flags and one verdict per answer")
     if calibrate is not None:
         det.calibration_ = None  # the raw scores are what is calibrated
-        verdicts = [det.predict(f) for f in features]
         if not is_binary(y[use]):
             raise DataError(
                 "the calibration answers need faithful and hallucinated ones; calibrate on "
                 "more (or other) datasets"
             )
-        raw = np.asarray([v.score for v in verdicts])
-        det.calibration_ = PlattCalibrator().fit(raw[use], y[use])
-    verdicts = [det.predict(f) for f in features]
+        raw_v = (
+            list(raw_verdicts) if raw_verdicts is not None else [det.predict(f) for f in features]
+        )
+        raw = np.asarray([v.score for v in raw_v])
+        cal = PlattCalibrator().fit(raw[use], y[use])
+        det.calibration_ = cal
+        verdicts = [
+            dataclasses.replace(v, score=float(p), raw_score=v.score)
+            for v, p in zip(raw_v, np.clip(cal.transform(raw), 0.0, 1.0), strict=True)
+        ]
+    else:
+        verdicts = [det.predict(f) for f in features]
     scores = np.asarray([v.score for v in verdicts])
     det.threshold_ = best_threshold(y[use], scores[use], criterion)
     det.token_threshold_ = token_threshold(examples, verdicts)

@@ -183,6 +183,26 @@ def choose_c(
     return grid[best], scores[best]
 
 
+def grouped_folds(
+    y: np.ndarray, groups: np.ndarray, folds: int = 5, seed: int = 0
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    """Up to ``folds`` (train, test) index pairs, stratified by ``y`` and never splitting a
+    group; fewer folds when there are fewer groups or members of a class, and only
+    folds whose two parts hold both classes (empty when none do)."""
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    y = np.asarray(y).astype(int)
+    k = min(folds, int(np.bincount(y, minlength=2).min()), len(np.unique(groups)))
+    if k < 2:
+        return []
+    cv = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed)
+    return [
+        (a, b)
+        for a, b in cv.split(np.zeros((len(y), 1)), y, groups)
+        if len(set(y[a].tolist())) == 2 and len(set(y[b].tolist())) == 2
+    ]
+
+
 def grouped_logistic(
     X: np.ndarray,
     y: np.ndarray,

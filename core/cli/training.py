@@ -14,6 +14,8 @@ from typing import Any
 from core.cli.common import Subparsers, add_model_args, eval_splits, load, tqdm_progress
 from core.contract import artifact_info, compare_artifacts
 from core.crossval import (
+    CALIBRATIONS,
+    Calibration,
     CVRun,
     MatrixRun,
     cross_validate,
@@ -61,6 +63,13 @@ def _fit_parser(sub: Subparsers, cmd: str, helptext: str) -> argparse.ArgumentPa
         metavar="NAMES",
         help="with --cv: fit calibration and thresholds on the validation answers of these "
         "datasets only (comma-separated dataset names; default: all)",
+    )
+    p.add_argument(
+        "--calibration",
+        choices=CALIBRATIONS,
+        default=None,
+        help="with --cv/--matrix: fit each calibrator and threshold on cross-fitted scores of "
+        "all training answers (crossfit, the default) or on the validation part only (split)",
     )
     p.add_argument(
         "--criterion",
@@ -146,6 +155,10 @@ def _calibrate_on(args: argparse.Namespace) -> list[str] | None:
     return [x.strip() for x in raw.split(",") if x.strip()] if raw else None
 
 
+def _calibration(args: argparse.Namespace) -> Calibration:
+    return getattr(args, "calibration", None) or "crossfit"
+
+
 def _combined(args: argparse.Namespace, specs: str) -> tuple[list[str], list[Any]]:
     names, examples = resolve_datasets(specs, on_error="skip")
     if args.limit:
@@ -178,6 +191,7 @@ def _cross_validate(
         make=make,
         criterion=args.criterion or "balanced_accuracy",
         calibrate_on=_calibrate_on(args),
+        calibration=_calibration(args),
         n_boot=args.bootstrap,
         fold_progress=lambda d, f, k: print(f"{d}: fold {f + 1}/{k}", file=sys.stderr),
         name=getattr(args, "name", None),
@@ -206,6 +220,7 @@ def _train_cv(
             exs,
             criterion=args.criterion or "balanced_accuracy",
             calibrate_on=_calibrate_on(args),
+            calibration=_calibration(args),
             seed=args.seed,
         )
         r = run.result(n)
@@ -257,6 +272,7 @@ def _matrix(args: argparse.Namespace, names: list[str], model: LoadedModel) -> M
             make=default_maker(_detector_options(args)),
             cache=None if args.no_cache else FeatureCache(store),
             criterion=args.criterion or "balanced_accuracy",
+            calibration=_calibration(args),
             n_boot=args.bootstrap,
             progress=tqdm_progress("features"),
             step=lambda msg: print(msg, file=sys.stderr),
@@ -336,6 +352,7 @@ def _add_train(sub: Subparsers) -> None:
 def _train_recipe(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
     """The inputs that rebuild a training run, recorded in every artifact it saves."""
     recipe: dict[str, Any] = {
+        "version": RECIPE_VERSION,
         "model": args.model,
         "dataset": args.dataset,
         "test_dataset": args.test_dataset,
@@ -350,6 +367,7 @@ def _train_recipe(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
             procedure="cv",
             cv=cv,
             calibrate_on=getattr(args, "calibrate_on", None),
+            calibration=_calibration(args),
             criterion=getattr(args, "criterion", None),
         )
     cmd = ["ragscope train", f"--model {args.model}", f"--dataset {args.dataset}"]
@@ -359,6 +377,7 @@ def _train_recipe(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
             cmd.append(f"--calibrate-on {recipe['calibrate_on']}")
         if recipe["criterion"]:
             cmd.append(f"--criterion {recipe['criterion']}")
+        cmd.append(f"--calibration {recipe['calibration']}")
     if args.test_dataset:
         cmd.append(f"--test-dataset {args.test_dataset}")
     if args.limit:
@@ -412,6 +431,10 @@ def cmd_train(args: argparse.Namespace) -> int:
     return 0
 
 
+RECIPE_VERSION = 2
+"""Version 2: calibration (``--cv``) and the ensemble's stacking cross-fitted by default;
+recipes without a version are version 1 and rebuild with both on the validation split."""
+
 RECIPE_ARGS = (
     "model",
     "dataset",
@@ -420,6 +443,7 @@ RECIPE_ARGS = (
     "seed",
     "cv",
     "calibrate_on",
+    "calibration",
     "criterion",
 )
 """The command-line options a recipe records (and ``--reproduce`` sets again)."""
@@ -452,6 +476,10 @@ def _reproduce(args: argparse.Namespace) -> int:
         ns = argparse.Namespace(**vars(args))
         for k in RECIPE_ARGS:
             setattr(ns, k, recipe.get(k))
+        if int(recipe.get("version") or 1) < 2:  # recorded before cross-fitting existed
+            ns.calibration = "split"
+            if "ensemble" in names and "stacking" not in dict(opts).get("ensemble", {}):
+                ns.set.append('ensemble.stacking="split"')
         opts = (recipe.get("options") or {}).items()
         ns.set = [f"{d}.{k}={json.dumps(v)}" for d, o in opts if d in names for k, v in o.items()]
         print(f"rebuilding {', '.join(names)}: {recipe.get('command', recipe)}", file=sys.stderr)

@@ -7,10 +7,17 @@ the extraction engine computes and caches each member's features under the
 member's own key, so nothing is traced or stored twice
 (:meth:`EnsembleDetector.member_detectors`).
 
-Fitting keeps the stacker honest: the members are fitted on the training split
-(without any validation split of their own), and the stacker on a split none of
-them saw: the validation split when one is given (as ``ragscope train`` and
-``ragscope evaluate`` do), else a held-out quarter of the training sources.
+Fitting keeps the stacker honest: it learns only from member scores of answers the
+scoring members never saw. With ``stacking="crossfit"`` (the default; stacked
+generalisation as in Wolpert 1992 and scikit-learn's ``StackingClassifier``) the
+members are fitted :data:`STACK_FOLDS` times, each without one source-grouped fold of
+the training answers, and score that fold; the stacker learns from all these
+out-of-fold rows (plus the validation split's rows, scored by the members refitted on
+all training answers, when a validation split is given). With ``stacking="split"``
+the members are fitted once, on the training split, and the stacker on the
+validation split when one is given (as ``ragscope train`` and ``ragscope evaluate``
+do), else on a held-out quarter of the training sources: fewer rows, a noisier
+stacker.
 
 - Response level: one feature per member, the logit of its response score; an
   (unweighted, so calibrated) L2 logistic regression whose strength is chosen by
@@ -74,6 +81,9 @@ C_GRID: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
 """Regularisation strengths the stacker chooses among (by cross-validated log loss)."""
 STACK_FRACTION = 0.25
 """Share of the training sources held out for the stacker when no validation split is given."""
+STACK_FOLDS = 5
+"""Folds of the members' out-of-fold scores that ``stacking="crossfit"`` stacks."""
+STACKINGS = ("crossfit", "split")
 _EPS = 1e-4
 
 
@@ -97,17 +107,26 @@ class EnsembleConfig(DetectorConfig):
         members: The detectors stacked, by name.
         member_configs: Per member, config options (default: each member's defaults).
         tokens: Also stack the members' token scores (a token-level stacker).
-        seed: Seed of the stacker's cross-validation and of the held-out quarter.
+        stacking: ``crossfit`` (stack the members' out-of-fold scores on all training
+            answers) or ``split`` (stack scores on the validation split only); see the
+            module docstring.
+        seed: Seed of the stacker's cross-validation, its folds and the held-out quarter.
     """
 
-    FIT_ONLY: ClassVar[frozenset[str]] = frozenset({"tokens", "seed"})
+    FIT_ONLY: ClassVar[frozenset[str]] = frozenset({"tokens", "seed", "stacking"})
 
     members: tuple[str, ...] = DEFAULT_MEMBERS
     member_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     tokens: bool = True
+    stacking: str = "crossfit"
     seed: int = 0
 
     def __post_init__(self) -> None:
+        if self.stacking not in STACKINGS:
+            raise DataError(
+                f"unknown stacking {self.stacking!r}; use one of {list(STACKINGS)}",
+                field="stacking",
+            )
         if not self.members:
             raise DataError("the ensemble needs at least one member detector", field="members")
         if len(set(self.members)) != len(self.members):
@@ -215,46 +234,80 @@ class EnsembleDetector(DetectorBase):
         *,
         validation: tuple[Sequence[Features], Sequence[RAGExample]] | None = None,
     ) -> Self:
-        """Fit the members on ``features`` and the stacker on ``validation`` (see module)."""
+        """Fit the members and the stacker (see the module docstring)."""
 
         model_key = check_fit_inputs(self.name, features, examples)
-        if validation is None or not validation[0]:
-            fit_i, stack_i = self._split(features, examples)
-            tr_f, tr_ex = [features[i] for i in fit_i], [examples[i] for i in fit_i]
-            st_f, st_ex = [features[i] for i in stack_i], [examples[i] for i in stack_i]
-        else:
+        has_val = validation is not None and bool(validation[0])
+        if self.config.stacking == "crossfit":
             tr_f, tr_ex = list(features), list(examples)
-            st_f, st_ex = list(validation[0]), list(validation[1])
-        for n, det in self.members_.items():
-            det.fit([self._member(f, n) for f in tr_f], tr_ex)
+            st_ex, verdicts = self._out_of_fold(tr_f, tr_ex)
+            self._fit_members(tr_f, tr_ex)
+            if validation is not None and has_val:
+                st_ex += list(validation[1])
+                verdicts += [self._verdicts(f) for f in validation[0]]
+        else:
+            if validation is None or not has_val:
+                fit_i, stack_i = self._split(features, examples)
+                tr_f, tr_ex = [features[i] for i in fit_i], [examples[i] for i in fit_i]
+                st_f, st_ex = [features[i] for i in stack_i], [examples[i] for i in stack_i]
+            else:
+                tr_f, tr_ex = list(features), list(examples)
+                st_f, st_ex = list(validation[0]), list(validation[1])
+            self._fit_members(tr_f, tr_ex)
+            verdicts = [self._verdicts(f) for f in st_f]
         y = response_labels(st_ex)
         if len(set(y.tolist())) < 2:
             raise DataError(
                 "the ensemble's stacking split needs faithful and hallucinated examples; "
                 "use a larger or more balanced dataset"
             )
-        verdicts = [self._verdicts(f) for f in st_f]
         X = np.stack([self._row(v) for v in verdicts])
         c = choose_c(X, y, self.config.seed)
         self.stacker_ = LogisticCalibrator(C=c, class_weight=None).fit(X, y)
         self.token_stacker_ = None
         self.token_members_ = ()
         if self.config.tokens:
-            self._fit_tokens(verdicts, st_f, st_ex)
+            self._fit_tokens(verdicts, st_ex)
         self.model_key_ = model_key
         self.train_info_ = {
             "n_train": len(tr_f),
-            "n_stack": len(st_f),
+            "n_stack": len(st_ex),
+            "stacking": self.config.stacking,
             "n_hallucinated": int(response_labels(tr_ex).sum()),
             "C": c,
             "token_members": list(self.token_members_),
         }
         return self
 
+    def _fit_members(self, features: Sequence[Features], examples: Sequence[RAGExample]) -> None:
+        for n, det in self.members_.items():
+            det.fit([self._member(f, n) for f in features], examples)
+
+    def _out_of_fold(
+        self, features: Sequence[Features], examples: Sequence[RAGExample]
+    ) -> tuple[list[RAGExample], list[dict[str, Verdict]]]:
+        """Every training answer that falls in a usable fold, with its members' verdicts
+        from members fitted without its fold."""
+        y = response_labels(examples)
+        groups = np.asarray([source_key(e) for e in examples])
+        folds = learners.grouped_folds(y, groups, STACK_FOLDS, self.config.seed)
+        if not folds:
+            raise DataError(
+                f"the ensemble's cross-fitted stacking needs at least two sources with "
+                f"faithful and hallucinated answers (got {len(set(groups.tolist()))} sources); "
+                "use more data or `--set ensemble.stacking=split`"
+            )
+        out_ex: list[RAGExample] = []
+        out_v: list[dict[str, Verdict]] = []
+        for train, test in folds:
+            self._fit_members([features[i] for i in train], [examples[i] for i in train])
+            out_ex += [examples[i] for i in test]
+            out_v += [self._verdicts(features[i]) for i in test]
+        return out_ex, out_v
+
     def _fit_tokens(
         self,
         verdicts: Sequence[Mapping[str, Verdict]],
-        st_f: Sequence[Features],
         st_ex: Sequence[RAGExample],
     ) -> None:
         candidates = [n for n in self.config.members if verdicts and _has_tokens(verdicts[0][n])]

@@ -216,6 +216,7 @@ def _synthetic_cv_run(n_sources: int = 60, n_tokens: int = 12, seed: int = 0) ->
         extraction=extraction,
         n_boot=200,
         name=CV_RUN,
+        calibration="split",  # the page is under test; cross-fitting is tested in unit tests
     )
 
 

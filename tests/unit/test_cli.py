@@ -463,7 +463,12 @@ def test_train_cv_saves_calibrated_artifacts_with_their_cv_metrics(
     assert (
         cfg["trained_on"]["recipe"]["procedure"] == "cv"
         and "--cv 3" in cfg["trained_on"]["recipe"]["command"]
+        and "--calibration crossfit" in cfg["trained_on"]["recipe"]["command"]
     )
+    # Cross-fitted by default: the calibrator saw every training answer, not a fifth.
+    assert cfg["train"]["procedure"]["calibration"] == "crossfit"
+    assert cfg["calibration"]["n"] == cfg["train"]["procedure"]["n_calibration"]
+    assert cfg["train"]["procedure"]["n_calibration"] == cfg["trained_on"]["n"]["builtin"]
     cv = cfg["metrics"]["cv"]
     assert cv["k"] == 3 and cv["pooled"]["n"] == cfg["trained_on"]["n"]["builtin"]
     assert cfg["threshold_criterion"] == "balanced_accuracy"
@@ -471,6 +476,22 @@ def test_train_cv_saves_calibrated_artifacts_with_their_cv_metrics(
     assert main(["train", "--reproduce", str(shipped), "--out", str(rebuilt)]) == 0
     assert "2/2 artifacts reproduced" in capsys.readouterr().out
     assert list((tmp_path / "cache" / "runs").glob("*-cv3-builtin.json"))  # not in ~/.cache
+
+
+def test_reproduce_reads_a_recipe_from_before_cross_fitting_as_split(
+    tmp_path: Path, capsys, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(tmp_path / "cache"))
+    old = tmp_path / "old"
+    args = ["train", "--cv", "3", "--dataset", "builtin", "--limit", "60", "--out", str(old)]
+    assert main([*args, "--calibration", "split", *_cv_args()]) == 0
+    for cfg_path in old.glob("*/cfg.json"):  # as artifacts trained before the option recorded
+        cfg = json.loads(cfg_path.read_text())
+        del cfg["trained_on"]["recipe"]["calibration"], cfg["trained_on"]["recipe"]["version"]
+        cfg_path.write_text(json.dumps(cfg))
+    capsys.readouterr()
+    assert main(["train", "--reproduce", str(old), "--out", str(tmp_path / "again")]) == 0
+    assert "2/2 artifacts reproduced" in capsys.readouterr().out
 
 
 def test_shared_specs_say_what_is_missing(tmp_path: Path, capsys, monkeypatch) -> None:
@@ -509,6 +530,8 @@ def test_evaluate_matrix_trains_on_each_and_tests_on_the_others(
         specs,
         "--cv",
         "2",
+        "--calibration",
+        "split",  # 2 folds of these few sources leave too few to cross-fit
         "--out",
         str(tmp_path / "runs"),
         *_cv_args(),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -15,6 +16,7 @@ from sklearn.metrics import roc_auc_score
 from core.calibration import PlattCalibrator, expected_calibration_error, reliability
 from core.contract import Features
 from core.crossval import (
+    CROSSFIT_K,
     CVRun,
     MatrixRun,
     cross_validate,
@@ -219,23 +221,54 @@ class _Spy(NLLDetector):
         return super().predict(features)
 
 
-def test_the_held_out_fold_never_reaches_fit(tiny_model, examples, extraction) -> None:
+@pytest.mark.parametrize("calibration", ["crossfit", "split"])
+def test_the_held_out_fold_never_reaches_fit(tiny_model, examples, extraction, calibration) -> None:
     _Spy.log = []
     run = cross_validate(
-        tiny_model, ["nll"], examples, k=4, make=lambda n: _Spy(), extraction=extraction, n_boot=50
+        tiny_model,
+        ["nll"],
+        examples,
+        k=4,
+        make=lambda n: _Spy(),
+        extraction=extraction,
+        n_boot=50,
+        calibration=calibration,
     )
+    assert run.calibration == calibration
     fold = np.asarray(run.fold)
     ids = np.asarray(run.ids)
     fitted = [s for s in _Spy.log if s["fit"]]
-    assert len(fitted) == 4
+    # Per fold: the detector kept, then (cross-fitting) one per inner fold.
+    per_fold = 1 + (CROSSFIT_K if calibration == "crossfit" else 0)
+    assert len(fitted) == 4 * per_fold
     judged: Counter[str] = Counter()
-    for f, seen in enumerate(fitted):
+    for j, seen in enumerate(fitted):
+        f, inner = divmod(j, per_fold)
         test = set(ids[fold == f].tolist())
-        assert seen["fit"].isdisjoint(test)
         train = set(ids[fold != f].tolist())
-        assert seen["predict"] <= train | test  # validation answers come from training
-        judged.update(seen["predict"] & test)
+        assert seen["fit"].isdisjoint(test)
+        if inner:  # a cross-fitting model: judges training answers it never learned from
+            assert seen["predict"] <= train and seen["predict"].isdisjoint(seen["fit"])
+        else:
+            assert seen["predict"] <= train | test  # validation answers come from training
+            judged.update(seen["predict"] & test)
     assert set(judged) == set(run.ids) and set(judged.values()) == {1}
+
+
+def test_crossfit_calibrates_on_every_training_answer(examples, extraction) -> None:
+    feats, exs = list(extraction.features["nll"]), list(extraction.examples)
+    cross = fit_procedure(default_maker(), "nll", feats, exs)
+    split = fit_procedure(default_maker(), "nll", feats, exs, calibration="split")
+    pc, ps = cross.train_info_["procedure"], split.train_info_["procedure"]
+    assert pc["calibration"] == "crossfit" and ps["calibration"] == "split"
+    assert pc["n_calibration"] == len(exs) == pc["n_fit"] + pc["n_validation"]
+    assert ps["n_calibration"] == ps["n_validation"] < len(exs)
+    assert cross.calibration_.n_ == len(exs) and split.calibration_.n_ == ps["n_validation"]
+    # Same learner on the same fitting part: only the calibration differs.
+    a, b = cross.predict(feats[0]), split.predict(feats[0])
+    assert a.raw_score == pytest.approx(b.raw_score)
+    with pytest.raises(DataError, match="unknown calibration"):
+        fit_procedure(default_maker(), "nll", feats, exs, calibration=cast(Any, "isotonic"))
 
 
 def test_cross_validation_pools_out_of_fold_scores(
@@ -286,7 +319,11 @@ def test_domain_matrix_on_two_tasks(tiny_model, examples, tmp_path) -> None:
         for name, exs in by_task.items()
     }
     steps: list[str] = []
-    m = domain_matrix(tiny_model, ["nll"], parts, k=2, n_boot=30, step=steps.append)
+    with pytest.raises(DataError, match="--calibration split"):  # too few sources to cross-fit
+        domain_matrix(tiny_model, ["nll"], parts, k=2, n_boot=30)
+    m = domain_matrix(
+        tiny_model, ["nll"], parts, k=2, n_boot=30, step=steps.append, calibration="split"
+    )
     cells = m.cells["nll"]
     assert set(cells["qa"]) == {"qa", "summary"} and set(cells["summary"]) == {"qa", "summary"}
     assert cells["qa"]["summary"]["n"] == len(parts["summary"])

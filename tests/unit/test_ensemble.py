@@ -12,12 +12,12 @@ import pytest
 
 from core.data import resolve_dataset, split_examples
 from core.detectors import detector_class, make_detector
-from core.detectors.ensemble import EnsembleDetector, choose_c, logit
+from core.detectors.ensemble import STACK_FOLDS, EnsembleDetector, choose_c, logit
 from core.errors import DataError, ModelError
 from core.evaluate import evaluate
 from core.examples import source_key
 from core.extract import FeatureCache, extract_features, run_example
-from core.learners import LogisticCalibrator
+from core.learners import LogisticCalibrator, grouped_folds
 from core.storage import Store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -92,9 +92,9 @@ def _other_lexical_option() -> dict:
     return {key: tuple(cfg[key])[:1]}
 
 
-def test_members_learn_on_train_and_the_stacker_on_validation(splits, extracted):
+def test_split_stacking_members_learn_on_train_and_the_stacker_on_validation(splits, extracted):
     _, f = extracted
-    ens = _ensemble().fit(
+    ens = _ensemble(stacking="split").fit(
         f["train"], splits["train"], validation=(f["validation"], splits["validation"])
     )
     # every member is exactly the detector fitted on the training split alone
@@ -134,9 +134,48 @@ def test_members_learn_on_train_and_the_stacker_on_validation(splits, extracted)
     assert ((v.token_scores >= 0) & (v.token_scores <= 1)).all()
 
 
+def test_crossfit_stacks_out_of_fold_member_scores_of_every_training_answer(splits, extracted):
+    _, f = extracted
+    train, val = splits["train"], splits["validation"]
+    ens = _ensemble().fit(f["train"], train, validation=(f["validation"], val))
+    assert ens.config.stacking == "crossfit" and ens.train_info_["stacking"] == "crossfit"
+    # the members kept are fitted on all training answers
+    for n in MEMBERS:
+        alone = make_detector(n).fit([x.members[n] for x in f["train"]], train)
+        np.testing.assert_allclose(
+            ens.members_[n].response_model_.coef_, alone.response_model_.coef_, rtol=1e-6
+        )
+    # rebuild the stacker's rows: each training answer scored by members fitted without
+    # its fold, then the validation answers scored by the members kept
+    y_tr = np.asarray([int(e.label) for e in train])
+    folds = grouped_folds(y_tr, np.asarray([source_key(e) for e in train]), STACK_FOLDS, 0)
+    assert len(folds) >= 2
+    rows, ys = [], []
+    for tr_i, te_i in folds:
+        assert not {source_key(train[i]) for i in tr_i} & {source_key(train[i]) for i in te_i}
+        fitted = {
+            n: make_detector(n).fit(
+                [f["train"][i].members[n] for i in tr_i], [train[i] for i in tr_i]
+            )
+            for n in MEMBERS
+        }
+        for i in te_i:
+            rows.append(logit([fitted[n].predict(f["train"][i].members[n]).score for n in MEMBERS]))
+            ys.append(y_tr[i])
+    for x, e in zip(f["validation"], val, strict=True):
+        rows.append(logit([ens.members_[n].predict(x.members[n]).score for n in MEMBERS]))
+        ys.append(int(e.label))
+    X, y = np.stack(rows), np.asarray(ys)
+    assert ens.train_info_["n_stack"] == len(y) > len(val)
+    ref = LogisticCalibrator(C=choose_c(X, y), class_weight=None).fit(X, y)
+    np.testing.assert_allclose(ens.stacker_.coef_, ref.coef_, rtol=1e-6)
+    with pytest.raises(DataError, match="unknown stacking"):
+        _ensemble(stacking="blend")
+
+
 def test_without_validation_members_and_stacker_see_different_sources(splits, extracted):
     _, f = extracted
-    ens = _ensemble().fit(f["train"], splits["train"])
+    ens = _ensemble(stacking="split").fit(f["train"], splits["train"])
     n_stack, n_fit = ens.train_info_["n_stack"], ens.train_info_["n_train"]
     assert n_stack + n_fit == len(splits["train"]) and 0 < n_stack < n_fit
     fit_i, stack_i = ens._split(f["train"], splits["train"])
