@@ -54,6 +54,8 @@ from core.metrics import (
     auroc_or_none,
     grouped_bootstrap_ci,
     is_binary,
+    length_bins,
+    matched_auroc,
     response_metrics,
     token_metrics,
 )
@@ -356,6 +358,7 @@ class CVRun:
     results: tuple[CVResult, ...]
     extraction: Mapping[str, Any] = field(default_factory=dict)
     calibration: str = "split"
+    baseline: Mapping[str, Any] = field(default_factory=dict)
     kind: str = "cv"
     format: int = CV_FORMAT
 
@@ -421,6 +424,7 @@ class CVRun:
                     "AUROC": p.get("auroc"),
                     "AUROC 95% CI low": ci[0],
                     "AUROC 95% CI high": ci[1],
+                    "AUROC length-matched": p.get("auroc_length_matched"),
                     "fold AUROC mean": mean,
                     "fold AUROC sd": sd,
                     "AP": p.get("ap"),
@@ -452,19 +456,29 @@ class CVRun:
             )
             + (f" ({', '.join(self.calibrate_on)})" if self.calibrate_on else ""),
             "",
-            "| detector | AUROC [95% CI] | folds mean ± sd | AP [95% CI] | bal. acc | F1 | ECE "
-            "| token AP | token AUROC |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "| detector | AUROC [95% CI] | length-matched | folds mean ± sd | AP [95% CI] "
+            "| bal. acc | F1 | ECE | token AP | token AUROC |",
+            "|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in self.results:
             p, t = r.pooled, r.token or {}
             mean, sd = r.spread()
             spread = "-" if mean is None else f"{mean:.3f} ± {sd:.3f}"
             lines.append(
-                f"| {r.detector} | {_ci(p, 'auroc')} | {spread} | {_ci(p, 'ap')} | "
+                f"| {r.detector} | {_ci(p, 'auroc')} | {_f(p.get('auroc_length_matched'))} | "
+                f"{spread} | {_ci(p, 'ap')} | "
                 f"{_f(p.get('balanced_accuracy'))} | {_f(p.get('f1'))} | {_f(p.get('ece'))} | "
                 f"{_f(t.get('ap'))} | {_f(t.get('auroc'))} |"
             )
+        length = dict(self.baseline.get("answer_length") or {})
+        if length.get("auroc") is not None:
+            lines += [
+                "",
+                f"Answer length alone (words) reaches AUROC {_ci(length, 'auroc')}. "
+                "*Length-matched* is the AUROC over hallucinated/faithful pairs in the same "
+                f"answer-length quantile ({length.get('length_bins', LENGTH_BINS)} bins): what a "
+                "detector sees beyond length.",
+            ]
         gens = sorted({g for r in self.results for g in r.by_generator})
         if len(gens) > 1:
             lines += ["", "AUROC by generator (pooled out of fold):", ""]
@@ -546,6 +560,15 @@ def load_run(path: str | Path) -> Any:
 
 
 # ----------------------------------------------------------------------------- metrics
+
+
+LENGTH_BINS = 5
+"""Answer-length quantile bins of the length-matched AUROC."""
+
+
+def answer_lengths(examples: Sequence[RAGExample]) -> np.ndarray:
+    """Each answer's length in words: the trivial baseline every detector must beat."""
+    return np.asarray([len(e.response.split()) for e in examples], dtype=np.float64)
 
 
 def _pooled(
@@ -690,6 +713,8 @@ def cross_validate(
     groups = np.asarray([source_key(e) for e in exs])
     gens = np.asarray([e.provenance.generator or "unknown" for e in exs])
     sets = np.asarray([e.provenance.dataset or "unknown" for e in exs])
+    lengths = answer_lengths(exs)
+    strata_len = length_bins(lengths, LENGTH_BINS)
     results = []
     for n in detectors:
         feats = ext.features[n]
@@ -737,11 +762,13 @@ def cross_validate(
             )
         done = [v for v in verdicts if v is not None]
         ty, ts = token_labels_and_scores(exs, done)
+        pooled = _pooled(y, scores, flagged, groups, n_boot, seed)
+        pooled["auroc_length_matched"] = matched_auroc(y, scores, strata_len)
         results.append(
             CVResult(
                 detector=n,
                 config_hash=config_hash,
-                pooled=_pooled(y, scores, flagged, groups, n_boot, seed),
+                pooled=pooled,
                 folds=tuple(per_fold),
                 token=token_metrics(ty, ts) if ty.size else None,
                 reliability=reliability(y, scores),
@@ -764,6 +791,13 @@ def cross_validate(
         criterion=criterion,
         calibrate_on=tuple(calibrate_on) if calibrate_on is not None else None,
         calibration=calibration,
+        baseline={
+            "answer_length": {
+                "auroc": auroc_or_none(y, lengths),
+                "auroc_ci": grouped_bootstrap_ci(y, lengths, groups, n_boot=n_boot, seed=seed),
+                "length_bins": LENGTH_BINS,
+            }
+        },
         ids=tuple(e.id for e in exs),
         labels=tuple(int(v) for v in y),
         fold=tuple(int(f) for f in fold),

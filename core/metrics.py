@@ -75,6 +75,35 @@ def auroc_or_none(y: np.ndarray, scores: np.ndarray) -> float | None:
     return float(roc_auc_score(y, np.asarray(scores, dtype=np.float64))) if is_binary(y) else None
 
 
+def length_bins(lengths: np.ndarray, n_bins: int = 5) -> np.ndarray:
+    """Each answer's length quantile bin (0 .. ``n_bins - 1``; ties share a bin)."""
+    v = np.asarray(lengths, dtype=np.float64)
+    if v.size == 0:
+        return np.zeros(0, np.int64)
+    edges = np.unique(np.quantile(v, np.linspace(0, 1, n_bins + 1)[1:-1]))
+    return np.searchsorted(edges, v, side="right").astype(np.int64)
+
+
+def matched_auroc(y: np.ndarray, scores: np.ndarray, strata: np.ndarray) -> float | None:
+    """AUROC over the (hallucinated, faithful) pairs that share a stratum, e.g. an answer
+    length bin (:func:`length_bins`): how well ``scores`` rank answers of similar length,
+    so a detector that only measures length scores about 0.5. The per-stratum AUROCs
+    weighted by their pair counts; ``None`` when no stratum holds both classes."""
+    y = np.asarray(y).astype(int)
+    s = np.asarray(scores, dtype=np.float64)
+    st = np.asarray(strata)
+    total, pairs = 0.0, 0
+    for k in np.unique(st):
+        m = st == k
+        n_pos = int(y[m].sum())
+        n_neg = int(m.sum()) - n_pos
+        auc = auroc_or_none(y[m], s[m])
+        if auc is not None:
+            total += auc * n_pos * n_neg
+            pairs += n_pos * n_neg
+    return total / pairs if pairs else None
+
+
 def grouped_bootstrap_ci(
     y: np.ndarray,
     scores: np.ndarray,

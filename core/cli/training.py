@@ -476,12 +476,15 @@ def _reproduce(args: argparse.Namespace) -> int:
         ns = argparse.Namespace(**vars(args))
         for k in RECIPE_ARGS:
             setattr(ns, k, recipe.get(k))
-        if int(recipe.get("version") or 1) < 2:  # recorded before cross-fitting existed
-            ns.calibration = "split"
-            if "ensemble" in names and "stacking" not in dict(opts).get("ensemble", {}):
-                ns.set.append('ensemble.stacking="split"')
         opts = (recipe.get("options") or {}).items()
         ns.set = [f"{d}.{k}={json.dumps(v)}" for d, o in opts if d in names for k, v in o.items()]
+        version = recipe.get("version")
+        if not (isinstance(version, int) and version >= 2):  # before cross-fitting existed
+            ns.calibration = "split"
+            if "ensemble" in names and "stacking" not in (recipe.get("options") or {}).get(
+                "ensemble", {}
+            ):
+                ns.set.append('ensemble.stacking="split"')
         print(f"rebuilding {', '.join(names)}: {recipe.get('command', recipe)}", file=sys.stderr)
         try:
             _train(ns, names, out_root)

@@ -19,6 +19,7 @@ from core.crossval import (
     CROSSFIT_K,
     CVRun,
     MatrixRun,
+    answer_lengths,
     cross_validate,
     default_maker,
     domain_matrix,
@@ -33,7 +34,7 @@ from core.errors import DataError
 from core.evaluate import set_thresholds
 from core.examples import Provenance, RAGExample, source_key
 from core.extract import extract_features
-from core.metrics import grouped_bootstrap_ci
+from core.metrics import grouped_bootstrap_ci, length_bins, matched_auroc
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -332,3 +333,48 @@ def test_domain_matrix_on_two_tasks(tiny_model, examples, tmp_path) -> None:
     assert list(table.columns) == ["qa", "summary"] and table.shape == (2, 2)
     path, _ = m.save(tmp_path)
     assert isinstance(load_run(path), MatrixRun)
+
+
+# ----------------------------------------------------------------------------- length
+
+
+def test_length_matched_auroc_sees_only_what_length_does_not() -> None:
+    rng = np.random.default_rng(0)
+    lengths = rng.integers(5, 200, 400).astype(float)
+    y = (rng.random(400) < lengths / 250).astype(int)  # longer answers hallucinate more
+    bins = length_bins(lengths, 5)
+    assert set(bins.tolist()) == {0, 1, 2, 3, 4}
+    assert all(abs((bins == b).sum() - 80) <= 8 for b in range(5))
+    # a score that only measures length ranks well overall, at chance within length bins
+    assert roc_auc_score(y, lengths) > 0.65
+    assert matched_auroc(y, lengths, bins) < roc_auc_score(y, lengths) - 0.1
+    # a score that knows the labels stays perfect when matched
+    assert matched_auroc(y, y + 0.01 * lengths / 200, bins) == pytest.approx(1.0)
+    # by hand: pair-weighted mean of per-bin AUROCs
+    s = rng.random(400)
+    num = den = 0.0
+    for b in range(5):
+        m = bins == b
+        pairs = y[m].sum() * (1 - y[m]).sum()
+        num += roc_auc_score(y[m], s[m]) * pairs
+        den += pairs
+    assert matched_auroc(y, s, bins) == pytest.approx(num / den)
+    assert matched_auroc(np.zeros(4), s[:4], bins[:4]) is None
+
+
+def test_cv_run_reports_the_length_baseline(tiny_model, examples, extraction) -> None:
+    run = cross_validate(
+        tiny_model, ["nll"], examples, k=3, extraction=extraction, n_boot=30, calibration="split"
+    )
+    lengths = answer_lengths(extraction.examples)
+    base = run.baseline["answer_length"]
+    assert base["auroc"] == pytest.approx(roc_auc_score(run.labels, lengths))
+    r = run.result("nll")
+    assert r.pooled["auroc_length_matched"] == pytest.approx(
+        matched_auroc(np.asarray(run.labels), np.asarray(r.scores), length_bins(lengths))
+    )
+    md = run.to_markdown()
+    assert "Answer length alone (words) reaches AUROC" in md and "length-matched" in md
+    assert "AUROC length-matched" in run.to_frame().columns
+    back = CVRun.from_dict(json.loads(json.dumps(run.to_dict())))
+    assert back.baseline == run.baseline
