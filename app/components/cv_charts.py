@@ -94,11 +94,17 @@ def describe_cv(run: CVRun) -> str:
     """What a cross-validation was, in plain text (escape it before Markdown)."""
     n, n_pos = len(run.labels), int(sum(run.labels))
     cal = ", ".join(run.calibrate_on) if run.calibrate_on else "every dataset"
+    part = (
+        "cross-fitted scores of each fold's training answers"
+        if run.calibration == "crossfit"
+        else "each fold's validation part"
+    )
+    length = (run.baseline.get("answer_length") or {}).get("auroc")
+    base = f"; answer length alone: AUROC {length:.3f}" if isinstance(length, float) else ""
     return (
         f"{run.k}-fold source-grouped cross-validation on {', '.join(run.datasets)}: "
         f"{n} answers, {n_pos} hallucinated; thresholds by {run.criterion.replace('_', ' ')}, "
-        "calibrated on "
-        f"each fold's validation part of {cal}; seed {run.seed}; data hash {run.data_hash}"
+        f"calibrated on {part} of {cal}; seed {run.seed}; data hash {run.data_hash}{base}"
     )
 
 
@@ -121,6 +127,7 @@ def cv_metric_table(run: CVRun) -> pd.DataFrame:
                 "detector": r["detector"],
                 "AUROC": fmt(r["AUROC"]),
                 "AUROC 95% CI": fmt_ci([r["AUROC 95% CI low"], r["AUROC 95% CI high"]]),
+                "AUROC length-matched": fmt(r.get("AUROC length-matched")),
                 "folds mean ± sd": MISSING
                 if mean is None or sd is None
                 else f"{mean:.3f} ± {sd:.3f}",

@@ -635,7 +635,9 @@ def show_cv_tables(runs: Sequence[CVRun]) -> None:
         "Every answer is scored once, by the detector fitted without its fold (whole sources "
         "stay in one fold). AUROC and AP pool those scores, with 95% CIs from a bootstrap over "
         "sources; balanced accuracy and F1 use each fold's own threshold; ECE is the expected "
-        f"calibration error of the calibrated scores. `{MISSING}`: undefined (one class only, "
+        "calibration error of the calibrated scores. *Length-matched* AUROC compares only "
+        "hallucinated and faithful answers of similar length (same length quintile): what a "
+        f"detector sees beyond answer length. `{MISSING}`: undefined (one class only, "
         "or no token scores)."
     )
 

@@ -484,12 +484,14 @@ def test_cv_and_matrix_runs_show_their_sections(
     text = _text(at)
     assert f"3-fold source-grouped cross-validation on {md('data2txt, qa, summary')}" in text
     assert f"{len(cv.labels)} answers, {sum(cv.labels)} hallucinated" in text
+    assert md(f"answer length alone: AUROC {cv.baseline['answer_length']['auroc']:.3f}") in text
     table = at.dataframe[0].value
     assert list(table["detector"]) == list(CV_DETECTORS)
     for (_, row), r in zip(table.iterrows(), cv.results, strict=True):
         p = r.pooled
         assert row["AUROC"] == f"{p['auroc']:.3f}"
         assert row["AUROC 95% CI"] == f"[{p['auroc_ci'][0]:.3f}, {p['auroc_ci'][1]:.3f}]"
+        assert row["AUROC length-matched"] == f"{p['auroc_length_matched']:.3f}"
         mean, sd = r.spread()
         assert row["folds mean ± sd"] == f"{mean:.3f} ± {sd:.3f}"
         assert row["AP"] == f"{p['ap']:.3f}"
