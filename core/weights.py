@@ -1,0 +1,257 @@
+"""Where a model's weights come from when they are a GGUF file: a path, or Ollama's store.
+
+- ``path/to/model.gguf``: any GGUF file whose architecture transformers can dequantize
+  (:data:`supported_architectures`).
+- ``ollama:NAME[:TAG]`` (also ``ollama:NAMESPACE/NAME:TAG`` and
+  ``ollama:HOST/NAMESPACE/NAME:TAG``): a model pulled with Ollama, read from its local
+  store — ``$OLLAMA_MODELS`` or ``~/.ollama/models`` — through the tag's manifest
+  (``manifests/HOST/NAMESPACE/NAME/TAG``, JSON) to the model layer's blob
+  (``blobs/sha256-<hex>``), which is a GGUF file. No Ollama server is needed.
+
+Either way the GGUF is dequantized once, with transformers, into a float checkpoint in
+the cache (:func:`dequantize_gguf`; written to a temporary folder and renamed into
+place, so an interrupted run never leaves half a cache), keyed by the file's path,
+size and modification time; later loads read that checkpoint.
+
+Everything read here is treated as hostile: manifests are size-bounded JSON whose
+digests must look like SHA-256 digests, names and tags may not climb out of the store,
+and a file must start with the GGUF magic before transformers sees it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from core.errors import DataError, ModelError
+from core.paths import cache_dir
+from core.safeio import read_json_file, regular_file
+
+OLLAMA_PREFIX = "ollama:"
+OLLAMA_HOST = "registry.ollama.ai"
+OLLAMA_NAMESPACE = "library"
+OLLAMA_MODEL_MEDIA = "application/vnd.ollama.image.model"
+MANIFEST_LIMIT = 1 << 20
+"""Most bytes of an Ollama manifest read (real ones are about 1 KB)."""
+GGUF_MAGIC = b"GGUF"
+CACHE_FORMAT = 1
+"""Bump when the dequantized cache layout changes."""
+
+_PART = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_DIGEST = re.compile(r"^sha256[:-]([0-9a-f]{64})$")
+
+Progress = Callable[[str, float], None]
+
+
+def is_gguf_spec(spec: str) -> bool:
+    """Whether a model spec names a GGUF file (by its suffix) or an Ollama model."""
+    return spec.startswith(OLLAMA_PREFIX) or spec.lower().endswith(".gguf")
+
+
+def ollama_store() -> Path:
+    """Ollama's model store: ``$OLLAMA_MODELS``, else ``~/.ollama/models``."""
+    env = os.environ.get("OLLAMA_MODELS")
+    return Path(env).expanduser() if env else Path.home() / ".ollama" / "models"
+
+
+def parse_ollama(spec: str) -> tuple[str, str, str, str]:
+    """``(host, namespace, name, tag)`` of ``ollama:[[HOST/]NAMESPACE/]NAME[:TAG]``.
+
+    Raises:
+        ModelError: Not an ``ollama:`` spec, or a part that is not a plain name (no
+            ``..``, slashes beyond the three parts, or odd characters).
+    """
+    if not spec.startswith(OLLAMA_PREFIX):
+        raise ModelError(f"{spec!r} is not an Ollama model; write ollama:NAME[:TAG]")
+    rest = spec[len(OLLAMA_PREFIX) :]
+    path, _, tag = rest.rpartition(":") if ":" in rest else (rest, "", "latest")
+    parts = path.split("/")
+    if not 1 <= len(parts) <= 3:
+        raise ModelError(f"{spec!r}: write ollama:NAME[:TAG] or ollama:NAMESPACE/NAME[:TAG]")
+    host, namespace = OLLAMA_HOST, OLLAMA_NAMESPACE
+    if len(parts) == 3:
+        host, namespace, name = parts
+    elif len(parts) == 2:
+        namespace, name = parts
+    else:
+        (name,) = parts
+    for what, part in (("host", host), ("namespace", namespace), ("name", name), ("tag", tag)):
+        if not _PART.match(part) or part in (".", ".."):
+            raise ModelError(
+                f"{spec!r}: the {what} {part!r} is not a model name (letters, digits, '.', "
+                "'_' and '-')"
+            )
+    return host, namespace, name, tag
+
+
+def _installed(store: Path, limit: int = 20) -> list[str]:
+    """Up to ``limit`` models in the store, as ``ollama:`` specs (for error messages)."""
+    root = store / "manifests"
+    found: list[str] = []
+    if not root.is_dir():
+        return found
+    for host in sorted(root.iterdir()):
+        for ns in sorted(host.iterdir()) if host.is_dir() else []:
+            for name in sorted(ns.iterdir()) if ns.is_dir() else []:
+                for tag in sorted(name.iterdir()) if name.is_dir() else []:
+                    prefix = "" if ns.name == OLLAMA_NAMESPACE else f"{ns.name}/"
+                    if host.name != OLLAMA_HOST:
+                        prefix = f"{host.name}/{ns.name}/"
+                    found.append(f"{OLLAMA_PREFIX}{prefix}{name.name}:{tag.name}")
+                    if len(found) >= limit:
+                        return found
+    return found
+
+
+def resolve_ollama(spec: str, store: Path | None = None) -> Path:
+    """The GGUF blob of an Ollama model in the local store.
+
+    Raises:
+        ModelError: No store, the model or tag is not in it (naming those that are),
+            a manifest that is not one, or a missing blob.
+    """
+    host, namespace, name, tag = parse_ollama(spec)
+    store = store or ollama_store()
+    if not store.is_dir():
+        raise ModelError(
+            f"no Ollama model store at {store}: pull the model with `ollama pull "
+            f"{name}:{tag}`, or point OLLAMA_MODELS at the folder that holds manifests/ and blobs/"
+        )
+    manifest = store / "manifests" / host / namespace / name / tag
+    if not manifest.is_file():
+        have = _installed(store)
+        raise ModelError(
+            f"{spec} is not in the Ollama store at {store} (no {manifest.relative_to(store)}); "
+            + (f"it holds {', '.join(have)}" if have else "it holds no models")
+            + f". Pull it with `ollama pull {name}:{tag}`"
+        )
+    try:
+        doc = read_json_file(manifest, MANIFEST_LIMIT, what="Ollama manifest")
+    except DataError as e:
+        raise ModelError(f"the Ollama manifest of {spec} cannot be read: {e}") from e
+    layers = doc.get("layers") if isinstance(doc, dict) else None
+    if not isinstance(layers, list):
+        raise ModelError(f"the Ollama manifest {manifest} has no list of layers; re-pull {spec}")
+    digests = [
+        layer.get("digest")
+        for layer in layers
+        if isinstance(layer, dict) and layer.get("mediaType") == OLLAMA_MODEL_MEDIA
+    ]
+    if len(digests) != 1 or not isinstance(digests[0], str):
+        raise ModelError(
+            f"the Ollama manifest {manifest} names {len(digests)} model layers (expected one); "
+            f"re-pull {spec}"
+        )
+    m = _DIGEST.match(digests[0])
+    if m is None:
+        raise ModelError(f"the Ollama manifest {manifest} has a malformed digest {digests[0]!r}")
+    blob = store / "blobs" / f"sha256-{m.group(1)}"
+    if not blob.is_file():
+        raise ModelError(f"the weights of {spec} ({blob.name}) are missing from {store / 'blobs'}")
+    return blob
+
+
+def gguf_file(spec: str) -> Path:
+    """The GGUF file a spec names (a path, or an ``ollama:`` model), checked to be one.
+
+    Raises:
+        ModelError: Missing, not a regular file, or not starting with the GGUF magic.
+    """
+    path = resolve_ollama(spec) if spec.startswith(OLLAMA_PREFIX) else Path(spec).expanduser()
+    try:
+        regular_file(path)
+    except DataError as e:
+        raise ModelError(f"cannot read the GGUF file {path}: {e}") from e
+    with path.open("rb") as f:
+        magic = f.read(len(GGUF_MAGIC))
+    if magic != GGUF_MAGIC:
+        raise ModelError(f"{path} is not a GGUF file (it does not start with {GGUF_MAGIC!r})")
+    return path
+
+
+def gguf_cache_path(path: Path) -> Path:
+    """The cache folder of a GGUF file's dequantized weights: keyed by the file's
+    resolved path, size and modification time (a re-pulled file gets a new folder)."""
+    st = path.stat()
+    ident = f"{path.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()
+    stem = re.sub(r"[^A-Za-z0-9._-]+", "-", path.stem)[:48] or "model"
+    return (
+        cache_dir()
+        / "models"
+        / f"gguf-{stem}-{hashlib.sha256(ident).hexdigest()[:16]}-v{CACHE_FORMAT}"
+    )
+
+
+def supported_architectures() -> list[str]:
+    """The GGUF architectures this transformers can dequantize."""
+    from transformers.modeling_gguf_pytorch_utils import GGUF_SUPPORTED_ARCHITECTURES
+
+    return sorted(a for a in GGUF_SUPPORTED_ARCHITECTURES if a not in ("general", "tokenizer"))
+
+
+def cache_complete(path: Path) -> bool:
+    """Whether a dequantized cache folder holds config, weights and tokenizer."""
+    return (
+        (path / "config.json").is_file()
+        and (path / "model.safetensors").is_file()
+        and (path / "tokenizer.json").is_file()
+    )
+
+
+def dequantize_gguf(
+    gguf: Path, target: Path, progress: Progress | None = None, *, force: bool = False
+) -> Path:
+    """Dequantize ``gguf`` once with transformers and save float weights + tokenizer in
+    ``target`` (returned; reused when complete unless ``force``).
+
+    Raises:
+        ModelError: An architecture transformers cannot dequantize (naming those it can),
+            or a file it cannot parse.
+    """
+    import torch
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    if cache_complete(target) and not force:
+        return target
+    if progress:
+        progress(f"Dequantizing {gguf.name} (first load only)", 0.05)
+    try:
+        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        quant = AutoModelForCausalLM.from_pretrained(
+            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
+        )
+    except (ValueError, KeyError, OSError) as e:
+        raise ModelError(
+            f"transformers cannot load the GGUF file {gguf}: {str(e).rstrip('.')}. It dequantizes these "
+            f"architectures: {', '.join(supported_architectures())}"
+        ) from e
+    if progress:
+        progress("Saving float weights to the cache", 0.6)
+    # A model loaded from GGUF carries a quantization config that transformers
+    # refuses to serialise; rebuild a plain float model from its weights.
+    cfg_dict: dict[str, Any] = quant.config.to_dict()
+    for key in ("quantization_config", "_model_name_or_path"):
+        cfg_dict.pop(key, None)
+    config = type(quant.config).from_dict(cfg_dict)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain.load_state_dict(quant.state_dict(), strict=True)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
+    try:
+        plain.save_pretrained(tmp)
+        tok.save_pretrained(tmp)
+        if target.exists():
+            shutil.rmtree(target)
+        tmp.rename(target)
+    finally:
+        if tmp.exists():
+            shutil.rmtree(tmp, ignore_errors=True)
+    if progress:
+        progress("Cached", 0.7)
+    return target
