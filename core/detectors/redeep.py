@@ -341,13 +341,21 @@ class RedeepDetector(DetectorBase):
             sorted({min(k, pks.shape[1]) for k in c.layers_grid}),
             c.beta_grid,
         )
+        # The unit sums depend on N (heads) or K (layers) alone: one pass over the units
+        # per value, not per (N, K, beta) grid point.
+        e_range: dict[int, tuple[float, float]] = {}
+        p_range: dict[int, tuple[float, float]] = {}
         for n, k, beta in grid:
+            if n not in e_range:
+                e_range[n] = _range(units_e[:, head_order[:n]].sum(1))
+            if k not in p_range:
+                p_range[k] = _range(units_p[:, layer_order[:k]].sum(1))
             sel = Selection(
                 heads=tuple(int(i) for i in head_order[:n]),
                 layers=tuple(int(i) for i in layer_order[:k]),
                 beta=float(beta),
-                ecs_range=_range(units_e[:, head_order[:n]].sum(1)),
-                pks_range=_range(units_p[:, layer_order[:k]].sum(1)),
+                ecs_range=e_range[n],
+                pks_range=p_range[k],
                 auc=0.0,
             )
             auc = _auc(v_y, sel.h(v_ecs, v_pks))
