@@ -12,7 +12,7 @@ repeated evaluation recomputes nothing.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
@@ -163,28 +163,41 @@ def run_example(
     return _compose(detectors, got, model.info.key, example.id)
 
 
-def extract_features(
+@dataclass(frozen=True)
+class Extracted:
+    """One example's outcome in :func:`iter_features`.
+
+    Attributes:
+        example: The example.
+        features: Every requested detector's features by name (``None`` when it failed).
+        computed: Whether anything was traced (``False``: all read from the cache).
+        error: Why it failed (``None`` when it did not).
+    """
+
+    example: RAGExample
+    features: dict[str, Features] | None
+    computed: bool
+    error: DataError | None = None
+
+
+def iter_features(
     model: LoadedModel,
     examples: Iterable[RAGExample],
     detectors: Sequence[Detector],
     *,
     cache: FeatureCache | None = None,
-    progress: Progress | None = None,
     on_error: Literal["raise", "skip"] = "raise",
-) -> Extraction:
-    """Features of every example for every detector (see the module docstring)."""
-    exs = list(examples)
+) -> Iterator[Extracted]:
+    """Each example's features for every detector, one example at a time (nothing is
+    held back: an extraction over thousands of answers needs the memory of one).
+    Cached features are read; the missing ones come from one traced pass and are
+    written to the cache at once, so a stopped run resumes where it stopped."""
     names = [d.name for d in detectors]
     if len(set(names)) != len(names):
         raise DataError(f"detector names repeat: {names}")
     key = model.info.key
-    kept: list[RAGExample] = []
-    out: dict[str, list[Features]] = {n: [] for n in names}
-    errors: list[DataError] = []
-    hits = computed = 0
-    t0 = time.perf_counter()
     flat = _flatten(detectors)
-    for i, ex in enumerate(exs):
+    for ex in examples:
         got: dict[str, Features] = {}
         if cache is not None:
             for d in flat:
@@ -198,21 +211,44 @@ def extract_features(
             except DataError as e:
                 if on_error == "raise":
                     raise
-                errors.append(e)
-                if progress:
-                    progress(i + 1, len(exs))
+                yield Extracted(example=ex, features=None, computed=False, error=e)
                 continue
             if cache is not None:
                 for d in missing:
                     cache.put(key, ex, d, fresh[d.name])
             got.update(fresh)
-            computed += 1
+        yield Extracted(
+            example=ex, features=_compose(detectors, got, key, ex.id), computed=bool(missing)
+        )
+
+
+def extract_features(
+    model: LoadedModel,
+    examples: Iterable[RAGExample],
+    detectors: Sequence[Detector],
+    *,
+    cache: FeatureCache | None = None,
+    progress: Progress | None = None,
+    on_error: Literal["raise", "skip"] = "raise",
+) -> Extraction:
+    """Features of every example for every detector, kept in memory (see the module
+    docstring; :func:`iter_features` streams them instead)."""
+    exs = list(examples)
+    names = [d.name for d in detectors]
+    kept: list[RAGExample] = []
+    out: dict[str, list[Features]] = {n: [] for n in names}
+    errors: list[DataError] = []
+    hits = computed = 0
+    t0 = time.perf_counter()
+    for i, got in enumerate(iter_features(model, exs, detectors, cache=cache, on_error=on_error)):
+        if got.error is not None or got.features is None:
+            errors.append(got.error or DataError(f"no features for {got.example.id!r}"))
         else:
-            hits += 1
-        kept.append(ex)
-        composed = _compose(detectors, got, key, ex.id)
-        for n in names:
-            out[n].append(composed[n])
+            computed += got.computed
+            hits += not got.computed
+            kept.append(got.example)
+            for n in names:
+                out[n].append(got.features[n])
         if progress:
             progress(i + 1, len(exs))
     return Extraction(

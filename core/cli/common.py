@@ -70,6 +70,37 @@ def add_example_args(p: argparse.ArgumentParser, *, need_response: bool) -> None
         )
 
 
+def add_detector_option_args(p: argparse.ArgumentParser) -> None:
+    """``--set DETECTOR.OPTION=VALUE`` (repeatable); read with :func:`detector_options`."""
+    p.add_argument(
+        "--set",
+        action="append",
+        default=[],
+        metavar="DETECTOR.OPTION=VALUE",
+        help="a detector option (repeatable), e.g. redeep_token.scorer=logistic or "
+        "redeep_chunk.pool=sum; options that only change learning reuse cached features",
+    )
+
+
+def detector_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
+    """``--set NAME.OPTION=VALUE`` flags -> ``{name: {option: value}}`` (values read as JSON
+    when they parse, else as strings: ``scorer=logistic``, ``pool=sum``, ``topk_frac=0.2``)."""
+    out: dict[str, dict[str, Any]] = {}
+    for item in getattr(args, "set", None) or []:
+        key, eq, raw = item.partition("=")
+        name, dot, option = key.partition(".")
+        if not (eq and dot and name and option):
+            raise DataError(
+                f"--set {item!r}: write DETECTOR.OPTION=VALUE, e.g. redeep_token.scorer=logistic"
+            )
+        try:
+            value = json.loads(raw)
+        except json.JSONDecodeError:
+            value = raw
+        out.setdefault(name, {})[option] = value
+    return out
+
+
 def progress(msg: str, frac: float) -> None:
     print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True)
 

@@ -15,6 +15,7 @@ from types import ModuleType
 import core.cli.analysis as analysis
 import core.cli.artifacts as artifacts
 import core.cli.datasets as datasets
+import core.cli.features as features
 import core.cli.generation as generation
 import core.cli.mitigation as mitigation
 import core.cli.model as model
@@ -29,6 +30,7 @@ COMMANDS: tuple[tuple[ModuleType, str], ...] = (
     (generation, "generate"),
     (analysis, "trace"),
     (datasets, "datasets"),
+    (features, "extract"),
     (training, "evaluate"),
     (training, "train"),
     (analysis, "spad-check"),

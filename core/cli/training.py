@@ -11,7 +11,15 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.cli.common import Subparsers, add_model_args, eval_splits, load, tqdm_progress
+from core.cli.common import (
+    Subparsers,
+    add_detector_option_args,
+    add_model_args,
+    detector_options,
+    eval_splits,
+    load,
+    tqdm_progress,
+)
 from core.contract import artifact_info, compare_artifacts
 from core.crossval import (
     CALIBRATIONS,
@@ -88,34 +96,8 @@ def _fit_parser(sub: Subparsers, cmd: str, helptext: str) -> argparse.ArgumentPa
     p.add_argument(
         "--bootstrap", type=int, default=1000, help="bootstrap resamples for the AUROC CI"
     )
-    p.add_argument(
-        "--set",
-        action="append",
-        default=[],
-        metavar="DETECTOR.OPTION=VALUE",
-        help="a detector option (repeatable), e.g. redeep_token.scorer=logistic or "
-        "redeep_chunk.pool=sum; options that only change learning reuse cached features",
-    )
+    add_detector_option_args(p)
     return p
-
-
-def _detector_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """``--set NAME.OPTION=VALUE`` flags -> ``{name: {option: value}}`` (values read as JSON
-    when they parse, else as strings: ``scorer=logistic``, ``pool=sum``, ``topk_frac=0.2``)."""
-    out: dict[str, dict[str, Any]] = {}
-    for item in getattr(args, "set", None) or []:
-        key, eq, raw = item.partition("=")
-        name, dot, option = key.partition(".")
-        if not (eq and dot and name and option):
-            raise DataError(
-                f"--set {item!r}: write DETECTOR.OPTION=VALUE, e.g. redeep_token.scorer=logistic"
-            )
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        out.setdefault(name, {})[option] = value
-    return out
 
 
 def _add_evaluate(sub: Subparsers) -> None:
@@ -171,7 +153,7 @@ def _cross_validate(
 ) -> tuple[CVRun, Extraction]:
     """The cross-validation of ``--dataset`` (and the features it read)."""
     sets, examples = _combined(args, args.dataset)
-    make = default_maker(_detector_options(args))
+    make = default_maker(detector_options(args))
     with Store() as store:
         ext = extract_all(
             model,
@@ -206,7 +188,7 @@ def _train_cv(
     """Cross-validate the recipe, then apply it to all the data and save each artifact
     with its cross-validated metrics."""
     run, ext = _cross_validate(args, names, model)
-    make = default_maker(_detector_options(args))
+    make = default_maker(detector_options(args))
     exs = list(ext.examples)
     sets = sorted({e.provenance.dataset or "unknown" for e in exs})
     hashes = {d: data_hash([e for e in exs if e.provenance.dataset == d]) for d in sets}
@@ -269,7 +251,7 @@ def _matrix(args: argparse.Namespace, names: list[str], model: LoadedModel) -> M
             parts,
             k=args.cv or 5,
             seed=args.seed,
-            make=default_maker(_detector_options(args)),
+            make=default_maker(detector_options(args)),
             cache=None if args.no_cache else FeatureCache(store),
             criterion=args.criterion or "balanced_accuracy",
             calibration=_calibration(args),
@@ -317,7 +299,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             progress=tqdm_progress("features"),
             n_boot=args.bootstrap,
             name=args.name,
-            configs=_detector_options(args),
+            configs=detector_options(args),
             smooth=args.smooth,
             threshold_criterion=args.criterion or "f1",
         )
@@ -359,7 +341,7 @@ def _train_recipe(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
         "detectors": names,
         "limit": args.limit,
         "seed": args.seed,
-        "options": _detector_options(args),
+        "options": detector_options(args),
     }
     cv = getattr(args, "cv", None)
     if cv:
@@ -411,7 +393,7 @@ def _train(
             n_boot=args.bootstrap,
             save_artifacts=out,
             recipe=_train_recipe(args, names),
-            configs=_detector_options(args),
+            configs=detector_options(args),
         )
 
 
