@@ -330,16 +330,16 @@ def test_answer_one_per_source_of_one_split(tmp_path: Path, capsys, tiny_model) 
 def test_set_passes_detector_options_and_rejects_bad_ones(capsys, tmp_path: Path) -> None:
     import argparse
 
-    from core.cli.training import _detector_options
+    from core.cli.common import detector_options
     from core.errors import DataError
 
     ns = argparse.Namespace(set=["redeep_token.scorer=logistic", "redeep_chunk.topk_frac=0.2"])
-    assert _detector_options(ns) == {
+    assert detector_options(ns) == {
         "redeep_token": {"scorer": "logistic"},
         "redeep_chunk": {"topk_frac": 0.2},
     }
     with pytest.raises(DataError, match="DETECTOR.OPTION=VALUE"):
-        _detector_options(argparse.Namespace(set=["scorer=logistic"]))
+        detector_options(argparse.Namespace(set=["scorer=logistic"]))
     argv = ["evaluate", "--model", "tiny", "--dataset", "demo", "--detectors", "nll"]
     argv += ["--set", 'lexical.pos=["NOUN"]', "--out", str(tmp_path)]
     assert main(argv) != 0
