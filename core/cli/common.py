@@ -7,13 +7,18 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from core.data import DEMO, make_splits, resolve_dataset
 from core.errors import DataError
 from core.examples import RAGExample
+from core.featurestore import import_store
 from core.model import LoadedModel, load_model
+from core.storage import Store
+
+REPORT_LINES = 20
+"""Failures (failed examples, rejected rows) printed; the rest are counted."""
 
 # What ``ArgumentParser.add_subparsers`` returns; each group's ``add_parser`` adds to it.
 Subparsers = argparse._SubParsersAction
@@ -99,6 +104,27 @@ def detector_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
             value = raw
         out.setdefault(name, {})[option] = value
     return out
+
+
+def import_feature_stores(folders: Sequence[str]) -> list[str]:
+    """Merge feature store folders into the local cache; one summary line per folder,
+    then the rejected rows.
+
+    Raises:
+        DataError: A folder that is not one.
+    """
+    lines = []
+    with Store() as store:
+        for folder in folders:
+            rep = import_store(folder, store)
+            lines.append(
+                f"{folder}: {rep.imported} imported, {rep.present} already in the cache, "
+                f"{len(rep.rejected)} rejected"
+            )
+            lines += [f"REJECTED {r}" for r in rep.rejected[:REPORT_LINES]]
+            if len(rep.rejected) > REPORT_LINES:
+                lines.append(f"REJECTED ... and {len(rep.rejected) - REPORT_LINES} more")
+    return lines
 
 
 def progress(msg: str, frac: float) -> None:

@@ -31,6 +31,7 @@ COMMANDS: tuple[tuple[ModuleType, str], ...] = (
     (analysis, "trace"),
     (datasets, "datasets"),
     (features, "extract"),
+    (features, "features"),
     (training, "evaluate"),
     (training, "train"),
     (analysis, "spad-check"),

@@ -14,25 +14,29 @@ import argparse
 import json
 import sys
 import time
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from core.cli.common import (
+    REPORT_LINES,
     Subparsers,
     add_detector_option_args,
     add_model_args,
     detector_options,
+    import_feature_stores,
     load,
 )
+from core.contract import Detector, Features
 from core.crossval import default_maker
-from core.data import resolve_datasets, stratified_head
+from core.data import data_hash, resolve_datasets, stratified_head
 from core.detectors.registry import MEMBERS
 from core.errors import DataError
+from core.examples import RAGExample
 from core.extract import FeatureCache, iter_features
+from core.featurestore import ShardWriter, feature_key, read_manifest
+from core.model import LoadedModel
 from core.storage import Store
-
-REPORT_ERRORS = 20
-"""Failed examples printed (all of them go to ``--report``)."""
 
 
 def parse_shard(raw: str | None) -> tuple[int, int] | None:
@@ -93,7 +97,35 @@ def _add_extract(sub: Subparsers) -> None:
     p.add_argument(
         "--report", default=None, help="also write a JSON report (counts, failures) here"
     )
+    p.add_argument(
+        "--out",
+        default=None,
+        metavar="DIR",
+        help="also write the features as Parquet shards into DIR, a feature store to share "
+        "(`ragscope features import DIR` elsewhere); examples DIR holds are skipped, and "
+        "features already in the local cache are exported without tracing",
+    )
     p.set_defaults(func=cmd_extract)
+
+
+def _add_features(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "features", help="a Parquet feature store: merge it into the local cache, or describe it"
+    )
+    p.add_argument("action", choices=("import", "info"))
+    p.add_argument("folders", nargs="+", metavar="DIR", help="feature store folders")
+    p.set_defaults(func=cmd_features)
+
+
+def cmd_features(args: argparse.Namespace) -> int:
+    """``features import DIR...`` / ``features info DIR...``."""
+    if args.action == "info":
+        for folder in args.folders:
+            print(json.dumps({"folder": folder, **read_manifest(folder)}, indent=2))
+        return 0
+    lines = import_feature_stores(args.folders)
+    print("\n".join(lines))
+    return 1 if any(line.startswith("REJECTED") for line in lines) else 0
 
 
 def cmd_extract(args: argparse.Namespace) -> int:
@@ -112,6 +144,16 @@ def cmd_extract(args: argparse.Namespace) -> int:
     make = default_maker(detector_options(args))
     detectors = [make(n) for n in names]
     model = load(args)
+    flat = [m for d in detectors for m in (d.member_detectors() if d.composite else [d])]
+    writer = _writer(args, model, sets, examples, flat) if args.out else None
+    held: set[str] = set()
+    if writer is not None:
+        held = {
+            e.id
+            for e in examples
+            if all(writer.holds(feature_key(model.info.key, e, d)) for d in flat)
+        }
+        examples = [e for e in examples if e.id not in held]
     reasons = [f"{d.name}: {why}" for d in detectors if (why := d.unavailable(model.info))]
     if reasons:
         raise DataError(
@@ -142,8 +184,15 @@ def cmd_extract(args: argparse.Namespace) -> int:
                     failures.append({"example": got.example.id, "error": str(got.error)})
                 else:
                     counts["computed" if got.computed else "stored"] += 1
+                    if writer is not None and got.features is not None:
+                        for d in flat:
+                            key = feature_key(model.info.key, got.example, d)
+                            writer.add(key, got.example, _plain(got.features, d.name))
+                        writer.example_done()
                 bar.update(1)
                 bar.set_postfix(counts, refresh=False)
+    if writer is not None:
+        writer.close()
     seconds = time.perf_counter() - t0
     shard_txt = f" (shard {shard[0]}/{shard[1]})" if shard else ""
     print(
@@ -151,10 +200,15 @@ def cmd_extract(args: argparse.Namespace) -> int:
         f"{model.info.display_name}: {counts['computed']} computed, {counts['stored']} already "
         f"stored, {counts['failed']} failed, in {seconds:.0f} s"
     )
-    for f in failures[:REPORT_ERRORS]:
+    if writer is not None:
+        print(
+            f"feature store {args.out}: {len(held)} examples held already, {writer.written} "
+            "rows written"
+        )
+    for f in failures[:REPORT_LINES]:
         print(f"FAILED {f['example']}: {f['error']}")
-    if len(failures) > REPORT_ERRORS:
-        print(f"... and {len(failures) - REPORT_ERRORS} more (see --report)")
+    if len(failures) > REPORT_LINES:
+        print(f"... and {len(failures) - REPORT_LINES} more (see --report)")
     if args.report:
         report: dict[str, Any] = {
             "datasets": sets,
@@ -170,7 +224,37 @@ def cmd_extract(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
-_PARSERS = {"extract": _add_extract}
+def _writer(
+    args: argparse.Namespace,
+    model: LoadedModel,
+    sets: Sequence[str],
+    examples: Sequence[RAGExample],
+    flat: Sequence[Detector],
+) -> ShardWriter:
+    """The Parquet writer of ``--out``, with this run's manifest."""
+    by_set = {s: [e for e in examples if e.provenance.dataset == s] for s in sets}
+    manifest = {
+        "model": model.info.key,
+        "detectors": {
+            d.name: {"feature_hash": d.config.feature_hash(), "config": d.config.to_dict()}
+            for d in flat
+        },
+        "datasets": {s: data_hash(exs) for s, exs in by_set.items() if exs},
+    }
+    return ShardWriter(Path(args.out), manifest=json.loads(json.dumps(manifest, default=list)))
+
+
+def _plain(features: Mapping[str, Features], name: str) -> Features:
+    """A plain detector's features from a composed set (or a composite's member)."""
+    if name in features and features[name].members is None:
+        return features[name]
+    for f in features.values():
+        if f.members is not None and name in f.members:
+            return f.members[name]
+    raise DataError(f"no features of {name!r} were extracted")
+
+
+_PARSERS = {"extract": _add_extract, "features": _add_features}
 COMMANDS = tuple(_PARSERS)
 
 

@@ -17,6 +17,7 @@ from core.cli.common import (
     add_model_args,
     detector_options,
     eval_splits,
+    import_feature_stores,
     load,
     tqdm_progress,
 )
@@ -54,6 +55,14 @@ def _fit_parser(sub: Subparsers, cmd: str, helptext: str) -> argparse.ArgumentPa
         "name; with --cv, several comma-separated (combined, each keeping its name)",
     )
     p.add_argument("--test-dataset", default=None, help="cross-dataset: test on all of this one")
+    p.add_argument(
+        "--features",
+        action="append",
+        default=[],
+        metavar="DIR",
+        help="a feature store (Parquet shards from `ragscope extract --out DIR`, repeatable): "
+        "merged into the local feature cache first, so its examples are not traced again",
+    )
     p.add_argument(
         "--cv",
         type=int,
@@ -262,7 +271,14 @@ def _matrix(args: argparse.Namespace, names: list[str], model: LoadedModel) -> M
         )
 
 
+def _merge_feature_stores(args: argparse.Namespace) -> None:
+    """``--features DIR``: merge each store into the local cache (summary on stderr)."""
+    for line in import_feature_stores(getattr(args, "features", None) or []):
+        print(line, file=sys.stderr)
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    _merge_feature_stores(args)
     names = [d for d in args.detectors.split(",") if d]
     if args.matrix or args.cv:
         if args.artifacts or args.test_dataset or args.smooth is not None:
@@ -401,6 +417,7 @@ def cmd_train(args: argparse.Namespace) -> int:
     if args.reproduce is not None:
         return _reproduce(args)
 
+    _merge_feature_stores(args)
     names = [d for d in args.detectors.split(",") if d]
     out = args.out or shipped_dir()
     run = _train(args, names, out)

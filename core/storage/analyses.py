@@ -80,6 +80,17 @@ class AnalysesRepository(Database):
                 ),
             )
 
+    def has_analysis(
+        self, *, example_hash: str, model: str, detector: str, config_hash: str
+    ) -> bool:
+        """Whether a result is stored for this key (without reading it)."""
+        rows = self._query(
+            "SELECT 1 FROM analyses WHERE example_hash = ? AND model = ? AND detector = ? "
+            "AND config_hash = ? LIMIT 1",
+            (example_hash, model, detector, config_hash),
+        )
+        return bool(rows)
+
     def get_analysis(
         self, *, example_hash: str, model: str, detector: str, config_hash: str
     ) -> AnalysisRecord | None:
