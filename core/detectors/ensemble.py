@@ -82,7 +82,7 @@ C_GRID: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
 STACK_FRACTION = 0.25
 """Share of the training sources held out for the stacker when no validation split is given."""
 STACK_FOLDS = 5
-"""Folds of the members' out-of-fold scores that ``stacking="crossfit"`` stacks."""
+"""Default folds of the members' out-of-fold scores that ``stacking="crossfit"`` stacks."""
 STACKINGS = ("crossfit", "split")
 _EPS = 1e-4
 
@@ -110,15 +110,17 @@ class EnsembleConfig(DetectorConfig):
         stacking: ``crossfit`` (stack the members' out-of-fold scores on all training
             answers) or ``split`` (stack scores on the validation split only); see the
             module docstring.
+        stack_folds: Folds of ``crossfit`` stacking (each refits every member once).
         seed: Seed of the stacker's cross-validation, its folds and the held-out quarter.
     """
 
-    FIT_ONLY: ClassVar[frozenset[str]] = frozenset({"tokens", "seed", "stacking"})
+    FIT_ONLY: ClassVar[frozenset[str]] = frozenset({"tokens", "seed", "stacking", "stack_folds"})
 
     members: tuple[str, ...] = DEFAULT_MEMBERS
     member_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     tokens: bool = True
     stacking: str = "crossfit"
+    stack_folds: int = STACK_FOLDS
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -127,6 +129,8 @@ class EnsembleConfig(DetectorConfig):
                 f"unknown stacking {self.stacking!r}; use one of {list(STACKINGS)}",
                 field="stacking",
             )
+        if not 2 <= self.stack_folds <= 20:
+            raise DataError("stack_folds must be between 2 and 20", field="stack_folds")
         if not self.members:
             raise DataError("the ensemble needs at least one member detector", field="members")
         if len(set(self.members)) != len(self.members):
@@ -290,7 +294,7 @@ class EnsembleDetector(DetectorBase):
         from members fitted without its fold."""
         y = response_labels(examples)
         groups = np.asarray([source_key(e) for e in examples])
-        folds = learners.grouped_folds(y, groups, STACK_FOLDS, self.config.seed)
+        folds = learners.grouped_folds(y, groups, self.config.stack_folds, self.config.seed)
         if not folds:
             raise DataError(
                 f"the ensemble's cross-fitted stacking needs at least two sources with "

@@ -171,6 +171,10 @@ def test_crossfit_stacks_out_of_fold_member_scores_of_every_training_answer(spli
     np.testing.assert_allclose(ens.stacker_.coef_, ref.coef_, rtol=1e-6)
     with pytest.raises(DataError, match="unknown stacking"):
         _ensemble(stacking="blend")
+    with pytest.raises(DataError, match="stack_folds"):
+        _ensemble(stack_folds=1)
+    three = _ensemble(stack_folds=3).fit(f["train"], train)
+    assert three.train_info_["n_stack"] == len(train)  # every training answer, out of fold
 
 
 def test_without_validation_members_and_stacker_see_different_sources(splits, extracted):
