@@ -1,9 +1,11 @@
 """AARF: ReDeEP's generation-time mitigation (``specs/redeep.md``, "AARF mitigation").
 
 Greedy decoding that watches itself. At every step the token-level ReDeEP
-score of the position that produces the next token is computed from ONE
-hooked forward pass of the growing sequence (no KV cache; answers are
-short):
+score of the position that produces the next token is read by hooks on the
+pass that produces that token. Decoding is incremental: each step runs only
+the new token through the model against the KV cache of the sequence so far
+(the hooks see the new position's attention row over every key and its
+residuals), so a step costs about one greedy decoding step:
 
 - ECS of each of the detector's candidate copying heads at that position
   against the passage positions (the same math as
@@ -17,7 +19,13 @@ does in :meth:`~core.detectors.redeep.RedeepDetector.predict`: ``H = PKS_n -
 beta * ECS_n`` and the detector's calibrated probability. When the score
 exceeds ``tau`` the step is redone under :func:`scaled_components` (the
 selected copying heads' outputs times ``alpha2``, the selected layers' MLP
-outputs times ``beta2``) and the token is taken from those logits.
+outputs times ``beta2``) and the token is taken from those logits. The scaled
+model keeps its own KV cache, since scaling changes every later position's keys
+and values: an intervened step runs the scaled model only over the tokens its
+cache lacks (the whole prompt at the first intervention, then the tokens since
+the previous one), which equals re-running the whole sequence scaled.
+``kv_cache=False`` re-runs the whole sequence at every step instead, the
+reference the cached path is tested against.
 
 Which scale ``tau`` is on: by default the detector's calibrated probability
 (in [0, 1], the scale of its ``threshold_``, which is also the default
@@ -52,7 +60,7 @@ from core.generate import AnswerStream, Generation, GenerationConfig, StopReason
 from core.layout import encode_prompt, prompt_pieces
 from core.lens import layer_jsd
 from core.model import LoadedModel
-from core.trace import Needs, hooked_logits, patched
+from core.trace import Needs, hooked_logits, hooked_step, patched
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -266,7 +274,12 @@ class StepScorer:
     """
 
     def __init__(
-        self, model: LoadedModel, detector: Any, example_or_prompt: RAGExample | AnswerPrompt
+        self,
+        model: LoadedModel,
+        detector: Any,
+        example_or_prompt: RAGExample | AnswerPrompt,
+        *,
+        kv_cache: bool = True,
     ) -> None:
 
         _check_detector(detector, model)
@@ -302,15 +315,32 @@ class StepScorer:
         if self.pks_layers:
             needs = needs | Needs.of(["resid_mid", "resid_post"], layers=self.pks_layers)
         self._names = needs.hook_names()
+        self.kv_cache = kv_cache
+        self._past: Any = None  # the KV cache of the tokens in self._seen
+        self._seen: tuple[int, ...] = ()
+        self._last: StepScore | None = None
 
     def __call__(self, answer_ids: Sequence[int] = ()) -> StepScore:
-        """Score the step after ``answer_ids`` (the answer's tokens so far)."""
+        """Score the step after ``answer_ids`` (the answer's tokens so far).
+
+        With ``kv_cache`` (the default), an answer that extends the one of the previous
+        call runs only its new tokens through the model, attending to the cached keys and
+        values of the rest; any other answer starts over from the prompt. Without it,
+        every call runs the whole sequence (the reference the cached path is tested
+        against: same tokens, scores equal to float rounding).
+        """
         import torch
 
         model = self.model
+        seq = (*self.prompt_ids, *(int(t) for t in answer_ids))
+        if self.kv_cache and seq == self._seen and self._last is not None:
+            return self._last
+        extend = self.kv_cache and self._past is not None and seq[: len(self._seen)] == self._seen
+        start = len(self._seen) if extend else 0
         store: dict[tuple[str, int | None], torch.Tensor] = {}
         ctx_t = torch.as_tensor(self.context)
-        first = self._x_ctx is None and self.context.size > 0
+        # The context's final hidden states come from a pass that starts at position 0.
+        first = self._x_ctx is None and self.context.size > 0 and start == 0
         ctx_dev = ctx_t.to(model.device)
 
         def saver(key: tuple[str, int | None]):  # noqa: ANN202
@@ -328,12 +358,17 @@ class StepScorer:
 
             return save
 
-        x = torch.as_tensor([[*self.prompt_ids, *answer_ids]], device=model.device)
-        with model.lock, torch.inference_mode():
-            logits = hooked_logits(
-                model, x, [(name, saver(key)) for name, key in self._names.items()]
-            )
-            last = logits[0, -1].float().cpu()
+        x = torch.as_tensor([seq[start:]], device=model.device)
+        hooks = [(name, saver(key)) for name, key in self._names.items()]
+        if self.kv_cache:
+            # Forget the old state first: a failed pass may have half-extended the cache.
+            past = self._past if extend else None
+            self._past, self._seen, self._last = None, (), None
+            logits, past = hooked_step(model, x, hooks, past)
+            self._past, self._seen = past, seq
+        else:
+            logits = hooked_logits(model, x, hooks)
+        last = logits[0, -1].float().cpu()
         missing = [n for n, key in self._names.items() if key not in store]
         if missing:
             raise ModelError(f"hooks did not fire on {model.info.display_name}: {missing[:5]}")
@@ -358,7 +393,10 @@ class StepScorer:
         h = det.unit_h(row)
         e_n, p_n = det.selection_.sums(row[:, : len(self.heads)], row[:, len(self.heads) :])
         prob = det.probability(h, e_n, p_n)
-        return StepScore(logits=last, ecs=ecs, pks=pks, h=float(h[0]), probability=float(prob[0]))
+        self._last = StepScore(
+            logits=last, ecs=ecs, pks=pks, h=float(h[0]), probability=float(prob[0])
+        )
+        return self._last
 
 
 def _check_detector(detector: Any, model: LoadedModel) -> None:
@@ -510,6 +548,7 @@ def aarf_generate(
     keep_logits: bool = False,
     heads: Iterable[Head] | None = None,
     layers: Iterable[int] | None = None,
+    kv_cache: bool = True,
 ) -> AARFResult:
     """Greedy decoding with AARF (see the module docstring).
 
@@ -525,8 +564,7 @@ def aarf_generate(
         alpha2: Factor on the selected copying heads' outputs (paper: 5 on
             RAGTruth, 2 on Dolly).
         beta2: Factor on the selected layers' MLP outputs (paper: 0.2 / 0.5).
-        max_new_tokens: Stop after this many tokens (each step re-runs the
-            whole sequence, so keep answers short).
+        max_new_tokens: Stop after this many tokens.
         plain: Also generate the plain greedy answer (:func:`core.generate.generate`)
             for the before/after comparison.
         keep_logits: Keep every step's logits (``[step, d_vocab]``, for audits and tests).
@@ -535,6 +573,11 @@ def aarf_generate(
         layers: Scale these layers' MLPs instead of the detector's selected layers
             (``()`` scales none; e.g. leave out layer 0, whose MLP the token embeddings
             lean on).
+        kv_cache: Decode incrementally (default): the plain model's KV cache serves the
+            score of each step, which reads only the new position; an intervened step runs
+            the scaled model over just the tokens its own cache lacks. ``False`` re-runs the
+            whole sequence at every step (the reference: same tokens, scores equal to
+            float rounding).
 
     Raises:
         ValueError: bad factors, ``tau``, ``score`` or detector.
@@ -577,7 +620,9 @@ def aarf_generate(
             pass
         baseline = stream.result()
 
-    scorer = StepScorer(model, detector, prompt)
+    scorer = StepScorer(model, detector, prompt, kv_cache=kv_cache)
+    scaled_past: Any = None  # KV cache of the scaled model over seq[:scaled_len]
+    scaled_len = 0
     n_prompt = len(scorer.prompt_ids)
     if n_prompt + max_new_tokens > model.info.n_ctx:
         raise DataError(
@@ -602,12 +647,23 @@ def aarf_generate(
         logits = s.logits
         act = value > tau
         if act:
-            x = torch.as_tensor([[*scorer.prompt_ids, *answer]], device=model.device)
+            seq = [*scorer.prompt_ids, *answer]
             with (
                 scaled_components(model, heads, layers, alpha2=alpha2, beta2=beta2),
                 torch.inference_mode(),
             ):
-                logits = model.bridge(x, return_type="logits")[0, -1].float().cpu()
+                if kv_cache:
+                    # The scaled model's own cache, caught up over the tokens since
+                    # its last intervened step (the whole prompt on the first one).
+                    x = torch.as_tensor([seq[scaled_len:]], device=model.device)
+                    out, scaled_past = model.bridge(
+                        x, return_type="logits_and_cache", past_key_values=scaled_past
+                    )
+                    scaled_len = len(seq)
+                else:
+                    x = torch.as_tensor([seq], device=model.device)
+                    out = model.bridge(x, return_type="logits")
+            logits = out[0, -1].float().cpu()
         nxt = int(torch.argmax(logits))
         hs.append(s.h)
         probs.append(s.probability)

@@ -20,10 +20,13 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from core.aarf import aarf_generate
 from core.data import load_builtin, stratified_head
-from core.detectors import make_detector, runnable_detectors
+from core.detectors import load_shipped, make_detector, runnable_detectors, shipped_artifacts
+from core.errors import DataError
 from core.examples import RAGExample
 from core.extract import FeatureCache, extract_features, run_example
+from core.generate import GenerationConfig, generate
 from core.heads import copying_scores
 from core.layout import Layout, render
 from core.model import EMBEDDED, LoadedModel, load_model, prepare_embedded
@@ -65,6 +68,7 @@ class BenchReport:
     extraction: ExtractionBench | None = None
     feature_cases: tuple[TimedCase, ...] = ()
     copying_s: float | None = None
+    aarf: AARFBench | None = None
     env: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -72,6 +76,8 @@ class BenchReport:
         d["cases"] = [dict(vars(c)) for c in self.cases]
         d["feature_cases"] = [dict(vars(c)) for c in self.feature_cases]
         d["extraction"] = dict(vars(self.extraction)) if self.extraction else None
+        if self.aarf is not None:
+            d["aarf"] = {**vars(self.aarf), "runs": [dict(vars(r)) for r in self.aarf.runs]}
         return d
 
     def to_text(self) -> str:
@@ -97,6 +103,8 @@ class BenchReport:
             lines.append(f"copying scores, every head (uncached): {self.copying_s:.2f} s")
         if self.extraction is not None:
             lines.extend(self.extraction.to_lines())
+        if self.aarf is not None:
+            lines.extend(self.aarf.to_lines())
         lines.append(f"peak RSS {self.peak_rss_mib:.0f} MiB")
         if self.peak_cuda_mib is not None:
             lines.append(f"peak CUDA {self.peak_cuda_mib:.0f} MiB")
@@ -186,6 +194,101 @@ def bench_extraction(
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class DecodeRun:
+    """One timed decoding: its steps (tokens chosen, the stop token included), how many
+    were intervened on, and the wall time."""
+
+    name: str
+    steps: int
+    intervened: int
+    seconds: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class AARFBench:
+    """AARF against plain greedy decoding of the same prompt, timed in one run.
+
+    ``runs[0]`` is plain greedy generation; the others are AARF with the shipped
+    ``redeep_token`` (incremental KV-cached decoding at the detector's threshold and
+    intervening on every step, and the uncached reference that re-runs the sequence at
+    every step). Ratios compare seconds per step, since an intervention may change the
+    answer's length.
+    """
+
+    n_prompt: int
+    max_new_tokens: int
+    runs: tuple[DecodeRun, ...]
+
+    def ratio(self, run: DecodeRun) -> float:
+        base = self.runs[0]
+        return (run.seconds / max(run.steps, 1)) / (base.seconds / max(base.steps, 1))
+
+    def to_lines(self) -> list[str]:
+        lines = [f"AARF on a {self.n_prompt}-token prompt, up to {self.max_new_tokens} tokens:"]
+        for r in self.runs:
+            lines.append(
+                f"  {r.name}: {r.seconds:.2f} s for {r.steps} steps ({r.intervened} "
+                f"intervened) = {self.ratio(r):.2f} x greedy per step"
+            )
+        return lines
+
+
+def bench_aarf(
+    model: LoadedModel,
+    example: RAGExample,
+    max_new_tokens: int = 32,
+    *,
+    uncached: bool = True,
+    detector: Any = None,
+) -> AARFBench:
+    """Time greedy decoding and AARF on ``example`` with ``detector`` (default: the
+    model's shipped ``redeep_token``; see :class:`AARFBench`).
+
+    Raises:
+        DataError: No detector given and no ``redeep_token`` shipped for this model.
+    """
+    det = detector
+    if det is None:
+        if "redeep_token" not in shipped_artifacts(model.info.key):
+            raise DataError(
+                f"no redeep_token artifact is shipped for {model.info.display_name}; "
+                "train one (ragscope train --detectors redeep_token) or bench with --aarf 0"
+            )
+        det = load_shipped("redeep_token", model.info.key)
+    cfg = GenerationConfig(max_new_tokens=max_new_tokens)
+    generate(model, example, GenerationConfig(max_new_tokens=2))  # warm-up
+    t0 = time.perf_counter()
+    plain = generate(model, example, cfg)
+    runs = [
+        DecodeRun(
+            name="greedy",
+            steps=len(plain.token_ids) + (plain.stop == "eos"),
+            intervened=0,
+            seconds=time.perf_counter() - t0,
+        )
+    ]
+    cases = [("AARF, KV cache, detector threshold", None, True)]
+    cases.append(("AARF, KV cache, every step intervened", -1.0, True))
+    if uncached:
+        cases.append(("AARF, no cache (re-run every step), detector threshold", None, False))
+    for name, tau, kv in cases:
+        t0 = time.perf_counter()
+        res = aarf_generate(
+            model, example, det, tau=tau, max_new_tokens=max_new_tokens, plain=False, kv_cache=kv
+        )
+        runs.append(
+            DecodeRun(
+                name=name,
+                steps=res.n_steps,
+                intervened=res.n_intervened,
+                seconds=time.perf_counter() - t0,
+            )
+        )
+    n_prompt = int(render(example, model).response.start)
+    return AARFBench(n_prompt=n_prompt, max_new_tokens=max_new_tokens, runs=tuple(runs))
+
+
 def bench_example(model: LoadedModel, n_tokens: int = 600) -> tuple[RAGExample, Layout]:
     """A qa example padded with passages until its layout reaches ``n_tokens``."""
     passages: list[str] = []
@@ -236,6 +339,7 @@ def run_bench(
     device: str | None = "auto",
     extraction: int = 0,
     features: tuple[str, ...] = (),
+    aarf: int = 0,
     log: Callable[[str], None] | None = None,
 ) -> BenchReport:
     """Measure load times and trace overhead in one run (see module doc)."""
@@ -317,6 +421,13 @@ def run_bench(
     if extraction:
         say(f"extraction over {extraction} built-in examples (cold, then cached) ...")
         ext = bench_extraction(model, extraction)
+    aarf_bench = None
+    if aarf and "redeep_token" not in shipped_artifacts(model.info.key):
+        say(f"AARF skipped: no redeep_token is shipped for {model.info.display_name}")
+    elif aarf:
+        say(f"AARF vs greedy, up to {aarf} tokens ...")
+        example, _ = bench_example(model, n_tokens)
+        aarf_bench = bench_aarf(model, example, aarf)
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cuda = torch.cuda.max_memory_allocated() / 2**20 if model.device.startswith("cuda") else None
     return BenchReport(
@@ -333,6 +444,7 @@ def run_bench(
         extraction=ext,
         feature_cases=tuple(feature_cases),
         copying_s=copying_s,
+        aarf=aarf_bench,
         env={
             "python": sys.version.split()[0],
             "torch": torch.__version__,

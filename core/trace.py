@@ -380,6 +380,31 @@ def hooked_logits(
         return model.bridge.run_with_hooks(token_ids, fwd_hooks=list(hooks), return_type="logits")
 
 
+def hooked_step(
+    model: LoadedModel,
+    token_ids: torch.Tensor,
+    hooks: Sequence[tuple[str, Hook]],
+    past: Any = None,
+) -> tuple[torch.Tensor, Any]:
+    """Incremental decoding with hooks: the logits (``[batch, new, d_vocab]``) of
+    ``token_ids`` continuing the sequence whose keys and values ``past`` holds (a
+    HuggingFace KV cache from an earlier call; ``None`` starts a sequence), and the cache
+    extended by them. The hooks fire on the new positions only (an attention pattern's
+    rows are the new queries, over every key so far); the cache is extended in place."""
+    import torch
+
+    with model.lock, torch.inference_mode():
+        logits, cache = model.bridge.run_with_hooks(
+            token_ids,
+            fwd_hooks=list(hooks),
+            return_type="logits_and_cache",
+            past_key_values=past,
+        )
+    if cache is None:
+        raise ModelError(f"{model.info.display_name} returned no KV cache; use kv_cache=False")
+    return logits, cache
+
+
 class _Stop(Exception):  # noqa: N818 (control flow, not an error)
     """Raised by the capture hook to end a forward pass after the layer read."""
 

@@ -159,6 +159,15 @@ def _add_bench(sub: Subparsers) -> None:
         help="time each detector's feature pass (trace + features) on the example, and all "
         "together, as a ratio to one plain forward; also the copying-score time ('' to skip)",
     )
+    p.add_argument(
+        "--aarf",
+        type=int,
+        default=32,
+        metavar="N",
+        help="also time AARF (with the shipped redeep_token; KV-cached and uncached) against "
+        "plain greedy decoding of up to N tokens on the example, as a ratio per step (0: skip; "
+        "skipped when no redeep_token is shipped for the model)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
 
@@ -172,6 +181,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         device=args.device,
         extraction=args.extraction,
         features=tuple(n for n in args.features.split(",") if n),
+        aarf=args.aarf,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     if args.json:

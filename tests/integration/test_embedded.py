@@ -6,6 +6,8 @@ import numpy as np
 import pytest
 import torch
 
+from core.aarf import aarf_generate
+from core.detectors import load_shipped
 from core.examples import RAGExample
 from core.generate import AnswerStream, GenerationConfig, generate
 from core.layout import render
@@ -146,3 +148,23 @@ def test_generate_then_render_round_trip(embedded_model):
     o = layout.response_offsets
     assert o[0, 0] == 0 and o[-1, 1] == len(res.text)
     assert np.all(np.diff(o[:, 0]) >= 0)
+
+
+def test_kv_cached_aarf_equals_rerunning_the_sequence(embedded_model):
+    """On the embedded model with its shipped redeep_token: the incremental AARF decodes
+    the same tokens, intervenes on the same steps and reads the same scores as
+    re-running the whole sequence at every step."""
+    det = load_shipped("redeep_token", embedded_model.info.key)
+    ex = _long_example()
+    n = 8
+    free = aarf_generate(embedded_model, ex, det, tau=1.0, max_new_tokens=n, plain=False)
+    tau = float(np.median(free.probability))
+    kw = dict(tau=tau, max_new_tokens=n, plain=False, keep_logits=True)
+    cached = aarf_generate(embedded_model, ex, det, **kw)
+    uncached = aarf_generate(embedded_model, ex, det, kv_cache=False, **kw)
+    assert 0 < uncached.n_intervened < uncached.n_steps, uncached.intervened
+    assert cached.token_ids == uncached.token_ids and cached.text == uncached.text
+    assert np.array_equal(cached.intervened, uncached.intervened)
+    assert np.array_equal(cached.step_tokens, uncached.step_tokens)
+    np.testing.assert_allclose(cached.probability, uncached.probability, atol=1e-4)
+    np.testing.assert_allclose(cached.step_logits, uncached.step_logits, rtol=1e-3, atol=1e-3)

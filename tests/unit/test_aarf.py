@@ -269,6 +269,64 @@ def test_logits_change_exactly_on_the_intervened_steps(tiny_model, detector, toy
     assert frame["intervened"].tolist() == flags.tolist() and "token" in frame
 
 
+def _same_decoding(cached, uncached) -> None:
+    """Token for token the same; scores and logits equal to float rounding."""
+    assert cached.token_ids == uncached.token_ids and cached.text == uncached.text
+    assert np.array_equal(cached.step_tokens, uncached.step_tokens)
+    assert np.array_equal(cached.base_tokens, uncached.base_tokens)
+    assert np.array_equal(cached.intervened, uncached.intervened)
+    np.testing.assert_allclose(cached.probability, uncached.probability, atol=1e-5)
+    np.testing.assert_allclose(cached.h, uncached.h, atol=1e-5)
+    np.testing.assert_allclose(cached.step_logits, uncached.step_logits, rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(cached.base_logits, uncached.base_logits, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("when", ["some", "always"])
+def test_kv_cached_decoding_equals_rerunning_the_sequence(tiny_model, detector, toy_example, when):
+    """The cached path (incremental plain and scaled caches) decodes exactly what
+    re-running the whole sequence at every step decodes, across steps that intervene,
+    steps that do not, and runs of both (the scaled cache catching up over several
+    tokens)."""
+    n = 8
+    free = aarf_generate(tiny_model, toy_example, detector, tau=1.0, max_new_tokens=n, plain=False)
+    # Intervene on the steps scoring above the median, or on all of them.
+    tau = float(np.median(free.probability)) if when == "some" else -1.0
+    # The default factor nudges the logits (same trajectory, so steps after an
+    # intervened one score as before); the strong one changes the tokens.
+    alpha2 = 5.0 if when == "some" else STRONG
+    kw = dict(tau=tau, alpha2=alpha2, max_new_tokens=n, plain=False, keep_logits=True)
+    cached = aarf_generate(tiny_model, toy_example, detector, **kw)
+    uncached = aarf_generate(tiny_model, toy_example, detector, kv_cache=False, **kw)
+    if when == "some":
+        flags = uncached.intervened
+        assert 0 < flags.sum() < len(flags), flags
+        # A skipped step between intervened ones makes the scaled cache catch up.
+        assert any(
+            flags[i] and not flags[i + 1] and flags[i + 2 :].any() for i in range(len(flags) - 2)
+        )
+    _same_decoding(cached, uncached)
+    scaled = [
+        not np.allclose(u, b) for u, b in zip(cached.step_logits, cached.base_logits, strict=True)
+    ]
+    assert scaled == cached.intervened.tolist()
+    assert _hooked(tiny_model) == []
+
+
+def test_step_scorer_starts_over_on_an_answer_that_does_not_extend_the_last(
+    tiny_model, detector, toy_example
+):
+    layout = render(toy_example, tiny_model)
+    resp = layout.response_ids.tolist()
+    cached = StepScorer(tiny_model, detector, toy_example)
+    fresh = StepScorer(tiny_model, detector, toy_example, kv_cache=False)
+    for prefix in (resp[:3], resp[:5], resp[:2], [resp[0], resp[2]], resp[:2]):
+        a, b = cached(prefix), fresh(prefix)
+        torch.testing.assert_close(a.logits, b.logits, rtol=1e-4, atol=1e-4)
+        np.testing.assert_allclose(a.ecs, b.ecs, atol=1e-5)
+        assert a.probability == pytest.approx(b.probability, abs=1e-5)
+    assert cached(resp[:2]) is cached(resp[:2])  # the same answer again: no new pass
+
+
 def test_aarf_refuses_bad_arguments(tiny_model, detector, toy_example):
     with pytest.raises(ValueError, match="alpha2"):
         aarf_generate(tiny_model, toy_example, detector, alpha2=-1.0)
@@ -416,3 +474,18 @@ def test_the_batch_compares_aarf_with_the_plain_greedy_answer(
     )  # fmt: skip
     blank = mitigate_batch(tiny_model, [toy_example], [detector], method="aarf")
     assert blank.errors and "plain answer" in blank.errors[0]
+
+
+def test_bench_times_aarf_against_greedy_per_step(tiny_model, detector, toy_example):
+    from core.bench import bench_aarf
+
+    rep = bench_aarf(tiny_model, toy_example, 4, detector=detector)
+    names = [r.name for r in rep.runs]
+    assert names[0] == "greedy" and len(names) == 4 and any("no cache" in n for n in names)
+    assert all(r.seconds > 0 and 1 <= r.steps <= 4 for r in rep.runs)
+    every = next(r for r in rep.runs if "every step" in r.name)
+    assert every.intervened == every.steps
+    assert rep.ratio(rep.runs[0]) == pytest.approx(1.0)
+    assert rep.n_prompt == render(toy_example, tiny_model).response.start
+    text = "\n".join(rep.to_lines())
+    assert "x greedy per step" in text and "AARF on a" in text
