@@ -131,6 +131,7 @@ class ExtractionBench:
     plain_s: float
     cold_s: float
     warm_s: float
+    batched_s: dict[int, float] = field(default_factory=dict)
 
     @property
     def cold_per_min(self) -> float:
@@ -148,15 +149,25 @@ class ExtractionBench:
             f"{self.cold_s / self.plain_s:.2f} x one plain forward per example",
             f"  warm cache: {self.warm_s:.2f} s = {self.warm_per_min:.0f} examples/min; "
             f"cache speed-up {self.cold_s / self.warm_s:.0f} x",
+        ] + [
+            f"  cold, {b} examples per forward pass: {sec:.1f} s = "
+            f"{60.0 * self.n_examples / sec:.0f} examples/min = {sec / self.plain_s:.2f} x "
+            f"one plain forward per example ({self.cold_s / sec:.2f} x the speed of one at a time)"
+            for b, sec in self.batched_s.items()
         ]
 
 
 def bench_extraction(
-    model: LoadedModel, n_examples: int = 60, detectors: tuple[str, ...] | None = None
+    model: LoadedModel,
+    n_examples: int = 60,
+    detectors: tuple[str, ...] | None = None,
+    batch_sizes: tuple[int, ...] = (),
 ) -> ExtractionBench:
-    """Time :func:`core.extract.extract_features` on ``n_examples`` built-in examples.
+    """Time :func:`core.extract.extract_features` on ``n_examples`` built-in examples,
+    one at a time (cold and cached) and, cold again, with each of ``batch_sizes``
+    examples per forward pass.
 
-    The cache lives in a throw-away store, so the cold pass really computes.
+    The caches live in throw-away stores, so the cold passes really compute.
     """
     import torch
 
@@ -180,8 +191,14 @@ def bench_extraction(
         cache = FeatureCache(store)
         dets = [make_detector(n) for n in names]
         extract_features(model, exs[:1], dets)  # warm-up: lazy loads (spaCy, ...) not timed
-        cold = extract_features(model, exs, dets, cache=cache)
-        warm = extract_features(model, exs, dets, cache=cache)
+        cold = extract_features(model, exs, dets, cache=cache, batch_size=1)
+        warm = extract_features(model, exs, dets, cache=cache, batch_size=1)
+        batched = {}
+        for b in batch_sizes:
+            with Store(f"{tmp}/bench-{b}.sqlite3") as fresh:
+                t0 = time.perf_counter()
+                extract_features(model, exs, dets, cache=FeatureCache(fresh), batch_size=b)
+                batched[b] = time.perf_counter() - t0
     if warm.cache_hits != len(exs):
         raise RuntimeError(f"expected {len(exs)} cache hits, got {warm.cache_hits}")
     return ExtractionBench(
@@ -191,6 +208,7 @@ def bench_extraction(
         plain_s=plain_s,
         cold_s=cold.seconds,
         warm_s=warm.seconds,
+        batched_s=batched,
     )
 
 
@@ -239,7 +257,7 @@ def bench_aarf(
     example: RAGExample,
     max_new_tokens: int = 32,
     *,
-    uncached: bool = True,
+    uncached: bool = False,
     detector: Any = None,
 ) -> AARFBench:
     """Time greedy decoding and AARF on ``example`` with ``detector`` (default: the
@@ -338,8 +356,10 @@ def run_bench(
     cold: bool = True,
     device: str | None = "auto",
     extraction: int = 0,
+    batch_sizes: tuple[int, ...] = (),
     features: tuple[str, ...] = (),
     aarf: int = 0,
+    aarf_uncached: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> BenchReport:
     """Measure load times and trace overhead in one run (see module doc)."""
@@ -420,14 +440,14 @@ def run_bench(
     ext = None
     if extraction:
         say(f"extraction over {extraction} built-in examples (cold, then cached) ...")
-        ext = bench_extraction(model, extraction)
+        ext = bench_extraction(model, extraction, batch_sizes=batch_sizes)
     aarf_bench = None
     if aarf and "redeep_token" not in shipped_artifacts(model.info.key):
         say(f"AARF skipped: no redeep_token is shipped for {model.info.display_name}")
     elif aarf:
         say(f"AARF vs greedy, up to {aarf} tokens ...")
         example, _ = bench_example(model, n_tokens)
-        aarf_bench = bench_aarf(model, example, aarf)
+        aarf_bench = bench_aarf(model, example, aarf, uncached=aarf_uncached)
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cuda = torch.cuda.max_memory_allocated() / 2**20 if model.device.startswith("cuda") else None
     return BenchReport(

@@ -6,7 +6,9 @@ pass (plus one no-context pass when some detector asks for it), and hands
 the same traces to each detector. Features are written to the cache as soon
 as an example is done, keyed by (model key, example content hash, detector
 name + config hash), so an interrupted run resumes where it stopped and a
-repeated evaluation recomputes nothing.
+repeated evaluation recomputes nothing. With ``batch_size`` > 1 several examples
+share each forward pass (right-padded, :func:`core.trace.trace_batch`); features
+equal the one-at-a-time ones up to float rounding.
 """
 
 from __future__ import annotations
@@ -19,10 +21,10 @@ from typing import Literal
 from core.contract import Detector, Features, Run
 from core.errors import DataError
 from core.examples import RAGExample, example_hash
-from core.layout import render
+from core.layout import Layout, render
 from core.model import LoadedModel
 from core.storage import Store
-from core.trace import Needs, trace
+from core.trace import Needs, Trace, trace_batch
 
 Progress = Callable[[int, int], None]
 """Callback ``(done, total)`` after each example."""
@@ -143,11 +145,22 @@ def run_example(
     Composite detectors (the ensemble) get their members' features bundled; each
     member is computed once, shared with a detector of the same name in the batch.
     """
+    got = run_examples(model, [example], detectors)[0]
+    if isinstance(got, DataError):
+        raise got
+    return got
+
+
+def run_examples(
+    model: LoadedModel, examples: Sequence[RAGExample], detectors: Sequence[Detector]
+) -> list[dict[str, Features] | DataError]:
+    """:func:`run_example` for several examples, traced together in one batched pass
+    (:func:`core.trace.trace_batch`; and one for the no-context layouts when a detector
+    needs them). Returns, per example in order, its features or the :class:`DataError`
+    that example raised (a bad example never sinks the others)."""
     flat = _flatten(detectors)
-    layout = render(example, model)
     needs = [d.needs(model.info) for d in flat]
     wanted = [n for n in needs if n is not None]
-    full = trace(model, layout, Needs.union(wanted)) if wanted else None
     # A detector may ask for less in the no-context pass (``bare_needs``; CORTEX
     # needs only hidden states there) than in the pass with the passages.
     bare_needs = [
@@ -155,12 +168,34 @@ def run_example(
         for d, n in zip(flat, needs, strict=True)
         if d.needs_bare and n and (b := d.bare_needs(model.info)) is not None
     ]
-    bare = None
-    if bare_needs:
-        bare = trace(model, render(example, model, with_context=False), Needs.union(bare_needs))
-    run = Run(example=example, layout=layout, trace=full, bare=bare, model=model.info, loaded=model)
-    got = {d.name: d.features(run) for d in flat}
-    return _compose(detectors, got, model.info.key, example.id)
+    out: list[dict[str, Features] | DataError | None] = [None] * len(examples)
+    ready: list[tuple[int, Layout, Layout | None]] = []
+    for i, ex in enumerate(examples):
+        try:
+            layout = render(ex, model)
+            bare_layout = render(ex, model, with_context=False) if bare_needs else None
+        except DataError as e:
+            out[i] = e
+            continue
+        ready.append((i, layout, bare_layout))
+    fulls: list[Trace | None] = [None] * len(ready)
+    if wanted and ready:
+        fulls = list(trace_batch(model, [lay for _, lay, _ in ready], Needs.union(wanted)))
+    bares: list[Trace | None] = [None] * len(ready)
+    if bare_needs and ready:
+        bare_layouts = [b for _, _, b in ready if b is not None]
+        bares = list(trace_batch(model, bare_layouts, Needs.union(bare_needs)))
+    for (i, layout, _), full, bare in zip(ready, fulls, bares, strict=True):
+        ex = examples[i]
+        run = Run(example=ex, layout=layout, trace=full, bare=bare, model=model.info, loaded=model)
+        try:
+            got = {d.name: d.features(run) for d in flat}
+        except DataError as e:
+            out[i] = e
+            continue
+        out[i] = _compose(detectors, got, model.info.key, ex.id)
+    assert all(o is not None for o in out)
+    return out  # type: ignore[return-value]
 
 
 @dataclass(frozen=True)
@@ -180,6 +215,16 @@ class Extracted:
     error: DataError | None = None
 
 
+DEFAULT_BATCH_SIZE: dict[str, int] = {"cpu": 1, "cuda": 8}
+"""Examples per traced forward pass by device kind (``ragscope bench --batch-sizes`` measures
+the CPU's: on this 2-core machine padding costs more than batching saves)."""
+
+
+def default_batch_size(device: str) -> int:
+    """The batch size :func:`iter_features` uses on ``device`` unless told otherwise."""
+    return DEFAULT_BATCH_SIZE.get(device.split(":")[0], 1)
+
+
 def iter_features(
     model: LoadedModel,
     examples: Iterable[RAGExample],
@@ -187,39 +232,77 @@ def iter_features(
     *,
     cache: FeatureCache | None = None,
     on_error: Literal["raise", "skip"] = "raise",
+    batch_size: int | None = None,
 ) -> Iterator[Extracted]:
-    """Each example's features for every detector, one example at a time (nothing is
-    held back: an extraction over thousands of answers needs the memory of one).
-    Cached features are read; the missing ones come from one traced pass and are
-    written to the cache at once, so a stopped run resumes where it stopped."""
+    """Each example's features for every detector, in order (nothing is held back
+    beyond one batch: an extraction over thousands of answers needs the memory of
+    ``batch_size`` examples). Cached features are read; the missing ones come from
+    traced passes (``batch_size`` examples per forward pass, :func:`run_examples`;
+    default :func:`default_batch_size` of the model's device) and are written to the
+    cache at once, so a stopped run resumes where it stopped."""
     names = [d.name for d in detectors]
     if len(set(names)) != len(names):
         raise DataError(f"detector names repeat: {names}")
+    if batch_size is None:
+        batch_size = default_batch_size(model.device)
+    if batch_size < 1:
+        raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+    batch: list[RAGExample] = []
+    for ex in examples:
+        batch.append(ex)
+        if len(batch) == batch_size:
+            yield from _extract_batch(model, batch, detectors, cache, on_error)
+            batch = []
+    if batch:
+        yield from _extract_batch(model, batch, detectors, cache, on_error)
+
+
+def _extract_batch(
+    model: LoadedModel,
+    examples: Sequence[RAGExample],
+    detectors: Sequence[Detector],
+    cache: FeatureCache | None,
+    on_error: Literal["raise", "skip"],
+) -> Iterator[Extracted]:
     key = model.info.key
     flat = _flatten(detectors)
-    for ex in examples:
-        got: dict[str, Features] = {}
-        if cache is not None:
+    got: list[dict[str, Features]] = [{} for _ in examples]
+    if cache is not None:
+        for i, ex in enumerate(examples):
             for d in flat:
                 f = cache.get(key, ex, d)
                 if f is not None:
-                    got[d.name] = f
-        missing = [d for d in flat if d.name not in got]
+                    got[i][d.name] = f
+    # Examples missing the same detectors are traced together.
+    groups: dict[tuple[str, ...], list[int]] = {}
+    for i in range(len(examples)):
+        missing = tuple(d.name for d in flat if d.name not in got[i])
         if missing:
-            try:
-                fresh = run_example(model, ex, missing)
-            except DataError as e:
+            groups.setdefault(missing, []).append(i)
+    errors: dict[int, DataError] = {}
+    for missing, idx in groups.items():
+        dets = [d for d in flat if d.name in missing]
+        results = run_examples(model, [examples[i] for i in idx], dets)
+        for i, res in zip(idx, results, strict=True):
+            if isinstance(res, DataError):
                 if on_error == "raise":
-                    raise
-                yield Extracted(example=ex, features=None, computed=False, error=e)
+                    raise res
+                errors[i] = res
                 continue
             if cache is not None:
-                for d in missing:
-                    cache.put(key, ex, d, fresh[d.name])
-            got.update(fresh)
-        yield Extracted(
-            example=ex, features=_compose(detectors, got, key, ex.id), computed=bool(missing)
-        )
+                for d in dets:
+                    cache.put(key, examples[i], d, res[d.name])
+            got[i].update(res)
+    computed = {i for idx in groups.values() for i in idx}
+    for i, ex in enumerate(examples):
+        if i in errors:
+            yield Extracted(example=ex, features=None, computed=False, error=errors[i])
+        else:
+            yield Extracted(
+                example=ex,
+                features=_compose(detectors, got[i], key, ex.id),
+                computed=i in computed,
+            )
 
 
 def extract_features(
@@ -230,6 +313,7 @@ def extract_features(
     cache: FeatureCache | None = None,
     progress: Progress | None = None,
     on_error: Literal["raise", "skip"] = "raise",
+    batch_size: int | None = None,
 ) -> Extraction:
     """Features of every example for every detector, kept in memory (see the module
     docstring; :func:`iter_features` streams them instead)."""
@@ -240,7 +324,9 @@ def extract_features(
     errors: list[DataError] = []
     hits = computed = 0
     t0 = time.perf_counter()
-    for i, got in enumerate(iter_features(model, exs, detectors, cache=cache, on_error=on_error)):
+    for i, got in enumerate(
+        iter_features(model, exs, detectors, cache=cache, on_error=on_error, batch_size=batch_size)
+    ):
         if got.error is not None or got.features is None:
             errors.append(got.error or DataError(f"no features for {got.example.id!r}"))
         else:

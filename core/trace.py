@@ -295,44 +295,96 @@ def trace(model: LoadedModel, layout: Layout, needs: Needs | Iterable[Needs]) ->
     Returns:
         A :class:`Trace` with float32 CPU tensors.
     """
+    return trace_batch(model, [layout], needs)[0]
+
+
+def trace_batch(
+    model: LoadedModel, layouts: Sequence[Layout], needs: Needs | Iterable[Needs]
+) -> list[Trace]:
+    """:func:`trace` of several layouts in ONE forward pass.
+
+    The token ids are right-padded to the longest layout, with an attention mask: under
+    causal attention a real token never attends to the padding after it, so every
+    example keeps its own absolute positions and each hook keeps, per example, only
+    that example's positions (an attention pattern only its own keys). The activations
+    equal one-at-a-time traces up to float rounding (batched matrix products may sum in
+    another order); a batch of one is exactly :func:`trace`.
+
+    Returns:
+        One :class:`Trace` per layout, in order; each one's ``seconds`` is the batch's
+        forward time divided by the batch size.
+    """
     import torch
 
+    if not layouts:
+        return []
     want = needs if isinstance(needs, Needs) else Needs.union(needs)
-    keep_by_key = {key: want.resolve_positions(layout, sets) for key, sets in want.plan().items()}
-    every = want.resolve_positions(layout)
-    if every.size and (every.min() < 0 or every.max() >= len(layout)):
-        raise ModelError(f"positions outside the layout of {len(layout)} tokens")
+    plans = want.plan()
+    keeps: list[dict[HookKey, np.ndarray]] = []
+    everys: list[np.ndarray] = []
+    for layout in layouts:
+        keep_by_key = {key: want.resolve_positions(layout, sets) for key, sets in plans.items()}
+        every = want.resolve_positions(layout)
+        if every.size and (every.min() < 0 or every.max() >= len(layout)):
+            raise ModelError(f"positions outside the layout of {len(layout)} tokens")
+        keeps.append(keep_by_key)
+        everys.append(every)
     names = want.hook_names()
-    keep_t = {key: torch.as_tensor(pos, device=model.device) for key, pos in keep_by_key.items()}
-    store: dict[HookKey, torch.Tensor] = {}
+    keep_t = [
+        {key: torch.as_tensor(pos, device=model.device) for key, pos in k.items()} for k in keeps
+    ]
+    lengths = [len(layout) for layout in layouts]
+    stores: list[dict[HookKey, torch.Tensor]] = [{} for _ in layouts]
 
     def saver(key: HookKey):  # noqa: ANN202
         # Bridge hook names are aliases (hook_z fires as attn.o.hook_in), so the
         # key is bound here rather than read back from the hook point.
-        idx = keep_t[key]
-
         def save(act: torch.Tensor, hook: object) -> None:
-            a = act[0]
-            a = a.index_select(1, idx) if key[0] == "pattern" else a.index_select(0, idx)
-            store[key] = a.detach().to("cpu", torch.float32)
+            for b, n in enumerate(lengths):
+                idx = keep_t[b][key]
+                if key[0] == "pattern":  # [head, query, key]: its queries, its keys
+                    a = act[b, :, :, :n].index_select(1, idx)
+                else:
+                    a = act[b].index_select(0, idx)
+                stores[b][key] = a.detach().to("cpu", torch.float32)
 
         return save
 
-    ids = torch.as_tensor(layout.token_ids, device=model.device).unsqueeze(0)
+    width = max(lengths)
+    kwargs: dict[str, Any] = {}
+    if len(layouts) == 1:
+        ids = torch.as_tensor(layouts[0].token_ids, device=model.device).unsqueeze(0)
+    else:
+        pad = model.tokenizer.pad_token_id
+        pad = int(pad if pad is not None else model.tokenizer.eos_token_id or 0)
+        ids = torch.full((len(layouts), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(layouts), width), dtype=torch.long)
+        for b, layout in enumerate(layouts):
+            ids[b, : lengths[b]] = torch.as_tensor(layout.token_ids)
+            mask[b, : lengths[b]] = 1
+        ids = ids.to(model.device)
+        kwargs["attention_mask"] = mask.to(model.device)
     t0 = time.perf_counter()
     with model.lock, torch.inference_mode():
         logits = model.bridge.run_with_hooks(
-            ids, fwd_hooks=[(name, saver(key)) for name, key in names.items()], return_type="logits"
+            ids,
+            fwd_hooks=[(name, saver(key)) for name, key in names.items()],
+            return_type="logits",
+            **kwargs,
         )
         if ("logits", None) in want.hooks:
-            store[("logits", None)] = (
-                logits[0].index_select(0, keep_t[("logits", None)]).to("cpu", torch.float32)
-            )
-    seconds = time.perf_counter() - t0
-    missing = [n for n, k in names.items() if k not in store]
+            for b in range(len(layouts)):
+                stores[b][("logits", None)] = (
+                    logits[b].index_select(0, keep_t[b][("logits", None)]).to("cpu", torch.float32)
+                )
+    seconds = (time.perf_counter() - t0) / len(layouts)
+    missing = [n for n, k in names.items() if k not in stores[0]]
     if missing:
         raise ModelError(f"hooks did not fire on {model.info.display_name}: {missing[:5]}")
-    return Trace(layout=layout, positions=every, acts=store, seconds=seconds, kept=keep_by_key)
+    return [
+        Trace(layout=layout, positions=every, acts=store, seconds=seconds, kept=keep)
+        for layout, every, store, keep in zip(layouts, everys, stores, keeps, strict=True)
+    ]
 
 
 def response_needs() -> Needs:

@@ -13,6 +13,7 @@ from typing import Any
 from core.data import DEMO, make_splits, resolve_dataset
 from core.errors import DataError
 from core.examples import RAGExample
+from core.extract import DEFAULT_BATCH_SIZE
 from core.featurestore import import_store
 from core.model import LoadedModel, load_model
 from core.storage import Store
@@ -33,6 +34,18 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
         "~/.ollama/models; no server needed), or a Hugging Face id / local folder",
     )
     p.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda")
+
+
+def add_batch_size_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument(
+        "--batch-size",
+        type=int,
+        default=None,
+        metavar="B",
+        help="examples per traced forward pass (right-padded; features equal one at a time "
+        "to float rounding); default per device: "
+        + ", ".join(f"{d} {b}" for d, b in DEFAULT_BATCH_SIZE.items()),
+    )
 
 
 def add_split_args(p: argparse.ArgumentParser, *, split_help: str | None = None) -> None:

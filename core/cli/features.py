@@ -21,6 +21,7 @@ from typing import Any
 from core.cli.common import (
     REPORT_LINES,
     Subparsers,
+    add_batch_size_arg,
     add_detector_option_args,
     add_model_args,
     detector_options,
@@ -78,6 +79,7 @@ def _add_extract(sub: Subparsers) -> None:
         help="comma-separated names (default: every detector the ensemble stacks)",
     )
     add_detector_option_args(p)
+    add_batch_size_arg(p)
     p.add_argument(
         "--on-error",
         choices=("skip", "stop"),
@@ -170,6 +172,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
             detectors,
             cache=FeatureCache(store),
             on_error="skip",
+            batch_size=args.batch_size,
         )
         with tqdm(total=len(examples), desc="features", unit="ex", file=sys.stderr) as bar:
             for got in stream:

@@ -160,13 +160,26 @@ def _add_bench(sub: Subparsers) -> None:
         "together, as a ratio to one plain forward; also the copying-score time ('' to skip)",
     )
     p.add_argument(
+        "--batch-sizes",
+        default="4",
+        metavar="B,B",
+        help="also time the cold extraction with these many examples per forward pass, as "
+        "a speed ratio to one at a time ('' to skip)",
+    )
+    p.add_argument(
         "--aarf",
         type=int,
         default=32,
         metavar="N",
-        help="also time AARF (with the shipped redeep_token; KV-cached and uncached) against "
+        help="also time AARF (with the shipped redeep_token, KV-cached) against "
         "plain greedy decoding of up to N tokens on the example, as a ratio per step (0: skip; "
         "skipped when no redeep_token is shipped for the model)",
+    )
+    p.add_argument(
+        "--aarf-uncached",
+        action="store_true",
+        help="with --aarf, also time the reference that re-runs the whole sequence at every "
+        "step (slow: about 10-30 x greedy per step)",
     )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
@@ -180,8 +193,10 @@ def cmd_bench(args: argparse.Namespace) -> int:
         cold=not args.no_cold,
         device=args.device,
         extraction=args.extraction,
+        batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",") if b.strip()),
         features=tuple(n for n in args.features.split(",") if n),
         aarf=args.aarf,
+        aarf_uncached=args.aarf_uncached,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     if args.json:

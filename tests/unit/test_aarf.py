@@ -479,7 +479,7 @@ def test_the_batch_compares_aarf_with_the_plain_greedy_answer(
 def test_bench_times_aarf_against_greedy_per_step(tiny_model, detector, toy_example):
     from core.bench import bench_aarf
 
-    rep = bench_aarf(tiny_model, toy_example, 4, detector=detector)
+    rep = bench_aarf(tiny_model, toy_example, 4, detector=detector, uncached=True)
     names = [r.name for r in rep.runs]
     assert names[0] == "greedy" and len(names) == 4 and any("no cache" in n for n in names)
     assert all(r.seconds > 0 and 1 <= r.steps <= 4 for r in rep.runs)

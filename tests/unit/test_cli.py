@@ -304,12 +304,13 @@ def test_reproduce_refuses_artifacts_without_recipe(tmp_path: Path, capsys) -> N
 
 def test_bench_times_extraction_cold_and_cached(capsys, tiny_model) -> None:
     argv = ["bench", "--model", "tiny", "--device", "cpu", "--no-cold", "--repeats", "1"]
-    assert main([*argv, "--tokens", "80", "--extraction", "4", "--json"]) == 0
+    assert main([*argv, "--tokens", "80", "--extraction", "4", "--batch-sizes", "2", "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     ext = rep["extraction"]
     assert ext["n_examples"] == 4 and set(ext["detectors"]) >= {"nll", "context_gain", "lexical"}
     assert ext["cold_s"] > 0 and ext["plain_s"] > 0
     assert ext["warm_s"] < ext["cold_s"]  # every example a cache hit the second time
+    assert set(ext["batched_s"]) == {"2"} and ext["batched_s"]["2"] > 0
     assert rep["aarf"] is None  # nothing shipped for the tiny model: skipped, not failed
 
 

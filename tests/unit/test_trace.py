@@ -286,3 +286,68 @@ def test_combined_needs_keep_each_hook_at_its_own_positions(tiny_model, layout, 
     assert both.plan()[("resid_post", 1)] == {"response", "generation"}
     with pytest.raises(ValueError, match="pair the given hooks"):
         Needs(hooks=frozenset({("resid_post", 0)}), slots=frozenset({("z", 0, "all")}))
+
+
+# --------------------------------------------------------------------------- batched traces
+
+# Batched matrix products may sum in another order than one-at-a-time ones: activations
+# agree to float32 rounding, within this absolute tolerance on the tiny model.
+BATCH_ATOL = 1e-5
+
+
+def _mixed_examples():
+    from core.data import load_builtin
+
+    pool = sorted(load_builtin(None), key=lambda e: (sum(map(len, e.passages)), e.id))
+    return [pool[0], pool[len(pool) // 2], pool[5], pool[-40]]  # short, long, short, longer
+
+
+def test_batched_trace_equals_one_at_a_time(tiny_model):
+    from core.trace import trace_batch
+
+    layouts = [render(e, tiny_model) for e in _mixed_examples()]
+    assert len({len(lay) for lay in layouts}) == len(layouts)  # mixed lengths: padding
+    needs = Needs.of(
+        HOOK_KINDS, n_layers=tiny_model.info.n_layers, positions=("response", "generation")
+    )
+    batched = trace_batch(tiny_model, layouts, needs)
+    for lay, got in zip(layouts, batched, strict=True):
+        want = trace(tiny_model, lay, needs)
+        assert got.layout is lay and np.array_equal(got.positions, want.positions)
+        assert set(got.acts) == set(want.acts)
+        for key, t in want.acts.items():
+            _close(got.acts[key], t, BATCH_ATOL)  # shapes too: patterns keep only own keys
+            assert np.array_equal(got.positions_of(*key), want.positions_of(*key))
+    assert [n for n, hp in tiny_model.bridge.hook_dict.items() if hp._forward_hooks] == []
+
+
+def test_batched_extraction_equals_one_at_a_time_for_every_detector(tiny_model):
+    from core.detectors import make_detector, runnable_detectors
+    from core.errors import DataError
+    from core.examples import RAGExample
+    from core.extract import iter_features
+
+    exs = _mixed_examples()
+    too_long = RAGExample(
+        id="too-long", question="q?", passages=("word " * 5000,), response="An answer."
+    )
+    exs = [*exs[:2], too_long, *exs[2:]]
+    dets = [make_detector(n) for n in runnable_detectors(tiny_model)]
+    single = list(iter_features(tiny_model, exs, dets, on_error="skip"))
+    batched = list(iter_features(tiny_model, exs, dets, on_error="skip", batch_size=3))
+    assert [x.example.id for x in batched] == [e.id for e in exs]  # in order
+    for one, many in zip(single, batched, strict=True):
+        if one.example is too_long:  # a bad example fails alone, in its batch
+            assert isinstance(many.error, DataError) and many.features is None
+            continue
+        assert many.error is None and many.computed
+        for name, f in one.features.items():
+            g = many.features[name]
+            assert g.names == f.names and g.token_names == f.token_names
+            np.testing.assert_allclose(g.response, f.response, atol=BATCH_ATOL, rtol=1e-4)
+            for a, b in ((g.tokens, f.tokens), (g.chunks, f.chunks)):
+                assert (a is None) == (b is None)
+                if a is not None:
+                    np.testing.assert_allclose(a, b, atol=BATCH_ATOL, rtol=1e-4)
+    with pytest.raises(ValueError, match="batch_size"):
+        next(iter_features(tiny_model, exs, dets, batch_size=0))
