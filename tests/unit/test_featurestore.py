@@ -126,7 +126,9 @@ def test_hostile_shards_are_rejected_row_by_row(tmp_path: Path, monkeypatch, cap
     assert main(["features", "import", str(bad)]) == 1
     out = capsys.readouterr().out
     assert f"{bad}: {len(rows) - 2} imported, 0 already in the cache, 5 rejected" in out
-    assert "REJECTED part-x-000001.parquet row 0: feature cache: unreadable feature cache entry" in out
+    assert (
+        "REJECTED part-x-000001.parquet row 0: feature cache: unreadable feature cache entry" in out
+    )
     assert "REJECTED part-x-000001.parquet row 1: a key column" in out
     assert "REJECTED part-x-000001.parquet row 2: the payload is" in out
     assert "REJECTED part-y-000001.parquet: not a ragscope feature shard" in out
