@@ -15,6 +15,7 @@ import streamlit as st
 
 from app.auth import exposure_banner, login_gate
 from app.state import get_model, shipped_detectors
+from app.state.links import on_page
 from app.text import md
 
 PAGES_DIR = Path(__file__).parent / "views"
@@ -51,6 +52,7 @@ SECTIONS: dict[str, list[st.Page]] = {
 }  # the sidebar: Home first, then the pages grouped by what a visitor came to do
 
 navigation = st.navigation(SECTIONS, expanded=True)  # every page listed, no "view more" fold
+on_page(navigation.url_path)  # a link's warnings belong to the page it opened
 exposure_banner()
 model = get_model()
 with st.sidebar:

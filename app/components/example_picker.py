@@ -45,6 +45,24 @@ from app.state import (
     seed_widget,
     stats_examples,
 )
+from app.state.links import (
+    DATASETS_HERE,
+    P_ANSWER,
+    P_DATASET,
+    P_EXAMPLE,
+    P_LIMIT,
+    P_SPLIT,
+    Followed,
+    follow,
+    follow_widget,
+    integer,
+    linked,
+    one_of,
+    page_dataset,
+    page_dataset_spec,
+    publish,
+)
+from app.state.session import app_state
 from app.text import code, md
 from core.errors import RagscopeError
 
@@ -74,6 +92,26 @@ def dataset_labels(home: DatasetRef) -> dict[str, str]:
         HEADS_FROM_HOME: f"The Home dataset ({home.label})",
         HEADS_FROM_CORPUS: "Built-in labelled corpus",
     }
+
+
+def follow_page_dataset(key: str) -> Followed[str]:
+    """Before a page's dataset select box (widget ``key``): a link's dataset, as
+    :data:`HEADS_FROM_CORPUS` or :data:`HEADS_FROM_HOME` (a Home dataset the link names
+    becomes the session's Home dataset)."""
+    return follow_widget(P_DATASET, key, page_dataset)
+
+
+def publish_page_dataset(source: str, home: DatasetRef, link: Followed[str]) -> None:
+    """After a page's dataset select box: its dataset spec into the URL, and a link's
+    missing dataset reported."""
+    publish(
+        P_DATASET,
+        page_dataset_spec(source, home),
+        missing=link.missing,
+        what="dataset",
+        where=DATASETS_HERE,
+        instead=md(dataset_labels(home)[source]),
+    )
 
 
 # --------------------------------------------------------------------------- examples
@@ -141,6 +179,10 @@ def pick_examples(
         shown).
     """
     source_col, split_col, limit_col = columns
+    link = follow_page_dataset(keys.source)
+    if link.value is not None:
+        selection.source = link.value
+        home = app_state().dataset
     labels = dataset_labels(home)
     if selection.source not in labels:
         selection.source = HEADS_FROM_HOME
@@ -150,6 +192,7 @@ def pick_examples(
         selection.source = st.selectbox(
             "Examples", list(labels), key=keys.source, format_func=labels.__getitem__
         )
+    publish_page_dataset(selection.source, home, link)
     if selection.source != before:  # another dataset: start from its default split
         selection.split = None
         st.session_state.pop(keys.split, None)
@@ -162,6 +205,7 @@ def pick_examples(
     if selection.split not in splits:
         selection.split = default_split if default_split in splits else ALL_SPLITS
         st.session_state.pop(keys.split, None)
+    split_link = follow_widget(P_SPLIT, keys.split, one_of(splits))
     seed_widget(keys.split, selection.split)
     with split_col:
         selection.split = st.selectbox(
@@ -172,6 +216,7 @@ def pick_examples(
             disabled=len(splits) == 1,
             help="The split the dataset declares for each example (the corpus has three)",
         )
+    limit_link = follow_widget(P_LIMIT, keys.limit, integer(2, max_limit))
     seed_widget(keys.limit, selection.limit)
     with limit_col:
         selection.limit = int(
@@ -184,6 +229,21 @@ def pick_examples(
                 help=limit_help,
             )
         )
+    publish(
+        P_SPLIT,
+        selection.split,
+        missing=split_link.missing,
+        what="split",
+        where=f"a split of {md(label)} ({', '.join(splits)})",
+        instead=split_label(selection.split),
+    )
+    publish(
+        P_LIMIT,
+        str(selection.limit),
+        missing=limit_link.missing,
+        what="number of examples",
+        where=f"a number from 2 to {max_limit}",
+    )
     split = selection.split or ALL_SPLITS
     return PickedExamples(
         key=key,
@@ -209,6 +269,12 @@ def pick_answer_source(
         dataset_name: How the dataset option is named.
     """
     assert options, "no answer to pick from"
+    link = follow(P_ANSWER, one_of(options))
+    if link == Followed() and HEADS_EXAMPLE_DATASET in options and linked(P_EXAMPLE):
+        link = Followed(value=HEADS_EXAMPLE_DATASET)  # a link to an example of a dataset
+    if link.value is not None:
+        current = link.value
+        st.session_state[key] = current
     if current not in options:
         current = options[0]
         st.session_state.pop(key, None)
@@ -221,6 +287,17 @@ def pick_answer_source(
         current = st.radio(
             "Answer", options, key=key, format_func=names.__getitem__, horizontal=True
         )
+    publish(
+        P_ANSWER,
+        current,
+        default=HEADS_EXAMPLE_DATASET,
+        missing=link.missing,
+        what="answer",
+        where="here: this session has analysed no answer in the Playground"
+        if link.missing == HEADS_EXAMPLE_PLAYGROUND
+        else f"{HEADS_EXAMPLE_PLAYGROUND} or {HEADS_EXAMPLE_DATASET}",
+        instead="an example of a dataset",
+    )
     return current
 
 
@@ -241,13 +318,24 @@ def show_playground_answer(analysis: Analysis) -> tuple[int, ...] | None:
     return ids
 
 
-def pick_example(examples: Sequence[RAGExample], remembered: str | None, *, key: str) -> RAGExample:
-    """The "Example" select box over ``examples`` (not empty).
+def pick_example(
+    examples: Sequence[RAGExample],
+    remembered: str | None,
+    *,
+    key: str,
+    dataset_label: str = "this dataset",
+) -> RAGExample:
+    """The "Example" select box over ``examples`` (not empty), its id in the URL.
 
-    Starts from ``remembered`` when it is one of them, else from the first example with
-    a gold span (else the first).
+    Starts from the example an opened link names, else from ``remembered`` when it is one
+    of them, else from the first example with a gold span (else the first). A link's
+    example that is not among them is reported (in ``dataset_label``).
     """
     by_id = {e.id: e for e in examples}
+    link = follow(P_EXAMPLE, one_of(by_id))
+    if link.value is not None:
+        remembered = link.value
+        st.session_state[key] = link.value
     if remembered not in by_id:
         remembered = next((e.id for e in examples if e.spans), examples[0].id)
     if st.session_state.get(key) not in by_id:
@@ -259,7 +347,16 @@ def pick_example(examples: Sequence[RAGExample], remembered: str | None, *, key:
         gold = {True: " · hallucinated", False: " · faithful", None: ""}[ex.label]
         return f"{ex_id} — {first_words(ex.question or ex.response)}{gold}"
 
-    return by_id[st.selectbox("Example", list(by_id), key=key, format_func=label)]
+    ex_id = st.selectbox("Example", list(by_id), key=key, format_func=label)
+    publish(
+        P_EXAMPLE,
+        ex_id,
+        missing=link.missing,
+        what="example",
+        where=f"in {md(dataset_label)}",
+        instead=code(ex_id),
+    )
+    return by_id[ex_id]
 
 
 # --------------------------------------------------------------------------- extraction
@@ -417,21 +514,27 @@ def pick_page_answer(
     )
     setattr(state, f"{prefix}_example_source", source)
     if source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
+        publish(P_DATASET, None)  # the view shows no dataset's example
+        publish(P_EXAMPLE, None)
         return a.example, show_playground_answer(a)
+    link = follow_page_dataset(keys.dataset)
+    if link.value is not None:
+        setattr(state, f"{prefix}_dataset", link.value)
     labels = dataset_labels(state.dataset)
     if getattr(state, f"{prefix}_dataset") not in labels:
         setattr(state, f"{prefix}_dataset", HEADS_FROM_HOME)
     seed_widget(keys.dataset, getattr(state, f"{prefix}_dataset"))
     c1, c2 = st.columns([2, 3], vertical_alignment="bottom")
     with c1:
-        choice = st.selectbox(
+        picked = st.selectbox(
             "Dataset", list(labels), key=keys.dataset, format_func=labels.__getitem__
         )
-    setattr(state, f"{prefix}_dataset", choice)
+    setattr(state, f"{prefix}_dataset", picked)
+    publish_page_dataset(picked, state.dataset, link)
     try:
-        key, label, examples = heads_examples(choice, state.dataset)
+        key, label, examples = heads_examples(picked, state.dataset)
     except RagscopeError as e:
-        st.error(f"{md(labels[choice])} cannot be read: {md(e)}")
+        st.error(f"{md(labels[picked])} cannot be read: {md(e)}")
         return None
     if not examples:
         st.info("This dataset holds no examples; pick another one.")
@@ -443,7 +546,7 @@ def pick_page_answer(
         examples = narrowed
     remembered: dict[str, str] = getattr(state, f"{prefix}_example_id")
     with c2:
-        ex = pick_example(examples, remembered.get(key), key=keys.example)
+        ex = pick_example(examples, remembered.get(key), key=keys.example, dataset_label=label)
     remembered[key] = ex.id
     st.caption(f"From {md(label)}. Answer: \u201c{md(first_words(ex.response, 40))}\u201d")
     return ex, None

@@ -1,0 +1,353 @@
+"""Deep links: a view's choices in the URL, so a copied link reopens the same view.
+
+The pages are URL paths already (``st.navigation``); each page also puts its main
+choices into the URL's query parameters, as stable ids rather than display labels (the
+dataset spec the CLI takes, the example id, the detector name, ``F12`` for an SAE
+feature, ``L3H5`` for a head), under one name per concept shared by every page
+(:data:`P_DATASET`, :data:`P_EXAMPLE`, :data:`P_HEAD`, ...). Around each widget:
+
+1. :func:`follow` before it: when the URL holds a value this session did not write
+   there (a link was opened, or the browser went back), the value is parsed; one that
+   names something here becomes the widget's value (over the remembered choice), one
+   that does not is returned as missing;
+2. :func:`publish` after it: the value shown goes into the URL (dropped when it is the
+   fresh session's default), and a missing one is reported with a warning naming what
+   the link asked for and what is shown instead (kept while that is still shown).
+
+Streamlit's own ``bind="query-params"`` is not used: it writes a select box's formatted
+label (not the option) into the URL, drops a value it does not know without a word,
+and does not write a value seeded from ``st.session_state`` (the pages' remembered
+choices), so the URL would not describe a view reopened after a page switch.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Callable, Collection
+from dataclasses import dataclass
+from typing import Generic, TypeVar
+
+import streamlit as st
+
+from app.state.datasets import (
+    BUILTIN,
+    BUILTIN_ANSWERS,
+    KEY_DATASET,
+    DatasetRef,
+    dataset_choices,
+)
+from app.state.heads import HEADS_FROM_CORPUS, HEADS_FROM_HOME
+from app.state.runs import CORPUS
+from app.state.session import app_state
+from app.text import code
+from core.errors import RagscopeError
+
+T = TypeVar("T")
+
+# Query parameter names, one per concept, the same on every page.
+P_DATASET = "dataset"
+P_SPLIT = "split"
+P_LIMIT = "n"
+P_ANSWER = "answer"
+P_EXAMPLE = "example"
+P_DETECTOR = "detector"
+P_FEATURE = "feature"
+P_HEAD = "head"
+P_TOP = "top"
+P_UNIT = "unit"
+P_GRID = "grid"
+P_BY_POS = "by_pos"
+P_P_STAY = "p_stay"
+P_THRESHOLD = "threshold"
+P_SMOOTH_ALL = "smooth_all"
+P_ONLY_FLAGGED = "only_flagged"
+P_MODE = "mode"
+P_METHOD = "method"
+P_RUN = "run"
+P_CV = "cv"
+P_MATRIX = "matrix"
+P_METRIC = "metric"
+P_ITEM = "item"
+
+WRITTEN_KEY = "ragscope.links.written"
+"""Session key: parameter -> the value this session last wrote into the URL."""
+
+NOTICES_KEY = "ragscope.links.notices"
+"""Session key: parameter -> (warning, the value shown instead) of a missing link value."""
+
+PAGE_KEY = "ragscope.links.page"
+"""Session key: the URL path of the page the last run showed."""
+
+HOME_DATASETS_HERE = (
+    "among the datasets Home offers here (the built-in ones, the shared dev sets found, "
+    "the imported ones)"
+)
+DATASETS_HERE = "among the datasets here (the built-in corpus and the datasets Home offers)"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Followed(Generic[T]):
+    """What an opened link names for one parameter.
+
+    Attributes:
+        value: The parsed value, when the link names something that is here.
+        missing: The link's text, when it names something that is not here (or
+            cannot be read); both are set when a list is partly here.
+    """
+
+    value: T | None = None
+    missing: str | None = None
+
+
+def _written() -> dict[str, str | None]:
+    return st.session_state.setdefault(WRITTEN_KEY, {})
+
+
+def _notices() -> dict[str, tuple[str, str | None]]:
+    return st.session_state.setdefault(NOTICES_KEY, {})
+
+
+def on_page(path: str) -> None:
+    """Note the page this run shows (``app/main.py``); a new page drops the warnings
+    about the previous page's link."""
+    if st.session_state.get(PAGE_KEY) != path:
+        st.session_state[PAGE_KEY] = path
+        _notices().clear()
+
+
+def linked(param: str) -> str | None:
+    """The URL's value for ``param`` when this session did not write it there, else ``None``."""
+    url = st.query_params.get(param)
+    if url is None or _written().get(param) == url:
+        return None
+    return url
+
+
+def follow(param: str, parse: Callable[[str], T | None]) -> Followed[T]:
+    """Read ``param`` of an opened link (:func:`linked`) with ``parse`` (``None``: not here)."""
+    raw = linked(param)
+    if raw is None:
+        return Followed()
+    value = parse(raw)
+    return Followed(value=value) if value is not None else Followed(missing=raw)
+
+
+def follow_widget(param: str, key: str, parse: Callable[[str], T | None]) -> Followed[T]:
+    """:func:`follow`, and the value found becomes widget ``key``'s value (call before the
+    widget is drawn; the remembered value is seeded only when none is set)."""
+    link = follow(param, parse)
+    if link.value is not None:
+        st.session_state[key] = link.value
+    return link
+
+
+def publish(
+    param: str,
+    shown: str | None,
+    *,
+    default: str | None = None,
+    missing: str | None = None,
+    what: str | None = None,
+    where: str = "here",
+    instead: str | None = None,
+) -> None:
+    """Put the value shown into the URL, and report a link's missing value.
+
+    Args:
+        param: The query parameter.
+        shown: The id of what the page shows (``None``: the parameter is not part of
+            the view, it leaves the URL).
+        default: What a fresh session shows without the parameter (left out of the URL).
+        missing: The link's value that is not here (:attr:`Followed.missing`).
+        what: What the parameter names, for the warning (default: ``param``).
+        where: Where the missing value was looked for: "which is not ``where``".
+        instead: How what is shown is named in the warning (Markdown; default:
+            ``shown`` as code).
+    """
+    notices = _notices()
+    if missing is not None:
+        shown_text = instead if instead is not None else (code(shown) if shown else "nothing")
+        notices[param] = (
+            f"This link names the {what or param} {code(missing, max_len=80)}, which is not "
+            f"{where}; "
+            f"showing {shown_text} instead.",
+            shown,
+        )
+    notice = notices.get(param)
+    if notice is not None:
+        if notice[1] == shown:
+            st.warning(notice[0], icon=":material/link_off:")
+        else:
+            del notices[param]
+    target = None if shown == default else shown
+    if st.query_params.get(param) != target:
+        if target is None:
+            del st.query_params[param]
+        else:
+            st.query_params[param] = target
+    _written()[param] = target
+
+
+# --------------------------------------------------------------------------- values
+
+
+def one_of(options: Collection[str]) -> Callable[[str], str | None]:
+    """A parser accepting exactly ``options``."""
+    return lambda raw: raw if raw in options else None
+
+
+def number(lo: float, hi: float) -> Callable[[str], float | None]:
+    """A parser of a number from ``lo`` to ``hi``."""
+
+    def parse(raw: str) -> float | None:
+        try:
+            v = float(raw)
+        except ValueError:
+            return None
+        return v if math.isfinite(v) and lo <= v <= hi else None
+
+    return parse
+
+
+def integer(lo: int, hi: int) -> Callable[[str], int | None]:
+    """A parser of a whole number from ``lo`` to ``hi``."""
+
+    def parse(raw: str) -> int | None:
+        return int(raw) if re.fullmatch(r"\d{1,9}", raw) and lo <= int(raw) <= hi else None
+
+    return parse
+
+
+TRUE = ("1", "true", "yes", "on")
+FALSE = ("0", "false", "no", "off")
+
+
+def flag(raw: str) -> bool | None:
+    """A parser of a yes/no value (``1``/``0``, ``true``/``false``, ``yes``/``no``, ``on``/``off``)."""
+    low = raw.lower()
+    return True if low in TRUE else False if low in FALSE else None
+
+
+def flag_id(value: bool) -> str:
+    return "1" if value else "0"
+
+
+def number_id(value: float, digits: int) -> str:
+    """A number as the URL shows it: at most ``digits`` decimals, no trailing zeros."""
+    return f"{round(value, digits):.{digits}f}".rstrip("0").rstrip(".")
+
+
+def head_id(head: tuple[int, int]) -> str:
+    """``L3H5`` for layer 3, head 5."""
+    return f"L{head[0]}H{head[1]}"
+
+
+def parse_head(n_layers: int, n_heads: int) -> Callable[[str], tuple[int, int] | None]:
+    """A parser of ``L3H5`` (any case) naming one of the model's heads."""
+
+    def parse(raw: str) -> tuple[int, int] | None:
+        m = re.fullmatch(r"[Ll](\d{1,4})[Hh](\d{1,4})", raw.strip())
+        if m is None:
+            return None
+        layer, head = int(m[1]), int(m[2])
+        return (layer, head) if layer < n_layers and head < n_heads else None
+
+    return parse
+
+
+def feature_id(k: int) -> str:
+    """``F12`` for SAE feature 12."""
+    return f"F{k}"
+
+
+def feature_number(raw: str) -> int | None:
+    """The feature number of ``F12`` or ``12``."""
+    s = raw.strip()
+    s = s[1:] if s[:1] in "Ff" else s
+    return int(s) if re.fullmatch(r"\d{1,9}", s) else None
+
+
+def follow_list(param: str, parse: Callable[[str], T | None]) -> Followed[list[T]]:
+    """A link's comma-separated list: the items here (in order, once each), and the others."""
+    raw = linked(param)
+    if raw is None:
+        return Followed()
+    found: list[T] = []
+    bad: list[str] = []
+    for part in (p.strip() for p in raw.split(",")):
+        if not part:
+            continue
+        v = parse(part)
+        if v is None:
+            bad.append(part)
+        elif v not in found:
+            found.append(v)
+    return Followed(value=found or None, missing=",".join(bad) or None)
+
+
+def follow_features(param: str, known: Callable[[int], bool]) -> Followed[list[int]]:
+    """A link's features (``F12,F40``): those ``known``, and the others."""
+
+    def parse(part: str) -> int | None:
+        k = feature_number(part)
+        return k if k is not None and known(k) else None
+
+    return follow_list(param, parse)
+
+
+# --------------------------------------------------------------------------- datasets
+
+
+def dataset_spec(ref: DatasetRef) -> str:
+    """The dataset's spec as the CLI takes it: ``demo``, ``builtin-answers``,
+    ``shared:NAME`` or an imported dataset's name."""
+    if ref == BUILTIN:
+        return "demo"
+    if ref == BUILTIN_ANSWERS:
+        return "builtin-answers"
+    if ref.kind == "shared":
+        return "shared:" + ref.name.removesuffix(".jsonl")
+    return ref.name
+
+
+def find_dataset(spec: str) -> DatasetRef | None:
+    """The dataset Home offers under ``spec`` (:func:`dataset_spec`), if any."""
+    try:
+        choices = dataset_choices()
+    except RagscopeError:
+        return None
+    return next((ref for ref in choices if dataset_spec(ref) == spec), None)
+
+
+def use_home_dataset(ref: DatasetRef) -> None:
+    """Make ``ref`` the session's Home dataset (a link names it)."""
+    state = app_state()
+    if state.dataset != ref:
+        state.dataset = ref
+        st.session_state.pop(KEY_DATASET, None)
+
+
+def follow_home_dataset() -> Followed[DatasetRef]:
+    """A link's dataset for the pages that read Home's: found, it becomes Home's."""
+    link = follow(P_DATASET, find_dataset)
+    if link.value is not None:
+        use_home_dataset(link.value)
+    return link
+
+
+def page_dataset(raw: str) -> str | None:
+    """The page's dataset choice (:data:`HEADS_FROM_CORPUS` or :data:`HEADS_FROM_HOME`)
+    for a dataset spec; a Home dataset becomes the session's Home dataset."""
+    if raw == CORPUS:
+        return HEADS_FROM_CORPUS
+    ref = find_dataset(raw)
+    if ref is None:
+        return None
+    use_home_dataset(ref)
+    return HEADS_FROM_HOME
+
+
+def page_dataset_spec(source: str, home: DatasetRef) -> str:
+    """The spec of a page's dataset choice: the corpus, or Home's dataset."""
+    return CORPUS if source == HEADS_FROM_CORPUS else dataset_spec(home)
