@@ -41,17 +41,21 @@ from app.state import (
     KEY_EXPLAIN_SPLIT,
     KEY_EXPLAIN_STOP,
     KEY_EXPLAIN_TOP_N,
+    P_FEATURE,
     RAGLENS,
     AppState,
     ExplainRequest,
     ShippedDetector,
     app_state,
     explain_one_key,
+    feature_id,
     fidelity_key,
+    follow_features,
     get_model,
     get_store,
     heads_examples,
     model_spec,
+    publish,
     sae_feature_examples,
     seed_widget,
     shipped_detectors,
@@ -360,12 +364,20 @@ def parse_ids(text: str, d_sae: int) -> tuple[list[int], list[str]]:
     return ids, bad
 
 
+def _feature_list(ids: list[int]) -> str:
+    return ",".join(feature_id(k) for k in ids)
+
+
 def pick_features(state: AppState, choice: SaeChoice) -> list[int]:
     """The features to show: picked from raglens's ranking, else typed in (empty: none
-    typed, the caller shows the most active ones)."""
+    typed, the caller shows the most active ones); their ids in the URL."""
     if choice.ranked:
         rank = {k: (i + 1, imp) for i, (k, imp) in enumerate(choice.ranked)}
         options = [k for k, _ in choice.ranked]
+        link = follow_features(P_FEATURE, rank.__contains__)
+        if link.value is not None:
+            state.explain_features = link.value
+            st.session_state[KEY_EXPLAIN_FEATURES] = link.value
         if state.explain_features is None or not set(state.explain_features) <= set(options):
             state.explain_features = options[:DEFAULT_FEATURES]
             st.session_state.pop(KEY_EXPLAIN_FEATURES, None)
@@ -377,20 +389,40 @@ def pick_features(state: AppState, choice: SaeChoice) -> list[int]:
             format_func=lambda k: f"F{k} · #{rank[k][0]} (importance {rank[k][1]:.3f})",
             help="The SAE features the raglens detector selected, most important first",
         )
+        publish(
+            P_FEATURE,
+            _feature_list(state.explain_features),
+            default=_feature_list(options[:DEFAULT_FEATURES]),
+            missing=link.missing,
+            what="feature",
+            where=f"among the {len(options)} SAE features the raglens detector selected",
+            instead=md(_feature_list(state.explain_features) or "no feature"),
+        )
         return list(state.explain_features)
+    d_sae = choice.sae.d_sae
+    link = follow_features(P_FEATURE, lambda k: 0 <= k < d_sae)
+    if link.value is not None:
+        state.explain_ids = ", ".join(str(k) for k in link.value)
+        st.session_state[KEY_EXPLAIN_IDS] = state.explain_ids
     seed_widget(KEY_EXPLAIN_IDS, state.explain_ids)
     state.explain_ids = st.text_input(
         "SAE features",
         key=KEY_EXPLAIN_IDS,
         placeholder="e.g. 12, 305, 1877 (empty: the features that fire on the most answers)",
-        help=f"Feature ids from 0 to {choice.sae.d_sae - 1}, separated by commas or spaces. "
+        help=f"Feature ids from 0 to {d_sae - 1}, separated by commas or spaces. "
         "Empty: the features that fire on the most answers read.",
     )
-    ids, bad = parse_ids(state.explain_ids, choice.sae.d_sae)
+    ids, bad = parse_ids(state.explain_ids, d_sae)
     if bad:
-        st.warning(
-            f"Not feature ids of this SAE (0 to {choice.sae.d_sae - 1}): {md(', '.join(bad))}"
-        )
+        st.warning(f"Not feature ids of this SAE (0 to {d_sae - 1}): {md(', '.join(bad))}")
+    publish(
+        P_FEATURE,
+        _feature_list(ids) or None,
+        missing=link.missing,
+        what="feature",
+        where=f"a feature of this SAE (F0 to F{d_sae - 1})",
+        instead=md(_feature_list(ids) or "the features that fire on the most answers"),
+    )
     return ids
 
 

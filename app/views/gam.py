@@ -21,10 +21,20 @@ from app.components.example_picker import first_words, pick_example
 from app.components.heatmap import render_token_heatmap
 from app.state import (
     HEADS_FROM_HOME,
+    HOME_DATASETS_HERE,
+    P_DATASET,
+    P_FEATURE,
+    P_TOP,
     app_state,
+    dataset_spec,
+    feature_id,
+    follow_home_dataset,
+    follow_widget,
     get_model,
     heads_examples,
     input_signature,
+    integer,
+    publish,
     seed_widget,
     shipped_detectors,
     train_command,
@@ -106,6 +116,7 @@ def ranking_section(detector: RaglensDetector) -> int | None:
     imp = detector.importances()
     mi = detector.mi_ if detector.mi_ is not None else np.zeros(0)
     n = len(imp)
+    top_link = follow_widget(P_TOP, KEY_TOP, integer(1, n))
     seed_widget(KEY_TOP, min(20, n))
     left, right = st.columns([2, 3], gap="medium")
     with left:
@@ -130,7 +141,17 @@ def ranking_section(detector: RaglensDetector) -> int | None:
         )
     with right:
         st.plotly_chart(importance_figure(detector, top), width="stretch", key="gam.importance")
+    publish(
+        P_TOP,
+        str(top),
+        default=str(min(20, n)),
+        missing=top_link.missing,
+        what="number of features",
+        where=f"a number from 1 to {n}",
+    )
     options = [k for k, _ in imp]
+    by_id = {feature_id(k): k for k in options}
+    link = follow_widget(P_FEATURE, KEY_FEATURE, lambda raw: by_id.get(raw.strip().upper()))
     remembered = state.gam_feature if state.gam_feature in options else options[0]
     if st.session_state.get(KEY_FEATURE) not in options:
         st.session_state.pop(KEY_FEATURE, None)
@@ -141,6 +162,13 @@ def ranking_section(detector: RaglensDetector) -> int | None:
         options,
         key=KEY_FEATURE,
         format_func=lambda k: f"F{k} (rank {rank[k]})",
+    )
+    publish(
+        P_FEATURE,
+        feature_id(int(picked)),
+        missing=link.missing,
+        what="feature",
+        where=f"among the {n} SAE features the raglens detector selected",
     )
     state.gam_feature = int(picked)
     return int(picked)
@@ -178,6 +206,15 @@ def answer_section(model: LoadedModel, detector: RaglensDetector, stamp: str) ->
 
     state = app_state()
     st.subheader("One answer")
+    link = follow_home_dataset()
+    publish(
+        P_DATASET,
+        dataset_spec(state.dataset),
+        missing=link.missing,
+        what="dataset",
+        where=HOME_DATASETS_HERE,
+        instead=f"the dataset picked on Home, {md(state.dataset.label)}",
+    )
     try:
         _, label, examples = heads_examples(HEADS_FROM_HOME, state.dataset)
     except RagscopeError as e:
@@ -186,7 +223,7 @@ def answer_section(model: LoadedModel, detector: RaglensDetector, stamp: str) ->
     if not examples:
         st.info("The dataset picked on Home holds no examples; pick another one there.")
         return
-    ex = pick_example(examples, state.gam_example_id, key=KEY_EXAMPLE)
+    ex = pick_example(examples, state.gam_example_id, key=KEY_EXAMPLE, dataset_label=label)
     state.gam_example_id = ex.id
     st.caption(f"From {md(label)}. Answer: \u201c{md(first_words(ex.response, 40))}\u201d")
     try:

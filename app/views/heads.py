@@ -48,15 +48,26 @@ from app.state import (
     KEY_HEADS_SPLIT,
     KEY_HEADS_TOP,
     KEY_HEADS_UNIT,
+    P_EXAMPLE,
+    P_HEAD,
+    P_TOP,
+    P_UNIT,
     REDEEP_DETECTORS,
     AppState,
     FeatureRequest,
     ShippedDetectors,
     answer_heads,
     app_state,
+    follow,
+    follow_widget,
     get_model,
+    head_id,
     head_stats,
     heads_examples,
+    integer,
+    one_of,
+    parse_head,
+    publish,
     seed_widget,
     shipped_detectors,
 )
@@ -82,7 +93,7 @@ Head = tuple[int, int]
 
 
 def _fmt_head(head: Head) -> str:
-    return f"L{head[0]}H{head[1]}"
+    return head_id(head)
 
 
 def train_command(model: LoadedModel, shipped: ShippedDetectors, detector: str) -> str:
@@ -110,6 +121,7 @@ def copying_section(state: AppState, model: LoadedModel) -> CopyingScores | None
     if state.heads_top is None or not 1 <= state.heads_top <= total:
         state.heads_top = default
         st.session_state.pop(KEY_HEADS_TOP, None)
+    top_link = follow_widget(P_TOP, KEY_HEADS_TOP, integer(1, total))
     seed_widget(KEY_HEADS_TOP, state.heads_top)
     height = int(min(max(320, 18 * scores.n_layers + 140), 760))
     left, right = st.columns([5, 2], gap="medium")
@@ -132,6 +144,14 @@ def copying_section(state: AppState, model: LoadedModel) -> CopyingScores | None
             height=min(38 + 35 * len(table), height - 90),
             column_config={"score": st.column_config.NumberColumn("score", format="%.3f")},
         )
+    publish(
+        P_TOP,
+        str(state.heads_top),
+        default=str(default),
+        missing=top_link.missing,
+        what="number of top copying heads",
+        where=f"a number from 1 to {total}",
+    )
     fig = scores.figure(top=state.heads_top)
     fig.update_layout(height=height, margin={"l": 50, "r": 10, "t": 50, "b": 40})
     with left:
@@ -167,6 +187,7 @@ def stats_controls(state: AppState) -> PickedExamples | None:
     )
     if picked is None:
         return None
+    unit_link = follow_widget(P_UNIT, KEY_HEADS_UNIT, one_of(HEADS_UNITS))
     seed_widget(KEY_HEADS_UNIT, state.heads_unit)
     with unit_column:
         state.heads_unit = st.radio(
@@ -178,6 +199,14 @@ def stats_controls(state: AppState) -> PickedExamples | None:
             help="Answers (the mean over each answer's sentences, labelled by the answer) "
             "or InterpDetect's unit, sentences (labelled by overlap with a gold span)",
         )
+    publish(
+        P_UNIT,
+        state.heads_unit,
+        default=HEADS_UNITS[0],
+        missing=unit_link.missing,
+        what="unit",
+        where=" or ".join(HEADS_UNITS),
+    )
     return picked
 
 
@@ -341,10 +370,16 @@ def pick_answer(
         dataset_name="An example from the examples above",
     )
     if state.heads_example_source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
+        publish(P_EXAMPLE, None)  # the view shows no dataset's example
         return a.example, show_playground_answer(a), "playground"
     assert pool
     key = f"{state.heads_selection.source}/{state.heads_selection.split}"
-    example = pick_example(pool, state.heads_example_id.get(key), key=KEY_HEADS_EXAMPLE)
+    example = pick_example(
+        pool,
+        state.heads_example_id.get(key),
+        key=KEY_HEADS_EXAMPLE,
+        dataset_label=f"the examples above ({split_label(state.heads_selection.split)})",
+    )
     state.heads_example_id[key] = example.id
     return example, None, "dataset"
 
@@ -357,6 +392,10 @@ def pick_head(state: AppState, model: LoadedModel, copying: CopyingScores | None
         head = copying.top_heads(1)[0] if copying is not None else (0, 0)
         st.session_state.pop(KEY_HEADS_LAYER, None)
         st.session_state.pop(KEY_HEADS_HEAD, None)
+    link = follow(P_HEAD, parse_head(n_layers, n_heads))
+    if link.value is not None:
+        head = link.value
+        st.session_state[KEY_HEADS_LAYER], st.session_state[KEY_HEADS_HEAD] = head
     seed_widget(KEY_HEADS_LAYER, head[0])
     seed_widget(KEY_HEADS_HEAD, head[1])
     rank: dict[Head, int] = {}
@@ -377,6 +416,14 @@ def pick_head(state: AppState, model: LoadedModel, copying: CopyingScores | None
             )
         )
     state.heads_head = (layer, h)
+    publish(
+        P_HEAD,
+        head_id((layer, h)),
+        missing=link.missing,
+        what="head",
+        where=f"one of the {n_layers} x {n_heads} heads (L0H0 to "
+        f"{head_id((n_layers - 1, n_heads - 1))}) of {md(model.info.display_name)}",
+    )
     with c3:
         if copying is not None:
             best = copying.top_heads(1)[0]

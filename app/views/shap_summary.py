@@ -34,14 +34,20 @@ from app.state import (
     KEY_SHAP_SOURCE,
     KEY_SHAP_SPLIT,
     KEY_SHAP_TOP,
+    P_GRID,
+    P_TOP,
     SPAD,
     AppState,
     FeatureRequest,
     ShippedDetectors,
     SpadChoice,
     app_state,
+    follow_widget,
     get_model,
     heads_examples,
+    integer,
+    one_of,
+    publish,
     quick_fit_examples,
     seed_widget,
     shap_summary,
@@ -233,6 +239,7 @@ def draw(
     if not 1 <= state.shap_top <= n_features:
         state.shap_top = min(15, n_features)
         st.session_state.pop(KEY_SHAP_TOP, None)
+    top_link = follow_widget(P_TOP, KEY_SHAP_TOP, integer(1, n_features))
     seed_widget(KEY_SHAP_TOP, state.shap_top)
     c_top, _ = st.columns([1, 4])
     with c_top:
@@ -246,6 +253,14 @@ def draw(
                 help="The features with the largest mean |SHAP value|",
             )
         )
+    publish(
+        P_TOP,
+        str(state.shap_top),
+        default=str(min(15, n_features)),
+        missing=top_link.missing,
+        what="number of features",
+        where=f"a number from 1 to {n_features}",
+    )
     left, right = st.columns([3, 2], gap="medium")
     with left:
         st.plotly_chart(
@@ -262,6 +277,7 @@ def draw(
         "the base value add up to the answer's margin exactly. Bars: mean |SHAP| (red when "
         "the feature pushes towards hallucinated on average, blue towards faithful)."
     )
+    grid_link = follow_widget(P_GRID, KEY_SHAP_GRID, one_of(GRID_LABELS))
     seed_widget(KEY_SHAP_GRID, state.shap_grid)
     state.shap_grid = st.radio(
         "Grid cells",
@@ -269,6 +285,15 @@ def draw(
         key=KEY_SHAP_GRID,
         format_func=GRID_LABELS.__getitem__,
         horizontal=True,
+    )
+    publish(
+        P_GRID,
+        state.shap_grid,
+        default=next(iter(GRID_LABELS)),
+        missing=grid_link.missing,
+        what="grid",
+        where=" or ".join(GRID_LABELS),
+        instead=GRID_LABELS[state.shap_grid],
     )
     st.plotly_chart(
         result.grid_figure(state.shap_grid),  # type: ignore[arg-type]

@@ -26,15 +26,28 @@ from app.state import (
     KEY_HEATMAP_DATASET,
     KEY_HEATMAP_EXAMPLE,
     KEY_HEATMAP_SOURCE,
+    P_DETECTOR,
+    P_ONLY_FLAGGED,
+    P_P_STAY,
+    P_SMOOTH_ALL,
+    P_THRESHOLD,
     Analysis,
     AppState,
     DetectorVerdicts,
+    Followed,
     ShippedDetectors,
     analyse,
     app_state,
     detector_verdicts,
+    flag,
+    flag_id,
+    follow,
+    follow_widget,
     get_model,
     get_store,
+    number,
+    number_id,
+    publish,
     seed_widget,
     shipped_detectors,
     train_command,
@@ -80,6 +93,17 @@ KEY_NEXT = "heatmaps.next"
 ANSWER_KEYS = AnswerKeys(
     source=KEY_HEATMAP_SOURCE, dataset=KEY_HEATMAP_DATASET, example=KEY_HEATMAP_EXAMPLE
 )
+P_STAY_MIN, P_STAY_MAX = 0.5, 0.999
+ROW_IDS = {ROW_RAW: "cortex-raw", ROW_SMOOTH: CORTEX}  # other rows: the detector's name
+
+
+@dataclass(frozen=True, kw_only=True)
+class Links:
+    """What an opened link set for the controls (they are drawn below the answer)."""
+
+    p_stay: Followed[float]
+    threshold: Followed[float]
+    smooth_all: Followed[bool]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -236,6 +260,7 @@ def scan_row(
     """ "Only flagged answers" + how many to scan + the Scan button."""
     c1, c2, c3 = st.columns([2, 1, 1], vertical_alignment="bottom")
     with c1:
+        link = follow_widget(P_ONLY_FLAGGED, KEY_ONLY_FLAGGED, flag)
         seed_widget(KEY_ONLY_FLAGGED, state.heatmap_only_flagged)
         state.heatmap_only_flagged = st.toggle(
             "Only answers with flags",
@@ -243,6 +268,13 @@ def scan_row(
             help="Keep the answers where some token's smoothed CORTEX score reaches the "
             "threshold (needs a scan of the dataset)",
         )
+    publish(
+        P_ONLY_FLAGGED,
+        flag_id(state.heatmap_only_flagged),
+        default=flag_id(False),
+        missing=link.missing,
+        where="1 or 0",
+    )
     with c2:
         seed_widget(KEY_SCAN_LIMIT, min(state.heatmap_scan_limit, len(examples)))
         state.heatmap_scan_limit = int(
@@ -274,15 +306,40 @@ def current_threshold(state: AppState, cortex: CortexDetector | None) -> float:
 # --------------------------------------------------------------------------- view
 
 
-def controls(state: AppState, rows: dict[str, HeatRow], cortex: CortexDetector | None) -> None:
-    """The p_stay and threshold sliders, the row to threshold, rows shown, smoothing of others."""
+def default_flag_row(scored: list[str]) -> str:
+    """The row flags come from in a fresh session: CORTEX smoothed, else the first scored."""
+    return ROW_SMOOTH if ROW_SMOOTH in scored else scored[0]
+
+
+def flag_row(state: AppState, scored: list[str]) -> Followed[str]:
+    """The "Flag tokens by" select box (when some row scores tokens); the link's detector."""
+    by_id = {ROW_IDS.get(n, n): n for n in scored}
+    link = follow(P_DETECTOR, by_id.get)
+    if not scored:
+        return link
+    if link.value is not None:
+        state.heatmap_flag_row = link.value
+        st.session_state[KEY_FLAG_ROW] = link.value
+    if state.heatmap_flag_row not in scored:
+        state.heatmap_flag_row = default_flag_row(scored)
+        st.session_state.pop(KEY_FLAG_ROW, None)
+    seed_widget(KEY_FLAG_ROW, state.heatmap_flag_row)
+    state.heatmap_flag_row = st.selectbox("Flag tokens by", scored, key=KEY_FLAG_ROW)
+    return link
+
+
+def controls(
+    state: AppState, rows: dict[str, HeatRow], cortex: CortexDetector | None, links: Links
+) -> None:
+    """The p_stay and threshold sliders, the row to threshold, rows shown, smoothing of others
+    (their values in the URL)."""
     c1, c2 = st.columns(2)
     with c1:
         seed_widget(KEY_P_STAY, state.heatmap_p_stay)
         state.heatmap_p_stay = st.slider(
             "p_stay (label persistence)",
-            min_value=0.5,
-            max_value=0.999,
+            min_value=P_STAY_MIN,
+            max_value=P_STAY_MAX,
             step=0.001,
             format="%.3f",
             key=KEY_P_STAY,
@@ -290,6 +347,7 @@ def controls(state: AppState, rows: dict[str, HeatRow], cortex: CortexDetector |
             f"CORTEX uses {P_STAY_TOKEN} for tokens and {P_STAY_ANSWER} for its answer score.",
         )
     with c2:
+        default_threshold = round(flag_threshold(cortex) if cortex is not None else 0.5, 2)
         seed_widget(KEY_THRESHOLD, round(current_threshold(state, cortex), 2))
         state.heatmap_threshold = st.slider(
             "Threshold",
@@ -299,21 +357,51 @@ def controls(state: AppState, rows: dict[str, HeatRow], cortex: CortexDetector |
             key=KEY_THRESHOLD,
             help="Tokens whose score (in the row below) reaches it are flagged",
         )
+    publish(
+        P_P_STAY,
+        number_id(state.heatmap_p_stay, 3),
+        default=number_id(P_STAY_TOKEN, 3),
+        missing=links.p_stay.missing,
+        what="p_stay",
+        where=f"a number from {P_STAY_MIN} to {P_STAY_MAX}",
+    )
+    publish(
+        P_THRESHOLD,
+        number_id(state.heatmap_threshold or 0.0, 2),
+        default=number_id(default_threshold, 2),
+        missing=links.threshold.missing,
+        what="threshold",
+        where="a number from 0 to 1",
+    )
     scored = [n for n in rows if n not in (ROW_GOLD, ROW_SURPRISAL) and not n.startswith("RAGLens")]
     c3, c4 = st.columns([1, 2], vertical_alignment="bottom")
     with c3:
-        if scored:
-            if state.heatmap_flag_row not in scored:
-                state.heatmap_flag_row = ROW_SMOOTH if ROW_SMOOTH in scored else scored[0]
-                st.session_state.pop(KEY_FLAG_ROW, None)
-            seed_widget(KEY_FLAG_ROW, state.heatmap_flag_row)
-            state.heatmap_flag_row = st.selectbox("Flag tokens by", scored, key=KEY_FLAG_ROW)
+        row_link = flag_row(state, scored)
         seed_widget(KEY_SMOOTH_ALL, state.heatmap_smooth_all)
         state.heatmap_smooth_all = st.toggle(
             "Smooth the other detectors too",
             key=KEY_SMOOTH_ALL,
             help="Apply the same label-persistence smoothing to every detector's token scores",
         )
+    default_row = default_flag_row(scored) if scored else None
+    publish(
+        P_DETECTOR,
+        ROW_IDS.get(state.heatmap_flag_row, state.heatmap_flag_row) if scored else None,
+        default=ROW_IDS.get(default_row, default_row) if default_row else None,
+        missing=row_link.missing,
+        what="detector",
+        where="one whose token scores this answer shows ("
+        + (", ".join(ROW_IDS.get(n, n) for n in scored) or "none")
+        + ")",
+        instead=md(state.heatmap_flag_row) if scored else "no flags",
+    )
+    publish(
+        P_SMOOTH_ALL,
+        flag_id(state.heatmap_smooth_all),
+        default=flag_id(False),
+        missing=links.smooth_all.missing,
+        where="1 or 0",
+    )
     with c4:
         # Rows come and go with the answer (gold spans, detectors): the widget is reset
         # to "every row but the ones hidden" whenever the available rows change.
@@ -431,21 +519,28 @@ def loss_curve(cortex: CortexDetector) -> None:
         )
 
 
-def sync_sliders(state: AppState) -> None:
-    """Take the controls' new values before the example list and the rows read them (they
-    are drawn after both, and a moved control reruns the page from the top)."""
+def sync_sliders(state: AppState) -> Links:
+    """Take the controls' new values (or an opened link's) before the example list and the
+    rows read them (they are drawn after both, and a moved control reruns the page from the
+    top)."""
+    links = Links(
+        p_stay=follow_widget(P_P_STAY, KEY_P_STAY, number(P_STAY_MIN, P_STAY_MAX)),
+        threshold=follow_widget(P_THRESHOLD, KEY_THRESHOLD, number(0.0, 1.0)),
+        smooth_all=follow_widget(P_SMOOTH_ALL, KEY_SMOOTH_ALL, flag),
+    )
     if KEY_P_STAY in st.session_state:
         state.heatmap_p_stay = float(st.session_state[KEY_P_STAY])
     if KEY_THRESHOLD in st.session_state:
         state.heatmap_threshold = float(st.session_state[KEY_THRESHOLD])
     if KEY_SMOOTH_ALL in st.session_state:
         state.heatmap_smooth_all = bool(st.session_state[KEY_SMOOTH_ALL])
+    return links
 
 
 def main() -> None:
     state = app_state()
     model = get_model()
-    sync_sliders(state)
+    links = sync_sliders(state)
     st.title("Token heatmaps")
     st.caption(
         "One answer, every detector's token scores aligned under the same tokens: the gold "
@@ -481,7 +576,7 @@ def main() -> None:
     st.divider()
     # The sliders' values were synced at the top, so the rows are built once.
     rows = build_rows(a, state.heatmap_p_stay, state.heatmap_smooth_all)
-    controls(state, rows, cortex)
+    controls(state, rows, cortex, links)
     if cortex is not None and CORTEX in a.verdicts.features:
         v = dict(zip((d.name for d in a.verdicts.detectors), a.verdicts.verdicts, strict=True))
         answer = v[CORTEX]

@@ -19,8 +19,10 @@ from app.components.artifacts import quick_fit_row, show_broken_artifacts
 from app.components.example_picker import (
     dataset_labels,
     first_words,
+    follow_page_dataset,
     pick_answer_source,
     pick_example,
+    publish_page_dataset,
     show_playground_answer,
 )
 from app.state import (
@@ -33,6 +35,9 @@ from app.state import (
     KEY_TOKENS_EXAMPLE,
     KEY_TOKENS_EXAMPLE_SOURCE,
     KEY_TOKENS_QUICK_FIT,
+    P_BY_POS,
+    P_DATASET,
+    P_EXAMPLE,
     QUICK_FIT_MIN,
     SPAD,
     AnswerSources,
@@ -42,8 +47,12 @@ from app.state import (
     answer_shap,
     answer_sources,
     app_state,
+    flag,
+    flag_id,
+    follow_widget,
     get_model,
     heads_examples,
+    publish,
     quick_fit_examples,
     seed_widget,
     shipped_detectors,
@@ -91,10 +100,15 @@ def pick_answer(
         dataset_name="An example from a dataset",
     )
     if state.tokens_example_source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
+        publish(P_DATASET, None)  # the view shows no dataset's example
+        publish(P_EXAMPLE, None)
         ids = show_playground_answer(a)
         picked = dataset_examples(state)
         return a.example, ids, (picked[2] if picked is not None else [])
 
+    link = follow_page_dataset(KEY_TOKENS_DATASET)
+    if link.value is not None:
+        state.tokens_dataset = link.value
     labels = dataset_labels(state.dataset)
     seed_widget(KEY_TOKENS_DATASET, state.tokens_dataset)
     c1, c2 = st.columns([2, 3], vertical_alignment="bottom")
@@ -102,15 +116,18 @@ def pick_answer(
         state.tokens_dataset = st.selectbox(
             "Dataset", list(labels), key=KEY_TOKENS_DATASET, format_func=labels.__getitem__
         )
+    publish_page_dataset(state.tokens_dataset, state.dataset, link)
     picked = dataset_examples(state)
     if picked is None:
         return None
-    key, _, examples = picked
+    key, label, examples = picked
     if not examples:
         st.info("This dataset holds no examples; pick another one.")
         return None
     with c2:
-        ex = pick_example(examples, state.tokens_example_id.get(key), key=KEY_TOKENS_EXAMPLE)
+        ex = pick_example(
+            examples, state.tokens_example_id.get(key), key=KEY_TOKENS_EXAMPLE, dataset_label=label
+        )
     state.tokens_example_id[key] = ex.id
     st.caption(f"Answer: \u201c{md(first_words(ex.response, 40))}\u201d")
     return ex, None, examples
@@ -129,11 +146,19 @@ def show_sources(state: AppState, answer: AnswerSources) -> None:
         f"probability within {src.max_error:.1e} · mean P(token) {src.p_final.mean():.3f} · "
         f"traced in {answer.seconds:.1f} s"
     )
+    link = follow_widget(P_BY_POS, KEY_TOKENS_BY_POS, flag)
     seed_widget(KEY_TOKENS_BY_POS, state.tokens_by_pos)
     state.tokens_by_pos = st.toggle(
         "Aggregate by part of speech",
         key=KEY_TOKENS_BY_POS,
         help="The mean seven-vector of the tokens of each POS tag: SPAD's features",
+    )
+    publish(
+        P_BY_POS,
+        flag_id(state.tokens_by_pos),
+        default=flag_id(False),
+        missing=link.missing,
+        where="1 or 0",
     )
     if state.tokens_by_pos:
         fig = pos_sources_figure(src.values, answer.pos)
