@@ -68,6 +68,11 @@ from app.state import (
     KEY_BENCH_RUNS,
     KEY_BENCH_TEST,
     KEY_BENCH_TRAIN,
+    P_CV,
+    P_DETECTOR,
+    P_MATRIX,
+    P_METRIC,
+    P_RUN,
     SAME_DATASET,
     AppState,
     DatasetSummary,
@@ -76,8 +81,12 @@ from app.state import (
     dataset_summary,
     download_key,
     eval_dataset_choices,
+    follow_list,
+    follow_widget,
     get_model,
     get_store,
+    one_of,
+    publish,
     saved_runs,
     seed_widget,
     threshold_key,
@@ -410,10 +419,15 @@ def _pick_saved(
     key: str,
     what: str,
     label: Callable[[R], str],
+    param: str,
 ) -> list[str]:
     """A multiselect of saved ``runs`` (newest first, the newest picked at first; names
-    no longer saved dropped); returns the picked names."""
+    no longer saved dropped), the names in the URL's ``param``; returns the picked names."""
     names = list(runs)
+    link = follow_list(param, one_of(names))
+    if link.value is not None:
+        chosen = link.value
+        st.session_state[key] = chosen
     chosen = [n for n in (names[:1] if chosen is None else chosen) if n in runs]
     _keep_options(key, names)
     seed_widget(key, chosen)
@@ -423,13 +437,21 @@ def _pick_saved(
         key=key,
         format_func=lambda n: label(runs[n]) + (" · shipped" if n in saved.shipped else ""),
     )
+    publish(
+        param,
+        ",".join(picked),
+        missing=link.missing,
+        what="saved run",
+        where=f"among the {what.lower()} saved here",
+        instead=md(", ".join(picked) or "none"),
+    )
     return list(picked)
 
 
 def pick_runs(state: AppState, saved: SavedRuns) -> list[EvalRun]:
     """The run picker (newest first; several = compare)."""
     state.bench_runs = _pick_saved(
-        saved, saved.runs, state.bench_runs, KEY_BENCH_RUNS, "Saved runs", run_label
+        saved, saved.runs, state.bench_runs, KEY_BENCH_RUNS, "Saved runs", run_label, P_RUN
     )
     return [saved.runs[n] for n in state.bench_runs]
 
@@ -604,6 +626,7 @@ def pick_cv_runs(state: AppState, saved: SavedRuns) -> list[CVRun]:
         KEY_BENCH_CV_RUNS,
         "Cross-validation runs",
         cv_run_label,
+        P_CV,
     )
     return [saved.cv[n] for n in state.bench_cv_runs]
 
@@ -786,6 +809,9 @@ def show_matrix(state: AppState, saved: SavedRuns) -> None:
     )
     runs = saved.matrices
     names = list(runs)
+    run_link = follow_widget(P_MATRIX, KEY_BENCH_MATRIX_RUN, one_of(names))
+    if run_link.value is not None:
+        state.bench_matrix_run = run_link.value
     if state.bench_matrix_run not in runs:
         state.bench_matrix_run = names[0]
     _keep_option(KEY_BENCH_MATRIX_RUN, names)
@@ -798,14 +824,26 @@ def show_matrix(state: AppState, saved: SavedRuns) -> None:
             matrix_run_label(runs[n]) + (" · shipped" if n in saved.shipped else "")
         ),
     )
+    publish(
+        P_MATRIX,
+        state.bench_matrix_run,
+        missing=run_link.missing,
+        what="matrix run",
+        where="among the matrix runs saved here",
+    )
     run = runs[state.bench_matrix_run]
     detectors = list(run.cells)
+    det_link = follow_widget(P_DETECTOR, KEY_BENCH_MATRIX_DETECTOR, one_of(detectors))
     if not detectors:
+        publish(P_DETECTOR, None, missing=det_link.missing, what="detector", where="in it")
         st.info(f"{md(run.name)} holds no detector results.")
         return
+    if det_link.value is not None:
+        state.bench_matrix_detector = det_link.value
     if state.bench_matrix_detector not in detectors:
         state.bench_matrix_detector = detectors[0]
     _keep_option(KEY_BENCH_MATRIX_DETECTOR, detectors)
+    metric_link = follow_widget(P_METRIC, KEY_BENCH_MATRIX_METRIC, one_of(list(MATRIX_METRICS)))
     seed_widget(KEY_BENCH_MATRIX_DETECTOR, state.bench_matrix_detector)
     seed_widget(KEY_BENCH_MATRIX_METRIC, state.bench_matrix_metric)
     c1, c2 = st.columns(2, vertical_alignment="bottom")
@@ -818,6 +856,21 @@ def show_matrix(state: AppState, saved: SavedRuns) -> None:
             "Metric", list(MATRIX_METRICS), key=KEY_BENCH_MATRIX_METRIC, horizontal=True
         )
     det, metric = state.bench_matrix_detector, state.bench_matrix_metric
+    publish(
+        P_DETECTOR,
+        det,
+        missing=det_link.missing,
+        what="detector",
+        where=f"in the matrix run {code(run.name)} ({', '.join(detectors)})",
+    )
+    publish(
+        P_METRIC,
+        metric,
+        default=next(iter(MATRIX_METRICS)),
+        missing=metric_link.missing,
+        what="metric",
+        where=" or ".join(MATRIX_METRICS),
+    )
     st.plotly_chart(matrix_figure(run, det, metric), width="stretch", key="benchmark.matrix")
     st.caption(
         f"{md(metric)} of {code(det)} on {len(run.datasets)} datasets (model "

@@ -29,9 +29,13 @@ from app.state import (
     KEY_CF_DATASET,
     KEY_CF_EXAMPLE,
     KEY_CF_SOURCE,
+    P_MODE,
     AppState,
+    follow_widget,
     get_store,
     input_signature,
+    one_of,
+    publish,
     seed_widget,
 )
 from app.text import md
@@ -379,12 +383,22 @@ def main() -> None:
     state, model, shipped, example = opened
     sig = input_signature(example, None)
     edited_passages = edit_passages(example, sig)
+    link = follow_widget(P_MODE, KEY_MODE, one_of(MODES))
     seed_widget(KEY_MODE, state.cf_answer_mode)
     c1, c2, c3 = st.columns([2, 1, 1], vertical_alignment="bottom")
     with c1:
         state.cf_answer_mode = st.radio(
             "Answer", list(MODES), key=KEY_MODE, format_func=MODES.__getitem__, horizontal=True
         )
+    publish(
+        P_MODE,
+        state.cf_answer_mode,
+        default=next(iter(MODES)),
+        missing=link.missing,
+        what="answer mode",
+        where=" or ".join(MODES),
+        instead=MODES[state.cf_answer_mode],
+    )
     with c2:
         seed_widget(KEY_MAX_TOKENS, 96)
         max_tokens = int(

@@ -8,19 +8,24 @@ import streamlit as st
 
 from app.state import (
     BUILTIN,
+    HOME_DATASETS_HERE,
     KEY_DATASET,
     KEY_IMPORT,
     KEY_UPLOAD,
     KEY_UPLOAD_NAME,
+    P_DATASET,
     UPLOAD_SUFFIXES,
     AppState,
     DatasetRef,
     UploadReport,
     app_state,
     dataset_choices,
+    dataset_spec,
+    follow_home_dataset,
     get_model,
     get_store,
     load_examples,
+    publish,
     read_upload,
     seed_widget,
     shipped_detectors,
@@ -104,6 +109,7 @@ def dataset_picker(state: AppState) -> None:
     except RagscopeError as e:
         st.error(md(e))
         choices = [BUILTIN]
+    link = follow_home_dataset()
     by_key: dict[str, DatasetRef] = {c.key: c for c in choices}
     if state.dataset.key not in by_key:
         state.dataset = BUILTIN
@@ -117,6 +123,15 @@ def dataset_picker(state: AppState) -> None:
         format_func=lambda k: by_key[k].markdown_label,  # radio options render Markdown
     )
     state.dataset = by_key[picked]
+    publish(
+        P_DATASET,
+        dataset_spec(state.dataset),
+        default=dataset_spec(BUILTIN),
+        missing=link.missing,
+        what="dataset",
+        where=HOME_DATASETS_HERE,
+        instead=state.dataset.markdown_label,
+    )
     try:
         examples = load_examples(state.dataset)
     except RagscopeError as e:

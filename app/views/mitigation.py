@@ -25,8 +25,12 @@ from app.components.artifacts import open_answer_page
 from app.components.diff import word_diff_html
 from app.components.example_picker import AnswerKeys
 from app.state import (
+    P_METHOD,
     AppState,
+    follow_widget,
     input_signature,
+    one_of,
+    publish,
     seed_widget,
     train_command,
 )
@@ -342,6 +346,7 @@ def main() -> None:
     if opened is None:
         return
     state, model, shipped, example = opened
+    link = follow_widget(P_METHOD, KEY_METHOD, one_of(METHODS))
     seed_widget(KEY_METHOD, state.mit_method)
     seed_widget(KEY_MAX_TOKENS, 48)
     m1, m2 = st.columns([4, 1], vertical_alignment="bottom")
@@ -353,6 +358,15 @@ def main() -> None:
             format_func=METHODS.__getitem__,
             horizontal=True,
         )
+    publish(
+        P_METHOD,
+        state.mit_method,
+        default=next(iter(METHODS)),
+        missing=link.missing,
+        what="method",
+        where=" or ".join(METHODS),
+        instead=METHODS[state.mit_method],
+    )
     with m2:
         max_tokens = int(st.number_input("Max new tokens", 4, 512, step=8, key=KEY_MAX_TOKENS))
     st.divider()

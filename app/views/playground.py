@@ -24,6 +24,7 @@ from app.state import (
     ANSWER_GENERATE,
     ANSWER_SOURCES,
     COLOR_SURPRISAL,
+    HOME_DATASETS_HERE,
     INPUT_DATASET,
     INPUT_MODES,
     KEY_ADD_PASSAGE,
@@ -38,6 +39,9 @@ from app.state import (
     KEY_OWN_TASK,
     KEY_PASTED,
     KEY_TEMPERATURE,
+    P_DATASET,
+    P_DETECTOR,
+    P_EXAMPLE,
     Analysis,
     AppState,
     DetectorVerdicts,
@@ -45,11 +49,17 @@ from app.state import (
     ShippedDetectors,
     analyse,
     app_state,
+    dataset_spec,
     detector_verdicts,
+    follow_home_dataset,
+    follow_widget,
     get_model,
     input_signature,
+    linked,
     load_examples,
+    one_of,
     passage_key,
+    publish,
     question_signature,
     remove_passage_key,
     seed_widget,
@@ -119,7 +129,16 @@ def _first_words(text: str | None, n: int = 9) -> str:
 
 def pick_example(state: AppState) -> Draft | None:
     """The dataset example selectbox and the example's question, passages and labels."""
+    link = follow_home_dataset()
     ref = state.dataset
+    publish(
+        P_DATASET,
+        dataset_spec(ref),
+        missing=link.missing,
+        what="dataset",
+        where=HOME_DATASETS_HERE,
+        instead=f"the dataset picked on Home, {md(ref.label)}",
+    )
     try:
         examples = load_examples(ref)
     except RagscopeError as e:
@@ -130,6 +149,7 @@ def pick_example(state: AppState) -> Draft | None:
         return None
     by_id = {e.id: e for e in examples}
     remembered = state.example_id.get(ref.key)
+    ex_link = follow_widget(P_EXAMPLE, KEY_EXAMPLE, one_of(by_id))
     if st.session_state.get(KEY_EXAMPLE) not in by_id:
         st.session_state.pop(KEY_EXAMPLE, None)
     seed_widget(KEY_EXAMPLE, remembered if remembered in by_id else examples[0].id)
@@ -143,6 +163,13 @@ def pick_example(state: AppState) -> Draft | None:
         f"Example from {md(ref.label)}", list(by_id), key=KEY_EXAMPLE, format_func=label
     )
     state.example_id[ref.key] = ex_id
+    publish(
+        P_EXAMPLE,
+        ex_id,
+        missing=ex_link.missing,
+        what="example",
+        where=f"in {md(ref.label)}",
+    )
     ex = by_id[ex_id]
     show_example(ex)
     return Draft(
@@ -440,9 +467,15 @@ def pick_colouring(state: AppState, panel: DetectorPanel) -> Verdict | None:
     Shown only when some shipped detector gives token scores.
     """
     by_name = panel.token_verdicts
-    if not by_name:
-        return None
     options = [COLOR_SURPRISAL, *by_name]
+    link = follow_widget(P_DETECTOR, KEY_COLOR_BY, one_of(options))
+    where = (
+        f"a detector shipped for {md(panel.model_name)} that scores tokens "
+        f"({', '.join(md(n) for n in by_name) or 'none does'})"
+    )
+    if not by_name:
+        publish(P_DETECTOR, None, missing=link.missing, what="detector", where=where)
+        return None
     if st.session_state.get(KEY_COLOR_BY) not in options:
         st.session_state.pop(KEY_COLOR_BY, None)
     seed_widget(KEY_COLOR_BY, state.color_by if state.color_by in options else COLOR_SURPRISAL)
@@ -453,6 +486,15 @@ def pick_colouring(state: AppState, panel: DetectorPanel) -> Verdict | None:
         horizontal=True,
         format_func=_colour_label,
         help="The model's own surprisal, or a trained detector's score for each token",
+    )
+    publish(
+        P_DETECTOR,
+        state.color_by,
+        default=COLOR_SURPRISAL,
+        missing=link.missing,
+        what="detector",
+        where=where,
+        instead=md(_colour_label(state.color_by)),
     )
     return by_name.get(state.color_by)
 
@@ -540,8 +582,13 @@ def main() -> None:
         "and see how the model reads it."
     )
 
+    if linked(P_DATASET) or linked(P_EXAMPLE):  # a link to an example of a dataset
+        state.input_mode = st.session_state[KEY_INPUT_MODE] = INPUT_DATASET
     seed_widget(KEY_INPUT_MODE, state.input_mode)
     state.input_mode = st.radio("Input", INPUT_MODES, key=KEY_INPUT_MODE, horizontal=True)
+    if state.input_mode != INPUT_DATASET:  # the view shows no dataset's example
+        publish(P_DATASET, None)
+        publish(P_EXAMPLE, None)
     draft = pick_example(state) if state.input_mode == INPUT_DATASET else own_input(state)
     if draft is None:
         return

@@ -27,14 +27,24 @@ from app.components.example_picker import progress_bar
 from app.components.highlight import FLAG, RELATED, Mark, marked_html
 from app.components.report import answer_report_html
 from app.state import (
+    CORPUS,
+    DATASETS_HERE,
     HEADS_FROM_CORPUS,
+    P_DATASET,
+    P_ITEM,
     DatasetRef,
     app_state,
     dataset_choices,
+    dataset_spec,
+    follow,
+    follow_widget,
     get_model,
     get_store,
     heads_examples,
+    linked,
     load_examples,
+    one_of,
+    publish,
     review_key,
     shipped_detectors,
 )
@@ -167,10 +177,20 @@ def dataset_options() -> dict[str, tuple[str, DatasetRef | None]]:
 
 def pick_dataset() -> tuple[str, list[RAGExample]] | None:
     options = dataset_options()
+    specs = {k: CORPUS if ref is None else dataset_spec(ref) for k, (_, ref) in options.items()}
+    link = follow_widget(P_DATASET, KEY_DATASET, {s: k for k, s in specs.items()}.get)
     key = st.selectbox(
         "Dataset", list(options), format_func=lambda k: options[k][0], key=KEY_DATASET
     )
     label, ref = options[key]
+    publish(
+        P_DATASET,
+        specs[key],
+        missing=link.missing,
+        what="dataset",
+        where=DATASETS_HERE,
+        instead=md(label),
+    )
     try:
         if ref is None:
             examples = heads_examples(HEADS_FROM_CORPUS, app_state().dataset)[2]
@@ -419,9 +439,19 @@ def item_card(
     book: ReviewBook, rs: ReviewState, items: list[ReviewItem], examples: dict[str, RAGExample]
 ) -> None:
     ids = [i.id for i in items]
+    link = follow(P_ITEM, one_of([str(i) for i in ids]))
+    if link.value is not None:
+        rs.current = int(link.value)
     if rs.current not in ids:
         mine = [i for i in items if i.review_by(rs.reviewer or "") is None]
         rs.current = (mine or items)[0].id
+    publish(
+        P_ITEM,
+        str(rs.current),
+        missing=link.missing,
+        what="queue item",
+        where="among the items shown (this dataset's queue, these filters)",
+    )
     idx = ids.index(rs.current)
     item = items[idx]
     prev_id = ids[idx - 1] if idx > 0 else None
@@ -749,6 +779,7 @@ def main() -> None:
     everything = book.items(key, sort="position")  # one read of the queue per rerun
     build_section(rs, book, key, examples, len(everything))
     if not everything:
+        publish(P_ITEM, None, missing=linked(P_ITEM), what="queue item", where="queued")
         st.info("The queue of this dataset is empty: scan it above.")
         return
     items = queue_filters(everything)
@@ -758,6 +789,7 @@ def main() -> None:
     done = sum(1 for i in items if i.review_by(rs.reviewer) is not None)
     st.caption(f"{len(items)} items shown · {done} reviewed by you.")
     if not items:
+        publish(P_ITEM, None, missing=linked(P_ITEM), what="queue item", where="shown")
         st.info("No item matches these filters.")
     else:
         queue_table(rs, items, stale, texts)

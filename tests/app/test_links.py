@@ -1,0 +1,181 @@
+"""Deep links on the tiny model (AppTest): a view's choices in the URL.
+
+A link (query parameters set before the page runs) opens the page on the linked
+dataset, example, head and controls, over the session's remembered choices; the page
+writes its choices back as stable ids (the dataset spec, the example id, ``L1H2``); a
+changed control changes the URL; a link naming something that is not here gets a
+warning that names it and what is shown instead, and the URL is corrected. The GAM
+page's feature links are tested in ``test_gam_page.py`` (its raglens artifact).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.state import (
+    BUILTIN_ANSWERS,
+    HEADS_FROM_CORPUS,
+    HEADS_FROM_HOME,
+    KEY_DATASET,
+    KEY_EXAMPLE,
+    KEY_HEADS_EXAMPLE,
+    KEY_HEADS_HEAD,
+    KEY_HEADS_LAYER,
+    KEY_HEADS_LIMIT,
+    KEY_HEADS_SOURCE,
+    KEY_HEADS_SPLIT,
+    KEY_HEADS_TOP,
+    KEY_HEADS_UNIT,
+    STATE_KEY,
+)
+from app.state import KEY_HEATMAP_DATASET as KEY_HM_DATASET
+from app.state import KEY_HEATMAP_EXAMPLE as KEY_HM_EXAMPLE
+from app.views.token_heatmaps import KEY_P_STAY, KEY_SMOOTH_ALL, KEY_THRESHOLD
+from core.data import load_builtin
+from core.smoothing import P_STAY_TOKEN
+
+HEADS = "views/heads.py"
+HEATMAPS = "views/token_heatmaps.py"
+PLAYGROUND = "views/playground.py"
+EXAMPLE = "demo-04-mount-kelsey"  # not the example the pages start from
+
+
+@pytest.fixture
+def open_link(
+    make_app: Callable[[], AppTest], no_exception: Callable[[AppTest], None]
+) -> Callable[..., AppTest]:
+    """``open_link(page, **params)``: a fresh session opens ``page`` through a link."""
+
+    def open_(page: str, **params: str) -> AppTest:
+        at = make_app().run()  # Home first: the session starts where a visitor lands
+        at.query_params.clear()
+        at.query_params.update(params)
+        at.switch_page(page).run()
+        no_exception(at)
+        return at
+
+    return open_
+
+
+def _warnings(at: AppTest) -> list[str]:
+    return [w.value for w in at.warning]
+
+
+def test_a_heads_link_opens_its_dataset_split_example_and_head(
+    open_link: Callable[..., AppTest],
+) -> None:
+    ex = next(e for e in load_builtin() if e.provenance.split == "test" and e.spans)
+    link = {
+        "dataset": "builtin",
+        "split": "test",
+        "n": "6",
+        "example": ex.id,
+        "head": "L1H2",
+        "top": "3",
+        "unit": "chunk",
+    }
+    at = open_link(HEADS, **link)
+    assert not _warnings(at)
+    assert at.selectbox(key=KEY_HEADS_SOURCE).value == HEADS_FROM_CORPUS
+    assert at.selectbox(key=KEY_HEADS_SPLIT).value == "test"
+    assert at.number_input(key=KEY_HEADS_LIMIT).value == 6
+    assert at.selectbox(key=KEY_HEADS_EXAMPLE).value == ex.id
+    assert (at.selectbox(key=KEY_HEADS_LAYER).value, at.selectbox(key=KEY_HEADS_HEAD).value) == (
+        1,
+        2,
+    )
+    assert at.number_input(key=KEY_HEADS_TOP).value == 3
+    assert at.radio(key=KEY_HEADS_UNIT).value == "chunk"
+    assert dict(at.query_params) == link  # the view's URL is the link itself
+    # A changed control changes the URL; the rest of the link stays.
+    at.selectbox(key=KEY_HEADS_LAYER).set_value(0).run()
+    assert at.query_params["head"] == "L0H2"
+    assert at.query_params["example"] == ex.id
+
+
+def test_a_link_to_missing_data_says_what_is_missing_and_what_is_shown(
+    open_link: Callable[..., AppTest],
+) -> None:
+    at = open_link(HEADS, dataset="stored-set-nobody-has", example="no-such-example", head="L7H0")
+    warnings = _warnings(at)
+    assert len(warnings) == 3, warnings
+    dataset, example, head = warnings
+    assert "dataset `stored-set-nobody-has`" in dataset and "Built-in demo examples" in dataset
+    shown = at.selectbox(key=KEY_HEADS_EXAMPLE).value
+    assert "example `no-such-example`" in example and f"`{shown}`" in example
+    layer, h = at.selectbox(key=KEY_HEADS_LAYER).value, at.selectbox(key=KEY_HEADS_HEAD).value
+    assert "head `L7H0`" in head and "2 x 4 heads" in head and f"`L{layer}H{h}`" in head
+    assert at.selectbox(key=KEY_HEADS_SOURCE).value == HEADS_FROM_HOME
+    # The URL now describes what is shown.
+    assert at.query_params["dataset"] == "demo"
+    assert at.query_params["example"] == shown
+    assert at.query_params["head"] == f"L{layer}H{h}"
+    # The warnings stay while the fallback is shown, and go with the choice they are about.
+    at.selectbox(key=KEY_HEADS_LAYER).set_value(1 - layer).run()
+    assert len(_warnings(at)) == 2
+
+
+def test_a_token_heatmaps_link_sets_the_example_and_sliders(
+    open_link: Callable[..., AppTest],
+) -> None:
+    at = open_link(HEATMAPS, dataset="demo", example=EXAMPLE, p_stay="0.8", smooth_all="1")
+    assert not _warnings(at)
+    assert at.selectbox(key=KEY_HM_DATASET).value == HEADS_FROM_HOME
+    assert at.selectbox(key=KEY_HM_EXAMPLE).value == EXAMPLE
+    assert at.slider(key=KEY_P_STAY).value == pytest.approx(0.8)
+    assert at.toggle(key=KEY_SMOOTH_ALL).value is True
+    at.selectbox(key=KEY_HM_EXAMPLE).select("demo-01-lighthouse").run()
+    assert at.query_params["example"] == "demo-01-lighthouse"
+    # Back at the default, a control leaves the URL.
+    at.slider(key=KEY_P_STAY).set_value(P_STAY_TOKEN).run()
+    assert "p_stay" not in at.query_params
+    # A value out of range is named; the default is shown.
+    at = open_link(HEATMAPS, threshold="2")
+    assert _warnings(at) == [
+        "This link names the threshold `2`, which is not a number from 0 to 1; showing "
+        "`0.5` instead."
+    ]
+    assert at.slider(key=KEY_THRESHOLD).value == pytest.approx(0.5)
+    assert "threshold" not in at.query_params
+
+
+def test_another_pages_parameters_are_not_taken_for_a_link(
+    open_link: Callable[..., AppTest],
+) -> None:
+    at = open_link(HEADS, dataset="builtin", head="L1H3")
+    heads_example = at.selectbox(key=KEY_HEADS_EXAMPLE).value
+    # Token heatmaps (the URL still holds Heads' choices in AppTest) keeps its own.
+    at.switch_page(HEATMAPS).run()
+    assert not _warnings(at)
+    assert at.selectbox(key=KEY_HM_DATASET).value == HEADS_FROM_HOME
+    assert at.query_params["example"] == at.selectbox(key=KEY_HM_EXAMPLE).value
+    assert at.query_params["example"] != heads_example
+
+
+def test_a_playground_link_switches_homes_dataset_and_example(
+    open_link: Callable[..., AppTest],
+) -> None:
+    example = "builtin-qa-landmark-000-faithful-answer"  # in the embedded model's answers
+    at = open_link(PLAYGROUND, dataset="builtin-answers", example=example)
+    assert not _warnings(at)
+    assert at.selectbox(key=KEY_EXAMPLE).value == example
+    assert at.session_state[STATE_KEY].dataset == BUILTIN_ANSWERS  # Home's choice follows
+    assert dict(at.query_params) == {"dataset": "builtin-answers", "example": example}
+    # Home shows the linked dataset and keeps it in the URL.
+    at.switch_page("views/home.py").run()
+    assert at.radio(key=KEY_DATASET).value == BUILTIN_ANSWERS.key
+    assert at.query_params["dataset"] == "builtin-answers"
+
+
+def test_a_link_to_the_playgrounds_answer_says_there_is_none(
+    open_link: Callable[..., AppTest],
+) -> None:
+    at = open_link(HEATMAPS, answer="playground", dataset="demo", example=EXAMPLE)
+    assert len(_warnings(at)) == 1
+    assert "answer `playground`" in _warnings(at)[0]
+    assert "this session has analysed no answer" in _warnings(at)[0]
+    assert at.selectbox(key=KEY_HM_EXAMPLE).value == EXAMPLE  # the link's fallback
+    assert "answer" not in at.query_params
