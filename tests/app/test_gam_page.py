@@ -79,3 +79,39 @@ def test_gam_page_shows_the_detectors_own_numbers(
     assert len(plotly_array(contrib["data"][0]["x"])) == min(12, len(det.selected_))
     n_maps = sum(1 for h in at.get("html") if "activation" in str(h.proto))
     assert n_maps == len(ans.top_positive(3))
+
+
+def test_a_gam_link_opens_its_feature_and_example(
+    make_app: Callable[[], AppTest],
+    no_exception: Callable[[AppTest], None],
+    chart: Callable[[AppTest, str], dict],
+    monkeypatch: pytest.MonkeyPatch,
+    raglens_artifact: Path,
+    tiny_model: LoadedModel,
+) -> None:
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(raglens_artifact))
+    imp = load_shipped("raglens", tiny_model.info.key, raglens_artifact).importances()
+    k = imp[2][0]  # not the feature the page starts from
+    link = {"feature": f"F{k}", "top": "3", "dataset": "demo", "example": "demo-04-mount-kelsey"}
+
+    def open_link(**params: str) -> AppTest:
+        at = make_app().run()
+        at.query_params.update(params)
+        at.switch_page(GAM).run()
+        no_exception(at)
+        return at
+
+    at = open_link(**link)
+    assert not at.warning
+    assert at.selectbox(key="gam.feature").value == k
+    assert at.number_input(key="gam.top").value == 3
+    assert at.selectbox(key="gam.example").value == "demo-04-mount-kelsey"
+    chart(at, f"Shape function of SAE feature F{k}")
+    assert dict(at.query_params) == link
+    # A feature the detector did not select: named, and the top feature shown instead.
+    at = open_link(feature="F99999")
+    assert [w.value for w in at.warning] == [
+        f"This link names the feature `F99999`, which is not among the {len(imp)} SAE "
+        f"features the raglens detector selected; showing `F{imp[0][0]}` instead."
+    ]
+    assert at.query_params["feature"] == f"F{imp[0][0]}"
