@@ -209,11 +209,12 @@ class ShardWriter:
         """Whether the store (any shard, or this writer's pending rows) holds ``key``."""
         return key in self._seen
 
-    def add(self, key: Key, example: RAGExample, features: Features) -> None:
-        """Queue one (example, detector) row unless its key is stored already."""
+    def add(self, key: Key, example: RAGExample, features: Features) -> bool:
+        """Queue one (example, detector) row unless its key is stored already; returns
+        whether it was queued."""
         if key in self._seen:
             self.skipped += 1
-            return
+            return False
         self._seen.add(key)
         model, ex_hash, detector, cfg = key
         self._rows.append(
@@ -227,6 +228,7 @@ class ShardWriter:
                 "features": features.to_bytes(),
             }
         )
+        return True
 
     def example_done(self) -> None:
         """One example's rows are all queued: flush when ``flush_every`` have been."""

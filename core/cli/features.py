@@ -18,6 +18,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from core.cli.common import (
     REPORT_LINES,
     Subparsers,
@@ -32,6 +34,7 @@ from core.contract import Detector, Features
 from core.crossval import default_maker
 from core.data import data_hash, resolve_datasets, stratified_head
 from core.detectors.registry import MEMBERS
+from core.distributed import RayOptions, extract_ray
 from core.errors import DataError
 from core.examples import RAGExample
 from core.extract import FeatureCache, iter_features
@@ -88,6 +91,26 @@ def _add_extract(sub: Subparsers) -> None:
         "it and report it at the end (default), or stop there (what is stored stays)",
     )
     p.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: this process (default); ray: a Ray Data pipeline over an actor pool, "
+        "each actor loading the model once (see --address, --actors, --gpus-per-actor)",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="with --engine ray: 'auto' (the cluster this machine is in) or ray://host:port; "
+        "default: start a local Ray on the spot",
+    )
+    p.add_argument("--actors", type=int, default=2, help="with --engine ray: actors (model copies)")
+    p.add_argument(
+        "--gpus-per-actor",
+        type=float,
+        default=0.0,
+        help="with --engine ray: GPUs each actor reserves (default 0: CPU actors)",
+    )
+    p.add_argument(
         "--shard",
         default=None,
         metavar="I/N",
@@ -132,7 +155,6 @@ def cmd_features(args: argparse.Namespace) -> int:
 
 def cmd_extract(args: argparse.Namespace) -> int:
     """Extract and store; print a summary; exit 1 when some example failed."""
-    from tqdm import tqdm
 
     shard = parse_shard(args.shard)
     names = [d.strip() for d in args.detectors.split(",") if d.strip()]
@@ -165,37 +187,17 @@ def cmd_extract(args: argparse.Namespace) -> int:
     counts = {"computed": 0, "stored": 0, "failed": 0}
     failures: list[dict[str, str]] = []
     t0 = time.perf_counter()
-    with Store() as store:
-        stream = iter_features(
-            model,
-            examples,
-            detectors,
-            cache=FeatureCache(store),
-            on_error="skip",
-            batch_size=args.batch_size,
-        )
-        with tqdm(total=len(examples), desc="features", unit="ex", file=sys.stderr) as bar:
-            for got in stream:
-                if got.error is not None and args.on_error == "stop":
-                    done = counts["computed"] + counts["stored"]
-                    raise DataError(
-                        f"example {got.example.id!r}: {got.error}. Stopped there; the {done} "
-                        "examples before it are stored (re-run to resume, or --on-error skip)"
-                    )
-                if got.error is not None:
-                    counts["failed"] += 1
-                    failures.append({"example": got.example.id, "error": str(got.error)})
-                else:
-                    counts["computed" if got.computed else "stored"] += 1
-                    if writer is not None and got.features is not None:
-                        for d in flat:
-                            key = feature_key(model.info.key, got.example, d)
-                            writer.add(key, got.example, _plain(got.features, d.name))
-                        writer.example_done()
-                bar.update(1)
-                bar.set_postfix(counts, refresh=False)
-    if writer is not None:
-        writer.close()
+    try:
+        if args.engine == "ray":
+            with Store() as store:
+                counts, failures = _extract_on_ray(
+                    args, model, examples, names, flat, store, writer
+                )
+        else:
+            _extract_here(args, model, examples, detectors, flat, writer, counts, failures)
+    finally:  # a stopped run (an error, Ctrl-C) still stores what it finished
+        if writer is not None:
+            writer.close()
     seconds = time.perf_counter() - t0
     shard_txt = f" (shard {shard[0]}/{shard[1]})" if shard else ""
     print(
@@ -225,6 +227,110 @@ def cmd_extract(args: argparse.Namespace) -> int:
         }
         Path(args.report).write_text(json.dumps(report, indent=2))
     return 1 if failures else 0
+
+
+def _extract_here(
+    args: argparse.Namespace,
+    model: LoadedModel,
+    examples: Sequence[RAGExample],
+    detectors: Sequence[Detector],
+    flat: Sequence[Detector],
+    writer: ShardWriter | None,
+    counts: dict[str, int],
+    failures: list[dict[str, str]],
+) -> None:
+    """In-process extraction into the local cache (and ``writer``), counting as it goes."""
+    with Store() as store:
+        stream = iter_features(
+            model,
+            examples,
+            detectors,
+            cache=FeatureCache(store),
+            on_error="skip",
+            batch_size=args.batch_size,
+        )
+        with tqdm(total=len(examples), desc="features", unit="ex", file=sys.stderr) as bar:
+            for got in stream:
+                if got.error is not None and args.on_error == "stop":
+                    done = counts["computed"] + counts["stored"]
+                    raise DataError(
+                        f"example {got.example.id!r}: {got.error}. Stopped there; the {done} "
+                        "examples before it are stored (re-run to resume, or --on-error skip)"
+                    )
+                if got.error is not None:
+                    counts["failed"] += 1
+                    failures.append({"example": got.example.id, "error": str(got.error)})
+                else:
+                    counts["computed" if got.computed else "stored"] += 1
+                    if writer is not None and got.features is not None:
+                        for d in flat:
+                            key = feature_key(model.info.key, got.example, d)
+                            writer.add(key, got.example, _plain(got.features, d.name))
+                        writer.example_done()
+                bar.update(1)
+                bar.set_postfix(counts, refresh=False)
+
+
+def _extract_on_ray(
+    args: argparse.Namespace,
+    model: LoadedModel,
+    examples: Sequence[RAGExample],
+    names: Sequence[str],
+    flat: Sequence[Detector],
+    store: Store,
+    writer: ShardWriter | None,
+) -> tuple[dict[str, int], list[dict[str, str]]]:
+    """Extraction on Ray (:func:`core.distributed.extract_ray`): finished examples go
+    into the local cache and, with ``--out``, the feature store."""
+    cache = FeatureCache(store)
+    by_name = {d.name: d for d in flat}
+
+    def holds(key: tuple[str, str, str, str]) -> bool:
+        if writer is not None:
+            return writer.holds(key)
+        m, h, det, cfg = key
+        return store.has_analysis(example_hash=h, model=m, detector=det, config_hash=cfg)
+
+    def sink(ex: RAGExample, rows: Sequence[tuple[tuple[str, str, str, str], Features]]) -> int:
+        added = 0
+        for key, feats in rows:
+            cache.put(model.info.key, ex, by_name[key[2]], feats)
+            added += writer.add(key, ex, feats) if writer is not None else 1
+        if writer is not None:
+            writer.example_done()
+        return added
+
+    options = RayOptions(
+        address=args.address,
+        actors=args.actors,
+        gpus_per_actor=args.gpus_per_actor,
+        batch_size=args.batch_size or 1,
+    )
+    with tqdm(total=len(examples), desc="features (ray)", unit="ex", file=sys.stderr) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.update(done - bar.n)
+
+        rep = extract_ray(
+            model_spec=args.model,
+            device=args.device,
+            model_key=model.info.key,
+            examples=examples,
+            detectors=names,
+            detector_options=detector_options(args),
+            flat=flat,
+            holds=holds,
+            sink=sink,
+            options=options,
+            progress=progress,
+            on_error=args.on_error,
+        )
+    counts = {
+        "computed": rep.examples - len(rep.failures),
+        "stored": rep.held,
+        "failed": len(rep.failures),
+    }
+    return counts, rep.failures
 
 
 def _writer(
