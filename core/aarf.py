@@ -386,7 +386,8 @@ class StepScorer:
         if self.pks_layers:
             mid = [store[("resid_mid", ly)] for ly in self.pks_layers]
             post = [store[("resid_post", ly)] for ly in self.pks_layers]
-            pks = layer_jsd(model, mid, post, final_norm=self.final_norm)[:, 0]
+            # float32 divergences, as the detector's own PKS features are computed.
+            pks = layer_jsd(model, mid, post, final_norm=self.final_norm, precision="float32")[:, 0]
         # The same float32 row a teacher-forced Features would hold for this token.
         row = np.concatenate([ecs, pks])[None, :].astype(np.float64)
         det = self.detector

@@ -291,16 +291,21 @@ def layer_jsd(
     if len(n_rows) > 1:
         raise ValueError(f"layers hold different numbers of rows: {sorted(n_rows)}")
     n = n_rows.pop() if n_rows else 0
-    out = np.zeros((len(mid), n), dtype=np.float32)
+    out = np.zeros(len(mid) * n, dtype=np.float32)
+    if not out.size:
+        return out.reshape(len(mid), n)
     with torch.inference_mode():
-        for i, (m, p) in enumerate(zip(mid, post, strict=True)):
-            m_rows, p_rows = _as_rows(m, d), _as_rows(p, d)
-            for s in _chunks(n, chunk_size):
-                both = torch.cat([m_rows[s], p_rows[s]], dim=0)
-                logits = _logits_chunk(u, both, final_norm)
-                k = s.stop - s.start
-                out[i, s] = jsd_bits(logits[:k], logits[k:], precision=precision).cpu().numpy()
-    return out
+        # Every layer's rows in one (layer, position) sequence, chunked across layers:
+        # a few positions over many layers (one decoding step) make one pass, not one
+        # per layer.
+        m_rows = torch.cat([_as_rows(m, d) for m in mid])
+        p_rows = torch.cat([_as_rows(p, d) for p in post])
+        for s in _chunks(len(out), chunk_size):
+            both = torch.cat([m_rows[s], p_rows[s]], dim=0)
+            logits = _logits_chunk(u, both, final_norm)
+            k = s.stop - s.start
+            out[s] = jsd_bits(logits[:k], logits[k:], precision=precision).cpu().numpy()
+    return out.reshape(len(mid), n)
 
 
 def pks_needs(
