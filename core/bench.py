@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.aarf import aarf_generate
-from core.data import load_builtin, stratified_head
+from core.data import resolve_dataset, stratified_head
 from core.detectors import load_shipped, make_detector, runnable_detectors, shipped_artifacts
 from core.errors import DataError
 from core.examples import RAGExample
@@ -128,10 +128,13 @@ class ExtractionBench:
     detectors: tuple[str, ...]
     n_examples: int
     mean_tokens: float
+    dataset: str = "builtin"
     plain_s: float
     cold_s: float
     warm_s: float
     batched_s: dict[int, float] = field(default_factory=dict)
+    ray_s: float | None = None
+    ray_actors: int = 0
 
     @property
     def cold_per_min(self) -> float:
@@ -142,19 +145,36 @@ class ExtractionBench:
         return 60.0 * self.n_examples / self.warm_s
 
     def to_lines(self) -> list[str]:
-        return [
-            f"extraction [{', '.join(self.detectors)}] over {self.n_examples} built-in examples "
-            f"(mean {self.mean_tokens:.0f} tokens):",
-            f"  cold cache: {self.cold_s:.1f} s = {self.cold_per_min:.0f} examples/min = "
-            f"{self.cold_s / self.plain_s:.2f} x one plain forward per example",
-            f"  warm cache: {self.warm_s:.2f} s = {self.warm_per_min:.0f} examples/min; "
-            f"cache speed-up {self.cold_s / self.warm_s:.0f} x",
-        ] + [
-            f"  cold, {b} examples per forward pass: {sec:.1f} s = "
-            f"{60.0 * self.n_examples / sec:.0f} examples/min = {sec / self.plain_s:.2f} x "
-            f"one plain forward per example ({self.cold_s / sec:.2f} x the speed of one at a time)"
-            for b, sec in self.batched_s.items()
-        ]
+        return (
+            [
+                f"extraction [{', '.join(self.detectors)}] over {self.n_examples} {self.dataset} examples "
+                f"(mean {self.mean_tokens:.0f} tokens):",
+                f"  cold cache: {self.cold_s:.1f} s = {self.cold_per_min:.0f} examples/min = "
+                f"{self.cold_s / self.plain_s:.2f} x one plain forward per example",
+                f"  warm cache: {self.warm_s:.2f} s = {self.warm_per_min:.0f} examples/min; "
+                f"cache speed-up {self.cold_s / self.warm_s:.0f} x",
+            ]
+            + [
+                f"  cold, {b} examples per forward pass: {sec:.1f} s = "
+                f"{60.0 * self.n_examples / sec:.0f} examples/min = {sec / self.plain_s:.2f} x "
+                f"one plain forward per example ({self.cold_s / sec:.2f} x the speed of one at a time)"
+                for b, sec in self.batched_s.items()
+            ]
+            + (
+                []
+                if self.ray_s is None
+                else [
+                    f"  cold, Ray local ({self.ray_actors} actors, start-up included): "
+                    f"{self.ray_s:.1f} s = {60.0 * self.n_examples / self.ray_s:.0f} examples/min "
+                    f"= {self.ray_s / self.plain_s:.2f} x one plain forward per example "
+                    f"({self.cold_s / self.ray_s:.2f} x the speed of one process)"
+                ]
+            )
+        )
+
+
+RayTimer = Callable[[LoadedModel, list[RAGExample], tuple[str, ...]], tuple[float, int]]
+"""Times a cold extraction of (model, examples, detector names) on Ray: (seconds, actors)."""
 
 
 def bench_extraction(
@@ -162,6 +182,8 @@ def bench_extraction(
     n_examples: int = 60,
     detectors: tuple[str, ...] | None = None,
     batch_sizes: tuple[int, ...] = (),
+    dataset: str = "builtin",
+    ray: RayTimer | None = None,
 ) -> ExtractionBench:
     """Time :func:`core.extract.extract_features` on ``n_examples`` built-in examples,
     one at a time (cold and cached) and, cold again, with each of ``batch_sizes``
@@ -172,7 +194,7 @@ def bench_extraction(
     import torch
 
     names = tuple(detectors or runnable_detectors(model))
-    exs = stratified_head(load_builtin(None), n_examples)
+    exs = stratified_head(resolve_dataset(dataset)[1], n_examples)
     layouts = [render(e, model) for e in exs]
 
     def plain_all() -> None:
@@ -199,11 +221,15 @@ def bench_extraction(
                 t0 = time.perf_counter()
                 extract_features(model, exs, dets, cache=FeatureCache(fresh), batch_size=b)
                 batched[b] = time.perf_counter() - t0
+    ray_run = None if ray is None else ray(model, exs, names)
     if warm.cache_hits != len(exs):
         raise RuntimeError(f"expected {len(exs)} cache hits, got {warm.cache_hits}")
     return ExtractionBench(
         detectors=names,
         n_examples=len(exs),
+        dataset=dataset,
+        ray_s=ray_run[0] if ray_run else None,
+        ray_actors=ray_run[1] if ray_run else 0,
         mean_tokens=sum(len(x) for x in layouts) / len(layouts),
         plain_s=plain_s,
         cold_s=cold.seconds,
@@ -357,6 +383,8 @@ def run_bench(
     device: str | None = "auto",
     extraction: int = 0,
     batch_sizes: tuple[int, ...] = (),
+    dataset: str = "builtin",
+    ray: RayTimer | None = None,
     features: tuple[str, ...] = (),
     aarf: int = 0,
     aarf_uncached: bool = False,
@@ -439,8 +467,8 @@ def run_bench(
             )
     ext = None
     if extraction:
-        say(f"extraction over {extraction} built-in examples (cold, then cached) ...")
-        ext = bench_extraction(model, extraction, batch_sizes=batch_sizes)
+        say(f"extraction over {extraction} {dataset} examples (cold, then cached) ...")
+        ext = bench_extraction(model, extraction, batch_sizes=batch_sizes, dataset=dataset, ray=ray)
     aarf_bench = None
     if aarf and "redeep_token" not in shipped_artifacts(model.info.key):
         say(f"AARF skipped: no redeep_token is shipped for {model.info.display_name}")

@@ -36,7 +36,7 @@ from core.errors import DataError, RagscopeError
 from core.examples import RAGExample
 from core.extract import run_examples
 from core.featurestore import feature_key
-from core.model import load_model
+from core.model import LoadedModel, load_model
 
 WORKER_ENV_VARS = (
     "RAGSCOPE_CACHE_DIR",
@@ -309,3 +309,42 @@ def extract_ray(
                 progress(len(done), len(todo))
     report.seconds = time.perf_counter() - t0
     return report
+
+
+def bench_ray(
+    model_spec: str,
+    device: str,
+    model: LoadedModel,
+    examples: Sequence[RAGExample],
+    detectors: Sequence[str],
+    actors: int,
+) -> tuple[float, int]:
+    """Seconds of a cold extraction of ``examples`` on a local Ray with ``actors`` actors
+    (start-up and model loading included; nothing stored), and the actor count; for
+    ``ragscope bench --ray-actors``."""
+    import ray
+
+    make = default_maker({})
+    dets = [make(n) for n in detectors]
+    flat = [m for d in dets for m in (d.member_detectors() if d.composite else [d])]
+    started = not ray.is_initialized()
+    t0 = time.perf_counter()
+    try:
+        rep = extract_ray(
+            model_spec=model_spec,
+            device=device,
+            model_key=model.info.key,
+            examples=examples,
+            detectors=detectors,
+            detector_options={},
+            flat=flat,
+            holds=lambda _key: False,
+            sink=lambda _ex, rows: len(rows),
+            options=RayOptions(actors=actors),
+        )
+    finally:
+        if started:
+            ray.shutdown()
+    if rep.failures:
+        raise DataError(f"the Ray bench failed on {rep.failures[0]['error']}")
+    return time.perf_counter() - t0, actors

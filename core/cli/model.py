@@ -12,6 +12,7 @@ from typing import Any
 
 from core.bench import run_bench
 from core.cli.common import Subparsers, add_model_args, emit, load, progress
+from core.distributed import bench_ray
 from core.errors import RagscopeError
 from core.llmserve import ENV_API_KEY, ServeLimits, make_server
 from core.model import embedded_cache_path, embedded_gguf_path, prepare_embedded
@@ -160,6 +161,19 @@ def _add_bench(sub: Subparsers) -> None:
         "together, as a ratio to one plain forward; also the copying-score time ('' to skip)",
     )
     p.add_argument(
+        "--dataset",
+        default="builtin",
+        help="the examples --extraction times (e.g. shared:ragtruth_qa_dev for ~700-token "
+        "RAG prompts)",
+    )
+    p.add_argument(
+        "--ray-actors",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time the cold extraction on a local Ray with N actors (0: skip)",
+    )
+    p.add_argument(
         "--batch-sizes",
         default="4",
         metavar="B,B",
@@ -194,6 +208,16 @@ def cmd_bench(args: argparse.Namespace) -> int:
         device=args.device,
         extraction=args.extraction,
         batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",") if b.strip()),
+        dataset=args.dataset,
+        ray=(
+            (
+                lambda model, exs, names: bench_ray(
+                    args.model, args.device, model, exs, names, args.ray_actors
+                )
+            )
+            if args.ray_actors
+            else None
+        ),
         features=tuple(n for n in args.features.split(",") if n),
         aarf=args.aarf,
         aarf_uncached=args.aarf_uncached,

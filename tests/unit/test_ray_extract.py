@@ -200,3 +200,15 @@ def test_a_two_node_cluster(tiny_model, demo, reference, tmp_path, local_ray):
     finally:
         ray.shutdown()
         cluster.shutdown()
+
+
+def test_bench_times_extraction_on_ray(local_ray, capsys):
+    import json
+
+    argv = ["bench", "--model", "tiny", "--device", "cpu", "--no-cold", "--repeats", "1"]
+    argv += ["--tokens", "80", "--extraction", "3", "--dataset", "demo", "--batch-sizes", ""]
+    argv += ["--features", "", "--aarf", "0", "--ray-actors", "2", "--json"]
+    assert main(argv) == 0
+    ext = json.loads(capsys.readouterr().out)["extraction"]
+    assert ext["dataset"] == "demo" and ext["n_examples"] == 3
+    assert ext["ray_s"] > 0 and ext["ray_actors"] == 2
