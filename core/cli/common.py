@@ -10,11 +10,16 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from tqdm import tqdm
+
+from core.contract import Detector, Features
+from core.crossval import default_maker
 from core.data import DEMO, make_splits, resolve_dataset
+from core.distributed import RayOptions, extract_ray
 from core.errors import DataError
 from core.examples import RAGExample
-from core.extract import DEFAULT_BATCH_SIZE
-from core.featurestore import import_store
+from core.extract import DEFAULT_BATCH_SIZE, FeatureCache, iter_features
+from core.featurestore import ShardWriter, import_store
 from core.model import LoadedModel, load_model
 from core.storage import Store
 
@@ -45,6 +50,139 @@ def add_batch_size_arg(p: argparse.ArgumentParser) -> None:
         help="examples per traced forward pass (right-padded; features equal one at a time "
         "to float rounding); default per device: "
         + ", ".join(f"{d} {b}" for d, b in DEFAULT_BATCH_SIZE.items()),
+    )
+
+
+def add_engine_args(p: argparse.ArgumentParser) -> None:
+    """``--batch-size`` and the engine options (``--engine local|ray``, ``--address``,
+    ``--actors``, ``--gpus-per-actor``) of a command that extracts features."""
+    add_batch_size_arg(p)
+    p.add_argument(
+        "--engine",
+        choices=("local", "ray"),
+        default="local",
+        help="local: this process (default); ray: a Ray Data pipeline over an actor pool, "
+        "each actor loading the model once (see --address, --actors, --gpus-per-actor)",
+    )
+    p.add_argument(
+        "--address",
+        default=None,
+        help="with --engine ray: 'auto' (the cluster this machine is in) or ray://host:port; "
+        "default: start a local Ray on the spot",
+    )
+    p.add_argument("--actors", type=int, default=2, help="with --engine ray: actors (model copies)")
+    p.add_argument(
+        "--gpus-per-actor",
+        type=float,
+        default=0.0,
+        help="with --engine ray: GPUs each actor reserves (default 0: CPU actors)",
+    )
+
+
+def extract_on_ray(
+    args: argparse.Namespace,
+    model: LoadedModel,
+    examples: Sequence[RAGExample],
+    names: Sequence[str],
+    flat: Sequence[Detector],
+    store: Store,
+    writer: ShardWriter | None,
+) -> tuple[dict[str, int], list[dict[str, str]]]:
+    """Extraction on Ray (:func:`core.distributed.extract_ray`): finished examples go
+    into the local cache and, with ``--out``, the feature store."""
+    cache = FeatureCache(store)
+    by_name = {d.name: d for d in flat}
+
+    def holds(key: tuple[str, str, str, str]) -> bool:
+        if writer is not None:
+            return writer.holds(key)
+        m, h, det, cfg = key
+        return store.has_analysis(example_hash=h, model=m, detector=det, config_hash=cfg)
+
+    def sink(ex: RAGExample, rows: Sequence[tuple[tuple[str, str, str, str], Features]]) -> int:
+        added = 0
+        for key, feats in rows:
+            cache.put(model.info.key, ex, by_name[key[2]], feats)
+            added += writer.add(key, ex, feats) if writer is not None else 1
+        if writer is not None:
+            writer.example_done()
+        return added
+
+    options = RayOptions(
+        address=args.address,
+        actors=args.actors,
+        gpus_per_actor=args.gpus_per_actor,
+        batch_size=args.batch_size or 1,
+    )
+    with tqdm(total=len(examples), desc="features (ray)", unit="ex", file=sys.stderr) as bar:
+
+        def progress(done: int, total: int) -> None:
+            bar.update(done - bar.n)
+
+        rep = extract_ray(
+            model_spec=args.model,
+            device=args.device,
+            model_key=model.info.key,
+            examples=examples,
+            detectors=names,
+            detector_options=detector_options(args),
+            flat=flat,
+            holds=holds,
+            sink=sink,
+            options=options,
+            progress=progress,
+            on_error=getattr(args, "on_error", "skip"),
+        )
+    counts = {
+        "computed": rep.examples - len(rep.failures),
+        "stored": rep.held,
+        "failed": len(rep.failures),
+    }
+    return counts, rep.failures
+
+
+def prefetch_features(
+    args: argparse.Namespace,
+    model: LoadedModel,
+    examples: Sequence[RAGExample],
+    names: Sequence[str],
+) -> None:
+    """``evaluate``/``train`` with ``--engine ray`` or ``--batch-size``: fill the local
+    feature cache with what the run will read, on that engine, before the run reads it
+    (from the cache, as always). Without either option, nothing happens here."""
+    engine = getattr(args, "engine", "local")
+    batch = getattr(args, "batch_size", None)
+    if (engine == "local" and batch is None) or getattr(args, "no_cache", False):
+        return
+    make = default_maker(detector_options(args))
+    detectors = [make(n) for n in names]
+    flat = [m for d in detectors for m in (d.member_detectors() if d.composite else [d])]
+    with Store() as store:
+        if engine == "ray":
+            counts, failures = extract_on_ray(args, model, examples, names, flat, store, None)
+        else:
+            counts = {"computed": 0, "stored": 0, "failed": 0}
+            failures = []
+            stream = iter_features(
+                model,
+                examples,
+                detectors,
+                cache=FeatureCache(store),
+                on_error="skip",
+                batch_size=batch,
+            )
+            with tqdm(total=len(examples), desc="features", unit="ex", file=sys.stderr) as bar:
+                for got in stream:
+                    if got.error is not None:
+                        counts["failed"] += 1
+                        failures.append({"example": got.example.id, "error": str(got.error)})
+                    else:
+                        counts["computed" if got.computed else "stored"] += 1
+                    bar.update(1)
+    print(
+        f"features ({engine}, batch size {batch or 'default'}): {counts['computed']} computed, "
+        f"{counts['stored']} already stored, {counts['failed']} failed",
+        file=sys.stderr,
     )
 
 

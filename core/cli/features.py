@@ -23,10 +23,11 @@ from tqdm import tqdm
 from core.cli.common import (
     REPORT_LINES,
     Subparsers,
-    add_batch_size_arg,
     add_detector_option_args,
+    add_engine_args,
     add_model_args,
     detector_options,
+    extract_on_ray,
     import_feature_stores,
     load,
 )
@@ -34,7 +35,6 @@ from core.contract import Detector, Features
 from core.crossval import default_maker
 from core.data import data_hash, resolve_datasets, stratified_head
 from core.detectors.registry import MEMBERS
-from core.distributed import RayOptions, extract_ray
 from core.errors import DataError
 from core.examples import RAGExample
 from core.extract import FeatureCache, iter_features
@@ -82,33 +82,13 @@ def _add_extract(sub: Subparsers) -> None:
         help="comma-separated names (default: every detector the ensemble stacks)",
     )
     add_detector_option_args(p)
-    add_batch_size_arg(p)
+    add_engine_args(p)
     p.add_argument(
         "--on-error",
         choices=("skip", "stop"),
         default="skip",
         help="an example that cannot be traced (e.g. longer than the model's context): skip "
         "it and report it at the end (default), or stop there (what is stored stays)",
-    )
-    p.add_argument(
-        "--engine",
-        choices=("local", "ray"),
-        default="local",
-        help="local: this process (default); ray: a Ray Data pipeline over an actor pool, "
-        "each actor loading the model once (see --address, --actors, --gpus-per-actor)",
-    )
-    p.add_argument(
-        "--address",
-        default=None,
-        help="with --engine ray: 'auto' (the cluster this machine is in) or ray://host:port; "
-        "default: start a local Ray on the spot",
-    )
-    p.add_argument("--actors", type=int, default=2, help="with --engine ray: actors (model copies)")
-    p.add_argument(
-        "--gpus-per-actor",
-        type=float,
-        default=0.0,
-        help="with --engine ray: GPUs each actor reserves (default 0: CPU actors)",
     )
     p.add_argument(
         "--shard",
@@ -190,9 +170,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
     try:
         if args.engine == "ray":
             with Store() as store:
-                counts, failures = _extract_on_ray(
-                    args, model, examples, names, flat, store, writer
-                )
+                counts, failures = extract_on_ray(args, model, examples, names, flat, store, writer)
         else:
             _extract_here(args, model, examples, detectors, flat, writer, counts, failures)
     finally:  # a stopped run (an error, Ctrl-C) still stores what it finished
@@ -269,68 +247,6 @@ def _extract_here(
                         writer.example_done()
                 bar.update(1)
                 bar.set_postfix(counts, refresh=False)
-
-
-def _extract_on_ray(
-    args: argparse.Namespace,
-    model: LoadedModel,
-    examples: Sequence[RAGExample],
-    names: Sequence[str],
-    flat: Sequence[Detector],
-    store: Store,
-    writer: ShardWriter | None,
-) -> tuple[dict[str, int], list[dict[str, str]]]:
-    """Extraction on Ray (:func:`core.distributed.extract_ray`): finished examples go
-    into the local cache and, with ``--out``, the feature store."""
-    cache = FeatureCache(store)
-    by_name = {d.name: d for d in flat}
-
-    def holds(key: tuple[str, str, str, str]) -> bool:
-        if writer is not None:
-            return writer.holds(key)
-        m, h, det, cfg = key
-        return store.has_analysis(example_hash=h, model=m, detector=det, config_hash=cfg)
-
-    def sink(ex: RAGExample, rows: Sequence[tuple[tuple[str, str, str, str], Features]]) -> int:
-        added = 0
-        for key, feats in rows:
-            cache.put(model.info.key, ex, by_name[key[2]], feats)
-            added += writer.add(key, ex, feats) if writer is not None else 1
-        if writer is not None:
-            writer.example_done()
-        return added
-
-    options = RayOptions(
-        address=args.address,
-        actors=args.actors,
-        gpus_per_actor=args.gpus_per_actor,
-        batch_size=args.batch_size or 1,
-    )
-    with tqdm(total=len(examples), desc="features (ray)", unit="ex", file=sys.stderr) as bar:
-
-        def progress(done: int, total: int) -> None:
-            bar.update(done - bar.n)
-
-        rep = extract_ray(
-            model_spec=args.model,
-            device=args.device,
-            model_key=model.info.key,
-            examples=examples,
-            detectors=names,
-            detector_options=detector_options(args),
-            flat=flat,
-            holds=holds,
-            sink=sink,
-            options=options,
-            progress=progress,
-            on_error=args.on_error,
-        )
-    counts = {
-        "computed": rep.examples - len(rep.failures),
-        "stored": rep.held,
-        "failed": len(rep.failures),
-    }
-    return counts, rep.failures
 
 
 def _writer(

@@ -14,11 +14,13 @@ from typing import Any
 from core.cli.common import (
     Subparsers,
     add_detector_option_args,
+    add_engine_args,
     add_model_args,
     detector_options,
     eval_splits,
     import_feature_stores,
     load,
+    prefetch_features,
     tqdm_progress,
 )
 from core.contract import artifact_info, compare_artifacts
@@ -106,6 +108,7 @@ def _fit_parser(sub: Subparsers, cmd: str, helptext: str) -> argparse.ArgumentPa
         "--bootstrap", type=int, default=1000, help="bootstrap resamples for the AUROC CI"
     )
     add_detector_option_args(p)
+    add_engine_args(p)
     return p
 
 
@@ -162,6 +165,7 @@ def _cross_validate(
 ) -> tuple[CVRun, Extraction]:
     """The cross-validation of ``--dataset`` (and the features it read)."""
     sets, examples = _combined(args, args.dataset)
+    prefetch_features(args, model, examples, names)
     make = default_maker(detector_options(args))
     with Store() as store:
         ext = extract_all(
@@ -253,6 +257,7 @@ def _matrix(args: argparse.Namespace, names: list[str], model: LoadedModel) -> M
     for spec in [x.strip() for x in args.matrix.split(",") if x.strip()]:
         (name,), examples = _combined(args, spec)
         parts[name] = examples
+    prefetch_features(args, model, [e for exs in parts.values() for e in exs], names)
     with Store() as store:
         return domain_matrix(
             model,
@@ -301,6 +306,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     artifacts = {}
     if args.artifacts:
         artifacts = {n: Path(args.artifacts) / n for n in names}
+    parts = ("validation", "test") if artifacts else ("train", "validation", "test")
+    prefetch_features(args, model, [e for p in parts for e in splits[p]], names)
     with Store() as store:
         run = evaluate(
             model,
@@ -395,6 +402,8 @@ def _train(
     if "," in args.dataset:
         raise DataError("several datasets combine only with --cv", field="dataset")
     train_name, test_name, splits = eval_splits(args)
+    parts = ("train", "validation", "test")
+    prefetch_features(args, model, [e for p in parts for e in splits[p]], names)
     with Store() as store:
         return evaluate(
             model,

@@ -91,3 +91,10 @@ def test_bad_shards_and_detectors_are_clear_errors(db: Path, capsys) -> None:
     assert "0/2 and 1/2" in capsys.readouterr().err
     assert main([*ARGS[:-1], "no_such_detector", "--dataset", "demo"]) == 2
     assert "no_such_detector" in capsys.readouterr().err
+
+
+def test_evaluate_with_a_batch_size_prefetches_in_batches(db: Path, tmp_path: Path, capsys) -> None:
+    argv = ["evaluate", "--model", "tiny", "--device", "cpu", "--dataset", "demo"]
+    argv += ["--detectors", "nll", "--batch-size", "4", "--out", str(tmp_path)]
+    assert main(argv) == 0
+    assert "features (local, batch size 4): 12 computed" in capsys.readouterr().err

@@ -212,3 +212,17 @@ def test_bench_times_extraction_on_ray(local_ray, capsys):
     ext = json.loads(capsys.readouterr().out)["extraction"]
     assert ext["dataset"] == "demo" and ext["n_examples"] == 3
     assert ext["ray_s"] > 0 and ext["ray_actors"] == 2
+
+
+def test_train_and_evaluate_extract_on_ray(local_ray, tmp_path, monkeypatch, capsys):
+    """``--engine ray`` on evaluate/train fills the cache on Ray first; the run then
+    reads every feature from the cache."""
+    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "cache.sqlite3"))
+    argv = ["--model", "tiny", "--device", "cpu", "--dataset", "demo", "--detectors", "nll"]
+    argv += ["--engine", "ray", "--actors", "2"]
+    assert main(["train", *argv, "--out", str(tmp_path / "artifacts")]) == 0
+    err = capsys.readouterr().err
+    assert "features (ray, batch size default): 12 computed, 0 already stored" in err
+    assert (tmp_path / "artifacts" / "nll" / "cfg.json").is_file()
+    assert main(["evaluate", *argv, "--out", str(tmp_path / "runs")]) == 0
+    assert "0 computed, 12 already stored" in capsys.readouterr().err
