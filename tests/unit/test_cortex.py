@@ -85,13 +85,13 @@ def test_the_bare_pass_traces_only_the_hidden_states(tiny_model, toy_example, mo
     import core.extract
 
     seen: list[tuple[bool, frozenset]] = []
-    real = core.extract.trace
+    real = core.extract.trace_batch
 
-    def spy(model, layout, needs):  # noqa: ANN001, ANN202
-        seen.append((layout.with_context, needs.hooks))
-        return real(model, layout, needs)
+    def spy(model, layouts, needs, **kw):  # noqa: ANN001, ANN202
+        seen.extend((layout.with_context, needs.hooks) for layout in layouts)
+        return real(model, layouts, needs, **kw)
 
-    monkeypatch.setattr(core.extract, "trace", spy)
+    monkeypatch.setattr(core.extract, "trace_batch", spy)
     run_example(tiny_model, toy_example, [make_detector("cortex")])
     last = tiny_model.info.n_layers - 1
     assert seen == [

@@ -100,13 +100,13 @@ def test_verdict_score_must_be_a_probability() -> None:
 
 def test_one_trace_per_example_for_all_detectors(tiny_model, monkeypatch) -> None:
     calls = []
-    real = extract_mod.trace
+    real = extract_mod.trace_batch
 
-    def counting(model, layout, needs):
-        calls.append(layout.with_context)
-        return real(model, layout, needs)
+    def counting(model, layouts, needs, **kw):
+        calls.extend(layout.with_context for layout in layouts)
+        return real(model, layouts, needs, **kw)
 
-    monkeypatch.setattr(extract_mod, "trace", counting)
+    monkeypatch.setattr(extract_mod, "trace_batch", counting)
     ex = _examples()[1]
     dets = [make_detector(n) for n in ("nll", "context_gain", "lexical")]
     feats = run_example(tiny_model, ex, dets)
