@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal
 
 from core.contract import Detector, Features, Run
@@ -149,6 +149,107 @@ def run_example(
     if isinstance(got, DataError):
         raise got
     return got
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of :func:`stream_example`.
+
+    Attributes:
+        stage: ``"trace"`` (the pass with the passages is done), ``"bare"`` (the
+            no-context pass is done) or ``"features"`` (a requested detector's features).
+        seconds: Wall time of this step.
+        detector: The detector whose features these are (``"features"`` steps).
+        features: Its features (``"features"`` steps).
+    """
+
+    stage: Literal["trace", "bare", "features"]
+    seconds: float
+    detector: str | None = None
+    features: Features | None = None
+
+
+def stream_example(
+    model: LoadedModel,
+    example: RAGExample,
+    detectors: Sequence[Detector],
+    *,
+    extra: Needs | None = None,
+    on_trace: Callable[[Trace], None] | None = None,
+) -> Iterator[Step]:
+    """:func:`run_example`, one detector at a time: each requested detector's features
+    are yielded as soon as what it reads exists, so a page can show a verdict while
+    the others are still being computed. The order: detectors that read no
+    activations (before any forward pass), the pass with the passages, the detectors
+    that read only it, the no-context pass (when one is asked for), the rest, and each
+    composite as soon as all its members are done. The traces are the same ONE pass
+    (and one no-context pass) :func:`run_example` runs, so the features are equal.
+
+    Args:
+        extra: Also recorded in the pass with the passages (e.g. the logits a page
+            shows), handed to ``on_trace`` with everything else before any detector
+            that reads the pass.
+        on_trace: Called with the pass with the passages as soon as it is done.
+
+    Raises:
+        DataError: The example cannot be laid out or a detector cannot read it.
+    """
+    flat = _flatten(detectors)
+    needs = {d.name: d.needs(model.info) for d in flat}
+    bare_needs = [
+        b
+        for d in flat
+        if d.needs_bare and needs[d.name] and (b := d.bare_needs(model.info)) is not None
+    ]
+    layout = render(example, model)
+    run = Run(example=example, layout=layout, trace=None, bare=None, model=model.info, loaded=model)
+    wanted = {d.name for d in detectors}
+    got: dict[str, Features] = {}
+    sent: set[str] = set()
+
+    def compute(group: Sequence[Detector]) -> Iterator[Step]:
+        for d in group:
+            t0 = time.perf_counter()
+            got[d.name] = d.features(run)
+            if d.name in wanted:
+                sent.add(d.name)
+                yield Step("features", time.perf_counter() - t0, d.name, got[d.name])
+            yield from composites()
+
+    def composites() -> Iterator[Step]:
+        for d in detectors:
+            members = [m.name for m in d.member_detectors()] if d.composite else []
+            if d.composite and d.name not in sent and all(m in got for m in members):
+                t0 = time.perf_counter()
+                feats = d.bundle(example.id, model.info.key, got)
+                sent.add(d.name)
+                yield Step("features", time.perf_counter() - t0, d.name, feats)
+
+    without = [d for d in flat if needs[d.name] is None and not d.needs_bare]
+    yield from compute(without)
+    full_needs = [n for n in needs.values() if n is not None] + ([extra] if extra else [])
+    if full_needs:
+        t0 = time.perf_counter()
+        run = replace(run, trace=trace_batch(model, [layout], Needs.union(full_needs))[0])
+        assert run.trace is not None
+        if on_trace is not None:
+            on_trace(run.trace)
+        yield Step("trace", time.perf_counter() - t0)
+    yield from compute([d for d in flat if d not in without and not d.needs_bare])
+    later = [d for d in flat if d not in without and d.needs_bare]
+    if later:
+        t0 = time.perf_counter()
+        bare = (
+            trace_batch(
+                model, [render(example, model, with_context=False)], Needs.union(bare_needs)
+            )[0]
+            if bare_needs
+            else None
+        )
+        run = replace(run, bare=bare)  # the memo travels with it
+        yield Step("bare", time.perf_counter() - t0)
+        yield from compute(later)
+    yield from composites()
 
 
 def run_examples(

@@ -247,3 +247,47 @@ def test_fit_refuses_unlabelled_and_single_class(tiny_model) -> None:
     ]
     with pytest.raises(DataError, match="both faithful"):
         make_detector("lexical").fit(feats, only_good)
+
+
+def test_streamed_features_equal_the_shared_pass_and_come_as_soon_as_ready(
+    tiny_model, monkeypatch
+) -> None:
+    from core.detectors import runnable_detectors
+    from core.extract import stream_example
+
+    ex = _examples()[1]
+    ens = make_detector("ensemble", members=("nll", "lexical", "cortex"))
+    dets = [make_detector(n) for n in runnable_detectors(tiny_model)] + [ens]
+    want = run_example(tiny_model, ex, dets)
+    passes: list[bool] = []
+    real = extract_mod.trace_batch
+
+    def counting(model, layouts, needs, **kw):
+        passes.extend(layout.with_context for layout in layouts)
+        return real(model, layouts, needs, **kw)
+
+    monkeypatch.setattr(extract_mod, "trace_batch", counting)
+    seen: list = []
+    steps = list(stream_example(tiny_model, ex, dets, on_trace=seen.append))
+    assert passes == [True, False]  # the same one pass with context and one without
+    order = [s.detector or s.stage for s in steps]
+    assert order[0] == "lexical"  # reads no activations: before any forward pass
+    assert order.index("trace") < order.index("nll") < order.index("bare")
+    assert order.index("bare") < order.index("cortex") < order.index("ensemble")
+    assert order.index("bare") < order.index("context_gain")
+    assert sorted(s.detector for s in steps if s.stage == "features") == sorted(want)
+    assert len(seen) == 1 and seen[0].layout.with_context
+    for s in steps:
+        if s.stage != "features":
+            continue
+        f, g = want[s.detector], s.features
+        if f.members is not None:  # the ensemble: its members' features, bundled
+            f, g = f.members["cortex"], g.members["cortex"]
+        np.testing.assert_array_equal(g.response, f.response)
+        for a, b in ((g.tokens, f.tokens), (g.chunks, f.chunks)):
+            assert (a is None) == (b is None)
+            if a is not None:
+                np.testing.assert_array_equal(a, b)
+    # Only what was asked for: members are computed, not reported.
+    only = list(stream_example(tiny_model, ex, [ens]))
+    assert [s.detector for s in only if s.stage == "features"] == ["ensemble"]
