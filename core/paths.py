@@ -6,6 +6,7 @@ artifacts trained for another model) and none touches the disk.
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 from pathlib import Path
@@ -116,6 +117,34 @@ def shipped_runs_dir() -> Path:
     """
     env = os.environ.get("RAGSCOPE_SHIPPED_RUNS_DIR")
     return Path(env) if env else assets_dir() / "runs"
+
+
+TRAINED_SET = "trained"
+"""The detector set's name when the loaded detectors were trained on this machine for a
+model no shipped set covers (:func:`model_detectors_dir`)."""
+
+
+def trained_detectors_dir() -> Path:
+    """Detectors trained on this machine for models that ship none, one folder per model
+    (:func:`model_detectors_dir`): ``RAGSCOPE_TRAINED_DIR``, else
+    ``<cache dir>/detectors``."""
+    env = os.environ.get("RAGSCOPE_TRAINED_DIR")
+    return Path(env).expanduser() if env else cache_dir() / "detectors"
+
+
+def model_slug(model_key: str) -> str:
+    """A folder name for a model key: its display name in lower-case letters, digits and
+    dashes (at most 48), then 12 hex digits of the key's SHA-256 (keys differ in their
+    sizes and dtype, which the name leaves out)."""
+    name = re.sub(r"[^a-z0-9]+", "-", model_key.split("|", 1)[0].lower()).strip("-")[:48]
+    digest = hashlib.sha256(model_key.encode("utf-8")).hexdigest()[:12]
+    return f"{name.strip('-') or 'model'}-{digest}"
+
+
+def model_detectors_dir(model_key: str) -> Path:
+    """Where detectors trained here for the model ``model_key`` live (one subfolder per
+    detector, like a shipped set): ``<trained dir>/<model slug>``."""
+    return trained_detectors_dir() / model_slug(model_key)
 
 
 def builtin_dir() -> Path:

@@ -39,7 +39,8 @@ from core.data import data_hash, resolve_datasets, stratified_head
 from core.detectors import shipped_artifacts
 from core.errors import DataError
 from core.evaluate import EvalRun, evaluate
-from core.extract import Extraction, FeatureCache
+from core.extract import Extraction, FeatureCache, Progress
+from core.jobs import JobRunner
 from core.model import LoadedModel
 from core.paths import runs_dir, shipped_dir, shipped_runs_dir
 from core.smoothing import P_STAY_TOKEN
@@ -161,9 +162,13 @@ def _combined(args: argparse.Namespace, specs: str) -> tuple[list[str], list[Any
 
 
 def _cross_validate(
-    args: argparse.Namespace, names: list[str], model: LoadedModel
+    args: argparse.Namespace,
+    names: list[str],
+    model: LoadedModel,
+    progress: Progress | None = None,
 ) -> tuple[CVRun, Extraction]:
-    """The cross-validation of ``--dataset`` (and the features it read)."""
+    """The cross-validation of ``--dataset`` (and the features it read); ``progress``
+    follows the extraction (default: a tqdm bar)."""
     sets, examples = _combined(args, args.dataset)
     prefetch_features(args, model, examples, names)
     make = default_maker(detector_options(args))
@@ -174,7 +179,7 @@ def _cross_validate(
             names,
             make,
             cache=None if getattr(args, "no_cache", False) else FeatureCache(store),
-            progress=tqdm_progress("features"),
+            progress=progress or tqdm_progress("features"),
         )
     run = cross_validate(
         model,
@@ -196,11 +201,15 @@ def _cross_validate(
 
 
 def _train_cv(
-    args: argparse.Namespace, names: list[str], out: str | Path, model: LoadedModel
+    args: argparse.Namespace,
+    names: list[str],
+    out: str | Path,
+    model: LoadedModel,
+    progress: Progress | None = None,
 ) -> CVRun:
     """Cross-validate the recipe, then apply it to all the data and save each artifact
     with its cross-validated metrics."""
-    run, ext = _cross_validate(args, names, model)
+    run, ext = _cross_validate(args, names, model, progress)
     make = default_maker(detector_options(args))
     exs = list(ext.examples)
     sets = sorted({e.provenance.dataset or "unknown" for e in exs})
@@ -343,6 +352,15 @@ def _add_train(sub: Subparsers) -> None:
         "with --reproduce: a temporary folder)",
     )
     p.add_argument(
+        "--job",
+        type=int,
+        default=None,
+        metavar="ID",
+        help="run as background job ID (the app queues these, and starts this command for "
+        "them): progress and a heartbeat in the database, stops when cancelled there, and "
+        "publishes the artifacts into --out only once all are trained",
+    )
+    p.add_argument(
         "--reproduce",
         nargs="?",
         const="",
@@ -394,11 +412,17 @@ def _train_recipe(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
 
 
 def _train(
-    args: argparse.Namespace, names: list[str], out: str | Path, model: LoadedModel | None = None
+    args: argparse.Namespace,
+    names: list[str],
+    out: str | Path,
+    model: LoadedModel | None = None,
+    progress: Progress | None = None,
 ) -> EvalRun | CVRun:
+    """Train ``names`` as ``args`` say and save their artifacts into ``out``;
+    ``progress`` follows the feature extraction (default: a tqdm bar)."""
     model = model or load(args)
     if getattr(args, "cv", None):
-        return _train_cv(args, names, out, model)
+        return _train_cv(args, names, out, model, progress)
     if "," in args.dataset:
         raise DataError("several datasets combine only with --cv", field="dataset")
     train_name, test_name, splits = eval_splits(args)
@@ -414,7 +438,7 @@ def _train(
             train_dataset=train_name,
             test_dataset=test_name,
             cache=None if getattr(args, "no_cache", False) else FeatureCache(store),
-            progress=tqdm_progress("features"),
+            progress=progress or tqdm_progress("features"),
             n_boot=args.bootstrap,
             save_artifacts=out,
             recipe=_train_recipe(args, names),
@@ -424,18 +448,74 @@ def _train(
 
 def cmd_train(args: argparse.Namespace) -> int:
     if args.reproduce is not None:
+        if args.job is not None:
+            raise DataError("--job trains; it does not combine with --reproduce")
         return _reproduce(args)
 
     _merge_feature_stores(args)
     names = [d for d in args.detectors.split(",") if d]
+    if args.job is not None:
+        return _train_job(args, names)
     out = args.out or shipped_dir()
     run = _train(args, names, out)
+    _report(run, names, out)
+    return 0
+
+
+def _report(run: EvalRun | CVRun, names: list[str], out: str | Path) -> None:
     print(run.to_markdown())
     if isinstance(run, CVRun):
         j, m = run.save(_cv_runs_dir(out))
         print(f"\nsaved the cross-validation as {j} and {m}")
     for n in names:
         print(f"saved {n} -> {Path(out) / n}")
+
+
+def _job_result(run: EvalRun | CVRun, published: dict[str, str]) -> dict[str, Any]:
+    """What a finished job records: its artifacts, their headline AUROC and where the
+    features came from."""
+    if isinstance(run, CVRun):
+        auroc = {n: run.result(n).pooled.get("auroc") for n in published}
+        where = f"{run.k}-fold CV"
+        features: dict[str, Any] = {}
+    else:
+        auroc = {r.detector: r.metrics.get("auroc") for r in run.results}
+        where = "test split"
+        ext = run.extraction
+        features = {k: ext.get(k) for k in ("computed", "cache_hits", "n_errors", "seconds")}
+    return {
+        "artifacts": published,
+        "auroc": {n: a for n, a in auroc.items() if isinstance(a, int | float)},
+        "auroc_from": where,
+        "run": run.name,
+        "features": features,
+    }
+
+
+def _train_job(args: argparse.Namespace, names: list[str]) -> int:
+    """``ragscope train ... --job ID``: the worker of a background job (:mod:`core.jobs`).
+
+    Trains exactly as without ``--job``, into a staging folder, and publishes the
+    artifacts into ``--out`` only when every one is saved; the job's row follows its
+    stage and progress, and a cancel leaves nothing behind.
+    """
+    if not args.out:
+        raise DataError("--job needs --out (the folder the job publishes into)", field="out")
+    with Store() as store:
+        runner = JobRunner(store, args.job, out=args.out)
+        with runner:
+            runner.stage("Loading the model")
+            model = load(args)
+            runner.check_model(model.info.key)
+            runner.stage("Features")
+            run = _train(args, names, runner.staging, model, progress=runner.progress)
+            runner.stage("Publishing the artifacts")
+            published = runner.publish(names)
+            runner.result = _job_result(run, published)
+            _report(run, names, args.out)
+    if runner.status == "cancelled":
+        print(f"job #{args.job} was cancelled; nothing was published", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,5 +1,5 @@
 """SQLite storage for datasets, analyses, annotations, cached explanations,
-counterfactual sessions and reviews: all of ragscope's SQL lives in this package.
+counterfactual sessions, reviews and background jobs: all of ragscope's SQL lives in this package.
 
 One file (WAL mode, foreign keys on) with a versioned schema: ``schema_version`` records
 which entries of :data:`MIGRATIONS` have been applied; opening a database applies the
@@ -16,7 +16,8 @@ a Streamlit server (one thread per session) needs.
 - one repository per table family, each with its rows' dataclasses: ``datasets``
   (datasets and examples), ``analyses`` (the feature cache), ``annotations``,
   ``explanations``, ``counterfactuals`` and ``reviews`` (the review queue, decisions
-  and audit trail that :mod:`core.review` keeps).
+  and audit trail that :mod:`core.review` keeps) and ``jobs`` (background jobs and their
+  progress, :mod:`core.jobs`).
 - ``store``: :class:`Store`, the database with all of them.
 """
 
@@ -27,6 +28,14 @@ from core.storage.annotations import Annotation
 from core.storage.counterfactuals import SavedSession
 from core.storage.datasets import DatasetInfo
 from core.storage.db import DB_FILENAME, default_db_path, now_iso
+from core.storage.jobs import (
+    ACTIVE_STATUSES,
+    JOB_STATUSES,
+    JobBusyError,
+    JobRow,
+    JobRowError,
+    JobStatus,
+)
 from core.storage.migrations import MIGRATIONS, SCHEMA_VERSION
 from core.storage.reviews import (
     DECISIONS,
@@ -44,9 +53,11 @@ from core.storage.reviews import (
 from core.storage.store import Store
 
 __all__ = [
+    "ACTIVE_STATUSES",
     "DB_FILENAME",
     "DECISIONS",
     "EVIDENCE",
+    "JOB_STATUSES",
     "KINDS",
     "LABEL_TYPES",
     "MIGRATIONS",
@@ -57,6 +68,10 @@ __all__ = [
     "AuditEntry",
     "DatasetInfo",
     "Decision",
+    "JobBusyError",
+    "JobRow",
+    "JobRowError",
+    "JobStatus",
     "QueuedSpan",
     "Review",
     "ReviewChange",

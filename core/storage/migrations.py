@@ -135,5 +135,33 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE review_items ADD COLUMN example_hash TEXT;
     """,
+    # 5: background jobs (core.jobs): training detectors for a model outside the app's
+    # script runs. At most one queued or running job per model key.
+    """
+    CREATE TABLE jobs (
+        id INTEGER PRIMARY KEY,
+        kind TEXT NOT NULL CHECK (kind IN ('train')),
+        model TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        out TEXT NOT NULL,
+        status TEXT NOT NULL
+            CHECK (status IN ('queued', 'running', 'done', 'failed', 'cancelled')),
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        stage TEXT NOT NULL DEFAULT '',
+        done INTEGER NOT NULL DEFAULT 0,
+        total INTEGER NOT NULL DEFAULT 0,
+        pid INTEGER,
+        heartbeat REAL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        error TEXT,
+        result TEXT,
+        created_at TEXT NOT NULL,
+        started_at TEXT,
+        finished_at TEXT
+    );
+    CREATE UNIQUE INDEX jobs_one_active_per_model ON jobs(model)
+        WHERE status IN ('queued', 'running');
+    CREATE INDEX jobs_by_model ON jobs(model, id);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

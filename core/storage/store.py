@@ -7,6 +7,7 @@ from core.storage.annotations import AnnotationsRepository
 from core.storage.counterfactuals import CounterfactualsRepository
 from core.storage.datasets import DatasetsRepository
 from core.storage.explanations import ExplanationsRepository
+from core.storage.jobs import JobsRepository
 from core.storage.reviews import ReviewsRepository
 
 
@@ -17,6 +18,7 @@ class Store(
     ExplanationsRepository,
     CounterfactualsRepository,
     ReviewsRepository,
+    JobsRepository,
 ):
     """The ragscope database.
 

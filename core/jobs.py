@@ -1,0 +1,611 @@
+"""Background training jobs: detectors trained for a model outside the app's script runs.
+
+A job is a row of the ``jobs`` table (:mod:`core.storage.jobs`) and a detached worker
+process running ``ragscope train ... --job ID`` (:func:`launch_job`), in a session of its
+own so it outlives the page that started it, a browser reload and even the app's
+server. The row is the only channel between them: the worker records its stage, its
+progress and a heartbeat there (:class:`JobRunner`); any app session reads them
+(:func:`job_view`) and can ask it to stop.
+
+The worker trains into a staging folder beside the job's output folder and moves each
+finished artifact into place only at the end (:meth:`JobRunner.publish`), so a job
+that is cancelled, fails or is killed leaves no half-written artifact. Its features go
+to the feature cache as each example is done, so a job started again (:func:`resume_job`,
+after a crash or a restart) traces only what is missing. The artifacts are those
+``ragscope train`` with the same options writes (:meth:`TrainSpec.command`).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from types import FrameType, TracebackType
+from typing import Any, Literal, Self
+
+from core.contract import Detector
+from core.detectors import available_detectors, make_detector
+from core.errors import DataError, RagscopeError
+from core.examples import RAGExample, example_hash
+from core.extract import run_example
+from core.model import LoadedModel
+from core.paths import repo_root
+from core.storage import JobRow, Store
+
+HEARTBEAT_S = 2.0
+"""How often a worker reports that it is alive (and reads whether to stop)."""
+STALE_S = 45.0
+"""A queued or running job with no heartbeat for this long has lost its worker."""
+JobState = Literal["queued", "running", "interrupted", "done", "failed", "cancelled"]
+"""A job's state as shown: the stored status, with ``interrupted`` for an active job
+whose worker is gone."""
+_DETECTOR_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
+
+
+class JobCancelled(BaseException):
+    """Raised in a worker to stop its job (asked from the app, or a signal).
+
+    A ``BaseException``, like ``KeyboardInterrupt``, so no ``except Exception`` on the
+    way (a detector's fit, an example's extraction) swallows it.
+    """
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainSpec:
+    """What a training job trains: the options of ``ragscope train``.
+
+    Attributes:
+        model: The model as ``--model`` names it (``RAGSCOPE_MODEL``).
+        device: ``--device``.
+        detectors: Registered detector names.
+        dataset: ``--dataset`` (``builtin``, ``demo``, an imported dataset's name, a path).
+        limit: ``--limit`` (about this many examples; ``None``: all).
+        seed: ``--seed`` (the split seed).
+
+    Raises:
+        DataError: An option that ``ragscope train`` would refuse, or that could not
+            round-trip through a command line.
+    """
+
+    model: str
+    device: str = "auto"
+    detectors: tuple[str, ...]
+    dataset: str
+    limit: int | None = None
+    seed: int = 0
+
+    def __post_init__(self) -> None:
+        for what, value in (("model", self.model), ("device", self.device)):
+            if not isinstance(value, str) or not value.strip() or "\n" in value:
+                raise DataError(f"a training job's {what} must be a one-line name", field=what)
+        if not isinstance(self.dataset, str) or not self.dataset.strip() or "\n" in self.dataset:
+            raise DataError("a training job needs a dataset (one line)", field="dataset")
+        if "," in self.dataset:
+            raise DataError("a training job trains on one dataset", field="dataset")
+        if not isinstance(self.detectors, tuple) or not self.detectors:
+            raise DataError("pick at least one detector to train", field="detectors")
+        known = set(available_detectors())
+        for name in self.detectors:
+            if not isinstance(name, str) or name not in known:
+                raise DataError(
+                    f"unknown detector {str(name)[:40]!r}; known: {sorted(known)}",
+                    field="detectors",
+                )
+        if len(set(self.detectors)) != len(self.detectors):
+            raise DataError("a detector is named twice", field="detectors")
+        if self.limit is not None and (
+            not isinstance(self.limit, int) or isinstance(self.limit, bool) or self.limit < 1
+        ):
+            raise DataError(f"limit must be a positive count, not {self.limit!r}", field="limit")
+        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
+            raise DataError(f"seed must be a count, not {self.seed!r}", field="seed")
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "device": self.device,
+            "detectors": list(self.detectors),
+            "dataset": self.dataset,
+            "limit": self.limit,
+            "seed": self.seed,
+        }
+
+    @classmethod
+    def from_dict(cls, d: object) -> TrainSpec:
+        """The spec a job row stores (read as untrusted).
+
+        Raises:
+            DataError: It is not a spec this class writes.
+        """
+        if not isinstance(d, dict):
+            raise DataError("a training job's spec is not a JSON object")
+        keys = {"model", "device", "detectors", "dataset", "limit", "seed"}
+        extra = sorted(str(k)[:40] for k in set(d) - keys)
+        if extra:
+            raise DataError(f"a training job's spec has unknown fields {extra}")
+        detectors = d.get("detectors")
+        if not isinstance(detectors, list):
+            raise DataError("a training job's detectors are not a list", field="detectors")
+        return cls(
+            model=d.get("model"),  # type: ignore[arg-type]  # checked in __post_init__
+            device=d.get("device", "auto"),  # type: ignore[arg-type]
+            detectors=tuple(detectors),
+            dataset=d.get("dataset"),  # type: ignore[arg-type]
+            limit=d.get("limit"),
+            seed=d.get("seed", 0),  # type: ignore[arg-type]
+        )
+
+    def argv(self, out: str | Path) -> list[str]:
+        """The ``ragscope`` arguments that train this into ``out``."""
+        args = ["train", "--model", self.model, "--device", self.device]
+        args += ["--dataset", self.dataset, "--detectors", ",".join(self.detectors)]
+        if self.limit is not None:
+            args += ["--limit", str(self.limit)]
+        return [*args, "--seed", str(self.seed), "--out", str(out)]
+
+    def command(self, out: str | Path) -> str:
+        """The equivalent command line: ``ragscope train ...`` (what the job runs, less
+        its ``--job``)."""
+        return "ragscope " + shlex.join(self.argv(out))
+
+
+# --------------------------------------------------------------------------- reading
+
+
+def pid_alive(pid: int | None) -> bool:
+    """Whether process ``pid`` exists and is not a zombie (a finished child nobody reaped)."""
+    if pid is None or pid <= 0:
+        return False
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True  # someone else's process: alive, and not ours to judge
+    except OSError:
+        return False
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True  # no /proc: trust the signal check
+    return stat.rpartition(")")[2].split()[:1] != ["Z"]
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobView:
+    """A job as a page shows it.
+
+    Attributes:
+        row: The stored row.
+        state: Its state (:data:`JobState`).
+        spec: Its options (``None`` when the stored spec is not one).
+        spec_error: Why the stored spec could not be read.
+        now: When this view was taken (Unix time).
+    """
+
+    row: JobRow
+    state: JobState
+    spec: TrainSpec | None
+    spec_error: str | None = None
+    now: float = field(default_factory=time.time)
+
+    @property
+    def id(self) -> int:
+        return self.row.id
+
+    @property
+    def active(self) -> bool:
+        """Queued or running with a live worker."""
+        return self.state in ("queued", "running")
+
+    @property
+    def resumable(self) -> bool:
+        """Interrupted or failed: starting its worker again continues it."""
+        return self.state in ("interrupted", "failed") and self.spec is not None
+
+    @property
+    def fraction(self) -> float:
+        """Progress through the current stage, 0 to 1 (1 once done)."""
+        if self.state == "done":
+            return 1.0
+        r = self.row
+        return min(max(r.done / r.total, 0.0), 1.0) if r.total > 0 else 0.0
+
+    @property
+    def progress_text(self) -> str:
+        """The stage and its count, e.g. ``Features: 12 / 80 examples``."""
+        r = self.row
+        text = r.stage or self.state
+        if r.total > 0:
+            text += f": {r.done} / {r.total} examples"
+        return text
+
+    @property
+    def seconds_since_heartbeat(self) -> float | None:
+        hb = self.row.heartbeat
+        return max(0.0, self.now - hb) if hb is not None else None
+
+    @property
+    def detectors(self) -> tuple[str, ...]:
+        return self.spec.detectors if self.spec is not None else ()
+
+    def command(self) -> str | None:
+        """The ``ragscope train`` command equivalent to this job."""
+        return self.spec.command(self.row.out) if self.spec is not None else None
+
+
+def job_view(row: JobRow, *, now: float | None = None, stale_s: float = STALE_S) -> JobView:
+    """How ``row`` stands now: a stored ``queued``/``running`` job whose worker process
+    is gone, or that has not reported for ``stale_s`` seconds, is ``interrupted``."""
+    now = time.time() if now is None else now
+    try:
+        spec: TrainSpec | None = TrainSpec.from_dict(row.spec)
+        spec_error = None
+    except DataError as e:
+        spec, spec_error = None, str(e)
+    state: JobState = row.status
+    if row.active:
+        hb = row.heartbeat
+        stale = hb is None or now - hb > stale_s
+        gone = row.pid is not None and not pid_alive(row.pid)
+        if stale or gone:
+            state = "interrupted"
+    return JobView(row=row, state=state, spec=spec, spec_error=spec_error, now=now)
+
+
+def staging_dir(out: str | Path, job_id: int) -> Path:
+    """Where job ``job_id`` writes its artifacts before publishing them into ``out``: a
+    hidden folder beside ``out`` (same file system, so publishing is a rename)."""
+    out = Path(out)
+    return out.parent / f".{out.name}.job-{int(job_id)}"
+
+
+def job_log_path(db_path: str | Path, job_id: int) -> Path:
+    """The worker's output (stdout and stderr) of job ``job_id`` of the database at
+    ``db_path``: ``jobs/job-<id>.log`` beside the database."""
+    return Path(db_path).parent / "jobs" / f"job-{int(job_id)}.log"
+
+
+def _remove_staging(out: str | Path, job_id: int) -> None:
+    shutil.rmtree(staging_dir(out, job_id), ignore_errors=True)
+
+
+# --------------------------------------------------------------------------- launching
+
+
+def launch_job(store: Store, job_id: int) -> int:
+    """Start the worker of queued job ``job_id``: ``python -m core.cli train ... --job ID``
+    in a new session (it outlives the caller), its output in :func:`job_log_path`.
+    Returns its process id.
+
+    Raises:
+        DataError: The job's spec cannot be read, or the database is in memory (a
+            worker could not see it).
+    """
+    if store.path == ":memory:":
+        raise DataError("background jobs need a database file, not ':memory:'")
+    row = store.get_job(job_id)
+    spec = TrainSpec.from_dict(row.spec)
+    log = job_log_path(store.path, job_id)
+    cmd = [sys.executable, "-m", "core.cli", *spec.argv(row.out), "--job", str(job_id)]
+    env = {**os.environ, "RAGSCOPE_DB": store.path, "PYTHONUNBUFFERED": "1"}
+    try:
+        log.parent.mkdir(parents=True, exist_ok=True)
+        with log.open("a") as out:
+            out.write(f"$ {shlex.join(cmd)}\n")
+            out.flush()
+            proc = subprocess.Popen(
+                cmd,
+                cwd=repo_root(),
+                env=env,
+                stdin=subprocess.DEVNULL,
+                stdout=out,
+                stderr=subprocess.STDOUT,
+                start_new_session=True,
+            )
+    except OSError as e:
+        store.finish_job(job_id, "failed", error=f"the worker could not be started ({e})")
+        raise DataError(f"the training job's worker could not be started ({e})") from e
+    # Reap it when it ends, so a finished worker is not left a zombie that looks alive.
+    threading.Thread(target=proc.wait, name=f"ragscope-job-{job_id}", daemon=True).start()
+    store.set_job_pid(job_id, proc.pid)
+    return proc.pid
+
+
+def start_train_job(store: Store, spec: TrainSpec, *, model_key: str, out: str | Path) -> int:
+    """Queue a training job for the model ``model_key`` and start its worker; returns
+    the job's id.
+
+    Raises:
+        JobBusyError: A job for that model is already queued or running.
+        DataError: The worker could not be started.
+    """
+    job_id = store.create_job(
+        kind="train", model=model_key, spec=spec.to_dict(), out=str(Path(out))
+    )
+    _remove_staging(out, job_id)
+    launch_job(store, job_id)
+    return job_id
+
+
+def resume_job(store: Store, job_id: int) -> int:
+    """Start an interrupted or failed job's worker again (its features come from the
+    cache); returns the new process id.
+
+    Raises:
+        DataError: The job is not interrupted or failed, or its spec cannot be read.
+        JobBusyError: Another job for its model is active.
+    """
+    view = job_view(store.get_job(job_id))
+    if not view.resumable:
+        raise DataError(f"job #{job_id} is {view.state}; only an interrupted or failed job resumes")
+    _remove_staging(view.row.out, job_id)
+    store.requeue_job(job_id)
+    return launch_job(store, job_id)
+
+
+def cancel_job(store: Store, job_id: int) -> JobState:
+    """Stop a job: a live worker is asked to (it stops within about
+    :data:`HEARTBEAT_S` seconds and removes what it staged); an interrupted job is marked
+    cancelled at once. Returns the job's state after the request."""
+    view = job_view(store.get_job(job_id))
+    if view.state == "interrupted":
+        store.finish_job(job_id, "cancelled", error=None)
+        _remove_staging(view.row.out, job_id)
+        return "cancelled"
+    if view.active:
+        store.request_job_cancel(job_id)
+    return view.state
+
+
+# --------------------------------------------------------------------------- estimating
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainEstimate:
+    """How long a training job will take, roughly.
+
+    Attributes:
+        n_examples: Examples it reads (all splits).
+        n_cached: Of those, examples whose features are all in the feature cache.
+        seconds_per_example: One example's trace and features, measured.
+        load_seconds: Loading the model in the worker.
+    """
+
+    n_examples: int
+    n_cached: int
+    seconds_per_example: float
+    load_seconds: float
+
+    @property
+    def n_to_trace(self) -> int:
+        return max(0, self.n_examples - self.n_cached)
+
+    @property
+    def seconds(self) -> float:
+        """Loading plus tracing (fitting comes on top)."""
+        return self.load_seconds + self.n_to_trace * self.seconds_per_example
+
+
+def flat_detectors(names: Sequence[str]) -> list[Detector]:
+    """Fresh detectors for ``names`` with every composite's members in place of it (what
+    the feature cache holds rows for)."""
+    dets = [make_detector(n) for n in names]
+    flat: dict[str, Detector] = {}
+    for d in dets:
+        for m in d.member_detectors() if d.composite else [d]:
+            flat.setdefault(m.name, m)
+    return list(flat.values())
+
+
+def cached_examples(
+    store: Store, model_key: str, examples: Sequence[RAGExample], names: Sequence[str]
+) -> int:
+    """How many of ``examples`` have every detector's features in the cache already."""
+    keys = [(d.name, d.config.feature_hash()) for d in flat_detectors(names)]
+    n = 0
+    for ex in examples:
+        h = example_hash(ex)
+        n += all(
+            store.has_analysis(example_hash=h, model=model_key, detector=d, config_hash=c)
+            for d, c in keys
+        )
+    return n
+
+
+def time_one_example(model: LoadedModel, example: RAGExample, names: Sequence[str]) -> float:
+    """Seconds to trace ``example`` and compute its features for ``names`` (the unit
+    cost of a job's extraction).
+
+    Raises:
+        DataError: The example cannot be laid out.
+        ModelError: A detector cannot run on this model.
+    """
+    dets = [make_detector(n) for n in names]
+    t0 = time.perf_counter()
+    run_example(model, example, dets)
+    return time.perf_counter() - t0
+
+
+# --------------------------------------------------------------------------- running
+
+
+class JobRunner:
+    """The worker's side of job ``job_id`` (``with JobRunner(...) as job:``).
+
+    Entering claims the job (a job cancelled while queued raises
+    :class:`JobCancelled` at once), empties its staging folder, starts a heartbeat
+    thread and, in the main thread, turns ``SIGTERM`` into :class:`JobCancelled`. The
+    heartbeat thread reads whether the app asked the job to stop and, if so, sends
+    the process that ``SIGTERM``, so even a long fit stops within seconds. Leaving
+    records the outcome: ``done`` with :attr:`result`, ``cancelled`` (the exception
+    is swallowed; :attr:`status` says so) or ``failed`` with the error (re-raised);
+    anything staged and not published is removed.
+
+    Args:
+        store: The database holding the job.
+        job_id: The job.
+        out: The output folder the worker was given (must be the job's).
+
+    Raises:
+        DataError: No such job, it is not queued, or ``out`` is not its folder.
+    """
+
+    def __init__(self, store: Store, job_id: int, *, out: str | Path) -> None:
+        self.store = store
+        self.job_id = int(job_id)
+        self.out = Path(out)
+        self.status: str = "queued"
+        self.result: dict[str, Any] = {}
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+        self._publishing = False
+        self._cancel_sent = False
+        self._raised = False
+        self._closing = False
+        self._old_handler: Any = None
+        self._armed = False
+
+    # -- lifecycle ---------------------------------------------------------------
+
+    def __enter__(self) -> Self:
+        row = self.store.claim_job(self.job_id, os.getpid())
+        if Path(row.out).resolve() != self.out.resolve():
+            self.store.finish_job(self.job_id, "failed", error="started with another --out")
+            raise DataError(
+                f"job #{self.job_id} publishes into {row.out}, not {self.out}", field="out"
+            )
+        if row.status == "cancelled":  # cancelled while queued: the first stage stops
+            self.status = "cancelled"
+            return self
+        self.status = "running"
+        _remove_staging(self.out, self.job_id)
+        self.staging.mkdir(parents=True)
+        if threading.current_thread() is threading.main_thread():
+            self._old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
+            self._armed = True
+        self._thread = threading.Thread(
+            target=self._beat, name=f"ragscope-job-{self.job_id}-heartbeat", daemon=True
+        )
+        self._thread.start()
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> bool:
+        self._closing = True
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join()
+        if self._armed:
+            signal.signal(signal.SIGTERM, self._old_handler)
+            self._armed = False
+        # Staged files go before the outcome is recorded: whoever reads the outcome finds
+        # them gone. A fresh connection records it: an exception raised mid-statement may
+        # have left the shared one inside a transaction.
+        _remove_staging(self.out, self.job_id)
+        with Store(self.store.path) as db:
+            if self.status == "cancelled":  # claimed after it was cancelled: nothing ran
+                pass
+            elif exc is None:
+                self.status = "done"
+                db.finish_job(self.job_id, "done", result=self.result)
+            elif isinstance(exc, JobCancelled | KeyboardInterrupt):
+                self.status = "cancelled"
+                db.finish_job(self.job_id, "cancelled")
+            else:
+                self.status = "failed"
+                reason = (
+                    str(exc) if isinstance(exc, RagscopeError) else f"{type(exc).__name__}: {exc}"
+                )
+                db.finish_job(self.job_id, "failed", error=reason)
+        return isinstance(exc, JobCancelled | KeyboardInterrupt)
+
+    def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
+        if self._publishing or self._raised or self._closing:
+            return  # too late to stop (publishing, finishing), or already stopping
+        self._raised = True
+        raise JobCancelled()
+
+    def _beat(self) -> None:
+        with Store(self.store.path) as db:
+            while not self._stop.wait(HEARTBEAT_S):
+                try:
+                    cancel = db.update_job(self.job_id)
+                except RagscopeError:
+                    continue  # a busy or locked database: the next beat tries again
+                if cancel and not self._cancel_sent and not self._publishing:
+                    self._cancel_sent = True
+                    if self._armed:
+                        os.kill(os.getpid(), signal.SIGTERM)
+
+    # -- reporting ---------------------------------------------------------------
+
+    @property
+    def staging(self) -> Path:
+        """The folder to train into (published by :meth:`publish`)."""
+        return staging_dir(self.out, self.job_id)
+
+    def stage(self, text: str, total: int = 0) -> None:
+        """Start a stage (``total`` units, 0 when not counted); stops if asked to."""
+        if self.store.update_job(self.job_id, stage=text, done=0, total=total):
+            self._raised = True
+            raise JobCancelled()
+
+    def progress(self, done: int, total: int) -> None:
+        """The extraction's ``(done, total)`` callback: records it and stops if asked to.
+        After the last example the stage becomes "Fitting and scoring"."""
+        stage = "Fitting and scoring" if done >= total else "Features"
+        if self.store.update_job(self.job_id, stage=stage, done=done, total=total):
+            if not self._publishing:
+                self._raised = True
+                raise JobCancelled()
+
+    def check_model(self, model_key: str) -> None:
+        """Refuse to train for another model than the job's (a spec that now loads
+        other weights).
+
+        Raises:
+            DataError: ``model_key`` is not the job's model.
+        """
+        job = self.store.get_job(self.job_id)
+        if job.model != model_key:
+            raise DataError(
+                f"job #{self.job_id} is for {job.model.split('|', 1)[0]!r} but its model "
+                f"spec loaded {model_key.split('|', 1)[0]!r}; start a new job from the app"
+            )
+
+    def publish(self, names: Sequence[str]) -> dict[str, str]:
+        """Move each trained artifact from the staging folder into the output folder
+        (an artifact already there is replaced). From here on the job no longer stops
+        when asked. Returns detector name -> published folder.
+
+        Raises:
+            DataError: An artifact is missing from the staging folder.
+        """
+        self._publishing = True
+        missing = [n for n in names if not (self.staging / n / "cfg.json").is_file()]
+        if missing:
+            raise DataError(f"the training wrote no artifact for {missing}")
+        self.out.mkdir(parents=True, exist_ok=True)
+        done: dict[str, str] = {}
+        for n in names:
+            src, dst = self.staging / n, self.out / n
+            old = self.staging / f".replaced-{n}"
+            if dst.exists():
+                dst.rename(old)
+            src.rename(dst)
+            shutil.rmtree(old, ignore_errors=True)
+            done[n] = str(dst)
+        return done

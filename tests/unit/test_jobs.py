@@ -1,0 +1,258 @@
+"""Background jobs without a model: the jobs table (one active job per model, cancel,
+resume, hostile rows), how a job's state is read (stale heartbeat, dead or zombie
+worker), and the worker's side (:class:`core.jobs.JobRunner`: publish, cancel by flag
+and by signal, failure), none of which leaves a half-written artifact."""
+
+from __future__ import annotations
+
+import json
+import os
+import sqlite3
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from core.errors import DataError
+from core.jobs import (
+    STALE_S,
+    JobRunner,
+    TrainSpec,
+    cancel_job,
+    job_view,
+    pid_alive,
+    resume_job,
+    staging_dir,
+)
+from core.paths import model_detectors_dir, model_slug
+from core.storage import JobBusyError, JobRowError, Store
+
+MODEL = "tiny-random-llama (seed 0)|L2xH4/KV2|D64|V49152|float32"
+OTHER = "SmolLM2-135M-Instruct|L30xH9/KV3|D576|V49152|float32"
+SPEC = TrainSpec(model="tiny", device="cpu", detectors=("nll", "context_gain"), dataset="demo")
+
+
+@pytest.fixture
+def store(tmp_path: Path):
+    with Store(tmp_path / "db.sqlite3") as s:
+        yield s
+
+
+def _job(store: Store, tmp_path: Path, model: str = MODEL) -> int:
+    out = tmp_path / "trained" / model_slug(model)
+    return store.create_job(kind="train", model=model, spec=SPEC.to_dict(), out=str(out))
+
+
+def _fake_artifact(folder: Path, name: str) -> None:
+    (folder / name).mkdir(parents=True)
+    (folder / name / "cfg.json").write_text(json.dumps({"detector": name, "model": MODEL}))
+    (folder / name / "weights.json").write_text("{}")
+
+
+# --------------------------------------------------------------------------- the table
+
+
+def test_one_active_job_per_model_and_its_life(store: Store, tmp_path: Path) -> None:
+    first = _job(store, tmp_path)
+    with pytest.raises(JobBusyError) as busy:
+        _job(store, tmp_path)
+    assert busy.value.job_id == first and f"job #{first}" in str(busy.value)
+    other = _job(store, tmp_path, OTHER)  # another model is not blocked
+    assert other != first
+
+    row = store.claim_job(first, 4242)
+    assert (row.status, row.pid, row.attempts, row.stage) == ("running", 4242, 1, "Starting")
+    with pytest.raises(DataError, match="not queued"):
+        store.claim_job(first, 4242)
+    assert store.update_job(first, stage="Features", done=3, total=12) is False
+    row = store.get_job(first)
+    assert (row.stage, row.done, row.total) == ("Features", 3, 12)
+    assert store.request_job_cancel(first) is True
+    assert store.update_job(first, done=4) is True  # the worker learns it should stop
+    assert store.finish_job(first, "cancelled") is True
+    assert store.finish_job(first, "done") is False  # ended jobs stay ended
+    assert store.request_job_cancel(first) is False
+    assert store.get_job(first).status == "cancelled"
+
+    second = _job(store, tmp_path)  # the model's slot is free again
+    assert store.latest_job(MODEL).id == second
+    store.claim_job(second, 1)
+    store.finish_job(second, "failed", error="boom")
+    third = _job(store, tmp_path)
+    with pytest.raises(JobBusyError):  # a failed job resumes only while the slot is free
+        store.requeue_job(second)
+    store.finish_job(third, "done", result={"artifacts": {}})
+    store.requeue_job(second)
+    again = store.get_job(second)
+    assert (again.status, again.error, again.pid) == ("queued", None, None)
+    assert store.latest_job(MODEL).id == second  # the active one first
+    with pytest.raises(DataError, match="start a new one"):
+        store.requeue_job(third)
+
+
+def test_a_job_cancelled_while_queued_is_never_run(store: Store, tmp_path: Path) -> None:
+    job = _job(store, tmp_path)
+    store.request_job_cancel(job)
+    with JobRunner(store, job, out=store.get_job(job).out) as runner:
+        runner.stage("Loading the model")  # the first stage stops it
+        raise AssertionError("not reached")
+    assert runner.status == "cancelled" and store.get_job(job).status == "cancelled"
+    assert store.get_job(job).attempts == 0
+
+
+@pytest.mark.parametrize(
+    ("column", "value", "says"),
+    [
+        ("spec", "'not json'", "spec is not JSON"),
+        ("spec", "'[1, 2]'", "spec is not a JSON object"),
+        ("done", "'many'", "done count is not a count"),
+        ("heartbeat", "'soon'", "heartbeat is not a time"),
+        ("status", "'exploded'", "status"),
+        ("result", "'{'", "result is not JSON"),
+    ],
+)
+def test_hostile_rows_raise_a_named_error(
+    store: Store, tmp_path: Path, column: str, value: str, says: str
+) -> None:
+    job = _job(store, tmp_path)
+    raw = sqlite3.connect(store.path)
+    raw.execute("PRAGMA ignore_check_constraints = ON")
+    raw.execute(f"UPDATE jobs SET {column} = {value} WHERE id = ?", (job,))
+    raw.commit()
+    raw.close()
+    with pytest.raises(JobRowError, match=says) as err:
+        store.get_job(job)
+    assert err.value.job_id == job and f"job #{job}" in str(err.value)
+    with pytest.raises(JobRowError):
+        store.latest_job(MODEL)
+    listed = store.list_jobs(MODEL)
+    assert len(listed) == 1 and isinstance(listed[0], JobRowError)
+
+
+def test_a_spec_from_a_row_is_checked() -> None:
+    assert TrainSpec.from_dict(SPEC.to_dict()) == SPEC
+    bad = [
+        {**SPEC.to_dict(), "detectors": ["nll", "rm -rf"]},
+        {**SPEC.to_dict(), "detectors": []},
+        {**SPEC.to_dict(), "detectors": "nll"},
+        {**SPEC.to_dict(), "limit": -3},
+        {**SPEC.to_dict(), "dataset": "a,b"},
+        {**SPEC.to_dict(), "model": "tiny\n--out /etc"},
+        {**SPEC.to_dict(), "extra": 1},
+        ["not", "a", "dict"],
+    ]
+    for d in bad:
+        with pytest.raises(DataError):
+            TrainSpec.from_dict(d)
+    assert SPEC.argv("/x y")[-2:] == ["--out", "/x y"]
+    assert SPEC.command("/x y").endswith("--seed 0 --out '/x y'")
+
+
+def test_model_folders_are_safe_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAGSCOPE_TRAINED_DIR", str(tmp_path))
+    slug = model_slug("../../etc|L2xH4/KV2|D64|V1|float32")
+    assert "/" not in slug and not slug.startswith(".") and slug.startswith("etc-")
+    assert model_slug(MODEL) != model_slug(MODEL.replace("float32", "float16"))
+    assert model_detectors_dir(MODEL).parent == tmp_path
+
+
+# --------------------------------------------------------------------------- reading state
+
+
+def test_state_from_heartbeat_and_worker(store: Store, tmp_path: Path) -> None:
+    job = _job(store, tmp_path)
+    row = store.get_job(job)
+    assert job_view(row).state == "queued"
+    assert job_view(row, now=row.heartbeat + STALE_S + 1).state == "interrupted"
+    store.claim_job(job, 1 << 30)  # no such process
+    assert job_view(store.get_job(job)).state == "interrupted"
+
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    deadline = time.monotonic() + 20
+    while pid_alive(child.pid) and time.monotonic() < deadline:
+        time.sleep(0.05)  # exits, unreaped: a zombie, which is not alive
+    assert not pid_alive(child.pid)
+    child.wait()
+    assert pid_alive(os.getpid())
+
+
+def test_cancel_or_resume_an_interrupted_job(store: Store, tmp_path: Path) -> None:
+    job = _job(store, tmp_path)
+    row = store.claim_job(job, 1 << 30)
+    staged = staging_dir(row.out, job)
+    _fake_artifact(staged, "nll")
+    with pytest.raises(DataError, match="only an interrupted or failed"):
+        resume_job(store, _job(store, tmp_path, OTHER))
+    assert cancel_job(store, job) == "cancelled"
+    assert store.get_job(job).status == "cancelled" and not staged.exists()
+    assert not Path(row.out).exists()
+
+
+# --------------------------------------------------------------------------- the worker
+
+
+def test_runner_publishes_only_complete_artifacts(store: Store, tmp_path: Path) -> None:
+    job = _job(store, tmp_path)
+    out = Path(store.get_job(job).out)
+    _fake_artifact(out, "nll")  # an older artifact, replaced whole
+    (out / "nll" / "old-only.txt").write_text("old")
+    with JobRunner(store, job, out=out) as runner:
+        runner.stage("Features", total=2)
+        runner.progress(1, 2)
+        assert store.get_job(job).stage == "Features" and store.get_job(job).done == 1
+        runner.progress(2, 2)
+        assert store.get_job(job).stage == "Fitting and scoring"
+        for name in ("nll", "context_gain"):
+            _fake_artifact(runner.staging, name)
+        assert not (out / "context_gain").exists()  # nothing shows before publishing
+        published = runner.publish(["nll", "context_gain"])
+        runner.result = {"artifacts": published}
+    row = store.get_job(job)
+    assert row.status == "done" and row.result == {"artifacts": published}
+    assert sorted(p.name for p in out.iterdir()) == ["context_gain", "nll"]
+    assert not (out / "nll" / "old-only.txt").exists()
+    assert not runner.staging.exists()
+
+
+def test_runner_cancelled_between_examples_leaves_nothing(store: Store, tmp_path: Path) -> None:
+    job = _job(store, tmp_path)
+    out = Path(store.get_job(job).out)
+    with JobRunner(store, job, out=out) as runner:
+        runner.stage("Features", total=10)
+        _fake_artifact(runner.staging, "nll")  # half the work, staged
+        store.request_job_cancel(job)
+        runner.progress(1, 10)
+        raise AssertionError("not reached")
+    assert runner.status == "cancelled" and store.get_job(job).status == "cancelled"
+    assert not out.exists() and not staging_dir(out, job).exists()
+
+
+def test_runner_cancelled_in_a_long_step_stops_by_signal(store: Store, tmp_path: Path) -> None:
+    job = _job(store, tmp_path)
+    out = Path(store.get_job(job).out)
+    t0 = time.monotonic()
+    with JobRunner(store, job, out=out) as runner:
+        runner.stage("Fitting and scoring")
+        with Store(store.path) as app:  # the app, another connection
+            app.request_job_cancel(job)
+        time.sleep(30)  # a fit with no progress callback: the heartbeat thread stops it
+    assert runner.status == "cancelled" and time.monotonic() - t0 < 15
+    assert not out.exists() and not staging_dir(out, job).exists()
+
+
+def test_runner_failure_is_recorded_and_raised(store: Store, tmp_path: Path) -> None:
+    job = _job(store, tmp_path)
+    out = Path(store.get_job(job).out)
+    with pytest.raises(DataError, match="the dataset is gone"):
+        with JobRunner(store, job, out=out) as runner:
+            _fake_artifact(runner.staging, "nll")
+            raise DataError("the dataset is gone")
+    row = store.get_job(job)
+    assert row.status == "failed" and "the dataset is gone" in (row.error or "")
+    assert not out.exists() and not staging_dir(out, job).exists()
+    with pytest.raises(DataError, match="publishes into"):
+        store.requeue_job(job)
+        JobRunner(store, job, out=tmp_path / "elsewhere").__enter__()
+    assert store.get_job(job).status == "failed"
