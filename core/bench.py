@@ -21,17 +21,19 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from core.aarf import aarf_generate
-from core.data import resolve_dataset, stratified_head
+from core.contract import Detector
+from core.data import builtin_examples, resolve_dataset, stratified_head
 from core.detectors import load_shipped, make_detector, runnable_detectors, shipped_artifacts
 from core.errors import DataError
 from core.examples import RAGExample
 from core.extract import FeatureCache, extract_features, run_example
 from core.generate import GenerationConfig, generate
 from core.heads import copying_scores
+from core.judge import judge_stream
 from core.layout import Layout, render
 from core.model import EMBEDDED, LoadedModel, load_model, prepare_embedded
 from core.storage import Store
-from core.trace import Needs, trace
+from core.trace import Needs, response_needs, token_surprisal, trace
 
 _FILLER = (
     "The harbour town of Westmere grew around a tidal mill built in 1612. Its stone quay was "
@@ -69,6 +71,7 @@ class BenchReport:
     feature_cases: tuple[TimedCase, ...] = ()
     copying_s: float | None = None
     aarf: AARFBench | None = None
+    playground: PlaygroundBench | None = None
     env: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -78,6 +81,7 @@ class BenchReport:
         d["extraction"] = dict(vars(self.extraction)) if self.extraction else None
         if self.aarf is not None:
             d["aarf"] = {**vars(self.aarf), "runs": [dict(vars(r)) for r in self.aarf.runs]}
+        d["playground"] = dict(vars(self.playground)) if self.playground else None
         return d
 
     def to_text(self) -> str:
@@ -105,6 +109,8 @@ class BenchReport:
             lines.extend(self.extraction.to_lines())
         if self.aarf is not None:
             lines.extend(self.aarf.to_lines())
+        if self.playground is not None:
+            lines.extend(self.playground.to_lines())
         lines.append(f"peak RSS {self.peak_rss_mib:.0f} MiB")
         if self.peak_cuda_mib is not None:
             lines.append(f"peak CUDA {self.peak_cuda_mib:.0f} MiB")
@@ -333,6 +339,110 @@ def bench_aarf(
     return AARFBench(n_prompt=n_prompt, max_new_tokens=max_new_tokens, runs=tuple(runs))
 
 
+@dataclass(frozen=True, kw_only=True)
+class PlaygroundBench:
+    """The Playground's "Analyse" on one example with every shipped detector, warm model.
+
+    Attributes:
+        example: The example's id.
+        n_tokens: Its length (prompt + answer).
+        n_answer: Its answer's tokens.
+        detectors: The shipped detectors that judged it.
+        forward_s: One plain forward pass over it (median).
+        first_click_s: The first analysis in this process, click to full verdicts (the
+            detectors' own resources -- spaCy, the SAE, ... -- load here).
+        streamed_s: Click to full verdicts, median of the warm repeats: ONE pass with the
+            passages for the surprisal and every detector (plus one without them), each
+            verdict out as soon as ready (:func:`core.judge.judge_stream`).
+        first_verdict_s: Click to the first verdict (median).
+        first_traced_verdict_s: Click to the first verdict that reads activations (median).
+        separate_s: The former path, a surprisal pass then the detectors' own passes
+            (median), for comparison.
+    """
+
+    example: str
+    n_tokens: int
+    n_answer: int
+    detectors: tuple[str, ...]
+    forward_s: float
+    first_click_s: float
+    streamed_s: float
+    first_verdict_s: float
+    first_traced_verdict_s: float
+    separate_s: float
+
+    def to_lines(self) -> list[str]:
+        f = self.forward_s
+        return [
+            f"Playground analysis of {self.example!r} ({self.n_tokens} tokens, "
+            f"{self.n_answer} in the answer) with {len(self.detectors)} shipped detectors; "
+            f"plain forward {f * 1000:.0f} ms",
+            f"  click -> full verdicts (warm, streamed, one shared pass): "
+            f"{self.streamed_s:.2f} s = {self.streamed_s / f:.2f} x forward",
+            f"  click -> first verdict: {self.first_verdict_s:.2f} s = "
+            f"{self.first_verdict_s / f:.2f} x; first verdict from activations: "
+            f"{self.first_traced_verdict_s:.2f} s = {self.first_traced_verdict_s / f:.2f} x",
+            f"  separate surprisal pass + detectors' passes (before): {self.separate_s:.2f} s = "
+            f"{self.separate_s / f:.2f} x forward",
+            f"  first click in a fresh process (detector resources load): "
+            f"{self.first_click_s:.2f} s = {self.first_click_s / f:.2f} x forward",
+        ]
+
+
+def bench_playground(
+    model: LoadedModel, example: RAGExample, detectors: list[Detector], repeats: int = 3
+) -> PlaygroundBench:
+    """Time the Playground's analysis of ``example`` against one plain forward pass."""
+    import torch
+
+    layout = render(example, model)
+    ids = torch.as_tensor(layout.token_ids, device=model.device).unsqueeze(0)
+
+    def plain() -> None:
+        with torch.inference_mode():
+            model.hf_model(ids)
+
+    def streamed() -> tuple[float, float, float]:
+        """(click to full verdicts, to the first verdict, to the first from activations)."""
+        t0 = time.perf_counter()
+        first = first_traced = None
+        traced = False
+        for j in judge_stream(model, example, detectors, extra=response_needs()):
+            now = time.perf_counter() - t0
+            if j.verdict is None:
+                traced = True  # a pass is done: later verdicts read activations
+                continue
+            first = now if first is None else first
+            if traced and first_traced is None:
+                first_traced = now
+        total = time.perf_counter() - t0
+        return total, first or total, first_traced or total
+
+    def separate() -> None:
+        token_surprisal(trace(model, layout, response_needs()))
+        feats = run_example(model, example, detectors)
+        for d in detectors:
+            d.predict(feats[d.name])
+
+    first_click = streamed()[0]
+    plain()
+    fwd = _median_time(plain, max(repeats, 3))
+    runs = [streamed() for _ in range(repeats)]
+    sep = _median_time(separate, repeats)
+    return PlaygroundBench(
+        example=example.id,
+        n_tokens=len(layout),
+        n_answer=len(layout.response_positions),
+        detectors=tuple(d.name for d in detectors),
+        forward_s=fwd,
+        first_click_s=first_click,
+        streamed_s=statistics.median(r[0] for r in runs),
+        first_verdict_s=statistics.median(r[1] for r in runs),
+        first_traced_verdict_s=statistics.median(r[2] for r in runs),
+        separate_s=sep,
+    )
+
+
 def bench_example(model: LoadedModel, n_tokens: int = 600) -> tuple[RAGExample, Layout]:
     """A qa example padded with passages until its layout reaches ``n_tokens``."""
     passages: list[str] = []
@@ -388,6 +498,7 @@ def run_bench(
     features: tuple[str, ...] = (),
     aarf: int = 0,
     aarf_uncached: bool = False,
+    playground: bool = False,
     log: Callable[[str], None] | None = None,
 ) -> BenchReport:
     """Measure load times and trace overhead in one run (see module doc)."""
@@ -476,6 +587,14 @@ def run_bench(
         say(f"AARF vs greedy, up to {aarf} tokens ...")
         example, _ = bench_example(model, n_tokens)
         aarf_bench = bench_aarf(model, example, aarf, uncached=aarf_uncached)
+    pg = None
+    shipped = shipped_artifacts(model.info.key)
+    if playground and not shipped:
+        say(f"Playground skipped: no detectors are shipped for {model.info.display_name}")
+    elif playground:
+        say(f"Playground analysis with {len(shipped)} shipped detectors ...")
+        dets = [load_shipped(n, model.info.key) for n in shipped]
+        pg = bench_playground(model, builtin_examples()[0], dets, repeats=repeats)
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cuda = torch.cuda.max_memory_allocated() / 2**20 if model.device.startswith("cuda") else None
     return BenchReport(
@@ -493,6 +612,7 @@ def run_bench(
         feature_cases=tuple(feature_cases),
         copying_s=copying_s,
         aarf=aarf_bench,
+        playground=pg,
         env={
             "python": sys.version.split()[0],
             "torch": torch.__version__,

@@ -1,4 +1,4 @@
-"""The analysis of one answer: render -> trace -> surprisal (cached)."""
+"""The analysis of one answer: render -> trace -> surprisal (kept per model and input)."""
 
 from __future__ import annotations
 
@@ -11,9 +11,10 @@ from typing import TYPE_CHECKING
 import numpy as np
 import streamlit as st
 
+from app.state.memo import Memo
 from core.examples import RAGExample
 from core.layout import render
-from core.trace import response_needs, token_surprisal, trace
+from core.trace import Trace, response_needs, token_surprisal, trace
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -74,37 +75,24 @@ def input_signature(example: RAGExample, response_ids: Sequence[int] | None) -> 
     return hashlib.sha256(payload.encode("utf-8")).hexdigest()[:16]
 
 
-@st.cache_data(show_spinner=False, max_entries=64)
-def _analyse_cached(
-    _model: LoadedModel,
-    model_id: str,
-    _example: RAGExample,
-    signature: str,
-    response_ids: tuple[int, ...] | None,
-) -> tuple[Layout, np.ndarray, float]:
-    """render -> trace -> surprisal; keyed by ``model_id`` and ``signature``."""
-
-    layout = render(_example, _model, response_ids=response_ids)
-    tr = trace(_model, layout, response_needs())
-    return layout, token_surprisal(tr), tr.seconds
+@st.cache_resource(show_spinner=False)
+def _analyses() -> Memo[tuple[Layout, np.ndarray, float]]:
+    """Every session's analyses: (layout, surprisal, trace seconds) by model and input."""
+    return Memo(max_entries=64)
 
 
-def analyse(
+def _key(model: LoadedModel, signature: str) -> tuple[str, str]:
+    return model.instance_key, signature
+
+
+def _analysis(
     model: LoadedModel,
     example: RAGExample,
-    *,
-    response_ids: Sequence[int] | None = None,
-    answer_source: str = "pasted",
+    sig: str,
+    answer_source: str,
+    found: tuple[Layout, np.ndarray, float],
 ) -> Analysis:
-    """Analyse ``example``'s response with ``model`` (cached per model and input).
-
-    Raises:
-        DataError: The example cannot be laid out (too long, bad response ids, ...).
-        ModelError: The forward pass failed.
-    """
-    ids = tuple(int(i) for i in response_ids) if response_ids is not None else None
-    sig = input_signature(example, ids)
-    layout, surprisal, seconds = _analyse_cached(model, model.instance_key, example, sig, ids)
+    layout, surprisal, seconds = found
     return Analysis(
         example=example,
         layout=layout,
@@ -114,3 +102,67 @@ def analyse(
         model_name=model.info.display_name,
         signature=sig,
     )
+
+
+def known_analysis(
+    model: LoadedModel,
+    example: RAGExample,
+    *,
+    response_ids: Sequence[int] | None = None,
+    answer_source: str = "pasted",
+) -> Analysis | None:
+    """The analysis of this input when some page already computed it, else ``None``."""
+    ids = tuple(int(i) for i in response_ids) if response_ids is not None else None
+    sig = input_signature(example, ids)
+    found = _analyses().get(_key(model, sig))
+    return _analysis(model, example, sig, answer_source, found) if found is not None else None
+
+
+def remember_traced(
+    model: LoadedModel,
+    example: RAGExample,
+    tr: Trace,
+    *,
+    response_ids: Sequence[int] | None = None,
+    answer_source: str = "pasted",
+) -> Analysis:
+    """The analysis read off a pass that another computation ran (it must hold
+    :func:`core.trace.response_needs`), kept for every page: the Playground traces
+    the answer once for the surprisal and the detectors together.
+
+    Raises:
+        KeyError: The trace lacks the logits at the answer's positions.
+        ValueError: ``response_ids`` (the answer's own tokens) are not the traced ones.
+    """
+    ids = tuple(int(i) for i in response_ids) if response_ids is not None else None
+    if ids is not None and tuple(int(i) for i in tr.layout.response_ids) != ids:
+        raise ValueError("the trace read other answer tokens than the ones given")
+    sig = input_signature(example, ids)
+    found = (tr.layout, token_surprisal(tr), tr.seconds)
+    _analyses().put(_key(model, sig), found)
+    return _analysis(model, example, sig, answer_source, found)
+
+
+def analyse(
+    model: LoadedModel,
+    example: RAGExample,
+    *,
+    response_ids: Sequence[int] | None = None,
+    answer_source: str = "pasted",
+) -> Analysis:
+    """Analyse ``example``'s response with ``model`` (render -> trace -> surprisal),
+    kept per model and input for every page and session.
+
+    Raises:
+        DataError: The example cannot be laid out (too long, bad response ids, ...).
+        ModelError: The forward pass failed.
+    """
+    ids = tuple(int(i) for i in response_ids) if response_ids is not None else None
+    sig = input_signature(example, ids)
+    found = _analyses().get(_key(model, sig))
+    if found is None:
+        layout = render(example, model, response_ids=ids)
+        tr = trace(model, layout, response_needs())
+        found = (layout, token_surprisal(tr), tr.seconds)
+        _analyses().put(_key(model, sig), found)
+    return _analysis(model, example, sig, answer_source, found)

@@ -7,13 +7,17 @@ and the full token table.
 
 The detectors shipped for the loaded model (``assets/detectors``, or
 ``RAGSCOPE_DETECTORS_DIR``) judge the same answer from one shared trace: a verdict
-table, and their token scores as an alternative colouring of the heatmap.
+table, and their token scores as an alternative colouring of the heatmap. "Analyse"
+traces the answer ONCE for the surprisal and every detector and shows each verdict as
+soon as its detector is done (:func:`app.state.stream_verdicts`); a display control
+afterwards recomputes nothing.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
 import streamlit as st
@@ -46,6 +50,7 @@ from app.state import (
     AppState,
     DetectorVerdicts,
     GeneratedAnswer,
+    ShippedDetector,
     ShippedDetectors,
     analyse,
     app_state,
@@ -55,23 +60,35 @@ from app.state import (
     follow_widget,
     get_model,
     input_signature,
+    known_analysis,
+    known_verdicts,
     linked,
     load_examples,
     one_of,
     passage_key,
     publish,
     question_signature,
+    remember_traced,
     remove_passage_key,
     seed_widget,
     shipped_detectors,
+    stream_verdicts,
+    verdict_frame,
 )
 from app.text import code, md, md_lines
 from core.contract import Verdict, align_token_scores
 from core.errors import DataError, RagscopeError
 from core.examples import TASKS, RAGExample
 from core.generate import AnswerStream, GenerationConfig
+from core.judge import Judged
+from core.layout import render
 from core.model import LoadedModel
 from core.paths import repo_root
+from core.trace import Trace, response_needs
+
+if TYPE_CHECKING:
+    import pandas as pd
+    from streamlit.delta_generator import DeltaGenerator
 
 OWN_ID = "your-example"
 
@@ -414,19 +431,7 @@ def show_detector_verdicts(panel: DetectorPanel) -> None:
     if panel.result is None:
         st.error(f"The detectors could not judge this answer: {md(panel.error)}")
         return
-    st.dataframe(
-        panel.result.to_frame(),
-        hide_index=True,
-        width="stretch",
-        column_config={
-            "score": st.column_config.ProgressColumn(
-                "score", format="%.3f", min_value=0.0, max_value=1.0
-            ),
-            "threshold": st.column_config.NumberColumn("threshold", format="%.3f"),
-            "AUROC": st.column_config.NumberColumn("AUROC", format="%.3f"),
-            "calibrated": st.column_config.CheckboxColumn("calibrated"),
-        },
-    )
+    verdict_table(st.container(), panel.result.to_frame())
     st.caption(
         "Each detector reads this answer and gives a score from 0 to 1. Where *calibrated* "
         "is ticked, the score is a probability calibrated on held-out answers of the data "
@@ -439,6 +444,104 @@ def show_detector_verdicts(panel: DetectorPanel) -> None:
         + (f"All {n} detectors read" if (n := len(panel.result.verdicts)) > 1 else "It reads")
         + f" one shared trace of the answer ({panel.result.seconds:.1f} s)."
     )
+
+
+VERDICT_COLUMNS = {
+    "score": st.column_config.ProgressColumn("score", format="%.3f", min_value=0.0, max_value=1.0),
+    "threshold": st.column_config.NumberColumn("threshold", format="%.3f"),
+    "AUROC": st.column_config.NumberColumn("AUROC", format="%.3f"),
+    "calibrated": st.column_config.CheckboxColumn("calibrated"),
+}
+
+
+def verdict_table(where: DeltaGenerator, frame: pd.DataFrame) -> None:
+    """The verdict table (whole, or growing while the detectors run) into ``where``."""
+    where.dataframe(frame, hide_index=True, width="stretch", column_config=VERDICT_COLUMNS)
+
+
+def analyse_streamed(
+    model: LoadedModel,
+    example: RAGExample,
+    *,
+    response_ids: tuple[int, ...] | None,
+    answer_source: str,
+) -> Analysis:
+    """Analyse the answer and run every shipped detector on it, showing each verdict
+    as soon as its detector is done.
+
+    The surprisal rides in the detectors' shared pass (one forward pass with the
+    passages for everything, plus one without them when a detector asks), unless the
+    answer's own tokens differ from its re-tokenized text (a generated answer can):
+    then the surprisal gets its own pass over the exact tokens. Known results are
+    not recomputed.
+
+    Raises:
+        DataError: The answer cannot be laid out.
+        ModelError: The forward pass failed.
+    """
+    shipped = shipped_detectors(model)
+    have = known_analysis(model, example, response_ids=response_ids, answer_source=answer_source)
+    sig = input_signature(example, response_ids)
+    if not shipped.detectors or known_verdicts(model, sig, shipped) is not None:
+        if have is not None:
+            return have
+        with st.spinner("Tracing the answer…"):
+            return analyse(model, example, response_ids=response_ids, answer_source=answer_source)
+    ride = have is None and (
+        response_ids is None or tuple(render(example, model).response_ids) == response_ids
+    )
+    merged: list[Analysis] = []
+    judged: list[tuple[ShippedDetector, Verdict]] = []
+    total = len(shipped.detectors)
+    passes = {"trace": "the answer with the passages", "bare": "the answer without them"}
+
+    def on_trace(tr: Trace) -> None:
+        if ride:
+            merged.append(
+                remember_traced(
+                    model, example, tr, response_ids=response_ids, answer_source=answer_source
+                )
+            )
+
+    with st.status(f"Analysing the answer with {total} detectors…", expanded=True) as status:
+        bar = st.progress(0.0, text="Tracing the answer…")
+        table = st.empty()
+
+        def on_step(step: Judged, det: ShippedDetector | None) -> None:
+            if det is None:
+                st.write(f"Traced {passes[step.step.stage]} ({step.seconds:.2f} s)")
+            else:
+                assert step.verdict is not None
+                judged.append((det, step.verdict))
+                dets, verdicts = zip(*judged, strict=True)
+                verdict_table(table, verdict_frame(list(dets), list(verdicts)))
+            bar.progress(len(judged) / total, text=f"{len(judged)} of {total} detectors done")
+
+        try:
+            result = stream_verdicts(
+                model,
+                example,
+                sig,
+                shipped,
+                on_step=on_step,
+                extra=response_needs() if ride else None,
+                on_trace=on_trace,
+            )
+        except RagscopeError:  # the verdicts' panel below says why
+            status.update(label="The detectors could not judge this answer", state="error")
+        else:
+            table.empty()  # the whole table follows below, in the detectors' order
+            status.update(
+                label=f"{total} detectors judged the answer in {result.seconds:.1f} s",
+                state="complete",
+                expanded=False,
+            )
+    if merged:
+        return merged[0]
+    if have is not None:
+        return have
+    with st.spinner("Tracing the answer…"):
+        return analyse(model, example, response_ids=response_ids, answer_source=answer_source)
 
 
 def _no_detectors_message(panel: DetectorPanel) -> str:
@@ -620,11 +723,12 @@ def main() -> None:
         try:
             if answer is None:
                 raise DataError("there is no answer yet: let the model write one, or paste one")
-            example = draft.with_answer(answer)
-            with st.spinner("Tracing the answer…"):
-                state.analysis = analyse(
-                    model, example, response_ids=response_ids, answer_source=answer_source
-                )
+            state.analysis = analyse_streamed(
+                model,
+                draft.with_answer(answer),
+                response_ids=response_ids,
+                answer_source=answer_source,
+            )
         except RagscopeError as e:
             state.analysis = None
             st.error(md(e))

@@ -195,6 +195,13 @@ def _add_bench(sub: Subparsers) -> None:
         help="with --aarf, also time the reference that re-runs the whole sequence at every "
         "step (slow: about 10-30 x greedy per step)",
     )
+    p.add_argument(
+        "--playground",
+        action="store_true",
+        help="also time the Playground's Analyse on the first demo example with every "
+        "shipped detector (click to full verdicts, to the first verdict, and the first "
+        "click in a fresh process), as ratios to one plain forward of that example",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
 
@@ -221,6 +228,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         features=tuple(n for n in args.features.split(",") if n),
         aarf=args.aarf,
         aarf_uncached=args.aarf_uncached,
+        playground=args.playground,
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     if args.json:

@@ -284,7 +284,7 @@ def test_detectors_that_cannot_run_are_an_error_not_an_exception(
     def fail(*args: object, **kwargs: object) -> dict:
         raise ModelError("the spaCy model is not installed")
 
-    monkeypatch.setattr("app.state.detectors.run_example", fail)
+    monkeypatch.setattr("app.state.verdicts.judge_stream", fail)
     detectors_dir(_copy(tiny_artifacts, tmp_path))  # its own folder: no cached verdicts
     at = _analysed(make_app)
     assert len(at.error) == 1
@@ -316,3 +316,47 @@ def test_align_token_scores_takes_the_max_of_overlapping_tokens() -> None:
 def test_align_token_scores_refuses_mismatched_offsets() -> None:
     with pytest.raises(ValueError, match="2 scores for 3 token offsets"):
         align_token_scores(np.zeros(2), np.zeros((3, 2)), np.zeros((3, 2)))
+
+
+def test_analyse_traces_once_for_surprisal_and_detectors_and_streams_verdicts(
+    make_app: Callable[[], AppTest],
+    detectors_dir: Callable[[Path], None],
+    tiny_artifacts: Path,
+    tiny_model: LoadedModel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import app.state.analysis as analysis_mod
+    import core.extract as extract_mod
+    from core.layout import render
+    from core.trace import response_needs, token_surprisal, trace
+
+    passes: list[str] = []
+    batch, single = extract_mod.trace_batch, analysis_mod.trace
+
+    def counted_batch(model, layouts, needs, **kw):  # noqa: ANN001, ANN202
+        passes.extend("with" if lay.with_context else "without" for lay in layouts)
+        return batch(model, layouts, needs, **kw)
+
+    def counted_single(model, layout, needs):  # noqa: ANN001, ANN202
+        passes.append("surprisal alone")
+        return single(model, layout, needs)
+
+    monkeypatch.setattr(extract_mod, "trace_batch", counted_batch)
+    monkeypatch.setattr(analysis_mod, "trace", counted_single)
+    detectors_dir(_copy(tiny_artifacts, tmp_path))  # its own folder: nothing known yet
+    at = _analysed(make_app)
+    # context_gain reads a no-context pass; everything else shares ONE pass with context.
+    assert passes == ["with", "without"]
+    labels = [s.label for s in at.status]
+    assert any(re.fullmatch(r"3 detectors judged the answer in [0-9.]+ s", x) for x in labels)
+    assert len(_verdict_table(at)) == 3  # the streamed table made way for the whole one
+    example = next(e for e in builtin_examples() if e.id == EXAMPLE)
+    want = token_surprisal(trace(tiny_model, render(example, tiny_model), response_needs()))
+    shown = _hover_values(_heatmap(at), "surprisal (bits)")
+    assert shown == [f"{v:.2f}" for v in want]
+    passes.clear()
+    at.radio(key=KEY_COLOR_BY).set_value("nll").run()  # a display control: nothing recomputed
+    at.button(key=KEY_ANALYSE).click().run()  # the same input again: known
+    _no_exception(at)
+    assert passes == []

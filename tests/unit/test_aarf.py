@@ -489,3 +489,21 @@ def test_bench_times_aarf_against_greedy_per_step(tiny_model, detector, toy_exam
     assert rep.n_prompt == render(toy_example, tiny_model).response.start
     text = "\n".join(rep.to_lines())
     assert "x greedy per step" in text and "AARF on a" in text
+
+
+def test_bench_times_the_playground_against_one_forward(tiny_model, detector, toy_example):
+    from core.bench import bench_playground
+
+    lexical = make_detector("lexical")
+    _, examples = resolve_dataset("builtin")
+    pool = examples[:6]
+    ext = extract_features(tiny_model, pool, [lexical])
+    lexical.fit(ext.features["lexical"], ext.examples)
+    # lexical reads no activations: its verdict comes before any pass, redeep's after one
+    rep = bench_playground(tiny_model, toy_example, [lexical, detector], repeats=1)
+    assert rep.detectors == ("lexical", "redeep_token")
+    assert rep.n_tokens == len(render(toy_example, tiny_model))
+    assert 0 < rep.first_verdict_s < rep.first_traced_verdict_s <= rep.streamed_s
+    assert rep.forward_s > 0 and rep.separate_s > 0 and rep.first_click_s > 0
+    text = "\n".join(rep.to_lines())
+    assert "x forward" in text and "first verdict from activations" in text

@@ -1,0 +1,193 @@
+"""The shipped detectors' verdicts on one answer: streamed as each detector finishes,
+and kept per model, input and detector set (for every page and session), so a display
+control never recomputes them."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+import streamlit as st
+
+from app.state.detectors import ShippedDetector, ShippedDetectors
+from app.state.memo import Memo
+from core.errors import RagscopeError
+from core.judge import Judged, judge_stream
+
+if TYPE_CHECKING:
+    import pandas as pd
+
+    from app.state.analysis import Analysis
+    from core.contract import Features, Verdict
+    from core.examples import RAGExample
+    from core.model import LoadedModel
+    from core.trace import Needs, Trace
+
+OnStep = Callable[[Judged, "ShippedDetector | None"], None]
+"""Called after each step of a streamed run: the step, and the detector it judged
+(``None`` for a finished pass)."""
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class DetectorVerdicts:
+    """The shipped detectors' verdicts on one analysed answer.
+
+    Attributes:
+        signature: :func:`input_signature` of the analysed input.
+        detectors: The detectors that judged it.
+        verdicts: One verdict per detector, aligned with ``detectors``.
+        seconds: Wall time of the shared trace and the predictions (when first computed).
+        features: Detector name -> the features its verdict was computed from.
+    """
+
+    signature: str
+    detectors: tuple[ShippedDetector, ...]
+    verdicts: tuple[Verdict, ...]
+    seconds: float
+    features: Mapping[str, Features] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        assert len(self.detectors) == len(self.verdicts), "one verdict per detector"
+
+    def with_token_scores(self) -> dict[str, Verdict]:
+        """Detector name -> verdict, for the detectors that score single tokens."""
+        return {
+            v.detector: v
+            for v in self.verdicts
+            if v.token_scores is not None and v.token_offsets is not None
+        }
+
+    def to_frame(self) -> pd.DataFrame:
+        """One row per detector: ``detector``, ``score`` (a calibrated probability when
+        ``calibrated``), ``threshold``, ``verdict``, ``trained on``, ``n train``, ``AUROC``
+        and where it comes from (missing facts are empty)."""
+        return verdict_frame(self.detectors, self.verdicts)
+
+
+def verdict_frame(
+    detectors: tuple[ShippedDetector, ...] | list[ShippedDetector],
+    verdicts: tuple[Verdict, ...] | list[Verdict],
+) -> pd.DataFrame:
+    """The verdict table of :meth:`DetectorVerdicts.to_frame`, for any detectors judged
+    so far (the Playground shows it growing while the others run)."""
+    import pandas as pd
+
+    rows = []
+    for d, v in zip(detectors, verdicts, strict=True):
+        flagged = v.hallucinated if v.hallucinated is not None else v.score >= d.threshold
+        rows.append(
+            {
+                "detector": d.name,
+                "score": v.score,
+                "threshold": d.threshold,
+                "verdict": "flagged" if flagged else "not flagged",
+                "calibrated": d.calibrated,
+                "trained on": d.trained_on,
+                "n train": d.n_train,
+                "AUROC": d.auroc,
+                "AUROC from": d.auroc_from,
+            }
+        )
+    columns = ["detector", "score", "threshold", "verdict", "calibrated", "trained on"]
+    frame = pd.DataFrame(rows, columns=[*columns, "n train", "AUROC", "AUROC from"])
+    return frame.astype({"n train": "Int64", "AUROC": "Float64"})
+
+
+@st.cache_resource(show_spinner=False)
+def _verdicts() -> Memo[DetectorVerdicts]:
+    """Every session's verdicts, by model instance, input signature and detector set."""
+    return Memo(max_entries=64)
+
+
+@st.cache_resource(show_spinner=False)
+def _failures() -> Memo[RagscopeError]:
+    """Why the detectors could not judge an input (same keys): the page that shows the
+    error after a streamed run does not run them again."""
+    return Memo(max_entries=64)
+
+
+def known_verdicts(
+    model: LoadedModel, signature: str, shipped: ShippedDetectors
+) -> DetectorVerdicts | None:
+    """The verdicts on this input when some page already computed them, else ``None``."""
+    return _verdicts().get((model.instance_key, signature, shipped.cache_id))
+
+
+def stream_verdicts(
+    model: LoadedModel,
+    example: RAGExample,
+    signature: str,
+    shipped: ShippedDetectors,
+    *,
+    on_step: OnStep | None = None,
+    extra: Needs | None = None,
+    on_trace: Callable[[Trace], None] | None = None,
+) -> DetectorVerdicts:
+    """Every loaded shipped detector's verdict on ``example``'s answer, computed one
+    detector at a time (:func:`core.judge.judge_stream`: one shared pass, plus one
+    without the passages when a detector asks) with ``on_step`` after each step, and
+    kept for every page. Already known verdicts are returned at once (and a known
+    failure raised again).
+
+    Args:
+        signature: :func:`app.state.analysis.input_signature` of the input.
+        extra: Also recorded in the shared pass (the Playground's surprisal).
+        on_trace: Called with the shared pass as soon as it is done.
+
+    Raises:
+        DataError: The example cannot be laid out for the detectors.
+        ModelError: A detector cannot run (missing trace, spaCy model, other model).
+    """
+    key = (model.instance_key, signature, shipped.cache_id)
+    found = _verdicts().get(key)
+    if found is not None:
+        return found
+    failed = _failures().get(key)
+    if failed is not None:
+        raise failed
+    by_name = {s.name: s for s in shipped.detectors}
+    got: dict[str, Verdict] = {}
+    features: dict[str, Features] = {}
+    t0 = time.perf_counter()
+    dets = [s.detector for s in shipped.detectors]
+    try:
+        for judged in judge_stream(model, example, dets, extra=extra, on_trace=on_trace):
+            name = judged.detector
+            if name is not None:
+                assert judged.verdict is not None and judged.step.features is not None
+                got[name] = judged.verdict
+                features[name] = judged.step.features
+            if on_step is not None:
+                on_step(judged, by_name.get(name) if name is not None else None)
+    except RagscopeError as e:
+        _failures().put(key, e)
+        raise
+    out = DetectorVerdicts(
+        signature=signature,
+        detectors=shipped.detectors,
+        verdicts=tuple(got[s.name] for s in shipped.detectors),
+        seconds=time.perf_counter() - t0,
+        features=features,
+    )
+    _verdicts().put(key, out)
+    return out
+
+
+def detector_verdicts(
+    model: LoadedModel, analysis: Analysis, shipped: ShippedDetectors
+) -> DetectorVerdicts:
+    """Every loaded shipped detector's verdict on ``analysis``'s answer (kept).
+
+    The example is traced once for all of them (:func:`stream_verdicts`).
+
+    Raises:
+        DataError: The example cannot be laid out for the detectors.
+        ModelError: A detector cannot run (missing trace, spaCy model, other model).
+    """
+    if not shipped.detectors:
+        return DetectorVerdicts(
+            signature=analysis.signature, detectors=(), verdicts=(), seconds=0.0
+        )
+    return stream_verdicts(model, analysis.example, analysis.signature, shipped)
