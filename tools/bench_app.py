@@ -1,0 +1,192 @@
+"""Time the app as a user meets it, in headless Chromium: warm start and Playground latency.
+
+    python -m tools.bench_app [--model embedded] [--repeats 3] [--json]
+
+1. **Warm start**: ``streamlit run app/main.py`` with the model's weights already in the
+   cache (``ragscope prepare`` first), timed from launching the server to Home's title and
+   the sidebar's model status showing in the browser (the first usable page), ``--repeats``
+   times, each with a fresh server.
+2. **Playground**: on the last server, open the Playground on the first demo example (a
+   deep link), press *Analyse* and time the click to the status line that says every
+   shipped detector judged the answer; then again in a new page (known: nothing is
+   recomputed). Reported as a ratio to one plain forward pass of that example, measured in
+   this process just before (``ragscope bench --playground`` measures the same path
+   without the browser).
+
+Needs the test extra (Playwright) and Debian's Chromium (``/usr/bin/chromium``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import socket
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+import urllib.request
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+from playwright.sync_api import Browser, Page, sync_playwright
+
+from core.data import builtin_examples
+from core.layout import render
+from core.model import EMBEDDED, load_model, prepare_embedded
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = "/usr/bin/chromium"
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+START_TIMEOUT_MS = 300_000
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def _server(model: str, log: Path) -> Iterator[tuple[str, float]]:
+    """A fresh ``streamlit run`` on a free port: (its URL, when it was launched)."""
+    port = _free_port()
+    cmd = [
+        sys.executable, "-m", "streamlit", "run", "app/main.py",
+        "--server.port", str(port), "--server.address", "127.0.0.1",
+        "--server.headless", "true", "--browser.gatherUsageStats", "false",
+    ]  # fmt: skip
+    env = {
+        **os.environ,
+        "RAGSCOPE_MODEL": model,
+        "HF_HUB_OFFLINE": "1",
+        "TRANSFORMERS_OFFLINE": "1",
+    }
+    with log.open("ab") as out:
+        t0 = time.perf_counter()
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    url = f"http://127.0.0.1:{port}"
+    try:
+        deadline = time.monotonic() + START_TIMEOUT_MS / 1000
+        while True:
+            if proc.poll() is not None:
+                raise RuntimeError(f"the app server exited with {proc.returncode}; see {log}")
+            try:
+                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                    if r.status == 200:
+                        break
+            except OSError:
+                pass
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"the app server did not answer in time; see {log}")
+            time.sleep(0.1)
+        yield url, t0
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+
+
+def _first_usable(page: Page, url: str, t0: float, model_name: str) -> float:
+    """Seconds from launching the server to Home's title and the loaded model's status."""
+    page.goto(url, wait_until="domcontentloaded")
+    page.get_by_role("heading", name="ragscope").first.wait_for(timeout=START_TIMEOUT_MS)
+    page.get_by_text(model_name).first.wait_for(timeout=START_TIMEOUT_MS)
+    return time.perf_counter() - t0
+
+
+def _analyse(page: Page, url: str, example_id: str) -> float:
+    """Seconds from clicking *Analyse* to every shipped detector's verdict."""
+    page.goto(f"{url}/playground?dataset=demo&example={example_id}", wait_until="domcontentloaded")
+    button = page.get_by_role("button", name=re.compile("Analyse"))
+    button.wait_for(timeout=START_TIMEOUT_MS)
+    t0 = time.perf_counter()
+    button.click()
+    # The whole verdict table follows the streamed progress (and shows at once when known).
+    page.get_by_role("heading", name="Detector verdicts").wait_for(timeout=START_TIMEOUT_MS)
+    page.get_by_text("gives a score from 0 to 1").first.wait_for(timeout=START_TIMEOUT_MS)
+    return time.perf_counter() - t0
+
+
+def _plain_forward(model_spec: str, example_id: str, repeats: int) -> tuple[float, int, str]:
+    model = load_model(model_spec)
+    ex = next(e for e in builtin_examples() if e.id == example_id)
+    ids = torch.as_tensor(render(ex, model).token_ids, device=model.device).unsqueeze(0)
+    times = []
+    for _ in range(repeats + 1):
+        t0 = time.perf_counter()
+        with torch.inference_mode():
+            model.hf_model(ids)
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times[1:]), int(ids.shape[1]), model.info.display_name
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m tools.bench_app", description=__doc__)
+    ap.add_argument("--model", default=EMBEDDED)
+    ap.add_argument("--repeats", type=int, default=3)
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+    if args.model == EMBEDDED:
+        prepare_embedded()  # a warm start reads cached weights
+    example = builtin_examples()[0]
+    fwd, n_tokens, model_name = _plain_forward(args.model, example.id, max(args.repeats, 3))
+    starts: list[float] = []
+    log = Path(tempfile.mkdtemp(prefix="ragscope-bench-app-")) / "server.log"
+    with sync_playwright() as pw:
+        browser: Browser = pw.chromium.launch(
+            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+        )
+        for i in range(args.repeats):
+            with _server(args.model, log) as (url, t0):
+                page = browser.new_page()
+                starts.append(_first_usable(page, url, t0, model_name))
+                if i < args.repeats - 1:
+                    page.close()
+                    continue
+                first = _analyse(page, url, example.id)
+                again = _analyse(page, url, example.id)
+                page.close()
+        browser.close()
+    report = {
+        "model": model_name,
+        "example": example.id,
+        "example_tokens": n_tokens,
+        "plain_forward_s": fwd,
+        "warm_start_s": starts,
+        "warm_start_median_s": statistics.median(starts),
+        "analyse_first_s": first,
+        "analyse_first_ratio": first / fwd,
+        "analyse_known_s": again,
+    }
+    if args.json:
+        print(json.dumps(report, indent=2))
+    else:
+        print(
+            f"{model_name}: warm start to the first usable page "
+            f"{report['warm_start_median_s']:.1f} s (median of {len(starts)}: "
+            + ", ".join(f"{s:.1f}" for s in starts)
+            + f")\nPlayground, {example.id} ({n_tokens} tokens): click -> full verdicts "
+            f"{first:.2f} s = {first / fwd:.1f} x one plain forward ({fwd * 1000:.0f} ms); "
+            f"the same input again {again:.2f} s (known: nothing recomputed)"
+        )
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
