@@ -15,7 +15,14 @@ from core.detectors import available_detectors, load_shipped, shipped_artifacts
 from core.errors import DataError, RagscopeError
 from core.examples import RAGExample
 from core.extract import run_example
-from core.paths import DEFAULT_SET, detector_set_dir, detector_set_name, shipped_dir
+from core.paths import (
+    DEFAULT_SET,
+    TRAINED_SET,
+    detector_set_dir,
+    detector_set_name,
+    model_detectors_dir,
+    shipped_dir,
+)
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -209,8 +216,12 @@ def shipped_detectors(model: LoadedModel) -> ShippedDetectors:
     """The shipped detectors trained on ``model`` (cached; reloaded when the files change).
 
     Artifacts come from :func:`core.detectors.shipped_dir` (``RAGSCOPE_DETECTORS_DIR``,
-    else ``assets/detectors``). A broken artifact does not raise: it is listed in
-    :attr:`ShippedDetectors.broken` and the others still load.
+    else ``assets/detectors``). When that set has none for ``model`` (neither loaded nor
+    broken), the detectors trained on this machine for it are loaded instead
+    (:func:`core.paths.model_detectors_dir`, set name ``trained``): a training job's
+    artifacts appear on the next rerun, as the folder's stamp changes. A broken artifact
+    does not raise: it is listed in :attr:`ShippedDetectors.broken` and the others
+    still load.
     """
 
     set_name, set_error = detector_set_name(), None
@@ -219,6 +230,17 @@ def shipped_detectors(model: LoadedModel) -> ShippedDetectors:
     except DataError as e:
         set_name, set_error, root = DEFAULT_SET, str(e), detector_set_dir(DEFAULT_SET)
     found = _shipped_detectors(model.info.key, str(root), _artifacts_stamp(root))
+    if not found.detectors and not found.broken:
+        own = model_detectors_dir(model.info.key)
+        if own.is_dir():
+            trained = _shipped_detectors(model.info.key, str(own), _artifacts_stamp(own))
+            if trained.detectors or trained.broken:
+                return replace(
+                    trained,
+                    other_models=found.other_models,
+                    set_name=TRAINED_SET,
+                    set_error=set_error,
+                )
     return replace(found, set_name=set_name, set_error=set_error)
 
 

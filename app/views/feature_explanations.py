@@ -30,6 +30,7 @@ from app.components.example_picker import (
     split_label,
 )
 from app.components.heatmap import ColorStops, render_token_heatmap
+from app.components.train_job import train_detectors_panel
 from app.state import (
     ALL_SPLITS,
     KEY_EXPLAIN_FEATURES,
@@ -673,6 +674,7 @@ def main() -> None:
         "the answers where it fires, its activating tokens highlighted, and a one-sentence "
         "explanation written by an LLM from those examples."
     )
+    train_detectors_panel(model)
     choice = choose_sae(model)
     if choice is None:
         return

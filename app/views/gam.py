@@ -19,6 +19,7 @@ import streamlit as st
 from app.components.artifacts import show_broken_artifacts
 from app.components.example_picker import first_words, pick_example
 from app.components.heatmap import render_token_heatmap
+from app.components.train_job import train_detectors_panel
 from app.state import (
     HEADS_FROM_HOME,
     HOME_DATASETS_HERE,
@@ -277,6 +278,7 @@ def main() -> None:
         "the label, and an explainable boosting machine that adds one learnt function per "
         "feature. Every number below is the model's own."
     )
+    train_detectors_panel(model)
     shipped = shipped_detectors(model)
     found = next((d for d in shipped.detectors if d.name == RAGLENS), None)
     detector = found.detector if found is not None else None

@@ -34,6 +34,7 @@ from app.components.example_picker import (
     split_label,
 )
 from app.components.heatmap import render_token_heatmap
+from app.components.train_job import train_detectors_panel
 from app.state import (
     HEADS_EXAMPLE_DATASET,
     HEADS_EXAMPLE_PLAYGROUND,
@@ -592,6 +593,7 @@ def main() -> None:
         "the passages into the answer (External Context Score, ECS) and FFN layers that "
         "inject the model's own knowledge (Parametric Knowledge Score, PKS)."
     )
+    train_detectors_panel(model)
     copying = copying_section(state, model)
     marked = copying.top_heads(state.heads_top) if copying is not None else []
     st.divider()

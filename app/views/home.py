@@ -1,4 +1,5 @@
-"""Home: what ragscope is, the loaded model, and which dataset the Playground uses."""
+"""Home: what ragscope is, the loaded model and its detectors (with training them when it
+has none), and which dataset the Playground uses."""
 
 from __future__ import annotations
 
@@ -6,6 +7,7 @@ from pathlib import Path
 
 import streamlit as st
 
+from app.components.train_job import train_detectors_panel
 from app.state import (
     BUILTIN,
     HOME_DATASETS_HERE,
@@ -239,6 +241,7 @@ def main() -> None:
     with left:
         model_status(model)
         detector_set_status(model)
+        train_detectors_panel(model, home=True)
     with right:
         dataset_picker(state)
     st.divider()

@@ -26,6 +26,7 @@ from app.components.example_picker import (
     show_request_failures,
     split_label,
 )
+from app.components.train_job import train_detectors_panel
 from app.state import (
     KEY_SHAP_COMPUTE,
     KEY_SHAP_GRID,
@@ -331,6 +332,7 @@ def main() -> None:
         "final LayerNorm (LN) and the initial embedding (Init)) and averages them per part of "
         "speech: 126 features like RAG_NOUN. Which of them move its XGBoost classifier?"
     )
+    train_detectors_panel(model)
     picked = controls(state)
     if picked is None:
         return

@@ -25,6 +25,7 @@ from app.components.example_picker import (
     publish_page_dataset,
     show_playground_answer,
 )
+from app.components.train_job import train_detectors_panel
 from app.state import (
     ALL_SPLITS,
     HEADS_EXAMPLE_DATASET,
@@ -325,6 +326,7 @@ def main() -> None:
         "passages (RAG), earlier answer tokens (Past) and the token itself (Self), the FFNs, "
         "the final LayerNorm (LN) and the initial embedding (Init)."
     )
+    train_detectors_panel(model)
     picked = pick_answer(state)
     if picked is None:
         return

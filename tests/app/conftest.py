@@ -1,11 +1,11 @@
 """Fixtures for the AppTest page tests: the tiny model and throw-away storage.
 
 Every test gets its own database (``RAGSCOPE_DB``), no shared dev data and no shipped
-detectors (``RAGSCOPE_DETECTORS_DIR``), so the dataset list is exactly the built-in
-examples plus what the test imports, and only tests that make detector artifacts see
-any. The model cache dir is shared by the whole session (the tiny model's tokenizer is
-read from the embedded GGUF once), and the loaded model is shared through
-``st.cache_resource``.
+or locally trained detectors (``RAGSCOPE_DETECTORS_DIR``, ``RAGSCOPE_TRAINED_DIR``), so
+the dataset list is exactly the built-in examples plus what the test imports, and only
+tests that make detector artifacts see any. The model cache dir is shared by the whole
+session (the tiny model's tokenizer is read from the embedded GGUF once), and the loaded
+model is shared through ``st.cache_resource``.
 
 The page tests share their helpers as fixtures too: ``open_page`` and
 ``open_after_analysis`` open a page, ``no_exception``, ``charts``, ``chart``,
@@ -43,6 +43,7 @@ def app_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, app_cache_dir: Path
     monkeypatch.setenv("RAGSCOPE_DB", str(db))
     monkeypatch.setenv("RAGSCOPE_SHARED_DATA", str(tmp_path / "no-shared-data"))
     monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(tmp_path / "no-detectors"))
+    monkeypatch.setenv("RAGSCOPE_TRAINED_DIR", str(tmp_path / "trained-detectors"))
     monkeypatch.setenv("RAGSCOPE_SHIPPED_RUNS_DIR", str(tmp_path / "no-shipped-runs"))
     monkeypatch.setenv("RAGSCOPE_SAE_DIR", str(tmp_path / "no-sae"))
     return db

@@ -1,0 +1,342 @@
+"""The "Train detectors for this model" panel: the form that starts a background
+training job, and the job's live progress, on Home and every detector page.
+
+The job runs in a worker process of its own (:mod:`core.jobs`), not in this script: it
+goes on across reruns, page switches, browser reloads and app restarts, and every page
+reads its state from the database. A running job's panel refreshes itself
+(``st.fragment(run_every=...)``); when the job ends the whole page reruns, so the
+artifacts it published load without restarting the app.
+"""
+
+from __future__ import annotations
+
+import math
+from datetime import UTC, datetime
+
+import streamlit as st
+
+from app.state import (
+    DEFAULT_TRAIN_DATASET,
+    KEY_TRAIN_CANCEL,
+    KEY_TRAIN_DATASET,
+    KEY_TRAIN_DETECTORS,
+    KEY_TRAIN_DISCARD,
+    KEY_TRAIN_LIMIT,
+    KEY_TRAIN_OPEN,
+    KEY_TRAIN_RESUME,
+    KEY_TRAIN_START,
+    POLL_S,
+    TRAIN_LIMIT,
+    ShippedDetectors,
+    cancel_training,
+    job_log_db,
+    model_job,
+    read_job,
+    resume_training,
+    seed_widget,
+    shipped_detectors,
+    start_training,
+    train_dataset_choices,
+    train_detector_choices,
+    train_estimate,
+    train_folder,
+    train_spec,
+)
+from app.text import code, md
+from core.errors import RagscopeError
+from core.jobs import JobView, TrainEstimate, job_log_path
+from core.model import LoadedModel
+from core.paths import TRAINED_SET
+from core.storage import JobRowError
+
+TITLE = "Train detectors for this model"
+FINISHED = "train.finished"
+"""Session key: the job a watching panel saw end (its outcome is shown once)."""
+ACTION_ERROR = "train.action_error"
+"""Session key: why the last Cancel/Resume/Discard click failed."""
+
+
+def format_seconds(seconds: float) -> str:
+    """``42 s``, ``3 min 5 s``, ``1 h 20 min``."""
+    s = max(0, int(math.ceil(seconds)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s" if s % 60 else f"{s // 60} min"
+    return f"{s // 3600} h {(s % 3600) // 60} min"
+
+
+def describe_estimate(est: TrainEstimate) -> str:
+    """The estimate in words (Markdown)."""
+    cached = f" ({est.n_cached} already in the feature cache)" if est.n_cached else ""
+    return (
+        f"Estimated time: **about {format_seconds(est.seconds)}**: {est.n_to_trace} of "
+        f"{est.n_examples} examples to trace at {est.seconds_per_example:.2f} s each{cached}, "
+        f"plus about {format_seconds(est.load_seconds)} to start the worker and load the "
+        "model. Fitting comes on top: seconds for most detectors, longer for those that "
+        "search hyper-parameters (spad, interpdetect) on many examples."
+    )
+
+
+def _elapsed(iso: str | None) -> str | None:
+    if not iso:
+        return None
+    try:
+        start = datetime.fromisoformat(iso)
+    except ValueError:
+        return None
+    if start.tzinfo is None:
+        start = start.replace(tzinfo=UTC)
+    return format_seconds((datetime.now(UTC) - start).total_seconds())
+
+
+def _about(view: JobView) -> str:
+    """Job #N: what it trains on which data (Markdown)."""
+    spec = view.spec
+    if spec is None:
+        return f"Job #{view.id} (its options cannot be read: {md(view.spec_error)})"
+    limit = f", about {spec.limit} examples" if spec.limit else ""
+    names = ", ".join(code(d) for d in spec.detectors)
+    return f"Job #{view.id}: {names} on {code(spec.dataset)}{limit}"
+
+
+def _act(action: str, job_id: int) -> None:
+    """Button callback: cancel, resume or discard job ``job_id`` (errors kept to show)."""
+    st.session_state.pop(ACTION_ERROR, None)
+    try:
+        if action == "resume":
+            resume_training(job_id)
+        else:
+            cancel_training(job_id)
+    except RagscopeError as e:
+        st.session_state[ACTION_ERROR] = f"Could not {action} job #{job_id}: {md(e)}"
+
+
+def _action_error() -> None:
+    msg = st.session_state.pop(ACTION_ERROR, None)
+    if isinstance(msg, str):
+        st.error(msg)
+
+
+@st.fragment(run_every=POLL_S)
+def _live_job(job_id: int) -> None:
+    """A queued or running job's progress and Cancel, refreshed every :data:`POLL_S`
+    seconds; when the job ends, the whole page reruns (its artifacts then load)."""
+    try:
+        view = read_job(job_id)
+    except RagscopeError as e:
+        st.error(f"The training job cannot be read: {md(e)}")
+        return
+    if not view.active:
+        st.session_state[FINISHED] = job_id
+        st.rerun()
+    st.markdown(_about(view))
+    started = _elapsed(view.row.started_at or view.row.created_at)
+    text = f"{view.progress_text}" + (f" · {started}" if started else "")
+    if view.row.cancel_requested:
+        text = "Cancelling… " + text
+    st.progress(view.fraction, text=md(text))
+    c1, c2 = st.columns([1, 3], vertical_alignment="center")
+    with c1:
+        st.button(
+            "Cancel",
+            key=KEY_TRAIN_CANCEL,
+            icon=":material/cancel:",
+            on_click=_act,
+            args=("cancel", job_id),
+            disabled=view.row.cancel_requested,
+        )
+    with c2:
+        st.caption(
+            "Runs in the background: switch pages, reload or close the tab, it goes on. "
+            f"Log: {code(job_log_path(job_log_db(), job_id))}"
+        )
+    _action_error()
+
+
+def _interrupted(view: JobView) -> None:
+    """A job whose worker is gone: resume it (features come from the cache) or discard it."""
+    st.warning(
+        f"{_about(view)} was interrupted at {md(view.progress_text)} (its worker stopped "
+        "without finishing, e.g. the machine restarted). Resume it: the examples already "
+        "traced come from the feature cache."
+    )
+    c1, c2, _ = st.columns([1, 1, 3])
+    with c1:
+        st.button(
+            "Resume",
+            key=KEY_TRAIN_RESUME,
+            type="primary",
+            icon=":material/play_arrow:",
+            on_click=_act,
+            args=("resume", view.id),
+            disabled=not view.resumable,
+        )
+    with c2:
+        st.button(
+            "Discard",
+            key=KEY_TRAIN_DISCARD,
+            icon=":material/delete:",
+            on_click=_act,
+            args=("discard", view.id),
+        )
+    _action_error()
+
+
+def _outcome(view: JobView, *, fresh: bool) -> None:
+    """How an ended job ended: ``fresh`` when this session watched it end."""
+    r = view.row
+    if view.state == "done":
+        made = r.result.get("artifacts") if isinstance(r.result, dict) else None
+        names = ", ".join(code(n) for n in made) if isinstance(made, dict) else "its detectors"
+        text = f"{_about(view)} finished: trained {names} into {code(r.out)}."
+        if fresh:
+            st.success(text + " They are loaded now.", icon=":material/check_circle:")
+        else:
+            st.caption(text)
+    elif view.state == "cancelled":
+        (st.info if fresh else st.caption)(
+            f"{_about(view)} was cancelled; nothing was written to {code(r.out)}."
+        )
+    elif view.state == "failed":
+        st.error(f"{_about(view)} failed: {md(r.error or 'no reason recorded')}")
+        st.button(
+            "Resume",
+            key=KEY_TRAIN_RESUME,
+            icon=":material/replay:",
+            on_click=_act,
+            args=("resume", view.id),
+            disabled=not view.resumable,
+            help="Start its worker again; the examples already traced come from the cache.",
+        )
+        _action_error()
+
+
+def _form(model: LoadedModel) -> None:
+    """Detectors, training data, limit, the estimate, the equivalent command and Start."""
+    names = train_detector_choices(model)
+    try:
+        labels = train_dataset_choices()
+    except RagscopeError as e:
+        st.error(md(e))
+        labels = {"demo": "Demo examples (12, hand-written)", "builtin": "Built-in corpus"}
+    if st.session_state.get(KEY_TRAIN_DATASET) not in labels:
+        st.session_state.pop(KEY_TRAIN_DATASET, None)
+    seed_widget(KEY_TRAIN_DETECTORS, list(names))
+    seed_widget(
+        KEY_TRAIN_DATASET, DEFAULT_TRAIN_DATASET if DEFAULT_TRAIN_DATASET in labels else "demo"
+    )
+    seed_widget(KEY_TRAIN_LIMIT, TRAIN_LIMIT)
+    st.caption(
+        "Trains in a background job on this machine, with the loaded model; the artifacts "
+        f"go to {code(train_folder(model))} and load here once all are trained."
+    )
+    detectors = st.multiselect(
+        "Detectors", names, key=KEY_TRAIN_DETECTORS, help="Those that can read this model"
+    )
+    c1, c2 = st.columns([3, 1])
+    with c1:
+        dataset = st.selectbox(
+            "Training data",
+            list(labels),
+            key=KEY_TRAIN_DATASET,
+            format_func=lambda s: labels.get(s, s),
+            help="Split by source into train / validation / test (70 / 15 / 15); "
+            "thresholds are picked on validation, metrics reported on test.",
+        )
+    with c2:
+        limit = int(
+            st.number_input(
+                "Example limit (0 = all)",
+                min_value=0,
+                step=50,
+                key=KEY_TRAIN_LIMIT,
+                help="About this many examples, whole sources kept together.",
+            )
+        )
+    spec = None
+    if not detectors:
+        st.caption("Pick at least one detector.")
+    else:
+        try:
+            spec = train_spec(detectors, dataset, limit or None)
+            st.markdown(describe_estimate(train_estimate(model, spec)))
+        except RagscopeError as e:
+            st.error(f"This job cannot run: {md(e)}")
+            spec = None
+    if spec is not None:
+        st.caption(
+            f"The same from a terminal: {code(spec.command(train_folder(model)))} "
+            "(identical artifacts)."
+        )
+    if st.button(
+        "Train in the background",
+        key=KEY_TRAIN_START,
+        type="primary",
+        icon=":material/model_training:",
+        disabled=spec is None,
+    ):
+        assert spec is not None
+        try:
+            start_training(model, spec)
+        except RagscopeError as e:
+            st.error(f"The job could not start: {md(e)}")
+            return
+        st.rerun()
+
+
+def train_detectors_panel(model: LoadedModel, *, home: bool = False) -> None:
+    """Training detectors for ``model`` when it has none: the job form (in a lazily
+    rendered expander), a queued or running job's live progress, an interrupted job's
+    Resume/Discard, and how the last job ended.
+
+    On a detector page (``home=False``) nothing shows once the model has detectors and
+    no job is running; on Home the last job's outcome and a "train more" form stay
+    while the loaded detectors are ones trained here.
+    """
+    shipped: ShippedDetectors = shipped_detectors(model)
+    try:
+        view = model_job(model)
+    except JobRowError as e:
+        st.error(f"A training job in the database cannot be read: {md(e)}")
+        st.button(
+            "Discard it",
+            key=KEY_TRAIN_DISCARD,
+            on_click=_act,
+            args=("discard", e.job_id),
+        )
+        _action_error()
+        view = None
+    except RagscopeError as e:
+        st.error(f"Training jobs cannot be read: {md(e)}")
+        return
+    finished = st.session_state.pop(FINISHED, None)
+    if view is not None and view.active:
+        with st.container(border=True):
+            st.markdown(f"**{TITLE}**")
+            _live_job(view.id)
+        return
+    if view is not None and view.state == "interrupted":
+        with st.container(border=True):
+            st.markdown(f"**{TITLE}**")
+            _interrupted(view)
+        return
+    trained_here = shipped.set_name == TRAINED_SET
+    if shipped.detectors and not (home and trained_here):
+        if view is not None and finished == view.id:
+            _outcome(view, fresh=True)
+        return
+    if view is not None:
+        _outcome(view, fresh=finished == view.id)
+    label = "Train more detectors for this model" if shipped.detectors else TITLE
+    if home and not shipped.detectors:
+        st.info(
+            "No detectors are trained for this model yet. Train some here: a background "
+            "job, with progress on every page.",
+            icon=":material/model_training:",
+        )
+    with st.expander(
+        label, key=KEY_TRAIN_OPEN, on_change="rerun", icon=":material/model_training:"
+    ) as box:
+        if box.open:
+            _form(model)

@@ -1,0 +1,224 @@
+"""Training jobs for the loaded model (:mod:`core.jobs`): starting, watching, cancelling
+and resuming them, the time estimate, and the "Train detectors" widget keys.
+
+Nothing about a job lives in the session: its row in the database is read on every run,
+so any session, page or reload sees the same job.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+import streamlit as st
+
+from app.state.datasets import get_store
+from app.state.model import model_device, model_spec
+from app.state.runs import CORPUS, eval_dataset_choices
+from core.data import make_splits
+from core.detectors import runnable_detectors
+from core.errors import DataError
+from core.jobs import (
+    JobView,
+    TrainEstimate,
+    TrainSpec,
+    cached_examples,
+    cancel_job,
+    job_view,
+    resume_job,
+    start_train_job,
+    time_one_example,
+)
+from core.paths import model_detectors_dir
+
+if TYPE_CHECKING:
+    from core.examples import RAGExample
+    from core.model import LoadedModel
+
+KEY_TRAIN_OPEN = "train.open"
+"""The "Train detectors for this model" expander (its form renders only while open)."""
+
+
+KEY_TRAIN_DETECTORS = "train.detectors"
+
+
+KEY_TRAIN_DATASET = "train.dataset"
+
+
+KEY_TRAIN_LIMIT = "train.limit"
+
+
+KEY_TRAIN_START = "train.start"
+
+
+KEY_TRAIN_CANCEL = "train.cancel"
+
+
+KEY_TRAIN_RESUME = "train.resume"
+
+
+KEY_TRAIN_DISCARD = "train.discard"
+
+
+TRAIN_LIMIT = 300
+"""The form's default example limit (the built-in corpus has 1,800)."""
+
+
+WORKER_START_S = 10.0
+"""A worker's start before its model loads (Python and its libraries), for the estimate."""
+
+
+POLL_S = 1.5
+"""How often a page watching a running job refreshes its progress."""
+
+
+def train_folder(model: LoadedModel) -> Path:
+    """Where a job publishes the detectors it trains for ``model``."""
+    return model_detectors_dir(model.info.key)
+
+
+def train_detector_choices(model: LoadedModel) -> list[str]:
+    """The detectors a job can train for ``model`` (those that can read it)."""
+    return runnable_detectors(model)
+
+
+def train_dataset_choices() -> dict[str, str]:
+    """Dataset spec -> label: the demo examples, the built-in corpus, the shared dev sets
+    and the imported datasets (as the Benchmark offers them).
+
+    Raises:
+        StorageError: The database cannot be opened.
+    """
+    return eval_dataset_choices()
+
+
+def train_spec(detectors: Sequence[str], dataset: str, limit: int | None) -> TrainSpec:
+    """The job for the loaded model (``RAGSCOPE_MODEL``, ``RAGSCOPE_DEVICE``).
+
+    Raises:
+        DataError: An option a job refuses (no detectors, an unknown one).
+    """
+    return TrainSpec(
+        model=model_spec(),
+        device=model_device(),
+        detectors=tuple(detectors),
+        dataset=dataset,
+        limit=limit or None,
+    )
+
+
+def job_log_db() -> str:
+    """The database whose jobs' logs the pages point at (:func:`core.jobs.job_log_path`)."""
+    return get_store().path
+
+
+def model_job(model: LoadedModel) -> JobView | None:
+    """The loaded model's job: its active one, else its newest (never cached).
+
+    Raises:
+        JobRowError: That job's row cannot be read.
+        StorageError: The database cannot be opened.
+    """
+    row = get_store().latest_job(model.info.key)
+    return job_view(row) if row is not None else None
+
+
+def read_job(job_id: int) -> JobView:
+    """Job ``job_id`` as it stands now.
+
+    Raises:
+        DataError: No such job, or its row cannot be read.
+    """
+    return job_view(get_store().get_job(job_id))
+
+
+def start_training(model: LoadedModel, spec: TrainSpec) -> int:
+    """Queue ``spec`` for ``model`` and start its worker; returns the job id.
+
+    Raises:
+        JobBusyError: A job for this model is already queued or running.
+        DataError: The worker could not be started.
+    """
+    return start_train_job(get_store(), spec, model_key=model.info.key, out=train_folder(model))
+
+
+def cancel_training(job_id: int) -> None:
+    """Ask job ``job_id`` to stop (an interrupted one is marked cancelled at once)."""
+    cancel_job(get_store(), job_id)
+
+
+def resume_training(job_id: int) -> None:
+    """Start interrupted or failed job ``job_id`` again.
+
+    Raises:
+        DataError: It is not interrupted or failed.
+        JobBusyError: Another job for its model is active.
+    """
+    resume_job(get_store(), job_id)
+
+
+@st.cache_data(show_spinner="Reading the training data…", ttl=60, max_entries=8)
+def _job_examples(dataset: str, limit: int | None, seed: int) -> list[RAGExample]:
+    """Every example (all splits) a job on ``dataset`` reads."""
+    _, _, splits = make_splits(dataset, None, limit=limit, seed=seed)
+    return [e for part in ("train", "validation", "test") for e in splits[part]]
+
+
+@st.cache_data(show_spinner="Timing one example…", max_entries=32)
+def _seconds_per_example(
+    _model: LoadedModel,
+    instance_key: str,
+    _example: RAGExample,
+    example_key: str,
+    detectors: tuple[str, ...],
+) -> float:
+    """One example's trace and features, timed on the second run (the first loads what
+    the detectors read once per process: spaCy, the sentence embedder)."""
+    time_one_example(_model, _example, detectors)
+    return time_one_example(_model, _example, detectors)
+
+
+@st.cache_data(show_spinner=False, ttl=10, max_entries=16)
+def _n_cached(
+    model_key: str,
+    dataset: str,
+    limit: int | None,
+    seed: int,
+    detectors: tuple[str, ...],
+    db_path: str,
+) -> int:
+    """Examples whose features are all cached (``db_path`` keys the cache: the database)."""
+    return cached_examples(get_store(), model_key, _job_examples(dataset, limit, seed), detectors)
+
+
+def train_estimate(model: LoadedModel, spec: TrainSpec) -> TrainEstimate:
+    """How long ``spec`` will take on ``model``: one example traced here (cached per
+    detector choice) times the examples not yet in the feature cache, plus the worker's
+    start and model load.
+
+    Raises:
+        DataError: The dataset cannot be read or is empty, or its first example cannot
+            be laid out.
+        ModelError: A detector cannot run on this model.
+    """
+    examples = _job_examples(spec.dataset, spec.limit, spec.seed)
+    if not examples:
+        raise DataError("the dataset has no examples to train on", source=spec.dataset)
+    first = examples[0]
+    per = _seconds_per_example(
+        model, model.instance_key, first, f"{spec.dataset}|{first.id}", spec.detectors
+    )
+    cached = _n_cached(
+        model.info.key, spec.dataset, spec.limit, spec.seed, spec.detectors, get_store().path
+    )
+    return TrainEstimate(
+        n_examples=len(examples),
+        n_cached=cached,
+        seconds_per_example=per,
+        load_seconds=WORKER_START_S + model.load_seconds,
+    )
+
+
+DEFAULT_TRAIN_DATASET = CORPUS
+"""The form's default training data: the built-in labelled corpus."""

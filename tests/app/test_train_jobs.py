@@ -1,0 +1,117 @@
+"""Training detectors for a model that has none (AppTest, tiny model): Home offers the
+form with an estimate and the equivalent command; the job runs in its own process, its
+progress shows on every detector page and in a new session (a reload), its artifacts
+load without a restart, and a cancelled job leaves nothing behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+from streamlit.testing.v1 import AppTest
+
+from app.state import (
+    KEY_TRAIN_CANCEL,
+    KEY_TRAIN_DATASET,
+    KEY_TRAIN_DETECTORS,
+    KEY_TRAIN_LIMIT,
+    KEY_TRAIN_OPEN,
+    KEY_TRAIN_START,
+)
+from core.paths import model_detectors_dir
+from core.storage import JobRow, Store
+
+HEADS = "views/heads.py"
+GAM = "views/gam.py"
+HOME = "views/home.py"
+WAIT_S = 150.0
+
+
+@pytest.fixture
+def jobs_env(app_env: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """The app's environment for jobs; any worker still running at the end is stopped."""
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")  # the tiny model: more threads only wait
+    yield app_env
+    with Store(app_env) as store:
+        for row in store.list_jobs():
+            if isinstance(row, JobRow) and row.active and row.pid:
+                try:
+                    os.kill(row.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+
+
+def _text(at: AppTest) -> str:
+    parts = [m.value for m in at.markdown] + [c.value for c in at.caption]
+    parts += [i.value for i in at.info] + [s.value for s in at.success]
+    parts += [w.value for w in at.warning] + [c.value for c in at.sidebar.caption]
+    parts += [p.proto.text for p in at.get("progress")]
+    return "\n".join(parts)
+
+
+def _until(at: AppTest, done: Callable[[AppTest], bool], what: str) -> AppTest:
+    deadline = time.monotonic() + WAIT_S
+    while not done(at):
+        assert time.monotonic() < deadline, f"{what}:\n{_text(at)}"
+        time.sleep(0.5)
+        at.run()
+        assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
+def _open_form(at: AppTest, detectors: list[str], dataset: str, limit: int) -> None:
+    at.session_state[KEY_TRAIN_DETECTORS] = detectors
+    at.session_state[KEY_TRAIN_DATASET] = dataset
+    at.session_state[KEY_TRAIN_LIMIT] = limit
+    at.session_state[KEY_TRAIN_OPEN] = True
+    at.run()
+
+
+def test_train_detectors_in_the_background(
+    make_app: Callable[[], AppTest], jobs_env: Path, no_exception, tiny_model, tmp_path: Path
+) -> None:
+    at = make_app().run()
+    no_exception(at)
+    assert "No detectors are trained for this model yet" in _text(at)
+    assert [e.label for e in at.expander if "Train detectors" in e.label]
+    assert not at.get("multiselect")  # the form renders only once opened
+
+    _open_form(at, ["nll", "context_gain"], "demo", 0)
+    no_exception(at)
+    text = _text(at)
+    assert "Estimated time" in text and "12 of 12 examples to trace" in text
+    assert "ragscope train --model tiny --device cpu --dataset demo" in text
+    at.button(key=KEY_TRAIN_START).click().run()
+    no_exception(at)
+    assert "Job #1" in _text(at) and at.button(key=KEY_TRAIN_CANCEL)
+
+    # Another page shows the same job; so does a new session (a browser reload).
+    at.switch_page(HEADS).run()
+    no_exception(at)
+    assert "Job #1" in _text(at)
+    fresh = make_app().run()
+    assert "Job #1" in _text(fresh) and fresh.get("progress")
+
+    # It ends; its artifacts load on the next run, with no restart.
+    _until(fresh, lambda a: "trained set · 2 for this model" in _text(a), "not trained")
+    no_exception(fresh)
+    assert "Job #1: `nll`, `context_gain` on `demo` finished" in _text(fresh)
+    out = model_detectors_dir(tiny_model.info.key)
+    assert sorted(p.name for p in out.iterdir()) == ["context_gain", "nll"]
+    _until(at, lambda a: "trained set · 2 for this model" in _text(a), "not on the page")
+    assert "Job #1" not in _text(at)  # detector pages drop the panel once trained
+
+    # A second job, cancelled mid-run: nothing of it is published.
+    fresh.session_state[KEY_TRAIN_OPEN] = True  # Home: "Train more detectors"
+    _open_form(fresh, ["lookback_lens"], "builtin", 400)
+    fresh.button(key=KEY_TRAIN_START).click().run()
+    _until(fresh, lambda a: "Features" in _text(a), "no progress")
+    fresh.button(key=KEY_TRAIN_CANCEL).click().run()
+    _until(fresh, lambda a: "was cancelled" in _text(a), "not cancelled")
+    no_exception(fresh)
+    assert sorted(p.name for p in out.iterdir()) == ["context_gain", "nll"]
+    assert sorted(p.name for p in out.parent.iterdir()) == [out.name]  # no staging left
