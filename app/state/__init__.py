@@ -4,17 +4,20 @@
   guards forward passes) and the SQLite store.
 - Resources (``st.cache_resource``) also hold the fitted detectors shipped for the
   loaded model (keyed by its ``ModelInfo.key`` and the artifact files' stamps).
-- Pure computations (``st.cache_data``): dataset files read into examples, the
-  analysis of one example (render -> trace -> surprisal) and the shipped detectors'
-  verdicts on it. None of them reads ``st.session_state``; everything they depend on
-  is an argument.
+- Pure computations (``st.cache_data``): dataset files read into examples.
+- Results computed piece by piece (``memo.Memo`` LRUs held as resources, shared by
+  every session, keyed by model instance and input signature): the analysis of one
+  example (render -> trace -> surprisal) and the shipped detectors' verdicts on it,
+  streamed one detector at a time; the Playground fills both from ONE shared pass.
+- None of these reads ``st.session_state``; everything they depend on is an argument.
 - Session state: one :class:`AppState` object per session, from :func:`app_state`.
   Widget keys are the ``KEY_*`` constants below; tests use the same names.
 
 The model spec comes from the environment: ``RAGSCOPE_MODEL`` (default
 ``embedded``; tests use ``tiny``) and ``RAGSCOPE_DEVICE`` (default ``auto``).
 
-Modules: ``model``, ``datasets``, ``runs``, ``analysis``, ``detectors``, ``heads``, ``spad``, ``features``, ``playground``, ``session``.
+Modules: ``model``, ``datasets``, ``runs``, ``memo``, ``analysis``, ``detectors``,
+``verdicts``, ``heads``, ``spad``, ``features``, ``playground``, ``session``, ``links``.
 """
 
 from __future__ import annotations
@@ -23,6 +26,8 @@ from app.state.analysis import (
     Analysis,
     analyse,
     input_signature,
+    known_analysis,
+    remember_traced,
 )
 from app.state.datasets import (
     BUILTIN,
@@ -43,10 +48,8 @@ from app.state.datasets import (
 )
 from app.state.detectors import (
     BrokenArtifact,
-    DetectorVerdicts,
     ShippedDetector,
     ShippedDetectors,
-    detector_verdicts,
     shipped_detectors,
 )
 from app.state.features import (
@@ -267,6 +270,13 @@ from app.state.spad import (
     spad_choice,
     train_command,
 )
+from app.state.verdicts import (
+    DetectorVerdicts,
+    detector_verdicts,
+    known_verdicts,
+    stream_verdicts,
+    verdict_frame,
+)
 
 __all__ = [
     "ALL_SPLITS",
@@ -453,6 +463,8 @@ __all__ = [
     "input_signature",
     "integer",
     "job_log_db",
+    "known_analysis",
+    "known_verdicts",
     "linked",
     "load_examples",
     "model_device",
@@ -472,6 +484,7 @@ __all__ = [
     "read_job",
     "read_upload",
     "redeep_detectors",
+    "remember_traced",
     "remove_passage_key",
     "request_examples",
     "resume_training",
@@ -485,6 +498,7 @@ __all__ = [
     "spad_choice",
     "start_training",
     "stats_examples",
+    "stream_verdicts",
     "threshold_key",
     "train_command",
     "train_dataset_choices",
@@ -493,4 +507,5 @@ __all__ = [
     "train_folder",
     "train_spec",
     "upload_file_name",
+    "verdict_frame",
 ]

@@ -1,10 +1,9 @@
-"""The shipped detectors for the loaded model and their verdicts on one answer (cached)."""
+"""The shipped detectors for the loaded model (loaded once; reloaded when their files change)."""
 
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -13,8 +12,6 @@ import streamlit as st
 from core.contract import artifact_info
 from core.detectors import available_detectors, load_shipped, shipped_artifacts
 from core.errors import DataError, RagscopeError
-from core.examples import RAGExample
-from core.extract import run_example
 from core.paths import (
     DEFAULT_SET,
     TRAINED_SET,
@@ -25,12 +22,8 @@ from core.paths import (
 )
 
 if TYPE_CHECKING:
-    import pandas as pd
-
-    from core.contract import Detector, Features, Verdict
-    from core.examples import RAGExample
+    from core.contract import Detector
     from core.model import LoadedModel
-from app.state.analysis import Analysis
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -242,105 +235,3 @@ def shipped_detectors(model: LoadedModel) -> ShippedDetectors:
                     set_error=set_error,
                 )
     return replace(found, set_name=set_name, set_error=set_error)
-
-
-@dataclass(frozen=True, kw_only=True, eq=False)
-class DetectorVerdicts:
-    """The shipped detectors' verdicts on one analysed answer.
-
-    Attributes:
-        signature: :func:`input_signature` of the analysed input.
-        detectors: The detectors that judged it.
-        verdicts: One verdict per detector, aligned with ``detectors``.
-        seconds: Wall time of the shared trace and the predictions (when first computed).
-        features: Detector name -> the features its verdict was computed from.
-    """
-
-    signature: str
-    detectors: tuple[ShippedDetector, ...]
-    verdicts: tuple[Verdict, ...]
-    seconds: float
-    features: Mapping[str, Features] = field(default_factory=dict)
-
-    def __post_init__(self) -> None:
-        assert len(self.detectors) == len(self.verdicts), "one verdict per detector"
-
-    def with_token_scores(self) -> dict[str, Verdict]:
-        """Detector name -> verdict, for the detectors that score single tokens."""
-        return {
-            v.detector: v
-            for v in self.verdicts
-            if v.token_scores is not None and v.token_offsets is not None
-        }
-
-    def to_frame(self) -> pd.DataFrame:
-        """One row per detector: ``detector``, ``score`` (a calibrated probability when
-        ``calibrated``), ``threshold``, ``verdict``, ``trained on``, ``n train``, ``AUROC``
-        and where it comes from (missing facts are empty)."""
-        import pandas as pd
-
-        rows = []
-        for d, v in zip(self.detectors, self.verdicts, strict=True):
-            flagged = v.hallucinated if v.hallucinated is not None else v.score >= d.threshold
-            rows.append(
-                {
-                    "detector": d.name,
-                    "score": v.score,
-                    "threshold": d.threshold,
-                    "verdict": "flagged" if flagged else "not flagged",
-                    "calibrated": d.calibrated,
-                    "trained on": d.trained_on,
-                    "n train": d.n_train,
-                    "AUROC": d.auroc,
-                    "AUROC from": d.auroc_from,
-                }
-            )
-        columns = ["detector", "score", "threshold", "verdict", "calibrated", "trained on"]
-        frame = pd.DataFrame(rows, columns=[*columns, "n train", "AUROC", "AUROC from"])
-        return frame.astype({"n train": "Int64", "AUROC": "Float64"})
-
-
-@st.cache_data(show_spinner="Running the detectors…", max_entries=64)
-def _verdicts_cached(
-    _model: LoadedModel,
-    model_id: str,
-    _example: RAGExample,
-    signature: str,
-    _detectors: tuple[Detector, ...],
-    detectors_id: str,
-) -> tuple[tuple[Verdict, ...], float, dict[str, Features]]:
-    """One shared trace -> features -> verdicts; keyed by model, input and detector set."""
-    import time
-
-    t0 = time.perf_counter()
-    features = run_example(_model, _example, list(_detectors))
-    verdicts = tuple(d.predict(features[d.name]) for d in _detectors)
-    return verdicts, time.perf_counter() - t0, features
-
-
-def detector_verdicts(
-    model: LoadedModel, analysis: Analysis, shipped: ShippedDetectors
-) -> DetectorVerdicts:
-    """Every loaded shipped detector's verdict on ``analysis``'s answer (cached).
-
-    The example is traced once for all of them (:func:`core.extract.run_example`).
-
-    Raises:
-        DataError: The example cannot be laid out for the detectors.
-        ModelError: A detector cannot run (missing trace, spaCy model, other model).
-    """
-    dets = tuple(s.detector for s in shipped.detectors)
-    verdicts, seconds, features = (
-        _verdicts_cached(
-            model, model.instance_key, analysis.example, analysis.signature, dets, shipped.cache_id
-        )
-        if dets
-        else ((), 0.0, {})
-    )
-    return DetectorVerdicts(
-        signature=analysis.signature,
-        detectors=shipped.detectors,
-        verdicts=verdicts,
-        seconds=seconds,
-        features=features,
-    )
