@@ -37,8 +37,8 @@ from core.errors import DataError, RagscopeError
 from core.examples import RAGExample, example_hash
 from core.extract import run_example
 from core.model import LoadedModel
-from core.paths import repo_root
-from core.storage import JobRow, Store
+from core.paths import model_detectors_dir, repo_root
+from core.storage import JobRow, JobRowError, Store
 
 HEARTBEAT_S = 2.0
 """How often a worker reports that it is alive (and reads whether to stop)."""
@@ -294,6 +294,13 @@ def launch_job(store: Store, job_id: int) -> int:
         raise DataError("background jobs need a database file, not ':memory:'")
     row = store.get_job(job_id)
     spec = TrainSpec.from_dict(row.spec)
+    own = model_detectors_dir(row.model)
+    if Path(row.out).resolve() != own.resolve():
+        # A job publishes only into its model's own folder: a row naming another place
+        # (written by something else) must not make a worker replace folders there.
+        reason = f"it would publish into {row.out}, not its model's folder {own}"
+        store.finish_job(job_id, "failed", error=reason)
+        raise DataError(f"job #{job_id} cannot start: {reason}; start a new one")
     log = job_log_path(store.path, job_id)
     cmd = [sys.executable, "-m", "core.cli", *spec.argv(row.out), "--job", str(job_id)]
     env = {**os.environ, "RAGSCOPE_DB": store.path, "PYTHONUNBUFFERED": "1"}
@@ -320,17 +327,17 @@ def launch_job(store: Store, job_id: int) -> int:
     return proc.pid
 
 
-def start_train_job(store: Store, spec: TrainSpec, *, model_key: str, out: str | Path) -> int:
+def start_train_job(store: Store, spec: TrainSpec, *, model_key: str) -> int:
     """Queue a training job for the model ``model_key`` and start its worker; returns
-    the job's id.
+    the job's id. It publishes into the model's own folder
+    (:func:`core.paths.model_detectors_dir`).
 
     Raises:
         JobBusyError: A job for that model is already queued or running.
         DataError: The worker could not be started.
     """
-    job_id = store.create_job(
-        kind="train", model=model_key, spec=spec.to_dict(), out=str(Path(out))
-    )
+    out = model_detectors_dir(model_key)
+    job_id = store.create_job(kind="train", model=model_key, spec=spec.to_dict(), out=str(out))
     _remove_staging(out, job_id)
     launch_job(store, job_id)
     return job_id
@@ -350,6 +357,20 @@ def resume_job(store: Store, job_id: int) -> int:
     _remove_staging(view.row.out, job_id)
     store.requeue_job(job_id)
     return launch_job(store, job_id)
+
+
+def discard_job(store: Store, job_id: int) -> None:
+    """Give up an interrupted job, or an active one whose row cannot be read: it is
+    marked cancelled (what it staged is removed when its row says where)."""
+    try:
+        view = job_view(store.get_job(job_id))
+    except JobRowError:
+        store.discard_job(job_id)
+        return
+    if view.active:
+        raise DataError(f"job #{job_id} is {view.state}; cancel it instead")
+    if store.discard_job(job_id):
+        _remove_staging(view.row.out, job_id)
 
 
 def cancel_job(store: Store, job_id: int) -> JobState:

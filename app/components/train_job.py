@@ -29,6 +29,7 @@ from app.state import (
     TRAIN_LIMIT,
     ShippedDetectors,
     cancel_training,
+    discard_training,
     job_log_db,
     model_job,
     read_job,
@@ -106,6 +107,8 @@ def _act(action: str, job_id: int) -> None:
     try:
         if action == "resume":
             resume_training(job_id)
+        elif action == "discard":
+            discard_training(job_id)
         else:
             cancel_training(job_id)
     except RagscopeError as e:

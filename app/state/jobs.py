@@ -25,6 +25,7 @@ from core.jobs import (
     TrainSpec,
     cached_examples,
     cancel_job,
+    discard_job,
     job_view,
     resume_job,
     start_train_job,
@@ -140,12 +141,21 @@ def start_training(model: LoadedModel, spec: TrainSpec) -> int:
         JobBusyError: A job for this model is already queued or running.
         DataError: The worker could not be started.
     """
-    return start_train_job(get_store(), spec, model_key=model.info.key, out=train_folder(model))
+    return start_train_job(get_store(), spec, model_key=model.info.key)
 
 
 def cancel_training(job_id: int) -> None:
     """Ask job ``job_id`` to stop (an interrupted one is marked cancelled at once)."""
     cancel_job(get_store(), job_id)
+
+
+def discard_training(job_id: int) -> None:
+    """Give up interrupted job ``job_id``, or an active one whose row cannot be read.
+
+    Raises:
+        DataError: It is running (cancel it instead).
+    """
+    discard_job(get_store(), job_id)
 
 
 def resume_training(job_id: int) -> None:

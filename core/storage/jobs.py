@@ -246,17 +246,25 @@ class JobsRepository(Database):
         return _job(rows[0])
 
     def latest_job(self, model: str) -> JobRow | None:
-        """The newest job for ``model``: the active one if there is one, else the last.
+        """The newest job for ``model``: the active one if there is one, else the last
+        one that can be read (an unreadable ended row is history, skipped).
 
         Raises:
-            JobRowError: That row cannot be read.
+            JobRowError: The model's active row cannot be read (it holds the model's
+                slot until discarded: :meth:`discard_job`).
         """
         rows = self._query(
             f"SELECT {_COLUMNS} FROM jobs WHERE model = ? "
-            "ORDER BY status IN ('queued', 'running') DESC, id DESC LIMIT 1",
+            "ORDER BY status IN ('queued', 'running') DESC, id DESC LIMIT 50",
             (model,),
         )
-        return _job(rows[0]) if rows else None
+        for row in rows:
+            try:
+                return _job(row)
+            except JobRowError:
+                if row[5] in ACTIVE_STATUSES:
+                    raise
+        return None
 
     def list_jobs(self, model: str | None = None, limit: int = 20) -> list[JobRow | JobRowError]:
         """The newest jobs (for ``model``, or all), newest first; an unreadable row is its
@@ -382,6 +390,17 @@ class JobsRepository(Database):
                     time.time(),
                     int(job_id),
                 ),
+            )
+            return cur.rowcount > 0
+
+    def discard_job(self, job_id: int) -> bool:
+        """Mark an active job cancelled without reading its row (one that cannot be read
+        frees its model's slot this way); False when it was not active."""
+        with self._tx() as c:
+            cur = c.execute(
+                "UPDATE jobs SET status = 'cancelled', stage = 'Discarded', finished_at = ?, "
+                "heartbeat = ? WHERE id = ? AND status IN ('queued', 'running')",
+                (now_iso(), time.time(), int(job_id)),
             )
             return cur.rowcount > 0
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sqlite3
 import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -18,10 +19,13 @@ from app.state import (
     KEY_TRAIN_CANCEL,
     KEY_TRAIN_DATASET,
     KEY_TRAIN_DETECTORS,
+    KEY_TRAIN_DISCARD,
     KEY_TRAIN_LIMIT,
     KEY_TRAIN_OPEN,
+    KEY_TRAIN_RESUME,
     KEY_TRAIN_START,
 )
+from core.jobs import TrainSpec
 from core.paths import model_detectors_dir
 from core.storage import JobRow, Store
 
@@ -115,3 +119,49 @@ def test_train_detectors_in_the_background(
     no_exception(fresh)
     assert sorted(p.name for p in out.iterdir()) == ["context_gain", "nll"]
     assert sorted(p.name for p in out.parent.iterdir()) == [out.name]  # no staging left
+
+
+def test_interrupted_and_unreadable_jobs(
+    make_app: Callable[[], AppTest], jobs_env: Path, no_exception, tiny_model
+) -> None:
+    key = tiny_model.info.key
+    spec = TrainSpec(model="tiny", device="cpu", detectors=("nll",), dataset="demo")
+    out = str(model_detectors_dir(key))
+    with Store(jobs_env) as store:
+        job = store.create_job(kind="train", model=key, spec=spec.to_dict(), out=out)
+        store.claim_job(job, 1 << 30)  # its worker is gone (the machine restarted)
+    at = make_app().run()
+    no_exception(at)
+    assert "was interrupted" in _text(at) and at.button(key=KEY_TRAIN_RESUME)
+    at.switch_page(GAM).run()
+    assert "was interrupted" in _text(at)
+    at.button(key=KEY_TRAIN_DISCARD).click().run()
+    no_exception(at)
+    assert "was interrupted" not in _text(at)
+    with Store(jobs_env) as store:
+        assert store.get_job(job).status == "cancelled"
+
+        # Resume starts its worker again; cancelled before it gets going, it stops.
+        job2 = store.create_job(kind="train", model=key, spec=spec.to_dict(), out=out)
+        store.claim_job(job2, 1 << 30)
+    at.switch_page(HOME).run()
+    at.button(key=KEY_TRAIN_RESUME).click().run()
+    no_exception(at)
+    assert f"Job #{job2}" in _text(at) and at.get("progress")
+    at.button(key=KEY_TRAIN_CANCEL).click().run()
+    _until(at, lambda a: f"Job #{job2}" in _text(a) and "was cancelled" in _text(a), "running")
+
+    # A row something else wrote: a named error, never an exception; Discard frees it.
+    with Store(jobs_env) as store:
+        job3 = store.create_job(kind="train", model=key, spec=spec.to_dict(), out=out)
+    raw = sqlite3.connect(jobs_env)
+    raw.execute("UPDATE jobs SET spec = '{\"model\": [1]' WHERE id = ?", (job3,))
+    raw.commit()
+    raw.close()
+    at.run()
+    assert not at.exception and any("cannot be read" in e.value for e in at.error)
+    at.button(key=KEY_TRAIN_DISCARD).click().run()
+    no_exception(at)
+    with Store(jobs_env) as store:
+        assert store.list_jobs(key)[0].__class__.__name__ == "JobRowError"
+        assert store.latest_job(key).id == job2  # the unreadable row is history now

@@ -118,9 +118,7 @@ def test_train_switch_reload_appear_and_cancel(
 
         # It finishes; the page reruns by itself and the detectors load (no restart).
         sidebar = page.locator('[data-testid="stSidebar"]')
-        sidebar.get_by_text(re.compile(r"trained set · 2 for this model")).wait_for(
-            timeout=JOB_MS
-        )
+        sidebar.get_by_text(re.compile(r"trained set · 2 for this model")).wait_for(timeout=JOB_MS)
         page.get_by_text(re.compile(r"^Job #1: .* finished.*They are loaded now")).wait_for()
         expect(page.locator('[data-testid="stProgress"]')).to_have_count(0)
         _assert_no_exception(page)

@@ -21,7 +21,9 @@ from core.jobs import (
     JobRunner,
     TrainSpec,
     cancel_job,
+    discard_job,
     job_view,
+    launch_job,
     pid_alive,
     resume_job,
     staging_dir,
@@ -125,10 +127,28 @@ def test_hostile_rows_raise_a_named_error(
     with pytest.raises(JobRowError, match=says) as err:
         store.get_job(job)
     assert err.value.job_id == job and f"job #{job}" in str(err.value)
-    with pytest.raises(JobRowError):
-        store.latest_job(MODEL)
+    if column == "status":  # no longer active: history, skipped
+        assert store.latest_job(MODEL) is None
+    else:  # the active row holds the model's slot: it must be seen
+        with pytest.raises(JobRowError):
+            store.latest_job(MODEL)
     listed = store.list_jobs(MODEL)
     assert len(listed) == 1 and isinstance(listed[0], JobRowError)
+    discard_job(store, job)  # frees the model's slot without reading the row
+    latest = store.latest_job(MODEL)
+    assert latest is None or latest.status == "cancelled"
+    assert _job(store, tmp_path) > job
+
+
+def test_a_row_cannot_make_a_worker_publish_elsewhere(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGSCOPE_TRAINED_DIR", str(tmp_path / "trained"))
+    job = store.create_job(kind="train", model=MODEL, spec=SPEC.to_dict(), out=str(tmp_path))
+    with pytest.raises(DataError, match="not its model's folder"):
+        launch_job(store, job)
+    row = store.get_job(job)
+    assert row.status == "failed" and row.pid is None
 
 
 def test_a_spec_from_a_row_is_checked() -> None:

@@ -60,7 +60,9 @@ def _wait(store: Store, job: int, done: Callable[[JobView], bool]) -> JobView:
             return view
         if time.monotonic() > deadline:
             log = job_log_path(store.path, job)
-            pytest.fail(f"job {job} stuck at {view.state}, {view.progress_text}:\n{log.read_text()}")
+            pytest.fail(
+                f"job {job} stuck at {view.state}, {view.progress_text}:\n{log.read_text()}"
+            )
         time.sleep(0.2)
 
 
@@ -74,7 +76,7 @@ def test_the_job_publishes_what_the_cli_trains(
     spec = TrainSpec(model="tiny", device="cpu", detectors=("nll", "context_gain"), dataset="demo")
     key = tiny_model.info.key
     out = model_detectors_dir(key)
-    job = start_train_job(job_env, spec, model_key=key, out=out)
+    job = start_train_job(job_env, spec, model_key=key)
     view = _wait(job_env, job, lambda v: not v.active)
     assert view.state == "done", _log(job_env, job)
     assert sorted(p.name for p in out.parent.iterdir()) == [out.name]  # no staging left
@@ -102,7 +104,7 @@ def test_killed_job_resumes_from_the_cache_and_cancel_leaves_nothing(
     key = tiny_model.info.key
     out = model_detectors_dir(key)
     spec = TrainSpec(model="tiny", device="cpu", detectors=("nll",), dataset="builtin", limit=40)
-    job = start_train_job(job_env, spec, model_key=key, out=out)
+    job = start_train_job(job_env, spec, model_key=key)
     running = _wait(job_env, job, lambda v: v.row.stage == "Features" and v.row.done >= 4)
     os.kill(running.row.pid, signal.SIGKILL)  # type: ignore[arg-type]  # a crash
     _wait(job_env, job, lambda v: v.state == "interrupted")
@@ -121,7 +123,7 @@ def test_killed_job_resumes_from_the_cache_and_cancel_leaves_nothing(
     spec2 = TrainSpec(
         model="tiny", device="cpu", detectors=("nll", "lookback_lens"), dataset="builtin", limit=40
     )
-    job2 = start_train_job(job_env, spec2, model_key=key, out=out)
+    job2 = start_train_job(job_env, spec2, model_key=key)
     _wait(job_env, job2, lambda v: v.row.stage == "Features" and v.row.done >= 2)
     assert cancel_job(job_env, job2) == "running"
     view2 = _wait(job_env, job2, lambda v: not v.active)
