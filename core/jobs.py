@@ -293,14 +293,16 @@ def launch_job(store: Store, job_id: int) -> int:
     if store.path == ":memory:":
         raise DataError("background jobs need a database file, not ':memory:'")
     row = store.get_job(job_id)
-    spec = TrainSpec.from_dict(row.spec)
     own = model_detectors_dir(row.model)
-    if Path(row.out).resolve() != own.resolve():
-        # A job publishes only into its model's own folder: a row naming another place
-        # (written by something else) must not make a worker replace folders there.
-        reason = f"it would publish into {row.out}, not its model's folder {own}"
-        store.finish_job(job_id, "failed", error=reason)
-        raise DataError(f"job #{job_id} cannot start: {reason}; start a new one")
+    try:
+        spec = TrainSpec.from_dict(row.spec)
+        if Path(row.out).resolve() != own.resolve():
+            # A job publishes only into its model's own folder: a row naming another
+            # place (written by something else) must not make a worker replace folders.
+            raise DataError(f"it would publish into {row.out}, not its model's folder {own}")
+    except DataError as e:
+        store.finish_job(job_id, "failed", error=str(e))
+        raise DataError(f"job #{job_id} cannot start: {e}; start a new one") from e
     log = job_log_path(store.path, job_id)
     cmd = [sys.executable, "-m", "core.cli", *spec.argv(row.out), "--job", str(job_id)]
     env = {**os.environ, "RAGSCOPE_DB": store.path, "PYTHONUNBUFFERED": "1"}
@@ -492,13 +494,14 @@ class JobRunner:
         self._cancel_sent = False
         self._raised = False
         self._closing = False
+        self._pid = os.getpid()
         self._old_handler: Any = None
         self._armed = False
 
     # -- lifecycle ---------------------------------------------------------------
 
     def __enter__(self) -> Self:
-        row = self.store.claim_job(self.job_id, os.getpid())
+        row = self.store.claim_job(self.job_id, self._pid)
         if Path(row.out).resolve() != self.out.resolve():
             self.store.finish_job(self.job_id, "failed", error="started with another --out")
             raise DataError(
@@ -532,25 +535,31 @@ class JobRunner:
         if self._armed:
             signal.signal(signal.SIGTERM, self._old_handler)
             self._armed = False
-        # Staged files go before the outcome is recorded: whoever reads the outcome finds
-        # them gone. A fresh connection records it: an exception raised mid-statement may
-        # have left the shared one inside a transaction.
-        _remove_staging(self.out, self.job_id)
+        stopped = isinstance(exc, JobCancelled | KeyboardInterrupt)
+        if self.status == "cancelled":  # claimed after it was cancelled: nothing ran
+            return stopped
+        self.status = "done" if exc is None else "cancelled" if stopped else "failed"
+        # A fresh connection: an exception raised mid-statement may have left the shared
+        # one inside a transaction.
         with Store(self.store.path) as db:
-            if self.status == "cancelled":  # claimed after it was cancelled: nothing ran
-                pass
-            elif exc is None:
-                self.status = "done"
-                db.finish_job(self.job_id, "done", result=self.result)
-            elif isinstance(exc, JobCancelled | KeyboardInterrupt):
-                self.status = "cancelled"
-                db.finish_job(self.job_id, "cancelled")
+            try:
+                owned = db.get_job(self.job_id).pid == self._pid
+            except RagscopeError:
+                owned = False
+            if not owned:  # resumed in another worker meanwhile: its job now, not ours
+                return stopped
+            # Staged files go before the outcome is recorded: whoever reads the outcome
+            # finds them gone.
+            _remove_staging(self.out, self.job_id)
+            if exc is None:
+                db.finish_job(self.job_id, "done", result=self.result, pid=self._pid)
+            elif stopped:
+                db.finish_job(self.job_id, "cancelled", pid=self._pid)
             else:
-                self.status = "failed"
                 reason = (
                     str(exc) if isinstance(exc, RagscopeError) else f"{type(exc).__name__}: {exc}"
                 )
-                db.finish_job(self.job_id, "failed", error=reason)
+                db.finish_job(self.job_id, "failed", error=reason, pid=self._pid)
         return isinstance(exc, JobCancelled | KeyboardInterrupt)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
@@ -563,7 +572,7 @@ class JobRunner:
         with Store(self.store.path) as db:
             while not self._stop.wait(HEARTBEAT_S):
                 try:
-                    cancel = db.update_job(self.job_id)
+                    cancel = db.update_job(self.job_id, pid=self._pid)
                 except RagscopeError:
                     continue  # a busy or locked database: the next beat tries again
                 if cancel and not self._cancel_sent and not self._publishing:
@@ -580,7 +589,7 @@ class JobRunner:
 
     def stage(self, text: str, total: int = 0) -> None:
         """Start a stage (``total`` units, 0 when not counted); stops if asked to."""
-        if self.store.update_job(self.job_id, stage=text, done=0, total=total):
+        if self.store.update_job(self.job_id, pid=self._pid, stage=text, done=0, total=total):
             self._raised = True
             raise JobCancelled()
 
@@ -588,7 +597,7 @@ class JobRunner:
         """The extraction's ``(done, total)`` callback: records it and stops if asked to.
         After the last example the stage becomes "Fitting and scoring"."""
         stage = "Fitting and scoring" if done >= total else "Features"
-        if self.store.update_job(self.job_id, stage=stage, done=done, total=total):
+        if self.store.update_job(self.job_id, pid=self._pid, stage=stage, done=done, total=total):
             if not self._publishing:
                 self._raised = True
                 raise JobCancelled()
@@ -615,6 +624,7 @@ class JobRunner:
         Raises:
             DataError: An artifact is missing from the staging folder.
         """
+        self.stage("Publishing the artifacts")  # the last moment a cancel still stops it
         self._publishing = True
         missing = [n for n in names if not (self.staging / n / "cfg.json").is_file()]
         if missing:

@@ -509,7 +509,6 @@ def _train_job(args: argparse.Namespace, names: list[str]) -> int:
             runner.check_model(model.info.key)
             runner.stage("Features")
             run = _train(args, names, runner.staging, model, progress=runner.progress)
-            runner.stage("Publishing the artifacts")
             published = runner.publish(names)
             runner.result = _job_result(run, published)
             _report(run, names, args.out)

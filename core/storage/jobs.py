@@ -332,26 +332,32 @@ class JobsRepository(Database):
         self,
         job_id: int,
         *,
+        pid: int | None = None,
         stage: str | None = None,
         done: int | None = None,
         total: int | None = None,
     ) -> bool:
-        """Report a running job's progress (and its heartbeat); returns whether it was
-        asked to stop."""
+        """Report a running job's progress (and its heartbeat) from its worker; returns
+        whether the worker should stop: the job was asked to, is no longer running, or
+        (given ``pid``) now belongs to another worker (it was resumed elsewhere)."""
         sets, params = ["heartbeat = ?"], [time.time()]
         for col, value in (("stage", stage), ("done", done), ("total", total)):
             if value is not None:
                 sets.append(f"{col} = ?")
                 params.append(value[:MAX_TEXT] if isinstance(value, str) else max(0, int(value)))
+        owner = "" if pid is None else " AND pid = ?"
         with self._tx() as c:
             c.execute(
-                f"UPDATE jobs SET {', '.join(sets)} WHERE id = ? AND status = 'running'",
-                (*params, int(job_id)),
+                f"UPDATE jobs SET {', '.join(sets)} WHERE id = ? AND status = 'running'{owner}",
+                (*params, int(job_id), *(() if pid is None else (int(pid),))),
             )
             row = c.execute(
-                "SELECT cancel_requested FROM jobs WHERE id = ?", (int(job_id),)
+                "SELECT cancel_requested, status, pid FROM jobs WHERE id = ?", (int(job_id),)
             ).fetchone()
-        return bool(row and row[0] == 1)
+        if row is None:
+            return True
+        cancel, status, owner_pid = row
+        return cancel == 1 or status != "running" or (pid is not None and owner_pid != pid)
 
     def request_job_cancel(self, job_id: int) -> bool:
         """Ask a queued or running job to stop; False when it was not active."""
@@ -371,8 +377,10 @@ class JobsRepository(Database):
         error: str | None = None,
         result: dict[str, Any] | None = None,
         stage: str | None = None,
+        pid: int | None = None,
     ) -> bool:
-        """End an active job; False when it had already ended."""
+        """End an active job (given ``pid``: only while that worker owns it); False when
+        it had already ended (or belongs to another worker)."""
         if status not in ("done", "failed", "cancelled"):
             raise DataError(f"a job ends done, failed or cancelled, not {status!r}")
         default_stage = {"done": "Done", "failed": "Failed", "cancelled": "Cancelled"}[status]
@@ -380,7 +388,7 @@ class JobsRepository(Database):
             cur = c.execute(
                 "UPDATE jobs SET status = ?, error = ?, result = ?, stage = ?, "
                 "finished_at = ?, heartbeat = ? WHERE id = ? "
-                "AND status IN ('queued', 'running')",
+                "AND status IN ('queued', 'running')" + ("" if pid is None else " AND pid = ?"),
                 (
                     status,
                     error[:MAX_TEXT] if error else None,
@@ -389,6 +397,7 @@ class JobsRepository(Database):
                     now_iso(),
                     time.time(),
                     int(job_id),
+                    *(() if pid is None else (int(pid),)),
                 ),
             )
             return cur.rowcount > 0

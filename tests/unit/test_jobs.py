@@ -262,6 +262,22 @@ def test_runner_cancelled_in_a_long_step_stops_by_signal(store: Store, tmp_path:
     assert not out.exists() and not staging_dir(out, job).exists()
 
 
+def test_a_resumed_job_belongs_to_its_new_worker(store: Store, tmp_path: Path) -> None:
+    job = _job(store, tmp_path)
+    out = Path(store.get_job(job).out)
+    with JobRunner(store, job, out=out) as old:
+        old.stage("Features", total=10)
+        # Its heartbeat stalled, so the app took it for interrupted and resumed it.
+        store.requeue_job(job)
+        store.claim_job(job, 4242)
+        old.progress(1, 10)  # the old worker learns it lost the job, and stops
+        raise AssertionError("not reached")
+    assert old.status == "cancelled"
+    row = store.get_job(job)
+    assert (row.status, row.pid, row.attempts) == ("running", 4242, 2)  # left alone
+    assert staging_dir(out, job).exists()  # the new worker's to use
+
+
 def test_runner_failure_is_recorded_and_raised(store: Store, tmp_path: Path) -> None:
     job = _job(store, tmp_path)
     out = Path(store.get_job(job).out)
