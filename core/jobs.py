@@ -83,11 +83,16 @@ class TrainSpec:
     seed: int = 0
 
     def __post_init__(self) -> None:
-        for what, value in (("model", self.model), ("device", self.device)):
+        for what, value in (
+            ("model", self.model),
+            ("device", self.device),
+            ("dataset", self.dataset),
+        ):
+            # One line, and not an option's look-alike: each is the value of an option.
             if not isinstance(value, str) or not value.strip() or "\n" in value:
                 raise DataError(f"a training job's {what} must be a one-line name", field=what)
-        if not isinstance(self.dataset, str) or not self.dataset.strip() or "\n" in self.dataset:
-            raise DataError("a training job needs a dataset (one line)", field="dataset")
+            if value.startswith("-"):
+                raise DataError(f"a training job's {what} cannot start with '-'", field=what)
         if "," in self.dataset:
             raise DataError("a training job trains on one dataset", field="dataset")
         if not isinstance(self.detectors, tuple) or not self.detectors:

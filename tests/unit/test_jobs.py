@@ -160,6 +160,7 @@ def test_a_spec_from_a_row_is_checked() -> None:
         {**SPEC.to_dict(), "limit": -3},
         {**SPEC.to_dict(), "dataset": "a,b"},
         {**SPEC.to_dict(), "model": "tiny\n--out /etc"},
+        {**SPEC.to_dict(), "dataset": "--out=/etc"},
         {**SPEC.to_dict(), "extra": 1},
         ["not", "a", "dict"],
     ]
