@@ -19,6 +19,7 @@ from app.components.example_picker import (
     open_in_token_heatmaps,
     progress_bar,
 )
+from app.components.exports import plot
 from app.state import (
     app_state,
     get_model,
@@ -136,8 +137,9 @@ def main() -> None:
     corr = score_correlation(table, method)
     c_corr, c_pairs = st.columns([1, 1])
     with c_corr:
-        st.plotly_chart(
-            correlation_figure(corr, title=f"Score correlation ({method})"), width="stretch"
+        plot(
+            correlation_figure(corr, title=f"Score correlation ({method})"),
+            key="agreement.correlation",
         )
     with c_pairs:
         st.markdown("**Right and wrong together** (labelled answers)")
@@ -154,9 +156,9 @@ def main() -> None:
             width="stretch",
         )
     if (table.gold >= 0).any():
-        st.plotly_chart(
+        plot(
             gold_matrix_figure(table, title="Where each detector's call matches gold"),
-            width="stretch",
+            key="agreement.gold",
         )
     st.markdown("**Answers the detectors disagree on most**")
     dis = disagreements(table)

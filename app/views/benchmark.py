@@ -52,6 +52,7 @@ from app.components.cv_charts import (
     reliability_frame,
     series_name,
 )
+from app.components.exports import plot
 from app.state import (
     CORPUS,
     KEY_BENCH_BREAKDOWN_METRIC,
@@ -492,9 +493,9 @@ def show_curves(runs: Sequence[EvalRun]) -> None:
     ]
     left, right = st.columns(2)
     with left:
-        st.plotly_chart(roc_figure(series), width="stretch", key="benchmark.roc")
+        plot(roc_figure(series), key="benchmark.roc")
     with right:
-        st.plotly_chart(pr_figure(series), width="stretch", key="benchmark.pr")
+        plot(pr_figure(series), key="benchmark.pr")
     st.caption(
         "Positive = hallucinated. Dashed: chance (ROC) and the share of hallucinated "
         "test answers (PR), what a detector without skill scores."
@@ -524,9 +525,8 @@ def show_breakdowns(state: AppState, runs: Sequence[EvalRun]) -> None:
         frame = pd.concat(frames, ignore_index=True)
         with col:
             st.markdown(f"**Per {by}**")
-            st.plotly_chart(
+            plot(
                 breakdown_figure(frame, by, metric=state.bench_breakdown_metric),
-                width="stretch",
                 key=f"benchmark.breakdown.{by}",
             )
             st.dataframe(_breakdown_table(frame), hide_index=True, width="stretch")
@@ -578,7 +578,7 @@ def show_confusion(state: AppState, runs: Sequence[EvalRun]) -> None:
     counts = confusion_counts(y, s, t)
     left, right = st.columns([3, 2], gap="large")
     with left:
-        st.plotly_chart(confusion_figure(counts), width="stretch", key="benchmark.confusion")
+        plot(confusion_figure(counts), key="benchmark.confusion")
     with right:
         at_val = r.metrics
         moved = not math.isclose(t, r.threshold, abs_tol=5e-4)
@@ -668,7 +668,7 @@ def show_cv_tables(runs: Sequence[CVRun]) -> None:
 def show_fold_spread(runs: Sequence[CVRun]) -> None:
     """Each fold's AUROC against the pooled AUROC and its CI."""
     st.subheader("Spread over the folds")
-    st.plotly_chart(fold_spread_figure(runs), width="stretch", key="benchmark.cv.spread")
+    plot(fold_spread_figure(runs), key="benchmark.cv.spread")
     _download(
         "Per-fold metrics (CSV)",
         fold_frame(runs),
@@ -699,11 +699,7 @@ def show_cv_breakdowns(state: AppState, runs: Sequence[CVRun]) -> None:
             )
     cols = st.columns(2) if several_sets else [st.container()]
     with cols[0]:
-        st.plotly_chart(
-            breakdown_figure(by_gen, "generator", metric="AUROC"),
-            width="stretch",
-            key="benchmark.cv.generator",
-        )
+        plot(breakdown_figure(by_gen, "generator", metric="AUROC"), key="benchmark.cv.generator")
         with st.expander("Numbers per generator"):
             st.dataframe(breakdown_table(by_gen), hide_index=True, width="stretch")
         _download(
@@ -712,9 +708,8 @@ def show_cv_breakdowns(state: AppState, runs: Sequence[CVRun]) -> None:
     if not several_sets:
         return
     with cols[1]:
-        st.plotly_chart(
+        plot(
             breakdown_figure(by_set, "dataset", metric=state.bench_cv_dataset_metric),
-            width="stretch",
             key="benchmark.cv.dataset",
         )
         with st.expander("Numbers per dataset"):
@@ -753,7 +748,7 @@ def show_reliability(state: AppState, runs: Sequence[CVRun]) -> None:
     series = dict(pairs[k] for k in picked)
     left, right = st.columns(2, gap="large")
     with left:
-        st.plotly_chart(reliability_figure(series), width="stretch", key="benchmark.cv.reliability")
+        plot(reliability_figure(series), key="benchmark.cv.reliability")
     with right:
         st.caption(
             "Each point is a bin of answers by calibrated score (0-0.1, 0.1-0.2, ...): its "
@@ -871,7 +866,7 @@ def show_matrix(state: AppState, saved: SavedRuns) -> None:
         what="metric",
         where=" or ".join(MATRIX_METRICS),
     )
-    st.plotly_chart(matrix_figure(run, det, metric), width="stretch", key="benchmark.matrix")
+    plot(matrix_figure(run, det, metric), key="benchmark.matrix")
     st.caption(
         f"{md(metric)} of {code(det)} on {len(run.datasets)} datasets (model "
         f"{code(_model_name(run.model))}, diagonal {run.k}-fold, created "

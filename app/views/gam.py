@@ -18,6 +18,7 @@ import streamlit as st
 
 from app.components.artifacts import show_broken_artifacts
 from app.components.example_picker import first_words, pick_example
+from app.components.exports import plot
 from app.components.heatmap import render_token_heatmap
 from app.components.train_job import train_detectors_panel
 from app.state import (
@@ -141,7 +142,7 @@ def ranking_section(detector: RaglensDetector) -> int | None:
             },
         )
     with right:
-        st.plotly_chart(importance_figure(detector, top), width="stretch", key="gam.importance")
+        plot(importance_figure(detector, top), key="gam.importance")
     publish(
         P_TOP,
         str(top),
@@ -177,7 +178,7 @@ def ranking_section(detector: RaglensDetector) -> int | None:
 
 def shape_section(detector: RaglensDetector, feature: int) -> None:
 
-    st.plotly_chart(shape_function_figure(detector, feature), width="stretch", key="gam.shape")
+    plot(shape_function_figure(detector, feature), key="gam.shape")
     st.caption(
         "The EBM's learnt contribution of this feature to the log-odds of "
         "\u201challucinated\u201d (zero-centred over the training answers), as a function of "
@@ -242,7 +243,7 @@ def answer_section(model: LoadedModel, detector: RaglensDetector, stamp: str) ->
         f"RAGLens score **{v.score:.3f}** ({flag} at threshold {detector.threshold_:.3f}) · "
         f"gold: {gold} · {len(ans.tokens)} answer tokens"
     )
-    st.plotly_chart(contributions_figure(v.explanation), width="stretch", key="gam.contrib")
+    plot(contributions_figure(v.explanation), key="gam.contrib")
     top = ans.top_positive(3)
     if not top:
         st.info("No selected feature pushes this answer towards \u201challucinated\u201d.")

@@ -33,6 +33,7 @@ from app.components.example_picker import (
     show_request_failures,
     split_label,
 )
+from app.components.exports import csv_button, plot
 from app.components.heatmap import render_token_heatmap
 from app.components.train_job import train_detectors_panel
 from app.state import (
@@ -156,7 +157,7 @@ def copying_section(state: AppState, model: LoadedModel) -> CopyingScores | None
     fig = scores.figure(top=state.heads_top)
     fig.update_layout(height=height, margin={"l": 50, "r": 10, "t": 50, "b": 40})
     with left:
-        st.plotly_chart(fig, width="stretch", key="heads.copying.figure")
+        plot(fig, key="heads.copying.figure")
     st.caption(
         "A head's OV circuit decides what it writes from the tokens it attends to. Its "
         "copying score, Σ Re λ / Σ |λ| over the eigenvalues of W_E·W_V·W_O·W_U, is near 1 "
@@ -313,11 +314,7 @@ def show_stats(stats: HeadStats, req: FeatureRequest, marked: Sequence[Head]) ->
         (right, "r"),
     ):
         with col:
-            st.plotly_chart(
-                stats.figure_ecs(kind, marked=marked),  # type: ignore[arg-type]
-                width="stretch",
-                key=f"heads.stats.ecs.{kind}",
-            )
+            plot(stats.figure_ecs(kind, marked=marked), key=f"heads.stats.ecs.{kind}")
     best = stats.top_heads(5)
     strongest = ", ".join(f"{_fmt_head(h)} (r = {stats.ecs_r[h[0], h[1]]:.2f})" for h in best)
     st.caption(
@@ -327,7 +324,7 @@ def show_stats(stats: HeadStats, req: FeatureRequest, marked: Sequence[Head]) ->
         "top copying heads. Blank cells: undefined (one class missing or a constant value)."
         + (f" Strongest heads by r: {strongest}." if strongest else "")
     )
-    st.plotly_chart(stats.figure_pks(), width="stretch", key="heads.stats.pks")
+    plot(stats.figure_pks(), key="heads.stats.pks")
     st.caption(
         "PKS is the Jensen-Shannon divergence (bits) between the logit-lens predictions "
         "before and after a layer's FFN, averaged over the answer's tokens. ReDeEP expects "
@@ -466,7 +463,7 @@ def example_section(
 
 
 def show_attention(view: HeadView, head: Head) -> None:
-    st.plotly_chart(view.attention_figure(head), width="stretch", key="heads.attention")
+    plot(view.attention_figure(head), key="heads.attention")
     where = "passage tokens" if view.scope == "passages" else "prompt tokens"
     st.caption(
         f"Each row is an answer token, read at the position that predicted it; each column "
@@ -560,6 +557,7 @@ def show_chunks(view: HeadView, head: Head, model: LoadedModel, shipped: Shipped
     # A static table: chunks are long texts, which it wraps, so every column stays in view.
     frame.index = pd.RangeIndex(1, len(frame) + 1, name="chunk")
     st.table(frame.style.format({c: f for c, f in number_format.items() if c in frame.columns}))
+    csv_button(frame, key="heads.chunks")
     which = (
         f"its {source} detector's selected layers ({', '.join(f'L{x}' for x in layers)})"
         if layers

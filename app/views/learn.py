@@ -18,6 +18,7 @@ import numpy as np
 import streamlit as st
 
 from app.components.example_picker import open_in_counterfactual
+from app.components.exports import plot
 from app.components.heatmap import render_token_heatmap
 from app.components.highlight import FLAG, Mark, marked_html
 from app.state import (
@@ -181,7 +182,7 @@ def primer_steps(curve: LensCurve, ex: RAGExample) -> list[tuple[str, Callable[[
             height=320,
             margin={"l": 10, "r": 10, "t": 50, "b": 40},
         )
-        st.plotly_chart(fig, width="stretch")
+        plot(fig, key="learn.lens.block")
         st.caption(
             f"It rises most at block {jump} (from {curve.probs[jump - 1, t] if jump else 0.0:.3f}"
             f" to {curve.probs[jump, t]:.3f}); after the last block the lens is the model "
@@ -214,7 +215,7 @@ def primer_steps(curve: LensCurve, ex: RAGExample) -> list[tuple[str, Callable[[
             yaxis={"autorange": "reversed"},
             xaxis={"showticklabels": len(curve.tokens) <= 40},
         )
-        st.plotly_chart(fig, width="stretch")
+        plot(fig, key="learn.lens.answer")
         jumps = curve.jump_layers()
         st.caption(
             f"Median block where a token's probability jumps most: {int(np.median(jumps))} "
@@ -285,7 +286,7 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
             "tokens it attends to most."
         )
         st.latex(r"a_{t,j} = \mathrm{softmax}_j\big(q_t \cdot k_j / \sqrt{d}\big)")
-        st.plotly_chart(hv.attention_figure((layer, head)), width="stretch")
+        plot(hv.attention_figure((layer, head)), key="learn.attention")
 
     def ecs() -> None:
         st.markdown(
@@ -332,7 +333,7 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
                 title=f"Top next tokens {name}", height=260,
                 margin={"l": 10, "r": 10, "t": 50, "b": 30}, yaxis={"autorange": "reversed"},
             )  # fmt: skip
-            col.plotly_chart(fig, width="stretch")
+            plot(fig, key=f"learn.pks.top.{name}", where=col)
         st.metric(f"PKS at block {layer}, token “{tokens[t]}”", f"{float(f.jsd[t]):.4f} bits")
 
     def grid() -> None:
@@ -343,12 +344,12 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
             "hallucinated answers against faithful ones."
         )
 
-        st.plotly_chart(
+        plot(
             mean_ecs_figure(
                 hv.token_ecs.mean(0),
                 title="Mean ECS of every head on this answer",
             ),
-            width="stretch",
+            key="learn.ecs.mean",
         )
         st.markdown(
             f"Over a dataset: mean ECS of each head on faithful answers minus on "
@@ -363,10 +364,7 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
                 stats = dataset_head_stats()
             data.stats = stats
         if stats is not None:
-            st.plotly_chart(
-                stats.figure_ecs("difference", marked=[data.head]),
-                width="stretch",
-            )
+            plot(stats.figure_ecs("difference", marked=[data.head]), key="learn.ecs.difference")
         st.page_link(
             HEADS_PAGE, label="Heads & layers: the full picture", icon=":material/grid_view:"
         )
@@ -468,7 +466,7 @@ def spad_steps(data: SpadData, ex: RAGExample) -> list[tuple[str, Callable[[], N
             },
             yaxis_title="change in probability",
         )
-        st.plotly_chart(fig, width="stretch")
+        plot(fig, key="learn.sources.steps")
         total = sum(v for _, v in steps)
         st.caption(
             f"The parts sum to {total:.6f}; the model gives {float(src.p_final[t]):.6f} "
@@ -489,11 +487,11 @@ def spad_steps(data: SpadData, ex: RAGExample) -> list[tuple[str, Callable[[], N
             r"\Delta\text{Attn}_\ell,\quad s \in \{\text{Query}, \text{RAG}, "
             r"\text{Past}, \text{Self}\}"
         )
-        st.plotly_chart(
+        plot(
             token_sources_figure(
                 src.values, tokens, data.answer.pos, title="Seven sources of every answer token"
             ),
-            width="stretch",
+            key="learn.sources.tokens",
         )
 
     def pos_step() -> None:
@@ -507,11 +505,11 @@ def spad_steps(data: SpadData, ex: RAGExample) -> list[tuple[str, Callable[[], N
         st.latex(
             r"x_{s,\text{POS}} = \operatorname{mean}_{t:\ \text{pos}(t)=\text{POS}}\ \text{source}_s(t)"
         )
-        st.plotly_chart(
+        plot(
             pos_sources_figure(
                 src.values, data.answer.pos, title="Mean sources per part of speech"
             ),
-            width="stretch",
+            key="learn.sources.pos",
         )
 
     def shap_step() -> None:
@@ -526,7 +524,7 @@ def spad_steps(data: SpadData, ex: RAGExample) -> list[tuple[str, Callable[[], N
             return
 
         res = shap_values(data.detector, [data.answer.features])
-        st.plotly_chart(res.waterfall_figure(0), width="stretch")
+        plot(res.waterfall_figure(0), key="learn.sources.waterfall")
 
     return [
         ("A probability, taken apart", telescope),
@@ -617,7 +615,7 @@ def raglens_steps(walk: RaglensWalk, ex: RAGExample) -> list[tuple[str, Callable
             margin={"l": 10, "r": 10, "t": 50, "b": 40},
             xaxis_title="log-odds",
         )
-        st.plotly_chart(fig, width="stretch")
+        plot(fig, key="learn.gam.shapes")
         logit = walk.intercept + sum(walk.contributions.values())
         st.caption(
             f"β0 {walk.intercept:+.3f} + Σ g = {logit:+.3f}; σ({logit:+.3f}) = "
@@ -678,7 +676,7 @@ def cortex_steps(walk: CortexWalk, ex: RAGExample) -> list[tuple[str, Callable[[
             margin={"l": 10, "r": 10, "t": 50, "b": 40},
             xaxis={"showticklabels": len(x) <= 40},
         )
-        st.plotly_chart(fig, width="stretch")
+        plot(fig, key="learn.cortex.change")
 
     def scores() -> None:
         st.markdown(

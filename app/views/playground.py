@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING
 import numpy as np
 import streamlit as st
 
+from app.components.exports import plot
 from app.components.heatmap import render_token_heatmap
 from app.components.segments import segment_figure, segment_rows
 from app.state import (
@@ -665,7 +666,7 @@ def show_analysis(
 
     st.subheader("What the model read")
     rows = segment_rows(a.layout.segments)
-    st.plotly_chart(segment_figure(a.layout.segments), width="stretch", key="playground.segments")
+    plot(segment_figure(a.layout.segments), key="playground.segments")
     st.caption(
         " · ".join(f"{md(r.label)}: {r.n_tokens}" for r in rows) + f" — {len(a.layout)} tokens"
     )

@@ -21,6 +21,7 @@ import streamlit as st
 
 from app.components.artifacts import show_broken_artifacts
 from app.components.example_picker import AnswerKeys, pick_page_answer, progress_bar
+from app.components.exports import plot
 from app.components.multirow import ACTIVATION_CMAP, HeatRow, gold_row, multirow_html
 from app.state import (
     KEY_HEATMAP_DATASET,
@@ -512,7 +513,7 @@ def loss_curve(cortex: CortexDetector) -> None:
             height=300,
             margin={"t": 40, "b": 40},
         )
-        st.plotly_chart(fig, width="stretch", key="heatmaps.loss")
+        plot(fig, key="heatmaps.loss")
         st.caption(
             "A validation loss that rises while the training loss falls means the MLP "
             "memorises the training tokens; the spec fixes 10 epochs, the curve shows the cost."

@@ -25,6 +25,7 @@ from app.components.example_picker import (
     publish_page_dataset,
     show_playground_answer,
 )
+from app.components.exports import plot
 from app.components.train_job import train_detectors_panel
 from app.state import (
     ALL_SPLITS,
@@ -163,7 +164,7 @@ def show_sources(state: AppState, answer: AnswerSources) -> None:
     )
     if state.tokens_by_pos:
         fig = pos_sources_figure(src.values, answer.pos)
-        st.plotly_chart(fig, width="stretch", key="tokens.figure.pos")
+        plot(fig, key="tokens.figure.pos")
         st.caption(
             "Each bar is the mean split of the answer's tokens of one part of speech (their "
             "number in brackets); the diamond is their mean probability. These 7 numbers per "
@@ -176,7 +177,7 @@ def show_sources(state: AppState, answer: AnswerSources) -> None:
             answer.pos,
             labels=labels.tolist() if labels is not None else None,
         )
-        st.plotly_chart(fig, width="stretch", key="tokens.figure.bars")
+        plot(fig, key="tokens.figure.bars")
         gold = (
             f" The {n_gold} tokens inside a gold hallucination span sit on a blue band with a "
             "▲ under them."
@@ -280,11 +281,7 @@ def draw_waterfall(choice: SpadChoice, result: ShapResult, answer: AnswerSources
         f"{which} gives this answer a score of **{score:.3f}** (threshold {threshold:.3f}: "
         f"{flagged}; gold: {gold})."
     )
-    st.plotly_chart(
-        result.waterfall_figure(0, top=WATERFALL_TOP),
-        width="stretch",
-        key="tokens.figure.waterfall",
-    )
+    plot(result.waterfall_figure(0, top=WATERFALL_TOP), key="tokens.figure.waterfall")
     st.caption(
         f"From the base value (the average margin over its training data) each bar adds one "
         f"feature's exact SHAP value, the {WATERFALL_TOP} largest first, then the other "

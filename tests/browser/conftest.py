@@ -76,6 +76,8 @@ def _streamlit(
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
         "PYTHONUNBUFFERED": "1",
+        # Detectors a developer trained under ~/.cache must not appear in a test's app.
+        "RAGSCOPE_TRAINED_DIR": str(log_path.parent / f"trained-detectors-{port}"),
         **env,
     }
     log_path.parent.mkdir(parents=True, exist_ok=True)

@@ -113,6 +113,21 @@ def test_deep_links_reopen_the_view_and_controls_rewrite_the_url(
         expect(_selectbox(page, "Feature")).to_have_value(f"F{feature} (rank 3)")
         expect(_selectbox(page, "Example")).to_have_value(re.compile(f"^{EXAMPLE} "))
         page.get_by_text(re.compile(r"RAGLens score")).first.wait_for(timeout=LOAD_MS)
+        # Every figure downloads as SVG and PNG, rendered on the server.
+        _idle(page)
+        svgs = page.locator('[data-testid="stDownloadButton"]', has_text="SVG")
+        assert svgs.count() == plots.count() >= 2
+        texts = []
+        for i in range(svgs.count()):
+            with page.expect_download(timeout=LOAD_MS) as got:
+                svgs.nth(i).click()
+            assert got.value.suggested_filename.endswith(".svg")
+            texts.append(Path(got.value.path()).read_bytes())
+        assert all(t.startswith(b"<svg") for t in texts)
+        assert any(f"Shape function of SAE feature F{feature}".encode() in t for t in texts)
+        with page.expect_download(timeout=LOAD_MS) as got:
+            page.locator('[data-testid="stDownloadButton"]', has_text="PNG").first.click()
+        assert Path(got.value.path()).read_bytes().startswith(b"\x89PNG")
 
         # A link to a head the model does not have says so.
         page.goto(f"{app_url}/heads?head=L9H9")
