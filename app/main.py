@@ -14,7 +14,7 @@ from pathlib import Path
 import streamlit as st
 
 from app.auth import exposure_banner, login_gate
-from app.state import get_model, shipped_detectors
+from app.state import get_model, shipped_detectors, warm_detectors
 from app.state.links import on_page
 from app.text import md
 
@@ -62,6 +62,7 @@ with st.sidebar:
         f"{info.n_layers} layers × {info.n_heads} heads · {info.device} · {info.dtype}"
     )
     shipped = shipped_detectors(model)
+    warm_detectors(model, shipped)  # once, in the background: a fast first Analyse
     st.caption(
         f"**Detectors:** {md(shipped.set_name)} set · {len(shipped.detectors)} for this model"
     )

@@ -277,6 +277,7 @@ from app.state.verdicts import (
     known_verdicts,
     stream_verdicts,
     verdict_frame,
+    warm_detectors,
 )
 
 __all__ = [
@@ -510,4 +511,5 @@ __all__ = [
     "train_spec",
     "upload_file_name",
     "verdict_frame",
+    "warm_detectors",
 ]

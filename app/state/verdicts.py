@@ -4,6 +4,9 @@ control never recomputes them."""
 
 from __future__ import annotations
 
+import logging
+import os
+import threading
 import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -14,6 +17,7 @@ import streamlit as st
 from app.state.detectors import ShippedDetector, ShippedDetectors
 from app.state.memo import Memo
 from core.errors import RagscopeError
+from core.examples import RAGExample
 from core.judge import Judged, judge_stream
 
 if TYPE_CHECKING:
@@ -21,9 +25,10 @@ if TYPE_CHECKING:
 
     from app.state.analysis import Analysis
     from core.contract import Features, Verdict
-    from core.examples import RAGExample
     from core.model import LoadedModel
     from core.trace import Needs, Trace
+
+log = logging.getLogger(__name__)
 
 OnStep = Callable[[Judged, "ShippedDetector | None"], None]
 """Called after each step of a streamed run: the step, and the detector it judged
@@ -191,3 +196,46 @@ def detector_verdicts(
             signature=analysis.signature, detectors=(), verdicts=(), seconds=0.0
         )
     return stream_verdicts(model, analysis.example, analysis.signature, shipped)
+
+
+WARM_ENV = "RAGSCOPE_WARM_DETECTORS"
+
+WARM_UP = RAGExample(
+    id="warm-up",
+    question="Who built the bridge?",
+    passages=("Ada Lovell built the bridge in 1820.",),
+    response="Ada Lovell built it in 1820.",
+)
+"""A tiny answer the detectors judge once in the background when they are loaded."""
+
+
+def _warm(model: LoadedModel, shipped: ShippedDetectors) -> None:
+    t0 = time.perf_counter()
+    try:
+        for _ in judge_stream(model, WARM_UP, [s.detector for s in shipped.detectors]):
+            pass
+    except Exception:  # a detector that cannot run says so on the user's own answer
+        log.warning("warming the detectors up failed", exc_info=True)
+    else:
+        log.info("detectors warmed up in %.1f s", time.perf_counter() - t0)
+
+
+@st.cache_resource(show_spinner=False, max_entries=4)
+def _warming(
+    model_id: str, detectors_id: str, _model: LoadedModel, _shipped: ShippedDetectors
+) -> threading.Thread:
+    thread = threading.Thread(
+        target=_warm, args=(_model, _shipped), name="ragscope-warm-detectors", daemon=True
+    )
+    thread.start()
+    return thread
+
+
+def warm_detectors(model: LoadedModel, shipped: ShippedDetectors) -> threading.Thread | None:
+    """Judge a tiny answer once with every loaded detector on a background thread (once
+    per model and detector set), so the resources they load on first use (spaCy, the
+    SAE, sentence embeddings, ...) are ready before the first real Analyse.
+    ``RAGSCOPE_WARM_DETECTORS=0`` turns it off (the app tests count forward passes)."""
+    if not shipped.detectors or os.environ.get(WARM_ENV, "1").strip() == "0":
+        return None
+    return _warming(model.instance_key, shipped.cache_id, model, shipped)

@@ -44,6 +44,7 @@ def app_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, app_cache_dir: Path
     monkeypatch.setenv("RAGSCOPE_SHARED_DATA", str(tmp_path / "no-shared-data"))
     monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(tmp_path / "no-detectors"))
     monkeypatch.setenv("RAGSCOPE_TRAINED_DIR", str(tmp_path / "trained-detectors"))
+    monkeypatch.setenv("RAGSCOPE_WARM_DETECTORS", "0")  # no background passes to count
     monkeypatch.setenv("RAGSCOPE_SHIPPED_RUNS_DIR", str(tmp_path / "no-shipped-runs"))
     monkeypatch.setenv("RAGSCOPE_SAE_DIR", str(tmp_path / "no-sae"))
     return db

@@ -360,3 +360,39 @@ def test_analyse_traces_once_for_surprisal_and_detectors_and_streams_verdicts(
     at.button(key=KEY_ANALYSE).click().run()  # the same input again: known
     _no_exception(at)
     assert passes == []
+
+
+def test_loaded_detectors_are_warmed_up_once_in_the_background(
+    make_app: Callable[[], AppTest],
+    detectors_dir: Callable[[Path], None],
+    tiny_artifacts: Path,
+    tiny_model: LoadedModel,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    import threading
+
+    import app.state.verdicts as verdicts_mod
+    from app.state import shipped_detectors, warm_detectors
+
+    judged: list[tuple[str, tuple[str, ...], str]] = []
+    real = verdicts_mod.judge_stream
+
+    def spy(model, example, detectors, **kw):  # noqa: ANN001, ANN202
+        judged.append(
+            (example.id, tuple(d.name for d in detectors), threading.current_thread().name)
+        )
+        return real(model, example, detectors, **kw)
+
+    monkeypatch.setattr(verdicts_mod, "judge_stream", spy)
+    monkeypatch.setenv("RAGSCOPE_WARM_DETECTORS", "1")
+    detectors_dir(_copy(tiny_artifacts, tmp_path))
+    at = make_app().run()
+    _no_exception(at)
+    at.run()  # a rerun starts nothing new
+    thread = warm_detectors(tiny_model, shipped_detectors(tiny_model))
+    assert thread is not None
+    thread.join(timeout=60)
+    assert judged == [("warm-up", tuple(sorted(DETECTORS)), "ragscope-warm-detectors")]
+    monkeypatch.setenv("RAGSCOPE_WARM_DETECTORS", "0")
+    assert warm_detectors(tiny_model, shipped_detectors(tiny_model)) is None
