@@ -259,7 +259,7 @@ def extract_ray(
             "options": {k: dict(v) for k, v in detector_options.items()},
         },
         batch_size=options.batch_size,
-        concurrency=options.actors,
+        compute=ray.data.ActorPoolStrategy(size=options.actors),
         batch_format="numpy",
         **resources,
     )
