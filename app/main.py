@@ -14,7 +14,7 @@ from pathlib import Path
 import streamlit as st
 
 from app.auth import exposure_banner, login_gate
-from app.state import get_model, shipped_detectors, warm_detectors
+from app.state import loaded_model, shipped_detectors, start_model, warm_detectors
 from app.state.links import on_page
 from app.text import md
 
@@ -54,17 +54,21 @@ SECTIONS: dict[str, list[st.Page]] = {
 navigation = st.navigation(SECTIONS, expanded=True)  # every page listed, no "view more" fold
 on_page(navigation.url_path)  # a link's warnings belong to the page it opened
 exposure_banner()
-model = get_model()
+start_model()  # in the background: the page draws what needs no model while it loads
 with st.sidebar:
-    info = model.info
-    st.caption(
-        f"**Model:** {md(info.display_name)}  \n"
-        f"{info.n_layers} layers × {info.n_heads} heads · {info.device} · {info.dtype}"
-    )
-    shipped = shipped_detectors(model)
-    warm_detectors(model, shipped)  # once, in the background: a fast first Analyse
-    st.caption(
-        f"**Detectors:** {md(shipped.set_name)} set · {len(shipped.detectors)} for this model"
-    )
+    status = st.empty()  # filled after the page ran (by then a page that needs it waited)
 
 navigation.run()
+
+model = loaded_model()
+if model is None:
+    status.caption("**Model:** loading…")
+else:
+    info = model.info
+    shipped = shipped_detectors(model)
+    warm_detectors(model, shipped)  # once, in the background: a fast first Analyse
+    status.caption(
+        f"**Model:** {md(info.display_name)}  \n"
+        f"{info.n_layers} layers × {info.n_heads} heads · {info.device} · {info.dtype}  \n"
+        f"**Detectors:** {md(shipped.set_name)} set · {len(shipped.detectors)} for this model"
+    )

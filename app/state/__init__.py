@@ -177,8 +177,10 @@ from app.state.model import (
     MODEL_ENV,
     ModelLoader,
     get_model,
+    loaded_model,
     model_device,
     model_spec,
+    start_model,
 )
 from app.state.playground import (
     ANSWER_GENERATE,
@@ -459,6 +461,8 @@ __all__ = [
     "follow_list",
     "follow_widget",
     "get_model",
+    "loaded_model",
+    "start_model",
     "get_store",
     "head_id",
     "head_stats",

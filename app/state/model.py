@@ -96,6 +96,18 @@ def _model_loader(spec: str, device: str) -> ModelLoader:
     return ModelLoader(spec, device)
 
 
+def start_model() -> ModelLoader:
+    """Start loading the shared model in the background (once per process) without
+    waiting: the app's first page draws while it loads; :func:`get_model` waits."""
+    return _model_loader(model_spec(), model_device())
+
+
+def loaded_model() -> LoadedModel | None:
+    """The shared model if it has finished loading, else ``None`` (never waits)."""
+    loader = start_model()
+    return loader.model if loader.done and loader.error is None else None
+
+
 def get_model() -> LoadedModel:
     """The shared model for ``RAGSCOPE_MODEL`` / ``RAGSCOPE_DEVICE``.
 

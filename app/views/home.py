@@ -236,14 +236,14 @@ def main() -> None:
     state = app_state()
     st.title("ragscope")
     st.markdown(INTRO)
-    model = get_model()
     left, right = st.columns([1, 1], gap="large")
+    with right:  # usable while the model loads on the left
+        dataset_picker(state)
     with left:
+        model = get_model()
         model_status(model)
         detector_set_status(model)
         train_detectors_panel(model, home=True)
-    with right:
-        dataset_picker(state)
     st.divider()
     upload_section(state)
 
