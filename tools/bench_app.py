@@ -24,13 +24,9 @@ import argparse
 import json
 import os
 import re
-import socket
 import statistics
-import subprocess
-import sys
 import tempfile
 import time
-import urllib.request
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -41,67 +37,32 @@ from playwright.sync_api import Browser, Page, sync_playwright
 from core.data import builtin_examples
 from core.layout import render
 from core.model import EMBEDDED, LoadedModel, load_model, prepare_embedded
+from tools.browser import CHROMIUM, CHROMIUM_ARGS, free_port, start_app, stop_app, wait_healthy
 
-REPO = Path(__file__).resolve().parents[1]
-CHROMIUM = "/usr/bin/chromium"
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 START_TIMEOUT_MS = 300_000
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @contextmanager
 def _server(model: str, log: Path) -> Iterator[tuple[str, float]]:
     """A fresh ``streamlit run`` on a free port: (its URL, when it was launched)."""
-    port = _free_port()
-    cmd = [
-        sys.executable, "-m", "streamlit", "run", "app/main.py",
-        "--server.port", str(port), "--server.address", "127.0.0.1",
-        "--server.headless", "true", "--browser.gatherUsageStats", "false",
-    ]  # fmt: skip
+    port = free_port()
     env = {
         **os.environ,
         "RAGSCOPE_MODEL": model,
         "HF_HUB_OFFLINE": "1",
         "TRANSFORMERS_OFFLINE": "1",
     }
-    with log.open("ab") as out:
-        t0 = time.perf_counter()
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=out, stderr=subprocess.STDOUT)
+    t0 = time.perf_counter()
+    proc = start_app(env, log, port, append=True)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + START_TIMEOUT_MS / 1000
-        while True:
-            if proc.poll() is not None:
-                raise RuntimeError(f"the app server exited with {proc.returncode}; see {log}")
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except OSError:
-                pass
-            if time.monotonic() > deadline:
-                raise RuntimeError(f"the app server did not answer in time; see {log}")
-            time.sleep(0.1)
+        try:
+            wait_healthy(proc, url, START_TIMEOUT_MS / 1000)
+        except RuntimeError as e:
+            raise RuntimeError(f"{e}; see {log}") from e
         yield url, t0
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
+        stop_app(proc)
 
 
 def _first_usable(page: Page, url: str, t0: float, model_name: str) -> tuple[float, float]:
@@ -166,7 +127,7 @@ def main(argv: list[str] | None = None) -> int:
     log = Path(tempfile.mkdtemp(prefix="ragscope-bench-app-")) / "server.log"
     with sync_playwright() as pw:
         browser: Browser = pw.chromium.launch(
-            executable_path=CHROMIUM, headless=True, args=CHROMIUM_ARGS
+            executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
         )
         for i in range(args.repeats):
             with _server(args.model, log) as (url, t0):

@@ -8,29 +8,16 @@ skipped, except in CI (``CI=true``) where it fails.
 from __future__ import annotations
 
 import os
-import socket
-import subprocess
-import sys
-import time
-import urllib.error
-import urllib.request
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
 
 import pytest
 
+from tools import browser
+from tools.browser import CHROMIUM, CHROMIUM_ARGS, start_app, stop_app, wait_healthy
+
 REPO = Path(__file__).resolve().parents[2]
-CHROMIUM = Path("/usr/bin/chromium")
-CHROMIUM_ARGS = [
-    "--no-sandbox",
-    "--disable-gpu",
-    "--disable-quic",
-    "--no-first-run",
-    "--disable-background-networking",
-    "--disable-component-update",
-    "--disable-sync",
-]
 SERVER_START_S = 90
 
 
@@ -40,12 +27,6 @@ def _require_chromium() -> None:
     if os.environ.get("CI") == "true":
         pytest.fail("Chromium missing: install the Debian package chromium")
     pytest.skip(f"{CHROMIUM} not found; install the Debian package chromium to run browser tests")
-
-
-def _free_port() -> int:
-    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 def _log_tail(path: Path, n: int = 40) -> str:
@@ -58,7 +39,7 @@ def _log_tail(path: Path, n: int = 40) -> str:
 @pytest.fixture(scope="session")
 def free_port() -> Callable[[], int]:
     """A function giving a free TCP port on 127.0.0.1."""
-    return _free_port
+    return browser.free_port
 
 
 @contextmanager
@@ -66,11 +47,6 @@ def _streamlit(
     env: Mapping[str, str], log_path: Path, port: int, extra: Sequence[str]
 ) -> Iterator[str]:
     _require_chromium()
-    cmd = [
-        sys.executable, "-m", "streamlit", "run", "app/main.py",
-        "--server.port", str(port), "--server.address", "127.0.0.1",
-        "--server.headless", "true", "--browser.gatherUsageStats", "false", *extra,
-    ]  # fmt: skip
     full = {
         **os.environ,
         "HF_HUB_OFFLINE": "1",
@@ -80,34 +56,16 @@ def _streamlit(
         "RAGSCOPE_TRAINED_DIR": str(log_path.parent / f"trained-detectors-{port}"),
         **env,
     }
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with log_path.open("w") as log:
-        proc = subprocess.Popen(cmd, cwd=REPO, env=full, stdout=log, stderr=subprocess.STDOUT)
+    proc = start_app(full, log_path, port, extra)
     url = f"http://127.0.0.1:{port}"
     try:
-        deadline = time.monotonic() + SERVER_START_S
-        while True:
-            if proc.poll() is not None:
-                pytest.fail(f"streamlit exited with {proc.returncode}:\n{_log_tail(log_path)}")
-            try:
-                with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
-                    if r.status == 200:
-                        break
-            except (urllib.error.URLError, OSError):
-                pass
-            if time.monotonic() > deadline:
-                pytest.fail(
-                    f"streamlit did not answer in {SERVER_START_S} s:\n{_log_tail(log_path)}"
-                )
-            time.sleep(0.5)
+        try:
+            wait_healthy(proc, url, SERVER_START_S)
+        except RuntimeError as e:
+            pytest.fail(f"{e}:\n{_log_tail(log_path)}")
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
+        stop_app(proc)
 
 
 @pytest.fixture(scope="session")
@@ -123,7 +81,7 @@ def launch_streamlit() -> Callable[..., AbstractContextManager[str]]:
         port: int | None = None,
         extra: Sequence[str] = (),
     ) -> AbstractContextManager[str]:
-        return _streamlit(env, log_path, port or _free_port(), extra)
+        return _streamlit(env, log_path, port or browser.free_port(), extra)
 
     return launch
 

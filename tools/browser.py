@@ -1,0 +1,83 @@
+"""What drives the app in a real browser, shared by the browser tests and ``tools.bench_app``:
+Debian's Chromium and its flags, a free port, and ``streamlit run app/main.py`` waited for."""
+
+from __future__ import annotations
+
+import socket
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+
+
+def free_port() -> int:
+    """A free TCP port on 127.0.0.1."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def start_app(
+    env: Mapping[str, str],
+    log_path: Path,
+    port: int,
+    extra: Sequence[str] = (),
+    *,
+    append: bool = False,
+) -> subprocess.Popen[bytes]:
+    """``streamlit run app/main.py`` on ``127.0.0.1:port`` with ``env`` (the whole
+    environment), its output into ``log_path`` (appended to, or a fresh file)."""
+    cmd = [
+        sys.executable, "-m", "streamlit", "run", "app/main.py",
+        "--server.port", str(port), "--server.address", "127.0.0.1",
+        "--server.headless", "true", "--browser.gatherUsageStats", "false", *extra,
+    ]  # fmt: skip
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with log_path.open("ab" if append else "wb") as log:
+        return subprocess.Popen(cmd, cwd=REPO, env=dict(env), stdout=log, stderr=subprocess.STDOUT)
+
+
+def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float) -> None:
+    """Wait until the server at ``url`` answers its health check.
+
+    Raises:
+        RuntimeError: It exited, or did not answer within ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if proc.poll() is not None:
+            raise RuntimeError(f"streamlit exited with {proc.returncode}")
+        try:
+            with urllib.request.urlopen(f"{url}/_stcore/health", timeout=2) as r:
+                if r.status == 200:
+                    return
+        except (urllib.error.URLError, OSError):
+            pass
+        if time.monotonic() > deadline:
+            raise RuntimeError(f"streamlit did not answer in {timeout_s:.0f} s")
+        time.sleep(0.1)
+
+
+def stop_app(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate the server (kill it if it does not stop in 15 s)."""
+    proc.terminate()
+    try:
+        proc.wait(timeout=15)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait(timeout=15)
