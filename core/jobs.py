@@ -69,6 +69,9 @@ class TrainSpec:
         dataset: ``--dataset`` (``builtin``, ``demo``, an imported dataset's name, a path).
         limit: ``--limit`` (about this many examples; ``None``: all).
         seed: ``--seed`` (the split seed).
+        cv: ``--cv K``: train on every answer and report K-fold source-grouped CV
+            metrics, with calibration and thresholds cross-fitted (``None``: one
+            train/validation/test split).
 
     Raises:
         DataError: An option that ``ragscope train`` would refuse, or that could not
@@ -81,6 +84,7 @@ class TrainSpec:
     dataset: str
     limit: int | None = None
     seed: int = 0
+    cv: int | None = None
 
     def __post_init__(self) -> None:
         for what, value in (
@@ -112,6 +116,10 @@ class TrainSpec:
             raise DataError(f"limit must be a positive count, not {self.limit!r}", field="limit")
         if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
             raise DataError(f"seed must be a count, not {self.seed!r}", field="seed")
+        if self.cv is not None and (
+            not isinstance(self.cv, int) or isinstance(self.cv, bool) or not 2 <= self.cv <= 20
+        ):
+            raise DataError(f"cv must be a fold count from 2 to 20, not {self.cv!r}", field="cv")
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -121,6 +129,7 @@ class TrainSpec:
             "dataset": self.dataset,
             "limit": self.limit,
             "seed": self.seed,
+            "cv": self.cv,
         }
 
     @classmethod
@@ -132,7 +141,7 @@ class TrainSpec:
         """
         if not isinstance(d, dict):
             raise DataError("a training job's spec is not a JSON object")
-        keys = {"model", "device", "detectors", "dataset", "limit", "seed"}
+        keys = {"model", "device", "detectors", "dataset", "limit", "seed", "cv"}
         extra = sorted(str(k)[:40] for k in set(d) - keys)
         if extra:
             raise DataError(f"a training job's spec has unknown fields {extra}")
@@ -146,6 +155,7 @@ class TrainSpec:
             dataset=d.get("dataset"),  # type: ignore[arg-type]
             limit=d.get("limit"),
             seed=d.get("seed", 0),  # type: ignore[arg-type]
+            cv=d.get("cv"),
         )
 
     def argv(self, out: str | Path) -> list[str]:
@@ -154,6 +164,8 @@ class TrainSpec:
         args += ["--dataset", self.dataset, "--detectors", ",".join(self.detectors)]
         if self.limit is not None:
             args += ["--limit", str(self.limit)]
+        if self.cv is not None:
+            args += ["--cv", str(self.cv)]
         return [*args, "--seed", str(self.seed), "--out", str(out)]
 
     def command(self, out: str | Path) -> str:

@@ -18,6 +18,7 @@ import streamlit as st
 from app.state import (
     DEFAULT_TRAIN_DATASET,
     KEY_TRAIN_CANCEL,
+    KEY_TRAIN_CV,
     KEY_TRAIN_DATASET,
     KEY_TRAIN_DETECTORS,
     KEY_TRAIN_DISCARD,
@@ -97,8 +98,9 @@ def _about(view: JobView) -> str:
     if spec is None:
         return f"Job #{view.id} (its options cannot be read: {md(view.spec_error)})"
     limit = f", about {spec.limit} examples" if spec.limit else ""
+    cv = f", {spec.cv}-fold CV" if spec.cv else ""
     names = ", ".join(code(d) for d in spec.detectors)
-    return f"Job #{view.id}: {names} on {code(spec.dataset)}{limit}"
+    return f"Job #{view.id}: {names} on {code(spec.dataset)}{limit}{cv}"
 
 
 def _act(action: str, job_id: int) -> None:
@@ -230,6 +232,7 @@ def _form(model: LoadedModel) -> None:
         KEY_TRAIN_DATASET, DEFAULT_TRAIN_DATASET if DEFAULT_TRAIN_DATASET in labels else "demo"
     )
     seed_widget(KEY_TRAIN_LIMIT, TRAIN_LIMIT)
+    seed_widget(KEY_TRAIN_CV, 0)
     st.caption(
         "Trains in a background job on this machine, with the loaded model; the artifacts "
         f"go to {code(train_folder(model))} and load here once all are trained."
@@ -237,15 +240,16 @@ def _form(model: LoadedModel) -> None:
     detectors = st.multiselect(
         "Detectors", names, key=KEY_TRAIN_DETECTORS, help="Those that can read this model"
     )
-    c1, c2 = st.columns([3, 1])
+    c1, c2, c3 = st.columns([3, 1, 1])
     with c1:
         dataset = st.selectbox(
             "Training data",
             list(labels),
             key=KEY_TRAIN_DATASET,
             format_func=lambda s: labels.get(s, s),
-            help="Split by source into train / validation / test (70 / 15 / 15); "
-            "thresholds are picked on validation, metrics reported on test.",
+            help="Without CV: split by source into train / validation / test "
+            "(70 / 15 / 15); thresholds are picked on validation, metrics reported on "
+            "test. With CV: trained on every answer, metrics from K source-grouped folds.",
         )
     with c2:
         limit = int(
@@ -257,12 +261,26 @@ def _form(model: LoadedModel) -> None:
                 help="About this many examples, whole sources kept together.",
             )
         )
+    with c3:
+        cv = int(
+            st.number_input(
+                "CV folds (0 = one split)",
+                min_value=0,
+                max_value=20,
+                step=1,
+                key=KEY_TRAIN_CV,
+                help="K-fold source-grouped cross-validation (`ragscope train --cv K`): "
+                "the artifacts learn from every answer, their calibration and thresholds "
+                "from cross-fitted scores, and the metrics come with CIs from K folds. "
+                "The fitting takes about K + 1 times as long; the tracing is the same.",
+            )
+        )
     spec = None
     if not detectors:
         st.caption("Pick at least one detector.")
     else:
         try:
-            spec = train_spec(detectors, dataset, limit or None)
+            spec = train_spec(detectors, dataset, limit or None, cv or None)
             st.markdown(describe_estimate(train_estimate(model, spec)))
         except RagscopeError as e:
             st.error(f"This job cannot run: {md(e)}")

@@ -102,6 +102,7 @@ from app.state.heads import (
 from app.state.jobs import (
     DEFAULT_TRAIN_DATASET,
     KEY_TRAIN_CANCEL,
+    KEY_TRAIN_CV,
     KEY_TRAIN_DATASET,
     KEY_TRAIN_DETECTORS,
     KEY_TRAIN_DISCARD,
@@ -382,6 +383,7 @@ __all__ = [
     "KEY_TOKENS_EXAMPLE_SOURCE",
     "KEY_TOKENS_QUICK_FIT",
     "KEY_TRAIN_CANCEL",
+    "KEY_TRAIN_CV",
     "KEY_TRAIN_DATASET",
     "KEY_TRAIN_DETECTORS",
     "KEY_TRAIN_DISCARD",

@@ -50,6 +50,9 @@ KEY_TRAIN_DATASET = "train.dataset"
 KEY_TRAIN_LIMIT = "train.limit"
 
 
+KEY_TRAIN_CV = "train.cv"
+
+
 KEY_TRAIN_START = "train.start"
 
 
@@ -94,8 +97,11 @@ def train_dataset_choices() -> dict[str, str]:
     return eval_dataset_choices()
 
 
-def train_spec(detectors: Sequence[str], dataset: str, limit: int | None) -> TrainSpec:
-    """The job for the loaded model (``RAGSCOPE_MODEL``, ``RAGSCOPE_DEVICE``).
+def train_spec(
+    detectors: Sequence[str], dataset: str, limit: int | None, cv: int | None = None
+) -> TrainSpec:
+    """The job for the loaded model (``RAGSCOPE_MODEL``, ``RAGSCOPE_DEVICE``); ``cv``: K-fold
+    cross-validation (``ragscope train --cv K``) instead of one split.
 
     Raises:
         DataError: An option a job refuses (no detectors, an unknown one).
@@ -106,6 +112,7 @@ def train_spec(detectors: Sequence[str], dataset: str, limit: int | None) -> Tra
         detectors=tuple(detectors),
         dataset=dataset,
         limit=limit or None,
+        cv=cv or None,
     )
 
 

@@ -5,7 +5,9 @@ examples), ``builtin`` (the shipped labelled corpus, :func:`load_builtin`),
 ``builtin-answers`` (the embedded model's own answers), ``shared:NAME`` (a development set
 in :func:`shared_data_dir`, e.g. ``shared:ragtruth_qa_dev``), a file or folder to load, or
 the name of a dataset stored with ``ragscope datasets import`` (:class:`core.storage.Store`).
-:func:`resolve_datasets` combines several comma-separated specs into one list, each
+Any spec may end in ``[:N]``: its first ``N`` examples, extended so the last source stays
+whole (``builtin[:600]``; the built-in corpus is interleaved across its templates, so
+every prefix covers them all). :func:`resolve_datasets` combines several comma-separated specs into one list, each
 example keeping its dataset name (``provenance.dataset``).
 """
 
@@ -13,12 +15,13 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from pathlib import Path
 
 from core.data.loader import load_dataset
 from core.data.records import OnError
 from core.errors import DataError
-from core.examples import RAGExample
+from core.examples import RAGExample, source_key
 from core.paths import builtin_dir, repo_root
 from core.storage import Store
 
@@ -39,6 +42,9 @@ def builtin_examples() -> list[RAGExample]:
 
 
 DEMO = "demo"
+
+#: ``SPEC[:N]``: the first N examples of SPEC (whole sources).
+_PREFIX = re.compile(r"^(?P<spec>.+)\[:(?P<n>[0-9]{1,9})\]$")
 BUILTIN = "builtin"
 BUILTIN_ANSWERS = "builtin-answers"
 BUILTIN_SPLITS: tuple[str, ...] = ("train", "validation", "test")
@@ -61,12 +67,22 @@ def resolve_dataset(spec: str, *, on_error: OnError = "raise") -> tuple[str, lis
     built-in labelled corpus), ``builtin-answers`` (the embedded model's own
     unlabelled answers to the corpus prompts), ``shared:NAME`` (the development
     set ``NAME.jsonl`` in :func:`shared_data_dir`), a file or folder to load, or
-    the name of a dataset stored with ``ragscope datasets import``.
+    the name of a dataset stored with ``ragscope datasets import``; any of them followed
+    by ``[:N]`` for its first ``N`` examples (the last source kept whole; the name stays
+    the dataset's).
 
     Raises:
         DataError: Nothing of that name; for ``shared:`` specs the message says
-            whether the folder or the file is missing and where it was looked for.
+            whether the folder or the file is missing and where it was looked for;
+            ``[:0]``.
     """
+    m = _PREFIX.match(spec)
+    if m:
+        n = int(m["n"])
+        if n < 1:
+            raise DataError(f"{spec!r}: a prefix needs at least one example ([:N], N >= 1)")
+        name, examples = resolve_dataset(m["spec"], on_error=on_error)
+        return name, source_prefix(examples, n)
     if spec.startswith(SHARED_PREFIX):
         return _shared(spec.removeprefix(SHARED_PREFIX), on_error)
     if spec == DEMO:
@@ -88,6 +104,15 @@ def resolve_dataset(spec: str, *, on_error: OnError = "raise") -> tuple[str, lis
                 source=spec,
             )
         return spec, store.load_examples(spec)
+
+
+def source_prefix(examples: list[RAGExample], n: int) -> list[RAGExample]:
+    """The first ``n`` examples, plus any later ones sharing a source with them (a
+    source's answers stay together, so grouped splits and CV see whole sources)."""
+    if n >= len(examples):
+        return list(examples)
+    keep = {source_key(e) for e in examples[:n]}
+    return examples[:n] + [e for e in examples[n:] if source_key(e) in keep]
 
 
 def _shared(name: str, on_error: OnError) -> tuple[str, list[RAGExample]]:

@@ -17,6 +17,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.state import (
     KEY_TRAIN_CANCEL,
+    KEY_TRAIN_CV,
     KEY_TRAIN_DATASET,
     KEY_TRAIN_DETECTORS,
     KEY_TRAIN_DISCARD,
@@ -89,6 +90,14 @@ def test_train_detectors_in_the_background(
     text = _text(at)
     assert "Estimated time" in text and "12 of 12 examples to trace" in text
     assert "ragscope train --model tiny --device cpu --dataset demo" in text
+    assert "--cv" not in text
+    # CV folds: the command gains --cv K; one fold is refused with the reason.
+    at.number_input(key=KEY_TRAIN_CV).set_value(3).run()
+    assert "--detectors nll,context_gain --cv 3 --seed 0" in _text(at)
+    at.number_input(key=KEY_TRAIN_CV).set_value(1).run()
+    assert "cv must be a fold count from 2 to 20" in " ".join(e.value for e in at.error)
+    assert at.button(key=KEY_TRAIN_START).disabled
+    at.number_input(key=KEY_TRAIN_CV).set_value(0).run()
     at.button(key=KEY_TRAIN_START).click().run()
     no_exception(at)
     assert "Job #1" in _text(at) and at.button(key=KEY_TRAIN_CANCEL)

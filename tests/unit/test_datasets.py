@@ -527,3 +527,26 @@ def test_builtin_answers_are_the_embedded_models_own_unlabelled_answers() -> Non
         src = prompts[a.provenance.group]  # one answer per test-split source, same prompt
         assert (a.question, a.passages) == (src.question, src.passages)
     assert len({a.provenance.group for a in answers}) == len(answers)
+
+
+def test_prefix_spec_keeps_whole_sources_and_the_name() -> None:
+    from core.data import load_builtin, resolve_dataset, resolve_datasets
+    from core.examples import source_key
+
+    full = load_builtin()
+    name, head = resolve_dataset("builtin[:7]")
+    assert name == "builtin"
+    # 7 answers end inside a source: its other answers come along, nothing else.
+    keys = {source_key(e) for e in full[:7]}
+    assert [e.id for e in head] == [e.id for e in full if source_key(e) in keys][: len(head)]
+    assert {source_key(e) for e in head} == keys and len(head) >= 7
+    assert len(head) == sum(source_key(e) in keys for e in full)
+    # The prefix of a prefix, a prefix past the end, and combined specs.
+    assert [e.id for e in resolve_dataset("builtin[:40][:7]")[1]] == [e.id for e in head]
+    assert len(resolve_dataset("demo[:100000]")[1]) == len(resolve_dataset("demo")[1])
+    names, both = resolve_datasets("builtin[:4],demo[:2]")
+    assert names == ["builtin", "demo"] and len(both) >= 6
+    with pytest.raises(DataError, match=r"at least one example"):
+        resolve_dataset("builtin[:0]")
+    with pytest.raises(DataError, match="no such file"):
+        resolve_dataset("nothing-here[:3]")

@@ -162,6 +162,10 @@ def test_a_spec_from_a_row_is_checked() -> None:
         {**SPEC.to_dict(), "model": "tiny\n--out /etc"},
         {**SPEC.to_dict(), "dataset": "--out=/etc"},
         {**SPEC.to_dict(), "extra": 1},
+        {**SPEC.to_dict(), "cv": 1},
+        {**SPEC.to_dict(), "cv": True},
+        {**SPEC.to_dict(), "cv": "5; rm"},
+        {**SPEC.to_dict(), "cv": 500},
         ["not", "a", "dict"],
     ]
     for d in bad:

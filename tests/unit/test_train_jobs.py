@@ -135,3 +135,25 @@ def test_killed_job_resumes_from_the_cache_and_cancel_leaves_nothing(
     while pid_alive(view2.row.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not pid_alive(view2.row.pid)  # the worker exits
+
+
+def test_a_cv_job_trains_on_every_answer_and_reports_its_folds(
+    tiny_model: LoadedModel, job_env: Store
+) -> None:
+    spec = TrainSpec(
+        model="tiny", device="cpu", detectors=("nll",), dataset="builtin", limit=40, cv=3
+    )
+    assert spec.argv("X")[-6:] == ["--cv", "3", "--seed", "0", "--out", "X"]
+    assert TrainSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
+    key = tiny_model.info.key
+    job = start_train_job(job_env, spec, model_key=key)
+    view = _wait(job_env, job, lambda v: not v.active)
+    assert view.state == "done", _log(job_env, job)
+    assert view.row.result["auroc_from"] == "3-fold CV"
+    assert 0.0 <= view.row.result["auroc"]["nll"] <= 1.0
+    cfg = json.loads((model_detectors_dir(key) / "nll" / "cfg.json").read_text())
+    assert cfg["trained_on"]["recipe"]["cv"] == 3
+    # Every answer trained the artifact (no test split held out); calibration read all.
+    proc = cfg["train"]["procedure"]
+    assert proc["calibration"] == "crossfit"
+    assert proc["n_fit"] + proc["n_validation"] == proc["n_calibration"] >= 40, proc
