@@ -22,8 +22,12 @@ choices), so the URL would not describe a view reopened after a page switch.
 
 from __future__ import annotations
 
+import base64
+import binascii
+import json
 import math
 import re
+import zlib
 from collections.abc import Callable, Collection
 from dataclasses import dataclass
 from typing import Generic, TypeVar
@@ -42,6 +46,7 @@ from app.state.runs import CORPUS
 from app.state.session import app_state
 from app.text import code
 from core.errors import RagscopeError
+from core.examples import TASKS
 
 T = TypeVar("T")
 
@@ -69,6 +74,7 @@ P_CV = "cv"
 P_MATRIX = "matrix"
 P_METRIC = "metric"
 P_ITEM = "item"
+P_INPUT = "input"
 
 WRITTEN_KEY = "ragscope.links.written"
 """Session key: parameter -> the value this session last wrote into the URL."""
@@ -351,3 +357,74 @@ def page_dataset(raw: str) -> str | None:
 def page_dataset_spec(source: str, home: DatasetRef) -> str:
     """The spec of a page's dataset choice: the corpus, or Home's dataset."""
     return CORPUS if source == HEADS_FROM_CORPUS else dataset_spec(home)
+
+
+# --------------------------------------------------------------------------- own input
+
+
+MAX_INPUT_LINK = 24_000
+"""The longest ``input`` value a link carries (characters): longer inputs get no link
+(browsers and servers cut URLs at 32-64 KB)."""
+
+MAX_INPUT_JSON = 256_000
+"""The most bytes an ``input`` value may inflate to (a zip bomb stops here)."""
+
+MAX_INPUT_PASSAGES = 32
+"""The most passages an ``input`` value may carry."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class OwnInput:
+    """An input written in the Playground, as a link carries it.
+
+    Attributes:
+        task: One of :data:`core.examples.TASKS`.
+        question: The question (empty when there is none).
+        passages: The passages.
+        answer: The answer analysed.
+    """
+
+    task: str
+    question: str
+    passages: tuple[str, ...]
+    answer: str
+
+
+def input_id(x: OwnInput) -> str | None:
+    """``x`` as the URL carries it: ``1.`` + URL-safe base64 of deflated JSON; ``None``
+    when that is longer than :data:`MAX_INPUT_LINK`."""
+    doc = {"t": x.task, "q": x.question, "p": list(x.passages), "a": x.answer}
+    raw = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
+    packed = base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
+    out = "1." + packed
+    return out if len(out) <= MAX_INPUT_LINK else None
+
+
+def parse_input(raw: str) -> OwnInput | None:
+    """The input an ``input`` value carries, or ``None`` when it is not one this page
+    wrote (a wrong version, bad base64 or deflate data, more than
+    :data:`MAX_INPUT_JSON` bytes inflated, not the exact JSON shape, an unknown task)."""
+    if len(raw) > MAX_INPUT_LINK or not raw.startswith("1."):
+        return None
+    body = raw[2:]
+    try:
+        packed = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+        inflater = zlib.decompressobj()
+        data = inflater.decompress(packed, MAX_INPUT_JSON)
+        if inflater.unconsumed_tail or not inflater.eof:
+            return None
+        doc = json.loads(data.decode())
+    except (ValueError, binascii.Error, zlib.error, UnicodeDecodeError, RecursionError):
+        return None
+    if not isinstance(doc, dict) or set(doc) != {"t", "q", "p", "a"}:
+        return None
+    task, question, passages, answer = doc["t"], doc["q"], doc["p"], doc["a"]
+    if not (isinstance(task, str) and task in TASKS):
+        return None
+    if not (isinstance(question, str) and isinstance(answer, str) and answer.strip()):
+        return None
+    if not isinstance(passages, list) or not 1 <= len(passages) <= MAX_INPUT_PASSAGES:
+        return None
+    if not all(isinstance(p, str) and p.strip() for p in passages):
+        return None
+    return OwnInput(task=task, question=question, passages=tuple(passages), answer=answer)

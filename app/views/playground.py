@@ -27,11 +27,13 @@ from app.components.heatmap import render_token_heatmap
 from app.components.segments import segment_figure, segment_rows
 from app.state import (
     ANSWER_GENERATE,
+    ANSWER_PASTE,
     ANSWER_SOURCES,
     COLOR_SURPRISAL,
     HOME_DATASETS_HERE,
     INPUT_DATASET,
     INPUT_MODES,
+    INPUT_OWN,
     KEY_ADD_PASSAGE,
     KEY_ANALYSE,
     KEY_ANSWER_SOURCE,
@@ -47,25 +49,30 @@ from app.state import (
     P_DATASET,
     P_DETECTOR,
     P_EXAMPLE,
+    P_INPUT,
     Analysis,
     AppState,
     DetectorVerdicts,
     GeneratedAnswer,
+    OwnInput,
     ShippedDetector,
     ShippedDetectors,
     analyse,
     app_state,
     dataset_spec,
     detector_verdicts,
+    follow,
     follow_home_dataset,
     follow_widget,
     get_model,
+    input_id,
     input_signature,
     known_analysis,
     known_verdicts,
     linked,
     load_examples,
     one_of,
+    parse_input,
     passage_key,
     publish,
     question_signature,
@@ -222,6 +229,55 @@ def show_example(ex: RAGExample) -> None:
                 kind = f" ({md(s.type)})" if s.type else ""
                 note = f" — {md(s.note)}" if s.note else ""
                 st.markdown(f"- “{md(ex.response[s.start : s.end])}”{kind}{note}")
+
+
+def fill_own_input(state: AppState, x: OwnInput) -> None:
+    """Put a link's own input into the Playground's widgets: task, question, passages
+    and the pasted answer (the passages written before are replaced)."""
+    state.input_mode = st.session_state[KEY_INPUT_MODE] = INPUT_OWN
+    state.own_task = st.session_state[KEY_OWN_TASK] = x.task
+    state.own_question = st.session_state[KEY_OWN_QUESTION] = x.question
+    for pid in state.own_passages:
+        st.session_state.pop(passage_key(pid), None)
+    first = state.next_passage_id
+    state.own_passages = {first + k: p for k, p in enumerate(x.passages)}
+    state.next_passage_id = first + len(x.passages)
+    for pid, text in state.own_passages.items():
+        st.session_state[passage_key(pid)] = text
+    state.answer_source = st.session_state[KEY_ANSWER_SOURCE] = ANSWER_PASTE
+    state.pasted = st.session_state[KEY_PASTED] = x.answer
+    state.prefilled_for = "own"
+
+
+def publish_own_input(state: AppState, signature: str | None, missing: str | None) -> None:
+    """The analysed own input into the URL (``input``), so a copied link reopens the same
+    analysis; dropped when the view shows no analysis of the current own input."""
+    a = state.analysis
+    shown = None
+    too_long = False
+    if (
+        state.input_mode == INPUT_OWN
+        and a is not None
+        and a.example.id == OWN_ID
+        and a.signature == signature
+    ):
+        ex = a.example
+        shown = input_id(
+            OwnInput(
+                task=ex.task, question=ex.question or "", passages=ex.passages, answer=ex.response
+            )
+        )
+        too_long = shown is None
+    publish(
+        P_INPUT,
+        shown,
+        missing=missing,
+        what="Playground input",
+        where="readable (links to an input are made by this page)",
+        instead="the input below" if state.input_mode == INPUT_OWN else "a dataset example",
+    )
+    if too_long:
+        st.caption("This input is too long to travel in a link; the page's URL does not reopen it.")
 
 
 def own_input(state: AppState) -> Draft:
@@ -686,7 +742,10 @@ def main() -> None:
         "and see how the model reads it."
     )
 
-    if linked(P_DATASET) or linked(P_EXAMPLE):  # a link to an example of a dataset
+    own_link = follow(P_INPUT, parse_input)
+    if own_link.value is not None:  # a link to an input written here: reopen its analysis
+        fill_own_input(state, own_link.value)
+    elif linked(P_DATASET) or linked(P_EXAMPLE):  # a link to an example of a dataset
         state.input_mode = st.session_state[KEY_INPUT_MODE] = INPUT_DATASET
     seed_widget(KEY_INPUT_MODE, state.input_mode)
     state.input_mode = st.radio("Input", INPUT_MODES, key=KEY_INPUT_MODE, horizontal=True)
@@ -695,6 +754,7 @@ def main() -> None:
         publish(P_EXAMPLE, None)
     draft = pick_example(state) if state.input_mode == INPUT_DATASET else own_input(state)
     if draft is None:
+        publish_own_input(state, None, own_link.missing)
         return
 
     st.divider()
@@ -720,7 +780,8 @@ def main() -> None:
             current = None
     signature = input_signature(current, response_ids) if current is not None else None
 
-    if st.button("Analyse", key=KEY_ANALYSE, type="primary", icon=":material/troubleshoot:"):
+    clicked = st.button("Analyse", key=KEY_ANALYSE, type="primary", icon=":material/troubleshoot:")
+    if clicked or own_link.value is not None:
         try:
             if answer is None:
                 raise DataError("there is no answer yet: let the model write one, or paste one")
@@ -733,6 +794,7 @@ def main() -> None:
         except RagscopeError as e:
             state.analysis = None
             st.error(md(e))
+    publish_own_input(state, signature, own_link.missing)
     if state.analysis is not None:
         st.divider()
         panel = run_detectors(model, state.analysis)

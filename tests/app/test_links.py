@@ -10,8 +10,12 @@ page's feature links are tested in ``test_gam_page.py`` (its raglens artifact).
 
 from __future__ import annotations
 
+import base64
+import json
+import zlib
 from collections.abc import Callable
 
+import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
@@ -19,6 +23,8 @@ from app.state import (
     BUILTIN_ANSWERS,
     HEADS_FROM_CORPUS,
     HEADS_FROM_HOME,
+    INPUT_OWN,
+    KEY_ANALYSE,
     KEY_DATASET,
     KEY_EXAMPLE,
     KEY_HEADS_EXAMPLE,
@@ -29,7 +35,13 @@ from app.state import (
     KEY_HEADS_SPLIT,
     KEY_HEADS_TOP,
     KEY_HEADS_UNIT,
+    KEY_INPUT_MODE,
+    KEY_OWN_QUESTION,
+    KEY_PASTED,
     STATE_KEY,
+    OwnInput,
+    input_id,
+    parse_input,
 )
 from app.state import KEY_HEATMAP_DATASET as KEY_HM_DATASET
 from app.state import KEY_HEATMAP_EXAMPLE as KEY_HM_EXAMPLE
@@ -179,3 +191,77 @@ def test_a_link_to_the_playgrounds_answer_says_there_is_none(
     assert "this session has analysed no answer" in _warnings(at)[0]
     assert at.selectbox(key=KEY_HM_EXAMPLE).value == EXAMPLE  # the link's fallback
     assert "answer" not in at.query_params
+
+
+def test_a_link_to_an_own_input_reopens_its_analysis(
+    open_link: Callable[..., AppTest], make_app: Callable[[], AppTest]
+) -> None:
+    x = OwnInput(
+        task="qa",
+        question="When did the ferry start?",
+        passages=("The ferry began service in 1911.", "It crosses the bay twice a day."),
+        answer="The ferry started in 1912.",
+    )
+    link = input_id(x)
+    assert link is not None and parse_input(link) == x
+    at = open_link(PLAYGROUND, input=link)
+    assert not _warnings(at)
+    assert at.radio(key=KEY_INPUT_MODE).value == INPUT_OWN
+    assert at.text_input(key=KEY_OWN_QUESTION).value == x.question
+    assert at.text_area(key=KEY_PASTED).value == x.answer
+    assert [a.value for a in at.text_area if a.key != KEY_PASTED] == list(x.passages)
+    a = at.session_state[STATE_KEY].analysis
+    assert a is not None and a.example.response == x.answer  # analysed on opening
+    assert a.example.passages == x.passages
+    assert at.query_params["input"] == link  # the link stays the view's
+    # Editing the answer makes the analysis stale: the URL no longer claims it.
+    at.text_area(key=KEY_PASTED).input("The ferry started in 1911.").run()
+    assert "input" not in at.query_params
+    at.button(key=KEY_ANALYSE).click().run()
+    again = parse_input(at.query_params["input"])
+    assert again is not None and again.answer == "The ferry started in 1911."
+
+
+@pytest.mark.parametrize(
+    "raw",
+    [
+        "2.abc",
+        "1.%%%",
+        "1." + base64.urlsafe_b64encode(b"not deflate").decode(),
+        "1." + base64.urlsafe_b64encode(zlib.compress(b"[1, 2]")).decode(),
+        # Inflates to 10 MB of spaces: stopped at the bound, not read.
+        "1." + base64.urlsafe_b64encode(zlib.compress(b" " * 10_000_000, 9)).decode(),
+        "1."
+        + base64.urlsafe_b64encode(
+            zlib.compress(json.dumps({"t": "qa", "q": "", "p": ["x"], "a": "y", "z": 1}).encode())
+        ).decode(),
+        "1."
+        + base64.urlsafe_b64encode(
+            zlib.compress(json.dumps({"t": "poem", "q": "", "p": ["x"], "a": "y"}).encode())
+        ).decode(),
+        "1."
+        + base64.urlsafe_b64encode(
+            zlib.compress(json.dumps({"t": "qa", "q": "", "p": [], "a": "y"}).encode())
+        ).decode(),
+        "1."
+        + base64.urlsafe_b64encode(
+            zlib.compress(json.dumps({"t": "qa", "q": "", "p": ["x"], "a": " "}).encode())
+        ).decode(),
+        "1." + "A" * 30_000,
+    ],
+)
+def test_hostile_input_links_are_refused(raw: str) -> None:
+    assert parse_input(raw) is None
+
+
+def test_an_unreadable_input_link_says_so(open_link: Callable[..., AppTest]) -> None:
+    at = open_link(PLAYGROUND, input="1.garbage")
+    assert len(_warnings(at)) == 1 and "Playground input `1.garbage`" in _warnings(at)[0]
+    assert at.session_state[STATE_KEY].analysis is None
+    assert "input" not in at.query_params
+
+
+def test_an_input_too_long_for_a_link_gets_none() -> None:
+    rng = np.random.default_rng(0)
+    text = "".join(chr(c) for c in rng.integers(0x4E00, 0x9FFF, 20_000))  # incompressible
+    assert input_id(OwnInput(task="qa", question="", passages=(text,), answer="a")) is None
