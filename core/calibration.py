@@ -8,6 +8,10 @@
 - :func:`reliability` bins predicted probabilities and compares each bin's mean
   prediction with its observed rate (the reliability diagram);
   :func:`expected_calibration_error` is the count-weighted mean gap (ECE).
+- :class:`DatasetCalibration` is one dataset's own calibrator and threshold, for a
+  detector trained on several datasets whose base rates differ (a probability pooled
+  over a 50%-hallucinated template corpus and an 18%-hallucinated real set is right for
+  neither); :func:`read_dataset_calibrations` reads a ``cfg.json``'s map of them.
 """
 
 from __future__ import annotations
@@ -115,6 +119,100 @@ class PlattCalibrator:
         n = d.get("n", 0)
         obj.n_ = int(n) if isinstance(n, int) and not isinstance(n, bool) else 0
         return obj
+
+
+MIN_DATASET_ANSWERS = 40
+"""The fewest answers of a dataset that get a calibration of their own."""
+
+MIN_DATASET_CLASS = 8
+"""The fewest answers of each class (faithful, hallucinated) that dataset needs."""
+
+MAX_DATASET_CALIBRATIONS = 64
+"""The most per-dataset calibrations an artifact may hold (a bound on hostile files)."""
+
+MAX_DATASET_NAME = 200
+"""The longest dataset name an artifact's per-dataset calibration may carry."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetCalibration:
+    """One training dataset's own calibration of a detector's raw score.
+
+    Attributes:
+        calibrator: Raw score -> probability, fitted on that dataset's cross-fitted
+            (or validation) scores only.
+        threshold: The decision threshold on that probability, chosen on the same
+            answers by the training criterion.
+        n: Answers it was fitted on.
+        n_positive: Hallucinated answers among them.
+    """
+
+    calibrator: PlattCalibrator
+    threshold: float
+    n: int
+    n_positive: int
+
+    def apply(self, raw: float) -> float:
+        """The calibrated probability of raw score ``raw``, in [0, 1]."""
+        return float(np.clip(self.calibrator.transform(raw), 0.0, 1.0))
+
+    def to_json(self) -> dict[str, Any]:
+        return {
+            "calibration": self.calibrator.to_json(),
+            "threshold": self.threshold,
+            "n": self.n,
+            "n_positive": self.n_positive,
+        }
+
+    @classmethod
+    def from_json(cls, d: object) -> DatasetCalibration:
+        """Read :meth:`to_json` back.
+
+        Raises:
+            DataError: Not that shape, or numbers out of range.
+        """
+        if not isinstance(d, Mapping) or set(d) != {"calibration", "threshold", "n", "n_positive"}:
+            raise DataError(
+                "a per-dataset calibration needs exactly calibration, threshold, n, n_positive"
+            )
+        thr, n, pos = d["threshold"], d["n"], d["n_positive"]
+        if not (_number(thr) and 0.0 <= thr <= 1.0):
+            raise DataError(f"a per-dataset threshold must be in [0, 1], not {thr!r}")
+        counts = (n, pos)
+        if not all(isinstance(c, int) and not isinstance(c, bool) and c >= 0 for c in counts):
+            raise DataError("a per-dataset calibration's n and n_positive must be counts")
+        if pos > n:
+            raise DataError("a per-dataset calibration has more hallucinated answers than answers")
+        return cls(
+            calibrator=PlattCalibrator.from_json(d["calibration"]),
+            threshold=float(thr),
+            n=n,
+            n_positive=pos,
+        )
+
+
+def read_dataset_calibrations(d: object) -> dict[str, DatasetCalibration]:
+    """A ``cfg.json``'s ``calibration_by_dataset`` (dataset name -> calibration), read as
+    untrusted: at most :data:`MAX_DATASET_CALIBRATIONS`, names of one line.
+
+    Raises:
+        DataError: Not a map of that shape (naming the dataset when one entry is bad).
+    """
+    if not isinstance(d, Mapping):
+        raise DataError("calibration_by_dataset must map dataset names to calibrations")
+    if len(d) > MAX_DATASET_CALIBRATIONS:
+        raise DataError(
+            f"calibration_by_dataset has {len(d)} datasets; at most {MAX_DATASET_CALIBRATIONS}"
+        )
+    out = {}
+    for name, entry in d.items():
+        if not isinstance(name, str) or not 0 < len(name) <= MAX_DATASET_NAME or "\n" in name:
+            raise DataError("calibration_by_dataset has a dataset name that is not one short line")
+        try:
+            out[name] = DatasetCalibration.from_json(entry)
+        except DataError as e:
+            raise DataError(f"calibration_by_dataset[{name!r}]: {e}") from e
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -16,6 +16,7 @@ against :class:`Detector`; the registry of named detectors is :mod:`core.detecto
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import json
@@ -24,11 +25,12 @@ import zipfile
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
+from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
 
 import numpy as np
 
-from core.calibration import PlattCalibrator
+from core.calibration import DatasetCalibration, PlattCalibrator, read_dataset_calibrations
 from core.errors import DataError, ModelError, NotFittedError, RagscopeError
 from core.examples import RAGExample
 from core.labels import span_labels
@@ -211,6 +213,9 @@ class Verdict:
         raw_score: The detector's own score before calibration, when the detector
             carries a calibrator (``score`` is then the calibrated probability);
             ``None`` otherwise.
+        calibrated_for: The training dataset whose own calibration and threshold gave
+            ``score`` and ``hallucinated`` (:func:`for_dataset`); ``None``: the pooled
+            calibration of all the detector's training data.
     """
 
     detector: str
@@ -222,6 +227,7 @@ class Verdict:
     chunk_scores: np.ndarray | None = None
     explanation: Mapping[str, float] = field(default_factory=dict)
     raw_score: float | None = None
+    calibrated_for: str | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.score <= 1.0 or np.isnan(self.score):
@@ -342,6 +348,7 @@ class Detector(Protocol):
     threshold_: float
     token_threshold_: float | None
     calibration_: PlattCalibrator | None
+    dataset_calibration_: Mapping[str, DatasetCalibration]
     train_info_: dict[str, Any]
 
     def needs(self, model: ModelInfo) -> Needs | None:
@@ -393,6 +400,9 @@ class DetectorBase:
     #: Maps the detector's score to a probability calibrated on held-out data (set by
     #: the training workflow, saved in ``cfg.json``); ``None``: scores are shown as they are.
     calibration_: PlattCalibrator | None = None
+    #: Dataset name -> that dataset's own calibrator and threshold, for a detector
+    #: trained on several datasets (:func:`for_dataset`); empty: the pooled ones only.
+    dataset_calibration_: Mapping[str, DatasetCalibration] = MappingProxyType({})
     token_threshold_: float | None = None
 
     def needs(self, model: ModelInfo) -> Needs | None:
@@ -848,6 +858,9 @@ def fitted_extra(detector: Any, extra: Mapping[str, Any] | None = None) -> dict[
     cal = getattr(detector, "calibration_", None)
     if cal is not None:
         out["calibration"] = cal.to_json()
+    by_dataset = getattr(detector, "dataset_calibration_", None)
+    if by_dataset:
+        out["calibration_by_dataset"] = {n: c.to_json() for n, c in sorted(by_dataset.items())}
     return {**out, **(extra or {})}
 
 
@@ -862,6 +875,12 @@ def restore_fitted(detector: Any, cfg: Mapping[str, Any]) -> None:
     detector.train_info_ = dict(cfg.get("train", {}))
     cal = cfg.get("calibration")
     detector.calibration_ = PlattCalibrator.from_json(cal) if cal is not None else None
+    by_dataset = cfg.get("calibration_by_dataset")
+    detector.dataset_calibration_ = (
+        read_dataset_calibrations(by_dataset) if by_dataset is not None else {}
+    )
+    if detector.dataset_calibration_ and detector.calibration_ is None:
+        raise DataError("calibration_by_dataset without a pooled calibration")
 
 
 def read_skops(path: Path, allowed: Iterable[SkopsType], name: str) -> Any:
@@ -876,6 +895,28 @@ def read_skops(path: Path, allowed: Iterable[SkopsType], name: str) -> Any:
     if not path.is_file():
         raise FileNotFoundError(f"{path.name} is missing")
     return load_skops(path, allowed, retrain=f"retrain it with `ragscope train --detectors {name}`")
+
+
+def for_dataset(detector: Any, verdict: Verdict, dataset: str | None) -> Verdict:
+    """``verdict`` as ``detector`` judges an answer of ``dataset``: its score through that
+    dataset's own calibrator and flagged at its own threshold when the detector has them
+    (:attr:`DetectorBase.dataset_calibration_`; :attr:`Verdict.calibrated_for` then
+    names it), else ``verdict`` unchanged (the pooled calibration)."""
+    own = getattr(detector, "dataset_calibration_", None) or {}
+    cal = own.get(dataset) if dataset else None
+    if cal is None or verdict.raw_score is None:
+        return verdict
+    p = cal.apply(verdict.raw_score)
+    return dataclasses.replace(
+        verdict, score=p, hallucinated=p >= cal.threshold, calibrated_for=dataset
+    )
+
+
+def decision_threshold(detector: Any, verdict: Verdict) -> float:
+    """The threshold ``verdict`` was flagged at: its dataset's own, or the detector's."""
+    own = getattr(detector, "dataset_calibration_", None) or {}
+    cal = own.get(verdict.calibrated_for) if verdict.calibrated_for else None
+    return cal.threshold if cal is not None else float(detector.threshold_)
 
 
 def thresholded_verdict(detector: Any, features: Features, score: float, **kw: Any) -> Verdict:

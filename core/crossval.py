@@ -37,7 +37,7 @@ from typing import Any, Literal
 import numpy as np
 
 from core.calibration import Reliability, reliability
-from core.contract import Detector, Features, Verdict
+from core.contract import Detector, Features, Verdict, for_dataset
 from core.data import data_hash
 from core.detectors import make_detector
 from core.errors import DataError
@@ -195,7 +195,9 @@ def fit_procedure(
                 f"no validation answers from {sorted(wanted)} to calibrate on; include those "
                 "datasets in the training data"
             )
-    set_thresholds(det, cal_f, cal_e, criterion=criterion, calibrate=use, raw_verdicts=raw)
+    set_thresholds(
+        det, cal_f, cal_e, criterion=criterion, calibrate=use, raw_verdicts=raw, by_dataset=True
+    )
     det.train_info_ = {
         **det.train_info_,
         "procedure": {
@@ -299,7 +301,10 @@ class CVResult:
         token: Token AP / AUROC pooled over the out-of-fold token scores, or ``None``.
         reliability: Reliability diagram of the calibrated out-of-fold scores.
         by_generator: Generator -> n, positives, AUROC (pooled out-of-fold).
-        by_dataset: Dataset -> n, positives, AUROC, balanced accuracy, ECE.
+        by_dataset: Dataset -> n, positives, AUROC, balanced accuracy, ECE, and with
+            ``own_``: balanced accuracy and ECE under the dataset's own calibration and
+            threshold (:func:`core.contract.for_dataset`; the pooled ones where the
+            training part gave it none).
         scores: Calibrated out-of-fold score per answer (aligned with :attr:`CVRun.ids`).
         raw_scores: The detector's own scores before calibration.
         flagged: Whether each answer reached its fold's threshold.
@@ -489,16 +494,24 @@ class CVRun:
                 lines.append(f"| {r.detector} | " + " | ".join(cells) + " |")
         sets = sorted({d for r in self.results for d in r.by_dataset})
         if len(sets) > 1:
-            lines += ["", "By dataset (pooled out of fold): AUROC / balanced accuracy / ECE", ""]
+            lines += [
+                "",
+                "By dataset (pooled out of fold): AUROC / balanced accuracy / ECE with the "
+                "pooled calibration → balanced accuracy / ECE with each dataset's own "
+                "calibration and threshold",
+                "",
+            ]
             lines.append("| detector | " + " | ".join(sets) + " |")
             lines.append("|---|" + "---|" * len(sets))
             for r in self.results:
                 cells = []
                 for s in sets:
                     m = r.by_dataset.get(s) or {}
-                    cells.append(
-                        f"{_f(m.get('auroc'))} / {_f(m.get('balanced_accuracy'))} / {_f(m.get('ece'))}"
-                    )
+                    cell = f"{_f(m.get('auroc'))} / {_f(m.get('balanced_accuracy'))} / "
+                    cell += _f(m.get("ece"))
+                    if "own_ece" in m:
+                        cell += f" → {_f(m.get('own_balanced_accuracy'))} / {_f(m['own_ece'])}"
+                    cells.append(cell)
                 lines.append(f"| {r.detector} | " + " | ".join(cells) + " |")
         ex = self.extraction
         if ex:
@@ -615,6 +628,21 @@ def _breakdown(
     return out
 
 
+def _with_own(
+    pooled: dict[str, dict[str, Any]], own: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """The per-dataset breakdown, with ``own_balanced_accuracy`` and ``own_ece`` from
+    each dataset's own calibration beside the pooled calibration's."""
+    return {
+        k: {
+            **v,
+            "own_balanced_accuracy": own[k]["balanced_accuracy"],
+            "own_ece": own[k]["ece"],
+        }
+        for k, v in pooled.items()
+    }
+
+
 # ----------------------------------------------------------------------------- CV
 
 
@@ -721,6 +749,8 @@ def cross_validate(
         scores = np.zeros(len(exs))
         raw = np.zeros(len(exs))
         flagged = np.zeros(len(exs), dtype=bool)
+        own_scores = np.zeros(len(exs))
+        own_flagged = np.zeros(len(exs), dtype=bool)
         verdicts: list[Verdict | None] = [None] * len(exs)
         per_fold = []
         config_hash = ""
@@ -747,6 +777,8 @@ def cross_validate(
                 scores[i] = v.score
                 raw[i] = v.raw_score if v.raw_score is not None else v.score
                 flagged[i] = bool(v.hallucinated)
+                own = for_dataset(det, v, exs[i].provenance.dataset)
+                own_scores[i], own_flagged[i] = own.score, bool(own.hallucinated)
             m = response_metrics(y[te], scores[te], float(det.threshold_), n_boot=0)
             per_fold.append(
                 {
@@ -773,7 +805,10 @@ def cross_validate(
                 token=token_metrics(ty, ts) if ty.size else None,
                 reliability=reliability(y, scores),
                 by_generator=_breakdown(gens, y, scores, flagged),
-                by_dataset=_breakdown(sets, y, scores, flagged),
+                by_dataset=_with_own(
+                    _breakdown(sets, y, scores, flagged),
+                    _breakdown(sets, y, own_scores, own_flagged),
+                ),
                 scores=tuple(float(s) for s in scores),
                 raw_scores=tuple(float(s) for s in raw),
                 flagged=tuple(bool(b) for b in flagged),

@@ -25,8 +25,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from core.calibration import PlattCalibrator
-from core.contract import Detector, Features, Verdict
+from core.calibration import (
+    MIN_DATASET_ANSWERS,
+    MIN_DATASET_CLASS,
+    DatasetCalibration,
+    PlattCalibrator,
+)
+from core.contract import Detector, Features, Verdict, for_dataset
 from core.data import data_hash
 from core.detectors import detector_class, make_detector
 from core.errors import DataError
@@ -320,6 +325,7 @@ def set_thresholds(
     criterion: Literal["f1", "balanced_accuracy"] = "f1",
     calibrate: Sequence[bool] | None = None,
     raw_verdicts: Sequence[Verdict] | None = None,
+    by_dataset: bool = False,
 ) -> list[Verdict]:
     """Finish a fitted detector on held-out (validation) answers it never learned from.
 
@@ -334,6 +340,13 @@ def set_thresholds(
     ``raw_verdicts`` (with ``calibrate``) are uncalibrated verdicts on these answers from
     elsewhere — cross-fitted ones, each from a model that never saw its answer — used
     instead of ``det``'s own; ``features`` are then not read.
+
+    With ``by_dataset`` (and ``calibrate``), answers from two or more datasets
+    (``provenance.dataset``) also give each dataset with enough of them
+    (:data:`~core.calibration.MIN_DATASET_ANSWERS`, and
+    :data:`~core.calibration.MIN_DATASET_CLASS` of each class) a calibrator and
+    threshold of its own, fitted on its answers alone (``det.dataset_calibration_``);
+    the pooled ones stay the default for answers of no known dataset.
 
     Raises:
         DataError: The calibration answers are all of one class, or ``raw_verdicts``
@@ -356,6 +369,9 @@ def set_thresholds(
         raw = np.asarray([v.score for v in raw_v])
         cal = PlattCalibrator().fit(raw[use], y[use])
         det.calibration_ = cal
+        det.dataset_calibration_ = (
+            dataset_calibrations(examples, raw, y, criterion) if by_dataset else {}
+        )
         verdicts = [
             dataclasses.replace(v, score=float(p), raw_score=v.score)
             for v, p in zip(raw_v, np.clip(cal.transform(raw), 0.0, 1.0), strict=True)
@@ -367,6 +383,37 @@ def set_thresholds(
     det.token_threshold_ = token_threshold(examples, verdicts)
     # The verdicts were judged before the threshold existed: judge them at it.
     return [dataclasses.replace(v, hallucinated=v.score >= det.threshold_) for v in verdicts]
+
+
+def dataset_calibrations(
+    examples: Sequence[RAGExample],
+    raw: np.ndarray,
+    y: np.ndarray,
+    criterion: Literal["f1", "balanced_accuracy"],
+) -> dict[str, DatasetCalibration]:
+    """Each dataset's own calibrator and threshold from its answers' raw scores ``raw``
+    and labels ``y`` (see :func:`set_thresholds`'s ``by_dataset``); empty when the
+    answers come from fewer than two datasets."""
+    names = np.asarray([e.provenance.dataset or "" for e in examples])
+    known = sorted({n for n in names.tolist() if n})
+    if len(known) < 2:
+        return {}
+    out = {}
+    for name in known:
+        mask = names == name
+        yk, rk = y[mask], raw[mask]
+        n_pos = int(yk.sum())
+        if yk.size < MIN_DATASET_ANSWERS or min(n_pos, yk.size - n_pos) < MIN_DATASET_CLASS:
+            continue
+        cal = PlattCalibrator().fit(rk, yk)
+        probs = np.clip(cal.transform(rk), 0.0, 1.0)
+        out[name] = DatasetCalibration(
+            calibrator=cal,
+            threshold=float(best_threshold(yk, probs, criterion)),
+            n=int(yk.size),
+            n_positive=n_pos,
+        )
+    return out
 
 
 def evaluate(
@@ -455,7 +502,12 @@ def evaluate(
             va_verdicts = set_thresholds(det, va_f[n], va_ex, criterion=threshold_criterion)
             va_scores = np.asarray([v.score for v in va_verdicts])
             va_metrics = response_metrics(y_va, va_scores, det.threshold_, n_boot=0)
-        verdicts = [det.predict(f) for f in te_f[n]]
+        # A detector trained on several datasets judges each answer by its dataset's own
+        # calibration and threshold when it has them.
+        verdicts = [
+            for_dataset(det, det.predict(f), e.provenance.dataset)
+            for f, e in zip(te_f[n], te_ex, strict=True)
+        ]
         scores = np.asarray([v.score for v in verdicts])
         tok = None
         tok_lab, tok_sc = [], []

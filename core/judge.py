@@ -13,7 +13,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 
-from core.contract import Detector, Verdict
+from core.contract import Detector, Verdict, for_dataset
 from core.examples import RAGExample
 from core.extract import Step, stream_example
 from core.model import LoadedModel
@@ -47,7 +47,9 @@ def judge_stream(
     extra: Needs | None = None,
     on_trace: Callable[[Trace], None] | None = None,
 ) -> Iterator[Judged]:
-    """Each fitted detector's verdict on ``example``'s answer, as soon as it is ready.
+    """Each fitted detector's verdict on ``example``'s answer, as soon as it is ready;
+    calibrated for the example's dataset when the detector was trained on it among
+    others (:func:`core.contract.for_dataset`), else by its pooled calibration.
 
     Args:
         extra: Also recorded in the shared pass with the passages (see
@@ -64,7 +66,8 @@ def judge_stream(
         verdict = None
         if step.stage == "features":
             assert step.detector is not None and step.features is not None
-            verdict = by_name[step.detector].predict(step.features)
+            det = by_name[step.detector]
+            verdict = for_dataset(det, det.predict(step.features), example.provenance.dataset)
         now = time.perf_counter()
         yield Judged(step=step, verdict=verdict, seconds=now - t0)
         t0 = time.perf_counter()  # the consumer's own time is not this step's

@@ -16,6 +16,7 @@ import streamlit as st
 
 from app.state.detectors import ShippedDetector, ShippedDetectors
 from app.state.memo import Memo
+from core.contract import decision_threshold
 from core.errors import RagscopeError
 from core.examples import RAGExample
 from core.judge import Judged, judge_stream
@@ -81,21 +82,30 @@ def verdict_frame(
 
     rows = []
     for d, v in zip(detectors, verdicts, strict=True):
-        flagged = v.hallucinated if v.hallucinated is not None else v.score >= d.threshold
+        threshold = decision_threshold(d.detector, v) if v.calibrated_for else d.threshold
+        flagged = v.hallucinated if v.hallucinated is not None else v.score >= threshold
+        if not d.calibrated:
+            calibrated_for = ""
+        elif v.calibrated_for:
+            calibrated_for = v.calibrated_for
+        else:
+            calibrated_for = "all its training data"
         rows.append(
             {
                 "detector": d.name,
                 "score": v.score,
-                "threshold": d.threshold,
+                "threshold": threshold,
                 "verdict": "flagged" if flagged else "not flagged",
                 "calibrated": d.calibrated,
+                "calibrated for": calibrated_for,
                 "trained on": d.trained_on,
                 "n train": d.n_train,
                 "AUROC": d.auroc,
                 "AUROC from": d.auroc_from,
             }
         )
-    columns = ["detector", "score", "threshold", "verdict", "calibrated", "trained on"]
+    columns = ["detector", "score", "threshold", "verdict", "calibrated", "calibrated for"]
+    columns.append("trained on")
     frame = pd.DataFrame(rows, columns=[*columns, "n train", "AUROC", "AUROC from"])
     return frame.astype({"n train": "Int64", "AUROC": "Float64"})
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
+from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -14,7 +15,7 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 from core.calibration import PlattCalibrator, expected_calibration_error, reliability
-from core.contract import Features
+from core.contract import Features, decision_threshold, for_dataset
 from core.crossval import (
     CROSSFIT_K,
     CVRun,
@@ -378,3 +379,119 @@ def test_cv_run_reports_the_length_baseline(tiny_model, examples, extraction) ->
     assert "AUROC length-matched" in run.to_frame().columns
     back = CVRun.from_dict(json.loads(json.dumps(run.to_dict())))
     assert back.baseline == run.baseline
+
+
+# ----------------------------------------------------------------------------- per dataset
+
+
+def _as_datasets(exs: list[RAGExample], sizes: dict[str, int]) -> list[RAGExample]:
+    """The answers relabelled as coming from datasets of these sizes, in order."""
+    out, i = [], 0
+    for name, n in sizes.items():
+        for e in exs[i : i + n]:
+            out.append(
+                dataclasses.replace(e, provenance=dataclasses.replace(e.provenance, dataset=name))
+            )
+        i += n
+    return out
+
+
+def test_each_dataset_with_enough_answers_gets_its_own_calibration(
+    tmp_path, examples, extraction
+) -> None:
+    feats, exs = list(extraction.features["nll"]), list(extraction.examples)
+    mixed = _as_datasets(exs, {"a": 44, "b": 40, "c": len(exs) - 84})
+    det = fit_procedure(default_maker(), "nll", feats, mixed)
+    own = det.dataset_calibration_
+    assert set(own) == {"a", "b"}  # "c" has too few answers for a calibration of its own
+    assert own["a"].n == 44 and own["b"].n == 40
+    assert own["a"].n_positive == sum(e.label for e in mixed[:44])
+    # Each is fitted on its own answers' cross-fitted raw scores: the pooled calibrator
+    # is fitted on all of them, so it differs from both.
+    assert own["a"].calibrator.to_json() != det.calibration_.to_json()
+    v = det.predict(feats[0])
+    a = for_dataset(det, v, "a")
+    assert a.calibrated_for == "a" and a.raw_score == v.raw_score
+    assert a.score == pytest.approx(float(own["a"].calibrator.transform(v.raw_score)))
+    assert a.hallucinated == (a.score >= own["a"].threshold)
+    assert decision_threshold(det, a) == own["a"].threshold
+    for other in ("c", "elsewhere", None):  # no calibration of its own: the pooled one
+        assert for_dataset(det, v, other) is v
+    assert decision_threshold(det, v) == det.threshold_
+
+    # It travels with the artifact; a damaged entry is an error naming the dataset.
+    det.save(tmp_path / "m")
+    cfg = json.loads((tmp_path / "m" / "cfg.json").read_text())
+    assert set(cfg["calibration_by_dataset"]) == {"a", "b"}
+    back = NLLDetector.load(tmp_path / "m")
+    b = for_dataset(back, back.predict(feats[0]), "b")
+    assert b.score == pytest.approx(for_dataset(det, v, "b").score)
+    bad = [
+        (
+            {
+                **cfg["calibration_by_dataset"],
+                "b": {**cfg["calibration_by_dataset"]["b"], "threshold": 2},
+            },
+            "'b'",
+        ),
+        ({"b": {**cfg["calibration_by_dataset"]["b"], "code": "os.system"}}, "'b'"),
+        ({f"d{i}": cfg["calibration_by_dataset"]["a"] for i in range(65)}, "at most 64"),
+        (["a"], "must map"),
+    ]
+    for value, match in bad:
+        (tmp_path / "m" / "cfg.json").write_text(
+            json.dumps({**cfg, "calibration_by_dataset": value})
+        )
+        with pytest.raises(DataError, match=match):
+            NLLDetector.load(tmp_path / "m")
+
+    # One dataset: the pooled calibration is that dataset's; nothing more is kept.
+    assert fit_procedure(default_maker(), "nll", feats, exs).dataset_calibration_ == {}
+
+
+def test_cv_reports_each_datasets_own_calibration(tiny_model, examples, extraction) -> None:
+    exs = list(extraction.examples)
+    mixed = _as_datasets(exs, {"a": 46, "b": len(exs) - 46})
+    ext = dataclasses.replace(extraction, examples=tuple(mixed))
+    run = cross_validate(None, ["nll"], mixed, k=2, extraction=ext, model_key="m", n_boot=20)
+    by = run.result("nll").by_dataset
+    assert set(by) == {"a", "b"}
+    for m in by.values():
+        assert 0.0 <= m["own_ece"] <= 1.0 and m["own_balanced_accuracy"] is not None
+    assert "→" in run.to_markdown()
+
+
+def test_an_answer_of_a_training_dataset_is_judged_by_its_own_calibration(
+    tiny_model, examples, extraction
+) -> None:
+    from app.state.detectors import ShippedDetector
+    from app.state.verdicts import verdict_frame
+    from core.judge import judge_stream
+
+    feats, exs = list(extraction.features["nll"]), list(extraction.examples)
+    mixed = _as_datasets(exs, {"a": 44, "b": len(exs) - 44})
+    det = fit_procedure(default_maker(), "nll", feats, mixed)
+    own = det.dataset_calibration_["b"]
+
+    def judged(example: RAGExample):
+        steps = [j for j in judge_stream(tiny_model, example, [det]) if j.verdict is not None]
+        return steps[0].verdict
+
+    in_b, elsewhere = judged(mixed[-1]), judged(exs[-1])  # the same answer, two datasets
+    assert in_b.calibrated_for == "b" and elsewhere.calibrated_for is None
+    assert in_b.raw_score == pytest.approx(elsewhere.raw_score)
+    assert in_b.score == pytest.approx(own.apply(in_b.raw_score))
+    assert elsewhere.score == pytest.approx(float(det.calibration_.transform(in_b.raw_score)))
+    shipped = ShippedDetector(
+        name="nll",
+        folder=Path("nll"),
+        detector=det,
+        threshold=det.threshold_,
+        trained_on="a+b",
+        n_train=len(exs),
+        auroc=None,
+        calibrated=True,
+    )
+    frame = verdict_frame([shipped, shipped], [in_b, elsewhere])
+    assert frame["calibrated for"].tolist() == ["b", "all its training data"]
+    assert frame["threshold"].tolist() == pytest.approx([own.threshold, det.threshold_])
