@@ -75,6 +75,7 @@ P_MATRIX = "matrix"
 P_METRIC = "metric"
 P_ITEM = "item"
 P_INPUT = "input"
+P_HIDE = "hide"
 
 WRITTEN_KEY = "ragscope.links.written"
 """Session key: parameter -> the value this session last wrote into the URL."""

@@ -28,6 +28,7 @@ from app.state import (
     KEY_HEATMAP_EXAMPLE,
     KEY_HEATMAP_SOURCE,
     P_DETECTOR,
+    P_HIDE,
     P_ONLY_FLAGGED,
     P_P_STAY,
     P_SMOOTH_ALL,
@@ -43,6 +44,7 @@ from app.state import (
     flag,
     flag_id,
     follow,
+    follow_list,
     follow_widget,
     get_model,
     get_store,
@@ -96,6 +98,13 @@ ANSWER_KEYS = AnswerKeys(
 )
 P_STAY_MIN, P_STAY_MAX = 0.5, 0.999
 ROW_IDS = {ROW_RAW: "cortex-raw", ROW_SMOOTH: CORTEX}  # other rows: the detector's name
+HIDE_IDS = {**ROW_IDS, ROW_GOLD: "gold", ROW_SURPRISAL: "surprisal"}
+
+
+def row_id(name: str) -> str:
+    """A row as the URL names it: ``gold``, ``surprisal``, ``cortex-raw``, ``cortex``,
+    ``F12`` for a RAGLens feature's row, else the detector's name."""
+    return HIDE_IDS.get(name) or name.removeprefix("RAGLens ")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -407,6 +416,11 @@ def controls(
         # Rows come and go with the answer (gold spans, detectors): the widget is reset
         # to "every row but the ones hidden" whenever the available rows change.
         names = list(rows)
+        by_id = {row_id(n): n for n in names}
+        hide_link = follow_list(P_HIDE, by_id.get)
+        if hide_link.value is not None:  # a link's hidden rows (every other row shown)
+            state.heatmap_hidden = set(hide_link.value)
+            st.session_state[KEY_ROWS_OPTIONS] = None
         if st.session_state.get(KEY_ROWS_OPTIONS) != names:
             st.session_state[KEY_ROWS_OPTIONS] = names
             st.session_state[KEY_ROWS] = [n for n in names if n not in state.heatmap_hidden]
@@ -414,6 +428,14 @@ def controls(
         state.heatmap_hidden = {n for n in state.heatmap_hidden if n not in names} | {
             n for n in names if n not in picked
         }
+    publish(
+        P_HIDE,
+        ",".join(row_id(n) for n in names if n in state.heatmap_hidden) or None,
+        missing=hide_link.missing,
+        what="hidden rows",
+        where="among the rows of this answer (" + ", ".join(by_id) + ")",
+        instead="the rows picked below",
+    )
 
 
 def span_readout(

@@ -45,7 +45,7 @@ from app.state import (
 )
 from app.state import KEY_HEATMAP_DATASET as KEY_HM_DATASET
 from app.state import KEY_HEATMAP_EXAMPLE as KEY_HM_EXAMPLE
-from app.views.token_heatmaps import KEY_P_STAY, KEY_SMOOTH_ALL, KEY_THRESHOLD
+from app.views.token_heatmaps import KEY_P_STAY, KEY_ROWS, KEY_SMOOTH_ALL, KEY_THRESHOLD, row_id
 from core.data import load_builtin
 from core.smoothing import P_STAY_TOKEN
 
@@ -265,3 +265,18 @@ def test_an_input_too_long_for_a_link_gets_none() -> None:
     rng = np.random.default_rng(0)
     text = "".join(chr(c) for c in rng.integers(0x4E00, 0x9FFF, 20_000))  # incompressible
     assert input_id(OwnInput(task="qa", question="", passages=(text,), answer="a")) is None
+
+
+def test_a_token_heatmaps_link_hides_its_rows(open_link: Callable[..., AppTest]) -> None:
+    at = open_link(HEATMAPS, dataset="demo", example=EXAMPLE, hide="surprisal,nothing")
+    rows = at.multiselect(key=KEY_ROWS)
+    assert "surprisal (bits)" in rows.options and "surprisal (bits)" not in rows.value
+    assert rows.value  # every other row is shown
+    assert len(_warnings(at)) == 1 and "hidden rows `nothing`" in _warnings(at)[0]
+    assert at.query_params["hide"] == "surprisal"
+    # Showing it again takes it out of the URL; hiding a row puts it in.
+    at.multiselect(key=KEY_ROWS).select("surprisal (bits)").run()
+    assert "hide" not in at.query_params
+    first = at.multiselect(key=KEY_ROWS).value[0]
+    at.multiselect(key=KEY_ROWS).unselect(first).run()
+    assert at.query_params["hide"] == row_id(first)
