@@ -30,7 +30,11 @@ if TYPE_CHECKING:
 
 MISSING = "-"
 
-DATASET_METRICS: tuple[str, ...] = ("AUROC", "balanced accuracy", "ECE")
+OWN_BA = "balanced accuracy, own calibration"
+OWN_ECE = "ECE, own calibration"
+DATASET_METRICS: tuple[str, ...] = ("AUROC", "balanced accuracy", "ECE", OWN_BA, OWN_ECE)
+"""Per-dataset metrics; the *own calibration* ones judge each dataset's answers by the
+calibration and threshold fitted on that dataset alone (runs that combine datasets)."""
 """What the per-dataset bars of a cross-validation can show (columns of
 :func:`breakdown_frame`)."""
 
@@ -187,6 +191,8 @@ def breakdown_frame(runs: Sequence[CVRun], by: Literal["generator", "dataset"]) 
                         "AUROC": _num(m.get("auroc")),
                         "balanced accuracy": _num(m.get("balanced_accuracy")),
                         "ECE": _num(m.get("ece")),
+                        OWN_BA: _num(m.get("own_balanced_accuracy")),
+                        OWN_ECE: _num(m.get("own_ece")),
                     }
                 )
     return pd.DataFrame(rows, columns=["detector", by, "n", "hallucinated", *DATASET_METRICS])

@@ -695,7 +695,10 @@ def show_cv_breakdowns(state: AppState, runs: Sequence[CVRun]) -> None:
                 key=KEY_BENCH_CV_DATASET_METRIC,
                 horizontal=True,
                 help="Pooled out-of-fold answers of each dataset; balanced accuracy at each "
-                "fold's threshold; ECE: lower is better calibrated.",
+                "fold's threshold; ECE: lower is better calibrated. *Own calibration*: "
+                "each dataset's answers judged by the calibration and threshold fitted on "
+                "that dataset alone inside the fold (what the shipped detectors do for an "
+                "answer of one of their training datasets).",
             )
     cols = st.columns(2) if several_sets else [st.container()]
     with cols[0]:
