@@ -131,6 +131,12 @@ def _add_evaluate(sub: Subparsers) -> None:
         help="cross-domain matrix over these comma-separated datasets: train on each (and on "
         "all but each), test on every other; the diagonal is --cv K cross-validation",
     )
+    p.add_argument(
+        "--no-diagonal",
+        action="store_true",
+        help="with --matrix: leave the diagonal (each set's own CV) out, only the "
+        "cross-set cells (the costly part on a CPU; `--cv` runs give the diagonal)",
+    )
     p.add_argument("--no-cache", action="store_true", help="recompute features (ignore the cache)")
     p.add_argument("--name", default=None, help="run name (default: time + datasets)")
     p.add_argument("--out", default=None, help="folder for the run's JSON and markdown")
@@ -282,6 +288,7 @@ def _matrix(args: argparse.Namespace, names: list[str], model: LoadedModel) -> M
             progress=tqdm_progress("features"),
             step=lambda msg: print(msg, file=sys.stderr),
             name=args.name,
+            diagonal=not args.no_diagonal,
         )
 
 

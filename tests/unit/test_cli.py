@@ -544,6 +544,13 @@ def test_evaluate_matrix_trains_on_each_and_tests_on_the_others(
     (saved,) = (tmp_path / "runs").glob("*.json")
     run = json.loads(saved.read_text())
     assert run["kind"] == "matrix" and set(run["cells"]["lexical"]["qa"]) == {"qa", "summary"}
+    # Without the diagonal: only the cross-set cells, from [:N] prefixes of the same files.
+    saved.unlink()
+    prefixed = f"{tmp_path / 'qa.jsonl'}[:30],{tmp_path / 'summary.jsonl'}[:30]"
+    assert main([*args[:2], prefixed, *args[3:], "--no-diagonal"]) == 0
+    (saved,) = (tmp_path / "runs").glob("*.json")
+    cells = json.loads(saved.read_text())["cells"]["lexical"]
+    assert set(cells["qa"]) == {"summary"} and set(cells["summary"]) == {"qa"}
 
 
 def test_artifacts_sets_lists_each_shipped_set_and_marks_the_loaded_one(
