@@ -41,6 +41,11 @@ class Memo(Generic[V]):
             while len(self._items) > self.max_entries:
                 self._items.popitem(last=False)
 
+    def pop(self, key: Hashable) -> V | None:
+        """Drop ``key``'s value (returned; ``None`` when there was none)."""
+        with self._lock:
+            return self._items.pop(key, None)
+
     def __len__(self) -> int:
         with self._lock:
             return len(self._items)

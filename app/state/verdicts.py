@@ -139,6 +139,7 @@ def stream_verdicts(
     on_step: OnStep | None = None,
     extra: Needs | None = None,
     on_trace: Callable[[Trace], None] | None = None,
+    retry: bool = False,
 ) -> DetectorVerdicts:
     """Every loaded shipped detector's verdict on ``example``'s answer, computed one
     detector at a time (:func:`core.judge.judge_stream`: one shared pass, plus one
@@ -150,6 +151,8 @@ def stream_verdicts(
         signature: :func:`app.state.analysis.input_signature` of the input.
         extra: Also recorded in the shared pass (the Playground's surprisal).
         on_trace: Called with the shared pass as soon as it is done.
+        retry: Run again even when this input failed before (a user's new click:
+            the cause may be gone); otherwise a known failure is raised again.
 
     Raises:
         DataError: The example cannot be laid out for the detectors.
@@ -159,8 +162,9 @@ def stream_verdicts(
     found = _verdicts().get(key)
     if found is not None:
         return found
-    failed = _failures().get(key)
-    if failed is not None:
+    if retry:
+        _failures().pop(key)
+    elif (failed := _failures().get(key)) is not None:
         raise failed
     by_name = {s.name: s for s in shipped.detectors}
     got: dict[str, Verdict] = {}

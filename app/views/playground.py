@@ -586,6 +586,7 @@ def analyse_streamed(
                 on_step=on_step,
                 extra=response_needs() if ride else None,
                 on_trace=on_trace,
+                retry=True,  # Analyse was pressed: a failure kept from before is tried again
             )
         except RagscopeError:  # the verdicts' panel below says why
             status.update(label="The detectors could not judge this answer", state="error")

@@ -1,0 +1,40 @@
+"""The verdict memo's failures: a failed input is not run again by the next page that
+asks, but a new Analyse click (``retry``) runs it again, since the cause may be gone."""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+import app.state.verdicts as verdicts
+from core.errors import DataError
+from core.examples import RAGExample
+
+
+def test_a_failure_is_kept_until_a_retry(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def judge_stream(model: Any, example: RAGExample, dets: Any, **kw: Any):
+        calls.append(example.id)
+        if len(calls) == 1:
+            raise DataError("the answer is too long for the model")
+        return iter(())
+
+    monkeypatch.setattr(verdicts, "judge_stream", judge_stream)
+    verdicts._failures().pop(("m", "sig", "set"))
+    verdicts._verdicts().pop(("m", "sig", "set"))
+    model = SimpleNamespace(instance_key="m")
+    shipped = SimpleNamespace(cache_id="set", detectors=())
+    ex = RAGExample(id="x", question="q?", passages=("p.",), response="a.")
+    with pytest.raises(DataError, match="too long"):
+        verdicts.stream_verdicts(model, ex, "sig", shipped)  # type: ignore[arg-type]
+    with pytest.raises(DataError, match="too long"):  # kept: not run again
+        verdicts.stream_verdicts(model, ex, "sig", shipped)  # type: ignore[arg-type]
+    assert calls == ["x"]
+    out = verdicts.stream_verdicts(model, ex, "sig", shipped, retry=True)  # type: ignore[arg-type]
+    assert calls == ["x", "x"] and out.verdicts == ()
+    # Now known: a repeat (retry or not) computes nothing.
+    assert verdicts.stream_verdicts(model, ex, "sig", shipped, retry=True) is out  # type: ignore[arg-type]
+    assert calls == ["x", "x"]
