@@ -22,10 +22,15 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import sys
+import threading
 import types
 from typing import Any
 
 _SHIMMED: list[str] = []
+_IMPORT_LOCK = threading.Lock()
+"""Held for the whole first import: ``sae_lens`` enters ``sys.modules`` long before
+its ``__init__`` registers the SAE architectures, so a second thread must wait for
+the import to finish, not take the half-built module (``KeyError: 'topk'``)."""
 
 
 def _module(name: str, **attrs: Any) -> types.ModuleType:
@@ -101,8 +106,11 @@ def install_shims() -> list[str]:
 
 
 def import_sae_lens() -> types.ModuleType:
-    """``sae_lens``, imported with the stand-ins it needs under TransformerLens 4."""
-    if "sae_lens" in sys.modules:
-        return sys.modules["sae_lens"]
-    install_shims()
-    return importlib.import_module("sae_lens")
+    """``sae_lens``, imported with the stand-ins it needs under TransformerLens 4.
+
+    Thread-safe: a thread that asks while another is importing waits for the whole
+    module (the app judges answers and loads SAEs from several threads at once).
+    """
+    with _IMPORT_LOCK:
+        install_shims()
+        return importlib.import_module("sae_lens")

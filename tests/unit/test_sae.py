@@ -4,6 +4,9 @@ save/load, quality numbers and the command line, on the tiny model."""
 from __future__ import annotations
 
 import json
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +37,34 @@ def test_sae_lens_imports_under_transformer_lens_4() -> None:
 
     with pytest.raises(ImportError, match="TransformerBridge"):
         HookedTransformer()
+
+
+def test_a_second_thread_waits_for_the_whole_sae_lens_import() -> None:
+    # sae_lens enters sys.modules seconds before its __init__ registers the SAE
+    # architectures; a thread asking meanwhile must get the finished module (a Playground
+    # judging an answer while another thread loads an SAE once got ``KeyError: 'topk'``).
+    # A fresh interpreter, so that sae_lens is not imported yet.
+    script = textwrap.dedent(
+        """
+        import sys, threading, time
+        from core.sae_compat import import_sae_lens
+        first = threading.Thread(target=import_sae_lens)
+        first.start()
+        while "sae_lens" not in sys.modules:
+            time.sleep(0.001)
+        assert first.is_alive(), "the import finished before the second thread asked"
+        sl = import_sae_lens()
+        from sae_lens.registry import SAE_CLASS_REGISTRY
+        print(sorted(SAE_CLASS_REGISTRY) if "topk" in SAE_CLASS_REGISTRY else "HALF-BUILT")
+        first.join()
+        """
+    )
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, timeout=300
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "'topk'" in done.stdout, done.stdout
 
 
 def test_corpus_holds_out_whole_sources_and_records_hashes(monkeypatch, tmp_path) -> None:
