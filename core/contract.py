@@ -836,18 +836,21 @@ def load_fitted(
     errors raised by ``fill`` pass through as they are.
     """
     cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
+    retrain = f"retrain it with `ragscope train --detectors {cls.name}`"
     try:
         det = cls(cls.Config.from_dict(cfg["config"]))
         fill(det, w, cfg)
-        restore_fitted(det, cfg)
     except RagscopeError:  # already says what is wrong (e.g. a DataError of fill's)
         raise
     except (*MALFORMED, *errors) as e:
         raise DataError(
-            f"malformed {cls.name} artifact ({type(e).__name__}: {e}); retrain it with "
-            f"`ragscope train --detectors {cls.name}`",
+            f"malformed {cls.name} artifact ({type(e).__name__}: {e}); {retrain}",
             source=str(folder),
         ) from e
+    try:
+        restore_fitted(det, cfg)
+    except (DataError, *MALFORMED) as e:
+        raise DataError(f"malformed cfg.json ({e}); {retrain}", source=str(folder)) from e
     return det
 
 

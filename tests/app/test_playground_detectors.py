@@ -7,6 +7,7 @@ examples with the tiny model (``core.evaluate.evaluate(..., save_artifacts=...)`
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import re
 import shutil
@@ -27,9 +28,13 @@ from app.state import (
     KEY_EXAMPLE,
     STATE_KEY,
 )
-from core.contract import align_token_scores, artifact_info
+from app.state.detectors import ShippedDetector
+from app.state.verdicts import verdict_frame
+from core.calibration import DatasetCalibration, PlattCalibrator
+from core.contract import Verdict, align_token_scores, artifact_info
 from core.data import builtin_examples, make_splits
 from core.detectors import load_shipped
+from core.detectors.baselines import NLLDetector
 from core.errors import ModelError
 from core.evaluate import evaluate
 from core.extract import run_example
@@ -396,3 +401,36 @@ def test_loaded_detectors_are_warmed_up_once_in_the_background(
     assert judged == [("warm-up", tuple(sorted(DETECTORS)), "ragscope-warm-detectors")]
     monkeypatch.setenv("RAGSCOPE_WARM_DETECTORS", "0")
     assert warm_detectors(tiny_model, shipped_detectors(tiny_model)) is None
+
+
+def test_verdict_table_says_which_calibration_judged_each_answer() -> None:
+    # A detector trained on datasets a+b judges an answer of b by b's own calibration
+    # and threshold, any other answer by the pooled ones; the table names which.
+    det = NLLDetector(NLLDetector.Config())
+    det.threshold_ = 0.5
+    det.calibration_ = PlattCalibrator.from_json({"kind": "platt", "a": 1.0, "b": 0.0, "n": 90})
+    own = DatasetCalibration(
+        calibrator=PlattCalibrator.from_json({"kind": "platt", "a": 2.0, "b": -1.0, "n": 46}),
+        threshold=0.3,
+        n=46,
+        n_positive=20,
+    )
+    det.dataset_calibration_ = {"b": own}
+    in_b = Verdict(detector="nll", example_id="x", score=0.4, hallucinated=True, calibrated_for="b")
+    elsewhere = Verdict(detector="nll", example_id="x", score=0.4, hallucinated=False)
+    shipped = ShippedDetector(
+        name="nll",
+        folder=Path("nll"),
+        detector=det,
+        threshold=det.threshold_,
+        trained_on="a+b",
+        n_train=90,
+        auroc=None,
+        calibrated=True,
+    )
+    frame = verdict_frame([shipped, shipped], [in_b, elsewhere])
+    assert frame["calibrated for"].tolist() == ["b", "all its training data"]
+    assert frame["threshold"].tolist() == pytest.approx([0.3, 0.5])
+    assert frame["verdict"].tolist() == ["flagged", "not flagged"]
+    uncalibrated = dataclasses.replace(shipped, calibrated=False)
+    assert verdict_frame([uncalibrated], [elsewhere])["calibrated for"].tolist() == [""]

@@ -7,7 +7,6 @@ from __future__ import annotations
 import dataclasses
 import json
 from collections import Counter
-from pathlib import Path
 from typing import Any, cast
 
 import numpy as np
@@ -35,6 +34,7 @@ from core.errors import DataError
 from core.evaluate import set_thresholds
 from core.examples import Provenance, RAGExample, source_key
 from core.extract import extract_features
+from core.judge import judge_stream
 from core.metrics import grouped_bootstrap_ci, length_bins, matched_auroc
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -442,8 +442,14 @@ def test_each_dataset_with_enough_answers_gets_its_own_calibration(
         (tmp_path / "m" / "cfg.json").write_text(
             json.dumps({**cfg, "calibration_by_dataset": value})
         )
-        with pytest.raises(DataError, match=match):
+        with pytest.raises(DataError, match=match) as raised:
             NLLDetector.load(tmp_path / "m")
+        assert str(tmp_path / "m") in str(raised.value)
+        assert "`ragscope train --detectors nll`" in str(raised.value)
+    no_pooled = {k: v for k, v in cfg.items() if k != "calibration"}
+    (tmp_path / "m" / "cfg.json").write_text(json.dumps(no_pooled))
+    with pytest.raises(DataError, match="without a pooled calibration.*ragscope train"):
+        NLLDetector.load(tmp_path / "m")
 
     # One dataset: the pooled calibration is that dataset's; nothing more is kept.
     assert fit_procedure(default_maker(), "nll", feats, exs).dataset_calibration_ == {}
@@ -464,10 +470,6 @@ def test_cv_reports_each_datasets_own_calibration(tiny_model, examples, extracti
 def test_an_answer_of_a_training_dataset_is_judged_by_its_own_calibration(
     tiny_model, examples, extraction
 ) -> None:
-    from app.state.detectors import ShippedDetector
-    from app.state.verdicts import verdict_frame
-    from core.judge import judge_stream
-
     feats, exs = list(extraction.features["nll"]), list(extraction.examples)
     mixed = _as_datasets(exs, {"a": 44, "b": len(exs) - 44})
     det = fit_procedure(default_maker(), "nll", feats, mixed)
@@ -482,16 +484,3 @@ def test_an_answer_of_a_training_dataset_is_judged_by_its_own_calibration(
     assert in_b.raw_score == pytest.approx(elsewhere.raw_score)
     assert in_b.score == pytest.approx(own.apply(in_b.raw_score))
     assert elsewhere.score == pytest.approx(float(det.calibration_.transform(in_b.raw_score)))
-    shipped = ShippedDetector(
-        name="nll",
-        folder=Path("nll"),
-        detector=det,
-        threshold=det.threshold_,
-        trained_on="a+b",
-        n_train=len(exs),
-        auroc=None,
-        calibrated=True,
-    )
-    frame = verdict_frame([shipped, shipped], [in_b, elsewhere])
-    assert frame["calibrated for"].tolist() == ["b", "all its training data"]
-    assert frame["threshold"].tolist() == pytest.approx([own.threshold, det.threshold_])
