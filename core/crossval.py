@@ -1,4 +1,4 @@
-"""Cross-validation and cross-domain matrices: detection numbers that can be trusted.
+"""Cross-validation: detection numbers that can be trusted.
 
 - :func:`make_folds`: grouped K folds. A source (question + passages, or the dataset's
   own group) never spans folds, so answers of six generators to one question are tested
@@ -16,11 +16,9 @@
   and AP with source-grouped bootstrap CIs, balanced accuracy / F1 at each fold's own
   threshold, expected calibration error and the reliability diagram of the calibrated
   scores, token AP / AUROC, the per-fold spread, and breakdowns by generator and dataset.
-- :func:`domain_matrix` trains on each dataset (and on all but one) and tests on each
-  other dataset; the diagonal is the within-dataset cross-validation.
 
-Runs save as JSON (+ markdown) and load back (:class:`CVRun`, :class:`MatrixRun`); the
-Benchmark page shows them.
+Runs save as JSON (+ markdown) and load back (:class:`CVRun`); the cross-domain
+matrix built on these pieces is :mod:`core.matrix`; the Benchmark page shows both.
 """
 
 from __future__ import annotations
@@ -43,7 +41,6 @@ from core.detectors import make_detector
 from core.errors import DataError
 from core.evaluate import (
     RUN_JSON_LIMIT,
-    EvalRun,
     fit_detector,
     set_thresholds,
     token_labels_and_scores,
@@ -408,11 +405,11 @@ class CVRun:
 
     def save(self, folder: str | Path) -> tuple[Path, Path]:
         """Write ``<name>.json`` and ``<name>.md`` into ``folder``."""
-        return _save(self.name, self.to_dict(), self.to_markdown(), folder)
+        return save_run(self.name, self.to_dict(), self.to_markdown(), folder)
 
     @classmethod
     def load(cls, path: str | Path) -> CVRun:
-        return cls.from_dict(_read(path, "cross-validation run"))
+        return cls.from_dict(read_run(path, "cross-validation run"))
 
     def to_frame(self) -> Any:
         """One row per detector: pooled metrics, their CIs and the fold spread."""
@@ -470,16 +467,16 @@ class CVRun:
             mean, sd = r.spread()
             spread = "-" if mean is None else f"{mean:.3f} ± {sd:.3f}"
             lines.append(
-                f"| {r.detector} | {_ci(p, 'auroc')} | {_f(p.get('auroc_length_matched'))} | "
-                f"{spread} | {_ci(p, 'ap')} | "
-                f"{_f(p.get('balanced_accuracy'))} | {_f(p.get('f1'))} | {_f(p.get('ece'))} | "
-                f"{_f(t.get('ap'))} | {_f(t.get('auroc'))} |"
+                f"| {r.detector} | {format_ci(p, 'auroc')} | {format_metric(p.get('auroc_length_matched'))} | "
+                f"{spread} | {format_ci(p, 'ap')} | "
+                f"{format_metric(p.get('balanced_accuracy'))} | {format_metric(p.get('f1'))} | {format_metric(p.get('ece'))} | "
+                f"{format_metric(t.get('ap'))} | {format_metric(t.get('auroc'))} |"
             )
         length = dict(self.baseline.get("answer_length") or {})
         if length.get("auroc") is not None:
             lines += [
                 "",
-                f"Answer length alone (words) reaches AUROC {_ci(length, 'auroc')}. "
+                f"Answer length alone (words) reaches AUROC {format_ci(length, 'auroc')}. "
                 "*Length-matched* is the AUROC over hallucinated/faithful pairs in the same "
                 f"answer-length quantile ({length.get('length_bins', LENGTH_BINS)} bins): what a "
                 "detector sees beyond length.",
@@ -490,7 +487,7 @@ class CVRun:
             lines.append("| detector | " + " | ".join(gens) + " |")
             lines.append("|---|" + "---|" * len(gens))
             for r in self.results:
-                cells = [_f((r.by_generator.get(g) or {}).get("auroc")) for g in gens]
+                cells = [format_metric((r.by_generator.get(g) or {}).get("auroc")) for g in gens]
                 lines.append(f"| {r.detector} | " + " | ".join(cells) + " |")
         sets = sorted({d for r in self.results for d in r.by_dataset})
         if len(sets) > 1:
@@ -507,10 +504,10 @@ class CVRun:
                 cells = []
                 for s in sets:
                     m = r.by_dataset.get(s) or {}
-                    cell = f"{_f(m.get('auroc'))} / {_f(m.get('balanced_accuracy'))} / "
-                    cell += _f(m.get("ece"))
+                    cell = f"{format_metric(m.get('auroc'))} / {format_metric(m.get('balanced_accuracy'))} / "
+                    cell += format_metric(m.get("ece"))
                     if "own_ece" in m:
-                        cell += f" → {_f(m.get('own_balanced_accuracy'))} / {_f(m['own_ece'])}"
+                        cell += f" → {format_metric(m.get('own_balanced_accuracy'))} / {format_metric(m['own_ece'])}"
                     cells.append(cell)
                 lines.append(f"| {r.detector} | " + " | ".join(cells) + " |")
         ex = self.extraction
@@ -523,13 +520,13 @@ class CVRun:
         return "\n".join(lines)
 
 
-def _f(v: Any) -> str:
+def format_metric(v: Any) -> str:
     return "-" if v is None else f"{v:.3f}"
 
 
-def _ci(m: Mapping[str, Any], key: str) -> str:
+def format_ci(m: Mapping[str, Any], key: str) -> str:
     ci = m.get(f"{key}_ci")
-    return _f(m.get(key)) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+    return format_metric(m.get(key)) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
 
 
 def file_stem(name: str) -> str:
@@ -539,7 +536,7 @@ def file_stem(name: str) -> str:
     return stem[:200] or "run"
 
 
-def _save(name: str, d: Mapping[str, Any], md: str, folder: str | Path) -> tuple[Path, Path]:
+def save_run(name: str, d: Mapping[str, Any], md: str, folder: str | Path) -> tuple[Path, Path]:
     out = Path(folder)
     out.mkdir(parents=True, exist_ok=True)
     stem = file_stem(name)
@@ -549,27 +546,11 @@ def _save(name: str, d: Mapping[str, Any], md: str, folder: str | Path) -> tuple
     return j, m
 
 
-def _read(path: str | Path, what: str) -> dict[str, Any]:
+def read_run(path: str | Path, what: str) -> dict[str, Any]:
     d = read_json_file(path, RUN_JSON_LIMIT, what=what)
     if not isinstance(d, dict):
         raise DataError(f"not a readable {what} (not a JSON object)", source=str(path))
     return d
-
-
-def load_run(path: str | Path) -> Any:
-    """A saved run of any kind: :class:`CVRun`, :class:`MatrixRun` or
-    :class:`~core.evaluate.EvalRun` (by its ``kind``).
-
-    Raises:
-        DataError: Not a readable run (the message names the file).
-    """
-    d = _read(path, "evaluation run")
-    kinds: dict[str, Any] = {"cv": CVRun, "matrix": MatrixRun}
-    cls = kinds.get(str(d.get("kind")), EvalRun)
-    try:
-        return cls.from_dict(d)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise DataError(f"not a readable evaluation run ({e})", source=str(path)) from e
 
 
 # ----------------------------------------------------------------------------- metrics
@@ -584,7 +565,7 @@ def answer_lengths(examples: Sequence[RAGExample]) -> np.ndarray:
     return np.asarray([len(e.response.split()) for e in examples], dtype=np.float64)
 
 
-def _pooled(
+def pooled_metrics(
     y: np.ndarray,
     scores: np.ndarray,
     flagged: np.ndarray,
@@ -646,7 +627,7 @@ def _with_own(
 # ----------------------------------------------------------------------------- CV
 
 
-def _labels(examples: Sequence[RAGExample]) -> np.ndarray:
+def label_array(examples: Sequence[RAGExample]) -> np.ndarray:
     missing = [e.id for e in examples if e.label is None]
     if missing:
         raise DataError(
@@ -734,7 +715,7 @@ def cross_validate(
     if key is None:
         raise DataError("cross-validation needs the model or its key to record")
     exs = list(ext.examples)
-    y = _labels(exs)
+    y = label_array(exs)
     if not is_binary(y):
         raise DataError("cross-validation needs faithful and hallucinated answers")
     fold = make_folds(exs, k, seed)
@@ -794,7 +775,7 @@ def cross_validate(
             )
         done = [v for v in verdicts if v is not None]
         ty, ts = token_labels_and_scores(exs, done)
-        pooled = _pooled(y, scores, flagged, groups, n_boot, seed)
+        pooled = pooled_metrics(y, scores, flagged, groups, n_boot, seed)
         pooled["auroc_length_matched"] = matched_auroc(y, scores, strata_len)
         results.append(
             CVResult(
@@ -852,204 +833,3 @@ def _extraction_info(ext: Extraction) -> dict[str, Any]:
         "n_errors": len(ext.errors),
         "seconds": ext.seconds,
     }
-
-
-# ----------------------------------------------------------------------------- matrix
-
-
-@dataclass(frozen=True, kw_only=True)
-class MatrixRun:
-    """Cross-domain results: for each detector, AUROC of every (training, test) pair.
-
-    ``cells[detector][train][test]`` holds n, positives, AUROC with its grouped CI,
-    AP and balanced accuracy. ``train`` is a dataset name or ``"all but <test>"``; the
-    diagonal (``train == test``) is the within-dataset cross-validation.
-    """
-
-    name: str
-    created_at: str
-    model: str
-    datasets: tuple[str, ...]
-    k: int
-    seed: int
-    cells: Mapping[str, Mapping[str, Mapping[str, Mapping[str, Any]]]]
-    kind: str = "matrix"
-    format: int = CV_FORMAT
-
-    def to_dict(self) -> dict[str, Any]:
-        return dict(vars(self))
-
-    @classmethod
-    def from_dict(cls, d: Mapping[str, Any]) -> MatrixRun:
-        if d.get("kind") != "matrix" or d.get("format") != CV_FORMAT:
-            raise DataError(f"not a matrix run of format {CV_FORMAT}; re-run it")
-        kw = dict(d)
-        kw["datasets"] = tuple(d["datasets"])
-        cells = d["cells"]
-        ok = isinstance(cells, dict) and all(
-            isinstance(by_train, dict)
-            and all(
-                isinstance(by_test, dict) and all(isinstance(c, dict) for c in by_test.values())
-                for by_test in by_train.values()
-            )
-            for by_train in cells.values()
-        )
-        if not ok or not kw["datasets"]:
-            raise DataError(
-                f"matrix run {kw.get('name')!r} is inconsistent: its cells must be detector -> "
-                "training set -> test set -> metrics, over at least one dataset; re-run it"
-            )
-        return cls(**kw)
-
-    def save(self, folder: str | Path) -> tuple[Path, Path]:
-        return _save(self.name, self.to_dict(), self.to_markdown(), folder)
-
-    @classmethod
-    def load(cls, path: str | Path) -> MatrixRun:
-        return cls.from_dict(_read(path, "matrix run"))
-
-    def rows(self) -> list[str]:
-        """Training rows in display order: each dataset, then each 'all but' row."""
-        seen = {t for by_train in self.cells.values() for t in by_train}
-        ordered = [d for d in self.datasets if d in seen]
-        ordered += [f"all but {d}" for d in self.datasets if f"all but {d}" in seen]
-        return ordered
-
-    def frame(self, detector: str, metric: str = "auroc") -> Any:
-        """A training x test table of ``metric`` for one detector."""
-        import pandas as pd
-
-        by_train = self.cells[detector]
-        return pd.DataFrame(
-            [
-                [(by_train.get(tr, {}).get(te) or {}).get(metric) for te in self.datasets]
-                for tr in self.rows()
-            ],
-            index=self.rows(),
-            columns=list(self.datasets),
-        )
-
-    def to_markdown(self) -> str:
-        lines = [
-            f"# {self.name}",
-            "",
-            f"model `{self.model}`; AUROC [95% CI] by training set (rows) and test set "
-            f"(columns); the diagonal is {self.k}-fold source-grouped cross-validation, "
-            "'all but X' trains on every other set.",
-        ]
-        for det, by_train in self.cells.items():
-            lines += ["", f"## {det}", "", "| train \\ test | " + " | ".join(self.datasets) + " |"]
-            lines.append("|---|" + "---|" * len(self.datasets))
-            for tr in self.rows():
-                cells = [
-                    _ci(by_train.get(tr, {}).get(te) or {}, "auroc")
-                    if by_train.get(tr, {}).get(te)
-                    else ""
-                    for te in self.datasets
-                ]
-                lines.append(f"| {tr} | " + " | ".join(cells) + " |")
-        return "\n".join(lines)
-
-
-def _test_cell(
-    det: Detector, feats: Sequence[Features], exs: Sequence[RAGExample], n_boot: int, seed: int
-) -> dict[str, Any]:
-    y = _labels(exs)
-    verdicts = [det.predict(f) for f in feats]
-    s = np.asarray([v.score for v in verdicts])
-    flagged = np.asarray([bool(v.hallucinated) for v in verdicts])
-    groups = np.asarray([source_key(e) for e in exs])
-    return _pooled(y, s, flagged, groups, n_boot, seed)
-
-
-def domain_matrix(
-    model: LoadedModel,
-    detectors: Sequence[str],
-    datasets: Mapping[str, Sequence[RAGExample]],
-    *,
-    k: int = 5,
-    seed: int = 0,
-    make: MakeDetector | None = None,
-    cache: FeatureCache | None = None,
-    criterion: Criterion = "balanced_accuracy",
-    calibration: Calibration = "crossfit",
-    leave_one_out: bool = True,
-    diagonal: bool = True,
-    n_boot: int = 1000,
-    progress: Callable[[int, int], None] | None = None,
-    step: Callable[[str], None] | None = None,
-    name: str | None = None,
-) -> MatrixRun:
-    """Train on each dataset (and, with ``leave_one_out``, on all but one), test on every
-    other; the diagonal is :func:`cross_validate` within each dataset.
-
-    Every fit is :func:`fit_procedure` on the training set alone (its threshold and
-    calibration come from that set's validation part): what a user who trained on
-    one domain would get on another.
-    """
-    make = make or default_maker()
-    if len(datasets) < 2:
-        raise DataError("a cross-domain matrix needs at least two datasets")
-    everything = [e for exs in datasets.values() for e in exs]
-    ext = extract_all(model, everything, detectors, make, cache=cache, progress=progress)
-    kept = {e.id for e in ext.examples}
-    index = {e.id: i for i, e in enumerate(ext.examples)}
-    parts = {d: [index[e.id] for e in exs if e.id in kept] for d, exs in datasets.items()}
-    cells: dict[str, dict[str, dict[str, Any]]] = {n: {} for n in detectors}
-
-    def subset(name: str, idx: Sequence[int]) -> tuple[list[Features], list[RAGExample]]:
-        return [ext.features[name][i] for i in idx], [ext.examples[i] for i in idx]
-
-    trainings = [(d, parts[d], [t for t in datasets if t != d]) for d in datasets]
-    if leave_one_out and len(datasets) > 2:
-        trainings += [
-            (f"all but {t}", [i for d in datasets if d != t for i in parts[d]], [t])
-            for t in datasets
-        ]
-    for n in detectors:
-        for train_name, idx, tests in trainings:
-            if step is not None:
-                step(f"{n}: train on {train_name}")
-            det = fit_procedure(
-                make, n, *subset(n, idx), criterion=criterion, calibration=calibration, seed=seed
-            )
-            for t in tests:
-                cells[n].setdefault(train_name, {})[t] = _test_cell(
-                    det, *subset(n, parts[t]), n_boot, seed
-                )
-    if diagonal:
-        for d in datasets:
-            if step is not None:
-                step(f"cross-validation within {d}")
-            sub = Extraction(
-                examples=tuple(ext.examples[i] for i in parts[d]),
-                features={n: tuple(ext.features[n][i] for i in parts[d]) for n in detectors},
-                errors=(),
-                cache_hits=0,
-                computed=0,
-                seconds=0.0,
-            )
-            cv = cross_validate(
-                model,
-                detectors,
-                sub.examples,
-                k=k,
-                seed=seed,
-                make=make,
-                criterion=criterion,
-                calibration=calibration,
-                n_boot=n_boot,
-                extraction=sub,
-            )
-            for r in cv.results:
-                cells[r.detector].setdefault(d, {})[d] = dict(r.pooled)
-    stamp = datetime.now(UTC)
-    return MatrixRun(
-        name=name or file_stem(f"{stamp:%Y%m%d-%H%M%S}-matrix-{'+'.join(datasets)}"),
-        created_at=stamp.isoformat(timespec="seconds"),
-        model=model.info.key,
-        datasets=tuple(datasets),
-        k=k,
-        seed=seed,
-        cells=cells,
-    )

@@ -1,7 +1,7 @@
 """Cross-validation and cross-domain charts and tables for the Benchmark (plotly, pandas).
 
 Every function here is pure: saved runs (:class:`~core.crossval.CVRun`,
-:class:`~core.crossval.MatrixRun`) in, a ``pd.DataFrame`` or a ``go.Figure`` out, so
+:class:`~core.matrix.MatrixRun`) in, a ``pd.DataFrame`` or a ``go.Figure`` out, so
 what the page shows is tested without Streamlit. Numeric frames are what the page
 offers as CSV; the ``*_table`` functions format them for display (3 decimals, ``-``
 where a metric is undefined, e.g. a part with one class only).
@@ -23,7 +23,8 @@ import pandas as pd
 
 from app.components.charts import GUIDE_COLOR, PALETTE, plain
 from core.calibration import Reliability
-from core.crossval import CVRun, MatrixRun
+from core.crossval import CVRun
+from core.matrix import MatrixRun
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -43,7 +44,7 @@ MATRIX_METRICS: dict[str, str] = {
     "AP": "ap",
     "balanced accuracy": "balanced_accuracy",
 }
-"""Matrix metric label -> key of a :attr:`~core.crossval.MatrixRun.cells` cell."""
+"""Matrix metric label -> key of a :attr:`~core.matrix.MatrixRun.cells` cell."""
 
 FOLD_COLOR = "#6c8ebf"
 POOLED_COLOR = "#1d2b4f"

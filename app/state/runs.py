@@ -1,9 +1,9 @@
 """Evaluation runs and dataset summaries for the Benchmark page, and its widget keys.
 
-Saved runs come in three kinds (:func:`core.crossval.load_run` tells them apart by the
+Saved runs come in three kinds (:func:`core.matrix.load_run` tells them apart by the
 file's ``kind``): train / validation / test runs (:class:`~core.evaluate.EvalRun`),
 cross-validations (:class:`~core.crossval.CVRun`) and cross-domain matrices
-(:class:`~core.crossval.MatrixRun`).
+(:class:`~core.matrix.MatrixRun`).
 """
 
 from __future__ import annotations
@@ -14,12 +14,13 @@ from pathlib import Path
 import streamlit as st
 
 from app.state.datasets import dataset_choices
-from core.crossval import CVRun, MatrixRun, load_run
+from core.crossval import CVRun
 from core.data import (
     resolve_dataset,
 )
 from core.errors import DataError
 from core.evaluate import EvalRun, list_runs
+from core.matrix import MatrixRun, load_run
 from core.paths import runs_dir, shipped_runs_dir
 
 # Benchmark: saved runs
@@ -96,7 +97,7 @@ def _read_run(path: str, mtime: float) -> AnyRun:
 
     Raises:
         DataError: Not a readable run, or one whose parts do not fit together
-            (:func:`core.crossval.load_run` checks them).
+            (:func:`core.matrix.load_run` checks them).
     """
     return load_run(path)
 

@@ -93,12 +93,13 @@ from app.state import (
     threshold_key,
 )
 from app.text import code, md
-from core.crossval import CVRun, MatrixRun
+from core.crossval import CVRun
 from core.data import make_splits
 from core.detectors import runnable_detectors
 from core.errors import RagscopeError
 from core.evaluate import DetectorResult, EvalRun, evaluate
 from core.extract import FeatureCache
+from core.matrix import MatrixRun
 from core.metrics import response_metrics
 from core.model import LoadedModel
 from core.paths import runs_dir

@@ -28,10 +28,8 @@ from core.crossval import (
     CALIBRATIONS,
     Calibration,
     CVRun,
-    MatrixRun,
     cross_validate,
     default_maker,
-    domain_matrix,
     extract_all,
     fit_procedure,
 )
@@ -41,6 +39,7 @@ from core.errors import DataError
 from core.evaluate import EvalRun, evaluate
 from core.extract import Extraction, FeatureCache, Progress
 from core.jobs import JobRunner
+from core.matrix import MatrixRun, domain_matrix
 from core.model import LoadedModel
 from core.paths import runs_dir, shipped_dir, shipped_runs_dir
 from core.smoothing import P_STAY_TOKEN

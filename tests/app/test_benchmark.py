@@ -1,7 +1,7 @@
 """The Benchmark page (AppTest, tiny model) and its chart builders (pure functions).
 
 Cross-validation and cross-domain matrix runs are made by the real code
-(:func:`core.crossval.cross_validate`, :func:`core.crossval.domain_matrix`) on the tiny
+(:func:`core.crossval.cross_validate`, :func:`core.matrix.domain_matrix`) on the tiny
 model and a stratified slice of the built-in corpus, once per module.
 """
 
@@ -48,11 +48,12 @@ from app.state import (
     threshold_key,
 )
 from app.text import md
-from core.crossval import CVRun, MatrixRun, cross_validate, domain_matrix
+from core.crossval import CVRun, cross_validate
 from core.data import load_builtin, stratified_head
 from core.evaluate import DetectorResult, EvalRun
 from core.examples import RAGExample, source_key
 from core.extract import FeatureCache
+from core.matrix import MatrixRun, domain_matrix
 from core.metrics import response_metrics
 from core.model import LoadedModel
 from core.storage import Store

@@ -44,11 +44,12 @@ import pytest
 from playwright.sync_api import expect
 
 from core.contract import Features
-from core.crossval import CVRun, MatrixRun, cross_validate
+from core.crossval import CVRun, cross_validate
 from core.detectors import make_detector
 from core.evaluate import DetectorResult, EvalRun
 from core.examples import Provenance, RAGExample, Span
 from core.extract import Extraction
+from core.matrix import MatrixRun
 from core.metrics import response_metrics
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded]

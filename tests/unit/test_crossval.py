@@ -18,14 +18,11 @@ from core.contract import Features, decision_threshold, for_dataset
 from core.crossval import (
     CROSSFIT_K,
     CVRun,
-    MatrixRun,
     answer_lengths,
     cross_validate,
     default_maker,
-    domain_matrix,
     fit_procedure,
     inner_split,
-    load_run,
     make_folds,
 )
 from core.data import load_builtin, stratified_head
@@ -35,6 +32,7 @@ from core.evaluate import set_thresholds
 from core.examples import Provenance, RAGExample, source_key
 from core.extract import extract_features
 from core.judge import judge_stream
+from core.matrix import MatrixRun, domain_matrix, load_run
 from core.metrics import grouped_bootstrap_ci, length_bins, matched_auroc
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
