@@ -30,7 +30,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
 from pathlib import Path
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 import numpy as np
 
@@ -301,7 +301,8 @@ class CVResult:
         by_dataset: Dataset -> n, positives, AUROC, balanced accuracy, ECE, and with
             ``own_``: balanced accuracy and ECE under the dataset's own calibration and
             threshold (:func:`core.contract.for_dataset`; the pooled ones where the
-            training part gave it none).
+            training part gave it none); ``token_ap`` / ``token_auroc`` over the
+            dataset's labelled tokens (``None`` without token labels or scores).
         scores: Calibrated out-of-fold score per answer (aligned with :attr:`CVRun.ids`).
         raw_scores: The detector's own scores before calibration.
         flagged: Whether each answer reached its fold's threshold.
@@ -495,7 +496,7 @@ class CVRun:
                 "",
                 "By dataset (pooled out of fold): AUROC / balanced accuracy / ECE with the "
                 "pooled calibration → balanced accuracy / ECE with each dataset's own "
-                "calibration and threshold",
+                "calibration and threshold; token AP over the dataset's labelled tokens",
                 "",
             ]
             lines.append("| detector | " + " | ".join(sets) + " |")
@@ -508,6 +509,8 @@ class CVRun:
                     cell += format_metric(m.get("ece"))
                     if "own_ece" in m:
                         cell += f" → {format_metric(m.get('own_balanced_accuracy'))} / {format_metric(m['own_ece'])}"
+                    if m.get("token_ap") is not None:
+                        cell += f"; token AP {format_metric(m['token_ap'])}"
                     cells.append(cell)
                 lines.append(f"| {r.detector} | " + " | ".join(cells) + " |")
         ex = self.extraction
@@ -622,6 +625,25 @@ def _with_own(
         }
         for k, v in pooled.items()
     }
+
+
+def _with_tokens(
+    by_set: dict[str, dict[str, Any]],
+    sets: np.ndarray,
+    examples: Sequence[RAGExample],
+    verdicts: Sequence[Verdict | None],
+) -> dict[str, dict[str, Any]]:
+    """The per-dataset breakdown, with ``token_ap`` and ``token_auroc`` over each
+    dataset's labelled tokens (``None`` where it has no token labels or scores)."""
+    out = {}
+    for k, v in by_set.items():
+        idx = [i for i in np.flatnonzero(sets == k) if verdicts[i] is not None]
+        ty, ts = token_labels_and_scores(
+            [examples[i] for i in idx], [cast(Verdict, verdicts[i]) for i in idx]
+        )
+        t = token_metrics(ty, ts) if ty.size else {}
+        out[k] = {**v, "token_ap": t.get("ap"), "token_auroc": t.get("auroc")}
+    return out
 
 
 # ----------------------------------------------------------------------------- CV
@@ -786,9 +808,14 @@ def cross_validate(
                 token=token_metrics(ty, ts) if ty.size else None,
                 reliability=reliability(y, scores),
                 by_generator=_breakdown(gens, y, scores, flagged),
-                by_dataset=_with_own(
-                    _breakdown(sets, y, scores, flagged),
-                    _breakdown(sets, y, own_scores, own_flagged),
+                by_dataset=_with_tokens(
+                    _with_own(
+                        _breakdown(sets, y, scores, flagged),
+                        _breakdown(sets, y, own_scores, own_flagged),
+                    ),
+                    sets,
+                    exs,
+                    verdicts,
                 ),
                 scores=tuple(float(s) for s in scores),
                 raw_scores=tuple(float(s) for s in raw),

@@ -33,7 +33,15 @@ MISSING = "-"
 
 OWN_BA = "balanced accuracy, own calibration"
 OWN_ECE = "ECE, own calibration"
-DATASET_METRICS: tuple[str, ...] = ("AUROC", "balanced accuracy", "ECE", OWN_BA, OWN_ECE)
+TOKEN_AP = "token AP"
+DATASET_METRICS: tuple[str, ...] = (
+    "AUROC",
+    "balanced accuracy",
+    "ECE",
+    OWN_BA,
+    OWN_ECE,
+    TOKEN_AP,
+)
 """Per-dataset metrics; the *own calibration* ones judge each dataset's answers by the
 calibration and threshold fitted on that dataset alone (runs that combine datasets)."""
 """What the per-dataset bars of a cross-validation can show (columns of
@@ -194,6 +202,7 @@ def breakdown_frame(runs: Sequence[CVRun], by: Literal["generator", "dataset"]) 
                         "ECE": _num(m.get("ece")),
                         OWN_BA: _num(m.get("own_balanced_accuracy")),
                         OWN_ECE: _num(m.get("own_ece")),
+                        TOKEN_AP: _num(m.get("token_ap")),
                     }
                 )
     return pd.DataFrame(rows, columns=["detector", by, "n", "hallucinated", *DATASET_METRICS])

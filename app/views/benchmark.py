@@ -699,7 +699,8 @@ def show_cv_breakdowns(state: AppState, runs: Sequence[CVRun]) -> None:
                 "fold's threshold; ECE: lower is better calibrated. *Own calibration*: "
                 "each dataset's answers judged by the calibration and threshold fitted on "
                 "that dataset alone inside the fold (what the shipped detectors do for an "
-                "answer of one of their training datasets).",
+                "answer of one of their training datasets). *Token AP*: over the "
+                "dataset's labelled tokens (runs from before it was recorded show none).",
             )
     cols = st.columns(2) if several_sets else [st.container()]
     with cols[0]:

@@ -465,6 +465,32 @@ def test_cv_reports_each_datasets_own_calibration(tiny_model, examples, extracti
     assert "→" in run.to_markdown()
 
 
+def test_cv_reports_each_datasets_token_ap(extraction) -> None:
+    exs = list(extraction.examples)
+    one = cross_validate(None, ["nll"], exs, k=2, extraction=extraction, model_key="m", n_boot=0)
+    only = one.result("nll")
+    (name,) = only.by_dataset
+    assert only.by_dataset[name]["token_ap"] == pytest.approx(only.token["ap"])
+    assert only.by_dataset[name]["token_auroc"] == pytest.approx(only.token["auroc"])
+
+    # Dataset "a" loses its gold spans: its tokens are all faithful, so no token AP.
+    mixed = [
+        dataclasses.replace(
+            e,
+            spans=() if i < 40 else e.spans,
+            provenance=dataclasses.replace(e.provenance, dataset="a" if i < 40 else "b"),
+        )
+        for i, e in enumerate(exs)
+    ]
+    ext = dataclasses.replace(extraction, examples=tuple(mixed))
+    run = cross_validate(None, ["nll"], mixed, k=2, extraction=ext, model_key="m", n_boot=0)
+    by = run.result("nll").by_dataset
+    assert by["a"]["token_ap"] is None and by["a"]["token_auroc"] is None
+    assert 0.0 <= by["b"]["token_ap"] <= 1.0
+    assert "token AP" in run.to_markdown()
+    assert any(e.spans for e in mixed[40:])
+
+
 def test_an_answer_of_a_training_dataset_is_judged_by_its_own_calibration(
     tiny_model, examples, extraction
 ) -> None:
