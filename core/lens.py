@@ -40,8 +40,9 @@ if TYPE_CHECKING:
     import torch
     from jaxtyping import Float, Int
 
-DEFAULT_CHUNK = 64
+DEFAULT_CHUNK = 256
 _LN2 = math.log(2.0)
+_JSD_ROWS_CPU = 16  # vocabulary rows per step of jsd_bits on CPU (see there)
 
 
 # --------------------------------------------------------------------------- unembedding
@@ -92,6 +93,21 @@ def _unembed(model: LoadedModel) -> _Unembed:
     return out
 
 
+def unembed_columns(model: LoadedModel, ids: torch.Tensor) -> Float[torch.Tensor, "d_model n"]:
+    """``W_U[:, ids]`` as float32 on the CPU (the unembedding directions of ``ids``).
+
+    Gathers along W_U's contiguous axis: with tied embeddings W_U is a transposed view
+    of W_E, and ``index_select`` along its strided axis first copies the whole matrix.
+    """
+    import torch
+
+    u = _unembed(model)
+    W = u.W_U
+    idx = ids.to(W.device)
+    cols = W.t().index_select(0, idx).t() if W.stride(0) == 1 else W.index_select(1, idx)
+    return cols.to("cpu", torch.float32)
+
+
 def _chunks(n: int, size: int) -> Iterator[slice]:
     if size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {size}")
@@ -110,19 +126,38 @@ def _as_rows(x: torch.Tensor | np.ndarray, d_model: int) -> torch.Tensor:
     return t.reshape(-1, d_model)
 
 
-def _logits_chunk(u: _Unembed, x: torch.Tensor, final_norm: bool) -> torch.Tensor:
-    """Lens logits of one chunk of rows already on the device, float32."""
+def _logits_chunk(
+    u: _Unembed, x: torch.Tensor, final_norm: bool, out: torch.Tensor | None = None
+) -> torch.Tensor:
+    """Lens logits of one chunk of rows already on the device, float32.
+
+    Args:
+        out: A float32 ``[>= rows, d_vocab]`` buffer on the device to write into (its
+            first rows are returned): a caller probing many chunks reuses one buffer
+            instead of a fresh ``d_vocab``-wide allocation per chunk (on CPU each
+            fresh one is page-faulted in again).
+    """
     import torch
 
     x = x.to(u.device, torch.float32)
     if final_norm:
         x = u.norm(x)
-    out = x @ u.W_U
+    if out is None:
+        out = x @ u.W_U
+    else:
+        out = torch.matmul(x, u.W_U, out=out[: x.shape[0]])
     if u.b_U is not None:
-        out = out + u.b_U
+        out.add_(u.b_U)
     if u.softcap is not None:
-        out = torch.tanh(out / u.softcap) * u.softcap
+        out.div_(u.softcap).tanh_().mul_(u.softcap)
     return out
+
+
+def _logits_buffer(u: _Unembed, rows: int) -> torch.Tensor:
+    """A float32 ``[rows, d_vocab]`` buffer for :func:`_logits_chunk`'s ``out``."""
+    import torch
+
+    return torch.empty((rows, u.W_U.shape[1]), dtype=torch.float32, device=u.device)
 
 
 def lens_logits(
@@ -221,7 +256,6 @@ def jsd_bits(p: _A, q: _A, *, precision: Precision = "float64") -> _A:
         ``[...]`` divergences, in the dtype and array type of ``p`` (torch stays on its device).
     """
     import torch
-    import torch.nn.functional as F
 
     as_numpy = isinstance(p, np.ndarray)
     tp, tq = torch.as_tensor(p), torch.as_tensor(q)
@@ -233,21 +267,42 @@ def jsd_bits(p: _A, q: _A, *, precision: Precision = "float64") -> _A:
         raise ValueError(f"precision must be 'float64' or 'float32', got {precision!r}")
     work = torch.float64 if precision == "float64" else torch.float32
     out_dtype = tp.dtype if tp.is_floating_point() else torch.float64
+    lead = tp.shape[:-1]
+    rows_p = tp.reshape(-1, tp.shape[-1]) if tp.dim() else tp.reshape(1, 1)
+    rows_q = tq.reshape(-1, tq.shape[-1]).to(tp.device) if tq.dim() else tq.reshape(1, 1)
+    out = torch.empty(rows_p.shape[0], dtype=work, device=tp.device)
+    # A few rows at a time (on CPU): the chain of element-wise steps below then runs on
+    # vocabulary rows that stay in the cache, ~5x faster than whole-tensor steps.
+    step = _JSD_ROWS_CPU if tp.device.type == "cpu" else max(1, rows_p.shape[0])
     with torch.inference_mode():
-        lp = torch.log_softmax(tp.to(work), dim=-1)
-        lq = torch.log_softmax(tq.to(tp.device, work), dim=-1)
-        d = lq - lp
-        sp = F.softplus(d)  # softplus(-d) = softplus(d) - d
-        # P (log P - log M) + Q (log Q - log M) per entry.
-        terms = lp.exp() * (_LN2 - sp) + lq.exp() * (_LN2 - sp + d)
-        if bool(torch.isinf(d).any()):
-            # A zero probability contributes 0 (its inf log-ratio would give nan).
-            zero = terms.new_zeros(())
-            kl_p = torch.where(lp > -math.inf, lp.exp() * (_LN2 - sp), zero)
-            kl_q = torch.where(lq > -math.inf, lq.exp() * (_LN2 - F.softplus(-d)), zero)
-            terms = kl_p + kl_q
-        out = (0.5 * terms.sum(-1) / _LN2).clamp_(0.0, 1.0).to(out_dtype)
+        for s in _chunks(rows_p.shape[0], step):
+            out[s] = _jsd_rows(rows_p[s].to(work), rows_q[s].to(work))
+        out = out.reshape(lead).to(out_dtype)
     return out.cpu().numpy() if as_numpy else out
+
+
+def _jsd_rows(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """:func:`jsd_bits` of ``[rows, d_vocab]`` logits in their own dtype (in place)."""
+    import torch
+    import torch.nn.functional as F
+
+    lp = torch.log_softmax(p, dim=-1)
+    lq = torch.log_softmax(q, dim=-1)
+    d = lq - lp
+    if bool(torch.isinf(d).any()):
+        # A zero probability contributes 0 (its inf log-ratio would give nan).
+        sp = F.softplus(d)  # softplus(-d) = softplus(d) - d
+        zero = d.new_zeros(())
+        kl_p = torch.where(lp > -math.inf, lp.exp() * (_LN2 - sp), zero)
+        kl_q = torch.where(lq > -math.inf, lq.exp() * (_LN2 - F.softplus(-d)), zero)
+        terms = kl_p + kl_q
+    else:
+        # P (log P - log M) + Q (log Q - log M) per entry, with
+        # log P - log M = ln 2 - softplus(d) and log Q - log M = ln 2 - softplus(d) + d.
+        terms = F.softplus(d).neg_().add_(_LN2)
+        d.add_(terms).mul_(lq.exp_())
+        terms.mul_(lp.exp_()).add_(d)
+    return (0.5 * terms.sum(-1) / _LN2).clamp_(0.0, 1.0)
 
 
 # --------------------------------------------------------------------------- PKS
@@ -300,9 +355,10 @@ def layer_jsd(
         # per layer.
         m_rows = torch.cat([_as_rows(m, d) for m in mid])
         p_rows = torch.cat([_as_rows(p, d) for p in post])
+        buf = _logits_buffer(u, 2 * min(chunk_size, len(out)))
         for s in _chunks(len(out), chunk_size):
             both = torch.cat([m_rows[s], p_rows[s]], dim=0)
-            logits = _logits_chunk(u, both, final_norm)
+            logits = _logits_chunk(u, both, final_norm, out=buf)
             k = s.stop - s.start
             out[s] = jsd_bits(logits[:k], logits[k:], precision=precision).cpu().numpy()
     return out.reshape(len(mid), n)

@@ -31,7 +31,9 @@ logits         (the forward's output)            ``[pos, d_vocab]``
 
 from __future__ import annotations
 
+import inspect
 import time
+import weakref
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -283,6 +285,22 @@ class Trace:
         return sum(t.numel() * t.element_size() for t in self.acts.values())
 
 
+_KEEPS_LOGITS: weakref.WeakKeyDictionary[LoadedModel, bool] = weakref.WeakKeyDictionary()
+
+
+def _keeps_logits(model: LoadedModel) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (most Hugging Face causal
+    LMs do): then a trace unembeds only the positions it keeps."""
+    hit = _KEEPS_LOGITS.get(model)
+    if hit is None:
+        try:
+            params = inspect.signature(model.hf_model.forward).parameters
+        except (TypeError, ValueError):
+            params = {}  # type: ignore[assignment]
+        hit = _KEEPS_LOGITS[model] = "logits_to_keep" in params
+    return hit
+
+
 def trace(model: LoadedModel, layout: Layout, needs: Needs | Iterable[Needs]) -> Trace:
     """Run one forward pass over ``layout`` and keep what ``needs`` asks for.
 
@@ -364,6 +382,23 @@ def trace_batch(
             mask[b, : lengths[b]] = 1
         ids = ids.to(model.device)
         kwargs["attention_mask"] = mask.to(model.device)
+    wants_logits = ("logits", None) in want.hooks
+    rows: dict[int, torch.Tensor] = {}  # per example, its logit positions' rows in the output
+    if _keeps_logits(model):
+        # Unembed only the positions some example keeps (the lm_head over every position
+        # of a long prompt is ~15% of a pass on CPU); none kept: just the last one.
+        kept = (
+            np.unique(np.concatenate([k[("logits", None)] for k in keeps]))
+            if wants_logits
+            else np.zeros(0, dtype=np.int64)
+        )
+        if kept.size:
+            kwargs["logits_to_keep"] = torch.as_tensor(kept, device=model.device)
+            for b, k in enumerate(keeps):
+                at = np.searchsorted(kept, k[("logits", None)])
+                rows[b] = torch.as_tensor(at, device=model.device)
+        elif not wants_logits:
+            kwargs["logits_to_keep"] = 1
     t0 = time.perf_counter()
     with model.lock, torch.inference_mode():
         logits = model.bridge.run_with_hooks(
@@ -372,10 +407,11 @@ def trace_batch(
             return_type="logits",
             **kwargs,
         )
-        if ("logits", None) in want.hooks:
+        if wants_logits:
             for b in range(len(layouts)):
+                idx = rows.get(b, keep_t[b][("logits", None)])
                 stores[b][("logits", None)] = (
-                    logits[b].index_select(0, keep_t[b][("logits", None)]).to("cpu", torch.float32)
+                    logits[b].index_select(0, idx).to("cpu", torch.float32)
                 )
     seconds = (time.perf_counter() - t0) / len(layouts)
     missing = [n for n, k in names.items() if k not in stores[0]]

@@ -180,9 +180,12 @@ def test_each_source_matches_a_direct_loop_for_one_token(
         # The engine's probes run in float32: compare on the scale of the token's values.
         scale = max(abs(v) for v in want[:4])
         np.testing.assert_allclose(got[:4], want[:4], rtol=1e-3, atol=1e-3 * scale, err_msg=ex.id)
-        np.testing.assert_allclose(got[4:], want[4:], rtol=1e-3, atol=1e-11, err_msg=ex.id)
-        np.testing.assert_allclose(s.d_attn[j], d_attn, rtol=1e-3, atol=1e-11)
-        np.testing.assert_allclose(s.d_ffn[j], d_ffn, rtol=1e-3, atol=1e-11)
+        # Differences of float32 probes of ~1e-3 carry ~5e-11 of rounding (measured
+        # against float64 over every probe of these answers, for both the gathered
+        # logit - logsumexp and the log-softmax form of the probe).
+        np.testing.assert_allclose(got[4:], want[4:], rtol=1e-3, atol=1e-10, err_msg=ex.id)
+        np.testing.assert_allclose(s.d_attn[j], d_attn, rtol=1e-3, atol=1e-10)
+        np.testing.assert_allclose(s.d_ffn[j], d_ffn, rtol=1e-3, atol=1e-10)
         assert s.p_final[j] == pytest.approx(p_final, rel=1e-5)
         assert ex.passages and split["RAG"] != 0.0
 

@@ -6,8 +6,18 @@ import numpy as np
 import pytest
 import torch
 
+from core.data import load_builtin
 from core.layout import render
-from core.trace import HOOK_KINDS, LAYERLESS, Needs, Trace, response_needs, token_surprisal, trace
+from core.trace import (
+    HOOK_KINDS,
+    LAYERLESS,
+    Needs,
+    Trace,
+    response_needs,
+    token_surprisal,
+    trace,
+    trace_batch,
+)
 
 ATOL = 1e-4
 PER_LAYER = [k for k in HOOK_KINDS if k not in LAYERLESS]
@@ -296,15 +306,11 @@ BATCH_ATOL = 1e-5
 
 
 def _mixed_examples():
-    from core.data import load_builtin
-
     pool = sorted(load_builtin(None), key=lambda e: (sum(map(len, e.passages)), e.id))
     return [pool[0], pool[len(pool) // 2], pool[5], pool[-40]]  # short, long, short, longer
 
 
 def test_batched_trace_equals_one_at_a_time(tiny_model):
-    from core.trace import trace_batch
-
     layouts = [render(e, tiny_model) for e in _mixed_examples()]
     assert len({len(lay) for lay in layouts}) == len(layouts)  # mixed lengths: padding
     needs = Needs.of(
@@ -351,3 +357,27 @@ def test_batched_extraction_equals_one_at_a_time_for_every_detector(tiny_model):
                     np.testing.assert_allclose(a, b, atol=BATCH_ATOL, rtol=1e-4)
     with pytest.raises(ValueError, match="batch_size"):
         next(iter_features(tiny_model, exs, dets, batch_size=0))
+
+
+def test_a_trace_unembeds_only_the_positions_it_keeps(tiny_model, tiny_reference):
+    """The lm_head runs on the kept logit positions only (the union over a batch), and
+    each example still gets the plain forward's logits at its own positions."""
+    layouts = [render(e, tiny_model) for e in _mixed_examples()]
+    seen: list[int] = []
+    handle = tiny_model.hf_model.lm_head.register_forward_hook(
+        lambda _m, args, _out: seen.append(int(args[0].shape[1]))
+    )
+    try:
+        traced = trace_batch(tiny_model, layouts, response_needs())
+        union = set().union(*(lay.generation_positions.tolist() for lay in layouts))
+        assert seen == [len(union)] and len(union) < max(len(lay) for lay in layouts)
+        for lay, tr in zip(layouts, traced, strict=True):
+            with torch.inference_mode():
+                ids = torch.as_tensor(lay.token_ids).unsqueeze(0)
+                ref = tiny_reference(input_ids=ids).logits[0].float()
+            _close(tr.get("logits"), ref[torch.as_tensor(lay.generation_positions)], BATCH_ATOL)
+        seen.clear()
+        trace(tiny_model, layouts[0], Needs.of(["resid_post"], layers=[0], n_layers=1))
+        assert seen == [1]  # no logits asked for: only the last position is unembedded
+    finally:
+        handle.remove()
