@@ -42,7 +42,8 @@ if TYPE_CHECKING:
 
 DEFAULT_CHUNK = 256
 _LN2 = math.log(2.0)
-_JSD_ROWS_CPU = 16  # vocabulary rows per step of jsd_bits on CPU (see there)
+_CPU_STEP_ELEMENTS = 400_000
+"""Elements per step of a chain of element-wise vocabulary ops on CPU (see :func:`row_step`)."""
 
 
 # --------------------------------------------------------------------------- unembedding
@@ -106,6 +107,19 @@ def unembed_columns(model: LoadedModel, ids: torch.Tensor) -> Float[torch.Tensor
     idx = ids.to(W.device)
     cols = W.t().index_select(0, idx).t() if W.stride(0) == 1 else W.index_select(1, idx)
     return cols.to("cpu", torch.float32)
+
+
+def row_step(x: torch.Tensor) -> int:
+    """Rows of ``x`` (``[rows, d_vocab]``) per step of a chain of element-wise ops.
+
+    On CPU a few vocabulary rows at a time (~1.5 MB of float32: 8 rows of a 49k
+    vocabulary) keep the chain's temporaries in a core's cache; measured on a 2-core
+    EPYC, JSD over 630 row pairs took 0.11 s in steps of 8 rows, 0.28 s in steps of 16
+    and more in one step. On an accelerator: all rows at once.
+    """
+    if x.device.type != "cpu":
+        return max(1, x.shape[0])
+    return max(1, _CPU_STEP_ELEMENTS // max(1, x.shape[-1]))
 
 
 def _chunks(n: int, size: int) -> Iterator[slice]:
@@ -271,9 +285,7 @@ def jsd_bits(p: _A, q: _A, *, precision: Precision = "float64") -> _A:
     rows_p = tp.reshape(-1, tp.shape[-1]) if tp.dim() else tp.reshape(1, 1)
     rows_q = tq.reshape(-1, tq.shape[-1]).to(tp.device) if tq.dim() else tq.reshape(1, 1)
     out = torch.empty(rows_p.shape[0], dtype=work, device=tp.device)
-    # A few rows at a time (on CPU): the chain of element-wise steps below then runs on
-    # vocabulary rows that stay in the cache, ~5x faster than whole-tensor steps.
-    step = _JSD_ROWS_CPU if tp.device.type == "cpu" else max(1, rows_p.shape[0])
+    step = row_step(rows_p)
     with torch.inference_mode():
         for s in _chunks(rows_p.shape[0], step):
             out[s] = _jsd_rows(rows_p[s].to(work), rows_q[s].to(work))

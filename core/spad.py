@@ -41,7 +41,7 @@ import numpy as np
 
 from core.errors import ModelError
 from core.layout import Layout
-from core.lens import _chunks, _logits_buffer, _logits_chunk, _unembed, unembed_columns
+from core.lens import _chunks, _logits_buffer, _logits_chunk, _unembed, row_step, unembed_columns
 from core.model import LoadedModel
 from core.pos import spacy_pipeline
 from core.trace import Needs, Trace
@@ -77,7 +77,6 @@ POS_TAGS: tuple[str, ...] = (
 """The 17 Universal Dependencies tags plus spaCy's ``SPACE``."""
 PROBE_CHUNK = 256
 """Rows per vocabulary-size probe (a 256 x vocab float32 block: 50 MB for 49k tokens)."""
-_SOFTMAX_ROWS_CPU = 16  # rows per log-softmax step of a probe on CPU (cache-sized)
 SPLIT_TOLERANCE = 1e-4
 """Largest allowed ``|sum of the seven sources - P_final|`` (float32, ``specs/spad.md``)."""
 FEATURE_NAMES: tuple[str, ...] = tuple(f"{s}_{t}" for s in SOURCES for t in POS_TAGS)
@@ -179,7 +178,7 @@ def _probe_probs(
         # vectorized kernel is ~4x faster on these unnormalised lenses, whose logits span
         # hundreds of nats (logsumexp's exp of far-below-max entries takes a slow path);
         # a few rows at a time so its output stays in the cache.
-        step = _SOFTMAX_ROWS_CPU if logits.device.type == "cpu" else logits.shape[0]
+        step = row_step(logits)
         for r in _chunks(logits.shape[0], step):
             lp = torch.log_softmax(logits[r], dim=-1).gather(1, yy[r]).squeeze(1)
             out[s.start + r.start : s.start + r.stop] = lp.exp().cpu()
