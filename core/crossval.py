@@ -23,6 +23,7 @@ matrix built on these pieces is :mod:`core.matrix`; the Benchmark page shows bot
 
 from __future__ import annotations
 
+import hashlib
 import json
 import re
 import warnings
@@ -35,6 +36,7 @@ from typing import Any, Literal, cast
 import numpy as np
 
 from core.calibration import Reliability, reliability
+from core.comparison import checked_comparisons, compare_detectors, comparison_lines
 from core.contract import Detector, Features, Verdict, for_dataset
 from core.data import data_hash
 from core.detectors import make_detector
@@ -362,6 +364,8 @@ class CVRun:
     extraction: Mapping[str, Any] = field(default_factory=dict)
     calibration: str = "split"
     baseline: Mapping[str, Any] = field(default_factory=dict)
+    groups: tuple[str, ...] = ()
+    comparisons: Mapping[str, Any] = field(default_factory=dict)
     kind: str = "cv"
     format: int = CV_FORMAT
 
@@ -384,6 +388,8 @@ class CVRun:
         kw["results"] = tuple(CVResult.from_dict(r) for r in d["results"])
         for k in ("datasets", "ids", "labels", "fold", "generators", "example_datasets"):
             kw[k] = tuple(d[k])
+        kw["groups"] = tuple(str(g) for g in d.get("groups") or ())
+        kw["comparisons"] = checked_comparisons(d.get("comparisons"), kw.get("name"))
         if d.get("calibrate_on") is not None:
             kw["calibrate_on"] = tuple(d["calibrate_on"])
         if kw.get("calibration", "split") not in CALIBRATIONS:
@@ -393,6 +399,8 @@ class CVRun:
             )
         n = len(kw["ids"])
         lengths = {k: len(kw[k]) for k in ("labels", "fold", "generators", "example_datasets")}
+        if kw["groups"]:
+            lengths["groups"] = len(kw["groups"])
         for r in kw["results"]:
             lengths |= {f"{r.detector} {k}": len(getattr(r, k)) for k in ("scores", "raw_scores")}
         wrong = {k: v for k, v in lengths.items() if v != n}
@@ -482,6 +490,7 @@ class CVRun:
                 f"answer-length quantile ({length.get('length_bins', LENGTH_BINS)} bins): what a "
                 "detector sees beyond length.",
             ]
+        lines += comparison_lines(self.comparisons)
         gens = sorted({g for r in self.results for g in r.by_generator})
         if len(gens) > 1:
             lines += ["", "AUROC by generator (pooled out of fold):", ""]
@@ -824,6 +833,14 @@ def cross_validate(
         )
     stamp = datetime.now(UTC)
     names = tuple(datasets) or tuple(sorted(set(sets.tolist())))
+    comparisons = compare_detectors(
+        y,
+        {r.detector: np.asarray(r.scores) for r in results},
+        groups,
+        lengths,
+        n_boot=n_boot,
+        seed=seed,
+    )
     return CVRun(
         name=name or file_stem(f"{stamp:%Y%m%d-%H%M%S}-cv{k}-{'+'.join(names)}"),
         created_at=stamp.isoformat(timespec="seconds"),
@@ -849,6 +866,9 @@ def cross_validate(
         data_hash=data_hash(exs),
         results=tuple(results),
         extraction=_extraction_info(ext),
+        # Hashed: a declared group may be a name from the data.
+        groups=tuple(hashlib.sha256(str(g).encode()).hexdigest()[:12] for g in groups),
+        comparisons=comparisons,
     )
 
 

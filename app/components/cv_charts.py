@@ -341,6 +341,119 @@ def fold_spread_figure(runs: Sequence[CVRun]) -> go.Figure:
     return fig
 
 
+COMPARISONS: dict[str, str] = {"vs_best": "the best detector", "vs_length": "answer length"}
+"""Key of a row of :attr:`~core.crossval.CVRun.comparisons` -> what it is compared with."""
+COMPARISON_COLORS = {"vs_best": POOLED_COLOR, "vs_length": "#dd8452"}
+
+
+def comparison_frame(run: CVRun) -> pd.DataFrame:
+    """One row per detector: its AUROC minus the best detector's and minus answer
+    length's, each with a 95% CI and p (paired source-grouped bootstrap); empty for a
+    run saved before comparisons were recorded."""
+    c = run.comparisons
+    rows = []
+    for det, row in (c.get("rows") or {}).items():
+        out: dict[str, Any] = {"detector": det}
+        for key, label in (("vs_best", f"vs {c.get('reference')}"), ("vs_length", "vs length")):
+            v = row.get(key) or {}
+            lo, hi = _ci(v.get("ci"))
+            out |= {
+                f"Δ AUROC {label}": _num(v.get("delta")),
+                f"{label} CI low": lo,
+                f"{label} CI high": hi,
+                f"{label} p": _num(v.get("p")),
+            }
+        rows.append(out)
+    return pd.DataFrame(rows)
+
+
+def comparison_table(run: CVRun) -> pd.DataFrame:
+    """:func:`comparison_frame` for display: ``+0.012 [-0.020, +0.041]`` and p."""
+    c = run.comparisons
+    ref = c.get("reference")
+    rows = []
+    for det, row in (c.get("rows") or {}).items():
+        cells: dict[str, Any] = {"detector": det}
+        for key, label in (("vs_best", f"vs {ref}"), ("vs_length", "vs answer length")):
+            v = row.get(key)
+            lo, hi = _ci((v or {}).get("ci"))
+            d, p = _num((v or {}).get("delta")), _num((v or {}).get("p"))
+            cells[f"Δ AUROC {label} [95% CI]"] = (
+                MISSING
+                if d is None or lo is None or hi is None
+                else f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
+            )
+            cells[f"p ({label})"] = (
+                MISSING if p is None else ("< 0.001" if p < 0.001 else f"{p:.3f}")
+            )
+        rows.append(cells)
+    return pd.DataFrame(rows)
+
+
+def comparison_figure(run: CVRun) -> go.Figure:
+    """A forest plot: per detector, its AUROC minus the best detector's and minus answer
+    length's, each a dot with its 95% CI; right of the dashed zero line is better."""
+    import plotly.graph_objects as go
+
+    c = run.comparisons
+    rows = c.get("rows") or {}
+    names = [plain(d) for d in rows]
+    fig = go.Figure()
+    for key, what in COMPARISONS.items():
+        if key == "vs_best":
+            what = f"{what} ({plain(str(c.get('reference')))})"
+        x: list[float | None] = []
+        plus: list[float] = []
+        minus: list[float] = []
+        pvals: list[str] = []
+        for row in rows.values():
+            v = row.get(key) or {}
+            d = _num(v.get("delta"))
+            lo, hi = _ci(v.get("ci"))
+            x.append(d)
+            plus.append(hi - d if d is not None and hi is not None else 0.0)
+            minus.append(d - lo if d is not None and lo is not None else 0.0)
+            p = _num(v.get("p"))
+            pvals.append(MISSING if p is None else ("< 0.001" if p < 0.001 else f"{p:.3f}"))
+        fig.add_trace(
+            go.Scatter(
+                x=x,
+                y=names,
+                mode="markers",
+                name=f"Δ AUROC vs {what}, 95% CI",
+                marker={"size": 11, "color": COMPARISON_COLORS[key]},
+                error_x={
+                    "type": "data",
+                    "symmetric": False,
+                    "array": plus,
+                    "arrayminus": minus,
+                    "color": COMPARISON_COLORS[key],
+                    "thickness": 2,
+                    "width": 5,
+                },
+                customdata=pvals,
+                hovertemplate=(
+                    f"<b>%{{y}}</b><br>Δ AUROC vs {what}: %{{x:+.3f}}"
+                    "<br>p = %{customdata}<extra></extra>"
+                ),
+            )
+        )
+    fig.add_vline(x=0.0, line={"dash": "dash", "color": GUIDE_COLOR, "width": 1})
+    _layout(fig, "AUROC differences on the same answers", 150 + 46 * max(len(names), 1))
+    fig.update_layout(
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0}
+    )
+    fig.update_xaxes(title="Δ AUROC (dashed: no difference)", zeroline=False)
+    fig.update_yaxes(
+        type="category",
+        categoryorder="array",
+        categoryarray=names,
+        autorange="reversed",
+        showgrid=True,
+    )
+    return fig
+
+
 def _nan_to_none(a: np.ndarray) -> list[float | None]:
     return [None if not np.isfinite(v) else float(v) for v in np.asarray(a, dtype=np.float64)]
 

@@ -39,6 +39,9 @@ from app.components.cv_charts import (
     MATRIX_METRICS,
     breakdown_frame,
     breakdown_table,
+    comparison_figure,
+    comparison_frame,
+    comparison_table,
     cv_frame,
     cv_metric_table,
     describe_cv,
@@ -678,6 +681,39 @@ def show_fold_spread(runs: Sequence[CVRun]) -> None:
     )
 
 
+def show_comparisons(runs: Sequence[CVRun]) -> None:
+    """Per run: each detector's AUROC against the best one's and against answer
+    length's on the same answers, with paired CIs and p-values."""
+    st.subheader("Are the differences real?")
+    for i, run in enumerate(runs):
+        if len(runs) > 1:
+            st.markdown(f"**{md(run.name)}**")
+        if not run.comparisons.get("rows"):
+            st.caption(
+                "This run was saved before paired comparisons were recorded: re-run it "
+                "(`ragscope evaluate --cv K` on the same data) to get them."
+            )
+            continue
+        plot(comparison_figure(run), key=f"benchmark.cv.compare.{i}")
+        with st.expander("Numbers"):
+            st.dataframe(comparison_table(run), hide_index=True, width="stretch")
+        _download(
+            "Paired differences (CSV)",
+            comparison_frame(run),
+            f"{_file_stem(run.name)}-paired.csv",
+            download_key("cv.paired", run.name),
+        )
+    st.caption(
+        "Two detectors' AUROCs are compared on the same answers: each bootstrap resample "
+        "draws whole sources and scores both on it, so the interval is for the difference "
+        "itself (two overlapping CIs in the table above do not mean two detectors are "
+        "equal, nor do two separate ones prove a difference). An interval that excludes 0 "
+        "is a difference beyond the luck of the draw; p is two-sided and not adjusted for "
+        "the number of comparisons. *vs answer length*: what a detector adds over the "
+        "trivial baseline of ranking answers by their length."
+    )
+
+
 def show_cv_breakdowns(state: AppState, runs: Sequence[CVRun]) -> None:
     """AUROC per generator and, for runs that combine datasets, a metric per dataset."""
     st.subheader("By generator and by dataset")
@@ -784,6 +820,7 @@ def show_cv(state: AppState, saved: SavedRuns) -> None:
         return
     show_cv_tables(runs)
     show_fold_spread(runs)
+    show_comparisons(runs)
     show_cv_breakdowns(state, runs)
     show_reliability(state, runs)
 

@@ -518,6 +518,26 @@ def test_cv_and_matrix_runs_show_their_sections(
         assert pooled["error_x"]["array"][i] == pytest.approx(hi - r.pooled["auroc"])
         assert pooled["error_x"]["arrayminus"][i] == pytest.approx(r.pooled["auroc"] - lo)
 
+    # Paired differences: each detector against the best one and against answer length.
+    comp = charts["cv.compare.0"]
+    best = cv.comparisons["reference"]
+    vs_best = _trace(comp, f"Δ AUROC vs the best detector ({best})")
+    vs_len = _trace(comp, "Δ AUROC vs answer length")
+    assert vs_best["y"] == vs_len["y"] == list(CV_DETECTORS)
+    for i, d in enumerate(CV_DETECTORS):
+        row = cv.comparisons["rows"][d]
+        if d == best:
+            assert vs_best["x"][i] is None
+        else:
+            assert vs_best["x"][i] == pytest.approx(row["vs_best"]["delta"])
+        lo, hi = row["vs_length"]["ci"]
+        assert vs_len["x"][i] == pytest.approx(row["vs_length"]["delta"])
+        assert vs_len["error_x"]["arrayminus"][i] == pytest.approx(row["vs_length"]["delta"] - lo)
+    paired = next(
+        t.value for t in at.dataframe if any("vs answer length" in c for c in t.value.columns)
+    )
+    assert list(paired["detector"]) == list(CV_DETECTORS)
+
     # Per generator and per dataset: one bar trace per detector.
     gens = charts["cv.generator"]
     assert [t["name"] for t in gens["data"]] == list(CV_DETECTORS)
@@ -563,6 +583,7 @@ def test_cv_and_matrix_runs_show_their_sections(
         "Per generator (CSV)",
         "Per dataset (CSV)",
         "Reliability bins (CSV)",
+        "Paired differences (CSV)",
         "Every cell of every detector (CSV)",
     ):
         assert label in labels
@@ -619,7 +640,8 @@ def test_two_cv_runs_next_to_test_runs(
     cv, _ = crossval_runs
     synthetic_run().save(runs_dir)
     cv.save(runs_dir)
-    other = dataclasses.replace(cv, name="cv *other* [x](http://e.test)")
+    # Also saved as before paired comparisons were recorded.
+    other = dataclasses.replace(cv, name="cv *other* [x](http://e.test)", comparisons={}, groups=())
     # Written by hand: CVRun.save names the file after the run, and this name has a "/".
     (runs_dir / "other.json").write_text(json.dumps(other.to_dict()))
     at = _benchmark(make_app)
@@ -636,6 +658,9 @@ def test_two_cv_runs_next_to_test_runs(
     assert any(m.value.startswith(f"**{CV_NAME}**") for m in at.markdown)
     cv_tables = [d.value for d in at.dataframe if "folds mean ± sd" in d.value.columns]
     assert len(cv_tables) == 2
+    # Paired differences for the run that has them; the older one says how to get them.
+    assert any("saved before paired comparisons" in c.value for c in at.caption)
+    assert [k for k in _charts(at) if k.startswith("cv.compare")] == ["cv.compare.1"]
     spread = _charts(at)["cv.spread"]
     assert _trace(spread, "pooled")["y"] == [
         plain(f"{n} · {d}") for n in (other.name, CV_NAME) for d in CV_DETECTORS
