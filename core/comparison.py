@@ -89,7 +89,7 @@ def comparison_lines(comparisons: Mapping[str, Any]) -> list[str]:
     def cell(v: Mapping[str, Any] | None) -> str:
         if v is None:
             return "- | -"
-        return f"{v['delta']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}] | {_p_text(v['p'])}"
+        return f"{v['delta']:+.3f} [{v['ci'][0]:+.3f}, {v['ci'][1]:+.3f}] | {p_text(v['p'])}"
 
     lines = [
         "",
@@ -106,5 +106,6 @@ def comparison_lines(comparisons: Mapping[str, Any]) -> list[str]:
     return lines
 
 
-def _p_text(p: float) -> str:
+def p_text(p: float) -> str:
+    """A p-value as shown: three decimals, or ``< 0.001``."""
     return "< 0.001" if p < 0.001 else f"{p:.3f}"

@@ -3,6 +3,7 @@ precision, recall, Pearson r; token-level AP and AUROC; threshold choice."""
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from typing import Any, Literal
 
 import numpy as np
@@ -104,6 +105,21 @@ def matched_auroc(y: np.ndarray, scores: np.ndarray, strata: np.ndarray) -> floa
     return total / pairs if pairs else None
 
 
+def group_resamples(
+    y: np.ndarray, groups: np.ndarray, n_boot: int, seed: int
+) -> Iterator[np.ndarray]:
+    """Indices of ``n_boot`` bootstrap resamples that draw whole groups (sources) with
+    replacement; resamples holding one class only are skipped."""
+    _, g = np.unique(np.asarray(groups), return_inverse=True)
+    members = [np.flatnonzero(g == k) for k in range(g.max() + 1)]
+    rng = np.random.default_rng(seed)
+    for _ in range(n_boot):
+        pick = rng.integers(0, len(members), len(members))
+        idx = np.concatenate([members[k] for k in pick])
+        if is_binary(y[idx]):
+            yield idx
+
+
 def grouped_bootstrap_ci(
     y: np.ndarray,
     scores: np.ndarray,
@@ -123,15 +139,7 @@ def grouped_bootstrap_ci(
     if not is_binary(y) or n_boot <= 0:
         return None
     fn = roc_auc_score if metric == "auroc" else average_precision_score
-    _, g = np.unique(np.asarray(groups), return_inverse=True)
-    members = [np.flatnonzero(g == k) for k in range(g.max() + 1)]
-    rng = np.random.default_rng(seed)
-    vals = []
-    for _ in range(n_boot):
-        pick = rng.integers(0, len(members), len(members))
-        idx = np.concatenate([members[k] for k in pick])
-        if is_binary(y[idx]):
-            vals.append(fn(y[idx], s[idx]))
+    vals = [fn(y[idx], s[idx]) for idx in group_resamples(y, groups, n_boot, seed)]
     if not vals:
         return None
     return [float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))]
@@ -210,15 +218,10 @@ def paired_difference(
         return None
     delta = float(roc_auc_score(y, sa) - roc_auc_score(y, sb))
     pos = y == 1
-    _, g = np.unique(np.asarray(groups), return_inverse=True)
-    members = [np.flatnonzero(g == k) for k in range(g.max() + 1)]
-    rng = np.random.default_rng(seed)
-    vals = []
-    for _ in range(n_boot):
-        pick = rng.integers(0, len(members), len(members))
-        idx = np.concatenate([members[k] for k in pick])
-        if is_binary(y[idx]):
-            vals.append(_auroc(pos[idx], sa[idx]) - _auroc(pos[idx], sb[idx]))
+    vals = [
+        _auroc(pos[idx], sa[idx]) - _auroc(pos[idx], sb[idx])
+        for idx in group_resamples(y, groups, n_boot, seed)
+    ]
     if not vals:
         return None
     d = np.asarray(vals)

@@ -23,6 +23,7 @@ import pandas as pd
 
 from app.components.charts import GUIDE_COLOR, PALETTE, plain
 from core.calibration import Reliability
+from core.comparison import p_text
 from core.crossval import CVRun
 from core.matrix import MatrixRun
 
@@ -383,9 +384,7 @@ def comparison_table(run: CVRun) -> pd.DataFrame:
                 if d is None or lo is None or hi is None
                 else f"{d:+.3f} [{lo:+.3f}, {hi:+.3f}]"
             )
-            cells[f"p ({label})"] = (
-                MISSING if p is None else ("< 0.001" if p < 0.001 else f"{p:.3f}")
-            )
+            cells[f"p ({label})"] = MISSING if p is None else p_text(p)
         rows.append(cells)
     return pd.DataFrame(rows)
 
@@ -414,7 +413,7 @@ def comparison_figure(run: CVRun) -> go.Figure:
             plus.append(hi - d if d is not None and hi is not None else 0.0)
             minus.append(d - lo if d is not None and lo is not None else 0.0)
             p = _num(v.get("p"))
-            pvals.append(MISSING if p is None else ("< 0.001" if p < 0.001 else f"{p:.3f}"))
+            pvals.append(MISSING if p is None else p_text(p))
         fig.add_trace(
             go.Scatter(
                 x=x,
