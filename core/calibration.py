@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, Self, TypeGuard
@@ -213,6 +214,37 @@ def read_dataset_calibrations(d: object) -> dict[str, DatasetCalibration]:
         except DataError as e:
             raise DataError(f"calibration_by_dataset[{name!r}]: {e}") from e
     return out
+
+
+SPLIT_SUFFIX = re.compile(
+    r"[_.-](dev|develop|development|test|testing|train|training|val|valid|validation|"
+    r"heldout|held_out|holdout|eval)$",
+    re.IGNORECASE,
+)
+"""A dataset name's split suffix: ``ragtruth_qa_dev`` and ``ragtruth_qa_test`` are
+parts of one family, ``ragtruth_qa``."""
+
+
+def dataset_family(name: str) -> str:
+    """``name`` without its split suffix (:data:`SPLIT_SUFFIX`), lower-cased."""
+    return SPLIT_SUFFIX.sub("", name.strip()).lower()
+
+
+def match_calibration(
+    own: Mapping[str, DatasetCalibration], dataset: str | None
+) -> tuple[str, DatasetCalibration] | None:
+    """The calibration a detector keeps for answers of ``dataset``: the one fitted on
+    ``dataset`` itself, else the one of the single training dataset of the same family
+    (another split of the same source: a held-out ``ragtruth_qa_test`` is judged like
+    the ``ragtruth_qa_dev`` the detector was trained on), else ``None`` (the pooled
+    calibration). Returns the training dataset's name with its calibration."""
+    if not dataset or not own:
+        return None
+    if dataset in own:
+        return dataset, own[dataset]
+    fam = dataset_family(dataset)
+    same = [n for n in own if dataset_family(n) == fam]
+    return (same[0], own[same[0]]) if len(same) == 1 else None
 
 
 @dataclass(frozen=True, kw_only=True)

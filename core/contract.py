@@ -30,7 +30,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkab
 
 import numpy as np
 
-from core.calibration import DatasetCalibration, PlattCalibrator, read_dataset_calibrations
+from core.calibration import (
+    DatasetCalibration,
+    PlattCalibrator,
+    match_calibration,
+    read_dataset_calibrations,
+)
 from core.errors import DataError, ModelError, NotFittedError, RagscopeError
 from core.examples import RAGExample
 from core.labels import span_labels
@@ -903,15 +908,17 @@ def read_skops(path: Path, allowed: Iterable[SkopsType], name: str) -> Any:
 def for_dataset(detector: Any, verdict: Verdict, dataset: str | None) -> Verdict:
     """``verdict`` as ``detector`` judges an answer of ``dataset``: its score through that
     dataset's own calibrator and flagged at its own threshold when the detector has them
-    (:attr:`DetectorBase.dataset_calibration_`; :attr:`Verdict.calibrated_for` then
-    names it), else ``verdict`` unchanged (the pooled calibration)."""
-    own = getattr(detector, "dataset_calibration_", None) or {}
-    cal = own.get(dataset) if dataset else None
-    if cal is None or verdict.raw_score is None:
+    (:attr:`DetectorBase.dataset_calibration_`; another split of a training dataset, e.g.
+    ``ragtruth_qa_test`` for ``ragtruth_qa_dev``, gets that dataset's:
+    :func:`core.calibration.match_calibration`; :attr:`Verdict.calibrated_for` then names
+    the training dataset), else ``verdict`` unchanged (the pooled calibration)."""
+    hit = match_calibration(getattr(detector, "dataset_calibration_", None) or {}, dataset)
+    if hit is None or verdict.raw_score is None:
         return verdict
+    name, cal = hit
     p = cal.apply(verdict.raw_score)
     return dataclasses.replace(
-        verdict, score=p, hallucinated=p >= cal.threshold, calibrated_for=dataset
+        verdict, score=p, hallucinated=p >= cal.threshold, calibrated_for=name
     )
 
 

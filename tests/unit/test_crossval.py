@@ -13,8 +13,15 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from core.calibration import PlattCalibrator, expected_calibration_error, reliability
-from core.contract import Features, decision_threshold, for_dataset
+from core.calibration import (
+    DatasetCalibration,
+    PlattCalibrator,
+    dataset_family,
+    expected_calibration_error,
+    match_calibration,
+    reliability,
+)
+from core.contract import Features, Verdict, decision_threshold, for_dataset
 from core.crossval import (
     CROSSFIT_K,
     CVRun,
@@ -451,6 +458,36 @@ def test_each_dataset_with_enough_answers_gets_its_own_calibration(
 
     # One dataset: the pooled calibration is that dataset's; nothing more is kept.
     assert fit_procedure(default_maker(), "nll", feats, exs).dataset_calibration_ == {}
+
+
+def test_another_split_of_a_training_dataset_gets_its_calibration() -> None:
+    """A held-out ``ragtruth_qa_test`` is judged with the ``ragtruth_qa_dev`` calibration
+    (its family); a name matching no family, or two, keeps the pooled one."""
+    cal = lambda t: DatasetCalibration(  # noqa: E731
+        calibrator=PlattCalibrator().fit(np.array([0.1, 0.2, 0.8, 0.9]), np.array([0, 0, 1, 1])),
+        threshold=t,
+        n=40,
+        n_positive=10,
+    )
+    own = {"ragtruth_qa_dev": cal(0.3), "finqa_qwen3_interpdetect": cal(0.6), "builtin": cal(0.5)}
+    assert dataset_family("RAGTruth_QA-Test") == "ragtruth_qa"
+    assert match_calibration(own, "ragtruth_qa_dev") == ("ragtruth_qa_dev", own["ragtruth_qa_dev"])
+    for held_out in ("ragtruth_qa_test", "ragtruth_qa_heldout", "ragtruth_qa.val"):
+        assert match_calibration(own, held_out)[0] == "ragtruth_qa_dev"  # type: ignore[index]
+    for other in ("ragtruth_summary_test", "finqa_test", "heldout", "", None):
+        assert match_calibration(own, other) is None
+    # Two training datasets of one family: ambiguous, so the pooled calibration.
+    assert match_calibration({"x_dev": cal(0.3), "x_train": cal(0.4)}, "x_test") is None
+
+    class Det:
+        dataset_calibration_ = own
+        threshold_ = 0.5
+
+    v = Verdict(detector="d", example_id="e", score=0.5, hallucinated=False, raw_score=0.7)
+    judged = for_dataset(Det(), v, "ragtruth_qa_test")
+    assert judged.calibrated_for == "ragtruth_qa_dev"
+    assert judged.hallucinated == (judged.score >= 0.3)
+    assert decision_threshold(Det(), judged) == 0.3
 
 
 def test_cv_reports_each_datasets_own_calibration(tiny_model, examples, extraction) -> None:
