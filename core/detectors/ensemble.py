@@ -107,6 +107,9 @@ class EnsembleConfig(DetectorConfig):
         members: The detectors stacked, by name.
         member_configs: Per member, config options (default: each member's defaults).
         tokens: Also stack the members' token scores (a token-level stacker).
+        token_context: The token stacker also reads the answer's stacked logit and its
+            product with each member's token logit, so a token's score can depend on
+            how suspect its whole answer is (off: the token logits alone).
         stacking: ``crossfit`` (stack the members' out-of-fold scores on all training
             answers) or ``split`` (stack scores on the validation split only); see the
             module docstring.
@@ -114,11 +117,14 @@ class EnsembleConfig(DetectorConfig):
         seed: Seed of the stacker's cross-validation, its folds and the held-out quarter.
     """
 
-    FIT_ONLY: ClassVar[frozenset[str]] = frozenset({"tokens", "seed", "stacking", "stack_folds"})
+    FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
+        {"tokens", "token_context", "seed", "stacking", "stack_folds"}
+    )
 
     members: tuple[str, ...] = DEFAULT_MEMBERS
     member_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     tokens: bool = True
+    token_context: bool = False
     stacking: str = "crossfit"
     stack_folds: int = STACK_FOLDS
     seed: int = 0
@@ -333,7 +339,7 @@ class EnsembleDetector(DetectorBase):
                 lab = np.zeros(g.shape[0], np.int8)  # a faithful answer without spans
             if lab is None:
                 continue
-            X.append(np.stack([logit(v[n].token_scores) for n in members], axis=1))
+            X.append(self._token_rows(v, members))
             y.append(lab)
         if not y or len(set(np.concatenate(y).tolist())) < 2:
             return
@@ -362,6 +368,16 @@ class EnsembleDetector(DetectorBase):
     def _row(self, verdicts: Mapping[str, Verdict]) -> np.ndarray:
         return logit(np.asarray([verdicts[n].score for n in self.config.members]))
 
+    def _token_rows(self, verdicts: Mapping[str, Verdict], members: Sequence[str]) -> np.ndarray:
+        """``[T, k]`` the members' token logits; with ``token_context`` also the answer's
+        stacked logit ``a`` and each token logit times ``a`` (``[T, 2k + 1]``)."""
+        tok = np.stack([logit(verdicts[n].token_scores) for n in members], axis=1)
+        if not self.config.token_context:
+            return tok
+        assert self.stacker_ is not None
+        a = float(self.stacker_.decision_function(self._row(verdicts)[None, :])[0])
+        return np.concatenate([tok, np.full((tok.shape[0], 1), a), tok * a], axis=1)
+
     def member_verdicts(self, features: Features) -> dict[str, Verdict]:
         """Each member's own verdict on these features."""
         require_fitted(self, "stacker_", self.name)
@@ -387,7 +403,7 @@ class EnsembleDetector(DetectorBase):
                 for n in self.token_members_
             )
             if usable:
-                X = np.stack([logit(verdicts[n].token_scores) for n in self.token_members_], 1)
+                X = self._token_rows(verdicts, self.token_members_)
                 token_scores = self.token_stacker_.predict_proba(X).astype(np.float32)
             else:
                 offsets = None
@@ -443,6 +459,17 @@ class EnsembleDetector(DetectorBase):
                 "members; retrain it with `ragscope train --detectors ensemble`",
                 source=str(folder),
             )
+        if det.token_stacker_ is not None:
+            k = len(det.token_members_)
+            want = 2 * k + 1 if det.config.token_context else k
+            coef = det.token_stacker_.coef_
+            if not k or coef is None or coef.shape != (want,):
+                raise DataError(
+                    f"the ensemble's token stacker does not read the {want} inputs its "
+                    f"{k} token members and token_context={det.config.token_context} give; "
+                    "retrain it with `ragscope train --detectors ensemble`",
+                    source=str(folder),
+                )
         for n in det.config.members:
             det.members_[n] = MEMBERS.get(n).load(
                 Path(folder) / "members" / n, model_key=det.model_key_

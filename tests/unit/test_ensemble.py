@@ -220,6 +220,45 @@ def test_save_load_round_trip_and_bad_artifacts(
         ens.predict(f["test"][0].members["nll"])
 
 
+def test_token_context_reads_the_answers_stacked_logit(
+    splits, extracted, tmp_path: Path, tiny_model, reseal
+):
+    """With token_context the token stacker reads [token logits, answer logit a, token
+    logits * a]: two tokens with equal member scores in answers of different suspicion
+    get different scores; the width is checked when the artifact is loaded."""
+    _, f = extracted
+    ens = _ensemble(stacking="split", token_context=True).fit(
+        f["train"], splits["train"], validation=(f["validation"], splits["validation"])
+    )
+    k = len(ens.token_members_)
+    assert k and ens.token_stacker_.coef_.shape == (2 * k + 1,)
+    x = f["test"][0]
+    verdicts = ens.member_verdicts(x)
+    a = float(ens.stacker_.decision_function(ens._row(verdicts)[None, :])[0])
+    tok = np.stack([logit(verdicts[n].token_scores) for n in ens.token_members_], 1)
+    want = ens.token_stacker_.predict_proba(
+        np.concatenate([tok, np.full((len(tok), 1), a), tok * a], 1)
+    )
+    v = ens.predict(x)
+    np.testing.assert_allclose(v.token_scores, want, atol=1e-6)
+    assert v.score == pytest.approx(
+        _ensemble(stacking="split")
+        .fit(f["train"], splits["train"], validation=(f["validation"], splits["validation"]))
+        .predict(x)
+        .score
+    )  # the answer's score does not depend on the token option
+    out = ens.save(tmp_path / "ctx")
+    back = detector_class("ensemble").load(out, model_key=tiny_model.info.key)
+    np.testing.assert_allclose(back.predict(x).token_scores, v.token_scores, atol=1e-7)
+    # A token stacker of the other width than the config says is refused.
+    cfg = json.loads((out / "cfg.json").read_text())
+    cfg["config"]["token_context"] = False
+    (out / "cfg.json").write_text(json.dumps(cfg))
+    reseal(out)
+    with pytest.raises(DataError, match=f"token stacker does not read the {k} inputs"):
+        detector_class("ensemble").load(out)
+
+
 def test_config_is_checked():
     with pytest.raises(DataError, match="repeat"):
         make_detector("ensemble", members=("nll", "nll"))
