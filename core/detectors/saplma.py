@@ -72,10 +72,12 @@ class SaplmaConfig(DetectorConfig):
         hidden: MLP hidden widths.
         alpha: MLP L2 penalty.
         seed: Seed of the cross-validation folds and the MLP.
+        concat: Also try, per pooling, one probe on all the layers' rows side by side
+            (a multi-layer probe; its token scores read each token's rows the same way).
     """
 
     FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
-        {"pools", "learner", "c_grid", "hidden", "alpha", "seed"}
+        {"pools", "learner", "c_grid", "hidden", "alpha", "seed", "concat"}
     )
 
     layers: tuple[int, ...] = ()
@@ -85,6 +87,7 @@ class SaplmaConfig(DetectorConfig):
     hidden: tuple[int, ...] = (256, 128, 64)
     alpha: float = 1e-3
     seed: int = 0
+    concat: bool = False
 
     def __post_init__(self) -> None:
         if not self.pools or any(p not in POOLS for p in self.pools):
@@ -113,6 +116,7 @@ class SaplmaDetector(DetectorBase):
         self.probe_: Probe | None = None
         self.layers_: tuple[int, ...] = ()
         self.layer_: int | None = None
+        self.concat_: bool = False
         self.pool_: Pool | None = None
         self.d_model_: int | None = None
         self.model_key_: str | None = None
@@ -156,9 +160,14 @@ class SaplmaDetector(DetectorBase):
     def _layers_of(features: Features) -> tuple[int, ...]:
         return tuple(int(n.split(".")[0][1:]) for n in features.names)
 
-    def _block(self, features: Features, layer: int) -> np.ndarray:
-        """``[T, d]``: the token rows of one layer."""
+    def _block(self, features: Features, layer: int | None) -> np.ndarray:
+        """``[T, d]``: the token rows of one layer (``None``: every layer's rows side by
+        side, ``[T, layers * d]``)."""
         layers = self._layers_of(features)
+        if layer is None:
+            if features.tokens is None:
+                raise ModelError("saplma: these features hold no token rows; re-extract them")
+            return features.tokens
         if features.tokens is None or layer not in layers:
             raise ModelError(
                 f"saplma: these features hold layers {list(layers)}, not {layer}; re-extract "
@@ -168,7 +177,7 @@ class SaplmaDetector(DetectorBase):
         i = layers.index(layer)
         return features.tokens[:, i * d : (i + 1) * d]
 
-    def _pooled(self, features: Features, layer: int, pool: Pool) -> np.ndarray:
+    def _pooled(self, features: Features, layer: int | None, pool: Pool) -> np.ndarray:
         block = self._block(features, layer)
         return block.mean(axis=0) if pool == "mean" else block[-1]
 
@@ -200,8 +209,9 @@ class SaplmaDetector(DetectorBase):
         use_val = validation is not None and len(validation[0]) > 0
         y_val = response_labels(validation[1]) if use_val and validation else None
         tried: list[dict[str, Any]] = []
-        best: tuple[float, int, Pool, Probe] | None = None
-        for layer in layers:
+        best: tuple[float, int | None, Pool, Probe] | None = None
+        candidates: list[int | None] = [*layers, *([None] if self.config.concat else [])]
+        for layer in candidates:
             for pool in self.config.pools:
                 X = np.stack([self._pooled(f, layer, pool) for f in features])
                 probe, cv_auc = self._make_probe(X, y, groups)
@@ -210,19 +220,22 @@ class SaplmaDetector(DetectorBase):
                     Xv = np.stack([self._pooled(f, layer, pool) for f in validation[0]])
                     score = auroc_or_none(y_val, probe.predict_proba(Xv))
                     score = float("nan") if score is None else score
-                tried.append({"layer": layer, "pool": pool, "score": score})
+                tried.append(
+                    {"layer": "all" if layer is None else layer, "pool": pool, "score": score}
+                )
                 key = -np.inf if np.isnan(score) else score
                 if best is None or key > best[0]:
                     best = (key, layer, pool, probe)
         assert best is not None
         _, self.layer_, self.pool_, self.probe_ = best
+        self.concat_ = self.layer_ is None
         self.layers_ = layers
         self.d_model_ = int(first.shape[1] // len(layers))
         self.model_key_ = model_key
         self.train_info_ = {
             "n_train": len(features),
             "n_hallucinated": int(y.sum()),
-            "layer": self.layer_,
+            "layer": "all" if self.concat_ else self.layer_,
             "pool": self.pool_,
             "selected_on": "validation AUROC" if use_val else "grouped cross-validated log loss",
             "candidates": tried,
@@ -231,13 +244,19 @@ class SaplmaDetector(DetectorBase):
 
     def predict(self, features: Features) -> Verdict:
         require_fitted(self, "probe_", self.name)
-        assert self.probe_ is not None and self.layer_ is not None and self.pool_ is not None
+        assert self.probe_ is not None and self.pool_ is not None and self.d_model_ is not None
         check_features(self.name, features, self.model_key_)
-        block = self._block(features, self.layer_)
-        if block.shape[1] != self.d_model_:
+        if self.concat_ and self._layers_of(features) != self.layers_:
+            raise ModelError(
+                f"saplma: the probe reads layers {list(self.layers_)} side by side, these "
+                f"features hold {list(self._layers_of(features))}; re-extract them"
+            )
+        block = self._block(features, None if self.concat_ else self.layer_)
+        width = self.d_model_ * (len(self.layers_) if self.concat_ else 1)
+        if block.shape[1] != width:
             raise ModelError(
                 f"saplma: these features are {block.shape[1]} wide, the probe was trained on "
-                f"{self.d_model_} (another model?); retrain it"
+                f"{width} (another model?); retrain it"
             )
         pooled = block.mean(axis=0) if self.pool_ == "mean" else block[-1]
         z = float(self.probe_.decision_function(pooled[None, :])[0])
@@ -248,9 +267,16 @@ class SaplmaDetector(DetectorBase):
             1.0 / (1.0 + np.exp(-z)),
             token_scores=tokens,
             explanation={
-                f"probe logit (layer {self.layer_}, {self.pool_} pooling)": z,
+                f"probe logit ({self._where()}, {self.pool_} pooling)": z,
                 **dict(zip(features.names, map(float, features.response), strict=True)),
             },
+        )
+
+    def _where(self) -> str:
+        return (
+            f"layers {', '.join(map(str, self.layers_))}"
+            if self.concat_
+            else f"layer {self.layer_}"
         )
 
     # -- artifacts -----------------------------------------------------------------
@@ -263,6 +289,7 @@ class SaplmaDetector(DetectorBase):
         weights: dict[str, Any] = {
             "layers": list(self.layers_),
             "layer": self.layer_,
+            "concat": self.concat_,
             "pool": self.pool_,
             "d_model": self.d_model_,
             "logistic": probe.to_json() if isinstance(probe, LogisticCalibrator) else None,
@@ -281,8 +308,11 @@ class SaplmaDetector(DetectorBase):
 
         def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
             det.layers_ = tuple(int(x) for x in w["layers"])
-            det.layer_ = int(w["layer"])
-            if det.layer_ not in det.layers_:
+            det.concat_ = w.get("concat", False)
+            if not isinstance(det.concat_, bool):
+                raise ValueError(f"concat must be true or false, not {det.concat_!r}")
+            det.layer_ = None if det.concat_ else int(w["layer"])
+            if not det.concat_ and det.layer_ not in det.layers_:
                 raise ValueError(f"layer {det.layer_} is not among {list(det.layers_)}")
             if w["pool"] not in POOLS:
                 raise ValueError(f"pool {w['pool']!r} is not one of {POOLS}")
@@ -298,7 +328,8 @@ class SaplmaDetector(DetectorBase):
                     load_file(str(Path(folder) / MLP_FILE)), det.config.hidden
                 )
                 width = det.probe_.mean_.shape[0]
-            if width != det.d_model_:
-                raise ValueError(f"the probe reads {width} inputs, not d_model {det.d_model_}")
+            want = det.d_model_ * (len(det.layers_) if det.concat_ else 1)
+            if width != want:
+                raise ValueError(f"the probe reads {width} inputs, not {want}")
 
         return load_fitted(cls, folder, model_key, fill, errors=(SafetensorError,))

@@ -4,10 +4,12 @@ signals, and their artifacts."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
 import pytest
+from sklearn.metrics import roc_auc_score
 
 from core.contract import Features
 from core.data import resolve_dataset
@@ -18,7 +20,7 @@ from core.detectors.lookback_lens import (
     window_means,
 )
 from core.detectors.saplma import SaplmaDetector, default_layers
-from core.errors import DataError
+from core.errors import DataError, ModelError
 from core.examples import RAGExample, Span
 from core.extract import extract_features, run_example
 from core.layout import render
@@ -161,6 +163,47 @@ def test_saplma_refuses_an_artifact_whose_layer_is_not_recorded(tmp_path, feats,
     (tmp_path / "a" / "cfg.json").write_text(json.dumps(cfg))
     with pytest.raises(DataError, match="layer 5"):
         SaplmaDetector.load(tmp_path / "a")
+
+
+def _split_signal(n: int, seed: int):
+    """SAPLMA features whose label is readable only from two layers together: layer 3's
+    mean carries ``u``, layer 9's carries ``label - u``."""
+    f, e = _planted(n, (3, 9), signal_layer=-1, pool="mean", seed=seed)
+    rng = np.random.default_rng(seed + 100)
+    out = []
+    for x, ex in zip(f, e, strict=True):
+        t = x.tokens.copy()
+        u = rng.normal(0, 2.0)
+        s = (1.5 if ex.label else -1.5) - u
+        t[:, 1] += u  # layer 3, column 1
+        t[:, 6 + 1] += s  # layer 9, column 1
+        out.append(dataclasses.replace(x, tokens=t))
+    return out, e
+
+
+def test_saplma_concat_probes_all_layers_side_by_side(tmp_path) -> None:
+    f, e = _split_signal(120, 0)
+    fv, ev = _split_signal(60, 1)
+    single = SaplmaDetector().fit(f, e, validation=(fv, ev))
+    both = make_detector("saplma", concat=True).fit(f, e, validation=(fv, ev))
+    assert both.concat_ and both.layer_ is None and both.train_info_["layer"] == "all"
+    assert {"layer": "all", "pool": "mean"} in [
+        {k: c[k] for k in ("layer", "pool")} for c in both.train_info_["candidates"]
+    ]
+    ft, et = _split_signal(60, 2)
+    y = np.asarray([x.label for x in et])
+    auc = lambda d: roc_auc_score(y, [d.predict(x).score for x in ft])  # noqa: E731
+    assert auc(both) > auc(single) + 0.1
+    v = both.predict(ft[0])
+    np.testing.assert_allclose(v.token_scores, both.probe_.predict_proba(ft[0].tokens), rtol=1e-5)
+    assert "layers 3, 9" in next(iter(v.explanation))
+    both.save(tmp_path / "c")
+    back = SaplmaDetector.load(tmp_path / "c", model_key=both.model_key_)
+    assert back.predict(ft[0]).score == pytest.approx(v.score, abs=1e-9)
+    # Features of other layers cannot be read by a probe of layers side by side.
+    other = dataclasses.replace(ft[0], names=("L3.norm_mean", "L8.norm_mean"))
+    with pytest.raises(ModelError, match="side by side"):
+        back.predict(other)
 
 
 # ----------------------------------------------------------------------------- Lookback Lens
