@@ -198,7 +198,7 @@ def _curve_figure(
     for k, s in enumerate(series):
         c = points(s)
         if c is None:
-            skipped.append(s.name)
+            skipped.append(plain(s.name))
             continue
         fig.add_trace(
             go.Scatter(
@@ -207,9 +207,11 @@ def _curve_figure(
                 customdata=c.thresholds,
                 mode="lines",
                 line={"color": PALETTE[k % len(PALETTE)], "width": 2, "shape": shape},
-                name=f"{s.name} ({area} {c.area:.3f})",
+                # The name comes from a saved run: escaped, and kept out of the hover
+                # template's own text (where "%{...}" would be read as a placeholder).
+                name=f"{plain(s.name)} ({area} {c.area:.3f})",
                 hovertemplate=(
-                    f"<b>{s.name}</b><br>{hover[0]} %{{x:.3f}} · {hover[1]} %{{y:.3f}}"
+                    f"<b>%{{fullData.name}}</b><br>{hover[0]} %{{x:.3f}} · {hover[1]} %{{y:.3f}}"
                     "<br>threshold %{customdata:.3f}<extra></extra>"
                 ),
             )

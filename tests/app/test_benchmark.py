@@ -351,6 +351,20 @@ def test_one_class_series_draws_no_curve_but_says_why() -> None:
         assert "flat" in fig.layout.annotations[0].text
 
 
+def test_curve_legends_escape_names_from_saved_runs() -> None:
+    """A run or detector name is shown as text: no link, no markup, no hover placeholder."""
+    name = 'run <a href="http://e.test">x</a> %{x}'
+    s = dataclasses.replace(_series(), name=name)
+    for fig in (roc_figure([s]), pr_figure([s])):
+        t = fig.data[-1]
+        assert t.name.startswith("run &lt;a href=")
+        assert (
+            "<a" not in t.name and name not in t.hovertemplate and "e.test" not in t.hovertemplate
+        )
+    flat = ScoreSeries(name="<b>flat</b>", labels=np.zeros(5, dtype=int), scores=np.ones(5))
+    assert "&lt;b&gt;flat" in roc_figure([flat]).layout.annotations[0].text
+
+
 def test_series_shapes_must_match() -> None:
     with pytest.raises(ValueError, match="must be equal"):
         ScoreSeries(name="bad", labels=np.zeros(3), scores=np.zeros(4))
