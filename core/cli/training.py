@@ -124,6 +124,13 @@ def _add_evaluate(sub: Subparsers) -> None:
         help="load detectors from this folder instead of training",
     )
     p.add_argument(
+        "--as-trained",
+        action="store_true",
+        help="with --artifacts: judge every answer of --dataset (or of --test-dataset) "
+        "with the detectors exactly as trained, at their own calibration and thresholds "
+        "(each dataset's own where they have one); no validation part re-picks them",
+    )
+    p.add_argument(
         "--matrix",
         default=None,
         metavar="SPECS",
@@ -316,7 +323,16 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         return 0
     if "," in args.dataset:
         raise DataError("several datasets combine only with --cv (or --matrix)", field="dataset")
+    if args.as_trained and not args.artifacts:
+        raise DataError(
+            "--as-trained judges with trained detectors: give their folder with --artifacts "
+            "(e.g. --artifacts assets/detectors)"
+        )
     train_name, test_name, splits = eval_splits(args)
+    if args.as_trained:
+        # Every answer is test data; the artifacts' own thresholds stay.
+        judged = splits["test"] if args.test_dataset else [e for p in splits.values() for e in p]
+        splits = {"train": [], "validation": [], "test": judged}
     model = load(args)
     artifacts = {}
     if args.artifacts:

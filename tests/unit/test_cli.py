@@ -565,3 +565,37 @@ def test_artifacts_sets_lists_each_shipped_set_and_marks_the_loaded_one(
     assert by_name["builtin"].startswith("* ") and by_name["default"].startswith("  ")
     assert "trained on builtin" in by_name["builtin"]
     assert all(" detectors  trained on " in line for line in lines)
+
+
+def test_evaluate_as_trained_judges_every_answer_at_the_artifacts_thresholds(
+    tmp_path: Path, capsys, tiny_model
+) -> None:
+    """``--artifacts DIR --as-trained``: the held-out judge's path. Every answer of the
+    dataset is tested, nothing re-picks the thresholds (without it a validation part
+    does, and only the test part is judged)."""
+    art = tmp_path / "art"
+    base = ["--model", "tiny", "--device", "cpu", "--detectors", "nll,lexical"]
+    assert main(["train", *base, "--dataset", "demo", "--out", str(art)]) == 0
+    shipped = {
+        n: json.loads((art / n / "cfg.json").read_text())["threshold"] for n in ("nll", "lexical")
+    }
+    capsys.readouterr()
+    out = tmp_path / "runs"
+    judge = ["evaluate", *base, "--artifacts", str(art), "--out", str(out), "--bootstrap", "0"]
+    assert (
+        main([*judge, "--dataset", "builtin", "--limit", "40", "--as-trained", "--name", "j"]) == 0
+    )
+    run = json.loads((out / "j.json").read_text())
+    from core.data import resolve_dataset, stratified_head
+
+    n_all = len(stratified_head(resolve_dataset("builtin")[1], 40))
+    for r in run["results"]:
+        assert r["metrics"]["n"] == n_all  # every answer, not a test part
+        assert r["threshold"] == pytest.approx(shipped[r["detector"]])
+    # Without --as-trained a validation part re-picks the thresholds and a test part is judged.
+    assert main([*judge, "--dataset", "builtin", "--limit", "40", "--name", "k"]) == 0
+    k = json.loads((out / "k.json").read_text())
+    assert all(r["metrics"]["n"] < n_all for r in k["results"])
+    capsys.readouterr()
+    assert main(["evaluate", *base, "--dataset", "demo", "--as-trained"]) != 0
+    assert "--as-trained judges with trained detectors" in capsys.readouterr().err
