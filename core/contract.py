@@ -922,6 +922,21 @@ def for_dataset(detector: Any, verdict: Verdict, dataset: str | None) -> Verdict
     )
 
 
+def calibrated_as(detector: Any, verdict: Verdict, dataset: str | None) -> Verdict:
+    """``verdict`` judged as if its answer came from ``dataset``: that training dataset's
+    own calibration and threshold (:func:`for_dataset`), or with ``None`` the pooled ones
+    of all the detector's training data. A verdict of an uncalibrated detector (no
+    ``raw_score``) is returned unchanged."""
+    cal = getattr(detector, "calibration_", None)
+    if verdict.raw_score is None or cal is None:
+        return verdict
+    p = min(max(float(cal.transform(verdict.raw_score)), 0.0), 1.0)
+    pooled = dataclasses.replace(
+        verdict, score=p, hallucinated=p >= detector.threshold_, calibrated_for=None
+    )
+    return for_dataset(detector, pooled, dataset) if dataset else pooled
+
+
 def decision_threshold(detector: Any, verdict: Verdict) -> float:
     """The threshold ``verdict`` was flagged at: its dataset's own, or the detector's."""
     own = getattr(detector, "dataset_calibration_", None) or {}

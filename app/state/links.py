@@ -76,6 +76,7 @@ P_METRIC = "metric"
 P_ITEM = "item"
 P_INPUT = "input"
 P_HIDE = "hide"
+P_CALIBRATE = "calibrate"
 
 WRITTEN_KEY = "ragscope.links.written"
 """Session key: parameter -> the value this session last wrote into the URL."""

@@ -55,6 +55,16 @@ COLOR_SURPRISAL = "surprisal"
 """The "Colour tokens by" choice meaning the model's own surprisal (else a detector name)."""
 
 
+KEY_CALIBRATE_AS = "playground.calibrate_as"
+
+
+CALIBRATE_AUTO = "auto"
+"""The verdicts' calibration choice meaning: the answer's own dataset's when the
+detectors keep one for it, else all their training data's (else a dataset name)."""
+CALIBRATE_POOLED = "pooled"
+"""The choice meaning: all the detectors' training data's calibration and threshold."""
+
+
 INPUT_DATASET = "An example from the dataset"
 
 

@@ -23,6 +23,7 @@ from app.state.heads import (
 )
 from app.state.playground import (
     ANSWER_PASTE,
+    CALIBRATE_AUTO,
     COLOR_SURPRISAL,
     INPUT_DATASET,
     GeneratedAnswer,
@@ -93,6 +94,8 @@ class AppState:
         analysis: The last analysis.
         color_by: What the answer's tokens are coloured by: :data:`COLOR_SURPRISAL`
             or a shipped detector's name.
+        calibrate_as: Whose calibration judges the Playground's answer:
+            :data:`CALIBRATE_AUTO`, :data:`CALIBRATE_POOLED` or a training dataset.
         imported_message: A note to show once after a successful import.
         import_error: Why the last import failed, shown until the next attempt.
         upload: The Home page's current upload, read once: its file id and report.
@@ -186,6 +189,7 @@ class AppState:
     generation: GeneratedAnswer | None = None
     analysis: Analysis | None = None
     color_by: str = COLOR_SURPRISAL
+    calibrate_as: str = CALIBRATE_AUTO
     imported_message: str | None = None
     import_error: str | None = None
     upload: tuple[str, UploadReport] | None = None

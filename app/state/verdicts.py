@@ -8,15 +8,15 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import streamlit as st
 
 from app.state.detectors import ShippedDetector, ShippedDetectors
 from app.state.memo import Memo
-from core.contract import decision_threshold
+from core.contract import calibrated_as, decision_threshold
 from core.errors import RagscopeError
 from core.examples import RAGExample
 from core.judge import Judged, judge_stream
@@ -65,11 +65,36 @@ class DetectorVerdicts:
             if v.token_scores is not None and v.token_offsets is not None
         }
 
+    def calibrated_as(self, dataset: str | None) -> DetectorVerdicts:
+        """These verdicts judged as if the answer came from training dataset ``dataset``
+        (``None``: by all the detectors' training data), each detector's calibration and
+        threshold for it (:func:`core.contract.calibrated_as`); nothing is recomputed."""
+        return replace(
+            self,
+            verdicts=tuple(
+                calibrated_as(d.detector, v, dataset)
+                for d, v in zip(self.detectors, self.verdicts, strict=True)
+            ),
+        )
+
     def to_frame(self) -> pd.DataFrame:
         """One row per detector: ``detector``, ``score`` (a calibrated probability when
         ``calibrated``), ``threshold``, ``verdict``, ``trained on``, ``n train``, ``AUROC``
         and where it comes from (missing facts are empty)."""
         return verdict_frame(self.detectors, self.verdicts)
+
+
+def calibration_datasets(detectors: Iterable[ShippedDetector]) -> list[str]:
+    """The training datasets some calibrated detector keeps a calibration of its own for
+    (what an answer can be judged as), sorted."""
+    return sorted(
+        {
+            n
+            for d in detectors
+            if d.calibrated
+            for n in (getattr(d.detector, "dataset_calibration_", None) or {})
+        }
+    )
 
 
 def verdict_frame(

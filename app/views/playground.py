@@ -29,6 +29,8 @@ from app.state import (
     ANSWER_GENERATE,
     ANSWER_PASTE,
     ANSWER_SOURCES,
+    CALIBRATE_AUTO,
+    CALIBRATE_POOLED,
     COLOR_SURPRISAL,
     HOME_DATASETS_HERE,
     INPUT_DATASET,
@@ -37,6 +39,7 @@ from app.state import (
     KEY_ADD_PASSAGE,
     KEY_ANALYSE,
     KEY_ANSWER_SOURCE,
+    KEY_CALIBRATE_AS,
     KEY_COLOR_BY,
     KEY_EXAMPLE,
     KEY_GENERATE,
@@ -46,6 +49,7 @@ from app.state import (
     KEY_OWN_TASK,
     KEY_PASTED,
     KEY_TEMPERATURE,
+    P_CALIBRATE,
     P_DATASET,
     P_DETECTOR,
     P_EXAMPLE,
@@ -59,6 +63,7 @@ from app.state import (
     ShippedDetectors,
     analyse,
     app_state,
+    calibration_datasets,
     dataset_spec,
     detector_verdicts,
     follow,
@@ -471,7 +476,64 @@ def train_command(panel: DetectorPanel, detector: str | None = None) -> str:
     )
 
 
-def show_detector_verdicts(panel: DetectorPanel) -> None:
+def _calibration_label(choice: str, own: str | None) -> str:
+    if choice == CALIBRATE_AUTO:
+        return f"its own dataset ({own})" if own else "automatic (all training data)"
+    if choice == CALIBRATE_POOLED:
+        return "all training data"
+    return choice
+
+
+def pick_calibration(
+    state: AppState, result: DetectorVerdicts, own: str | None
+) -> DetectorVerdicts:
+    """The "Judge the answer as one from" control, shown when the detectors keep
+    per-dataset calibrations; the verdicts under the chosen calibration (recomputed from
+    the kept raw scores, no pass). ``own``: the training dataset whose calibration judged
+    the answer automatically, if any."""
+    datasets = calibration_datasets(result.detectors)
+    options = [CALIBRATE_AUTO, CALIBRATE_POOLED, *datasets]
+    where = "a training dataset the loaded detectors keep a calibration for" + (
+        f" ({', '.join(md(d) for d in datasets)})" if datasets else ""
+    )
+    link = follow_widget(P_CALIBRATE, KEY_CALIBRATE_AS, one_of(options))
+    if not datasets:
+        publish(P_CALIBRATE, None, missing=link.missing, what="calibration", where=where)
+        return result
+    if st.session_state.get(KEY_CALIBRATE_AS) not in options:
+        st.session_state.pop(KEY_CALIBRATE_AS, None)
+    seed_widget(
+        KEY_CALIBRATE_AS, state.calibrate_as if state.calibrate_as in options else CALIBRATE_AUTO
+    )
+    state.calibrate_as = st.selectbox(
+        "Judge the answer as one from",
+        options,
+        key=KEY_CALIBRATE_AS,
+        format_func=lambda c: _calibration_label(c, own),
+        help="Base rates differ between datasets (half the built-in answers are "
+        "hallucinated, a fifth of RAGTruth's), so the same raw score means a different "
+        "probability, and crosses a different threshold, on each. Automatic: the "
+        "answer's own dataset when the detectors were trained on it (or on another split "
+        "of it), else all their training data. Pick a dataset to judge an answer of your "
+        "own as if it were one of that dataset's.",
+    )
+    publish(
+        P_CALIBRATE,
+        state.calibrate_as,
+        default=CALIBRATE_AUTO,
+        missing=link.missing,
+        what="calibration",
+        where=where,
+        instead=md(_calibration_label(state.calibrate_as, own)),
+    )
+    if state.calibrate_as == CALIBRATE_AUTO:
+        return result
+    return result.calibrated_as(
+        None if state.calibrate_as == CALIBRATE_POOLED else state.calibrate_as
+    )
+
+
+def show_detector_verdicts(panel: DetectorPanel, state: AppState) -> None:
     """The verdict table of the shipped detectors, or why there is none."""
     st.subheader("Detector verdicts")
     shipped = panel.shipped
@@ -486,9 +548,12 @@ def show_detector_verdicts(panel: DetectorPanel) -> None:
             st.info(_no_detectors_message(panel))
         return
     if panel.result is None:
+        publish(P_CALIBRATE, None)
         st.error(f"The detectors could not judge this answer: {md(panel.error)}")
         return
-    verdict_table(st.container(), panel.result.to_frame())
+    own = next((v.calibrated_for for v in panel.result.verdicts if v.calibrated_for), None)
+    result = pick_calibration(state, panel.result, own)
+    verdict_table(st.container(), result.to_frame())
     st.caption(
         "Each detector reads this answer and gives a score from 0 to 1. Where *calibrated* "
         "is ticked, the score is a probability calibrated on held-out answers of the data "
@@ -722,7 +787,7 @@ def show_analysis(
         vmax=None if colour is None else 1.0,
     )
 
-    show_detector_verdicts(panel)
+    show_detector_verdicts(panel, state)
 
     st.subheader("What the model read")
     rows = segment_rows(a.layout.segments)

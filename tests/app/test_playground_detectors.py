@@ -21,9 +21,12 @@ from streamlit.testing.v1 import AppTest
 
 from app.state import (
     ANSWER_PASTE,
+    CALIBRATE_AUTO,
+    CALIBRATE_POOLED,
     COLOR_SURPRISAL,
     KEY_ANALYSE,
     KEY_ANSWER_SOURCE,
+    KEY_CALIBRATE_AS,
     KEY_COLOR_BY,
     KEY_EXAMPLE,
     STATE_KEY,
@@ -199,6 +202,106 @@ def test_colour_by_a_detector_shows_its_token_scores(
     assert "nll token score" in _heatmap(at)
     at.radio(key=KEY_COLOR_BY).set_value(COLOR_SURPRISAL).run()
     assert _hover_values(_heatmap(at), "surprisal (bits)") == surprisal
+
+
+def _platt(a: float, b: float, n: int = 60) -> PlattCalibrator:
+    return PlattCalibrator.from_json({"kind": "platt", "a": a, "b": b, "n": n})
+
+
+@pytest.fixture(scope="module")
+def calibrated_artifacts(
+    tiny_artifacts: Path, tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """The tiny artifacts as a detector trained on two datasets keeps them: a pooled
+    calibration and one of each dataset's own (with very different thresholds)."""
+    out = tmp_path_factory.mktemp("calibrated")
+    for n in DETECTORS:
+        det = load_shipped(n, tiny_model.info.key, tiny_artifacts)
+        det.calibration_ = _platt(1.0, 0.0)
+        det.dataset_calibration_ = {
+            "builtin": DatasetCalibration(
+                calibrator=_platt(3.0, -1.0), threshold=0.95, n=46, n_positive=20
+            ),
+            "ragtruth_qa_dev": DatasetCalibration(
+                calibrator=_platt(0.5, -2.0), threshold=0.01, n=80, n_positive=15
+            ),
+        }
+        det.save(out / n)
+    return out
+
+
+def test_the_answer_can_be_judged_as_one_of_a_training_dataset(
+    make_app: Callable[[], AppTest],
+    detectors_dir: Callable[[Path], None],
+    calibrated_artifacts: Path,
+    tiny_model: LoadedModel,
+) -> None:
+    detectors_dir(calibrated_artifacts)
+    at = _analysed(make_app)
+    pick = at.selectbox(key=KEY_CALIBRATE_AS)
+    assert pick.value == CALIBRATE_AUTO
+    assert pick.options[1:] == ["all training data", "builtin", "ragtruth_qa_dev"]
+    direct = _direct_verdicts(tiny_model, calibrated_artifacts)
+    dets = {n: load_shipped(n, tiny_model.info.key, calibrated_artifacts) for n in DETECTORS}
+
+    def table() -> pd.DataFrame:
+        return _verdict_table(at).set_index("detector")
+
+    auto = table()
+    for choice, want_for in (("ragtruth_qa_dev", "ragtruth_qa_dev"), (CALIBRATE_POOLED, None)):
+        at.selectbox(key=KEY_CALIBRATE_AS).set_value(choice).run()
+        _no_exception(at)
+        shown = table()
+        for n, v in direct.items():
+            raw = v.raw_score
+            assert raw is not None
+            if want_for is None:
+                p, t = float(dets[n].calibration_.transform(raw)), dets[n].threshold_
+                assert shown.loc[n, "calibrated for"] == "all its training data"
+            else:
+                cal = dets[n].dataset_calibration_[want_for]
+                p, t = cal.apply(raw), cal.threshold
+                assert shown.loc[n, "calibrated for"] == want_for
+            assert shown.loc[n, "score"] == pytest.approx(p, abs=1e-6)
+            assert shown.loc[n, "threshold"] == pytest.approx(t)
+            assert shown.loc[n, "verdict"] == ("flagged" if p >= t else "not flagged")
+        assert at.query_params["calibrate"] == choice
+    # Back to automatic: the table as first shown, and the parameter leaves the URL.
+    at.selectbox(key=KEY_CALIBRATE_AS).set_value(CALIBRATE_AUTO).run()
+    pd.testing.assert_frame_equal(table(), auto)
+    assert "calibrate" not in at.query_params
+    assert at.session_state[STATE_KEY].calibrate_as == CALIBRATE_AUTO
+
+
+def test_a_link_names_the_calibration_or_says_it_is_not_here(
+    make_app: Callable[[], AppTest],
+    detectors_dir: Callable[[Path], None],
+    calibrated_artifacts: Path,
+    tiny_artifacts: Path,
+) -> None:
+    detectors_dir(calibrated_artifacts)
+    at = make_app()
+    at.query_params["calibrate"] = "builtin"
+    at.run()
+    at.switch_page(PLAYGROUND).run()
+    at.selectbox(key=KEY_EXAMPLE).select(EXAMPLE).run()
+    at.radio(key=KEY_ANSWER_SOURCE).set_value(ANSWER_PASTE).run()
+    at.button(key=KEY_ANALYSE).click().run()
+    _no_exception(at)
+    assert at.selectbox(key=KEY_CALIBRATE_AS).value == "builtin"
+    assert set(_verdict_table(at)["calibrated for"]) == {"builtin"}
+    # Detectors without per-dataset calibrations: no control, a linked one is named missing.
+    detectors_dir(tiny_artifacts)
+    at2 = make_app()
+    at2.query_params["calibrate"] = "builtin"
+    at2.run()
+    at2.switch_page(PLAYGROUND).run()
+    at2.selectbox(key=KEY_EXAMPLE).select(EXAMPLE).run()
+    at2.radio(key=KEY_ANSWER_SOURCE).set_value(ANSWER_PASTE).run()
+    at2.button(key=KEY_ANALYSE).click().run()
+    _no_exception(at2)
+    assert not [s for s in at2.selectbox if s.key == KEY_CALIBRATE_AS]
+    assert any("builtin" in w.value and "calibration" in w.value for w in at2.warning)
 
 
 def test_no_artifacts_says_how_to_make_them(make_app: Callable[[], AppTest]) -> None:
