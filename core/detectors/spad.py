@@ -43,7 +43,7 @@ from core.contract import (
     thresholded_verdict,
 )
 from core.errors import DataError, ModelError
-from core.examples import RAGExample
+from core.examples import RAGExample, source_key
 from core.labels import response_labels
 from core.model import ModelInfo
 from core.spad import (
@@ -89,6 +89,10 @@ class SpadConfig(DetectorConfig):
         missing: A part-of-speech tag absent from the response is ``"zero"`` in every
             source (the spec's features) or ``"nan"``: XGBoost's missing value, so an
             absent tag is not read as "no probability from any source".
+        grouped: The search's folds and the early-stopping hold-out keep each source's
+            answers (one question and its passages) together: answers to one question
+            are not independent, and folds that split them reward boosters that
+            memorise questions. ``False``: plain stratified folds over answers.
     """
 
     FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
@@ -102,6 +106,7 @@ class SpadConfig(DetectorConfig):
             "scoring",
             "stop_metric",
             "missing",
+            "grouped",
         }
     )
 
@@ -114,6 +119,7 @@ class SpadConfig(DetectorConfig):
     scoring: Literal["f1", "roc_auc", "average_precision"] = "f1"
     stop_metric: Literal["logloss", "auc"] = "logloss"
     missing: Literal["zero", "nan"] = "zero"
+    grouped: bool = False
 
     def __post_init__(self) -> None:
         if self.scoring not in ("f1", "roc_auc", "average_precision"):
@@ -136,6 +142,19 @@ NO_SEARCH_PARAMS: dict[str, Any] = {"n_estimators": 100, "max_depth": 2, "learni
 """Hyper-parameters without a search (``n_iter=0``): shallow trees that still split on a
 few dozen examples (the search's larger ``min_child_weight`` and ``gamma`` draws can
 leave such a fit without a single split); XGBoost's defaults otherwise."""
+
+
+def _grouped_holdout(
+    y: np.ndarray, groups: np.ndarray, share: float, seed: int
+) -> tuple[np.ndarray, np.ndarray]:
+    """``(train, held-out)`` indices: about ``share`` of the answers, whole sources,
+    stratified by label (one fold of a stratified grouped split)."""
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    n = max(2, min(round(1.0 / share), len(set(groups.tolist()))))
+    splitter = StratifiedGroupKFold(n_splits=n, shuffle=True, random_state=seed)
+    tr, va = next(splitter.split(np.zeros(len(y)), y, groups))
+    return tr, va
 
 
 def search_space() -> dict[str, Any]:
@@ -228,7 +247,12 @@ class SpadDetector(DetectorBase):
     def fit(self, features: Sequence[Features], examples: Sequence[RAGExample]) -> Self:
         """Randomized search, then a final fit with early stopping on a held-out 15%."""
         from sklearn.metrics import f1_score, make_scorer
-        from sklearn.model_selection import RandomizedSearchCV, StratifiedKFold, train_test_split
+        from sklearn.model_selection import (
+            RandomizedSearchCV,
+            StratifiedGroupKFold,
+            StratifiedKFold,
+            train_test_split,
+        )
 
         check_fit_inputs(self.name, features, examples)
         self._check(features)
@@ -240,9 +264,17 @@ class SpadDetector(DetectorBase):
         c = self.config
         pos_weight = n_neg / n_pos
         folds = min(c.cv, n_pos, n_neg)
+        groups = np.asarray([source_key(e) for e in examples])
+        if c.grouped:
+            folds = min(folds, len(set(groups.tolist())))
         best: dict[str, Any] = {} if c.n_iter else dict(NO_SEARCH_PARAMS)
         cv_f1: float | None = None
         if folds >= 2 and c.n_iter:
+            splitter = (
+                StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=c.seed)
+                if c.grouped
+                else StratifiedKFold(n_splits=folds, shuffle=True, random_state=c.seed)
+            )
             search = RandomizedSearchCV(
                 _classifier(c.seed, pos_weight),
                 search_space(),
@@ -250,12 +282,12 @@ class SpadDetector(DetectorBase):
                 scoring=(
                     make_scorer(f1_score, zero_division=0) if c.scoring == "f1" else c.scoring
                 ),
-                cv=StratifiedKFold(n_splits=folds, shuffle=True, random_state=c.seed),
+                cv=splitter,
                 random_state=c.seed,
                 n_jobs=1,
                 refit=False,
             )
-            search.fit(X, y)
+            search.fit(X, y, groups=groups if c.grouped else None)
             best = {
                 k: (v.item() if isinstance(v, np.generic) else v)
                 for k, v in search.best_params_.items()
@@ -263,10 +295,16 @@ class SpadDetector(DetectorBase):
             cv_f1 = float(search.best_score_)
         n_hold = max(2, math.ceil(c.holdout * len(y))) if c.holdout > 0 else 0
         stop = bool(n_hold) and min(n_pos, n_neg) >= 2 and len(y) - n_hold >= 2
-        if stop:
+        if stop and c.grouped:
+            tr_i, va_i = _grouped_holdout(y, groups, c.holdout, c.seed)
+            n_hold = int(va_i.size)
+            stop = len(set(y[va_i].tolist())) == 2 and len(set(y[tr_i].tolist())) == 2
+            X_tr, X_va, y_tr, y_va = X[tr_i], X[va_i], y[tr_i], y[va_i]
+        elif stop:
             X_tr, X_va, y_tr, y_va = train_test_split(
                 X, y, test_size=n_hold, stratify=y, random_state=c.seed
             )
+        if stop:
             clf = _classifier(
                 c.seed,
                 pos_weight,

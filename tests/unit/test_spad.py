@@ -14,6 +14,7 @@ from core.data import resolve_dataset
 from core.detectors import make_detector
 from core.detectors.spad import BIAS, BOOSTER_FILE, SpadConfig, SpadDetector, split_errors
 from core.errors import DataError, ModelError, NotFittedError
+from core.examples import source_key
 from core.extract import extract_features, run_example
 from core.layout import render
 from core.spad import (
@@ -435,3 +436,41 @@ def test_learner_options_nan_for_absent_tags_auc_search_and_round_trip(
     assert (
         SpadConfig(scoring="roc_auc", missing="nan").feature_hash() == SpadConfig().feature_hash()
     )
+
+
+def test_grouped_search_and_hold_out_keep_each_sources_answers_together(
+    fitted, balanced, monkeypatch
+) -> None:
+    """With ``grouped`` the randomized search's folds and the early-stopping hold-out
+    never split one source's answers (here pairs of answers share a source)."""
+    import dataclasses
+
+    from sklearn.model_selection import RandomizedSearchCV
+
+    from core.detectors.spad import _grouped_holdout
+
+    _, feats = fitted
+    paired = [
+        dataclasses.replace(e, provenance=dataclasses.replace(e.provenance, group=f"src{i // 4}"))
+        for i, e in enumerate(balanced)
+    ]
+    groups = np.asarray([source_key(e) for e in paired])
+    y = np.asarray([int(e.label) for e in paired])
+    seen: list[list[tuple[np.ndarray, np.ndarray]]] = []
+    real_fit = RandomizedSearchCV.fit
+
+    def spy(self, X, yy, groups=None, **kw):
+        seen.append(list(self.cv.split(X, yy, groups)))
+        return real_fit(self, X, yy, groups=groups, **kw)
+
+    monkeypatch.setattr(RandomizedSearchCV, "fit", spy)
+    det = SpadDetector(SpadConfig(n_iter=2, cv=2, grouped=True, holdout=0.3)).fit(feats, paired)
+    assert seen and all(not set(groups[tr]) & set(groups[te]) for tr, te in seen[-1]), (
+        "a source's answers on both sides of a search fold"
+    )
+    assert det.train_info_["early_stopping"]["held_out"] > 0
+    tr, va = _grouped_holdout(y, groups, 0.3, 0)
+    assert not set(groups[tr]) & set(groups[va]) and set(y[va]) == {0, 1}
+    # Ungrouped (the former behaviour) splits sources across folds here.
+    SpadDetector(SpadConfig(n_iter=2, cv=2, grouped=False)).fit(feats, paired)
+    assert any(set(groups[tr]) & set(groups[te]) for tr, te in seen[-1])
