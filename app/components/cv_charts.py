@@ -239,6 +239,14 @@ def oof_frame(run: CVRun) -> pd.DataFrame:
 # --------------------------------------------------------------------------- CV figures
 
 
+def _error_bar(v: float | None, lo: float | None, hi: float | None) -> tuple[float, float]:
+    """Plotly's asymmetric error bar of value ``v`` with interval ``[lo, hi]``: the
+    lengths above and below (0 where undefined)."""
+    if v is None:
+        return 0.0, 0.0
+    return (hi - v if hi is not None else 0.0), (v - lo if lo is not None else 0.0)
+
+
 def _layout(fig: go.Figure, title: str, height: int) -> None:
     fig.update_layout(
         title={"text": title, "x": 0.0, "xanchor": "left"},
@@ -279,8 +287,9 @@ def fold_spread_figure(runs: Sequence[CVRun]) -> go.Figure:
             p = _num(r.pooled.get("auroc"))
             lo, hi = _ci(r.pooled.get("auroc_ci"))
             px.append(p)
-            plus.append(hi - p if p is not None and hi is not None else 0.0)
-            minus.append(p - lo if p is not None and lo is not None else 0.0)
+            up, down = _error_bar(p, lo, hi)
+            plus.append(up)
+            minus.append(down)
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
@@ -410,8 +419,9 @@ def comparison_figure(run: CVRun) -> go.Figure:
             d = _num(v.get("delta"))
             lo, hi = _ci(v.get("ci"))
             x.append(d)
-            plus.append(hi - d if d is not None and hi is not None else 0.0)
-            minus.append(d - lo if d is not None and lo is not None else 0.0)
+            up, down = _error_bar(d, lo, hi)
+            plus.append(up)
+            minus.append(down)
             p = _num(v.get("p"))
             pvals.append(MISSING if p is None else p_text(p))
         fig.add_trace(
