@@ -13,7 +13,9 @@ a standardised, class-balanced L2 logistic regression whose strength is chosen b
 cross-validated log loss (default), or SAPLMA's own small MLP (256-128-64, ReLU; ``learner="mlp"``).
 
 Scores: the answer's probability from the chosen probe on its pooled row; token scores
-from the SAME probe applied to each token's row at the chosen layer.
+from the SAME probe applied to each token's row at the chosen layer, or (``token_probe``)
+from a second probe trained on the gold token labels at the layer that ranks the
+validation tokens best.
 """
 
 from __future__ import annotations
@@ -24,6 +26,7 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
+from sklearn.metrics import average_precision_score
 
 from core.contract import (
     DetectorBase,
@@ -38,6 +41,7 @@ from core.contract import (
     save_fitted,
     thresholded_verdict,
 )
+from core.detectors.common import token_training_set
 from core.errors import DataError, ModelError
 from core.examples import RAGExample, source_key
 from core.labels import response_labels
@@ -74,10 +78,29 @@ class SaplmaConfig(DetectorConfig):
         seed: Seed of the cross-validation folds and the MLP.
         concat: Also try, per pooling, one probe on all the layers' rows side by side
             (a multi-layer probe; its token scores read each token's rows the same way).
+        token_probe: Token scores from a second probe trained on the gold TOKEN labels
+            (spans) at the layer whose probe ranks the validation answers' tokens best,
+            instead of the answer probe applied to each token (answers whose token
+            labels are unknown are left out of it).
+        token_c: Strength of the token probe's L2 logistic regression.
+        token_sample: Training tokens each candidate layer's token probe is fitted on
+            while the layer is chosen (a label-stratified sample; the chosen layer's
+            probe is then refitted on all of them).
     """
 
     FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
-        {"pools", "learner", "c_grid", "hidden", "alpha", "seed", "concat"}
+        {
+            "pools",
+            "learner",
+            "c_grid",
+            "hidden",
+            "alpha",
+            "seed",
+            "concat",
+            "token_probe",
+            "token_c",
+            "token_sample",
+        }
     )
 
     layers: tuple[int, ...] = ()
@@ -88,8 +111,13 @@ class SaplmaConfig(DetectorConfig):
     alpha: float = 1e-3
     seed: int = 0
     concat: bool = False
+    token_probe: bool = False
+    token_c: float = 0.01
+    token_sample: int = 20000
 
     def __post_init__(self) -> None:
+        if self.token_c <= 0 or self.token_sample < 100:
+            raise DataError("saplma: token_c must be > 0 and token_sample >= 100")
         if not self.pools or any(p not in POOLS for p in self.pools):
             raise DataError(f"saplma: pools must be a non-empty subset of {POOLS}", field="pools")
         if self.learner not in ("logistic", "mlp"):
@@ -117,6 +145,8 @@ class SaplmaDetector(DetectorBase):
         self.layers_: tuple[int, ...] = ()
         self.layer_: int | None = None
         self.concat_: bool = False
+        self.token_probe_: LogisticCalibrator | None = None
+        self.token_layer_: int | None = None
         self.pool_: Pool | None = None
         self.d_model_: int | None = None
         self.model_key_: str | None = None
@@ -232,7 +262,11 @@ class SaplmaDetector(DetectorBase):
         self.layers_ = layers
         self.d_model_ = int(first.shape[1] // len(layers))
         self.model_key_ = model_key
+        self.token_probe_, self.token_layer_, token_info = None, None, {}
+        if self.config.token_probe:
+            token_info = self._fit_token_probe(features, examples, layers, validation)
         self.train_info_ = {
+            **token_info,
             "n_train": len(features),
             "n_hallucinated": int(y.sum()),
             "layer": "all" if self.concat_ else self.layer_,
@@ -241,6 +275,58 @@ class SaplmaDetector(DetectorBase):
             "candidates": tried,
         }
         return self
+
+    def _fit_token_probe(
+        self,
+        features: Sequence[Features],
+        examples: Sequence[RAGExample],
+        layers: tuple[int, ...],
+        validation: tuple[Sequence[Features], Sequence[RAGExample]] | None,
+    ) -> dict[str, Any]:
+        """The token probe (see :class:`SaplmaConfig`): per candidate layer a probe on a
+        sample of the training tokens, scored by the token AP of the validation answers'
+        known tokens (without those, the answer probe's layer), then the chosen layer's
+        probe on every training token."""
+        c = self.config
+        idx, _, labels = token_training_set(features, examples)
+        y = np.concatenate(labels) if labels else np.zeros(0, np.int8)
+        if len(set(y.tolist())) < 2:
+            return {"token_probe": "no tokens of both labels to learn from"}
+        rows = {ly: np.concatenate([self._block(features[i], ly) for i in idx]) for ly in layers}
+        rng = np.random.default_rng(c.seed)
+        pick = np.arange(y.size)
+        if y.size > c.token_sample:  # label-stratified: keep the rare hallucinated tokens
+            pos, neg = np.flatnonzero(y == 1), np.flatnonzero(y == 0)
+            n_pos = min(pos.size, max(1, round(c.token_sample * pos.size / y.size)))
+            pick = np.sort(
+                np.concatenate(
+                    [
+                        rng.choice(pos, n_pos, replace=False),
+                        rng.choice(neg, c.token_sample - n_pos, replace=False),
+                    ]
+                )
+            )
+        v_idx, _, v_labels = (
+            token_training_set(validation[0], validation[1]) if validation else ([], [], [])
+        )
+        v_y = np.concatenate(v_labels) if v_labels else np.zeros(0, np.int8)
+        scores: dict[int, float] = {}
+        if len(set(v_y.tolist())) == 2 and validation is not None:
+            for ly in layers:
+                probe = LogisticCalibrator(C=c.token_c, max_iter=300).fit(rows[ly][pick], y[pick])
+                v_rows = np.concatenate([self._block(validation[0][i], ly) for i in v_idx])
+                scores[ly] = float(average_precision_score(v_y, probe.predict_proba(v_rows)))
+            layer = max(scores, key=lambda ly: scores[ly])
+        else:
+            layer = self.layer_ if self.layer_ is not None else layers[len(layers) // 2]
+        self.token_layer_ = int(layer)
+        self.token_probe_ = LogisticCalibrator(C=c.token_c, max_iter=300).fit(rows[layer], y)
+        return {
+            "token_layer": self.token_layer_,
+            "token_layer_ap": {str(k): v for k, v in scores.items()},
+            "n_token_answers": len(idx),
+            "n_tokens": int(y.size),
+        }
 
     def predict(self, features: Features) -> Verdict:
         require_fitted(self, "probe_", self.name)
@@ -260,7 +346,11 @@ class SaplmaDetector(DetectorBase):
             )
         pooled = block.mean(axis=0) if self.pool_ == "mean" else block[-1]
         z = float(self.probe_.decision_function(pooled[None, :])[0])
-        tokens = self.probe_.predict_proba(block).astype(np.float32)
+        if self.token_probe_ is not None and self.token_layer_ is not None:
+            tokens = self.token_probe_.predict_proba(self._block(features, self.token_layer_))
+        else:
+            tokens = self.probe_.predict_proba(block)
+        tokens = tokens.astype(np.float32)
         return thresholded_verdict(
             self,
             features,
@@ -290,6 +380,8 @@ class SaplmaDetector(DetectorBase):
             "layers": list(self.layers_),
             "layer": self.layer_,
             "concat": self.concat_,
+            "token_probe": self.token_probe_.to_json() if self.token_probe_ else None,
+            "token_layer": self.token_layer_,
             "pool": self.pool_,
             "d_model": self.d_model_,
             "logistic": probe.to_json() if isinstance(probe, LogisticCalibrator) else None,
@@ -318,6 +410,16 @@ class SaplmaDetector(DetectorBase):
                 raise ValueError(f"pool {w['pool']!r} is not one of {POOLS}")
             det.pool_ = w["pool"]
             det.d_model_ = int(w["d_model"])
+            det.token_probe_, det.token_layer_ = None, None
+            if w.get("token_probe") is not None:
+                det.token_layer_ = int(w["token_layer"])
+                if det.token_layer_ not in det.layers_:
+                    raise ValueError(
+                        f"token layer {det.token_layer_} is not among {list(det.layers_)}"
+                    )
+                det.token_probe_ = LogisticCalibrator.from_json(w["token_probe"])
+                if det.token_probe_.coef_.shape[0] != det.d_model_:
+                    raise ValueError("the token probe does not read d_model inputs")
             if w.get("logistic") is not None:
                 det.probe_ = LogisticCalibrator.from_json(w["logistic"])
                 width = det.probe_.coef_.shape[0]

@@ -206,6 +206,58 @@ def test_saplma_concat_probes_all_layers_side_by_side(tmp_path) -> None:
         back.predict(other)
 
 
+def _token_signal(n: int, seed: int):
+    """SAPLMA features where a hallucinated answer shows at layer 3 in every token (what
+    the answer probe reads) and its span's tokens (its first half) at layer 9 only;
+    faithful answers have no spans (all tokens faithful)."""
+    f, e = _planted(n, (3, 9), signal_layer=-1, pool="mean", seed=seed)
+    out_f, out_e = [], []
+    for x, ex in zip(f, e, strict=True):
+        t = x.tokens.copy()
+        k = max(1, t.shape[0] // 2)
+        if ex.label:
+            t[:, 1] += 3.0  # layer 3, column 1: every token (the answer-level signal)
+            t[:k, 6 + 2] += 2.5  # layer 9, column 2: the span's tokens only
+            ex = dataclasses.replace(ex, spans=(Span(start=0, end=k),))
+        out_f.append(dataclasses.replace(x, tokens=t))
+        out_e.append(ex)
+    return out_f, out_e
+
+
+def test_saplma_token_probe_learns_the_gold_token_labels(tmp_path) -> None:
+    from sklearn.metrics import average_precision_score
+
+    f, e = _token_signal(120, 0)
+    fv, ev = _token_signal(60, 1)
+    ft, et = _token_signal(60, 2)
+    plain = make_detector("saplma").fit(f, e, validation=(fv, ev))
+    tok = make_detector("saplma", token_probe=True, token_sample=200).fit(f, e, validation=(fv, ev))
+    assert tok.token_layer_ == 9 and tok.train_info_["token_layer"] == 9
+    assert set(tok.train_info_["token_layer_ap"]) == {"3", "9"}
+    # The answer score is the answer probe's either way.
+    assert tok.predict(ft[0]).score == pytest.approx(plain.predict(ft[0]).score)
+
+    def token_ap(det) -> float:
+        ys, ss = [], []
+        for x, ex in zip(ft, et, strict=True):
+            lab = x.token_labels(ex)
+            lab = np.zeros(len(x.token_offsets), int) if lab is None else lab
+            ys.append(lab)
+            ss.append(det.predict(x).token_scores)
+        return float(average_precision_score(np.concatenate(ys), np.concatenate(ss)))
+
+    assert token_ap(tok) > token_ap(plain) + 0.1
+    v = tok.predict(ft[0])
+    np.testing.assert_allclose(
+        v.token_scores, tok.token_probe_.predict_proba(tok._block(ft[0], 9)), rtol=1e-5
+    )
+    tok.save(tmp_path / "t")
+    back = SaplmaDetector.load(tmp_path / "t", model_key=tok.model_key_)
+    np.testing.assert_allclose(back.predict(ft[0]).token_scores, v.token_scores, atol=1e-6)
+    with pytest.raises(DataError):
+        make_detector("saplma", token_c=0)
+
+
 # ----------------------------------------------------------------------------- Lookback Lens
 
 
