@@ -523,8 +523,9 @@ def test_benchmark_in_chromium(server: str, browser: object) -> None:
         legend.first.wait_for(state="visible")
         assert legend.count() == 3
         page.get_by_text(re.compile(r"At threshold 0\.500: TP \d+")).wait_for()
-        # 5 of the test run, 4 of the cross-validation, the cross-domain heatmap.
-        expect(page.locator(".js-plotly-plot")).to_have_count(10, timeout=60_000)
+        # 5 of the test run, 5 of the cross-validation (with the paired differences),
+        # the cross-domain heatmap.
+        expect(page.locator(".js-plotly-plot")).to_have_count(11, timeout=60_000)
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "benchmark.png")
 
