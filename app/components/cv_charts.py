@@ -428,6 +428,8 @@ def comparison_figure(run: CVRun) -> go.Figure:
             go.Scatter(
                 x=x,
                 y=names,
+                orientation="h",  # grouped along y: the two bars of a detector sit apart
+                offsetgroup=key,
                 mode="markers",
                 name=f"Δ AUROC vs {what}, 95% CI",
                 marker={"size": 11, "color": COMPARISON_COLORS[key]},
@@ -450,7 +452,9 @@ def comparison_figure(run: CVRun) -> go.Figure:
     fig.add_vline(x=0.0, line={"dash": "dash", "color": GUIDE_COLOR, "width": 1})
     _layout(fig, "AUROC differences on the same answers", 150 + 46 * max(len(names), 1))
     fig.update_layout(
-        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0}
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "xanchor": "right", "x": 1.0},
+        scattermode="group",
+        scattergap=0.45,
     )
     fig.update_xaxes(title="Δ AUROC (dashed: no difference)", zeroline=False)
     fig.update_yaxes(

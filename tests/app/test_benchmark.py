@@ -538,6 +538,9 @@ def test_cv_and_matrix_runs_show_their_sections(
     vs_best = _trace(comp, f"Δ AUROC vs the best detector ({best})")
     vs_len = _trace(comp, "Δ AUROC vs answer length")
     assert vs_best["y"] == vs_len["y"] == list(CV_DETECTORS)
+    # Side by side within a detector's row, not drawn over each other.
+    assert comp["layout"]["scattermode"] == "group"
+    assert vs_best["offsetgroup"] != vs_len["offsetgroup"]
     for i, d in enumerate(CV_DETECTORS):
         row = cv.comparisons["rows"][d]
         if d == best:
