@@ -117,7 +117,7 @@ class SaplmaConfig(DetectorConfig):
 
     def __post_init__(self) -> None:
         if self.token_c <= 0 or self.token_sample < 100:
-            raise DataError("saplma: token_c must be > 0 and token_sample >= 100")
+            raise DataError("saplma: token_c must be > 0 and token_sample >= 100", field="token_c")
         if not self.pools or any(p not in POOLS for p in self.pools):
             raise DataError(f"saplma: pools must be a non-empty subset of {POOLS}", field="pools")
         if self.learner not in ("logistic", "mlp"):
@@ -292,7 +292,10 @@ class SaplmaDetector(DetectorBase):
         y = np.concatenate(labels) if labels else np.zeros(0, np.int8)
         if len(set(y.tolist())) < 2:
             return {"token_probe": "no tokens of both labels to learn from"}
-        rows = {ly: np.concatenate([self._block(features[i], ly) for i in idx]) for ly in layers}
+
+        def layer_rows(ly: int) -> np.ndarray:  # one layer at a time: ~d_model x 4 B per token
+            return np.concatenate([self._block(features[i], ly) for i in idx])
+
         rng = np.random.default_rng(c.seed)
         pick = np.arange(y.size)
         if y.size > c.token_sample:  # label-stratified: keep the rare hallucinated tokens
@@ -313,14 +316,16 @@ class SaplmaDetector(DetectorBase):
         scores: dict[int, float] = {}
         if len(set(v_y.tolist())) == 2 and validation is not None:
             for ly in layers:
-                probe = LogisticCalibrator(C=c.token_c, max_iter=300).fit(rows[ly][pick], y[pick])
+                probe = LogisticCalibrator(C=c.token_c, max_iter=300).fit(
+                    layer_rows(ly)[pick], y[pick]
+                )
                 v_rows = np.concatenate([self._block(validation[0][i], ly) for i in v_idx])
                 scores[ly] = float(average_precision_score(v_y, probe.predict_proba(v_rows)))
             layer = max(scores, key=lambda ly: scores[ly])
         else:
             layer = self.layer_ if self.layer_ is not None else layers[len(layers) // 2]
         self.token_layer_ = int(layer)
-        self.token_probe_ = LogisticCalibrator(C=c.token_c, max_iter=300).fit(rows[layer], y)
+        self.token_probe_ = LogisticCalibrator(C=c.token_c, max_iter=300).fit(layer_rows(layer), y)
         return {
             "token_layer": self.token_layer_,
             "token_layer_ap": {str(k): v for k, v in scores.items()},
