@@ -116,8 +116,12 @@ class SaplmaConfig(DetectorConfig):
     token_sample: int = 20000
 
     def __post_init__(self) -> None:
-        if self.token_c <= 0 or self.token_sample < 100:
+        if self.token_c <= 0:
             raise DataError("saplma: token_c must be > 0 and token_sample >= 100", field="token_c")
+        if self.token_sample < 100:
+            raise DataError(
+                "saplma: token_c must be > 0 and token_sample >= 100", field="token_sample"
+            )
         if not self.pools or any(p not in POOLS for p in self.pools):
             raise DataError(f"saplma: pools must be a non-empty subset of {POOLS}", field="pools")
         if self.learner not in ("logistic", "mlp"):
