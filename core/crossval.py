@@ -49,6 +49,7 @@ from core.evaluate import (
 )
 from core.examples import RAGExample, source_key
 from core.extract import Extraction, FeatureCache, extract_features
+from core.foldstore import fold_key, fold_result, load_fold, save_fold
 from core.metrics import (
     auroc_or_none,
     grouped_bootstrap_ci,
@@ -711,6 +712,8 @@ def cross_validate(
     name: str | None = None,
     extraction: Extraction | None = None,
     model_key: str | None = None,
+    checkpoint: str | Path | None = None,
+    resumed: Callable[[str, int, int], None] | None = None,
 ) -> CVRun:
     """Score every answer out of fold once, for every detector (see the module docstring).
 
@@ -735,6 +738,10 @@ def cross_validate(
         extraction: Features already extracted for ``examples`` (skips extraction; then
             ``model`` may be ``None`` with ``model_key`` given).
         model_key: The model's key to record (default: ``model.info.key``).
+        checkpoint: A folder of fold checkpoints (:mod:`core.foldstore`): each fold is
+            saved there once scored, and a fold already saved by the same run (same
+            detector config, data, folds, options and code) is read instead of refitted.
+        resumed: ``(detector, fold, k)`` for each fold read from ``checkpoint``.
     """
     make = make or default_maker()
     if extraction is None:
@@ -756,8 +763,21 @@ def cross_validate(
     lengths = answer_lengths(exs)
     strata_len = length_bins(lengths, LENGTH_BINS)
     results = []
+    run_parts = {
+        "ids": hashlib.sha256("\n".join(e.id for e in exs).encode()).hexdigest(),
+        "data": data_hash(exs),
+        "fold": hashlib.sha256(fold.astype(np.int64).tobytes()).hexdigest(),
+        "k": k,
+        "seed": seed,
+        "model": key,
+        "criterion": criterion,
+        "calibrate_on": sorted(calibrate_on) if calibrate_on is not None else None,
+        "calibration": calibration,
+        "val_share": val_share,
+    }
     for n in detectors:
         feats = ext.features[n]
+        detector_hash = make(n).config.config_hash()
         scores = np.zeros(len(exs))
         raw = np.zeros(len(exs))
         flagged = np.zeros(len(exs), dtype=bool)
@@ -771,27 +791,36 @@ def cross_validate(
                 fold_progress(n, f, k)
             tr = np.flatnonzero(fold != f)
             te = np.flatnonzero(fold == f)
-            det = fit_procedure(
-                make,
-                n,
-                [feats[i] for i in tr],
-                [exs[i] for i in tr],
-                criterion=criterion,
-                calibrate_on=calibrate_on,
-                calibration=calibration,
-                val_share=val_share,
-                seed=seed + f,
-            )
-            config_hash = det.config.config_hash()
-            for i in te:
-                v = det.predict(feats[i])
-                verdicts[i] = v
-                scores[i] = v.score
-                raw[i] = v.raw_score if v.raw_score is not None else v.score
-                flagged[i] = bool(v.hallucinated)
-                own = for_dataset(det, v, exs[i].provenance.dataset)
-                own_scores[i], own_flagged[i] = own.score, bool(own.hallucinated)
-            m = response_metrics(y[te], scores[te], float(det.threshold_), n_boot=0)
+            fkey = fold_key({**run_parts, "detector": n, "config": detector_hash, "f": f})
+            res = load_fold(checkpoint, fkey, te) if checkpoint is not None else None
+            if res is None:
+                det = fit_procedure(
+                    make,
+                    n,
+                    [feats[i] for i in tr],
+                    [exs[i] for i in tr],
+                    criterion=criterion,
+                    calibrate_on=calibrate_on,
+                    calibration=calibration,
+                    val_share=val_share,
+                    seed=seed + f,
+                )
+                vs = [det.predict(feats[i]) for i in te]
+                own = [
+                    for_dataset(det, v, exs[i].provenance.dataset)
+                    for v, i in zip(vs, te, strict=True)
+                ]
+                res = fold_result(te, vs, own, float(det.threshold_), det.config.config_hash())
+                if checkpoint is not None:
+                    save_fold(checkpoint, fkey, res)
+            elif resumed is not None:
+                resumed(n, f, k)
+            config_hash = res.config_hash
+            scores[te], raw[te], flagged[te] = res.scores, res.raw, res.flagged
+            own_scores[te], own_flagged[te] = res.own_scores, res.own_flagged
+            for j, i in enumerate(te):
+                verdicts[i] = res.verdict(j, n, exs[i].id)
+            m = response_metrics(y[te], scores[te], res.threshold, n_boot=0)
             per_fold.append(
                 {
                     "fold": f,
@@ -800,7 +829,7 @@ def cross_validate(
                     "auroc": m["auroc"],
                     "ap": m["ap"],
                     "balanced_accuracy": m["balanced_accuracy"],
-                    "threshold": float(det.threshold_),
+                    "threshold": res.threshold,
                     "ece": reliability(y[te], scores[te]).ece,
                 }
             )

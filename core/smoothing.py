@@ -16,6 +16,10 @@ scores unchanged; ``p_stay -> 1`` spreads a flag over the whole answer.
 It reads nothing but scores in [0, 1], so any detector's token scores can be
 smoothed (:func:`smooth_tokens`); CORTEX uses ``p_stay = 0.993`` for its token
 output and ``0.93`` for its answer score (:func:`answer_score`).
+
+A plainer smoother, :func:`window_mean`, averages each token's logit with its
+neighbours' over a centred window (SAPLMA's token probe picks its width on
+validation tokens, among :data:`TOKEN_WINDOWS`).
 """
 
 from __future__ import annotations
@@ -23,12 +27,36 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
+from scipy.ndimage import uniform_filter1d
 
 from core.errors import DataError
 
 CLIP = 1e-4
 P_STAY_TOKEN = 0.993
 P_STAY_ANSWER = 0.93
+TOKEN_WINDOWS: tuple[int, ...] = (1, 5, 9, 15, 25)
+"""Window widths (tokens) a token scorer may choose among on validation; 1 is no
+smoothing."""
+MAX_WINDOW = 255
+
+
+def check_window(width: object) -> int:
+    """``width`` as a window width: an odd int in ``[1, MAX_WINDOW]`` (files are hostile:
+    anything else raises)."""
+    if type(width) is not int or not 1 <= width <= MAX_WINDOW or width % 2 == 0:
+        raise DataError(f"a token window must be an odd int in [1, {MAX_WINDOW}], got {width!r}")
+    return width
+
+
+def window_mean(values: np.ndarray, width: int) -> np.ndarray:
+    """One answer's token values ``[T]`` (logits, say) each averaged with its neighbours':
+    the centred mean over ``width`` tokens, the edge values repeated past the answer's
+    ends; ``width == 1`` returns them unchanged (as float64)."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    w = check_window(width)
+    if w == 1 or v.size == 0:
+        return v
+    return uniform_filter1d(v, size=w, mode="nearest")
 
 
 def _check_p(p_stay: float) -> float:

@@ -5,7 +5,9 @@ validation; report on test) and ``train`` (fit and save the artifacts, or with
 from __future__ import annotations
 
 import argparse
+import hashlib
 import json
+import shutil
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -38,6 +40,7 @@ from core.detectors import shipped_artifacts
 from core.errors import DataError
 from core.evaluate import EvalRun, evaluate
 from core.extract import Extraction, FeatureCache, Progress
+from core.foldstore import folds_dir
 from core.jobs import JobRunner
 from core.matrix import MatrixRun, domain_matrix
 from core.model import LoadedModel
@@ -74,7 +77,9 @@ def _fit_parser(sub: Subparsers, cmd: str, helptext: str) -> argparse.ArgumentPa
         metavar="K",
         help="K-fold source-grouped cross-validation (default K: 5) instead of one split: "
         "every answer scored out of fold once, pooled metrics with grouped bootstrap CIs, the "
-        "fold spread, calibration (ECE) and per-generator/per-dataset breakdowns",
+        "fold spread, calibration (ECE) and per-generator/per-dataset breakdowns; resumable: "
+        "each fold is saved once scored (under the cache's cv-folds/), so rerunning an "
+        "interrupted command refits only the folds it had not finished",
     )
     p.add_argument(
         "--calibrate-on",
@@ -208,8 +213,25 @@ def _cross_validate(
         fold_progress=lambda d, f, k: print(f"{d}: fold {f + 1}/{k}", file=sys.stderr),
         name=getattr(args, "name", None),
         extraction=ext,
+        checkpoint=_folds_folder(args),
+        resumed=lambda d, f, k: print(
+            f"{d}: fold {f + 1}/{k} read back from its checkpoint", file=sys.stderr
+        ),
     )
     return run, ext
+
+
+def _folds_folder(args: argparse.Namespace) -> Path:
+    """This command line's fold checkpoints (:mod:`core.foldstore`): a rerun of the
+    same command after an interruption resumes after the last fold scored; removed
+    once the command has saved what it makes (:func:`_clear_folds`)."""
+    plain = {k: v for k, v in sorted(vars(args).items()) if not callable(v)}
+    tag = hashlib.sha256(json.dumps(plain, default=str).encode()).hexdigest()[:16]
+    return folds_dir() / tag
+
+
+def _clear_folds(args: argparse.Namespace) -> None:
+    shutil.rmtree(_folds_folder(args), ignore_errors=True)
 
 
 def _train_cv(
@@ -264,6 +286,7 @@ def _train_cv(
                 },
             },
         )
+    _clear_folds(args)
     return run
 
 
@@ -318,6 +341,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             _matrix(args, names, model) if args.matrix else _cross_validate(args, names, model)[0]
         )
         j, m = run.save(args.out or runs_dir())
+        if not args.matrix:
+            _clear_folds(args)
         print(run.to_markdown())
         print(f"\nsaved {j} and {m}")
         return 0

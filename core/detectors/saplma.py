@@ -15,7 +15,9 @@ cross-validated log loss (default), or SAPLMA's own small MLP (256-128-64, ReLU;
 Scores: the answer's probability from the chosen probe on its pooled row; token scores
 from the SAME probe applied to each token's row at the chosen layer, or (``token_probe``)
 from a second probe trained on the gold token labels at the layer that ranks the
-validation tokens best.
+validation tokens best, its logits averaged over a window of neighbouring tokens whose
+width (1, no smoothing, to 25) is chosen on the same validation tokens (hallucinated
+spans run over several tokens).
 """
 
 from __future__ import annotations
@@ -48,6 +50,7 @@ from core.labels import response_labels
 from core.learners import LogisticCalibrator, MLPHead, grouped_logistic
 from core.metrics import auroc_or_none
 from core.model import ModelInfo
+from core.smoothing import TOKEN_WINDOWS, check_window, window_mean
 from core.trace import Needs
 
 Pool = Literal["mean", "last"]
@@ -151,6 +154,7 @@ class SaplmaDetector(DetectorBase):
         self.concat_: bool = False
         self.token_probe_: LogisticCalibrator | None = None
         self.token_layer_: int | None = None
+        self.token_window_: int = 1
         self.pool_: Pool | None = None
         self.d_model_: int | None = None
         self.model_key_: str | None = None
@@ -289,8 +293,10 @@ class SaplmaDetector(DetectorBase):
     ) -> dict[str, Any]:
         """The token probe (see :class:`SaplmaConfig`): per candidate layer a probe on a
         sample of the training tokens, scored by the token AP of the validation answers'
-        known tokens (without those, the answer probe's layer), then the chosen layer's
-        probe on every training token."""
+        known tokens with its logits smoothed by each window of :data:`TOKEN_WINDOWS`
+        (:func:`core.smoothing.window_mean`; without validation tokens, the answer
+        probe's layer and no smoothing), then the chosen layer's probe on every training
+        token, smoothed by the chosen window."""
         c = self.config
         idx, _, labels = token_training_set(features, examples)
         y = np.concatenate(labels) if labels else np.zeros(0, np.int8)
@@ -317,22 +323,30 @@ class SaplmaDetector(DetectorBase):
             token_training_set(validation[0], validation[1]) if validation else ([], [], [])
         )
         v_y = np.concatenate(v_labels) if v_labels else np.zeros(0, np.int8)
-        scores: dict[int, float] = {}
+        scores: dict[tuple[int, int], float] = {}
         if len(set(v_y.tolist())) == 2 and validation is not None:
             for ly in layers:
                 probe = LogisticCalibrator(C=c.token_c, max_iter=300).fit(
                     layer_rows(ly)[pick], y[pick]
                 )
-                v_rows = np.concatenate([self._block(validation[0][i], ly) for i in v_idx])
-                scores[ly] = float(average_precision_score(v_y, probe.predict_proba(v_rows)))
-            layer = max(scores, key=lambda ly: scores[ly])
+                v_z = [probe.decision_function(self._block(validation[0][i], ly)) for i in v_idx]
+                for w in TOKEN_WINDOWS:
+                    s = np.concatenate([window_mean(z, w) for z in v_z])
+                    scores[ly, w] = float(average_precision_score(v_y, s))
+            layer, window = max(scores, key=lambda k: scores[k])
         else:
             layer = self.layer_ if self.layer_ is not None else layers[len(layers) // 2]
-        self.token_layer_ = int(layer)
+            window = 1
+        self.token_layer_, self.token_window_ = int(layer), int(window)
         self.token_probe_ = LogisticCalibrator(C=c.token_c, max_iter=300).fit(layer_rows(layer), y)
         return {
             "token_layer": self.token_layer_,
-            "token_layer_ap": {str(k): v for k, v in scores.items()},
+            "token_window": self.token_window_,
+            "token_layer_ap": {
+                str(ly): max(v for (k, _), v in scores.items() if k == ly)
+                for ly in dict.fromkeys(k for k, _ in scores)
+            },
+            "token_window_ap": {str(w): v for (k, w), v in scores.items() if k == layer},
             "n_token_answers": len(idx),
             "n_tokens": int(y.size),
         }
@@ -356,7 +370,8 @@ class SaplmaDetector(DetectorBase):
         pooled = block.mean(axis=0) if self.pool_ == "mean" else block[-1]
         z = float(self.probe_.decision_function(pooled[None, :])[0])
         if self.token_probe_ is not None and self.token_layer_ is not None:
-            tokens = self.token_probe_.predict_proba(self._block(features, self.token_layer_))
+            z_tok = self.token_probe_.decision_function(self._block(features, self.token_layer_))
+            tokens = 1.0 / (1.0 + np.exp(-window_mean(z_tok, self.token_window_)))
         else:
             tokens = self.probe_.predict_proba(block)
         tokens = tokens.astype(np.float32)
@@ -391,6 +406,7 @@ class SaplmaDetector(DetectorBase):
             "concat": self.concat_,
             "token_probe": self.token_probe_.to_json() if self.token_probe_ else None,
             "token_layer": self.token_layer_,
+            "token_window": self.token_window_,
             "pool": self.pool_,
             "d_model": self.d_model_,
             "logistic": probe.to_json() if isinstance(probe, LogisticCalibrator) else None,
@@ -420,6 +436,7 @@ class SaplmaDetector(DetectorBase):
             det.pool_ = w["pool"]
             det.d_model_ = int(w["d_model"])
             det.token_probe_, det.token_layer_ = None, None
+            det.token_window_ = check_window(w.get("token_window", 1))
             if w.get("token_probe") is not None:
                 det.token_layer_ = int(w["token_layer"])
                 if det.token_layer_ not in det.layers_:

@@ -460,6 +460,9 @@ def test_train_cv_saves_calibrated_artifacts_with_their_cv_metrics(
     args = ["train", "--cv", "3", "--dataset", "builtin", "--limit", "60", "--out", str(shipped)]
     assert main([*args, *_cv_args()]) == 0
     capsys.readouterr()
+    # Each fold was checkpointed (resumable), and the checkpoints went once all was saved.
+    folds = tmp_path / "cache" / "cv-folds"
+    assert folds.is_dir() and list(folds.iterdir()) == []
     cfg = json.loads((shipped / "lexical" / "cfg.json").read_text())
     assert cfg["calibration"]["kind"] == "platt"
     assert (

@@ -545,3 +545,126 @@ def test_an_answer_of_a_training_dataset_is_judged_by_its_own_calibration(
     assert in_b.raw_score == pytest.approx(elsewhere.raw_score)
     assert in_b.score == pytest.approx(own.apply(in_b.raw_score))
     assert elsewhere.score == pytest.approx(float(det.calibration_.transform(in_b.raw_score)))
+
+
+# ----------------------------------------------------------------------------- resuming
+
+
+class _Dies(Exception):
+    pass
+
+
+def test_an_interrupted_cross_validation_resumes_after_its_last_fold(
+    examples, extraction, tmp_path
+) -> None:
+    """A run killed in fold 3 saved folds 1-2; the rerun refits only folds 3-4 and
+    gives the same numbers as a run never interrupted; a damaged checkpoint is refitted,
+    and another config never reads this one's folds."""
+    exs = list(extraction.examples)
+    kw: dict[str, Any] = dict(k=4, extraction=extraction, model_key="m", n_boot=20)
+    whole = cross_validate(None, ["nll"], exs, **kw)
+    fits: list[int] = []
+
+    def dying(limit: int):
+        def make(n: str):
+            det = default_maker()(n)
+            fit = det.fit
+
+            def counted(*a, **k):
+                fits.append(1)
+                if len(fits) > limit:
+                    raise _Dies
+                return fit(*a, **k)
+
+            det.fit = counted  # type: ignore[method-assign]
+            return det
+
+        return make
+
+    per_fold = 1 + CROSSFIT_K  # the kept fit and the cross-fitting ones
+    folder = tmp_path / "folds"
+    with pytest.raises(_Dies):
+        cross_validate(None, ["nll"], exs, make=dying(2 * per_fold + 1), checkpoint=folder, **kw)
+    assert len(list(folder.glob("*.npz"))) == 2
+    fits.clear()
+    back: list[int] = []
+    again = cross_validate(
+        None,
+        ["nll"],
+        exs,
+        make=dying(10**6),
+        checkpoint=folder,
+        resumed=lambda d, f, k: back.append(f),
+        **kw,
+    )
+    assert back == [0, 1] and len(fits) == 2 * per_fold
+    stamp = ("name", "created_at")
+    assert {k: v for k, v in json.loads(json.dumps(again.to_dict())).items() if k not in stamp} == {
+        k: v for k, v in json.loads(json.dumps(whole.to_dict())).items() if k not in stamp
+    }
+    assert len(list(folder.glob("*.npz"))) == 4
+
+    # A damaged or foreign checkpoint is refitted, not trusted.
+    files = sorted(folder.glob("*.npz"))
+    files[0].write_bytes(b"PK\x03\x04 not a zip")
+    files[1].write_bytes(files[2].read_bytes())  # another fold's answers
+    back.clear()
+    fits.clear()
+    third = cross_validate(
+        None,
+        ["nll"],
+        exs,
+        make=dying(10**6),
+        checkpoint=folder,
+        resumed=lambda d, f, k: back.append(f),
+        **kw,
+    )
+    assert len(back) == 2 and len(fits) == 2 * per_fold
+    assert third.result("nll").scores == whole.result("nll").scores
+
+    # Another seed (other folds) or calibration names other checkpoints.
+    back.clear()
+    cross_validate(
+        None,
+        ["nll"],
+        exs,
+        checkpoint=folder,
+        resumed=lambda d, f, k: back.append(f),
+        **{**kw, "calibration": "split"},
+    )
+    assert back == []
+
+
+def test_fold_checkpoints_round_trip_token_scores(tmp_path) -> None:
+    from core.foldstore import fold_result, load_fold, save_fold
+
+    vs = [
+        Verdict(
+            detector="d",
+            example_id=f"e{i}",
+            score=0.1 * i,
+            hallucinated=i > 1,
+            token_scores=None if i == 0 else np.linspace(0, 1, i + 2).astype(np.float32),
+            token_offsets=None if i == 0 else np.arange(2 * (i + 2)).reshape(-1, 2),
+            raw_score=None if i == 1 else 0.5,
+        )
+        for i in range(4)
+    ]
+    test = np.asarray([3, 5, 8, 9])
+    r = fold_result(test, vs, vs, 0.25, "abc")
+    save_fold(tmp_path, "k", r)
+    got = load_fold(tmp_path, "k", test)
+    assert got is not None and got.threshold == 0.25 and got.config_hash == "abc"
+    for j, v in enumerate(vs):
+        w = got.verdict(j, "d", v.example_id)
+        assert w.score == v.score and w.hallucinated == v.hallucinated
+        assert w.raw_score == (v.raw_score if v.raw_score is not None else v.score)
+        if v.token_scores is None:
+            assert w.token_scores is None and w.token_offsets is None
+        else:
+            np.testing.assert_array_equal(w.token_scores, v.token_scores)
+            np.testing.assert_array_equal(w.token_offsets, v.token_offsets)
+    assert load_fold(tmp_path, "k", test[:3]) is None  # other test answers
+    assert load_fold(tmp_path, "missing", test) is None
+    (tmp_path / "big.npz").write_bytes(b"\0" * 64)
+    assert load_fold(tmp_path, "big", test) is None

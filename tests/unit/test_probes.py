@@ -24,6 +24,7 @@ from core.errors import DataError, ModelError
 from core.examples import RAGExample, Span
 from core.extract import extract_features, run_example
 from core.layout import render
+from core.smoothing import TOKEN_WINDOWS, window_mean
 from core.trace import Needs, trace
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -248,14 +249,129 @@ def test_saplma_token_probe_learns_the_gold_token_labels(tmp_path) -> None:
 
     assert token_ap(tok) > token_ap(plain) + 0.1
     v = tok.predict(ft[0])
+    z = tok.token_probe_.decision_function(tok._block(ft[0], 9))
     np.testing.assert_allclose(
-        v.token_scores, tok.token_probe_.predict_proba(tok._block(ft[0], 9)), rtol=1e-5
+        v.token_scores, 1 / (1 + np.exp(-window_mean(z, tok.token_window_))), rtol=1e-5
     )
     tok.save(tmp_path / "t")
     back = SaplmaDetector.load(tmp_path / "t", model_key=tok.model_key_)
     np.testing.assert_allclose(back.predict(ft[0]).token_scores, v.token_scores, atol=1e-6)
     with pytest.raises(DataError):
         make_detector("saplma", token_c=0)
+
+
+def _span_runs(n: int, seed: int, *, scattered: bool):
+    """Two-layer SAPLMA features of 30-40-token answers; a hallucinated answer's span
+    tokens carry a weak shift at layer 9 (column 2) under token noise. ``scattered``:
+    the span tokens are every third token (no runs), else one run of 12 tokens."""
+    rng = np.random.default_rng(seed)
+    d, feats, exs = 6, [], []
+    for i in range(n):
+        label = bool(i % 2)
+        t = int(rng.integers(30, 41))
+        tokens = rng.normal(size=(t, 2 * d)).astype(np.float32)
+        hot = np.zeros(t, bool)
+        if label:
+            if scattered:
+                hot[int(rng.integers(0, 3)) :: 3] = True
+            else:
+                a = int(rng.integers(0, t - 12))
+                hot[a : a + 12] = True
+            tokens[hot, d + 2] += 1.2
+        starts = np.flatnonzero(hot & ~np.r_[False, hot[:-1]])
+        ends = np.flatnonzero(hot & ~np.r_[hot[1:], False]) + 1
+        ex = RAGExample(
+            id=f"r{seed}-{i}",
+            question=f"q{i}",
+            passages=(f"passage {i}",),
+            response="x" * t,
+            label=label,
+            spans=tuple(Span(start=int(a), end=int(b)) for a, b in zip(starts, ends, strict=True)),
+        )
+        feats.append(
+            Features(
+                detector="saplma",
+                example_id=ex.id,
+                model="m",
+                names=("L3.norm_mean", "L9.norm_mean"),
+                response=np.zeros(2, np.float32),
+                token_names=tuple(f"L{ly}.{k}" for ly in (3, 9) for k in range(d)),
+                tokens=tokens,
+                token_offsets=np.asarray([[k, k + 1] for k in range(t)]),
+            )
+        )
+        exs.append(ex)
+    return feats, exs
+
+
+@pytest.mark.parametrize("scattered", [False, True])
+def test_saplma_token_window_is_chosen_on_validation(tmp_path, scattered) -> None:
+    """Spans that run over many tokens get a smoothing window (and a better token AP than
+    the same probe unsmoothed); spans of single tokens keep each token's own score."""
+    from sklearn.metrics import average_precision_score
+
+    f, e = _span_runs(120, 0, scattered=scattered)
+    fv, ev = _span_runs(60, 1, scattered=scattered)
+    ft, et = _span_runs(60, 2, scattered=scattered)
+    tok = make_detector("saplma", token_probe=True).fit(f, e, validation=(fv, ev))
+    assert tok.token_layer_ == 9
+    assert set(tok.train_info_["token_window_ap"]) == {str(w) for w in TOKEN_WINDOWS}
+    assert (tok.token_window_ == 1) == scattered
+    y = np.concatenate(
+        [
+            np.zeros(len(x.token_offsets), int) if (lab := x.token_labels(ex)) is None else lab
+            for x, ex in zip(ft, et, strict=True)
+        ]
+    )
+
+    def ap(window: int) -> float:
+        tok.token_window_ = window
+        return float(
+            average_precision_score(y, np.concatenate([tok.predict(x).token_scores for x in ft]))
+        )
+
+    chosen = tok.token_window_
+    if scattered:
+        assert ap(1) > ap(9)
+    else:
+        assert ap(chosen) > ap(1) + 0.1
+    tok.token_window_ = chosen
+    tok.save(tmp_path / "w")
+    assert json.loads((tmp_path / "w" / "weights.json").read_text())["token_window"] == chosen
+    back = SaplmaDetector.load(tmp_path / "w", model_key=tok.model_key_)
+    np.testing.assert_allclose(
+        back.predict(ft[1]).token_scores, tok.predict(ft[1]).token_scores, atol=1e-6
+    )
+
+
+@pytest.mark.parametrize("bad", [4, 0, 1001, "9", 9.0, True, None])
+def test_saplma_refuses_a_bad_token_window(tmp_path, bad) -> None:
+    from core.contract import artifact_hashes
+
+    f, e = _token_signal(80, 0)
+    fv, ev = _token_signal(40, 1)
+    make_detector("saplma", token_probe=True, token_sample=200).fit(f, e, validation=(fv, ev)).save(
+        tmp_path / "a"
+    )
+    w = json.loads((tmp_path / "a" / "weights.json").read_text())
+    w["token_window"] = bad
+    (tmp_path / "a" / "weights.json").write_text(json.dumps(w))
+    cfg = json.loads((tmp_path / "a" / "cfg.json").read_text())
+    cfg["files"] = artifact_hashes(tmp_path / "a")
+    (tmp_path / "a" / "cfg.json").write_text(json.dumps(cfg))
+    with pytest.raises(DataError, match="token window"):
+        SaplmaDetector.load(tmp_path / "a")
+
+
+def test_window_mean_averages_neighbours_and_keeps_width_one() -> None:
+    x = np.asarray([0.0, 0.0, 3.0, 0.0, 0.0])
+    np.testing.assert_allclose(window_mean(x, 3), [0, 1, 1, 1, 0])
+    np.testing.assert_allclose(window_mean(x, 1), x)
+    np.testing.assert_allclose(window_mean(np.asarray([1.0, 2.0]), 5), [1.4, 1.6])
+    assert window_mean(np.zeros(0), 5).shape == (0,)
+    for bad in (2, -1, 257, 3.0):
+        with pytest.raises(DataError, match="odd int"):
+            window_mean(x, bad)
 
 
 # ----------------------------------------------------------------------------- Lookback Lens

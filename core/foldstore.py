@@ -1,0 +1,269 @@
+"""Fold checkpoints: a long cross-validation resumes where it stopped.
+
+Refitting a stacked ensemble on 2,600 answers takes close to an hour per fold on a
+2-core CPU, longer than a working session may last. :func:`core.crossval.cross_validate`
+therefore saves each (detector, fold) once it is scored: the test answers' calibrated
+and raw scores, flags, the dataset-calibrated ones, the fold's threshold and the token
+scores, as one ``.npz`` of plain arrays (read back with ``allow_pickle`` off), named by
+a hash of everything the fold's result depends on (:func:`fold_key`: the detector's
+config, the data and its order, the folds, the procedure's options, the model and the
+code of ``core/``). Rerunning the same command reads the folds already done instead of
+refitting them; any change to what a fold depends on gives another name, so a stale
+fold is never read. A file that is damaged, foreign or inconsistent is ignored (and
+the fold refitted), never trusted.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import os
+import tempfile
+import zipfile
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from core.contract import MALFORMED, Verdict
+from core.errors import DataError
+from core.paths import cache_dir, repo_root
+from core.safeio import MiB, check_zip, read_bounded
+
+FOLD_FORMAT = 1
+FOLD_FILE_LIMIT = 256 * MiB
+"""Largest fold file read back (a fold of 2,600 answers with token scores is ~1 MiB)."""
+_ARRAYS = frozenset(
+    {
+        "meta",
+        "test",
+        "scores",
+        "raw",
+        "flagged",
+        "own_scores",
+        "own_flagged",
+        "token_lengths",
+        "token_scores",
+        "token_offsets",
+    }
+)
+
+
+def folds_dir() -> Path:
+    """Where fold checkpoints go by default (under the cache folder)."""
+    return cache_dir() / "cv-folds"
+
+
+@cache
+def code_hash() -> str:
+    """Hash of the source of ``core/`` (any code change makes older folds stale)."""
+    h = hashlib.sha256()
+    root = repo_root() / "core"
+    for p in sorted(root.rglob("*.py")):
+        h.update(str(p.relative_to(root)).encode())
+        h.update(p.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def fold_key(parts: Mapping[str, Any]) -> str:
+    """The checkpoint name of one fold: a hash of ``parts`` (JSON-able), the code and
+    the format."""
+    blob = json.dumps(
+        {**parts, "code": code_hash(), "format": FOLD_FORMAT}, sort_keys=True, default=str
+    )
+    return hashlib.sha256(blob.encode()).hexdigest()[:32]
+
+
+@dataclass(frozen=True)
+class FoldResult:
+    """One detector's scores of one fold's test answers (aligned with ``test``).
+
+    Attributes:
+        test: Indices of the test answers in the cross-validation's example list.
+        scores, raw, flagged: Calibrated score, raw score and flag of each.
+        own_scores, own_flagged: The same under the answer's dataset's own calibration.
+        threshold: The fold's answer threshold.
+        config_hash: The fitted detector's config hash.
+        token_scores, token_offsets: Per answer, its token scores and offsets (or
+            ``None``).
+    """
+
+    test: np.ndarray
+    scores: np.ndarray
+    raw: np.ndarray
+    flagged: np.ndarray
+    own_scores: np.ndarray
+    own_flagged: np.ndarray
+    threshold: float
+    config_hash: str
+    token_scores: tuple[np.ndarray | None, ...]
+    token_offsets: tuple[np.ndarray | None, ...]
+
+    def verdict(self, j: int, detector: str, example_id: str) -> Verdict:
+        """The ``j``-th test answer's verdict, as far as the pooled metrics read it."""
+        return Verdict(
+            detector=detector,
+            example_id=example_id,
+            score=float(self.scores[j]),
+            hallucinated=bool(self.flagged[j]),
+            token_scores=self.token_scores[j],
+            token_offsets=self.token_offsets[j],
+            raw_score=float(self.raw[j]),
+        )
+
+
+def fold_result(
+    test: np.ndarray,
+    verdicts: Sequence[Verdict],
+    own: Sequence[Verdict],
+    threshold: float,
+    config_hash: str,
+) -> FoldResult:
+    """A fold's result from its test answers' verdicts (``own``: dataset-calibrated)."""
+    return FoldResult(
+        test=np.asarray(test, dtype=np.int64),
+        scores=np.asarray([v.score for v in verdicts], dtype=np.float64),
+        raw=np.asarray(
+            [v.raw_score if v.raw_score is not None else v.score for v in verdicts],
+            dtype=np.float64,
+        ),
+        flagged=np.asarray([bool(v.hallucinated) for v in verdicts], dtype=bool),
+        own_scores=np.asarray([v.score for v in own], dtype=np.float64),
+        own_flagged=np.asarray([bool(v.hallucinated) for v in own], dtype=bool),
+        threshold=float(threshold),
+        config_hash=config_hash,
+        token_scores=tuple(
+            None if v.token_scores is None or v.token_offsets is None else v.token_scores
+            for v in verdicts
+        ),
+        token_offsets=tuple(
+            None if v.token_scores is None or v.token_offsets is None else v.token_offsets
+            for v in verdicts
+        ),
+    )
+
+
+def save_fold(folder: str | Path, key: str, r: FoldResult) -> Path:
+    """Write ``r`` as ``folder/key.npz`` (atomically: a killed write leaves no file)."""
+    d = Path(folder)
+    d.mkdir(parents=True, exist_ok=True)
+    has = [t is not None for t in r.token_scores]
+    lengths = np.asarray([len(t) if t is not None else -1 for t in r.token_scores], dtype=np.int64)
+    tok = [np.asarray(t, dtype=np.float32).reshape(-1) for t in r.token_scores if t is not None]
+    off = [
+        np.asarray(o, dtype=np.int64).reshape(-1, 2)
+        for o, h in zip(r.token_offsets, has, strict=True)
+        if h and o is not None
+    ]
+    meta = {"format": FOLD_FORMAT, "threshold": r.threshold, "config_hash": r.config_hash}
+    buf = io.BytesIO()
+    np.savez_compressed(
+        buf,
+        meta=np.frombuffer(json.dumps(meta).encode(), dtype=np.uint8),
+        test=r.test.astype(np.int64),
+        scores=r.scores,
+        raw=r.raw,
+        flagged=r.flagged,
+        own_scores=r.own_scores,
+        own_flagged=r.own_flagged,
+        token_lengths=lengths,
+        token_scores=np.concatenate(tok) if tok else np.zeros(0, np.float32),
+        token_offsets=np.concatenate(off) if off else np.zeros((0, 2), np.int64),
+    )
+    path = d / f"{key}.npz"
+    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(buf.getvalue())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return path
+
+
+def load_fold(folder: str | Path, key: str, test: np.ndarray) -> FoldResult | None:
+    """The fold saved as ``folder/key.npz`` for these test answers, or ``None`` when
+    there is none or it cannot be trusted (damaged, foreign, another test set)."""
+    path = Path(folder) / f"{key}.npz"
+    if not path.exists():
+        return None
+    try:
+        return _read(read_bounded(path, FOLD_FILE_LIMIT, what="fold checkpoint"), test)
+    except (DataError, *MALFORMED, zipfile.BadZipFile, EOFError, OSError):
+        return None
+
+
+def _read(blob: bytes, test: np.ndarray) -> FoldResult:
+    with zipfile.ZipFile(io.BytesIO(blob)) as zf:
+        check_zip(zf, source="fold checkpoint", max_members=len(_ARRAYS))
+    with np.load(io.BytesIO(blob), allow_pickle=False) as z:
+        if set(z.files) != {f"{k}" for k in _ARRAYS}:
+            raise DataError("a fold checkpoint holds other arrays than expected")
+        a = {k: z[k] for k in z.files}
+    meta = json.loads(a["meta"].tobytes().decode())
+    if not isinstance(meta, dict) or meta.get("format") != FOLD_FORMAT:
+        raise DataError("a fold checkpoint of another format")
+    threshold, config_hash = meta.get("threshold"), meta.get("config_hash")
+    if type(threshold) is not float or type(config_hash) is not str:
+        raise DataError("a fold checkpoint's header is malformed")
+    n = len(test)
+    want = np.asarray(test, dtype=np.int64)
+    if a["test"].dtype != np.int64 or not np.array_equal(a["test"], want):
+        raise DataError("a fold checkpoint of other test answers")
+    for k in ("scores", "raw", "own_scores"):
+        v = a[k]
+        if v.dtype != np.float64 or v.shape != (n,) or not np.all(np.isfinite(v)):
+            raise DataError(f"a fold checkpoint's {k} are malformed")
+    if not (np.all((a["scores"] >= 0) & (a["scores"] <= 1))):
+        raise DataError("a fold checkpoint's scores are outside [0, 1]")
+    if not np.all((a["own_scores"] >= 0) & (a["own_scores"] <= 1)):
+        raise DataError("a fold checkpoint's scores are outside [0, 1]")
+    for k in ("flagged", "own_flagged"):
+        if a[k].dtype != np.bool_ or a[k].shape != (n,):
+            raise DataError(f"a fold checkpoint's {k} are malformed")
+    lengths, tok, off = a["token_lengths"], a["token_scores"], a["token_offsets"]
+    if lengths.dtype != np.int64 or lengths.shape != (n,) or np.any(lengths < -1):
+        raise DataError("a fold checkpoint's token lengths are malformed")
+    total = int(lengths[lengths > 0].sum())
+    if (
+        tok.dtype != np.float32
+        or tok.shape != (total,)
+        or off.dtype != np.int64
+        or off.shape != (total, 2)
+        or not np.all(np.isfinite(tok))
+    ):
+        raise DataError("a fold checkpoint's token scores are malformed")
+    scores: list[np.ndarray | None] = []
+    offsets: list[np.ndarray | None] = []
+    at = 0
+    for m in lengths.tolist():
+        if m < 0:
+            scores.append(None)
+            offsets.append(None)
+            continue
+        scores.append(tok[at : at + m])
+        offsets.append(off[at : at + m])
+        at += m
+    return FoldResult(
+        test=want,
+        scores=a["scores"],
+        raw=a["raw"],
+        flagged=a["flagged"],
+        own_scores=a["own_scores"],
+        own_flagged=a["own_flagged"],
+        threshold=threshold,
+        config_hash=config_hash,
+        token_scores=tuple(scores),
+        token_offsets=tuple(offsets),
+    )
+
+
+def clear_folds(folder: str | Path, keys: Sequence[str]) -> None:
+    """Remove these folds' checkpoints (once the run they belong to is saved)."""
+    for k in keys:
+        (Path(folder) / f"{k}.npz").unlink(missing_ok=True)
