@@ -47,7 +47,7 @@ from core.detectors.common import token_training_set
 from core.errors import DataError, ModelError
 from core.examples import RAGExample, source_key
 from core.labels import response_labels
-from core.learners import LogisticCalibrator, MLPHead, grouped_logistic
+from core.learners import LogisticCalibrator, MLPHead, grouped_folds, grouped_logistic
 from core.metrics import auroc_or_none
 from core.model import ModelInfo
 from core.smoothing import TOKEN_WINDOWS, check_window, window_mean
@@ -60,6 +60,24 @@ DEFAULT_DEPTHS: tuple[float, ...] = (1 / 3, 1 / 2, 2 / 3, 5 / 6)
 """Where the default layers sit, as fractions of the depth (SAPLMA probed middle and
 upper layers of 32-layer models; the middle ones did best)."""
 MLP_FILE = "mlp.safetensors"
+
+
+TOKEN_HOLDOUT_FOLDS = 5
+"""Without validation tokens the token probe's layer and window are chosen on one of
+this many source-grouped folds of its training answers (a fifth)."""
+
+
+def _stratified_pick(y: np.ndarray, n: int, rng: np.random.Generator) -> np.ndarray:
+    """At most ``n`` positions of ``y``, sorted, keeping its share of 1s (at least one)."""
+    if y.size <= n:
+        return np.arange(y.size)
+    pos, neg = np.flatnonzero(y == 1), np.flatnonzero(y == 0)
+    n_pos = min(pos.size, max(1, round(n * pos.size / y.size)))
+    return np.sort(
+        np.concatenate(
+            [rng.choice(pos, n_pos, replace=False), rng.choice(neg, n - n_pos, replace=False)]
+        )
+    )
 
 
 def default_layers(n_layers: int) -> tuple[int, ...]:
@@ -294,9 +312,10 @@ class SaplmaDetector(DetectorBase):
         """The token probe (see :class:`SaplmaConfig`): per candidate layer a probe on a
         sample of the training tokens, scored by the token AP of the validation answers'
         known tokens with its logits smoothed by each window of :data:`TOKEN_WINDOWS`
-        (:func:`core.smoothing.window_mean`; without validation tokens, the answer
-        probe's layer and no smoothing), then the chosen layer's probe on every training
-        token, smoothed by the chosen window."""
+        (:func:`core.smoothing.window_mean`; without validation tokens, on a fifth of the
+        training answers held out by source, :meth:`_token_holdout`; with too few sources
+        for that, the answer probe's layer and no smoothing), then the chosen layer's
+        probe on every training token, smoothed by the chosen window."""
         c = self.config
         idx, _, labels = token_training_set(features, examples)
         y = np.concatenate(labels) if labels else np.zeros(0, np.int8)
@@ -307,32 +326,26 @@ class SaplmaDetector(DetectorBase):
             return np.concatenate([self._block(features[i], ly) for i in idx])
 
         rng = np.random.default_rng(c.seed)
-        pick = np.arange(y.size)
-        if y.size > c.token_sample:  # label-stratified: keep the rare hallucinated tokens
-            pos, neg = np.flatnonzero(y == 1), np.flatnonzero(y == 0)
-            n_pos = min(pos.size, max(1, round(c.token_sample * pos.size / y.size)))
-            pick = np.sort(
-                np.concatenate(
-                    [
-                        rng.choice(pos, n_pos, replace=False),
-                        rng.choice(neg, c.token_sample - n_pos, replace=False),
-                    ]
-                )
-            )
         v_idx, _, v_labels = (
             token_training_set(validation[0], validation[1]) if validation else ([], [], [])
         )
         v_y = np.concatenate(v_labels) if v_labels else np.zeros(0, np.int8)
-        scores: dict[tuple[int, int], float] = {}
         if len(set(v_y.tolist())) == 2 and validation is not None:
+            fit_pos, held, held_y = np.arange(len(idx)), [validation[0][i] for i in v_idx], v_y
+        else:
+            fit_pos, held, held_y = self._token_holdout(examples, idx, labels)
+            held = [features[i] for i in held]
+        scores: dict[tuple[int, int], float] = {}
+        if held:
+            y_fit = np.concatenate([labels[p] for p in fit_pos])
+            pick = _stratified_pick(y_fit, c.token_sample, rng)
             for ly in layers:
-                probe = LogisticCalibrator(C=c.token_c, max_iter=300).fit(
-                    layer_rows(ly)[pick], y[pick]
-                )
-                v_z = [probe.decision_function(self._block(validation[0][i], ly)) for i in v_idx]
+                rows = np.concatenate([self._block(features[idx[p]], ly) for p in fit_pos])
+                probe = LogisticCalibrator(C=c.token_c, max_iter=300).fit(rows[pick], y_fit[pick])
+                v_z = [probe.decision_function(self._block(f, ly)) for f in held]
                 for w in TOKEN_WINDOWS:
                     s = np.concatenate([window_mean(z, w) for z in v_z])
-                    scores[ly, w] = float(average_precision_score(v_y, s))
+                    scores[ly, w] = float(average_precision_score(held_y, s))
             layer, window = max(scores, key=lambda k: scores[k])
         else:
             layer = self.layer_ if self.layer_ is not None else layers[len(layers) // 2]
@@ -350,6 +363,22 @@ class SaplmaDetector(DetectorBase):
             "n_token_answers": len(idx),
             "n_tokens": int(y.size),
         }
+
+    def _token_holdout(
+        self, examples: Sequence[RAGExample], idx: Sequence[int], labels: Sequence[np.ndarray]
+    ) -> tuple[np.ndarray, list[int], np.ndarray]:
+        """Without validation tokens (e.g. inside an ensemble): the token-labelled training
+        answers split by source (stratified by whether an answer has hallucinated tokens)
+        into the part the candidate probes learn from (positions into ``idx``) and a fifth
+        held out to rank them (its answers' indices and token labels); nothing to hold out
+        when the sources are too few."""
+        has = np.asarray([int(lab.any()) for lab in labels])
+        groups = np.asarray([source_key(examples[i]) for i in idx])
+        folds = grouped_folds(has, groups, TOKEN_HOLDOUT_FOLDS, self.config.seed)
+        if not folds:
+            return np.arange(len(idx)), [], np.zeros(0, np.int8)
+        fit, held = folds[0]
+        return fit, [idx[p] for p in held], np.concatenate([labels[p] for p in held])
 
     def predict(self, features: Features) -> Verdict:
         require_fitted(self, "probe_", self.name)

@@ -344,6 +344,20 @@ def test_saplma_token_window_is_chosen_on_validation(tmp_path, scattered) -> Non
     )
 
 
+def test_saplma_token_probe_without_validation_chooses_on_held_out_sources() -> None:
+    """Inside an ensemble members get no validation part: the token probe then ranks its
+    layers and windows on a fifth of its own training sources, and still finds the layer
+    that carries the spans (9), not the answer probe's (3)."""
+    f, e = _token_signal(180, 0)
+    tok = make_detector("saplma", token_probe=True, token_sample=200).fit(f, e)
+    assert tok.layer_ == 3 and tok.token_layer_ == 9
+    assert set(tok.train_info_["token_window_ap"]) == {str(w) for w in TOKEN_WINDOWS}
+    # Too few sources to hold any out: the answer probe's layer, unsmoothed.
+    few = make_detector("saplma", token_probe=True, token_sample=200).fit(f[:3], e[:3])
+    assert few.token_layer_ == few.layer_ and few.token_window_ == 1
+    assert few.train_info_["token_window_ap"] == {}
+
+
 @pytest.mark.parametrize("bad", [4, 0, 1001, "9", 9.0, True, None])
 def test_saplma_refuses_a_bad_token_window(tmp_path, bad) -> None:
     from core.contract import artifact_hashes
