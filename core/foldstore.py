@@ -32,7 +32,7 @@ import numpy as np
 from core.contract import MALFORMED, Verdict
 from core.errors import DataError
 from core.paths import cache_dir, repo_root
-from core.safeio import MiB, check_zip, read_bounded
+from core.safeio import MiB, check_zip, parse_json, read_bounded
 
 FOLD_FORMAT = 1
 FOLD_FILE_LIMIT = 256 * MiB
@@ -151,14 +151,10 @@ def save_fold(folder: str | Path, key: str, r: FoldResult) -> Path:
     """Write ``r`` as ``folder/key.npz`` (atomically: a killed write leaves no file)."""
     d = Path(folder)
     d.mkdir(parents=True, exist_ok=True)
-    has = [t is not None for t in r.token_scores]
-    lengths = np.asarray([len(t) if t is not None else -1 for t in r.token_scores], dtype=np.int64)
+    # fold_result keeps token scores and offsets together: both or neither.
+    lengths = np.asarray([-1 if t is None else len(t) for t in r.token_scores], dtype=np.int64)
     tok = [np.asarray(t, dtype=np.float32).reshape(-1) for t in r.token_scores if t is not None]
-    off = [
-        np.asarray(o, dtype=np.int64).reshape(-1, 2)
-        for o, h in zip(r.token_offsets, has, strict=True)
-        if h and o is not None
-    ]
+    off = [np.asarray(o, dtype=np.int64).reshape(-1, 2) for o in r.token_offsets if o is not None]
     meta = {"format": FOLD_FORMAT, "threshold": r.threshold, "config_hash": r.config_hash}
     buf = io.BytesIO()
     np.savez_compressed(
@@ -202,10 +198,10 @@ def _read(blob: bytes, test: np.ndarray) -> FoldResult:
     with zipfile.ZipFile(io.BytesIO(blob)) as zf:
         check_zip(zf, source="fold checkpoint", max_members=len(_ARRAYS))
     with np.load(io.BytesIO(blob), allow_pickle=False) as z:
-        if set(z.files) != {f"{k}" for k in _ARRAYS}:
+        if set(z.files) != _ARRAYS:
             raise DataError("a fold checkpoint holds other arrays than expected")
         a = {k: z[k] for k in z.files}
-    meta = json.loads(a["meta"].tobytes().decode())
+    meta = parse_json(a["meta"].tobytes(), source="fold checkpoint")
     if not isinstance(meta, dict) or meta.get("format") != FOLD_FORMAT:
         raise DataError("a fold checkpoint of another format")
     threshold, config_hash = meta.get("threshold"), meta.get("config_hash")
@@ -219,10 +215,8 @@ def _read(blob: bytes, test: np.ndarray) -> FoldResult:
         v = a[k]
         if v.dtype != np.float64 or v.shape != (n,) or not np.all(np.isfinite(v)):
             raise DataError(f"a fold checkpoint's {k} are malformed")
-    if not (np.all((a["scores"] >= 0) & (a["scores"] <= 1))):
-        raise DataError("a fold checkpoint's scores are outside [0, 1]")
-    if not np.all((a["own_scores"] >= 0) & (a["own_scores"] <= 1)):
-        raise DataError("a fold checkpoint's scores are outside [0, 1]")
+        if k != "raw" and not np.all((v >= 0) & (v <= 1)):
+            raise DataError(f"a fold checkpoint's {k} are outside [0, 1]")
     for k in ("flagged", "own_flagged"):
         if a[k].dtype != np.bool_ or a[k].shape != (n,):
             raise DataError(f"a fold checkpoint's {k} are malformed")

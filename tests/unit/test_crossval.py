@@ -583,20 +583,25 @@ def test_an_interrupted_cross_validation_resumes_after_its_last_fold(
 
     per_fold = 1 + CROSSFIT_K  # the kept fit and the cross-fitting ones
     folder = tmp_path / "folds"
+    back: list[int] = []
+
+    def rerun() -> CVRun:
+        back.clear()
+        fits.clear()
+        return cross_validate(
+            None,
+            ["nll"],
+            exs,
+            make=dying(10**6),
+            checkpoint=folder,
+            resumed=lambda d, f, k: back.append(f),
+            **kw,
+        )
+
     with pytest.raises(_Dies):
         cross_validate(None, ["nll"], exs, make=dying(2 * per_fold + 1), checkpoint=folder, **kw)
     assert len(list(folder.glob("*.npz"))) == 2
-    fits.clear()
-    back: list[int] = []
-    again = cross_validate(
-        None,
-        ["nll"],
-        exs,
-        make=dying(10**6),
-        checkpoint=folder,
-        resumed=lambda d, f, k: back.append(f),
-        **kw,
-    )
+    again = rerun()
     assert back == [0, 1] and len(fits) == 2 * per_fold
     stamp = ("name", "created_at")
     assert {k: v for k, v in json.loads(json.dumps(again.to_dict())).items() if k not in stamp} == {
@@ -608,17 +613,7 @@ def test_an_interrupted_cross_validation_resumes_after_its_last_fold(
     files = sorted(folder.glob("*.npz"))
     files[0].write_bytes(b"PK\x03\x04 not a zip")
     files[1].write_bytes(files[2].read_bytes())  # another fold's answers
-    back.clear()
-    fits.clear()
-    third = cross_validate(
-        None,
-        ["nll"],
-        exs,
-        make=dying(10**6),
-        checkpoint=folder,
-        resumed=lambda d, f, k: back.append(f),
-        **kw,
-    )
+    third = rerun()
     assert len(back) == 2 and len(fits) == 2 * per_fold
     assert third.result("nll").scores == whole.result("nll").scores
 

@@ -151,17 +151,22 @@ def test_saplma_artifact_round_trip(tmp_path, feats, balanced, learner: str) -> 
         np.testing.assert_allclose(a.token_scores, b.token_scores, atol=1e-6)
 
 
-def test_saplma_refuses_an_artifact_whose_layer_is_not_recorded(tmp_path, feats, balanced) -> None:
+def _rewrite_weights(folder, **changes) -> None:
+    """Edit an artifact's ``weights.json`` and re-record its hashes (a file edited by
+    hand, not a damaged one: only the loader's own checks can refuse it)."""
     from core.contract import artifact_hashes
 
+    w = json.loads((folder / "weights.json").read_text())
+    (folder / "weights.json").write_text(json.dumps({**w, **changes}))
+    cfg = json.loads((folder / "cfg.json").read_text())
+    cfg["files"] = artifact_hashes(folder)
+    (folder / "cfg.json").write_text(json.dumps(cfg))
+
+
+def test_saplma_refuses_an_artifact_whose_layer_is_not_recorded(tmp_path, feats, balanced) -> None:
     det = make_detector("saplma", layers=(0, 1)).fit(list(feats["saplma"]), balanced)
     det.save(tmp_path / "a")
-    w = json.loads((tmp_path / "a" / "weights.json").read_text())
-    w["layer"] = 5
-    (tmp_path / "a" / "weights.json").write_text(json.dumps(w))
-    cfg = json.loads((tmp_path / "a" / "cfg.json").read_text())
-    cfg["files"] = artifact_hashes(tmp_path / "a")
-    (tmp_path / "a" / "cfg.json").write_text(json.dumps(cfg))
+    _rewrite_weights(tmp_path / "a", layer=5)
     with pytest.raises(DataError, match="layer 5"):
         SaplmaDetector.load(tmp_path / "a")
 
@@ -360,19 +365,12 @@ def test_saplma_token_probe_without_validation_chooses_on_held_out_sources() -> 
 
 @pytest.mark.parametrize("bad", [4, 0, 1001, "9", 9.0, True, None])
 def test_saplma_refuses_a_bad_token_window(tmp_path, bad) -> None:
-    from core.contract import artifact_hashes
-
     f, e = _token_signal(80, 0)
     fv, ev = _token_signal(40, 1)
     make_detector("saplma", token_probe=True, token_sample=200).fit(f, e, validation=(fv, ev)).save(
         tmp_path / "a"
     )
-    w = json.loads((tmp_path / "a" / "weights.json").read_text())
-    w["token_window"] = bad
-    (tmp_path / "a" / "weights.json").write_text(json.dumps(w))
-    cfg = json.loads((tmp_path / "a" / "cfg.json").read_text())
-    cfg["files"] = artifact_hashes(tmp_path / "a")
-    (tmp_path / "a" / "cfg.json").write_text(json.dumps(cfg))
+    _rewrite_weights(tmp_path / "a", token_window=bad)
     with pytest.raises(DataError, match="token window"):
         SaplmaDetector.load(tmp_path / "a")
 
