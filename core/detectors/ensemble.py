@@ -23,8 +23,10 @@ stacker.
   (unweighted, so calibrated) L2 logistic regression whose strength is chosen by
   cross-validated log loss.
 - Token level, when ``tokens`` is on: one feature per member that scores tokens
-  on the same token grid (the answer's tokens), the logit of its token score; a
-  second logistic regression on the gold token labels of the stacking split.
+  on the same token grid (the answer's tokens), the logit of its token score (with
+  ``token_windows``, also its mean over windows of neighbouring tokens; with
+  ``token_context``, the answer's stacked logit and its products); a second logistic
+  regression on the gold token labels of the stacking split.
 
 A verdict's explanation is each member's contribution to the response logit;
 :meth:`EnsembleDetector.member_verdicts` gives the members' own verdicts.
@@ -61,6 +63,7 @@ from core.examples import RAGExample, source_key
 from core.labels import response_labels, span_labels
 from core.learners import LogisticCalibrator
 from core.model import ModelInfo
+from core.smoothing import check_window, window_mean
 from core.trace import Needs
 
 DEFAULT_MEMBERS: tuple[str, ...] = (
@@ -110,6 +113,10 @@ class EnsembleConfig(DetectorConfig):
         token_context: The token stacker also reads the answer's stacked logit and its
             product with each member's token logit, so a token's score can depend on
             how suspect its whole answer is (off: the token logits alone).
+        token_windows: The token stacker also reads each member's token logits averaged
+            over centred windows of these widths (odd, tokens;
+            :func:`core.smoothing.window_mean`), so a token's score can draw on its
+            neighbours' (hallucinated spans run over many tokens). Empty: none.
         stacking: ``crossfit`` (stack the members' out-of-fold scores on all training
             answers) or ``split`` (stack scores on the validation split only); see the
             module docstring.
@@ -118,13 +125,14 @@ class EnsembleConfig(DetectorConfig):
     """
 
     FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
-        {"tokens", "token_context", "seed", "stacking", "stack_folds"}
+        {"tokens", "token_context", "token_windows", "seed", "stacking", "stack_folds"}
     )
 
     members: tuple[str, ...] = DEFAULT_MEMBERS
     member_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     tokens: bool = True
     token_context: bool = False
+    token_windows: tuple[int, ...] = ()
     stacking: str = "crossfit"
     stack_folds: int = STACK_FOLDS
     seed: int = 0
@@ -134,6 +142,16 @@ class EnsembleConfig(DetectorConfig):
             raise DataError(
                 f"unknown stacking {self.stacking!r}; use one of {list(STACKINGS)}",
                 field="stacking",
+            )
+        try:
+            widths = [check_window(w) for w in self.token_windows]
+        except DataError as e:
+            raise DataError(f"token_windows: {e}", field="token_windows") from e
+        if len(set(widths)) != len(widths) or 1 in widths:
+            raise DataError(
+                f"token_windows must be distinct widths above 1 (the raw logits are always "
+                f"read), got {list(self.token_windows)}",
+                field="token_windows",
             )
         if not 2 <= self.stack_folds <= 20:
             raise DataError("stack_folds must be between 2 and 20", field="stack_folds")
@@ -369,14 +387,20 @@ class EnsembleDetector(DetectorBase):
         return logit(np.asarray([verdicts[n].score for n in self.config.members]))
 
     def _token_rows(self, verdicts: Mapping[str, Verdict], members: Sequence[str]) -> np.ndarray:
-        """``[T, k]`` the members' token logits; with ``token_context`` also the answer's
-        stacked logit ``a`` and each token logit times ``a`` (``[T, 2k + 1]``)."""
+        """``[T, k]`` the members' token logits, then for each width of ``token_windows``
+        their window means (``k`` columns each); with ``token_context`` also the
+        answer's stacked logit ``a`` and each raw token logit times ``a``
+        (:func:`token_inputs` columns in all)."""
         tok = np.stack([logit(verdicts[n].token_scores) for n in members], axis=1)
-        if not self.config.token_context:
-            return tok
-        assert self.stacker_ is not None
-        a = float(self.stacker_.decision_function(self._row(verdicts)[None, :])[0])
-        return np.concatenate([tok, np.full((tok.shape[0], 1), a), tok * a], axis=1)
+        cols = [tok] + [
+            np.stack([window_mean(tok[:, j], w) for j in range(tok.shape[1])], axis=1)
+            for w in self.config.token_windows
+        ]
+        if self.config.token_context:
+            assert self.stacker_ is not None
+            a = float(self.stacker_.decision_function(self._row(verdicts)[None, :])[0])
+            cols += [np.full((tok.shape[0], 1), a), tok * a]
+        return np.concatenate(cols, axis=1)
 
     def member_verdicts(self, features: Features) -> dict[str, Verdict]:
         """Each member's own verdict on these features."""
@@ -461,12 +485,13 @@ class EnsembleDetector(DetectorBase):
             )
         if det.token_stacker_ is not None:
             k = len(det.token_members_)
-            want = 2 * k + 1 if det.config.token_context else k
+            want = token_inputs(det.config, k)
             coef = det.token_stacker_.coef_
             if not k or coef is None or coef.shape != (want,):
                 raise DataError(
                     f"the ensemble's token stacker does not read the {want} inputs its "
-                    f"{k} token members and token_context={det.config.token_context} give; "
+                    f"{k} token members, token_windows={list(det.config.token_windows)} and "
+                    f"token_context={det.config.token_context} give; "
                     "retrain it with `ragscope train --detectors ensemble`",
                     source=str(folder),
                 )
@@ -475,6 +500,11 @@ class EnsembleDetector(DetectorBase):
                 Path(folder) / "members" / n, model_key=det.model_key_
             )
         return det
+
+
+def token_inputs(config: EnsembleConfig, k: int) -> int:
+    """Columns the token stacker reads for ``k`` token members (see ``_token_rows``)."""
+    return k * (1 + len(config.token_windows)) + (k + 1 if config.token_context else 0)
 
 
 def _has_tokens(v: Verdict) -> bool:

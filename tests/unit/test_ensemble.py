@@ -259,6 +259,54 @@ def test_token_context_reads_the_answers_stacked_logit(
         detector_class("ensemble").load(out)
 
 
+def test_token_windows_read_each_members_neighbourhood(
+    splits, extracted, tmp_path: Path, tiny_model, reseal
+):
+    """With token_windows the token stacker reads the raw member token logits, then their
+    centred window means per width (edges repeated), then the context columns; the
+    artifact keeps the widths and a stacker of another width is refused on load."""
+    _, f = extracted
+    ens = _ensemble(stacking="split", token_context=True, token_windows=(3, 5)).fit(
+        f["train"], splits["train"], validation=(f["validation"], splits["validation"])
+    )
+    k = len(ens.token_members_)
+    assert k and ens.token_stacker_.coef_.shape == (3 * k + k + 1,)
+    x = max(f["test"], key=lambda g: len(ens.member_verdicts(g)["nll"].token_scores))
+    verdicts = ens.member_verdicts(x)
+    tok = np.stack([logit(verdicts[n].token_scores) for n in ens.token_members_], 1)
+    t = len(tok)
+    assert t >= 5
+
+    def mean(col: np.ndarray, w: int) -> np.ndarray:  # by hand: pad with the edge values
+        h = w // 2
+        padded = np.concatenate([np.full(h, col[0]), col, np.full(h, col[-1])])
+        return np.array([padded[i : i + w].mean() for i in range(t)])
+
+    a = float(ens.stacker_.decision_function(ens._row(verdicts)[None, :])[0])
+    cols = [tok] + [np.stack([mean(tok[:, j], w) for j in range(k)], 1) for w in (3, 5)]
+    want = ens.token_stacker_.predict_proba(
+        np.concatenate([*cols, np.full((t, 1), a), tok * a], 1)
+    )
+    v = ens.predict(x)
+    np.testing.assert_allclose(v.token_scores, want, atol=1e-6)
+    out = ens.save(tmp_path / "win")
+    back = detector_class("ensemble").load(out, model_key=tiny_model.info.key)
+    assert back.config.token_windows == (3, 5)
+    np.testing.assert_allclose(back.predict(x).token_scores, v.token_scores, atol=1e-7)
+    cfg = json.loads((out / "cfg.json").read_text())
+    cfg["config"]["token_windows"] = [3]
+    (out / "cfg.json").write_text(json.dumps(cfg))
+    reseal(out)
+    with pytest.raises(DataError, match=r"token_windows=\[3\]"):
+        detector_class("ensemble").load(out)
+    for bad in ([4], [3, 3], [1], [0], ["5"], [True], [257]):
+        cfg["config"]["token_windows"] = bad
+        (out / "cfg.json").write_text(json.dumps(cfg))
+        reseal(out)
+        with pytest.raises(DataError, match="token_windows"):
+            detector_class("ensemble").load(out)
+
+
 def test_config_is_checked():
     with pytest.raises(DataError, match="repeat"):
         make_detector("ensemble", members=("nll", "nll"))
