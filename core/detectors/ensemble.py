@@ -143,6 +143,12 @@ class EnsembleConfig(DetectorConfig):
                 f"unknown stacking {self.stacking!r}; use one of {list(STACKINGS)}",
                 field="stacking",
             )
+        if type(self.token_windows) is not tuple:
+            raise DataError(
+                f"token_windows must be a list of odd widths, e.g. [9, 25]; got "
+                f"{self.token_windows!r}",
+                field="token_windows",
+            )
         try:
             widths = [check_window(w) for w in self.token_windows]
         except DataError as e:

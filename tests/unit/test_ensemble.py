@@ -299,7 +299,7 @@ def test_token_windows_read_each_members_neighbourhood(
     reseal(out)
     with pytest.raises(DataError, match=r"token_windows=\[3\]"):
         detector_class("ensemble").load(out)
-    for bad in ([4], [3, 3], [1], [0], ["5"], [True], [257]):
+    for bad in ([4], [3, 3], [1], [0], ["5"], [True], [257], 5, None, "9"):
         cfg["config"]["token_windows"] = bad
         (out / "cfg.json").write_text(json.dumps(cfg))
         reseal(out)
