@@ -19,9 +19,11 @@ validation split when one is given (as ``ragscope train`` and ``ragscope evaluat
 do), else on a held-out quarter of the training sources: fewer rows, a noisier
 stacker.
 
-- Response level: one feature per member, the logit of its response score; an
-  (unweighted, so calibrated) L2 logistic regression whose strength is chosen by
-  cross-validated log loss.
+- Response level: one feature per member, the logit of its response score (with
+  ``answer_token_max``, also, per member that scores tokens, the highest of its token
+  logits averaged over windows of each width: where its most suspect stretch of the
+  answer sits); an (unweighted, so calibrated) L2 logistic regression whose strength
+  is chosen by cross-validated log loss.
 - Token level, when ``tokens`` is on: one feature per member that scores tokens
   on the same token grid (the answer's tokens), the logit of its token score (with
   ``token_windows``, also its mean over windows of neighbouring tokens; with
@@ -117,6 +119,12 @@ class EnsembleConfig(DetectorConfig):
             over centred windows of these widths (odd, tokens;
             :func:`core.smoothing.window_mean`), so a token's score can draw on its
             neighbours' (hallucinated spans run over many tokens). Empty: none.
+        answer_token_max: The response stacker also reads, for each of these widths
+            (odd, tokens; 1 is the raw logits) and each member that scored the tokens of
+            every stacking answer, the maximum over the answer of that member's token
+            logits averaged over centred windows of the width: an answer is as suspect
+            as its most suspect stretch. An answer a member left without token scores
+            reads the member's response logit there instead. Empty: none.
         stacking: ``crossfit`` (stack the members' out-of-fold scores on all training
             answers) or ``split`` (stack scores on the validation split only); see the
             module docstring.
@@ -125,7 +133,15 @@ class EnsembleConfig(DetectorConfig):
     """
 
     FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
-        {"tokens", "token_context", "token_windows", "seed", "stacking", "stack_folds"}
+        {
+            "tokens",
+            "token_context",
+            "token_windows",
+            "answer_token_max",
+            "seed",
+            "stacking",
+            "stack_folds",
+        }
     )
 
     members: tuple[str, ...] = DEFAULT_MEMBERS
@@ -133,6 +149,7 @@ class EnsembleConfig(DetectorConfig):
     tokens: bool = True
     token_context: bool = False
     token_windows: tuple[int, ...] = ()
+    answer_token_max: tuple[int, ...] = ()
     stacking: str = "crossfit"
     stack_folds: int = STACK_FOLDS
     seed: int = 0
@@ -143,20 +160,12 @@ class EnsembleConfig(DetectorConfig):
                 f"unknown stacking {self.stacking!r}; use one of {list(STACKINGS)}",
                 field="stacking",
             )
-        if type(self.token_windows) is not tuple:
+        widths = _widths(self.token_windows, "token_windows", "[9, 25]")
+        _widths(self.answer_token_max, "answer_token_max", "[1, 25]")
+        if 1 in widths:
             raise DataError(
-                f"token_windows must be a list of odd widths, e.g. [9, 25]; got "
-                f"{self.token_windows!r}",
-                field="token_windows",
-            )
-        try:
-            widths = [check_window(w) for w in self.token_windows]
-        except DataError as e:
-            raise DataError(f"token_windows: {e}", field="token_windows") from e
-        if len(set(widths)) != len(widths) or 1 in widths:
-            raise DataError(
-                f"token_windows must be distinct widths above 1 (the raw logits are always "
-                f"read), got {list(self.token_windows)}",
+                f"token_windows must be widths above 1 (the raw logits are always read), "
+                f"got {list(self.token_windows)}",
                 field="token_windows",
             )
         if not 2 <= self.stack_folds <= 20:
@@ -191,6 +200,7 @@ class EnsembleDetector(DetectorBase):
         self.stacker_: LogisticCalibrator | None = None
         self.token_stacker_: LogisticCalibrator | None = None
         self.token_members_: tuple[str, ...] = ()
+        self.answer_members_: tuple[str, ...] = ()
         self.model_key_: str | None = None
         self.threshold_: float = 0.5
         self.train_info_: dict[str, Any] = {}
@@ -295,6 +305,11 @@ class EnsembleDetector(DetectorBase):
                 "the ensemble's stacking split needs faithful and hallucinated examples; "
                 "use a larger or more balanced dataset"
             )
+        self.answer_members_ = (
+            tuple(n for n in self.config.members if all(_has_tokens(v[n]) for v in verdicts))
+            if self.config.answer_token_max
+            else ()
+        )
         X = np.stack([self._row(v) for v in verdicts])
         c = choose_c(X, y, self.config.seed)
         self.stacker_ = LogisticCalibrator(C=c, class_weight=None).fit(X, y)
@@ -310,6 +325,7 @@ class EnsembleDetector(DetectorBase):
             "n_hallucinated": int(response_labels(tr_ex).sum()),
             "C": c,
             "token_members": list(self.token_members_),
+            "answer_token_members": list(self.answer_members_),
         }
         return self
 
@@ -390,7 +406,25 @@ class EnsembleDetector(DetectorBase):
         return {n: det.predict(self._member(features, n)) for n, det in self.members_.items()}
 
     def _row(self, verdicts: Mapping[str, Verdict]) -> np.ndarray:
-        return logit(np.asarray([verdicts[n].score for n in self.config.members]))
+        """The response stacker's inputs (:meth:`input_names`): each member's response
+        logit, then per width of ``answer_token_max`` each answer member's windowed
+        token-logit maximum."""
+        row = logit(np.asarray([verdicts[n].score for n in self.config.members]))
+        if not self.answer_members_:
+            return row
+        peaks = [
+            _token_peak(verdicts[n], w)
+            for w in self.config.answer_token_max
+            for n in self.answer_members_
+        ]
+        return np.concatenate([row, np.asarray(peaks, dtype=np.float64)])
+
+    def input_names(self) -> list[str]:
+        """Names of the response stacker's inputs: the members, then ``<member>
+        max@<width>`` per width of ``answer_token_max`` and answer member."""
+        return list(self.config.members) + [
+            f"{n} max@{w}" for w in self.config.answer_token_max for n in self.answer_members_
+        ]
 
     def _token_rows(self, verdicts: Mapping[str, Verdict], members: Sequence[str]) -> np.ndarray:
         """``[T, k]`` the members' token logits, then for each width of ``token_windows``
@@ -443,14 +477,15 @@ class EnsembleDetector(DetectorBase):
             score,
             token_scores=token_scores,
             token_offsets=offsets,
-            explanation={n: float(c) for n, c in zip(self.config.members, contrib, strict=True)},
+            explanation={n: float(c) for n, c in zip(self.input_names(), contrib, strict=True)},
         )
 
     def importances(self) -> list[tuple[str, float]]:
-        """Members by the size of their stacker weight (on standardised logits), largest first."""
+        """The response stacker's inputs (:meth:`input_names`) by the size of their weight
+        (on standardised inputs), largest first."""
         require_fitted(self, "stacker_", self.name)
         assert self.stacker_ is not None and self.stacker_.coef_ is not None
-        pairs = list(zip(self.config.members, self.stacker_.coef_.tolist(), strict=True))
+        pairs = list(zip(self.input_names(), self.stacker_.coef_.tolist(), strict=True))
         return sorted(pairs, key=lambda p: -abs(p[1]))
 
     # -- artifacts -----------------------------------------------------------------
@@ -468,6 +503,7 @@ class EnsembleDetector(DetectorBase):
                 "response": self.stacker_.to_json(),
                 "token": self.token_stacker_.to_json() if self.token_stacker_ else None,
                 "token_members": list(self.token_members_),
+                "answer_token_members": list(self.answer_members_),
             },
             extra=extra,
         )
@@ -479,14 +515,18 @@ class EnsembleDetector(DetectorBase):
             det.token_stacker_ = (
                 LogisticCalibrator.from_json(w["token"]) if w.get("token") else None
             )
-            det.token_members_ = tuple(w.get("token_members") or ())
+            members = det.config.members
+            det.token_members_ = _member_names(w.get("token_members"), members, folder)
+            det.answer_members_ = _member_names(w.get("answer_token_members"), members, folder)
 
         det = load_fitted(cls, folder, model_key, fill)
-        n_members = len(det.config.members)
-        if det.stacker_.coef_ is None or det.stacker_.coef_.shape != (n_members,):
+        n_inputs = len(det.input_names())
+        if det.stacker_.coef_ is None or det.stacker_.coef_.shape != (n_inputs,):
             raise DataError(
-                f"the ensemble's stacker has another number of inputs than its {n_members} "
-                "members; retrain it with `ragscope train --detectors ensemble`",
+                f"the ensemble's stacker does not read the {n_inputs} inputs its "
+                f"{len(det.config.members)} members and answer_token_max="
+                f"{list(det.config.answer_token_max)} give; retrain it with "
+                "`ragscope train --detectors ensemble`",
                 source=str(folder),
             )
         if det.token_stacker_ is not None:
@@ -511,6 +551,46 @@ class EnsembleDetector(DetectorBase):
 def token_inputs(config: EnsembleConfig, k: int) -> int:
     """Columns the token stacker reads for ``k`` token members (see ``_token_rows``)."""
     return k * (1 + len(config.token_windows)) + (k + 1 if config.token_context else 0)
+
+
+def _widths(value: object, option: str, example: str) -> list[int]:
+    """``value`` as distinct window widths (a config is hostile: anything else raises a
+    DataError naming ``option``)."""
+    if type(value) is not tuple:
+        raise DataError(
+            f"{option} must be a list of odd widths, e.g. {example}; got {value!r}", field=option
+        )
+    try:
+        widths = [check_window(w) for w in value]
+    except DataError as e:
+        raise DataError(f"{option}: {e}", field=option) from e
+    if len(set(widths)) != len(widths):
+        raise DataError(f"{option} repeats a width: {list(widths)}", field=option)
+    return widths
+
+
+def _member_names(value: object, members: Sequence[str], folder: str | Path) -> tuple[str, ...]:
+    """A saved list of member names (absent: none), checked against the config's members."""
+    names = [] if value is None else value
+    if (
+        type(names) is not list
+        or not all(type(n) is str and n in members for n in names)
+        or len(set(names)) != len(names)
+    ):
+        raise DataError(
+            f"the ensemble's weights name token members {value!r} that are not its own "
+            "distinct members; retrain it with `ragscope train --detectors ensemble`",
+            source=str(folder),
+        )
+    return tuple(names)
+
+
+def _token_peak(v: Verdict, width: int) -> float:
+    """The highest of ``v``'s token logits averaged over windows of ``width`` (its
+    response logit when it scored no tokens)."""
+    if not _has_tokens(v):
+        return float(logit(np.asarray([v.score]))[0])
+    return float(window_mean(logit(np.asarray(v.token_scores)), width).max())
 
 
 def _has_tokens(v: Verdict) -> bool:

@@ -4,6 +4,7 @@ token stacking, artifacts, and evaluation beside the members."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -284,9 +285,7 @@ def test_token_windows_read_each_members_neighbourhood(
 
     a = float(ens.stacker_.decision_function(ens._row(verdicts)[None, :])[0])
     cols = [tok] + [np.stack([mean(tok[:, j], w) for j in range(k)], 1) for w in (3, 5)]
-    want = ens.token_stacker_.predict_proba(
-        np.concatenate([*cols, np.full((t, 1), a), tok * a], 1)
-    )
+    want = ens.token_stacker_.predict_proba(np.concatenate([*cols, np.full((t, 1), a), tok * a], 1))
     v = ens.predict(x)
     np.testing.assert_allclose(v.token_scores, want, atol=1e-6)
     out = ens.save(tmp_path / "win")
@@ -305,6 +304,70 @@ def test_token_windows_read_each_members_neighbourhood(
         reseal(out)
         with pytest.raises(DataError, match="token_windows"):
             detector_class("ensemble").load(out)
+
+
+def test_answer_token_max_reads_each_members_most_suspect_stretch(
+    splits, extracted, tmp_path: Path, tiny_model, reseal
+):
+    """With answer_token_max the response stacker reads the member response logits, then
+    per width each token member's highest windowed token logit (its response logit for
+    an answer it left without tokens); the inputs are named in the explanation, the
+    artifact keeps them and a stacker or a member list that does not fit is refused."""
+    _, f = extracted
+    ens = _ensemble(stacking="split", answer_token_max=(1, 5)).fit(
+        f["train"], splits["train"], validation=(f["validation"], splits["validation"])
+    )
+    m = ens.answer_members_
+    assert m and set(m) <= set(MEMBERS)
+    assert ens.stacker_.coef_.shape == (len(MEMBERS) + 2 * len(m),)
+    names = [*MEMBERS, *(f"{n} max@1" for n in m), *(f"{n} max@5" for n in m)]
+    assert ens.input_names() == names
+    x = max(f["test"], key=lambda g: len(ens.member_verdicts(g)[m[0]].token_scores))
+    verdicts = ens.member_verdicts(x)
+    t = len(verdicts[m[0]].token_scores)
+    assert t >= 5
+
+    def peak(n: str, w: int) -> float:  # by hand: pad with the edge values, then the max
+        z = logit(verdicts[n].token_scores)
+        padded = np.concatenate([np.full(w // 2, z[0]), z, np.full(w // 2, z[-1])])
+        return max(padded[i : i + w].mean() for i in range(len(z)))
+
+    row = [*logit([verdicts[n].score for n in MEMBERS])]
+    row += [peak(n, w) for w in (1, 5) for n in m]
+    v = ens.predict(x)
+    assert v.score == pytest.approx(float(ens.stacker_.predict_proba(np.array([row]))[0]))
+    assert list(v.explanation) == names
+    # An answer a member scored no tokens of reads that member's response logit.
+    bare = {**verdicts, m[0]: dataclasses.replace(verdicts[m[0]], token_scores=None)}
+    assert ens._row(bare)[len(MEMBERS)] == pytest.approx(logit([verdicts[m[0]].score])[0])
+    assert [n for n, _ in ens.importances()] == sorted(
+        names, key=lambda n: -abs(ens.stacker_.coef_[names.index(n)])
+    )
+    out = ens.save(tmp_path / "peaks")
+    back = detector_class("ensemble").load(out, model_key=tiny_model.info.key)
+    assert back.answer_members_ == m and back.config.answer_token_max == (1, 5)
+    assert back.predict(x).score == pytest.approx(v.score, abs=1e-12)
+    cfg = json.loads((out / "cfg.json").read_text())
+    cfg["config"]["answer_token_max"] = [1]
+    (out / "cfg.json").write_text(json.dumps(cfg))
+    reseal(out)
+    with pytest.raises(DataError, match=r"answer_token_max=\[1\]"):
+        detector_class("ensemble").load(out)
+    for bad in ([4], [3, 3], [0], ["5"], [True], [257], 5, None):
+        cfg["config"]["answer_token_max"] = bad
+        (out / "cfg.json").write_text(json.dumps(cfg))
+        reseal(out)
+        with pytest.raises(DataError, match="answer_token_max"):
+            detector_class("ensemble").load(out)
+    cfg["config"]["answer_token_max"] = [1, 5]
+    (out / "cfg.json").write_text(json.dumps(cfg))
+    w = json.loads((out / "weights.json").read_text())
+    for key in ("answer_token_members", "token_members"):
+        for bad in (["spad"], [m[0], m[0]], "nll", [3], {"nll": 1}):
+            (out / "weights.json").write_text(json.dumps({**w, key: bad}))
+            reseal(out)
+            with pytest.raises(DataError, match="token members"):
+                detector_class("ensemble").load(out)
 
 
 def test_config_is_checked():
