@@ -17,7 +17,11 @@ from the SAME probe applied to each token's row at the chosen layer, or (``token
 from a second probe trained on the gold token labels at the layer that ranks the
 validation tokens best, its logits averaged over a window of neighbouring tokens whose
 width (1, no smoothing, to 25) is chosen on the same validation tokens (hallucinated
-spans run over several tokens).
+spans run over several tokens). With ``answer="token_peak"`` (and the token probe) the
+answer's score comes from the token probe instead: the highest of its token logits
+averaged over windows of ``peak_window`` tokens, so an answer is as suspect as its most
+suspect stretch and the answer score learns from the span labels too (the procedure's
+calibration turns it into a probability).
 """
 
 from __future__ import annotations
@@ -56,6 +60,8 @@ from core.trace import Needs
 Pool = Literal["mean", "last"]
 POOLS: tuple[Pool, ...] = ("mean", "last")
 Learner = Literal["logistic", "mlp"]
+AnswerSource = Literal["probe", "token_peak"]
+ANSWER_SOURCES: tuple[AnswerSource, ...] = ("probe", "token_peak")
 DEFAULT_DEPTHS: tuple[float, ...] = (1 / 3, 1 / 2, 2 / 3, 5 / 6)
 """Where the default layers sit, as fractions of the depth (SAPLMA probed middle and
 upper layers of 32-layer models; the middle ones did best)."""
@@ -107,6 +113,12 @@ class SaplmaConfig(DetectorConfig):
         token_sample: Training tokens each candidate layer's token probe is fitted on
             while the layer is chosen (a label-stratified sample; the chosen layer's
             probe is then refitted on all of them).
+        answer: Where the answer score comes from: the answer ``probe`` (SAPLMA), or
+            ``token_peak``, the token probe's highest logit averaged over windows of
+            ``peak_window`` tokens (needs ``token_probe``; where the token probe could
+            not be fitted, for want of span labels, the answer probe is used and
+            ``train_info["answer"]`` says so).
+        peak_window: Width (odd, tokens) of the windows ``token_peak`` averages over.
     """
 
     FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
@@ -121,6 +133,8 @@ class SaplmaConfig(DetectorConfig):
             "token_probe",
             "token_c",
             "token_sample",
+            "answer",
+            "peak_window",
         }
     )
 
@@ -135,8 +149,25 @@ class SaplmaConfig(DetectorConfig):
     token_probe: bool = False
     token_c: float = 0.01
     token_sample: int = 20000
+    answer: AnswerSource = "probe"
+    peak_window: int = 25
 
     def __post_init__(self) -> None:
+        if self.answer not in ANSWER_SOURCES:
+            raise DataError(
+                f"saplma: answer must be one of {list(ANSWER_SOURCES)}, got {self.answer!r}",
+                field="answer",
+            )
+        if self.answer == "token_peak" and not self.token_probe:
+            raise DataError(
+                "saplma: answer=token_peak reads the token probe; add "
+                "`--set saplma.token_probe=true`",
+                field="answer",
+            )
+        try:
+            check_window(self.peak_window)
+        except DataError as e:
+            raise DataError(f"saplma: peak_window: {e}", field="peak_window") from e
         if self.token_c <= 0:
             raise DataError("saplma: token_c must be > 0 and token_sample >= 100", field="token_c")
         if self.token_sample < 100:
@@ -173,6 +204,7 @@ class SaplmaDetector(DetectorBase):
         self.token_probe_: LogisticCalibrator | None = None
         self.token_layer_: int | None = None
         self.token_window_: int = 1
+        self.answer_: AnswerSource = "probe"
         self.pool_: Pool | None = None
         self.d_model_: int | None = None
         self.model_key_: str | None = None
@@ -291,8 +323,11 @@ class SaplmaDetector(DetectorBase):
         self.token_probe_, self.token_layer_, token_info = None, None, {}
         if self.config.token_probe:
             token_info = self._fit_token_probe(features, examples, layers, validation)
+        self.answer_ = self.config.answer if self.token_probe_ is not None else "probe"
         self.train_info_ = {
             **token_info,
+            "answer": self.answer_
+            + (" (no token probe to read)" if self.answer_ != self.config.answer else ""),
             "n_train": len(features),
             "n_hallucinated": int(y.sum()),
             "layer": "all" if self.concat_ else self.layer_,
@@ -398,9 +433,17 @@ class SaplmaDetector(DetectorBase):
             )
         pooled = block.mean(axis=0) if self.pool_ == "mean" else block[-1]
         z = float(self.probe_.decision_function(pooled[None, :])[0])
+        explanation = {f"probe logit ({self._where()}, {self.pool_} pooling)": z}
         if self.token_probe_ is not None and self.token_layer_ is not None:
             z_tok = self.token_probe_.decision_function(self._block(features, self.token_layer_))
             tokens = 1.0 / (1.0 + np.exp(-window_mean(z_tok, self.token_window_)))
+            if self.answer_ == "token_peak":
+                z = float(window_mean(z_tok, self.config.peak_window).max())
+                explanation = {
+                    f"token probe peak (layer {self.token_layer_}, "
+                    f"{self.config.peak_window}-token windows)": z,
+                    **{f"{k}, not used for the score": v for k, v in explanation.items()},
+                }
         else:
             tokens = self.probe_.predict_proba(block)
         tokens = tokens.astype(np.float32)
@@ -410,7 +453,7 @@ class SaplmaDetector(DetectorBase):
             1.0 / (1.0 + np.exp(-z)),
             token_scores=tokens,
             explanation={
-                f"probe logit ({self._where()}, {self.pool_} pooling)": z,
+                **explanation,
                 **dict(zip(features.names, map(float, features.response), strict=True)),
             },
         )
@@ -436,6 +479,7 @@ class SaplmaDetector(DetectorBase):
             "token_probe": self.token_probe_.to_json() if self.token_probe_ else None,
             "token_layer": self.token_layer_,
             "token_window": self.token_window_,
+            "answer": self.answer_,
             "pool": self.pool_,
             "d_model": self.d_model_,
             "logistic": probe.to_json() if isinstance(probe, LogisticCalibrator) else None,
@@ -475,6 +519,14 @@ class SaplmaDetector(DetectorBase):
                 det.token_probe_ = LogisticCalibrator.from_json(w["token_probe"])
                 if det.token_probe_.coef_.shape[0] != det.d_model_:
                     raise ValueError("the token probe does not read d_model inputs")
+            det.answer_ = w.get("answer", "probe")
+            if det.answer_ not in ANSWER_SOURCES or (
+                det.answer_ == "token_peak" and det.token_probe_ is None
+            ):
+                raise ValueError(
+                    f"answer {det.answer_!r} is not one of {list(ANSWER_SOURCES)} with the "
+                    "token probe it reads"
+                )
             if w.get("logistic") is not None:
                 det.probe_ = LogisticCalibrator.from_json(w["logistic"])
                 width = det.probe_.coef_.shape[0]

@@ -363,6 +363,49 @@ def test_saplma_token_probe_without_validation_chooses_on_held_out_sources() -> 
     assert few.train_info_["token_window_ap"] == {}
 
 
+def test_saplma_answer_from_the_token_probes_peak(tmp_path) -> None:
+    """answer=token_peak: the answer score is the token probe's highest logit averaged over
+    peak_window-token windows (the answer probe still fitted, shown unused); saved, loaded
+    and checked; without span labels to fit the token probe the answer probe scores."""
+    f, e = _span_runs(120, 0, scattered=False)
+    fv, ev = _span_runs(60, 1, scattered=False)
+    ft, et = _span_runs(60, 2, scattered=False)
+    det = make_detector("saplma", token_probe=True, answer="token_peak", peak_window=9)
+    det.fit(f, e, validation=(fv, ev))
+    assert det.answer_ == "token_peak" and det.train_info_["answer"] == "token_peak"
+    x = ft[0]
+    z = det.token_probe_.decision_function(det._block(x, det.token_layer_))
+    v = det.predict(x)
+    assert v.score == pytest.approx(1 / (1 + np.exp(-window_mean(z, 9).max())))
+    assert next(iter(v.explanation)).startswith("token probe peak (layer 9, 9-token windows)")
+    plain = make_detector("saplma", token_probe=True).fit(f, e, validation=(fv, ev))
+    np.testing.assert_allclose(v.token_scores, plain.predict(x).token_scores, atol=1e-6)
+    assert plain.predict(x).score != pytest.approx(v.score)
+    y = [ex.label for ex in et]
+    assert roc_auc_score(y, [det.predict(g).score for g in ft]) > 0.9
+    det.save(tmp_path / "peak")
+    back = SaplmaDetector.load(tmp_path / "peak", model_key=det.model_key_)
+    assert back.predict(x).score == pytest.approx(v.score, abs=1e-9)
+    for bad in ("tokens", ["token_peak"], 1):
+        _rewrite_weights(tmp_path / "peak", answer=bad)
+        with pytest.raises(DataError, match="answer"):
+            SaplmaDetector.load(tmp_path / "peak")
+    plain.save(tmp_path / "plain")
+    _rewrite_weights(tmp_path / "plain", answer="token_peak", token_probe=None)
+    with pytest.raises(DataError, match="answer"):
+        SaplmaDetector.load(tmp_path / "plain")
+    # No span labels: no token probe, so the answer probe scores (and says so).
+    bare = [dataclasses.replace(ex, spans=()) if ex.label else ex for ex in e]
+    nospan = make_detector("saplma", token_probe=True, answer="token_peak").fit(f, bare)
+    assert nospan.answer_ == "probe" and "no token probe" in nospan.train_info_["answer"]
+    for bad_cfg in ({"answer": "peak", "token_probe": True}, {"answer": "token_peak"}):
+        with pytest.raises(DataError, match="answer"):
+            make_detector("saplma", **bad_cfg)
+    for w in (4, 0, 301):
+        with pytest.raises(DataError, match="peak_window"):
+            make_detector("saplma", token_probe=True, peak_window=w)
+
+
 @pytest.mark.parametrize("bad", [4, 0, 1001, "9", 9.0, True, None])
 def test_saplma_refuses_a_bad_token_window(tmp_path, bad) -> None:
     f, e = _token_signal(80, 0)
