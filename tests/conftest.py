@@ -186,7 +186,7 @@ def reseal():
     """
     import json
 
-    from core.contract import artifact_hashes
+    from core.artifact import artifact_hashes
 
     def _reseal(folder: Path) -> None:
         cfg_path = Path(folder) / "cfg.json"
@@ -236,7 +236,7 @@ def hostile_artifact(tmp_path: Path):
     """
     import skops.io as sio
 
-    from core.contract import write_artifact
+    from core.artifact import write_artifact
     from core.detectors import make_detector
 
     def make(root: Path, detector: str = "interpdetect", model_key: str = "any") -> Path:

@@ -9,7 +9,7 @@ from typing import TYPE_CHECKING, Any
 
 import streamlit as st
 
-from core.contract import artifact_info
+from core.artifact import artifact_info
 from core.detectors import available_detectors, load_shipped, shipped_artifacts
 from core.errors import DataError, RagscopeError
 from core.paths import (

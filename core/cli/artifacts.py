@@ -10,8 +10,8 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
+from core.artifact import artifact_info
 from core.cli.common import Subparsers, add_model_args, load
-from core.contract import artifact_info
 from core.data import data_hash, make_splits
 from core.detectors import detector_class, seal_artifact, shipped_artifacts
 from core.errors import DataError, RagscopeError

@@ -13,6 +13,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from core.artifact import artifact_info, compare_artifacts
 from core.cli.common import (
     Subparsers,
     add_detector_option_args,
@@ -25,7 +26,6 @@ from core.cli.common import (
     prefetch_features,
     tqdm_progress,
 )
-from core.contract import artifact_info, compare_artifacts
 from core.crossval import (
     CALIBRATIONS,
     Calibration,

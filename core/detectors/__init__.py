@@ -12,13 +12,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from core.contract import (
-    ARTIFACT_JSON_LIMIT,
-    Detector,
-    artifact_hashes,
-    artifact_info,
-    read_artifact_cfg,
-)
+from core.artifact import ARTIFACT_JSON_LIMIT, artifact_hashes, artifact_info, read_artifact_cfg
+from core.contract import Detector
 from core.detectors.ensemble import EnsembleDetector
 from core.detectors.registry import MEMBERS, Registry
 from core.errors import DataError

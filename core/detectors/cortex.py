@@ -38,6 +38,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 import numpy as np
 
+from core.artifact import load_fitted, save_fitted
 from core.contract import (
     DetectorBase,
     DetectorConfig,
@@ -46,9 +47,7 @@ from core.contract import (
     Verdict,
     check_features,
     check_fit_inputs,
-    load_fitted,
     require_fitted,
-    save_fitted,
     thresholded_verdict,
 )
 from core.detectors.common import token_training_set

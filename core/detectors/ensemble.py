@@ -46,6 +46,7 @@ from typing import Any, ClassVar, Self
 import numpy as np
 
 from core import learners
+from core.artifact import load_fitted, save_fitted
 from core.contract import (
     Detector,
     DetectorBase,
@@ -54,9 +55,7 @@ from core.contract import (
     Run,
     Verdict,
     check_fit_inputs,
-    load_fitted,
     require_fitted,
-    save_fitted,
     thresholded_verdict,
 )
 from core.detectors.registry import MEMBERS

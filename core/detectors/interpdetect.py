@@ -32,6 +32,7 @@ from zipfile import BadZipFile
 
 import numpy as np
 
+from core.artifact import load_fitted, read_skops, save_fitted
 from core.chunking import chunk_example
 from core.contract import (
     DetectorBase,
@@ -41,10 +42,7 @@ from core.contract import (
     Verdict,
     check_features,
     check_fit_inputs,
-    load_fitted,
-    read_skops,
     require_fitted,
-    save_fitted,
     thresholded_verdict,
     tokens_from_chunks,
 )

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 
+from core.artifact import load_fitted, read_skops, save_fitted
 from core.contract import (
     DetectorBase,
     DetectorConfig,
@@ -39,10 +40,7 @@ from core.contract import (
     Verdict,
     check_features,
     check_fit_inputs,
-    load_fitted,
-    read_skops,
     require_fitted,
-    save_fitted,
     thresholded_verdict,
 )
 from core.errors import DataError, ModelError

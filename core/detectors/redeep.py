@@ -31,6 +31,7 @@ from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
 
+from core.artifact import load_fitted, save_fitted
 from core.chunking import ChunkSet, chunk_example
 from core.contract import (
     DetectorBase,
@@ -40,9 +41,7 @@ from core.contract import (
     Verdict,
     check_features,
     check_fit_inputs,
-    load_fitted,
     require_fitted,
-    save_fitted,
     thresholded_verdict,
     tokens_from_chunks,
 )

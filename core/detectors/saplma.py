@@ -34,6 +34,7 @@ from typing import Any, ClassVar, Literal, Self
 import numpy as np
 from sklearn.metrics import average_precision_score
 
+from core.artifact import load_fitted, save_fitted
 from core.contract import (
     DetectorBase,
     DetectorConfig,
@@ -42,9 +43,7 @@ from core.contract import (
     Verdict,
     check_features,
     check_fit_inputs,
-    load_fitted,
     require_fitted,
-    save_fitted,
     thresholded_verdict,
 )
 from core.detectors.common import token_training_set

@@ -33,8 +33,9 @@ from app.state import (
 )
 from app.state.detectors import ShippedDetector
 from app.state.verdicts import verdict_frame
+from core.artifact import artifact_info
 from core.calibration import DatasetCalibration, PlattCalibrator
-from core.contract import Verdict, align_token_scores, artifact_info
+from core.contract import Verdict, align_token_scores
 from core.data import builtin_examples, make_splits
 from core.detectors import load_shipped
 from core.detectors.baselines import NLLDetector

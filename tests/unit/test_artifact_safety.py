@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 import skops.io as sio
 
+from core.artifact import artifact_hashes, read_artifact
 from core.cli import main
-from core.contract import artifact_hashes, read_artifact
 from core.detectors import detector_class, seal_artifact
 from core.detectors.interpdetect import SKOPS_TYPES as INTERPDETECT_TYPES
 from core.detectors.raglens import SKOPS_TYPES as RAGLENS_TYPES
@@ -253,7 +253,7 @@ def test_hostile_json_in_artifacts_is_a_data_error(nll_copy: Path, reseal, monke
             _load(nll_copy)
     (nll_copy / "weights.json").write_text(good)
     reseal(nll_copy)
-    import core.contract as base
+    import core.artifact as base
 
     monkeypatch.setattr(base, "ARTIFACT_JSON_LIMIT", 100)
     with pytest.raises(DataError, match="over the 100-byte limit"):

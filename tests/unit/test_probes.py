@@ -154,7 +154,7 @@ def test_saplma_artifact_round_trip(tmp_path, feats, balanced, learner: str) -> 
 def _rewrite_weights(folder, **changes) -> None:
     """Edit an artifact's ``weights.json`` and re-record its hashes (a file edited by
     hand, not a damaged one: only the loader's own checks can refuse it)."""
-    from core.contract import artifact_hashes
+    from core.artifact import artifact_hashes
 
     w = json.loads((folder / "weights.json").read_text())
     (folder / "weights.json").write_text(json.dumps({**w, **changes}))

@@ -14,8 +14,8 @@ from pathlib import Path
 
 import pytest
 
+from core.artifact import compare_artifacts
 from core.cli import main
-from core.contract import compare_artifacts
 from core.jobs import (
     JobView,
     TrainSpec,
