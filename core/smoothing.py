@@ -19,7 +19,8 @@ output and ``0.93`` for its answer score (:func:`answer_score`).
 
 A plainer smoother, :func:`window_mean`, averages each token's logit with its
 neighbours' over a centred window (SAPLMA's token probe picks its width on
-validation tokens, among :data:`TOKEN_WINDOWS`).
+validation tokens, among :data:`TOKEN_WINDOWS`; :func:`window_probs` does the same to
+token probabilities, for CORTEX's and Lookback Lens's ``token_window`` option).
 """
 
 from __future__ import annotations
@@ -57,6 +58,18 @@ def window_mean(values: np.ndarray, width: int) -> np.ndarray:
     if w == 1 or v.size == 0:
         return v
     return uniform_filter1d(v, size=w, mode="nearest")
+
+
+def window_probs(probs: np.ndarray, width: int) -> np.ndarray:
+    """Token probabilities ``[T]`` averaged with their neighbours' in logit space (each
+    clipped to ``[CLIP, 1 - CLIP]``; :func:`window_mean`), back as float32
+    probabilities; ``width == 1`` returns them unchanged."""
+    p = np.asarray(probs, dtype=np.float32).reshape(-1)
+    if check_window(width) == 1 or p.size == 0:
+        return p
+    q = np.clip(p.astype(np.float64), CLIP, 1.0 - CLIP)
+    z = window_mean(np.log(q / (1.0 - q)), width)
+    return (1.0 / (1.0 + np.exp(-z))).astype(np.float32)
 
 
 def _check_p(p_stay: float) -> float:

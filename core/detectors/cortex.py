@@ -26,7 +26,10 @@ the artifact.
 Scores: raw token probabilities; with ``smooth`` (default) the token output is
 label-persistence smoothed (:mod:`core.smoothing`, ``p_stay`` 0.993) and the
 answer score is the highest token score smoothed with ``p_stay`` 0.93;
-without, the token output is raw and the answer score their maximum.
+without, the token output is raw and the answer score their maximum. With
+``token_window`` > 1 (not in the spec; default 1) the token output is then averaged
+over centred windows of that many tokens in logit space
+(:func:`core.smoothing.window_probs`); the answer score is unchanged.
 """
 
 from __future__ import annotations
@@ -54,7 +57,14 @@ from core.detectors.common import token_training_set
 from core.errors import DataError, ModelError
 from core.examples import RAGExample
 from core.model import ModelInfo
-from core.smoothing import P_STAY_ANSWER, P_STAY_TOKEN, answer_score, smooth_tokens
+from core.smoothing import (
+    P_STAY_ANSWER,
+    P_STAY_TOKEN,
+    answer_score,
+    check_window,
+    smooth_tokens,
+    window_probs,
+)
 from core.trace import Needs
 
 if TYPE_CHECKING:
@@ -79,6 +89,8 @@ class CortexConfig(DetectorConfig):
         smooth: Label-persistence smoothing of the output (ablation when off).
         p_stay_token: Smoothing of the token scores.
         p_stay_answer: Smoothing behind the answer score (max over tokens).
+        token_window: Width (odd, tokens) of the centred window the token output is
+            averaged over in logit space after the smoothing (1, the spec: none).
         hidden: Hidden widths of the MLP.
         dropout: Dropout after each hidden layer.
         lr: AdamW learning rate.
@@ -96,6 +108,7 @@ class CortexConfig(DetectorConfig):
     smooth: bool = True
     p_stay_token: float = P_STAY_TOKEN
     p_stay_answer: float = P_STAY_ANSWER
+    token_window: int = 1
     hidden: tuple[int, ...] = (256, 128)
     dropout: float = 0.1
     lr: float = 1e-3
@@ -110,6 +123,7 @@ class CortexConfig(DetectorConfig):
             "smooth",
             "p_stay_token",
             "p_stay_answer",
+            "token_window",
             "hidden",
             "dropout",
             "lr",
@@ -127,6 +141,10 @@ class CortexConfig(DetectorConfig):
             v = getattr(self, name)
             if not 0.0 <= float(v) <= 1.0:
                 raise DataError(f"cortex: {name} must be in [0, 1], got {v!r}")
+        try:
+            check_window(self.token_window)
+        except DataError as e:
+            raise DataError(f"cortex: token_window: {e}", field="token_window") from e
         if self.epochs < 1 or self.batch_size < 1 or not self.hidden:
             raise DataError("cortex: epochs, batch_size and hidden must be positive / non-empty")
         if not 0.0 <= self.dropout < 1.0:
@@ -389,6 +407,7 @@ class CortexDetector(DetectorBase):
         else:
             tokens = raw
             score = float(raw.max()) if raw.size else 0.0
+        tokens = window_probs(tokens, self.config.token_window)
         return thresholded_verdict(
             self,
             features,

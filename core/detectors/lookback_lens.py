@@ -54,6 +54,7 @@ from core.labels import response_labels
 from core.learners import LogisticCalibrator, grouped_logistic
 from core.metrics import auroc_or_none
 from core.model import ModelInfo
+from core.smoothing import check_window, window_probs
 from core.trace import Needs
 
 Context = Literal["passages", "prompt"]
@@ -116,10 +117,13 @@ class LookbackLensConfig(DetectorConfig):
             window probability (``windows``), or ``auto`` (the better on validation).
         c_grid: Logistic regression strengths chosen among by grouped cross-validation.
         seed: Seed of the cross-validation folds.
+        token_window: Width (odd, tokens) of a centred window the token scores are then
+            averaged over in logit space (:func:`core.smoothing.window_probs`; 1, the
+            paper: none).
     """
 
     FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
-        {"window", "stride", "response", "c_grid", "seed"}
+        {"window", "stride", "response", "c_grid", "seed", "token_window"}
     )
 
     context: Context = "passages"
@@ -128,8 +132,13 @@ class LookbackLensConfig(DetectorConfig):
     response: ResponseMode = "auto"
     c_grid: tuple[float, ...] = (0.001, 0.01, 0.1, 1.0, 10.0)
     seed: int = 0
+    token_window: int = 1
 
     def __post_init__(self) -> None:
+        try:
+            check_window(self.token_window)
+        except DataError as e:
+            raise DataError(f"lookback_lens: token_window: {e}", field="token_window") from e
         if self.context not in ("passages", "prompt"):
             raise DataError(
                 f"lookback_lens: context must be passages or prompt, got {self.context!r}"
@@ -273,6 +282,7 @@ class LookbackLensDetector(DetectorBase):
                 total[a:b] += p
                 count[a:b] += 1
             token_scores = (total / np.maximum(count, 1)).astype(np.float32)
+            token_scores = window_probs(token_scores, self.config.token_window)
         if self.response_mode_ == "windows" and len(means):
             score = float(per_window.predict_proba(means).max())
         else:

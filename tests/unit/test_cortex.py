@@ -172,6 +172,20 @@ def test_predict_smooths_tokens_and_takes_the_max_for_the_answer(feats, fitted) 
     v2 = det.predict(f)
     np.testing.assert_allclose(v2.token_scores, raw)
     assert v2.score == pytest.approx(float(raw.max()))
+    # token_window: the smoothed token output averaged over 5 tokens in logit space, by
+    # hand (edges repeated); the answer score stays the spec's.
+    det.config = dataclasses.replace(fitted.config, token_window=5)
+    v3 = det.predict(f)
+    s = np.clip(np.asarray(smooth_tokens(raw, 0.993), dtype=np.float32), 1e-4, 1 - 1e-4)
+    z = np.log(s / (1 - s))
+    padded = np.concatenate([np.full(2, z[0]), z, np.full(2, z[-1])])
+    want = 1 / (1 + np.exp(-np.array([padded[i : i + 5].mean() for i in range(len(z))])))
+    assert len(z) >= 5
+    np.testing.assert_allclose(v3.token_scores, want, rtol=1e-5)
+    assert v3.score == pytest.approx(v.score)
+    for bad in (4, 0, 257, "5", 5.0):
+        with pytest.raises(DataError, match="token_window"):
+            dataclasses.replace(fitted.config, token_window=bad)
 
 
 def test_delta_only_ablation_reads_half_the_inputs(feats, balanced) -> None:

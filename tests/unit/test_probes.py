@@ -24,7 +24,7 @@ from core.errors import DataError, ModelError
 from core.examples import RAGExample, Span
 from core.extract import extract_features, run_example
 from core.layout import render
-from core.smoothing import TOKEN_WINDOWS, window_mean
+from core.smoothing import TOKEN_WINDOWS, window_mean, window_probs
 from core.trace import Needs, trace
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -546,6 +546,17 @@ def test_lookback_windows_find_the_low_ratio_spans(tmp_path) -> None:
     assert back.response_mode_ == det.response_mode_
     for x in ft[:3]:
         assert back.predict(x).score == pytest.approx(det.predict(x).score, abs=1e-9)
+    # token_window: the same token scores averaged over 9 tokens in logit space.
+    wide = LookbackLensDetector(dataclasses.replace(det.config, token_window=9))
+    wide.__dict__.update({k: v for k, v in det.__dict__.items() if k != "config"})
+    x = max(ft, key=lambda g: g.tokens.shape[0])
+    assert wide.predict(x).score == pytest.approx(det.predict(x).score)
+    np.testing.assert_allclose(
+        wide.predict(x).token_scores, window_probs(det.predict(x).token_scores, 9), rtol=1e-6
+    )
+    assert not np.allclose(wide.predict(x).token_scores, det.predict(x).token_scores)
+    with pytest.raises(DataError, match="token_window"):
+        make_detector("lookback_lens", token_window=2)
 
 
 def test_lookback_without_token_labels_scores_windows_with_the_answer_model(
@@ -575,3 +586,14 @@ def test_both_probes_are_ensemble_members_and_token_scorers() -> None:
 
     assert {"saplma", "lookback_lens"} <= set(DEFAULT_MEMBERS)
     assert {"saplma", "lookback_lens"} <= TOKEN_SCORERS
+
+
+def test_window_probs_average_in_logit_space() -> None:
+    p = np.asarray([0.5, 0.5, 0.9, 0.5, 0.5], dtype=np.float32)
+    z = np.log(9.0) / 3
+    np.testing.assert_allclose(window_probs(p, 3), 1 / (1 + np.exp(-np.r_[0, z, z, z, 0])))
+    np.testing.assert_array_equal(window_probs(p, 1), p)
+    assert window_probs(np.zeros(0), 5).shape == (0,)
+    assert np.all(np.isfinite(window_probs(np.asarray([0.0, 1.0, 1.0]), 3)))
+    with pytest.raises(DataError, match="odd int"):
+        window_probs(p, 4)
