@@ -110,9 +110,15 @@ def test_train_detectors_in_the_background(
     assert "Job #1" in _text(fresh) and fresh.get("progress")
 
     # It ends; its artifacts load on the next run, with no restart.
-    _until(fresh, lambda a: "trained set · 2 for this model" in _text(a), "not trained")
+    # (The artifacts appear as soon as they are published, a moment before the job is
+    # marked finished: wait for both.)
+    finished = "Job #1: `nll`, `context_gain` on `demo` finished"
+    _until(
+        fresh,
+        lambda a: "trained set · 2 for this model" in _text(a) and finished in _text(a),
+        "not trained",
+    )
     no_exception(fresh)
-    assert "Job #1: `nll`, `context_gain` on `demo` finished" in _text(fresh)
     out = model_detectors_dir(tiny_model.info.key)
     assert sorted(p.name for p in out.iterdir()) == ["context_gain", "nll"]
     _until(at, lambda a: "trained set · 2 for this model" in _text(a), "not on the page")
