@@ -41,11 +41,14 @@ smoothing."""
 MAX_WINDOW = 255
 
 
-def check_window(width: object) -> int:
+def check_window(width: object, option: str | None = None) -> int:
     """``width`` as a window width: an odd int in ``[1, MAX_WINDOW]`` (files are hostile:
-    anything else raises)."""
+    anything else raises a DataError, naming the config ``option`` when given)."""
     if type(width) is not int or not 1 <= width <= MAX_WINDOW or width % 2 == 0:
-        raise DataError(f"a token window must be an odd int in [1, {MAX_WINDOW}], got {width!r}")
+        raise DataError(
+            f"a token window must be an odd int in [1, {MAX_WINDOW}], got {width!r}",
+            field=option,
+        )
     return width
 
 
@@ -58,6 +61,12 @@ def window_mean(values: np.ndarray, width: int) -> np.ndarray:
     if w == 1 or v.size == 0:
         return v
     return uniform_filter1d(v, size=w, mode="nearest")
+
+
+def window_peak(values: np.ndarray, width: int) -> float:
+    """The highest of one answer's token values (logits) averaged over centred windows
+    of ``width`` (:func:`window_mean`): where its most suspect stretch sits."""
+    return float(window_mean(values, width).max())
 
 
 def window_probs(probs: np.ndarray, width: int) -> np.ndarray:

@@ -141,10 +141,7 @@ class CortexConfig(DetectorConfig):
             v = getattr(self, name)
             if not 0.0 <= float(v) <= 1.0:
                 raise DataError(f"cortex: {name} must be in [0, 1], got {v!r}")
-        try:
-            check_window(self.token_window)
-        except DataError as e:
-            raise DataError(f"cortex: token_window: {e}", field="token_window") from e
+        check_window(self.token_window, "cortex.token_window")
         if self.epochs < 1 or self.batch_size < 1 or not self.hidden:
             raise DataError("cortex: epochs, batch_size and hidden must be positive / non-empty")
         if not 0.0 <= self.dropout < 1.0:

@@ -64,7 +64,7 @@ from core.examples import RAGExample, source_key
 from core.labels import response_labels, span_labels
 from core.learners import LogisticCalibrator
 from core.model import ModelInfo
-from core.smoothing import check_window, window_mean
+from core.smoothing import check_window, window_mean, window_peak
 from core.trace import Needs
 
 DEFAULT_MEMBERS: tuple[str, ...] = (
@@ -425,11 +425,17 @@ class EnsembleDetector(DetectorBase):
             f"{n} max@{w}" for w in self.config.answer_token_max for n in self.answer_members_
         ]
 
-    def _token_rows(self, verdicts: Mapping[str, Verdict], members: Sequence[str]) -> np.ndarray:
+    def _token_rows(
+        self,
+        verdicts: Mapping[str, Verdict],
+        members: Sequence[str],
+        row: np.ndarray | None = None,
+    ) -> np.ndarray:
         """``[T, k]`` the members' token logits, then for each width of ``token_windows``
         their window means (``k`` columns each); with ``token_context`` also the
-        answer's stacked logit ``a`` and each raw token logit times ``a``
-        (:func:`token_inputs` columns in all)."""
+        answer's stacked logit ``a`` (of ``row``, the answer's :meth:`_row` when the
+        caller has it) and each raw token logit times ``a`` (:func:`token_inputs`
+        columns in all)."""
         tok = np.stack([logit(verdicts[n].token_scores) for n in members], axis=1)
         cols = [tok] + [
             np.stack([window_mean(tok[:, j], w) for j in range(tok.shape[1])], axis=1)
@@ -437,7 +443,8 @@ class EnsembleDetector(DetectorBase):
         ]
         if self.config.token_context:
             assert self.stacker_ is not None
-            a = float(self.stacker_.decision_function(self._row(verdicts)[None, :])[0])
+            r = self._row(verdicts) if row is None else row
+            a = float(self.stacker_.decision_function(r[None, :])[0])
             cols += [np.full((tok.shape[0], 1), a), tok * a]
         return np.concatenate(cols, axis=1)
 
@@ -466,7 +473,7 @@ class EnsembleDetector(DetectorBase):
                 for n in self.token_members_
             )
             if usable:
-                X = self._token_rows(verdicts, self.token_members_)
+                X = self._token_rows(verdicts, self.token_members_, row)
                 token_scores = self.token_stacker_.predict_proba(X).astype(np.float32)
             else:
                 offsets = None
@@ -559,10 +566,7 @@ def _widths(value: object, option: str, example: str) -> list[int]:
         raise DataError(
             f"{option} must be a list of odd widths, e.g. {example}; got {value!r}", field=option
         )
-    try:
-        widths = [check_window(w) for w in value]
-    except DataError as e:
-        raise DataError(f"{option}: {e}", field=option) from e
+    widths = [check_window(w, option) for w in value]
     if len(set(widths)) != len(widths):
         raise DataError(f"{option} repeats a width: {list(widths)}", field=option)
     return widths
@@ -589,7 +593,7 @@ def _token_peak(v: Verdict, width: int) -> float:
     response logit when it scored no tokens)."""
     if not _has_tokens(v):
         return float(logit(np.asarray([v.score]))[0])
-    return float(window_mean(logit(np.asarray(v.token_scores)), width).max())
+    return window_peak(logit(np.asarray(v.token_scores)), width)
 
 
 def _has_tokens(v: Verdict) -> bool:

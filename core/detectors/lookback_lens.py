@@ -135,10 +135,7 @@ class LookbackLensConfig(DetectorConfig):
     token_window: int = 1
 
     def __post_init__(self) -> None:
-        try:
-            check_window(self.token_window)
-        except DataError as e:
-            raise DataError(f"lookback_lens: token_window: {e}", field="token_window") from e
+        check_window(self.token_window, "lookback_lens.token_window")
         if self.context not in ("passages", "prompt"):
             raise DataError(
                 f"lookback_lens: context must be passages or prompt, got {self.context!r}"

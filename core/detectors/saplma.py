@@ -53,7 +53,7 @@ from core.labels import response_labels
 from core.learners import LogisticCalibrator, MLPHead, grouped_folds, grouped_logistic
 from core.metrics import auroc_or_none
 from core.model import ModelInfo
-from core.smoothing import TOKEN_WINDOWS, check_window, window_mean
+from core.smoothing import TOKEN_WINDOWS, check_window, window_mean, window_peak
 from core.trace import Needs
 
 Pool = Literal["mean", "last"]
@@ -163,10 +163,7 @@ class SaplmaConfig(DetectorConfig):
                 "`--set saplma.token_probe=true`",
                 field="answer",
             )
-        try:
-            check_window(self.peak_window)
-        except DataError as e:
-            raise DataError(f"saplma: peak_window: {e}", field="peak_window") from e
+        check_window(self.peak_window, "saplma.peak_window")
         if self.token_c <= 0:
             raise DataError("saplma: token_c must be > 0 and token_sample >= 100", field="token_c")
         if self.token_sample < 100:
@@ -437,7 +434,7 @@ class SaplmaDetector(DetectorBase):
             z_tok = self.token_probe_.decision_function(self._block(features, self.token_layer_))
             tokens = 1.0 / (1.0 + np.exp(-window_mean(z_tok, self.token_window_)))
             if self.answer_ == "token_peak":
-                z = float(window_mean(z_tok, self.config.peak_window).max())
+                z = window_peak(z_tok, self.config.peak_window)
                 explanation = {
                     f"token probe peak (layer {self.token_layer_}, "
                     f"{self.config.peak_window}-token windows)": z,

@@ -252,11 +252,16 @@ def test_token_context_reads_the_answers_stacked_logit(
     back = detector_class("ensemble").load(out, model_key=tiny_model.info.key)
     np.testing.assert_allclose(back.predict(x).token_scores, v.token_scores, atol=1e-7)
     # A token stacker of the other width than the config says is refused.
+    _refused(out, reseal, "token_context", False, f"token stacker does not read the {k} inputs")
+
+
+def _refused(out: Path, reseal, option: str, value, match: str) -> None:
+    """An artifact whose cfg.json sets ``option`` to ``value`` is refused on load."""
     cfg = json.loads((out / "cfg.json").read_text())
-    cfg["config"]["token_context"] = False
+    cfg["config"][option] = value
     (out / "cfg.json").write_text(json.dumps(cfg))
     reseal(out)
-    with pytest.raises(DataError, match=f"token stacker does not read the {k} inputs"):
+    with pytest.raises(DataError, match=match):
         detector_class("ensemble").load(out)
 
 
@@ -292,18 +297,9 @@ def test_token_windows_read_each_members_neighbourhood(
     back = detector_class("ensemble").load(out, model_key=tiny_model.info.key)
     assert back.config.token_windows == (3, 5)
     np.testing.assert_allclose(back.predict(x).token_scores, v.token_scores, atol=1e-7)
-    cfg = json.loads((out / "cfg.json").read_text())
-    cfg["config"]["token_windows"] = [3]
-    (out / "cfg.json").write_text(json.dumps(cfg))
-    reseal(out)
-    with pytest.raises(DataError, match=r"token_windows=\[3\]"):
-        detector_class("ensemble").load(out)
+    _refused(out, reseal, "token_windows", [3], r"token_windows=\[3\]")
     for bad in ([4], [3, 3], [1], [0], ["5"], [True], [257], 5, None, "9"):
-        cfg["config"]["token_windows"] = bad
-        (out / "cfg.json").write_text(json.dumps(cfg))
-        reseal(out)
-        with pytest.raises(DataError, match="token_windows"):
-            detector_class("ensemble").load(out)
+        _refused(out, reseal, "token_windows", bad, "token_windows")
 
 
 def test_answer_token_max_reads_each_members_most_suspect_stretch(
@@ -347,18 +343,10 @@ def test_answer_token_max_reads_each_members_most_suspect_stretch(
     back = detector_class("ensemble").load(out, model_key=tiny_model.info.key)
     assert back.answer_members_ == m and back.config.answer_token_max == (1, 5)
     assert back.predict(x).score == pytest.approx(v.score, abs=1e-12)
-    cfg = json.loads((out / "cfg.json").read_text())
-    cfg["config"]["answer_token_max"] = [1]
-    (out / "cfg.json").write_text(json.dumps(cfg))
-    reseal(out)
-    with pytest.raises(DataError, match=r"answer_token_max=\[1\]"):
-        detector_class("ensemble").load(out)
+    _refused(out, reseal, "answer_token_max", [1], r"answer_token_max=\[1\]")
     for bad in ([4], [3, 3], [0], ["5"], [True], [257], 5, None):
-        cfg["config"]["answer_token_max"] = bad
-        (out / "cfg.json").write_text(json.dumps(cfg))
-        reseal(out)
-        with pytest.raises(DataError, match="answer_token_max"):
-            detector_class("ensemble").load(out)
+        _refused(out, reseal, "answer_token_max", bad, "answer_token_max")
+    cfg = json.loads((out / "cfg.json").read_text())
     cfg["config"]["answer_token_max"] = [1, 5]
     (out / "cfg.json").write_text(json.dumps(cfg))
     w = json.loads((out / "weights.json").read_text())
