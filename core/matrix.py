@@ -6,10 +6,17 @@ training set and scores each other dataset; the diagonal (``train == test``) is 
 within-dataset cross-validation (:func:`core.crossval.cross_validate`). Runs save as
 JSON (+ markdown) and load back (:class:`MatrixRun`); :func:`load_run` reads a saved
 run of any kind for the Benchmark page.
+
+A full matrix over ~2,600 answers is hours of fitting on a CPU, so, like a
+cross-validation, it resumes: with ``checkpoint`` each training's scores on its test
+sets are saved (:mod:`core.foldstore`, one file per training and test set, named by a
+hash of the detector's config, the training and test answers, the options, the model
+and the code) and a rerun reads them back instead of refitting.
 """
 
 from __future__ import annotations
 
+import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -36,10 +43,12 @@ from core.crossval import (
     read_run,
     save_run,
 )
+from core.data import data_hash
 from core.errors import DataError
 from core.evaluate import EvalRun
 from core.examples import RAGExample, source_key
 from core.extract import Extraction, FeatureCache
+from core.foldstore import FoldResult, fold_key, fold_result, load_fold, save_fold
 from core.model import LoadedModel
 
 
@@ -153,15 +162,21 @@ class MatrixRun:
         return "\n".join(lines)
 
 
-def _test_cell(
-    det: Detector, feats: Sequence[Features], exs: Sequence[RAGExample], n_boot: int, seed: int
-) -> dict[str, Any]:
-    y = label_array(exs)
-    verdicts = [det.predict(f) for f in feats]
-    s = np.asarray([v.score for v in verdicts])
-    flagged = np.asarray([bool(v.hallucinated) for v in verdicts])
-    groups = np.asarray([source_key(e) for e in exs])
-    return pooled_metrics(y, s, flagged, groups, n_boot, seed)
+def _test_scores(det: Detector, feats: Sequence[Features], test: Sequence[int]) -> FoldResult:
+    """``det``'s verdicts on the answers ``test`` (indices into ``feats``)."""
+    vs = [det.predict(feats[i]) for i in test]
+    return fold_result(np.asarray(test), vs, vs, float(det.threshold_), det.config.config_hash())
+
+
+def _cell(res: FoldResult, exs: Sequence[RAGExample], n_boot: int, seed: int) -> dict[str, Any]:
+    """The pooled metrics of one (training, test) pair from its test answers' scores."""
+    test = [exs[i] for i in res.test]
+    groups = np.asarray([source_key(e) for e in test])
+    return pooled_metrics(label_array(test), res.scores, res.flagged, groups, n_boot, seed)
+
+
+def _ids_hash(exs: Sequence[RAGExample]) -> str:
+    return hashlib.sha256("\n".join(e.id for e in exs).encode()).hexdigest()
 
 
 def domain_matrix(
@@ -181,6 +196,8 @@ def domain_matrix(
     progress: Callable[[int, int], None] | None = None,
     step: Callable[[str], None] | None = None,
     name: str | None = None,
+    checkpoint: str | Path | None = None,
+    resumed: Callable[[str], None] | None = None,
 ) -> MatrixRun:
     """Train on each dataset (and, with ``leave_one_out``, on all but one), test on every
     other; the diagonal is :func:`cross_validate` within each dataset.
@@ -188,6 +205,13 @@ def domain_matrix(
     Every fit is :func:`fit_procedure` on the training set alone (its threshold and
     calibration come from that set's validation part): what a user who trained on
     one domain would get on another.
+
+    Args:
+        checkpoint: A folder of checkpoints (:mod:`core.foldstore`): each training's
+            test scores are saved there, and a training already saved by the same
+            run (same detector config, answers, options, model and code) is read
+            instead of refitted; the diagonal's folds go there too.
+        resumed: ``step``'s message for each training read from ``checkpoint``.
     """
     make = make or default_maker()
     if len(datasets) < 2:
@@ -208,17 +232,57 @@ def domain_matrix(
             (f"all but {t}", [i for d in datasets if d != t for i in parts[d]], [t])
             for t in datasets
         ]
+    run_parts = {
+        "kind": "matrix",
+        "ids": _ids_hash(ext.examples),
+        "data": data_hash(ext.examples),
+        "model": model.info.key,
+        "criterion": criterion,
+        "calibration": calibration,
+        "seed": seed,
+    }
     for n in detectors:
+        config = make(n).config.config_hash()
         for train_name, idx, tests in trainings:
-            if step is not None:
-                step(f"{n}: train on {train_name}")
-            det = fit_procedure(
-                make, n, *subset(n, idx), criterion=criterion, calibration=calibration, seed=seed
-            )
-            for t in tests:
-                cells[n].setdefault(train_name, {})[t] = _test_cell(
-                    det, *subset(n, parts[t]), n_boot, seed
+            keys = {
+                t: fold_key(
+                    {
+                        **run_parts,
+                        "detector": n,
+                        "config": config,
+                        "train": _ids_hash([ext.examples[i] for i in idx]),
+                        "test": t,
+                    }
                 )
+                for t in tests
+            }
+            saved = {
+                t: load_fold(checkpoint, keys[t], np.asarray(parts[t], dtype=np.int64))
+                if checkpoint is not None
+                else None
+                for t in tests
+            }
+            if all(r is not None for r in saved.values()):
+                if resumed is not None:
+                    resumed(f"{n}: train on {train_name} (read back from its checkpoint)")
+                results = {t: r for t, r in saved.items() if r is not None}
+            else:
+                if step is not None:
+                    step(f"{n}: train on {train_name}")
+                det = fit_procedure(
+                    make,
+                    n,
+                    *subset(n, idx),
+                    criterion=criterion,
+                    calibration=calibration,
+                    seed=seed,
+                )
+                results = {t: _test_scores(det, ext.features[n], parts[t]) for t in tests}
+                if checkpoint is not None:
+                    for t, r in results.items():
+                        save_fold(checkpoint, keys[t], r)
+            for t, r in results.items():
+                cells[n].setdefault(train_name, {})[t] = _cell(r, ext.examples, n_boot, seed)
     if diagonal:
         for d in datasets:
             if step is not None:
@@ -242,6 +306,7 @@ def domain_matrix(
                 calibration=calibration,
                 n_boot=n_boot,
                 extraction=sub,
+                checkpoint=checkpoint,
             )
             for r in cv.results:
                 cells[r.detector].setdefault(d, {})[d] = dict(r.pooled)

@@ -318,6 +318,8 @@ def _matrix(args: argparse.Namespace, names: list[str], model: LoadedModel) -> M
             step=lambda msg: print(msg, file=sys.stderr),
             name=args.name,
             diagonal=not args.no_diagonal,
+            checkpoint=_folds_folder(args),
+            resumed=lambda msg: print(msg, file=sys.stderr),
         )
 
 
@@ -341,8 +343,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             _matrix(args, names, model) if args.matrix else _cross_validate(args, names, model)[0]
         )
         j, m = run.save(args.out or runs_dir())
-        if not args.matrix:
-            _clear_folds(args)
+        _clear_folds(args)
         print(run.to_markdown())
         print(f"\nsaved {j} and {m}")
         return 0

@@ -340,6 +340,54 @@ def test_domain_matrix_on_two_tasks(tiny_model, examples, tmp_path) -> None:
     path, _ = m.save(tmp_path)
     assert isinstance(load_run(path), MatrixRun)
 
+    # Resuming: a run killed after its first training saved that training's test
+    # scores; the rerun reads them back (and the diagonal's folds) and refits the
+    # rest, with the same cells as the run never interrupted.
+    fits: list[str] = []
+
+    def counting(limit: int):
+        def make(n: str):
+            det = default_maker()(n)
+            fit = det.fit
+
+            def counted(*a, **k):
+                fits.append(n)
+                if len(fits) > limit:
+                    raise _Dies
+                return fit(*a, **k)
+
+            det.fit = counted  # type: ignore[method-assign]
+            return det
+
+        return make
+
+    folder = tmp_path / "matrix-folds"
+    kw: dict[str, Any] = dict(k=2, n_boot=30, calibration="split", checkpoint=folder)
+    with pytest.raises(_Dies):
+        domain_matrix(tiny_model, ["nll"], parts, make=counting(1), **kw)
+    assert len(list(folder.glob("*.npz"))) == 1  # the first training, tested on the other
+    back: list[str] = []
+    again = domain_matrix(
+        tiny_model, ["nll"], parts, make=counting(10**6), resumed=back.append, **kw
+    )
+    assert back == ["nll: train on qa (read back from its checkpoint)"]
+    assert again.cells == m.cells
+    n_fits = len(fits)
+    back.clear()
+    third = domain_matrix(
+        tiny_model, ["nll"], parts, make=counting(10**6), resumed=back.append, **kw
+    )
+    assert len(fits) == n_fits  # nothing refitted: both trainings and every diagonal fold
+    assert back == [
+        "nll: train on qa (read back from its checkpoint)",
+        "nll: train on summary (read back from its checkpoint)",
+    ]
+    assert third.cells == m.cells
+    # another seed names other checkpoints
+    back.clear()
+    domain_matrix(tiny_model, ["nll"], parts, resumed=back.append, **{**kw, "seed": 1})
+    assert back == []
+
 
 # ----------------------------------------------------------------------------- length
 
