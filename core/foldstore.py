@@ -10,7 +10,9 @@ config, the data and its order, the folds, the procedure's options, the model an
 code of ``core/``). Rerunning the same command reads the folds already done instead of
 refitting them; any change to what a fold depends on gives another name, so a stale
 fold is never read. A file that is damaged, foreign or inconsistent is ignored (and
-the fold refitted), never trusted.
+the fold refitted), never trusted. The checkpoints of a command that was stopped and
+never rerun are pruned after :data:`STALE_DAYS` (:func:`prune_stale`; any code change
+makes them unreadable anyway).
 """
 
 from __future__ import annotations
@@ -19,7 +21,9 @@ import hashlib
 import io
 import json
 import os
+import shutil
 import tempfile
+import time
 import zipfile
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
@@ -51,6 +55,10 @@ _ARRAYS = frozenset(
         "token_offsets",
     }
 )
+
+
+STALE_DAYS = 14
+"""A command's checkpoint folder untouched this long is dropped (:func:`prune_stale`)."""
 
 
 def folds_dir() -> Path:
@@ -261,3 +269,25 @@ def clear_folds(folder: str | Path, keys: Sequence[str]) -> None:
     """Remove these folds' checkpoints (once the run they belong to is saved)."""
     for k in keys:
         (Path(folder) / f"{k}.npz").unlink(missing_ok=True)
+
+
+def prune_stale(root: str | Path | None = None, days: float = STALE_DAYS) -> list[Path]:
+    """Remove the checkpoint folders under ``root`` (default :func:`folds_dir`) whose
+    files were all last written more than ``days`` ago: those of commands stopped and
+    never rerun. Returns the folders removed; a folder that cannot be read is left."""
+    base = Path(root) if root is not None else folds_dir()
+    if not base.is_dir():
+        return []
+    cutoff = time.time() - days * 86400
+    gone = []
+    for d in sorted(base.iterdir()):
+        if not d.is_dir() or d.is_symlink():
+            continue
+        try:
+            newest = max([d.stat().st_mtime, *(f.stat().st_mtime for f in d.iterdir())])
+        except OSError:
+            continue
+        if newest < cutoff:
+            shutil.rmtree(d, ignore_errors=True)
+            gone.append(d)
+    return gone

@@ -40,7 +40,7 @@ from core.detectors import shipped_artifacts
 from core.errors import DataError
 from core.evaluate import EvalRun, evaluate
 from core.extract import Extraction, FeatureCache, Progress
-from core.foldstore import folds_dir
+from core.foldstore import folds_dir, prune_stale
 from core.jobs import JobRunner
 from core.matrix import MatrixRun, domain_matrix
 from core.model import LoadedModel
@@ -227,6 +227,8 @@ def _folds_folder(args: argparse.Namespace) -> Path:
     once the command has saved what it makes (:func:`_clear_folds`)."""
     plain = {k: v for k, v in sorted(vars(args).items()) if not callable(v)}
     tag = hashlib.sha256(json.dumps(plain, default=str).encode()).hexdigest()[:16]
+    for d in prune_stale():
+        print(f"removed the stale fold checkpoints {d}", file=sys.stderr)
     return folds_dir() / tag
 
 

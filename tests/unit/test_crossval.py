@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
+import time
 from collections import Counter
 from typing import Any, cast
 
@@ -711,3 +713,23 @@ def test_fold_checkpoints_round_trip_token_scores(tmp_path) -> None:
     assert load_fold(tmp_path, "missing", test) is None
     (tmp_path / "big.npz").write_bytes(b"\0" * 64)
     assert load_fold(tmp_path, "big", test) is None
+
+
+def test_stale_fold_checkpoints_are_pruned(tmp_path) -> None:
+    """A stopped command's checkpoints go once untouched for STALE_DAYS; a folder with
+    one recent file, and stray files, stay."""
+    from core.foldstore import STALE_DAYS, prune_stale
+
+    old, fresh, mixed = (tmp_path / n for n in ("old", "fresh", "mixed"))
+    for d in (old, fresh, mixed):
+        d.mkdir()
+        (d / "a.npz").write_bytes(b"x")
+    (mixed / "b.npz").write_bytes(b"y")
+    (tmp_path / "stray.txt").write_text("keep")
+    past = time.time() - (STALE_DAYS + 1) * 86400
+    for f in (old / "a.npz", old, mixed / "a.npz", mixed):
+        os.utime(f, (past, past))
+    assert prune_stale(tmp_path) == [old]
+    assert not old.exists() and fresh.exists() and mixed.exists()
+    assert (tmp_path / "stray.txt").exists()
+    assert prune_stale(tmp_path / "missing") == []
