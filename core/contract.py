@@ -364,6 +364,13 @@ class Detector(Protocol):
         """A composite's features for one example, from its members' (by name)."""
         ...
 
+    def pinned(self) -> Mapping[str, Any]:
+        """Config overrides that fix what this fitted detector chose on its validation
+        part (a classifier, a layer): detectors refitted for its cross-fitted
+        calibration use them, so the calibrator learns scores of the same form as the
+        ones it will map (empty: nothing chosen)."""
+        ...
+
     def features(self, run: Run) -> Features: ...
 
     def fit(self, features: Sequence[Features], examples: Sequence[RAGExample]) -> Self:
@@ -409,6 +416,9 @@ class DetectorBase:
 
     def member_detectors(self) -> Sequence[Detector]:
         return ()
+
+    def pinned(self) -> Mapping[str, Any]:
+        return {}
 
     def bundle(self, example_id: str, model_key: str, members: Mapping[str, Features]) -> Features:
         raise TypeError(f"{self.name} is not a composite detector")

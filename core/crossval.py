@@ -28,7 +28,7 @@ import json
 import re
 import warnings
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal, cast
@@ -167,9 +167,10 @@ def fit_procedure(
         seed: Seed of the inner split.
         calibration: ``"crossfit"`` (default): the calibrator and thresholds are fitted
             on cross-fitted scores of *every* training answer — :data:`CROSSFIT_K` inner
-            grouped folds, each scored by a detector fitted (by the same split recipe)
-            without it — five times the answers of the validation part alone, so fewer
-            noisy calibrators and thresholds; ``"split"``: on the validation part only
+            grouped folds, each scored by a detector fitted (by the same split recipe,
+            with what the kept detector chose pinned: :meth:`Detector.pinned`) without
+            it — five times the answers of the validation part alone, so fewer noisy
+            calibrators and thresholds; ``"split"``: on the validation part only
             (the detector's own scores; what artifacts trained before it used).
 
     Raises:
@@ -180,7 +181,9 @@ def fit_procedure(
     raw: list[Verdict] | None = None
     if calibration == "crossfit":
         cal_f, cal_e = list(features), list(examples)
-        raw = _crossfit_verdicts(make, name, features, examples, val_share, seed)
+        raw = _crossfit_verdicts(
+            pinned_maker(make, det.pinned()), name, features, examples, val_share, seed
+        )
     elif calibration == "split":
         _, val_i = inner_split(examples, val_share, seed)
         cal_f, cal_e = [features[i] for i in val_i], [examples[i] for i in val_i]
@@ -272,6 +275,19 @@ def _crossfit_verdicts(
             f"cross-fitting left {len(missing)} answers unscored (first {missing[0]!r})"
         )
     return [v for v in out if v is not None]
+
+
+def pinned_maker(make: MakeDetector, pins: Mapping[str, Any]) -> MakeDetector:
+    """``make`` with ``pins`` (:meth:`~core.contract.Detector.pinned`) overriding the
+    config of every detector it builds."""
+    if not pins:
+        return make
+
+    def pinned(name: str) -> Detector:
+        det = make(name)
+        return type(det)(replace(det.config, **pins))  # type: ignore[call-arg]
+
+    return pinned
 
 
 def default_maker(configs: Mapping[str, Mapping[str, Any]] | None = None) -> MakeDetector:

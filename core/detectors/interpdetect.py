@@ -24,6 +24,7 @@ NumPy types.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -95,11 +96,13 @@ class InterpDetectConfig(DetectorConfig):
         classifiers: Candidates, chosen by validation F1.
         const_tol: DropConstantFeatures ``tol``.
         corr_threshold: SmartCorrelatedSelection ``threshold``.
+        lr_c: The logistic regression's ``C`` (1.0: scikit-learn's default, which the
+            paper's code uses; smaller regularises more, for small training sets).
         seed: Random state of the forest, SVC and XGBoost.
     """
 
     FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
-        {"classifiers", "const_tol", "corr_threshold", "seed"}
+        {"classifiers", "const_tol", "corr_threshold", "lr_c", "seed"}
     )
 
     pool: Literal["mean", "sum"] = "sum"
@@ -108,6 +111,7 @@ class InterpDetectConfig(DetectorConfig):
     classifiers: tuple[str, ...] = CLASSIFIERS
     const_tol: float = 0.95
     corr_threshold: float = 0.9
+    lr_c: float = 1.0
     seed: int = 0
 
     def __post_init__(self) -> None:
@@ -116,6 +120,8 @@ class InterpDetectConfig(DetectorConfig):
             raise ValueError(f"classifiers must be a non-empty subset of {CLASSIFIERS}, got {bad}")
         if not 0.5 <= self.const_tol <= 1.0 or not 0.0 < self.corr_threshold <= 1.0:
             raise ValueError("const_tol must be in [0.5, 1] and corr_threshold in (0, 1]")
+        if type(self.lr_c) not in (int, float) or not math.isfinite(self.lr_c) or self.lr_c <= 0:
+            raise ValueError(f"lr_c must be a positive finite number, got {self.lr_c!r}")
 
 
 def chunk_targets(f: Features, example: RAGExample) -> np.ndarray:
@@ -132,12 +138,13 @@ def chunk_targets(f: Features, example: RAGExample) -> np.ndarray:
     return np.full(o.shape[0], int(bool(example.label)), dtype=np.int64)
 
 
-def make_classifier(name: str, *, seed: int, pos_weight: float) -> Any:
-    """A fresh candidate classifier (class-balanced)."""
+def make_classifier(name: str, *, seed: int, pos_weight: float, lr_c: float = 1.0) -> Any:
+    """A fresh candidate classifier (class-balanced; ``lr_c``: the logistic regression's
+    inverse regularisation strength)."""
     if name == "lr":
         from sklearn.linear_model import LogisticRegression
 
-        return LogisticRegression(max_iter=2000, class_weight="balanced")
+        return LogisticRegression(C=lr_c, max_iter=2000, class_weight="balanced")
     if name == "svc":
         from sklearn.calibration import CalibratedClassifierCV
         from sklearn.svm import SVC
@@ -339,7 +346,10 @@ class InterpDetectDetector(DetectorBase):
             pipe = Pipeline(
                 [
                     ("scale", StandardScaler()),
-                    ("clf", make_classifier(name, seed=c.seed, pos_weight=pos_weight)),
+                    (
+                        "clf",
+                        make_classifier(name, seed=c.seed, pos_weight=pos_weight, lr_c=c.lr_c),
+                    ),
                 ]
             )
             pipe.fit(X[list(self.kept_)], y)
@@ -361,6 +371,14 @@ class InterpDetectDetector(DetectorBase):
             "f1": self.candidates_,
         }
         return self
+
+    def pinned(self) -> Mapping[str, Any]:
+        """The classifier chosen on validation: the four candidates score on scales of
+        their own (an SVC's calibrated probabilities, a balanced logistic regression's,
+        a booster's), so a calibrator fitted on another candidate's scores would
+        misread this one's."""
+        require_fitted(self, "pipeline_", self.name)
+        return {"classifiers": (self.classifier_name_,)}
 
     # -- scoring ----------------------------------------------------------------
 

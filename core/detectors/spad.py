@@ -23,7 +23,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
@@ -92,6 +92,10 @@ class SpadConfig(DetectorConfig):
             answers (one question and its passages) together: answers to one question
             are not independent, and folds that split them reward boosters that
             memorise questions. ``False``: plain stratified folds over answers.
+        params: Fixed XGBoost hyper-parameters (names from :func:`search_space`): no
+            search, these are fitted. What :meth:`SpadDetector.pinned` gives the
+            detectors refitted for a cross-fitted calibration, so the calibrator learns
+            the scores of boosters shaped like the one it maps.
     """
 
     FIT_ONLY: ClassVar[frozenset[str]] = frozenset(
@@ -106,6 +110,7 @@ class SpadConfig(DetectorConfig):
             "stop_metric",
             "missing",
             "grouped",
+            "params",
         }
     )
 
@@ -119,6 +124,7 @@ class SpadConfig(DetectorConfig):
     stop_metric: Literal["logloss", "auc"] = "logloss"
     missing: Literal["zero", "nan"] = "zero"
     grouped: bool = False
+    params: Mapping[str, int | float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if self.scoring not in ("f1", "roc_auc", "average_precision"):
@@ -135,6 +141,33 @@ class SpadConfig(DetectorConfig):
             raise ValueError(f"holdout must be in [0, 0.5), got {self.holdout}")
         if self.early_stopping_rounds < 1 or self.chunk_size < 1:
             raise ValueError("early_stopping_rounds and chunk_size must be >= 1")
+        check_params(self.params)
+
+
+_INT_PARAMS = frozenset({"n_estimators", "max_depth", "min_child_weight"})
+_FLOAT_PARAMS = frozenset({"learning_rate", "subsample", "colsample_bytree", "gamma", "reg_lambda"})
+
+
+def check_params(params: object) -> None:
+    """``params`` as fixed XGBoost hyper-parameters: a mapping of the searched names
+    to finite non-negative numbers (ints where XGBoost wants counts; configs come from
+    files, so anything else raises)."""
+    if not isinstance(params, Mapping):
+        raise ValueError(f"params must be a mapping of hyper-parameters, got {params!r}")
+    for k, v in params.items():
+        if k in _INT_PARAMS:
+            ok = type(v) is int and v >= 1
+        elif k in _FLOAT_PARAMS:
+            ok = type(v) in (int, float) and math.isfinite(v) and v >= 0
+        else:
+            raise ValueError(
+                f"params: unknown hyper-parameter {k!r}; use some of "
+                f"{sorted(_INT_PARAMS | _FLOAT_PARAMS)}"
+            )
+        if not ok:
+            raise ValueError(
+                f"params: {k} must be a non-negative number (an int >= 1 for counts), got {v!r}"
+            )
 
 
 NO_SEARCH_PARAMS: dict[str, Any] = {"n_estimators": 100, "max_depth": 2, "learning_rate": 0.1}
@@ -236,6 +269,12 @@ class SpadDetector(DetectorBase):
 
     # -- learning ---------------------------------------------------------------
 
+    def pinned(self) -> Mapping[str, Any]:
+        """The searched hyper-parameters, fixed (``params``): another search would draw
+        boosters whose scores spread differently."""
+        require_fitted(self, "booster_", self.name)
+        return {"params": dict(self.best_params_)} if self.best_params_ else {}
+
     def _check(self, features: Sequence[Features]) -> None:
         if len({f.model for f in features}) != 1:
             raise ModelError("spad: features come from several models; train on one")
@@ -266,9 +305,9 @@ class SpadDetector(DetectorBase):
         groups = np.asarray([source_key(e) for e in examples])
         if c.grouped:
             folds = min(folds, len(set(groups.tolist())))
-        best: dict[str, Any] = {} if c.n_iter else dict(NO_SEARCH_PARAMS)
+        best: dict[str, Any] = dict(c.params) or ({} if c.n_iter else dict(NO_SEARCH_PARAMS))
         cv_f1: float | None = None
-        if folds >= 2 and c.n_iter:
+        if folds >= 2 and c.n_iter and not c.params:
             splitter = (
                 StratifiedGroupKFold(n_splits=folds, shuffle=True, random_state=c.seed)
                 if c.grouped
@@ -328,9 +367,9 @@ class SpadDetector(DetectorBase):
             "n_train": len(y),
             "n_hallucinated": n_pos,
             "scale_pos_weight": pos_weight,
-            "cv_folds": folds if c.n_iter else 0,
+            "cv_folds": folds if c.n_iter and not c.params else 0,
             "cv_f1" if c.scoring == "f1" else f"cv_{c.scoring}": cv_f1,
-            "n_iter": c.n_iter if folds >= 2 else 0,
+            "n_iter": c.n_iter if folds >= 2 and not c.params else 0,
             "early_stopping": {"held_out": n_hold if stop else 0, "n_trees": n_trees},
         }
         return self

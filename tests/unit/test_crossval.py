@@ -23,7 +23,7 @@ from core.calibration import (
     match_calibration,
     reliability,
 )
-from core.contract import Features, Verdict, decision_threshold, for_dataset
+from core.contract import DetectorConfig, Features, Verdict, decision_threshold, for_dataset
 from core.crossval import (
     CROSSFIT_K,
     CVRun,
@@ -33,6 +33,7 @@ from core.crossval import (
     fit_procedure,
     inner_split,
     make_folds,
+    pinned_maker,
 )
 from core.data import load_builtin, stratified_head
 from core.detectors.baselines import NLLDetector
@@ -278,6 +279,41 @@ def test_crossfit_calibrates_on_every_training_answer(examples, extraction) -> N
     assert a.raw_score == pytest.approx(b.raw_score)
     with pytest.raises(DataError, match="unknown calibration"):
         fit_procedure(default_maker(), "nll", feats, exs, calibration=cast(Any, "isotonic"))
+
+
+@dataclasses.dataclass(frozen=True, kw_only=True)
+class _ChoiceConfig(DetectorConfig):
+    choice: str = "free"
+
+
+class _Choosing(NLLDetector):
+    """NLL that 'chooses' on validation (``pinned`` names its choice) and records the
+    config of every instance fitted."""
+
+    Config = _ChoiceConfig
+    built: list[str] = []
+
+    def fit(self, features, examples):
+        _Choosing.built.append(self.config.choice)
+        return super().fit(features, examples)
+
+    def pinned(self):
+        return {"choice": "kept"}
+
+
+def test_crossfit_refits_with_the_kept_detectors_choices_pinned(examples, extraction) -> None:
+    """The detectors refitted for cross-fitted calibration get the kept detector's
+    choices (``pinned``), so the calibrator learns scores of the same form; split
+    calibration refits nothing."""
+    feats, exs = list(extraction.features["nll"]), list(extraction.examples)
+    _Choosing.built = []
+    fit_procedure(lambda n: _Choosing(), "nll", feats, exs)
+    assert _Choosing.built == ["free"] + ["kept"] * CROSSFIT_K
+    _Choosing.built = []
+    fit_procedure(lambda n: _Choosing(), "nll", feats, exs, calibration="split")
+    assert _Choosing.built == ["free"]
+    make = default_maker()
+    assert pinned_maker(make, {}) is make
 
 
 def test_cross_validation_pools_out_of_fold_scores(

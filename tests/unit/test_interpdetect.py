@@ -249,6 +249,25 @@ def test_restricting_the_candidates_to_logistic_regression(real) -> None:
         make_detector("interpdetect", classifiers=("knn",))
 
 
+def test_pinned_keeps_the_chosen_classifier_and_lr_c_regularises(real, fitted) -> None:
+    """``pinned()`` names the classifier chosen on validation (cross-fitted calibration
+    refits only that one); ``lr_c`` is the logistic regression's C, checked."""
+    assert fitted.pinned() == {"classifiers": (fitted.classifier_name_,)}
+    again = _fit(real, **fitted.pinned())
+    assert list(again.candidates_) == [fitted.classifier_name_]
+    lr = _fit(real, classifiers=("lr",), lr_c=0.05)
+    assert lr.pipeline_[-1].C == 0.05
+    assert _fit(real, classifiers=("lr",)).pipeline_[-1].C == 1.0  # scikit-learn's default
+    assert make_detector("interpdetect", lr_c=0.05).config.feature_hash() == (
+        make_detector("interpdetect").config.feature_hash()
+    )
+    for bad in (0, -1.0, float("nan"), float("inf"), True, "0.1"):
+        with pytest.raises(ValueError, match="lr_c"):
+            make_detector("interpdetect", lr_c=bad)
+    with pytest.raises(NotFittedError):
+        InterpDetectDetector().pinned()
+
+
 def test_predict_scores_the_response_by_its_most_suspicious_chunk(real, fitted) -> None:
     det = fitted
     with pytest.raises(NotFittedError, match="ragscope train --detectors interpdetect"):

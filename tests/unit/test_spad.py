@@ -474,3 +474,45 @@ def test_grouped_search_and_hold_out_keep_each_sources_answers_together(
     # Ungrouped (the former behaviour) splits sources across folds here.
     SpadDetector(SpadConfig(n_iter=2, cv=2, grouped=False)).fit(feats, paired)
     assert any(set(groups[tr]) & set(groups[te]) for tr, te in seen[-1])
+
+
+def test_fixed_params_skip_the_search_and_pin_the_searched_booster(
+    fitted, balanced, monkeypatch
+) -> None:
+    """``pinned()`` gives the searched hyper-parameters as ``params``; a detector built
+    with them fits that booster without a search (what cross-fitted calibration's
+    refits use), and hostile ``params`` are refused."""
+    from sklearn.model_selection import RandomizedSearchCV
+
+    from core.detectors.spad import search_space
+
+    det, feats = fitted
+    pins = det.pinned()
+    assert pins == {"params": det.best_params_} and set(pins["params"]) == set(search_space())
+    searched: list[int] = []
+    real_fit = RandomizedSearchCV.fit
+    monkeypatch.setattr(
+        RandomizedSearchCV,
+        "fit",
+        lambda self, *a, **k: searched.append(1) or real_fit(self, *a, **k),
+    )
+    again = SpadDetector(SpadConfig(n_iter=3, cv=2, holdout=0.0, **pins)).fit(feats, balanced)
+    assert not searched
+    assert again.best_params_ == det.best_params_ and again.train_info_["n_iter"] == 0
+    assert again.train_info_["early_stopping"]["n_trees"] == det.best_params_["n_estimators"]
+    # learner-only: the cached features stay valid
+    assert SpadConfig(**pins).feature_hash() == SpadConfig().feature_hash()
+    for bad in (
+        {"max_depth": 2.5},
+        {"n_estimators": True},
+        {"learning_rate": float("nan")},
+        {"gamma": -1.0},
+        {"booster": "dart"},
+        {"subsample": "0.5"},
+    ):
+        with pytest.raises(ValueError, match="params"):
+            SpadConfig(params=bad)
+    with pytest.raises(ValueError, match="mapping"):
+        SpadConfig(params=[("max_depth", 2)])  # type: ignore[arg-type]
+    with pytest.raises(NotFittedError):
+        SpadDetector().pinned()
