@@ -11,7 +11,9 @@ Fitting keeps the stacker honest: it learns only from member scores of answers t
 scoring members never saw. With ``stacking="crossfit"`` (the default; stacked
 generalisation as in Wolpert 1992 and scikit-learn's ``StackingClassifier``) the
 members are fitted :data:`STACK_FOLDS` times, each without one source-grouped fold of
-the training answers, and score that fold; the stacker learns from all these
+the training answers and with what the members kept chose fixed
+(:meth:`~core.contract.Detector.pinned`: InterpDetect's classifier, SPAD's booster
+hyper-parameters), and score that fold; the stacker learns from all these
 out-of-fold rows (plus the validation split's rows, scored by the members refitted on
 all training answers, when a validation split is given). With ``stacking="split"``
 the members are fitted once, on the training split, and the stacker on the
@@ -283,8 +285,8 @@ class EnsembleDetector(DetectorBase):
         has_val = validation is not None and bool(validation[0])
         if self.config.stacking == "crossfit":
             tr_f, tr_ex = list(features), list(examples)
-            st_ex, verdicts = self._out_of_fold(tr_f, tr_ex)
             self._fit_members(tr_f, tr_ex)
+            st_ex, verdicts = self._out_of_fold(tr_f, tr_ex)
             if validation is not None and has_val:
                 st_ex += list(validation[1])
                 verdicts += [self._verdicts(f) for f in validation[0]]
@@ -328,15 +330,28 @@ class EnsembleDetector(DetectorBase):
         }
         return self
 
-    def _fit_members(self, features: Sequence[Features], examples: Sequence[RAGExample]) -> None:
-        for n, det in self.members_.items():
+    def _fit_members(
+        self,
+        features: Sequence[Features],
+        examples: Sequence[RAGExample],
+        members: Mapping[str, Detector] | None = None,
+    ) -> None:
+        for n, det in (self.members_ if members is None else members).items():
             det.fit([self._member(f, n) for f in features], examples)
 
     def _out_of_fold(
         self, features: Sequence[Features], examples: Sequence[RAGExample]
     ) -> tuple[list[RAGExample], list[dict[str, Verdict]]]:
         """Every training answer that falls in a usable fold, with its members' verdicts
-        from members fitted without its fold."""
+        from members fitted without its fold. Those members take what the fitted members
+        chose (:meth:`~core.contract.Detector.pinned`: a classifier, hyper-parameters),
+        so the stacker learns from scores of the same form as the ones it will read."""
+        pinned = {
+            n: MEMBERS.make(
+                n, **{**dict(self.config.member_configs.get(n, {})), **dict(det.pinned())}
+            )
+            for n, det in self.members_.items()
+        }
         y = response_labels(examples)
         groups = np.asarray([source_key(e) for e in examples])
         folds = learners.grouped_folds(y, groups, self.config.stack_folds, self.config.seed)
@@ -349,9 +364,9 @@ class EnsembleDetector(DetectorBase):
         out_ex: list[RAGExample] = []
         out_v: list[dict[str, Verdict]] = []
         for train, test in folds:
-            self._fit_members([features[i] for i in train], [examples[i] for i in train])
+            self._fit_members([features[i] for i in train], [examples[i] for i in train], pinned)
             out_ex += [examples[i] for i in test]
-            out_v += [self._verdicts(features[i]) for i in test]
+            out_v += [self._verdicts(features[i], pinned) for i in test]
         return out_ex, out_v
 
     def _fit_tokens(
@@ -401,8 +416,13 @@ class EnsembleDetector(DetectorBase):
             )
         return features.members[name]
 
-    def _verdicts(self, features: Features) -> dict[str, Verdict]:
-        return {n: det.predict(self._member(features, n)) for n, det in self.members_.items()}
+    def _verdicts(
+        self, features: Features, members: Mapping[str, Detector] | None = None
+    ) -> dict[str, Verdict]:
+        return {
+            n: det.predict(self._member(features, n))
+            for n, det in (self.members_ if members is None else members).items()
+        }
 
     def _row(self, verdicts: Mapping[str, Verdict]) -> np.ndarray:
         """The response stacker's inputs (:meth:`input_names`): each member's response

@@ -198,6 +198,12 @@ class LookbackLensDetector(DetectorBase):
 
     # -- learning --------------------------------------------------------------------
 
+    def pinned(self) -> Mapping[str, Any]:
+        """With ``response="auto"``, the answer score chosen on validation (the answer
+        model's probability and the windows' peak spread differently)."""
+        require_fitted(self, "answer_model_", self.name)
+        return {"response": self.response_mode_} if self.config.response == "auto" else {}
+
     def _windows(
         self, features: Sequence[Features], examples: Sequence[RAGExample]
     ) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:

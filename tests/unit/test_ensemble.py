@@ -87,6 +87,27 @@ def test_features_bundle_the_members_once_and_only_members_are_cached(
         run_example(tiny_model, ex, [clash, other])
 
 
+def test_out_of_fold_members_take_the_kept_members_choices(splits, extracted, monkeypatch):
+    """The members refitted for the stacker's out-of-fold rows are built with what the
+    kept members chose (``pinned``), so the stacker learns scores of the same form;
+    the kept members themselves keep their configs."""
+    _, f = extracted
+    lexical = detector_class("lexical")
+    seen: list[tuple[str, ...]] = []
+    real_fit = lexical.fit
+
+    def fit(self, features, examples, **kw):
+        seen.append(tuple(self.config.pos))
+        return real_fit(self, features, examples, **kw)
+
+    monkeypatch.setattr(lexical, "fit", fit)
+    monkeypatch.setattr(lexical, "pinned", lambda self: {"pos": ("NOUN",)})
+    ens = _ensemble(stack_folds=3).fit(f["train"], splits["train"])
+    default = tuple(make_detector("lexical").config.pos)
+    assert seen == [default] + [("NOUN",)] * 3  # the kept member first, then one per fold
+    assert tuple(ens.members_["lexical"].config.pos) == default
+
+
 def _other_lexical_option() -> dict:
     cfg = make_detector("lexical").config.to_dict()
     key = next(k for k, v in cfg.items() if isinstance(v, tuple | list) and v)

@@ -544,6 +544,10 @@ def test_lookback_windows_find_the_low_ratio_spans(tmp_path) -> None:
     det.save(tmp_path / "l")
     back = LookbackLensDetector.load(tmp_path / "l", model_key="m")
     assert back.response_mode_ == det.response_mode_
+    # pinned: the answer score chosen on validation; a fixed one pins nothing
+    assert det.pinned() == {"response": det.response_mode_}
+    fixed = LookbackLensDetector(dataclasses.replace(det.config, **det.pinned())).fit(f, e)
+    assert fixed.response_mode_ == det.response_mode_ and fixed.pinned() == {}
     for x in ft[:3]:
         assert back.predict(x).score == pytest.approx(det.predict(x).score, abs=1e-9)
     # token_window: the same token scores averaged over 9 tokens in logit space.
