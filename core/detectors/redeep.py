@@ -298,6 +298,18 @@ class RedeepDetector(DetectorBase):
                 f"{self.name}: features come from different models or configs; train on one"
             )
 
+    def pinned(self) -> Mapping[str, Any]:
+        """N, K and beta as chosen on validation (the heads and layers are re-ranked on
+        each refit's own answers, as the paper ranks them on its training data)."""
+        require_fitted(self, "selection_", self.name)
+        assert self.selection_ is not None
+        sel = self.selection_
+        return {
+            "heads_grid": (len(sel.heads),),
+            "layers_grid": (len(sel.layers),),
+            "beta_grid": (sel.beta,),
+        }
+
     def fit(
         self,
         features: Sequence[Features],

@@ -156,6 +156,19 @@ def test_selection_ranks_and_chooses_the_informative_head_and_layer() -> None:
     assert sel.ecs_range == pytest.approx(e_rng) and sel.pks_range == pytest.approx(p_rng)
     units = np.concatenate([f.tokens for f in train[0] + validation[0]]).astype(np.float64)
     assert sel.ecs_range[1] < units[:, list(sel.heads)].sum(1).max()
+    # pinned: N, K and beta as chosen; a detector built with them selects nothing else
+    pins = det.pinned()
+    assert pins == {
+        "heads_grid": (len(hs),),
+        "layers_grid": (len(ls),),
+        "beta_grid": (beta,),
+    }
+    again = RedeepTokenDetector(replace(cfg, **pins)).fit(*train)
+    assert (again.selection_.heads, again.selection_.layers, again.selection_.beta) == (
+        hs,
+        ls,
+        beta,
+    )
 
 
 def test_selection_without_validation_uses_training_responses() -> None:
