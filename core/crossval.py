@@ -589,6 +589,11 @@ LENGTH_BINS = 5
 """Answer-length quantile bins of the length-matched AUROC."""
 
 
+def ids_hash(examples: Sequence[RAGExample]) -> str:
+    """A hash of the answers' ids in order (what a checkpoint's answers are)."""
+    return hashlib.sha256("\n".join(e.id for e in examples).encode()).hexdigest()
+
+
 def answer_lengths(examples: Sequence[RAGExample]) -> np.ndarray:
     """Each answer's length in words: the trivial baseline every detector must beat."""
     return np.asarray([len(e.response.split()) for e in examples], dtype=np.float64)
@@ -780,7 +785,7 @@ def cross_validate(
     strata_len = length_bins(lengths, LENGTH_BINS)
     results = []
     run_parts = {
-        "ids": hashlib.sha256("\n".join(e.id for e in exs).encode()).hexdigest(),
+        "ids": ids_hash(exs),
         "data": data_hash(exs),
         "fold": hashlib.sha256(fold.astype(np.int64).tobytes()).hexdigest(),
         "k": k,

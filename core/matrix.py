@@ -16,7 +16,6 @@ and the code) and a rerun reads them back instead of refitting.
 
 from __future__ import annotations
 
-import hashlib
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -38,6 +37,7 @@ from core.crossval import (
     file_stem,
     fit_procedure,
     format_ci,
+    ids_hash,
     label_array,
     pooled_metrics,
     read_run,
@@ -175,10 +175,6 @@ def _cell(res: FoldResult, exs: Sequence[RAGExample], n_boot: int, seed: int) ->
     return pooled_metrics(label_array(test), res.scores, res.flagged, groups, n_boot, seed)
 
 
-def _ids_hash(exs: Sequence[RAGExample]) -> str:
-    return hashlib.sha256("\n".join(e.id for e in exs).encode()).hexdigest()
-
-
 def domain_matrix(
     model: LoadedModel,
     detectors: Sequence[str],
@@ -234,7 +230,7 @@ def domain_matrix(
         ]
     run_parts = {
         "kind": "matrix",
-        "ids": _ids_hash(ext.examples),
+        "ids": ids_hash(ext.examples),
         "data": data_hash(ext.examples),
         "model": model.info.key,
         "criterion": criterion,
@@ -250,7 +246,7 @@ def domain_matrix(
                         **run_parts,
                         "detector": n,
                         "config": config,
-                        "train": _ids_hash([ext.examples[i] for i in idx]),
+                        "train": ids_hash([ext.examples[i] for i in idx]),
                         "test": t,
                     }
                 )

@@ -213,7 +213,7 @@ def _cross_validate(
         fold_progress=lambda d, f, k: print(f"{d}: fold {f + 1}/{k}", file=sys.stderr),
         name=getattr(args, "name", None),
         extraction=ext,
-        checkpoint=_folds_folder(args),
+        checkpoint=_checkpoints(args),
         resumed=lambda d, f, k: print(
             f"{d}: fold {f + 1}/{k} read back from its checkpoint", file=sys.stderr
         ),
@@ -227,9 +227,15 @@ def _folds_folder(args: argparse.Namespace) -> Path:
     once the command has saved what it makes (:func:`_clear_folds`)."""
     plain = {k: v for k, v in sorted(vars(args).items()) if not callable(v)}
     tag = hashlib.sha256(json.dumps(plain, default=str).encode()).hexdigest()[:16]
+    return folds_dir() / tag
+
+
+def _checkpoints(args: argparse.Namespace) -> Path:
+    """:func:`_folds_folder`, once stale checkpoints of other commands are pruned (a
+    command that starts checkpointing cleans up after those stopped and never rerun)."""
     for d in prune_stale():
         print(f"removed the stale fold checkpoints {d}", file=sys.stderr)
-    return folds_dir() / tag
+    return _folds_folder(args)
 
 
 def _clear_folds(args: argparse.Namespace) -> None:
@@ -320,7 +326,7 @@ def _matrix(args: argparse.Namespace, names: list[str], model: LoadedModel) -> M
             step=lambda msg: print(msg, file=sys.stderr),
             name=args.name,
             diagonal=not args.no_diagonal,
-            checkpoint=_folds_folder(args),
+            checkpoint=_checkpoints(args),
             resumed=lambda msg: print(msg, file=sys.stderr),
         )
 

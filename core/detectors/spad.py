@@ -146,6 +146,8 @@ class SpadConfig(DetectorConfig):
 
 _INT_PARAMS = frozenset({"n_estimators", "max_depth", "min_child_weight"})
 _FLOAT_PARAMS = frozenset({"learning_rate", "subsample", "colsample_bytree", "gamma", "reg_lambda"})
+_SHARES = frozenset({"learning_rate", "subsample", "colsample_bytree"})
+"""Of the float parameters, those XGBoost wants in ``(0, 1]``."""
 
 
 def check_params(params: object) -> None:
@@ -159,6 +161,7 @@ def check_params(params: object) -> None:
             ok = type(v) is int and v >= 1
         elif k in _FLOAT_PARAMS:
             ok = type(v) in (int, float) and math.isfinite(v) and v >= 0
+            ok = ok and (0 < v <= 1 if k in _SHARES else True)
         else:
             raise ValueError(
                 f"params: unknown hyper-parameter {k!r}; use some of "
@@ -166,7 +169,8 @@ def check_params(params: object) -> None:
             )
         if not ok:
             raise ValueError(
-                f"params: {k} must be a non-negative number (an int >= 1 for counts), got {v!r}"
+                f"params: {k} must be a non-negative number (an int >= 1 for counts, in (0, 1] "
+                f"for {sorted(_SHARES)}), got {v!r}"
             )
 
 

@@ -384,20 +384,7 @@ def test_domain_matrix_on_two_tasks(tiny_model, examples, tmp_path) -> None:
     fits: list[str] = []
 
     def counting(limit: int):
-        def make(n: str):
-            det = default_maker()(n)
-            fit = det.fit
-
-            def counted(*a, **k):
-                fits.append(n)
-                if len(fits) > limit:
-                    raise _Dies
-                return fit(*a, **k)
-
-            det.fit = counted  # type: ignore[method-assign]
-            return det
-
-        return make
+        return _dying_maker(fits, limit)
 
     folder = tmp_path / "matrix-folds"
     kw: dict[str, Any] = dict(k=2, n_boot=30, calibration="split", checkpoint=folder)
@@ -640,6 +627,26 @@ class _Dies(Exception):
     pass
 
 
+def _dying_maker(fits: list[str], limit: int):
+    """The default detectors, each fit recorded in ``fits``; past ``limit`` fits in all
+    the next one raises :class:`_Dies` (a run killed mid-way)."""
+
+    def make(n: str):
+        det = default_maker()(n)
+        fit = det.fit
+
+        def counted(*a, **k):
+            fits.append(n)
+            if len(fits) > limit:
+                raise _Dies
+            return fit(*a, **k)
+
+        det.fit = counted  # type: ignore[method-assign]
+        return det
+
+    return make
+
+
 def test_an_interrupted_cross_validation_resumes_after_its_last_fold(
     examples, extraction, tmp_path
 ) -> None:
@@ -649,23 +656,10 @@ def test_an_interrupted_cross_validation_resumes_after_its_last_fold(
     exs = list(extraction.examples)
     kw: dict[str, Any] = dict(k=4, extraction=extraction, model_key="m", n_boot=20)
     whole = cross_validate(None, ["nll"], exs, **kw)
-    fits: list[int] = []
+    fits: list[str] = []
 
     def dying(limit: int):
-        def make(n: str):
-            det = default_maker()(n)
-            fit = det.fit
-
-            def counted(*a, **k):
-                fits.append(1)
-                if len(fits) > limit:
-                    raise _Dies
-                return fit(*a, **k)
-
-            det.fit = counted  # type: ignore[method-assign]
-            return det
-
-        return make
+        return _dying_maker(fits, limit)
 
     per_fold = 1 + CROSSFIT_K  # the kept fit and the cross-fitting ones
     folder = tmp_path / "folds"

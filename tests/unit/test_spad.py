@@ -507,6 +507,8 @@ def test_fixed_params_skip_the_search_and_pin_the_searched_booster(
         {"n_estimators": True},
         {"learning_rate": float("nan")},
         {"gamma": -1.0},
+        {"subsample": 0.0},
+        {"learning_rate": 1.5},
         {"booster": "dart"},
         {"subsample": "0.5"},
     ):
