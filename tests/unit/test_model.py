@@ -74,6 +74,59 @@ def test_tiny_seed_does_not_touch_global_rng():
     assert torch.equal(torch.rand(3), expected)
 
 
+# --------------------------------------------------------------------------- random shapes
+
+
+@pytest.mark.parametrize(
+    ("shape", "n_params", "layers", "heads", "kv", "vocab"),
+    [("smollm2", 134_515_008, 30, 9, 3, 49152), ("llama8b", 8_030_261_248, 32, 32, 8, 128256)],
+)
+def test_random_shapes_are_the_published_models(
+    tiny_model, shape, n_params, layers, heads, kv, vocab
+):
+    # Built on the meta device: the shapes (and so the parameter count) without memory.
+    hf = model_mod._random_hf_model(shape, tiny_model.tokenizer, 0, "meta", torch.bfloat16)
+    assert sum(p.numel() for p in hf.parameters()) == n_params
+    c = hf.config
+    assert (c.num_hidden_layers, c.num_attention_heads, c.num_key_value_heads) == (
+        layers,
+        heads,
+        kv,
+    )
+    assert hf.get_output_embeddings().weight.shape[0] == vocab
+    assert next(hf.parameters()).dtype == torch.bfloat16
+
+
+def test_random_shape_loads_seeded_in_its_dtype(monkeypatch):
+    # A reduced shape with the 8B's vocabulary (larger than the tokenizer's).
+    small = {**model_mod.RANDOM_SHAPES["llama8b"], "hidden_size": 32, "intermediate_size": 64}
+    small.update(num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2)
+    monkeypatch.setitem(model_mod.RANDOM_SHAPES, "small", small)
+    torch.manual_seed(123)
+    expected = torch.rand(3)
+    torch.manual_seed(123)
+    m = load_model("random:small", device="cpu", dtype="bfloat16", seed=3)
+    assert torch.equal(torch.rand(3), expected)  # the global generator is untouched
+    again = load_model("random:small", device="cpu", dtype="bfloat16", seed=3)
+    other = load_model("random:small", device="cpu", dtype="bfloat16", seed=4)
+    info = m.info
+    assert (info.n_layers, info.n_heads, info.n_kv_heads, info.d_model) == (2, 4, 2, 32)
+    assert info.d_vocab == 128256 > len(m.tokenizer)
+    assert info.dtype == "bfloat16" and info.name == "random:small"
+    assert m.source == "random (seed 3)"
+    w = m.hf_model.model.layers[0].self_attn.q_proj.weight
+    assert w.dtype == torch.bfloat16
+    assert torch.equal(w, again.hf_model.model.layers[0].self_attn.q_proj.weight)
+    assert not torch.equal(w, other.hf_model.model.layers[0].self_attn.q_proj.weight)
+    ids = torch.as_tensor([m.tokenizer("The quay was extended.")["input_ids"]])
+    assert m.hf_model(ids).logits.shape[-1] == 128256
+
+
+def test_random_unknown_shape_names_the_known_ones():
+    with pytest.raises(ModelError, match="llama8b, smollm2"):
+        load_model("random:gpt5", device="cpu")
+
+
 # --------------------------------------------------------------------------- errors
 
 
