@@ -45,7 +45,7 @@ from app.state.heads import HEADS_FROM_CORPUS, HEADS_FROM_HOME
 from app.state.runs import CORPUS
 from app.state.session import app_state
 from app.text import code
-from core.errors import RagscopeError
+from core.errors import DataError, RagscopeError
 from core.examples import TASKS
 
 T = TypeVar("T")
@@ -392,41 +392,93 @@ class OwnInput:
     answer: str
 
 
+def pack_input(doc: bytes) -> str:
+    """An ``input`` value carrying the JSON ``doc``: ``1.`` + URL-safe base64 of it
+    deflated (what :func:`input_id` writes and :func:`parse_input` reads)."""
+    return "1." + base64.urlsafe_b64encode(zlib.compress(doc, 9)).decode().rstrip("=")
+
+
 def input_id(x: OwnInput) -> str | None:
-    """``x`` as the URL carries it: ``1.`` + URL-safe base64 of deflated JSON; ``None``
-    when that is longer than :data:`MAX_INPUT_LINK`."""
+    """``x`` as the URL carries it (:func:`pack_input` of its JSON); ``None`` when that
+    is longer than :data:`MAX_INPUT_LINK`."""
     doc = {"t": x.task, "q": x.question, "p": list(x.passages), "a": x.answer}
-    raw = json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode()
-    packed = base64.urlsafe_b64encode(zlib.compress(raw, 9)).decode().rstrip("=")
-    out = "1." + packed
+    out = pack_input(json.dumps(doc, ensure_ascii=False, separators=(",", ":")).encode())
     return out if len(out) <= MAX_INPUT_LINK else None
+
+
+def _lone_surrogate(text: str) -> int | None:
+    """The position of the first lone surrogate in ``text`` (a JSON ``\\ud800`` escape
+    decodes to one; no UTF-8 text, so no widget, URL or tokenizer, can carry it)."""
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as e:
+        return e.start
+    return None
+
+
+def read_input(raw: str) -> OwnInput:
+    """The input an ``input`` value carries.
+
+    Raises:
+        DataError: When it is not one this page wrote, naming what is wrong: a wrong
+            version, bad base64 or deflate data, more than :data:`MAX_INPUT_JSON` bytes
+            inflated, not the exact JSON shape, an unknown task, a lone surrogate.
+    """
+    if len(raw) > MAX_INPUT_LINK:
+        raise DataError(f"it is {len(raw):,} characters long, over {MAX_INPUT_LINK:,}")
+    if not raw.startswith("1."):
+        raise DataError("it does not start with version 1.")
+    body = raw[2:]
+    inflater = zlib.decompressobj()
+    try:
+        packed = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
+        data = inflater.decompress(packed, MAX_INPUT_JSON)
+    except (ValueError, binascii.Error, zlib.error):
+        raise DataError("it is not base64 of deflated data") from None
+    if inflater.unconsumed_tail:
+        raise DataError(f"it inflates to more than {MAX_INPUT_JSON:,} bytes")
+    if not inflater.eof:
+        raise DataError("its deflated data is cut short")
+    try:
+        doc = json.loads(data.decode())
+    except (ValueError, UnicodeDecodeError, RecursionError):
+        raise DataError("it does not inflate to JSON") from None
+    if not isinstance(doc, dict) or set(doc) != {"t", "q", "p", "a"}:
+        raise DataError("its JSON is not an object of t, q, p and a")
+    task, question, passages, answer = doc["t"], doc["q"], doc["p"], doc["a"]
+    if not (isinstance(task, str) and task in TASKS):
+        raise DataError("its task is not one of " + ", ".join(TASKS))
+    if not (isinstance(question, str) and isinstance(answer, str) and answer.strip()):
+        raise DataError("its question or answer is not text, or the answer is empty")
+    if not isinstance(passages, list) or not 1 <= len(passages) <= MAX_INPUT_PASSAGES:
+        raise DataError(f"it does not hold 1 to {MAX_INPUT_PASSAGES} passages")
+    if not all(isinstance(p, str) and p.strip() for p in passages):
+        raise DataError("a passage is not text, or empty")
+    texts = [("the question", question), ("the answer", answer)]
+    texts += [(f"passage {k}", p) for k, p in enumerate(passages, 1)]
+    for name, text in texts:
+        at = _lone_surrogate(text)
+        if at is not None:
+            raise DataError(
+                f"{name} holds a lone surrogate, U+{ord(text[at]):04X} at character {at + 1}, "
+                "which no text can carry"
+            )
+    return OwnInput(task=task, question=question, passages=tuple(passages), answer=answer)
+
+
+def input_problem(raw: str) -> str | None:
+    """What is wrong with an ``input`` value (:func:`read_input`), ``None`` if nothing."""
+    try:
+        read_input(raw)
+    except DataError as e:
+        return str(e)
+    return None
 
 
 def parse_input(raw: str) -> OwnInput | None:
     """The input an ``input`` value carries, or ``None`` when it is not one this page
-    wrote (a wrong version, bad base64 or deflate data, more than
-    :data:`MAX_INPUT_JSON` bytes inflated, not the exact JSON shape, an unknown task)."""
-    if len(raw) > MAX_INPUT_LINK or not raw.startswith("1."):
-        return None
-    body = raw[2:]
+    wrote (:func:`read_input` says why)."""
     try:
-        packed = base64.urlsafe_b64decode(body + "=" * (-len(body) % 4))
-        inflater = zlib.decompressobj()
-        data = inflater.decompress(packed, MAX_INPUT_JSON)
-        if inflater.unconsumed_tail or not inflater.eof:
-            return None
-        doc = json.loads(data.decode())
-    except (ValueError, binascii.Error, zlib.error, UnicodeDecodeError, RecursionError):
+        return read_input(raw)
+    except DataError:
         return None
-    if not isinstance(doc, dict) or set(doc) != {"t", "q", "p", "a"}:
-        return None
-    task, question, passages, answer = doc["t"], doc["q"], doc["p"], doc["a"]
-    if not (isinstance(task, str) and task in TASKS):
-        return None
-    if not (isinstance(question, str) and isinstance(answer, str) and answer.strip()):
-        return None
-    if not isinstance(passages, list) or not 1 <= len(passages) <= MAX_INPUT_PASSAGES:
-        return None
-    if not all(isinstance(p, str) and p.strip() for p in passages):
-        return None
-    return OwnInput(task=task, question=question, passages=tuple(passages), answer=answer)

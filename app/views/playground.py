@@ -71,6 +71,7 @@ from app.state import (
     follow_widget,
     get_model,
     input_id,
+    input_problem,
     input_signature,
     known_analysis,
     known_verdicts,
@@ -273,12 +274,15 @@ def publish_own_input(state: AppState, signature: str | None, missing: str | Non
             )
         )
         too_long = shown is None
+    problem = input_problem(missing) if missing is not None else None
     publish(
         P_INPUT,
         shown,
         missing=missing,
         what="Playground input",
-        where="readable (links to an input are made by this page)",
+        where=f"readable ({problem}; links to an input are made by this page)"
+        if problem
+        else "readable (links to an input are made by this page)",
         instead="the input below" if state.input_mode == INPUT_OWN else "a dataset example",
     )
     if too_long:

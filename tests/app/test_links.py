@@ -41,6 +41,8 @@ from app.state import (
     STATE_KEY,
     OwnInput,
     input_id,
+    input_problem,
+    pack_input,
     parse_input,
 )
 from app.state import KEY_HEATMAP_DATASET as KEY_HM_DATASET
@@ -248,10 +250,14 @@ def test_a_link_to_an_own_input_reopens_its_analysis(
             zlib.compress(json.dumps({"t": "qa", "q": "", "p": ["x"], "a": " "}).encode())
         ).decode(),
         "1." + "A" * 30_000,
+        # A lone surrogate (JSON's escape): no widget, URL or tokenizer can carry it.
+        pack_input(json.dumps({"t": "qa", "q": "\udfff", "p": ["x"], "a": "y"}).encode()),
+        pack_input(json.dumps({"t": "qa", "q": "", "p": ["x"], "a": "y\ud800"}).encode()),
     ],
 )
 def test_hostile_input_links_are_refused(raw: str) -> None:
     assert parse_input(raw) is None
+    assert input_problem(raw)
 
 
 def test_an_unreadable_input_link_says_so(open_link: Callable[..., AppTest]) -> None:
@@ -280,3 +286,16 @@ def test_a_token_heatmaps_link_hides_its_rows(open_link: Callable[..., AppTest])
     first = at.multiselect(key=KEY_ROWS).value[0]
     at.multiselect(key=KEY_ROWS).unselect(first).run()
     assert at.query_params["hide"] == row_id(first)
+
+
+def test_an_input_link_with_a_lone_surrogate_says_so(open_link: Callable[..., AppTest]) -> None:
+    # JSON's \ud800 escape inflates to a lone surrogate, which no UTF-8 text holds: the
+    # model's tokenizer, the page and the URL cannot carry it.
+    doc = {"t": "qa", "q": "", "p": ["The ferry began in 1911.", "x\ud800"], "a": "In 1912."}
+    link = pack_input(json.dumps(doc).encode())
+    assert "\\ud800" in json.dumps(doc)  # the escape, as a hostile link carries it
+    at = open_link(PLAYGROUND, input=link)
+    assert len(_warnings(at)) == 1
+    assert "lone surrogate" in _warnings(at)[0] and "passage 2" in _warnings(at)[0]
+    assert at.session_state[STATE_KEY].analysis is None
+    assert "input" not in at.query_params
