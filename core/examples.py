@@ -12,7 +12,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
 
-from core.errors import DataError
+from core.errors import DataError, quoted
 
 Task = Literal["qa", "summary", "data2txt", "other"]
 TASKS: tuple[str, ...] = get_args(Task)
@@ -40,7 +40,9 @@ class Span:
             if v is not None and not isinstance(v, str):
                 raise DataError(f"span {name} must be a string or null, got {type(v).__name__}")
         if not isinstance(self.start, int) or not isinstance(self.end, int):
-            raise DataError(f"span offsets must be integers, got [{self.start!r}, {self.end!r})")
+            raise DataError(
+                f"span offsets must be integers, got [{quoted(self.start)}, {quoted(self.end)})"
+            )
         if self.start < 0 or self.end <= self.start:
             raise DataError(
                 f"span [{self.start}, {self.end}) is empty or negative; "
@@ -125,7 +127,7 @@ class RAGExample:
     provenance: Provenance = field(default_factory=Provenance)
 
     def __post_init__(self) -> None:
-        src = self.provenance.source or f"record {self.id!r}"
+        src = self.provenance.source or f"record {quoted(self.id)}"
 
         def fail(msg: str, fld: str) -> DataError:
             return DataError(msg, source=src, field=fld)
@@ -133,7 +135,7 @@ class RAGExample:
         if not isinstance(self.id, str) or not self.id.strip():
             raise fail("every example needs a non-empty string id", "id")
         if self.task not in TASKS:
-            raise fail(f"unknown task {self.task!r}; use one of {', '.join(TASKS)}", "task")
+            raise fail(f"unknown task {quoted(self.task)}; use one of {', '.join(TASKS)}", "task")
         if isinstance(self.passages, str) or not isinstance(self.passages, Sequence):
             raise fail("passages must be a list of strings", "passages")
         object.__setattr__(self, "passages", tuple(self.passages))
@@ -244,7 +246,7 @@ class RAGExample:
             raise DataError(
                 f"expected a JSON object, got {type(d).__name__}", source=source or "record"
             )
-        src = source or f"record {d.get('id')!r}"
+        src = source or f"record {quoted(d.get('id'))}"
         missing = [k for k in ("id", "passages", "response") if k not in d]
         if missing:
             raise DataError(f"missing required field(s) {missing}", source=src, field=missing[0])
@@ -294,7 +296,9 @@ def parse_label(v: Any, src: str) -> bool | None:
         return bool(v)
     if isinstance(v, str) and v.strip().lower() in {"0", "1", "true", "false", "yes", "no"}:
         return v.strip().lower() in {"1", "true", "yes"}
-    raise DataError(f"label must be true/false/0/1 or null, got {v!r}", source=src, field="label")
+    raise DataError(
+        f"label must be true/false/0/1 or null, got {quoted(v)}", source=src, field="label"
+    )
 
 
 def dedupe_ids(examples: Iterable[RAGExample]) -> list[RAGExample]:
@@ -304,7 +308,7 @@ def dedupe_ids(examples: Iterable[RAGExample]) -> list[RAGExample]:
     for ex in examples:
         if ex.id in seen:
             raise DataError(
-                f"duplicate id {ex.id!r} (first at {seen[ex.id]}); ids must be unique in a dataset",
+                f"duplicate id {quoted(ex.id)} (first at {seen[ex.id]}); ids must be unique in a dataset",
                 source=ex.provenance.source,
                 field="id",
             )

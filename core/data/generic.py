@@ -7,7 +7,7 @@ from typing import Any
 
 from core.data.records import ColumnMapping, _obj, _short
 from core.data.spans import _spans
-from core.errors import DataError
+from core.errors import DataError, listed, quoted
 from core.examples import TASKS, Provenance, RAGExample, Span, parse_label
 from core.safeio import parse_json
 
@@ -25,7 +25,7 @@ class _Generic:
             return None
         if col not in d:
             raise DataError(
-                f"column {col!r} is missing; available: {', '.join(map(repr, d)) or '(none)'}; "
+                f"column {quoted(col)} is missing; available: {listed(d)}; "
                 "pass a ColumnMapping that names the right columns",
                 source=src,
                 field=col,
@@ -93,7 +93,7 @@ class _Generic:
         task = str(task).strip().lower() if task is not None else m.default_task
         if task not in TASKS:
             raise DataError(
-                f"unknown task {task!r}; use one of {', '.join(TASKS)}",
+                f"unknown task {quoted(task)}; use one of {', '.join(TASKS)}",
                 source=src,
                 field=m.task or "task",
             )

@@ -11,7 +11,7 @@ from typing import Any
 
 from core.data.records import _get, _obj, _short
 from core.data.spans import _spans
-from core.errors import DataError
+from core.errors import DataError, quoted
 from core.examples import Provenance, RAGExample, Span, parse_label
 
 INTERPDETECT_GENERATOR = "Qwen3-0.6B"
@@ -100,7 +100,7 @@ class _InterpDetect:
         if prev and response not in prev:
             ex_id = f"{rid}-r{len(prev) + 1}"
             self.warnings.append(
-                f"{src}: id {rid!r} repeats with another response; using {ex_id!r}"
+                f"{src}: id {quoted(rid)} repeats with another response; using {quoted(ex_id)}"
             )
         prev.append(response)
 

@@ -12,7 +12,7 @@ from typing import Any
 
 from core.data.records import _get, _obj, _stable_hash
 from core.data.spans import _place_passages, _spans, split_passages
-from core.errors import DataError
+from core.errors import DataError, quoted
 from core.examples import TASKS, Provenance, RAGExample, Span
 
 
@@ -38,11 +38,13 @@ def _ragscope_extension(d: Mapping[str, Any], src: str, spans: Sequence[Span]) -
         if v is None:
             continue
         if not isinstance(v, typ) or (key == "id" and not v.strip()):
-            raise DataError(f"expected {what}, got {v!r}", source=src, field=f"ragscope.{key}")
+            raise DataError(
+                f"expected {what}, got {quoted(v)}", source=src, field=f"ragscope.{key}"
+            )
         out[key] = v
     if out.get("task") is not None and out["task"] not in TASKS:
         raise DataError(
-            f"expected one of {', '.join(TASKS)}, got {out['task']!r}",
+            f"expected one of {', '.join(TASKS)}, got {quoted(out['task'])}",
             source=src,
             field="ragscope.task",
         )

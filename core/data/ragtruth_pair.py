@@ -14,7 +14,7 @@ from typing import Any
 
 from core.data.records import _Collector, _get, _obj, _read_jsonl
 from core.data.spans import _place_passages, _spans, split_passages
-from core.errors import DataError
+from core.errors import DataError, quoted
 from core.examples import Provenance, RAGExample, Task
 
 PAIR_RESPONSES = "response.jsonl"
@@ -70,7 +70,7 @@ class _PairSources:
                 sid = str(_get(d, "source_id", src, (str, int), "a source id"))
                 if sid in self._raw:
                     raise DataError(
-                        f"duplicate source_id {sid!r} (first at {self._raw[sid][0]})",
+                        f"duplicate source_id {quoted(sid)} (first at {self._raw[sid][0]})",
                         source=src,
                         field="source_id",
                     )
@@ -82,7 +82,9 @@ class _PairSources:
         if sid not in self._done:
             if sid not in self._raw:
                 raise DataError(
-                    f"source_id {sid!r} is not in {self.path}", source=resp_src, field="source_id"
+                    f"source_id {quoted(sid)} is not in {self.path}",
+                    source=resp_src,
+                    field="source_id",
                 )
             src, d = self._raw[sid]
             try:
@@ -103,7 +105,7 @@ class _PairSources:
         task = _PAIR_TASKS.get(tt.strip().lower())
         if task is None:
             raise DataError(
-                f"unknown task_type {tt!r}; expected QA, Summary or Data2txt",
+                f"unknown task_type {quoted(tt)}; expected QA, Summary or Data2txt",
                 source=src,
                 field="task_type",
             )
@@ -148,7 +150,7 @@ class _PairSources:
             passages = [found]
         else:
             raise DataError(
-                f"unexpected {type(si).__name__} for task_type {tt!r}",
+                f"unexpected {type(si).__name__} for task_type {quoted(tt)}",
                 source=src,
                 field="source_info",
             )

@@ -12,12 +12,13 @@ from __future__ import annotations
 
 import csv
 import hashlib
+from collections import Counter
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from core.errors import DataError
+from core.errors import DataError, listed, quoted
 from core.examples import RAGExample, Task
 from core.safeio import MiB, parse_json
 
@@ -153,7 +154,7 @@ class _Collector:
                 ex = convert(obj, src)
                 if ex.id in self._seen:
                     raise DataError(
-                        f"duplicate id {ex.id!r} (first at {self._seen[ex.id]}); "
+                        f"duplicate id {quoted(ex.id)} (first at {self._seen[ex.id]}); "
                         "ids must be unique in a dataset",
                         source=src,
                         field="id",
@@ -321,24 +322,22 @@ def _read_csv(path: Path, m: ColumnMapping, warnings: list[str]) -> Iterator[_Re
     missing = [c for c in m.columns() if c not in header]
     if missing:
         raise DataError(
-            f"column(s) {', '.join(map(repr, missing))} not in the file; available "
-            f"columns: {', '.join(map(repr, header)) or '(none)'}; pass a ColumnMapping "
+            f"column(s) {listed(missing)} not in the file; available "
+            f"columns: {listed(header)}; pass a ColumnMapping "
             "that names the right columns",
             source=f"{path}:1",
             field=missing[0],
         )
-    dupes = sorted({c for c in header if header.count(c) > 1})
+    counts = Counter(header)
+    dupes = sorted(c for c, k in counts.items() if k > 1)
     if dupes:
         warnings.append(
-            f"{path}:1: column(s) {', '.join(map(repr, dupes))} appear more than once; the "
-            "last of each is read"
+            f"{path}:1: column(s) {listed(dupes)} appear more than once; the last of each is read"
         )
-    unused = [c for c in header if c not in m.columns() and c not in dupes]
+    read = set(m.columns())
+    unused = [c for c in header if c not in read and counts[c] == 1]
     if unused:
-        warnings.append(
-            f"{path}:1: column(s) {', '.join(map(repr, unused[:10]))}"
-            f"{' ...' if len(unused) > 10 else ''} are not read by the column mapping"
-        )
+        warnings.append(f"{path}:1: column(s) {listed(unused)} are not read by the column mapping")
     while True:
         start = lines.line + 1
         try:
@@ -377,8 +376,7 @@ def _read_csv(path: Path, m: ColumnMapping, warnings: list[str]) -> Iterator[_Re
 
 
 def _short(s: Any, n: int = 60) -> str:
-    r = repr(s)
-    return r if len(r) <= n else r[: n - 4] + "...'"
+    return quoted(s, n)
 
 
 def _obj(d: Any, src: str) -> Mapping[str, Any]:

@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 from core.cli import main
 from core.data import FORMATS, ColumnMapping, load_dataset
-from core.errors import DataError
+from core.errors import MAX_MESSAGE, DataError
 from core.examples import RAGExample
 
 GOOD = {"id": "a", "task": "qa", "question": "q?", "passages": ["p one"], "response": "r one"}
@@ -176,6 +176,47 @@ def test_a_csv_bom_and_blank_lines_are_fine(tmp_path: Path) -> None:
     p = tmp_path / "d.csv"
     p.write_bytes(b"\xef\xbb\xbf" + (HEADER + "1,q,p,r\n\n2,q,p,r\n").encode())
     assert [e.id for e in load_dataset(p).examples] == ["1", "2"]
+
+
+# --------------------------------------------------------------------------- message sizes
+
+WIDE = 300_000  # keys or columns: the unbounded messages ran to megabytes
+
+
+def test_a_record_with_many_keys_gets_a_short_message(tmp_path: Path) -> None:
+    p = _jsonl(tmp_path, [json.dumps({f"k{i}": 0 for i in range(WIDE)})])
+    rep = load_dataset(p, on_error="skip")
+    msg = str(rep.errors[0])
+    assert len(msg) < 500, len(msg)
+    assert "column 'response' is missing" in msg and "'k9' and 299,990 more" in msg
+    assert msg.endswith("pass a ColumnMapping that names the right columns")  # the fix stays
+
+
+def test_a_csv_header_with_many_columns_gets_short_messages(tmp_path: Path) -> None:
+    cols = ",".join(f"c{i}" for i in range(WIDE))
+    with pytest.raises(DataError) as e:
+        load_dataset(_csv(tmp_path, cols + "\n"))
+    assert len(str(e.value)) < 800 and "'c9' and 299,990 more" in str(e.value)
+    # Read, but each unread (and each repeated) column warned about in one short line.
+    p = _csv(tmp_path, HEADER.strip() + "," + cols + "," + cols + ",x\n1,q,p,r\n", "w.csv")
+    rep = load_dataset(p)
+    assert [e.id for e in rep.examples] == ["1"]
+    assert max(map(len, rep.warnings)) < 800, [len(w) for w in rep.warnings]
+    assert any("and 299,990 more appear more than once" in w for w in rep.warnings)
+
+
+def test_a_long_value_is_quoted_short(tmp_path: Path) -> None:
+    p = _jsonl(tmp_path, [_rec(1, task="t" * 1_000_000, label="L" * 1_000_000)])
+    with pytest.raises(DataError) as e:
+        load_dataset(p, fmt="ragscope")
+    assert len(str(e.value)) < 500 and "(1,000,000 characters)" in str(e.value)
+
+
+def test_every_data_error_message_is_bounded() -> None:
+    e = DataError("start " + "x" * 10_000_000 + " the fix", source="s" * 100_000, field="f" * 1000)
+    assert len(str(e)) <= MAX_MESSAGE + 100 and len(e.reason) <= MAX_MESSAGE + 100
+    assert str(e).startswith("sss") and str(e).endswith("x the fix")
+    assert "characters cut" in str(e) and "start" in e.reason
 
 
 # --------------------------------------------------------------------------- the CLI
