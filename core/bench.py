@@ -150,19 +150,25 @@ class ExtractionBench:
     def warm_per_min(self) -> float:
         return 60.0 * self.n_examples / self.warm_s
 
+    def tokens_per_s(self, seconds: float) -> float:
+        """Layout tokens (prompt + answer) extracted per second in ``seconds``."""
+        return self.n_examples * self.mean_tokens / seconds
+
     def to_lines(self) -> list[str]:
         return (
             [
                 f"extraction [{', '.join(self.detectors)}] over {self.n_examples} {self.dataset} examples "
                 f"(mean {self.mean_tokens:.0f} tokens):",
-                f"  cold cache: {self.cold_s:.1f} s = {self.cold_per_min:.0f} examples/min = "
+                f"  cold cache: {self.cold_s:.1f} s = {self.cold_per_min:.0f} examples/min "
+                f"({self.tokens_per_s(self.cold_s):.0f} tokens/s) = "
                 f"{self.cold_s / self.plain_s:.2f} x one plain forward per example",
                 f"  warm cache: {self.warm_s:.2f} s = {self.warm_per_min:.0f} examples/min; "
                 f"cache speed-up {self.cold_s / self.warm_s:.0f} x",
             ]
             + [
                 f"  cold, {b} examples per forward pass: {sec:.1f} s = "
-                f"{60.0 * self.n_examples / sec:.0f} examples/min = {sec / self.plain_s:.2f} x "
+                f"{60.0 * self.n_examples / sec:.0f} examples/min "
+                f"({self.tokens_per_s(sec):.0f} tokens/s) = {sec / self.plain_s:.2f} x "
                 f"one plain forward per example ({self.cold_s / sec:.2f} x the speed of one at a time)"
                 for b, sec in self.batched_s.items()
             ]
@@ -207,6 +213,7 @@ def bench_extraction(
         with torch.inference_mode():
             for lay in layouts:
                 model.hf_model(torch.as_tensor(lay.token_ids, device=model.device).unsqueeze(0))
+        _sync(model)  # CUDA runs ahead of the host: time the work, not its launch
 
     plain_all()  # warm-up
     t0 = time.perf_counter()
@@ -401,6 +408,7 @@ def bench_playground(
     def plain() -> None:
         with torch.inference_mode():
             model.hf_model(ids)
+        _sync(model)
 
     def streamed() -> tuple[float, float, float]:
         """(click to full verdicts, to the first verdict, to the first from activations)."""
@@ -482,6 +490,14 @@ def bench_example(model: LoadedModel, n_tokens: int = 600) -> tuple[RAGExample, 
     return ex, layout
 
 
+def _sync(model: LoadedModel) -> None:
+    """Wait for the model's device to finish what was queued (a no-op on CPU)."""
+    import torch
+
+    if model.device.startswith("cuda"):
+        torch.cuda.synchronize(model.device)
+
+
 def _median_time(fn: Callable[[], object], repeats: int) -> float:
     fn()  # warm-up
     times = []
@@ -499,6 +515,7 @@ def run_bench(
     repeats: int = 5,
     cold: bool = True,
     device: str | None = "auto",
+    dtype: str = "float32",
     extraction: int = 0,
     batch_sizes: tuple[int, ...] = (),
     dataset: str = "builtin",
@@ -522,7 +539,7 @@ def run_bench(
             try:
                 t0 = time.perf_counter()
                 prepare_embedded()
-                m = load_model(spec, device=device)
+                m = load_model(spec, device=device, dtype=dtype)
                 cold_s = time.perf_counter() - t0
                 del m
             finally:
@@ -534,7 +551,7 @@ def run_bench(
         prepare_embedded()  # make sure the real cache exists before timing a warm load
     say("warm load ...")
     t0 = time.perf_counter()
-    model = load_model(spec, device=device)
+    model = load_model(spec, device=device, dtype=dtype)
     warm_s = time.perf_counter() - t0
     _, layout = bench_example(model, n_tokens)
     ids = torch.as_tensor(layout.token_ids, device=model.device).unsqueeze(0)
@@ -544,8 +561,7 @@ def run_bench(
     def plain() -> None:
         with torch.inference_mode():
             model.hf_model(ids)
-        if model.device.startswith("cuda"):
-            torch.cuda.synchronize()
+        _sync(model)
 
     say("plain forward ...")
     fwd = _median_time(plain, repeats)
@@ -624,6 +640,7 @@ def run_bench(
         env={
             "python": sys.version.split()[0],
             "torch": torch.__version__,
+            "dtype": model.info.dtype,
             "threads": torch.get_num_threads(),
             "cpu": platform.processor() or platform.machine(),
         },

@@ -143,6 +143,12 @@ def _add_bench(sub: Subparsers) -> None:
     p = sub.add_parser("bench", help="load times and trace overhead, as ratios measured in one run")
     add_model_args(p)
     p.add_argument("--tokens", type=int, default=600, help="length of the RAG example")
+    p.add_argument(
+        "--dtype",
+        default="float32",
+        choices=("float32", "bfloat16", "float16"),
+        help="the weights' dtype (traces and features stay float32)",
+    )
     p.add_argument("--repeats", type=int, default=5)
     p.add_argument("--no-cold", action="store_true", help="skip the cold (dequantizing) load")
     p.add_argument(
@@ -213,6 +219,7 @@ def cmd_bench(args: argparse.Namespace) -> int:
         repeats=args.repeats,
         cold=not args.no_cold,
         device=args.device,
+        dtype=args.dtype,
         extraction=args.extraction,
         batch_sizes=tuple(int(b) for b in args.batch_sizes.split(",") if b.strip()),
         dataset=args.dataset,

@@ -314,6 +314,16 @@ def test_bench_times_extraction_cold_and_cached(capsys, tiny_model) -> None:
     assert rep["aarf"] is None  # nothing shipped for the tiny model: skipped, not failed
 
 
+def test_bench_loads_the_model_in_the_asked_dtype(capsys, tiny_model) -> None:
+    argv = ["bench", "--model", "tiny", "--device", "cpu", "--no-cold", "--repeats", "1"]
+    argv += ["--tokens", "60", "--extraction", "0", "--features", "", "--aarf", "0"]
+    assert main([*argv, "--dtype", "bfloat16", "--json"]) == 0
+    rep = json.loads(capsys.readouterr().out)
+    assert rep["env"]["dtype"] == "bfloat16" and rep["forward_s"] > 0
+    with pytest.raises(SystemExit):
+        main([*argv, "--dtype", "int8"])
+
+
 def test_answer_one_per_source_of_one_split(tmp_path: Path, capsys, tiny_model) -> None:
     from core.data import load_builtin
 
