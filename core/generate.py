@@ -7,7 +7,7 @@ generated answer analysed afterwards is read in the context it was written in.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Literal
 
@@ -19,7 +19,7 @@ from core.model import LoadedModel
 if TYPE_CHECKING:
     import torch
 
-StopReason = Literal["eos", "max_tokens"]
+StopReason = Literal["eos", "max_tokens", "cancelled"]
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -89,6 +89,7 @@ class AnswerStream:
     ) -> None:
         self.model = model
         self.config = config or GenerationConfig()
+        self.should_stop: Callable[[], bool] | None = None
         if not passages or not any(p.strip() for p in passages):
             raise DataError("give at least one non-empty passage to answer from", field="passages")
         pieces = prompt_pieces(task=task, question=question, passages=passages, prompt=prompt)
@@ -102,12 +103,22 @@ class AnswerStream:
 
     @classmethod
     def from_ids(
-        cls, model: LoadedModel, prompt_ids: Sequence[int], config: GenerationConfig | None = None
+        cls,
+        model: LoadedModel,
+        prompt_ids: Sequence[int],
+        config: GenerationConfig | None = None,
+        *,
+        should_stop: Callable[[], bool] | None = None,
     ) -> AnswerStream:
-        """A stream that continues ready-made prompt token ids (e.g. a multi-turn chat)."""
+        """A stream that continues ready-made prompt token ids (e.g. a multi-turn chat).
+
+        ``should_stop`` is asked before every token; when it answers true the stream
+        ends there with :attr:`stop` ``"cancelled"`` (a server's client went away).
+        """
         self = cls.__new__(cls)
         self.model = model
         self.config = config or GenerationConfig()
+        self.should_stop = should_stop
         self.prompt_ids = [int(i) for i in prompt_ids]
         if not self.prompt_ids:
             raise DataError("the prompt has no tokens")
@@ -141,6 +152,9 @@ class AnswerStream:
         shown = ""
         t0 = time.perf_counter()
         for _ in range(cfg.max_new_tokens):
+            if self.should_stop is not None and self.should_stop():
+                self.stop = "cancelled"
+                break
             with model.lock, torch.inference_mode():
                 res = model.hf_model(input_ids=ids, past_key_values=past, use_cache=True)
             past = res.past_key_values
