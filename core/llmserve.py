@@ -19,18 +19,33 @@ cap, keep-alive timeouts and flow control, instead of the standard library's
 ``http.server``, which has no limits at all. On top of it, :class:`Guard` checks every
 request before any handler runs:
 
-1. ``Host`` and ``Origin`` must be loopback names when bound to loopback (a DNS
-   rebinding page cannot reach it); 403 otherwise.
-2. With an API key (``--api-key`` / ``RAGSCOPE_SERVE_API_KEY``) every request must
-   carry ``Authorization: Bearer <key>`` (compared in constant time); 401 otherwise.
-3. At most :attr:`ServeLimits.max_in_flight` requests are admitted at once (503 with
-   ``Retry-After`` beyond); one generation runs at a time (the model is shared).
+1. The request line and headers together are at most :data:`MAX_HEADER_BYTES` (16 KiB),
+   however they arrive: h11 refuses an unfinished block over it (400) and the guard a
+   finished one (431, also when it came in one read); the connection is closed.
+2. ``Host`` must be a loopback name when bound to loopback (a DNS rebinding page cannot
+   reach it), and an ``Origin``, when sent, one of the served app's origins
+   (``--allow-origin``; by default the Streamlit app's ``http://localhost:8501`` and
+   ``http://127.0.0.1:8501``; another localhost port is another site); 403 otherwise.
+3. With an API key (``--api-key`` / ``RAGSCOPE_SERVE_API_KEY``) every request must
+   carry ``Authorization: Bearer <key>`` (compared in constant time); 401 otherwise,
+   before the request counts for anything.
 4. A POST must be ``application/json`` (UTF-8; 415 otherwise, which also blocks
    cross-site "simple" form posts), state a ``Content-Length`` (411 without; chunked
    bodies are refused), at most :attr:`ServeLimits.max_body_bytes` (413 before a byte
    of the body is read), and arrive within :attr:`ServeLimits.read_timeout` seconds
    (408, connection closed). The request line and headers have the same deadline
-   (:class:`TimedH11Protocol`), so a slow client cannot hold a connection open.
+   (:func:`guarded_h11`), so a slow client cannot hold a connection open.
+5. Only then, with the whole request read, does it take one of the
+   :attr:`ServeLimits.max_in_flight` places (503 with ``Retry-After`` beyond); one
+   generation runs at a time (the model is shared). A client that disconnects stops
+   its generation before the next token, and its place is free again.
+
+Connections are capped too (:class:`ConnectionGate`): at most
+:attr:`ServeLimits.max_client_connections` per client address and
+:attr:`ServeLimits.max_connections` in all. A connection over a cap closes the oldest
+one that is not answering an admitted request (the client's own first), so idle,
+half-open or slow sockets, however many and however renewed, never turn a complete
+request away; only when every connection is answering one is the newcomer refused (503).
 
 The body is then parsed with bounded depth and digits (:func:`core.safeio.parse_json`)
 and every field is checked (:func:`parse_request`): ``model`` must be the served name
@@ -46,26 +61,37 @@ from __future__ import annotations
 import asyncio
 import hmac
 import ipaddress
+import json
 import math
 import socket
 import threading
 import time
-from collections.abc import Awaitable, Callable, Mapping, MutableMapping
+from collections.abc import Awaitable, Callable, Iterable, Mapping, MutableMapping
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
+from urllib.parse import urlsplit
+
+import uvicorn
+from starlette.applications import Starlette
+from starlette.concurrency import run_in_threadpool
+from starlette.exceptions import HTTPException
+from starlette.requests import Request
+from starlette.responses import JSONResponse
+from starlette.routing import Route
+from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 
 from core.errors import DataError
 from core.generate import AnswerStream, GenerationConfig
 from core.model import LoadedModel
 from core.safeio import MiB, parse_json
 
-if TYPE_CHECKING:
-    import uvicorn
-
 DEFAULT_MAX_TOKENS = 256
 ENV_API_KEY = "RAGSCOPE_SERVE_API_KEY"
 LOOPBACK_NAMES = frozenset({"localhost", "127.0.0.1", "::1"})
 MAX_SEED = 2**63 - 1
+MAX_HEADER_BYTES = 16 * 1024
+# The Streamlit app (``make app``, port 8501) is the one web page that may call.
+DEFAULT_ORIGINS = ("http://localhost:8501", "http://127.0.0.1:8501")
 
 Scope = MutableMapping[str, Any]
 Message = MutableMapping[str, Any]
@@ -82,10 +108,16 @@ class ServeLimits:
         max_body_bytes: Largest request body (JSON) accepted.
         read_timeout: Seconds a client has to send the request line and headers, and
             again the body.
-        max_in_flight: Requests admitted at once (queued behind the one generating).
+        max_in_flight: Requests admitted at once (queued behind the one generating);
+            a request is admitted once it is complete (headers and body) and authorised.
         max_prompt_chars: Characters of message content accepted before tokenizing
             (``None``: 16 per token of the model's context).
         max_messages: Messages per request.
+        max_connections: Open connections in all (more than ``max_in_flight``, so the
+            admitted requests can never fill them).
+        max_client_connections: Open connections from one client address.
+        allow_origins: The web origins (``scheme://host[:port]``) whose pages may call,
+            by default the Streamlit app's; a request with another ``Origin`` is refused.
     """
 
     max_body_bytes: int = 1 * MiB
@@ -93,6 +125,9 @@ class ServeLimits:
     max_in_flight: int = 4
     max_prompt_chars: int | None = None
     max_messages: int = 256
+    max_connections: int = 64
+    max_client_connections: int = 16
+    allow_origins: tuple[str, ...] = DEFAULT_ORIGINS
 
     def __post_init__(self) -> None:
         if self.max_body_bytes < 1024:
@@ -103,6 +138,17 @@ class ServeLimits:
             raise DataError(f"max_in_flight must be at least 1, got {self.max_in_flight}")
         if self.max_prompt_chars is not None and self.max_prompt_chars < 1:
             raise DataError(f"max_prompt_chars must be positive, got {self.max_prompt_chars}")
+        if self.max_client_connections < 1:
+            raise DataError(
+                f"max_client_connections must be at least 1, got {self.max_client_connections}"
+            )
+        if self.max_connections < max(self.max_client_connections, self.max_in_flight + 1):
+            raise DataError(
+                f"max_connections must be at least max_client_connections "
+                f"({self.max_client_connections}) and more than max_in_flight "
+                f"({self.max_in_flight}), got {self.max_connections}"
+            )
+        allowed_origins(self.allow_origins)
 
     def prompt_chars(self, n_ctx: int) -> int:
         return self.max_prompt_chars if self.max_prompt_chars is not None else 16 * n_ctx
@@ -256,11 +302,20 @@ def _prompt_ids(model: LoadedModel, messages: Any) -> list[int]:
     return list(tok(text, add_special_tokens=False)["input_ids"])
 
 
-def complete(model: LoadedModel, req: ChatRequest, name: str) -> dict[str, Any]:
+def complete(
+    model: LoadedModel,
+    req: ChatRequest,
+    name: str,
+    *,
+    should_stop: Callable[[], bool] | None = None,
+) -> dict[str, Any]:
     """One chat completion in the OpenAI response format.
 
+    ``should_stop`` is asked before every token (the client went away: stop there).
+
     Raises:
-        RequestError: The prompt plus ``max_tokens`` is over the model's context.
+        RequestError: The prompt plus ``max_tokens`` is over the model's context (400),
+            or ``should_stop`` said stop (499, which nobody is left to read).
     """
 
     ids = _prompt_ids(model, req.messages)
@@ -276,10 +331,14 @@ def complete(model: LoadedModel, req: ChatRequest, name: str) -> dict[str, Any]:
     cfg = GenerationConfig(
         max_new_tokens=req.max_tokens, temperature=req.temperature, top_p=req.top_p, seed=req.seed
     )
-    stream = AnswerStream.from_ids(model, ids, cfg)
+    stream = AnswerStream.from_ids(model, ids, cfg, should_stop=should_stop)
     for _ in stream:
         pass
     out = stream.result()
+    if out.stop == "cancelled":
+        raise RequestError(
+            499, "the client went away; generation stopped", code="client_closed", close=True
+        )
     return {
         "id": f"chatcmpl-ragscope-{time.time_ns()}",
         "object": "chat.completion",
@@ -302,6 +361,9 @@ def complete(model: LoadedModel, req: ChatRequest, name: str) -> dict[str, Any]:
 
 # ----------------------------------------------------------------------------- the guard
 
+Peer = tuple[str, int]
+Origin = tuple[str, str, int]
+
 
 def is_loopback_host(host: str) -> bool:
     """Whether ``host`` (a name or address, no port) is this machine's loopback."""
@@ -322,20 +384,60 @@ def _host_of(value: str) -> str:
     return v.rsplit(":", 1)[0] if v.count(":") == 1 else v
 
 
-def _origin_host(origin: str) -> str | None:
-    from urllib.parse import urlsplit
-
+def _origin(value: str) -> Origin | None:
+    """``(scheme, host, port)`` of a web origin as browsers send it (``null``, a path,
+    credentials or another scheme: ``None``)."""
     try:
-        parts = urlsplit(origin)
-        return parts.hostname if parts.scheme in ("http", "https") else None
+        parts = urlsplit(value.strip())
+        port = parts.port
     except ValueError:
         return None
+    if parts.scheme not in ("http", "https") or not parts.hostname:
+        return None
+    if parts.path not in ("", "/") or parts.query or parts.fragment or "@" in parts.netloc:
+        return None
+    default = 443 if parts.scheme == "https" else 80
+    return parts.scheme, parts.hostname.lower(), port if port is not None else default
+
+
+def allowed_origins(values: Iterable[str]) -> frozenset[Origin]:
+    """The origins a browser page may call from (``--allow-origin``), checked.
+
+    Raises:
+        DataError: A value that is not an origin (``scheme://host[:port]``).
+    """
+    out = set()
+    for v in values:
+        o = _origin(v)
+        if o is None:
+            raise DataError(
+                f"{v[:200]!r} is not a web origin; give scheme://host[:port] as the browser "
+                "shows it, e.g. http://localhost:8501",
+                field="allow_origin",
+            )
+        out.add(o)
+    return frozenset(out)
+
+
+def _header_bytes(scope: Scope) -> int:
+    """Bytes of the request line and headers as sent (give or take whitespace)."""
+    line = len(scope.get("method", "")) + len(scope.get("raw_path") or b"") + 12
+    line += len(scope.get("query_string") or b"") + 1
+    return line + sum(len(k) + len(v) + 4 for k, v in scope.get("headers", ()))
+
+
+def _error_bytes(err: RequestError) -> bytes:
+    """``err`` as a whole HTTP/1.1 reply that closes the connection (for a connection
+    refused before any request was read)."""
+    data = json.dumps(err.body()).encode("utf-8")
+    head = f"HTTP/1.1 {err.status} {STATUS_PHRASES[err.status].decode('latin-1')}\r\n"
+    head += f"content-type: application/json\r\ncontent-length: {len(data)}\r\n"
+    head += "".join(f"{k.lower()}: {v}\r\n" for k, v in err.headers.items())
+    return (head + "connection: close\r\n\r\n").encode("latin-1") + data
 
 
 async def send_error(send: Send, err: RequestError) -> None:
     """Reply with ``err`` as JSON (and ``Connection: close`` when the body is unread)."""
-    import json
-
     data = json.dumps(err.body()).encode("utf-8")
     headers = [
         (b"content-type", b"application/json"),
@@ -346,6 +448,70 @@ async def send_error(send: Send, err: RequestError) -> None:
         headers.append((b"connection", b"close"))
     await send({"type": "http.response.start", "status": err.status, "headers": headers})
     await send({"type": "http.response.body", "body": data})
+
+
+class ConnectionGate:
+    """The server's open connections, oldest first, and which of them are busy.
+
+    A connection is busy only while the guard answers a complete, authorised request on
+    it. A connection over a cap (per client address, then in all) closes the oldest one
+    that is not busy, the client's own first: idle, half-open or slow sockets, however
+    many and however often renewed, make room for a newcomer instead of turning it away.
+    Only when every connection under the cap is busy is the newcomer refused. Used from
+    the server's event loop only (no lock).
+    """
+
+    def __init__(self, *, max_connections: int, max_per_client: int) -> None:
+        self.max_connections = max_connections
+        self.max_per_client = max_per_client
+        self._open: dict[Peer, asyncio.BaseTransport] = {}
+        self._busy: set[Peer] = set()
+
+    def __len__(self) -> int:
+        return len(self._open)
+
+    def admit(self, peer: Peer, transport: asyncio.BaseTransport) -> RequestError | None:
+        """Register a new connection, making room if need be; the refusal if there is none."""
+        mine = [p for p in self._open if p[0] == peer[0]]
+        if len(mine) >= self.max_per_client and not self._evict(mine):
+            return RequestError(
+                503,
+                f"all {len(mine)} connections from {peer[0]} are answering requests (at most "
+                f"{self.max_per_client} per client); retry when one is answered",
+                type="server_error",
+                code="too_many_connections",
+                headers={"Retry-After": "1"},
+            )
+        if len(self._open) >= self.max_connections and not self._evict(list(self._open)):
+            return RequestError(
+                503,
+                f"all {len(self._open)} connections are answering requests; retry shortly",
+                type="server_error",
+                code="too_many_connections",
+                headers={"Retry-After": "1"},
+            )
+        self._open[peer] = transport
+        return None
+
+    def _evict(self, peers: list[Peer]) -> bool:
+        for p in peers:
+            if p not in self._busy:
+                self._open.pop(p).close()
+                return True
+        return False
+
+    def closed(self, peer: Peer, transport: asyncio.BaseTransport) -> None:
+        if self._open.get(peer) is transport:
+            del self._open[peer]
+            self._busy.discard(peer)
+
+    def hold(self, peer: Peer) -> None:
+        """The connection carries an admitted request: never closed to make room."""
+        if peer in self._open:
+            self._busy.add(peer)
+
+    def release(self, peer: Peer) -> None:
+        self._busy.discard(peer)
 
 
 class Guard:
@@ -359,11 +525,15 @@ class Guard:
         limits: ServeLimits,
         api_key: str | None,
         loopback_only: bool,
+        origins: frozenset[Origin],
+        gate: ConnectionGate | None = None,
     ) -> None:
         self.app = app
         self.limits = limits
         self.api_key = api_key
         self.loopback_only = loopback_only
+        self.origins = origins
+        self.gate = gate
         self.in_flight = 0
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
@@ -373,9 +543,11 @@ class Guard:
             return  # websockets: not served (closing without accepting refuses them)
         try:
             self._check_headers(scope)
+            body = await self._read_body(scope, receive)
         except RequestError as e:
             await send_error(send, e)
             return
+        # Only a complete, authorised request takes a place: idle and slow clients never do.
         if self.in_flight >= self.limits.max_in_flight:
             await send_error(
                 send,
@@ -389,18 +561,26 @@ class Guard:
                 ),
             )
             return
+        peer = scope.get("client")
         self.in_flight += 1
+        if self.gate is not None and peer:
+            self.gate.hold(peer)
         try:
-            try:
-                body = await self._read_body(scope, receive)
-            except RequestError as e:
-                await send_error(send, e)
-                return
             await self.app(scope, _replay(body, receive), send)
         finally:
             self.in_flight -= 1
+            if self.gate is not None and peer:
+                self.gate.release(peer)
 
     def _check_headers(self, scope: Scope) -> None:
+        size = _header_bytes(scope)
+        if size > MAX_HEADER_BYTES:
+            raise RequestError(
+                431,
+                f"the request line and headers are {size:,} bytes, over this server's "
+                f"{MAX_HEADER_BYTES:,}; send fewer or shorter headers",
+                close=True,
+            )
         headers = _headers(scope)
         if self.loopback_only:
             host = headers.get("host")
@@ -409,16 +589,18 @@ class Guard:
                     403,
                     "this server answers only requests addressed to localhost (Host header)",
                     type="permission_error",
+                    close=True,
                 )
-            origin = headers.get("origin")
-            if origin is not None:
-                oh = _origin_host(origin)  # None for "null" (opaque) and non-http origins
-                if oh is None or not is_loopback_host(oh):
-                    raise RequestError(
-                        403,
-                        "requests from web pages of other sites are refused (Origin header)",
-                        type="permission_error",
-                    )
+        origin = headers.get("origin")
+        if origin is not None and _origin(origin) not in self.origins:
+            allowed = ", ".join(f"{s}://{h}:{p}" for s, h, p in sorted(self.origins)) or "none"
+            raise RequestError(
+                403,
+                f"requests from the web page {origin[:100]!r} are refused (Origin header); "
+                f"this server accepts {allowed} (serve-llm --allow-origin)",
+                type="permission_error",
+                close=True,
+            )
         if self.api_key is not None:
             auth = headers.get("authorization", "")
             scheme, _, token = auth.partition(" ")
@@ -432,6 +614,7 @@ class Guard:
                     type="invalid_request_error",
                     code="invalid_api_key",
                     headers={"WWW-Authenticate": "Bearer"},
+                    close=True,
                 )
         if scope["method"] not in ("POST", "PUT", "PATCH"):
             return
@@ -513,6 +696,14 @@ def _replay(body: bytes, receive: Receive) -> Receive:
 # ----------------------------------------------------------------------------- the app
 
 
+async def _watch_disconnect(receive: Receive, gone: threading.Event) -> None:
+    """Set ``gone`` when the client disconnects (the request's body is already read, so
+    the next message is the disconnect)."""
+    while (await receive())["type"] != "http.disconnect":
+        pass
+    gone.set()
+
+
 def make_app(
     model: LoadedModel,
     *,
@@ -520,15 +711,10 @@ def make_app(
     limits: ServeLimits | None = None,
     api_key: str | None = None,
     loopback_only: bool = True,
+    gate: ConnectionGate | None = None,
 ) -> ASGIApp:
-    """The guarded ASGI app answering the routes in the module docstring."""
-    from starlette.applications import Starlette
-    from starlette.concurrency import run_in_threadpool
-    from starlette.exceptions import HTTPException
-    from starlette.requests import Request
-    from starlette.responses import JSONResponse
-    from starlette.routing import Route
-
+    """The guarded ASGI app answering the routes in the module docstring (with ``gate``,
+    the connections of a server built by :func:`make_server`)."""
     served = name or model.info.display_name
     lim = limits or ServeLimits()
     lock = threading.Lock()  # one generation at a time: the model is shared
@@ -544,20 +730,30 @@ def make_app(
         entry["max_model_len"] = model.info.n_ctx
         return JSONResponse({"object": "list", "data": [entry]})
 
-    def run(req: ChatRequest) -> dict[str, Any]:
-        with lock:
-            return complete(model, req, served)
+    def run(req: ChatRequest, gone: threading.Event) -> dict[str, Any]:
+        # Wait for the model in short steps: a client that leaves the queue leaves at once.
+        while not lock.acquire(timeout=0.05):
+            if gone.is_set():
+                raise RequestError(499, "the client went away", code="client_closed", close=True)
+        try:
+            return complete(model, req, served, should_stop=gone.is_set)
+        finally:
+            lock.release()
 
     async def chat(request: Request) -> JSONResponse:
         try:
             body = parse_json(await request.body(), source="the request body")
         except DataError as e:
             return error(RequestError(400, e.reason))
+        gone = threading.Event()
+        watcher = asyncio.ensure_future(_watch_disconnect(request.receive, gone))
         try:
             req = parse_request(body, served=served, n_ctx=model.info.n_ctx, limits=lim)
-            return JSONResponse(await run_in_threadpool(run, req))
+            return JSONResponse(await run_in_threadpool(run, req, gone))
         except RequestError as e:
             return error(e)
+        finally:
+            watcher.cancel()
 
     async def http_error(request: Request, exc: Exception) -> JSONResponse:
         assert isinstance(exc, HTTPException)
@@ -576,24 +772,33 @@ def make_app(
         ],
         exception_handlers={HTTPException: http_error, Exception: server_error},
     )
-    return Guard(app, limits=lim, api_key=api_key, loopback_only=loopback_only)
+    return Guard(
+        app,
+        limits=lim,
+        api_key=api_key,
+        loopback_only=loopback_only,
+        origins=allowed_origins(lim.allow_origins),
+        gate=gate,
+    )
 
 
 # ----------------------------------------------------------------------------- the server
 
 
-def timed_h11(header_timeout: float) -> type:
-    """uvicorn's h11 protocol with a deadline for each request's line and headers.
+def guarded_h11(header_timeout: float, gate: ConnectionGate) -> type[H11Protocol]:
+    """uvicorn's h11 protocol with a deadline for each request's line and headers, and
+    every connection admitted through ``gate``.
 
     uvicorn closes idle keep-alive connections but has no deadline for a request that
     has started and never completes its headers; without one a client trickling bytes
-    holds a connection (and a concurrency slot) forever.
+    holds a connection forever. Its own ``limit_concurrency`` counts idle connections
+    too (forty half-open sockets answered everyone else 503); the gate replaces it.
     """
-    from uvicorn.protocols.http.h11_impl import H11Protocol
 
-    class TimedH11Protocol(H11Protocol):
+    class GuardedH11Protocol(H11Protocol):
         _timer: asyncio.TimerHandle | None = None
         _armed_for: object = None
+        _admitted = False
 
         def _arm(self) -> None:
             self._disarm()
@@ -611,6 +816,13 @@ def timed_h11(header_timeout: float) -> type:
 
         def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
             super().connection_made(transport)
+            if self.client is not None:
+                refused = gate.admit(self.client, transport)
+                if refused is not None:
+                    transport.write(_error_bytes(refused))
+                    transport.close()
+                    return
+                self._admitted = True
             self._arm()
 
         def handle_events(self) -> None:
@@ -625,9 +837,11 @@ def timed_h11(header_timeout: float) -> type:
 
         def connection_lost(self, exc: Exception | None) -> None:
             self._disarm()
+            if self._admitted and self.client is not None:
+                gate.closed(self.client, self.transport)
             super().connection_lost(exc)
 
-    return TimedH11Protocol
+    return GuardedH11Protocol
 
 
 @dataclass
@@ -665,8 +879,6 @@ def make_server(
         DataError: A non-loopback address without an API key (anyone on the network
             could use the model), or an address that cannot be bound.
     """
-    import uvicorn
-
     lim = limits or ServeLimits()
     loopback = is_loopback_host(host)
     if not loopback and not api_key:
@@ -680,19 +892,23 @@ def make_server(
         sock = socket.create_server((host, port), family=family, reuse_port=False)
     except OSError as e:
         raise DataError(f"cannot listen on {host}:{port} ({e.strerror or e})", field="port") from e
-    app = make_app(model, name=name, limits=lim, api_key=api_key, loopback_only=loopback)
+    gate = ConnectionGate(
+        max_connections=lim.max_connections, max_per_client=lim.max_client_connections
+    )
+    app = make_app(model, name=name, limits=lim, api_key=api_key, loopback_only=loopback, gate=gate)
     config = uvicorn.Config(
         app,
-        http=timed_h11(lim.read_timeout),
+        http=guarded_h11(lim.read_timeout, gate),
         lifespan="off",
         ws="none",
         log_level="warning",
         access_log=False,
         server_header=False,
         timeout_keep_alive=5,
-        # A backstop under the guard's own limit: connections beyond it get 503 from uvicorn.
-        limit_concurrency=lim.max_in_flight + 32,
-        h11_max_incomplete_event_size=16 * 1024,
+        # Not uvicorn's limit: it counts idle connections too, so they could fill it and
+        # turn every real request away (503). The gate caps connections instead.
+        limit_concurrency=None,
+        h11_max_incomplete_event_size=MAX_HEADER_BYTES,
     )
     return uvicorn.Server(config), sock
 

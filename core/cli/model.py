@@ -14,7 +14,7 @@ from core.bench import run_bench
 from core.cli.common import Subparsers, add_model_args, emit, load, progress
 from core.distributed import bench_ray
 from core.errors import RagscopeError
-from core.llmserve import ENV_API_KEY, ServeLimits, make_server
+from core.llmserve import DEFAULT_ORIGINS, ENV_API_KEY, ServeLimits, make_server
 from core.model import embedded_cache_path, embedded_gguf_path, prepare_embedded
 from core.paths import cache_dir
 
@@ -96,7 +96,32 @@ def _add_serve_llm(sub: Subparsers) -> None:
         help="seconds a client has to send its headers, and again its body",
     )
     p.add_argument(
-        "--max-in-flight", type=int, default=4, help="requests admitted at once (503 beyond)"
+        "--max-in-flight",
+        type=int,
+        default=4,
+        help="complete, authorised requests answered at once (503 beyond)",
+    )
+    p.add_argument(
+        "--max-connections",
+        type=int,
+        default=64,
+        help="open connections in all; beyond it the oldest idle one is closed",
+    )
+    p.add_argument(
+        "--max-client-connections",
+        type=int,
+        default=16,
+        help="open connections from one client address; beyond it that client's oldest "
+        "idle one is closed",
+    )
+    p.add_argument(
+        "--allow-origin",
+        action="append",
+        default=None,
+        metavar="ORIGIN",
+        help="a web page origin (scheme://host:port) allowed to call; repeat for more "
+        f"(default: the app's {' and '.join(DEFAULT_ORIGINS)}); requests from other pages, "
+        "other localhost ports included, get 403",
     )
     p.add_argument(
         "--max-prompt-chars",
@@ -116,6 +141,9 @@ def cmd_serve_llm(args: argparse.Namespace) -> int:
         read_timeout=args.read_timeout,
         max_in_flight=args.max_in_flight,
         max_prompt_chars=args.max_prompt_chars,
+        max_connections=args.max_connections,
+        max_client_connections=args.max_client_connections,
+        allow_origins=tuple(args.allow_origin or DEFAULT_ORIGINS),
     )
     api_key = args.api_key or os.environ.get(ENV_API_KEY) or None
     model = load(args)

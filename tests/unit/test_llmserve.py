@@ -3,8 +3,11 @@
 In-process (uvicorn in a thread): the openai client (through core.explain) gets the
 model's own continuation; the models route; field checks. Then the CLI's server in a
 subprocess faces a bounded loop of malformed and hostile requests (each on a socket
-with a timeout), slow clients, a full house and oversize bodies, and still answers a
-normal chat request at the end, with its peak memory barely moved.
+with a timeout), slow clients, oversize bodies and headers and foreign origins, and
+still answers a normal chat request at the end, with its peak memory barely moved.
+Last, in-process servers on 127.0.0.1 (the tiny model, each forward slowed to a known
+pace) face crowds of idle sockets from several loopback addresses, a full house and
+clients that walk away mid-generation. Every loop is bounded; every socket has a timeout.
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ import http.client
 import json
 import os
 import re
+import select
 import socket
 import subprocess
 import sys
@@ -25,7 +29,14 @@ import pytest
 from core.errors import DataError
 from core.generate import AnswerStream, GenerationConfig
 from core.llm import LLMEndpoint, chat, probe_context
-from core.llmserve import ServeLimits, _prompt_ids, is_loopback_host, make_server, start
+from core.llmserve import (
+    MAX_HEADER_BYTES,
+    ServeLimits,
+    _prompt_ids,
+    is_loopback_host,
+    make_server,
+    start,
+)
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -183,6 +194,24 @@ def _raw(
     return int(lines[0].split()[1]), {k.lower(): v for k, v in headers.items()}, body
 
 
+def _until_closed(s: socket.socket, within: float) -> bytes | None:
+    """Everything the server sends on ``s`` until it closes it (``None``: still open
+    after ``within`` seconds)."""
+    deadline = time.monotonic() + within
+    got = b""
+    while (left := deadline - time.monotonic()) > 0:
+        if not select.select([s], [], [], left)[0]:
+            break
+        try:
+            chunk = s.recv(65536)
+        except (ConnectionResetError, TimeoutError):
+            return got
+        if not chunk:
+            return got
+        got += chunk
+    return None
+
+
 def _stating(port: int, length: int) -> bytes:
     """Request headers stating a ``length``-byte body (none of it sent)."""
     return _request(port, b"", headers={"Content-Length": str(length)})
@@ -338,23 +367,83 @@ def test_slow_clients_are_cut_off_at_the_timeout(served) -> None:
     assert TIMEOUT - 0.2 < time.monotonic() - t0 < TIMEOUT + 3
 
 
-def test_at_most_n_requests_in_flight(served) -> None:
+def test_unfinished_requests_hold_no_place(served) -> None:
+    """Headers in and the body never sent (the server's --max-in-flight is 2): those
+    requests are not admitted, so a complete one is answered beside them."""
     port, _ = served
-    slow = _stating(port, 50)
-    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(2)]
+    held = [socket.create_connection(("127.0.0.1", port), timeout=10) for _ in range(5)]
     try:
         for s in held:
-            s.sendall(slow)  # admitted, then waiting for a body that never comes
+            s.sendall(_stating(port, 50))
         time.sleep(0.3)
-        status, headers, body = _raw(port, _request(port, _chat_body()))
-        assert status == 503 and headers.get("retry-after") == "1"
-        assert json.loads(body)["error"]["code"] == "overloaded"
+        status, _, body = _raw(port, _request(port, _chat_body()))
+        assert status == 200, body[:300]
     finally:
         for s in held:
             s.close()
-    time.sleep(TIMEOUT + 0.5)  # the held slots time out
-    status, _, _ = _raw(port, _request(port, _chat_body()))
-    assert status == 200
+
+
+def test_unauthorised_requests_are_refused_at_once_and_closed(served) -> None:
+    """No key: 401 before the (never sent) body is awaited, and the connection closed."""
+    port, _ = served
+    t0 = time.monotonic()
+    with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+        s.sendall(_request(port, b"", auth=False, headers={"Content-Length": "50"}))
+        reply = _until_closed(s, 5.0)
+    assert reply is not None and reply.startswith(b"HTTP/1.1 401"), reply
+    assert b"invalid_api_key" in reply and b"connection: close" in reply.lower()
+    assert time.monotonic() - t0 < TIMEOUT, "the 401 waited for the body"
+
+
+def test_the_header_cap_holds_however_the_headers_arrive(served) -> None:
+    """16 KiB of request line and headers: in one read (20 KB, 100 KB) or in pieces,
+    over it is refused (431, or 400 from h11 for an unfinished block) and the connection
+    closed; just under it is served."""
+    port, _ = served
+
+    def get(extra: int) -> bytes:
+        head = _request(port, b"", method="GET", path="/v1/models", headers={"Content-Type": None})
+        return head[:-2] + b"X-Pad: " + b"a" * extra + b"\r\n\r\n"
+
+    for size, pieces in ((20_000, 1), (100_000, 1), (20_000, 10)):
+        data = get(size)
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as s:
+            step = -(-len(data) // pieces)
+            try:
+                for i in range(0, len(data), step):
+                    s.sendall(data[i : i + step])
+                    if pieces > 1:
+                        time.sleep(0.02)
+            except (BrokenPipeError, ConnectionResetError):
+                pass  # refused before the rest arrived
+            reply = _until_closed(s, 5.0)
+        assert reply is not None, f"{size} bytes of headers: the connection stayed open"
+        status = reply[:12]
+        assert status in (b"HTTP/1.1 431", b"HTTP/1.1 400"), (size, pieces, reply[:200])
+        if status == b"HTTP/1.1 431":
+            assert b"send fewer or shorter headers" in reply
+    under = get(MAX_HEADER_BYTES - len(get(0)) - 64)
+    status, _, body = _raw(port, under)
+    assert status == 200, body[:300]
+
+
+def test_only_the_apps_origin_is_accepted(served) -> None:
+    """By default the Streamlit app's origins; any other page, another localhost port
+    included, gets 403."""
+    port, _ = served
+    for origin, want in (
+        ("http://localhost:8501", 200),
+        ("http://127.0.0.1:8501", 200),
+        ("http://localhost:9999", 403),
+        ("http://127.0.0.1:8000", 403),
+        ("http://localhost", 403),
+        ("https://localhost:8501", 403),
+        ("http://localhost:8501/path", 403),
+    ):
+        status, _, body = _raw(port, _request(port, _chat_body(), headers={"Origin": origin}))
+        assert status == want, (origin, body[:300])
+        if want == 403:
+            assert origin.encode() in body and b"--allow-origin" in body
 
 
 def test_oversize_bodies_do_not_grow_the_server(served) -> None:
@@ -371,3 +460,176 @@ def test_oversize_bodies_do_not_grow_the_server(served) -> None:
     assert grew < 16 * 1024, f"peak RSS grew by {grew} KiB after 128 MiB were sent"
     status, _, _ = _raw(port, _request(port, _chat_body()))
     assert status == 200
+
+
+# --------------------------------------------------------------------------- crowds and walkouts
+
+
+class _Paced:
+    """The tiny model's HF module with every forward taking at least ``delay`` seconds
+    (so a long generation is long on any machine), counting the forwards."""
+
+    def __init__(self, inner, delay: float) -> None:
+        self.inner, self.delay, self.calls = inner, delay, 0
+
+    def __call__(self, *args, **kwargs):
+        self.calls += 1
+        time.sleep(self.delay)
+        return self.inner(*args, **kwargs)
+
+    def __getattr__(self, name: str):
+        return getattr(self.inner, name)
+
+
+@pytest.fixture
+def paced(tiny_model, monkeypatch) -> _Paced:
+    slow = _Paced(tiny_model.hf_model, 0.05)
+    monkeypatch.setattr(tiny_model, "hf_model", slow)
+    return slow
+
+
+def _from(addr: str, port: int) -> socket.socket:
+    """A connection to the server from the loopback address ``addr``."""
+    return socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(addr, 0))
+
+
+def _ask(port: int, body: bytes, *, addr: str = "127.0.0.1", key: str | None = None) -> int:
+    """Send a chat request from ``addr`` and wait for the reply: its status (0: closed)."""
+    with _from(addr, port) as s:
+        s.sendall(
+            _request(port, body, auth=False, headers={"Authorization": key and f"Bearer {key}"})
+        )
+        reply = s.recv(65536)
+    return int(reply.split()[1]) if reply else 0
+
+
+def _open_now(socks: list[socket.socket]) -> list[bool]:
+    """Which of ``socks`` the server has not closed (nothing readable within 0.2 s)."""
+    ready = set(select.select(socks, [], [], 0.2)[0])
+    return [s not in ready for s in socks]
+
+
+def test_idle_connections_never_turn_a_request_away(tiny_model) -> None:
+    """45 idle sockets (silent, half a request line, headers without their body; no key
+    needed), renewed three times, from one address: a real client still gets 200 each
+    time, and the server keeps at most its per-client cap of them open."""
+    limits = ServeLimits(read_timeout=10.0)
+    srv = start(tiny_model, name=NAME, limits=limits, api_key=KEY)
+    port = srv.port
+    idle: list[socket.socket] = []
+    try:
+        for _ in range(3):
+            for i in range(45):
+                s = _from("127.0.0.1", port)
+                if i % 3 == 1:
+                    s.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: 127.0.0.1\r\n")
+                elif i % 3 == 2:
+                    s.sendall(_stating(port, 80))
+                idle.append(s)
+            time.sleep(0.2)
+            assert _ask(port, _chat_body(), key=KEY) == 200
+            still = sum(_open_now(idle))
+            assert still <= limits.max_client_connections, still
+    finally:
+        for s in idle:
+            s.close()
+        srv.stop()
+
+
+def test_connection_caps_close_the_oldest_idle_first(tiny_model, paced) -> None:
+    """Per address, then in all, a newcomer closes the oldest idle connection; a
+    connection answering an admitted request is never closed to make room, and when
+    every one is busy the newcomer gets 503."""
+    limits = ServeLimits(read_timeout=10.0, max_connections=8, max_client_connections=4)
+    srv = start(tiny_model, name=NAME, limits=limits)
+    port = srv.port
+    socks: list[socket.socket] = []
+    try:
+        socks += [_from("127.0.0.1", port) for _ in range(6)]  # a1..a6: a1, a2 make room
+        time.sleep(0.3)
+        assert _open_now(socks) == [False, False, True, True, True, True]
+        socks += [_from("127.0.0.2", port) for _ in range(4)]  # b1..b4: 8 open, the cap
+        socks.append(_from("127.0.0.3", port))  # c1: over 8 in all, a3 makes room
+        time.sleep(0.3)
+        assert _open_now(socks) == [False] * 3 + [True] * 8
+        # a busy connection from 127.0.0.4 stays while 4 more from there come and go
+        with _from("127.0.0.4", port) as busy:
+            busy.sendall(_request(port, _chat_body(max_tokens=40), auth=False))
+            time.sleep(0.5)  # admitted and generating (40 paced tokens: two seconds or more)
+            more = [_from("127.0.0.4", port) for _ in range(4)]
+            time.sleep(0.3)
+            assert _open_now(more) == [False, True, True, True]
+            reply = busy.recv(65536)
+            assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
+            for s in more:
+                s.close()
+    finally:
+        for s in socks:
+            s.close()
+        srv.stop()
+    # every connection busy: the newcomer is told so
+    srv = start(
+        tiny_model,
+        name=NAME,
+        limits=ServeLimits(max_in_flight=1, max_connections=2, max_client_connections=1),
+    )
+    try:
+        with _from("127.0.0.1", srv.port) as busy:
+            busy.sendall(_request(srv.port, _chat_body(max_tokens=40), auth=False))
+            time.sleep(0.5)
+            with _from("127.0.0.1", srv.port) as late:
+                reply = _until_closed(late, 5.0)
+            assert reply is not None and reply.startswith(b"HTTP/1.1 503"), reply
+            assert b"too_many_connections" in reply and b"127.0.0.1" in reply
+            assert busy.recv(65536).startswith(b"HTTP/1.1 200")
+    finally:
+        srv.stop()
+
+
+def test_a_client_that_walks_away_frees_its_place(tiny_model, paced) -> None:
+    """Two long generations (200 paced tokens, 10 s or more), one generating and one
+    queued, both abandoned: with --max-in-flight 2 the next request is answered within
+    about a second, and no more tokens are generated for the clients that left."""
+    srv = start(tiny_model, name=NAME, limits=ServeLimits(max_in_flight=2))
+    port = srv.port
+    try:
+        gone = [_from("127.0.0.1", port) for _ in range(2)]
+        for s in gone:
+            s.sendall(_request(port, _chat_body(max_tokens=200), auth=False))
+        deadline = time.monotonic() + 10
+        while paced.calls < 3 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert paced.calls >= 3, "the first generation did not start"
+        for s in gone:
+            s.close()
+        t0 = time.monotonic()
+        status = 0
+        while status != 200 and time.monotonic() - t0 < 5:
+            status = _ask(port, _chat_body(max_tokens=1))
+            if status != 200:
+                time.sleep(0.1)
+        took = time.monotonic() - t0
+        assert status == 200 and took < 2.0, (status, took)
+        calls = paced.calls
+        time.sleep(0.5)
+        assert paced.calls == calls, "a generation went on after its client left"
+    finally:
+        srv.stop()
+
+
+def test_origins_and_caps_are_checked_when_set(tiny_model) -> None:
+    """--allow-origin replaces the default; a value that is not an origin, or caps that
+    admitted requests could fill, are refused up front."""
+    srv = start(tiny_model, name=NAME, limits=ServeLimits(allow_origins=("http://localhost:9999",)))
+    try:
+        for origin, want in (("http://localhost:9999", 200), ("http://localhost:8501", 403)):
+            status, _, body = _raw(
+                srv.port, _request(srv.port, _chat_body(), auth=False, headers={"Origin": origin})
+            )
+            assert status == want, (origin, body[:300])
+    finally:
+        srv.stop()
+    with pytest.raises(DataError, match="allow_origin.*'localhost:8501' is not a web origin"):
+        ServeLimits(allow_origins=("localhost:8501",))
+    with pytest.raises(DataError, match="max_connections"):
+        ServeLimits(max_in_flight=4, max_connections=4, max_client_connections=4)
