@@ -220,13 +220,19 @@ def upload_section(state: AppState) -> None:
     if report.warnings:
         with st.expander(f"{len(report.warnings)} warnings"):
             st.text("\n".join(report.warnings))
+    if not report.examples:  # an empty dataset is never stored: no button to press
+        st.warning(
+            f"No record of {code(report.file_name, max_len=80)} was good "
+            f"({report.n_read} read{', all listed above' if n_bad else ''}); there is nothing "
+            "to import. Fix the records and upload the file again."
+        )
+        return
     seed_widget(KEY_UPLOAD_NAME, report.default_name)
     st.text_input("Name in the library", key=KEY_UPLOAD_NAME)
     st.button(
         f"Import {len(report.examples)} examples",
         key=KEY_IMPORT,
         type="primary",
-        disabled=not report.examples,
         on_click=_do_import,
         args=(report,),
     )

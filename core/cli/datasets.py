@@ -26,7 +26,9 @@ def _add_datasets(sub: Subparsers) -> None:
         if action == "import":
             d.add_argument("--name", help="name to store the dataset under (default: file stem)")
             d.add_argument(
-                "--skip-bad", action="store_true", help="skip bad records and report them"
+                "--skip-bad",
+                action="store_true",
+                help="skip bad records and report them (stores nothing when none is good)",
             )
             d.add_argument("--replace", action="store_true", help="replace a stored dataset")
         else:
@@ -51,6 +53,7 @@ def cmd_datasets(args: argparse.Namespace) -> int:
         return 1 if report.errors else 0
     report = load_dataset(args.path, fmt=args.format, on_error="skip" if args.skip_bad else "raise")
     print(report.summary())
+    report.require_examples()
 
     name = args.name or Path(args.path).stem
     with Store() as store:

@@ -73,6 +73,25 @@ class LoadReport:
             lines.append(f"  ... and {len(self.warnings) - max_warnings} more warnings")
         return "\n".join(lines)
 
+    def require_examples(self) -> None:
+        """Check that some record loaded: a dataset of none is never stored.
+
+        Raises:
+            DataError: No record loaded (every one was bad, or there was none), naming
+                the file and how many records were read and skipped.
+        """
+        if self.examples:
+            return
+        if not self.n_read:
+            reason = "no record was read (the file holds none); nothing was stored"
+        else:
+            reason = (
+                f"no record was good: all {self.n_read:,} records read were bad "
+                f"({len(self.errors):,} skipped, listed above); nothing was stored. Fix "
+                "them, or check the format"
+            )
+        raise DataError(reason, source=self.path)
+
     def to_frame(self) -> pd.DataFrame:
         """The errors as a table with columns ``source``, ``field``, ``reason``."""
         import pandas as pd

@@ -125,6 +125,23 @@ def test_home_upload_lists_bad_records_and_imports_the_rest(
     assert at.selectbox(key=KEY_EXAMPLE).options[0].startswith("u1")
 
 
+def test_home_upload_with_no_good_record_imports_nothing(
+    make_app: Callable[[], AppTest], app_env: Path
+) -> None:
+    data = b'{"id": "u3", "passages": ["Text."]}\n{broken\n'  # no response; not JSON
+    at = make_app().run()
+    at.file_uploader(key=KEY_UPLOAD).set_value(("allbad.jsonl", data, "application/jsonl")).run()
+    _no_exception(at)
+    assert len(at.dataframe[0].value) == 2  # both bad records listed
+    assert [w.value for w in at.warning] == [
+        "No record of `allbad.jsonl` was good (2 read, all listed above); there is nothing to "
+        "import. Fix the records and upload the file again."
+    ]
+    assert not [b for b in at.button if b.key == KEY_IMPORT]  # no import to press (or forge)
+    with Store(app_env) as store:
+        assert store.list_datasets() == []
+
+
 def _analysed_playground(make_app: Callable[[], AppTest]) -> AppTest:
     at = make_app().run()
     at.switch_page(PLAYGROUND).run()

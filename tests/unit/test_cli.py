@@ -146,6 +146,28 @@ def test_import_bad_file_without_skip_fails_and_stores_nothing(tmp_path: Path, c
     assert "no stored datasets" in capsys.readouterr().out
 
 
+def test_import_skip_bad_with_no_good_record_stores_nothing(tmp_path: Path, capsys) -> None:
+    kept = _write(tmp_path / "kept.jsonl", [_good(1), _good(2)])
+    assert main(["datasets", "import", str(kept), "--name", "x", "--format", "ragscope"]) == 0
+    capsys.readouterr()
+    bad = tmp_path / "bad.jsonl"
+    bad.write_text('{broken\n{"id": "r9"}\n', encoding="utf-8")
+    for name in ("y", "x"):  # a new name, and one replaced: neither becomes empty
+        argv = ["datasets", "import", "--skip-bad", "--replace", str(bad), "--name", name]
+        assert main([*argv, "--format", "ragscope"]) == 2
+        out, err = capsys.readouterr()
+        assert f"{bad}:1:2" in out and f"{bad}:2" in out  # the bad records, listed
+        assert f"{bad}: no record was good: all 2 records read were bad" in err
+        assert "nothing was stored" in err and "imported" not in out
+    # An explicit format on an empty file: no record, nothing stored either.
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n", encoding="utf-8")
+    assert main(["datasets", "import", str(empty), "--name", "z", "--format", "ragscope"]) == 2
+    assert "no record was read" in capsys.readouterr().err
+    main(["datasets", "list"])
+    assert capsys.readouterr().out == f"x\t2 examples\tragscope\t{kept}\n"
+
+
 def test_parser_rejects_unknown_format() -> None:
     with pytest.raises(SystemExit):
         build_parser().parse_args(["datasets", "validate", "x", "--format", "weird"])
