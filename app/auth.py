@@ -8,68 +8,37 @@ OpenID Connect login, README "Security"), :func:`login_gate` shows only a login
 screen until the visitor has signed in with the identity provider, on every page,
 and the Review page records decisions under the signed-in identity
 (:func:`current_identity`) instead of a typed name, so one annotator cannot review
-as another. Served on a network without logins, every page carries a warning
+as another. The identity rules, the server-side logout and the session age live in
+:mod:`app.state.identity`; the deployment (HTTPS, what the proxy must close) in
+docs/deployment.md. Served on a network without logins, every page carries a warning
 (:func:`exposure_banner`).
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from dataclasses import dataclass
-from typing import Any
-
 import streamlit as st
 
-from app.text import md
+from app.state.identity import (
+    Identity,
+    auth_configured,
+    current_identity,
+    current_login,
+    log_out,
+)
+from app.text import code, md
 from core.llmserve import is_loopback_host
+
+__all__ = [
+    "Identity",
+    "auth_configured",
+    "current_identity",
+    "exposure_banner",
+    "login_gate",
+    "network_exposed",
+]
 
 KEY_LOGIN = "auth.login"
 KEY_LOGOUT = "auth.logout"
-REQUIRED = ("redirect_uri", "cookie_secret", "client_id", "client_secret", "server_metadata_url")
-
-
-@dataclass(frozen=True)
-class Identity:
-    """A signed-in user.
-
-    Attributes:
-        id: What their decisions are recorded under: the e-mail address the identity
-            provider vouches for, else its subject id (stable per provider).
-        name: What the page calls them.
-    """
-
-    id: str
-    name: str
-
-
-def _auth_section() -> dict[str, Any] | None:
-    try:
-        section = st.secrets.get("auth")
-    except FileNotFoundError:  # no secrets.toml anywhere: no logins
-        return None
-    return dict(section) if isinstance(section, Mapping) else None
-
-
-def auth_configured() -> bool:
-    """Whether logins are required: ``[auth]`` holds a complete OpenID Connect setup
-    (``redirect_uri``, ``cookie_secret``, ``client_id``, ``client_secret``,
-    ``server_metadata_url``)."""
-    section = _auth_section()
-    return section is not None and all(section.get(k) for k in REQUIRED)
-
-
-def current_identity() -> Identity | None:
-    """The signed-in user, or ``None`` (logins not configured, or not signed in)."""
-    if not auth_configured() or not st.user.is_logged_in:
-        return None
-    email = st.user.get("email")
-    verified = st.user.get("email_verified")
-    sub = st.user.get("sub")
-    ident = email if isinstance(email, str) and email and verified is not False else sub
-    if not isinstance(ident, str) or not ident:
-        return None
-    name = st.user.get("name")
-    return Identity(id=ident, name=name if isinstance(name, str) and name else ident)
 
 
 def login_gate() -> None:
@@ -77,7 +46,8 @@ def login_gate() -> None:
     signs in, then their name and a logout button in the sidebar."""
     if not auth_configured():
         return
-    who = current_identity()
+    login = current_login()
+    who = login.identity
     if who is None:
         st.title("ragscope")
         st.markdown(
@@ -85,18 +55,16 @@ def login_gate() -> None:
             "account to continue. Your reviews are recorded under the identity you sign "
             "in with."
         )
-        if st.user.is_logged_in:
-            st.error(
-                "The identity provider returned no e-mail address or subject id; ask the "
-                "administrator to grant the `email` or `openid` scope."
+        if login.problem is not None:
+            st.error(f"Not signed in: {md(login.problem)}.")
+        if login.can_log_in:
+            st.button(
+                "Log in", key=KEY_LOGIN, type="primary", icon=":material/login:", on_click=st.login
             )
-        st.button(
-            "Log in", key=KEY_LOGIN, type="primary", icon=":material/login:", on_click=st.login
-        )
         st.stop()
     with st.sidebar:
-        st.caption(f"Signed in as **{md(who.name)}**")
-        st.button("Log out", key=KEY_LOGOUT, icon=":material/logout:", on_click=st.logout)
+        st.caption(f"Signed in as **{md(who.name)}** ({code(who.id)})")
+        st.button("Log out", key=KEY_LOGOUT, icon=":material/logout:", on_click=log_out)
 
 
 def network_exposed() -> bool:

@@ -25,6 +25,7 @@ import subprocess
 import sys
 import threading
 import time
+import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -32,6 +33,7 @@ from types import FrameType, TracebackType
 from typing import Any, Literal, Self
 
 from core.contract import Detector
+from core.data import is_named_spec
 from core.detectors import available_detectors, make_detector
 from core.errors import DataError, RagscopeError
 from core.examples import RAGExample, example_hash
@@ -48,6 +50,9 @@ JobState = Literal["queued", "running", "interrupted", "done", "failed", "cancel
 """A job's state as shown: the stored status, with ``interrupted`` for an active job
 whose worker is gone."""
 _DETECTOR_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
+_CONTROL = frozenset({"Cc", "Cf", "Cs", "Co"})
+_HEX = frozenset("0123456789abcdef")
+"""Unicode categories refused in a job's names: control, format, surrogate, private."""
 
 
 class JobCancelled(BaseException):
@@ -66,7 +71,9 @@ class TrainSpec:
         model: The model as ``--model`` names it (``RAGSCOPE_MODEL``).
         device: ``--device``.
         detectors: Registered detector names.
-        dataset: ``--dataset`` (``builtin``, ``demo``, an imported dataset's name, a path).
+        dataset: ``--dataset``: a named spec (:func:`core.data.is_named_spec`:
+            ``demo``, ``builtin``, ``shared:NAME``, ``stored:NAME`` for an imported
+            dataset), never a path: a job's worker reads no file a visitor named.
         limit: ``--limit`` (about this many examples; ``None``: all).
         seed: ``--seed`` (the split seed).
         cv: ``--cv K``: train on every answer and report K-fold source-grouped CV
@@ -97,8 +104,24 @@ class TrainSpec:
                 raise DataError(f"a training job's {what} must be a one-line name", field=what)
             if value.startswith("-"):
                 raise DataError(f"a training job's {what} cannot start with '-'", field=what)
+            # A NUL cannot reach a command line (the worker would never start) and other
+            # control characters garble the log and the page.
+            bad = next((c for c in value if unicodedata.category(c) in _CONTROL), None)
+            if bad is not None:
+                raise DataError(
+                    f"a training job's {what} {value[:80]!r} holds the control character "
+                    f"U+{ord(bad):04X}; pick another {what}",
+                    field=what,
+                )
         if "," in self.dataset:
             raise DataError("a training job trains on one dataset", field="dataset")
+        if not is_named_spec(self.dataset):
+            raise DataError(
+                f"a training job reads a dataset by name (demo, builtin, shared:NAME, "
+                f"stored:NAME), not {self.dataset[:80]!r}; to train on a file, run "
+                "`ragscope train --dataset PATH` in a terminal",
+                field="dataset",
+            )
         if not isinstance(self.detectors, tuple) or not self.detectors:
             raise DataError("pick at least one detector to train", field="detectors")
         known = set(available_detectors())
@@ -278,21 +301,66 @@ def job_view(row: JobRow, *, now: float | None = None, stale_s: float = STALE_S)
     return JobView(row=row, state=state, spec=spec, spec_error=spec_error, now=now)
 
 
-def staging_dir(out: str | Path, job_id: int) -> Path:
-    """Where job ``job_id`` writes its artifacts before publishing them into ``out``: a
-    hidden folder beside ``out`` (same file system, so publishing is a rename)."""
+def staging_dir(out: str | Path, uid: str) -> Path:
+    """Where the job with uid ``uid`` (:attr:`JobRow.uid`, random per job) writes its
+    artifacts before publishing them into ``out``: a hidden folder beside ``out`` (same
+    file system, so publishing is a rename). Jobs of two databases that train the same
+    model never share it."""
     out = Path(out)
-    return out.parent / f".{out.name}.job-{int(job_id)}"
+    return out.parent / f".{out.name}.job-{_uid(uid)}"
 
 
-def job_log_path(db_path: str | Path, job_id: int) -> Path:
-    """The worker's output (stdout and stderr) of job ``job_id`` of the database at
-    ``db_path``: ``jobs/job-<id>.log`` beside the database."""
-    return Path(db_path).parent / "jobs" / f"job-{int(job_id)}.log"
+def job_log_path(db_path: str | Path, job: JobRow) -> Path:
+    """The worker's output (stdout and stderr) of ``job`` of the database at ``db_path``:
+    ``jobs/job-<id>-<uid>.log`` beside the database (two databases in one folder never
+    share a log)."""
+    return Path(db_path).parent / "jobs" / f"job-{int(job.id)}-{_uid(job.uid)}.log"
 
 
-def _remove_staging(out: str | Path, job_id: int) -> None:
-    shutil.rmtree(staging_dir(out, job_id), ignore_errors=True)
+def _uid(uid: str) -> str:
+    if not isinstance(uid, str) or len(uid) != 16 or not set(uid) <= _HEX:
+        raise DataError(f"a job uid is 16 hex digits, not {str(uid)[:40]!r}", field="uid")
+    return uid
+
+
+def _remove_staging(out: str | Path, uid: str) -> None:
+    shutil.rmtree(staging_dir(out, uid), ignore_errors=True)
+
+
+@dataclass(frozen=True, kw_only=True)
+class JobActor:
+    """Who asks to cancel, resume or discard a job (with logins configured).
+
+    Attributes:
+        id: The signed-in identity (:attr:`JobRow.owner` of the jobs they start).
+        admin: May control anyone's job (``RAGSCOPE_ADMINS``).
+    """
+
+    id: str
+    admin: bool = False
+
+
+class JobPermissionError(DataError):
+    """A signed-in user asked to control a job that is not theirs."""
+
+
+def may_control(owner: str | None, actor: JobActor | None) -> bool:
+    """Whether ``actor`` may cancel, resume or discard a job started by ``owner``:
+    without logins (``actor`` ``None``) anyone who reaches the app may; with logins,
+    its owner or an admin."""
+    return actor is None or actor.admin or (owner is not None and owner == actor.id)
+
+
+def _check_control(store: Store, job_id: int, actor: JobActor | None, action: str) -> None:
+    if actor is None or actor.admin:
+        return
+    owner = store.job_owner(job_id)
+    if not may_control(owner, actor):
+        whose = f"was started by {owner!r}" if owner else "was started without logins"
+        raise JobPermissionError(
+            f"job #{job_id} {whose}; only its owner or an admin (RAGSCOPE_ADMINS) may {action} it",
+            source=f"job #{job_id}",
+        )
 
 
 # --------------------------------------------------------------------------- launching
@@ -320,7 +388,7 @@ def launch_job(store: Store, job_id: int) -> int:
     except DataError as e:
         store.finish_job(job_id, "failed", error=str(e))
         raise DataError(f"job #{job_id} cannot start: {e}; start a new one") from e
-    log = job_log_path(store.path, job_id)
+    log = job_log_path(store.path, row)
     cmd = [sys.executable, "-m", "core.cli", *spec.argv(row.out), "--job", str(job_id)]
     env = {**os.environ, "RAGSCOPE_DB": store.path, "PYTHONUNBUFFERED": "1"}
     try:
@@ -337,7 +405,7 @@ def launch_job(store: Store, job_id: int) -> int:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
             )
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a NUL in an argument
         store.finish_job(job_id, "failed", error=f"the worker could not be started ({e})")
         raise DataError(f"the training job's worker could not be started ({e})") from e
     # Reap it when it ends, so a finished worker is not left a zombie that looks alive.
@@ -346,41 +414,59 @@ def launch_job(store: Store, job_id: int) -> int:
     return proc.pid
 
 
-def start_train_job(store: Store, spec: TrainSpec, *, model_key: str) -> int:
-    """Queue a training job for the model ``model_key`` and start its worker; returns
-    the job's id. It publishes into the model's own folder
+def start_train_job(
+    store: Store, spec: TrainSpec, *, model_key: str, owner: str | None = None
+) -> int:
+    """Queue a training job for the model ``model_key``, owned by ``owner`` (the
+    signed-in identity; ``None`` without logins), and start its worker; returns the
+    job's id. It publishes into the model's own folder
     (:func:`core.paths.model_detectors_dir`).
 
     Raises:
         JobBusyError: A job for that model is already queued or running.
-        DataError: The worker could not be started.
+        DataError: ``spec`` is not a :class:`TrainSpec` (it is checked before any row is
+            written), or the worker could not be started.
     """
+    if not isinstance(spec, TrainSpec):
+        raise DataError(f"a training job needs a TrainSpec, not {type(spec).__name__}")
     out = model_detectors_dir(model_key)
-    job_id = store.create_job(kind="train", model=model_key, spec=spec.to_dict(), out=str(out))
-    _remove_staging(out, job_id)
+    job_id = store.create_job(
+        kind="train", model=model_key, spec=spec.to_dict(), out=str(out), owner=owner
+    )
+    _remove_staging(out, store.get_job(job_id).uid)
     launch_job(store, job_id)
     return job_id
 
 
-def resume_job(store: Store, job_id: int) -> int:
+def resume_job(store: Store, job_id: int, *, actor: JobActor | None = None) -> int:
     """Start an interrupted or failed job's worker again (its features come from the
-    cache); returns the new process id.
+    cache); returns the new process id. With logins (``actor``), only its owner or an
+    admin may.
 
     Raises:
+        JobPermissionError: ``actor`` may not control it.
         DataError: The job is not interrupted or failed, or its spec cannot be read.
         JobBusyError: Another job for its model is active.
     """
+    _check_control(store, job_id, actor, "resume")
     view = job_view(store.get_job(job_id))
     if not view.resumable:
         raise DataError(f"job #{job_id} is {view.state}; only an interrupted or failed job resumes")
-    _remove_staging(view.row.out, job_id)
+    _remove_staging(view.row.out, view.row.uid)
     store.requeue_job(job_id)
     return launch_job(store, job_id)
 
 
-def discard_job(store: Store, job_id: int) -> None:
+def discard_job(store: Store, job_id: int, *, actor: JobActor | None = None) -> None:
     """Give up an interrupted job, or an active one whose row cannot be read: it is
-    marked cancelled (what it staged is removed when its row says where)."""
+    marked cancelled (what it staged is removed when its row says where). With logins
+    (``actor``), only its owner or an admin may.
+
+    Raises:
+        JobPermissionError: ``actor`` may not control it.
+        DataError: It is active (cancel it instead).
+    """
+    _check_control(store, job_id, actor, "discard")
     try:
         view = job_view(store.get_job(job_id))
     except JobRowError:
@@ -389,17 +475,23 @@ def discard_job(store: Store, job_id: int) -> None:
     if view.active:
         raise DataError(f"job #{job_id} is {view.state}; cancel it instead")
     if store.discard_job(job_id):
-        _remove_staging(view.row.out, job_id)
+        _remove_staging(view.row.out, view.row.uid)
 
 
-def cancel_job(store: Store, job_id: int) -> JobState:
+def cancel_job(store: Store, job_id: int, *, actor: JobActor | None = None) -> JobState:
     """Stop a job: a live worker is asked to (it stops within about
     :data:`HEARTBEAT_S` seconds and removes what it staged); an interrupted job is marked
-    cancelled at once. Returns the job's state after the request."""
+    cancelled at once. Returns the job's state after the request. With logins
+    (``actor``), only its owner or an admin may.
+
+    Raises:
+        JobPermissionError: ``actor`` may not control it.
+    """
+    _check_control(store, job_id, actor, "cancel")
     view = job_view(store.get_job(job_id))
     if view.state == "interrupted":
         store.finish_job(job_id, "cancelled", error=None)
-        _remove_staging(view.row.out, job_id)
+        _remove_staging(view.row.out, view.row.uid)
         return "cancelled"
     if view.active:
         store.request_job_cancel(job_id)
@@ -514,11 +606,13 @@ class JobRunner:
         self._pid = os.getpid()
         self._old_handler: Any = None
         self._armed = False
+        self._uid: str | None = None
 
     # -- lifecycle ---------------------------------------------------------------
 
     def __enter__(self) -> Self:
         row = self.store.claim_job(self.job_id, self._pid)
+        self._uid = row.uid
         if Path(row.out).resolve() != self.out.resolve():
             self.store.finish_job(self.job_id, "failed", error="started with another --out")
             raise DataError(
@@ -528,7 +622,7 @@ class JobRunner:
             self.status = "cancelled"
             return self
         self.status = "running"
-        _remove_staging(self.out, self.job_id)
+        _remove_staging(self.out, row.uid)
         self.staging.mkdir(parents=True)
         if threading.current_thread() is threading.main_thread():
             self._old_handler = signal.signal(signal.SIGTERM, self._on_sigterm)
@@ -567,7 +661,7 @@ class JobRunner:
                 return stopped
             # Staged files go before the outcome is recorded: whoever reads the outcome
             # finds them gone.
-            _remove_staging(self.out, self.job_id)
+            _remove_staging(self.out, self.uid)
             if exc is None:
                 db.finish_job(self.job_id, "done", result=self.result, pid=self._pid)
             elif stopped:
@@ -600,9 +694,16 @@ class JobRunner:
     # -- reporting ---------------------------------------------------------------
 
     @property
+    def uid(self) -> str:
+        """The job's uid (known once entered)."""
+        if self._uid is None:
+            raise DataError(f"job #{self.job_id} has not been claimed yet (use `with`)")
+        return self._uid
+
+    @property
     def staging(self) -> Path:
         """The folder to train into (published by :meth:`publish`)."""
-        return staging_dir(self.out, self.job_id)
+        return staging_dir(self.out, self.uid)
 
     def stage(self, text: str, total: int = 0) -> None:
         """Start a stage (``total`` units, 0 when not counted); stops if asked to."""

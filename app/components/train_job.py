@@ -44,6 +44,7 @@ from app.state import (
     train_folder,
     train_spec,
 )
+from app.state.jobs import may_control_job
 from app.text import code, md
 from core.errors import RagscopeError
 from core.jobs import JobView, TrainEstimate, job_log_path
@@ -100,7 +101,20 @@ def _about(view: JobView) -> str:
     limit = f", about {spec.limit} examples" if spec.limit else ""
     cv = f", {spec.cv}-fold CV" if spec.cv else ""
     names = ", ".join(code(d) for d in spec.detectors)
-    return f"Job #{view.id}: {names} on {code(spec.dataset)}{limit}{cv}"
+    by = f" (started by {code(view.row.owner)})" if view.row.owner else ""
+    return f"Job #{view.id}: {names} on {code(spec.dataset)}{limit}{cv}{by}"
+
+
+def _not_yours(view: JobView) -> bool:
+    """Whether this session may not control ``view``'s job (with logins: not its
+    owner, not an admin); says so under the job."""
+    if may_control_job(view):
+        return False
+    st.caption(
+        "Only the user who started this job or an admin (`RAGSCOPE_ADMINS`) can cancel, "
+        "resume or discard it."
+    )
+    return True
 
 
 def _act(action: str, job_id: int) -> None:
@@ -141,6 +155,7 @@ def _live_job(job_id: int) -> None:
     if view.row.cancel_requested:
         text = "Cancelling… " + text
     st.progress(view.fraction, text=md(text))
+    locked = _not_yours(view)
     c1, c2 = st.columns([1, 3], vertical_alignment="center")
     with c1:
         st.button(
@@ -149,12 +164,12 @@ def _live_job(job_id: int) -> None:
             icon=":material/cancel:",
             on_click=_act,
             args=("cancel", job_id),
-            disabled=view.row.cancel_requested,
+            disabled=view.row.cancel_requested or locked,
         )
     with c2:
         st.caption(
             "Runs in the background: switch pages, reload or close the tab, it goes on. "
-            f"Log: {code(job_log_path(job_log_db(), job_id))}"
+            f"Log: {code(job_log_path(job_log_db(), view.row))}"
         )
     _action_error()
 
@@ -166,6 +181,7 @@ def _interrupted(view: JobView) -> None:
         "without finishing, e.g. the machine restarted). Resume it: the examples already "
         "traced come from the feature cache."
     )
+    locked = _not_yours(view)
     c1, c2, _ = st.columns([1, 1, 3])
     with c1:
         st.button(
@@ -175,7 +191,7 @@ def _interrupted(view: JobView) -> None:
             icon=":material/play_arrow:",
             on_click=_act,
             args=("resume", view.id),
-            disabled=not view.resumable,
+            disabled=not view.resumable or locked,
         )
     with c2:
         st.button(
@@ -184,6 +200,7 @@ def _interrupted(view: JobView) -> None:
             icon=":material/delete:",
             on_click=_act,
             args=("discard", view.id),
+            disabled=locked,
         )
     _action_error()
 
@@ -205,13 +222,14 @@ def _outcome(view: JobView, *, fresh: bool) -> None:
         )
     elif view.state == "failed":
         st.error(f"{_about(view)} failed: {md(r.error or 'no reason recorded')}")
+        locked = _not_yours(view)
         st.button(
             "Resume",
             key=KEY_TRAIN_RESUME,
             icon=":material/replay:",
             on_click=_act,
             args=("resume", view.id),
-            disabled=not view.resumable,
+            disabled=not view.resumable or locked,
             help="Start its worker again; the examples already traced come from the cache.",
         )
         _action_error()

@@ -10,10 +10,16 @@ import streamlit as st
 
 from app.text import md
 from core.data import (
+    BUILTIN_ANSWERS as BUILTIN_ANSWERS_SPEC,
+)
+from core.data import (
+    DEMO,
+    SHARED_PREFIX,
     builtin_answers_path,
     builtin_examples,
     load_dataset,
     shared_data_dir,
+    stored_spec,
 )
 from core.errors import DataError, StorageError
 from core.examples import RAGExample
@@ -86,6 +92,17 @@ class DatasetRef:
     @property
     def key(self) -> str:
         return f"{self.kind}:{self.name}:{self.path or ''}"
+
+    @property
+    def spec(self) -> str:
+        """The dataset spec that reads it (:func:`core.data.resolve_dataset`), never a
+        path: a stored dataset is ``stored:NAME`` whatever its name looks like (a name
+        such as ``/srv/x.csv`` or ``demo`` must not open that file or that alias)."""
+        if self.kind == "builtin":
+            return BUILTIN_ANSWERS_SPEC if self.name == "answers" else DEMO
+        if self.kind == "shared":
+            return f"{SHARED_PREFIX}{Path(self.name).stem}"
+        return stored_spec(self.name)
 
 
 BUILTIN = DatasetRef(kind="builtin", name="demo")

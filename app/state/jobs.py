@@ -14,6 +14,7 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from app.state.datasets import get_store
+from app.state.identity import current_identity, job_actor
 from app.state.model import model_device, model_spec
 from app.state.runs import CORPUS, eval_dataset_choices
 from core.data import make_splits
@@ -27,6 +28,7 @@ from core.jobs import (
     cancel_job,
     discard_job,
     job_view,
+    may_control,
     resume_job,
     start_train_job,
     time_one_example,
@@ -142,37 +144,53 @@ def read_job(job_id: int) -> JobView:
 
 
 def start_training(model: LoadedModel, spec: TrainSpec) -> int:
-    """Queue ``spec`` for ``model`` and start its worker; returns the job id.
+    """Queue ``spec`` for ``model``, owned by the signed-in user (with logins), and start
+    its worker; returns the job id.
 
     Raises:
         JobBusyError: A job for this model is already queued or running.
         DataError: The worker could not be started.
     """
-    return start_train_job(get_store(), spec, model_key=model.info.key)
+    who = current_identity()
+    owner = who.id if who is not None else None
+    return start_train_job(get_store(), spec, model_key=model.info.key, owner=owner)
+
+
+def may_control_job(view: JobView) -> bool:
+    """Whether this session may cancel, resume or discard ``view``'s job: anyone without
+    logins; with logins, the user who started it or an admin (``RAGSCOPE_ADMINS``)."""
+    return may_control(view.row.owner, job_actor())
 
 
 def cancel_training(job_id: int) -> None:
-    """Ask job ``job_id`` to stop (an interrupted one is marked cancelled at once)."""
-    cancel_job(get_store(), job_id)
+    """Ask job ``job_id`` to stop (an interrupted one is marked cancelled at once).
+
+    Raises:
+        JobPermissionError: With logins, it is neither this user's job nor are they an
+            admin.
+    """
+    cancel_job(get_store(), job_id, actor=job_actor())
 
 
 def discard_training(job_id: int) -> None:
     """Give up interrupted job ``job_id``, or an active one whose row cannot be read.
 
     Raises:
+        JobPermissionError: With logins, not this user's job (and not an admin).
         DataError: It is running (cancel it instead).
     """
-    discard_job(get_store(), job_id)
+    discard_job(get_store(), job_id, actor=job_actor())
 
 
 def resume_training(job_id: int) -> None:
     """Start interrupted or failed job ``job_id`` again.
 
     Raises:
+        JobPermissionError: With logins, not this user's job (and not an admin).
         DataError: It is not interrupted or failed.
         JobBusyError: Another job for its model is active.
     """
-    resume_job(get_store(), job_id)
+    resume_job(get_store(), job_id, actor=job_actor())
 
 
 @st.cache_data(show_spinner="Reading the training data…", ttl=60, max_entries=8)

@@ -178,8 +178,9 @@ CORPUS = "builtin"
 def eval_dataset_choices() -> dict[str, str]:
     """Dataset spec -> label, for the Benchmark's new-run pickers.
 
-    The demo examples and the built-in corpus, the shared dev sets (their paths) and the
-    imported datasets (their names). Whether a spec can be read is up to
+    The demo examples and the built-in corpus, the shared dev sets (``shared:NAME``) and
+    the imported datasets (``stored:NAME``: a stored name is never read as a path or an
+    alias, :attr:`DatasetRef.spec`). Whether a spec can be read is up to
     :func:`dataset_summary`.
 
     Raises:
@@ -187,11 +188,8 @@ def eval_dataset_choices() -> dict[str, str]:
     """
     out = {"demo": "Demo examples (12, hand-written)", CORPUS: "Built-in labelled corpus"}
     for ref in dataset_choices():
-        if ref.kind == "shared":
-            assert ref.path is not None
-            out[ref.path] = ref.label
-        elif ref.kind == "store":
-            out[ref.name] = ref.label
+        if ref.kind in ("shared", "store"):
+            out[ref.spec] = ref.label
     return out
 
 

@@ -15,7 +15,7 @@ never import each other):
 * :mod:`core.data.loader` -- :func:`load_dataset`, :func:`detect_format` and
   :func:`save_jsonl`.
 * :mod:`core.data.catalog` -- :func:`resolve_dataset` (demo, builtin, builtin answers,
-  files, stored names) and the built-in corpus.
+  ``shared:``/``stored:`` names, files, stored names) and the built-in corpus.
 * :mod:`core.data.splits` -- source-grouped splits and data hashes.
 """
 
@@ -27,12 +27,15 @@ from core.data.catalog import (
     BUILTIN_SPLITS,
     DEMO,
     SHARED_PREFIX,
+    STORED_PREFIX,
     builtin_answers_path,
     builtin_examples,
+    is_named_spec,
     load_builtin,
     resolve_dataset,
     resolve_datasets,
     shared_data_dir,
+    stored_spec,
 )
 from core.data.loader import detect_format, load_dataset, save_jsonl
 from core.data.records import (
@@ -68,14 +71,17 @@ __all__ = [
     "builtin_examples",
     "data_hash",
     "detect_format",
+    "is_named_spec",
     "load_builtin",
     "load_dataset",
     "make_splits",
     "resolve_dataset",
     "resolve_datasets",
     "SHARED_PREFIX",
+    "STORED_PREFIX",
     "save_jsonl",
     "shared_data_dir",
+    "stored_spec",
     "split_examples",
     "split_passages",
     "stratified_head",

@@ -3,8 +3,11 @@
 :func:`resolve_dataset` turns a spec into examples: ``demo`` (the hand-written
 examples), ``builtin`` (the shipped labelled corpus, :func:`load_builtin`),
 ``builtin-answers`` (the embedded model's own answers), ``shared:NAME`` (a development set
-in :func:`shared_data_dir`, e.g. ``shared:ragtruth_qa_dev``), a file or folder to load, or
-the name of a dataset stored with ``ragscope datasets import`` (:class:`core.storage.Store`).
+in :func:`shared_data_dir`, e.g. ``shared:ragtruth_qa_dev``), ``stored:NAME`` (exactly the
+dataset stored under NAME with ``ragscope datasets import``, :class:`core.storage.Store`:
+never a file or an alias, whatever the name looks like), a file or folder to load, or
+the bare name of a stored dataset. The app offers only the first five forms
+(:func:`is_named_spec`): it never opens a path a visitor typed or named a dataset after.
 Any spec may end in ``[:N]``: its first ``N`` examples, extended so the last source stays
 whole (``builtin[:600]``; the built-in corpus is interleaved across its templates, so
 every prefix covers them all). :func:`resolve_datasets` combines several comma-separated specs into one list, each
@@ -53,6 +56,23 @@ BUILTIN_CORPUS_FILE = "corpus.jsonl"
 BUILTIN_REBUILD_COMMAND = "python -m tools.corpus"
 SHARED_PREFIX = "shared:"
 """Specs naming a development set in :func:`shared_data_dir` (``shared:ragtruth_qa_dev``)."""
+STORED_PREFIX = "stored:"
+"""Specs naming a stored dataset by its stored name only (``stored:NAME``)."""
+
+
+def stored_spec(name: str) -> str:
+    """The spec that reads the stored dataset ``name`` and nothing else (``stored:NAME``)."""
+    return f"{STORED_PREFIX}{name}"
+
+
+def is_named_spec(spec: str) -> bool:
+    """Whether ``spec`` names a dataset without naming a file: ``demo``, ``builtin``,
+    ``builtin-answers``, ``shared:NAME`` or ``stored:NAME`` (with or without ``[:N]``).
+    Only these come from the app; a path is for the command line."""
+    if spec.startswith((SHARED_PREFIX, STORED_PREFIX)):
+        return True
+    m = _PREFIX.match(spec)
+    return (m["spec"] if m else spec) in (DEMO, BUILTIN, BUILTIN_ANSWERS)
 
 
 def builtin_answers_path() -> Path:
@@ -66,16 +86,19 @@ def resolve_dataset(spec: str, *, on_error: OnError = "raise") -> tuple[str, lis
     ``spec`` is ``demo`` (the 12 hand-written examples), ``builtin`` (the
     built-in labelled corpus), ``builtin-answers`` (the embedded model's own
     unlabelled answers to the corpus prompts), ``shared:NAME`` (the development
-    set ``NAME.jsonl`` in :func:`shared_data_dir`), a file or folder to load, or
-    the name of a dataset stored with ``ragscope datasets import``; any of them followed
-    by ``[:N]`` for its first ``N`` examples (the last source kept whole; the name stays
-    the dataset's).
+    set ``NAME.jsonl`` in :func:`shared_data_dir`), ``stored:NAME`` (the dataset stored
+    under exactly that name, looked up in the database only), a file or folder to load,
+    or the name of a dataset stored with ``ragscope datasets import``; any of them
+    followed by ``[:N]`` for its first ``N`` examples (the last source kept whole; the
+    name stays the dataset's).
 
     Raises:
         DataError: Nothing of that name; for ``shared:`` specs the message says
             whether the folder or the file is missing and where it was looked for;
             ``[:0]``.
     """
+    if spec.startswith(STORED_PREFIX):
+        return _stored(spec.removeprefix(STORED_PREFIX))
     m = _PREFIX.match(spec)
     if m:
         n = int(m["n"])
@@ -104,6 +127,24 @@ def resolve_dataset(spec: str, *, on_error: OnError = "raise") -> tuple[str, lis
                 source=spec,
             )
         return spec, store.load_examples(spec)
+
+
+def _stored(name: str) -> tuple[str, list[RAGExample]]:
+    """The stored dataset ``name`` (a name ending in ``[:N]`` that is not stored itself:
+    its first ``N`` examples). The name is never read as a path or an alias."""
+    with Store() as store:
+        names = [d.name for d in store.list_datasets()]
+        m = _PREFIX.match(name)
+        if name not in names and m and m["spec"] in names and int(m["n"]) >= 1:
+            return m["spec"], source_prefix(store.load_examples(m["spec"]), int(m["n"]))
+        if name in names:
+            return name, store.load_examples(name)
+    shown = ", ".join(repr(n) for n in names[:20]) + (", ..." if len(names) > 20 else "")
+    raise DataError(
+        f"no stored dataset named {name[:200]!r}; stored: {shown or '(none yet)'} "
+        "(import it with `ragscope datasets import` or from Home)",
+        source=stored_spec(name[:200]),
+    )
 
 
 def source_prefix(examples: list[RAGExample], n: int) -> list[RAGExample]:

@@ -17,7 +17,7 @@ a Streamlit server (one thread per session) needs.
   (datasets and examples), ``analyses`` (the feature cache), ``annotations``,
   ``explanations``, ``counterfactuals`` and ``reviews`` (the review queue, decisions
   and audit trail that :mod:`core.review` keeps) and ``jobs`` (background jobs and their
-  progress, :mod:`core.jobs`).
+  progress, :mod:`core.jobs`) and ``logins`` (logins revoked by logging out).
 - ``store``: :class:`Store`, the database with all of them.
 """
 
@@ -26,7 +26,7 @@ from __future__ import annotations
 from core.storage.analyses import AnalysisRecord
 from core.storage.annotations import Annotation
 from core.storage.counterfactuals import SavedSession
-from core.storage.datasets import DatasetInfo
+from core.storage.datasets import DatasetInfo, check_dataset_name
 from core.storage.db import DB_FILENAME, default_db_path, now_iso
 from core.storage.jobs import (
     ACTIVE_STATUSES,
@@ -78,6 +78,7 @@ __all__ = [
     "ReviewItem",
     "SavedSession",
     "Store",
+    "check_dataset_name",
     "default_db_path",
     "now_iso",
 ]

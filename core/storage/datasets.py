@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -12,6 +13,35 @@ from typing import Any
 from core.errors import DataError, StorageError
 from core.examples import RAGExample
 from core.storage.db import Database, dumps, now_iso
+
+MAX_NAME = 200
+"""Longest dataset name stored (characters)."""
+
+
+def check_dataset_name(name: object) -> str:
+    """``name`` if it can name a stored dataset: text, not blank, at most
+    :data:`MAX_NAME` characters, and no control or format character (a NUL, a newline,
+    a bidi override: each breaks a command line, a log or what a page shows).
+
+    Raises:
+        DataError: It cannot, naming the character and its position.
+    """
+    if not isinstance(name, str) or not name.strip():
+        raise DataError("a dataset needs a non-empty name", field="name")
+    if len(name) > MAX_NAME:
+        raise DataError(
+            f"a dataset name is at most {MAX_NAME} characters, not {len(name)} "
+            f"({name[:40]!r}...); choose a shorter name",
+            field="name",
+        )
+    for i, ch in enumerate(name):
+        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co"):
+            raise DataError(
+                f"the dataset name {name!r} holds the control character U+{ord(ch):04X} at "
+                f"position {i}; choose a name of visible characters",
+                field="name",
+            )
+    return name
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -59,10 +89,11 @@ class DatasetsRepository(Database):
 
         Raises:
             StorageError: ``name`` exists and ``replace`` is false, or the write fails.
-            DataError: Two examples share an id, or an item is not a RAGExample.
+            DataError: ``name`` is blank, too long or holds a control character
+                (:func:`check_dataset_name`); two examples share an id, or an item is
+                not a RAGExample.
         """
-        if not isinstance(name, str) or not name.strip():
-            raise DataError("a dataset needs a non-empty name", field="name")
+        check_dataset_name(name)
         meta_json = dumps(dict(meta or {}), "meta")
         try:
             with self._tx() as c:

@@ -14,6 +14,8 @@ Rows are read as untrusted: a row that does not hold what this module writes rai
 from __future__ import annotations
 
 import math
+import re
+import secrets
 import sqlite3
 import time
 from dataclasses import dataclass
@@ -32,8 +34,10 @@ MAX_TEXT = 20_000
 
 _COLUMNS = (
     "id, kind, model, spec, out, status, cancel_requested, stage, done, total, pid, "
-    "heartbeat, attempts, error, result, created_at, started_at, finished_at"
+    "heartbeat, attempts, error, result, created_at, started_at, finished_at, owner, uid"
 )
+_UID = re.compile(r"^[0-9a-f]{16}$")
+"""A job's uid: 16 lower-case hex digits (it names files: nothing else may pass)."""
 
 
 class JobRowError(DataError):
@@ -90,6 +94,9 @@ class JobRow:
         error: Why it failed.
         result: What it produced (a JSON object), once done.
         created_at, started_at, finished_at: ISO 8601 UTC times.
+        owner: The signed-in identity that started it (``None``: started without
+            logins, or from the command line).
+        uid: A random id, unique across databases, that names its log and staging folder.
     """
 
     id: int
@@ -110,6 +117,8 @@ class JobRow:
     created_at: str
     started_at: str | None
     finished_at: str | None
+    owner: str | None = None
+    uid: str
 
     @property
     def active(self) -> bool:
@@ -170,6 +179,8 @@ def _job(row: tuple[Any, ...]) -> JobRow:
         created,
         started,
         finished,
+        owner,
+        uid,
     ) = row
     if kind not in JOB_KINDS:
         raise JobRowError(jid, f"its kind {str(kind)[:40]!r} is not one of {list(JOB_KINDS)}")
@@ -181,6 +192,8 @@ def _job(row: tuple[Any, ...]) -> JobRow:
         raise JobRowError(jid, "its heartbeat is not a time")
     if cancel not in (0, 1):
         raise JobRowError(jid, "its cancel flag is not 0 or 1")
+    if not isinstance(uid, str) or not _UID.match(uid):
+        raise JobRowError(jid, "its uid is not 16 hex digits")
     return JobRow(
         id=jid,
         kind=cast(str, kind),
@@ -200,14 +213,23 @@ def _job(row: tuple[Any, ...]) -> JobRow:
         created_at=cast(str, _text(jid, created, "creation time")),
         started_at=_text(jid, started, "start time", optional=True),
         finished_at=_text(jid, finished, "finish time", optional=True),
+        owner=_text(jid, owner, "owner", optional=True),
+        uid=uid,
     )
+
+
+def _new_uid() -> str:
+    return secrets.token_hex(8)
 
 
 class JobsRepository(Database):
     """Background jobs: create, claim, report progress, cancel, finish, resume."""
 
-    def create_job(self, *, kind: str, model: str, spec: dict[str, Any], out: str) -> int:
-        """Queue a job; returns its id.
+    def create_job(
+        self, *, kind: str, model: str, spec: dict[str, Any], out: str, owner: str | None = None
+    ) -> int:
+        """Queue a job for ``owner`` (a signed-in identity; ``None`` without logins);
+        returns its id. It gets a random :attr:`JobRow.uid`.
 
         Raises:
             JobBusyError: A job for ``model`` is already queued or running.
@@ -220,12 +242,25 @@ class JobsRepository(Database):
             with self._tx() as c:
                 cur = c.execute(
                     "INSERT INTO jobs (kind, model, spec, out, status, stage, heartbeat, "
-                    "created_at) VALUES (?, ?, ?, ?, 'queued', 'Queued', ?, ?)",
-                    (kind, model, payload, out, time.time(), now_iso()),
+                    "created_at, owner, uid) VALUES (?, ?, ?, ?, 'queued', 'Queued', ?, ?, ?, ?)",
+                    (kind, model, payload, out, time.time(), now_iso(), owner, _new_uid()),
                 )
                 return int(cur.lastrowid or 0)
         except sqlite3.IntegrityError as e:
             raise JobBusyError(model, self._active_id(model)) from e
+
+    def job_owner(self, job_id: int) -> str | None:
+        """Who started job ``job_id`` (``None``: nobody signed in), read on its own so a
+        row that cannot otherwise be read still says whose it is.
+
+        Raises:
+            DataError: No such job.
+            JobRowError: Its owner is not text.
+        """
+        rows = self._query("SELECT owner FROM jobs WHERE id = ?", (int(job_id),))
+        if not rows:
+            raise DataError(f"no job with id {job_id}")
+        return _text(int(job_id), rows[0][0], "owner", optional=True)
 
     def _active_id(self, model: str) -> int | None:
         rows = self._query(

@@ -163,5 +163,19 @@ MIGRATIONS: tuple[str, ...] = (
         WHERE status IN ('queued', 'running');
     CREATE INDEX jobs_by_model ON jobs(model, id);
     """,
+    # 6: a job's owner (the signed-in identity that started it: only they or an admin
+    # control it) and a random uid naming its log and staging folder (two databases in
+    # one folder, or sharing a trained-detectors folder, never share them); logins
+    # revoked by logging out (a session issued before its identity's revocation is
+    # refused).
+    """
+    ALTER TABLE jobs ADD COLUMN owner TEXT;
+    ALTER TABLE jobs ADD COLUMN uid TEXT;
+    UPDATE jobs SET uid = lower(hex(randomblob(8))) WHERE uid IS NULL;
+    CREATE TABLE revoked_logins (
+        identity TEXT PRIMARY KEY,
+        revoked_at REAL NOT NULL
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

@@ -8,6 +8,7 @@ from core.storage.counterfactuals import CounterfactualsRepository
 from core.storage.datasets import DatasetsRepository
 from core.storage.explanations import ExplanationsRepository
 from core.storage.jobs import JobsRepository
+from core.storage.logins import LoginsRepository
 from core.storage.reviews import ReviewsRepository
 
 
@@ -19,6 +20,7 @@ class Store(
     CounterfactualsRepository,
     ReviewsRepository,
     JobsRepository,
+    LoginsRepository,
 ):
     """The ragscope database.
 

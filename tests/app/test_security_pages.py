@@ -6,6 +6,7 @@ names, and untrusted text that stays text."""
 from __future__ import annotations
 
 import re
+import time
 from collections.abc import Callable
 from pathlib import Path
 
@@ -50,7 +51,12 @@ def test_signed_in_reviews_are_recorded_under_the_identity(
     app_env: Path,
     with_demo_detectors: Path,
 ) -> None:
-    user = {"is_logged_in": True, "email": "alice@example.com", "name": "Alice"}
+    user = {
+        "is_logged_in": True,
+        "email": "alice@example.com",
+        "email_verified": True,
+        "name": "Alice",
+    }
     at = _with_auth(make_app(), user).run()
     assert not at.exception
     at.switch_page(REVIEW).run()
@@ -69,6 +75,101 @@ def test_signed_in_reviews_are_recorded_under_the_identity(
     with Store(app_env) as s:
         reviewers = {r.reviewer for i in ReviewBook(s).items(KEY) for r in i.reviews}
     assert reviewers == {"alice@example.com"}
+
+
+def _reviewer_after_one_decision(at: AppTest, app_env: Path) -> set[str]:
+    at.switch_page(REVIEW).run()
+    assert not at.exception, [e.value for e in at.exception]
+    at.number_input(key="review.limit").set_value(4)
+    for t in at.number_input:
+        if t.key and t.key.startswith("review.threshold."):
+            t.set_value(0.05)
+    at.button(key="review.build").click().run()
+    at.button(key="review.accept").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    with Store(app_env) as s:
+        return {r.reviewer for i in ReviewBook(s).items(KEY) for r in i.reviews}
+
+
+@pytest.mark.parametrize(
+    ("claims", "recorded"),
+    [
+        # An e-mail address the provider did not verify is not the user's identity.
+        (
+            {"email": "alice@example.com", "sub": "m-1", "iss": "https://idp.example"},
+            "sub:m-1@idp.example",
+        ),
+        (
+            {"email": "alice@example.com", "email_verified": False, "sub": "m-1"},
+            "sub:m-1",
+        ),
+        # A subject that looks like an address is a subject.
+        (
+            {"sub": "alice@example.com", "iss": "https://idp.example"},
+            "sub:alice@example.com@idp.example",
+        ),
+    ],
+)
+def test_only_a_verified_email_is_taken_as_the_identity(
+    make_app: Callable[[], AppTest],
+    app_env: Path,
+    with_demo_detectors: Path,
+    claims: dict,
+    recorded: str,
+) -> None:
+    user = {"is_logged_in": True, "name": "Mallory", **claims}
+    at = _with_auth(make_app(), user).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert f"(`{recorded}`)" in "\n".join(c.value for c in at.sidebar.caption)
+    assert _reviewer_after_one_decision(at, app_env) == {recorded}
+
+
+def _signed_in(at: AppTest) -> bool:
+    return bool([b for b in at.sidebar.button if b.key == "auth.logout"])
+
+
+def test_logging_out_revokes_the_session_server_side(
+    make_app: Callable[[], AppTest], app_env: Path
+) -> None:
+    issued = int(time.time()) - 60
+    user = {
+        "is_logged_in": True,
+        "email": "alice@example.com",
+        "email_verified": True,
+        "iat": issued,
+    }
+    at = _with_auth(make_app(), user).run()
+    assert _signed_in(at)
+    at.sidebar.button(key="auth.logout").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    with Store(app_env) as s:
+        assert s.logins_revoked_at("alice@example.com") >= issued
+    # A copy of the old cookie, in a new browser session: refused, asked to log in again.
+    again = _with_auth(make_app(), dict(user)).run()
+    assert not again.exception, [e.value for e in again.exception]
+    assert not _signed_in(again) and again.button(key="auth.login").label == "Log in"
+    assert any("you logged out of this session" in e.value for e in again.error)
+    assert not again.subheader and not again.metric  # nothing of the app
+    # Logging in again issues a new token: signed in.
+    fresh = _with_auth(make_app(), {**user, "iat": int(time.time()) + 1}).run()
+    assert _signed_in(fresh) and not fresh.error
+
+
+def test_an_old_or_plain_http_login_is_refused(
+    make_app: Callable[[], AppTest], app_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    user = {"is_logged_in": True, "email": "a@example.com", "email_verified": True}
+    old = _with_auth(make_app(), {**user, "iat": time.time() - 25 * 3600}).run()
+    assert not _signed_in(old) and any("expired" in e.value for e in old.error)
+    monkeypatch.setenv("RAGSCOPE_SESSION_HOURS", "48")
+    assert _signed_in(_with_auth(make_app(), {**user, "iat": time.time() - 25 * 3600}).run())
+    at = make_app()
+    at.secrets["auth"] = {**AUTH, "redirect_uri": "http://team.example:8501/oauth2callback"}
+    at.user = {**user, "iat": time.time()}
+    at.run()
+    assert not at.exception and not _signed_in(at)
+    assert any("not https" in e.value and "docs/deployment.md" in e.value for e in at.error)
+    assert not [b for b in at.button if b.key == "auth.login"]  # logging in would not help
 
 
 def _queued(app_env: Path) -> list:

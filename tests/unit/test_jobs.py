@@ -18,10 +18,13 @@ import pytest
 from core.errors import DataError
 from core.jobs import (
     STALE_S,
+    JobActor,
+    JobPermissionError,
     JobRunner,
     TrainSpec,
     cancel_job,
     discard_job,
+    job_log_path,
     job_view,
     launch_job,
     pid_alive,
@@ -29,7 +32,8 @@ from core.jobs import (
     staging_dir,
 )
 from core.paths import model_detectors_dir, model_slug
-from core.storage import JobBusyError, JobRowError, Store
+from core.storage import JobBusyError, JobRow, JobRowError, Store
+from core.storage import db as storage_db
 
 MODEL = "tiny-random-llama (seed 0)|L2xH4/KV2|D64|V49152|float32"
 OTHER = "SmolLM2-135M-Instruct|L30xH9/KV3|D576|V49152|float32"
@@ -113,6 +117,9 @@ def test_a_job_cancelled_while_queued_is_never_run(store: Store, tmp_path: Path)
         ("heartbeat", "'soon'", "heartbeat is not a time"),
         ("status", "'exploded'", "status"),
         ("result", "'{'", "result is not JSON"),
+        ("uid", "'../../../etc'", "uid is not 16 hex digits"),
+        ("uid", "NULL", "uid is not 16 hex digits"),
+        ("owner", "x'41'", "owner is not text"),
     ],
 )
 def test_hostile_rows_raise_a_named_error(
@@ -175,6 +182,96 @@ def test_a_spec_from_a_row_is_checked() -> None:
     assert SPEC.command("/x y").endswith("--seed 0 --out '/x y'")
 
 
+def test_a_nul_in_a_dataset_name_never_reaches_a_worker(
+    store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    with pytest.raises(DataError, match="U\\+0000"):
+        TrainSpec(model="tiny", detectors=("nll",), dataset="stored:a\x00b")
+    assert store.list_jobs() == []  # refused before any row is written
+    # A row written by something else: the job fails with the reason, never a
+    # ValueError that leaves it queued without a worker.
+    monkeypatch.setenv("RAGSCOPE_TRAINED_DIR", str(tmp_path / "trained"))
+    spec = {**SPEC.to_dict(), "dataset": "stored:a\x00b"}
+    job = store.create_job(
+        kind="train", model=MODEL, spec=spec, out=str(model_detectors_dir(MODEL))
+    )
+    with pytest.raises(DataError, match="cannot start.*U\\+0000"):
+        launch_job(store, job)
+    row = store.get_job(job)
+    assert row.status == "failed" and "U+0000" in (row.error or "") and row.pid is None
+
+
+def test_only_the_owner_or_an_admin_controls_a_job(store: Store, tmp_path: Path) -> None:
+    out = str(tmp_path / "trained" / model_slug(MODEL))
+    job = store.create_job(
+        kind="train", model=MODEL, spec=SPEC.to_dict(), out=out, owner="alice@example.com"
+    )
+    assert store.get_job(job).owner == "alice@example.com"
+    mallory = JobActor(id="sub:mallory@idp.example")
+    for act in (cancel_job, discard_job, resume_job):
+        with pytest.raises(JobPermissionError, match="started by 'alice@example.com'.*admin"):
+            act(store, job, actor=mallory)
+    row = store.get_job(job)
+    assert row.status == "queued" and not row.cancel_requested  # untouched
+    # An unreadable row still says whose it is.
+    raw = sqlite3.connect(store.path)
+    raw.execute("UPDATE jobs SET spec = 'x' WHERE id = ?", (job,))
+    raw.commit()
+    raw.close()
+    with pytest.raises(JobPermissionError):
+        discard_job(store, job, actor=mallory)
+    raw = sqlite3.connect(store.path)
+    raw.execute("UPDATE jobs SET spec = ? WHERE id = ?", (json.dumps(SPEC.to_dict()), job))
+    raw.commit()
+    raw.close()
+    assert cancel_job(store, job, actor=JobActor(id="alice@example.com")) == "queued"
+    assert store.get_job(job).cancel_requested
+    other = store.create_job(
+        kind="train", model=OTHER, spec=SPEC.to_dict(), out=out, owner="bob@example.com"
+    )
+    cancel_job(store, other, actor=JobActor(id="root@example.com", admin=True))
+    assert store.get_job(other).cancel_requested
+    # Without logins (no actor) anyone who reaches the app may, as before.
+    third = store.create_job(kind="train", model=OTHER + "x", spec=SPEC.to_dict(), out=out)
+    cancel_job(store, third)
+    assert store.get_job(third).cancel_requested
+
+
+def test_two_databases_never_share_a_log_or_a_staging_folder(tmp_path: Path) -> None:
+    out = tmp_path / "trained" / model_slug(MODEL)
+    rows = []
+    for name in ("a.sqlite3", "b.sqlite3"):
+        with Store(tmp_path / name) as s:
+            job = s.create_job(kind="train", model=MODEL, spec=SPEC.to_dict(), out=str(out))
+            rows.append((s.path, s.get_job(job)))
+    (pa, a), (pb, b) = rows
+    assert a.id == b.id == 1
+    assert job_log_path(pa, a).parent == job_log_path(pb, b).parent  # one folder
+    assert job_log_path(pa, a) != job_log_path(pb, b)
+    assert staging_dir(out, a.uid) != staging_dir(out, b.uid)
+    assert staging_dir(out, a.uid).parent == out.parent
+    with pytest.raises(DataError, match="16 hex digits"):
+        staging_dir(out, "../../etc")
+
+
+def test_jobs_from_before_uids_get_one(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "old.sqlite3"
+    with monkeypatch.context() as m:  # a database as ragscope with schema 5 left it
+        m.setattr(storage_db, "SCHEMA_VERSION", 5)
+        Store(path).close()
+    raw = sqlite3.connect(path)
+    raw.execute(
+        "INSERT INTO jobs (kind, model, spec, out, status, created_at) "
+        "VALUES ('train', ?, ?, '/x', 'done', 'now')",
+        (MODEL, json.dumps(SPEC.to_dict())),
+    )
+    raw.commit()
+    raw.close()
+    with Store(path) as s:
+        row = s.list_jobs()[0]
+        assert isinstance(row, JobRow) and len(row.uid) == 16 and row.owner is None
+
+
 def test_model_folders_are_safe_names(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("RAGSCOPE_TRAINED_DIR", str(tmp_path))
     slug = model_slug("../../etc|L2xH4/KV2|D64|V1|float32")
@@ -206,7 +303,7 @@ def test_state_from_heartbeat_and_worker(store: Store, tmp_path: Path) -> None:
 def test_cancel_or_resume_an_interrupted_job(store: Store, tmp_path: Path) -> None:
     job = _job(store, tmp_path)
     row = store.claim_job(job, 1 << 30)
-    staged = staging_dir(row.out, job)
+    staged = staging_dir(row.out, row.uid)
     _fake_artifact(staged, "nll")
     with pytest.raises(DataError, match="only an interrupted or failed"):
         resume_job(store, _job(store, tmp_path, OTHER))
@@ -251,7 +348,7 @@ def test_runner_cancelled_between_examples_leaves_nothing(store: Store, tmp_path
         runner.progress(1, 10)
         raise AssertionError("not reached")
     assert runner.status == "cancelled" and store.get_job(job).status == "cancelled"
-    assert not out.exists() and not staging_dir(out, job).exists()
+    assert not out.exists() and not staging_dir(out, store.get_job(job).uid).exists()
 
 
 def test_runner_cancelled_in_a_long_step_stops_by_signal(store: Store, tmp_path: Path) -> None:
@@ -264,7 +361,7 @@ def test_runner_cancelled_in_a_long_step_stops_by_signal(store: Store, tmp_path:
             app.request_job_cancel(job)
         time.sleep(30)  # a fit with no progress callback: the heartbeat thread stops it
     assert runner.status == "cancelled" and time.monotonic() - t0 < 15
-    assert not out.exists() and not staging_dir(out, job).exists()
+    assert not out.exists() and not staging_dir(out, store.get_job(job).uid).exists()
 
 
 def test_a_resumed_job_belongs_to_its_new_worker(store: Store, tmp_path: Path) -> None:
@@ -280,7 +377,7 @@ def test_a_resumed_job_belongs_to_its_new_worker(store: Store, tmp_path: Path) -
     assert old.status == "cancelled"
     row = store.get_job(job)
     assert (row.status, row.pid, row.attempts) == ("running", 4242, 2)  # left alone
-    assert staging_dir(out, job).exists()  # the new worker's to use
+    assert staging_dir(out, store.get_job(job).uid).exists()  # the new worker's to use
 
 
 def test_runner_failure_is_recorded_and_raised(store: Store, tmp_path: Path) -> None:
@@ -292,7 +389,7 @@ def test_runner_failure_is_recorded_and_raised(store: Store, tmp_path: Path) -> 
             raise DataError("the dataset is gone")
     row = store.get_job(job)
     assert row.status == "failed" and "the dataset is gone" in (row.error or "")
-    assert not out.exists() and not staging_dir(out, job).exists()
+    assert not out.exists() and not staging_dir(out, store.get_job(job).uid).exists()
     with pytest.raises(DataError, match="publishes into"):
         store.requeue_job(job)
         JobRunner(store, job, out=tmp_path / "elsewhere").__enter__()

@@ -59,7 +59,7 @@ def _wait(store: Store, job: int, done: Callable[[JobView], bool]) -> JobView:
         if done(view):
             return view
         if time.monotonic() > deadline:
-            log = job_log_path(store.path, job)
+            log = job_log_path(store.path, store.get_job(job))
             pytest.fail(
                 f"job {job} stuck at {view.state}, {view.progress_text}:\n{log.read_text()}"
             )
@@ -67,7 +67,7 @@ def _wait(store: Store, job: int, done: Callable[[JobView], bool]) -> JobView:
 
 
 def _log(store: Store, job: int) -> str:
-    return job_log_path(store.path, job).read_text()
+    return job_log_path(store.path, store.get_job(job)).read_text()
 
 
 def test_the_job_publishes_what_the_cli_trains(
@@ -130,7 +130,7 @@ def test_killed_job_resumes_from_the_cache_and_cancel_leaves_nothing(
     assert view2.state == "cancelled", _log(job_env, job2)
     assert sorted(p.name for p in out.iterdir()) == ["nll"]  # the first job's, untouched
     assert (out / "nll" / "cfg.json").read_bytes() == nll_cfg
-    assert not staging_dir(out, job2).exists()
+    assert not staging_dir(out, view2.row.uid).exists()
     deadline = time.monotonic() + 30
     while pid_alive(view2.row.pid) and time.monotonic() < deadline:
         time.sleep(0.1)
