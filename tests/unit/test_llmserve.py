@@ -143,7 +143,7 @@ def served(tmp_path_factory) -> Iterator[tuple[int, int]]:
     with log.open("w") as out:
         proc = subprocess.Popen(cmd, stdout=out, stderr=subprocess.STDOUT, env=env)
     try:
-        deadline = time.monotonic() + 120
+        deadline = time.monotonic() + 240  # loading is slow on a busy machine
         port = None
         while port is None:
             assert proc.poll() is None, log.read_text()
@@ -509,6 +509,15 @@ def _open_now(socks: list[socket.socket]) -> list[bool]:
     return [s not in ready for s in socks]
 
 
+def _settle(socks: list[socket.socket], want: list[bool], within: float = 5.0) -> list[bool]:
+    """:func:`_open_now` once it reads ``want`` or ``within`` seconds have passed (a
+    loaded machine may take a moment to accept and close)."""
+    deadline = time.monotonic() + within
+    while (now := _open_now(socks)) != want and time.monotonic() < deadline:
+        time.sleep(0.1)
+    return now
+
+
 def test_idle_connections_never_turn_a_request_away(tiny_model) -> None:
     """45 idle sockets (silent, half a request line, headers without their body; no key
     needed), renewed three times, from one address: a real client still gets 200 each
@@ -546,19 +555,16 @@ def test_connection_caps_close_the_oldest_idle_first(tiny_model, paced) -> None:
     socks: list[socket.socket] = []
     try:
         socks += [_from("127.0.0.1", port) for _ in range(6)]  # a1..a6: a1, a2 make room
-        time.sleep(0.3)
-        assert _open_now(socks) == [False, False, True, True, True, True]
+        assert _settle(socks, [False, False, True, True, True, True]) == [False] * 2 + [True] * 4
         socks += [_from("127.0.0.2", port) for _ in range(4)]  # b1..b4: 8 open, the cap
         socks.append(_from("127.0.0.3", port))  # c1: over 8 in all, a3 makes room
-        time.sleep(0.3)
-        assert _open_now(socks) == [False] * 3 + [True] * 8
+        assert _settle(socks, [False] * 3 + [True] * 8) == [False] * 3 + [True] * 8
         # a busy connection from 127.0.0.4 stays while 4 more from there come and go
         with _from("127.0.0.4", port) as busy:
             busy.sendall(_request(port, _chat_body(max_tokens=40), auth=False))
             time.sleep(0.5)  # admitted and generating (40 paced tokens: two seconds or more)
             more = [_from("127.0.0.4", port) for _ in range(4)]
-            time.sleep(0.3)
-            assert _open_now(more) == [False, True, True, True]
+            assert _settle(more, [False, True, True, True]) == [False, True, True, True]
             reply = busy.recv(65536)
             assert reply.startswith(b"HTTP/1.1 200"), reply[:200]
             for s in more:
@@ -587,15 +593,16 @@ def test_connection_caps_close_the_oldest_idle_first(tiny_model, paced) -> None:
 
 
 def test_a_client_that_walks_away_frees_its_place(tiny_model, paced) -> None:
-    """Two long generations (200 paced tokens, 10 s or more), one generating and one
+    """Two long generations (400 paced tokens, 20 s or more), one generating and one
     queued, both abandoned: with --max-in-flight 2 the next request is answered within
-    about a second, and no more tokens are generated for the clients that left."""
+    a few seconds (a second or less unloaded), and no more tokens are generated for the
+    clients that left."""
     srv = start(tiny_model, name=NAME, limits=ServeLimits(max_in_flight=2))
     port = srv.port
     try:
         gone = [_from("127.0.0.1", port) for _ in range(2)]
         for s in gone:
-            s.sendall(_request(port, _chat_body(max_tokens=200), auth=False))
+            s.sendall(_request(port, _chat_body(max_tokens=400), auth=False))
         deadline = time.monotonic() + 10
         while paced.calls < 3 and time.monotonic() < deadline:
             time.sleep(0.05)
@@ -604,12 +611,12 @@ def test_a_client_that_walks_away_frees_its_place(tiny_model, paced) -> None:
             s.close()
         t0 = time.monotonic()
         status = 0
-        while status != 200 and time.monotonic() - t0 < 5:
+        while status != 200 and time.monotonic() - t0 < 6:
             status = _ask(port, _chat_body(max_tokens=1))
             if status != 200:
                 time.sleep(0.1)
         took = time.monotonic() - t0
-        assert status == 200 and took < 2.0, (status, took)
+        assert status == 200 and took < 3.0, (status, took)
         calls = paced.calls
         time.sleep(0.5)
         assert paced.calls == calls, "a generation went on after its client left"
