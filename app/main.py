@@ -17,10 +17,16 @@ from app.auth import exposure_banner, login_gate
 from app.state import loaded_model, shipped_detectors, start_model, warm_detectors
 from app.state.links import on_page
 from app.text import md
+from core.paths import assets_dir
 
 PAGES_DIR = Path(__file__).parent / "views"
+# The browser tab's icon: Material Symbols' "troubleshoot" (Apache-2.0) drawn to a PNG
+# this server serves. A `:material/...:` page icon makes every browser fetch the tab's
+# icon from fonts.gstatic.com; set here, it also keeps the pages' own Material icons
+# (drawn in the sidebar with the font Streamlit serves) from becoming the tab's icon.
+FAVICON = assets_dir() / "favicon.png"
 
-st.set_page_config(page_title="ragscope", page_icon=":material/troubleshoot:", layout="wide")
+st.set_page_config(page_title="ragscope", page_icon=FAVICON, layout="wide")
 login_gate()  # with logins configured, nothing below runs until the visitor signs in
 
 

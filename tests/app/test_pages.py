@@ -7,8 +7,10 @@ import json
 import re
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 import pytest
+import streamlit
 from streamlit.testing.v1 import AppTest
 
 from app.state import (
@@ -286,6 +288,36 @@ def test_answer_pages_read_the_playgrounds_answer(
 ) -> None:
     at = open_after_analysis("demo-02-waggle-dance", page)
     assert any("The Playground's analysed answer" in str(r.options) for r in at.radio)
+
+
+def test_no_page_asks_google_for_its_icon(
+    make_app: Callable[[], AppTest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Streamlit's browser code fetches a `:material/NAME:` tab icon from fonts.gstatic.com,
+    # and takes the page's own icon (Material here) when the page config names none:
+    # every run must name a local image, so no request leaves the machine.
+    icons: list[object] = []
+    real = streamlit.set_page_config
+
+    def record(*args: Any, **kwargs: Any) -> None:
+        icons.append(kwargs.get("page_icon", args[1] if len(args) > 1 else None))
+        real(*args, **kwargs)
+
+    monkeypatch.setattr(streamlit, "set_page_config", record)
+    at = make_app().run()
+    at.switch_page(PLAYGROUND).run()
+    _no_exception(at)
+    assert len(icons) == 2, icons  # one per run
+    assets = Path(__file__).resolve().parents[2] / "assets"
+    for icon in icons:
+        assert isinstance(icon, Path) and icon.parent == assets and icon.suffix == ".png", icon
+        assert icon.read_bytes().startswith(b"\x89PNG")
+    # Nothing in the app names a remote icon or font either.
+    app = Path(__file__).resolve().parents[2] / "app"
+    for script in app.rglob("*.py"):
+        text = script.read_text()
+        assert 'page_icon=":material' not in text, script
+        assert not re.search(r"//[\w.]*(googleapis|gstatic)\.com", text), script
 
 
 def test_no_page_script_holds_a_stray_string_that_streamlit_magic_would_print() -> None:
