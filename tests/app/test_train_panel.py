@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+import core.data.catalog as catalog
 from app.state import (
     KEY_TRAIN_CANCEL,
     KEY_TRAIN_CV,
@@ -26,7 +27,8 @@ from app.state import (
     KEY_TRAIN_RESUME,
     KEY_TRAIN_START,
 )
-from core.jobs import TrainSpec
+from core.data import builtin_examples, stored_spec
+from core.jobs import TrainSpec, job_log_path
 from core.paths import model_detectors_dir
 from core.storage import JobRow, Store
 
@@ -180,3 +182,97 @@ def test_interrupted_and_unreadable_jobs(
     with Store(jobs_env) as store:
         assert store.list_jobs(key)[0].__class__.__name__ == "JobRowError"
         assert store.latest_job(key).id == job2  # the unreadable row is history now
+
+
+MARKER = "TOP-SECRET-FIRST-LINE"
+
+
+def test_a_stored_dataset_named_like_a_server_file_trains_on_its_stored_rows(
+    make_app: Callable[[], AppTest],
+    jobs_env: Path,
+    no_exception,
+    tiny_model,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    secret = tmp_path / "srv" / "x.csv"
+    secret.parent.mkdir()
+    secret.write_text(f"{MARKER},passages,response\n" + "q,p,r\n" * 30)
+    with Store(jobs_env) as store:
+        store.import_dataset(str(secret), builtin_examples(), source="upload", fmt="ragscope")
+    opened: list[str] = []
+    real = catalog.load_dataset
+
+    def spy(path, *a, **kw):
+        opened.append(str(path))
+        return real(path, *a, **kw)
+
+    monkeypatch.setattr(catalog, "load_dataset", spy)
+    at = make_app().run()
+    _open_form(at, ["nll"], stored_spec(str(secret)), 0)
+    no_exception(at)
+    shown = _text(at) + "\n".join(e.value for e in at.error)
+    assert "12 of 12 examples to trace" in shown, shown
+    assert f"--dataset stored:{secret} " in shown
+    assert MARKER not in shown and str(secret) not in opened
+    at.button(key=KEY_TRAIN_START).click().run()
+    no_exception(at)
+    with Store(jobs_env) as store:
+        job = store.list_jobs()[0]
+        assert isinstance(job, JobRow) and job.spec["dataset"] == f"stored:{secret}"
+    deadline = time.monotonic() + WAIT_S
+    while True:  # the worker reads the same name from the store
+        with Store(jobs_env) as store:
+            row = store.get_job(job.id)
+        if not row.active or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    log = job_log_path(jobs_env, row).read_text()
+    assert row.status == "done", log
+    assert row.result["features"]["computed"] == 12 and MARKER not in log
+
+
+def test_with_logins_only_the_owner_or_an_admin_controls_a_job(
+    make_app: Callable[[], AppTest],
+    jobs_env: Path,
+    no_exception,
+    tiny_model,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    key = tiny_model.info.key
+    spec = TrainSpec(model="tiny", device="cpu", detectors=("nll",), dataset="demo")
+    out = str(model_detectors_dir(key))
+    with Store(jobs_env) as store:
+        job = store.create_job(
+            kind="train", model=key, spec=spec.to_dict(), out=out, owner="bob@example.com"
+        )
+        store.claim_job(job, 1 << 30)  # interrupted
+    user = {"is_logged_in": True, "email": "alice@example.com", "email_verified": True}
+
+    def as_alice() -> AppTest:
+        at = make_app()
+        at.secrets["auth"] = AUTH
+        at.user = user
+        return at.run()
+
+    at = as_alice()
+    no_exception(at)
+    assert "was interrupted" in _text(at) and "started by `bob@example.com`" in _text(at)
+    assert "Only the user who started this job or an admin" in _text(at)
+    assert at.button(key=KEY_TRAIN_RESUME).disabled and at.button(key=KEY_TRAIN_DISCARD).disabled
+    monkeypatch.setenv("RAGSCOPE_ADMINS", "root@example.com, alice@example.com")
+    at = as_alice()
+    assert not at.button(key=KEY_TRAIN_DISCARD).disabled
+    at.button(key=KEY_TRAIN_DISCARD).click().run()
+    no_exception(at)
+    with Store(jobs_env) as store:
+        assert store.get_job(job).status == "cancelled"
+
+
+AUTH = {
+    "redirect_uri": "http://localhost:8501/oauth2callback",
+    "cookie_secret": "x" * 32,
+    "client_id": "ragscope",
+    "client_secret": "secret",
+    "server_metadata_url": "http://127.0.0.1:1/.well-known/openid-configuration",
+}
