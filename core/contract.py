@@ -175,6 +175,7 @@ class Features:
     ) -> Features:
         if not isinstance(meta, dict):
             raise DataError("feature cache entry header is not a JSON object")
+        _check_payload(meta, get)
         return cls(
             detector=meta["detector"],
             example_id=example_id or meta["example_id"],
@@ -188,6 +189,83 @@ class Features:
             chunks=get.get("chunks"),
             chunk_offsets=get.get("chunk_offsets"),
         )
+
+    def check_fits(self, example: RAGExample, response_offsets: np.ndarray | None = None) -> None:
+        """Refuse features that cannot be ``example``'s: character offsets past the end of
+        its response, or (given the example's ``response_offsets`` under the model, as
+        every detector's extraction writes them) other token offsets.
+
+        Raises:
+            DataError: Naming the detector, the example and what does not fit.
+        """
+        n = len(example.response)
+        for what, offs in (("token", self.token_offsets), ("chunk", self.chunk_offsets)):
+            if offs is not None and offs.size and int(offs.max()) > n:
+                raise DataError(
+                    f"{self.detector} features: {what} offsets reach character "
+                    f"{int(offs.max())}, but the response of {example.id!r} has {n} characters "
+                    "(features of another example?)"
+                )
+        if (
+            response_offsets is not None
+            and self.token_offsets is not None
+            and not np.array_equal(self.token_offsets, response_offsets)
+        ):
+            raise DataError(
+                f"{self.detector} features: {len(self.token_offsets)} token offsets that are "
+                f"not the {len(response_offsets)} tokens of {example.id!r}'s response under "
+                "this model (features of another example?)"
+            )
+
+
+PAYLOAD_NAMES_LIMIT = 1 << 20
+"""Most feature names (of one level) a stored payload may declare."""
+
+
+def _check_payload(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:
+    """What every stored payload must be, as the detectors' own extraction writes it:
+    lists of names, finite float values, integer character offsets with
+    ``0 <= start <= end``.
+
+    Raises:
+        DataError: Naming the array or header field and what is wrong.
+    """
+    for key in ("detector", "model", "example_id"):
+        if not isinstance(meta.get(key), str):
+            raise DataError(f"feature cache entry: {key!r} is not a string")
+    for key in ("names", "token_names", "chunk_names"):
+        v = meta.get(key)
+        if (
+            not isinstance(v, list)
+            or len(v) > PAYLOAD_NAMES_LIMIT
+            or not all(isinstance(x, str) for x in v)
+        ):
+            raise DataError(f"feature cache entry: {key!r} is not a list of names")
+    unknown = set(arrays) - {"response", "tokens", "chunks", "token_offsets", "chunk_offsets"}
+    if unknown:
+        raise DataError(f"feature cache entry: unknown arrays {sorted(unknown)}")
+    for key in ("response", "tokens", "chunks"):
+        a = arrays.get(key)
+        if a is None:
+            continue
+        if not np.issubdtype(a.dtype, np.floating):
+            raise DataError(f"feature cache entry: {key!r} is {a.dtype}, not floats")
+        if not np.isfinite(a).all():
+            raise DataError(
+                f"feature cache entry: {key!r} holds {int((~np.isfinite(a)).sum())} NaN or "
+                "infinite values (extraction writes finite ones)"
+            )
+    for key in ("token_offsets", "chunk_offsets"):
+        o = arrays.get(key)
+        if o is None:
+            continue
+        if not np.issubdtype(o.dtype, np.integer) or o.ndim != 2 or o.shape[1:] != (2,):
+            raise DataError(f"feature cache entry: {key!r} is not [n, 2] integer offsets")
+        if o.size and (int(o.min()) < 0 or bool((o[:, 0] > o[:, 1]).any())):
+            raise DataError(
+                f"feature cache entry: {key!r} holds impossible character ranges "
+                "(negative, or a start after its end)"
+            )
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -18,6 +18,8 @@ from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
 from typing import Literal
 
+import numpy as np
+
 from core.contract import Detector, Features, Run
 from core.errors import DataError
 from core.examples import RAGExample, example_hash
@@ -40,7 +42,26 @@ class FeatureCache:
     def _key(detector: Detector) -> tuple[str, str]:
         return detector.name, detector.config.feature_hash()
 
-    def get(self, model_key: str, example: RAGExample, detector: Detector) -> Features | None:
+    def holds(self, model_key: str, example: RAGExample, detector: Detector) -> bool:
+        """Whether an entry is stored for this key (without reading or checking it)."""
+        name, cfg = self._key(detector)
+        return self.store.has_analysis(
+            example_hash=example_hash(example), model=model_key, detector=name, config_hash=cfg
+        )
+
+    def get(
+        self,
+        model_key: str,
+        example: RAGExample,
+        detector: Detector,
+        response_offsets: np.ndarray | None = None,
+    ) -> Features | None:
+        """The cached features, or ``None`` for a miss. An entry that cannot be this
+        example's (a damaged or foreign payload, another detector's or model's features,
+        offsets outside the response or, given ``response_offsets``, other tokens than
+        the example's under the model) is a miss too: recomputed and overwritten, never
+        used. Entries a feature store brought in are checked here against the example
+        they are used for."""
         name, cfg = self._key(detector)
         rec = self.store.get_analysis(
             example_hash=example_hash(example), model=model_key, detector=name, config_hash=cfg
@@ -48,9 +69,13 @@ class FeatureCache:
         if rec is None or not isinstance(rec.result, bytes):
             return None
         try:
-            return Features.from_bytes(rec.result, example_id=example.id)
+            feats = Features.from_bytes(rec.result, example_id=example.id)
+            feats.check_fits(example, response_offsets)
         except DataError:
             return None  # a damaged entry is recomputed (and overwritten) like a miss
+        if feats.detector != name or feats.model != model_key:
+            return None
+        return feats
 
     def put(self, model_key: str, example: RAGExample, detector: Detector, feats: Features) -> None:
         name, cfg = self._key(detector)
@@ -362,6 +387,15 @@ def iter_features(
         yield from _extract_batch(model, batch, detectors, cache, on_error)
 
 
+def _response_offsets(model: LoadedModel, example: RAGExample) -> np.ndarray | None:
+    """The example's response tokens under ``model`` (``None``: it cannot be laid out,
+    so nothing cached can be its features)."""
+    try:
+        return render(example, model).response_offsets
+    except DataError:
+        return None
+
+
 def _extract_batch(
     model: LoadedModel,
     examples: Sequence[RAGExample],
@@ -374,8 +408,13 @@ def _extract_batch(
     got: list[dict[str, Features]] = [{} for _ in examples]
     if cache is not None:
         for i, ex in enumerate(examples):
+            offsets: list[np.ndarray | None] = []  # rendered once, at the first hit
             for d in flat:
-                f = cache.get(key, ex, d)
+                if not cache.holds(key, ex, d):
+                    continue
+                if not offsets:
+                    offsets.append(_response_offsets(model, ex))
+                f = cache.get(key, ex, d, offsets[0]) if offsets[0] is not None else None
                 if f is not None:
                     got[i][d.name] = f
     # Examples missing the same detectors are traced together.
