@@ -36,7 +36,7 @@ from core.crossval import default_maker
 from core.data import data_hash, resolve_datasets, stratified_head
 from core.detectors.registry import MEMBERS
 from core.errors import DataError
-from core.examples import RAGExample
+from core.examples import RAGExample, example_hash
 from core.extract import FeatureCache, iter_features
 from core.featurestore import ShardWriter, feature_key, read_manifest
 from core.model import LoadedModel
@@ -266,7 +266,12 @@ def _writer(
         },
         "datasets": {s: data_hash(exs) for s, exs in by_set.items() if exs},
     }
-    return ShardWriter(Path(args.out), manifest=json.loads(json.dumps(manifest, default=list)))
+    hashes = {example_hash(e) for e in examples}
+    return ShardWriter(
+        Path(args.out),
+        manifest=json.loads(json.dumps(manifest, default=list)),
+        wanted=lambda key: key[0] == model.info.key and key[1] in hashes,
+    )
 
 
 def _plain(features: Mapping[str, Features], name: str) -> Features:
