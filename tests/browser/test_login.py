@@ -39,7 +39,10 @@ def oidc() -> str:
 
     with oidc_provider_mock.run_server_in_thread() as srv:
         url = f"http://localhost:{srv.server_port}"
-        r = httpx.put(f"{url}/users/{quote(USER)}", json={"email": USER, "name": "Alice"})
+        r = httpx.put(
+            f"{url}/users/{quote(USER)}",
+            json={"email": USER, "email_verified": True, "name": "Alice"},
+        )
         assert r.status_code == 204
         yield url
 
