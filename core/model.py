@@ -18,6 +18,10 @@ Four kinds of model spec:
 - any Hugging Face hub id or local path: loaded from local files only unless
   ``RAGSCOPE_ALLOW_DOWNLOAD=1`` (never hangs on a network that is not there).
 
+A model's own code never runs (every ``from_pretrained`` gets
+``trust_remote_code=False``; a folder whose config has an ``auto_map`` is refused) and
+weights are read only from safetensors or GGUF (:func:`core.weights.check_hf_folder`).
+
 Every model is wrapped with ``TransformerBridge.boot_transformers(...,
 hf_model=...)`` with raw HF numerics (no weight folding).
 """
@@ -37,8 +41,19 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
 
 from core.errors import ModelError
+from core.gguf_check import check_gguf
 from core.paths import cache_dir
-from core.weights import cache_complete, dequantize_gguf, gguf_cache_path, gguf_file, is_gguf_spec
+from core.weights import (
+    HUB_FILES,
+    TRUST,
+    cache_complete,
+    check_hf_folder,
+    dequantize_gguf,
+    gguf_alone,
+    gguf_cache_path,
+    gguf_file,
+    is_gguf_spec,
+)
 
 if TYPE_CHECKING:
     import torch
@@ -259,11 +274,13 @@ def embedded_tokenizer() -> PreTrainedTokenizerBase:
     cached = embedded_cache_path()
     with _offline():
         if (cached / "tokenizer.json").is_file():
-            return AutoTokenizer.from_pretrained(str(cached))
+            return AutoTokenizer.from_pretrained(str(cached), **TRUST)
         gguf = embedded_gguf_path()
         tok_dir = cache_dir() / "models" / f"smollm2-tokenizer-v{_CACHE_FORMAT}"
         if not (tok_dir / "tokenizer.json").is_file():
-            tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+            check_gguf(gguf)
+            with gguf_alone(gguf) as (folder, name):
+                tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, **TRUST)
             tok_dir.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=tok_dir.parent))
             tok.save_pretrained(tmp)
@@ -271,7 +288,7 @@ def embedded_tokenizer() -> PreTrainedTokenizerBase:
                 shutil.rmtree(tmp, ignore_errors=True)
             else:
                 tmp.rename(tok_dir)
-        return AutoTokenizer.from_pretrained(str(tok_dir))
+        return AutoTokenizer.from_pretrained(str(tok_dir), **TRUST)
 
 
 # --------------------------------------------------------------------------- loading
@@ -377,8 +394,6 @@ def load_model(
     Raises:
         ModelError: with the fix when weights are missing or unsupported.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-
     t0 = time.perf_counter()
     dev = resolve_device(device)
     torch_dtype = resolve_dtype(dtype)
@@ -390,19 +405,13 @@ def load_model(
                 source = prepare_embedded(progress)
                 if progress:
                     progress("Loading cached weights", 0.75)
-                hf = AutoModelForCausalLM.from_pretrained(
-                    str(source), dtype=torch_dtype, attn_implementation="eager"
-                )
-                tok = AutoTokenizer.from_pretrained(str(source))
+                hf, tok = _from_folder(Path(source), torch_dtype)
                 display = EMBEDDED_NAME
             elif is_gguf_spec(spec):
                 gguf, cached = prepare_gguf(spec, progress)
                 if progress:
                     progress("Loading cached weights", 0.75)
-                hf = AutoModelForCausalLM.from_pretrained(
-                    str(cached), dtype=torch_dtype, attn_implementation="eager"
-                )
-                tok = AutoTokenizer.from_pretrained(str(cached))
+                hf, tok = _from_folder(Path(cached), torch_dtype)
                 source = str(gguf) if gguf.name.endswith(".gguf") else f"{spec} → {gguf}"
                 display = spec if spec.startswith("ollama:") else gguf.stem
             elif spec == TINY:
@@ -448,23 +457,39 @@ def load_model(
     )
 
 
-def _load_hf(spec: str, torch_dtype: torch.dtype) -> tuple[Any, Any, str]:
+def _from_folder(folder: Path, torch_dtype: torch.dtype) -> tuple[Any, Any]:
+    """Model and tokenizer from a local folder: never its code, never pickled weights."""
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
-    local_only = os.environ.get("RAGSCOPE_ALLOW_DOWNLOAD") != "1"
+    hf = AutoModelForCausalLM.from_pretrained(
+        str(folder),
+        dtype=torch_dtype,
+        attn_implementation="eager",
+        local_files_only=True,
+        use_safetensors=True,
+        **TRUST,
+    )
+    tok = AutoTokenizer.from_pretrained(str(folder), local_files_only=True, **TRUST)
+    return hf, tok
+
+
+def _load_hf(spec: str, torch_dtype: torch.dtype) -> tuple[Any, Any, str]:
+    """A local folder, or a hub id's snapshot (from the local cache unless downloads are
+    allowed; configs, tokenizer and safetensors only), checked, then loaded."""
+    from huggingface_hub import snapshot_download
+
     path = Path(spec).expanduser()
     if path.exists() and not path.is_dir():
         raise ModelError(f"{spec!r} is a file; give the folder that holds config.json")
-    hf = AutoModelForCausalLM.from_pretrained(
-        str(path) if path.exists() else spec,
-        dtype=torch_dtype,
-        attn_implementation="eager",
-        local_files_only=local_only,
-    )
-    tok = AutoTokenizer.from_pretrained(
-        str(path) if path.exists() else spec, local_files_only=local_only
-    )
-    return hf, tok, str(path) if path.exists() else spec
+    if path.exists():
+        folder, source = path, str(path)
+    else:
+        local_only = os.environ.get("RAGSCOPE_ALLOW_DOWNLOAD") != "1"
+        snapshot = snapshot_download(spec, local_files_only=local_only, allow_patterns=HUB_FILES)
+        folder, source = Path(str(snapshot)), spec
+    check_hf_folder(folder)
+    hf, tok = _from_folder(folder, torch_dtype)
+    return hf, tok, source
 
 
 def _boot_bridge(

@@ -15,21 +15,29 @@ size and modification time; later loads read that checkpoint.
 
 Everything read here is treated as hostile: manifests are size-bounded JSON whose
 digests must look like SHA-256 digests, names and tags may not climb out of the store,
-and a file must start with the GGUF magic before transformers sees it.
+and a GGUF file's whole header is read and checked (:func:`core.gguf_check.check_gguf`)
+before transformers sees it, from a private folder that holds nothing else.
+
+A Hugging Face folder is checked too (:func:`check_hf_folder`): ragscope never runs a
+model's own Python code (no ``auto_map`` in its configs; transformers is always called
+with ``trust_remote_code=False``) and reads weights only from safetensors, never from
+pickles (``pytorch_model.bin``, ``*.pt``, ``*.ckpt``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import os
 import re
 import shutil
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
 from core.errors import DataError, ModelError
+from core.gguf_check import check_gguf
 from core.paths import cache_dir
 from core.safeio import read_json_file, regular_file
 
@@ -39,7 +47,23 @@ OLLAMA_NAMESPACE = "library"
 OLLAMA_MODEL_MEDIA = "application/vnd.ollama.image.model"
 MANIFEST_LIMIT = 1 << 20
 """Most bytes of an Ollama manifest read (real ones are about 1 KB)."""
-GGUF_MAGIC = b"GGUF"
+CONFIG_LIMIT = 32 << 20
+"""Most bytes of a model folder's JSON config read (real ones are under 1 MB)."""
+CONFIG_FILES = (
+    "config.json",
+    "tokenizer_config.json",
+    "generation_config.json",
+    "preprocessor_config.json",
+    "processor_config.json",
+)
+"""The configs in which transformers honours an ``auto_map`` (code of the folder's own)."""
+PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
+"""What is fetched of a hub model: configs, safetensors weights, tokenizer files; never
+Python files or pickles."""
+TRUST = {"trust_remote_code": False}
+"""Passed to every transformers ``from_pretrained``: a model's own code never runs (and
+transformers never asks on the terminal whether it may)."""
 CACHE_FORMAT = 1
 """Bump when the dequantized cache layout changes."""
 
@@ -168,11 +192,60 @@ def gguf_file(spec: str) -> Path:
         regular_file(path)
     except DataError as e:
         raise ModelError(f"cannot read the GGUF file {path}: {e}") from e
-    with path.open("rb") as f:
-        magic = f.read(len(GGUF_MAGIC))
-    if magic != GGUF_MAGIC:
-        raise ModelError(f"{path} is not a GGUF file (it does not start with {GGUF_MAGIC!r})")
+    check_gguf(path, architectures=supported_architectures())
     return path
+
+
+@contextlib.contextmanager
+def gguf_alone(gguf: Path) -> Iterator[tuple[str, str]]:
+    """``(folder, file name)`` of a private folder holding only a link to ``gguf``, to hand
+    transformers: it reads nothing that lies beside the file (a ``config.json`` or
+    ``tokenizer_config.json`` with an ``auto_map``, Python files)."""
+    with tempfile.TemporaryDirectory(prefix="ragscope-gguf-") as tmp:
+        link = Path(tmp) / "model.gguf"
+        link.symlink_to(gguf.resolve())
+        yield tmp, link.name
+
+
+def _auto_map(folder: Path, name: str) -> Any:
+    try:
+        doc = read_json_file(folder / name, CONFIG_LIMIT, what=f"model {name}")
+    except DataError as e:
+        raise ModelError(f"the model folder {folder} has an unreadable {name}: {e}") from e
+    return doc.get("auto_map") if isinstance(doc, dict) else None
+
+
+def check_hf_folder(folder: Path) -> None:
+    """Refuse a Hugging Face model folder that asks to run its own code or whose weights
+    are only pickles, before transformers sees it.
+
+    Raises:
+        ModelError: A config with an ``auto_map`` (naming the file, the code it names and
+            the folder's Python files), or pickled weights and no ``*.safetensors``
+            (naming the pickles). A folder with no weights at all is left to transformers,
+            which says what is missing (it is never allowed to read a pickle).
+    """
+    for name in CONFIG_FILES:
+        if not (folder / name).is_file():
+            continue
+        auto_map = _auto_map(folder, name)
+        if auto_map is not None:
+            code = sorted(p.name for p in folder.glob("*.py"))[:10]
+            raise ModelError(
+                f"the model folder {folder} asks to run its own Python code ({name} has an "
+                f"auto_map: {str(auto_map)[:200]}"
+                + (f"; the folder holds {', '.join(code)}" if code else "")
+                + "). ragscope never runs a model's code: use a model whose architecture "
+                "transformers ships (its config.json has no auto_map), or its GGUF file"
+            )
+    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)[:10]
+    if pickles and not any(folder.glob("*.safetensors")):
+        raise ModelError(
+            f"the model folder {folder} holds no safetensors weights (only "
+            f"{', '.join(pickles)}, which are pickles). ragscope reads weights only from "
+            "safetensors or GGUF, never from pickles, which can run code: get the model's "
+            "model.safetensors (most hub models have one) or its GGUF file"
+        )
 
 
 def gguf_cache_path(path: Path) -> Path:
@@ -221,11 +294,13 @@ def dequantize_gguf(
         return target
     if progress:
         progress(f"Dequantizing {gguf.name} (first load only)", 0.05)
+    check_gguf(gguf, architectures=supported_architectures())
     try:
-        tok = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
-        quant = AutoModelForCausalLM.from_pretrained(
-            str(gguf.parent), gguf_file=gguf.name, dtype=torch.float32
-        )
+        with gguf_alone(gguf) as (folder, name):
+            tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, **TRUST)
+            quant = AutoModelForCausalLM.from_pretrained(
+                folder, gguf_file=name, dtype=torch.float32, **TRUST
+            )
     except (ValueError, KeyError, OSError) as e:
         raise ModelError(
             f"transformers cannot load the GGUF file {gguf}: {str(e).rstrip('.')}. It dequantizes these "
@@ -239,7 +314,7 @@ def dequantize_gguf(
     for key in ("quantization_config", "_model_name_or_path"):
         cfg_dict.pop(key, None)
     config = type(quant.config).from_dict(cfg_dict)
-    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    plain = AutoModelForCausalLM.from_config(config, dtype=torch.float32, **TRUST)
     plain.load_state_dict(quant.state_dict(), strict=True)
     target.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=target.parent))
