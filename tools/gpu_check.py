@@ -45,6 +45,7 @@ import sys
 import time
 import traceback
 from collections.abc import Callable, Iterator, Sequence
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Any
 
@@ -64,6 +65,21 @@ from core.model import TINY, LoadedModel, load_model
 
 TEXT_ONLY = ("lexical",)
 """Detectors that read no activations and need spaCy itself (left out when replaying)."""
+DETECTORS = (
+    "context_gain",
+    "cortex",
+    "interpdetect",
+    "lexical",
+    "lookback_lens",
+    "nll",
+    "redeep_chunk",
+    "redeep_token",
+    "saplma",
+    "spad",
+)
+"""What :func:`core.detectors.runnable_detectors` gives a random model (checked when
+recording): raglens needs an SAE trained on the model. Named here because asking imports
+sae-lens, which a bare GPU machine lacks."""
 
 
 # --------------------------------------------------------------------------- output
@@ -193,8 +209,8 @@ def throughput_examples(n: int) -> list[RAGExample]:
     return stratified_head(resolve_dataset("builtin")[1], n)
 
 
-def detector_names(model: LoadedModel, replaying: bool) -> list[str]:
-    return [n for n in runnable_detectors(model) if not (replaying and n in TEXT_ONLY)]
+def detector_names(replaying: bool) -> list[str]:
+    return [n for n in DETECTORS if not (replaying and n in TEXT_ONLY)]
 
 
 # --------------------------------------------------------------------------- measurements
@@ -246,7 +262,7 @@ def check_equality(
     exs = equality_examples(n)
     cpu = load_model(TINY, device="cpu")
     dev = load_model(TINY, device=device)
-    names = detector_names(cpu, replay)
+    names = detector_names(replay)
 
     def feats(model: LoadedModel, b: int) -> dict[str, tuple[Features, ...]]:
         dets = [make_detector(x) for x in names]
@@ -352,7 +368,7 @@ def throughput(
                 n_params=model.info.n_params,
                 key=model.info.key,
             )
-            names = detector_names(model, replay)
+            names = detector_names(replay)
             ext = bench_extraction(
                 model, args.examples, detectors=tuple(names), batch_sizes=(args.batch_size,)
             )
@@ -392,15 +408,21 @@ def throughput(
 # --------------------------------------------------------------------------- main
 
 
-def environment(device: str) -> dict[str, Any]:
-    import transformer_lens
-    import transformers
+def _version(dist: str) -> str:
+    try:
+        return version(dist)
+    except PackageNotFoundError:
+        return "not installed"
 
+
+def environment(device: str) -> dict[str, Any]:
     env: dict[str, Any] = {
         "python": sys.version.split()[0],
         "torch": torch.__version__,
-        "transformers": transformers.__version__,
-        "transformer_lens": getattr(transformer_lens, "__version__", "?"),
+        "transformers": version("transformers"),
+        "transformer_lens": version("transformer-lens"),
+        "datasets": _version("datasets"),
+        "pyarrow": _version("pyarrow"),
         "cpu": platform.processor() or platform.machine(),
         "threads": torch.get_num_threads(),
         "device": device,
@@ -421,12 +443,74 @@ def record(args: argparse.Namespace) -> int:
     exs = {e.id: e for e in equality_examples(args.equality_examples)}
     exs.update({e.id: e for e in throughput_examples(args.examples)})
     model = load_model(TINY, device="cpu")
+    if tuple(runnable_detectors(model)) != DETECTORS:
+        raise SystemExit(f"DETECTORS is stale: runnable now {runnable_detectors(model)}")
     with text_steps(Path(args.text_record), None) as stats:
-        dets = [make_detector(x) for x in detector_names(model, True)]
+        dets = [make_detector(x) for x in detector_names(True)]
         extract_features(model, list(exs.values()), dets, batch_size=1)
         run_example(model, bench_example(model, args.tokens)[0], dets)
     print(json.dumps({"kind": "recorded", "examples": len(exs) + 1, **stats}))
     return 0
+
+
+def table(path: Path) -> str:
+    """The results of a run (its JSON lines) as Markdown tables."""
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    env = next((r for r in rows if r["kind"] == "env"), {})
+    lines = [
+        f"{env.get('gpu', env.get('device', '?'))}, torch {env.get('torch')}, transformers "
+        f"{env.get('transformers')}, TransformerLens {env.get('transformer_lens')}, "
+        f"Python {env.get('python')}",
+        "",
+        "| tiny model, float32: device vs CPU (one at a time) | batch | detectors | "
+        "max abs diff | where | all within tolerance |",
+        "| --- | --- | --- | --- | --- | --- |",
+    ]
+    for r in rows:
+        if r["kind"] != "equality":
+            continue
+        d = r["detectors"]
+        worst = max(d, key=lambda k: d[k]["max_abs"])
+        per = ", ".join(f"{k} {v['max_abs']:.1e}" for k, v in d.items())
+        lines.append(
+            f"| {len(r['examples'])} examples ({min(r['tokens'])}-{max(r['tokens'])} tokens) | "
+            f"{r['batch_size']} | {per} | {d[worst]['max_abs']:.1e} ({worst}) | "
+            f"{d[worst]['where']} | {r['all_ok']} (atol {r['atol']}, rtol {r['rtol']}) |"
+        )
+    lines += [
+        "",
+        "| model | dtype | load s | examples (mean tokens) | plain forward s/example | "
+        "batch 1: examples/s, tokens/s, x forward | batch 8: examples/s, tokens/s, x forward | "
+        "batch 8 speed-up | feature pass at ~600 tokens: ms, x forward | peak GPU MiB |",
+        "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |",
+    ]
+    fps = {(r["model"], r["dtype"]): r for r in rows if r["kind"] == "feature_pass"}
+    for r in rows:
+        if r["kind"] == "case_failed" and "model" in r:
+            lines.append(
+                f"| {r['model']} | {r['dtype']} | {r.get('load_s', '')} | failed: {r['error']} "
+                f"({r['message'][:120]}) | | | | | | {r.get('cuda_peak_mib', '')} |"
+            )
+        if r["kind"] != "extraction":
+            continue
+        fp = fps.get((r["model"], r["dtype"]))
+        b = next(int(k[6:-2]) for k in r if k.startswith("cold_b") and k != "cold_b1_s")
+        fp_cell = (
+            f"{fp['feature_pass_s'] * 1000:.0f} ms, {fp['ratio']:.2f} x ({fp['n_tokens']} tokens)"
+            if fp
+            else "-"
+        )
+        lines.append(
+            f"| {r['model']} ({r['n_params'] / 1e9:.2f} B) | {r['dtype']} | {r['load_s']} | "
+            f"{r['n_examples']} ({r['mean_tokens']:.0f}) | "
+            f"{r['plain_s'] / r['n_examples'] * 1000:.1f} ms | "
+            f"{r['b1_examples_per_s']:.2f}, {r['b1_tokens_per_s']:.0f}, "
+            f"{r['b1_ratio_to_forward']:.1f} x | "
+            f"{r[f'b{b}_examples_per_s']:.2f}, {r[f'b{b}_tokens_per_s']:.0f}, "
+            f"{r[f'b{b}_ratio_to_forward']:.1f} x | {r[f'b{b}_speedup']:.2f} x | {fp_cell} | "
+            f"{r.get('cuda_peak_mib', '-')} |"
+        )
+    return "\n".join(lines) + "\n"
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -447,7 +531,11 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--no-equality", action="store_true")
     ap.add_argument("--text-record", metavar="FILE")
     ap.add_argument("--text-replay", metavar="FILE")
+    ap.add_argument("--table", metavar="JSONL", help="print a run's results as Markdown")
     args = ap.parse_args(argv)
+    if args.table:
+        print(table(Path(args.table)), end="")
+        return 0
     if args.text_record:
         return record(args)
     budget = Budget(args.budget_s)
