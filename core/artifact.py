@@ -23,8 +23,10 @@ from core.calibration import PlattCalibrator, read_dataset_calibrations
 from core.contract import ARTIFACT_VERSION, MALFORMED, DetectorConfig, require_fitted
 from core.errors import DataError, ModelError, RagscopeError
 from core.safeio import (
+    FittedAt,
     MiB,
     SkopsType,
+    check_fitted,
     json_default,
     load_skops,
     read_json_file,
@@ -46,7 +48,11 @@ def library_versions() -> dict[str, str]:
 
 ARTIFACT_JSON_LIMIT = 64 * MiB
 """Largest ``cfg.json`` / ``weights.json`` read from an artifact."""
-ARTIFACT_FILE_LIMIT = 1024 * MiB
+MAX_ARTIFACT_BYTES = 512 * MiB
+"""Most bytes an artifact folder may hold in all (members included), checked from the
+files' sizes before any byte is hashed: every load re-hashes every file. The largest
+shipped artifact (the ensemble with its members) holds under 5 MiB."""
+ARTIFACT_FILE_LIMIT = MAX_ARTIFACT_BYTES
 """Largest single file an artifact may hold (hashed in chunks, never read whole)."""
 MAX_ARTIFACT_FILES = 1000
 _HEX64 = re.compile(r"[0-9a-f]{64}")
@@ -93,6 +99,31 @@ def _artifact_files(folder: Path) -> dict[str, Path]:
     return out
 
 
+def artifact_files(folder: str | Path) -> dict[str, Path]:
+    """Every file of an artifact folder but its ``cfg.json`` (relative name -> path),
+    after checking the folder holds only plain files and folders and at most
+    :data:`MAX_ARTIFACT_BYTES` in all, from the sizes alone (nothing is read).
+
+    Raises:
+        DataError: A symbolic link anywhere in it (its ``cfg.json``, a member's folder),
+            a special file, too many files or too many bytes (naming the folder, its
+            size and the cap).
+    """
+    path = Path(folder)
+    files = _artifact_files(path)
+    cfg = path / "cfg.json"
+    total = sum(p.lstat().st_size for p in files.values())
+    total += cfg.lstat().st_size if cfg.is_file() else 0
+    if total > MAX_ARTIFACT_BYTES:
+        raise DataError(
+            f"the artifact holds {total:,} bytes in {len(files) + 1} files, over the "
+            f"{MAX_ARTIFACT_BYTES:,}-byte ({MAX_ARTIFACT_BYTES // MiB} MiB) limit for a "
+            "detector artifact (every load re-hashes every byte); is this the right folder?",
+            source=str(path),
+        )
+    return files
+
+
 def artifact_hashes(folder: str | Path) -> dict[str, str]:
     """SHA-256 of every file of an artifact folder but its ``cfg.json``, by relative name
     (what ``cfg.json`` records under ``files``).
@@ -101,7 +132,7 @@ def artifact_hashes(folder: str | Path) -> dict[str, str]:
         DataError: A file over :data:`ARTIFACT_FILE_LIMIT`, a symlink or special file.
     """
     out: dict[str, str] = {}
-    for rel, p in sorted(_artifact_files(Path(folder)).items()):
+    for rel, p in sorted(artifact_files(folder).items()):
         size = p.stat().st_size
         if size > ARTIFACT_FILE_LIMIT:
             raise DataError(
@@ -140,7 +171,7 @@ def verify_artifact(folder: str | Path, cfg: Mapping[str, Any], *, name: str) ->
             f"cfg.json's 'files' must map file names to SHA-256 hex digests; {retrain}",
             source=str(path),
         )
-    present = _artifact_files(path)
+    present = artifact_files(path)
     unrecorded = sorted(set(present) - set(files))
     if unrecorded:
         raise DataError(
@@ -262,11 +293,16 @@ def read_artifact(folder: str | Path, *, name: str, model_key: str | None) -> tu
         raise DataError(
             f"artifact is for detector {cfg.get('detector')!r}, not {name!r}", source=str(path)
         )
-    if cfg.get("artifact_version") != ARTIFACT_VERSION:
+    version = cfg.get("artifact_version")
+    if type(version) is not int:
         raise DataError(
-            f"artifact version {cfg.get('artifact_version')} is not {ARTIFACT_VERSION}; retrain with "
-            f"`ragscope train --detectors {name}`",
-            source=str(path),
+            f"artifact_version must be the integer {ARTIFACT_VERSION}, got "
+            f"{describe_json(version)}; {retrain}",
+            source=str(cfg_path),
+        )
+    if version != ARTIFACT_VERSION:
+        raise DataError(
+            f"artifact version {version} is not {ARTIFACT_VERSION}; {retrain}", source=str(path)
         )
     if model_key is not None and cfg.get("model") != model_key:
         raise ModelError(
@@ -281,6 +317,18 @@ def read_artifact(folder: str | Path, *, name: str, model_key: str | None) -> tu
     if not isinstance(weights, dict):
         raise DataError(f"weights.json must hold a JSON object; {retrain}", source=str(w_path))
     return cfg, weights
+
+
+def describe_json(value: object) -> str:
+    """A JSON value and its type, for messages: ``the string "1"``, ``the number 1.5``."""
+    if isinstance(value, str):
+        text = json.dumps(value[:40]) + ("..." if len(value) > 40 else "")
+        return f"the string {text}"
+    if isinstance(value, bool) or value is None:
+        return json.dumps(value)
+    if isinstance(value, int | float):
+        return f"the number {value!r}"
+    return f"a JSON {'list' if isinstance(value, list) else 'object'}"
 
 
 def artifact_info(folder: str | Path) -> dict[str, Any]:
@@ -364,7 +412,13 @@ def load_fitted(
     cfg, w = read_artifact(folder, name=cls.name, model_key=model_key)
     retrain = f"retrain it with `ragscope train --detectors {cls.name}`"
     try:
-        det = cls(cls.Config.from_dict(cfg["config"]))
+        config = cls.Config.from_untrusted(cfg.get("config"))
+    except DataError as e:
+        raise DataError(
+            f"cfg.json's config: {e}; {retrain}", source=str(Path(folder) / "cfg.json")
+        ) from e
+    try:
+        det = cls(config)
         fill(det, w, cfg)
     except RagscopeError:  # already says what is wrong (e.g. a DataError of fill's)
         raise
@@ -377,6 +431,9 @@ def load_fitted(
         restore_fitted(det, cfg)
     except (DataError, *MALFORMED) as e:
         raise DataError(f"malformed cfg.json ({e}); {retrain}", source=str(folder)) from e
+    # Before anything predicts: native predictors trust the indices a model holds.
+    for label, (model, width) in det.fitted_models().items():
+        check_fitted(model, width=width, where=FittedAt(str(folder), label, retrain))
     return det
 
 
@@ -393,15 +450,32 @@ def fitted_extra(detector: Any, extra: Mapping[str, Any] | None = None) -> dict[
     return {**out, **(extra or {})}
 
 
+def _threshold(value: object, key: str) -> float:
+    """A decision threshold from ``cfg.json``: a finite number in [0, 1], the range of
+    the scores it is compared with (outside it a detector flags always or never)."""
+    number = isinstance(value, int | float) and not isinstance(value, bool)
+    if not number or not 0 <= value <= 1:  # NaN fails too; no float() of a huge int
+        raise DataError(
+            f"'{key}' must be a number in [0, 1] (scores are probabilities), got "
+            f"{describe_json(value)}"
+        )
+    return float(value)
+
+
 def restore_fitted(detector: Any, cfg: Mapping[str, Any]) -> None:
     """Set what every artifact's ``cfg.json`` records on a loaded detector: the model
     key, the decision threshold, the token threshold (best token F1 on validation, for
     flagging spans; ``None`` when not recorded) and the training facts."""
+    if not isinstance(cfg["model"], str):
+        raise DataError(f"'model' must be a model key, got {describe_json(cfg['model'])}")
     detector.model_key_ = cfg["model"]
-    detector.threshold_ = float(cfg.get("threshold", 0.5))
+    detector.threshold_ = _threshold(cfg.get("threshold", 0.5), "threshold")
     tok = cfg.get("token_threshold")
-    detector.token_threshold_ = float(tok) if tok is not None else None
-    detector.train_info_ = dict(cfg.get("train", {}))
+    detector.token_threshold_ = _threshold(tok, "token_threshold") if tok is not None else None
+    train = cfg.get("train", {})
+    if not isinstance(train, dict):
+        raise DataError(f"'train' must be a JSON object, got {describe_json(train)}")
+    detector.train_info_ = dict(train)
     cal = cfg.get("calibration")
     detector.calibration_ = PlattCalibrator.from_json(cal) if cal is not None else None
     by_dataset = cfg.get("calibration_by_dataset")

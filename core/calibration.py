@@ -38,6 +38,11 @@ def _number(v: Any) -> TypeGuard[float]:
     return isinstance(v, int | float) and not isinstance(v, bool) and bool(np.isfinite(v))
 
 
+MAX_PLATT = 100.0
+"""Largest slope and intercept magnitude a saved Platt calibrator may hold (fitted ones
+are a few units; a slope is never negative)."""
+
+
 class PlattCalibrator:
     """``p = sigmoid(a * logit(score) + b)``, fitted on held-out scores and labels.
 
@@ -115,6 +120,11 @@ class PlattCalibrator:
         a, b = d.get("a"), d.get("b")
         if not (_number(a) and _number(b)):
             raise DataError("a Platt calibrator needs finite numbers a and b")
+        if not (0 <= a <= MAX_PLATT and abs(b) <= MAX_PLATT):
+            raise DataError(
+                f"a Platt calibrator needs 0 <= a <= {MAX_PLATT:g} and |b| <= {MAX_PLATT:g} "
+                f"(fitted ones are a few units), got a={a!r}, b={b!r}"
+            )
         obj = cls()
         obj.a_, obj.b_ = float(a), float(b)
         n = d.get("n", 0)

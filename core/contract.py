@@ -13,6 +13,7 @@ against :class:`Detector`; the registry of named detectors is :mod:`core.detecto
 from __future__ import annotations
 
 import dataclasses
+import functools
 import hashlib
 import io
 import json
@@ -24,6 +25,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
 
 import numpy as np
+from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from core.calibration import (
     DatasetCalibration,
@@ -370,6 +372,8 @@ class DetectorConfig:
     #: Options that only change how the detector learns or scores, never its
     #: features: left out of :meth:`feature_hash`, so changing them reuses cached features.
     FIT_ONLY: ClassVar[frozenset[str]] = frozenset()
+    #: How :meth:`from_untrusted` reads a config (pydantic): exact JSON types, finite numbers.
+    __pydantic_config__: ClassVar[ConfigDict] = ConfigDict(strict=True, allow_inf_nan=False)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -391,6 +395,44 @@ class DetectorConfig:
                 f"unknown {cls.__name__} options {sorted(unknown)}; known: {sorted(known)}"
             )
         return cls(**{k: tuple(v) if isinstance(v, list) else v for k, v in d.items()})
+
+    @classmethod
+    def from_untrusted(cls, d: object) -> Self:
+        """A config read from a file someone else may have written (an artifact's
+        ``cfg.json``): every option of exactly its declared type (an integer is not
+        ``"1"`` or ``1.0``, a flag not ``1``; lists for tuples), numbers finite, unknown
+        options refused, then the config's own range checks.
+
+        Raises:
+            DataError: Naming the first offending option, its value and the type wanted.
+        """
+        if not isinstance(d, Mapping):
+            raise DataError(f"the {cls.__name__} must be a JSON object, not {type(d).__name__}")
+        unknown = set(d) - {f.name for f in fields(cls)}
+        if unknown:
+            raise DataError(f"unknown {cls.__name__} options {sorted(unknown)}")
+        try:
+            _adapter(cls).validate_json(json.dumps(d, allow_nan=True))
+        except ValidationError as e:
+            err = e.errors(include_url=False)[0]
+            where = ".".join(str(x) for x in err["loc"]) or None
+            cause = (err.get("ctx") or {}).get("error")
+            if isinstance(cause, DataError):
+                raise DataError(cause.reason, field=cause.field or where) from e
+            got = repr(err["input"])
+            got = got if len(got) <= 80 else f"{got[:80]}..."
+            msg = f"{err['msg']}, got {got}" if where else str(cause or err["msg"])
+            raise DataError(msg, field=where) from e
+        except (TypeError, ValueError) as e:  # a value json cannot write
+            raise DataError(f"the {cls.__name__} is not plain JSON ({e})") from e
+        # Built from the values as written (pydantic would turn 0 into 0.0 for a float
+        # option, which changes the config hash the artifact records).
+        return cls.from_dict(d)
+
+
+@functools.cache
+def _adapter(cls: type) -> TypeAdapter[Any]:
+    return TypeAdapter(cls)
 
 
 def _hash(payload: Mapping[str, Any]) -> str:
@@ -497,6 +539,14 @@ class DetectorBase:
 
     def pinned(self) -> Mapping[str, Any]:
         return {}
+
+    def fitted_models(self) -> Mapping[str, tuple[Any, int | None]]:
+        """What this fitted detector learned, for the load-time consistency check
+        (:func:`core.safeio.check_fitted`): a label (its file, or the attribute) ->
+        (the fitted model, the number of features the detector gives it, ``None`` when
+        not fixed). By default every public ``..._`` attribute, width unknown; detectors
+        whose models read a known width say so."""
+        return {k: (v, None) for k, v in vars(self).items() if k.endswith("_") and k[0] != "_"}
 
     def bundle(self, example_id: str, model_key: str, members: Mapping[str, Features]) -> Features:
         raise TypeError(f"{self.name} is not a composite detector")

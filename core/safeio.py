@@ -360,3 +360,350 @@ def json_default(o: Any) -> Any:
     if dataclasses.is_dataclass(o) and not isinstance(o, type):
         return dataclasses.asdict(o)
     raise TypeError(f"cannot write {type(o).__name__} to JSON")
+
+
+# ----------------------------------------------------------------------------- fitted models
+
+
+@dataclasses.dataclass(frozen=True)
+class FittedAt:
+    """Where a fitted model came from, for error messages: ``source`` (the artifact
+    folder), ``label`` (its file or attribute, then tree / node) and the fix."""
+
+    source: str
+    label: str
+    retrain: str
+
+    def at(self, more: str) -> FittedAt:
+        return FittedAt(self.source, f"{self.label}, {more}", self.retrain)
+
+    def fail(self, problem: str) -> DataError:
+        return DataError(
+            f"{self.label}: {problem}; the fitted model is damaged or crafted and is not used "
+            f"(it could crash the process at its first prediction); {self.retrain}",
+            source=self.source,
+        )
+
+
+def _array(where: FittedAt, name: str, value: Any, shape: tuple[int, ...] | None = None) -> Any:
+    """``value`` as a finite float array of ``shape`` (when given)."""
+    a = np.asarray(value)
+    if a.dtype.kind not in "fiub":
+        raise where.fail(f"{name} holds {a.dtype} values, not numbers")
+    if shape is not None and a.shape != shape:
+        raise where.fail(f"{name} has shape {a.shape}, not {shape}")
+    bad = np.flatnonzero(~np.isfinite(a.astype(np.float64, copy=False)).ravel())
+    if bad.size:
+        raise where.fail(f"{name} holds a non-finite value at flat index {int(bad[0])}")
+    return a
+
+
+def _count(where: FittedAt, name: str, value: Any) -> int:
+    if isinstance(value, bool) or not isinstance(value, int | np.integer) or value < 0:
+        raise where.fail(f"{name} is {value!r}, not a count")
+    return int(value)
+
+
+def _width(where: FittedAt, model: Any, width: int | None) -> int:
+    """The model's ``n_features_in_``, which must be ``width`` when that is known."""
+    n = _count(where, "n_features_in_", getattr(model, "n_features_in_", None))
+    if width is not None and n != width:
+        raise where.fail(f"it reads {n} features, but the detector gives it {width}")
+    return n
+
+
+def check_tree_arrays(
+    where: FittedAt,
+    *,
+    left: np.ndarray,
+    right: np.ndarray,
+    feature: np.ndarray,
+    threshold: np.ndarray,
+    n_features: int,
+    leaf_feature: int | None,
+) -> None:
+    """One binary tree's node arrays (scikit-learn's or XGBoost's): children within the
+    tree and after their parent (so every path ends), -1 for both children exactly at
+    leaves, split features within ``[0, n_features)`` (``leaf_feature`` at leaves, when
+    the format fixes it), finite split thresholds."""
+    n = left.shape[0]
+    if n < 1 or any(a.shape != (n,) for a in (right, feature, threshold)):
+        raise where.fail(
+            f"node arrays of lengths {[a.shape for a in (left, right, feature, threshold)]} "
+            "disagree (or the tree is empty)"
+        )
+    ids = np.arange(n)
+    leaf = left == -1
+    checks = (
+        (leaf != (right == -1), "one child is -1 and the other is not"),
+        (~leaf & ((left <= ids) | (left >= n)), "left child {l} is outside ({i}, {n})"),
+        (~leaf & ((right <= ids) | (right >= n)), "right child {r} is outside ({i}, {n})"),
+        (
+            ~leaf & ((feature < 0) | (feature >= n_features)),
+            "split feature {f} is outside [0, {nf})",
+        ),
+        (~leaf & ~np.isfinite(threshold.astype(np.float64)), "split threshold {t} is not finite"),
+    )
+    if leaf_feature is not None:
+        checks += ((leaf & (feature != leaf_feature), f"leaf feature {{f}} is not {leaf_feature}"),)
+    for bad, msg in checks:
+        hit = np.flatnonzero(bad)
+        if hit.size:
+            i = int(hit[0])
+            text = msg.format(
+                i=i, n=n, nf=n_features, l=left[i], r=right[i], f=feature[i], t=threshold[i]
+            )
+            raise where.fail(f"node {i} of {n}: {text}")
+
+
+def _sk_tree(model: Any, width: int | None, where: FittedAt) -> None:
+    n_in = _width(where, model, width)
+    tree = model.tree_
+    n = _count(where, "node_count", tree.node_count)
+    if _count(where, "the tree's n_features", tree.n_features) != n_in:
+        raise where.fail(f"its tree reads {tree.n_features} features, not {n_in}")
+    arrays = {
+        k: np.asarray(getattr(tree, k))
+        for k in ("children_left", "children_right", "feature", "threshold")
+    }
+    check_tree_arrays(
+        where,
+        left=arrays["children_left"],
+        right=arrays["children_right"],
+        feature=arrays["feature"],
+        threshold=arrays["threshold"],
+        n_features=n_in,
+        leaf_feature=-2,
+    )
+    n_classes = len(getattr(model, "classes_", ()))
+    _array(where, "the node values", tree.value, (n, int(tree.n_outputs), n_classes))
+
+
+def _forest(model: Any, width: int | None, where: FittedAt) -> None:
+    n_in = _width(where, model, width)
+    trees = model.estimators_
+    if not isinstance(trees, list) or not trees:
+        raise where.fail("it holds no trees")
+    for i, t in enumerate(trees):
+        if type(t).__name__ != "DecisionTreeClassifier":
+            raise where.fail(f"tree {i} is a {type(t).__name__}")
+        _sk_tree(t, n_in, where.at(f"tree {i}"))
+
+
+def _booster_json(where: FittedAt, booster: Any) -> dict[str, Any]:
+    model = parse_json(bytes(booster.save_raw("json")), source=where.source, max_depth=16)
+    try:
+        learner = model["learner"]
+        params = learner["learner_model_param"]
+        gb = learner["gradient_booster"]
+        if gb["name"] != "gbtree":
+            raise where.fail(f"booster {gb['name']!r} is not a tree booster (gbtree)")
+        return {"params": params, "model": gb["model"]}
+    except (KeyError, TypeError) as e:
+        raise where.fail(f"the booster's model has no {e}") from e
+
+
+def _booster(model: Any, width: int | None, where: FittedAt) -> None:
+    """An XGBoost booster: its feature count and every tree (XGBoost does not check
+    child or feature indices when it loads a model)."""
+    n_in = _count(where, "num_features()", model.num_features())
+    if width is not None and n_in != width:
+        raise where.fail(f"the booster reads {n_in} features, but the detector gives it {width}")
+    doc = _booster_json(where, model)
+    try:
+        n_class = max(int(doc["params"]["num_class"]), 1)
+        trees = doc["model"]["trees"]
+        info = doc["model"]["tree_info"]
+        if int(doc["params"]["num_feature"]) != n_in or len(info) != len(trees):
+            raise where.fail("the booster's feature count or tree list disagree")
+        for k, (tree, group) in enumerate(zip(trees, info, strict=True)):
+            at = where.at(f"tree {k}")
+            if not 0 <= int(group) < n_class:
+                raise at.fail(f"output group {group} is outside [0, {n_class})")
+            param = tree["tree_param"]
+            n = int(param["num_nodes"])
+            if int(param["num_feature"]) > n_in or int(param["size_leaf_vector"]) > 1:
+                raise at.fail("the tree reads more features or outputs than the booster")
+            if any(int(s) != 0 for s in tree["split_type"]) or tree["categories_nodes"]:
+                raise at.fail("categorical splits, which ragscope never trains")
+            arrays = {
+                k: np.asarray(tree[k])
+                for k in ("left_children", "right_children", "split_indices", "split_conditions")
+            }
+            if any(len(tree[k]) != n for k in ("default_left", "base_weights", "split_type")):
+                raise at.fail(f"node arrays are not {n} long")
+            check_tree_arrays(
+                at,
+                left=arrays["left_children"],
+                right=arrays["right_children"],
+                feature=arrays["split_indices"],
+                threshold=arrays["split_conditions"],
+                n_features=n_in,
+                leaf_feature=None,
+            )
+            _array(at, "the leaf values", arrays["split_conditions"], (n,))
+    except (KeyError, TypeError, ValueError) as e:
+        if isinstance(e, DataError):
+            raise
+        raise where.fail(f"the booster's model is malformed ({type(e).__name__}: {e})") from e
+
+
+def _xgb_classifier(model: Any, width: int | None, where: FittedAt) -> None:
+    _booster(model.get_booster(), width, where)
+
+
+def _linear(model: Any, width: int | None, where: FittedAt) -> None:
+    n_in = _width(where, model, width)
+    k = len(getattr(model, "classes_", ()))
+    rows = 1 if k == 2 else k
+    _array(where, "coef_", model.coef_, (rows, n_in))
+    _array(where, "intercept_", model.intercept_, (rows,))
+
+
+def _scaler(model: Any, width: int | None, where: FittedAt) -> None:
+    n_in = _width(where, model, width)
+    for name in ("mean_", "scale_", "var_"):
+        v = getattr(model, name, None)
+        if v is not None:
+            _array(where, name, v, (n_in,))
+    scale = getattr(model, "scale_", None)
+    if scale is not None and not bool(np.all(np.asarray(scale) > 0)):
+        raise where.fail("scale_ holds a value <= 0")
+
+
+def _svc(model: Any, width: int | None, where: FittedAt) -> None:
+    n_in = _width(where, model, width)
+    k = len(model.classes_)
+    sv = _array(where, "support_vectors_", model.support_vectors_)
+    n_sv = sv.shape[0] if sv.ndim == 2 else -1
+    if sv.ndim != 2 or sv.shape[1] != n_in:
+        raise where.fail(f"support_vectors_ has shape {sv.shape}, not [n, {n_in}]")
+    counts = np.asarray(model._n_support)
+    if counts.shape != (k,) or int(counts.sum()) != n_sv or bool(np.any(counts < 0)):
+        raise where.fail(f"its support counts {counts.tolist()} do not add up to {n_sv}")
+    pairs = k * (k - 1) // 2
+    _array(where, "dual_coef_", model._dual_coef_, (k - 1, n_sv))
+    _array(where, "intercept_", model._intercept_, (pairs,))
+    _array(where, "support_", model.support_, (n_sv,))
+    for name in ("_probA", "_probB"):  # the public probA_ / probB_ are deprecated
+        v = np.asarray(getattr(model, name, np.empty(0)))
+        if v.shape not in ((0,), (pairs,)):
+            raise where.fail(f"{name} has shape {v.shape}, not ({pairs},)")
+        _array(where, name, v)
+
+
+def _calibrated(model: Any, width: int | None, where: FittedAt) -> None:
+    n_in = _width(where, model, width)
+    for i, cc in enumerate(model.calibrated_classifiers_):
+        at = where.at(f"calibrated classifier {i}")
+        check_fitted(cc.estimator, width=n_in, where=at)
+        for c in cc.calibrators:
+            _array(at, "the sigmoid calibration", [c.a_, c.b_])
+
+
+def _pipeline(model: Any, width: int | None, where: FittedAt) -> None:
+    for name, step in model.steps:
+        known = _CHECKS.get(type(step).__name__)
+        if known is None:
+            raise where.fail(f"step {name!r} is a {type(step).__name__}, which is not checked")
+        known(step, width, where.at(f"step {name!r}"))
+
+
+def _ebm(model: Any, width: int | None, where: FittedAt) -> None:
+    """An EBM: every term reads features that exist, and its score table has one cell
+    per bin of those features (plus missing and unseen)."""
+    n_in = _width(where, model, width)
+    bins = model.bins_
+    if len(bins) != n_in:
+        raise where.fail(f"it has bins for {len(bins)} features, not {n_in}")
+    cuts: list[list[int]] = []
+    for f, levels in enumerate(bins):
+        sizes = []
+        for level in levels:
+            if isinstance(level, dict):  # a categorical feature: category -> bin 1, 2, ...
+                sizes.append(max(level.values(), default=0))
+                continue
+            c = _array(where.at(f"feature {f}"), "bin cuts", level)
+            if c.ndim != 1 or bool(np.any(np.diff(c) <= 0)):
+                raise where.fail(f"feature {f}'s bin cuts are not increasing")
+            sizes.append(c.shape[0] + 1)
+        if not sizes:
+            raise where.fail(f"feature {f} has no bins")
+        cuts.append(sizes)
+    terms, scores = model.term_features_, model.term_scores_
+    if len(terms) != len(scores):
+        raise where.fail(f"{len(terms)} terms but {len(scores)} score tables")
+    for t, (feats, table) in enumerate(zip(terms, scores, strict=True)):
+        if not feats or any(not 0 <= int(f) < n_in for f in feats):
+            raise where.fail(f"term {t} reads features {list(feats)} outside [0, {n_in})")
+        shape = tuple(cuts[int(f)][min(len(feats), len(cuts[int(f)])) - 1] + 2 for f in feats)
+        _array(where.at(f"term {t}"), "the score table", table, shape)
+    _array(where, "intercept_", np.ravel(model.intercept_))
+
+
+def _logistic_calibrator(model: Any, width: int | None, where: FittedAt) -> None:
+    coef = _array(where, "coef", model.coef_)
+    if coef.ndim != 1 or (width is not None and coef.shape != (width,)):
+        raise where.fail(f"it reads {coef.shape} inputs, not {width}")
+    _array(where, "mean", model.mean_, coef.shape)
+    _array(where, "scale", model.scale_, coef.shape)
+    _array(where, "intercept", [model.intercept_])
+    if not bool(np.all(np.asarray(model.scale_) > 0)):
+        raise where.fail("its scale holds a value <= 0")
+
+
+def _mlp_head(model: Any, width: int | None, where: FittedAt) -> None:
+    mean = _array(where, "mean", model.mean_)
+    if width is not None and mean.shape != (width,):
+        raise where.fail(f"it reads {mean.shape} inputs, not {width}")
+    _array(where, "scale", model.scale_, mean.shape)
+    for i, (w, b) in enumerate(zip(model.coefs_, model.intercepts_, strict=True)):
+        _array(where, f"w{i}", w)
+        _array(where, f"b{i}", b)
+
+
+_CHECKS: dict[str, Any] = {
+    "DecisionTreeClassifier": _sk_tree,
+    "RandomForestClassifier": _forest,
+    "Booster": _booster,
+    "XGBClassifier": _xgb_classifier,
+    "LogisticRegression": _linear,
+    "StandardScaler": _scaler,
+    "SVC": _svc,
+    "CalibratedClassifierCV": _calibrated,
+    "Pipeline": _pipeline,
+    "ExplainableBoostingClassifier": _ebm,
+    "LogisticCalibrator": _logistic_calibrator,
+    "MLPHead": _mlp_head,
+}
+"""Class name -> consistency check, for every fitted model an artifact can hold."""
+
+
+def check_fitted(model: Any, *, width: int | None, where: FittedAt) -> None:
+    """Refuse a fitted model whose arrays are inconsistent, before anything predicts.
+
+    Native predictors (scikit-learn's trees, XGBoost, libsvm) index memory with the
+    numbers a model file holds and do not check them: a child or feature index out of
+    range crashes the whole process at the first prediction. Every model type an
+    artifact can hold is checked here: tree child / feature indices and thresholds,
+    XGBoost boosters' trees and feature counts, linear coefficients and scalers
+    (shapes, finite), SVC support arrays, EBM terms and score tables, ragscope's own
+    logistic and MLP heads. Other objects (plain values) pass.
+
+    Args:
+        model: The fitted model.
+        width: The number of features the detector gives it (``None``: unknown).
+        where: The artifact folder, file and fix, for the error.
+
+    Raises:
+        DataError: Naming the artifact, the file, the tree and node or array at fault.
+    """
+    check = _CHECKS.get(type(model).__name__)
+    if check is None:
+        return
+    try:
+        check(model, width, where)
+    except DataError:
+        raise
+    except (AttributeError, KeyError, TypeError, ValueError, IndexError) as e:
+        raise where.fail(f"it is malformed ({type(e).__name__}: {str(e)[:200]})") from e

@@ -12,7 +12,13 @@ import json
 from pathlib import Path
 from typing import Any
 
-from core.artifact import ARTIFACT_JSON_LIMIT, artifact_hashes, artifact_info, read_artifact_cfg
+from core.artifact import (
+    ARTIFACT_JSON_LIMIT,
+    artifact_files,
+    artifact_hashes,
+    artifact_info,
+    read_artifact_cfg,
+)
 from core.contract import Detector
 from core.detectors.ensemble import EnsembleDetector
 from core.detectors.registry import MEMBERS, Registry
@@ -93,10 +99,14 @@ def seal_artifact(folder: str | Path) -> list[Path]:
         The folders sealed, members first.
 
     Raises:
-        DataError: Not an artifact folder, or it does not load safely.
+        DataError: Not an artifact folder, a symbolic link anywhere in it (refused
+            before anything is written), or it does not load safely.
     """
     path = Path(folder)
     cfg_path = path / "cfg.json"
+    # Before anything is written: no link anywhere in the tree (a member's folder or a
+    # cfg.json linked elsewhere would have that target rewritten), within the size cap.
+    artifact_files(path)
     cfg = read_artifact_cfg(cfg_path)
     name = cfg.get("detector")
     if not isinstance(name, str) or name not in DETECTORS.names():

@@ -74,6 +74,11 @@ MLP_FILE = "mlp.safetensors"
 Inputs = Literal["delta", "delta_residual"]
 INPUTS: tuple[Inputs, ...] = ("delta", "delta_residual")
 RESPONSE_NAMES = ("dh_norm_mean", "dh_norm_max", "c_norm_mean", "c_norm_max")
+MAX_HIDDEN_WIDTH = 4096
+"""Widest hidden layer of the MLP (the spec's are 256 and 128)."""
+MAX_HIDDEN_LAYERS = 8
+MAX_MLP_PARAMS = 1 << 26
+"""Most weights the MLP may hold (256 MiB as float32), checked before it is built."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -144,6 +149,14 @@ class CortexConfig(DetectorConfig):
         check_window(self.token_window, "cortex.token_window")
         if self.epochs < 1 or self.batch_size < 1 or not self.hidden:
             raise DataError("cortex: epochs, batch_size and hidden must be positive / non-empty")
+        if len(self.hidden) > MAX_HIDDEN_LAYERS or not all(
+            isinstance(h, int) and 1 <= h <= MAX_HIDDEN_WIDTH for h in self.hidden
+        ):
+            raise DataError(
+                f"cortex: hidden must be 1 to {MAX_HIDDEN_LAYERS} widths of 1 to "
+                f"{MAX_HIDDEN_WIDTH}, got {list(self.hidden)[:10]}",
+                field="hidden",
+            )
         if not 0.0 <= self.dropout < 1.0:
             raise DataError(f"cortex: dropout must be in [0, 1), got {self.dropout!r}")
 
@@ -182,6 +195,26 @@ def contextual_residual(dh: np.ndarray, alpha: np.ndarray) -> np.ndarray:
     a = np.tril(np.asarray(alpha, dtype=np.float64), k=-1)
     d = np.asarray(dh, dtype=np.float64)
     return (d - a @ d).astype(np.float32)
+
+
+def mlp_shapes(n_in: int, hidden: Sequence[int]) -> dict[str, tuple[int, ...]]:
+    """The state-dict shapes of :func:`build_mlp`'s MLP (what its safetensors file holds).
+
+    Raises:
+        DataError: More than :data:`MAX_MLP_PARAMS` weights.
+    """
+    out: dict[str, tuple[int, ...]] = {}
+    width = n_in
+    for i, h in enumerate([*hidden, 1]):
+        out[f"{3 * i}.weight"], out[f"{3 * i}.bias"] = (int(h), width), (int(h),)
+        width = int(h)
+    params = sum(int(np.prod(s)) for s in out.values())
+    if params > MAX_MLP_PARAMS:
+        raise DataError(
+            f"cortex: an MLP of {n_in} inputs and hidden widths {list(hidden)} holds "
+            f"{params:,} weights, over the {MAX_MLP_PARAMS:,} limit"
+        )
+    return out
 
 
 def build_mlp(n_in: int, hidden: Sequence[int], dropout: float) -> torch.nn.Sequential:
@@ -442,17 +475,37 @@ class CortexDetector(DetectorBase):
 
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
-        from safetensors import SafetensorError
+        from safetensors import SafetensorError, safe_open
         from safetensors.torch import load_file
 
         def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
-            n_in = int(w["n_inputs"])
+            n_in = w["n_inputs"]
+            if type(n_in) is not int or n_in < 1:
+                raise ValueError(f"n_inputs must be a positive integer, not {n_in!r}")
             det.mean_ = np.asarray(w["mean"], dtype=np.float32)
             det.std_ = np.asarray(w["std"], dtype=np.float32)
             if det.mean_.shape != (n_in,) or det.std_.shape != (n_in,):
                 raise ValueError(f"mean/std do not have {n_in} values")
+            if not (np.isfinite(det.mean_).all() and (det.std_ > 0).all()):
+                raise ValueError("mean/std hold non-finite values or std <= 0")
+            # The file's shapes (its header only) must be the config's before anything
+            # is allocated: the widths come from cfg.json, which anyone may edit.
+            want = mlp_shapes(n_in, det.config.hidden)
+            path = str(Path(folder) / MLP_FILE)
+            with safe_open(path, framework="np") as f:
+                have = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+            if have != want:
+                raise DataError(
+                    f"{MLP_FILE} holds {len(have)} arrays whose shapes are not those of the "
+                    f"MLP of {n_in} inputs and hidden widths {list(det.config.hidden)} in "
+                    "cfg.json; retrain it with `ragscope train --detectors cortex`",
+                    source=str(folder),
+                )
             mlp = build_mlp(n_in, det.config.hidden, det.config.dropout)
-            mlp.load_state_dict(load_file(str(Path(folder) / MLP_FILE)))
+            state = load_file(path)
+            if not all(bool(v.isfinite().all()) for v in state.values()):
+                raise ValueError(f"{MLP_FILE} holds non-finite weights")
+            mlp.load_state_dict(state)
             det.mlp_ = mlp.eval()
 
         return load_fitted(cls, folder, model_key, fill, errors=(SafetensorError,))

@@ -429,6 +429,9 @@ class InterpDetectDetector(DetectorBase):
             files={PIPELINE_FILE: lambda path: sio.dump(self.pipeline_, path)},
         )
 
+    def fitted_models(self) -> Mapping[str, tuple[Any, int | None]]:
+        return {PIPELINE_FILE: (self.pipeline_, len(self.kept_))}
+
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
 

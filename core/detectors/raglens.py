@@ -49,7 +49,7 @@ from core.labels import response_labels
 from core.layout import render
 from core.mi import BINNINGS, mutual_information, top_features
 from core.model import LoadedModel, ModelInfo
-from core.paths import shipped_sae_dir
+from core.paths import assets_dir, shipped_sae_dir
 from core.sae import ACTIVATIONS, META_FILE, SAE_JSON_LIMIT, LoadedSAE, load_sae
 from core.safeio import SkopsType, read_json_file
 from core.trace import Needs, trace
@@ -110,6 +110,30 @@ def sae_stamp(folder: Path) -> str:
         )
     st = weights.stat()
     return hashlib.sha256(f"{weights.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode()).hexdigest()
+
+
+def check_artifact_sae(spec: str, artifact: str | Path) -> None:
+    """Refuse an artifact's ``raglens.sae`` that leads outside the artifact folder, the
+    shipped assets and the SAE folder the operator set (``RAGSCOPE_SAE_DIR``):
+    ``cfg.json`` is anyone's to edit, and must not make ragscope read any folder on the
+    server. ``""`` (the shipped SAE) always passes.
+
+    Raises:
+        DataError: ``..`` in the path, or the path, with every link followed, outside.
+    """
+    if not spec:
+        return
+    roots = [Path(artifact).resolve(), assets_dir().resolve(), shipped_sae_dir().resolve()]
+    real = sae_folder(spec).resolve()
+    if ".." in Path(spec).parts or not any(real.is_relative_to(r) for r in roots):
+        raise DataError(
+            f"raglens.sae names {spec[:200]!r}, outside this artifact and the shipped assets "
+            f"({assets_dir()}); an artifact may only name an SAE it holds, one ragscope "
+            "ships or the one RAGSCOPE_SAE_DIR names: if you trust that folder, set "
+            "RAGSCOPE_SAE_DIR to it; else retrain with `ragscope train --detectors raglens`",
+            source=str(artifact),
+            field="sae",
+        )
 
 
 def load_config_sae(spec: str) -> LoadedSAE:
@@ -326,6 +350,9 @@ class RaglensDetector(DetectorBase):
         }
         return self
 
+    def fitted_models(self) -> Mapping[str, tuple[Any, int | None]]:
+        return {EBM_FILE: (self.ebm_, len(self.selected_))}
+
     # -- scoring ----------------------------------------------------------------
 
     def _matrix(self, features: Sequence[Features]) -> np.ndarray:
@@ -437,6 +464,8 @@ class RaglensDetector(DetectorBase):
         recorded: dict[str, Any] = {}
 
         def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
+            if not det.raw:
+                check_artifact_sae(det.config.sae, folder)
             recorded["sae"] = w.get("sae")
             det.ebm_ = read_skops(Path(folder) / EBM_FILE, SKOPS_TYPES, cls.name)
             n = int(w["n_features"])

@@ -176,8 +176,15 @@ class SaplmaConfig(DetectorConfig):
             raise DataError(f"saplma: learner must be logistic or mlp, got {self.learner!r}")
         if not self.c_grid or min(self.c_grid) <= 0:
             raise DataError("saplma: c_grid needs positive values", field="c_grid")
-        if any(int(h) < 1 for h in self.hidden) or not self.hidden:
-            raise DataError("saplma: hidden needs positive widths", field="hidden")
+        if (
+            not self.hidden
+            or len(self.hidden) > 8
+            or any(not isinstance(h, int) or not 1 <= h <= 4096 for h in self.hidden)
+        ):
+            raise DataError(
+                f"saplma: hidden needs 1 to 8 widths of 1 to 4096, got {list(self.hidden)[:10]}",
+                field="hidden",
+            )
         if len(set(self.layers)) != len(self.layers):
             raise DataError(f"saplma: layers repeat: {list(self.layers)}", field="layers")
 

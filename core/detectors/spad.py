@@ -447,6 +447,9 @@ class SpadDetector(DetectorBase):
             files={BOOSTER_FILE: lambda path: booster.save_model(str(path))},
         )
 
+    def fitted_models(self) -> Mapping[str, tuple[Any, int | None]]:
+        return {BOOSTER_FILE: (self.booster_, len(FEATURE_NAMES))}
+
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
         import xgboost

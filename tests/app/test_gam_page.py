@@ -52,8 +52,12 @@ def test_gam_page_shows_the_detectors_own_numbers(
     monkeypatch: pytest.MonkeyPatch,
     raglens_artifact: Path,
     tiny_model: LoadedModel,
+    tiny_sae,
 ) -> None:
     monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(raglens_artifact))
+    # The artifact names the tiny SAE's folder: one the operator trusts (an artifact may
+    # name no other folder outside itself and the shipped assets).
+    monkeypatch.setenv("RAGSCOPE_SAE_DIR", str(tiny_sae.path))
     at = open_page(GAM)
     text = page_text(at)
     assert "Shipped **raglens** detector" in text and "SAE**: `tiny-sae`" in text
@@ -88,8 +92,12 @@ def test_a_gam_link_opens_its_feature_and_example(
     monkeypatch: pytest.MonkeyPatch,
     raglens_artifact: Path,
     tiny_model: LoadedModel,
+    tiny_sae,
 ) -> None:
     monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(raglens_artifact))
+    # The artifact names the tiny SAE's folder: one the operator trusts (an artifact may
+    # name no other folder outside itself and the shipped assets).
+    monkeypatch.setenv("RAGSCOPE_SAE_DIR", str(tiny_sae.path))
     imp = load_shipped("raglens", tiny_model.info.key, raglens_artifact).importances()
     k = imp[2][0]  # not the feature the page starts from
     link = {"feature": f"F{k}", "top": "3", "dataset": "demo", "example": "demo-04-mount-kelsey"}

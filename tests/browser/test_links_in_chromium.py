@@ -42,9 +42,11 @@ def raglens_dir(tiny_model: LoadedModel, tiny_sae, tmp_path_factory) -> tuple[Pa
 
 
 @pytest.fixture(scope="module")
-def app_url(raglens_dir, tmp_path_factory, launch_streamlit) -> Iterator[str]:
+def app_url(raglens_dir, tiny_sae, tmp_path_factory, launch_streamlit) -> Iterator[str]:
     env = {
         "RAGSCOPE_MODEL": "tiny",
+        # The artifact names the tiny SAE's folder, which the operator trusts.
+        "RAGSCOPE_SAE_DIR": str(tiny_sae.path),
         "RAGSCOPE_DEVICE": "cpu",
         "RAGSCOPE_DB": str(tmp_path_factory.mktemp("links-db") / "ragscope.sqlite3"),
         "RAGSCOPE_DETECTORS_DIR": str(raglens_dir[0]),

@@ -365,3 +365,308 @@ def test_damaged_feature_cache_entries_are_misses(tmp_path: Path, toy_example) -
         example_id=toy_example.id,
     )
     assert cache.get("m", toy_example, det) is None
+
+
+# --------------------------------------------------------------------------- fitted models
+
+CRASH_PREDICT = """
+import sys, numpy as np, skops.io as sio
+pipe = sio.load(sys.argv[1], trusted=sio.get_untrusted_types(file=sys.argv[1]))
+pipe.predict_proba(np.zeros((2, 3)))
+"""
+
+
+def _tree_artifact(root: Path, corrupt, *, forest: bool = False, width: int = 3) -> Path:
+    """An interpdetect artifact whose pipeline (scaler + a real fitted tree or forest on
+    ``width`` features) had ``corrupt(state)`` applied to a tree's node arrays, every hash
+    recorded as an attacker would."""
+    import numpy as np
+    from sklearn.ensemble import RandomForestClassifier
+    from sklearn.pipeline import Pipeline
+    from sklearn.preprocessing import StandardScaler
+    from sklearn.tree import DecisionTreeClassifier
+
+    from core.artifact import write_artifact
+    from core.detectors import make_detector
+
+    X = np.random.default_rng(0).normal(size=(60, width))
+    y = (X[:, 0] > 0).astype(int)
+    clf = (
+        RandomForestClassifier(n_estimators=3, max_depth=3, random_state=0)
+        if forest
+        else DecisionTreeClassifier(max_depth=3, random_state=0)
+    )
+    pipe = Pipeline([("scale", StandardScaler()), ("clf", clf)]).fit(X, y)
+    tree = (pipe[-1].estimators_[1] if forest else pipe[-1]).tree_
+    state = tree.__getstate__()
+    state["nodes"] = state["nodes"].copy()
+    corrupt(state)
+    tree.__setstate__(state)
+    names = [f"ECS_L0H{i}" for i in range(3)]
+    folder = root / "interpdetect"
+    write_artifact(
+        folder,
+        name="interpdetect",
+        config=make_detector("interpdetect").config,
+        model_key="any",
+        weights={"names": names, "kept": names, "classifier": "rf" if forest else "lr"},
+        extra={"threshold": 0.5, "train": {}},
+        files={"pipeline.skops": lambda p: sio.dump(pipe, p)},
+    )
+    return folder
+
+
+def _set(field: str, index: int, value: float):
+    def corrupt(state: dict) -> None:
+        state["nodes"][field][index] = value
+
+    return corrupt
+
+
+def _both_children(state: dict) -> None:
+    state["nodes"]["left_child"][0] = 10**8
+    state["nodes"]["right_child"][0] = 10**8
+
+
+def test_a_tree_that_would_crash_predict_is_refused_by_load_and_verify(tmp_path, capsys) -> None:
+    import subprocess
+    import sys
+
+    folder = _tree_artifact(tmp_path, _both_children)
+    # The hole: skops loads it and the first predict kills the process (SIGSEGV).
+    crash = subprocess.run(
+        [sys.executable, "-c", CRASH_PREDICT, str(folder / "pipeline.skops")],
+        capture_output=True,
+        timeout=120,
+    )
+    assert crash.returncode != 0 and b"Traceback" not in crash.stderr
+    with pytest.raises(DataError) as err:
+        detector_class("interpdetect").load(folder)
+    msg = str(err.value)
+    assert msg.startswith(f"{folder}: pipeline.skops, step 'clf': node 0 of ")
+    assert "left child 100000000 is outside (0, " in msg
+    assert "ragscope train --detectors interpdetect" in msg
+    assert main(["artifacts", "verify", str(folder)]) == 1
+    assert "left child 100000000" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("corrupt", "forest", "reason"),
+    [
+        (_set("feature", 0, 10**8), False, "node 0 of .*: split feature 100000000 is outside"),
+        (_set("feature", 0, -5), False, "node 0 of .*: split feature -5 is outside"),
+        (_set("threshold", 0, float("nan")), False, "split threshold nan is not finite"),
+        (_set("right_child", 0, -1), False, "one child is -1 and the other is not"),
+        (_set("left_child", 0, 0), False, r"node 0 of .*: left child 0 is outside \(0, "),
+        (_set("feature", 0, 10**8), True, "step 'clf', tree 1: node 0 .*split feature 100000000"),
+    ],
+    ids=["feature", "negative-feature", "nan-threshold", "lone-leaf", "cycle", "forest"],
+)
+def test_inconsistent_tree_nodes_are_refused(tmp_path, corrupt, forest, reason) -> None:
+    folder = _tree_artifact(tmp_path, corrupt, forest=forest)
+    with pytest.raises(DataError, match=reason):
+        detector_class("interpdetect").load(folder)
+
+
+def test_a_leaf_with_a_split_feature_is_refused(tmp_path) -> None:
+    def leaf_feature(state: dict) -> None:
+        leaf = int(next(i for i, c in enumerate(state["nodes"]["left_child"]) if c == -1))
+        state["nodes"]["feature"][leaf] = 1
+
+    with pytest.raises(DataError, match="leaf feature 1 is not -2"):
+        detector_class("interpdetect").load(_tree_artifact(tmp_path, leaf_feature))
+
+
+def test_a_pipeline_of_another_width_than_the_detector_gives_is_refused(tmp_path) -> None:
+    folder = _tree_artifact(tmp_path, lambda state: None, width=4)  # kept: 3 columns
+    with pytest.raises(DataError, match="step 'scale': it reads 4 features, but the detector"):
+        detector_class("interpdetect").load(folder)
+
+
+@pytest.mark.parametrize(
+    ("key", "value", "reason"),
+    [
+        ("split_indices", 10**8, "split feature 100000000 is outside"),
+        ("left_children", 10**8, "left child 100000000 is outside"),
+        ("split_conditions", float("nan"), "split threshold nan is not finite"),
+    ],
+)
+def test_an_xgboost_booster_with_bad_trees_is_refused(tmp_path, reseal, key, value, reason):
+    folder = tmp_path / "spad"
+    shutil.copytree(SHIPPED / "spad", folder)
+    model = json.loads((folder / "model.json").read_text())
+    tree = model["learner"]["gradient_booster"]["model"]["trees"][0]
+    tree[key][0] = value
+    (folder / "model.json").write_text(json.dumps(model))
+    reseal(folder)
+    with pytest.raises(DataError, match=f"model.json, tree 0: node 0 of .*{reason}"):
+        detector_class("spad").load(folder)
+
+
+def test_non_finite_linear_weights_are_refused(nll_copy: Path, reseal) -> None:
+    w = json.loads((nll_copy / "weights.json").read_text())
+    w["response"]["coef"][1] = float("nan")
+    (nll_copy / "weights.json").write_text(json.dumps(w))
+    reseal(nll_copy)
+    with pytest.raises(DataError, match="response_model_: coef holds a non-finite value"):
+        _load(nll_copy)
+    w["response"]["coef"][1] = 0.0
+    w["response"]["scale"][0] = 0.0
+    (nll_copy / "weights.json").write_text(json.dumps(w))
+    reseal(nll_copy)
+    with pytest.raises(DataError, match="its scale holds a value <= 0"):
+        _load(nll_copy)
+
+
+def test_an_ebm_whose_terms_read_missing_features_is_refused(tmp_path, reseal) -> None:
+    from core.artifact import read_skops
+
+    folder = tmp_path / "raglens"
+    shutil.copytree(SHIPPED / "raglens", folder)
+    ebm = read_skops(folder / "ebm.skops", RAGLENS_TYPES, "raglens")
+    ebm.term_features_[0] = (10**6,)
+    sio.dump(ebm, folder / "ebm.skops")
+    reseal(folder)
+    with pytest.raises(DataError, match=r"ebm.skops: term 0 reads features \[1000000\] outside"):
+        detector_class("raglens").load(folder)
+    ebm.term_features_[0] = (0,)
+    ebm.term_scores_[0] = ebm.term_scores_[0][:-1]
+    sio.dump(ebm, folder / "ebm.skops")
+    reseal(folder)
+    with pytest.raises(DataError, match="ebm.skops, term 0: the score table has shape"):
+        detector_class("raglens").load(folder)
+
+
+# --------------------------------------------------------------------------- cfg.json values
+
+
+def _edit_cfg(folder: Path, reseal, edit) -> None:
+    cfg = json.loads((folder / "cfg.json").read_text())
+    edit(cfg)
+    (folder / "cfg.json").write_text(json.dumps(cfg))
+    reseal(folder)
+
+
+@pytest.mark.parametrize("value", [float("nan"), float("inf"), -1e9, 1.5, "0.5", True, 10**400])
+@pytest.mark.parametrize("key", ["threshold", "token_threshold"])
+def test_thresholds_outside_the_score_range_are_refused(nll_copy, reseal, capsys, key, value):
+    _edit_cfg(nll_copy, reseal, lambda cfg: cfg.update({key: value}))
+    with pytest.raises(DataError, match=f"'{key}' must be a number in \\[0, 1\\]"):
+        _load(nll_copy)
+    assert main(["artifacts", "verify", str(nll_copy)]) == 1
+    assert f"'{key}' must be a number in [0, 1]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(("a", "b"), [(1e308, 0.0), (1.0, -1e308), (-2.0, 0.0)])
+def test_absurd_calibrations_are_refused(nll_copy, reseal, a, b) -> None:
+    _edit_cfg(nll_copy, reseal, lambda cfg: cfg["calibration"].update(a=a, b=b))
+    with pytest.raises(DataError, match="a Platt calibrator needs 0 <= a <= 100"):
+        _load(nll_copy)
+
+
+@pytest.fixture
+def cortex_copy(tmp_path: Path) -> Path:
+    dst = tmp_path / "cortex"
+    shutil.copytree(SHIPPED / "cortex", dst)
+    return dst
+
+
+@pytest.mark.parametrize(
+    ("hidden", "reason"),
+    [
+        ([30000, 30000], "hidden must be 1 to 8 widths of 1 to 4096"),
+        ([2**40], "hidden must be 1 to 8 widths of 1 to 4096"),
+        ([8] * 9, "hidden must be 1 to 8 widths of 1 to 4096"),
+        (["256", 128], r"field 'hidden.0': Input should be a valid integer, got '256'"),
+        ([4096, 4096], "mlp.safetensors holds 6 arrays whose shapes are not those of the MLP"),
+    ],
+)
+def test_cortex_hidden_widths_are_bounded_before_anything_is_allocated(
+    cortex_copy, reseal, capsys, hidden, reason
+) -> None:
+    import time
+
+    _edit_cfg(cortex_copy, reseal, lambda cfg: cfg["config"].update(hidden=hidden))
+    start = time.monotonic()
+    with pytest.raises(DataError, match=reason):
+        detector_class("cortex").load(cortex_copy)
+    assert time.monotonic() - start < 2.0
+    assert main(["artifacts", "verify", str(cortex_copy)]) == 1
+    assert "hidden" in capsys.readouterr().err or "shapes" in reason
+
+
+@pytest.mark.parametrize(
+    ("option", "value", "reason"),
+    [
+        ("layer", "1", r"field 'layer': Input should be a valid integer, got '1'"),
+        ("smooth", 1, r"field 'smooth': Input should be a valid boolean, got 1"),
+        ("lr", float("nan"), r"field 'lr': Input should be a finite number"),
+        ("inputs", "x", r"field 'inputs': Input should be 'delta' or 'delta_residual'"),
+    ],
+)
+def test_config_options_must_have_their_exact_types(cortex_copy, reseal, option, value, reason):
+    _edit_cfg(cortex_copy, reseal, lambda cfg: cfg["config"].update({option: value}))
+    with pytest.raises(DataError, match=f"cfg.json: cfg.json's config: {reason}"):
+        detector_class("cortex").load(cortex_copy)
+
+
+def test_raglens_sae_outside_the_artifact_and_assets_is_refused(tmp_path, reseal, capsys):
+    folder = tmp_path / "raglens"
+    shutil.copytree(SHIPPED / "raglens", folder)
+    elsewhere = tmp_path / "elsewhere"
+    shutil.copytree(repo_root() / "assets" / "sae" / "smollm2-135m-instruct", elsewhere)
+    for spec in (str(elsewhere), "../elsewhere", "/etc", "~"):
+        _edit_cfg(folder, reseal, lambda cfg, s=spec: cfg["config"].update(sae=s))
+        with pytest.raises(DataError, match="raglens.sae names .* outside this artifact"):
+            detector_class("raglens").load(folder)
+    assert main(["artifacts", "verify", str(folder)]) == 1
+    assert "outside this artifact and the shipped assets" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("version", "described"),
+    [("1", 'the string "1"'), (1.0, "the number 1.0"), (True, "true"), (None, "null")],
+)
+def test_the_artifact_version_must_be_the_integer_1(nll_copy, reseal, version, described):
+    _edit_cfg(nll_copy, reseal, lambda cfg: cfg.update(artifact_version=version))
+    with pytest.raises(DataError, match=f"artifact_version must be the integer 1, got {described}"):
+        _load(nll_copy)
+
+
+# --------------------------------------------------------------------------- size and links
+
+
+def test_an_oversized_artifact_is_refused_before_any_byte_is_hashed(nll_copy, capsys) -> None:
+    import time
+
+    cfg = json.loads((nll_copy / "cfg.json").read_text())
+    for i in range(3):  # sparse: 600 MiB that cost no disk
+        with (nll_copy / f"blob{i}.bin").open("wb") as f:
+            f.truncate(200 * 1024 * 1024)
+        cfg["files"][f"blob{i}.bin"] = "0" * 64
+    (nll_copy / "cfg.json").write_text(json.dumps(cfg))
+    start = time.monotonic()
+    with pytest.raises(DataError, match=r"over the 536,870,912-byte \(512 MiB\) limit") as err:
+        _load(nll_copy)
+    assert str(err.value).startswith(f"{nll_copy}: the artifact holds 629,")
+    with pytest.raises(DataError, match="512 MiB"):
+        seal_artifact(nll_copy)
+    assert main(["artifacts", "verify", str(nll_copy)]) == 1
+    assert "512 MiB" in capsys.readouterr().err
+    assert time.monotonic() - start < 5.0
+
+
+def test_seal_refuses_a_linked_member_before_writing_anything(tmp_path: Path) -> None:
+    folder = tmp_path / "ensemble"
+    shutil.copytree(SHIPPED / "ensemble", folder)
+    target = tmp_path / "outside" / "nll"
+    shutil.move(folder / "members" / "nll", target)
+    os.symlink(target, folder / "members" / "nll")
+    cfg = json.loads((target / "cfg.json").read_text())
+    del cfg["files"]
+    (target / "cfg.json").write_text(json.dumps(cfg))  # what seal would rewrite
+    before = {p: p.read_bytes() for p in (target / "cfg.json", folder / "cfg.json")}
+    with pytest.raises(DataError, match=r"symbolic link \(members/nll\)"):
+        seal_artifact(folder)
+    assert main(["artifacts", "seal", str(folder)]) == 1
+    assert {p: p.read_bytes() for p in before} == before

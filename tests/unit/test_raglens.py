@@ -99,9 +99,14 @@ def test_contributions_sum_to_the_margin_and_the_score(fitted):
         det.shape_function(-1)
 
 
-def test_save_load_round_trip_and_sae_change_is_refused(fitted, tmp_path, tiny_sae, sae_dir):
+def test_save_load_round_trip_and_sae_change_is_refused(
+    fitted, tmp_path, tiny_sae, sae_dir, monkeypatch
+):
     det, feats = fitted
     out = det.save(tmp_path / "raglens")
+    with pytest.raises(DataError, match="outside this artifact and the shipped assets"):
+        RaglensDetector.load(out, model_key=det.model_key_)
+    monkeypatch.setenv("RAGSCOPE_SAE_DIR", sae_dir)  # the operator trusts that SAE folder
     again = RaglensDetector.load(out, model_key=det.model_key_)
     np.testing.assert_allclose(
         [again.predict(f).score for f in feats], [det.predict(f).score for f in feats]
@@ -112,6 +117,7 @@ def test_save_load_round_trip_and_sae_change_is_refused(fitted, tmp_path, tiny_s
     shutil.copytree(sae_dir, moved)
     cfg = (out / "cfg.json").read_text().replace(sae_dir, str(moved))
     (out / "cfg.json").write_text(cfg)
+    monkeypatch.setenv("RAGSCOPE_SAE_DIR", str(moved))
     save_sae(tiny_sae.sae, moved, layer=1, model_key=tiny_sae.model_key, meta={"retrained": 1})
     (moved / "ragscope_sae.json").write_text(
         (moved / "ragscope_sae.json")
