@@ -63,7 +63,7 @@ KEY_COLUMNS = ("model", "example_hash", "detector", "config_hash")
 MANIFEST_KEY = b"ragscope.manifest"
 SHARD_LIMIT = 4 << 30
 """Largest shard file read (bytes)."""
-PAYLOAD_LIMIT = 64 << 20
+PAYLOAD_LIMIT = 128 << 20
 """Largest features payload of one row (bytes)."""
 MANIFEST_LIMIT = 4 << 20
 ROWS_LIMIT = 100_000
@@ -71,7 +71,7 @@ ROWS_LIMIT = 100_000
 detectors: a few hundred)."""
 TEXT_LIMIT = 512
 """Longest key, example id or dataset name of a row (characters)."""
-FEATURES_COLUMN_LIMIT = 128 << 20
+FEATURES_COLUMN_LIMIT = 256 << 20
 """Most bytes the features column of one row group may decompress to (the writer keeps
 its row groups near :data:`ROW_GROUP_BYTES`)."""
 TEXT_COLUMN_LIMIT = 16 << 20
