@@ -20,6 +20,8 @@ from typing import TYPE_CHECKING, Any, Literal
 import plotly.io as pio
 import streamlit as st
 
+from core.review.export import safe_csv
+
 if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
@@ -105,11 +107,12 @@ def plot(
 
 
 def csv_button(frame: pd.DataFrame, *, key: str, where: DeltaGenerator | None = None) -> None:
-    """A CSV download of ``frame`` (its index included), made only when clicked."""
+    """A CSV download of ``frame`` (its index included, formula-like text cells
+    neutralised: :func:`core.review.export.safe_csv`), made only when clicked."""
     box = where if where is not None else st
     box.download_button(
         "CSV",
-        data=lambda: frame.to_csv().encode("utf-8"),
+        data=lambda: safe_csv(frame, index=True).encode("utf-8"),
         file_name=f"{file_stem(key)}.csv",
         mime="text/csv",
         key=f"{key}.export.csv",

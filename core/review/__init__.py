@@ -35,6 +35,7 @@ from core.review.book import (
 from core.review.export import (
     FORMULA_START,
     RAGTRUTH_TEMPLATE,
+    formula_like,
     neutralise_cell,
     ragtruth_jsonl,
     ragtruth_record,
@@ -83,6 +84,7 @@ __all__ = [
     "agreement",
     "dataset_verdicts",
     "filter_items",
+    "formula_like",
     "neutralise_cell",
     "passage_sentences",
     "propose_flags",

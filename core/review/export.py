@@ -3,15 +3,17 @@
 from __future__ import annotations
 
 import json
+import numbers
+import unicodedata
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.examples import RAGExample, Span
+from core.review.book import Review, ReviewItem
 
 if TYPE_CHECKING:
     import pandas as pd
-from core.review.book import Review, ReviewItem
 
 
 def resolved_review(item: ReviewItem, reviewer: str | None = None) -> Review | None:
@@ -185,24 +187,62 @@ def reviews_frame(items: Sequence[ReviewItem], examples: Sequence[RAGExample]) -
     return pd.DataFrame(rows, columns=cols)
 
 
-FORMULA_START = ("=", "+", "-", "@", "\t", "\r")
-"""What a spreadsheet reads as the start of a formula (OWASP's CSV injection list)."""
+FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")
+"""What a spreadsheet reads as the start of a formula (OWASP's CSV injection list, with
+the line feed): checked after leading blanks and NFKC normalisation, so ``" =1"``,
+``"\n=1"`` and the full-width ``"＝1"`` (U+FF1D) count too (:func:`formula_like`)."""
+
+
+def _lead_in(ch: str) -> bool:
+    """A character a spreadsheet may skip before a formula: a blank, a control or an
+    invisible format character (a zero-width space, a byte-order mark)."""
+    return ch.isspace() or unicodedata.category(ch) in ("Cc", "Cf", "Zs", "Zl", "Zp")
+
+
+def formula_like(text: str) -> bool:
+    """Whether a spreadsheet could read ``text`` as a formula: it starts with a tab, CR
+    or LF, or its first character after leading blanks (:func:`_lead_in`), before or
+    after NFKC normalisation (``＝`` is ``=``, ``﹢`` is ``+``), is ``=``, ``+``, ``-`` or
+    ``@``."""
+    if text.startswith(("\t", "\r", "\n")):
+        return True
+    for t in (text, unicodedata.normalize("NFKC", text)):
+        k = 0
+        while k < len(t) and _lead_in(t[k]):
+            k += 1
+        rest = unicodedata.normalize("NFKC", t[k : k + 8])  # a decomposed first character
+        if rest[:1] in FORMULA_START:
+            return True
+    return False
 
 
 def neutralise_cell(value: Any) -> Any:
-    """``value`` with a leading ``'`` when it is text a spreadsheet would run as a
-    formula (``=HYPERLINK(...)``, ``+cmd|...``, ``@SUM(...)``); other values as they are."""
-    if isinstance(value, str) and value.startswith(FORMULA_START):
-        return "'" + value
-    return value
+    """``value`` with a leading ``'`` when a spreadsheet would run it as a formula
+    (:func:`formula_like` of its text: ``=HYPERLINK(...)``, ``+cmd|...``, ``@SUM(...)``,
+    `` =1``, ``＝1``); numbers (a negative one is a number, not a formula), ``None``
+    and other values as they are."""
+    if value is None or isinstance(value, numbers.Number):
+        return value
+    text = value if isinstance(value, str) else str(value)  # as the CSV writes it
+    return "'" + text if formula_like(text) else value
 
 
-def safe_csv(frame: pd.DataFrame) -> str:
+def safe_csv(frame: pd.DataFrame, *, index: bool = False) -> str:
     """``frame`` as CSV text with every formula-like text cell neutralised
-    (:func:`neutralise_cell`), headers included; numbers stay numbers."""
-    out = frame.copy()
+    (:func:`neutralise_cell`), headers (and, with ``index``, the index) included;
+    numbers stay numbers. Every CSV export goes through here."""
+    import pandas as pd  # lazily, as the rest of core: importing core stays light
+
+    out = frame.reset_index(allow_duplicates=True) if index else frame.copy()
     out.columns = [neutralise_cell(str(c)) for c in out.columns]
-    for col in out.columns:
-        if out[col].dtype == object or str(out[col].dtype) in ("string", "str"):
-            out[col] = out[col].map(neutralise_cell)
-    return out.to_csv(index=False)
+    for k in range(out.shape[1]):
+        col = out.iloc[:, k]
+        if not (
+            pd.api.types.is_bool_dtype(col)
+            or pd.api.types.is_numeric_dtype(col)
+            or pd.api.types.is_datetime64_any_dtype(col)
+        ):  # text, objects, categories, time deltas ("-1 days"): as the CSV will write them
+            out.isetitem(k, col.astype(object).map(neutralise_cell))
+    # CRLF rows (RFC 4180): the writer then quotes a cell holding a lone CR too, which a
+    # spreadsheet would otherwise take as a new row starting mid-cell ("x\r=1+1").
+    return out.to_csv(index=False, lineterminator="\r\n")

@@ -3,13 +3,20 @@ audit trail, concurrent writers, inter-annotator agreement, export -> import."""
 
 from __future__ import annotations
 
+import csv
 import dataclasses
+import io
+import re
 import sqlite3
 import threading
+import unicodedata
 from pathlib import Path
 
 import numpy as np
+import pandas as pd
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from core.contract import Verdict
 from core.data import load_dataset, resolve_dataset
@@ -342,6 +349,94 @@ def test_csv_export_neutralises_spreadsheet_formulas(book: ReviewBook):
     assert not [c for c in cells if c[:1] in ("=", "+", "-", "@", "\t", "\r")]
     assert '\'=HYPERLINK("http://evil.example")' in cells and "'@SUM(1+1)" in cells
     assert neutralise_cell(-3) == -3 and neutralise_cell("plain") == "plain"
+
+
+def _runs_as_formula(cell: str) -> bool:
+    """What a spreadsheet may read as a formula: a tab/CR/LF start, or ``= + - @`` first
+    once leading blanks are stripped and the text NFKC-normalised (``＝`` is ``=``)."""
+    bare = unicodedata.normalize("NFKC", cell.lstrip()).lstrip()
+    return cell[:1] in ("\t", "\r", "\n") or bare[:1] in ("=", "+", "-", "@")
+
+
+@pytest.mark.parametrize(
+    "text",
+    [" =1+1", "\n=1+1", "\t=1", "\r@SUM(1)", "＝1+1", "＋cmd", "－2+3", "＠SUM(1)", "﹦1",
+     "\u3000=1", "  \n +1", "\u200b=1", "\ufeff-1"],
+)  # fmt: skip
+def test_csv_export_neutralises_formulas_behind_blanks_and_full_width(text: str) -> None:
+    from core.review import formula_like, safe_csv
+
+    assert formula_like(text)
+    frame = pd.DataFrame({text: [text, "plain"], "n": [-1.5, 2.0]}, index=[text, "i"])
+    for index in (False, True):
+        rows = list(csv.reader(io.StringIO(safe_csv(frame, index=index), newline="")))
+        cells = [c for row in rows for c in row]
+        assert cells.count("'" + text) == (3 if index else 2), rows  # header, cell, index
+        assert "-1.5" in cells and "plain" in cells  # numbers and plain text as they were
+
+
+csv_text = st.one_of(
+    st.text(max_size=12),
+    st.builds(
+        str.__add__,
+        st.text(alphabet=" \t\r\n\u3000\u00a0\u200b\ufeff'", max_size=3),
+        st.builds(
+            str.__add__,
+            st.sampled_from(list("=+-@＝＋－＠﹦﹢﹣﹫⁼⁺₌₊a1'")),
+            st.text(max_size=8),
+        ),
+    ),
+)
+
+
+@settings(max_examples=300, deadline=None)
+@given(
+    cols=st.lists(csv_text.filter(lambda c: c != "number"), min_size=1, max_size=4, unique=True),
+    cells=st.lists(csv_text, min_size=1, max_size=12),
+    nums=st.lists(st.floats(allow_nan=True, allow_infinity=True), min_size=1, max_size=12),
+    index=st.booleans(),
+)
+def test_no_exported_text_cell_starts_a_formula(
+    cols: list[str], cells: list[str], nums: list[float], index: bool
+) -> None:
+    from core.review import safe_csv
+
+    n = max(len(cells), len(nums))
+    frame = pd.DataFrame(
+        {c: [cells[(k + j) % len(cells)] for j in range(n)] for k, c in enumerate(cols)}
+    )
+    frame["number"] = [nums[j % len(nums)] for j in range(n)]
+    frame.index = pd.Index([cells[j % len(cells)] for j in range(n)], name=cols[0])
+    rows = list(csv.reader(io.StringIO(safe_csv(frame, index=index), newline="")))
+    width = len(cols) + 1 + index
+    assert len(rows) == n + 1 and all(len(r) == width for r in rows)
+    number = rows[0].index("number")
+    for r, row in enumerate(rows):
+        for c, cell in enumerate(row):
+            if r and c == number:
+                assert cell == "" or np.isfinite(float(cell)) or cell in ("inf", "-inf"), cell
+            else:
+                assert not _runs_as_formula(cell) or cell.startswith("'"), (r, c, cell)
+
+
+def test_every_csv_export_goes_through_safe_csv() -> None:
+    # One helper neutralises formulas: no other CSV writer in core/ or app/.
+    root = Path(__file__).resolve().parents[2]
+    writers = re.compile(r"\.to_csv\(|csv\.writer\(|csv\.DictWriter\(")
+    found = [
+        f"{p.relative_to(root)}:{i}"
+        for top in ("core", "app")
+        for p in sorted((root / top).rglob("*.py"))
+        for i, line in enumerate(p.read_text().splitlines(), 1)
+        if writers.search(line)
+    ]
+    assert found == [f"core/review/export.py:{_line_of('return out.to_csv(')}"]
+
+
+def _line_of(text: str) -> int:
+    root = Path(__file__).resolve().parents[2]
+    lines = (root / "core" / "review" / "export.py").read_text().splitlines()
+    return next(i for i, line in enumerate(lines, 1) if text in line)
 
 
 def test_a_version_3_database_migrates_and_its_items_still_load(tmp_path: Path, monkeypatch):
