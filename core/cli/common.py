@@ -257,9 +257,10 @@ def detector_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     return out
 
 
-def import_feature_stores(folders: Sequence[str]) -> list[str]:
+def import_feature_stores(folders: Sequence[str], examples: Sequence[RAGExample] = ()) -> list[str]:
     """Merge feature store folders into the local cache; one summary line per folder,
-    then the rejected rows.
+    then the rejected rows. Rows of ``examples`` are also checked against them
+    (:func:`core.featurestore.import_store`).
 
     Raises:
         DataError: A folder that is not one.
@@ -267,7 +268,7 @@ def import_feature_stores(folders: Sequence[str]) -> list[str]:
     lines = []
     with Store() as store:
         for folder in folders:
-            rep = import_store(folder, store)
+            rep = import_store(folder, store, examples)
             lines.append(
                 f"{folder}: {rep.imported} imported, {rep.present} already in the cache, "
                 f"{len(rep.rejected)} rejected"

@@ -119,6 +119,13 @@ def _add_features(sub: Subparsers) -> None:
     )
     p.add_argument("action", choices=("import", "info"))
     p.add_argument("folders", nargs="+", metavar="DIR", help="feature store folders")
+    p.add_argument(
+        "--dataset",
+        default=None,
+        help="import: also check the rows of these examples against them (each row's "
+        "example hash, offsets within its answer); rows of other examples are checked "
+        "when they are used",
+    )
     p.set_defaults(func=cmd_features)
 
 
@@ -128,7 +135,8 @@ def cmd_features(args: argparse.Namespace) -> int:
         for folder in args.folders:
             print(json.dumps({"folder": folder, **read_manifest(folder)}, indent=2))
         return 0
-    lines = import_feature_stores(args.folders)
+    examples = resolve_datasets(args.dataset, on_error="skip")[1] if args.dataset else []
+    lines = import_feature_stores(args.folders, examples)
     print("\n".join(lines))
     return 1 if any(line.startswith("REJECTED") for line in lines) else 0
 

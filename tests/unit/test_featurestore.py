@@ -400,3 +400,26 @@ def test_extract_out_refuses_a_store_whose_keys_would_exhaust_memory(
     err = capsys.readouterr().err
     assert "part-k-000001.parquet" in err and "the 'model' column decompresses to" in err
     assert shard_files(out) == [out / "part-k-000001.parquet"]
+
+
+def test_features_import_checks_rows_against_a_local_dataset(
+    good_store: tuple[pa.Schema, list[dict]], tmp_path: Path, monkeypatch, capsys
+) -> None:
+    """Offsets past the end of the answer cannot be seen without the example: ``features
+    import --dataset`` refuses them at import; without it the row comes in (and is
+    checked when used)."""
+    schema, rows = good_store
+    row = next(r for r in rows if r["detector"] == "nll")
+    f = Features.from_bytes(row["features"])
+    past = dict(row, features=_payload(f, token_offsets=np.asarray(f.token_offsets) + 10_000))
+    folder = tmp_path / "store"
+    folder.mkdir()
+    _write(folder / "part-o-000001.parquet", [past], schema=schema)
+    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "a.sqlite3"))
+    assert main(["features", "import", str(folder)]) == 0
+    assert f"{folder}: 1 imported" in capsys.readouterr().out
+    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "b.sqlite3"))
+    assert main(["features", "import", str(folder), "--dataset", "demo"]) == 1
+    out = capsys.readouterr().out
+    assert f"{folder}: 0 imported, 0 already in the cache, 1 rejected" in out
+    assert "REJECTED part-o-000001.parquet row 0: nll features: token offsets reach" in out
