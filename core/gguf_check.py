@@ -312,6 +312,19 @@ def _check_tensors(header: GGUFHeader, alignment: int, size: int) -> None:
             )
 
 
+def implied_parameters(*, vocab: int, width: int, blocks: int, ff: int, experts: int = 1) -> int:
+    """The fewest parameters a model of these sizes has: the embedding, attention's query
+    and output, a two-matrix MLP per expert (a lower bound for every architecture)."""
+    return vocab * width + blocks * (2 * width * width + 2 * width * ff * max(experts, 1))
+
+
+def plausible(implied: int, present: int) -> bool:
+    """Whether weights of ``present`` elements can back a model stated to have at least
+    ``implied`` parameters: a file may not make its loader build more than about twice
+    what it holds (so what it allocates is bounded by what it hands over)."""
+    return implied <= 2 * present + (1 << 20)
+
+
 def _check_architecture(header: GGUFHeader, limits: Limits) -> None:
     """Sizes within bounds and consistent with the tensors present."""
     lim = limits
@@ -348,12 +361,9 @@ def _check_architecture(header: GGUFHeader, limits: Limits) -> None:
             f"{header.architecture}.embedding_length",
             f"is {width} but token_embd.weight is {embedding.shape[0]} wide",
         )
-    # The model transformers builds from these sizes has at least this many parameters
-    # (embedding, attention's query and output, a two-matrix MLP per expert); the file
-    # must hold a good part of them, or it states sizes its tensors do not have.
-    implied = vocab * width + n_blocks * (2 * width * width + 2 * width * ff * max(experts, 1))
+    implied = implied_parameters(vocab=vocab, width=width, blocks=n_blocks, ff=ff, experts=experts)
     present = sum(t.n_elements for t in header.tensors)
-    if implied > 2 * present + (1 << 20):
+    if not plausible(implied, present):
         raise _fail(
             header.path,
             f"{header.architecture}.embedding_length",

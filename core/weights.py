@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import math
 import os
 import re
 import shutil
@@ -36,8 +37,10 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+from safetensors import SafetensorError, safe_open
+
 from core.errors import DataError, ModelError
-from core.gguf_check import check_gguf
+from core.gguf_check import LIMITS, check_gguf, implied_parameters, plausible
 from core.paths import cache_dir
 from core.safeio import read_json_file, regular_file
 
@@ -207,28 +210,104 @@ def gguf_alone(gguf: Path) -> Iterator[tuple[str, str]]:
         yield tmp, link.name
 
 
-def _auto_map(folder: Path, name: str) -> Any:
+_CONFIG_SIZES = {
+    # config key(s) (Llama style, GPT-2 style) -> the most it may state
+    ("num_hidden_layers", "n_layer"): LIMITS.block_count,
+    ("hidden_size", "n_embd"): LIMITS.embedding_length,
+    ("intermediate_size", "n_inner"): LIMITS.feed_forward_length,
+    ("vocab_size",): LIMITS.vocab,
+    ("num_attention_heads", "n_head", "num_key_value_heads"): LIMITS.head_count,
+    ("head_dim",): LIMITS.head_dim,
+    ("max_position_embeddings", "n_positions", "n_ctx"): LIMITS.context_length,
+    ("num_local_experts", "num_experts"): LIMITS.experts,
+}
+"""The sizes of a transformers config that decide what it allocates."""
+
+
+def _config(folder: Path, name: str) -> Any:
     try:
-        doc = read_json_file(folder / name, CONFIG_LIMIT, what=f"model {name}")
+        return read_json_file(folder / name, CONFIG_LIMIT, what=f"model {name}")
     except DataError as e:
         raise ModelError(f"the model folder {folder} has an unreadable {name}: {e}") from e
-    return doc.get("auto_map") if isinstance(doc, dict) else None
+
+
+def _config_size(folder: Path, config: dict[str, Any], keys: tuple[str, ...], most: int) -> int:
+    """The first of ``keys`` the config states, checked to be a whole number in
+    ``[0, most]`` (0 when none is stated)."""
+    for key in keys:
+        value = config.get(key)
+        if value is None:
+            continue
+        if not isinstance(value, int) or isinstance(value, bool) or not 0 <= value <= most:
+            raise ModelError(
+                f"the model folder {folder} is refused: config.json field {key!r} is "
+                f"{str(value)[:40]} (a whole number from 0 to {most}). The config is damaged "
+                "or crafted"
+            )
+        return value
+    return 0
+
+
+def _safetensors_elements(folder: Path) -> int:
+    """How many weights the folder's safetensors files hold (their headers only)."""
+    total = 0
+    for path in sorted(folder.glob("*.safetensors")):
+        try:
+            with safe_open(path, framework="numpy") as f:
+                total += sum(math.prod(f.get_slice(k).get_shape()) for k in f.keys())
+        except (SafetensorError, OSError) as e:
+            raise ModelError(
+                f"the weights file {path} is not a readable safetensors file: {e}"
+            ) from e
+    return total
+
+
+def _check_config_sizes(folder: Path, config: dict[str, Any]) -> None:
+    """Refuse sizes out of bounds, or a model far bigger than the weights that are there
+    (a ``num_hidden_layers`` of 3000 over a few kilobytes of weights)."""
+    sized = [config] + [v for v in config.values() if isinstance(v, dict)]  # text_config...
+    for part in sized:
+        size = {
+            keys[0]: _config_size(folder, part, keys, most) for keys, most in _CONFIG_SIZES.items()
+        }
+        implied = implied_parameters(
+            vocab=size["vocab_size"],
+            width=size["hidden_size"],
+            blocks=size["num_hidden_layers"],
+            ff=size["intermediate_size"],
+            experts=size["num_local_experts"],
+        )
+        if implied <= 1 << 20:
+            continue
+        present = _safetensors_elements(folder)
+        if not plausible(implied, present):
+            raise ModelError(
+                f"the model folder {folder} is refused: config.json field 'num_hidden_layers' "
+                f"({size['num_hidden_layers']}) with hidden_size {size['hidden_size']}, "
+                f"intermediate_size {size['intermediate_size']} and vocab_size "
+                f"{size['vocab_size']} implies at least {implied:,} parameters, but its "
+                f"safetensors files hold {present:,}. The config does not describe these weights"
+            )
 
 
 def check_hf_folder(folder: Path) -> None:
-    """Refuse a Hugging Face model folder that asks to run its own code or whose weights
-    are only pickles, before transformers sees it.
+    """Refuse a Hugging Face model folder that asks to run its own code, whose weights
+    are only pickles, or whose config states sizes its weights do not have, before
+    transformers sees it.
 
     Raises:
         ModelError: A config with an ``auto_map`` (naming the file, the code it names and
             the folder's Python files), or pickled weights and no ``*.safetensors``
             (naming the pickles). A folder with no weights at all is left to transformers,
-            which says what is missing (it is never allowed to read a pickle).
+            which says what is missing (it is never allowed to read a pickle). A
+            config size out of bounds, or implying a model far bigger than the
+            safetensors hold (naming the field).
     """
     for name in CONFIG_FILES:
         if not (folder / name).is_file():
             continue
-        auto_map = _auto_map(folder, name)
+        doc = _config(folder, name)
+        auto_map = doc.get("auto_map") if isinstance(doc, dict) else None
         if auto_map is not None:
             code = sorted(p.name for p in folder.glob("*.py"))[:10]
             raise ModelError(
@@ -246,6 +325,9 @@ def check_hf_folder(folder: Path) -> None:
             "safetensors or GGUF, never from pickles, which can run code: get the model's "
             "model.safetensors (most hub models have one) or its GGUF file"
         )
+    config = _config(folder, "config.json") if (folder / "config.json").is_file() else None
+    if isinstance(config, dict):
+        _check_config_sizes(folder, config)
 
 
 def gguf_cache_path(path: Path) -> Path:

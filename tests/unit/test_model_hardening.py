@@ -18,10 +18,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 from gguf import GGUFWriter
+from safetensors.numpy import save_file
 
+from core import model as model_mod
 from core.errors import ModelError
 from core.gguf_check import check_gguf
-from core.model import embedded_gguf_path, load_model
+from core.model import LoadedModel, embedded_gguf_path, load_model
 from core.weights import check_hf_folder, dequantize_gguf, gguf_file
 
 # --------------------------------------------------------------------------- folders
@@ -166,6 +168,67 @@ def test_a_gguf_is_read_alone_not_with_the_code_beside_it(
     assert files == {"model.gguf"}
     assert kwargs["trust_remote_code"] is False
     assert not marker.exists()
+
+
+def _sized_folder(root: Path, **config: object) -> Path:
+    """A folder whose config states ``config`` over a few bytes of safetensors weights."""
+    folder = root / "sized"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps({**_TINY_LLAMA, **config}))
+    save_file(
+        {"model.embed_tokens.weight": np.zeros((16, 8), np.float32)}, folder / "model.safetensors"
+    )
+    return folder
+
+
+@pytest.mark.parametrize(
+    ("config", "pattern"),
+    [
+        (
+            {"num_hidden_layers": 1000, "hidden_size": 576, "intermediate_size": 1536},
+            r"field 'num_hidden_layers' \(1000\) with hidden_size 576.*implies at least "
+            r"2,433,033,216 parameters, but its safetensors files hold 128",
+        ),
+        ({"num_hidden_layers": 3000}, r"field 'num_hidden_layers' is 3000 \(a whole number"),
+        ({"hidden_size": 1 << 40}, r"field 'hidden_size' is 1099511627776"),
+        ({"vocab_size": "many"}, r"field 'vocab_size' is many"),
+        ({"text_config": {"n_embd": -1}}, r"field 'n_embd' is -1"),
+    ],
+)
+def test_a_folder_whose_config_outgrows_its_weights_is_refused_quickly(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, config: dict[str, object], pattern: str
+) -> None:
+    def never(*args: object, **kwargs: object) -> object:
+        raise AssertionError("transformers saw the hostile folder")
+
+    monkeypatch.setattr("transformers.AutoModelForCausalLM.from_pretrained", never)
+    folder = _sized_folder(tmp_path, **config)
+    t0 = time.perf_counter()
+    with pytest.raises(ModelError, match=pattern) as exc:
+        load_model(str(folder), device="cpu")
+    assert time.perf_counter() - t0 < 1.0
+    assert str(folder) in str(exc.value)
+
+
+def test_a_folder_with_broken_safetensors_is_refused(tmp_path: Path) -> None:
+    folder = _sized_folder(tmp_path, num_hidden_layers=30, hidden_size=576)
+    (folder / "model.safetensors").write_bytes((1 << 40).to_bytes(8, "little") + b"{")
+    with pytest.raises(ModelError, match="model.safetensors is not a readable safetensors file"):
+        check_hf_folder(folder)
+
+
+def test_a_well_formed_folder_loads(
+    tmp_path: Path, tiny_model: LoadedModel, no_prompt: list[str]
+) -> None:
+    """A saved model (config, safetensors, tokenizer) passes the checks and loads."""
+    folder = tmp_path / "saved"
+    model_mod._tiny_hf_model(tiny_model.tokenizer, seed=0).save_pretrained(folder)
+    tiny_model.tokenizer.save_pretrained(folder)
+    (folder / "pytorch_model.bin").write_bytes(b"\x80\x04K\x01.")  # beside safetensors: unread
+    check_hf_folder(folder)
+    loaded = load_model(str(folder), device="cpu")
+    assert loaded.info.n_layers == tiny_model.info.n_layers
+    assert no_prompt == []
 
 
 # --------------------------------------------------------------------------- GGUF headers
