@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import os
+import tomllib
 from pathlib import Path
 
 import plotly.graph_objects as go
@@ -33,6 +34,13 @@ def test_no_page_shows_a_figure_without_its_exports() -> None:
         if "plotly_chart(" in line
     ]
     assert direct == [], "show figures with app.components.exports.plot"
+
+
+def test_tables_offer_no_csv_export_that_skips_formula_neutralising() -> None:
+    # Streamlit's own table download writes "=HYPERLINK(...)" as it is; the app's CSV
+    # buttons go through core.review.export.safe_csv instead (tests/unit/test_review.py).
+    config = tomllib.loads((APP.parent / ".streamlit" / "config.toml").read_text())
+    assert config["client"]["disableDataExport"] is True
 
 
 def test_figures_render_to_svg_and_png() -> None:
