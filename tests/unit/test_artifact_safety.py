@@ -670,3 +670,23 @@ def test_seal_refuses_a_linked_member_before_writing_anything(tmp_path: Path) ->
         seal_artifact(folder)
     assert main(["artifacts", "seal", str(folder)]) == 1
     assert {p: p.read_bytes() for p in before} == before
+
+
+def test_token_thresholds_never_opens_a_file_an_artifact_names(
+    tmp_path, nll_copy, reseal, tiny_model, capsys
+) -> None:
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text("not for the artifact to choose\n")
+    root = nll_copy.parent
+    for spec in (str(secret), f"{secret}[:3]", "../secret.jsonl"):
+        _edit_cfg(
+            nll_copy,
+            reseal,
+            lambda cfg, s=spec: cfg.update(
+                model=tiny_model.info.key, trained_on={"recipe": {"dataset": s}}
+            ),
+        )
+        args = ["token-thresholds", "--model", "tiny", "--folder", str(root)]
+        assert main([*args, "--detectors", "nll"]) == 2
+        err = capsys.readouterr().err
+        assert "which ragscope does not open on an artifact's word; give --dataset" in err
