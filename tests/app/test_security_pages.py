@@ -347,3 +347,25 @@ def test_untrusted_text_is_never_markup_on_any_page(
     }
     assert len(seen) == len(PAGES) + 1
     assert not any(bad.values()), {p: b for p, b in bad.items() if b}
+
+
+def test_the_benchmark_reads_a_stored_dataset_by_name_never_the_file_it_names(
+    make_app: Callable[[], AppTest], app_env: Path, tmp_path: Path
+) -> None:
+    from app.state import KEY_BENCH_TRAIN
+    from core.data import builtin_examples
+
+    marker = "TOP-SECRET-FIRST-LINE"
+    secret = tmp_path / "srv" / "x.csv"
+    secret.parent.mkdir()
+    secret.write_text(f"{marker},passages,response\n" + "q,p,r\n" * 30)
+    with Store(app_env) as s:
+        s.import_dataset(str(secret), builtin_examples()[:5], source="up", fmt="ragscope")
+    at = make_app().run()
+    at.switch_page("views/benchmark.py").run()
+    picker = at.selectbox(key=KEY_BENCH_TRAIN)
+    assert str(secret) not in picker.options  # a name is offered as stored:NAME only
+    picker.set_value(f"stored:{secret}").run()
+    assert not at.exception, [e.value for e in at.exception]
+    shown = "\n".join(c.value for c in at.caption) + "\n".join(e.value for e in at.error)
+    assert "5 examples:" in shown and marker not in shown
