@@ -278,7 +278,9 @@ def _int_field(header: GGUFHeader, name: str, low: int, high: int, *, required: 
     """``ARCH.name`` as an int in ``[low, high]`` (the largest item when an array)."""
     key = f"{header.architecture}.{name}"
     value = header.metadata.get(key)
-    if value is None and not required:
+    if value is None:
+        if required:
+            raise _fail(header.path, key, "is missing (every model states it)")
         return low
     if isinstance(value, GGUFArray):
         if value.items is None or value.count == 0:

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-from gguf import GGUFWriter
+from gguf import GGUFEndian, GGUFWriter
 from safetensors.numpy import save_file
 
 from core import model as model_mod
@@ -236,11 +236,13 @@ def test_a_well_formed_folder_loads(
 _WIDTH, _FF, _VOCAB = 32, 64, 8
 
 
-def _write_gguf(path: Path, *, blocks: int = 2, **overrides: int) -> Path:
+def _write_gguf(
+    path: Path, *, blocks: int = 2, endian: GGUFEndian = GGUFEndian.LITTLE, **overrides: int
+) -> Path:
     """A small, well-formed Llama GGUF (F32 tensors); ``overrides`` set ``llama.KEY`` to a
     uint64 (so 2^40 fits) in place of the true value."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    w = GGUFWriter(str(path), "llama")
+    w = GGUFWriter(str(path), "llama", endianess=endian)
     sizes = {
         "block_count": blocks,
         "context_length": 256,
@@ -400,6 +402,8 @@ def test_well_formed_ggufs_pass(tmp_path: Path) -> None:
     assert header.architecture == "llama"
     assert header.arch_value("block_count") == 3
     assert len(header.tensors) == 2 + 3 * 9
+    big = check_gguf(_write_gguf(tmp_path / "big.gguf", endian=GGUFEndian.BIG))
+    assert big.arch_value("embedding_length") == _WIDTH
     embedded = check_gguf(embedded_gguf_path())  # the real model: header only, ~20 ms
     assert embedded.arch_value("block_count") == 30
     assert embedded.arch_value("embedding_length") == 576
