@@ -66,6 +66,12 @@ def test_a_stored_name_that_is_a_path_reads_the_stored_rows(
     # What the Train form's estimate and the job's worker read (make_splits).
     _, _, splits = make_splits(stored_spec(str(server_file)))
     assert sorted(e.id for part in splits.values() for e in part) == ["s0", "s1", "s2"]
+    # A prefix of a stored dataset; a stored name that itself ends in [:N] is that name.
+    name, examples = resolve_dataset(stored_spec("demo[:2]"))
+    assert name == "demo" and [e.id for e in examples] == ["s0", "s1"]
+    with Store() as s:
+        s.import_dataset("demo[:2]", _examples(4), source=None, fmt=None)
+    assert len(resolve_dataset(stored_spec("demo[:2]"))[1]) == 4
     assert opened == []  # no file was opened, the server file least of all
     with pytest.raises(DataError, match="no stored dataset named") as e:
         resolve_dataset(stored_spec(str(server_file) + ".other"))
