@@ -20,18 +20,20 @@ Each result is one JSON line in ``--out``, written as soon as it is measured; ea
 runs under an alarm bounded by what is left of ``--budget-s``, and a case that runs out
 of time or device memory is recorded as such and the next one runs.
 
-Machines without spaCy or LangChain (a bare GPU machine) replay their text steps:
-``--text-record FILE`` runs every example of the run through them here (tiny model,
-CPU) and saves what they returned (SPAD's part-of-speech words, sentence and recursive
-chunk spans, by text hash); ``--text-replay FILE`` answers the same calls from that
-file. The replayed steps cost no time, so the GPU throughput leaves out spaCy and
-LangChain (measured here: ``text_s`` in the recording's summary line). The ``lexical``
-baseline (spaCy, no activations) is left out when replaying.
+Machines without spaCy, LangChain or the sentence embedder (a bare GPU machine) replay
+those text steps: ``--text-record FILE`` runs every example of the run through them here
+(tiny model, CPU) and saves what they returned (SPAD's part-of-speech words, sentence and
+recursive chunk spans, all-MiniLM-L6-v2 chunk embeddings as float16, by text hash);
+``--text-replay FILE`` answers the same calls from that file. The replayed steps cost no
+time, so the GPU throughput leaves out spaCy, LangChain and the embedder (measured here:
+``text_s`` in the recording's summary line). The ``lexical`` baseline (spaCy, no
+activations) is left out when replaying.
 """
 
 from __future__ import annotations
 
 import argparse
+import base64
 import contextlib
 import gc
 import gzip
@@ -53,6 +55,7 @@ import numpy as np
 import torch
 
 import core.chunking
+import core.embed
 import core.spad
 from core.bench import bench_example, bench_extraction
 from core.contract import Detector, Features
@@ -143,6 +146,7 @@ def text_steps(record: Path | None, replay: Path | None) -> Iterator[dict[str, A
     words0 = core.spad.spacy_words
     sents0 = core.chunking.split_sentences_many
     rec0 = core.chunking.split_recursive
+    load0 = core.embed.SentenceEmbedder._load
 
     def look(key: str) -> Any:
         if key not in table:
@@ -179,13 +183,41 @@ def text_steps(record: Path | None, replay: Path | None) -> Iterator[dict[str, A
         table[key] = out
         return out
 
+    def vec(v: np.ndarray) -> str:
+        return base64.b64encode(np.asarray(v, np.float16).tobytes()).decode()
+
+    class Replayed:
+        """The sentence embedder's ``encode``, answered from the recording."""
+
+        def encode(self, texts: Sequence[str], **_: Any) -> np.ndarray:
+            rows = [base64.b64decode(look(f"e:{_h(t)}")) for t in texts]
+            return np.stack([np.frombuffer(r, np.float16).astype(np.float32) for r in rows])
+
+    class Recording:
+        """The sentence embedder's ``encode``, its vectors recorded (as float16)."""
+
+        def __init__(self, real: Any) -> None:
+            self.real = real
+
+        def encode(self, texts: Sequence[str], **kw: Any) -> np.ndarray:
+            out = timed(self.real.encode, texts, **kw)
+            table.update({f"e:{_h(t)}": vec(v) for t, v in zip(texts, out, strict=True)})
+            return out
+
+    def load(self: core.embed.SentenceEmbedder) -> Any:
+        if self._model is None:
+            self._model = Replayed() if replay is not None else Recording(load0(self))
+        return self._model
+
     if record is not None or replay is not None:
+        core.embed.SentenceEmbedder._load = load  # type: ignore[method-assign]
         core.spad.spacy_words = words  # type: ignore[assignment]
         core.chunking.split_sentences_many = sents  # type: ignore[assignment]
         core.chunking.split_recursive = recursive  # type: ignore[assignment]
     try:
         yield stats
     finally:
+        core.embed.SentenceEmbedder._load = load0  # type: ignore[method-assign]
         core.spad.spacy_words = words0  # type: ignore[assignment]
         core.chunking.split_sentences_many = sents0  # type: ignore[assignment]
         core.chunking.split_recursive = rec0  # type: ignore[assignment]
