@@ -18,10 +18,13 @@ them, and a writer also leaves the merged view in ``manifest.json``.
   cache holds); :func:`store_keys` lists the keys a folder holds.
 
 Everything read from a store is treated as hostile: only ``part-*.parquet`` files of
-bounded size, the exact column names and Arrow types of :data:`SCHEMA`, bounded
-payloads, and each payload parsed by the cache's own checked reader before it is
-stored. A bad row is reported with its file and row, never stored, and never stops
-the others.
+bounded size and the exact column names and Arrow types of :data:`SCHEMA`; memory is
+bounded by decompressed sizes before anything is materialised (the footer's row counts
+and per-column decompressed sizes are checked first, then one row group is read at a
+time in batches sized from them, and a row group that decodes to far more than it
+decompresses to, a dictionary bomb, is stopped). Each row is checked as the detectors'
+own extraction writes it (:func:`import_store`). A bad row is reported with its file
+and row, never stored, and never stops the others.
 """
 
 from __future__ import annotations
