@@ -17,6 +17,7 @@ import functools
 import hashlib
 import io
 import json
+import math
 import zipfile
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
@@ -25,6 +26,7 @@ from types import MappingProxyType
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
 
 import numpy as np
+from numpy.lib import format as npformat
 from pydantic import ConfigDict, TypeAdapter, ValidationError
 
 from core.calibration import (
@@ -158,7 +160,13 @@ class Features:
         """
         try:
             with zipfile.ZipFile(io.BytesIO(blob)) as zf:
-                check_zip(zf, source="feature cache entry", max_members=16)
+                check_zip(
+                    zf,
+                    source="feature cache entry",
+                    max_members=16,
+                    max_bytes=PAYLOAD_UNPACKED_LIMIT,
+                )
+                _check_npy_headers(zf)
             with np.load(io.BytesIO(blob), allow_pickle=False) as z:
                 meta = parse_json(z["meta"].tobytes(), source="feature cache entry")
                 get = {k: z[k] for k in z.files if k != "meta"}
@@ -222,6 +230,32 @@ class Features:
 
 PAYLOAD_NAMES_LIMIT = 1 << 20
 """Most feature names (of one level) a stored payload may declare."""
+PAYLOAD_UNPACKED_LIMIT = 256 << 20
+"""Most bytes a stored payload's arrays may unpack to."""
+
+
+def _check_npy_headers(zf: zipfile.ZipFile) -> None:
+    """Refuse an array whose ``.npy`` header declares more bytes than its member holds
+    (numpy would allocate the declared shape before reading), before anything is read.
+
+    Raises:
+        DataError: Naming the member, what it declares and what it holds.
+    """
+    for info in zf.infolist():
+        with zf.open(info) as fh:
+            version = npformat.read_magic(fh)
+            if version == (1, 0):
+                shape, _, dtype = npformat.read_array_header_1_0(fh)
+            elif version == (2, 0):
+                shape, _, dtype = npformat.read_array_header_2_0(fh)
+            else:
+                raise DataError(f"feature cache entry: {info.filename} is .npy {version}")
+        declared = math.prod(shape) * dtype.itemsize
+        if dtype.hasobject or declared > info.file_size:
+            raise DataError(
+                f"feature cache entry: {info.filename} declares {declared:,} bytes of "
+                f"{dtype} but holds {info.file_size:,}"
+            )
 
 
 def _check_payload(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) -> None:

@@ -9,12 +9,14 @@ import io
 import json
 import subprocess
 import sys
+import zipfile
 from pathlib import Path
 
 import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
+from numpy.lib import format as npformat
 
 from core import featurestore
 from core.cli import main
@@ -189,6 +191,20 @@ def _payload(feats: Features, **change: object) -> bytes:
     return buf.getvalue()
 
 
+def _declares(feats: Features, shape: tuple[int, ...]) -> bytes:
+    """``feats``' payload whose response array's ``.npy`` header declares ``shape``."""
+    header = io.BytesIO()
+    npformat.write_array_header_1_0(
+        header, {"descr": "<f4", "fortran_order": False, "shape": shape}
+    )
+    out = io.BytesIO()
+    with zipfile.ZipFile(io.BytesIO(_payload(feats))) as src, zipfile.ZipFile(out, "w") as dst:
+        for name in src.namelist():
+            data = header.getvalue() if name == "response.npy" else src.read(name)
+            dst.writestr(name, data, zipfile.ZIP_DEFLATED)
+    return out.getvalue()
+
+
 def test_poisoned_rows_are_refused_naming_file_and_row(
     good_store: tuple[pa.Schema, list[dict]], tmp_path: Path
 ) -> None:
@@ -209,6 +225,7 @@ def test_poisoned_rows_are_refused_naming_file_and_row(
         dict(other, features=_payload(f, token_offsets=offs.astype(np.float32))),
         dict(other, config_hash="0" * 16),
         dict(other, example_hash=good["example_hash"]),  # another example's hash
+        dict(other, features=_declares(f, (1 << 38,))),  # a 1 TiB array in a few hundred bytes
     ]
     folder = tmp_path / "poisoned"
     folder.mkdir()
@@ -230,6 +247,7 @@ def test_poisoned_rows_are_refused_naming_file_and_row(
         assert "config hash 0000000000000000 is not " in at[7]
         assert "the hash of the nll config the shard's manifest records" in at[7]
         assert "but the local example" in at[8] and "another example's hash" in at[8]
+        assert "response.npy declares 1,099,511,627,776 bytes of float32 but holds" in at[9]
         # nothing of `other` came in; what was good did
         key = {k: other[k] for k in ("example_hash", "model", "detector", "config_hash")}
         assert store.get_analysis(**key) is None
