@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import re
 import time
+import tomllib
 from collections.abc import Callable
 from pathlib import Path
 
@@ -369,3 +370,12 @@ def test_the_benchmark_reads_a_stored_dataset_by_name_never_the_file_it_names(
     assert not at.exception, [e.value for e in at.exception]
     shown = "\n".join(c.value for c in at.caption) + "\n".join(e.value for e in at.error)
     assert "5 examples:" in shown and marker not in shown
+
+
+def test_visitors_see_no_traceback_or_server_path() -> None:
+    """An uncaught exception shows its type only: a traceback names server paths."""
+    root = Path(__file__).resolve().parents[2]
+    config = tomllib.loads((root / ".streamlit" / "config.toml").read_text())
+    assert config["client"]["showErrorDetails"] == "type"
+    assert config["server"]["address"] == "localhost"
+    assert config["server"]["enableStaticServing"] is False
