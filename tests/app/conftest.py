@@ -190,3 +190,25 @@ def with_demo_detectors(
     """The app sees :func:`demo_detectors_dir` as its shipped detectors."""
     monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(demo_detectors_dir))
     return demo_detectors_dir
+
+
+_AUTH = {
+    "redirect_uri": "http://localhost:8501/oauth2callback",
+    "cookie_secret": "x" * 32,
+    "client_id": "ragscope",
+    "client_secret": "secret",
+    "server_metadata_url": "http://127.0.0.1:1/.well-known/openid-configuration",
+}
+
+
+@pytest.fixture(scope="session")
+def with_login() -> Callable[..., AppTest]:
+    """Configures Streamlit's OpenID Connect login on an app and sets its visitor:
+    ``with_login(at, user, redirect_uri=...)`` (keyword arguments change ``[auth]``)."""
+
+    def configure(at: AppTest, user: dict, **auth: str) -> AppTest:
+        at.secrets["auth"] = {**_AUTH, **auth}
+        at.user = user
+        return at
+
+    return configure

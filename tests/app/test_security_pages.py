@@ -19,25 +19,12 @@ from core.storage import Store
 
 REVIEW = "views/review.py"
 KEY = "corpus"
-AUTH = {
-    "redirect_uri": "http://localhost:8501/oauth2callback",
-    "cookie_secret": "x" * 32,
-    "client_id": "ragscope",
-    "client_secret": "secret",
-    "server_metadata_url": "http://127.0.0.1:1/.well-known/openid-configuration",
-}
-
-
-def _with_auth(at: AppTest, user: dict) -> AppTest:
-    at.secrets["auth"] = AUTH
-    at.user = user
-    return at
 
 
 def test_with_logins_configured_a_visitor_sees_only_the_login(
-    make_app: Callable[[], AppTest], app_env: Path
+    make_app: Callable[[], AppTest], app_env: Path, with_login: Callable[..., AppTest]
 ) -> None:
-    at = _with_auth(make_app(), {"is_logged_in": False}).run()
+    at = with_login(make_app(), {"is_logged_in": False}).run()
     assert not at.exception, [e.value for e in at.exception]
     assert at.button(key="auth.login").label == "Log in"
     assert [t.value for t in at.title] == ["ragscope"]
@@ -51,6 +38,7 @@ def test_signed_in_reviews_are_recorded_under_the_identity(
     make_app: Callable[[], AppTest],
     app_env: Path,
     with_demo_detectors: Path,
+    with_login: Callable[..., AppTest],
 ) -> None:
     user = {
         "is_logged_in": True,
@@ -58,29 +46,25 @@ def test_signed_in_reviews_are_recorded_under_the_identity(
         "email_verified": True,
         "name": "Alice",
     }
-    at = _with_auth(make_app(), user).run()
+    at = with_login(make_app(), user).run()
     assert not at.exception
-    at.switch_page(REVIEW).run()
-    assert not at.exception, [e.value for e in at.exception]
-    assert not [t for t in at.text_input if t.key == "review.name"]  # nobody types a name
-    assert not [b for b in at.button if b.key == "review.change_name"]
-    text = "\n".join(c.value for c in at.caption)
-    assert "Reviewing as **Alice** (`alice@example.com`), signed in." in text
-    at.number_input(key="review.limit").set_value(4)
-    for t in at.number_input:
-        if t.key and t.key.startswith("review.threshold."):
-            t.set_value(0.05)
-    at.button(key="review.build").click().run()
-    at.button(key="review.accept").click().run()
-    assert not at.exception, [e.value for e in at.exception]
-    with Store(app_env) as s:
-        reviewers = {r.reviewer for i in ReviewBook(s).items(KEY) for r in i.reviews}
-    assert reviewers == {"alice@example.com"}
+
+    def identity_shown(at: AppTest) -> None:
+        assert not [t for t in at.text_input if t.key == "review.name"]  # nobody types a name
+        assert not [b for b in at.button if b.key == "review.change_name"]
+        text = "\n".join(c.value for c in at.caption)
+        assert "Reviewing as **Alice** (`alice@example.com`), signed in." in text
+
+    assert _reviewer_after_one_decision(at, app_env, identity_shown) == {"alice@example.com"}
 
 
-def _reviewer_after_one_decision(at: AppTest, app_env: Path) -> set[str]:
+def _reviewer_after_one_decision(
+    at: AppTest, app_env: Path, check_page: Callable[[AppTest], None] = lambda at: None
+) -> set[str]:
+    """Opens Review, accepts the first flag, and returns who the decision is recorded under."""
     at.switch_page(REVIEW).run()
     assert not at.exception, [e.value for e in at.exception]
+    check_page(at)
     at.number_input(key="review.limit").set_value(4)
     for t in at.number_input:
         if t.key and t.key.startswith("review.threshold."):
@@ -117,9 +101,10 @@ def test_only_a_verified_email_is_taken_as_the_identity(
     with_demo_detectors: Path,
     claims: dict,
     recorded: str,
+    with_login: Callable[..., AppTest],
 ) -> None:
     user = {"is_logged_in": True, "name": "Mallory", **claims}
-    at = _with_auth(make_app(), user).run()
+    at = with_login(make_app(), user).run()
     assert not at.exception, [e.value for e in at.exception]
     assert f"(`{recorded}`)" in "\n".join(c.value for c in at.sidebar.caption)
     assert _reviewer_after_one_decision(at, app_env) == {recorded}
@@ -130,7 +115,7 @@ def _signed_in(at: AppTest) -> bool:
 
 
 def test_logging_out_revokes_the_session_server_side(
-    make_app: Callable[[], AppTest], app_env: Path
+    make_app: Callable[[], AppTest], app_env: Path, with_login: Callable[..., AppTest]
 ) -> None:
     issued = int(time.time()) - 60
     user = {
@@ -139,35 +124,39 @@ def test_logging_out_revokes_the_session_server_side(
         "email_verified": True,
         "iat": issued,
     }
-    at = _with_auth(make_app(), user).run()
+    at = with_login(make_app(), user).run()
     assert _signed_in(at)
     at.sidebar.button(key="auth.logout").click().run()
     assert not at.exception, [e.value for e in at.exception]
     with Store(app_env) as s:
         assert s.logins_revoked_at("alice@example.com") >= issued
     # A copy of the old cookie, in a new browser session: refused, asked to log in again.
-    again = _with_auth(make_app(), dict(user)).run()
+    again = with_login(make_app(), dict(user)).run()
     assert not again.exception, [e.value for e in again.exception]
     assert not _signed_in(again) and again.button(key="auth.login").label == "Log in"
     assert any("you logged out of this session" in e.value for e in again.error)
     assert not again.subheader and not again.metric  # nothing of the app
     # Logging in again issues a new token: signed in.
-    fresh = _with_auth(make_app(), {**user, "iat": int(time.time()) + 1}).run()
+    fresh = with_login(make_app(), {**user, "iat": int(time.time()) + 1}).run()
     assert _signed_in(fresh) and not fresh.error
 
 
 def test_an_old_or_plain_http_login_is_refused(
-    make_app: Callable[[], AppTest], app_env: Path, monkeypatch: pytest.MonkeyPatch
+    make_app: Callable[[], AppTest],
+    app_env: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    with_login: Callable[..., AppTest],
 ) -> None:
     user = {"is_logged_in": True, "email": "a@example.com", "email_verified": True}
-    old = _with_auth(make_app(), {**user, "iat": time.time() - 25 * 3600}).run()
+    old = with_login(make_app(), {**user, "iat": time.time() - 25 * 3600}).run()
     assert not _signed_in(old) and any("expired" in e.value for e in old.error)
     monkeypatch.setenv("RAGSCOPE_SESSION_HOURS", "48")
-    assert _signed_in(_with_auth(make_app(), {**user, "iat": time.time() - 25 * 3600}).run())
-    at = make_app()
-    at.secrets["auth"] = {**AUTH, "redirect_uri": "http://team.example:8501/oauth2callback"}
-    at.user = {**user, "iat": time.time()}
-    at.run()
+    assert _signed_in(with_login(make_app(), {**user, "iat": time.time() - 25 * 3600}).run())
+    at = with_login(
+        make_app(),
+        {**user, "iat": time.time()},
+        redirect_uri="http://team.example:8501/oauth2callback",
+    ).run()
     assert not at.exception and not _signed_in(at)
     assert any("not https" in e.value and "docs/deployment.md" in e.value for e in at.error)
     assert not [b for b in at.button if b.key == "auth.login"]  # logging in would not help

@@ -238,6 +238,7 @@ def test_with_logins_only_the_owner_or_an_admin_controls_a_job(
     no_exception,
     tiny_model,
     monkeypatch: pytest.MonkeyPatch,
+    with_login: Callable[..., AppTest],
 ) -> None:
     key = tiny_model.info.key
     spec = TrainSpec(model="tiny", device="cpu", detectors=("nll",), dataset="demo")
@@ -250,10 +251,7 @@ def test_with_logins_only_the_owner_or_an_admin_controls_a_job(
     user = {"is_logged_in": True, "email": "alice@example.com", "email_verified": True}
 
     def as_alice() -> AppTest:
-        at = make_app()
-        at.secrets["auth"] = AUTH
-        at.user = user
-        return at.run()
+        return with_login(make_app(), user).run()
 
     at = as_alice()
     no_exception(at)
@@ -267,12 +265,3 @@ def test_with_logins_only_the_owner_or_an_admin_controls_a_job(
     no_exception(at)
     with Store(jobs_env) as store:
         assert store.get_job(job).status == "cancelled"
-
-
-AUTH = {
-    "redirect_uri": "http://localhost:8501/oauth2callback",
-    "cookie_secret": "x" * 32,
-    "client_id": "ragscope",
-    "client_secret": "secret",
-    "server_metadata_url": "http://127.0.0.1:1/.well-known/openid-configuration",
-}
