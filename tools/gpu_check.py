@@ -521,7 +521,8 @@ def table(path: Path) -> str:
         if r["kind"] == "case_failed" and "model" in r:
             lines.append(
                 f"| {r['model']} | {r['dtype']} | {r.get('load_s', '')} | failed: {r['error']} "
-                f"({r['message'][:120]}) | | | | | | {r.get('cuda_peak_mib', '')} |"
+                f"({' '.join(r['message'].split('|')[0].split())[:120]}) | | | | | | "
+                f"{r.get('cuda_peak_mib', '')} |"
             )
         if r["kind"] != "extraction":
             continue
