@@ -6,19 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from core.artifact import artifact_info
-from core.cli.common import Subparsers, add_model_args, load
+from core.cli.common import Subparsers, add_model_args, load, recipe_dataset
 from core.data import (
-    BUILTIN,
-    BUILTIN_ANSWERS,
-    DEMO,
-    SHARED_PREFIX,
-    STORED_PREFIX,
     data_hash,
     make_splits,
 )
@@ -65,7 +59,7 @@ def cmd_token_thresholds(args: argparse.Namespace) -> int:
         for n in names:
             path = Path(found[n])
             recipe = (artifact_info(path).get("trained_on") or {}).get("recipe") or {}
-            spec = _recipe_dataset(recipe.get("dataset"), args.dataset, path)
+            spec = recipe_dataset(recipe.get("dataset"), args.dataset, path)
             if spec is None:
                 raise DataError(
                     "the artifact records no training recipe: give --dataset", source=str(path)
@@ -97,38 +91,6 @@ def cmd_token_thresholds(args: argparse.Namespace) -> int:
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} |")
     return 0
-
-
-_NAMED = re.compile(r"(?P<spec>.*?)(\[:\d+\])?")
-
-
-def _recipe_dataset(recorded: object, given: str | None, folder: Path) -> str | None:
-    """The dataset an artifact's training recipe names, when it is one ragscope knows by
-    name (``demo``, ``builtin``, ``shared:``/``stored:`` names, a stored dataset); else
-    ``given`` (``--dataset``). A recipe naming a file or folder is never opened on the
-    artifact's word: ``cfg.json`` is anyone's to edit.
-
-    Raises:
-        DataError: The recipe names a path (or is not a string) and no ``--dataset`` was given.
-    """
-    if recorded is None:
-        return given
-    m = _NAMED.fullmatch(recorded) if isinstance(recorded, str) else None
-    name = m["spec"] if m else ""
-    known = name in (DEMO, BUILTIN, BUILTIN_ANSWERS) or name.startswith(
-        (SHARED_PREFIX, STORED_PREFIX)
-    )
-    pathlike = not name or "/" in name or "\\" in name or name.startswith((".", "~"))
-    if known or not (pathlike or Path(name).exists()):
-        return str(recorded)
-    if given is not None:
-        return given
-    raise DataError(
-        f"the artifact's training recipe names {str(recorded)[:200]!r}, a file or folder "
-        "(or no dataset name), which ragscope does not open on an artifact's word; give "
-        "--dataset to choose the data yourself",
-        source=str(folder),
-    )
 
 
 def _add_artifacts(sub: Subparsers) -> None:

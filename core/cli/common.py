@@ -6,15 +6,25 @@ from __future__ import annotations
 
 import argparse
 import json
+import re
 import sys
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any
 
 from tqdm import tqdm
 
 from core.contract import Detector, Features
 from core.crossval import default_maker
-from core.data import DEMO, make_splits, resolve_dataset
+from core.data import (
+    BUILTIN,
+    BUILTIN_ANSWERS,
+    DEMO,
+    SHARED_PREFIX,
+    STORED_PREFIX,
+    make_splits,
+    resolve_dataset,
+)
 from core.distributed import RayOptions, extract_ray
 from core.errors import DataError
 from core.examples import RAGExample
@@ -380,3 +390,66 @@ def emit(obj: dict[str, Any], as_json: bool) -> None:
                 print(f"  {a}: {b}")
         else:
             print(f"{k}: {v}")
+
+
+_NAMED = re.compile(r"(?P<spec>.*?)(\[:\d+\])?")
+
+
+def _names_a_path(name: str) -> bool:
+    return (
+        not name
+        or name.startswith(("/", "\\", ".", "~"))
+        or "\\" in name
+        or Path(name).expanduser().exists()
+    )
+
+
+def _a_dataset_name(part: str) -> bool:
+    """One part of a dataset spec (``builtin[:180]``, ``shared:NAME``) that names no path."""
+    name = _NAMED.fullmatch(part.strip())["spec"]  # type: ignore[index]  # always matches
+    known = name in (DEMO, BUILTIN, BUILTIN_ANSWERS) or name.startswith(
+        (SHARED_PREFIX, STORED_PREFIX)
+    )
+    return known or not (_names_a_path(name) or "/" in name)
+
+
+def recipe_dataset(
+    recorded: object, given: str | None, folder: Path, option: str = "--dataset"
+) -> str | None:
+    """The dataset an artifact's training recipe names, when it is one ragscope knows by
+    name (``demo``, ``builtin``, ``shared:``/``stored:`` names, a stored dataset); else
+    ``given`` (the user's ``option``). A recipe naming a file or folder is never opened on
+    the artifact's word: ``cfg.json`` is anyone's to edit.
+
+    Raises:
+        DataError: The recipe names a path (or is not a string) and nothing was given.
+    """
+    if recorded is None:
+        return given
+    if isinstance(recorded, str) and all(map(_a_dataset_name, recorded.split(","))):
+        return recorded
+    if given is not None:
+        return given
+    raise DataError(
+        f"the artifact's training recipe names {str(recorded)[:200]!r}, a file or folder "
+        "(or no dataset name), which ragscope does not open on an artifact's word; give "
+        f"{option} to choose the data yourself",
+        source=str(folder),
+    )
+
+
+def recipe_model(recorded: object, folder: Path) -> str:
+    """The model an artifact's training recipe names, when it is not a file or folder on
+    this machine (``embedded``, ``tiny``, ``random:...``, ``ollama:...``, a hub id).
+
+    Raises:
+        DataError: The recipe names a path (or is not a string).
+    """
+    if isinstance(recorded, str) and not (_names_a_path(recorded) or recorded.endswith(".gguf")):
+        return recorded
+    raise DataError(
+        f"the artifact's training recipe names the model {str(recorded)[:200]!r}, a file or "
+        "folder, which ragscope does not open on an artifact's word; rebuild it yourself "
+        "with `ragscope train --model PATH` and the recipe's other options",
+        source=str(folder),
+    )

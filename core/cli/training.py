@@ -24,6 +24,8 @@ from core.cli.common import (
     import_feature_stores,
     load,
     prefetch_features,
+    recipe_dataset,
+    recipe_model,
     tqdm_progress,
 )
 from core.crossval import (
@@ -619,6 +621,17 @@ def _reproduce(args: argparse.Namespace) -> int:
         ns = argparse.Namespace(**vars(args))
         for k in RECIPE_ARGS:
             setattr(ns, k, recipe.get(k))
+        where = found[names[0]]
+        try:  # paths are never opened on an artifact's word (cfg.json is anyone's to edit)
+            ns.model = recipe_model(recipe.get("model"), where)
+            ns.dataset = recipe_dataset(recipe.get("dataset"), None, where)
+            ns.test_dataset = recipe_dataset(
+                recipe.get("test_dataset"), None, where, "--test-dataset"
+            )
+        except DataError as e:
+            failed += len(names)
+            print(f"CANNOT   {', '.join(names)}: {e}")
+            continue
         opts = (recipe.get("options") or {}).items()
         ns.set = [f"{d}.{k}={json.dumps(v)}" for d, o in opts if d in names for k, v in o.items()]
         version = recipe.get("version")

@@ -269,6 +269,31 @@ def test_reproduce_names_a_missing_dev_set_and_rebuilds_the_rest(
     assert "2/3 artifacts reproduced" in out
 
 
+def test_reproduce_never_opens_a_path_an_artifact_names(tmp_path: Path, capsys, tiny_model) -> None:
+    """A recipe is cfg.json, anyone's to edit: its datasets and model are names, never
+    files or folders of this machine opened on the artifact's word."""
+    shipped = tmp_path / "shipped"
+    assert main(_train_args(shipped)) == 0
+    capsys.readouterr()
+    secret = tmp_path / "secret.jsonl"
+    secret.write_text("not for the artifact to choose\n")
+    edits = {
+        "nll": {"dataset": str(secret)},
+        "context_gain": {"dataset": f"builtin,{secret}[:3]"},
+        "lexical": {"model": str(tmp_path)},
+    }
+    for name, edit in edits.items():
+        cfg_path = shipped / name / "cfg.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["trained_on"]["recipe"].update(edit)
+        cfg_path.write_text(json.dumps(cfg))
+    assert main(["train", "--reproduce", str(shipped), "--out", str(tmp_path / "r")]) == 1
+    out = capsys.readouterr().out
+    for name in edits:
+        assert f"CANNOT   {name}: " in out and "does not open on an artifact's word" in out
+    assert "0/3 artifacts reproduced" in out and not (tmp_path / "r").exists()
+
+
 def test_train_records_token_thresholds_and_the_command_recomputes_them(
     tmp_path: Path, capsys, tiny_model
 ) -> None:
