@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import itertools
 import math
 import os
 import re
@@ -61,6 +62,12 @@ CONFIG_FILES = (
 )
 """The configs in which transformers honours an ``auto_map`` (code of the folder's own)."""
 PICKLE_SUFFIXES = (".bin", ".pt", ".pth", ".ckpt", ".pkl", ".pickle")
+TOKENIZER_SUFFIXES = (".json", ".txt", ".model", ".jinja", ".tiktoken")
+TOKENIZER_LIMIT = 128 * 1024 * 1024
+"""The largest tokenizer or config file a model folder may hold (Llama 3's tokenizer.json
+is 9 MB, Gemma's 33 MB); the Rust tokenizers library parses what it is given whole."""
+FOLDER_ENTRIES_LIMIT = 10_000
+"""The most entries a model folder may hold (hub models hold tens)."""
 HUB_FILES = ["*.json", "*.safetensors", "*.txt", "*.model", "*.jinja", "*.tiktoken"]
 """What is fetched of a hub model: configs, safetensors weights, tokenizer files; never
 Python files or pickles."""
@@ -303,6 +310,19 @@ def check_hf_folder(folder: Path) -> None:
             config size out of bounds, or implying a model far bigger than the
             safetensors hold (naming the field).
     """
+    entries = list(itertools.islice(folder.iterdir(), FOLDER_ENTRIES_LIMIT + 1))
+    if len(entries) > FOLDER_ENTRIES_LIMIT:
+        raise ModelError(
+            f"the model folder {folder} holds over {FOLDER_ENTRIES_LIMIT:,} entries; a model "
+            "folder holds its config, tokenizer and weight files: is this the right folder?"
+        )
+    for p in entries:
+        if p.suffix in TOKENIZER_SUFFIXES and p.is_file() and p.stat().st_size > TOKENIZER_LIMIT:
+            raise ModelError(
+                f"the model folder {folder} holds {p.name} of {p.stat().st_size:,} bytes, over "
+                f"the {TOKENIZER_LIMIT:,}-byte limit for a tokenizer or config file; the file "
+                "is damaged or crafted: download the model again"
+            )
     for name in CONFIG_FILES:
         if not (folder / name).is_file():
             continue
@@ -317,7 +337,7 @@ def check_hf_folder(folder: Path) -> None:
                 + "). ragscope never runs a model's code: use a model whose architecture "
                 "transformers ships (its config.json has no auto_map), or its GGUF file"
             )
-    pickles = sorted(p.name for p in folder.iterdir() if p.suffix in PICKLE_SUFFIXES)[:10]
+    pickles = sorted(p.name for p in entries if p.suffix in PICKLE_SUFFIXES)[:10]
     if pickles and not any(folder.glob("*.safetensors")):
         raise ModelError(
             f"the model folder {folder} holds no safetensors weights (only "

@@ -133,6 +133,29 @@ def test_a_folder_of_pickles_is_refused(tmp_path: Path, no_prompt: list[str]) ->
     check_hf_folder(folder)
 
 
+def test_a_huge_tokenizer_or_a_crowded_folder_is_refused_before_parsing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The tokenizers library parses tokenizer.json whole: its size is checked first
+    (a sparse file, no disk), and so is the number of entries listed."""
+    folder = tmp_path / "big"
+    folder.mkdir()
+    (folder / "config.json").write_text(json.dumps(_TINY_LLAMA))
+    (folder / "model.safetensors").write_bytes(b"")
+    with open(folder / "tokenizer.json", "wb") as f:
+        f.truncate(129 * 1024 * 1024)
+    start = time.monotonic()
+    with pytest.raises(ModelError, match=r"tokenizer.json of 135,266,304 bytes, over the"):
+        load_model(str(folder), device="cpu")
+    assert time.monotonic() - start < 2
+    (folder / "tokenizer.json").unlink()
+    monkeypatch.setattr("core.weights.FOLDER_ENTRIES_LIMIT", 5)
+    for i in range(6):
+        (folder / f"shard-{i}.txt").write_text("x")
+    with pytest.raises(ModelError, match=r"holds over 5 entries"):
+        check_hf_folder(folder)
+
+
 def test_transformers_itself_reads_no_pickle(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
