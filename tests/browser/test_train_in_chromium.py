@@ -63,6 +63,11 @@ def _assert_no_exception(page) -> None:
     assert boxes.count() == 0, boxes.first.inner_text()
 
 
+def _idle(page) -> None:
+    """Wait until the app has finished its run (Streamlit's running indicator is gone)."""
+    expect(page.locator('[data-testid="stStatusWidget"]')).to_have_count(0, timeout=LOAD_MS)
+
+
 def _fill_form(page, detectors: list[str], dataset: str, limit: int) -> None:
     """Open the training form and choose the detectors, the data and the limit."""
     form = page.locator('[data-testid="stExpander"]', has_text=re.compile("detectors for this"))
@@ -74,8 +79,17 @@ def _fill_form(page, detectors: list[str], dataset: str, limit: int) -> None:
     for _ in range(12):  # every detector is picked at first: remove them all
         box.press("Backspace")
     for name in detectors:
-        box.fill(name)
-        page.get_by_role("option", name=name, exact=True).click()
+        # Each removal or pick reruns the form (it times an example), which re-renders
+        # the list: on a busy machine an option can be replaced under the click.
+        for attempt in range(5):
+            _idle(page)
+            box.fill(name)
+            try:
+                page.get_by_role("option", name=name, exact=True).click(timeout=10_000)
+                break
+            except PlaywrightTimeout:
+                if attempt == 4:
+                    raise
     page.keyboard.press("Escape")
     command = page.get_by_text(re.compile(r"The same from a terminal"))
     expect(command).to_contain_text("--detectors " + ",".join(detectors), timeout=LOAD_MS)
