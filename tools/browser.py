@@ -73,11 +73,16 @@ def wait_healthy(proc: subprocess.Popen[bytes], url: str, timeout_s: float) -> N
         time.sleep(0.1)
 
 
-def stop_app(proc: subprocess.Popen[bytes]) -> None:
-    """Terminate the server (kill it if it does not stop in 15 s)."""
+def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 15) -> None:
+    """Terminate a server process (kill it if it does not stop in ``timeout_s``)."""
     proc.terminate()
     try:
-        proc.wait(timeout=15)
+        proc.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
         proc.kill()
-        proc.wait(timeout=15)
+        proc.wait(timeout=timeout_s)
+
+
+def stop_app(proc: subprocess.Popen[bytes]) -> None:
+    """Terminate the Streamlit server (kill it if it does not stop in 15 s)."""
+    stop_process(proc)

@@ -25,6 +25,8 @@ import crossplane
 import httpx
 import pytest
 
+from tools.browser import stop_process
+
 REPO = Path(__file__).resolve().parents[2]
 NGINX = REPO / "docs" / "deploy" / "nginx.conf"
 Directive = dict[str, Any]
@@ -286,12 +288,7 @@ def proxy(tmp_path_factory: pytest.TempPathFactory) -> Iterator[_Proxy]:
                 f"http://127.0.0.1:{http_port}", f"https://127.0.0.1:{https_port}", client, seen
             )
     finally:
-        nginx.terminate()
-        try:
-            nginx.wait(timeout=5)
-        except subprocess.TimeoutExpired:
-            nginx.kill()
-            nginx.wait(timeout=5)
+        stop_process(nginx, timeout_s=5)
         upstream.shutdown()
         upstream.server_close()
 
