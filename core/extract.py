@@ -13,6 +13,7 @@ equal the one-at-a-time ones up to float rounding.
 
 from __future__ import annotations
 
+import functools
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -42,35 +43,37 @@ class FeatureCache:
     def _key(detector: Detector) -> tuple[str, str]:
         return detector.name, detector.config.feature_hash()
 
-    def holds(self, model_key: str, example: RAGExample, detector: Detector) -> bool:
-        """Whether an entry is stored for this key (without reading or checking it)."""
-        name, cfg = self._key(detector)
-        return self.store.has_analysis(
-            example_hash=example_hash(example), model=model_key, detector=name, config_hash=cfg
-        )
-
     def get(
         self,
         model_key: str,
         example: RAGExample,
         detector: Detector,
-        response_offsets: np.ndarray | None = None,
+        response_offsets: Callable[[], np.ndarray | None] | None = None,
     ) -> Features | None:
         """The cached features, or ``None`` for a miss. An entry that cannot be this
         example's (a damaged or foreign payload, another detector's or model's features,
         offsets outside the response or, given ``response_offsets``, other tokens than
         the example's under the model) is a miss too: recomputed and overwritten, never
         used. Entries a feature store brought in are checked here against the example
-        they are used for."""
+        they are used for.
+
+        Args:
+            response_offsets: Gives the example's response token offsets under the model,
+                called only when an entry is stored (``None`` from it: the example cannot
+                be laid out, so nothing stored can be its features).
+        """
         name, cfg = self._key(detector)
         rec = self.store.get_analysis(
             example_hash=example_hash(example), model=model_key, detector=name, config_hash=cfg
         )
         if rec is None or not isinstance(rec.result, bytes):
             return None
+        expected = response_offsets() if response_offsets is not None else None
+        if response_offsets is not None and expected is None:
+            return None
         try:
             feats = Features.from_bytes(rec.result, example_id=example.id)
-            feats.check_fits(example, response_offsets)
+            feats.check_fits(example, expected)
         except DataError:
             return None  # a damaged entry is recomputed (and overwritten) like a miss
         if feats.detector != name or feats.model != model_key:
@@ -408,13 +411,9 @@ def _extract_batch(
     got: list[dict[str, Features]] = [{} for _ in examples]
     if cache is not None:
         for i, ex in enumerate(examples):
-            offsets: list[np.ndarray | None] = []  # rendered once, at the first hit
-            for d in flat:
-                if not cache.holds(key, ex, d):
-                    continue
-                if not offsets:
-                    offsets.append(_response_offsets(model, ex))
-                f = cache.get(key, ex, d, offsets[0]) if offsets[0] is not None else None
+            offsets = functools.cache(functools.partial(_response_offsets, model, ex))
+            for d in flat:  # the example is laid out once, at its first stored entry
+                f = cache.get(key, ex, d, offsets)
                 if f is not None:
                     got[i][d.name] = f
     # Examples missing the same detectors are traced together.
