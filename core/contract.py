@@ -323,6 +323,8 @@ class Verdict:
         calibrated_for: The training dataset whose own calibration and threshold gave
             ``score`` and ``hallucinated`` (:func:`for_dataset`); ``None``: the pooled
             calibration of all the detector's training data.
+        threshold: The threshold ``hallucinated`` was decided at, from the same fit as
+            the calibration that gave ``score`` (``None``: the detector has none).
     """
 
     detector: str
@@ -335,10 +337,17 @@ class Verdict:
     explanation: Mapping[str, float] = field(default_factory=dict)
     raw_score: float | None = None
     calibrated_for: str | None = None
+    threshold: float | None = None
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.score <= 1.0 or np.isnan(self.score):
             raise ValueError(f"{self.detector}: score {self.score} is outside [0, 1]")
+        if self.threshold is not None and self.hallucinated is not None:
+            # One fit gives the probability and the threshold it is compared with.
+            assert self.hallucinated == (self.score >= self.threshold), (
+                f"{self.detector}: flag {self.hallucinated} disagrees with "
+                f"{self.score} against threshold {self.threshold}"
+            )
 
     def to_frame(self) -> pd.DataFrame:
         """Token scores as a table (empty when the detector gives none)."""
@@ -684,7 +693,11 @@ def for_dataset(detector: Any, verdict: Verdict, dataset: str | None) -> Verdict
     name, cal = hit
     p = cal.apply(verdict.raw_score)
     return dataclasses.replace(
-        verdict, score=p, hallucinated=p >= cal.threshold, calibrated_for=name
+        verdict,
+        score=p,
+        hallucinated=p >= cal.threshold,
+        calibrated_for=name,
+        threshold=float(cal.threshold),
     )
 
 
@@ -697,14 +710,17 @@ def calibrated_as(detector: Any, verdict: Verdict, dataset: str | None) -> Verdi
     if verdict.raw_score is None or cal is None:
         return verdict
     p = min(max(float(cal.transform(verdict.raw_score)), 0.0), 1.0)
+    thr = float(detector.threshold_)
     pooled = dataclasses.replace(
-        verdict, score=p, hallucinated=p >= detector.threshold_, calibrated_for=None
+        verdict, score=p, hallucinated=p >= thr, calibrated_for=None, threshold=thr
     )
     return for_dataset(detector, pooled, dataset) if dataset else pooled
 
 
 def decision_threshold(detector: Any, verdict: Verdict) -> float:
     """The threshold ``verdict`` was flagged at: its dataset's own, or the detector's."""
+    if verdict.threshold is not None:
+        return verdict.threshold
     own = getattr(detector, "dataset_calibration_", None) or {}
     cal = own.get(verdict.calibrated_for) if verdict.calibrated_for else None
     return cal.threshold if cal is not None else float(detector.threshold_)
@@ -722,12 +738,14 @@ def thresholded_verdict(detector: Any, features: Features, score: float, **kw: A
     raw = min(max(float(score), 0.0), 1.0)
     cal = getattr(detector, "calibration_", None)
     shown = min(max(float(cal.transform(raw)), 0.0), 1.0) if cal is not None else raw
+    thr = float(detector.threshold_)
     return Verdict(
         detector=detector.name,
         example_id=features.example_id,
         score=shown,
-        hallucinated=shown >= detector.threshold_,
+        hallucinated=shown >= thr,
         raw_score=raw if cal is not None else None,
+        threshold=thr,
         **kw,
     )
 

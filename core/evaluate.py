@@ -373,7 +373,9 @@ def set_thresholds(
             dataset_calibrations(examples, raw, y, criterion) if by_dataset else {}
         )
         verdicts = [
-            dataclasses.replace(v, score=float(p), raw_score=v.score)
+            dataclasses.replace(
+                v, score=float(p), raw_score=v.score, hallucinated=None, threshold=None
+            )
             for v, p in zip(raw_v, np.clip(cal.transform(raw), 0.0, 1.0), strict=True)
         ]
     else:
@@ -382,7 +384,8 @@ def set_thresholds(
     det.threshold_ = best_threshold(y[use], scores[use], criterion)
     det.token_threshold_ = token_threshold(examples, verdicts)
     # The verdicts were judged before the threshold existed: judge them at it.
-    return [dataclasses.replace(v, hallucinated=v.score >= det.threshold_) for v in verdicts]
+    thr = float(det.threshold_)
+    return [dataclasses.replace(v, hallucinated=v.score >= thr, threshold=thr) for v in verdicts]
 
 
 def dataset_calibrations(
@@ -524,7 +527,12 @@ def evaluate(
                     "p_stay": float(smooth),
                     **token_metrics(np.concatenate(tok_lab), smoothed),
                 }
-        metrics = response_metrics(y_te, scores, det.threshold_, n_boot=n_boot)
+        # Each answer is flagged at the threshold of the calibration that gave its score.
+        thresholds = np.asarray(
+            [det.threshold_ if v.threshold is None else v.threshold for v in verdicts],
+            dtype=np.float64,
+        )
+        metrics = response_metrics(y_te, scores, thresholds, n_boot=n_boot)
         art = None
         if save_artifacts is not None and n not in artifacts:
             art = str(

@@ -14,9 +14,18 @@ def is_binary(y: np.ndarray) -> bool:
 
 
 def response_metrics(
-    y: np.ndarray, scores: np.ndarray, threshold: float, *, n_boot: int = 1000, seed: int = 0
+    y: np.ndarray,
+    scores: np.ndarray,
+    threshold: float | np.ndarray,
+    *,
+    n_boot: int = 1000,
+    seed: int = 0,
 ) -> dict[str, Any]:
-    """Response-level metrics at ``threshold`` with a bootstrap 95% CI for AUROC."""
+    """Response-level metrics at ``threshold`` with a bootstrap 95% CI for AUROC.
+
+    ``threshold`` is one number, or one per answer (each answer's own calibration's
+    threshold: :attr:`core.contract.Verdict.threshold`); the report's ``threshold`` is
+    then ``None`` and ``thresholds`` lists the distinct ones."""
     import warnings
 
     from sklearn.metrics import (
@@ -30,7 +39,10 @@ def response_metrics(
 
     y = np.asarray(y).astype(int)
     s = np.asarray(scores, dtype=np.float64)
-    pred = (s >= threshold).astype(int)
+    thr = np.asarray(threshold, dtype=np.float64)
+    if thr.ndim == 1 and thr.size and bool(np.all(thr == thr[0])):
+        thr = thr[0]  # one calibration judged every answer
+    pred = (s >= thr).astype(int)
     with warnings.catch_warnings():
         # One class in a small split is reported as such, not warned about.
         warnings.simplefilter("ignore", UserWarning)
@@ -38,7 +50,8 @@ def response_metrics(
     out: dict[str, Any] = {
         "n": int(y.size),
         "n_positive": int(y.sum()),
-        "threshold": float(threshold),
+        "threshold": float(thr) if thr.ndim == 0 else None,
+        **({} if thr.ndim == 0 else {"thresholds": sorted({float(t) for t in thr})}),
         "balanced_accuracy": balanced,
         "f1": float(f1_score(y, pred, zero_division=0)),
         "precision": float(precision_score(y, pred, zero_division=0)),
