@@ -76,5 +76,5 @@ else:
     status.caption(
         f"**Model:** {md(info.display_name)}  \n"
         f"{info.n_layers} layers × {info.n_heads} heads · {info.device} · {info.dtype}  \n"
-        f"**Detectors:** {md(shipped.set_name)} set · {len(shipped.detectors)} for this model"
+        f"**Detectors:** {md(shipped.name)} set · {len(shipped.detectors)} for this model"
     )

@@ -23,7 +23,7 @@ from typing import Any
 from core.aarf import aarf_generate
 from core.contract import Detector
 from core.data import builtin_examples, resolve_dataset, stratified_head
-from core.detectors import load_shipped, make_detector, runnable_detectors, shipped_artifacts
+from core.detectors import make_detector, runnable_detectors
 from core.errors import DataError
 from core.examples import RAGExample
 from core.extract import FeatureCache, extract_features, run_example
@@ -32,6 +32,7 @@ from core.heads import copying_scores
 from core.judge import judge_stream
 from core.layout import Layout, render
 from core.model import EMBEDDED, LoadedModel, load_model, prepare_embedded
+from core.sets import load_set, set_detector
 from core.storage import Store
 from core.trace import Needs, response_needs, token_surprisal, trace
 
@@ -307,12 +308,10 @@ def bench_aarf(
     """
     det = detector
     if det is None:
-        if "redeep_token" not in shipped_artifacts(model.info.key):
-            raise DataError(
-                f"no redeep_token artifact is shipped for {model.info.display_name}; "
-                "train one (ragscope train --detectors redeep_token) or bench with --aarf 0"
-            )
-        det = load_shipped("redeep_token", model.info.key)
+        try:
+            det = set_detector(model.info.key, "redeep_token")
+        except DataError as e:
+            raise DataError(f"{e.reason}; or bench with --aarf 0") from e
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
     generate(model, example, GenerationConfig(max_new_tokens=2))  # warm-up
     t0 = time.perf_counter()
@@ -605,20 +604,21 @@ def run_bench(
         say(f"extraction over {extraction} {dataset} examples (cold, then cached) ...")
         ext = bench_extraction(model, extraction, batch_sizes=batch_sizes, dataset=dataset, ray=ray)
     aarf_bench = None
-    if aarf and "redeep_token" not in shipped_artifacts(model.info.key):
-        say(f"AARF skipped: no redeep_token is shipped for {model.info.display_name}")
+    dset = load_set(model.info.key)
+    if aarf and "redeep_token" not in dset.names:
+        say(f"AARF skipped: the {dset.name} set has no redeep_token for {model.info.display_name}")
     elif aarf:
         say(f"AARF vs greedy, up to {aarf} tokens ...")
         example, _ = bench_example(model, n_tokens)
         aarf_bench = bench_aarf(model, example, aarf, uncached=aarf_uncached)
     pg = None
-    shipped = shipped_artifacts(model.info.key)
-    if playground and not shipped:
-        say(f"Playground skipped: no detectors are shipped for {model.info.display_name}")
+    if playground and not dset.detectors:
+        say(
+            f"Playground skipped: the {dset.name} set has no detectors for {model.info.display_name}"
+        )
     elif playground:
-        say(f"Playground analysis with {len(shipped)} shipped detectors ...")
-        dets = [load_shipped(n, model.info.key) for n in shipped]
-        pg = bench_playground(model, builtin_examples()[0], dets, repeats=repeats)
+        say(f"Playground analysis with the {dset.name} set's {len(dset.detectors)} detectors ...")
+        pg = bench_playground(model, builtin_examples()[0], dset.fitted, repeats=repeats)
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cuda = torch.cuda.max_memory_allocated() / 2**20 if model.device.startswith("cuda") else None
     return BenchReport(

@@ -360,7 +360,7 @@ def train_detectors_panel(model: LoadedModel, *, home: bool = False) -> None:
             st.markdown(f"**{TITLE}**")
             _interrupted(view)
         return
-    trained_here = shipped.set_name == TRAINED_SET
+    trained_here = shipped.name == TRAINED_SET
     if shipped.detectors and not (home and trained_here):
         if view is not None and finished == view.id:
             _outcome(view, fresh=True)

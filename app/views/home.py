@@ -78,13 +78,13 @@ def detector_set_status(model: LoadedModel) -> None:
     """Which detector set is loaded, what it was trained on, and the other shipped sets."""
     st.subheader("Detectors")
     shipped = shipped_detectors(model)
-    if shipped.set_error:
-        st.error(md(shipped.set_error) + " The default set is loaded instead.")
+    if shipped.error:
+        st.error(md(shipped.error) + " The default set is loaded instead.")
     n = len(shipped.detectors)
     data = ", ".join(code(t) for t in shipped.trained_on) or "unrecorded data"
     if n:
         st.markdown(
-            f"Detector set **{md(shipped.set_name)}**: {n} detector{'s' if n != 1 else ''} "
+            f"Detector set **{md(shipped.name)}**: {n} detector{'s' if n != 1 else ''} "
             f"trained for this model on {data}, from {code(shipped.folder.name)}. Their "
             "thresholds and calibrated scores hold for answers like those they were trained "
             "on; on other kinds of answers their ranking carries over better than their "
@@ -92,9 +92,9 @@ def detector_set_status(model: LoadedModel) -> None:
         )
     else:
         st.markdown(
-            f"Detector set **{md(shipped.set_name)}** has no detectors trained for this model."
+            f"Detector set **{md(shipped.name)}** has no detectors trained for this model."
         )
-    others = [s for s in detector_set_names() if s != shipped.set_name]
+    others = [s for s in detector_set_names() if s != shipped.name]
     if others:
         st.caption(
             "Other shipped sets: "

@@ -20,10 +20,11 @@ from core.cli.common import (
     split_examples,
     tqdm_progress,
 )
-from core.detectors import detector_class, load_shipped, make_detector
+from core.detectors import detector_class, make_detector
 from core.detectors.spad import split_errors
 from core.extract import FeatureCache, extract_features
 from core.layout import render
+from core.sets import set_detector
 from core.shapviz import shap_values
 from core.spad import SPLIT_TOLERANCE
 from core.storage import Store
@@ -158,7 +159,7 @@ def cmd_shap(args: argparse.Namespace) -> int:
     if args.artifact:
         det = detector_class("spad").load(args.artifact, model_key=model.info.key)
     else:
-        det = load_shipped("spad", model.info.key)
+        det = set_detector(model.info.key, "spad")
     with Store() as store:
         ext = extract_features(
             model,

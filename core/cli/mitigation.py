@@ -22,10 +22,11 @@ from core.cli.common import (
     split_examples,
     tqdm_progress,
 )
-from core.detectors import detector_class, load_shipped, shipped_artifacts
+from core.detectors import detector_class
 from core.errors import DataError
 from core.llm import CONFIG_HELP, LLMEndpoint
 from core.mitigate import mitigate_batch
+from core.sets import load_set, set_detector
 
 
 def _parse_ints(text: str, flag: str) -> list[int]:
@@ -101,15 +102,10 @@ def cmd_mitigate(args: argparse.Namespace) -> int:
 
     examples = split_examples(args)
     model = load(args)
-    shipped = shipped_artifacts(model.info.key)
-    names = args.detectors.split(",") if args.detectors else sorted(shipped)
-    missing = [n for n in names if n not in shipped]
-    if missing:
-        raise DataError(
-            f"no shipped {', '.join(missing)} for {model.info.display_name}; train them with "
-            f"`ragscope train --detectors {','.join(missing)}`"
-        )
-    dets = [load_shipped(n, model.info.key) for n in names]
+    dset = load_set(model.info.key)
+    if args.detectors:
+        dset = dset.subset([n for n in args.detectors.split(",") if n])
+    dets = dset.fitted
     judge = None
     if args.judge:
         judge = LLMEndpoint.resolve()
@@ -194,7 +190,7 @@ def cmd_aarf(args: argparse.Namespace) -> int:
     if args.artifact:
         det = detector_class(name).load(args.artifact, model_key=key)
     else:
-        det = load_shipped(name, key)
+        det = set_detector(key, name)
     res = aarf_generate(
         model,
         ex,
@@ -206,7 +202,7 @@ def cmd_aarf(args: argparse.Namespace) -> int:
         heads=None if args.heads is None else _parse_heads(args.heads),
         layers=None if args.layers is None else _parse_ints(args.layers, "--layers"),
     )
-    others = [load_shipped(n, key) for n in args.rescore.split(",") if n and n != name]
+    others = [set_detector(key, n) for n in args.rescore.split(",") if n and n != name]
     table = res.rescore(model, [det, *others])
     out: dict[str, Any] = {
         "example": ex.id,

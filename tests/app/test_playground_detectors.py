@@ -43,6 +43,7 @@ from core.errors import ModelError
 from core.evaluate import evaluate
 from core.extract import run_example
 from core.model import LoadedModel
+from core.sets import TrainedOn
 
 PLAYGROUND = "views/playground.py"
 EXAMPLE = "demo-02-waggle-dance"  # a built-in example with one gold span
@@ -526,11 +527,15 @@ def test_verdict_table_says_which_calibration_judged_each_answer() -> None:
         name="nll",
         folder=Path("nll"),
         detector=det,
+        model="m",
+        training=TrainedOn(datasets=("a", "b"), counts={"a": 44, "b": 46}, n_train=90),
         threshold=det.threshold_,
-        trained_on="a+b",
-        n_train=90,
-        auroc=None,
+        token_threshold=None,
         calibrated=True,
+        calibrations=("b",),
+        auroc=None,
+        auroc_from=None,
+        metrics={},
     )
     frame = verdict_frame([shipped, shipped], [in_b, elsewhere])
     assert frame["calibrated for"].tolist() == ["b", "all its training data"]

@@ -1,0 +1,432 @@
+"""Detector sets: which fitted detectors judge answers for a model, loaded once, each
+with a typed card of what its ``cfg.json`` records.
+
+One rule picks the set (:func:`resolve_set`), for the app, every CLI command, ``bench``
+and the training jobs alike:
+
+1. a set named by the caller (``--set NAME``; ``custom`` is not a name to ask for),
+2. else ``RAGSCOPE_DETECTORS_DIR`` (a folder of artifacts, set name ``custom``),
+3. else ``RAGSCOPE_DETECTOR_SET`` (a shipped set by name),
+4. else the ``default`` set (``assets/detectors``);
+
+and when that folder holds nothing for the model (no artifact of it, loaded or broken),
+the detectors trained on this machine for the model (set name ``trained``).
+
+:class:`TrainedOn` is the one reader of an artifact's ``cfg.json["trained_on"]`` and
+:class:`ArtifactCard` of the rest of what the app and the CLI show about an artifact;
+each ``cfg.json`` is read once when listing the folder and once more, verified against
+its file hashes, by the detector's own loader.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+from collections import OrderedDict
+from collections.abc import Mapping
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import Any
+
+from core.artifact import artifact_info
+from core.contract import Detector
+from core.detectors import available_detectors, load_shipped
+from core.errors import DataError, RagscopeError
+from core.paths import (
+    CUSTOM_SET,
+    DEFAULT_SET,
+    TRAINED_SET,
+    detector_set_dir,
+    detector_set_name,
+    model_detectors_dir,
+    shipped_dir,
+)
+
+ANSWER_JUDGE = "ensemble"
+"""The detector whose verdict is a set's overall verdict on an answer, when the set has
+it (it stacks the others); a set without it is judged by the share of its detectors that
+flag the answer (:func:`core.judge.overall_verdict`)."""
+
+
+def _at(cfg: object, *path: str) -> object:
+    """``cfg[path[0]][path[1]]...``, or ``None`` where a level is missing."""
+    node = cfg
+    for key in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
+
+
+def _count(value: object) -> int | None:
+    return value if type(value) is int and value >= 0 else None
+
+
+def _number(value: object) -> float | None:
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainedOn:
+    """What an artifact was trained on (the one reader of ``cfg.json["trained_on"]``).
+
+    Attributes:
+        spec: The ``--dataset`` it was trained with (e.g. ``builtin,shared:ragtruth_qa_dev``).
+        datasets: The training datasets by name (from the answers' provenance).
+        counts: Answers per training dataset (cross-validated training), or per split
+            (``train``/``validation``/``test``, trained on one split).
+        n_train: The answers it was fitted on.
+        recipe: The recorded training recipe (what ``ragscope train --reproduce`` runs).
+        data_hashes: Hashes of the training data, all and per dataset.
+    """
+
+    spec: str | None = None
+    datasets: tuple[str, ...] = ()
+    counts: Mapping[str, int] = field(default_factory=dict)
+    n_train: int | None = None
+    recipe: Mapping[str, Any] | None = None
+    data_hashes: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_cfg(cls, cfg: Mapping[str, Any]) -> TrainedOn:
+        """Read an artifact's ``cfg.json``; missing or malformed facts are left empty
+        (an artifact records what its ragscope version knew)."""
+        node = cfg.get("trained_on")
+        node = node if isinstance(node, dict) else {}
+        sets = node.get("datasets")
+        datasets = (
+            tuple(sets) if isinstance(sets, list) and all(isinstance(x, str) for x in sets) else ()
+        )
+        raw = node.get("n")
+        counts = (
+            {k: n for k, v in raw.items() if isinstance(k, str) and (n := _count(v)) is not None}
+            if isinstance(raw, dict)
+            else {}
+        )
+        if "train" in counts:
+            n_train = counts["train"]
+        elif datasets:
+            n_train = sum(counts.get(d, 0) for d in datasets) or None
+        else:
+            n_train = _count(_at(cfg, "train", "n_train"))
+        spec = node.get("dataset")
+        if not datasets and isinstance(spec, str) and spec:
+            datasets = (spec,)
+        recipe = node.get("recipe")
+        hashes = node.get("data_hashes")
+        return cls(
+            spec=spec if isinstance(spec, str) else None,
+            datasets=datasets,
+            counts=counts,
+            n_train=n_train,
+            recipe=recipe if isinstance(recipe, dict) and recipe else None,
+            data_hashes=(
+                {k: v for k, v in hashes.items() if isinstance(k, str) and isinstance(v, str)}
+                if isinstance(hashes, dict)
+                else {}
+            ),
+        )
+
+    @property
+    def label(self) -> str | None:
+        """The training data in words: ``builtin + ragtruth_qa_dev``; ``None`` unrecorded."""
+        return " + ".join(self.datasets) if self.datasets else None
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class ArtifactCard:
+    """A fitted detector of a set, with what its ``cfg.json`` records.
+
+    Attributes:
+        name: Detector name (also the artifact's folder name).
+        folder: The artifact folder.
+        detector: The fitted detector.
+        model: The model key it was trained on.
+        training: What it was trained on, and the recipe.
+        threshold: The pooled calibration's answer threshold (each training dataset's
+            own threshold is in :attr:`calibrations`' detector state).
+        token_threshold: The token-score threshold it flags spans at (``None``: the
+            detector scores no tokens, or none was fitted).
+        calibrated: Whether its scores are calibrated probabilities.
+        calibrations: The training datasets it keeps a calibration and threshold of its
+            own for (an answer of one is judged by it).
+        auroc: Its recorded AUROC: pooled out of fold for cross-validated training,
+            else on the held-out test split.
+        auroc_from: Where :attr:`auroc` comes from (``"5-fold CV"``, ``"test split"``).
+        metrics: The metrics ``cfg.json`` records, as written.
+    """
+
+    name: str
+    folder: Path
+    detector: Detector
+    model: str | None
+    training: TrainedOn
+    threshold: float
+    token_threshold: float | None
+    calibrated: bool
+    calibrations: tuple[str, ...]
+    auroc: float | None
+    auroc_from: str | None
+    metrics: Mapping[str, Any]
+
+    @property
+    def trained_on(self) -> str | None:
+        """The training data in words (:attr:`TrainedOn.label`)."""
+        return self.training.label
+
+    @property
+    def n_train(self) -> int | None:
+        return self.training.n_train
+
+    @classmethod
+    def of(
+        cls, name: str, folder: Path, detector: Detector, cfg: Mapping[str, Any]
+    ) -> ArtifactCard:
+        """The card of a loaded detector, from the ``cfg.json`` read when listing."""
+        auroc = _number(_at(cfg, "metrics", "cv", "pooled", "auroc"))
+        k = _at(cfg, "metrics", "cv", "k")
+        auroc_from = f"{k}-fold CV" if auroc is not None else None
+        if auroc is None:
+            auroc = _number(_at(cfg, "metrics", "test", "auroc"))
+            auroc_from = "test split" if auroc is not None else None
+        threshold = getattr(detector, "threshold_", None)
+        if threshold is None:
+            threshold = _number(cfg.get("threshold"))
+        token = getattr(detector, "token_threshold_", None)
+        metrics = cfg.get("metrics")
+        model = cfg.get("model")
+        return cls(
+            name=name,
+            folder=folder,
+            detector=detector,
+            model=model if isinstance(model, str) else None,
+            training=TrainedOn.from_cfg(cfg),
+            threshold=float(threshold) if threshold is not None else 0.5,
+            token_threshold=float(token) if token is not None else None,
+            calibrated=getattr(detector, "calibration_", None) is not None,
+            calibrations=tuple(sorted(getattr(detector, "dataset_calibration_", None) or {})),
+            auroc=auroc,
+            auroc_from=auroc_from,
+            metrics=metrics if isinstance(metrics, dict) else {},
+        )
+
+
+@dataclass(frozen=True, kw_only=True)
+class BrokenArtifact:
+    """An artifact folder of a set that could not be loaded.
+
+    Attributes:
+        name: Detector name (the folder's name).
+        folder: The artifact folder.
+        reason: Why loading failed.
+    """
+
+    name: str
+    folder: Path
+    reason: str
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class DetectorSet:
+    """The fitted detectors that judge answers for one model, from one folder.
+
+    Attributes:
+        name: The set's name (``default``, a shipped set's, ``custom``, ``trained``).
+        folder: Where the artifacts were looked for.
+        model_key: ``ModelInfo.key`` of the model they were loaded for.
+        detectors: The loaded detectors trained on that model, with their cards, by
+            folder name.
+        broken: Artifacts that could not be read or loaded, with the reason.
+        other_models: Model keys that the readable artifacts of other models were made for.
+        stamp: Changes whenever an artifact file of the folder changes.
+        error: Why the requested set could not be used (the default set was loaded).
+    """
+
+    name: str
+    folder: Path
+    model_key: str
+    detectors: tuple[ArtifactCard, ...]
+    broken: tuple[BrokenArtifact, ...]
+    other_models: tuple[str, ...]
+    stamp: str
+    error: str | None = None
+
+    @property
+    def fitted(self) -> list[Detector]:
+        """The fitted detectors, in the set's order."""
+        return [c.detector for c in self.detectors]
+
+    @property
+    def names(self) -> tuple[str, ...]:
+        return tuple(c.name for c in self.detectors)
+
+    def card(self, name: str) -> ArtifactCard:
+        """The card of detector ``name``.
+
+        Raises:
+            DataError: The set has no loaded detector of that name (the message says
+                why when its artifact is broken, and lists the ones there are).
+        """
+        for c in self.detectors:
+            if c.name == name:
+                return c
+        for b in self.broken:
+            if b.name == name:
+                raise DataError(
+                    f"the {self.name} set's {name} artifact cannot be loaded: {b.reason}"
+                )
+        raise DataError(
+            f"the {self.name} detector set has no {name} for this model; it has "
+            f"{', '.join(self.names) or 'none'} (train it with `ragscope train --detectors {name}`)"
+        )
+
+    def subset(self, names: list[str] | tuple[str, ...]) -> DetectorSet:
+        """This set with only the detectors ``names`` (``--detectors A,B``), in that order.
+
+        Raises:
+            DataError: A name the set does not have (see :meth:`card`).
+        """
+        return replace(self, detectors=tuple(self.card(n) for n in dict.fromkeys(names)))
+
+    @property
+    def judge_name(self) -> str | None:
+        """The detector that gives the overall verdict (:data:`ANSWER_JUDGE`), if loaded."""
+        return ANSWER_JUDGE if ANSWER_JUDGE in self.names else None
+
+    @property
+    def trained_on(self) -> tuple[str, ...]:
+        """The distinct training-data labels the loaded detectors record, in order."""
+        return tuple(dict.fromkeys(c.trained_on for c in self.detectors if c.trained_on))
+
+    @property
+    def cache_id(self) -> str:
+        """Identifies this set of detectors, for caches of its verdicts."""
+        return f"{self.model_key}|{self.folder}|{self.stamp}|{','.join(self.names)}"
+
+
+def artifacts_stamp(root: Path) -> str:
+    """Changes whenever an artifact file under ``root`` is added, removed or rewritten."""
+    parts: list[str] = []
+    for path in sorted(root.glob("*/*.json")) if root.is_dir() else ():
+        try:
+            stat = path.stat()
+        except OSError:  # removed while listing: the next load sees the new state
+            continue
+        parts.append(f"{path.relative_to(root)}:{stat.st_mtime_ns}:{stat.st_size}")
+    return hashlib.sha256("\n".join(parts).encode("utf-8")).hexdigest()[:16]
+
+
+def resolve_set(name: str | None = None) -> tuple[str, Path, str | None]:
+    """The set's name and folder by the module's rule (before falling back to the set
+    trained on this machine), and why a requested set could not be used (then the
+    default set is used).
+
+    Args:
+        name: A shipped set asked for by name (``--set NAME``); ``None``: the
+            environment's (``RAGSCOPE_DETECTORS_DIR``, ``RAGSCOPE_DETECTOR_SET``).
+    """
+    try:
+        if name is not None:
+            if name in (CUSTOM_SET, TRAINED_SET):
+                raise DataError(
+                    f"{name!r} is not a set to ask for by name: set RAGSCOPE_DETECTORS_DIR to "
+                    "a folder of artifacts, or train detectors here for the model"
+                )
+            return name, detector_set_dir(name), None
+        return detector_set_name(), shipped_dir(), None
+    except DataError as e:
+        return DEFAULT_SET, detector_set_dir(DEFAULT_SET), str(e)
+
+
+def _read_folder(model_key: str, root: Path, name: str, stamp: str) -> DetectorSet:
+    """Load every artifact in ``root`` made for ``model_key`` (each cfg.json read once
+    here, once more verified by the detector's loader)."""
+    cards: list[ArtifactCard] = []
+    broken: list[BrokenArtifact] = []
+    others: set[str] = set()
+    registered = set(available_detectors())
+    for sub in sorted(root.iterdir()) if root.is_dir() else ():
+        if sub.name not in registered or not (sub / "cfg.json").is_file():
+            continue
+        try:
+            cfg = artifact_info(sub)
+        except DataError:
+            broken.append(
+                BrokenArtifact(name=sub.name, folder=sub, reason="its cfg.json cannot be read")
+            )
+            continue
+        model = cfg.get("model")
+        if model != model_key:
+            if isinstance(model, str) and model:
+                others.add(model)
+            continue
+        try:
+            det = load_shipped(sub.name, model_key, root)
+            cards.append(ArtifactCard.of(sub.name, sub, det, cfg))
+        except RagscopeError as e:
+            broken.append(BrokenArtifact(name=sub.name, folder=sub, reason=str(e)))
+        except (KeyError, TypeError, ValueError) as e:
+            # Well-formed JSON with the wrong content: the loaders index into it directly.
+            reason = f"malformed artifact ({type(e).__name__}: {e})"
+            broken.append(BrokenArtifact(name=sub.name, folder=sub, reason=reason))
+    return DetectorSet(
+        name=name,
+        folder=root,
+        model_key=model_key,
+        detectors=tuple(cards),
+        broken=tuple(broken),
+        other_models=tuple(sorted(others)),
+        stamp=stamp,
+    )
+
+
+_LOCK = threading.Lock()
+_LOADED: OrderedDict[tuple[str, str, str], DetectorSet] = OrderedDict()
+_KEEP = 8
+
+
+def _folder_set(model_key: str, root: Path, name: str) -> DetectorSet:
+    """:func:`_read_folder`, kept per model, folder and stamp (reloaded when files change)."""
+    stamp = artifacts_stamp(root)
+    key = (model_key, str(root), stamp)
+    with _LOCK:
+        found = _LOADED.get(key)
+        if found is not None:
+            _LOADED.move_to_end(key)
+            return replace(found, name=name)
+    loaded = _read_folder(model_key, root, name, stamp)
+    with _LOCK:
+        _LOADED[key] = loaded
+        while len(_LOADED) > _KEEP:
+            _LOADED.popitem(last=False)
+    return loaded
+
+
+def load_set(model_key: str, name: str | None = None) -> DetectorSet:
+    """The detector set that judges answers for the model ``model_key``, by the rule of
+    this module; loaded once per process and folder state. A broken artifact does not
+    raise: it is listed in :attr:`DetectorSet.broken` and the others still load.
+
+    Args:
+        model_key: ``ModelInfo.key`` of the loaded model.
+        name: A shipped set by name; ``None``: the environment's, else ``default``.
+    """
+    set_name, root, error = resolve_set(name)
+    found = _folder_set(model_key, root, set_name)
+    if not found.detectors and not found.broken:
+        own = model_detectors_dir(model_key)
+        if own.is_dir():
+            trained = _folder_set(model_key, own, TRAINED_SET)
+            if trained.detectors or trained.broken:
+                return replace(trained, other_models=found.other_models, error=error)
+    return replace(found, error=error)
+
+
+def set_detector(model_key: str, name: str, set_name: str | None = None) -> Detector:
+    """One fitted detector of the set that applies for ``model_key`` (what ``mitigate``,
+    ``bench`` and the analysis commands judge with).
+
+    Raises:
+        DataError: The set has no such detector for the model, or its artifact is broken.
+    """
+    return load_set(model_key, set_name).card(name).detector

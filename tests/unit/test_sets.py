@@ -1,0 +1,157 @@
+"""Detector sets (core.sets): one rule picks the set for a model, each artifact's facts
+come from one typed card, and a set is loaded once."""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+import core.artifact
+from core.paths import assets_dir, model_detectors_dir
+from core.sets import TrainedOn, load_set, resolve_set, set_detector
+
+KEY = json.loads((assets_dir() / "detectors" / "nll" / "cfg.json").read_text())["model"]
+
+
+@pytest.fixture
+def no_set_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Path:
+    for var in ("RAGSCOPE_DETECTORS_DIR", "RAGSCOPE_DETECTOR_SET"):
+        monkeypatch.delenv(var, raising=False)
+    monkeypatch.setenv("RAGSCOPE_TRAINED_DIR", str(tmp_path / "trained"))
+    return tmp_path
+
+
+def _copy(name: str, to: Path, src: Path | None = None) -> Path:
+    to.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copytree((src or assets_dir() / "detectors") / name, to / name))
+
+
+def test_the_default_set_loads_every_shipped_artifact_with_its_card(no_set_env: Path) -> None:
+    dset = load_set(KEY)
+    assert (dset.name, dset.error, dset.broken) == ("default", None, ())
+    assert dset.folder == assets_dir() / "detectors"
+    names = sorted(p.name for p in dset.folder.iterdir() if (p / "cfg.json").is_file())
+    assert sorted(dset.names) == names and len(names) == 12
+    assert dset.judge_name == "ensemble"
+    ens = dset.card("ensemble")
+    assert ens.training.datasets == (
+        "builtin",
+        "dolly_ac_dev",
+        "finqa_qwen3_interpdetect",
+        "ragtruth_qa_dev",
+    )
+    assert ens.training.counts["ragtruth_qa_dev"] == 420
+    assert ens.n_train == 1800 + 138 + 256 + 420
+    assert ens.auroc_from == "5-fold CV" and 0.5 < (ens.auroc or 0) < 1
+    assert ens.calibrated and "ragtruth_qa_dev" in ens.calibrations
+    assert ens.training.recipe is not None and ens.training.recipe["procedure"] == "cv"
+    assert ens.trained_on == "builtin + dolly_ac_dev + finqa_qwen3_interpdetect + ragtruth_qa_dev"
+    assert ens.token_threshold == pytest.approx(ens.detector.token_threshold_)
+    assert [c.detector for c in dset.detectors] == dset.fitted
+
+
+def test_one_rule_picks_the_set(no_set_env: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    assert resolve_set()[:2] == ("default", assets_dir() / "detectors")
+    monkeypatch.setenv("RAGSCOPE_DETECTOR_SET", "ragtruth")
+    assert resolve_set()[0] == "ragtruth"
+    # A name asked for beats the environment's.
+    assert resolve_set("builtin")[:2] == ("builtin", assets_dir() / "detector-sets" / "builtin")
+    name, folder, error = resolve_set("no-such-set")
+    assert (name, folder) == ("default", assets_dir() / "detectors")
+    assert error is not None and "ragtruth" in error and "builtin" in error
+    assert resolve_set("custom")[2] is not None  # not a name to ask for
+    custom = no_set_env / "custom"
+    _copy("nll", custom)
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(custom))
+    dset = load_set(KEY)
+    assert (dset.name, dset.folder, dset.names) == ("custom", custom, ("nll",))
+    assert load_set(KEY, "ragtruth").name == "ragtruth"
+
+
+def test_the_set_trained_here_applies_to_every_command(
+    no_set_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # A folder with nothing for the model: the detectors trained on this machine for it
+    # are the set, for the app and for mitigate / bench (set_detector) alike.
+    empty = no_set_env / "empty"
+    empty.mkdir()
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(empty))
+    with pytest.raises(Exception, match="no redeep_token"):
+        set_detector(KEY, "redeep_token")
+    _copy("redeep_token", model_detectors_dir(KEY))
+    dset = load_set(KEY)
+    assert (dset.name, dset.names) == ("trained", ("redeep_token",))
+    assert set_detector(KEY, "redeep_token") is dset.card("redeep_token").detector
+
+
+def test_a_set_is_loaded_once_and_again_when_a_file_changes(
+    no_set_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = no_set_env / "two"
+    _copy("nll", folder)
+    _copy("lexical", folder)
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(folder))
+    reads: Counter[str] = Counter()
+    real = core.artifact.read_artifact_cfg
+
+    def counted(path: Path) -> dict:
+        reads[str(path)] += 1
+        return real(path)
+
+    monkeypatch.setattr(core.artifact, "read_artifact_cfg", counted)
+    first = load_set(KEY)
+    # Each cfg.json: once when listing, once verified by the detector's loader.
+    assert set(reads.values()) == {2} and len(reads) == 2
+    again = load_set(KEY)
+    assert again.card("nll").detector is first.card("nll").detector
+    assert sum(reads.values()) == 4  # nothing read again
+    cfg = folder / "nll" / "cfg.json"
+    st = cfg.stat()
+    os.utime(cfg, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000))
+    assert load_set(KEY).card("nll").detector is not first.card("nll").detector
+
+
+def test_a_broken_artifact_is_listed_and_the_others_load(
+    no_set_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = no_set_env / "mixed"
+    _copy("nll", folder)
+    bad = _copy("lexical", folder)
+    (bad / "weights.json").write_text("{}")  # no longer the file its cfg.json sealed
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(folder))
+    dset = load_set(KEY)
+    assert dset.names == ("nll",)
+    assert [b.name for b in dset.broken] == ["lexical"]
+    with pytest.raises(Exception, match="lexical artifact cannot be loaded"):
+        dset.card("lexical")
+    assert dset.subset(["nll"]).names == ("nll",)
+
+
+def test_trained_on_reads_both_recorded_shapes_and_ignores_malformed_facts() -> None:
+    split = TrainedOn.from_cfg(
+        {"trained_on": {"dataset": "builtin", "n": {"train": 1260, "validation": 270}}}
+    )
+    assert (split.label, split.n_train, split.recipe) == ("builtin", 1260, None)
+    cv = TrainedOn.from_cfg(
+        {
+            "trained_on": {
+                "dataset": "builtin,shared:x",
+                "datasets": ["builtin", "x"],
+                "n": {"builtin": 10, "x": 5},
+                "recipe": {"procedure": "cv"},
+                "data_hashes": {"all": "ab"},
+            }
+        }
+    )
+    assert (cv.label, cv.n_train, cv.spec) == ("builtin + x", 15, "builtin,shared:x")
+    assert cv.recipe == {"procedure": "cv"} and cv.data_hashes == {"all": "ab"}
+    junk = TrainedOn.from_cfg(
+        {"trained_on": {"datasets": [1], "n": {"train": "many", "x": -1}, "recipe": []}}
+    )
+    assert (junk.datasets, junk.n_train, junk.counts, junk.recipe) == ((), None, {}, None)
+    assert TrainedOn.from_cfg({"trained_on": "x", "train": {"n_train": 7}}).n_train == 7
