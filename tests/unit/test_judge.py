@@ -1,0 +1,132 @@
+"""One verdict object (core.judge.AnswerVerdict): the overall verdict, each detector's
+probability with the threshold of the same calibration, spans, and the same numbers
+through judge() and judge_many()."""
+
+from __future__ import annotations
+
+import dataclasses
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.calibration import DatasetCalibration, PlattCalibrator
+from core.contract import Verdict, calibrated_as, for_dataset
+from core.data import builtin_examples
+from core.detectors import make_detector
+from core.detectors.baselines import NLLDetector
+from core.examples import Provenance, RAGExample
+from core.extract import extract_features
+from core.judge import VOTE, JudgeFailure, answer_verdict, judge, judge_many, overall_verdict
+from core.sets import load_set
+
+
+def _v(name: str, p: float, thr: float, **kw: object) -> Verdict:
+    return Verdict(
+        detector=name, example_id="x", score=p, hallucinated=p >= thr, threshold=thr, **kw
+    )
+
+
+def test_the_ensemble_gives_the_overall_verdict_and_the_summary_says_how() -> None:
+    verdicts = {
+        "nll": _v("nll", 0.9, 0.5),
+        "spad": _v("spad", 0.2, 0.4),
+        "ensemble": _v("ensemble", 0.71, 0.38, calibrated_for="ragtruth_qa_dev"),
+    }
+    assert overall_verdict(verdicts) == ("ensemble", 0.71, 0.38, True, "ragtruth_qa_dev")
+    ex = RAGExample(id="x", question="q?", passages=("p.",), response="An answer.")
+    dets = [make_detector(n) for n in ("nll", "spad", "ensemble")]
+    av = answer_verdict(ex, dets, verdicts, set_name="default")
+    assert av.summary == "Hallucinated: ensemble p = 0.71 ≥ 0.38; 2 of 3 detectors flag it"
+    rec = av.to_record()
+    assert rec["detectors"]["ensemble"] == {
+        "probability": 0.71,
+        "threshold": 0.38,
+        "hallucinated": True,
+        "calibrated_for": "ragtruth_qa_dev",
+        "raw_score": None,
+    }
+    assert (rec["hallucinated"], rec["n_flagged"], rec["n_detectors"]) == (True, 2, 3)
+
+
+def test_without_an_ensemble_the_detectors_vote() -> None:
+    verdicts = {"nll": _v("nll", 0.9, 0.5), "spad": _v("spad", 0.2, 0.4)}
+    assert overall_verdict(verdicts) == (VOTE, 0.5, 0.5, True, None)
+    ex = RAGExample(id="x", question="q?", passages=("p.",), response="An answer.")
+    av = answer_verdict(ex, [make_detector("nll"), make_detector("spad")], verdicts, set_name="s")
+    assert av.summary == "Hallucinated: 1 of 2 detectors flag it (≥ half)"
+
+
+def test_a_probability_and_its_threshold_always_come_from_one_calibration() -> None:
+    det = NLLDetector(NLLDetector.Config())
+    det.threshold_ = 0.5
+    det.calibration_ = PlattCalibrator.from_json({"kind": "platt", "a": 1.0, "b": 0.0, "n": 90})
+    det.dataset_calibration_ = {
+        "b": DatasetCalibration(
+            calibrator=PlattCalibrator.from_json({"kind": "platt", "a": 4.0, "b": -1.0, "n": 46}),
+            threshold=0.3,
+            n=46,
+            n_positive=20,
+        )
+    }
+    raw = Verdict(detector="nll", example_id="x", score=0.5, raw_score=0.5)
+    own = for_dataset(det, raw, "b_test")  # another split of training dataset b
+    assert own.calibrated_for == "b" and own.threshold == 0.3
+    assert own.hallucinated == (own.score >= 0.3)
+    pooled = calibrated_as(det, own, None)
+    assert pooled.calibrated_for is None and pooled.threshold == 0.5
+    assert pooled.hallucinated == (pooled.score >= 0.5)
+    with pytest.raises(AssertionError, match="disagrees"):
+        dataclasses.replace(pooled, threshold=0.3, hallucinated=not pooled.hallucinated)
+
+
+@pytest.fixture(scope="module")
+def tiny_set(tiny_model, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    out = tmp_path_factory.mktemp("tiny-set")
+    examples = builtin_examples()
+    dets = [make_detector("nll"), make_detector("context_gain")]
+    feats = extract_features(tiny_model, examples, dets).features
+    for d in dets:
+        d.fit(list(feats[d.name]), examples).save(out / d.name)
+    return out
+
+
+def test_judge_and_judge_many_give_the_same_verdicts(
+    tiny_model, tiny_set: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(tiny_set))
+    dset = load_set(tiny_model.info.key)
+    assert dset.names == ("context_gain", "nll")
+    examples = builtin_examples()[:3]
+    too_long = dataclasses.replace(
+        examples[0],
+        id="too-long",
+        response="word " * 5000,
+        spans=(),
+        label=None,
+        provenance=Provenance(dataset="mine"),
+    )
+    many = list(judge_many(tiny_model, [examples[0], too_long, *examples[1:]], dset))
+    assert [getattr(m, "example_id", None) for m in many] == [
+        examples[0].id,
+        "too-long",
+        examples[1].id,
+        examples[2].id,
+    ]
+    failed = many[1]
+    assert isinstance(failed, JudgeFailure) and "more than the model" in str(failed.error)
+    for ex, batch in zip(examples, [many[0], *many[2:]], strict=True):
+        one = judge(tiny_model, ex, dset)
+        assert one.judge == VOTE and one.set_name == "custom"
+        assert list(one.verdicts) == ["context_gain", "nll"]
+        for name, v in one.verdicts.items():
+            w = batch.verdicts[name]
+            assert v.threshold is not None and v.hallucinated == (v.score >= v.threshold)
+            assert (w.score, w.threshold, w.hallucinated) == pytest.approx(
+                (v.score, v.threshold, v.hallucinated), abs=1e-6
+            )
+        assert one.hallucinated == batch.hallucinated
+        assert [(s.start, s.end) for s in one.spans] == [(s.start, s.end) for s in batch.spans]
+        for s in one.spans:
+            assert s.text == ex.response[s.start : s.end] and any(c.isalnum() for c in s.text)
+    assert np.isfinite(one.seconds)
