@@ -564,7 +564,11 @@ def evaluate(
             DetectorResult(
                 detector=n,
                 config_hash=det.config.config_hash(),
-                threshold=float(det.threshold_),
+                # The threshold the test answers were flagged at (their dataset's own
+                # when one calibration judged them all; see metrics["thresholds"]).
+                threshold=float(
+                    det.threshold_ if metrics["threshold"] is None else metrics["threshold"]
+                ),
                 metrics=metrics,
                 token_metrics=tok,
                 validation_metrics=va_metrics,
