@@ -51,16 +51,19 @@ from core.examples import RAGExample, source_key
 from core.extract import Extraction, FeatureCache, extract_features
 from core.foldstore import fold_key, fold_result, load_fold, save_fold
 from core.metrics import (
+    SPAN_F1_NOTE,
     auroc_or_none,
     grouped_bootstrap_ci,
     is_binary,
     length_bins,
     matched_auroc,
     response_metrics,
+    span_overlap_metrics,
     token_metrics,
 )
 from core.model import LoadedModel
 from core.safeio import read_json_file
+from core.spans import detector_spans
 
 CV_FORMAT = 1
 Criterion = Literal["f1", "balanced_accuracy"]
@@ -315,6 +318,12 @@ class CVResult:
             threshold, ECE of the calibrated scores).
         folds: Per fold: n, positives, AUROC, AP, balanced accuracy, threshold, ECE.
         token: Token AP / AUROC pooled over the out-of-fold token scores, or ``None``.
+        spans: Span precision / recall / F1 by character overlap
+            (:func:`core.metrics.span_overlap_metrics`) of the detector's whole-word
+            spans (:func:`core.spans.detector_spans`) at the token threshold of the
+            fold that judged each answer, over the answers with gold spans and the
+            faithful ones; ``None`` without token scores or span labels (and in runs
+            saved before it existed).
         reliability: Reliability diagram of the calibrated out-of-fold scores.
         by_generator: Generator -> n, positives, AUROC (pooled out-of-fold).
         by_dataset: Dataset -> n, positives, AUROC, balanced accuracy, ECE, and with
@@ -338,6 +347,7 @@ class CVResult:
     scores: tuple[float, ...]
     raw_scores: tuple[float, ...]
     flagged: tuple[bool, ...]
+    spans: Mapping[str, Any] | None = None
 
     def spread(self, key: str = "auroc") -> tuple[float | None, float | None]:
         """Mean and standard deviation of ``key`` over the folds."""
@@ -465,6 +475,9 @@ class CVRun:
                     "ECE": p.get("ece"),
                     "token AP": (r.token or {}).get("ap"),
                     "token AUROC": (r.token or {}).get("auroc"),
+                    "span P (char)": (r.spans or {}).get("precision"),
+                    "span R (char)": (r.spans or {}).get("recall"),
+                    "span F1 (char)": (r.spans or {}).get("f1"),
                 }
             )
         return pd.DataFrame(rows)
@@ -485,8 +498,8 @@ class CVRun:
             + (f" ({', '.join(self.calibrate_on)})" if self.calibrate_on else ""),
             "",
             "| detector | AUROC [95% CI] | length-matched | folds mean ± sd | AP [95% CI] "
-            "| bal. acc | F1 | ECE | token AP | token AUROC |",
-            "|---|---|---|---|---|---|---|---|---|---|",
+            "| bal. acc | F1 | ECE | token AP | span P/R/F1 (char) | token AUROC |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for r in self.results:
             p, t = r.pooled, r.token or {}
@@ -496,8 +509,11 @@ class CVRun:
                 f"| {r.detector} | {format_ci(p, 'auroc')} | {format_metric(p.get('auroc_length_matched'))} | "
                 f"{spread} | {format_ci(p, 'ap')} | "
                 f"{format_metric(p.get('balanced_accuracy'))} | {format_metric(p.get('f1'))} | {format_metric(p.get('ece'))} | "
-                f"{format_metric(t.get('ap'))} | {format_metric(t.get('auroc'))} |"
+                f"{format_metric(t.get('ap'))} | {format_span_prf(r.spans)} | "
+                f"{format_metric(t.get('auroc'))} |"
             )
+        if any(r.spans for r in self.results):
+            lines += ["", SPAN_F1_NOTE]
         length = dict(self.baseline.get("answer_length") or {})
         if length.get("auroc") is not None:
             lines += [
@@ -551,6 +567,13 @@ class CVRun:
 
 def format_metric(v: Any) -> str:
     return "-" if v is None else f"{v:.3f}"
+
+
+def format_span_prf(m: Mapping[str, Any] | None) -> str:
+    """Span precision / recall / F1 (char), or ``-`` (none measured, or an older run)."""
+    if not m or m.get("f1") is None:
+        return "-"
+    return " / ".join(format_metric(m.get(k)) for k in ("precision", "recall", "f1"))
 
 
 def format_ci(m: Mapping[str, Any], key: str) -> str:
@@ -675,6 +698,29 @@ def _with_tokens(
         t = token_metrics(ty, ts) if ty.size else {}
         out[k] = {**v, "token_ap": t.get("ap"), "token_auroc": t.get("auroc")}
     return out
+
+
+def span_metrics(
+    examples: Sequence[RAGExample],
+    verdicts: Sequence[Verdict | None],
+    thresholds: Sequence[float | None],
+) -> dict[str, Any] | None:
+    """Span precision / recall / F1 by character overlap of each answer's whole-word
+    spans at its own token threshold (``thresholds[i]``: that of the fold that judged
+    it), over the answers with gold spans and the faithful ones (hallucinated answers
+    without span labels are left out, as :func:`token_labels_and_scores` leaves them);
+    ``None`` when no answer has token scores, a token threshold and gold to compare."""
+    pred: list[list[tuple[int, int]]] = []
+    gold: list[list[tuple[int, int]]] = []
+    for e, v, t in zip(examples, verdicts, thresholds, strict=True):
+        if v is None or v.token_scores is None or t is None:
+            continue
+        if not e.spans and e.label is not False:
+            continue
+        pred.append([(a, b) for a, b, _ in detector_spans(e.response, v, t)])
+        gold.append([(g.start, g.end) for g in e.spans])
+    m = span_overlap_metrics(pred, gold)
+    return m if m["f1"] is not None else None
 
 
 # ----------------------------------------------------------------------------- CV
@@ -805,6 +851,7 @@ def cross_validate(
         own_scores = np.zeros(len(exs))
         own_flagged = np.zeros(len(exs), dtype=bool)
         verdicts: list[Verdict | None] = [None] * len(exs)
+        token_thresholds: list[float | None] = [None] * len(exs)
         per_fold = []
         config_hash = ""
         for f in range(k):
@@ -831,7 +878,14 @@ def cross_validate(
                     for_dataset(det, v, exs[i].provenance.dataset)
                     for v, i in zip(vs, te, strict=True)
                 ]
-                res = fold_result(te, vs, own, float(det.threshold_), det.config.config_hash())
+                res = fold_result(
+                    te,
+                    vs,
+                    own,
+                    float(det.threshold_),
+                    det.config.config_hash(),
+                    getattr(det, "token_threshold_", None),
+                )
                 if checkpoint is not None:
                     save_fold(checkpoint, fkey, res)
             elif resumed is not None:
@@ -841,6 +895,7 @@ def cross_validate(
             own_scores[te], own_flagged[te] = res.own_scores, res.own_flagged
             for j, i in enumerate(te):
                 verdicts[i] = res.verdict(j, n, exs[i].id)
+                token_thresholds[i] = res.token_threshold
             m = response_metrics(y[te], scores[te], res.threshold, n_boot=0)
             per_fold.append(
                 {
@@ -879,6 +934,7 @@ def cross_validate(
                 scores=tuple(float(s) for s in scores),
                 raw_scores=tuple(float(s) for s in raw),
                 flagged=tuple(bool(b) for b in flagged),
+                spans=span_metrics(exs, verdicts, token_thresholds),
             )
         )
     stamp = datetime.now(UTC)

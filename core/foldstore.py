@@ -98,6 +98,8 @@ class FoldResult:
         config_hash: The fitted detector's config hash.
         token_scores, token_offsets: Per answer, its token scores and offsets (or
             ``None``).
+        token_threshold: The fold's token threshold (its detector's
+            ``token_threshold_``: what it flags spans at), or ``None``.
     """
 
     test: np.ndarray
@@ -110,6 +112,7 @@ class FoldResult:
     config_hash: str
     token_scores: tuple[np.ndarray | None, ...]
     token_offsets: tuple[np.ndarray | None, ...]
+    token_threshold: float | None = None
 
     def verdict(self, j: int, detector: str, example_id: str) -> Verdict:
         """The ``j``-th test answer's verdict, as far as the pooled metrics read it."""
@@ -130,6 +133,7 @@ def fold_result(
     own: Sequence[Verdict],
     threshold: float,
     config_hash: str,
+    token_threshold: float | None = None,
 ) -> FoldResult:
     """A fold's result from its test answers' verdicts (``own``: dataset-calibrated)."""
     return FoldResult(
@@ -152,6 +156,7 @@ def fold_result(
             None if v.token_scores is None or v.token_offsets is None else v.token_offsets
             for v in verdicts
         ),
+        token_threshold=None if token_threshold is None else float(token_threshold),
     )
 
 
@@ -163,7 +168,12 @@ def save_fold(folder: str | Path, key: str, r: FoldResult) -> Path:
     lengths = np.asarray([-1 if t is None else len(t) for t in r.token_scores], dtype=np.int64)
     tok = [np.asarray(t, dtype=np.float32).reshape(-1) for t in r.token_scores if t is not None]
     off = [np.asarray(o, dtype=np.int64).reshape(-1, 2) for o in r.token_offsets if o is not None]
-    meta = {"format": FOLD_FORMAT, "threshold": r.threshold, "config_hash": r.config_hash}
+    meta = {
+        "format": FOLD_FORMAT,
+        "threshold": r.threshold,
+        "config_hash": r.config_hash,
+        "token_threshold": r.token_threshold,
+    }
     buf = io.BytesIO()
     np.savez_compressed(
         buf,
@@ -213,7 +223,12 @@ def _read(blob: bytes, test: np.ndarray) -> FoldResult:
     if not isinstance(meta, dict) or meta.get("format") != FOLD_FORMAT:
         raise DataError("a fold checkpoint of another format")
     threshold, config_hash = meta.get("threshold"), meta.get("config_hash")
-    if type(threshold) is not float or type(config_hash) is not str:
+    token_threshold = meta.get("token_threshold")
+    if (
+        type(threshold) is not float
+        or type(config_hash) is not str
+        or (token_threshold is not None and type(token_threshold) is not float)
+    ):
         raise DataError("a fold checkpoint's header is malformed")
     n = len(test)
     want = np.asarray(test, dtype=np.int64)
@@ -262,6 +277,7 @@ def _read(blob: bytes, test: np.ndarray) -> FoldResult:
         config_hash=config_hash,
         token_scores=tuple(scores),
         token_offsets=tuple(offsets),
+        token_threshold=token_threshold,
     )
 
 

@@ -43,7 +43,14 @@ from core.examples import Provenance, RAGExample, source_key
 from core.extract import extract_features
 from core.judge import judge_stream
 from core.matrix import MatrixRun, domain_matrix, load_run
-from core.metrics import grouped_bootstrap_ci, length_bins, matched_auroc
+from core.metrics import (
+    SPAN_F1_NOTE,
+    grouped_bootstrap_ci,
+    length_bins,
+    matched_auroc,
+    span_overlap_metrics,
+)
+from core.spans import detector_spans
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -726,10 +733,14 @@ def test_fold_checkpoints_round_trip_token_scores(tmp_path) -> None:
         for i in range(4)
     ]
     test = np.asarray([3, 5, 8, 9])
-    r = fold_result(test, vs, vs, 0.25, "abc")
+    r = fold_result(test, vs, vs, 0.25, "abc", 0.375)
     save_fold(tmp_path, "k", r)
     got = load_fold(tmp_path, "k", test)
     assert got is not None and got.threshold == 0.25 and got.config_hash == "abc"
+    assert got.token_threshold == 0.375
+    save_fold(tmp_path, "none", fold_result(test, vs, vs, 0.25, "abc"))
+    assert (none := load_fold(tmp_path, "none", test)) is not None
+    assert none.token_threshold is None
     for j, v in enumerate(vs):
         w = got.verdict(j, "d", v.example_id)
         assert w.score == v.score and w.hallucinated == v.hallucinated
@@ -763,3 +774,61 @@ def test_stale_fold_checkpoints_are_pruned(tmp_path) -> None:
     assert not old.exists() and fresh.exists() and mixed.exists()
     assert (tmp_path / "stray.txt").exists()
     assert prune_stale(tmp_path / "missing") == []
+
+
+def test_cv_reports_span_f1_by_character_overlap_at_each_folds_token_threshold(
+    extraction,
+) -> None:
+    """Each answer's whole-word spans at the token threshold of the fold that judged
+    it, against its gold spans: the run's span P/R/F1, its markdown column and note."""
+    exs = list(extraction.examples)
+    made = []
+
+    def make(name):
+        det = default_maker()(name)
+        made.append(det)
+        return det
+
+    run = cross_validate(
+        None,
+        ["nll"],
+        exs,
+        k=2,
+        extraction=extraction,
+        model_key="m",
+        n_boot=0,
+        make=make,
+        calibration="split",
+    )
+    fold_dets = made[-2:]  # split calibration: one fitted detector per fold, in order
+    thresholds = [d.token_threshold_ for d in fold_dets]
+    assert all(t is not None for t in thresholds) and thresholds[0] != thresholds[1]
+    pred, gold = [], []
+    for i, e in enumerate(exs):
+        if not e.spans and e.label is not False:
+            continue
+        f = run.fold[i]
+        v = fold_dets[f].predict(extraction.features["nll"][i])
+        pred.append([(a, b) for a, b, _ in detector_spans(e.response, v, thresholds[f])])
+        gold.append([(g.start, g.end) for g in e.spans])
+    want = span_overlap_metrics(pred, gold)
+    got = run.result("nll").spans
+    assert got is not None
+    assert got["gold_chars"] == sum(g.end - g.start for e in exs for g in e.spans)
+    assert got["predicted_chars"] == want["predicted_chars"] > 0
+    for k in ("precision", "recall", "f1"):
+        assert got[k] == pytest.approx(want[k])
+    md = run.to_markdown()
+    assert "span P/R/F1 (char)" in md and SPAN_F1_NOTE in md
+    cell = f"{got['precision']:.3f} / {got['recall']:.3f} / {got['f1']:.3f}"
+    assert f"| {cell} |" in md
+    assert run.to_frame().loc[0, "span F1 (char)"] == pytest.approx(got["f1"])
+    # The field travels through the run file; a run saved before it shows "-".
+    again = CVRun.from_dict(json.loads(json.dumps(run.to_dict())))
+    assert again.result("nll").spans == got
+    old = run.to_dict()
+    for r in old["results"]:
+        del r["spans"]
+    before = CVRun.from_dict(old)
+    assert before.result("nll").spans is None
+    assert "| - |" in before.to_markdown() and SPAN_F1_NOTE not in before.to_markdown()
