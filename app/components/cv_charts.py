@@ -24,7 +24,7 @@ import pandas as pd
 from app.components.charts import GUIDE_COLOR, PALETTE, plain
 from core.calibration import Reliability
 from core.comparison import p_text
-from core.crossval import CVRun
+from core.crossval import CVRun, format_span_prf
 from core.matrix import MatrixRun
 
 if TYPE_CHECKING:
@@ -35,6 +35,7 @@ MISSING = "-"
 OWN_BA = "balanced accuracy, own calibration"
 OWN_ECE = "ECE, own calibration"
 TOKEN_AP = "token AP"
+SPAN_PRF = "span P/R/F1 (char)"
 DATASET_METRICS: tuple[str, ...] = (
     "AUROC",
     "balanced accuracy",
@@ -132,7 +133,8 @@ def cv_frame(run: CVRun) -> pd.DataFrame:
 
 def cv_metric_table(run: CVRun) -> pd.DataFrame:
     """The metric table shown for one run: pooled out-of-fold metrics to 3 decimals,
-    CIs as ``[lo, hi]``, the fold spread as ``mean ± sd``."""
+    CIs as ``[lo, hi]``, the fold spread as ``mean ± sd``, span precision / recall / F1
+    by character overlap as the run stored it (``-`` in runs saved before it)."""
     rows = []
     for _, r in cv_frame(run).iterrows():
         mean, sd = _num(r["fold AUROC mean"]), _num(r["fold AUROC sd"])
@@ -151,6 +153,7 @@ def cv_metric_table(run: CVRun) -> pd.DataFrame:
                 "F1": fmt(r["F1"]),
                 "ECE": fmt(r["ECE"]),
                 "token AP": fmt(r["token AP"]),
+                SPAN_PRF: format_span_prf(run.result(r["detector"]).spans),
                 "token AUROC": fmt(r["token AUROC"]),
             }
         )

@@ -103,7 +103,7 @@ from core.errors import RagscopeError
 from core.evaluate import DetectorResult, EvalRun, evaluate
 from core.extract import FeatureCache
 from core.matrix import MatrixRun
-from core.metrics import response_metrics
+from core.metrics import SPAN_F1_NOTE, response_metrics
 from core.model import LoadedModel
 from core.paths import runs_dir
 from core.review.export import safe_csv
@@ -667,6 +667,11 @@ def show_cv_tables(runs: Sequence[CVRun]) -> None:
         f"detector sees beyond answer length. `{MISSING}`: undefined (one class only, "
         "or no token scores)."
     )
+    if any(r.spans for run in runs for r in run.results):
+        st.caption(
+            SPAN_F1_NOTE + " Precision / recall / F1 of each detector's whole-word spans at "
+            "the token threshold of the fold that judged the answer."
+        )
 
 
 def show_fold_spread(runs: Sequence[CVRun]) -> None:

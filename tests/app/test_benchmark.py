@@ -29,7 +29,7 @@ from app.components.charts import (
     roc_figure,
     roc_points,
 )
-from app.components.cv_charts import matrix_figure, reliability_figure
+from app.components.cv_charts import cv_metric_table, matrix_figure, reliability_figure
 from app.state import (
     KEY_BENCH_CONFUSION,
     KEY_BENCH_CV_DATASET_METRIC,
@@ -54,7 +54,7 @@ from core.evaluate import DetectorResult, EvalRun
 from core.examples import RAGExample, source_key
 from core.extract import FeatureCache
 from core.matrix import MatrixRun, domain_matrix
-from core.metrics import response_metrics
+from core.metrics import SPAN_F1_NOTE, response_metrics
 from core.model import LoadedModel
 from core.storage import Store
 
@@ -516,6 +516,12 @@ def test_cv_and_matrix_runs_show_their_sections(
         assert row["ECE"] == f"{p['ece']:.3f}"
         assert row["token AP"] == f"{r.token['ap']:.3f}"
         assert row["token AUROC"] == f"{r.token['auroc']:.3f}"
+        sp = r.spans
+        assert row["span P/R/F1 (char)"] == (
+            "-" if sp is None else f"{sp['precision']:.3f} / {sp['recall']:.3f} / {sp['f1']:.3f}"
+        )
+    assert cv.result("nll").spans is not None  # nll scores tokens: its spans are measured
+    assert SPAN_F1_NOTE in text
 
     charts = _charts(at)
     assert {"cv.spread", "cv.generator", "cv.dataset", "cv.reliability", "matrix"} <= set(charts)
@@ -741,3 +747,13 @@ def test_every_shipped_detector_gets_its_own_colour() -> None:
     from core.detectors import available_detectors
 
     assert len(set(PALETTE)) == len(PALETTE) >= len(available_detectors())
+
+
+def test_a_cv_run_saved_before_span_f1_shows_a_dash(
+    crossval_runs: tuple[CVRun, MatrixRun],
+) -> None:
+    old = crossval_runs[0].to_dict()
+    for r in old["results"]:
+        del r["spans"]
+    table = cv_metric_table(CVRun.from_dict(old))
+    assert list(table["span P/R/F1 (char)"]) == ["-"] * len(CV_DETECTORS)
