@@ -21,6 +21,7 @@ from core.errors import DataError, RagscopeError
 from core.evaluate import token_threshold
 from core.extract import FeatureCache, extract_features
 from core.paths import detector_set_dir, detector_set_name, detector_set_names, shipped_dir
+from core.sets import TrainedOn
 from core.storage import Store
 
 
@@ -58,7 +59,7 @@ def cmd_token_thresholds(args: argparse.Namespace) -> int:
     with Store() as store:
         for n in names:
             path = Path(found[n])
-            recipe = (artifact_info(path).get("trained_on") or {}).get("recipe") or {}
+            recipe = dict(TrainedOn.from_cfg(artifact_info(path)).recipe or {})
             spec = recipe_dataset(recipe.get("dataset"), args.dataset, path)
             if spec is None:
                 raise DataError(
@@ -141,9 +142,9 @@ def _list_sets() -> int:
         found = shipped_artifacts(folder=folder)
         data: dict[str, None] = {}
         for path in found.values():
-            trained = artifact_info(path).get("trained_on")
-            if isinstance(trained, dict) and isinstance(trained.get("dataset"), str):
-                data[trained["dataset"]] = None
+            trained = TrainedOn.from_cfg(artifact_info(path))
+            if trained.spec is not None:
+                data[trained.spec] = None
         mark = "*" if name == loaded else " "
         print(
             f"{mark} {name:<10} {len(found):>2} detectors  trained on "
