@@ -17,10 +17,13 @@ by) ride along in the same pass instead of a pass of their own.
 
 from __future__ import annotations
 
+import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
+
+import pandas as pd
 
 from core.contract import Detector, Verdict, flag_threshold, for_dataset
 from core.errors import DataError
@@ -182,6 +185,56 @@ class AnswerVerdict:
             "seconds": self.seconds,
             **({"labels": dict(self.labels)} if self.labels else {}),
         }
+
+
+ROW_COLUMNS = (
+    "id",
+    "set",
+    "judge",
+    "hallucinated",
+    "probability",
+    "threshold",
+    "calibrated_for",
+    "n_flagged",
+    "n_detectors",
+)
+"""The answer-level columns of :func:`verdict_rows`, in order; then per detector
+``<detector>.probability``, ``.threshold``, ``.hallucinated``, ``.calibrated_for``, then
+``spans`` (and ``label`` when any answer has one)."""
+DETECTOR_COLUMNS = ("probability", "threshold", "hallucinated", "calibrated_for")
+
+
+def verdict_rows(verdicts: Iterable[AnswerVerdict | Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per answer (``ragscope judge``'s CSV and Parquet): the columns of
+    :data:`ROW_COLUMNS`, each detector's :data:`DETECTOR_COLUMNS` as
+    ``<detector>.<column>``, ``spans`` as JSON text of ``[{start, end, text, score,
+    detectors}]``, and ``label`` (the gold verdict) when any answer has one.
+
+    Args:
+        verdicts: Verdicts, or their :meth:`AnswerVerdict.to_record` records (as a
+            JSONL output holds them).
+    """
+    rows: list[dict[str, Any]] = []
+    names: dict[str, None] = {}
+    labelled = False
+    for v in verdicts:
+        rec = v.to_record() if isinstance(v, AnswerVerdict) else v
+        row = {k: rec.get(k) for k in ROW_COLUMNS}
+        for name, d in rec.get("detectors", {}).items():
+            names.setdefault(name)
+            row.update({f"{name}.{k}": d.get(k) for k in DETECTOR_COLUMNS})
+        row["spans"] = json.dumps(rec.get("spans", []), ensure_ascii=False)
+        label = (rec.get("labels") or {}).get("hallucinated")
+        labelled |= label is not None
+        row["label"] = label
+        rows.append(row)
+    columns = [
+        *ROW_COLUMNS,
+        *(f"{n}.{k}" for n in names for k in DETECTOR_COLUMNS),
+        "spans",
+        *(("label",) if labelled else ()),
+    ]
+    return pd.DataFrame(rows, columns=columns)
 
 
 def overall_verdict(

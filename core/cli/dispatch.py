@@ -17,6 +17,7 @@ import core.cli.artifacts as artifacts
 import core.cli.datasets as datasets
 import core.cli.features as features
 import core.cli.generation as generation
+import core.cli.judging as judging
 import core.cli.mitigation as mitigation
 import core.cli.model as model
 import core.cli.sae as sae
@@ -34,6 +35,7 @@ COMMANDS: tuple[tuple[ModuleType, str], ...] = (
     (features, "features"),
     (training, "evaluate"),
     (training, "train"),
+    (judging, "judge"),
     (analysis, "spad-check"),
     (analysis, "shap"),
     (mitigation, "mitigate"),

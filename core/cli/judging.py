@@ -1,0 +1,451 @@
+"""``judge``: the detector set's verdict on every answer of a file or dataset.
+
+Each answer is judged by :func:`core.judge.judge_many` (features from the local feature
+cache where it has them, the rest traced and stored at once) and written as
+:meth:`core.judge.AnswerVerdict.to_record`: JSONL is appended and flushed answer by
+answer, CSV and Parquet (one row per answer, :func:`core.judge.verdict_rows`) are
+written at the end, ``--html`` adds a self-contained report. Re-running the same
+command reads every feature from the cache, and with a JSONL ``--out`` skips the
+answers it already holds. An answer that cannot be judged (or a malformed record of
+the input file) is named on stderr and skipped; the run fails only when nothing could
+be judged.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import html
+import json
+import os
+import sys
+import time
+from collections.abc import Iterable, Mapping, Sequence
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+from tqdm import tqdm
+
+from core.cli.common import (
+    REPORT_LINES,
+    Subparsers,
+    add_engine_args,
+    add_model_args,
+    extract_on_ray,
+    load,
+)
+from core.contract import Detector, Features
+from core.data import load_dataset, resolve_datasets, stratified_head
+from core.errors import DataError
+from core.examples import RAGExample
+from core.extract import FeatureCache
+from core.judge import JudgeFailure, judge_many, verdict_rows
+from core.review.export import safe_csv
+from core.sets import DetectorSet, load_set, resolve_set
+from core.storage import Store
+
+FORMATS = (".jsonl", ".csv", ".parquet")
+"""The ``--out`` formats, by suffix."""
+FEW_LABELLED = 30
+"""Below this many labelled answers the balanced accuracy is said to rest on too few."""
+
+
+class _CountingCache(FeatureCache):
+    """The feature cache, noting which answers had features computed (stored) this run."""
+
+    def __init__(self, store: Store) -> None:
+        super().__init__(store)
+        self.computed: set[str] = set()
+
+    def put(self, model_key: str, example: RAGExample, detector: Detector, feats: Features) -> None:
+        self.computed.add(example.id)
+        super().put(model_key, example, detector, feats)
+
+
+def _add_judge(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "judge",
+        help="the detector set's verdict on every answer of a file or dataset (labels "
+        "optional): JSONL, CSV or Parquet, resumable",
+    )
+    p.add_argument(
+        "answers",
+        metavar="FILE|DATASET",
+        help="the answers: a file/folder, demo, builtin, shared:NAME or a stored name; "
+        "several comma-separated",
+    )
+    p.add_argument(
+        "--set",
+        default=None,
+        metavar="NAME",
+        help="the detector set (default: RAGSCOPE_DETECTORS_DIR, RAGSCOPE_DETECTOR_SET, "
+        "else the default set; the set trained here when that has none for the model)",
+    )
+    p.add_argument(
+        "--detectors",
+        default=None,
+        metavar="A,B",
+        help="only these detectors of the set (comma-separated); without the ensemble the "
+        "overall verdict is their vote",
+    )
+    p.add_argument(
+        "--out",
+        required=True,
+        help="verdicts.jsonl (appended answer by answer; answers it holds are skipped on a "
+        "re-run), .csv or .parquet (one row per answer, written at the end)",
+    )
+    p.add_argument("--html", default=None, help="also write a self-contained HTML report here")
+    p.add_argument(
+        "--limit", type=int, default=None, help="about this many answers (whole sources)"
+    )
+    add_model_args(p)
+    add_engine_args(p)
+    p.set_defaults(func=cmd_judge)
+
+
+def _out_format(out: str) -> str:
+    suffix = Path(out).suffix.lower()
+    if suffix not in FORMATS:
+        raise DataError(
+            f"--out {out!r}: write verdicts to a {', '.join(FORMATS)} file", field="out"
+        )
+    return suffix
+
+
+def load_answers(spec: str) -> tuple[list[str], list[RAGExample], list[tuple[str, str]]]:
+    """The answers of ``spec`` (resolved like ``extract --dataset``), with the records of
+    an input file that could not be read as ``(where, reason)``.
+
+    Raises:
+        DataError: The spec names nothing.
+    """
+    path = Path(spec)
+    if "," in spec or not path.exists():
+        names, examples = resolve_datasets(spec, on_error="skip")
+        return names, examples, []
+    name = path.stem if path.is_file() else path.name
+    report = load_dataset(path, on_error="skip")
+    bad = [(f"record of {spec}", str(e)) for e in report.errors]
+    examples = [
+        e
+        if e.provenance.dataset == name
+        else dataclasses.replace(e, provenance=dataclasses.replace(e.provenance, dataset=name))
+        for e in report.examples
+    ]
+    return [name], examples, bad
+
+
+def choose_set(args: argparse.Namespace, model_key: str) -> DetectorSet:
+    """The set ``--set`` (or the environment) names, narrowed to ``--detectors``.
+
+    Raises:
+        DataError: No such set, an unknown detector, or no detector for the model.
+    """
+    dset = load_set(model_key, args.set)
+    if args.set is not None and dset.error:
+        raise DataError(dset.error, field="set")
+    if args.detectors is not None:
+        names = [n.strip() for n in args.detectors.split(",") if n.strip()]
+        if not names:
+            raise DataError("--detectors names no detector", field="detectors")
+        dset = dset.subset(names)
+    if not dset.detectors:
+        why = "; ".join(f"{b.name}: {b.reason}" for b in dset.broken)
+        raise DataError(
+            f"the {dset.name} detector set ({dset.folder}) has no detector for {model_key}"
+            + (f" that loads ({why})" if why else "")
+            + "; train some with `ragscope train`, or choose another with --set",
+            field="set",
+        )
+    return dset
+
+
+def _held_records(out: Path, dset: DetectorSet) -> list[dict[str, Any]]:
+    """The verdicts a JSONL ``--out`` already holds; a last line cut short by a stopped
+    run is removed so the next answer starts on a line of its own.
+
+    Raises:
+        DataError: The file holds something else than this set's verdicts.
+    """
+    if not out.is_file():
+        return []
+    raw = out.read_bytes()
+    if raw and not raw.endswith(b"\n"):
+        cut = raw.rfind(b"\n") + 1
+        with out.open("r+b") as f:
+            f.truncate(cut)
+        raw = raw[:cut]
+    held = []
+    for n, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            rec = json.loads(line)
+        except json.JSONDecodeError as e:
+            raise DataError(
+                f"line {n} is not a verdict ({e.msg}); give another --out, or remove it",
+                source=str(out),
+            ) from None
+        ok = isinstance(rec, dict) and isinstance(rec.get("id"), str)
+        if (
+            not ok
+            or rec.get("set") != dset.name
+            or list(rec.get("detectors", {})) != list(dset.names)
+        ):
+            raise DataError(
+                f"line {n} is not a verdict of the {dset.name} set's "
+                f"{', '.join(dset.names)}; give another --out to judge with them",
+                source=str(out),
+            )
+        held.append(rec)
+    return held
+
+
+def _ray_fill(
+    args: argparse.Namespace, model: Any, examples: Sequence[RAGExample], dset: DetectorSet
+) -> None:
+    """``--engine ray``: the set's features into the local cache on Ray (each plain
+    detector with its fitted feature options), before judging reads them from there."""
+    flat = [m for d in dset.fitted for m in (d.member_detectors() if d.composite else [d])]
+    flat = list({d.name: d for d in flat}.values())
+    options = [
+        f"{d.name}.{k}={json.dumps(v)}"
+        for d in flat
+        for k, v in d.config.to_dict().items()
+        if v != type(d.config)().to_dict().get(k)
+    ]
+    ray_args = argparse.Namespace(**{**vars(args), "set": options, "on_error": "skip"})
+    with Store() as store:
+        counts, failures = extract_on_ray(
+            ray_args, model, examples, [d.name for d in flat], flat, store, None
+        )
+    print(
+        f"features (ray): {counts['computed']} computed, {counts['stored']} already stored, "
+        f"{counts['failed']} failed",
+        file=sys.stderr,
+    )
+
+
+def balanced_accuracy(records: Iterable[Mapping[str, Any]]) -> tuple[float | None, int]:
+    """Balanced accuracy of the overall verdict on the labelled records, and their count
+    (``None`` when they lack one of the two classes)."""
+    pairs = [
+        (bool(r["labels"]["hallucinated"]), bool(r["hallucinated"]))
+        for r in records
+        if (r.get("labels") or {}).get("hallucinated") is not None
+    ]
+    pos = [p for y, p in pairs if y]
+    neg = [not p for y, p in pairs if not y]
+    if not pos or not neg:
+        return None, len(pairs)
+    return (sum(pos) / len(pos) + sum(neg) / len(neg)) / 2, len(pairs)
+
+
+def _write_table(records: Sequence[Mapping[str, Any]], out: Path, fmt: str) -> None:
+    """CSV (formula-safe) or Parquet, written beside ``out`` and moved over it."""
+    frame = verdict_rows(records)
+    tmp = out.with_name(f".{out.name}.partial")
+    if fmt == ".csv":
+        tmp.write_text(safe_csv(frame), encoding="utf-8", newline="")
+    else:
+        frame.to_parquet(tmp, index=False)
+    os.replace(tmp, out)
+
+
+def _marked(text: str, spans: Sequence[Mapping[str, Any]]) -> str:
+    """``text`` escaped, its spans in ``<mark>`` with their detectors as the title."""
+    parts, at = [], 0
+    for s in sorted(spans, key=lambda s: s["start"]):
+        start, end = int(s["start"]), int(s["end"])
+        if start < at or end > len(text):
+            continue
+        title = html.escape(f"score {s['score']:.2f}: {', '.join(s['detectors'])}")
+        parts += [html.escape(text[at:start]), f'<mark title="{title}">']
+        parts += [html.escape(text[start:end]), "</mark>"]
+        at = end
+    parts.append(html.escape(text[at:]))
+    return "".join(parts)
+
+
+REPORT_STYLE = (
+    "body{font-family:system-ui,sans-serif;max-width:1100px;margin:24px auto;padding:0 16px;"
+    "color:#222;line-height:1.45}table{border-collapse:collapse;font-size:.9em;margin:8px 0}"
+    "td,th{border:1px solid #ddd;padding:3px 7px;text-align:left;vertical-align:top}"
+    ".h{color:#b03a2e;font-weight:600}.f{color:#1e7b34}mark{background:#f7c6c6}"
+    ".ans{border:1px solid #e3e3e3;border-radius:6px;padding:8px 12px;margin:6px 0 18px;"
+    "white-space:pre-wrap}.meta{color:#666;font-size:.9em}"
+)
+
+
+def verdicts_html(
+    records: Sequence[Mapping[str, Any]],
+    answers: Mapping[str, str],
+    *,
+    title: str,
+    summary: Sequence[str],
+) -> str:
+    """A self-contained HTML report of judged answers: every text escaped, no script.
+
+    Args:
+        records: :meth:`AnswerVerdict.to_record` records.
+        answers: Answer text by id (the spans are marked in it).
+        title: The report's title.
+        summary: Lines shown under the title.
+    """
+    e = html.escape
+    stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
+    out = [
+        '<!doctype html><html lang="en"><head><meta charset="utf-8">',
+        '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
+        "style-src 'unsafe-inline'\">",
+        f"<title>{e(title)}</title><style>{REPORT_STYLE}</style></head><body>",
+        f"<h1>{e(title)}</h1><p class='meta'>{e(stamp)}</p>",
+        *(f"<p>{e(line)}</p>" for line in summary),
+    ]
+    for r in records:
+        flagged = bool(r["hallucinated"])
+        verdict = "Hallucinated" if flagged else "Faithful"
+        sign = "≥" if flagged else "<"
+        head = (
+            f"{r['judge']} p = {r['probability']:.3f} {sign} {r['threshold']:.3f}; "
+            f"{r['n_flagged']} of {r['n_detectors']} detectors flag it"
+        )
+        label = (r.get("labels") or {}).get("hallucinated")
+        gold = "" if label is None else f" (label: {'hallucinated' if label else 'faithful'})"
+        out.append(
+            f"<h2>{e(str(r['id']))}</h2><p><span class='{'h' if flagged else 'f'}'>"
+            f"{verdict}</span>: {e(head)}{e(gold)}</p>"
+        )
+        rows = "".join(
+            f"<tr><td>{e(name)}</td><td>{d['probability']:.3f}</td>"
+            f"<td>{'' if d['threshold'] is None else format(d['threshold'], '.3f')}</td>"
+            f"<td>{'flagged' if d['hallucinated'] else ''}</td>"
+            f"<td>{e(d['calibrated_for'] or 'pooled')}</td></tr>"
+            for name, d in r["detectors"].items()
+        )
+        out.append(
+            "<table><tr><th>detector</th><th>probability</th><th>threshold</th>"
+            f"<th>verdict</th><th>calibration</th></tr>{rows}</table>"
+        )
+        text = answers.get(str(r["id"]))
+        if text is not None:
+            out.append(f"<div class='ans'>{_marked(text, r.get('spans', []))}</div>")
+    out.append("</body></html>")
+    return "\n".join(out)
+
+
+def _summary_lines(
+    *,
+    judged: int,
+    flagged: int,
+    failed: int,
+    held: int,
+    from_cache: int,
+    seconds: float,
+    records: Sequence[Mapping[str, Any]],
+    out: str,
+) -> list[str]:
+    rate = f"; {judged / seconds * 60:.1f} answers/minute" if seconds > 0 and judged else ""
+    lines = [
+        f"{judged} judged, {flagged} flagged, {failed} failed"
+        + (f", {held} already in {out} (skipped)" if held else "")
+        + f"; {from_cache} of {judged} read every feature from the cache{rate}"
+    ]
+    ba, n = balanced_accuracy(records)
+    if n:
+        what = (
+            f"balanced accuracy of the overall verdict: {ba:.3f} on {n} labelled answers"
+            if ba is not None
+            else f"balanced accuracy: undefined on {n} labelled answers (one class only)"
+        )
+        if n < FEW_LABELLED:
+            what += f" (from too few answers to go by: fewer than {FEW_LABELLED})"
+        lines.append(what)
+    return lines
+
+
+def cmd_judge(args: argparse.Namespace) -> int:
+    """Judge every answer; print a summary; exit 1 when none could be judged."""
+    fmt = _out_format(args.out)
+    if args.set is not None and (why := resolve_set(args.set)[2]):
+        raise DataError(why, field="set")
+    sets, examples, bad = load_answers(args.answers)
+    if args.limit:
+        examples = stratified_head(examples, args.limit)
+    if not examples and not bad:
+        raise DataError("no answers to judge", source=args.answers)
+    model = load(args)
+    dset = choose_set(args, model.info.key)
+    out = Path(args.out)
+    ids = {e.id for e in examples}
+    previous = [r for r in _held_records(out, dset) if r["id"] in ids] if fmt == ".jsonl" else []
+    done = {r["id"] for r in previous}
+    todo = [e for e in examples if e.id not in done]
+    if done:
+        print(f"{len(done)} answers already in {out}: skipped", file=sys.stderr)
+    if args.engine == "ray" and todo:
+        _ray_fill(args, model, todo, dset)
+    for where, why in bad:
+        print(f"FAILED {where}: {why}", file=sys.stderr)
+    records: list[dict[str, Any]] = []
+    failures = [*bad]
+    t0 = time.perf_counter()
+    sink = out.open("a", encoding="utf-8") if fmt == ".jsonl" else None
+    try:
+        with Store() as store:
+            cache = _CountingCache(store)
+            stream = judge_many(model, todo, dset, cache=cache, batch_size=args.batch_size)
+            with tqdm(total=len(todo), desc="judge", unit="answer", file=sys.stderr) as bar:
+                for got in stream:
+                    if isinstance(got, JudgeFailure):
+                        failures.append((got.example_id, str(got.error)))
+                        bar.write(f"FAILED {got.example_id}: {got.error}", file=sys.stderr)
+                    else:
+                        rec = got.to_record()
+                        records.append(rec)
+                        if sink is not None:
+                            sink.write(json.dumps(rec, ensure_ascii=False) + "\n")
+                            sink.flush()
+                    bar.update(1)
+    finally:  # a stopped run keeps every verdict written so far
+        if sink is not None:
+            sink.close()
+    seconds = time.perf_counter() - t0
+    everything = [*previous, *records]
+    if fmt != ".jsonl" and records:
+        _write_table(records, out, fmt)
+    judged = len(records)
+    lines = _summary_lines(
+        judged=judged,
+        flagged=sum(bool(r["hallucinated"]) for r in records),
+        failed=len(failures),
+        held=len(done),
+        from_cache=judged - len(cache.computed & {r["id"] for r in records}),
+        seconds=seconds,
+        records=everything,
+        out=args.out,
+    )
+    head = (
+        f"{len(examples)} answers of {', '.join(sets)}, judged by the {dset.name} set "
+        f"({', '.join(dset.names)}) on {model.info.display_name}"
+    )
+    if args.html and everything:
+        answers = {e.id: e.response for e in examples}
+        page = verdicts_html(everything, answers, title="ragscope judge", summary=[head, *lines])
+        Path(args.html).write_text(page, encoding="utf-8")
+    print(head)
+    print("\n".join(lines))
+    if failures and not everything:
+        shown = "; ".join(f"{w}: {r}" for w, r in failures[:REPORT_LINES])
+        raise DataError(f"no answer could be judged: {shown}")
+    return 0
+
+
+_PARSERS = {"judge": _add_judge}
+COMMANDS = tuple(_PARSERS)
+
+
+def add_parser(sub: Subparsers, command: str) -> None:
+    """Register ``command`` (one of ``COMMANDS``) and its options on ``sub``."""
+    _PARSERS[command](sub)
