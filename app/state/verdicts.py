@@ -8,18 +8,19 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 import streamlit as st
 
+from app.state.analysis import input_signature
 from app.state.detectors import ShippedDetector, ShippedDetectors
 from app.state.memo import Memo
 from core.contract import calibrated_as, decision_threshold
 from core.errors import RagscopeError
 from core.examples import RAGExample
-from core.judge import Judged, judge_stream
+from core.judge import AnswerVerdict, Judged, answer_verdict, judge_stream
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -46,6 +47,11 @@ class DetectorVerdicts:
         verdicts: One verdict per detector, aligned with ``detectors``.
         seconds: Wall time of the shared trace and the predictions (when first computed).
         features: Detector name -> the features its verdict was computed from.
+        answer: The set's verdict on the answer (:class:`core.judge.AnswerVerdict`,
+            built by :func:`core.judge.answer_verdict` from these verdicts): the overall
+            verdict, each detector's probability, threshold and flag, the spans. What
+            every page shows; ``None`` when no detector judged the answer.
+        example: The judged answer (``None`` when no detector judged it).
     """
 
     signature: str
@@ -53,9 +59,19 @@ class DetectorVerdicts:
     verdicts: tuple[Verdict, ...]
     seconds: float
     features: Mapping[str, Features] = field(default_factory=dict)
+    answer: AnswerVerdict | None = None
+    example: RAGExample | None = None
 
     def __post_init__(self) -> None:
         assert len(self.detectors) == len(self.verdicts), "one verdict per detector"
+        assert self.answer is None or tuple(self.answer.verdicts) == tuple(
+            d.name for d in self.detectors
+        ), "the answer verdict judges with the same detectors"
+
+    def verdict(self, name: str) -> Verdict | None:
+        """Detector ``name``'s verdict on the answer (the one :attr:`answer` holds), or
+        ``None`` when the set has no such detector."""
+        return self.answer.verdicts.get(name) if self.answer is not None else None
 
     def with_token_scores(self) -> dict[str, Verdict]:
         """Detector name -> verdict, for the detectors that score single tokens."""
@@ -68,20 +84,43 @@ class DetectorVerdicts:
     def calibrated_as(self, dataset: str | None) -> DetectorVerdicts:
         """These verdicts judged as if the answer came from training dataset ``dataset``
         (``None``: by all the detectors' training data), each detector's calibration and
-        threshold for it (:func:`core.contract.calibrated_as`); nothing is recomputed."""
-        return replace(
-            self,
-            verdicts=tuple(
-                calibrated_as(d.detector, v, dataset)
-                for d, v in zip(self.detectors, self.verdicts, strict=True)
-            ),
+        threshold for it (:func:`core.contract.calibrated_as`), and :attr:`answer`
+        rebuilt from them (:func:`core.judge.answer_verdict`); no pass is run."""
+        verdicts = tuple(
+            calibrated_as(d.detector, v, dataset)
+            for d, v in zip(self.detectors, self.verdicts, strict=True)
         )
+        answer = None
+        if self.answer is not None and self.example is not None:
+            answer = _answer(
+                self.example, self.detectors, verdicts, self.answer.set_name, self.seconds
+            )
+        return replace(self, verdicts=verdicts, answer=answer)
 
     def to_frame(self) -> pd.DataFrame:
         """One row per detector: ``detector``, ``score`` (a calibrated probability when
-        ``calibrated``), ``threshold``, ``verdict``, ``trained on``, ``n train``, ``AUROC``
+        ``calibrated``), ``threshold``, ``verdict``, ``calibrated``, ``calibrated for``, ``AUROC``
         and where it comes from (missing facts are empty)."""
         return verdict_frame(self.detectors, self.verdicts)
+
+
+def _answer(
+    example: RAGExample,
+    detectors: tuple[ShippedDetector, ...],
+    verdicts: tuple[Verdict, ...],
+    set_name: str,
+    seconds: float,
+) -> AnswerVerdict | None:
+    """The :class:`AnswerVerdict` of these verdicts (``None`` without detectors)."""
+    if not detectors:
+        return None
+    return answer_verdict(
+        example,
+        [d.detector for d in detectors],
+        {d.name: v for d, v in zip(detectors, verdicts, strict=True)},
+        set_name=set_name,
+        seconds=seconds,
+    )
 
 
 def calibration_datasets(detectors: Iterable[ShippedDetector]) -> list[str]:
@@ -107,7 +146,8 @@ def verdict_frame(
 
     rows = []
     for d, v in zip(detectors, verdicts, strict=True):
-        threshold = decision_threshold(d.detector, v) if v.calibrated_for else d.threshold
+        # The threshold the verdict was flagged at, from the fit of its calibration.
+        threshold = v.threshold if v.threshold is not None else decision_threshold(d.detector, v)
         flagged = v.hallucinated if v.hallucinated is not None else v.score >= threshold
         if not d.calibrated:
             calibrated_for = ""
@@ -123,16 +163,13 @@ def verdict_frame(
                 "verdict": "flagged" if flagged else "not flagged",
                 "calibrated": d.calibrated,
                 "calibrated for": calibrated_for,
-                "trained on": d.trained_on,
-                "n train": d.n_train,
                 "AUROC": d.auroc,
                 "AUROC from": d.auroc_from,
             }
         )
     columns = ["detector", "score", "threshold", "verdict", "calibrated", "calibrated for"]
-    columns.append("trained on")
-    frame = pd.DataFrame(rows, columns=[*columns, "n train", "AUROC", "AUROC from"])
-    return frame.astype({"n train": "Int64", "AUROC": "Float64"})
+    frame = pd.DataFrame(rows, columns=[*columns, "AUROC", "AUROC from"])
+    return frame.astype({"AUROC": "Float64"})
 
 
 @st.cache_resource(show_spinner=False)
@@ -208,12 +245,16 @@ def stream_verdicts(
     except RagscopeError as e:
         _failures().put(key, e)
         raise
+    verdicts = tuple(got[s.name] for s in shipped.detectors)
+    seconds = time.perf_counter() - t0
     out = DetectorVerdicts(
         signature=signature,
         detectors=shipped.detectors,
-        verdicts=tuple(got[s.name] for s in shipped.detectors),
-        seconds=time.perf_counter() - t0,
+        verdicts=verdicts,
+        seconds=seconds,
         features=features,
+        answer=_answer(example, shipped.detectors, verdicts, shipped.name, seconds),
+        example=example,
     )
     _verdicts().put(key, out)
     return out
@@ -235,6 +276,29 @@ def detector_verdicts(
             signature=analysis.signature, detectors=(), verdicts=(), seconds=0.0
         )
     return stream_verdicts(model, analysis.example, analysis.signature, shipped)
+
+
+def answer_verdicts(
+    model: LoadedModel,
+    example: RAGExample,
+    shipped: ShippedDetectors,
+    *,
+    response_ids: Sequence[int] | None = None,
+) -> DetectorVerdicts:
+    """The set's verdicts on ``example``'s answer as every page shows them: the ones the
+    Playground (or another page) computed for the same input, else computed now and kept
+    (:func:`stream_verdicts`). A page that shows a score or a verdict for an answer reads
+    it here (:attr:`DetectorVerdicts.answer`), never from a detector of its own.
+
+    Raises:
+        DataError: The example cannot be laid out for the detectors.
+        ModelError: A detector cannot run.
+    """
+    ids = tuple(int(i) for i in response_ids) if response_ids is not None else None
+    signature = input_signature(example, ids)
+    if not shipped.detectors:
+        return DetectorVerdicts(signature=signature, detectors=(), verdicts=(), seconds=0.0)
+    return stream_verdicts(model, example, signature, shipped)
 
 
 WARM_ENV = "RAGSCOPE_WARM_DETECTORS"

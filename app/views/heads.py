@@ -74,8 +74,10 @@ from app.state import (
     shipped_detectors,
 )
 from app.state import train_command as state_train_command
+from app.state.heads import redeep_detectors
+from app.state.verdicts import DetectorVerdicts, answer_verdicts
 from app.text import code, md
-from core.contract import align_token_scores
+from core.contract import Verdict, align_token_scores
 from core.errors import RagscopeError
 from core.examples import RAGExample
 from core.heads import DEFAULT_TOP, CopyingScores, copying_scores
@@ -457,9 +459,16 @@ def example_section(
             "correct it in the Playground."
         )
         return
+    judged = None
+    if redeep_detectors(shipped):
+        try:
+            with st.spinner("Reading the detector set's verdict on the answer…"):
+                judged = answer_verdicts(model, example, shipped, response_ids=response_ids)
+        except RagscopeError as e:
+            st.error(f"The detector set could not judge this answer: {md(e)}")
     show_attention(view, head)
-    show_token_scores(view, head, model, shipped)
-    show_chunks(view, head, model, shipped)
+    show_token_scores(view, head, model, shipped, judged)
+    show_chunks(view, head, model, shipped, judged)
 
 
 def show_attention(view: HeadView, head: Head) -> None:
@@ -487,10 +496,23 @@ def show_attention(view: HeadView, head: Head) -> None:
         )
 
 
+def verdict_words(verdict: Verdict) -> str:
+    """``probability **0.444** (threshold 0.426: not flagged)``: a verdict of the set, as
+    the Playground shows it."""
+    thr = f"threshold {verdict.threshold:.3f}: " if verdict.threshold is not None else ""
+    flag = {True: "flagged", False: "not flagged", None: "no threshold"}[verdict.hallucinated]
+    return f"probability **{verdict.score:.3f}** ({thr}{flag})"
+
+
 def show_token_scores(
-    view: HeadView, head: Head, model: LoadedModel, shipped: ShippedDetectors
+    view: HeadView,
+    head: Head,
+    model: LoadedModel,
+    shipped: ShippedDetectors,
+    judged: DetectorVerdicts | None,
 ) -> None:
-    """The ReDeEP token heatmap, or the head's ECS when no redeep_token artifact exists."""
+    """The ReDeEP token heatmap, or the head's ECS when no redeep_token artifact exists.
+    The answer's probability, threshold and flag are the set's verdict (``judged``)."""
     st.markdown("##### Token-level ReDeEP")
     tokens = view.response_tokens
     labels = view.layout.token_labels()
@@ -500,7 +522,7 @@ def show_token_scores(
         if labels is not None
         else ""
     )
-    verdict = view.verdicts.get("redeep_token")
+    verdict = judged.verdict("redeep_token") if judged is not None else None
     if (
         verdict is not None
         and verdict.token_scores is not None
@@ -513,7 +535,8 @@ def show_token_scores(
         heads = ", ".join(_fmt_head(h) for h in det.selected_heads)
         layers = ", ".join(f"L{x}" for x in det.selected_layers)
         st.caption(
-            f"The shipped redeep_token detector scores this answer **{verdict.score:.3f}**. "
+            f"The shipped redeep_token detector gives this answer a "
+            f"{verdict_words(verdict)}, as the Playground shows. "
             f"Per token it combines H = PKS_n − β·ECS_n over its heads ({heads}) and layers "
             f"({layers}), β = {verdict.explanation.get('beta', float('nan')):.2f}; darker = "
             f"more likely hallucinated.{gold}"
@@ -547,13 +570,29 @@ def show_token_scores(
     )
 
 
-def show_chunks(view: HeadView, head: Head, model: LoadedModel, shipped: ShippedDetectors) -> None:
-    """Response chunks with the context chunk the head reads most, ECS, PKS, probability, gold."""
+# The chunk table's column of each chunk's own ReDeEP score (before calibration).
+CHUNK_RAW = "redeep_chunk raw score"
+
+
+def show_chunks(
+    view: HeadView,
+    head: Head,
+    model: LoadedModel,
+    shipped: ShippedDetectors,
+    judged: DetectorVerdicts | None,
+) -> None:
+    """Response chunks with the context chunk the head reads most, ECS, PKS, each
+    chunk's raw redeep_chunk score, gold; the answer's redeep_chunk probability, threshold
+    and flag are the set's verdict (``judged``), the chunk scores labelled raw."""
     st.markdown("##### Chunks")
     layers = view.selected_layers.get("redeep_chunk") or view.selected_layers.get("redeep_token")
     source = "redeep_chunk" if view.selected_layers.get("redeep_chunk") else "redeep_token"
-    frame = view.chunk_frame(head, pks_layers=layers)
-    number_format = {"ECS": "{:.3f}", "PKS": "{:.4f}", "redeep_chunk probability": "{:.3f}"}
+    # The detector's per-chunk scores are uncalibrated: they rank chunks, and are never
+    # compared with the answer's (calibrated) threshold.
+    frame = view.chunk_frame(head, pks_layers=layers).rename(
+        columns={"redeep_chunk probability": CHUNK_RAW}
+    )
+    number_format = {"ECS": "{:.3f}", "PKS": "{:.4f}", CHUNK_RAW: "{:.3f}"}
     # A static table: chunks are long texts, which it wraps, so every column stays in view.
     frame.index = pd.RangeIndex(1, len(frame) + 1, name="chunk")
     st.table(frame.style.format({c: f for c, f in number_format.items() if c in frame.columns}))
@@ -563,9 +602,12 @@ def show_chunks(view: HeadView, head: Head, model: LoadedModel, shipped: Shipped
         if layers
         else "every layer"
     )
+    verdict = judged.verdict("redeep_chunk") if judged is not None else None
     note = (
-        ""
-        if "redeep_chunk" in view.verdicts
+        f" {CHUNK_RAW}: the detector's own score of each chunk, before calibration (it ranks "
+        "the chunks; not compared with the threshold). The shipped redeep_chunk detector "
+        f"gives this answer a {verdict_words(verdict)}, as the Playground shows."
+        if verdict is not None
         else f" Train redeep_chunk ({code(train_command(model, shipped, 'redeep_chunk'))}) to "
         "add "
         "its probability for each chunk."

@@ -15,6 +15,7 @@ afterwards recomputes nothing.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -557,7 +558,12 @@ def show_detector_verdicts(panel: DetectorPanel, state: AppState) -> None:
         return
     own = next((v.calibrated_for for v in panel.result.verdicts if v.calibrated_for), None)
     result = pick_calibration(state, panel.result, own)
+    answer = result.answer
+    if answer is not None:
+        colour = "red" if answer.hallucinated else "green"
+        st.markdown(f"#### :{colour}-background[{md(answer.summary)}]")
     verdict_table(st.container(), result.to_frame())
+    st.caption(training_caption(shipped))
     st.caption(
         "Each detector reads this answer and gives a score from 0 to 1. Where *calibrated* "
         "is ticked, the score is a probability calibrated on held-out answers of the data "
@@ -565,8 +571,10 @@ def show_detector_verdicts(panel: DetectorPanel, state: AppState) -> None:
         "it only ranks answers. A detector trained on several datasets, whose base rates "
         "differ, judges an answer from one of them by that dataset's own calibration and "
         "threshold (*calibrated for*), and any other answer by those of all its training "
-        "data. It is *flagged* when the score reaches the detector's "
-        "threshold, chosen on a validation split when it was trained. AUROC is how well "
+        "data. It is *flagged* when the score reaches the threshold of the same "
+        "calibration, chosen on held-out answers when it was trained. The overall verdict "
+        "is the ensemble's (it stacks the others), or, in a set without one, whether half "
+        "the detectors flag the answer. AUROC is how well "
         "the scores separated hallucinated from faithful answers it never learned from "
         "(0.5 = chance, 1 = perfect): pooled over the folds of a cross-validation, or on a "
         "held-out test split (the AUROC from column says which). "
@@ -575,17 +583,49 @@ def show_detector_verdicts(panel: DetectorPanel, state: AppState) -> None:
     )
 
 
-VERDICT_COLUMNS = {
-    "score": st.column_config.ProgressColumn("score", format="%.3f", min_value=0.0, max_value=1.0),
-    "threshold": st.column_config.NumberColumn("threshold", format="%.3f"),
-    "AUROC": st.column_config.NumberColumn("AUROC", format="%.3f"),
-    "calibrated": st.column_config.CheckboxColumn("calibrated"),
-}
+def training_caption(shipped: ShippedDetectors) -> str:
+    """What the set's detectors were trained on, said once: ``Detector set **default**:
+    trained on builtin + ragtruth_qa_dev (2,614 answers), 5-fold CV.``; a training only
+    some detectors had names them."""
+    parts = []
+    for label in shipped.trained_on:
+        cards = [d for d in shipped.detectors if d.trained_on == label]
+        n = max((d.n_train or 0 for d in cards), default=0)
+        names = (
+            ""
+            if len(cards) == len(shipped.detectors)
+            else (" (" + ", ".join(d.name for d in cards) + ")")
+        )
+        parts.append(f"{md(label)}{f' ({n:,} answers)' if n else ''}{names}")
+    trained = "; ".join(parts) if parts else "unrecorded data"
+    checked = ", ".join(dict.fromkeys(d.auroc_from for d in shipped.detectors if d.auroc_from))
+    return f"Detector set **{md(shipped.name)}**: trained on {trained}" + (
+        f", AUROC from {checked}." if checked else "."
+    )
+
+
+def _verdict_colour(value: object) -> str:
+    return f"color: {'#b3261e' if value == 'flagged' else '#1e7d32'}; font-weight: 600"
+
+
+def _number(value: object) -> str:
+    try:
+        x = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):  # None, pd.NA: a fact the artifact does not record
+        return ""
+    return "" if math.isnan(x) else f"{x:.3f}"
 
 
 def verdict_table(where: DeltaGenerator, frame: pd.DataFrame) -> None:
-    """The verdict table (whole, or growing while the detectors run) into ``where``."""
-    where.dataframe(frame, hide_index=True, width="stretch", column_config=VERDICT_COLUMNS)
+    """The verdict table (whole, or growing while the detectors run) into ``where``: a
+    static table, so every row and column is in view (no inner scroll; long cells wrap),
+    the verdicts coloured."""
+    styled = (
+        frame.style.map(_verdict_colour, subset=["verdict"])
+        .format(_number, subset=["score", "threshold", "AUROC"])
+        .format(lambda b: "✓" if b else "", subset=["calibrated"])
+    )
+    where.table(styled, hide_index=True)
 
 
 def analyse_streamed(

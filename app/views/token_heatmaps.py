@@ -600,13 +600,16 @@ def main() -> None:
     # The sliders' values were synced at the top, so the rows are built once.
     rows = build_rows(a, state.heatmap_p_stay, state.heatmap_smooth_all)
     controls(state, rows, cortex, links)
-    if cortex is not None and CORTEX in a.verdicts.features:
-        v = dict(zip((d.name for d in a.verdicts.detectors), a.verdicts.verdicts, strict=True))
-        answer = v[CORTEX]
+    answer = a.verdicts.verdict(CORTEX)
+    if cortex is not None and answer is not None:
+        # The set's verdict, as the Playground shows it: the probability with the
+        # threshold of the same calibration, never re-thresholded here.
+        flag = {True: "hallucinated", False: "not flagged", None: "no threshold"}
+        thr = f"flagged at {answer.threshold:.3f}: " if answer.threshold is not None else ""
         st.caption(
-            f"CORTEX answer score {answer.score:.3f} (highest token score smoothed with p_stay "
-            f"{cortex.config.p_stay_answer}); flagged at {cortex.threshold_:.3f}: "
-            f"**{'hallucinated' if answer.score >= cortex.threshold_ else 'not flagged'}**."
+            f"CORTEX answer probability {answer.score:.3f} (from the highest token score "
+            f"smoothed with p_stay {cortex.config.p_stay_answer}); {thr}"
+            f"**{flag[answer.hallucinated]}**, as the Playground shows."
         )
     flag_values = rows[state.heatmap_flag_row].values if state.heatmap_flag_row in rows else None
     focus = span_readout(state, a, flag_values, a.analysis.signature)

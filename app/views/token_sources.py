@@ -62,7 +62,9 @@ from app.state import (
     stats_examples,
     train_command,
 )
+from app.state.verdicts import answer_verdicts
 from app.text import code, md
+from core.contract import Verdict
 from core.errors import RagscopeError
 from core.examples import RAGExample
 from core.model import LoadedModel
@@ -240,8 +242,11 @@ def show_waterfall(
     model: LoadedModel,
     answer: AnswerSources,
     examples: list[RAGExample],
+    response_ids: tuple[int, ...] | None,
 ) -> None:
-    """The SHAP waterfall of the answer's spad verdict (shipped detector or quick fit)."""
+    """The SHAP waterfall of the answer's spad verdict (shipped detector or quick fit);
+    the shipped detector's probability, threshold and flag are the set's verdict on the
+    answer (:func:`app.state.verdicts.answer_verdicts`, as the Playground shows them)."""
     st.subheader("Why spad scores this answer as it does")
     shipped = shipped_detectors(model)
     show_broken_artifacts(shipped, (SPAD,))
@@ -251,18 +256,54 @@ def show_waterfall(
         choice = spad_choice(model, shipped, state.spad_quick)
         if choice is None:
             return
+    verdict = None
     try:
         result = answer_shap(answer, choice)
+        if choice.fit is None:
+            with st.spinner("Reading the detector set's verdict on the answer…"):
+                judged = answer_verdicts(model, answer.example, shipped, response_ids=response_ids)
+            verdict = judged.verdict(SPAD)
     except RagscopeError as e:
         st.error(f"The SHAP values could not be computed: {md(e)}")
         return
-    draw_waterfall(choice, result, answer)
+    draw_waterfall(choice, result, answer, verdict)
 
 
-def draw_waterfall(choice: SpadChoice, result: ShapResult, answer: AnswerSources) -> None:
-    score = float(result.scores[0])
+def verdict_sentence(choice: SpadChoice, raw: float, verdict: Verdict | None, gold: str) -> str:
+    """What the spad detector says of the answer. The shipped detector's probability,
+    threshold and flag are the set's verdict (``verdict``); the waterfall's score (the
+    sigmoid of its margin) is the raw score before calibration, labelled raw and never
+    compared with the calibrated threshold. A quick fit keeps no calibration: its raw
+    score is what its threshold was chosen on."""
+    if verdict is not None:
+        flagged = "flagged as hallucinated" if verdict.hallucinated else "not flagged"
+        threshold = verdict.threshold if verdict.threshold is not None else float("nan")
+        cal = f"{verdict.calibrated_for}'s" if verdict.calibrated_for else "the same"
+        head = (
+            f"The shipped spad detector gives this answer a probability of "
+            f"**{verdict.score:.3f}** (threshold {threshold:.3f} from {cal} calibration: "
+            f"{flagged}; gold: {gold}), as the Playground shows."
+        )
+        if verdict.raw_score is None:
+            return head + " The waterfall explains this score."
+        return (
+            f"{head} The waterfall explains its raw score {raw:.3f} (before calibration; "
+            "not compared with the threshold)."
+        )
+    which = "The quick fit" if choice.fit is not None else "The spad detector"
     threshold = float(getattr(choice.detector, "threshold_", 0.5))
-    flagged = "flagged as hallucinated" if score >= threshold else "not flagged"
+    if getattr(choice.detector, "calibration_", None) is not None:
+        return f"{which} gives this answer a raw score of **{raw:.3f}** (gold: {gold})."
+    flagged = "flagged as hallucinated" if raw >= threshold else "not flagged"
+    return (
+        f"{which} gives this answer a score of **{raw:.3f}** (uncalibrated; threshold "
+        f"{threshold:.3f}: {flagged}; gold: {gold})."
+    )
+
+
+def draw_waterfall(
+    choice: SpadChoice, result: ShapResult, answer: AnswerSources, verdict: Verdict | None
+) -> None:
     gold = {True: "hallucinated", False: "faithful", None: "unlabelled"}[answer.example.label]
     if choice.fit is not None:
         q = choice.fit
@@ -274,19 +315,13 @@ def draw_waterfall(choice: SpadChoice, result: ShapResult, answer: AnswerSources
             f"answers of {md(q.dataset_label)}.{inside}",
             icon=":material/bolt:",
         )
-        which = "The quick fit"
-    else:
-        which = "The shipped spad detector"
-    st.markdown(
-        f"{which} gives this answer a score of **{score:.3f}** (threshold {threshold:.3f}: "
-        f"{flagged}; gold: {gold})."
-    )
+    st.markdown(verdict_sentence(choice, float(result.scores[0]), verdict, gold))
     plot(result.waterfall_figure(0, top=WATERFALL_TOP), key="tokens.figure.waterfall")
     st.caption(
         f"From the base value (the average margin over its training data) each bar adds one "
         f"feature's exact SHAP value, the {WATERFALL_TOP} largest first, then the other "
         "features together; red pushes towards hallucinated, blue towards faithful. The last "
-        "bar is the answer's margin in log-odds; the score is its sigmoid. Feature values are "
+        "bar is the answer's margin in log-odds; the raw score is its sigmoid. Feature values are "
         "the answer's mean source share for that part of speech (see the POS aggregation above)."
     )
     with st.expander("Table: this answer's contributions"):
@@ -339,7 +374,7 @@ def main() -> None:
         return
     show_sources(state, answer)
     st.divider()
-    show_waterfall(state, model, answer, examples)
+    show_waterfall(state, model, answer, examples, response_ids)
 
 
 main()

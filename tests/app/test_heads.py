@@ -34,7 +34,9 @@ from core.detectors import make_detector
 from core.extract import extract_features, run_example
 from core.heads import copying_scores
 from core.headstats import HeadStats
+from core.judge import judge
 from core.model import LoadedModel
+from core.sets import load_set
 
 HEADS = "views/heads.py"
 EXAMPLE = "demo-02-waggle-dance"  # a built-in example with one gold span
@@ -266,12 +268,21 @@ def test_redeep_artifacts_colour_tokens_and_score_chunks(
     chk = load_shipped("redeep_chunk", key, redeep_artifacts)
     feats = run_example(tiny_model, example, [tok, chk])
     verdict = tok.predict(feats["redeep_token"])
-    assert f"scores this answer **{verdict.score:.3f}**" in page_text(at)
+    # The answer's probability, threshold and flag are the set's verdict, as on the
+    # Playground; the chunk table's scores are raw and labelled so.
+    judged = judge(tiny_model, example, load_set(key)).verdicts
+    for name in ("redeep_token", "redeep_chunk"):
+        v = judged[name]
+        flag = "flagged" if v.hallucinated else "not flagged"
+        assert (
+            f"{name} detector gives this answer a probability **{v.score:.3f}** "
+            f"(threshold {v.threshold:.3f}: {flag}), as the Playground shows" in page_text(at)
+        )
     shown = [float(v) for v in re_values(heatmap, "redeep_token score")]
     np.testing.assert_allclose(shown, np.round(verdict.token_scores, 2), atol=0.006)
     table = _chunk_table(at)
     np.testing.assert_allclose(
-        table["redeep_chunk probability"],
+        table["redeep_chunk raw score"],
         chk.predict(feats["redeep_chunk"]).chunk_scores,
         rtol=1e-5,
     )

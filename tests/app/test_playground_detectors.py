@@ -33,6 +33,7 @@ from app.state import (
 )
 from app.state.detectors import ShippedDetector
 from app.state.verdicts import verdict_frame
+from app.text import md
 from core.artifact import artifact_info
 from core.calibration import DatasetCalibration, PlattCalibrator
 from core.contract import Verdict, align_token_scores
@@ -42,8 +43,9 @@ from core.detectors.baselines import NLLDetector
 from core.errors import ModelError
 from core.evaluate import evaluate
 from core.extract import run_example
+from core.judge import judge
 from core.model import LoadedModel
-from core.sets import TrainedOn
+from core.sets import TrainedOn, load_set
 
 PLAYGROUND = "views/playground.py"
 EXAMPLE = "demo-02-waggle-dance"  # a built-in example with one gold span
@@ -112,7 +114,7 @@ def _hover_values(heatmap: str, value_name: str) -> list[str]:
 
 
 def _verdict_table(at: AppTest) -> pd.DataFrame:
-    tables = [d.value for d in at.dataframe if "verdict" in d.value.columns]
+    tables = [t.value for t in at.table if "verdict" in t.value.columns]
     assert len(tables) == 1, "expected exactly one verdict table"
     return tables[0]
 
@@ -161,13 +163,23 @@ def test_verdict_table_matches_predict_and_cfg(
         assert row["score"] == pytest.approx(v.score, abs=1e-6)
         assert row["threshold"] == pytest.approx(cfg["threshold"])
         assert row["verdict"] == ("flagged" if v.hallucinated else "not flagged")
-        assert row["trained on"] == cfg["trained_on"]["dataset"] == "demo"
-        assert row["n train"] == cfg["trained_on"]["n"]["train"]
+        assert cfg["trained_on"]["dataset"] == "demo"
         auroc = cfg["metrics"]["test"]["auroc"]
         assert (pd.isna(row["AUROC"]) and auroc is None) or row["AUROC"] == auroc
         assert auroc is None or row["AUROC from"] == "test split"
         assert not row["calibrated"]
     assert any("score from 0 to 1" in c.value for c in at.caption)
+    # The set's training is named once, not per row; the overall verdict opens the table.
+    n_train = artifact_info(tiny_artifacts / DETECTORS[0])["trained_on"]["n"]["train"]
+    checked = any(
+        artifact_info(tiny_artifacts / n)["metrics"]["test"]["auroc"] is not None for n in DETECTORS
+    )
+    trained = [c.value for c in at.caption if c.value.startswith("Detector set")]
+    assert trained == [
+        f"Detector set **custom**: trained on demo ({n_train:,} answers)"
+        + (", AUROC from test split." if checked else ".")
+    ]
+    assert not any("trained on" in str(c).lower() for c in table.columns)
 
 
 def test_colour_by_a_detector_shows_its_token_scores(
@@ -204,6 +216,47 @@ def test_colour_by_a_detector_shows_its_token_scores(
     assert "nll token score" in _heatmap(at)
     at.radio(key=KEY_COLOR_BY).set_value(COLOR_SURPRISAL).run()
     assert _hover_values(_heatmap(at), "surprisal (bits)") == surprisal
+
+
+def _verdict_line(at: AppTest) -> list[str]:
+    return [m.value for m in at.markdown if "-background[" in m.value]
+
+
+def test_the_verdict_line_opens_the_full_table(
+    make_app: Callable[[], AppTest],
+    detectors_dir: Callable[[Path], None],
+    tiny_artifacts: Path,
+    tiny_model: LoadedModel,
+) -> None:
+    detectors_dir(tiny_artifacts)
+    at = _analysed(make_app)
+    example = next(e for e in builtin_examples() if e.id == EXAMPLE)
+    want = judge(tiny_model, example, load_set(tiny_model.info.key))
+    colour = "red" if want.hallucinated else "green"
+    # One line, the set's own summary (core.judge), coloured by the overall verdict.
+    assert _verdict_line(at) == [f"#### :{colour}-background[{md(want.summary)}]"]
+    assert f"{want.n_flagged} of {len(DETECTORS)} detectors flag it" in want.summary
+    # It comes before the table, which is static: every detector's row and every column
+    # in view (no inner scroll), no per-row training text.
+    blocks = [type(e).__name__ for e in at.main if type(e).__name__ in ("Markdown", "Table")]
+    assert "Table" in blocks and blocks.index("Markdown") < blocks.index("Table")
+    assert not [d for d in at.dataframe if "verdict" in d.value.columns]
+    table = _verdict_table(at)
+    assert list(table["detector"]) == list(want.verdicts)
+    assert list(table.columns) == [
+        "detector", "score", "threshold", "verdict", "calibrated", "calibrated for", "AUROC",
+        "AUROC from",
+    ]  # fmt: skip
+    for _, row in table.iterrows():
+        v = want.verdicts[row["detector"]]
+        assert (row["score"], row["threshold"]) == (pytest.approx(v.score), v.threshold)
+        assert row["verdict"] == ("flagged" if v.hallucinated else "not flagged")
+    # The verdict column is coloured: red where flagged, green where not.
+    styles = next(
+        t for t in at.table if "verdict" in t.value.columns
+    ).proto.arrow_data.styler.styles
+    assert ("#b3261e" in styles) == any(v.hallucinated for v in want.verdicts.values())
+    assert ("#1e7d32" in styles) == any(not v.hallucinated for v in want.verdicts.values())
 
 
 def _platt(a: float, b: float, n: int = 60) -> PlattCalibrator:
@@ -268,6 +321,10 @@ def test_the_answer_can_be_judged_as_one_of_a_training_dataset(
             assert shown.loc[n, "threshold"] == pytest.approx(t)
             assert shown.loc[n, "verdict"] == ("flagged" if p >= t else "not flagged")
         assert at.query_params["calibrate"] == choice
+        # The verdict line is rebuilt from the same recalibrated verdicts.
+        n = int((shown["verdict"] == "flagged").sum())
+        (line,) = _verdict_line(at)
+        assert f"{n} of {len(DETECTORS)} detectors flag it" in line
     # Back to automatic: the table as first shown, and the parameter leaves the URL.
     at.selectbox(key=KEY_CALIBRATE_AS).set_value(CALIBRATE_AUTO).run()
     pd.testing.assert_frame_equal(table(), auto)
@@ -313,7 +370,7 @@ def test_no_artifacts_says_how_to_make_them(make_app: Callable[[], AppTest]) -> 
     assert "No trained detectors for tiny-random-llama" in info
     assert f"{TRAIN} --out " in info
     assert not _colour_radios(at)
-    assert not [d for d in at.dataframe if "verdict" in d.value.columns]
+    assert not [t for t in at.table if "verdict" in t.value.columns]
     assert "surprisal (bits)" in _heatmap(at)
 
 

@@ -31,8 +31,10 @@ from app.state import (
 from core.data import builtin_examples
 from core.detectors import load_shipped, make_detector
 from core.extract import extract_features, run_example
+from core.judge import judge
 from core.layout import render
 from core.model import LoadedModel
+from core.sets import load_set
 from core.shapviz import shap_values
 from core.spad import SOURCES, response_pos, spad_needs, token_sources
 from core.trace import trace
@@ -239,7 +241,16 @@ def test_token_sources_waterfall_of_the_shipped_detector(
     det = load_shipped("spad", tiny_model.info.key, spad_artifact)
     feats = run_example(tiny_model, _example(OTHER), [make_detector("spad")])["spad"]
     verdict = det.predict(feats)
-    assert f"gives this answer a score of **{verdict.score:.3f}**" in page_text(at)
+    # The probability, threshold and flag are the set's verdict (judge), as the
+    # Playground shows them; the waterfall's score is raw and says so.
+    judged = judge(tiny_model, _example(OTHER), load_set(tiny_model.info.key)).verdicts["spad"]
+    flag = "flagged as hallucinated" if judged.hallucinated else "not flagged"
+    assert (
+        f"a probability of **{judged.score:.3f}** (threshold {judged.threshold:.3f} from the "
+        f"same calibration: {flag}; gold: faithful)" in page_text(at)
+    )
+    if judged.raw_score is not None:
+        assert f"explains its raw score {verdict.raw_score:.3f}" in page_text(at)
     w = chart(at, f"SHAP waterfall of {OTHER}")["data"][0]
     x = plotly_array(w["x"])
     assert w["measure"][0] == "absolute" and w["measure"][-1] == "total"

@@ -26,7 +26,7 @@ def test_a_failure_is_kept_until_a_retry(monkeypatch: pytest.MonkeyPatch) -> Non
     verdicts._failures().pop(("m", "sig", "set"))
     verdicts._verdicts().pop(("m", "sig", "set"))
     model = SimpleNamespace(instance_key="m")
-    shipped = SimpleNamespace(cache_id="set", detectors=())
+    shipped = SimpleNamespace(cache_id="set", name="set", detectors=())
     ex = RAGExample(id="x", question="q?", passages=("p.",), response="a.")
     with pytest.raises(DataError, match="too long"):
         verdicts.stream_verdicts(model, ex, "sig", shipped)  # type: ignore[arg-type]

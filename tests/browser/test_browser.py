@@ -696,7 +696,9 @@ def test_spad_pages_in_chromium(server: str, browser: object) -> None:
         assert bars.locator(".legendtext", has_text="gold hallucination span").count() == 1
         waterfall = plots.filter(has_text="SHAP waterfall of")
         waterfall.wait_for(state="visible", timeout=ANALYSE_MS)
-        page.get_by_text(re.compile(r"gives this answer a score of")).wait_for()
+        page.get_by_text(
+            re.compile(r"gives this answer a (raw )?(score|probability) of")
+        ).wait_for()
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "token_sources.png")
 
@@ -746,7 +748,7 @@ def test_token_heatmaps_in_chromium(server: str, browser: object) -> None:
         assert heat.locator("td.rs-mr-cell").count() == n_tok * len(
             heat.locator("table").first.locator("tr").all()[1:]
         )
-        page.get_by_text(re.compile(r"CORTEX answer score")).wait_for()
+        page.get_by_text(re.compile(r"CORTEX answer probability")).wait_for()
         # Flag with a low threshold and jump to the first predicted span.
         page.get_by_role("button", name=re.compile("Next")).click()
         page.get_by_text(re.compile(r"^Span 1 of \d+")).wait_for(timeout=ANALYSE_MS)
