@@ -126,7 +126,7 @@ def load_answers(spec: str) -> tuple[list[str], list[RAGExample], list[tuple[str
         return names, examples, []
     name = path.stem if path.is_file() else path.name
     report = load_dataset(path, on_error="skip")
-    bad = [(f"record of {spec}", str(e)) for e in report.errors]
+    bad = [("record", str(e)) for e in report.errors]  # the message names file and line
     examples = [
         e
         if e.provenance.dataset == name
@@ -387,7 +387,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
     if args.engine == "ray" and todo:
         _ray_fill(args, model, todo, dset)
     for where, why in bad:
-        print(f"FAILED {where}: {why}", file=sys.stderr)
+        print(f"FAILED {where} {why}", file=sys.stderr)
     records: list[dict[str, Any]] = []
     failures = [*bad]
     t0 = time.perf_counter()

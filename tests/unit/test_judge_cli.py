@@ -1,0 +1,194 @@
+"""``ragscope judge``: the set's verdict on every answer of a file or dataset, the same
+numbers as core.judge.judge(), JSONL/CSV/Parquet one schema, formula-safe CSV, failures
+named and skipped, resumable through the feature cache and the JSONL it wrote."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+import core.extract
+from core.cli import main
+from core.data import builtin_examples, save_jsonl
+from core.detectors import make_detector
+from core.extract import extract_features
+from core.judge import judge, verdict_rows
+from core.sets import load_set
+
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+MODEL = ["--model", "tiny", "--device", "cpu"]
+
+
+@pytest.fixture(scope="module")
+def tiny_set_dir(tiny_model, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """nll, context_gain and cortex (3 epochs) fitted on the demo answers, saved."""
+    out = tmp_path_factory.mktemp("judge-set")
+    examples = builtin_examples()
+    dets = [make_detector("nll"), make_detector("context_gain"), make_detector("cortex", epochs=3)]
+    feats = extract_features(tiny_model, examples, dets).features
+    for d in dets:
+        d.fit(list(feats[d.name]), examples).save(out / d.name)
+    return out
+
+
+@pytest.fixture
+def env(tiny_set_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The tiny set as the detectors, a fresh feature cache; returns the tmp folder."""
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(tiny_set_dir))
+    monkeypatch.setenv("RAGSCOPE_TRAINED_DIR", str(tmp_path / "trained"))
+    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "cache.sqlite3"))
+    return tmp_path
+
+
+@pytest.fixture
+def passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
+    """The answers each traced feature pass of judge_many computed, as they happen."""
+    seen: list[int] = []
+    real = core.extract.run_examples
+
+    def counting(model, examples, detectors):  # type: ignore[no-untyped-def]
+        seen.append(len(examples))
+        return real(model, examples, detectors)
+
+    monkeypatch.setattr(core.extract, "run_examples", counting)
+    return seen
+
+
+def _jsonl(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()]
+
+
+def test_judge_writes_the_records_judge_gives_in_every_format_and_resumes(
+    env: Path, tiny_model, passes: list[int], capsys
+) -> None:
+    out = env / "v.jsonl"
+    report = env / "r.html"
+    assert main(["judge", "demo", *MODEL, "--out", str(out), "--html", str(report)]) == 0
+    text = capsys.readouterr().out
+    assert "12 judged," in text and "0 failed" in text and "0 of 12 read every feature" in text
+    assert "on 12 labelled answers" in text and "too few answers" in text
+    assert sum(passes) == 12
+    records = _jsonl(out)
+    examples = builtin_examples()
+    assert [r["id"] for r in records] == [e.id for e in examples]
+    records_as_written = [dict(r) for r in records]
+    dset = load_set(tiny_model.info.key)
+    for ex, rec in zip(examples, records, strict=True):
+        one = judge(tiny_model, ex, dset).to_record()
+        # the same schema and the same numbers as judge() (the timing aside)
+        assert rec.pop("seconds") > 0 and one.pop("seconds") > 0
+        assert rec == one
+    assert sum(r["hallucinated"] for r in records) == int(text.split(" judged, ")[1].split()[0])
+    page = report.read_text(encoding="utf-8")
+    assert page.count("<h2>") == 12 and "<script" not in page and examples[0].id in page
+
+    # a second run: every answer already in the JSONL is skipped, nothing traced
+    passes.clear()
+    assert main(["judge", "demo", *MODEL, "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "12 answers already in" in captured.err and "0 judged" in captured.out
+    assert _jsonl(out) == records_as_written and passes == []
+
+    # CSV and Parquet: one row per answer, every feature read from the cache
+    for suffix in ("csv", "parquet"):
+        path = env / f"v.{suffix}"
+        assert main(["judge", "demo", *MODEL, "--out", str(path)]) == 0
+        assert "12 of 12 read every feature from the cache" in capsys.readouterr().out
+        frame = pd.read_csv(path) if suffix == "csv" else pd.read_parquet(path)
+        want = verdict_rows(records)
+        assert list(frame.columns) == list(want.columns)
+        assert "cortex.probability" in frame.columns and "label" in frame.columns
+        assert list(frame["id"]) == [r["id"] for r in records]
+        for col in ("probability", "nll.probability", "cortex.threshold", "n_flagged"):
+            assert list(frame[col]) == pytest.approx(list(want[col]))
+        assert [json.loads(s) for s in frame["spans"]] == [r["spans"] for r in records]
+    assert passes == []
+
+
+def test_hostile_answers_are_neutralised_and_failures_named_and_skipped(env: Path, capsys) -> None:
+    exs = builtin_examples()
+    hostile = dataclasses.replace(
+        exs[0],
+        id='=HYPERLINK("http://x")',
+        response="=1+1 <script>alert(1)</script> The lighthouse is 34 metres tall.",
+        spans=(),
+        label=None,
+    )
+    too_long = dataclasses.replace(
+        exs[1], id="far-too-long", response="word " * 5000, spans=(), label=None
+    )
+    data = env / "mine.jsonl"
+    save_jsonl([hostile, too_long, exs[2]], data)
+    with data.open("a", encoding="utf-8") as f:
+        f.write("{this is not json\n")
+    out = env / "v.csv"
+    html = env / "r.html"
+    assert main(["judge", str(data), *MODEL, "--out", str(out), "--html", str(html)]) == 0
+    captured = capsys.readouterr()
+    assert "FAILED far-too-long:" in captured.err and "more than the model" in captured.err
+    assert f"FAILED record {data}:4:" in captured.err and "invalid JSON" in captured.err
+    assert "2 judged," in captured.out and "2 failed" in captured.out
+    frame = pd.read_csv(out, dtype=str)
+    assert list(frame["id"]) == ['\'=HYPERLINK("http://x")', exs[2].id]
+    assert not any(str(c).startswith(("=", "+", "-", "@")) for c in frame.to_numpy().ravel())
+    page = html.read_text(encoding="utf-8")
+    assert "<script>" not in page and "&lt;script&gt;alert(1)&lt;/script&gt;" in page
+
+    # nothing judged: non-zero, with the reasons
+    only = env / "only-bad.jsonl"
+    save_jsonl([too_long], only)
+    assert main(["judge", str(only), *MODEL, "--out", str(env / "none.jsonl")]) == 2
+    err = capsys.readouterr().err
+    assert "no answer could be judged" in err and "far-too-long" in err
+
+
+def test_a_stopped_jsonl_run_resumes_after_its_last_whole_line(
+    env: Path, passes: list[int], capsys
+) -> None:
+    data = env / "five.jsonl"
+    save_jsonl(builtin_examples()[:5], data)
+    out = env / "v.jsonl"
+    assert main(["judge", str(data), *MODEL, "--out", str(out)]) == 0
+    lines = out.read_text(encoding="utf-8").splitlines(keepends=True)
+    # as if stopped while writing the fourth verdict
+    out.write_text("".join(lines[:3]) + lines[3][:40], encoding="utf-8")
+    passes.clear()
+    capsys.readouterr()
+    assert main(["judge", str(data), *MODEL, "--out", str(out)]) == 0
+    captured = capsys.readouterr()
+    assert "3 answers already in" in captured.err and "2 judged" in captured.out
+    assert "2 of 2 read every feature from the cache" in captured.out and passes == []
+    again = [json.loads(line) for line in out.read_text(encoding="utf-8").splitlines()]
+    before = [json.loads(line) for line in lines]
+    for r in (*again, *before):
+        r.pop("seconds")
+    assert again == before  # the cut line judged anew, from the cache, the same
+
+
+def test_detector_subsets_and_sets_are_checked(env: Path, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "nll.jsonl"
+    argv = ["judge", "demo[:3]", *MODEL, "--out", str(out), "--detectors", "nll"]
+    assert main(argv) == 0
+    recs = _jsonl(out)
+    assert [list(r["detectors"]) for r in recs] == [["nll"]] * len(recs)
+    assert all(r["judge"] == "vote" and r["n_detectors"] == 1 for r in recs)
+    # another subset into the same JSONL is refused, not mixed in
+    argv = ["judge", "demo[:3]", *MODEL, "--out", str(out), "--detectors", "nll,cortex"]
+    assert main(argv) == 2
+    assert "not a verdict of the custom set's nll, cortex" in capsys.readouterr().err
+    argv = ["judge", "demo", *MODEL, "--out", str(tmp_path / "x.jsonl"), "--detectors", "nll,zzz"]
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert "no zzz" in err and "context_gain, cortex, nll" in err
+    assert (
+        main(["judge", "demo", *MODEL, "--out", str(tmp_path / "y.jsonl"), "--set", "no-such"]) == 2
+    )
+    err = capsys.readouterr().err
+    assert "no detector set 'no-such'" in err and "the shipped sets are" in err and "default" in err
+    assert main(["judge", "demo", *MODEL, "--out", str(tmp_path / "v.txt")]) == 2
+    assert ".jsonl, .csv, .parquet" in capsys.readouterr().err
