@@ -31,6 +31,7 @@ from app.state import (
     KEY_CF_SOURCE,
     P_MODE,
     AppState,
+    ShippedDetectors,
     follow_widget,
     get_store,
     input_signature,
@@ -38,6 +39,7 @@ from app.state import (
     publish,
     seed_widget,
 )
+from app.state.verdicts import answer_verdicts, known_verdicts
 from app.text import md
 from core.contract import align_token_scores
 from core.counterfactual import (
@@ -273,7 +275,38 @@ def summary_frame(cf: Counterfactual) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def show_result(cf: Counterfactual, model: LoadedModel) -> None:
+def as_judged(model: LoadedModel, shipped: ShippedDetectors, cf: Counterfactual) -> Counterfactual:
+    """``cf`` with each side's scores and flags the set's verdict on that answer
+    (:func:`app.state.verdicts.answer_verdicts`: the calibrated probability and flag every
+    page shows, the original's the Playground's own); the token rows and summaries stay
+    :func:`core.counterfactual.score_pair`'s."""
+    sides = []
+    for ex, scores in ((cf.original, cf.original_scores), (cf.edited, cf.edited_scores)):
+        judged = answer_verdicts(model, ex, shipped)
+        sides.append(
+            {
+                n: dataclasses.replace(s, score=v.score, flagged=v.hallucinated)
+                if (v := judged.verdict(n)) is not None
+                else s
+                for n, s in scores.items()
+            }
+        )
+    return dataclasses.replace(cf, original_scores=sides[0], edited_scores=sides[1])
+
+
+def verdict_lines(model: LoadedModel, shipped: ShippedDetectors, cf: Counterfactual) -> str:
+    """The set's overall verdict on each side, when known (a fresh comparison; a loaded
+    session keeps only the detectors' scores)."""
+    lines = []
+    for side, ex in (("Original", cf.original), ("Edited", cf.edited)):
+        known = known_verdicts(model, input_signature(ex, None), shipped)
+        if known is not None and known.answer is not None:
+            colour = "red" if known.answer.hallucinated else "green"
+            lines.append(f"**{side}:** :{colour}[{md(known.answer.summary)}]")
+    return "  \n".join(lines)
+
+
+def show_result(cf: Counterfactual, model: LoadedModel, shipped: ShippedDetectors) -> None:
     st.subheader(f"Original vs edited: {md(cf.name)}")
     changes = cf.changes
     if not changes:
@@ -299,6 +332,8 @@ def show_result(cf: Counterfactual, model: LoadedModel) -> None:
         f"**Flags:** {n_o} of {len(cf.original_scores)} detectors flag the original, {n_e} the "
         f"edited version: {moved}{expected}."
     )
+    if lines := verdict_lines(model, shipped, cf):
+        st.markdown(lines)
     if cf.answer_mode == "regenerate":
         st.markdown(f"**Regenerated answer:** {md(cf.edited.response)}")
     frame = scores_frame(cf)
@@ -420,7 +455,7 @@ def main() -> None:
                     edited = regenerate(model, example, edited_passages, max_new_tokens=max_tokens)
                 else:
                     edited = edit_example(example, edited_passages)
-                state.cf_result = score_pair(
+                pair = score_pair(
                     model,
                     [d.detector for d in shipped.detectors],
                     example,
@@ -428,12 +463,13 @@ def main() -> None:
                     name=f"{example.id}: {edit_name(edited_passages, example.passages)}",
                     answer_mode=state.cf_answer_mode,  # type: ignore[arg-type]
                 )
+                state.cf_result = as_judged(model, shipped, pair)
                 st.session_state.pop(KEY_NAME, None)
         except RagscopeError as e:
             st.error(f"The comparison failed: {md(e)}  \nFix: edit the passages and try again.")
     st.divider()
     if state.cf_result is not None:
-        show_result(state.cf_result, model)
+        show_result(state.cf_result, model, shipped)
     save_load(state, model)
 
 

@@ -15,6 +15,7 @@ Playground's analysed answer):
 
 from __future__ import annotations
 
+import dataclasses
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -27,19 +28,21 @@ from app.components.example_picker import AnswerKeys
 from app.state import (
     P_METHOD,
     AppState,
+    ShippedDetectors,
     follow_widget,
-    input_signature,
     one_of,
     publish,
     seed_widget,
     train_command,
 )
+from app.state.verdicts import answer_verdicts
 from app.text import code, md, md_lines
 from core.aarf import aarf_generate
 from core.contract import flag_threshold, scores_tokens
-from core.counterfactual import on_template, score_one
+from core.counterfactual import on_template
 from core.detectors.raglens import load_config_sae
 from core.errors import RagscopeError
+from core.judge import AnswerVerdict
 from core.layout import render
 from core.mitigate import feedback_message, feedback_regenerate
 from core.smoothing import flagged_spans
@@ -74,54 +77,79 @@ INSTANCE = "instance level (no detail)"
 
 
 def before_after(
-    model: LoadedModel, detectors: list[Any], original: RAGExample, answers: dict[str, str]
+    model: LoadedModel, shipped: ShippedDetectors, original: RAGExample, answers: dict[str, str]
 ) -> pd.DataFrame:
-    """Every detector's score of each answer (columns), one row per detector."""
-    import dataclasses
-
+    """The set's verdict on each answer (columns: its probability and flag; ``threshold``
+    from the same calibration, one column per answer where they differ), one row per
+    detector and a first row for the overall verdict. Each answer is judged as
+    :func:`app.state.verdicts.answer_verdicts` judges it, so the original's numbers are
+    the ones the Playground shows."""
     base = on_template(original)
-    cols: dict[str, dict[str, float]] = {}
+    judged: dict[str, AnswerVerdict] = {}
     for label, text in answers.items():
         if not text.strip():
             continue
         ex = (
-            base
-            if text == base.response
+            original
+            if text == original.response
             else dataclasses.replace(base, response=text, spans=(), label=None)
         )
-        for name, s in score_one(model, detectors, ex).items():
-            cols.setdefault(name, {})[label] = s.score
-    return pd.DataFrame([{"detector": n, **v} for n, v in cols.items()])
+        got = answer_verdicts(model, ex, shipped).answer
+        if got is not None:
+            judged[label] = got
+    if not judged:
+        return pd.DataFrame()
+    first = next(iter(judged.values()))
+    names = [f"overall ({first.judge})", *first.verdicts]
+    cells: dict[str, dict[str, tuple[float, float | None, bool | None]]] = {}
+    for label, a in judged.items():
+        cells[label] = {names[0]: (a.probability, a.threshold, a.hallucinated)}
+        for n, v in a.verdicts.items():
+            cells[label][n] = (v.score, v.threshold, v.hallucinated)
+    one_threshold = all(len({c[n][1] for c in cells.values() if n in c}) == 1 for n in names)
+    flag = {True: "flagged", False: "not flagged", None: "-"}
+    rows = []
+    for n in names:
+        row: dict[str, object] = {"detector": n}
+        if one_threshold:
+            row["threshold"] = next(c[n][1] for c in cells.values() if n in c)
+        for label, c in cells.items():
+            if n not in c:
+                continue
+            p, thr, hit = c[n]
+            row[label] = p
+            if not one_threshold:
+                row[f"{label} threshold"] = thr
+            row[f"{label} verdict"] = flag[hit]
+        rows.append(row)
+    return pd.DataFrame(rows)
 
 
-def show_scores(frame: pd.DataFrame, thresholds: dict[str, float]) -> None:
+def show_scores(frame: pd.DataFrame) -> None:
     if frame.empty:
         st.info("No detector is shipped for this model, so the answers are not re-scored.")
         return
-    frame = frame.copy()
-    frame.insert(1, "threshold", [thresholds.get(n, 0.5) for n in frame["detector"]])
     st.dataframe(frame, hide_index=True, width="stretch")
-
-
-@st.cache_data(show_spinner="Reading the answer's flags…", max_entries=32)
-def _guide_spans(
-    key: str, _model: LoadedModel, _det: Any, _example: RAGExample
-) -> list[tuple[int, int]]:
-    s = score_one(_model, [_det], on_template(_example))[_det.name]
-    if s.token_scores is None:
-        return []
-    return flagged_spans(
-        np.asarray(s.token_scores), np.asarray(s.token_offsets), flag_threshold(_det)
+    st.caption(
+        "Each answer judged by the detector set as on the Playground: the calibrated "
+        "probability, flagged when it reaches the threshold of the same calibration; the "
+        "first row is the set's overall verdict."
     )
 
 
 def guide_spans(
-    model: LoadedModel, detector: Any, example: RAGExample, detectors_id: str
+    model: LoadedModel, shipped: ShippedDetectors, name: str, example: RAGExample
 ) -> list[tuple[int, int]]:
-    """The answer's character spans ``detector`` flags at its threshold (cached)."""
-
-    key = f"{model.instance_key}|{detectors_id}|{detector.name}|{input_signature(example, None)}"
-    return _guide_spans(key, model, detector, example)
+    """The answer's character spans detector ``name`` flags at its token threshold, read
+    off the set's verdict on the answer (:func:`app.state.verdicts.answer_verdicts`: the
+    token scores every page shows)."""
+    v = answer_verdicts(model, example, shipped).verdict(name)
+    if v is None or v.token_scores is None or v.token_offsets is None:
+        return []
+    det = shipped.card(name).detector
+    return flagged_spans(
+        np.asarray(v.token_scores), np.asarray(v.token_offsets), flag_threshold(det)
+    )
 
 
 def feedback_section(
@@ -155,7 +183,8 @@ def feedback_section(
     if state.mit_guide != INSTANCE:
         guide = dets[state.mit_guide]
         try:
-            spans = guide_spans(model, guide.detector, example, shipped.cache_id)
+            with st.spinner("Reading the answer's flags…"):
+                spans = guide_spans(model, shipped, guide.name, example)
         except RagscopeError as e:
             st.error(f"{md(guide.name)} could not read this answer: {md(e)}")
             return
@@ -179,7 +208,7 @@ def feedback_section(
                     )
                 frame = before_after(
                     model,
-                    [d.detector for d in dets.values()],
+                    shipped,
                     example,
                     {"original": example.response, "after feedback": gen.text},
                 )
@@ -190,7 +219,7 @@ def feedback_section(
     if res is not None and res[0] == "feedback" and res[1] == example.id:
         st.markdown("**New answer** (struck: left out; green: new)")
         st.html(word_diff_html(example.response, res[2], "rs-answer-diff"))
-        show_scores(res[3], {n: d.threshold for n, d in dets.items()})
+        show_scores(res[3])
 
 
 def aarf_section(
@@ -234,7 +263,7 @@ def aarf_section(
                 )
                 frame = before_after(
                     model,
-                    [d.detector for d in shipped.detectors],
+                    shipped,
                     example,
                     {"plain greedy": res.plain_text or "", "AARF": res.text},
                 )
@@ -248,7 +277,7 @@ def aarf_section(
             f"**Plain greedy:** {md(res.plain_text)}  \n**AARF:** {md(res.text)}  \n"
             f"{res.n_intervened} of {res.n_steps} steps intervened on."
         )
-        show_scores(r[3], {d.name: float(d.threshold) for d in shipped.detectors})
+        show_scores(r[3])
         with st.expander("Steps"):
             st.dataframe(res.to_frame(model.tokenizer), hide_index=True, width="stretch")
 
