@@ -1,0 +1,64 @@
+"""The Python API as docs/judge.md shows it (the README's example), run as written on
+the embedded model with the shipped default set: load the set, judge one answer, judge
+an iterable of answers, read the verdict object."""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import re
+from pathlib import Path
+
+import pytest
+
+import core.model
+from core.judge import AnswerVerdict, judge
+from core.model import LoadedModel
+
+DOC = Path(__file__).resolve().parents[2] / "docs" / "judge.md"
+
+
+def _snippet() -> str:
+    """The Python example of docs/judge.md (its one ``python`` block)."""
+    blocks = re.findall(r"```python\n(.*?)```", DOC.read_text(encoding="utf-8"), flags=re.S)
+    assert len(blocks) == 1, "docs/judge.md should hold exactly one Python example"
+    return blocks[0]
+
+
+def test_the_documented_python_example_judges_answers_on_the_embedded_model(
+    embedded_model: LoadedModel, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    for var in ("RAGSCOPE_DETECTORS_DIR", "RAGSCOPE_DETECTOR_SET"):
+        monkeypatch.delenv(var, raising=False)  # the shipped default set
+    # the example's load_model("embedded") gets the session's copy (loaded once)
+    monkeypatch.setattr(core.model, "load_model", lambda *a, **k: embedded_model)
+    scope: dict[str, object] = {}
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(_snippet(), str(DOC), "exec"), scope)  # noqa: S102  # our own docs
+    dset = scope["dset"]
+    verdict = scope["verdict"]
+    answer = scope["answer"]
+    assert dset.name == "default" and "ensemble" in dset.names and len(dset.names) >= 10
+    assert isinstance(verdict, AnswerVerdict) and verdict.judge == "ensemble"
+    assert verdict.hallucinated == (verdict.probability >= verdict.threshold)
+    assert 0.0 <= verdict.probability <= 1.0
+    assert list(verdict.verdicts) == list(dset.names)
+    assert verdict.summary.startswith(("Hallucinated: ensemble p = ", "Faithful: ensemble p = "))
+    assert f"of {len(dset.names)} detectors flag it" in verdict.summary
+    for span in verdict.spans:
+        assert span.text == answer.response[span.start : span.end]
+        assert any(c.isalnum() for c in span.text) and span.detectors
+    lines = printed.getvalue().splitlines()
+    assert lines[0] == verdict.summary
+    # judge_many over the two answers: in order, the first the same as judge()'s
+    many = scope["verdicts"]
+    assert [v.example_id for v in many] == ["q1", "q2"]
+    assert all(isinstance(v, AnswerVerdict) for v in many)
+    first = many[0]
+    for name, v in verdict.verdicts.items():
+        assert first.verdicts[name].score == pytest.approx(v.score, abs=1e-4)
+        assert first.verdicts[name].threshold == v.threshold
+    assert lines[-2:] == [f"q1 {many[0].summary}", f"q2 {many[1].summary}"]
+    # the example's own judge() is the one imported here
+    assert scope["judge"] is judge
