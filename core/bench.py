@@ -29,7 +29,7 @@ from core.examples import RAGExample
 from core.extract import FeatureCache, extract_features, run_example
 from core.generate import GenerationConfig, generate
 from core.heads import copying_scores
-from core.judge import judge_stream
+from core.judge import AnswerVerdict, judge_many, judge_stream
 from core.layout import Layout, render
 from core.model import EMBEDDED, LoadedModel, load_model, prepare_embedded
 from core.sets import load_set, set_detector
@@ -73,6 +73,7 @@ class BenchReport:
     copying_s: float | None = None
     aarf: AARFBench | None = None
     playground: PlaygroundBench | None = None
+    judge: tuple[JudgeBench, ...] = ()
     env: dict[str, Any] = field(default_factory=dict)
 
     def to_dict(self) -> dict[str, Any]:
@@ -83,6 +84,9 @@ class BenchReport:
         if self.aarf is not None:
             d["aarf"] = {**vars(self.aarf), "runs": [dict(vars(r)) for r in self.aarf.runs]}
         d["playground"] = dict(vars(self.playground)) if self.playground else None
+        d["judge"] = [
+            {**vars(j), "answers_per_min": j.answers_per_min, "ratio": j.ratio} for j in self.judge
+        ]
         return d
 
     def to_text(self) -> str:
@@ -112,6 +116,8 @@ class BenchReport:
             lines.extend(self.aarf.to_lines())
         if self.playground is not None:
             lines.extend(self.playground.to_lines())
+        for j in self.judge:
+            lines.extend(j.to_lines())
         lines.append(f"peak RSS {self.peak_rss_mib:.0f} MiB")
         if self.peak_cuda_mib is not None:
             lines.append(f"peak CUDA {self.peak_cuda_mib:.0f} MiB")
@@ -250,6 +256,110 @@ def bench_extraction(
         warm_s=warm.seconds,
         batched_s=batched,
     )
+
+
+@dataclass(frozen=True, kw_only=True)
+class JudgeBench:
+    """``ragscope judge``'s throughput with one detector set, against one plain forward
+    per answer, measured in one run (no feature cache: every answer traced).
+
+    Attributes:
+        set_name: The detector set.
+        detectors: Its detectors, in order.
+        dataset: Where the answers come from.
+        n_answers: Answers judged (those that could not be are left out of both timings).
+        mean_tokens: Mean layout length (prompt + answer) of those answers.
+        plain_s: One plain HF forward per answer, in total.
+        judge_s: :func:`core.judge.judge_many` over them, one answer per pass.
+    """
+
+    set_name: str
+    detectors: tuple[str, ...]
+    dataset: str
+    n_answers: int
+    mean_tokens: float
+    plain_s: float
+    judge_s: float
+
+    @property
+    def answers_per_min(self) -> float:
+        return 60.0 * self.n_answers / self.judge_s
+
+    @property
+    def ratio(self) -> float:
+        """Judging time as a multiple of one plain forward per answer."""
+        return self.judge_s / self.plain_s
+
+    def to_lines(self) -> list[str]:
+        return [
+            f"judge with the {self.set_name} set [{', '.join(self.detectors)}] over "
+            f"{self.n_answers} {self.dataset} answers (mean {self.mean_tokens:.0f} tokens): "
+            f"{self.judge_s:.1f} s = {self.answers_per_min:.1f} answers/min = "
+            f"{self.ratio:.2f} x one plain forward per answer ({self.plain_s:.1f} s)"
+        ]
+
+
+def bench_judge(
+    model: LoadedModel,
+    n_answers: int = 20,
+    sets: tuple[str | None, ...] = (None,),
+    dataset: str = "builtin",
+) -> list[JudgeBench]:
+    """Time :func:`core.judge.judge_many` (no feature cache) with each of ``sets``
+    (``None``: the set that applies) on the first ``n_answers`` answers of ``dataset``
+    that the model can lay out, against one plain forward per answer, in one run.
+
+    Raises:
+        DataError: A set has no detectors for the model, or no answer fits the model.
+    """
+    import torch
+
+    exs, layouts = [], []
+    for e in stratified_head(resolve_dataset(dataset)[1], n_answers)[:n_answers]:
+        try:
+            layouts.append(render(e, model))
+            exs.append(e)
+        except DataError:
+            continue  # longer than the model's context: judge would skip it too
+    if not exs:
+        raise DataError(f"no answer of {dataset} fits {model.info.display_name}")
+
+    def plain_all() -> None:
+        with torch.inference_mode():
+            for lay in layouts:
+                model.hf_model(torch.as_tensor(lay.token_ids, device=model.device).unsqueeze(0))
+        _sync(model)
+
+    plain_all()  # warm-up
+    t0 = time.perf_counter()
+    plain_all()
+    plain_s = time.perf_counter() - t0
+    out = []
+    for name in sets:
+        dset = load_set(model.info.key, name)
+        if dset.error or not dset.detectors:
+            raise DataError(
+                dset.error or f"the {dset.name} set has no detectors for {model.info.display_name}"
+            )
+        list(judge_many(model, exs[:1], dset, batch_size=1))  # warm-up: lazy loads not timed
+        t0 = time.perf_counter()
+        got = list(judge_many(model, exs, dset, batch_size=1))
+        judge_s = time.perf_counter() - t0
+        failed = sum(not isinstance(g, AnswerVerdict) for g in got)
+        if failed:
+            raise DataError(f"{failed} of {len(exs)} answers could not be judged")
+        out.append(
+            JudgeBench(
+                set_name=dset.name,
+                detectors=dset.names,
+                dataset=dataset,
+                n_answers=len(exs),
+                mean_tokens=sum(len(x) for x in layouts) / len(layouts),
+                plain_s=plain_s,
+                judge_s=judge_s,
+            )
+        )
+    return out
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -523,6 +633,8 @@ def run_bench(
     aarf: int = 0,
     aarf_uncached: bool = False,
     playground: bool = False,
+    judge: int = 0,
+    judge_sets: tuple[str | None, ...] = (None,),
     log: Callable[[str], None] | None = None,
 ) -> BenchReport:
     """Measure load times and trace overhead in one run (see module doc)."""
@@ -619,6 +731,10 @@ def run_bench(
     elif playground:
         say(f"Playground analysis with the {dset.name} set's {len(dset.detectors)} detectors ...")
         pg = bench_playground(model, builtin_examples()[0], dset.fitted, repeats=repeats)
+    judged: list[JudgeBench] = []
+    if judge:
+        say(f"judge over {judge} {dataset} answers with each set ...")
+        judged = bench_judge(model, judge, judge_sets, dataset=dataset)
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cuda = torch.cuda.max_memory_allocated() / 2**20 if model.device.startswith("cuda") else None
     return BenchReport(
@@ -637,6 +753,7 @@ def run_bench(
         copying_s=copying_s,
         aarf=aarf_bench,
         playground=pg,
+        judge=tuple(judged),
         env={
             "python": sys.version.split()[0],
             "torch": torch.__version__,

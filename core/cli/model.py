@@ -236,6 +236,20 @@ def _add_bench(sub: Subparsers) -> None:
         "shipped detector (click to full verdicts, to the first verdict, and the first "
         "click in a fresh process), as ratios to one plain forward of that example",
     )
+    p.add_argument(
+        "--judge",
+        type=int,
+        default=0,
+        metavar="N",
+        help="also time `ragscope judge` (no feature cache) over N --dataset answers with "
+        "each of --judge-sets, as answers/min and a ratio to one plain forward per answer",
+    )
+    p.add_argument(
+        "--judge-sets",
+        default="",
+        metavar="NAME,NAME",
+        help="the detector sets --judge times (default: the set that applies)",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
 
@@ -264,6 +278,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         aarf=args.aarf,
         aarf_uncached=args.aarf_uncached,
         playground=args.playground,
+        judge=args.judge,
+        judge_sets=tuple(n.strip() for n in args.judge_sets.split(",") if n.strip()) or (None,),
         log=lambda m: print(m, file=sys.stderr, flush=True),
     )
     if args.json:

@@ -12,6 +12,7 @@ import pandas as pd
 import pytest
 
 import core.extract
+from core.bench import bench_judge
 from core.cli import main
 from core.data import builtin_examples, save_jsonl
 from core.detectors import make_detector
@@ -192,3 +193,12 @@ def test_detector_subsets_and_sets_are_checked(env: Path, tmp_path: Path, capsys
     assert "no detector set 'no-such'" in err and "the shipped sets are" in err and "default" in err
     assert main(["judge", "demo", *MODEL, "--out", str(tmp_path / "v.txt")]) == 2
     assert ".jsonl, .csv, .parquet" in capsys.readouterr().err
+
+
+def test_bench_judge_times_the_set_against_plain_forwards(env: Path, tiny_model) -> None:
+    (rep,) = bench_judge(tiny_model, 2, (None,), dataset="demo")
+    assert rep.set_name == "custom" and rep.detectors == ("context_gain", "cortex", "nll")
+    assert rep.n_answers == 2 and rep.judge_s > 0 and rep.plain_s > 0
+    assert rep.ratio == rep.judge_s / rep.plain_s
+    assert rep.answers_per_min == pytest.approx(120 / rep.judge_s)
+    assert "answers/min" in rep.to_lines()[0] and "x one plain forward" in rep.to_lines()[0]
