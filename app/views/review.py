@@ -1,8 +1,9 @@
 """Review: annotators accept, reject, re-bound and type the spans the detectors flag.
 
 The queue is built from a dataset and some shipped detectors' token scores
-(:func:`core.review.propose_flags`: runs of tokens at or above each detector's
-threshold, merged across detectors) and kept in the database with every decision
+(:func:`core.review.scan_flags`: whole-word spans of tokens at or above each
+detector's token threshold, merged across short gaps and across detectors; the scan
+says why a detector flagged nothing) and kept in the database with every decision
 and an append-only audit trail (:class:`core.review.ReviewBook`). Each item shows
 the passages with the sentences closest in meaning to the flagged claim
 highlighted, and the answer with the flagged span. Decisions are per reviewer (the
@@ -65,13 +66,13 @@ from core.review import (
     agreement,
     dataset_verdicts,
     filter_items,
-    propose_flags,
     ragtruth_jsonl,
-    related_context,
     reviewed_examples,
     reviews_frame,
     safe_csv,
+    scan_flags,
 )
+from core.spans import GAP_TOKENS, Evidence, span_evidence
 
 # Page scripts run with Streamlit's magic: no bare strings (they would be drawn).
 STATE_KEY = "ragscope.review"
@@ -121,7 +122,7 @@ class ReviewState:
     reviewer: str | None = None
     current: int | None = None  # item id
     outcome: tuple[str, str] | None = None  # (kind, text), shown once
-    build_report: str | None = None
+    build_report: tuple[str, str] | None = None  # (kind, text) of the last scan
     thresholds: dict[str, float] = field(default_factory=dict)
     report: tuple[str, str] | None = None  # (example id, HTML)
 
@@ -226,8 +227,9 @@ def build_section(
             names,
             default=default,
             key=KEY_DETECTORS,
-            help="Detectors that score single tokens; a span is a run of tokens at or "
-            "above the detector's threshold",
+            help="Detectors that score single tokens; a span is the whole words around "
+            "tokens at or above the detector's token threshold, runs at most "
+            f"{GAP_TOKENS} tokens apart joined, punctuation alone never",
         )
         limit = int(
             c_lim.number_input(
@@ -276,30 +278,17 @@ def build_section(
                     st.error(f"The scan failed: {md(e)}")
                     return
             thresholds = {n: rs.thresholds[n] for n in chosen}
-            flags = [
-                f
-                for ex in kept
-                for f in propose_flags(
-                    ex, verdicts[ex.id], thresholds, p_stay=DEFAULT_SMOOTH if smooth else None
-                )
-            ]
-            new = book.add_flags(key, kept, flags)
-            silent = [
-                n for n in chosen if all(verdicts[e.id][n].token_scores is None for e in kept)
-            ]
-            report = (
-                f"Scanned {len(kept)} answers: {len(flags)} flagged spans, {new} new in the "
-                f"queue ({len(flags) - new} were there already)."
+            scan = scan_flags(kept, verdicts, thresholds, p_stay=DEFAULT_SMOOTH if smooth else None)
+            new = book.add_flags(key, kept, scan.flags)
+            rs.build_report = (
+                "success" if scan.flags else "warning",
+                scan.summary(new=new, unread=limit - len(kept)),
             )
-            if len(kept) < limit:
-                report += f" {limit - len(kept)} answers could not be read."
-            if silent:
-                report += f" {', '.join(silent)} give no token scores, so no flags."
-            rs.build_report = report
             st.rerun()
     if rs.build_report:
         # Outside the expander: it closes once the queue has items, the report must show.
-        st.success(rs.build_report)
+        kind, text = rs.build_report
+        (st.success if kind == "success" else st.warning)(text)
 
 
 def queue_filters(everything: list[ReviewItem]) -> list[ReviewItem]:
@@ -380,8 +369,8 @@ def answer_bounds(text: str) -> list[int]:
 
 
 @st.cache_data(show_spinner="Finding the related passage sentences…", max_entries=256)
-def cached_related(passages: tuple[str, ...], claim: str) -> list[tuple[int, int, int, float]]:
-    return related_context(passages, claim)
+def cached_related(passages: tuple[str, ...], claim: str) -> tuple[Evidence, ...]:
+    return span_evidence(passages, claim)
 
 
 def save(
@@ -487,9 +476,14 @@ def item_card(
             st.markdown("**Passages** (related to the flagged claim in blue)")
             for k, p in enumerate(ex.passages):
                 marks = [
-                    Mark(a, b, RELATED, f"cosine {sim:.2f} with the flagged span")
-                    for pk, a, b, sim in related
-                    if pk == k
+                    Mark(
+                        ev.start,
+                        ev.end,
+                        RELATED,
+                        f"cosine {ev.similarity:.2f} with the flagged span",
+                    )
+                    for ev in related
+                    if ev.passage == k
                 ]
                 st.html(marked_html(p, marks))
         with c_ans:

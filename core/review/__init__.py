@@ -1,9 +1,11 @@
 """Annotation review: a queue of flagged spans, reviewers' decisions, an audit trail.
 
 - :func:`propose_flags` turns detectors' token scores on one answer into flagged
-  character spans (runs of tokens at or above each detector's threshold, optionally
-  after label-persistence smoothing); overlapping spans of several detectors merge
-  into one item that names them all.
+  whole-word spans (:func:`core.spans.answer_spans`: runs of tokens at or above each
+  detector's token threshold merged across short gaps, optionally after
+  label-persistence smoothing; never punctuation alone); overlapping spans of several
+  detectors merge into one item that names them all. :func:`scan_flags` does it for a
+  dataset and says, per detector, why it flagged nothing.
 - :class:`ReviewBook` keeps the queue and the decisions in the ragscope database:
   ``review_items`` (one per flagged span; re-building the queue never touches
   reviews), ``reviews`` (one row per item and reviewer, so two reviewers never
@@ -46,11 +48,12 @@ from core.review.export import (
     write_ragtruth_jsonl,
 )
 from core.review.flags import (
+    DetectorScan,
     Flag,
+    Scan,
     dataset_verdicts,
-    passage_sentences,
     propose_flags,
-    related_context,
+    scan_flags,
 )
 from core.storage import (
     DECISIONS,
@@ -69,6 +72,7 @@ __all__ = [
     "AuditEntry",
     "DECISIONS",
     "Decision",
+    "DetectorScan",
     "EVIDENCE",
     "FORMULA_START",
     "Flag",
@@ -80,20 +84,20 @@ __all__ = [
     "ReviewConflict",
     "ReviewItem",
     "SORTS",
+    "Scan",
     "STATUSES",
     "agreement",
     "dataset_verdicts",
     "filter_items",
     "formula_like",
     "neutralise_cell",
-    "passage_sentences",
     "propose_flags",
     "ragtruth_jsonl",
     "ragtruth_record",
-    "related_context",
     "resolved_review",
     "reviewed_examples",
     "reviews_frame",
     "safe_csv",
+    "scan_flags",
     "write_ragtruth_jsonl",
 ]

@@ -1,33 +1,31 @@
-"""Flags to review: detectors' token scores on one answer turned into flagged character spans (merged across detectors), the verdicts of a dataset, and the passage sentences that bear on a flag."""
+"""Flags to review: the whole-word spans the detectors flag on an answer
+(:func:`core.spans.answer_spans`), a scan of a dataset that says why it found none, and
+the verdicts of a dataset."""
 
 from __future__ import annotations
 
-import re
+import dataclasses
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from core.contract import Detector, Verdict
-from core.embed import embed
 from core.examples import RAGExample
 from core.extract import FeatureCache, extract_features
 from core.model import LoadedModel
-from core.smoothing import flagged_spans, smooth_tokens
-
-if TYPE_CHECKING:
-    pass
+from core.smoothing import smooth_tokens
+from core.spans import GAP_TOKENS, answer_spans
 
 
 @dataclass(frozen=True, kw_only=True)
 class Flag:
-    """A flagged character span of one answer.
+    """A flagged span of one answer, whole words (a :class:`core.spans.Span` of it).
 
     Attributes:
         example_id: The example.
         start, end: Character range ``[start, end)`` of the answer.
-        sources: Detector name -> ``(max token score in the span, its threshold)``.
+        sources: Detector name -> ``(max token score in the span, its token threshold)``.
     """
 
     example_id: str
@@ -45,64 +43,130 @@ class Flag:
         return min(s - t for s, t in self.sources.values())
 
 
+def _smoothed(verdict: Verdict, p_stay: float) -> Verdict:
+    if verdict.token_scores is None or not np.asarray(verdict.token_scores).size:
+        return verdict
+    scores = smooth_tokens(np.asarray(verdict.token_scores, dtype=np.float64), p_stay)
+    return dataclasses.replace(verdict, token_scores=scores)
+
+
 def propose_flags(
     example: RAGExample,
     verdicts: Mapping[str, Verdict],
     thresholds: Mapping[str, float],
     *,
     p_stay: float | None = None,
+    gap_tokens: int = GAP_TOKENS,
 ) -> list[Flag]:
-    """The flagged spans of one answer, merged across detectors, in answer order.
+    """The flagged spans of one answer, in answer order: :func:`core.spans.answer_spans`
+    (each detector in ``thresholds`` that gives token scores flags its tokens at or above
+    its threshold, runs merged across gaps of up to ``gap_tokens`` tokens, widened to
+    whole words, punctuation and whitespace alone dropped; spans of several detectors
+    that overlap merge). With ``p_stay``, token scores are first smoothed
+    (:func:`core.smoothing.smooth_tokens`)."""
+    if p_stay is not None:
+        verdicts = {n: _smoothed(v, p_stay) for n, v in verdicts.items()}
+    return [
+        Flag(example_id=example.id, start=s.start, end=s.end, sources=s.detectors)
+        for s in answer_spans(example.response, verdicts, thresholds, gap_tokens=gap_tokens)
+    ]
 
-    Each detector in ``thresholds`` that gives token scores flags the maximal runs of
-    tokens scoring at least its threshold (after :func:`core.smoothing.smooth_tokens`
-    with ``p_stay`` when given). Spans of any detectors that overlap merge into one.
+
+@dataclass(frozen=True, kw_only=True)
+class DetectorScan:
+    """What one detector flagged in a scan.
+
+    Attributes:
+        detector: The detector.
+        threshold: Its token threshold in the scan.
+        n_scored: Answers it gave token scores for.
+        top: Its highest token score over them (``None``: it scored no token).
+        n_spans: Spans it flags (alone or with others).
     """
 
-    raw: list[tuple[int, int, str, float, float]] = []
-    for name, thr in thresholds.items():
-        v = verdicts.get(name)
-        if v is None or v.token_scores is None or v.token_offsets is None:
-            continue
-        scores = np.asarray(v.token_scores, dtype=np.float64)
-        if not scores.size:
-            continue
-        if p_stay is not None:
-            scores = smooth_tokens(scores, p_stay)
-        offs = np.asarray(v.token_offsets)
-        for s, e in flagged_spans(scores, offs, thr):
-            inside = (offs[:, 0] < e) & (s < offs[:, 1])
-            start = max(0, min(s, len(example.response)))
-            end = min(max(e, start + 1), len(example.response))
-            if end > start:
-                raw.append((start, end, name, float(scores[inside].max()), float(thr)))
-    raw.sort()
-    flags: list[Flag] = []
-    cur: list[tuple[int, int, str, float, float]] = []
-    for item in raw:
-        if cur and item[0] < max(x[1] for x in cur):
-            cur.append(item)
-            continue
-        if cur:
-            flags.append(_merge(example.id, cur))
-        cur = [item]
-    if cur:
-        flags.append(_merge(example.id, cur))
-    return flags
+    detector: str
+    threshold: float
+    n_scored: int
+    top: float | None
+    n_spans: int
 
 
-def _merge(example_id: str, parts: Sequence[tuple[int, int, str, float, float]]) -> Flag:
-    sources: dict[str, tuple[float, float]] = {}
-    for _, _, name, score, thr in parts:
-        old = sources.get(name)
-        if old is None or score > old[0]:
-            sources[name] = (score, thr)
-    return Flag(
-        example_id=example_id,
-        start=min(p[0] for p in parts),
-        end=max(p[1] for p in parts),
-        sources=dict(sorted(sources.items())),
+@dataclass(frozen=True, kw_only=True)
+class Scan:
+    """The flags of a dataset's answers and, per detector, why there are so few.
+
+    Attributes:
+        flags: Every answer's flags, answer by answer.
+        n_answers: Answers scanned.
+        detectors: One :class:`DetectorScan` per detector given a threshold.
+    """
+
+    flags: tuple[Flag, ...]
+    n_answers: int
+    detectors: tuple[DetectorScan, ...]
+
+    def summary(self, *, new: int, unread: int = 0) -> str:
+        """What the scan found, for a person: spans, how many are new in the queue,
+        answers that could not be read, and for each detector that flags nothing why
+        (no token scores; no token reaching its threshold, with the highest score)."""
+        out = (
+            f"Scanned {self.n_answers} answers: {len(self.flags)} flagged spans, {new} new "
+            f"in the queue ({len(self.flags) - new} were there already)."
+        )
+        if unread:
+            out += f" {unread} answers could not be read."
+        for d in self.detectors:
+            if d.n_spans:
+                continue
+            if d.top is None:
+                out += f" {d.detector} gives no token scores, so no spans."
+            elif d.top < d.threshold:
+                out += (
+                    f" No token of these {d.n_scored} answers reaches {d.detector}'s token "
+                    f"threshold {d.threshold:.3f} (highest {d.top:.3f}): lower the "
+                    "threshold to flag its most suspect words."
+                )
+            else:
+                out += (
+                    f" {d.detector}'s tokens at or above its threshold {d.threshold:.3f} "
+                    "are punctuation or spaces only, so no spans."
+                )
+        return out
+
+
+def scan_flags(
+    examples: Sequence[RAGExample],
+    verdicts: Mapping[str, Mapping[str, Verdict]],
+    thresholds: Mapping[str, float],
+    *,
+    p_stay: float | None = None,
+) -> Scan:
+    """:func:`propose_flags` on every answer (``verdicts``: example id -> detector ->
+    verdict) with a note per detector of what it flagged (:class:`Scan`)."""
+    flags = tuple(
+        f
+        for ex in examples
+        for f in propose_flags(ex, verdicts.get(ex.id, {}), thresholds, p_stay=p_stay)
     )
+    per: list[DetectorScan] = []
+    for name, thr in thresholds.items():
+        scored = [
+            np.asarray(v.token_scores, dtype=np.float64)
+            for ex in examples
+            if (v := verdicts.get(ex.id, {}).get(name)) is not None
+            and v.token_scores is not None
+            and np.asarray(v.token_scores).size
+        ]
+        per.append(
+            DetectorScan(
+                detector=name,
+                threshold=float(thr),
+                n_scored=len(scored),
+                top=max(float(s.max()) for s in scored) if scored else None,
+                n_spans=sum(name in f.sources for f in flags),
+            )
+        )
+    return Scan(flags=flags, n_answers=len(examples), detectors=tuple(per))
 
 
 def dataset_verdicts(
@@ -125,38 +189,3 @@ def dataset_verdicts(
         for f in ext.features[d.name]:
             out[f.example_id][d.name] = d.predict(f)
     return list(ext.examples), out
-
-
-_SENTENCE = re.compile(r"[^.!?\n]+(?:[.!?]+|$)")
-
-
-def passage_sentences(passages: Sequence[str]) -> list[tuple[int, int, int]]:
-    """``(passage index, start, end)`` of every sentence of the passages (stripped)."""
-    out = []
-    for k, p in enumerate(passages):
-        for m in _SENTENCE.finditer(p):
-            start, end = m.start(), m.end()
-            while start < end and p[start].isspace():
-                start += 1
-            while end > start and p[end - 1].isspace():
-                end -= 1
-            if end > start:
-                out.append((k, start, end))
-    return out
-
-
-def related_context(
-    passages: Sequence[str], claim: str, *, k: int = 2, floor: float = 0.3
-) -> list[tuple[int, int, int, float]]:
-    """The passage sentences closest in meaning to ``claim`` (sentence embeddings,
-    :mod:`core.embed`): up to ``k`` of ``(passage, start, end, cosine)`` with cosine >=
-    ``floor``, closest first. What a reviewer checks the flagged claim against."""
-
-    sents = passage_sentences(passages)
-    if not sents or not claim.strip():
-        return []
-    vecs = embed([passages[p][a:b] for p, a, b in sents])
-    q = embed([claim])[0]
-    sims = vecs @ q
-    order = np.argsort(-sims, kind="stable")[:k]
-    return [(*sents[i], float(sims[i])) for i in order if sims[i] >= floor]

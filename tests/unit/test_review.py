@@ -29,6 +29,7 @@ from core.review import (
     propose_flags,
     reviewed_examples,
     reviews_frame,
+    scan_flags,
     write_ragtruth_jsonl,
 )
 from core.storage import Store
@@ -101,12 +102,61 @@ def test_flags_are_runs_over_threshold_merged_across_detectors():
     assert merged.score == pytest.approx(0.9)
     assert merged.margin == pytest.approx(0.1)  # b: 0.7 - 0.6
     assert flags[0].sources == {"b": (pytest.approx(0.9), 0.6)}
-    # only the detectors given thresholds count; smoothing joins the gap in a's run
+    # only the detectors given thresholds count
     assert [f.start for f in propose_flags(ex, {"a": _verdict("a", a)}, {"a": 0.95})] == []
-    gap = [0.1] * 8 + [0.9, 0.4, 0.9, 0.9]
+    # runs one token apart are one span (core.spans.GAP_TOKENS); three apart are two,
+    # unless smoothing joins them
+    one_gap = propose_flags(ex, {"a": _verdict("a", [0.1] * 8 + [0.9, 0.4, 0.9, 0.9])}, {"a": 0.5})
+    assert [RESPONSE[f.start : f.end] for f in one_gap] == ["Lovell from red granite."]
+    gap = [0.9, 0.4, 0.4, 0.4, 0.9] + [0.1] * 7
     raw = propose_flags(ex, {"a": _verdict("a", gap)}, {"a": 0.5})
+    assert [RESPONSE[f.start : f.end] for f in raw] == ["The", "in"]
     smooth = propose_flags(ex, {"a": _verdict("a", gap)}, {"a": 0.5}, p_stay=0.9)
-    assert len(raw) == 2 and len(smooth) == 1
+    assert [RESPONSE[f.start : f.end] for f in smooth] == ["The bridge was built in"]
+
+
+def test_flags_are_whole_words_never_punctuation_alone():
+    from core.examples import RAGExample
+
+    text = "The Haggle run ended ."
+    ex = RAGExample(id="h", question="Q?", passages=("P.",), response=text, label=True)
+    offsets = np.asarray([(0, 3), (3, 5), (5, 10), (10, 14), (14, 20), (20, 22)])
+    #                      The    " H"    aggle    " run"   " ended"  " ."
+    scores = np.asarray([0.1, 0.1, 0.9, 0.8, 0.1, 0.1])
+    v = Verdict(detector="a", example_id="h", score=0.5, token_scores=scores, token_offsets=offsets)
+    flags = propose_flags(ex, {"a": v}, {"a": 0.5})
+    assert [text[f.start : f.end] for f in flags] == ["Haggle run"]
+    assert flags[0].sources == {"a": (pytest.approx(0.9), 0.5)}
+    stop = dataclasses.replace(v, token_scores=np.asarray([0.1] * 5 + [0.9]))
+    assert propose_flags(ex, {"a": stop}, {"a": 0.5}) == []  # a full stop alone
+
+
+def test_a_scan_says_why_a_detector_flags_nothing():
+    exs = [_example(0), _example(1)]
+    low = [0.1] * 10 + [0.3, 0.2]
+    high = [0.1] * 10 + [0.8, 0.9]
+    verdicts = {
+        "ex0": {"a": _verdict("a", low), "b": Verdict(detector="b", example_id="ex0", score=0.9)},
+        "ex1": {"a": _verdict("a", high), "b": Verdict(detector="b", example_id="ex1", score=0.2)},
+    }
+    scan = scan_flags(exs, verdicts, {"a": 0.95, "b": 0.5})
+    assert scan.flags == () and scan.n_answers == 2
+    assert [(d.detector, d.n_scored, d.top, d.n_spans) for d in scan.detectors] == [
+        ("a", 2, pytest.approx(0.9), 0),
+        ("b", 0, None, 0),
+    ]
+    text = scan.summary(new=0, unread=1)
+    assert text.startswith("Scanned 2 answers: 0 flagged spans, 0 new in the queue")
+    assert "1 answers could not be read." in text
+    assert "No token of these 2 answers reaches a's token threshold 0.950 (highest 0.900)" in text
+    assert "b gives no token scores, so no spans." in text
+    found = scan_flags(exs, verdicts, {"a": 0.5})
+    assert [(f.example_id, RESPONSE[f.start : f.end]) for f in found.flags] == [
+        ("ex1", "red granite.")
+    ]
+    assert found.summary(new=1) == (
+        "Scanned 2 answers: 1 flagged spans, 1 new in the queue (0 were there already)."
+    )
 
 
 # --------------------------------------------------------------------------- queue
