@@ -19,10 +19,11 @@ from app.views.mitigation import (
     KEY_TEMPERATURE,
     KEY_VALUES,
 )
-from core.counterfactual import on_template, score_one
+from core.counterfactual import on_template
 from core.data import builtin_examples
-from core.detectors import load_shipped
+from core.judge import judge
 from core.model import LoadedModel
+from core.sets import load_set
 from core.steer import steer_continuation
 
 PAGE = "views/mitigation.py"
@@ -57,13 +58,12 @@ def test_feedback_regenerates_and_rescores(
     method, ex_id, text, _ = page.session_state[STATE_KEY].mit_result
     assert method == "feedback" and ex_id == EXAMPLE and text.strip()
     frame = page.dataframe[0].value
-    ex = _example()
+    want = judge(tiny_model, _example(), load_set(tiny_model.info.key))
     for name in ("nll", "context_gain"):
-        det = load_shipped(name, tiny_model.info.key)
         row = frame[frame["detector"] == name].iloc[0]
-        want = score_one(tiny_model, [det], on_template(ex))[name].score
-        assert row["original"] == pytest.approx(want, abs=1e-6)
+        assert row["original"] == pytest.approx(want.verdicts[name].score, abs=1e-6)
         assert 0.0 <= row["after feedback"] <= 1.0
+    assert frame["detector"].iloc[0] == f"overall ({want.judge})"
     assert any("rs-answer-diff" in h.value for h in page.html)
 
 
