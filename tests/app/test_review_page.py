@@ -153,3 +153,23 @@ def test_a_blank_name_is_refused(bad: str, open_page: Callable[[str], AppTest]) 
     at.text_input(key="review.name").input(bad)
     at.button(key="review.start").click().run()
     assert at.error and "Type your name" in at.error[0].value
+
+
+def test_a_scan_that_flags_nothing_says_why(
+    with_demo_detectors: Path,
+    app_env: Path,
+    open_page: Callable[[str], AppTest],
+    no_exception: Callable[[AppTest], None],
+) -> None:
+    at = _start(open_page(PAGE), "ann")
+    at.number_input(key="review.limit").set_value(2)
+    at.number_input(key="review.threshold.cortex").set_value(1.0)  # no token reaches it
+    at.button(key="review.build").click().run()
+    no_exception(at)
+    assert not at.success
+    (warning,) = [w.value for w in at.warning]
+    assert warning.startswith("Scanned 2 answers: 0 flagged spans")
+    assert "No token of these 2 answers reaches cortex's token threshold 1.000 (highest " in (
+        warning
+    )
+    assert "lower the threshold" in warning
