@@ -143,8 +143,10 @@ def choose_set(args: argparse.Namespace, model_key: str) -> DetectorSet:
         DataError: No such set, an unknown detector, or no detector for the model.
     """
     dset = load_set(model_key, args.set)
-    if args.set is not None and dset.error:
-        raise DataError(dset.error, field="set")
+    if dset.error:
+        if args.set is not None:
+            raise DataError(dset.error, field="set")
+        print(f"ragscope judge: the {dset.name} set is used: {dset.error}", file=sys.stderr)
     if args.detectors is not None:
         names = [n.strip() for n in args.detectors.split(",") if n.strip()]
         if not names:

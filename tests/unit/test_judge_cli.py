@@ -202,3 +202,21 @@ def test_bench_judge_times_the_set_against_plain_forwards(env: Path, tiny_model)
     assert rep.ratio == rep.judge_s / rep.plain_s
     assert rep.answers_per_min == pytest.approx(120 / rep.judge_s)
     assert "answers/min" in rep.to_lines()[0] and "x one plain forward" in rep.to_lines()[0]
+
+
+def test_engine_ray_fills_the_cache_then_judges_from_it(
+    env: Path, passes: list[int], capsys
+) -> None:
+    ray = pytest.importorskip("ray")
+    ray.init(num_cpus=2, include_dashboard=False, log_to_driver=False, configure_logging=False)
+    try:
+        out = env / "ray.jsonl"
+        argv = ["judge", "demo[:3]", *MODEL, "--out", str(out), "--engine", "ray"]
+        assert main([*argv, "--actors", "1"]) == 0
+    finally:
+        ray.shutdown()
+    captured = capsys.readouterr()
+    n = len(_jsonl(out))
+    assert f"features (ray): {n} computed" in captured.err
+    # the fitted detectors' feature options reached the actors: every feature was cached
+    assert f"{n} of {n} read every feature from the cache" in captured.out and passes == []
