@@ -92,6 +92,7 @@ from app.state import (
 )
 from app.text import code, md, md_lines
 from core.contract import Verdict, align_token_scores
+from core.data import BUILTIN
 from core.errors import DataError, RagscopeError
 from core.examples import TASKS, RAGExample
 from core.generate import AnswerStream, GenerationConfig
@@ -99,6 +100,7 @@ from core.judge import Judged
 from core.layout import render
 from core.model import LoadedModel
 from core.paths import repo_root
+from core.recipe import DEFAULT_DETECTORS, TrainRecipe
 from core.trace import Trace, response_needs
 
 if TYPE_CHECKING:
@@ -474,11 +476,12 @@ def _shown_folder(folder: Path) -> str:
 
 def train_command(panel: DetectorPanel, detector: str | None = None) -> str:
     """The ``ragscope train`` command that makes the missing artifacts for this model."""
-    only = f" --detectors {detector}" if detector else ""
-    return (
-        f"ragscope train --model {panel.model_spec} --dataset builtin{only} "
-        f"--out {_shown_folder(panel.shipped.folder)}"
+    recipe = TrainRecipe(
+        model=panel.model_spec,
+        dataset=BUILTIN,
+        detectors=(detector,) if detector else DEFAULT_DETECTORS,
     )
+    return recipe.command(out=_shown_folder(panel.shipped.folder))
 
 
 def _calibration_label(choice: str, own: str | None) -> str:
@@ -557,11 +560,12 @@ def show_detector_verdicts(panel: DetectorPanel, state: AppState) -> None:
         st.error(f"The detectors could not judge this answer: {md(panel.error)}")
         return
     own = next((v.calibrated_for for v in panel.result.verdicts if v.calibrated_for), None)
+    line = st.empty()  # the verdict opens the section, above the calibration choice
     result = pick_calibration(state, panel.result, own)
     answer = result.answer
     if answer is not None:
         colour = "red" if answer.hallucinated else "green"
-        st.markdown(f"#### :{colour}-background[{md(answer.summary)}]")
+        line.markdown(f"#### :{colour}-background[{md(answer.summary)}]")
     verdict_table(st.container(), result.to_frame())
     st.caption(training_caption(shipped))
     st.caption(

@@ -488,9 +488,12 @@ def test_playground_and_home_in_chromium(server: str, browser: object) -> None:
         # its token scores as the heatmap's colouring.
         page.get_by_role("heading", name="Detector verdicts").wait_for()
         assert page.get_by_text("No trained detectors").count() == 0, "the artifact was not used"
-        verdicts = page.locator('[data-testid="stDataFrame"]').first
+        # One verdict line, then a static table: every detector's row in view.
+        page.get_by_text(re.compile(r"^(Hallucinated|Faithful): .*flag")).first.wait_for()
+        verdicts = page.locator('[data-testid="stTable"]').first
         verdicts.wait_for(state="visible")
         assert verdicts.bounding_box()["height"] > 40  # type: ignore[index]
+        assert verdicts.locator("tbody tr").count() == 3  # raglens, cortex, nll
         page.get_by_text(re.compile("gives a score from 0 to 1")).wait_for()
         page.get_by_text("nll token score", exact=True).first.click()
         legend = page.locator(".rs-heatmap-wrap .rs-legend", has_text="nll token score")
