@@ -11,6 +11,7 @@ import numpy as np
 import streamlit as st
 
 from core.contract import Run
+from core.data import BUILTIN
 from core.detectors import make_detector
 from core.errors import DataError
 from core.examples import RAGExample
@@ -18,6 +19,7 @@ from core.extract import FeatureCache, extract_features
 from core.layout import render
 from core.paths import repo_root
 from core.quickfit import QuickFit, quick_fit
+from core.recipe import TrainRecipe
 from core.shapviz import shap_values
 from core.spad import response_pos
 from core.trace import trace
@@ -97,10 +99,8 @@ def shown_folder(folder: Path) -> str:
 def train_command(detector: str, folder: Path) -> str:
     """The ``ragscope train`` command that makes ``detector``'s artifact for the loaded model
     (named as ``RAGSCOPE_MODEL`` names it, so the command loads the same one)."""
-    return (
-        f"ragscope train --model {model_spec()} --dataset builtin --detectors {detector} "
-        f"--out {shown_folder(folder)}"
-    )
+    recipe = TrainRecipe(model=model_spec(), dataset=BUILTIN, detectors=(detector,))
+    return recipe.command(out=shown_folder(folder))
 
 
 QuickSpad = QuickFit

@@ -97,7 +97,7 @@ def test_without_an_endpoint_the_page_says_how_to_configure_one(
     assert ".streamlit/secrets.toml" in text
     assert any("RAGSCOPE_LLM_MODEL =" in c.value for c in at.code)
     # no raglens detector: the command that makes one
-    assert "ragscope train --model tiny --dataset builtin --detectors raglens" in text
+    assert "ragscope train --model tiny --dataset builtin --seed 0 --detectors raglens" in text
     _read(at)
     no_exception(at)
     assert at.button(key=KEY_EXPLAIN_RUN).disabled

@@ -40,7 +40,7 @@ def test_gam_page_names_the_commands_without_artifacts(
 ) -> None:
     text = page_text(open_page(GAM))
     assert "No SAE for RAGLens yet" in text and "ragscope sae train" in text
-    assert "ragscope train --model tiny --dataset builtin --detectors raglens" in text
+    assert "ragscope train --model tiny --dataset builtin --seed 0 --detectors raglens" in text
 
 
 def test_gam_page_shows_the_detectors_own_numbers(

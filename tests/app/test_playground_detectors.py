@@ -51,7 +51,7 @@ PLAYGROUND = "views/playground.py"
 EXAMPLE = "demo-02-waggle-dance"  # a built-in example with one gold span
 DETECTORS = ("nll", "context_gain", "lexical")
 EMBEDDED_KEY = "SmolLM2-135M-Instruct|L30xH9/KV3|D576|V49152|float32"
-TRAIN = "ragscope train --model tiny --dataset builtin"
+TRAIN = "ragscope train --model tiny --dataset builtin --seed 0"
 
 
 # --------------------------------------------------------------------------- fixtures
@@ -368,7 +368,7 @@ def test_no_artifacts_says_how_to_make_them(make_app: Callable[[], AppTest]) -> 
     assert not at.error
     info = " ".join(i.value for i in at.info)
     assert "No trained detectors for tiny-random-llama" in info
-    assert f"{TRAIN} --out " in info
+    assert f"{TRAIN} --detectors nll,context_gain,lexical --out " in info
     assert not _colour_radios(at)
     assert not [t for t in at.table if "verdict" in t.value.columns]
     assert "surprisal (bits)" in _heatmap(at)
@@ -392,7 +392,7 @@ def test_artifacts_for_another_model_are_not_used(
     info = " ".join(i.value for i in at.info)
     assert "No trained detectors for tiny-random-llama" in info
     assert "trained for `SmolLM2-135M-Instruct`" in info
-    assert f"{TRAIN} --out {folder}" in info
+    assert f"{TRAIN} --detectors nll,context_gain,lexical --out {folder}" in info
     assert not _colour_radios(at)
 
 

@@ -64,7 +64,8 @@ def test_without_detectors_the_page_names_the_train_command(
     open_page: Callable[[str], AppTest], page_text: Callable[[AppTest], str]
 ) -> None:
     at = _open(open_page)
-    assert "ragscope train --model tiny --dataset builtin --detectors cortex" in page_text(at)
+    train = "ragscope train --model tiny --dataset builtin --seed 0 --detectors cortex"
+    assert train in page_text(at)
     html = _html(at)
     assert ">gold span</td>" in html and ">surprisal (bits)</td>" in html
     assert "CORTEX raw" not in html
