@@ -41,6 +41,7 @@ from core.labels import span_labels
 from core.metrics import best_threshold, is_binary, response_metrics, token_metrics
 from core.model import LoadedModel
 from core.paths import runs_dir
+from core.recipe import TrainRecipe, trained_on_record
 from core.safeio import MiB, read_json_file
 from core.smoothing import smooth_tokens
 
@@ -435,7 +436,7 @@ def evaluate(
     name: str | None = None,
     n_boot: int = 1000,
     save_artifacts: str | Path | None = None,
-    recipe: Mapping[str, Any] | None = None,
+    recipe: TrainRecipe | None = None,
     configs: Mapping[str, Mapping[str, Any]] | None = None,
     smooth: float | None = None,
 ) -> EvalRun:
@@ -455,8 +456,8 @@ def evaluate(
         n_boot: Bootstrap resamples for the AUROC CI.
         save_artifacts: Folder to save each freshly trained detector in
             (``<folder>/<name>/``), with threshold, training data hashes and metrics.
-        recipe: The inputs that rebuild the saved artifacts (dataset specs, limit,
-            seed, model), recorded in each artifact for ``ragscope train --reproduce``.
+        recipe: The inputs that rebuild the saved artifacts, recorded in each artifact
+            (:func:`core.recipe.trained_on_record`) for ``ragscope train --reproduce``.
         configs: Detector name -> config options for freshly made detectors
             (e.g. ``{"redeep_token": {"scorer": "logistic"}}``).
         smooth: Also report token metrics after label-persistence smoothing of every
@@ -539,19 +540,12 @@ def evaluate(
                 det.save(
                     Path(save_artifacts) / n,
                     extra={
-                        "trained_on": {
-                            "dataset": train_dataset,
-                            "recipe": dict(recipe or {}),
-                            "data_hashes": hashes,
-                            "n": {
-                                k: len(v)
-                                for k, v in (
-                                    ("train", tr_ex),
-                                    ("validation", va_ex),
-                                    ("test", te_ex),
-                                )
-                            },
-                        },
+                        "trained_on": trained_on_record(
+                            recipe,
+                            dataset=train_dataset,
+                            parts={"train": tr_ex, "validation": va_ex, "test": te_ex},
+                            fitted=[*tr_ex, *va_ex],
+                        ),
                         "threshold_criterion": threshold_criterion,
                         "token_threshold": getattr(det, "token_threshold_", None),
                         "metrics": {"test": metrics, "validation": va_metrics, "token": tok},

@@ -1,7 +1,7 @@
 """Background training jobs: detectors trained for a model outside the app's script runs.
 
 A job is a row of the ``jobs`` table (:mod:`core.storage.jobs`) and a detached worker
-process running ``ragscope train ... --job ID`` (:func:`launch_job`), in a session of its
+process running ``ragscope train --job ID`` (:func:`launch_job`), in a session of its
 own so it outlives the page that started it, a browser reload and even the app's
 server. The row is the only channel between them: the worker records its stage, its
 progress and a heartbeat there (:class:`JobRunner`); any app session reads them
@@ -11,8 +11,10 @@ The worker trains into a staging folder beside the job's output folder and moves
 finished artifact into place only at the end (:meth:`JobRunner.publish`), so a job
 that is cancelled, fails or is killed leaves no half-written artifact. Its features go
 to the feature cache as each example is done, so a job started again (:func:`resume_job`,
-after a crash or a restart) traces only what is missing. The artifacts are those
-``ragscope train`` with the same options writes (:meth:`TrainSpec.command`).
+after a crash or a restart) traces only what is missing. The row stores the job's
+:class:`core.recipe.TrainRecipe` (:meth:`TrainSpec.to_dict`); the worker reads it from
+there and runs it through :func:`core.train.train`, so the artifacts are those
+``ragscope train`` writes for the same recipe (:meth:`TrainSpec.command`).
 """
 
 from __future__ import annotations
@@ -40,7 +42,9 @@ from core.examples import RAGExample, example_hash
 from core.extract import run_example
 from core.model import LoadedModel
 from core.paths import model_detectors_dir, repo_root
+from core.recipe import TrainRecipe
 from core.storage import JobRow, JobRowError, Store
+from core.train import TrainCancelled
 
 HEARTBEAT_S = 2.0
 """How often a worker reports that it is alive (and reads whether to stop)."""
@@ -55,7 +59,7 @@ _HEX = frozenset("0123456789abcdef")
 """Unicode categories refused in a job's names: control, format, surrogate, private."""
 
 
-class JobCancelled(BaseException):
+class JobCancelled(TrainCancelled):
     """Raised in a worker to stop its job (asked from the app, or a signal).
 
     A ``BaseException``, like ``KeyboardInterrupt``, so no ``except Exception`` on the
@@ -144,26 +148,69 @@ class TrainSpec:
         ):
             raise DataError(f"cv must be a fold count from 2 to 20, not {self.cv!r}", field="cv")
 
+    def recipe(self) -> TrainRecipe:
+        """What the job trains, as ``ragscope train`` records it (cross-validated jobs
+        calibrate cross-fitted, as ``--cv`` does by default)."""
+        return TrainRecipe(
+            model=self.model,
+            dataset=self.dataset,
+            detectors=self.detectors,
+            limit=self.limit,
+            seed=self.seed,
+            cv=self.cv,
+            calibration="crossfit" if self.cv is not None else None,
+        )
+
     def to_dict(self) -> dict[str, Any]:
-        return {
-            "model": self.model,
-            "device": self.device,
-            "detectors": list(self.detectors),
-            "dataset": self.dataset,
-            "limit": self.limit,
-            "seed": self.seed,
-            "cv": self.cv,
-        }
+        """What the job's row stores: the recipe the worker runs, and the device."""
+        return {"device": self.device, "recipe": self.recipe().to_dict()}
+
+    @classmethod
+    def from_recipe(cls, recipe: TrainRecipe, *, device: str = "auto") -> TrainSpec:
+        """The job of ``recipe``: only what the app's training panel sets (no detector
+        options, test dataset or other calibration), so a row can carry no more.
+
+        Raises:
+            DataError: The recipe sets what a job does not (named), or a job refuses it.
+        """
+        job = cls(
+            model=recipe.model,
+            device=device,
+            detectors=recipe.detectors,
+            dataset=recipe.dataset,
+            limit=recipe.limit,
+            seed=recipe.seed,
+            cv=recipe.cv,
+        )
+        if job.recipe() != recipe:
+            mine, theirs = job.recipe().to_dict(), recipe.to_dict()
+            differ = sorted(k for k in theirs if k != "command" and theirs[k] != mine.get(k))
+            raise DataError(
+                f"a training job's recipe sets {differ}, which a job from the app does not; "
+                f"run it in a terminal: `{recipe.command()}`",
+                field=differ[0] if differ else "recipe",
+            )
+        return job
 
     @classmethod
     def from_dict(cls, d: object) -> TrainSpec:
-        """The spec a job row stores (read as untrusted).
+        """The spec a job row stores (read as untrusted): ``{"device", "recipe"}``, the
+        recipe checked by :meth:`TrainRecipe.from_dict`; a row written before jobs
+        stored recipes holds the flat options, read as they were.
 
         Raises:
             DataError: It is not a spec this class writes.
         """
         if not isinstance(d, dict):
             raise DataError("a training job's spec is not a JSON object")
+        if "recipe" in d:
+            extra = sorted(str(k)[:40] for k in set(d) - {"device", "recipe"})
+            if extra:
+                raise DataError(f"a training job's spec has unknown fields {extra}")
+            return cls.from_recipe(
+                TrainRecipe.from_dict(d["recipe"]),
+                device=d.get("device", "auto"),  # type: ignore[arg-type]  # checked
+            )
         keys = {"model", "device", "detectors", "dataset", "limit", "seed", "cv"}
         extra = sorted(str(k)[:40] for k in set(d) - keys)
         if extra:
@@ -182,19 +229,13 @@ class TrainSpec:
         )
 
     def argv(self, out: str | Path) -> list[str]:
-        """The ``ragscope`` arguments that train this into ``out``."""
-        args = ["train", "--model", self.model, "--device", self.device]
-        args += ["--dataset", self.dataset, "--detectors", ",".join(self.detectors)]
-        if self.limit is not None:
-            args += ["--limit", str(self.limit)]
-        if self.cv is not None:
-            args += ["--cv", str(self.cv)]
-        return [*args, "--seed", str(self.seed), "--out", str(out)]
+        """The ``ragscope`` arguments that train this into ``out`` (:meth:`command`)."""
+        return self.recipe().argv(out=str(out), device=self.device)
 
     def command(self, out: str | Path) -> str:
-        """The equivalent command line: ``ragscope train ...`` (what the job runs, less
-        its ``--job``)."""
-        return "ragscope " + shlex.join(self.argv(out))
+        """The equivalent command line: the recipe's ``ragscope train ...`` on this
+        device into ``out`` (:meth:`TrainRecipe.command`)."""
+        return self.recipe().command(out=str(out), device=self.device)
 
 
 # --------------------------------------------------------------------------- reading
@@ -367,7 +408,7 @@ def _check_control(store: Store, job_id: int, actor: JobActor | None, action: st
 
 
 def launch_job(store: Store, job_id: int) -> int:
-    """Start the worker of queued job ``job_id``: ``python -m core.cli train ... --job ID``
+    """Start the worker of queued job ``job_id``: ``python -m core.cli train --job ID``
     in a new session (it outlives the caller), its output in :func:`job_log_path`.
     Returns its process id.
 
@@ -389,12 +430,14 @@ def launch_job(store: Store, job_id: int) -> int:
         store.finish_job(job_id, "failed", error=str(e))
         raise DataError(f"job #{job_id} cannot start: {e}; start a new one") from e
     log = job_log_path(store.path, row)
-    cmd = [sys.executable, "-m", "core.cli", *spec.argv(row.out), "--job", str(job_id)]
+    recipe_line = spec.command(row.out)
+    # The worker reads its recipe from the row (never from a rebuilt command line).
+    cmd = [sys.executable, "-m", "core.cli", "train", "--job", str(job_id), "--out", row.out]
     env = {**os.environ, "RAGSCOPE_DB": store.path, "PYTHONUNBUFFERED": "1"}
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("a") as out:
-            out.write(f"$ {shlex.join(cmd)}\n")
+            out.write(f"$ {shlex.join(cmd)}\n# the recipe: {recipe_line}\n")
             out.flush()
             proc = subprocess.Popen(
                 cmd,
@@ -646,7 +689,7 @@ class JobRunner:
         if self._armed:
             signal.signal(signal.SIGTERM, self._old_handler)
             self._armed = False
-        stopped = isinstance(exc, JobCancelled | KeyboardInterrupt)
+        stopped = isinstance(exc, TrainCancelled | KeyboardInterrupt)
         if self.status == "cancelled":  # claimed after it was cancelled: nothing ran
             return stopped
         self.status = "done" if exc is None else "cancelled" if stopped else "failed"
@@ -671,7 +714,7 @@ class JobRunner:
                     str(exc) if isinstance(exc, RagscopeError) else f"{type(exc).__name__}: {exc}"
                 )
                 db.finish_job(self.job_id, "failed", error=reason, pid=self._pid)
-        return isinstance(exc, JobCancelled | KeyboardInterrupt)
+        return isinstance(exc, TrainCancelled | KeyboardInterrupt)
 
     def _on_sigterm(self, signum: int, frame: FrameType | None) -> None:
         if self._publishing or self._raised or self._closing:

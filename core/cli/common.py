@@ -31,6 +31,7 @@ from core.examples import RAGExample
 from core.extract import DEFAULT_BATCH_SIZE, FeatureCache, iter_features
 from core.featurestore import ShardWriter, import_store
 from core.model import LoadedModel, load_model
+from core.recipe import options_from_flags
 from core.storage import Store
 
 REPORT_LINES = 20
@@ -249,22 +250,9 @@ def add_detector_option_args(p: argparse.ArgumentParser) -> None:
 
 
 def detector_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
-    """``--set NAME.OPTION=VALUE`` flags -> ``{name: {option: value}}`` (values read as JSON
-    when they parse, else as strings: ``scorer=logistic``, ``pool=sum``, ``topk_frac=0.2``)."""
-    out: dict[str, dict[str, Any]] = {}
-    for item in getattr(args, "set", None) or []:
-        key, eq, raw = item.partition("=")
-        name, dot, option = key.partition(".")
-        if not (eq and dot and name and option):
-            raise DataError(
-                f"--set {item!r}: write DETECTOR.OPTION=VALUE, e.g. redeep_token.scorer=logistic"
-            )
-        try:
-            value = json.loads(raw)
-        except json.JSONDecodeError:
-            value = raw
-        out.setdefault(name, {})[option] = value
-    return out
+    """``--set NAME.OPTION=VALUE`` flags -> ``{name: {option: value}}``
+    (:func:`core.recipe.options_from_flags`)."""
+    return options_from_flags(getattr(args, "set", None) or [])
 
 
 def import_feature_stores(folders: Sequence[str], examples: Sequence[RAGExample] = ()) -> list[str]:

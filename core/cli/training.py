@@ -9,7 +9,8 @@ import hashlib
 import json
 import shutil
 import sys
-from collections.abc import Callable
+import tempfile
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,31 +25,35 @@ from core.cli.common import (
     import_feature_stores,
     load,
     prefetch_features,
+    progress,
     recipe_dataset,
     recipe_model,
     tqdm_progress,
 )
-from core.crossval import (
-    CALIBRATIONS,
-    Calibration,
-    CVRun,
-    cross_validate,
-    default_maker,
-    extract_all,
-    fit_procedure,
-)
-from core.data import data_hash, resolve_datasets, stratified_head
+from core.crossval import CALIBRATIONS, Calibration, CVRun, default_maker
+from core.data import resolve_datasets, stratified_head
 from core.detectors import shipped_artifacts
 from core.errors import DataError
-from core.evaluate import EvalRun, evaluate
-from core.extract import Extraction, FeatureCache, Progress
+from core.evaluate import evaluate
+from core.examples import RAGExample
+from core.extract import FeatureCache
 from core.foldstore import folds_dir, prune_stale
-from core.jobs import JobRunner
+from core.jobs import JobRunner, TrainSpec
 from core.matrix import MatrixRun, domain_matrix
-from core.model import LoadedModel
+from core.model import LoadedModel, load_model
 from core.paths import runs_dir, shipped_dir, shipped_runs_dir
+from core.recipe import TrainRecipe
+from core.sets import TrainedOn
 from core.smoothing import P_STAY_TOKEN
 from core.storage import Store
+from core.train import (
+    Prefetch,
+    TrainOptions,
+    TrainResult,
+    cross_validate_recipe,
+    summary,
+    train,
+)
 
 
 def _fit_parser(sub: Subparsers, cmd: str, helptext: str) -> argparse.ArgumentParser:
@@ -164,11 +169,6 @@ def _add_evaluate(sub: Subparsers) -> None:
     p.set_defaults(func=cmd_evaluate)
 
 
-def _calibrate_on(args: argparse.Namespace) -> list[str] | None:
-    raw = getattr(args, "calibrate_on", None)
-    return [x.strip() for x in raw.split(",") if x.strip()] if raw else None
-
-
 def _calibration(args: argparse.Namespace) -> Calibration:
     return getattr(args, "calibration", None) or "crossfit"
 
@@ -180,47 +180,25 @@ def _combined(args: argparse.Namespace, specs: str) -> tuple[list[str], list[Any
     return names, examples
 
 
-def _cross_validate(
-    args: argparse.Namespace,
-    names: list[str],
-    model: LoadedModel,
-    progress: Progress | None = None,
-) -> tuple[CVRun, Extraction]:
-    """The cross-validation of ``--dataset`` (and the features it read); ``progress``
-    follows the extraction (default: a tqdm bar)."""
-    sets, examples = _combined(args, args.dataset)
-    prefetch_features(args, model, examples, names)
-    make = default_maker(detector_options(args))
-    with Store() as store:
-        ext = extract_all(
-            model,
-            examples,
-            names,
-            make,
-            cache=None if getattr(args, "no_cache", False) else FeatureCache(store),
-            progress=progress or tqdm_progress("features"),
-        )
-    run = cross_validate(
-        model,
-        names,
-        examples,
-        k=args.cv,
-        seed=args.seed,
-        datasets=sets,
-        make=make,
-        criterion=args.criterion or "balanced_accuracy",
-        calibrate_on=_calibrate_on(args),
-        calibration=_calibration(args),
-        n_boot=args.bootstrap,
-        fold_progress=lambda d, f, k: print(f"{d}: fold {f + 1}/{k}", file=sys.stderr),
+def _prefetch(args: argparse.Namespace) -> Prefetch:
+    """``--engine ray`` / ``--batch-size``: fill the feature cache before a run reads it."""
+
+    def fill(model: LoadedModel, examples: Sequence[RAGExample], names: Sequence[str]) -> None:
+        prefetch_features(args, model, examples, names)
+
+    return fill
+
+
+def _run_options(args: argparse.Namespace, checkpoint: Path | None = None) -> TrainOptions:
+    """How this command line runs a recipe (device, bootstrap, cache, run name)."""
+    return TrainOptions(
+        device=args.device,
+        bootstrap=args.bootstrap,
+        use_cache=not getattr(args, "no_cache", False),
         name=getattr(args, "name", None),
-        extraction=ext,
-        checkpoint=_checkpoints(args),
-        resumed=lambda d, f, k: print(
-            f"{d}: fold {f + 1}/{k} read back from its checkpoint", file=sys.stderr
-        ),
+        checkpoint=checkpoint,
+        prefetch=_prefetch(args),
     )
-    return run, ext
 
 
 def _folds_folder(args: argparse.Namespace) -> Path:
@@ -242,62 +220,6 @@ def _checkpoints(args: argparse.Namespace) -> Path:
 
 def _clear_folds(args: argparse.Namespace) -> None:
     shutil.rmtree(_folds_folder(args), ignore_errors=True)
-
-
-def _train_cv(
-    args: argparse.Namespace,
-    names: list[str],
-    out: str | Path,
-    model: LoadedModel,
-    progress: Progress | None = None,
-) -> CVRun:
-    """Cross-validate the recipe, then apply it to all the data and save each artifact
-    with its cross-validated metrics."""
-    run, ext = _cross_validate(args, names, model, progress)
-    make = default_maker(detector_options(args))
-    exs = list(ext.examples)
-    sets = sorted({e.provenance.dataset or "unknown" for e in exs})
-    hashes = {d: data_hash([e for e in exs if e.provenance.dataset == d]) for d in sets}
-    recipe = _train_recipe(args, names)
-    for n in names:
-        print(f"{n}: final fit on all {len(exs)} answers", file=sys.stderr)
-        det = fit_procedure(
-            make,
-            n,
-            list(ext.features[n]),
-            exs,
-            criterion=args.criterion or "balanced_accuracy",
-            calibrate_on=_calibrate_on(args),
-            calibration=_calibration(args),
-            seed=args.seed,
-        )
-        r = run.result(n)
-        det.save(
-            Path(out) / n,
-            extra={
-                "trained_on": {
-                    "dataset": args.dataset,
-                    "datasets": sets,
-                    "recipe": recipe,
-                    "data_hashes": {"all": run.data_hash, **hashes},
-                    "n": {d: sum(e.provenance.dataset == d for e in exs) for d in sets},
-                },
-                "threshold_criterion": args.criterion or "balanced_accuracy",
-                "token_threshold": det.token_threshold_,
-                "metrics": {
-                    "cv": {
-                        "run": run.name,
-                        "k": run.k,
-                        "pooled": r.pooled,
-                        "folds_auroc": dict(zip(("mean", "sd"), r.spread(), strict=True)),
-                        "by_dataset": r.by_dataset,
-                        "token": r.token,
-                    }
-                },
-            },
-        )
-    _clear_folds(args)
-    return run
 
 
 def _cv_runs_dir(out: str | Path) -> Path:
@@ -350,7 +272,14 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             )
         model = load(args)
         run: Any = (
-            _matrix(args, names, model) if args.matrix else _cross_validate(args, names, model)[0]
+            _matrix(args, names, model)
+            if args.matrix
+            else cross_validate_recipe(
+                TrainRecipe.from_args(args),
+                model,
+                options=_run_options(args, _checkpoints(args)),
+                progress=tqdm_progress("features"),
+            )[0]
         )
         j, m = run.save(args.out or runs_dir())
         _clear_folds(args)
@@ -415,8 +344,9 @@ def _add_train(sub: Subparsers) -> None:
         default=None,
         metavar="ID",
         help="run as background job ID (the app queues these, and starts this command for "
-        "them): progress and a heartbeat in the database, stops when cancelled there, and "
-        "publishes the artifacts into --out only once all are trained",
+        "them): trains the recipe the job's row stores (the other training options are not "
+        "read), with progress and a heartbeat in the database, stops when cancelled there, "
+        "and publishes the artifacts into --out only once all are trained",
     )
     p.add_argument(
         "--reproduce",
@@ -430,222 +360,121 @@ def _add_train(sub: Subparsers) -> None:
     p.set_defaults(func=cmd_train)
 
 
-def _train_recipe(args: argparse.Namespace, names: list[str]) -> dict[str, Any]:
-    """The inputs that rebuild a training run, recorded in every artifact it saves."""
-    recipe: dict[str, Any] = {
-        "version": RECIPE_VERSION,
-        "model": args.model,
-        "dataset": args.dataset,
-        "test_dataset": args.test_dataset,
-        "detectors": names,
-        "limit": args.limit,
-        "seed": args.seed,
-        "options": detector_options(args),
-    }
-    cv = getattr(args, "cv", None)
-    if cv:
-        recipe.update(
-            procedure="cv",
-            cv=cv,
-            calibrate_on=getattr(args, "calibrate_on", None),
-            calibration=_calibration(args),
-            criterion=getattr(args, "criterion", None),
-        )
-    cmd = ["ragscope train", f"--model {args.model}", f"--dataset {args.dataset}"]
-    if cv:
-        cmd.append(f"--cv {cv}")
-        if recipe["calibrate_on"]:
-            cmd.append(f"--calibrate-on {recipe['calibrate_on']}")
-        if recipe["criterion"]:
-            cmd.append(f"--criterion {recipe['criterion']}")
-        cmd.append(f"--calibration {recipe['calibration']}")
-    if args.test_dataset:
-        cmd.append(f"--test-dataset {args.test_dataset}")
-    if args.limit:
-        cmd.append(f"--limit {args.limit}")
-    cmd += [f"--seed {args.seed}", f"--detectors {','.join(names)}"]
-    cmd += [f"--set {item}" for item in getattr(args, "set", None) or []]
-    recipe["command"] = " ".join(cmd)
-    return recipe
-
-
-def _train(
-    args: argparse.Namespace,
-    names: list[str],
-    out: str | Path,
-    model: LoadedModel | None = None,
-    progress: Progress | None = None,
-) -> EvalRun | CVRun:
-    """Train ``names`` as ``args`` say and save their artifacts into ``out``;
-    ``progress`` follows the feature extraction (default: a tqdm bar)."""
-    model = model or load(args)
-    if getattr(args, "cv", None):
-        return _train_cv(args, names, out, model, progress)
-    if "," in args.dataset:
-        raise DataError("several datasets combine only with --cv", field="dataset")
-    train_name, test_name, splits = eval_splits(args)
-    parts = ("train", "validation", "test")
-    prefetch_features(args, model, [e for p in parts for e in splits[p]], names)
-    with Store() as store:
-        return evaluate(
-            model,
-            names,
-            train=splits["train"],
-            validation=splits["validation"],
-            test=splits["test"],
-            train_dataset=train_name,
-            test_dataset=test_name,
-            cache=None if getattr(args, "no_cache", False) else FeatureCache(store),
-            progress=progress or tqdm_progress("features"),
-            n_boot=args.bootstrap,
-            save_artifacts=out,
-            recipe=_train_recipe(args, names),
-            configs=detector_options(args),
-        )
-
-
 def cmd_train(args: argparse.Namespace) -> int:
     if args.reproduce is not None:
         if args.job is not None:
             raise DataError("--job trains; it does not combine with --reproduce")
         return _reproduce(args)
-
     _merge_feature_stores(args)
-    names = [d for d in args.detectors.split(",") if d]
     if args.job is not None:
-        return _train_job(args, names)
-    out = args.out or shipped_dir()
-    run = _train(args, names, out)
-    _report(run, names, out)
+        return _train_job(args)
+    recipe = TrainRecipe.from_args(args)
+    out = Path(args.out or shipped_dir())
+    result = train(recipe, out, options=_run_options(args), progress=tqdm_progress("features"))
+    _report(result, out)
     return 0
 
 
-def _report(run: EvalRun | CVRun, names: list[str], out: str | Path) -> None:
-    print(run.to_markdown())
-    if isinstance(run, CVRun):
-        j, m = run.save(_cv_runs_dir(out))
+def _report(result: TrainResult, out: str | Path) -> None:
+    print(result.to_markdown())
+    if isinstance(result.run, CVRun):
+        j, m = result.run.save(_cv_runs_dir(out))
         print(f"\nsaved the cross-validation as {j} and {m}")
-    for n in names:
+    for n in result.recipe.detectors:
         print(f"saved {n} -> {Path(out) / n}")
 
 
-def _job_result(run: EvalRun | CVRun, published: dict[str, str]) -> dict[str, Any]:
-    """What a finished job records: its artifacts, their headline AUROC and where the
-    features came from."""
-    if isinstance(run, CVRun):
-        auroc = {n: run.result(n).pooled.get("auroc") for n in published}
-        where = f"{run.k}-fold CV"
-        features: dict[str, Any] = {}
-    else:
-        auroc = {r.detector: r.metrics.get("auroc") for r in run.results}
-        where = "test split"
-        ext = run.extraction
-        features = {k: ext.get(k) for k in ("computed", "cache_hits", "n_errors", "seconds")}
-    return {
-        "artifacts": published,
-        "auroc": {n: a for n, a in auroc.items() if isinstance(a, int | float)},
-        "auroc_from": where,
-        "run": run.name,
-        "features": features,
-    }
+def _train_job(args: argparse.Namespace) -> int:
+    """``ragscope train --job ID --out DIR``: the worker of a background job
+    (:mod:`core.jobs`).
 
-
-def _train_job(args: argparse.Namespace, names: list[str]) -> int:
-    """``ragscope train ... --job ID``: the worker of a background job (:mod:`core.jobs`).
-
-    Trains exactly as without ``--job``, into a staging folder, and publishes the
-    artifacts into ``--out`` only when every one is saved; the job's row follows its
-    stage and progress, and a cancel leaves nothing behind.
+    Runs the recipe the job's row stores (:meth:`core.jobs.TrainSpec.from_dict`; the
+    command line's other options are not read) through :func:`core.train.train`, into a
+    staging folder, and publishes the artifacts into ``--out`` only when every one is
+    saved; the job's row follows its stage and progress, and a cancel leaves nothing
+    behind.
     """
     if not args.out:
         raise DataError("--job needs --out (the folder the job publishes into)", field="out")
     with Store() as store:
+        spec = TrainSpec.from_dict(store.get_job(args.job).spec)
+        recipe = spec.recipe()
+        print(f"job #{args.job} runs {recipe.command(out=args.out)}", file=sys.stderr)
         runner = JobRunner(store, args.job, out=args.out)
         with runner:
             runner.stage("Loading the model")
-            model = load(args)
+            model = load_model(recipe.model, device=spec.device, progress=progress)
             runner.check_model(model.info.key)
             runner.stage("Features")
-            run = _train(args, names, runner.staging, model, progress=runner.progress)
-            published = runner.publish(names)
-            runner.result = _job_result(run, published)
-            _report(run, names, args.out)
+            result = train(
+                recipe,
+                runner.staging,
+                model=model,
+                options=TrainOptions(device=spec.device),
+                progress=runner.progress,
+            )
+            published = runner.publish(recipe.detectors)
+            runner.result = {"artifacts": published, **summary(result)}
+            _report(result, args.out)
     if runner.status == "cancelled":
         print(f"job #{args.job} was cancelled; nothing was published", file=sys.stderr)
         return 1
     return 0
 
 
-RECIPE_VERSION = 2
-"""Version 2: calibration (``--cv``) and the ensemble's stacking cross-fitted by default;
-recipes without a version are version 1 and rebuild with both on the validation split."""
+def _runnable(recipe: TrainRecipe, where: Path) -> TrainRecipe:
+    """``recipe`` when its model and datasets are names, never paths of this machine
+    (cfg.json is anyone's to edit).
 
-RECIPE_ARGS = (
-    "model",
-    "dataset",
-    "test_dataset",
-    "limit",
-    "seed",
-    "cv",
-    "calibrate_on",
-    "calibration",
-    "criterion",
-)
-"""The command-line options a recipe records (and ``--reproduce`` sets again)."""
+    Raises:
+        DataError: It names a file or folder.
+    """
+    recipe_model(recipe.model, where)
+    recipe_dataset(recipe.dataset, None, where)
+    recipe_dataset(recipe.test_dataset, None, where, "--test-dataset")
+    return recipe
 
 
 def _reproduce(args: argparse.Namespace) -> int:
-    """Rebuild every artifact in ``args.reproduce`` from its recorded recipe and compare."""
-    import tempfile
-
+    """Rebuild every artifact in ``args.reproduce`` from its recorded recipe (through
+    :func:`core.train.train`) and compare."""
     folder = Path(args.reproduce) if args.reproduce else None
     found = shipped_artifacts(folder=folder)
     if not found:
         raise DataError(
             "no detector artifacts to reproduce here", source=str(folder or "assets/detectors")
         )
-    groups: dict[str, tuple[dict[str, Any], list[str]]] = {}
+    groups: dict[str, tuple[TrainRecipe, list[str]]] = {}
+    failed = 0
     for name, path in found.items():
-        recipe = (artifact_info(path).get("trained_on") or {}).get("recipe")
-        if not recipe:
+        recorded = TrainedOn.from_cfg(artifact_info(path)).recipe
+        if recorded is None:
             raise DataError(
                 "the artifact records no training recipe (it predates `--reproduce`); "
                 "retrain it with `ragscope train`",
                 source=str(path),
             )
-        key = json.dumps({k: v for k, v in recipe.items() if k not in ("detectors", "command")})
+        try:
+            recipe = TrainRecipe.from_dict(recorded)
+        except DataError as e:
+            failed += 1
+            print(f"CANNOT   {name}: its recorded recipe: {e}")
+            continue
+        d = recipe.to_dict()
+        key = json.dumps({k: v for k, v in d.items() if k not in ("detectors", "command")})
         groups.setdefault(key, (recipe, []))[1].append(name)
-    failed = 0
     out_root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ragscope-repro-"))
-    for recipe, names in groups.values():
-        ns = argparse.Namespace(**vars(args))
-        for k in RECIPE_ARGS:
-            setattr(ns, k, recipe.get(k))
-        where = found[names[0]]
-        try:  # paths are never opened on an artifact's word (cfg.json is anyone's to edit)
-            ns.model = recipe_model(recipe.get("model"), where)
-            ns.dataset = recipe_dataset(recipe.get("dataset"), None, where)
-            ns.test_dataset = recipe_dataset(
-                recipe.get("test_dataset"), None, where, "--test-dataset"
+    for recorded, names in groups.values():
+        recipe = recorded.with_detectors(names)
+        print(f"rebuilding {', '.join(names)}: {recorded.command()}", file=sys.stderr)
+        try:  # a dev set not on this machine: say which, rebuild the other recipes
+            train(
+                _runnable(recipe, found[names[0]]),
+                out_root,
+                options=_run_options(args),
+                progress=tqdm_progress("features"),
             )
         except DataError as e:
-            failed += len(names)
-            print(f"CANNOT   {', '.join(names)}: {e}")
-            continue
-        opts = (recipe.get("options") or {}).items()
-        ns.set = [f"{d}.{k}={json.dumps(v)}" for d, o in opts if d in names for k, v in o.items()]
-        version = recipe.get("version")
-        if not (isinstance(version, int) and version >= 2):  # before cross-fitting existed
-            ns.calibration = "split"
-            if "ensemble" in names and "stacking" not in (recipe.get("options") or {}).get(
-                "ensemble", {}
-            ):
-                ns.set.append('ensemble.stacking="split"')
-        print(f"rebuilding {', '.join(names)}: {recipe.get('command', recipe)}", file=sys.stderr)
-        try:
-            _train(ns, names, out_root)
-        except DataError as e:
-            # A dev set not on this machine: say which, rebuild the other recipes.
             failed += len(names)
             print(f"CANNOT   {', '.join(names)}: {e}")
             continue

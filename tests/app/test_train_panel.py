@@ -91,11 +91,12 @@ def test_train_detectors_in_the_background(
     no_exception(at)
     text = _text(at)
     assert "Estimated time" in text and "12 of 12 examples to trace" in text
-    assert "ragscope train --model tiny --device cpu --dataset demo" in text
+    train = "ragscope train --model tiny --dataset demo --seed 0 --detectors nll,context_gain"
+    assert f"{train} --device cpu --out " in text
     assert "--cv" not in text
     # CV folds: the command gains --cv K; one fold is refused with the reason.
     at.number_input(key=KEY_TRAIN_CV).set_value(3).run()
-    assert "--detectors nll,context_gain --cv 3 --seed 0" in _text(at)
+    assert "--cv 3 --calibration crossfit --seed 0 --detectors nll,context_gain" in _text(at)
     at.number_input(key=KEY_TRAIN_CV).set_value(1).run()
     assert "cv must be a fold count from 2 to 20" in " ".join(e.value for e in at.error)
     assert at.button(key=KEY_TRAIN_START).disabled

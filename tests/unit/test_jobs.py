@@ -158,28 +158,56 @@ def test_a_row_cannot_make_a_worker_publish_elsewhere(
     assert row.status == "failed" and row.pid is None
 
 
+def _row_spec(**recipe: object) -> dict[str, object]:
+    """SPEC as a row stores it, its recipe changed as given."""
+    d = SPEC.to_dict()
+    return {**d, "recipe": {**d["recipe"], **recipe}}  # type: ignore[dict-item]
+
+
 def test_a_spec_from_a_row_is_checked() -> None:
-    assert TrainSpec.from_dict(SPEC.to_dict()) == SPEC
+    """A row stores the job's recipe; a hostile one is refused with the field named."""
+    stored = SPEC.to_dict()
+    assert set(stored) == {"device", "recipe"} and stored["recipe"] == SPEC.recipe().to_dict()
+    assert TrainSpec.from_dict(json.loads(json.dumps(stored))) == SPEC
     bad = [
-        {**SPEC.to_dict(), "detectors": ["nll", "rm -rf"]},
-        {**SPEC.to_dict(), "detectors": []},
-        {**SPEC.to_dict(), "detectors": "nll"},
-        {**SPEC.to_dict(), "limit": -3},
-        {**SPEC.to_dict(), "dataset": "a,b"},
-        {**SPEC.to_dict(), "model": "tiny\n--out /etc"},
-        {**SPEC.to_dict(), "dataset": "--out=/etc"},
-        {**SPEC.to_dict(), "extra": 1},
-        {**SPEC.to_dict(), "cv": 1},
-        {**SPEC.to_dict(), "cv": True},
-        {**SPEC.to_dict(), "cv": "5; rm"},
-        {**SPEC.to_dict(), "cv": 500},
-        ["not", "a", "dict"],
+        (_row_spec(detectors=["nll", "rm -rf"]), "detectors"),
+        (_row_spec(detectors=[]), "detectors"),
+        (_row_spec(detectors="nll"), "detectors"),
+        (_row_spec(limit=-3), "limit"),
+        (_row_spec(dataset="a,b"), "dataset"),
+        (_row_spec(dataset="/etc/passwd"), "dataset"),
+        (_row_spec(model="tiny\n--out /etc"), "model"),
+        (_row_spec(dataset="--out=/etc"), "dataset"),
+        (_row_spec(extra=1), "extra"),
+        (_row_spec(procedure="cv", cv=1), "cv"),
+        (_row_spec(procedure="cv", cv=True), "cv"),
+        (_row_spec(procedure="cv", cv="5; rm"), "cv"),
+        (_row_spec(procedure="cv", cv=500), "cv"),
+        # What a job from the app never sets (it could not show or resume it).
+        (_row_spec(options={"nll": {"x": 1}}), "options"),
+        (_row_spec(test_dataset="builtin"), "test_dataset"),
+        ({**SPEC.to_dict(), "argv": ["--out", "/etc"]}, None),
+        ({**SPEC.to_dict(), "recipe": "ragscope train"}, None),
     ]
-    for d in bad:
-        with pytest.raises(DataError):
+    for d, field in bad:
+        with pytest.raises(DataError) as err:
             TrainSpec.from_dict(d)
-    assert SPEC.argv("/x y")[-2:] == ["--out", "/x y"]
-    assert SPEC.command("/x y").endswith("--seed 0 --out '/x y'")
+        if field is not None:
+            assert err.value.field == field, (d, err.value)
+    with pytest.raises(DataError):
+        TrainSpec.from_dict(["not", "a", "dict"])
+    # A row written before jobs stored recipes still reads (and is still checked).
+    flat = {"model": "tiny", "device": "cpu", "detectors": ["nll", "context_gain"]}
+    assert TrainSpec.from_dict({**flat, "dataset": "demo", "limit": None}) == SPEC
+    with pytest.raises(DataError):
+        TrainSpec.from_dict({**flat, "dataset": "demo", "cv": 1})
+    # The command is the recipe's, with the device and the folder.
+    assert SPEC.argv("/x y")[-4:] == ["--device", "cpu", "--out", "/x y"]
+    assert SPEC.command("/x y") == (
+        "ragscope train --model tiny --dataset demo --seed 0 --detectors nll,context_gain "
+        "--device cpu --out '/x y'"
+    )
+    assert SPEC.command("/o") == SPEC.recipe().command(out="/o", device="cpu")
 
 
 def test_a_nul_in_a_dataset_name_never_reaches_a_worker(
@@ -191,7 +219,7 @@ def test_a_nul_in_a_dataset_name_never_reaches_a_worker(
     # A row written by something else: the job fails with the reason, never a
     # ValueError that leaves it queued without a worker.
     monkeypatch.setenv("RAGSCOPE_TRAINED_DIR", str(tmp_path / "trained"))
-    spec = {**SPEC.to_dict(), "dataset": "stored:a\x00b"}
+    spec = _row_spec(dataset="stored:a\x00b")
     job = store.create_job(
         kind="train", model=MODEL, spec=spec, out=str(model_detectors_dir(MODEL))
     )

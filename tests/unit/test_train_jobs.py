@@ -83,6 +83,14 @@ def test_the_job_publishes_what_the_cli_trains(
     assert sorted(p.name for p in out.iterdir()) == ["context_gain", "nll"]
     assert set(view.row.result["artifacts"]) == {"nll", "context_gain"}
     assert view.row.result["features"]["computed"] == 12
+    # The worker was given the job, not a rebuilt command line: it read the recipe the
+    # row stores, and the artifacts record that recipe.
+    started = _log(job_env, job).splitlines()[0]
+    assert started.endswith(f"train --job {job} --out {out}") and "--dataset" not in started
+    assert view.row.spec["recipe"] == spec.recipe().to_dict()
+    for name in spec.detectors:
+        cfg = json.loads((out / name / "cfg.json").read_text())
+        assert cfg["trained_on"]["recipe"] == spec.recipe().to_dict()
 
     # The same command in a terminal, with a database of its own (features traced again).
     monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "cli.sqlite3"))
@@ -143,7 +151,10 @@ def test_a_cv_job_trains_on_every_answer_and_reports_its_folds(
     spec = TrainSpec(
         model="tiny", device="cpu", detectors=("nll",), dataset="builtin", limit=40, cv=3
     )
-    assert spec.argv("X")[-6:] == ["--cv", "3", "--seed", "0", "--out", "X"]
+    assert spec.command("X") == (
+        "ragscope train --model tiny --dataset builtin --cv 3 --calibration crossfit "
+        "--limit 40 --seed 0 --detectors nll --device cpu --out X"
+    )
     assert TrainSpec.from_dict(json.loads(json.dumps(spec.to_dict()))) == spec
     key = tiny_model.info.key
     job = start_train_job(job_env, spec, model_key=key)
