@@ -19,6 +19,7 @@ from core.evaluate import evaluate
 from core.examples import source_key
 from core.extract import FeatureCache, extract_features, run_example
 from core.learners import LogisticCalibrator, grouped_folds
+from core.review import propose_flags
 from core.storage import Store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -414,3 +415,24 @@ def test_evaluate_reports_the_ensemble_beside_its_members(tiny_model, splits, db
     assert 0.0 <= ens.metrics["auroc"] <= 1.0
     # token metrics from the token stacker, labelled on the verdict's own token grid
     assert ens.token_metrics is not None and 0.0 <= ens.token_metrics["auroc"] <= 1.0
+
+
+def test_the_ensembles_token_scores_flag_review_spans_like_any_detectors(splits, extracted):
+    """Issue 37: the ensemble's token output feeds whole-word review spans."""
+    _, f = extracted
+    ens = _ensemble(stacking="split").fit(
+        f["train"], splits["train"], validation=(f["validation"], splits["validation"])
+    )
+    ex = splits["test"][0]
+    v = ens.predict(f["test"][0])
+    words = [
+        j for j, (a, b) in enumerate(v.token_offsets) if any(c.isalnum() for c in ex.response[a:b])
+    ]
+    top = max(words, key=lambda j: v.token_scores[j])  # its most suspect word token
+    thr = float(v.token_scores[top])
+    flags = propose_flags(ex, {"ensemble": v}, {"ensemble": thr})
+    a, b = (int(o) for o in v.token_offsets[top])
+    (hit,) = [fl for fl in flags if fl.start < b and a < fl.end]  # the span holding it
+    assert ex.response[a:b].strip() in ex.response[hit.start : hit.end]
+    assert hit.sources == {"ensemble": (pytest.approx(thr), thr)}
+    assert ex.response[hit.start : hit.end].strip() == ex.response[hit.start : hit.end]
