@@ -1,0 +1,95 @@
+"""The Review page's scan in a real browser (Chromium) with the shipped default detector
+set on the embedded model: its default detector (the ensemble) queues whole-word spans
+of the demo answers, never a span of punctuation or spaces alone (issue 37).
+
+The server reads the shipped default set (no ``RAGSCOPE_DETECTORS_DIR``), its own
+database and its own cache dir (sharing the session's model cache, so the embedded
+model is not dequantized again).
+"""
+
+from __future__ import annotations
+
+import os
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from core.data import builtin_examples
+from core.review import ReviewBook
+from core.storage import Store
+
+pytestmark = [pytest.mark.browser, pytest.mark.embedded]
+
+REPO = Path(__file__).resolve().parents[2]
+ARTIFACTS = REPO / "test-artifacts"
+MODEL_LOAD_MS = 240_000  # a cold cache dequantizes the embedded GGUF first
+SCAN_MS = 900_000  # every member of the ensemble on four answers, on a busy small CPU
+N_SCAN = 4  # demo-01 .. demo-04; the ensemble flags demo-04's invented height
+QUEUE = "builtin:demo"  # the Review queue of the built-in demo examples
+
+
+@pytest.fixture(scope="module")
+def db(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return tmp_path_factory.mktemp("review-default-db") / "ragscope.sqlite3"
+
+
+@pytest.fixture(scope="module")
+def app_url(db: Path, tmp_path_factory: pytest.TempPathFactory, launch_streamlit) -> Iterator[str]:
+    shared = Path(os.environ["RAGSCOPE_CACHE_DIR"]).expanduser() / "models"
+    shared.mkdir(parents=True, exist_ok=True)
+    cache = tmp_path_factory.mktemp("review-default-cache")
+    (cache / "models").symlink_to(shared, target_is_directory=True)
+    ARTIFACTS.mkdir(exist_ok=True)
+    env = {
+        "RAGSCOPE_MODEL": "embedded",
+        "RAGSCOPE_DEVICE": "cpu",
+        "RAGSCOPE_CACHE_DIR": str(cache),
+        "RAGSCOPE_DB": str(db),
+        "RAGSCOPE_DETECTORS_DIR": "",  # the shipped default set
+        "RAGSCOPE_DETECTOR_SET": "",
+    }
+    with launch_streamlit(env, ARTIFACTS / "streamlit-review-default.log") as url:
+        yield url
+
+
+def test_the_default_set_queues_word_spans_of_the_demo(
+    app_url: str, db: Path, open_chromium
+) -> None:
+    with open_chromium() as browser:
+        page = browser.new_page(viewport={"width": 1440, "height": 1000})
+        page.goto(f"{app_url}/review", wait_until="domcontentloaded")
+        page.get_by_role("heading", name="Review flagged spans").wait_for(timeout=MODEL_LOAD_MS)
+        page.get_by_label("Your name", exact=True).fill("ann")
+        page.get_by_role("button", name="Start reviewing").click()
+        page.get_by_text("Reviewing as").wait_for()
+        page.locator('[data-testid="stSelectbox"]', has_text="Dataset").click()
+        page.get_by_role("option", name=re.compile("^Built-in demo examples")).click()
+        page.wait_for_url(re.compile(r"dataset=demo"))
+        scan = page.get_by_label("Answers to scan")
+        scan.fill(str(N_SCAN))
+        scan.press("Enter")
+        page.get_by_label("ensemble token threshold").wait_for()  # the default detector
+        page.get_by_role("button", name=re.compile("Scan and queue")).click()
+        report = page.get_by_text(re.compile(rf"^Scanned {N_SCAN} answers: "))
+        report.wait_for(timeout=SCAN_MS)
+        assert re.match(rf"Scanned {N_SCAN} answers: [1-9]\d* flagged spans", report.inner_text())
+        page.get_by_role("heading", name=re.compile(r"^Item 1 of \d+")).wait_for()
+        shown = page.locator(".rs-marked mark").last.inner_text()  # the answer's flagged span
+        assert re.search(r"\w", shown), shown
+        assert page.locator('[data-testid="stException"]').count() == 0
+        page.screenshot(path=str(ARTIFACTS / "review_default_set.png"), full_page=True)
+        page.close()
+    answers = {e.id: e.response for e in builtin_examples()}
+    with Store(db) as s:
+        items = ReviewBook(s).items(QUEUE)
+    texts = [answers[i.example_id][i.start : i.end] for i in items]
+    assert texts, "the default set queued no span"
+    assert all(set(i.sources) == {"ensemble"} for i in items), [i.sources for i in items]
+    assert all(re.search(r"\w", t) for t in texts), texts  # never punctuation alone
+    assert all(t == t.strip() for t in texts), texts
+    for i, t in zip(items, texts, strict=True):  # whole words: no word cut at either end
+        a = answers[i.example_id]
+        assert i.start == 0 or not (a[i.start - 1].isalnum() and a[i.start].isalnum()), t
+        assert i.end == len(a) or not (a[i.end - 1].isalnum() and a[i.end].isalnum()), t
