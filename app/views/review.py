@@ -448,7 +448,10 @@ def item_card(
     ex = examples.get(item.example_id)
     with st.container(border=True):
         st.markdown(f"#### Item {idx + 1} of {len(items)} · {code(item.example_id)}")
-        facts = [f"{md(n)} {s:.3f} (threshold {t:.3f})" for n, (s, t) in item.sources.items()]
+        facts = [
+            f"{md(n)} token score {s:.3f} (token threshold {t:.3f})"
+            for n, (s, t) in item.sources.items()
+        ]
         meta = " · ".join(md(x) for x in (item.task, item.generator) if x)
         st.caption(" · ".join(facts) + (f" · {meta}" if meta else "") + f" · {item.status}")
         if ex is None:

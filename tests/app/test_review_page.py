@@ -62,6 +62,12 @@ def test_a_reviewer_scans_reviews_and_exports(
     assert all(set(i.sources) == {"cortex"} for i in items)
     first = items[0]  # the page starts with the first item not yet reviewed by ann
     assert f"#### Item 1 of {len(items)} · `{first.example_id}`" in page_text(at)
+    score, thr = first.sources["cortex"]
+    assert f"cortex token score {score:.3f} (token threshold {thr:.3f})" in page_text(at)
+    texts = {e.id: e.response for e in _corpus()}
+    for it in items:  # whole words, never punctuation alone (core.spans)
+        span = texts[it.example_id][it.start : it.end]
+        assert any(c.isalnum() for c in span) and span == span.strip(), span
 
     # accept with narrower boundaries and a type, by the page's own controls
     slider = at.select_slider(key=f"review.span.{first.id}")
