@@ -1,6 +1,10 @@
 """Fitting detectors: ``evaluate`` (fit on train, or load artifacts; threshold on
 validation; report on test) and ``train`` (fit and save the artifacts, or with
-``--reproduce`` rebuild saved ones from their recorded recipe and compare)."""
+``--reproduce`` rebuild saved ones from their recorded recipe and compare).
+
+``train`` parses its options into a :class:`core.recipe.TrainRecipe` and runs it through
+:func:`core.train.train`, as ``--reproduce`` does with each recorded recipe and ``--job``
+with the recipe a background job's row stores."""
 
 from __future__ import annotations
 

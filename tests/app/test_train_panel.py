@@ -220,7 +220,7 @@ def test_a_stored_dataset_named_like_a_server_file_trains_on_its_stored_rows(
     no_exception(at)
     with Store(jobs_env) as store:
         job = store.list_jobs()[0]
-        assert isinstance(job, JobRow) and job.spec["dataset"] == f"stored:{secret}"
+        assert isinstance(job, JobRow) and job.spec["recipe"]["dataset"] == f"stored:{secret}"
     deadline = time.monotonic() + WAIT_S
     while True:  # the worker reads the same name from the store
         with Store(jobs_env) as store:
