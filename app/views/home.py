@@ -91,9 +91,7 @@ def detector_set_status(model: LoadedModel) -> None:
             "verdicts (the Benchmark page's cross-domain matrix shows how far)."
         )
     else:
-        st.markdown(
-            f"Detector set **{md(shipped.name)}** has no detectors trained for this model."
-        )
+        st.markdown(f"Detector set **{md(shipped.name)}** has no detectors trained for this model.")
     others = [s for s in detector_set_names() if s != shipped.name]
     if others:
         st.caption(
