@@ -142,11 +142,14 @@ def scan_flags(
     p_stay: float | None = None,
 ) -> Scan:
     """:func:`propose_flags` on every answer (``verdicts``: example id -> detector ->
-    verdict) with a note per detector of what it flagged (:class:`Scan`)."""
+    verdict) with a note per detector of what it flagged (:class:`Scan`; its highest
+    token score is after smoothing when ``p_stay`` is given, as the flags are)."""
+    if p_stay is not None:
+        verdicts = {
+            i: {n: _smoothed(v, p_stay) for n, v in by.items()} for i, by in verdicts.items()
+        }
     flags = tuple(
-        f
-        for ex in examples
-        for f in propose_flags(ex, verdicts.get(ex.id, {}), thresholds, p_stay=p_stay)
+        f for ex in examples for f in propose_flags(ex, verdicts.get(ex.id, {}), thresholds)
     )
     per: list[DetectorScan] = []
     for name, thr in thresholds.items():

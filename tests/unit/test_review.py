@@ -157,6 +157,13 @@ def test_a_scan_says_why_a_detector_flags_nothing():
     assert found.summary(new=1) == (
         "Scanned 2 answers: 1 flagged spans, 1 new in the queue (0 were there already)."
     )
+    # smoothed, one lone high token falls under the threshold: the note reads the
+    # smoothed scores the flags were drawn from
+    lone = {"ex0": {"a": _verdict("a", [0.1] * 5 + [0.9] + [0.1] * 6)}}
+    assert len(scan_flags(exs[:1], lone, {"a": 0.5}).flags) == 1
+    smoothed = scan_flags(exs[:1], lone, {"a": 0.5}, p_stay=0.9)
+    assert smoothed.flags == () and smoothed.detectors[0].top < 0.5
+    assert "reaches a's token threshold 0.500" in smoothed.summary(new=0)
 
 
 # --------------------------------------------------------------------------- queue
