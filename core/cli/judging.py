@@ -410,6 +410,14 @@ def cmd_judge(args: argparse.Namespace) -> int:
                             sink.write(json.dumps(rec, ensure_ascii=False) + "\n")
                             sink.flush()
                     bar.update(1)
+    except KeyboardInterrupt:
+        kept = f"{len(records)} verdicts written to {out}" if sink else "no table written"
+        print(
+            f"ragscope judge: stopped after {len(records)} answers; {kept}; the features "
+            "traced are cached: re-run the same command to resume",
+            file=sys.stderr,
+        )
+        return 130
     finally:  # a stopped run keeps every verdict written so far
         if sink is not None:
             sink.close()

@@ -11,6 +11,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import core.cli.judging
 import core.extract
 from core.bench import bench_judge
 from core.cli import main
@@ -220,3 +221,24 @@ def test_engine_ray_fills_the_cache_then_judges_from_it(
     assert f"features (ray): {n} computed" in captured.err
     # the fitted detectors' feature options reached the actors: every feature was cached
     assert f"{n} of {n} read every feature from the cache" in captured.out and passes == []
+
+
+def test_ctrl_c_keeps_the_verdicts_written_and_says_how_to_resume(
+    env: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    real = core.cli.judging.judge_many
+
+    def stopped_after_two(*a, **k):  # type: ignore[no-untyped-def]
+        for n, got in enumerate(real(*a, **k)):
+            if n == 2:
+                raise KeyboardInterrupt
+            yield got
+
+    monkeypatch.setattr(core.cli.judging, "judge_many", stopped_after_two)
+    out = env / "v.jsonl"
+    assert main(["judge", "demo", *MODEL, "--out", str(out)]) == 130
+    assert "stopped after 2 answers; 2 verdicts written" in capsys.readouterr().err
+    assert len(_jsonl(out)) == 2
+    monkeypatch.setattr(core.cli.judging, "judge_many", real)
+    assert main(["judge", "demo", *MODEL, "--out", str(out)]) == 0
+    assert "2 answers already in" in capsys.readouterr().err and len(_jsonl(out)) == 12
