@@ -102,6 +102,14 @@ def _page(title: str, body: str) -> str:
     )
 
 
+def _threshold(detector: object, verdict: Verdict) -> float | None:
+    """The threshold ``verdict`` was flagged at (its own calibration's), else the
+    detector's pooled one; ``None`` when it has none."""
+    if verdict.threshold is not None:
+        return verdict.threshold
+    return getattr(detector, "threshold_", None)
+
+
 def _fmt(v: float | None, spec: str = ".3f") -> str:
     return "-" if v is None or (isinstance(v, float) and np.isnan(v)) else format(v, spec)
 
@@ -136,7 +144,7 @@ def _detector_section(
     parts = [f"<h3 id='det-{_esc(name)}'>{_esc(name)}</h3>"]
     call = verdict.hallucinated
     parts.append(
-        f"<p>score <b>{verdict.score:.3f}</b> · threshold {_fmt(getattr(detector, 'threshold_', None))}"
+        f"<p>score <b>{verdict.score:.3f}</b> · threshold {_fmt(_threshold(detector, verdict))}"
         f" · <span class='{'flag' if call else 'ok'}'>"
         f"{'hallucinated' if call else 'not flagged' if call is not None else 'no threshold'}</span></p>"
     )
@@ -264,7 +272,7 @@ def answer_report_html(
             {
                 "detector": name,
                 "score": f"{v.score:.3f}",
-                "threshold": _fmt(getattr(det, "threshold_", None)),
+                "threshold": _fmt(_threshold(det, v)),
                 "verdict": "hallucinated"
                 if v.hallucinated
                 else "not flagged"
