@@ -9,6 +9,7 @@ import pytest
 
 from core.cli import build_parser, main
 from core.cli.dispatch import COMMANDS
+from core.recipe import TrainRecipe
 
 
 @pytest.fixture(autouse=True)
@@ -232,6 +233,11 @@ def test_train_records_recipe_and_reproduce_checks_it(tmp_path: Path, capsys, ti
         recipe = cfg["trained_on"]["recipe"]
         assert recipe["dataset"] == "builtin" and recipe["limit"] == 48
         assert recipe["model"] == "tiny" and "ragscope train" in recipe["command"]
+        # What the command line gave, as the one recipe object records it.
+        assert (
+            recipe
+            == TrainRecipe.from_args(build_parser().parse_args(_train_args(shipped))).to_dict()
+        )
 
     rebuilt = tmp_path / "rebuilt"
     assert main(["train", "--reproduce", str(shipped), "--out", str(rebuilt)]) == 0
@@ -261,12 +267,18 @@ def test_reproduce_names_a_missing_dev_set_and_rebuilds_the_rest(
     cfg = json.loads(cfg_path.read_text())
     cfg["trained_on"]["recipe"]["dataset"] = "shared:ragtruth_qa_dev"
     cfg_path.write_text(json.dumps(cfg))
+    # Another's recipe was edited into one ragscope never writes: named, not run.
+    cfg_path = shipped / "lexical" / "cfg.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["trained_on"]["recipe"]["limit"] = "48; rm -rf /"
+    cfg_path.write_text(json.dumps(cfg))
     monkeypatch.setenv("RAGSCOPE_SHARED_DATA", str(tmp_path / "no-shared-data"))
     assert main(["train", "--reproduce", str(shipped), "--out", str(tmp_path / "r")]) == 1
     out = capsys.readouterr().out
     assert "CANNOT   nll: shared:ragtruth_qa_dev: the development data folder is not here" in out
-    assert "same     lexical" in out and "same     context_gain" in out
-    assert "2/3 artifacts reproduced" in out
+    assert "CANNOT   lexical: its recorded recipe: field 'limit': a training recipe's limit" in out
+    assert "same     context_gain" in out
+    assert "1/3 artifacts reproduced" in out
 
 
 def test_reproduce_never_opens_a_path_an_artifact_names(tmp_path: Path, capsys, tiny_model) -> None:
