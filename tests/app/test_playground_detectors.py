@@ -170,13 +170,15 @@ def test_verdict_table_matches_predict_and_cfg(
         assert not row["calibrated"]
     assert any("score from 0 to 1" in c.value for c in at.caption)
     # The set's training is named once, not per row; the overall verdict opens the table.
-    n_train = artifact_info(tiny_artifacts / DETECTORS[0])["trained_on"]["n"]["train"]
+    recorded = artifact_info(tiny_artifacts / DETECTORS[0])["trained_on"]
+    n_train = recorded["n"]["train"]
+    label = " + ".join(recorded.get("datasets") or [recorded["dataset"]])
     checked = any(
         artifact_info(tiny_artifacts / n)["metrics"]["test"]["auroc"] is not None for n in DETECTORS
     )
     trained = [c.value for c in at.caption if c.value.startswith("Detector set")]
     assert trained == [
-        f"Detector set **custom**: trained on demo ({n_train:,} answers)"
+        f"Detector set **custom**: trained on {label} ({n_train:,} answers)"
         + (", AUROC from test split." if checked else ".")
     ]
     assert not any("trained on" in str(c).lower() for c in table.columns)
