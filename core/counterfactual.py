@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from core.contract import Detector
+from core.contract import Detector, for_dataset
 from core.detectors.raglens import feature_name
 from core.errors import DataError
 from core.examples import RAGExample, Span
@@ -299,14 +299,15 @@ def score_one(
     n_sae: int = 2,
 ) -> dict[str, SideScore]:
     """Every detector's :class:`SideScore` of ``example`` (one shared trace), with its
-    :func:`detector_views`; for ``raglens``, the activation per token of ``sae_features``
+    :func:`detector_views`, each verdict calibrated for the example's dataset
+    (:func:`core.contract.for_dataset`); for ``raglens``, the activation per token of ``sae_features``
     (``None``: the ``n_sae`` features of :func:`top_sae_features` on this example; the
     rows are named ``SAE F<k>``)."""
 
     feats = run_example(model, example, list(detectors))
     out = {}
     for d in detectors:
-        v = d.predict(feats[d.name])
+        v = for_dataset(d, d.predict(feats[d.name]), example.provenance.dataset)
         rows, summary = detector_views(d, feats[d.name])
         offsets = v.token_offsets if v.token_offsets is not None else feats[d.name].token_offsets
         if d.name == "raglens" and (sae_features is None or len(sae_features) > 0):

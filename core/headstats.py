@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from core.chunking import ChunkSet, chunk_example, chunk_labels
-from core.contract import Detector, Features, Run, Verdict
+from core.contract import Detector, Features, Run, Verdict, for_dataset
 from core.detectors.common import parse_head, shared_pks
 from core.detectors.interpdetect import chunk_targets
 from core.detectors.redeep import RedeepChunkConfig, RedeepTokenConfig
@@ -867,7 +867,9 @@ def head_view(
         model: The loaded model.
         example: The example whose response is analysed.
         response_ids: The response's own token ids when the model generated it.
-        detectors: Fitted detectors to judge the answer (typically ReDeEP's).
+        detectors: Fitted detectors to judge the answer (typically ReDeEP's); each
+            verdict is calibrated as :func:`core.contract.for_dataset` gives it for the
+            example's dataset, as every other path judges it.
 
     Raises:
         DataError: The example cannot be laid out.
@@ -924,7 +926,7 @@ def head_view(
     selected: dict[str, tuple[int, ...]] = {}
     for d in detectors:
         f = d.features(run)
-        v = d.predict(f)
+        v = for_dataset(d, d.predict(f), example.provenance.dataset)
         verdicts[d.name] = v
         if v.chunk_scores is not None and f.chunk_offsets is not None:
             chunk_scores[d.name] = align_chunk_scores(

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.contract import Detector, Verdict
+from core.contract import Detector, Verdict, for_dataset
 from core.examples import RAGExample
 from core.extract import FeatureCache, extract_features
 from core.model import LoadedModel
@@ -181,14 +181,17 @@ def dataset_verdicts(
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[RAGExample], dict[str, dict[str, Verdict]]]:
     """Every detector's verdict on every example (one trace per example, features from
-    the cache when there); returns the examples read and ``{example id: {name: verdict}}``.
+    the cache when there), each calibrated for its example's dataset
+    (:func:`core.contract.for_dataset`, as :func:`core.judge.judge` does); returns the
+    examples read and ``{example id: {name: verdict}}``.
     Examples that cannot be read are left out."""
 
     ext = extract_features(
         model, examples, list(detectors), cache=cache, progress=progress, on_error="skip"
     )
     out: dict[str, dict[str, Verdict]] = {e.id: {} for e in ext.examples}
+    dataset = {e.id: e.provenance.dataset for e in ext.examples}
     for d in detectors:
         for f in ext.features[d.name]:
-            out[f.example_id][d.name] = d.predict(f)
+            out[f.example_id][d.name] = for_dataset(d, d.predict(f), dataset[f.example_id])
     return list(ext.examples), out

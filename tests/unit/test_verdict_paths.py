@@ -14,9 +14,12 @@ import pytest
 from sklearn.metrics import balanced_accuracy_score
 
 from core.cli import main
+from core.counterfactual import score_one
 from core.data import resolve_dataset
+from core.headstats import head_view
 from core.judge import AnswerVerdict, judge, judge_many
 from core.paths import builtin_dir
+from core.review import dataset_verdicts
 from core.sets import load_set
 
 DETECTORS = "nll,context_gain"
@@ -116,3 +119,30 @@ def test_every_path_flags_held_out_answers_at_their_datasets_threshold(
             assert (d["probability"], d["threshold"]) == pytest.approx(
                 (e["probability"], e["threshold"])
             )
+
+
+def test_analysis_paths_calibrate_like_the_judge(
+    tiny_model, trained: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The Counterfactual (score_one), Heads (head_view) and Review scan
+    (dataset_verdicts) read a held-out answer with its dataset's calibration, as judge()."""
+    out, a_test, cache = trained
+    monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(cache))
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(out))
+    dset = load_set(tiny_model.info.key)
+    dets = [c.detector for c in dset.detectors]
+    _, examples = resolve_dataset(str(a_test))
+    examples = examples[:2]
+    _, scanned = dataset_verdicts(tiny_model, examples, dets)
+    for ex in examples:
+        want = judge(tiny_model, ex, dset).verdicts
+        side = score_one(tiny_model, dets, ex)
+        heads = head_view(tiny_model, ex, detectors=dets).verdicts
+        for name, v in want.items():
+            assert v.calibrated_for == "a_dev"
+            for got in (heads[name], scanned[ex.id][name]):
+                assert got.calibrated_for == "a_dev", name
+                assert (got.score, got.threshold) == pytest.approx((v.score, v.threshold))
+                assert got.hallucinated == v.hallucinated
+            assert side[name].score == pytest.approx(v.score)
+            assert side[name].flagged == v.hallucinated
