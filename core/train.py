@@ -254,6 +254,7 @@ def _train_cv(
                         "folds_auroc": dict(zip(("mean", "sd"), r.spread(), strict=True)),
                         "by_dataset": r.by_dataset,
                         "token": r.token,
+                        "spans": r.spans,
                     }
                 },
             },

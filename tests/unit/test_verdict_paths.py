@@ -70,6 +70,9 @@ def test_every_path_flags_held_out_answers_at_their_datasets_threshold(
     assert dset.names == ("context_gain", "nll")
     for card in dset.detectors:
         assert card.calibrations == ("a_dev", "b_dev")
+    # Each artifact records its CV's span P/R/F1 (char overlap) beside its token AP.
+    spans = {c.name: c.metrics["cv"]["spans"] for c in dset.detectors}
+    assert any(s and 0 <= s["f1"] <= 1 and s["n_answers"] > 0 for s in spans.values()), spans
     _, examples = resolve_dataset(str(a_test))
     assert {e.provenance.dataset for e in examples} == {"a_test"}
     many = list(judge_many(tiny_model, examples, dset))
