@@ -14,6 +14,7 @@ from __future__ import annotations
 import json
 import re
 from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -364,6 +365,93 @@ def _diff(a: Any, b: Any, where: str, rtol: float, atol: float, out: list[str]) 
         out.append(f"{where}: {a!r} vs {b!r}")
 
 
+def cfg_at(cfg: object, *path: str) -> object:
+    """``cfg[path[0]][path[1]]...``, or ``None`` where a level is missing."""
+    node = cfg
+    for key in path:
+        if not isinstance(node, dict):
+            return None
+        node = node.get(key)
+    return node
+
+
+def _count(value: object) -> int | None:
+    """``value`` when it is a count (a non-negative int), else ``None``."""
+    return value if type(value) is int and value >= 0 else None
+
+
+def cfg_number(value: object) -> float | None:
+    """``value`` as a float when it is a number (not a bool), else ``None``."""
+    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
+
+
+@dataclass(frozen=True, kw_only=True)
+class TrainedOn:
+    """What an artifact was trained on (the one reader of ``cfg.json["trained_on"]``).
+
+    Attributes:
+        spec: The ``--dataset`` it was trained with (e.g. ``builtin,shared:ragtruth_qa_dev``).
+        datasets: The training datasets by name (from the answers' provenance).
+        counts: Answers per training dataset (cross-validated training), or per split
+            (``train``/``validation``/``test``, trained on one split).
+        n_train: The answers it was fitted on.
+        recipe: The recorded training recipe (what ``ragscope train --reproduce`` runs).
+        data_hashes: Hashes of the training data, all and per dataset.
+    """
+
+    spec: str | None = None
+    datasets: tuple[str, ...] = ()
+    counts: Mapping[str, int] = field(default_factory=dict)
+    n_train: int | None = None
+    recipe: Mapping[str, Any] | None = None
+    data_hashes: Mapping[str, str] = field(default_factory=dict)
+
+    @classmethod
+    def from_cfg(cls, cfg: Mapping[str, Any]) -> TrainedOn:
+        """Read an artifact's ``cfg.json``; missing or malformed facts are left empty
+        (an artifact records what its ragscope version knew)."""
+        node = cfg.get("trained_on")
+        node = node if isinstance(node, dict) else {}
+        sets = node.get("datasets")
+        datasets = (
+            tuple(sets) if isinstance(sets, list) and all(isinstance(x, str) for x in sets) else ()
+        )
+        raw = node.get("n")
+        counts = (
+            {k: n for k, v in raw.items() if isinstance(k, str) and (n := _count(v)) is not None}
+            if isinstance(raw, dict)
+            else {}
+        )
+        if "train" in counts:
+            n_train = counts["train"]
+        elif datasets:
+            n_train = sum(counts.get(d, 0) for d in datasets) or None
+        else:
+            n_train = _count(cfg_at(cfg, "train", "n_train"))
+        spec = node.get("dataset")
+        if not datasets and isinstance(spec, str) and spec:
+            datasets = (spec,)
+        recipe = node.get("recipe")
+        hashes = node.get("data_hashes")
+        return cls(
+            spec=spec if isinstance(spec, str) else None,
+            datasets=datasets,
+            counts=counts,
+            n_train=n_train,
+            recipe=recipe if isinstance(recipe, dict) and recipe else None,
+            data_hashes=(
+                {k: v for k, v in hashes.items() if isinstance(k, str) and isinstance(v, str)}
+                if isinstance(hashes, dict)
+                else {}
+            ),
+        )
+
+    @property
+    def label(self) -> str | None:
+        """The training data in words: ``builtin + ragtruth_qa_dev``; ``None`` unrecorded."""
+        return " + ".join(self.datasets) if self.datasets else None
+
+
 def compare_artifacts(
     original: str | Path, rebuilt: str | Path, *, rtol: float = 1e-4, atol: float = 1e-6
 ) -> list[str]:
@@ -378,8 +466,8 @@ def compare_artifacts(
     for k in ("detector", "model", "config_hash"):
         _diff(ca.get(k), cb.get(k), k, rtol, atol, out)
     _diff(
-        (ca.get("trained_on") or {}).get("data_hashes"),
-        (cb.get("trained_on") or {}).get("data_hashes"),
+        dict(TrainedOn.from_cfg(ca).data_hashes),
+        dict(TrainedOn.from_cfg(cb).data_hashes),
         "trained_on.data_hashes",
         rtol,
         atol,

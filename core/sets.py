@@ -12,8 +12,9 @@ and the training jobs alike:
 and when that folder holds nothing for the model (no artifact of it, loaded or broken),
 the detectors trained on this machine for the model (set name ``trained``).
 
-:class:`TrainedOn` is the one reader of an artifact's ``cfg.json["trained_on"]`` and
-:class:`ArtifactCard` of the rest of what the app and the CLI show about an artifact;
+:class:`~core.artifact.TrainedOn` (re-exported here; ``compare_artifacts`` reads the
+training data hashes through it too) is the one reader of an artifact's
+``cfg.json["trained_on"]`` and :class:`ArtifactCard` of the rest of what the app and the CLI show about an artifact;
 each ``cfg.json`` is read once when listing the folder and once more, verified against
 its file hashes, by the detector's own loader.
 """
@@ -24,11 +25,11 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from core.artifact import artifact_info
+from core.artifact import TrainedOn, artifact_info, cfg_at, cfg_number
 from core.contract import Detector
 from core.detectors import available_detectors, load_shipped
 from core.errors import DataError, RagscopeError
@@ -46,91 +47,6 @@ ANSWER_JUDGE = "ensemble"
 """The detector whose verdict is a set's overall verdict on an answer, when the set has
 it (it stacks the others); a set without it is judged by the share of its detectors that
 flag the answer (:func:`core.judge.overall_verdict`)."""
-
-
-def _at(cfg: object, *path: str) -> object:
-    """``cfg[path[0]][path[1]]...``, or ``None`` where a level is missing."""
-    node = cfg
-    for key in path:
-        if not isinstance(node, dict):
-            return None
-        node = node.get(key)
-    return node
-
-
-def _count(value: object) -> int | None:
-    return value if type(value) is int and value >= 0 else None
-
-
-def _number(value: object) -> float | None:
-    return float(value) if isinstance(value, int | float) and not isinstance(value, bool) else None
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainedOn:
-    """What an artifact was trained on (the one reader of ``cfg.json["trained_on"]``).
-
-    Attributes:
-        spec: The ``--dataset`` it was trained with (e.g. ``builtin,shared:ragtruth_qa_dev``).
-        datasets: The training datasets by name (from the answers' provenance).
-        counts: Answers per training dataset (cross-validated training), or per split
-            (``train``/``validation``/``test``, trained on one split).
-        n_train: The answers it was fitted on.
-        recipe: The recorded training recipe (what ``ragscope train --reproduce`` runs).
-        data_hashes: Hashes of the training data, all and per dataset.
-    """
-
-    spec: str | None = None
-    datasets: tuple[str, ...] = ()
-    counts: Mapping[str, int] = field(default_factory=dict)
-    n_train: int | None = None
-    recipe: Mapping[str, Any] | None = None
-    data_hashes: Mapping[str, str] = field(default_factory=dict)
-
-    @classmethod
-    def from_cfg(cls, cfg: Mapping[str, Any]) -> TrainedOn:
-        """Read an artifact's ``cfg.json``; missing or malformed facts are left empty
-        (an artifact records what its ragscope version knew)."""
-        node = cfg.get("trained_on")
-        node = node if isinstance(node, dict) else {}
-        sets = node.get("datasets")
-        datasets = (
-            tuple(sets) if isinstance(sets, list) and all(isinstance(x, str) for x in sets) else ()
-        )
-        raw = node.get("n")
-        counts = (
-            {k: n for k, v in raw.items() if isinstance(k, str) and (n := _count(v)) is not None}
-            if isinstance(raw, dict)
-            else {}
-        )
-        if "train" in counts:
-            n_train = counts["train"]
-        elif datasets:
-            n_train = sum(counts.get(d, 0) for d in datasets) or None
-        else:
-            n_train = _count(_at(cfg, "train", "n_train"))
-        spec = node.get("dataset")
-        if not datasets and isinstance(spec, str) and spec:
-            datasets = (spec,)
-        recipe = node.get("recipe")
-        hashes = node.get("data_hashes")
-        return cls(
-            spec=spec if isinstance(spec, str) else None,
-            datasets=datasets,
-            counts=counts,
-            n_train=n_train,
-            recipe=recipe if isinstance(recipe, dict) and recipe else None,
-            data_hashes=(
-                {k: v for k, v in hashes.items() if isinstance(k, str) and isinstance(v, str)}
-                if isinstance(hashes, dict)
-                else {}
-            ),
-        )
-
-    @property
-    def label(self) -> str | None:
-        """The training data in words: ``builtin + ragtruth_qa_dev``; ``None`` unrecorded."""
-        return " + ".join(self.datasets) if self.datasets else None
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -183,15 +99,15 @@ class ArtifactCard:
         cls, name: str, folder: Path, detector: Detector, cfg: Mapping[str, Any]
     ) -> ArtifactCard:
         """The card of a loaded detector, from the ``cfg.json`` read when listing."""
-        auroc = _number(_at(cfg, "metrics", "cv", "pooled", "auroc"))
-        k = _at(cfg, "metrics", "cv", "k")
+        auroc = cfg_number(cfg_at(cfg, "metrics", "cv", "pooled", "auroc"))
+        k = cfg_at(cfg, "metrics", "cv", "k")
         auroc_from = f"{k}-fold CV" if auroc is not None else None
         if auroc is None:
-            auroc = _number(_at(cfg, "metrics", "test", "auroc"))
+            auroc = cfg_number(cfg_at(cfg, "metrics", "test", "auroc"))
             auroc_from = "test split" if auroc is not None else None
         threshold = getattr(detector, "threshold_", None)
         if threshold is None:
-            threshold = _number(cfg.get("threshold"))
+            threshold = cfg_number(cfg.get("threshold"))
         token = getattr(detector, "token_threshold_", None)
         metrics = cfg.get("metrics")
         model = cfg.get("model")
