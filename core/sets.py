@@ -154,6 +154,8 @@ class DetectorSet:
             folder name.
         broken: Artifacts that could not be read or loaded, with the reason.
         other_models: Model keys that the readable artifacts of other models were made for.
+        foreign: ``(detector, model key)`` of each readable artifact made for another
+            model (asked for by name, it is refused naming that model).
         stamp: Changes whenever an artifact file of the folder changes.
         error: Why the requested set could not be used (the default set was loaded).
     """
@@ -165,6 +167,7 @@ class DetectorSet:
     broken: tuple[BrokenArtifact, ...]
     other_models: tuple[str, ...]
     stamp: str
+    foreign: tuple[tuple[str, str], ...] = ()
     error: str | None = None
 
     @property
@@ -190,6 +193,13 @@ class DetectorSet:
             if b.name == name:
                 raise DataError(
                     f"the {self.name} set's {name} artifact cannot be loaded: {b.reason}"
+                )
+        for det, model in self.foreign:
+            if det == name:
+                raise DataError(
+                    f"the {self.name} set's {name} (in {self.folder}) was trained on model "
+                    f"{model!r}, not {self.model_key!r}; load the model it was trained on, "
+                    f"or train one for this model (`ragscope train --detectors {name}`)"
                 )
         raise DataError(
             f"the {self.name} detector set has no {name} for this model; it has "
@@ -260,6 +270,7 @@ def _read_folder(model_key: str, root: Path, name: str, stamp: str) -> DetectorS
     cards: list[ArtifactCard] = []
     broken: list[BrokenArtifact] = []
     others: set[str] = set()
+    foreign: list[tuple[str, str]] = []
     registered = set(available_detectors())
     for sub in sorted(root.iterdir()) if root.is_dir() else ():
         if sub.name not in registered or not (sub / "cfg.json").is_file():
@@ -275,6 +286,7 @@ def _read_folder(model_key: str, root: Path, name: str, stamp: str) -> DetectorS
         if model != model_key:
             if isinstance(model, str) and model:
                 others.add(model)
+                foreign.append((sub.name, model))
             continue
         try:
             det = load_shipped(sub.name, model_key, root)
@@ -292,6 +304,7 @@ def _read_folder(model_key: str, root: Path, name: str, stamp: str) -> DetectorS
         detectors=tuple(cards),
         broken=tuple(broken),
         other_models=tuple(sorted(others)),
+        foreign=tuple(foreign),
         stamp=stamp,
     )
 
@@ -334,7 +347,9 @@ def load_set(model_key: str, name: str | None = None) -> DetectorSet:
         if own.is_dir():
             trained = _folder_set(model_key, own, TRAINED_SET)
             if trained.detectors or trained.broken:
-                return replace(trained, other_models=found.other_models, error=error)
+                return replace(
+                    trained, other_models=found.other_models, foreign=found.foreign, error=error
+                )
     return replace(found, error=error)
 
 
