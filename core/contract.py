@@ -701,6 +701,12 @@ def for_dataset(detector: Any, verdict: Verdict, dataset: str | None) -> Verdict
     )
 
 
+def judge_features(detector: Any, features: Features, dataset: str | None) -> Verdict:
+    """``detector``'s verdict on ``features`` of an answer of ``dataset``: its prediction
+    through :func:`for_dataset` (the one way every path judges an answer)."""
+    return for_dataset(detector, detector.predict(features), dataset)
+
+
 def calibrated_as(detector: Any, verdict: Verdict, dataset: str | None) -> Verdict:
     """``verdict`` judged as if its answer came from ``dataset``: that training dataset's
     own calibration and threshold (:func:`for_dataset`), or with ``None`` the pooled ones

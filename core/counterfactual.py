@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from core.contract import Detector, for_dataset
+from core.contract import Detector, judge_features
 from core.detectors.raglens import feature_name
 from core.errors import DataError
 from core.examples import RAGExample, Span
@@ -307,7 +307,7 @@ def score_one(
     feats = run_example(model, example, list(detectors))
     out = {}
     for d in detectors:
-        v = for_dataset(d, d.predict(feats[d.name]), example.provenance.dataset)
+        v = judge_features(d, feats[d.name], example.provenance.dataset)
         rows, summary = detector_views(d, feats[d.name])
         offsets = v.token_offsets if v.token_offsets is not None else feats[d.name].token_offsets
         if d.name == "raglens" and (sae_features is None or len(sae_features) > 0):

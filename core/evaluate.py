@@ -31,7 +31,7 @@ from core.calibration import (
     DatasetCalibration,
     PlattCalibrator,
 )
-from core.contract import Detector, Features, Verdict, for_dataset
+from core.contract import Detector, Features, Verdict, judge_features
 from core.data import data_hash
 from core.detectors import detector_class, make_detector
 from core.errors import DataError
@@ -509,7 +509,7 @@ def evaluate(
         # A detector trained on several datasets judges each answer by its dataset's own
         # calibration and threshold when it has them.
         verdicts = [
-            for_dataset(det, det.predict(f), e.provenance.dataset)
+            judge_features(det, f, e.provenance.dataset)
             for f, e in zip(te_f[n], te_ex, strict=True)
         ]
         scores = np.asarray([v.score for v in verdicts])

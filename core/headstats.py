@@ -34,7 +34,7 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from core.chunking import ChunkSet, chunk_example, chunk_labels
-from core.contract import Detector, Features, Run, Verdict, for_dataset
+from core.contract import Detector, Features, Run, Verdict, judge_features
 from core.detectors.common import parse_head, shared_pks
 from core.detectors.interpdetect import chunk_targets
 from core.detectors.redeep import RedeepChunkConfig, RedeepTokenConfig
@@ -926,7 +926,7 @@ def head_view(
     selected: dict[str, tuple[int, ...]] = {}
     for d in detectors:
         f = d.features(run)
-        v = for_dataset(d, d.predict(f), example.provenance.dataset)
+        v = judge_features(d, f, example.provenance.dataset)
         verdicts[d.name] = v
         if v.chunk_scores is not None and f.chunk_offsets is not None:
             chunk_scores[d.name] = align_chunk_scores(

@@ -25,7 +25,7 @@ from typing import Any, Literal
 
 import pandas as pd
 
-from core.contract import Detector, Verdict, flag_threshold, for_dataset
+from core.contract import Detector, Verdict, flag_threshold, judge_features
 from core.errors import DataError
 from core.examples import RAGExample
 from core.extract import FeatureCache, Step, iter_features, stream_example
@@ -86,7 +86,7 @@ def judge_stream(
         if step.stage == "features":
             assert step.detector is not None and step.features is not None
             det = by_name[step.detector]
-            verdict = for_dataset(det, det.predict(step.features), example.provenance.dataset)
+            verdict = judge_features(det, step.features, example.provenance.dataset)
         now = time.perf_counter()
         yield Judged(step=step, verdict=verdict, seconds=now - t0)
         t0 = time.perf_counter()  # the consumer's own time is not this step's
@@ -346,7 +346,7 @@ def judge_many(
             t0 = time.perf_counter()
             continue
         ds = got.example.provenance.dataset
-        verdicts = {d.name: for_dataset(d, d.predict(got.features[d.name]), ds) for d in dets}
+        verdicts = {d.name: judge_features(d, got.features[d.name], ds) for d in dets}
         now = time.perf_counter()
         yield answer_verdict(got.example, dets, verdicts, set_name=dset.name, seconds=now - t0)
         t0 = time.perf_counter()

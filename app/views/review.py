@@ -50,7 +50,7 @@ from app.state import (
     shipped_detectors,
 )
 from app.text import code, md
-from core.contract import flag_threshold, for_dataset
+from core.contract import flag_threshold, judge_features
 from core.errors import DataError, RagscopeError, StorageError
 from core.examples import RAGExample
 from core.explain import feature_key
@@ -617,9 +617,7 @@ def build_answer_report(book: ReviewBook, dataset: str, ex: RAGExample, label: s
     shipped = shipped_detectors(model)
     dets = {s.name: s.detector for s in shipped.detectors}
     features = run_example(model, ex, list(dets.values())) if dets else {}
-    verdicts = {
-        n: for_dataset(d, d.predict(features[n]), ex.provenance.dataset) for n, d in dets.items()
-    }
+    verdicts = {n: judge_features(d, features[n], ex.provenance.dataset) for n, d in dets.items()}
     explanations: dict[str, str] = {}
     raglens = dets.get("raglens")
     if raglens is not None and "raglens" in verdicts:

@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.contract import Detector, Verdict, for_dataset
+from core.contract import Detector, Verdict, judge_features
 from core.examples import RAGExample
 from core.extract import FeatureCache, extract_features
 from core.model import LoadedModel
@@ -193,5 +193,5 @@ def dataset_verdicts(
     dataset = {e.id: e.provenance.dataset for e in ext.examples}
     for d in detectors:
         for f in ext.features[d.name]:
-            out[f.example_id][d.name] = for_dataset(d, d.predict(f), dataset[f.example_id])
+            out[f.example_id][d.name] = judge_features(d, f, dataset[f.example_id])
     return list(ext.examples), out
