@@ -12,6 +12,8 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
+from playwright.sync_api import Page, expect
+
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -23,6 +25,16 @@ CHROMIUM_ARGS = [
     "--disable-component-update",
     "--disable-sync",
 ]
+
+
+STATUS_WIDGET = '[data-testid="stStatusWidget"]'
+"""Streamlit's "Running..." widget: on the page while a script run is under way."""
+
+
+def wait_idle(page: Page, timeout_ms: float) -> None:
+    """Wait until the app's script run is over (no "Running..." widget): until then a rerun
+    can still be replacing elements, and a stale copy of a button can sit beside its new one."""
+    expect(page.locator(STATUS_WIDGET)).to_have_count(0, timeout=timeout_ms)
 
 
 def free_port() -> int:

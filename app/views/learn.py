@@ -855,7 +855,10 @@ def main() -> None:
     title, show = steps[k]
     st.progress((k + 1) / n, text=f"Step {k + 1} of {n}: {title}")
     st.subheader(title)
-    show()
+    # One block for the step's content, so Back/Next keep their place in the page
+    # from step to step: a rerun replaces them instead of showing a stale pair beside new ones.
+    with st.container():
+        show()
     c_back, c_next, _ = st.columns([1, 1, 4])
     c_back.button(
         "Back", key=KEY_BACK, icon=":material/arrow_back:", disabled=k == 0,

@@ -51,6 +51,7 @@ from core.examples import Provenance, RAGExample, Span
 from core.extract import Extraction
 from core.matrix import MatrixRun
 from core.metrics import response_metrics
+from tools.browser import wait_idle
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded]
 
@@ -912,8 +913,9 @@ def test_learn_in_chromium(server: str, browser: object) -> None:
             _assert_no_exception(page)
             _full_page_screenshot(page, ARTIFACTS / f"{name}_first.png")
             for k in range(2, n + 1):
+                wait_idle(page, ANALYSE_MS)  # the rerun has settled: one Next button
                 nxt = page.get_by_role("button", name=re.compile("Next"))
-                expect(nxt).to_have_count(1, timeout=ANALYSE_MS)  # the rerun has settled
+                expect(nxt).to_have_count(1, timeout=ANALYSE_MS)
                 nxt.click()
                 page.get_by_text(re.compile(rf"^Step {k} of {n}: ")).wait_for(timeout=ANALYSE_MS)
             page.get_by_role("button", name=re.compile("Edit this answer's context")).wait_for()

@@ -20,6 +20,7 @@ from core.data import builtin_examples
 from core.detectors import make_detector
 from core.extract import extract_features
 from core.model import LoadedModel
+from tools.browser import wait_idle
 
 pytestmark = pytest.mark.browser
 
@@ -57,11 +58,6 @@ def app_url(raglens_dir, tiny_sae, tmp_path_factory, launch_streamlit) -> Iterat
         yield url
 
 
-def _idle(page) -> None:
-    """Wait until the script run is over (Streamlit's "Running..." widget is gone)."""
-    expect(page.locator('[data-testid="stStatusWidget"]')).to_have_count(0, timeout=LOAD_MS)
-
-
 def _selectbox(page, label: str):
     """The select box labelled exactly ``label`` ("Example" is not "Examples")."""
     return page.get_by_role("combobox", name=label, exact=True)
@@ -83,7 +79,7 @@ def test_deep_links_reopen_the_view_and_controls_rewrite_the_url(
         expect(_selectbox(page, "Layer")).to_have_value("L1")
         expect(_selectbox(page, "Head")).to_have_value("H2")
         # Another layer: the URL follows.
-        _idle(page)
+        wait_idle(page, LOAD_MS)
         _selectbox(page, "Layer").click()
         page.keyboard.type("L0")
         page.get_by_role("option", name="L0", exact=True).click()
@@ -92,7 +88,7 @@ def test_deep_links_reopen_the_view_and_controls_rewrite_the_url(
         assert f"example={EXAMPLE}" in page.url
         page.screenshot(path=str(LOG.with_name("links-heads.png")))
         # Another page through the sidebar: its own choices, none of Heads' left over.
-        _idle(page)
+        wait_idle(page, LOAD_MS)
         page.locator('[data-testid="stSidebarNav"] a', has_text="Token heatmaps").click()
         page.get_by_role("heading", name="Token heatmaps").wait_for(timeout=LOAD_MS)
         page.locator(".rs-mr").wait_for(state="visible", timeout=LOAD_MS)
@@ -116,7 +112,7 @@ def test_deep_links_reopen_the_view_and_controls_rewrite_the_url(
         expect(_selectbox(page, "Example")).to_have_value(re.compile(f"^{EXAMPLE} "))
         page.get_by_text(re.compile(r"RAGLens score")).first.wait_for(timeout=LOAD_MS)
         # Every figure downloads as SVG and PNG, rendered on the server.
-        _idle(page)
+        wait_idle(page, LOAD_MS)
         svgs = page.locator('[data-testid="stDownloadButton"]', has_text="SVG")
         assert svgs.count() == plots.count() >= 2
         texts = []

@@ -17,6 +17,7 @@ from playwright.sync_api import expect
 
 from core.paths import model_slug
 from core.storage import JobRow, Store
+from tools.browser import wait_idle
 
 pytestmark = pytest.mark.browser
 
@@ -63,11 +64,6 @@ def _assert_no_exception(page) -> None:
     assert boxes.count() == 0, boxes.first.inner_text()
 
 
-def _idle(page) -> None:
-    """Wait until the app has finished its run (Streamlit's running indicator is gone)."""
-    expect(page.locator('[data-testid="stStatusWidget"]')).to_have_count(0, timeout=LOAD_MS)
-
-
 def _fill_form(page, detectors: list[str], dataset: str, limit: int) -> None:
     """Open the training form and choose the detectors, the data and the limit."""
     form = page.locator('[data-testid="stExpander"]', has_text=re.compile("detectors for this"))
@@ -82,7 +78,7 @@ def _fill_form(page, detectors: list[str], dataset: str, limit: int) -> None:
         # Each removal or pick reruns the form (it times an example), which re-renders
         # the list: on a busy machine an option can be replaced under the click.
         for attempt in range(5):
-            _idle(page)
+            wait_idle(page, LOAD_MS)
             box.fill(name)
             try:
                 page.get_by_role("option", name=name, exact=True).click(timeout=10_000)
