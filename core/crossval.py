@@ -536,7 +536,8 @@ class CVRun:
         if len(sets) > 1:
             lines += [
                 "",
-                "By dataset (pooled out of fold): AUROC / balanced accuracy / ECE with the "
+                "By dataset (pooled out of fold): AUROC [source-grouped 95% CI over the "
+                "dataset's answers] / balanced accuracy / ECE with the "
                 "pooled calibration → balanced accuracy / ECE with each dataset's own "
                 "calibration and threshold; token AP over the dataset's labelled tokens",
                 "",
@@ -547,7 +548,8 @@ class CVRun:
                 cells = []
                 for s in sets:
                     m = r.by_dataset.get(s) or {}
-                    cell = f"{format_metric(m.get('auroc'))} / {format_metric(m.get('balanced_accuracy'))} / "
+                    cell = f"{format_ci(m, 'auroc')} / "
+                    cell += f"{format_metric(m.get('balanced_accuracy'))} / "
                     cell += format_metric(m.get("ece"))
                     if "own_ece" in m:
                         cell += f" → {format_metric(m.get('own_balanced_accuracy'))} / {format_metric(m['own_ece'])}"
@@ -645,8 +647,17 @@ def pooled_metrics(
 
 
 def _breakdown(
-    keys: np.ndarray, y: np.ndarray, scores: np.ndarray, flagged: np.ndarray
+    keys: np.ndarray,
+    y: np.ndarray,
+    scores: np.ndarray,
+    flagged: np.ndarray,
+    groups: np.ndarray | None = None,
+    n_boot: int = 0,
+    seed: int = 0,
 ) -> dict[str, dict[str, Any]]:
+    """Per value of ``keys``: n, positives, AUROC, balanced accuracy, ECE; with ``groups``
+    and ``n_boot``, also ``auroc_ci``, the AUROC's source-grouped bootstrap 95% interval
+    over that part's answers alone (``None`` where it cannot be had)."""
     from sklearn.metrics import balanced_accuracy_score
 
     out = {}
@@ -663,6 +674,12 @@ def _breakdown(
             "balanced_accuracy": ba,
             "ece": reliability(yk, scores[mask]).ece,
         }
+        if groups is not None and n_boot > 0:
+            out[str(k)]["auroc_ci"] = (
+                grouped_bootstrap_ci(yk, scores[mask], groups[mask], n_boot=n_boot, seed=seed)
+                if is_binary(yk)
+                else None
+            )
     return out
 
 
@@ -921,10 +938,10 @@ def cross_validate(
                 folds=tuple(per_fold),
                 token=token_metrics(ty, ts) if ty.size else None,
                 reliability=reliability(y, scores),
-                by_generator=_breakdown(gens, y, scores, flagged),
+                by_generator=_breakdown(gens, y, scores, flagged, groups, n_boot, seed),
                 by_dataset=_with_tokens(
                     _with_own(
-                        _breakdown(sets, y, scores, flagged),
+                        _breakdown(sets, y, scores, flagged, groups, n_boot, seed),
                         _breakdown(sets, y, own_scores, own_flagged),
                     ),
                     sets,

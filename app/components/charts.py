@@ -262,7 +262,8 @@ def breakdown_figure(
     Args:
         frame: Rows of :meth:`core.evaluate.EvalRun.breakdown` (columns ``group``,
             ``by``, ``n``, ``metric``); a missing metric (one class) is left out as a
-            gap, with ``n`` on hover.
+            gap, with ``n`` on hover. With ``"<metric> 95% CI low"`` and ``... high``
+            columns, each bar carries its interval as an error bar (and on hover).
         by: The breakdown column (``task`` or ``generator``).
         metric: The value column.
         group: The column that names a bar colour.
@@ -275,19 +276,49 @@ def breakdown_figure(
         vals = {str(r[by]): r for _, r in part.iterrows()}
         y = [_num(vals[c][metric]) if c in vals else None for c in cats]
         n = [int(vals[c]["n"]) if c in vals else 0 for c in cats]
+        lo_col, hi_col = f"{metric} 95% CI low", f"{metric} 95% CI high"
+        ci = [
+            (_num(vals[c].get(lo_col)), _num(vals[c].get(hi_col))) if c in vals else (None, None)
+            for c in cats
+        ]
+        has_ci = any(
+            a is not None and b is not None and v is not None
+            for (a, b), v in zip(ci, y, strict=True)
+        )
+        error_y = None
+        if has_ci:
+            error_y = {
+                "type": "data",
+                "symmetric": False,
+                "array": [
+                    b - v if b is not None and v is not None else 0
+                    for (_, b), v in zip(ci, y, strict=True)
+                ],
+                "arrayminus": [
+                    v - a if a is not None and v is not None else 0
+                    for (a, _), v in zip(ci, y, strict=True)
+                ],
+                "thickness": 1.2,
+                "width": 3,
+            }
+        ci_text = [f"[{a:.3f}, {b:.3f}]" if a is not None and b is not None else "–" for a, b in ci]
         fig.add_trace(
             go.Bar(
                 x=[plain(c) for c in cats],
                 y=y,
                 name=plain(name),
                 marker_color=PALETTE[k % len(PALETTE)],
-                customdata=n,
+                customdata=list(zip(n, ci_text, strict=True)),
+                error_y=error_y,
                 text=[f"{v:.2f}" if v is not None else "–" for v in y],
-                textposition="outside",
+                # at the bar's foot when an error bar stands on its top
+                textposition="inside" if has_ci else "outside",
+                insidetextanchor="start",
                 cliponaxis=False,
                 hovertemplate=(
                     f"<b>%{{fullData.name}}</b><br>{by} %{{x}}<br>{metric} %{{y:.3f}}"
-                    "<br>n = %{customdata}<extra></extra>"
+                    + ("<br>95% CI %{customdata[1]}" if has_ci else "")
+                    + "<br>n = %{customdata[0]}<extra></extra>"
                 ),
             )
         )

@@ -35,6 +35,8 @@ MISSING = "-"
 OWN_BA = "balanced accuracy, own calibration"
 OWN_ECE = "ECE, own calibration"
 TOKEN_AP = "token AP"
+AUROC_LOW = "AUROC 95% CI low"
+AUROC_HIGH = "AUROC 95% CI high"
 SPAN_PRF = "span P/R/F1 (char)"
 DATASET_METRICS: tuple[str, ...] = (
     "AUROC",
@@ -195,6 +197,7 @@ def breakdown_frame(runs: Sequence[CVRun], by: Literal["generator", "dataset"]) 
         for r in run.results:
             parts = r.by_generator if by == "generator" else r.by_dataset
             for key, m in parts.items():
+                ci = m.get("auroc_ci") or (None, None)
                 rows.append(
                     {
                         "detector": series_name(run, r.detector, compare),
@@ -202,6 +205,8 @@ def breakdown_frame(runs: Sequence[CVRun], by: Literal["generator", "dataset"]) 
                         "n": m.get("n"),
                         "hallucinated": m.get("n_positive"),
                         "AUROC": _num(m.get("auroc")),
+                        AUROC_LOW: _num(ci[0]),
+                        AUROC_HIGH: _num(ci[1]),
                         "balanced accuracy": _num(m.get("balanced_accuracy")),
                         "ECE": _num(m.get("ece")),
                         OWN_BA: _num(m.get("own_balanced_accuracy")),
@@ -209,7 +214,10 @@ def breakdown_frame(runs: Sequence[CVRun], by: Literal["generator", "dataset"]) 
                         TOKEN_AP: _num(m.get("token_ap")),
                     }
                 )
-    return pd.DataFrame(rows, columns=["detector", by, "n", "hallucinated", *DATASET_METRICS])
+    return pd.DataFrame(
+        rows,
+        columns=["detector", by, "n", "hallucinated", *DATASET_METRICS, AUROC_LOW, AUROC_HIGH],
+    )
 
 
 def breakdown_table(frame: pd.DataFrame) -> pd.DataFrame:

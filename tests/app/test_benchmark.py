@@ -612,6 +612,26 @@ def test_cv_and_matrix_runs_show_their_sections(
         assert label in labels
 
 
+def test_the_per_dataset_auroc_bars_carry_their_confidence_intervals(
+    make_app: Callable[[], AppTest], runs_dir: Path, crossval_runs: tuple[CVRun, MatrixRun]
+) -> None:
+    """Each dataset's AUROC bar has its source-grouped 95% interval as an error bar, read
+    from the run (not recomputed by the page)."""
+    cv, _ = crossval_runs
+    cv.save(runs_dir)
+    at = _benchmark(make_app)
+    at.radio(key=KEY_BENCH_CV_DATASET_METRIC).set_value("AUROC").run()
+    _no_exception(at)
+    lexical = cv.result("lexical")
+    t = next(t for t in _charts(at)["cv.dataset"]["data"] if t["name"] == "lexical")
+    for x, y, up, down in zip(
+        t["x"], t["y"], t["error_y"]["array"], t["error_y"]["arrayminus"], strict=True
+    ):
+        lo, hi = lexical.by_dataset[x]["auroc_ci"]
+        assert y + up == pytest.approx(hi) and y - down == pytest.approx(lo)
+    assert "95% CI" in t["hovertemplate"]
+
+
 def test_cv_and_matrix_pickers_redraw_the_charts(
     make_app: Callable[[], AppTest], runs_dir: Path, crossval_runs: tuple[CVRun, MatrixRun]
 ) -> None:

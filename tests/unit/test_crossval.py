@@ -580,6 +580,19 @@ def test_cv_reports_each_datasets_own_calibration(tiny_model, examples, extracti
     for m in by.values():
         assert 0.0 <= m["own_ece"] <= 1.0 and m["own_balanced_accuracy"] is not None
     assert "→" in run.to_markdown()
+    # Each dataset's AUROC carries its own source-grouped bootstrap interval, over that
+    # dataset's answers alone (a part's AUROC is a statistic from fewer answers).
+    for name, m in by.items():
+        lo, hi = m["auroc_ci"]
+        assert lo <= m["auroc"] <= hi, name
+        assert f"{m['auroc']:.3f} [{lo:.3f}, {hi:.3f}]" in run.to_markdown()
+    # Restored from its JSON, the run keeps them; without resamples there are none.
+    assert (
+        CVRun.from_dict(run.to_dict()).result("nll").by_dataset["a"]["auroc_ci"]
+        == by["a"]["auroc_ci"]
+    )
+    plain = cross_validate(None, ["nll"], mixed, k=2, extraction=ext, model_key="m", n_boot=0)
+    assert "auroc_ci" not in plain.result("nll").by_dataset["a"]
 
 
 def test_cv_reports_each_datasets_token_ap(extraction) -> None:
