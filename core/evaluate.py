@@ -38,7 +38,13 @@ from core.errors import DataError
 from core.examples import RAGExample
 from core.extract import Extraction, FeatureCache, extract_features
 from core.labels import span_labels
-from core.metrics import best_threshold, is_binary, response_metrics, token_metrics
+from core.metrics import (
+    best_threshold,
+    ci_columns,
+    is_binary,
+    response_metrics,
+    token_metrics,
+)
 from core.model import LoadedModel
 from core.paths import runs_dir
 from core.recipe import TrainRecipe, trained_on_record
@@ -184,8 +190,7 @@ class EvalRun:
                 {
                     "detector": r.detector,
                     "AUROC": m.get("auroc"),
-                    "AUROC 95% CI low": ci[0],
-                    "AUROC 95% CI high": ci[1],
+                    **dict(zip(ci_columns("AUROC"), ci, strict=True)),
                     "AP": m.get("ap"),
                     "balanced acc": m.get("balanced_accuracy"),
                     "F1": m.get("f1"),

@@ -9,6 +9,11 @@ from typing import Any, Literal
 import numpy as np
 
 
+def ci_columns(metric: str) -> tuple[str, str]:
+    """The table columns of ``metric``'s 95% interval (low, high) in every run frame."""
+    return f"{metric} 95% CI low", f"{metric} 95% CI high"
+
+
 def is_binary(y: np.ndarray) -> bool:
     return y.size > 0 and 0 < y.sum() < y.size
 

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
+from core.metrics import ci_columns
+
 if TYPE_CHECKING:
     import pandas as pd
     import plotly.graph_objects as go
@@ -262,8 +264,8 @@ def breakdown_figure(
     Args:
         frame: Rows of :meth:`core.evaluate.EvalRun.breakdown` (columns ``group``,
             ``by``, ``n``, ``metric``); a missing metric (one class) is left out as a
-            gap, with ``n`` on hover. With ``"<metric> 95% CI low"`` and ``... high``
-            columns, each bar carries its interval as an error bar (and on hover).
+            gap, with ``n`` on hover. With the interval's columns
+            (:func:`core.metrics.ci_columns`), each bar carries its interval as an error bar (and on hover).
         by: The breakdown column (``task`` or ``generator``).
         metric: The value column.
         group: The column that names a bar colour.
@@ -276,27 +278,24 @@ def breakdown_figure(
         vals = {str(r[by]): r for _, r in part.iterrows()}
         y = [_num(vals[c][metric]) if c in vals else None for c in cats]
         n = [int(vals[c]["n"]) if c in vals else 0 for c in cats]
-        lo_col, hi_col = f"{metric} 95% CI low", f"{metric} 95% CI high"
+        lo_col, hi_col = ci_columns(metric)
         ci = [
             (_num(vals[c].get(lo_col)), _num(vals[c].get(hi_col))) if c in vals else (None, None)
             for c in cats
         ]
-        has_ci = any(
-            a is not None and b is not None and v is not None
+        known = [
+            v is not None and a is not None and b is not None
             for (a, b), v in zip(ci, y, strict=True)
-        )
+        ]
+        has_ci = any(known)
         error_y = None
-        if has_ci:
+        if has_ci:  # distances from the bar's top to the interval's ends (0: none known)
             error_y = {
                 "type": "data",
                 "symmetric": False,
-                "array": [
-                    b - v if b is not None and v is not None else 0
-                    for (_, b), v in zip(ci, y, strict=True)
-                ],
+                "array": [b - v if ok else 0 for ok, (_, b), v in zip(known, ci, y, strict=True)],
                 "arrayminus": [
-                    v - a if a is not None and v is not None else 0
-                    for (a, _), v in zip(ci, y, strict=True)
+                    v - a if ok else 0 for ok, (a, _), v in zip(known, ci, y, strict=True)
                 ],
                 "thickness": 1.2,
                 "width": 3,

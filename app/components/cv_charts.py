@@ -26,6 +26,7 @@ from core.calibration import Reliability
 from core.comparison import p_text
 from core.crossval import CVRun, format_span_prf
 from core.matrix import MatrixRun
+from core.metrics import ci_columns
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -35,8 +36,7 @@ MISSING = "-"
 OWN_BA = "balanced accuracy, own calibration"
 OWN_ECE = "ECE, own calibration"
 TOKEN_AP = "token AP"
-AUROC_LOW = "AUROC 95% CI low"
-AUROC_HIGH = "AUROC 95% CI high"
+AUROC_LOW, AUROC_HIGH = ci_columns("AUROC")
 SPAN_PRF = "span P/R/F1 (char)"
 DATASET_METRICS: tuple[str, ...] = (
     "AUROC",
