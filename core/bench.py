@@ -295,7 +295,8 @@ class JudgeBench:
             f"judge with the {self.set_name} set [{', '.join(self.detectors)}] over "
             f"{self.n_answers} {self.dataset} answers (mean {self.mean_tokens:.0f} tokens): "
             f"{self.judge_s:.1f} s = {self.answers_per_min:.1f} answers/min = "
-            f"{self.ratio:.2f} x one plain forward per answer ({self.plain_s:.1f} s)"
+            f"{self.ratio:.2f} x one plain forward per answer ({self.n_answers} plain "
+            f"forwards: {self.plain_s:.1f} s)"
         ]
 
 

@@ -3,6 +3,7 @@ Debian's Chromium and its flags, a free port, and ``streamlit run app/main.py`` 
 
 from __future__ import annotations
 
+import re
 import socket
 import subprocess
 import sys
@@ -13,6 +14,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 
 from playwright.sync_api import Page, expect
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -35,6 +37,25 @@ def wait_idle(page: Page, timeout_ms: float) -> None:
     """Wait until the app's script run is over (no "Running..." widget): until then a rerun
     can still be replacing elements, and a stale copy of a button can sit beside its new one."""
     expect(page.locator(STATUS_WIDGET)).to_have_count(0, timeout=timeout_ms)
+
+
+def choose(page: Page, label: str, option: str | re.Pattern[str], timeout_ms: float) -> None:
+    """Pick ``option`` in the select box whose label contains ``label``, once the script run
+    is over. A click while a rerun replaces the box (or while another list closes) can be
+    swallowed and leave the list shut, so the box is opened again until the option shows."""
+    box = page.locator('[data-testid="stSelectbox"]', has_text=label).get_by_role("combobox")
+    choice = page.get_by_role("option", name=option)
+    for attempt in range(5):
+        wait_idle(page, timeout_ms)
+        box.click()
+        try:
+            choice.wait_for(timeout=5_000)
+            break
+        except PlaywrightTimeout:
+            if attempt == 4:
+                raise
+            page.keyboard.press("Escape")
+    choice.click()
 
 
 def free_port() -> int:

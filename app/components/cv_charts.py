@@ -144,13 +144,13 @@ def cv_metric_table(run: CVRun) -> pd.DataFrame:
             {
                 "detector": r["detector"],
                 "AUROC": fmt(r["AUROC"]),
-                "AUROC 95% CI": fmt_ci([r["AUROC 95% CI low"], r["AUROC 95% CI high"]]),
+                "AUROC 95% CI": fmt_ci([r[c] for c in ci_columns("AUROC")]),
                 "AUROC length-matched": fmt(r.get("AUROC length-matched")),
                 "folds mean ± sd": MISSING
                 if mean is None or sd is None
                 else f"{mean:.3f} ± {sd:.3f}",
                 "AP": fmt(r["AP"]),
-                "AP 95% CI": fmt_ci([r["AP 95% CI low"], r["AP 95% CI high"]]),
+                "AP 95% CI": fmt_ci([r[c] for c in ci_columns("AP")]),
                 "balanced acc": fmt(r["balanced acc"]),
                 "F1": fmt(r["F1"]),
                 "ECE": fmt(r["ECE"]),

@@ -20,7 +20,7 @@ import re
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from functools import partial
-from typing import Any, TypeVar
+from typing import TypeVar
 
 import numpy as np
 import pandas as pd
@@ -45,6 +45,8 @@ from app.components.cv_charts import (
     cv_frame,
     cv_metric_table,
     describe_cv,
+    fmt,
+    fmt_ci,
     fold_frame,
     fold_spread_figure,
     matrix_figure,
@@ -103,7 +105,7 @@ from core.errors import RagscopeError
 from core.evaluate import DetectorResult, EvalRun, evaluate
 from core.extract import FeatureCache
 from core.matrix import MatrixRun
-from core.metrics import SPAN_F1_NOTE, response_metrics
+from core.metrics import SPAN_F1_NOTE, ci_columns, response_metrics
 from core.model import LoadedModel
 from core.paths import runs_dir
 from core.review.export import safe_csv
@@ -124,14 +126,6 @@ def _table_height(n_rows: int) -> int:
 
 
 # --------------------------------------------------------------------------- formatting
-
-
-def _fmt(v: Any, digits: int = 3) -> str:
-    """A metric with ``digits`` decimals; ``None``/NaN (undefined) as ``-``."""
-    if v is None:
-        return MISSING
-    f = float(v)
-    return MISSING if math.isnan(f) else f"{f:.{digits}f}"
 
 
 def _date(iso: str) -> str:
@@ -158,22 +152,21 @@ def metric_table(runs: Sequence[EvalRun]) -> pd.DataFrame:
     rows = []
     for run in runs:
         for _, r in run.to_frame().iterrows():
-            lo, hi = r["AUROC 95% CI low"], r["AUROC 95% CI high"]
-            ci = MISSING if MISSING in (_fmt(lo), _fmt(hi)) else f"[{_fmt(lo)}, {_fmt(hi)}]"
+            ci = fmt_ci([r[c] for c in ci_columns("AUROC")])
             row = {"run": run.name} if len(runs) > 1 else {}
             row |= {
                 "detector": r["detector"],
-                "AUROC": _fmt(r["AUROC"]),
+                "AUROC": fmt(r["AUROC"]),
                 "AUROC 95% CI": ci,
-                "AP": _fmt(r["AP"]),
-                "balanced acc": _fmt(r["balanced acc"]),
-                "F1": _fmt(r["F1"]),
-                "precision": _fmt(r["precision"]),
-                "recall": _fmt(r["recall"]),
-                "Pearson r": _fmt(r["Pearson r"]),
-                "threshold": _fmt(r["threshold"]),
-                "token AP": _fmt(r["token AP"]),
-                "token AUROC": _fmt(r["token AUROC"]),
+                "AP": fmt(r["AP"]),
+                "balanced acc": fmt(r["balanced acc"]),
+                "F1": fmt(r["F1"]),
+                "precision": fmt(r["precision"]),
+                "recall": fmt(r["recall"]),
+                "Pearson r": fmt(r["Pearson r"]),
+                "threshold": fmt(r["threshold"]),
+                "token AP": fmt(r["token AP"]),
+                "token AUROC": fmt(r["token AUROC"]),
             }
             rows.append(row)
     return pd.DataFrame(rows)
@@ -198,7 +191,7 @@ def details_table(runs: Sequence[EvalRun]) -> pd.DataFrame:
             f"{ex.get('computed', MISSING)} computed, {ex.get('cache_hits', MISSING)} from cache"
             + (f", {ex['n_errors']} failed" if ex.get("n_errors") else ""),
             f"{ex['seconds']:.1f} s" if "seconds" in ex else MISSING,
-            _fmt(epm, 1),
+            fmt(epm, 1),
         ]
     index = [
         "model",
@@ -219,7 +212,7 @@ def details_table(runs: Sequence[EvalRun]) -> pd.DataFrame:
 def _breakdown_table(frame: pd.DataFrame) -> pd.DataFrame:
     out = frame.copy()
     for c in ("AUROC", "F1"):
-        out[c] = [_fmt(v) for v in out[c]]
+        out[c] = [fmt(v) for v in out[c]]
     return out
 
 
@@ -603,7 +596,7 @@ def show_confusion(state: AppState, runs: Sequence[EvalRun]) -> None:
                 if moved and v is not None and v0 is not None
                 else None
             )
-            tile.metric(label, _fmt(v), delta=delta)
+            tile.metric(label, fmt(v), delta=delta)
     st.caption(
         f"At threshold {t:.3f}: TP {counts.tp} · FP {counts.fp} · TN {counts.tn} · "
         f"FN {counts.fn} of {counts.n} test answers (validation threshold {r.threshold:.3f})."

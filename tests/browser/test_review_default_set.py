@@ -19,6 +19,7 @@ import pytest
 from core.data import builtin_examples
 from core.review import ReviewBook
 from core.storage import Store
+from tools.browser import choose
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded]
 
@@ -64,8 +65,7 @@ def test_the_default_set_queues_word_spans_of_the_demo(
         page.get_by_label("Your name", exact=True).fill("ann")
         page.get_by_role("button", name="Start reviewing").click()
         page.get_by_text("Reviewing as").wait_for()
-        page.locator('[data-testid="stSelectbox"]', has_text="Dataset").click()
-        page.get_by_role("option", name=re.compile("^Built-in demo examples")).click()
+        choose(page, "Dataset", re.compile("^Built-in demo examples"), MODEL_LOAD_MS)
         page.wait_for_url(re.compile(r"dataset=demo"))
         scan = page.get_by_label("Answers to scan")
         scan.fill(str(N_SCAN))

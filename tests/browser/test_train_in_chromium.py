@@ -17,7 +17,7 @@ from playwright.sync_api import expect
 
 from core.paths import model_slug
 from core.storage import JobRow, Store
-from tools.browser import wait_idle
+from tools.browser import choose, wait_idle
 
 pytestmark = pytest.mark.browser
 
@@ -89,17 +89,7 @@ def _fill_form(page, detectors: list[str], dataset: str, limit: int) -> None:
     page.keyboard.press("Escape")
     command = page.get_by_text(re.compile(r"The same from a terminal"))
     expect(command).to_contain_text("--detectors " + ",".join(detectors), timeout=LOAD_MS)
-    option = page.get_by_role("option", name=dataset)
-    for _ in range(4):  # a click while the multiselect's list closes can be swallowed
-        page.locator('[data-testid="stSelectbox"]', has_text="Training data").get_by_role(
-            "combobox"
-        ).click()
-        try:
-            option.wait_for(timeout=5_000)
-            break
-        except PlaywrightTimeout:
-            page.keyboard.press("Escape")
-    option.click()
+    choose(page, "Training data", dataset, LOAD_MS)
     spin = page.get_by_role("spinbutton", name="Example limit")
     spin.fill(str(limit))
     spin.press("Enter")

@@ -31,10 +31,16 @@ SHIPPED = repo_root() / "assets" / "detectors"
 OLD_PREFIXES = ("sklearn.", "xgboost.", "numpy.")  # what ragscope trusted before
 
 
+FAST = repo_root() / "assets" / "detector-sets" / "fast"
+
+
 def _shipped_folders() -> list[Path]:
-    top = [p for p in sorted(SHIPPED.iterdir()) if (p / "cfg.json").is_file()]
-    members = [p for p in sorted(SHIPPED.glob("*/members/*")) if (p / "cfg.json").is_file()]
-    return top + members
+    """The default set's artifacts and their members, and the fast set's."""
+    found = []
+    for root in (SHIPPED, FAST):
+        found += [p for p in sorted(root.iterdir()) if (p / "cfg.json").is_file()]
+        found += [p for p in sorted(root.glob("*/members/*")) if (p / "cfg.json").is_file()]
+    return found
 
 
 @pytest.fixture(autouse=True)
@@ -45,7 +51,9 @@ def _isolated_db(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
 # --------------------------------------------------------------------------- shipped
 
 
-@pytest.mark.parametrize("folder", _shipped_folders(), ids=lambda p: str(p.relative_to(SHIPPED)))
+@pytest.mark.parametrize(
+    "folder", _shipped_folders(), ids=lambda p: str(p.relative_to(SHIPPED.parent))
+)
 def test_every_shipped_artifact_is_hashed_and_loads_under_the_exact_allowlist(folder: Path) -> None:
     cfg = json.loads((folder / "cfg.json").read_text())
     files = {p.relative_to(folder).as_posix() for p in folder.rglob("*") if p.is_file()}

@@ -12,8 +12,10 @@ from pathlib import Path
 import pytest
 
 import core.model
+from core.data import builtin_examples
 from core.judge import AnswerVerdict, judge
 from core.model import LoadedModel
+from core.sets import load_set
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "judge.md"
 
@@ -62,3 +64,32 @@ def test_the_documented_python_example_judges_answers_on_the_embedded_model(
     assert lines[-2:] == [f"q1 {many[0].summary}", f"q2 {many[1].summary}"]
     # the example's own judge() is the one imported here
     assert scope["judge"] is judge
+
+
+def test_the_fast_set_judges_with_a_stacker_of_its_cheap_members(
+    embedded_model: LoadedModel,
+) -> None:
+    """``judge --set fast``'s set: the ensemble over saplma, lookback_lens and lexical (no
+    vocabulary-wide lens products), loaded whole, judging the demo answers on the
+    embedded model with its own verdict line, its cross-validation on record."""
+    fast = load_set(embedded_model.info.key, "fast")
+    assert fast.name == "fast" and not fast.broken and fast.error is None
+    assert sorted(fast.names) == ["ensemble", "lexical", "lookback_lens", "saplma"]
+    ensemble = fast.card("ensemble")
+    assert list(ensemble.detector.config.members) == ["saplma", "lookback_lens", "lexical"]
+    cv = ensemble.metrics["cv"]
+    assert set(cv["by_dataset"]) == {
+        "builtin",
+        "ragtruth_qa_dev",
+        "dolly_ac_dev",
+        "finqa_qwen3_interpdetect",
+    }
+    assert 0.5 < cv["pooled"]["auroc"] <= 1.0
+    demo = [e for e in builtin_examples() if e.id.startswith("demo-")][:2]
+    for example in demo:
+        verdict = judge(embedded_model, example, fast)
+        assert verdict.judge == "ensemble" and list(verdict.verdicts) == list(fast.names)
+        assert verdict.hallucinated == (verdict.probability >= verdict.threshold)
+        assert f"of {len(fast.names)} detectors flag it" in verdict.summary
+        for span in verdict.spans:
+            assert span.text == example.response[span.start : span.end]

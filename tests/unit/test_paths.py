@@ -58,7 +58,10 @@ def test_unknown_or_malformed_set_names_are_refused_naming_the_sets(
 
 def test_the_shipped_sets_hold_artifacts_for_the_embedded_model() -> None:
     names = detector_set_names()
-    assert names[0] == DEFAULT_SET and "builtin" in names
+    assert names[0] == DEFAULT_SET and {"builtin", "ragtruth", "fast"} <= set(names)
     for name in names:
         folder = detector_set_dir(name)
-        assert (folder / "spad" / "cfg.json").is_file(), f"set {name} lacks spad"
+        # every set has its answer-level judge; all but the cheap one have every detector
+        assert (folder / "ensemble" / "cfg.json").is_file(), f"set {name} lacks its ensemble"
+        if name != "fast":
+            assert (folder / "spad" / "cfg.json").is_file(), f"set {name} lacks spad"
