@@ -331,7 +331,9 @@ class CVResult:
             ``own_``: balanced accuracy and ECE under the dataset's own calibration and
             threshold (:func:`core.contract.for_dataset`; the pooled ones where the
             training part gave it none); ``token_ap`` / ``token_auroc`` over the
-            dataset's labelled tokens (``None`` without token labels or scores).
+            dataset's labelled tokens (``None`` without token labels or scores);
+            ``spans``: span precision / recall / F1 over the dataset's answers, as
+            :attr:`spans` pools them (``None`` without them; absent in older runs).
         scores: Calibrated out-of-fold score per answer (aligned with :attr:`CVRun.ids`).
         raw_scores: The detector's own scores before calibration.
         flagged: Whether each answer reached its fold's threshold.
@@ -538,7 +540,8 @@ class CVRun:
                 "By dataset (pooled out of fold): AUROC [source-grouped 95% CI over the "
                 "dataset's answers] / balanced accuracy / ECE with the "
                 "pooled calibration → balanced accuracy / ECE with each dataset's own "
-                "calibration and threshold; token AP over the dataset's labelled tokens",
+                "calibration and threshold; token AP over the dataset's labelled tokens; "
+                "span precision / recall / F1 by character overlap over its answers",
                 "",
             ]
             lines.append("| detector | " + " | ".join(sets) + " |")
@@ -554,6 +557,8 @@ class CVRun:
                         cell += f" → {format_metric(m.get('own_balanced_accuracy'))} / {format_metric(m['own_ece'])}"
                     if m.get("token_ap") is not None:
                         cell += f"; token AP {format_metric(m['token_ap'])}"
+                    if m.get("spans"):
+                        cell += f"; span P/R/F1 {format_span_prf(m['spans'])}"
                     cells.append(cell)
                 lines.append(f"| {r.detector} | " + " | ".join(cells) + " |")
         ex = self.extraction
@@ -702,17 +707,25 @@ def _with_tokens(
     sets: np.ndarray,
     examples: Sequence[RAGExample],
     verdicts: Sequence[Verdict | None],
+    thresholds: Sequence[float | None],
 ) -> dict[str, dict[str, Any]]:
     """The per-dataset breakdown, with ``token_ap`` and ``token_auroc`` over each
-    dataset's labelled tokens (``None`` where it has no token labels or scores)."""
+    dataset's labelled tokens and ``spans``, the span precision / recall / F1 of
+    :func:`span_metrics` over the dataset's answers (each ``None`` where it has no
+    token labels or scores)."""
     out = {}
     for k, v in by_set.items():
         idx = [i for i in np.flatnonzero(sets == k) if verdicts[i] is not None]
-        ty, ts = token_labels_and_scores(
-            [examples[i] for i in idx], [cast(Verdict, verdicts[i]) for i in idx]
-        )
+        part = [examples[i] for i in idx]
+        judged = [cast(Verdict, verdicts[i]) for i in idx]
+        ty, ts = token_labels_and_scores(part, judged)
         t = token_metrics(ty, ts) if ty.size else {}
-        out[k] = {**v, "token_ap": t.get("ap"), "token_auroc": t.get("auroc")}
+        out[k] = {
+            **v,
+            "token_ap": t.get("ap"),
+            "token_auroc": t.get("auroc"),
+            "spans": span_metrics(part, judged, [thresholds[i] for i in idx]),
+        }
     return out
 
 
@@ -946,6 +959,7 @@ def cross_validate(
                     sets,
                     exs,
                     verdicts,
+                    token_thresholds,
                 ),
                 scores=tuple(float(s) for s in scores),
                 raw_scores=tuple(float(s) for s in raw),

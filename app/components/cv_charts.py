@@ -38,6 +38,7 @@ OWN_ECE = "ECE, own calibration"
 TOKEN_AP = "token AP"
 AUROC_LOW, AUROC_HIGH = ci_columns("AUROC")
 SPAN_PRF = "span P/R/F1 (char)"
+SPAN_F1 = "span F1 (char)"
 DATASET_METRICS: tuple[str, ...] = (
     "AUROC",
     "balanced accuracy",
@@ -45,6 +46,7 @@ DATASET_METRICS: tuple[str, ...] = (
     OWN_BA,
     OWN_ECE,
     TOKEN_AP,
+    SPAN_F1,
 )
 """Per-dataset metrics; the *own calibration* ones judge each dataset's answers by the
 calibration and threshold fitted on that dataset alone (runs that combine datasets)."""
@@ -88,6 +90,11 @@ def fmt(v: Any, digits: int = 3) -> str:
     """A metric with ``digits`` decimals; undefined as ``-``."""
     f = _num(v)
     return MISSING if f is None else f"{f:.{digits}f}"
+
+
+def _span_f1(spans: Any) -> float | None:
+    """The F1 of a part's span metrics, or ``None`` (none measured, an older run)."""
+    return _num(spans.get("f1")) if isinstance(spans, Mapping) else None
 
 
 def _ci(ci: Any) -> tuple[float | None, float | None]:
@@ -212,6 +219,7 @@ def breakdown_frame(runs: Sequence[CVRun], by: Literal["generator", "dataset"]) 
                         OWN_BA: _num(m.get("own_balanced_accuracy")),
                         OWN_ECE: _num(m.get("own_ece")),
                         TOKEN_AP: _num(m.get("token_ap")),
+                        SPAN_F1: _span_f1(m.get("spans")),
                     }
                 )
     return pd.DataFrame(

@@ -734,7 +734,9 @@ def show_cv_breakdowns(state: AppState, runs: Sequence[CVRun]) -> None:
                 "each dataset's answers judged by the calibration and threshold fitted on "
                 "that dataset alone inside the fold (what the shipped detectors do for an "
                 "answer of one of their training datasets). *Token AP*: over the "
-                "dataset's labelled tokens (runs from before it was recorded show none).",
+                "dataset's labelled tokens; *span F1*: the detector's whole-word spans "
+                "against the gold spans by character overlap, over the dataset's answers "
+                "(runs from before either was recorded show none).",
             )
     cols = st.columns(2) if several_sets else [st.container()]
     with cols[0]:

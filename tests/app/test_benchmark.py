@@ -657,6 +657,15 @@ def test_cv_and_matrix_pickers_redraw_the_charts(
         None if v is None or v != v else v for v in t["y"]
     ]
 
+    at.radio(key=KEY_BENCH_CV_DATASET_METRIC).set_value("span F1 (char)").run()
+    _no_exception(at)
+    t = next(t for t in _charts(at)["cv.dataset"]["data"] if t["name"] == "lexical")
+    want = [(lexical.by_dataset[d]["spans"] or {}).get("f1") for d in t["x"]]
+    assert any(w is not None for w in want)
+    assert [None if v is None else pytest.approx(v) for v in want] == [
+        None if v is None or v != v else v for v in t["y"]
+    ]
+
     at.multiselect(key=KEY_BENCH_CV_RELIABILITY).set_value([f"{CV_NAME}/lexical"]).run()
     _no_exception(at)
     names = [t["name"] for t in _charts(at)["cv.reliability"]["data"]]

@@ -31,6 +31,7 @@ from core.crossval import (
     cross_validate,
     default_maker,
     fit_procedure,
+    format_span_prf,
     inner_split,
     make_folds,
     pinned_maker,
@@ -602,6 +603,8 @@ def test_cv_reports_each_datasets_token_ap(extraction) -> None:
     (name,) = only.by_dataset
     assert only.by_dataset[name]["token_ap"] == pytest.approx(only.token["ap"])
     assert only.by_dataset[name]["token_auroc"] == pytest.approx(only.token["auroc"])
+    # One dataset: its span metrics are the run's.
+    assert only.spans is not None and only.by_dataset[name]["spans"] == only.spans
 
     # Dataset "a" loses its gold spans: its tokens are all faithful, so no token AP.
     mixed = [
@@ -619,6 +622,15 @@ def test_cv_reports_each_datasets_token_ap(extraction) -> None:
     assert 0.0 <= by["b"]["token_ap"] <= 1.0
     assert "token AP" in run.to_markdown()
     assert any(e.spans for e in mixed[40:])
+    # Spans per dataset: "a" holds no gold span, so no span F1; "b" holds every gold
+    # and overlapping character of the run, and the markdown prints its P/R/F1.
+    pooled = run.result("nll").spans
+    assert pooled is not None and by["a"]["spans"] is None
+    assert 0.0 <= by["b"]["spans"]["f1"] <= 1.0
+    for key in ("gold_chars", "overlap_chars"):
+        assert by["b"]["spans"][key] == pooled[key], key
+    assert by["b"]["spans"]["predicted_chars"] <= pooled["predicted_chars"]
+    assert f"span P/R/F1 {format_span_prf(by['b']['spans'])}" in run.to_markdown()
 
 
 def test_an_answer_of_a_training_dataset_is_judged_by_its_own_calibration(
