@@ -204,7 +204,7 @@ def breakdown_frame(runs: Sequence[CVRun], by: Literal["generator", "dataset"]) 
         for r in run.results:
             parts = r.by_generator if by == "generator" else r.by_dataset
             for key, m in parts.items():
-                ci = m.get("auroc_ci") or (None, None)
+                lo, hi = _ci(m.get("auroc_ci"))  # a malformed interval reads as none
                 rows.append(
                     {
                         "detector": series_name(run, r.detector, compare),
@@ -212,8 +212,8 @@ def breakdown_frame(runs: Sequence[CVRun], by: Literal["generator", "dataset"]) 
                         "n": m.get("n"),
                         "hallucinated": m.get("n_positive"),
                         "AUROC": _num(m.get("auroc")),
-                        AUROC_LOW: _num(ci[0]),
-                        AUROC_HIGH: _num(ci[1]),
+                        AUROC_LOW: lo,
+                        AUROC_HIGH: hi,
                         "balanced accuracy": _num(m.get("balanced_accuracy")),
                         "ECE": _num(m.get("ece")),
                         OWN_BA: _num(m.get("own_balanced_accuracy")),

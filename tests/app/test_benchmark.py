@@ -29,7 +29,12 @@ from app.components.charts import (
     roc_figure,
     roc_points,
 )
-from app.components.cv_charts import cv_metric_table, matrix_figure, reliability_figure
+from app.components.cv_charts import (
+    breakdown_frame,
+    cv_metric_table,
+    matrix_figure,
+    reliability_figure,
+)
 from app.state import (
     KEY_BENCH_CONFUSION,
     KEY_BENCH_CV_DATASET_METRIC,
@@ -630,6 +635,24 @@ def test_the_per_dataset_auroc_bars_carry_their_confidence_intervals(
         lo, hi = lexical.by_dataset[x]["auroc_ci"]
         assert y + up == pytest.approx(hi) and y - down == pytest.approx(lo)
     assert "95% CI" in t["hovertemplate"]
+
+
+def test_a_malformed_interval_in_a_run_file_reads_as_none(
+    crossval_runs: tuple[CVRun, MatrixRun],
+) -> None:
+    """A run file's per-dataset interval that is not two numbers (hand-edited, or from
+    elsewhere) shows as no interval, never as an error."""
+    cv, _ = crossval_runs
+    r = cv.result("lexical")
+    name = next(iter(r.by_dataset))
+    for bad in (7, [0.5], "ab", None):
+        broken = dataclasses.replace(
+            r, by_dataset={**r.by_dataset, name: {**r.by_dataset[name], "auroc_ci": bad}}
+        )
+        run = dataclasses.replace(cv, results=(broken,))
+        row = breakdown_frame([run], "dataset").set_index("dataset").loc[name]
+        assert row["AUROC 95% CI low"] is None or row["AUROC 95% CI low"] != row["AUROC 95% CI low"]
+        assert row["AUROC"] == pytest.approx(r.by_dataset[name]["auroc"])
 
 
 def test_cv_and_matrix_pickers_redraw_the_charts(
