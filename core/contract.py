@@ -325,6 +325,10 @@ class Verdict:
             calibration of all the detector's training data.
         threshold: The threshold ``hallucinated`` was decided at, from the same fit as
             the calibration that gave ``score`` (``None``: the detector has none).
+        raw_by_dataset: Training dataset -> the raw score of the detector's scorer of
+            that dataset's own (the ensemble's ``dataset_stackers``), beside the pooled
+            scorer's ``raw_score``: :func:`for_dataset` calibrates that one with the
+            dataset's own calibration, which was fitted on it. Empty for most detectors.
     """
 
     detector: str
@@ -338,6 +342,15 @@ class Verdict:
     raw_score: float | None = None
     calibrated_for: str | None = None
     threshold: float | None = None
+    raw_by_dataset: Mapping[str, float] = field(default_factory=dict)
+
+    @property
+    def judged_raw(self) -> float | None:
+        """The raw score behind ``score``: that of :attr:`calibrated_for`'s own scorer
+        when the detector has one (:attr:`raw_by_dataset`), else :attr:`raw_score`."""
+        if self.calibrated_for is not None and self.calibrated_for in self.raw_by_dataset:
+            return self.raw_by_dataset[self.calibrated_for]
+        return self.raw_score
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.score <= 1.0 or np.isnan(self.score):
@@ -686,18 +699,36 @@ def for_dataset(detector: Any, verdict: Verdict, dataset: str | None) -> Verdict
     (:attr:`DetectorBase.dataset_calibration_`; another split of a training dataset, e.g.
     ``ragtruth_qa_test`` for ``ragtruth_qa_dev``, gets that dataset's:
     :func:`core.calibration.match_calibration`; :attr:`Verdict.calibrated_for` then names
-    the training dataset), else ``verdict`` unchanged (the pooled calibration)."""
+    the training dataset), else ``verdict`` unchanged (the pooled calibration). A
+    detector with a scorer of that dataset's own (:attr:`Verdict.raw_by_dataset`) is
+    judged by that scorer's raw score; ``raw_score`` stays the pooled scorer's."""
     hit = match_calibration(getattr(detector, "dataset_calibration_", None) or {}, dataset)
     if hit is None or verdict.raw_score is None:
         return verdict
     name, cal = hit
-    p = cal.apply(verdict.raw_score)
+    # The dataset's own scorer's raw score when it has one (its calibration was fitted
+    # on those: :func:`own_raw_scores`), else the pooled scorer's.
+    p = cal.apply(verdict.raw_by_dataset.get(name, verdict.raw_score))
     return dataclasses.replace(
         verdict,
         score=p,
         hallucinated=p >= cal.threshold,
         calibrated_for=name,
         threshold=float(cal.threshold),
+    )
+
+
+def own_raw_scores(verdicts: Sequence[Verdict], datasets: Sequence[str | None]) -> np.ndarray:
+    """Each uncalibrated verdict's raw score as its own dataset's calibration reads it:
+    the score of the detector's scorer of that dataset when it has one
+    (:attr:`Verdict.raw_by_dataset`), else its ``score`` (what a dataset's own
+    calibration is fitted on, so that :func:`for_dataset` applies it to the same)."""
+    return np.asarray(
+        [
+            v.raw_by_dataset.get(d, v.score) if d else v.score
+            for v, d in zip(verdicts, datasets, strict=True)
+        ],
+        dtype=np.float64,
     )
 
 

@@ -539,8 +539,9 @@ class CVRun:
                 "",
                 "By dataset (pooled out of fold): AUROC [source-grouped 95% CI over the "
                 "dataset's answers] / balanced accuracy / ECE with the "
-                "pooled calibration → balanced accuracy / ECE with each dataset's own "
-                "calibration and threshold; token AP over the dataset's labelled tokens; "
+                "pooled calibration → AUROC / balanced accuracy / ECE with each dataset's "
+                "own calibration and threshold (and the ensemble's stacker of that dataset's "
+                "own, where it has one); token AP over the dataset's labelled tokens; "
                 "span precision / recall / F1 by character overlap over its answers",
                 "",
             ]
@@ -554,7 +555,8 @@ class CVRun:
                     cell += f"{format_metric(m.get('balanced_accuracy'))} / "
                     cell += format_metric(m.get("ece"))
                     if "own_ece" in m:
-                        cell += f" → {format_metric(m.get('own_balanced_accuracy'))} / {format_metric(m['own_ece'])}"
+                        own = f"{format_ci(m, 'own_auroc')} / " if "own_auroc" in m else ""
+                        cell += f" → {own}{format_metric(m.get('own_balanced_accuracy'))} / {format_metric(m['own_ece'])}"
                     if m.get("token_ap") is not None:
                         cell += f"; token AP {format_metric(m['token_ap'])}"
                     if m.get("spans"):
@@ -690,11 +692,15 @@ def _breakdown(
 def _with_own(
     pooled: dict[str, dict[str, Any]], own: dict[str, dict[str, Any]]
 ) -> dict[str, dict[str, Any]]:
-    """The per-dataset breakdown, with ``own_balanced_accuracy`` and ``own_ece`` from
-    each dataset's own calibration beside the pooled calibration's."""
+    """The per-dataset breakdown, with ``own_auroc`` (and ``own_auroc_ci`` when ``own``
+    has it), ``own_balanced_accuracy`` and ``own_ece`` from each dataset's own
+    calibration (and the ensemble's stacker of that dataset's own, where it has one:
+    then the AUROC differs too) beside the pooled ones."""
     return {
         k: {
             **v,
+            "own_auroc": own[k]["auroc"],
+            **({"own_auroc_ci": own[k]["auroc_ci"]} if "auroc_ci" in own[k] else {}),
             "own_balanced_accuracy": own[k]["balanced_accuracy"],
             "own_ece": own[k]["ece"],
         }
@@ -954,7 +960,7 @@ def cross_validate(
                 by_dataset=_with_tokens(
                     _with_own(
                         _breakdown(sets, y, scores, flagged, groups, n_boot, seed),
-                        _breakdown(sets, y, own_scores, own_flagged),
+                        _breakdown(sets, y, own_scores, own_flagged, groups, n_boot, seed),
                     ),
                     sets,
                     exs,

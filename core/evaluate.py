@@ -31,7 +31,7 @@ from core.calibration import (
     DatasetCalibration,
     PlattCalibrator,
 )
-from core.contract import Detector, Features, Verdict, judge_features
+from core.contract import Detector, Features, Verdict, judge_features, own_raw_scores
 from core.data import data_hash
 from core.detectors import detector_class, make_detector
 from core.errors import DataError
@@ -352,7 +352,10 @@ def set_thresholds(
     (:data:`~core.calibration.MIN_DATASET_ANSWERS`, and
     :data:`~core.calibration.MIN_DATASET_CLASS` of each class) a calibrator and
     threshold of its own, fitted on its answers alone (``det.dataset_calibration_``);
-    the pooled ones stay the default for answers of no known dataset.
+    the pooled ones stay the default for answers of no known dataset. A detector with
+    scorers of datasets' own (the ensemble's ``dataset_stackers``) has each such
+    dataset's calibration fitted on that scorer's raw scores
+    (:func:`~core.contract.own_raw_scores`).
 
     Raises:
         DataError: The calibration answers are all of one class, or ``raw_verdicts``
@@ -376,7 +379,14 @@ def set_thresholds(
         cal = PlattCalibrator().fit(raw[use], y[use])
         det.calibration_ = cal
         det.dataset_calibration_ = (
-            dataset_calibrations(examples, raw, y, criterion) if by_dataset else {}
+            dataset_calibrations(
+                examples,
+                own_raw_scores(raw_v, [e.provenance.dataset for e in examples]),
+                y,
+                criterion,
+            )
+            if by_dataset
+            else {}
         )
         verdicts = [
             dataclasses.replace(

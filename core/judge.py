@@ -168,7 +168,7 @@ class AnswerVerdict:
                     "threshold": v.threshold,
                     "hallucinated": v.hallucinated,
                     "calibrated_for": v.calibrated_for,
-                    "raw_score": v.raw_score,
+                    "raw_score": v.judged_raw,
                 }
                 for name, v in self.verdicts.items()
             },

@@ -66,6 +66,8 @@ class ArtifactCard:
         calibrated: Whether its scores are calibrated probabilities.
         calibrations: The training datasets it keeps a calibration and threshold of its
             own for (an answer of one is judged by it).
+        own_stackers: The training datasets whose answers the ensemble reads with a
+            response stacker of that dataset's own (``ensemble.dataset_stackers``).
         auroc: Its recorded AUROC: pooled out of fold for cross-validated training,
             else on the held-out test split.
         auroc_from: Where :attr:`auroc` comes from (``"5-fold CV"``, ``"test split"``).
@@ -81,6 +83,7 @@ class ArtifactCard:
     token_threshold: float | None
     calibrated: bool
     calibrations: tuple[str, ...]
+    own_stackers: tuple[str, ...]
     auroc: float | None
     auroc_from: str | None
     metrics: Mapping[str, Any]
@@ -121,6 +124,7 @@ class ArtifactCard:
             token_threshold=float(token) if token is not None else None,
             calibrated=getattr(detector, "calibration_", None) is not None,
             calibrations=tuple(sorted(getattr(detector, "dataset_calibration_", None) or {})),
+            own_stackers=tuple(sorted(getattr(detector, "dataset_stackers_", None) or {})),
             auroc=auroc,
             auroc_from=auroc_from,
             metrics=metrics if isinstance(metrics, dict) else {},

@@ -33,6 +33,7 @@ if TYPE_CHECKING:
 
 MISSING = "-"
 
+OWN_AUROC = "AUROC, own stacker & calibration"
 OWN_BA = "balanced accuracy, own calibration"
 OWN_ECE = "ECE, own calibration"
 TOKEN_AP = "token AP"
@@ -43,13 +44,16 @@ DATASET_METRICS: tuple[str, ...] = (
     "AUROC",
     "balanced accuracy",
     "ECE",
+    OWN_AUROC,
     OWN_BA,
     OWN_ECE,
     TOKEN_AP,
     SPAN_F1,
 )
 """Per-dataset metrics; the *own calibration* ones judge each dataset's answers by the
-calibration and threshold fitted on that dataset alone (runs that combine datasets)."""
+calibration and threshold fitted on that dataset alone (runs that combine datasets);
+the own AUROC differs from the pooled one only where the ensemble has a stacker of that
+dataset's own (``dataset_stackers``)."""
 """What the per-dataset bars of a cross-validation can show (columns of
 :func:`breakdown_frame`)."""
 
@@ -216,6 +220,7 @@ def breakdown_frame(runs: Sequence[CVRun], by: Literal["generator", "dataset"]) 
                         AUROC_HIGH: hi,
                         "balanced accuracy": _num(m.get("balanced_accuracy")),
                         "ECE": _num(m.get("ece")),
+                        OWN_AUROC: _num(m.get("own_auroc")),
                         OWN_BA: _num(m.get("own_balanced_accuracy")),
                         OWN_ECE: _num(m.get("own_ece")),
                         TOKEN_AP: _num(m.get("token_ap")),

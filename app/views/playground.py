@@ -603,8 +603,16 @@ def training_caption(shipped: ShippedDetectors) -> str:
         parts.append(f"{md(label)}{f' ({n:,} answers)' if n else ''}{names}")
     trained = "; ".join(parts) if parts else "unrecorded data"
     checked = ", ".join(dict.fromkeys(d.auroc_from for d in shipped.detectors if d.auroc_from))
-    return f"Detector set **{md(shipped.name)}**: trained on {trained}" + (
-        f", AUROC from {checked}." if checked else "."
+    own = [(d.name, d.own_stackers) for d in shipped.detectors if d.own_stackers]
+    stackers = "".join(
+        f" Its {md(name)} reads answers of {', '.join(md(s) for s in sets)} with a stacker "
+        "of that dataset's own, fitted on its answers alone."
+        for name, sets in own
+    )
+    return (
+        f"Detector set **{md(shipped.name)}**: trained on {trained}"
+        + (f", AUROC from {checked}." if checked else ".")
+        + stackers
     )
 
 

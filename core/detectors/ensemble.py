@@ -32,6 +32,14 @@ stacker.
   ``token_context``, the answer's stacked logit and its products); a second logistic
   regression on the gold token labels of the stacking split.
 
+- Per dataset, with ``dataset_stackers``: a training dataset may also get a response
+  stacker of its own, fitted on that dataset's stacking rows alone with its own
+  ``answer_token_max`` widths (the members and the token stacker stay shared). Its raw
+  score rides in :attr:`~core.contract.Verdict.raw_by_dataset`; the dataset's own
+  calibration is fitted on it, and :func:`core.contract.for_dataset` judges an answer
+  of that dataset (or another split of it) by it. Answers of any other dataset are read
+  by the pooled stacker as before.
+
 A verdict's explanation is each member's contribution to the response logit;
 :meth:`EnsembleDetector.member_verdicts` gives the members' own verdicts.
 The artifact folder holds the stacker and each member's own artifact
@@ -49,6 +57,12 @@ import numpy as np
 
 from core import learners
 from core.artifact import load_fitted, save_fitted
+from core.calibration import (
+    MAX_DATASET_CALIBRATIONS,
+    MAX_DATASET_NAME,
+    MIN_DATASET_ANSWERS,
+    MIN_DATASET_CLASS,
+)
 from core.contract import (
     Detector,
     DetectorBase,
@@ -126,6 +140,11 @@ class EnsembleConfig(DetectorConfig):
             logits averaged over centred windows of the width: an answer is as suspect
             as its most suspect stretch. An answer a member left without token scores
             reads the member's response logit there instead. Empty: none.
+        dataset_stackers: Training dataset name -> the ``answer_token_max`` widths of a
+            response stacker of that dataset's own, fitted on its stacking answers alone
+            (a dataset with fewer than :data:`~core.calibration.MIN_DATASET_ANSWERS`
+            of them, or :data:`~core.calibration.MIN_DATASET_CLASS` of a class, gets
+            none; ``train_info_`` says so). Empty: the pooled stacker reads every answer.
         stacking: ``crossfit`` (stack the members' out-of-fold scores on all training
             answers) or ``split`` (stack scores on the validation split only); see the
             module docstring.
@@ -139,6 +158,7 @@ class EnsembleConfig(DetectorConfig):
             "token_context",
             "token_windows",
             "answer_token_max",
+            "dataset_stackers",
             "seed",
             "stacking",
             "stack_folds",
@@ -151,9 +171,18 @@ class EnsembleConfig(DetectorConfig):
     token_context: bool = False
     token_windows: tuple[int, ...] = ()
     answer_token_max: tuple[int, ...] = ()
+    dataset_stackers: Mapping[str, tuple[int, ...]] = field(default_factory=dict)
     stacking: str = "crossfit"
     stack_folds: int = STACK_FOLDS
     seed: int = 0
+
+    def to_dict(self) -> dict[str, Any]:
+        """The options; ``dataset_stackers`` only when set (so the configs of artifacts
+        saved before it existed keep their hash)."""
+        d = super().to_dict()
+        if not d["dataset_stackers"]:
+            del d["dataset_stackers"]
+        return d
 
     def __post_init__(self) -> None:
         if self.stacking not in STACKINGS:
@@ -163,6 +192,7 @@ class EnsembleConfig(DetectorConfig):
             )
         widths = _widths(self.token_windows, "token_windows", "[9, 25]")
         _widths(self.answer_token_max, "answer_token_max", "[1, 25]")
+        object.__setattr__(self, "dataset_stackers", _dataset_stackers(self.dataset_stackers))
         if 1 in widths:
             raise DataError(
                 f"token_windows must be widths above 1 (the raw logits are always read), "
@@ -202,6 +232,7 @@ class EnsembleDetector(DetectorBase):
         self.token_stacker_: LogisticCalibrator | None = None
         self.token_members_: tuple[str, ...] = ()
         self.answer_members_: tuple[str, ...] = ()
+        self.dataset_stackers_: dict[str, DatasetStacker] = {}
         self.model_key_: str | None = None
         self.threshold_: float = 0.5
         self.train_info_: dict[str, Any] = {}
@@ -306,14 +337,11 @@ class EnsembleDetector(DetectorBase):
                 "the ensemble's stacking split needs faithful and hallucinated examples; "
                 "use a larger or more balanced dataset"
             )
-        self.answer_members_ = (
-            tuple(n for n in self.config.members if all(_has_tokens(v[n]) for v in verdicts))
-            if self.config.answer_token_max
-            else ()
-        )
+        self.answer_members_ = self._answer_members(verdicts, self.config.answer_token_max)
         X = np.stack([self._row(v) for v in verdicts])
         c = choose_c(X, y, self.config.seed)
         self.stacker_ = LogisticCalibrator(C=c, class_weight=None).fit(X, y)
+        self.dataset_stackers_, own_info = self._fit_dataset_stackers(verdicts, st_ex)
         self.token_stacker_ = None
         self.token_members_ = ()
         if self.config.tokens:
@@ -327,8 +355,53 @@ class EnsembleDetector(DetectorBase):
             "C": c,
             "token_members": list(self.token_members_),
             "answer_token_members": list(self.answer_members_),
+            **({"dataset_stackers": own_info} if self.config.dataset_stackers else {}),
         }
         return self
+
+    def _answer_members(
+        self, verdicts: Sequence[Mapping[str, Verdict]], widths: Sequence[int]
+    ) -> tuple[str, ...]:
+        """The members whose token peaks a stacker with ``widths`` reads: those that
+        scored the tokens of every stacking answer (none without widths)."""
+        if not widths:
+            return ()
+        return tuple(n for n in self.config.members if all(_has_tokens(v[n]) for v in verdicts))
+
+    def _fit_dataset_stackers(
+        self, verdicts: Sequence[Mapping[str, Verdict]], st_ex: Sequence[RAGExample]
+    ) -> tuple[dict[str, DatasetStacker], dict[str, dict[str, Any]]]:
+        """Each ``dataset_stackers`` dataset's own response stacker, fitted on its
+        stacking rows alone (see the module docstring), and what each fit used (or why
+        a dataset got none)."""
+        out: dict[str, DatasetStacker] = {}
+        info: dict[str, dict[str, Any]] = {}
+        names = [e.provenance.dataset for e in st_ex]
+        for name, widths in self.config.dataset_stackers.items():
+            rows = [i for i, d in enumerate(names) if d == name]
+            y = response_labels([st_ex[i] for i in rows]) if rows else np.zeros(0)
+            n_pos = int(y.sum())
+            if len(rows) < MIN_DATASET_ANSWERS or min(n_pos, len(rows) - n_pos) < MIN_DATASET_CLASS:
+                info[name] = {
+                    "n": len(rows),
+                    "n_positive": n_pos,
+                    "skipped": (
+                        f"needs {MIN_DATASET_ANSWERS} stacking answers with "
+                        f"{MIN_DATASET_CLASS} of each class"
+                    ),
+                }
+                continue
+            vs = [verdicts[i] for i in rows]
+            members = self._answer_members(vs, widths)
+            X = np.stack([self._row(v, widths, members) for v in vs])
+            c = choose_c(X, y, self.config.seed)
+            out[name] = DatasetStacker(
+                widths=tuple(widths),
+                answer_members=members,
+                stacker=LogisticCalibrator(C=c, class_weight=None).fit(X, y),
+            )
+            info[name] = {"n": len(rows), "n_positive": n_pos, "C": c}
+        return out, info
 
     def _fit_members(
         self,
@@ -424,26 +497,31 @@ class EnsembleDetector(DetectorBase):
             for n, det in (self.members_ if members is None else members).items()
         }
 
-    def _row(self, verdicts: Mapping[str, Verdict]) -> np.ndarray:
+    def _row(
+        self,
+        verdicts: Mapping[str, Verdict],
+        widths: Sequence[int] | None = None,
+        answer_members: Sequence[str] | None = None,
+    ) -> np.ndarray:
         """The response stacker's inputs (:meth:`input_names`): each member's response
-        logit, then per width of ``answer_token_max`` each answer member's windowed
-        token-logit maximum."""
+        logit, then per width of ``answer_token_max`` (or ``widths``, a dataset
+        stacker's) each answer member's windowed token-logit maximum."""
+        widths = self.config.answer_token_max if widths is None else widths
+        members = self.answer_members_ if answer_members is None else answer_members
         row = logit(np.asarray([verdicts[n].score for n in self.config.members]))
-        if not self.answer_members_:
+        if not members or not widths:
             return row
-        peaks = [
-            _token_peak(verdicts[n], w)
-            for w in self.config.answer_token_max
-            for n in self.answer_members_
-        ]
+        peaks = [_token_peak(verdicts[n], w) for w in widths for n in members]
         return np.concatenate([row, np.asarray(peaks, dtype=np.float64)])
 
-    def input_names(self) -> list[str]:
-        """Names of the response stacker's inputs: the members, then ``<member>
-        max@<width>`` per width of ``answer_token_max`` and answer member."""
-        return list(self.config.members) + [
-            f"{n} max@{w}" for w in self.config.answer_token_max for n in self.answer_members_
-        ]
+    def input_names(self, dataset: str | None = None) -> list[str]:
+        """Names of the response stacker's inputs (of ``dataset``'s own stacker when
+        given): the members, then ``<member> max@<width>`` per width of
+        ``answer_token_max`` and answer member."""
+        own = self.dataset_stackers_.get(dataset) if dataset is not None else None
+        widths = own.widths if own is not None else self.config.answer_token_max
+        members = own.answer_members if own is not None else self.answer_members_
+        return list(self.config.members) + [f"{n} max@{w}" for w in widths for n in members]
 
     def _token_rows(
         self,
@@ -497,6 +575,18 @@ class EnsembleDetector(DetectorBase):
                 token_scores = self.token_stacker_.predict_proba(X).astype(np.float32)
             else:
                 offsets = None
+        own = {
+            name: float(
+                np.clip(
+                    s.stacker.predict_proba(
+                        self._row(verdicts, s.widths, s.answer_members)[None, :]
+                    )[0],
+                    0.0,
+                    1.0,
+                )
+            )
+            for name, s in self.dataset_stackers_.items()
+        }
         return thresholded_verdict(
             self,
             features,
@@ -504,6 +594,7 @@ class EnsembleDetector(DetectorBase):
             token_scores=token_scores,
             token_offsets=offsets,
             explanation={n: float(c) for n, c in zip(self.input_names(), contrib, strict=True)},
+            raw_by_dataset=own,
         )
 
     def importances(self) -> list[tuple[str, float]]:
@@ -530,6 +621,13 @@ class EnsembleDetector(DetectorBase):
                 "token": self.token_stacker_.to_json() if self.token_stacker_ else None,
                 "token_members": list(self.token_members_),
                 "answer_token_members": list(self.answer_members_),
+                "dataset_stackers": {
+                    name: {
+                        "response": st.stacker.to_json(),
+                        "answer_token_members": list(st.answer_members),
+                    }
+                    for name, st in self.dataset_stackers_.items()
+                },
             },
             extra=extra,
         )
@@ -544,17 +642,29 @@ class EnsembleDetector(DetectorBase):
             members = det.config.members
             det.token_members_ = _member_names(w.get("token_members"), members, folder)
             det.answer_members_ = _member_names(w.get("answer_token_members"), members, folder)
+            det.dataset_stackers_ = _read_dataset_stackers(
+                w.get("dataset_stackers", {}), det.config, folder
+            )
 
         det = load_fitted(cls, folder, model_key, fill)
-        n_inputs = len(det.input_names())
-        if det.stacker_.coef_ is None or det.stacker_.coef_.shape != (n_inputs,):
-            raise DataError(
-                f"the ensemble's stacker does not read the {n_inputs} inputs its "
-                f"{len(det.config.members)} members and answer_token_max="
-                f"{list(det.config.answer_token_max)} give; retrain it with "
-                "`ragscope train --detectors ensemble`",
-                source=str(folder),
-            )
+        for name, stacker in [(None, det.stacker_)] + [
+            (d, s.stacker) for d, s in det.dataset_stackers_.items()
+        ]:
+            n_inputs = len(det.input_names(name))
+            if stacker.coef_ is None or stacker.coef_.shape != (n_inputs,):
+                widths = (
+                    det.config.dataset_stackers[name]
+                    if name is not None
+                    else det.config.answer_token_max
+                )
+                whose = f"{name!r}'s stacker" if name is not None else "stacker"
+                raise DataError(
+                    f"the ensemble's {whose} does not read the {n_inputs} inputs its "
+                    f"{len(det.config.members)} members and answer_token_max="
+                    f"{list(widths)} give; retrain it with "
+                    "`ragscope train --detectors ensemble`",
+                    source=str(folder),
+                )
         if det.token_stacker_ is not None:
             k = len(det.token_members_)
             want = token_inputs(det.config, k)
@@ -572,6 +682,81 @@ class EnsembleDetector(DetectorBase):
                 Path(folder) / "members" / n, model_key=det.model_key_
             )
         return det
+
+
+@dataclass(frozen=True, kw_only=True)
+class DatasetStacker:
+    """A training dataset's own response stacker (``EnsembleConfig.dataset_stackers``).
+
+    Attributes:
+        widths: Its ``answer_token_max`` widths.
+        answer_members: The members whose token peaks it reads.
+        stacker: The fitted logistic regression.
+    """
+
+    widths: tuple[int, ...]
+    answer_members: tuple[str, ...]
+    stacker: LogisticCalibrator
+
+
+def _dataset_stackers(value: object) -> dict[str, tuple[int, ...]]:
+    """``dataset_stackers`` as written (a config is hostile): at most
+    :data:`~core.calibration.MAX_DATASET_CALIBRATIONS` dataset names of one short line,
+    each mapped to a list of distinct odd widths."""
+    example = '{"ragtruth_qa_dev": [25]}'
+    if not isinstance(value, Mapping):
+        raise DataError(
+            f"dataset_stackers must map dataset names to widths, e.g. {example}; got "
+            f"{type(value).__name__}",
+            field="dataset_stackers",
+        )
+    if len(value) > MAX_DATASET_CALIBRATIONS:
+        raise DataError(
+            f"dataset_stackers names {len(value)} datasets; at most {MAX_DATASET_CALIBRATIONS}",
+            field="dataset_stackers",
+        )
+    out = {}
+    for name, widths in value.items():
+        if type(name) is not str or not 0 < len(name) <= MAX_DATASET_NAME or "\n" in name:
+            raise DataError(
+                "dataset_stackers has a dataset name that is not one short line",
+                field="dataset_stackers",
+            )
+        if type(widths) not in (list, tuple):
+            raise DataError(
+                f"dataset_stackers[{name!r}] must be a list of odd widths (may be empty), "
+                f"e.g. {example}; got {widths!r}",
+                field="dataset_stackers",
+            )
+        out[name] = tuple(_widths(tuple(widths), f"dataset_stackers[{name!r}]", "[25]"))
+    return out
+
+
+def _read_dataset_stackers(
+    value: object, config: EnsembleConfig, folder: str | Path
+) -> dict[str, DatasetStacker]:
+    """A saved ``dataset_stackers`` weight map, read as untrusted: only datasets the
+    config names (a dataset may lack one: too few answers), each stacker valid."""
+    if not isinstance(value, Mapping) or not set(value) <= set(config.dataset_stackers):
+        raise DataError(
+            "the ensemble's weights hold dataset stackers its config does not name; retrain "
+            "it with `ragscope train --detectors ensemble`",
+            source=str(folder),
+        )
+    out = {}
+    for name, w in value.items():
+        if not isinstance(w, Mapping) or set(w) != {"response", "answer_token_members"}:
+            raise DataError(
+                f"the ensemble's stacker of {name!r} is malformed; retrain it with "
+                "`ragscope train --detectors ensemble`",
+                source=str(folder),
+            )
+        out[name] = DatasetStacker(
+            widths=config.dataset_stackers[name],
+            answer_members=_member_names(w["answer_token_members"], config.members, folder),
+            stacker=LogisticCalibrator.from_json(w["response"]),
+        )
+    return out
 
 
 def token_inputs(config: EnsembleConfig, k: int) -> int:

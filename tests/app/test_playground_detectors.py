@@ -13,6 +13,7 @@ import re
 import shutil
 from collections.abc import Callable
 from pathlib import Path
+from types import SimpleNamespace
 
 import numpy as np
 import pandas as pd
@@ -34,6 +35,7 @@ from app.state import (
 from app.state.detectors import ShippedDetector
 from app.state.verdicts import verdict_frame
 from app.text import md
+from app.views.playground import training_caption
 from core.artifact import artifact_info
 from core.calibration import DatasetCalibration, PlattCalibrator
 from core.contract import Verdict, align_token_scores
@@ -602,3 +604,25 @@ def test_verdict_table_says_which_calibration_judged_each_answer() -> None:
     assert frame["verdict"].tolist() == ["flagged", "not flagged"]
     uncalibrated = dataclasses.replace(shipped, calibrated=False)
     assert verdict_frame([uncalibrated], [elsewhere])["calibrated for"].tolist() == [""]
+
+
+def test_the_training_caption_names_the_datasets_an_ensemble_reads_with_their_own_stacker():
+    def card(name, own=()):
+        return SimpleNamespace(
+            name=name, trained_on="a_dev + b", n_train=120, auroc_from="5-fold CV", own_stackers=own
+        )
+
+    plain = SimpleNamespace(name="default", trained_on=["a_dev + b"], detectors=[card("nll")])
+    assert training_caption(plain) == (
+        "Detector set **default**: trained on a\\_dev + b (120 answers), AUROC from 5-fold CV."
+    )
+    shipped = SimpleNamespace(
+        name="default",
+        trained_on=["a_dev + b"],
+        detectors=[card("nll"), card("ensemble", ("a_dev",))],
+    )
+    text = training_caption(shipped)
+    assert text.endswith(
+        "Its ensemble reads answers of a\\_dev with a stacker of that dataset's own, fitted "
+        "on its answers alone."
+    )

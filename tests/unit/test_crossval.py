@@ -580,6 +580,10 @@ def test_cv_reports_each_datasets_own_calibration(tiny_model, examples, extracti
     assert set(by) == {"a", "b"}
     for m in by.values():
         assert 0.0 <= m["own_ece"] <= 1.0 and m["own_balanced_accuracy"] is not None
+        # the AUROC of the answers as each dataset's own calibration (and stacker) reads them
+        lo, hi = m["own_auroc_ci"]
+        assert lo <= m["own_auroc"] <= hi
+        assert f"→ {m['own_auroc']:.3f} [{lo:.3f}, {hi:.3f}] / " in run.to_markdown()
     assert "→" in run.to_markdown()
     # Each dataset's AUROC carries its own source-grouped bootstrap interval, over that
     # dataset's answers alone (a part's AUROC is a statistic from fewer answers).

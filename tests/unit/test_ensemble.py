@@ -11,11 +11,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.calibration import MIN_DATASET_ANSWERS, PlattCalibrator
+from core.contract import for_dataset, judge_features
 from core.data import resolve_dataset, split_examples
 from core.detectors import detector_class, make_detector
 from core.detectors.ensemble import STACK_FOLDS, EnsembleDetector, choose_c, logit
 from core.errors import DataError, ModelError
-from core.evaluate import evaluate
+from core.evaluate import evaluate, set_thresholds
 from core.examples import source_key
 from core.extract import FeatureCache, extract_features, run_example
 from core.learners import LogisticCalibrator, grouped_folds
@@ -436,3 +438,108 @@ def test_the_ensembles_token_scores_flag_review_spans_like_any_detectors(splits,
     assert ex.response[a:b].strip() in ex.response[hit.start : hit.end]
     assert hit.sources == {"ensemble": (pytest.approx(thr), thr)}
     assert ex.response[hit.start : hit.end].strip() == ex.response[hit.start : hit.end]
+
+
+def _as_datasets(examples, names=("alpha_dev", "beta")):
+    """``examples`` with their sources dealt out to the datasets ``names`` in turn."""
+    keys = sorted({source_key(e) for e in examples})
+    which = {k: names[i % len(names)] for i, k in enumerate(keys)}
+    return [
+        dataclasses.replace(
+            e, provenance=dataclasses.replace(e.provenance, dataset=which[source_key(e)])
+        )
+        for e in examples
+    ]
+
+
+def test_a_dataset_stacker_reads_its_datasets_answers_through_that_datasets_calibration(
+    splits, extracted, tmp_path: Path, tiny_model, reseal
+):
+    """With dataset_stackers a training dataset gets a response stacker of its own,
+    fitted on its stacking rows alone with its own token-peak widths; its raw score
+    rides in the verdict, that dataset's own calibration is fitted on it, and every
+    judging path (for_dataset) reads an answer of that dataset (or another split of it)
+    by it, while other datasets and unknown ones keep the pooled stacker."""
+    _, f = extracted
+    train = _as_datasets(splits["train"])
+    alpha = [i for i, e in enumerate(train) if e.provenance.dataset == "alpha_dev"]
+    assert len(alpha) >= MIN_DATASET_ANSWERS
+    ens = _ensemble(dataset_stackers={"alpha_dev": [5], "beta": [], "gamma": [3]}).fit(
+        f["train"], train
+    )
+    # the pooled stacker is what it is without dataset stackers
+    plain = _ensemble().fit(f["train"], train)
+    np.testing.assert_allclose(ens.stacker_.coef_, plain.stacker_.coef_)
+    info = ens.train_info_["dataset_stackers"]
+    assert info["alpha_dev"]["n"] == len(alpha) and "skipped" in info["gamma"]
+    assert (
+        set(ens.dataset_stackers_) <= {"alpha_dev", "beta"} and "alpha_dev" in ens.dataset_stackers_
+    )
+    own = ens.dataset_stackers_["alpha_dev"]
+    assert own.widths == (5,) and own.answer_members
+    assert own.stacker.coef_.shape == (len(MEMBERS) + len(own.answer_members),)
+    assert ens.input_names("alpha_dev")[len(MEMBERS) :] == [
+        f"{n} max@5" for n in own.answer_members
+    ]
+    x = f["test"][0]
+    v = ens.predict(x)
+    row = ens._row(ens.member_verdicts(x), (5,), own.answer_members)
+    assert v.raw_by_dataset["alpha_dev"] == pytest.approx(
+        float(own.stacker.predict_proba(row[None, :])[0])
+    )
+    assert v.score == pytest.approx(plain.predict(x).score)
+    # calibration: alpha_dev's own is fitted on its stacker's raw scores
+    raw = [ens.predict(g) for g in f["train"]]
+    set_thresholds(ens, f["train"], train, calibrate=[True] * len(train), by_dataset=True)
+    cal = ens.dataset_calibration_["alpha_dev"]
+    by_hand = PlattCalibrator().fit(
+        np.array([raw[i].raw_by_dataset["alpha_dev"] for i in alpha]),
+        np.array([int(bool(train[i].label)) for i in alpha]),
+    )
+    probe = np.array([0.2, 0.5, 0.8])
+    np.testing.assert_allclose(cal.calibrator.transform(probe), by_hand.transform(probe), atol=1e-6)
+    # every path: another split of alpha reads its stacker; beta and unknown do not
+    v = ens.predict(x)
+    a = judge_features(ens, x, "alpha_test")
+    assert a.calibrated_for == "alpha_dev" and a.raw_score == v.raw_score
+    assert a.judged_raw == v.raw_by_dataset["alpha_dev"]
+    assert a.score == pytest.approx(cal.apply(v.raw_by_dataset["alpha_dev"]))
+    assert a.hallucinated == (a.score >= cal.threshold)
+    assert for_dataset(ens, v, "alpha_dev").score == a.score
+    assert judge_features(ens, x, None).score == v.score and v.judged_raw == v.raw_score
+    if "beta" in ens.dataset_calibration_ and "beta" not in ens.dataset_stackers_:
+        b = judge_features(ens, x, "beta")
+        assert b.score == pytest.approx(ens.dataset_calibration_["beta"].apply(v.raw_score))
+    # the artifact keeps the dataset stackers; tampering is refused
+    out = ens.save(tmp_path / "own")
+    back = detector_class("ensemble").load(out, model_key=tiny_model.info.key)
+    assert set(back.dataset_stackers_) == set(ens.dataset_stackers_)
+    assert back.config.dataset_stackers == {"alpha_dev": (5,), "beta": (), "gamma": (3,)}
+    assert back.predict(x).raw_by_dataset == pytest.approx(v.raw_by_dataset)
+    assert judge_features(back, x, "alpha_test").score == pytest.approx(a.score)
+    _refused(
+        out, reseal, "dataset_stackers", {"alpha_dev": [3, 5], "beta": []}, "'alpha_dev'.s stacker"
+    )
+    for bad, match in (
+        ({"alpha_dev": [4]}, "dataset_stackers"),
+        ({"alpha_dev": "5"}, "dataset_stackers"),
+        ({"": [5]}, "dataset_stackers"),
+        ({"a\nb": []}, "dataset_stackers"),
+        ([5], "dataset_stackers"),
+        ({f"d{i}": [] for i in range(1000)}, "dataset_stackers"),
+    ):
+        _refused(out, reseal, "dataset_stackers", bad, match)
+    cfg = json.loads((out / "cfg.json").read_text())
+    cfg["config"]["dataset_stackers"] = {"alpha_dev": [5], "beta": [], "gamma": [3]}
+    (out / "cfg.json").write_text(json.dumps(cfg))
+    w = json.loads((out / "weights.json").read_text())
+    for bad in (
+        {"delta": w["dataset_stackers"]["alpha_dev"]},
+        {"alpha_dev": {"response": w["response"]}},
+        {"alpha_dev": {**w["dataset_stackers"]["alpha_dev"], "answer_token_members": ["spad"]}},
+        "alpha_dev",
+    ):
+        (out / "weights.json").write_text(json.dumps({**w, "dataset_stackers": bad}))
+        reseal(out)
+        with pytest.raises(DataError):
+            detector_class("ensemble").load(out)
