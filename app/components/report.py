@@ -298,7 +298,7 @@ def answer_report_html(
             "reviewer": r.reviewer,
             "decision": r.decision,
             "span": example.response[r.start : r.end],
-            "type": r.label_type or "",
+            "type": r.type_text or "",
             "note": r.note or "",
             "when": r.updated_at,
         }

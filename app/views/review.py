@@ -552,7 +552,7 @@ def item_card(
         if item.reviews:
             st.markdown("**Reviews**")
             for r in item.reviews:
-                typ = f" · {r.label_type}" if r.label_type else ""
+                typ = f" · {r.type_text}" if r.type_text else ""
                 note = f" · “{md(r.note)}”" if r.note else ""
                 st.caption(
                     f"{md(r.reviewer)}: **{r.decision}** “{md(ex.response[r.start : r.end])}”"

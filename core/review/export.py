@@ -175,6 +175,8 @@ def reviews_frame(items: Sequence[ReviewItem], examples: Sequence[RAGExample]) -
                     "end": r.end,
                     "text": text[r.start : r.end],
                     "label_type": r.label_type,
+                    "kind": r.kind,
+                    "evidence": r.evidence,
                     "note": r.note,
                     "updated_at": r.updated_at,
                 }
@@ -182,7 +184,7 @@ def reviews_frame(items: Sequence[ReviewItem], examples: Sequence[RAGExample]) -
     cols = [
         "dataset", "example_id", "item", "flag_start", "flag_end", "flag_text", "detectors",
         "score", "task", "generator", "status", "reviewer", "decision", "start", "end", "text",
-        "label_type", "note", "updated_at",
+        "label_type", "kind", "evidence", "note", "updated_at",
     ]  # fmt: skip
     return pd.DataFrame(rows, columns=cols)
 

@@ -70,6 +70,13 @@ class Review:
             return None
         return LABEL_TYPES[(self.evidence, self.kind)]
 
+    @property
+    def type_text(self) -> str | None:
+        """What the reviewer chose of the span's type, in words: RAGTruth's label type
+        when both kind and evidence are set, else the one that is (``"conflict"``,
+        ``"subtle"``), else ``None``."""
+        return self.label_type or self.kind or self.evidence
+
 
 @dataclass(frozen=True, kw_only=True)
 class ReviewItem:

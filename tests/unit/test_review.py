@@ -517,3 +517,33 @@ def test_a_version_3_database_migrates_and_its_items_still_load(tmp_path: Path, 
     assert item.example_hash is None
     assert not item.is_stale(_example(0))  # same length: cannot tell, trusted
     assert item.is_stale(_example(0).with_response(RESPONSE + " Also."))
+
+
+def test_a_type_chosen_without_evidence_is_kept_shown_and_exported(book: ReviewBook):
+    """A reviewer who picks the kind (conflict) but no evidence level keeps that choice:
+    stored, in words (type_text) and in the table's own kind / evidence columns."""
+    examples = _queue(book)
+    items = book.items("demo", sort="position")
+    book.save_review(items[0].id, "ann", "accept", kind="conflict")
+    book.save_review(items[1].id, "ann", "accept", evidence="subtle")
+    book.save_review(items[2].id, "ann", "accept", kind="baseless", evidence="evident")
+    r0, r1, r2 = (book.item(it.id).reviews[0] for it in items[:3])
+    assert (r0.kind, r0.evidence, r0.label_type, r0.type_text) == (
+        "conflict",
+        None,
+        None,
+        "conflict",
+    )
+    assert (r1.kind, r1.evidence, r1.type_text) == (None, "subtle", "subtle")
+    assert r2.type_text == r2.label_type == "Evident Baseless Info"
+    frame = reviews_frame(book.items("demo", sort="position"), examples)
+    rows = frame.set_index("item")
+    assert rows.loc[items[0].id, "kind"] == "conflict" and pd.isna(
+        rows.loc[items[0].id, "evidence"]
+    )
+    assert rows.loc[items[1].id, "evidence"] == "subtle"
+    assert rows.loc[items[2].id, ["kind", "evidence", "label_type"]].tolist() == [
+        "baseless",
+        "evident",
+        "Evident Baseless Info",
+    ]
