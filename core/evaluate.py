@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 import inspect
 import json
+import re
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -273,14 +274,25 @@ def _smoothed(result: DetectorResult) -> Mapping[str, Any]:
     return (result.token_metrics or {}).get("smoothed") or {}
 
 
+RUN_STAMP = re.compile(r"^(\d{8}-\d{6})")
+"""The creation time that starts a run's file name (``20261127-102453-cv5-...``)."""
+
+
+def run_time(path: Path) -> str:
+    """When a saved run was made, as ``YYYYmmdd-HHMMSS`` (UTC): the stamp its name starts
+    with, else the file's modification time (a clone gives every file the same one)."""
+    m = RUN_STAMP.match(path.name)
+    if m is not None:
+        return m.group(1)
+    return datetime.fromtimestamp(path.stat().st_mtime, UTC).strftime("%Y%m%d-%H%M%S")
+
+
 def list_runs(folder: str | Path | None = None) -> list[Path]:
-    """Saved run JSON files, newest first."""
+    """Saved run JSON files, newest first (:func:`run_time`; ties by name)."""
     d = Path(folder) if folder is not None else runs_dir()
-    return (
-        sorted(d.glob("*.json"), key=lambda p: p.stat().st_mtime, reverse=True)
-        if d.is_dir()
-        else []
-    )
+    if not d.is_dir():
+        return []
+    return sorted(d.glob("*.json"), key=lambda p: (run_time(p), p.name), reverse=True)
 
 
 # ----------------------------------------------------------------------------- evaluate

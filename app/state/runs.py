@@ -8,8 +8,10 @@ cross-validations (:class:`~core.crossval.CVRun`) and cross-domain matrices
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypeVar
 
 import streamlit as st
 
@@ -22,6 +24,8 @@ from core.errors import DataError
 from core.evaluate import EvalRun, list_runs
 from core.matrix import MatrixRun, load_run
 from core.paths import runs_dir, shipped_runs_dir
+
+R = TypeVar("R", EvalRun, CVRun, MatrixRun)
 
 # Benchmark: saved runs
 KEY_BENCH_RUNS = "benchmark.runs"
@@ -133,6 +137,15 @@ class SavedRuns:
         return not (self.runs or self.cv or self.matrices)
 
 
+def newest_first(runs: Mapping[str, R], shipped: frozenset[str] | set[str]) -> dict[str, R]:
+    """``runs`` with this machine's first, then the shipped ones (``shipped``), each part
+    ordered by the time the run records it was made, newest first, ties by name (a
+    file's date says nothing in a fresh clone, where every file has the same)."""
+    by_name = sorted(runs.items())
+    by_time = sorted(by_name, key=lambda kv: str(kv[1].created_at), reverse=True)
+    return dict(sorted(by_time, key=lambda kv: kv[0] in shipped))
+
+
 def saved_runs() -> SavedRuns:
     """This machine's runs (:func:`core.evaluate.runs_dir`) and the shipped ones, by kind."""
 
@@ -162,9 +175,9 @@ def saved_runs() -> SavedRuns:
             shipped.add(run.name)
     return SavedRuns(
         folder=folder,
-        runs=evals,
-        cv=cvs,
-        matrices=matrices,
+        runs=newest_first(evals, shipped),
+        cv=newest_first(cvs, shipped),
+        matrices=newest_first(matrices, shipped),
         shipped=frozenset(shipped),
         shipped_folder=shipped_folder,
         unreadable=tuple(bad),

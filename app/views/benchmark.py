@@ -430,7 +430,7 @@ def _pick_saved(
     _keep_options(key, names)
     seed_widget(key, chosen)
     picked = st.multiselect(
-        f"{what} ({_where(saved, names)}; newest first; pick several to compare)",
+        f"{what} ({_where(saved, names)}; yours first, each newest first; pick several to compare)",
         names,
         key=key,
         format_func=lambda n: label(runs[n]) + (" · shipped" if n in saved.shipped else ""),

@@ -424,6 +424,38 @@ def test_shipped_runs_are_listed_after_local_ones_and_shadowed_by_name(
     assert table.iloc[0]["AUROC"] == f"{local.results[0].metrics['auroc']:.3f}"
 
 
+def test_runs_are_listed_newest_first_by_the_time_they_record(
+    make_app: Callable[[], AppTest],
+    runs_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """In a fresh clone every shipped file has the same date: the order comes from each
+    run's own creation time, this machine's runs first, each part newest first."""
+    shipped = tmp_path / "shipped-runs"
+    for name, month in (("a-old", 1), ("b-newest", 3), ("c-middle", 2)):
+        run = dataclasses.replace(
+            synthetic_run(name), created_at=f"2026-0{month}-01T00:00:00+00:00"
+        )
+        run.save(shipped)
+    monkeypatch.setenv("RAGSCOPE_SHIPPED_RUNS_DIR", str(shipped))
+    for name, month in (("z-mine-old", 4), ("y-mine-new", 5)):
+        run = dataclasses.replace(
+            synthetic_run(name), created_at=f"2026-0{month}-01T00:00:00+00:00"
+        )
+        run.save(runs_dir)
+    at = _benchmark(make_app)
+    picker = at.multiselect(key=KEY_BENCH_RUNS)
+    assert [o.split(" · ")[0] for o in picker.options] == [
+        "y-mine-new",
+        "z-mine-old",
+        "b-newest",
+        "c-middle",
+        "a-old",
+    ]
+    assert picker.value == ["y-mine-new"] and "newest first" in picker.label
+
+
 # --------------------------------------------------------------------------- cross-validation
 
 CV_DETECTORS = ("nll", "lexical")
