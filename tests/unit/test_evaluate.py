@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import os
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +14,7 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 
 from core.data import data_hash, split_examples
 from core.errors import DataError
-from core.evaluate import EvalRun, evaluate
+from core.evaluate import EvalRun, evaluate, list_runs
 from core.examples import Provenance, RAGExample, Span, source_key
 from core.metrics import best_threshold, response_metrics, token_metrics
 
@@ -264,3 +265,19 @@ def test_token_threshold_is_the_best_token_f1_threshold():
     assert t == pytest.approx(best_threshold(y, s, "f1"))
     none = [Verdict(detector="d", example_id=e.id, score=0.5) for e in examples]
     assert token_threshold(examples, none) is None
+
+
+def test_saved_runs_are_listed_by_the_stamp_their_name_starts_with(tmp_path: Path) -> None:
+    """A fresh clone gives every run file one date: the stamp in the name orders them,
+    newest first; a run named without one falls back on its file's time."""
+    names = ["20261125-205830-cv5-a.json", "20261127-102453-cv5-b.json", "20261126-081005-c.json"]
+    for n in names:
+        (tmp_path / n).write_text("{}")
+        os.utime(tmp_path / n, (1_000_000_000, 1_000_000_000))  # one date for all
+    (tmp_path / "mine.json").write_text("{}")
+    os.utime(tmp_path / "mine.json", (1_900_000_000, 1_900_000_000))  # 2030
+    assert [p.name for p in list_runs(tmp_path)] == [
+        "mine.json", "20261127-102453-cv5-b.json", "20261126-081005-c.json",
+        "20261125-205830-cv5-a.json",
+    ]  # fmt: skip
+    assert list_runs(tmp_path / "none") == []
