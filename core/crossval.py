@@ -54,6 +54,7 @@ from core.metrics import (
     SPAN_F1_NOTE,
     auroc_or_none,
     ci_columns,
+    evidence_warning,
     grouped_bootstrap_ci,
     is_binary,
     length_bins,
@@ -515,6 +516,9 @@ class CVRun:
             )
         if any(r.spans for r in self.results):
             lines += ["", SPAN_F1_NOTE]
+        warn = evidence_warning(np.asarray(self.labels), "The answers")
+        if warn:
+            lines += ["", f"**Too few answers.** {warn}"]
         length = dict(self.baseline.get("answer_length") or {})
         if length.get("auroc") is not None:
             lines += [
@@ -563,6 +567,16 @@ class CVRun:
                         cell += f"; span P/R/F1 {format_span_prf(m['spans'])}"
                     cells.append(cell)
                 lines.append(f"| {r.detector} | " + " | ".join(cells) + " |")
+            sets_of = np.asarray(self.example_datasets)
+            labels = np.asarray(self.labels)
+            for s in sets:
+                warn = (
+                    evidence_warning(labels[sets_of == s], f"{s}'s answers")
+                    if sets_of.size == labels.size
+                    else None
+                )
+                if warn:
+                    lines += ["", f"**Too few answers.** {warn}"]
         ex = self.extraction
         if ex:
             lines += [

@@ -42,6 +42,7 @@ from core.labels import span_labels
 from core.metrics import (
     best_threshold,
     ci_columns,
+    evidence_warning,
     is_binary,
     response_metrics,
     token_metrics,
@@ -236,6 +237,9 @@ class EvalRun:
                 f"{f(m.get('pearson_r'))} | {f(t.get('ap'))} | {f(t.get('auroc'))} |"
                 + (f" {f(sm.get('ap'))} | {f(sm.get('auroc'))} |" if p_stay else "")
             )
+        warn = evidence_warning(self.test_labels, "The test answers")
+        if warn:
+            lines += ["", f"**Too few answers.** {warn}"]
         ex = self.extraction
         if ex:
             lines += [

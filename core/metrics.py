@@ -18,6 +18,39 @@ def is_binary(y: np.ndarray) -> bool:
     return y.size > 0 and 0 < y.sum() < y.size
 
 
+MIN_CLASS_ANSWERS = 10
+"""Fewest answers of each class (hallucinated, faithful) for an AUROC, AP, balanced
+accuracy or correlation to be reported as an estimate: below it, reports say how many
+more are needed (:func:`evidence_warning`)."""
+
+
+def evidence_warning(y: np.ndarray | Sequence[int], what: str = "These answers") -> str | None:
+    """Why metrics of answers labelled ``y`` (0/1) are not to be read as facts — none
+    labelled, one class only, or fewer than :data:`MIN_CLASS_ANSWERS` of a class — with
+    what would fix it; ``None`` when there is enough of both."""
+    y = np.asarray(y)
+    n, pos = int(y.size), int(np.sum(y))
+    neg = n - pos
+    if n == 0:
+        return f"{what} hold no labelled answer: no metric can be computed."
+    if pos == 0 or neg == 0:
+        cls = "hallucinated" if neg == 0 else "faithful"
+        return (
+            f"{what} hold {n} answer{'' if n == 1 else 's'}, all {cls}: AUROC and AP are undefined, and balanced "
+            "accuracy, F1, precision and recall are fixed by construction, not measured. "
+            "Use data with both classes (more examples, e.g. a larger --limit)."
+        )
+    short = min(pos, neg)
+    if short < MIN_CLASS_ANSWERS:
+        cls = "hallucinated" if pos < neg else "faithful"
+        return (
+            f"{what} hold {pos} hallucinated and {neg} faithful answers: with fewer than "
+            f"{MIN_CLASS_ANSWERS} of a class these metrics are anecdotes, not estimates "
+            f"({MIN_CLASS_ANSWERS - short} more {cls} answers needed)."
+        )
+    return None
+
+
 def response_metrics(
     y: np.ndarray,
     scores: np.ndarray,

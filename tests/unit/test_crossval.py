@@ -585,6 +585,16 @@ def test_cv_reports_each_datasets_own_calibration(tiny_model, examples, extracti
         assert lo <= m["own_auroc"] <= hi
         assert f"→ {m['own_auroc']:.3f} [{lo:.3f}, {hi:.3f}] / " in run.to_markdown()
     assert "→" in run.to_markdown()
+    assert "Too few answers" not in run.to_markdown()
+    # A part of one class says so under the table instead of passing its numbers as facts.
+    sets_of = run.example_datasets
+    one_class = dataclasses.replace(
+        run, labels=tuple(0 if d == "b" else y for d, y in zip(sets_of, run.labels, strict=True))
+    )
+    n_b = sum(d == "b" for d in sets_of)
+    assert f"**Too few answers.** b's answers hold {n_b} answers, all faithful" in (
+        one_class.to_markdown()
+    )
     # Each dataset's AUROC carries its own source-grouped bootstrap interval, over that
     # dataset's answers alone (a part's AUROC is a statistic from fewer answers).
     for name, m in by.items():

@@ -16,7 +16,13 @@ from core.data import data_hash, split_examples
 from core.errors import DataError
 from core.evaluate import EvalRun, evaluate, list_runs
 from core.examples import Provenance, RAGExample, Span, source_key
-from core.metrics import best_threshold, response_metrics, token_metrics
+from core.metrics import (
+    MIN_CLASS_ANSWERS,
+    best_threshold,
+    evidence_warning,
+    response_metrics,
+    token_metrics,
+)
 
 
 def _ex(
@@ -281,3 +287,38 @@ def test_saved_runs_are_listed_by_the_stamp_their_name_starts_with(tmp_path: Pat
         "20261125-205830-cv5-a.json",
     ]  # fmt: skip
     assert list_runs(tmp_path / "none") == []
+
+
+def _run_of(labels: list[int]) -> EvalRun:
+    n = len(labels)
+    return EvalRun(
+        name="small",
+        created_at="2026-11-27T00:00:00+00:00",
+        model="m",
+        train_dataset="demo",
+        test_dataset="demo",
+        data_hashes={},
+        split_sizes={"train": 4, "validation": 1, "test": n},
+        test_ids=tuple(f"t{i}" for i in range(n)),
+        test_labels=tuple(labels),
+        test_tasks=("qa",) * n,
+        test_generators=("g",) * n,
+        results=(),
+    )
+
+
+def test_a_report_on_too_few_answers_says_so_and_what_would_fix_it() -> None:
+    """`evaluate --dataset demo --limit 6` tests on one answer: the report says the
+    metrics are undefined or fixed by construction instead of printing zeros as facts;
+    with fewer than MIN_CLASS_ANSWERS of a class it says how many more are needed."""
+    assert "all faithful" in evidence_warning([0])
+    assert "all hallucinated" in evidence_warning([1, 1, 1])
+    assert "no labelled answer" in evidence_warning([])
+    few = evidence_warning([1] * 3 + [0] * 30)
+    assert "3 hallucinated and 30 faithful" in few
+    assert f"{MIN_CLASS_ANSWERS - 3} more hallucinated answers needed" in few
+    enough = [1] * MIN_CLASS_ANSWERS + [0] * MIN_CLASS_ANSWERS
+    assert evidence_warning(enough) is None
+    md = _run_of([0]).to_markdown()
+    assert "**Too few answers.** The test answers hold 1 answer, all faithful" in md
+    assert "Too few answers" not in _run_of(enough).to_markdown()
