@@ -42,11 +42,16 @@ def evidence_warning(y: np.ndarray | Sequence[int], what: str = "These answers")
         )
     short = min(pos, neg)
     if short < MIN_CLASS_ANSWERS:
-        cls = "hallucinated" if pos < neg else "faithful"
+        more = MIN_CLASS_ANSWERS - short
+        need = (
+            f"{more} more answers of each class"
+            if max(pos, neg) < MIN_CLASS_ANSWERS
+            else f"{more} more {'hallucinated' if pos < neg else 'faithful'} answers"
+        )
         return (
             f"{what} hold {pos} hallucinated and {neg} faithful answers: with fewer than "
             f"{MIN_CLASS_ANSWERS} of a class these metrics are anecdotes, not estimates "
-            f"({MIN_CLASS_ANSWERS - short} more {cls} answers needed)."
+            f"({need} needed)."
         )
     return None
 

@@ -52,7 +52,18 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--device", default="auto", help="auto (cuda when present), cpu, cuda")
 
 
-def add_batch_size_arg(p: argparse.ArgumentParser) -> None:
+def help_epilog(examples: Sequence[tuple[str, str]], detectors: Sequence[str] = ()) -> str:
+    """A command's ``--help`` ending: worked examples (command, what it does) and, for a
+    command that takes ``--detectors``, the registered detector names."""
+    lines = ["examples:"]
+    for cmd, what in examples:
+        lines += [f"  {cmd}", f"      {what}"]
+    if detectors:
+        lines += ["", "detectors: " + ", ".join(detectors)]
+    return "\n".join(lines)
+
+
+def add_batch_size_arg(p: argparse.ArgumentParser | argparse._ArgumentGroup) -> None:
     p.add_argument(
         "--batch-size",
         type=int,
@@ -66,23 +77,25 @@ def add_batch_size_arg(p: argparse.ArgumentParser) -> None:
 
 def add_engine_args(p: argparse.ArgumentParser) -> None:
     """``--batch-size`` and the engine options (``--engine local|ray``, ``--address``,
-    ``--actors``, ``--gpus-per-actor``) of a command that extracts features."""
-    add_batch_size_arg(p)
-    p.add_argument(
+    ``--actors``, ``--gpus-per-actor``) of a command that extracts features, in a group of
+    their own at the end of ``--help``."""
+    g = p.add_argument_group("feature extraction (batching; Ray for several processes or machines)")
+    add_batch_size_arg(g)
+    g.add_argument(
         "--engine",
         choices=("local", "ray"),
         default="local",
         help="local: this process (default); ray: a Ray Data pipeline over an actor pool, "
         "each actor loading the model once (see --address, --actors, --gpus-per-actor)",
     )
-    p.add_argument(
+    g.add_argument(
         "--address",
         default=None,
         help="with --engine ray: 'auto' (the cluster this machine is in) or ray://host:port; "
         "default: start a local Ray on the spot",
     )
-    p.add_argument("--actors", type=int, default=2, help="with --engine ray: actors (model copies)")
-    p.add_argument(
+    g.add_argument("--actors", type=int, default=2, help="with --engine ray: actors (model copies)")
+    g.add_argument(
         "--gpus-per-actor",
         type=float,
         default=0.0,

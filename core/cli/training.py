@@ -26,6 +26,7 @@ from core.cli.common import (
     add_model_args,
     detector_options,
     eval_splits,
+    help_epilog,
     import_feature_stores,
     load,
     prefetch_features,
@@ -36,7 +37,7 @@ from core.cli.common import (
 )
 from core.crossval import CALIBRATIONS, Calibration, CVRun, default_maker
 from core.data import resolve_datasets, stratified_head
-from core.detectors import shipped_artifacts
+from core.detectors import available_detectors, shipped_artifacts
 from core.errors import DataError
 from core.evaluate import evaluate
 from core.examples import RAGExample
@@ -60,9 +61,18 @@ from core.train import (
 )
 
 
-def _fit_parser(sub: Subparsers, cmd: str, helptext: str) -> argparse.ArgumentParser:
-    """The parser of ``evaluate`` or ``train`` with the options they share."""
-    p = sub.add_parser(cmd, help=helptext)
+def _fit_parser(
+    sub: Subparsers, cmd: str, helptext: str, examples: Sequence[tuple[str, str]]
+) -> argparse.ArgumentParser:
+    """The parser of ``evaluate`` or ``train`` with the options they share, its
+    ``--help`` ending in ``examples`` and the detector names."""
+    p = sub.add_parser(
+        cmd,
+        help=helptext,
+        description=helptext,
+        epilog=help_epilog(examples, available_detectors()),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_model_args(p)
     p.add_argument(
         "--dataset",
@@ -133,6 +143,21 @@ def _add_evaluate(sub: Subparsers) -> None:
         sub,
         "evaluate",
         "fit on the train split (or load artifacts), threshold on validation, report on test",
+        [
+            (
+                "ragscope evaluate --dataset demo --detectors nll,lexical",
+                "fit two cheap detectors on the 12 demo answers and report on their test split",
+            ),
+            (
+                "ragscope evaluate --dataset builtin --limit 200 --cv 5 --detectors saplma,lexical",
+                "5-fold cross-validation on 200 built-in answers, with 95% CIs",
+            ),
+            (
+                "ragscope evaluate --dataset demo --artifacts assets/detectors --as-trained "
+                "--detectors ensemble,saplma",
+                "judge the demo answers (none trained on) with the shipped set as it was trained",
+            ),
+        ],
     )
     p.add_argument(
         "--artifacts",
@@ -334,7 +359,21 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 
 def _add_train(sub: Subparsers) -> None:
     p = _fit_parser(
-        sub, "train", "train detectors and save their artifacts (reproduces assets/detectors)"
+        sub,
+        "train",
+        "train detectors and save their artifacts (reproduces assets/detectors)",
+        [
+            (
+                "ragscope train --dataset demo --detectors nll,lexical --out /tmp/my-set",
+                "a small set to try the app with (RAGSCOPE_DETECTORS_DIR=/tmp/my-set make app)",
+            ),
+            (
+                "ragscope train --dataset builtin,shared:ragtruth_qa_dev --cv 5 "
+                "--detectors saplma,lexical --out /tmp/cv-set",
+                "cross-validated training on two sets (each keeps its own calibration)",
+            ),
+            ("ragscope train --reproduce", "rebuild the shipped artifacts from their recipes"),
+        ],
     )
     p.add_argument(
         "--out",

@@ -9,6 +9,7 @@ import pytest
 
 from core.cli import build_parser, main
 from core.cli.dispatch import COMMANDS
+from core.detectors import available_detectors
 from core.recipe import TrainRecipe
 
 
@@ -23,6 +24,21 @@ def test_every_subcommand_has_help(capsys: pytest.CaptureFixture[str]) -> None:
             main([cmd, "--help"])
         assert exit_.value.code == 0
         assert "usage: ragscope " + cmd in capsys.readouterr().out
+
+
+def test_evaluate_and_train_help_end_with_examples_and_the_detector_names(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    """Their --help ends with worked examples and the detector names; the Ray options sit
+    in a group of their own, after the options a first run needs."""
+    for cmd in ("evaluate", "train"):
+        with pytest.raises(SystemExit):
+            main([cmd, "--help"])
+        out = capsys.readouterr().out
+        examples = out.index("examples:\n  ragscope " + cmd)
+        assert out.index("feature extraction (") < examples
+        assert out.index("\n  --dataset DATASET") < out.index("\n  --engine {local,ray}")
+        assert ("detectors: " + ", ".join(available_detectors())) in out
 
 
 def test_each_group_registers_exactly_its_commands() -> None:

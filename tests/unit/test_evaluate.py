@@ -317,6 +317,7 @@ def test_a_report_on_too_few_answers_says_so_and_what_would_fix_it() -> None:
     few = evidence_warning([1] * 3 + [0] * 30)
     assert "3 hallucinated and 30 faithful" in few
     assert f"{MIN_CLASS_ANSWERS - 3} more hallucinated answers needed" in few
+    assert "(4 more answers of each class needed)" in evidence_warning([1] * 6 + [0] * 6)
     enough = [1] * MIN_CLASS_ANSWERS + [0] * MIN_CLASS_ANSWERS
     assert evidence_warning(enough) is None
     md = _run_of([0]).to_markdown()
