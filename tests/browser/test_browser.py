@@ -34,10 +34,11 @@ import re
 import shutil
 import threading
 import types
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import ClassVar
+from urllib.parse import urlsplit
 
 import numpy as np
 import pytest
@@ -448,8 +449,12 @@ def _sidebar_sections(page: object) -> list[str]:
 @contextmanager
 def _opened(browser: object, server: str, path: str, heading: str) -> Iterator[object]:
     """A new 1440 x 1000 page at ``server/path``, once its ``heading`` shows (the model
-    may load first) and the sidebar lists every page; closed when the block ends."""
+    may load first) and the sidebar lists every page; closed when the block ends. Every
+    request the page makes meanwhile must go to the app itself: nothing leaves the
+    machine (no fonts, icons or scripts from a third party)."""
     page = browser.new_page(viewport={"width": 1440, "height": 1000})  # type: ignore[attr-defined]
+    fetched: list[str] = []
+    page.on("request", lambda r: fetched.append(r.url))
     try:
         page.goto(f"{server}/{path}", wait_until="domcontentloaded")
         page.get_by_role("heading", name=heading).wait_for(timeout=MODEL_LOAD_MS)
@@ -458,6 +463,18 @@ def _opened(browser: object, server: str, path: str, heading: str) -> Iterator[o
         yield page
     finally:
         page.close()
+    assert not (foreign := _foreign(fetched, server)), f"{path} asked other hosts: {foreign}"
+
+
+def _foreign(urls: Sequence[str], server: str) -> list[str]:
+    """The URLs of ``urls`` that leave the app: another host or port than ``server``'s
+    (in-page ``data:``/``blob:``/``about:`` ones stay)."""
+    own = urlsplit(server).netloc
+    return [
+        u
+        for u in urls
+        if not u.startswith(("data:", "blob:", "about:")) and urlsplit(u).netloc != own
+    ]
 
 
 def test_playground_and_home_in_chromium(server: str, browser: object) -> None:
