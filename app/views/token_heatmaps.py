@@ -438,6 +438,20 @@ def controls(
     )
 
 
+def nothing_flagged(vals: np.ndarray, offsets: np.ndarray, text: str, threshold: float) -> str:
+    """What to say when no token of the answer reaches ``threshold``: its highest score,
+    where, and that a threshold at or below it would flag it."""
+    if not vals.size:
+        return "This answer has no scored token."
+    top = int(np.argmax(vals))
+    a0, a1 = (int(v) for v in offsets[top])
+    return (
+        f"No token reaches the threshold {threshold:.2f}. The highest score here is "
+        f"{float(vals[top]):.2f}, at \u201c{md(text[a0:a1].strip())}\u201d (characters "
+        f"{a0}\u2013{a1}): a threshold at or below {float(vals[top]):.2f} would flag it."
+    )
+
+
 def span_readout(
     state: AppState, a: AnswerRows, values: np.ndarray | None, signature: str
 ) -> tuple[int, int] | None:
@@ -498,7 +512,7 @@ def span_readout(
     elif pred:
         b3.caption("Step through the predicted spans with Previous / Next.")
     else:
-        b3.caption("No token reaches the threshold.")
+        b3.caption(nothing_flagged(vals, offsets, text, threshold))
     if pred or gold:
         rows = [
             {"kind": "predicted", "start": s0, "end": s1, "text": text[s0:s1]} for s0, s1 in pred
