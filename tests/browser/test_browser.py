@@ -463,6 +463,7 @@ def _opened(browser: object, server: str, path: str, heading: str) -> Iterator[o
         yield page
     finally:
         page.close()
+    assert fetched, "no request was recorded: the request hook is not listening"
     assert not (foreign := _foreign(fetched, server)), f"{path} asked other hosts: {foreign}"
 
 
