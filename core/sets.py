@@ -83,10 +83,10 @@ class ArtifactCard:
     token_threshold: float | None
     calibrated: bool
     calibrations: tuple[str, ...]
-    own_stackers: tuple[str, ...]
     auroc: float | None
     auroc_from: str | None
     metrics: Mapping[str, Any]
+    own_stackers: tuple[str, ...] = ()
 
     @property
     def trained_on(self) -> str | None:
