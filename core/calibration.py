@@ -138,6 +138,15 @@ MIN_DATASET_ANSWERS = 40
 MIN_DATASET_CLASS = 8
 """The fewest answers of each class (faithful, hallucinated) that dataset needs."""
 
+
+def enough_for_own(y: np.ndarray) -> bool:
+    """Whether answers labelled ``y`` (0/1) are enough for a dataset's own fit (its
+    calibration, or the ensemble's stacker of its own): at least
+    :data:`MIN_DATASET_ANSWERS`, with :data:`MIN_DATASET_CLASS` of each class."""
+    n, pos = int(np.size(y)), int(np.sum(y))
+    return n >= MIN_DATASET_ANSWERS and min(pos, n - pos) >= MIN_DATASET_CLASS
+
+
 MAX_DATASET_CALIBRATIONS = 64
 """The most per-dataset calibrations an artifact may hold (a bound on hostile files)."""
 

@@ -27,10 +27,9 @@ from typing import TYPE_CHECKING, Any, Literal
 import numpy as np
 
 from core.calibration import (
-    MIN_DATASET_ANSWERS,
-    MIN_DATASET_CLASS,
     DatasetCalibration,
     PlattCalibrator,
+    enough_for_own,
 )
 from core.contract import Detector, Features, Verdict, judge_features, own_raw_scores
 from core.data import data_hash
@@ -438,7 +437,7 @@ def dataset_calibrations(
         mask = names == name
         yk, rk = y[mask], raw[mask]
         n_pos = int(yk.sum())
-        if yk.size < MIN_DATASET_ANSWERS or min(n_pos, yk.size - n_pos) < MIN_DATASET_CLASS:
+        if not enough_for_own(yk):
             continue
         cal = PlattCalibrator().fit(rk, yk)
         probs = np.clip(cal.transform(rk), 0.0, 1.0)

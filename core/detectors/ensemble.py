@@ -62,6 +62,7 @@ from core.calibration import (
     MAX_DATASET_NAME,
     MIN_DATASET_ANSWERS,
     MIN_DATASET_CLASS,
+    enough_for_own,
 )
 from core.contract import (
     Detector,
@@ -381,7 +382,7 @@ class EnsembleDetector(DetectorBase):
             rows = [i for i, d in enumerate(names) if d == name]
             y = response_labels([st_ex[i] for i in rows]) if rows else np.zeros(0)
             n_pos = int(y.sum())
-            if len(rows) < MIN_DATASET_ANSWERS or min(n_pos, len(rows) - n_pos) < MIN_DATASET_CLASS:
+            if not enough_for_own(y):
                 info[name] = {
                     "n": len(rows),
                     "n_positive": n_pos,
@@ -396,7 +397,7 @@ class EnsembleDetector(DetectorBase):
             X = np.stack([self._row(v, widths, members) for v in vs])
             c = choose_c(X, y, self.config.seed)
             out[name] = DatasetStacker(
-                widths=tuple(widths),
+                widths=widths,
                 answer_members=members,
                 stacker=LogisticCalibrator(C=c, class_weight=None).fit(X, y),
             )
