@@ -80,6 +80,14 @@ class FeatureCache:
             return None
         return feats
 
+    def has(self, model_key: str, example: RAGExample, detector: Detector) -> bool:
+        """Whether an entry is stored for this key (not read, so not checked: :meth:`get`
+        may still call it a miss)."""
+        name, cfg = self._key(detector)
+        return self.store.has_analysis(
+            example_hash=example_hash(example), model=model_key, detector=name, config_hash=cfg
+        )
+
     def put(self, model_key: str, example: RAGExample, detector: Detector, feats: Features) -> None:
         name, cfg = self._key(detector)
         self.store.put_analysis(
@@ -487,4 +495,117 @@ def extract_features(
         cache_hits=hits,
         computed=computed,
         seconds=time.perf_counter() - t0,
+    )
+
+
+# --------------------------------------------------------------------------- estimating
+
+
+def example_chars(example: RAGExample) -> int:
+    """The characters a trace of ``example`` reads (its prompt material and its answer):
+    what the time to extract its features grows with."""
+    if example.prompt is not None:
+        prompt = len(example.prompt)
+    else:
+        prompt = sum(len(p) for p in example.passages) + len(example.question or "")
+    return max(1, prompt + len(example.response))
+
+
+def is_cached(
+    cache: FeatureCache, model_key: str, example: RAGExample, detectors: Sequence[Detector]
+) -> bool:
+    """Whether every feature ``detectors`` read of ``example`` (each composite's members')
+    is stored, without reading any of them."""
+    return all(cache.has(model_key, example, d) for d in _flatten(detectors))
+
+
+@dataclass(frozen=True, kw_only=True)
+class WorkEstimate:
+    """How long reading some examples' features will take on this machine, roughly.
+
+    Attributes:
+        n_examples: Examples the action reads.
+        n_cached: Of those, examples whose features are all stored already (read in
+            well under a second each).
+        chars_to_trace: Characters of the others (:func:`example_chars`).
+        seconds_per_char: Measured here on one example (:func:`time_extraction`);
+            ``None`` when it could not be (nothing to trace, or the example failed).
+        fixed_seconds: Work on top that does not grow with the examples (a generation,
+            a worker's start).
+    """
+
+    n_examples: int
+    n_cached: int
+    chars_to_trace: int
+    seconds_per_char: float | None
+    fixed_seconds: float = 0.0
+
+    @property
+    def n_to_trace(self) -> int:
+        return self.n_examples - self.n_cached
+
+    @property
+    def known(self) -> bool:
+        """Whether the time is known (everything cached, or the pace was measured)."""
+        return self.n_to_trace == 0 or self.seconds_per_char is not None
+
+    @property
+    def seconds(self) -> float:
+        """The estimate (the traced part is 0 while unknown: check :attr:`known`)."""
+        return self.fixed_seconds + self.chars_to_trace * (self.seconds_per_char or 0.0)
+
+    @property
+    def seconds_per_example(self) -> float:
+        """The mean time of one example to trace."""
+        return (self.seconds - self.fixed_seconds) / max(self.n_to_trace, 1)
+
+
+def time_extraction(
+    model: LoadedModel, example: RAGExample, detectors: Sequence[Detector], cache: FeatureCache
+) -> float:
+    """Seconds per character (:func:`example_chars`) to trace ``example`` and compute
+    every feature ``detectors`` read, measured by extracting it here. Its features are
+    stored in ``cache``, so the time spent counts towards the action it estimates. The
+    first call in a process also loads what detectors read once (spaCy, the sentence
+    embedder), so it errs long.
+
+    Raises:
+        DataError: The example cannot be laid out or a detector cannot read it.
+    """
+    t0 = time.perf_counter()
+    for got in iter_features(model, [example], detectors, cache=cache):
+        if got.error is not None:
+            raise got.error
+    return (time.perf_counter() - t0) / example_chars(example)
+
+
+def estimate_extraction(
+    model_key: str,
+    examples: Sequence[RAGExample],
+    detectors: Sequence[Detector],
+    cache: FeatureCache | None,
+    pace: Callable[[RAGExample], float | None],
+    *,
+    fixed_seconds: float = 0.0,
+) -> WorkEstimate:
+    """How long :func:`extract_features` of ``examples`` will take: the examples not in
+    ``cache`` (all of them without one) at ``pace(first of them)`` seconds per character
+    (``pace`` is called only when something is left to trace; it may time that example,
+    see :func:`time_extraction`, which stores it: the count is taken after)."""
+
+    def todo_of(exs: Sequence[RAGExample]) -> list[RAGExample]:
+        if cache is None:
+            return list(exs)
+        return [e for e in exs if not is_cached(cache, model_key, e, detectors)]
+
+    todo = todo_of(examples)
+    spc = pace(todo[0]) if todo else None
+    if todo and spc is not None:
+        todo = todo_of(todo)
+    return WorkEstimate(
+        n_examples=len(examples),
+        n_cached=len(examples) - len(todo),
+        chars_to_trace=sum(example_chars(e) for e in todo),
+        seconds_per_char=spc,
+        fixed_seconds=fixed_seconds,
     )

@@ -34,13 +34,9 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import Any, Literal, Self
 
-from core.contract import Detector
 from core.data import is_named_spec
-from core.detectors import available_detectors, make_detector
+from core.detectors import available_detectors
 from core.errors import DataError, RagscopeError
-from core.examples import RAGExample, example_hash
-from core.extract import run_example
-from core.model import LoadedModel
 from core.paths import model_detectors_dir, repo_root
 from core.recipe import TrainRecipe
 from core.storage import JobRow, JobRowError, Store
@@ -539,75 +535,6 @@ def cancel_job(store: Store, job_id: int, *, actor: JobActor | None = None) -> J
     if view.active:
         store.request_job_cancel(job_id)
     return view.state
-
-
-# --------------------------------------------------------------------------- estimating
-
-
-@dataclass(frozen=True, kw_only=True)
-class TrainEstimate:
-    """How long a training job will take, roughly.
-
-    Attributes:
-        n_examples: Examples it reads (all splits).
-        n_cached: Of those, examples whose features are all in the feature cache.
-        seconds_per_example: One example's trace and features, measured.
-        load_seconds: Loading the model in the worker.
-    """
-
-    n_examples: int
-    n_cached: int
-    seconds_per_example: float
-    load_seconds: float
-
-    @property
-    def n_to_trace(self) -> int:
-        return max(0, self.n_examples - self.n_cached)
-
-    @property
-    def seconds(self) -> float:
-        """Loading plus tracing (fitting comes on top)."""
-        return self.load_seconds + self.n_to_trace * self.seconds_per_example
-
-
-def flat_detectors(names: Sequence[str]) -> list[Detector]:
-    """Fresh detectors for ``names`` with every composite's members in place of it (what
-    the feature cache holds rows for)."""
-    dets = [make_detector(n) for n in names]
-    flat: dict[str, Detector] = {}
-    for d in dets:
-        for m in d.member_detectors() if d.composite else [d]:
-            flat.setdefault(m.name, m)
-    return list(flat.values())
-
-
-def cached_examples(
-    store: Store, model_key: str, examples: Sequence[RAGExample], names: Sequence[str]
-) -> int:
-    """How many of ``examples`` have every detector's features in the cache already."""
-    keys = [(d.name, d.config.feature_hash()) for d in flat_detectors(names)]
-    n = 0
-    for ex in examples:
-        h = example_hash(ex)
-        n += all(
-            store.has_analysis(example_hash=h, model=model_key, detector=d, config_hash=c)
-            for d, c in keys
-        )
-    return n
-
-
-def time_one_example(model: LoadedModel, example: RAGExample, names: Sequence[str]) -> float:
-    """Seconds to trace ``example`` and compute its features for ``names`` (the unit
-    cost of a job's extraction).
-
-    Raises:
-        DataError: The example cannot be laid out.
-        ModelError: A detector cannot run on this model.
-    """
-    dets = [make_detector(n) for n in names]
-    t0 = time.perf_counter()
-    run_example(model, example, dets)
-    return time.perf_counter() - t0
 
 
 # --------------------------------------------------------------------------- running

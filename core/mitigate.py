@@ -1,9 +1,11 @@
 """Mitigation by feedback (RAGLens section 4.6): tell the model what a detector flagged
 and let it answer again.
 
-- :func:`feedback_message`: the follow-up turn. ``instance`` level says only that the
-  answer may not be supported by the passages; ``token`` level quotes the flagged
-  spans.
+- :func:`feedback_turn` (:func:`feedback_message`: its text): the follow-up turn.
+  ``instance`` level says only that the answer may not be supported by the passages;
+  ``token`` level quotes the flagged spans (and falls back to ``instance`` when there
+  are none, which the turn records).
+- :func:`answer_change`: whether, and by how many words, the new answer differs.
 - :func:`feedback_regenerate`: the conversation (the RAG prompt, the first answer, the
   feedback) through the model's chat template, and a greedy new answer.
 - :func:`mitigate_batch`: for many examples, regenerate with a method (``feedback``
@@ -14,6 +16,7 @@ and let it answer again.
 
 from __future__ import annotations
 
+import difflib
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -46,16 +49,40 @@ TOKEN_FEEDBACK = (
 )
 
 
-def feedback_message(
+@dataclass(frozen=True)
+class FeedbackTurn:
+    """The follow-up turn and what it is.
+
+    Attributes:
+        message: The text sent to the model.
+        asked: The level asked for.
+        sent: The level sent: ``instance`` when ``token`` was asked for and no flagged
+            span has any text to quote (see :attr:`fell_back`).
+        quotes: The answer's passages the message quotes (token level).
+    """
+
+    message: str
+    asked: FeedbackLevel
+    sent: FeedbackLevel
+    quotes: tuple[str, ...] = ()
+
+    @property
+    def fell_back(self) -> bool:
+        """Token-level feedback was asked for, but nothing was flagged to quote, so the
+        instance-level message went instead."""
+        return self.asked != self.sent
+
+
+def feedback_turn(
     example: RAGExample, spans: Sequence[tuple[int, int]] = (), level: FeedbackLevel = "token"
-) -> str:
+) -> FeedbackTurn:
     """The follow-up turn for ``example``'s answer.
 
     Args:
         example: The example whose answer is criticised.
         spans: Flagged character ranges of the answer (token level).
         level: ``instance`` (no detail) or ``token`` (quotes the spans; falls back to
-            the instance message when there are none).
+            the instance message when there are none: :attr:`FeedbackTurn.fell_back`).
 
     Raises:
         DataError: Unknown level, or a span outside the answer.
@@ -68,11 +95,57 @@ def feedback_message(
         raise DataError(
             f"flagged spans {bad} lie outside the answer of {n} characters", field="spans"
         )
-    quotes = [example.response[a:b].strip() for a, b in spans]
-    quotes = [q for q in quotes if q]
+    quotes = tuple(q for a, b in spans if (q := example.response[a:b].strip()))
     if level == "instance" or not quotes:
-        return INSTANCE_FEEDBACK
-    return TOKEN_FEEDBACK.format(spans="; ".join(f"\u201c{q}\u201d" for q in quotes))
+        return FeedbackTurn(INSTANCE_FEEDBACK, level, "instance")
+    message = TOKEN_FEEDBACK.format(spans="; ".join(f"\u201c{q}\u201d" for q in quotes))
+    return FeedbackTurn(message, level, "token", quotes)
+
+
+def feedback_message(
+    example: RAGExample, spans: Sequence[tuple[int, int]] = (), level: FeedbackLevel = "token"
+) -> str:
+    """:func:`feedback_turn`'s message.
+
+    Raises:
+        DataError: Unknown level, or a span outside the answer.
+    """
+    return feedback_turn(example, spans, level).message
+
+
+@dataclass(frozen=True)
+class AnswerChange:
+    """How a new answer differs from the first, word by word (whitespace-split).
+
+    Attributes:
+        removed: Words of the first answer left out.
+        added: Words of the new answer that are new.
+    """
+
+    removed: int
+    added: int
+
+    @property
+    def identical(self) -> bool:
+        return self.removed == 0 and self.added == 0
+
+    def describe(self) -> str:
+        """ "identical to the first" or "N words left out, M new"."""
+        if self.identical:
+            return "identical to the first, word for word"
+        return f"{self.removed} word(s) of the first left out, {self.added} new"
+
+
+def answer_change(before: str, after: str) -> AnswerChange:
+    """:class:`AnswerChange` of ``after`` against ``before`` (the diff the Mitigation
+    page draws)."""
+    a, b = before.split(), after.split()
+    removed = added = 0
+    for tag, i0, i1, j0, j1 in difflib.SequenceMatcher(a=a, b=b, autojunk=False).get_opcodes():
+        if tag != "equal":
+            removed += i1 - i0
+            added += j1 - j0
+    return AnswerChange(removed, added)
 
 
 def conversation_ids(model: LoadedModel, example: RAGExample, feedback: str) -> list[int]:

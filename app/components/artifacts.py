@@ -9,7 +9,8 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from app.components.example_picker import AnswerKeys, pick_page_answer, progress_bar
+from app.components.estimate import progress_bar
+from app.components.example_picker import AnswerKeys, pick_page_answer
 from app.state import (
     AppState,
     ShippedDetectors,

@@ -6,7 +6,7 @@
   one answer to look at, the Playground's analysed answer or an example of a dataset;
   :func:`pick_page_answer` puts them together for the one-answer pages (Token
   heatmaps, Counterfactual context, Mitigation).
-- :func:`compute_row`, :func:`progress_bar` and :func:`show_request_failures`: the
+- :func:`compute_row` and :func:`show_request_failures`: the
   picked examples' features, extracted with progress, and the examples that failed.
 
 Each page passes its own widget keys (the ``KEY_*`` constants of :mod:`app.state`) and
@@ -15,13 +15,13 @@ keeps its choices in its own fields of the session's :class:`~app.state.AppState
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import streamlit as st
 
+from app.components.estimate import estimate_caption, progress_bar
 from app.state import (
     ALL_SPLITS,
     HEADS_EXAMPLE_DATASET,
@@ -45,6 +45,7 @@ from app.state import (
     seed_widget,
     stats_examples,
 )
+from app.state.estimates import work_estimate
 from app.state.links import (
     DATASETS_HERE,
     P_ANSWER,
@@ -64,6 +65,7 @@ from app.state.links import (
 )
 from app.state.session import app_state
 from app.text import code, md
+from core.detectors import make_detector
 from core.errors import RagscopeError
 
 if TYPE_CHECKING:
@@ -362,26 +364,6 @@ def pick_example(
 # --------------------------------------------------------------------------- extraction
 
 
-@contextmanager
-def progress_bar(text: str, step: str | None = None) -> Iterator[Callable[[int, int], None]]:
-    """A progress bar while the block runs; yields the ``progress(done, total)`` callback.
-
-    Args:
-        text: The bar's text before the first example.
-        step: What the bar says before ``done / total examples`` (default: ``text``).
-    """
-    bar = st.progress(0.0, text=text)
-    prefix = text if step is None else step
-
-    def progress(done: int, total: int) -> None:
-        bar.progress(done / max(total, 1), text=f"{prefix} {done} / {total} examples")
-
-    try:
-        yield progress
-    finally:
-        bar.empty()
-
-
 def compute_row(
     model: LoadedModel,
     picked: PickedExamples,
@@ -418,9 +400,12 @@ def compute_row(
             f"{len(chosen)} of the {len(picked.pool)} examples ({split_label(selection.split)}) "
             f"of {md(picked.label)}: {n_hal} hallucinated, {n_fai} faithful. Each is traced "
             f"once with {md(model.info.display_name)}; later runs read its features from the "
-            "feature "
-            "cache."
+            "feature cache."
         )
+        if chosen:
+            estimate_caption(
+                lambda: work_estimate(model, chosen, [make_detector(detector)]), what="examples"
+            )
     with c_button:
         compute = st.button(
             button,

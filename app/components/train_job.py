@@ -10,11 +10,11 @@ artifacts it published load without restarting the app.
 
 from __future__ import annotations
 
-import math
 from datetime import UTC, datetime
 
 import streamlit as st
 
+from app.components.estimate import describe_work, format_seconds
 from app.state import (
     DEFAULT_TRAIN_DATASET,
     KEY_TRAIN_CANCEL,
@@ -47,7 +47,8 @@ from app.state import (
 from app.state.jobs import may_control_job
 from app.text import code, md
 from core.errors import RagscopeError
-from core.jobs import JobView, TrainEstimate, job_log_path
+from core.extract import WorkEstimate
+from core.jobs import JobView, job_log_path
 from core.model import LoadedModel
 from core.paths import TRAINED_SET
 from core.storage import JobRowError
@@ -59,24 +60,11 @@ ACTION_ERROR = "train.action_error"
 """Session key: why the last Cancel/Resume/Discard click failed."""
 
 
-def format_seconds(seconds: float) -> str:
-    """``42 s``, ``3 min 5 s``, ``1 h 20 min``."""
-    s = max(0, int(math.ceil(seconds)))
-    if s < 60:
-        return f"{s} s"
-    if s < 3600:
-        return f"{s // 60} min {s % 60} s" if s % 60 else f"{s // 60} min"
-    return f"{s // 3600} h {(s % 3600) // 60} min"
-
-
-def describe_estimate(est: TrainEstimate) -> str:
-    """The estimate in words (Markdown)."""
-    cached = f" ({est.n_cached} already in the feature cache)" if est.n_cached else ""
+def describe_estimate(est: WorkEstimate) -> str:
+    """The training estimate in words (Markdown)."""
     return (
-        f"Estimated time: **about {format_seconds(est.seconds)}**: {est.n_to_trace} of "
-        f"{est.n_examples} examples to trace at {est.seconds_per_example:.2f} s each{cached}, "
-        f"plus about {format_seconds(est.load_seconds)} to start the worker and load the "
-        "model. Fitting comes on top: seconds for most detectors, longer for those that "
+        describe_work(est, what="examples", extra="the worker's start and the model's load")
+        + " Fitting comes on top: seconds for most detectors, longer for those that "
         "search hyper-parameters (spad, interpdetect) on many examples."
     )
 

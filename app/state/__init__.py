@@ -17,7 +17,8 @@ The model spec comes from the environment: ``RAGSCOPE_MODEL`` (default
 ``embedded``; tests use ``tiny``) and ``RAGSCOPE_DEVICE`` (default ``auto``).
 
 Modules: ``model``, ``datasets``, ``runs``, ``memo``, ``analysis``, ``detectors``,
-``verdicts``, ``heads``, ``spad``, ``features``, ``playground``, ``session``, ``links``.
+``verdicts``, ``estimates``, ``heads``, ``spad``, ``features``, ``playground``, ``session``,
+``links``.
 """
 
 from __future__ import annotations

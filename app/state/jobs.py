@@ -14,24 +14,23 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from app.state.datasets import get_store
+from app.state.estimates import work_estimate
 from app.state.identity import current_identity, job_actor
 from app.state.model import model_device, model_spec
 from app.state.runs import CORPUS, eval_dataset_choices
 from core.data import make_splits
-from core.detectors import runnable_detectors
+from core.detectors import make_detector, runnable_detectors
 from core.errors import DataError
+from core.extract import WorkEstimate
 from core.jobs import (
     JobView,
-    TrainEstimate,
     TrainSpec,
-    cached_examples,
     cancel_job,
     discard_job,
     job_view,
     may_control,
     resume_job,
     start_train_job,
-    time_one_example,
 )
 from core.paths import model_detectors_dir
 
@@ -200,58 +199,47 @@ def _job_examples(dataset: str, limit: int | None, seed: int) -> list[RAGExample
     return [e for part in ("train", "validation", "test") for e in splits[part]]
 
 
-@st.cache_data(show_spinner="Timing one example…", max_entries=32)
-def _seconds_per_example(
+@st.cache_data(show_spinner=False, ttl=10, max_entries=16)
+def _train_work(
     _model: LoadedModel,
     instance_key: str,
-    _example: RAGExample,
-    example_key: str,
-    detectors: tuple[str, ...],
-) -> float:
-    """One example's trace and features, timed on the second run (the first loads what
-    the detectors read once per process: spaCy, the sentence embedder)."""
-    time_one_example(_model, _example, detectors)
-    return time_one_example(_model, _example, detectors)
-
-
-@st.cache_data(show_spinner=False, ttl=10, max_entries=16)
-def _n_cached(
-    model_key: str,
     dataset: str,
     limit: int | None,
     seed: int,
     detectors: tuple[str, ...],
     db_path: str,
-) -> int:
-    """Examples whose features are all cached (``db_path`` keys the cache: the database)."""
-    return cached_examples(get_store(), model_key, _job_examples(dataset, limit, seed), detectors)
+) -> WorkEstimate:
+    """:func:`train_estimate`'s reading, kept for seconds (``db_path`` keys the cache:
+    the database)."""
+    examples = _job_examples(dataset, limit, seed)
+    if not examples:
+        raise DataError("the dataset has no examples to train on", source=dataset)
+    return work_estimate(
+        _model,
+        examples,
+        [make_detector(n) for n in detectors],
+        fixed_seconds=WORKER_START_S + _model.load_seconds,
+    )
 
 
-def train_estimate(model: LoadedModel, spec: TrainSpec) -> TrainEstimate:
-    """How long ``spec`` will take on ``model``: one example traced here (cached per
-    detector choice) times the examples not yet in the feature cache, plus the worker's
-    start and model load.
+def train_estimate(model: LoadedModel, spec: TrainSpec) -> WorkEstimate:
+    """How long ``spec`` will take on ``model``: the examples not yet in the feature
+    cache at the pace of one traced here (once per detector choice), plus the worker's
+    start and model load (:attr:`WorkEstimate.fixed_seconds`).
 
     Raises:
-        DataError: The dataset cannot be read or is empty, or its first example cannot
+        DataError: The dataset cannot be read or is empty, or the example timed cannot
             be laid out.
         ModelError: A detector cannot run on this model.
     """
-    examples = _job_examples(spec.dataset, spec.limit, spec.seed)
-    if not examples:
-        raise DataError("the dataset has no examples to train on", source=spec.dataset)
-    first = examples[0]
-    per = _seconds_per_example(
-        model, model.instance_key, first, f"{spec.dataset}|{first.id}", spec.detectors
-    )
-    cached = _n_cached(
-        model.info.key, spec.dataset, spec.limit, spec.seed, spec.detectors, get_store().path
-    )
-    return TrainEstimate(
-        n_examples=len(examples),
-        n_cached=cached,
-        seconds_per_example=per,
-        load_seconds=WORKER_START_S + model.load_seconds,
+    return _train_work(
+        model,
+        model.instance_key,
+        spec.dataset,
+        spec.limit,
+        spec.seed,
+        spec.detectors,
+        get_store().path,
     )
 
 

@@ -171,7 +171,7 @@ class AppState:
         mit_example_id: The example it regenerates, per dataset key.
         mit_method: ``feedback``, ``aarf`` or ``steer``.
         mit_guide: The detector whose flags the feedback quotes (or instance level).
-        mit_result: ``(method, example id, result, scores)`` of the last run.
+        mit_result: ``(method, example id, result, scores[, the feedback turn sent])`` of the last run.
     """
 
     dataset: DatasetRef = BUILTIN
@@ -207,13 +207,13 @@ class AppState:
     bench_matrix_detector: str | None = None
     bench_matrix_metric: str = "AUROC"
     heads_top: int | None = None
-    heads_selection: ExampleSelection = field(default_factory=lambda: ExampleSelection(limit=24))
+    heads_selection: ExampleSelection = field(default_factory=lambda: ExampleSelection(limit=8))
     heads_unit: str = "response"
     heads_request: FeatureRequest | None = None
     heads_example_source: str | None = None
     heads_example_id: dict[str, str] = field(default_factory=dict)
     heads_head: tuple[int, int] | None = None
-    shap_selection: ExampleSelection = field(default_factory=lambda: ExampleSelection(limit=16))
+    shap_selection: ExampleSelection = field(default_factory=lambda: ExampleSelection(limit=8))
     shap_request: FeatureRequest | None = None
     shap_top: int = 15
     shap_grid: str = "mean"
@@ -245,7 +245,7 @@ class AppState:
     heatmap_focus: int = -1
     heatmap_focus_for: str | None = None
     heatmap_only_flagged: bool = False
-    heatmap_scan_limit: int = 40
+    heatmap_scan_limit: int = 16
     heatmap_scan: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
     cf_example_source: str | None = None
     cf_dataset: str = HEADS_FROM_HOME

@@ -16,10 +16,10 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from app.components.agreement_charts import correlation_figure, gold_matrix_figure
+from app.components.estimate import estimate_caption, progress_bar
 from app.components.example_picker import (
     dataset_labels,
     open_in_token_heatmaps,
-    progress_bar,
 )
 from app.components.exports import plot
 from app.state import (
@@ -29,6 +29,7 @@ from app.state import (
     heads_examples,
     shipped_detectors,
 )
+from app.state.estimates import work_estimate
 from app.text import md
 from core.agreement import (
     VerdictTable,
@@ -56,7 +57,7 @@ KEY_METHOD = "agreement.method"
 KEY_LIST = "agreement.list"
 KEY_OPEN = "agreement.open"
 KEY_REPORT = "agreement.report"
-DEFAULT_LIMIT = 100
+DEFAULT_LIMIT = 4
 
 
 @dataclass
@@ -133,6 +134,10 @@ def main() -> None:
     )
     chosen = st.multiselect("Detectors", names, default=names, key=KEY_DETECTORS)
     request = f"{key}|{limit}|{','.join(chosen)}|{shipped.cache_id}"
+    if len(chosen) >= 2:
+        estimate_caption(
+            lambda: work_estimate(model, examples[:limit], shipped.subset(chosen).fitted)
+        )
     run = st.button(
         "Compare", key=KEY_RUN, type="primary", icon=":material/compare_arrows:",
         disabled=len(chosen) < 2,

@@ -23,6 +23,7 @@ import streamlit as st
 
 from app.components.artifacts import open_answer_page
 from app.components.diff import word_diff_html
+from app.components.estimate import estimate_caption
 from app.components.example_picker import AnswerKeys
 from app.components.multirow import DIFF_CMAP, HeatRow, gold_row, multirow_html
 from app.state import (
@@ -39,6 +40,7 @@ from app.state import (
     publish,
     seed_widget,
 )
+from app.state.estimates import answer_estimate, generation_seconds
 from app.state.verdicts import answer_verdicts, known_verdicts
 from app.text import md
 from core.contract import align_token_scores
@@ -448,6 +450,18 @@ def main() -> None:
         )
     with c3:
         go = st.button("Compare", key=KEY_COMPARE, type="primary", icon=":material/compare:")
+    regen = state.cf_answer_mode == "regenerate"
+    estimate_caption(
+        lambda: answer_estimate(
+            model,
+            example,
+            shipped,
+            2,
+            fixed_seconds=generation_seconds(model, max_tokens) if regen else 0.0,
+        ),
+        what="versions (the original and the edited)",
+        extra=f"generating up to {max_tokens} tokens" if regen else "",
+    )
     if go:
         try:
             with st.spinner("Scoring the original and the edited version…"):

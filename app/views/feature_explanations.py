@@ -22,11 +22,11 @@ from dataclasses import dataclass, replace
 import streamlit as st
 
 from app.components.artifacts import show_broken_artifacts
+from app.components.estimate import progress_bar
 from app.components.example_picker import (
     ExampleKeys,
     PickedExamples,
     pick_examples,
-    progress_bar,
     split_label,
 )
 from app.components.heatmap import ColorStops, render_token_heatmap

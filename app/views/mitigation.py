@@ -24,6 +24,7 @@ import streamlit as st
 
 from app.components.artifacts import open_answer_page
 from app.components.diff import word_diff_html
+from app.components.estimate import estimate_caption
 from app.components.example_picker import AnswerKeys
 from app.state import (
     P_METHOD,
@@ -35,6 +36,7 @@ from app.state import (
     seed_widget,
     train_command,
 )
+from app.state.estimates import answer_estimate, generation_seconds
 from app.state.verdicts import answer_verdicts
 from app.text import code, md, md_lines
 from core.aarf import aarf_generate
@@ -44,7 +46,7 @@ from core.detectors.raglens import load_config_sae
 from core.errors import RagscopeError
 from core.judge import AnswerVerdict
 from core.layout import render
-from core.mitigate import feedback_message, feedback_regenerate
+from core.mitigate import FeedbackTurn, answer_change, feedback_regenerate, feedback_turn
 from core.smoothing import flagged_spans
 from core.steer import steer_continuation
 
@@ -189,8 +191,23 @@ def feedback_section(
             st.error(f"{md(guide.name)} could not read this answer: {md(e)}")
             return
     level = "instance" if state.mit_guide == INSTANCE else "token"
-    message = feedback_message(example, spans, level)  # type: ignore[arg-type]
-    st.markdown(f"**Feedback turn:** {md(message)}")
+    turn = feedback_turn(example, spans, level)  # type: ignore[arg-type]
+    if turn.fell_back:
+        st.warning(
+            f"{md(state.mit_guide)} flags no span of this answer at its token threshold "
+            f"({flag_threshold(dets[state.mit_guide].detector):.3f}), so there is nothing "
+            "to quote: the **instance-level** message below is sent instead. Token "
+            "heatmaps shows its token scores."
+        )
+    quoting = f", quoting {len(turn.quotes)} flagged span(s)" if turn.quotes else ""
+    st.markdown(f"**Feedback turn sent** ({turn.sent} level{quoting}): {md(turn.message)}")
+    estimate_caption(
+        lambda: answer_estimate(
+            model, example, shipped, 1, fixed_seconds=generation_seconds(model, max_tokens)
+        ),
+        what="answers (the new one, judged by the set at the original's pace)",
+        extra=f"generating up to {max_tokens} tokens",
+    )
     if go:
         try:
             with st.spinner("The model answers again…"):
@@ -212,13 +229,25 @@ def feedback_section(
                     example,
                     {"original": example.response, "after feedback": gen.text},
                 )
-            state.mit_result = ("feedback", example.id, gen.text, frame)
+            state.mit_result = ("feedback", example.id, gen.text, frame, turn)
         except RagscopeError as e:
             st.error(f"Regeneration failed: {md(e)}")
     res = state.mit_result
     if res is not None and res[0] == "feedback" and res[1] == example.id:
-        st.markdown("**New answer** (struck: left out; green: new)")
+        sent: FeedbackTurn = res[4]
+        change = answer_change(example.response, res[2])
+        st.markdown(
+            f"**New answer** after the {sent.sent}-level feedback (struck: left out; green: new)"
+        )
         st.html(word_diff_html(example.response, res[2], "rs-answer-diff"))
+        if change.identical:
+            st.info(
+                "The new answer is **identical to the first**, so every verdict below is "
+                "unchanged: the feedback did not move the model. A temperature above 0, "
+                "token-level feedback that quotes spans, or another method may."
+            )
+        else:
+            st.caption(f"The new answer is {change.describe()}.")
         show_scores(res[3])
 
 

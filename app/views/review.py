@@ -24,7 +24,7 @@ from typing import Any
 import streamlit as st
 
 from app.auth import auth_configured, current_identity
-from app.components.example_picker import progress_bar
+from app.components.estimate import estimate_caption, progress_bar
 from app.components.highlight import FLAG, RELATED, Mark, marked_html
 from app.components.report import answer_report_html
 from app.state import (
@@ -49,6 +49,7 @@ from app.state import (
     review_key,
     shipped_detectors,
 )
+from app.state.estimates import work_estimate
 from app.text import code, md
 from core.contract import flag_threshold, judge_features
 from core.errors import DataError, RagscopeError, StorageError
@@ -106,6 +107,12 @@ CORPUS_LABEL = "Built-in labelled corpus"
 UNSET = "unset"
 LATEST = "the latest decision on each item"
 DEFAULT_SMOOTH = 0.9
+
+
+# Answers a scan reads unless told otherwise: sized for a 2-core CPU, where the default
+# set reads an answer in tens of seconds (the caption above the button says how long; the
+# features stay cached, so a larger scan later costs only the new answers).
+SCAN_DEFAULT = 3
 
 
 def item_key(control: str, item_id: int) -> str:
@@ -236,7 +243,7 @@ def build_section(
                 "Answers to scan",
                 min_value=1,
                 max_value=max(len(examples), 1),
-                value=min(100, len(examples)),
+                value=min(SCAN_DEFAULT, len(examples)),
                 key=KEY_LIMIT,
             )
         )
@@ -260,6 +267,10 @@ def build_section(
             key=KEY_SMOOTH,
             help="Joins runs broken by a single low token (core.smoothing)",
         )
+        if chosen:
+            estimate_caption(
+                lambda: work_estimate(model, examples[:limit], [by_name[n] for n in chosen])
+            )
         if st.button(
             "Scan and queue", key=KEY_BUILD, type="primary", icon=":material/radar:",
             disabled=not chosen,

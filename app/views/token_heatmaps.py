@@ -20,7 +20,8 @@ import pandas as pd
 import streamlit as st
 
 from app.components.artifacts import show_broken_artifacts
-from app.components.example_picker import AnswerKeys, pick_page_answer, progress_bar
+from app.components.estimate import estimate_caption, progress_bar
+from app.components.example_picker import AnswerKeys, pick_page_answer
 from app.components.exports import plot
 from app.components.multirow import ACTIVATION_CMAP, HeatRow, gold_row, multirow_html
 from app.state import (
@@ -55,6 +56,7 @@ from app.state import (
     shipped_detectors,
     train_command,
 )
+from app.state.estimates import work_estimate
 from app.text import code, md
 from core.contract import align_token_scores, flag_threshold
 from core.errors import RagscopeError
@@ -298,6 +300,7 @@ def scan_row(
         )
     with c3:
         scan = st.button("Scan", key=KEY_SCAN, icon=":material/radar:", width="stretch")
+    estimate_caption(lambda: work_estimate(model, examples[: state.heatmap_scan_limit], [cortex]))
     if scan:
         try:
             found = scan_dataset(model, cortex, examples[: state.heatmap_scan_limit])

@@ -22,6 +22,7 @@ from app.views.mitigation import (
 from core.counterfactual import on_template
 from core.data import builtin_examples
 from core.judge import judge
+from core.mitigate import INSTANCE_FEEDBACK, answer_change
 from core.model import LoadedModel
 from core.sets import load_set
 from core.steer import steer_continuation
@@ -51,12 +52,20 @@ def test_feedback_regenerates_and_rescores(
     page: AppTest, no_exception: Callable[[AppTest], None], tiny_model: LoadedModel
 ) -> None:
     page.selectbox(key=KEY_GUIDE).select("context_gain").run()
-    assert any("Feedback turn:" in m.value for m in page.markdown)
+    assert any("Feedback turn sent" in m.value for m in page.markdown)
+    assert any("Estimated time on this machine" in c.value for c in page.caption)
     page.number_input(key=KEY_TEMPERATURE).set_value(1.0).run()
     page.button(key=KEY_FEEDBACK).click().run()
     no_exception(page)
-    method, ex_id, text, _ = page.session_state[STATE_KEY].mit_result
+    method, ex_id, text, _, turn = page.session_state[STATE_KEY].mit_result
     assert method == "feedback" and ex_id == EXAMPLE and text.strip()
+    # What was sent is said, and whether the answer changed.
+    assert turn.asked == "token" and turn.sent in ("token", "instance")
+    change = answer_change(_example().response, text)
+    if change.identical:
+        assert any("identical to the first" in i.value for i in page.info)
+    else:
+        assert any(change.describe() in c.value for c in page.caption)
     frame = page.dataframe[0].value
     want = judge(tiny_model, _example(), load_set(tiny_model.info.key))
     for name in ("nll", "context_gain"):
@@ -65,6 +74,21 @@ def test_feedback_regenerates_and_rescores(
         assert 0.0 <= row["after feedback"] <= 1.0
     assert frame["detector"].iloc[0] == f"overall ({want.judge})"
     assert any("rs-answer-diff" in h.value for h in page.html)
+
+
+def test_token_feedback_with_nothing_flagged_says_it_falls_back(
+    monkeypatch: pytest.MonkeyPatch, page: AppTest
+) -> None:
+    # A token detector that flags no span: the page says the instance message is sent.
+    # (The page's script imports flagged_spans from core.smoothing at each run.)
+    monkeypatch.setattr("core.smoothing.flagged_spans", lambda *a, **k: [])
+    page.selectbox(key=KEY_GUIDE).select("context_gain").run()
+    assert any("nothing to quote" in w.value for w in page.warning)
+    assert any(
+        "(instance level)" in m.value and "supported by the passages" in m.value
+        for m in page.markdown
+    )
+    assert INSTANCE_FEEDBACK.startswith("Your answer may contain")
 
 
 def test_greedy_blank_answer_is_a_clear_error(page: AppTest) -> None:
@@ -85,7 +109,7 @@ def test_steering_shows_one_continuation_per_value(
     page.text_input(key=KEY_VALUES).input("-200, 200").run()
     page.button(key=KEY_STEER).click().run()
     no_exception(page)
-    method, _, runs, _ = page.session_state[STATE_KEY].mit_result
+    method, _, runs, _, *_ = page.session_state[STATE_KEY].mit_result
     assert method == "steer" and [r.value for r in runs] == [None, -200.0, 200.0]
     ref = steer_continuation(
         tiny_model,

@@ -10,9 +10,11 @@ from core.errors import DataError
 from core.extract import extract_features
 from core.mitigate import (
     INSTANCE_FEEDBACK,
+    answer_change,
     conversation_ids,
     feedback_message,
     feedback_regenerate,
+    feedback_turn,
     mitigate_batch,
 )
 
@@ -35,6 +37,28 @@ def test_feedback_messages(demo) -> None:
         feedback_message(ex, [(0, 10**6)])
     with pytest.raises(DataError, match="level"):
         feedback_message(ex, [], "sentence")  # type: ignore[arg-type]
+
+
+def test_the_turn_says_what_was_sent_and_when_it_fell_back(demo) -> None:
+    ex = next(e for e in demo if e.spans)
+    s = ex.spans[0]
+    turn = feedback_turn(ex, [(s.start, s.end)], "token")
+    assert (turn.asked, turn.sent, turn.fell_back) == ("token", "token", False)
+    assert turn.quotes == (ex.response[s.start : s.end].strip(),)
+    # Nothing flagged (or only whitespace) to quote: the instance message, said so.
+    blank = ex.response.index(" ")
+    for spans in ([], [(blank, blank + 1)]):
+        turn = feedback_turn(ex, spans, "token")
+        assert (turn.sent, turn.fell_back, turn.message) == ("instance", True, INSTANCE_FEEDBACK)
+    assert not feedback_turn(ex, [], "instance").fell_back
+
+
+def test_answer_change_counts_words_left_out_and_new() -> None:
+    same = answer_change("Ada built it in 1820.", "  Ada built it\nin 1820. ")
+    assert same.identical and same.describe() == "identical to the first, word for word"
+    change = answer_change("Ada built it in 1820.", "Ada Lovell built it in 1821.")
+    assert (change.removed, change.added, change.identical) == (1, 2, False)
+    assert change.describe() == "1 word(s) of the first left out, 2 new"
 
 
 def test_the_conversation_holds_prompt_answer_and_feedback(tiny_model, demo) -> None:

@@ -1,0 +1,100 @@
+"""Time, said before and during an action: the estimate (:mod:`app.state.estimates`) in
+words above its button, and a progress bar that counts what is done and the time left.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+
+import streamlit as st
+
+from app.text import md
+from core.errors import RagscopeError
+from core.extract import WorkEstimate
+
+FEW_SECONDS = 5.0
+"""Below this an estimate says "a few seconds"."""
+
+
+def format_seconds(seconds: float) -> str:
+    """``42 s``, ``3 min 5 s``, ``1 h 20 min``."""
+    s = max(0, int(math.ceil(seconds)))
+    if s < 60:
+        return f"{s} s"
+    if s < 3600:
+        return f"{s // 60} min {s % 60} s" if s % 60 else f"{s // 60} min"
+    return f"{s // 3600} h {(s % 3600) // 60} min"
+
+
+def describe_work(est: WorkEstimate, *, what: str = "answers", extra: str = "") -> str:
+    """The estimate in words (Markdown). ``extra`` names what :attr:`fixed_seconds`
+    is (e.g. "the new answer's generation")."""
+    n = est.n_examples
+    plus = f", plus about {format_seconds(est.fixed_seconds)} for {extra}" if extra else ""
+    if est.n_to_trace == 0:
+        total = est.fixed_seconds
+        head = "a few seconds" if total < FEW_SECONDS else f"about {format_seconds(total)}"
+        return (
+            f"Estimated time on this machine: **{head}**: the features of all {n} {what} "
+            f"are in the feature cache{plus}."
+        )
+    if not est.known:
+        return (
+            "Estimated time: unknown (one of the answers could not be timed here); the "
+            "bar below says the time left once the first is done."
+        )
+    cached = f"; {est.n_cached} already in the feature cache" if est.n_cached else ""
+    head = "a few seconds" if est.seconds < FEW_SECONDS else f"about {format_seconds(est.seconds)}"
+    return (
+        f"Estimated time on this machine: **{head}**: {est.n_to_trace} of {n} {what} to "
+        f"trace at about {est.seconds_per_example:.1f} s each (paced on one traced "
+        f"here){cached}{plus}. Later runs read them from the feature cache."
+    )
+
+
+def estimate_caption(
+    compute: Callable[[], WorkEstimate], *, what: str = "answers", extra: str = ""
+) -> WorkEstimate | None:
+    """``compute()``'s estimate as a caption above an action's button; a failure to
+    estimate is said in the caption (the action itself reports its own error)."""
+    try:
+        est = compute()
+    except RagscopeError as e:
+        st.caption(f"No time estimate: {md(e)}")
+        return None
+    st.caption(describe_work(est, what=what, extra=extra))
+    return est
+
+
+def time_left(done: int, total: int, elapsed: float) -> str:
+    """`` · about 40 s left`` after ``done`` of ``total`` in ``elapsed`` seconds (empty
+    before the first is done or after the last)."""
+    if done <= 0 or done >= total:
+        return ""
+    return f" · about {format_seconds(elapsed / done * (total - done))} left"
+
+
+@contextmanager
+def progress_bar(text: str, step: str | None = None) -> Iterator[Callable[[int, int], None]]:
+    """A progress bar while the block runs; yields the ``progress(done, total)`` callback.
+    The bar counts what is done and, from the pace so far, the time left.
+
+    Args:
+        text: The bar's text before the first example.
+        step: What the bar says before ``done / total examples`` (default: ``text``).
+    """
+    bar = st.progress(0.0, text=text)
+    prefix = text if step is None else step
+    t0 = time.perf_counter()
+
+    def progress(done: int, total: int) -> None:
+        left = time_left(done, total, time.perf_counter() - t0)
+        bar.progress(done / max(total, 1), text=f"{prefix} {done} / {total} examples{left}")
+
+    try:
+        yield progress
+    finally:
+        bar.empty()

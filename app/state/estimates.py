@@ -1,0 +1,131 @@
+"""How long a page's action will take on this machine, said before it starts
+(:mod:`core.extract`'s estimating section): the examples whose features are not cached
+yet, at a pace timed here on the first of them (once per model and detector choice; its
+features are kept, so the timing is not lost work).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+import streamlit as st
+
+from app.state.datasets import get_store
+from app.state.detectors import ShippedDetectors
+from app.state.verdicts import answer_verdicts
+from core.examples import RAGExample
+from core.extract import (
+    FeatureCache,
+    WorkEstimate,
+    estimate_extraction,
+    example_chars,
+    time_extraction,
+)
+from core.generate import GenerationConfig, generate
+
+if TYPE_CHECKING:
+    from core.contract import Detector
+    from core.model import LoadedModel
+
+
+def detectors_key(detectors: Sequence[Detector]) -> tuple[tuple[str, str], ...]:
+    """What a pace is measured for: each detector's name and feature configuration."""
+    return tuple((d.name, d.config.feature_hash()) for d in detectors)
+
+
+@st.cache_data(
+    show_spinner="Timing one answer on this machine for the estimate (its features are kept)…",
+    max_entries=64,
+)
+def _pace(
+    _model: LoadedModel,
+    instance_key: str,
+    _detectors: Sequence[Detector],
+    key: tuple[tuple[str, str], ...],
+    _example: RAGExample,
+) -> float:
+    """Seconds per character for ``key``'s detectors on the model, timed on the first
+    example asked about (keyed by model instance and detectors, not by the example:
+    once timed, every later estimate of that choice reuses it)."""
+    return time_extraction(_model, _example, _detectors, FeatureCache(get_store()))
+
+
+def work_estimate(
+    model: LoadedModel,
+    examples: Sequence[RAGExample],
+    detectors: Sequence[Detector],
+    *,
+    fixed_seconds: float = 0.0,
+) -> WorkEstimate:
+    """How long extracting ``detectors``' features of ``examples`` will take here.
+
+    Raises:
+        DataError: The example timed cannot be laid out or a detector cannot read it.
+        ModelError: A detector cannot run on this model.
+    """
+    key = detectors_key(detectors)
+    return estimate_extraction(
+        model.info.key,
+        examples,
+        detectors,
+        FeatureCache(get_store()),
+        lambda ex: _pace(model, model.instance_key, detectors, key, ex),
+        fixed_seconds=fixed_seconds,
+    )
+
+
+PACE_ANSWER = RAGExample(
+    id="pace",
+    question="Who built the bridge, and when?",
+    passages=("Ada Lovell built the stone bridge over the river in 1820.",),
+    response="Ada Lovell built it in 1820.",
+)
+"""A short answer whose decoding times the model's steps."""
+
+PACE_TOKENS = 8
+"""Tokens generated to time a step."""
+
+
+@st.cache_data(show_spinner="Timing the model's decoding on this machine…", max_entries=8)
+def _decode_pace(_model: LoadedModel, instance_key: str) -> float:
+    """Seconds per generated token (greedy, a short prompt; the second run, the first
+    warms the caches up)."""
+    cfg = GenerationConfig(max_new_tokens=PACE_TOKENS)
+    generate(_model, PACE_ANSWER, cfg)
+    out = generate(_model, PACE_ANSWER, cfg)
+    return out.seconds / max(len(out.token_ids), 1)
+
+
+def generation_seconds(model: LoadedModel, max_new_tokens: int) -> float:
+    """At most how long generating ``max_new_tokens`` takes here (a long prompt makes
+    each step somewhat slower)."""
+    return max_new_tokens * _decode_pace(model, model.instance_key)
+
+
+def answer_estimate(
+    model: LoadedModel,
+    example: RAGExample,
+    shipped: ShippedDetectors,
+    n_answers: int,
+    *,
+    fixed_seconds: float = 0.0,
+) -> WorkEstimate:
+    """How long judging ``n_answers`` answers the size of ``example``'s with the whole
+    set takes here (e.g. the original and an edited version), paced on the set's own
+    verdicts on ``example`` (:func:`~app.state.verdicts.answer_verdicts`: shared with the
+    Playground and every page, so usually known already; else judged now, and kept).
+
+    Raises:
+        DataError: The example cannot be laid out for the detectors.
+        ModelError: A detector cannot run.
+    """
+    seconds = answer_verdicts(model, example, shipped).seconds
+    chars = example_chars(example)
+    return WorkEstimate(
+        n_examples=n_answers,
+        n_cached=0,
+        chars_to_trace=n_answers * chars,
+        seconds_per_char=seconds / chars,
+        fixed_seconds=fixed_seconds,
+    )

@@ -1,0 +1,91 @@
+"""Time estimates of page actions (core.extract's estimating section): the examples not
+cached yet, at a pace measured here on the first of them, whose features are kept."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+from pathlib import Path
+
+import pytest
+
+from app.components.estimate import describe_work, format_seconds, time_left
+from core.detectors import make_detector
+from core.extract import (
+    FeatureCache,
+    WorkEstimate,
+    estimate_extraction,
+    example_chars,
+    extract_features,
+    is_cached,
+    time_extraction,
+)
+from core.model import LoadedModel
+from core.storage import Store
+
+
+@pytest.fixture
+def cache(tmp_path: Path):
+    with Store(tmp_path / "c.sqlite3") as store:
+        yield FeatureCache(store)
+
+
+def test_example_chars_count_the_prompt_material_and_the_answer(toy_example) -> None:
+    want = sum(map(len, toy_example.passages)) + len(toy_example.question or "")
+    assert example_chars(toy_example) == want + len(toy_example.response)
+    verbatim = replace(
+        toy_example, prompt="P" * 40 + toy_example.question + "".join(toy_example.passages)
+    )
+    assert example_chars(verbatim) == len(verbatim.prompt) + len(toy_example.response)
+
+
+def test_the_estimate_counts_what_is_cached_and_paces_the_rest(
+    tiny_model: LoadedModel, toy_example, cache: FeatureCache
+) -> None:
+    key = tiny_model.info.key
+    dets = [make_detector("nll"), make_detector("context_gain")]
+    a = toy_example
+    b = replace(toy_example, id="toy-2", response=toy_example.response + " It is old.")
+    c = replace(toy_example, id="toy-3", response="It was built in 1820.", spans=(), label=None)
+    extract_features(tiny_model, [a], dets, cache=cache)
+    assert is_cached(cache, key, a, dets) and not is_cached(cache, key, b, dets)
+    timed: list[str] = []
+
+    def pace(ex):
+        timed.append(ex.id)
+        return time_extraction(tiny_model, ex, dets, cache)
+
+    est = estimate_extraction(key, [a, b, c], dets, cache, pace, fixed_seconds=2.0)
+    # The first uncached example was timed, and its features kept: it now counts as cached.
+    assert timed == ["toy-2"] and is_cached(cache, key, b, dets)
+    assert (est.n_examples, est.n_cached, est.n_to_trace) == (3, 2, 1)
+    assert est.chars_to_trace == example_chars(c) and est.known
+    assert est.seconds == pytest.approx(2.0 + example_chars(c) * est.seconds_per_char)
+    assert est.seconds_per_example == pytest.approx(est.seconds - 2.0)
+    # Everything cached: nothing is timed, the estimate is the fixed part alone.
+    timed.clear()
+    done = estimate_extraction(key, [a, b], dets, cache, pace)
+    assert timed == [] and done.n_to_trace == 0 and done.known and done.seconds == 0.0
+    # No cache: every example is to trace.
+    assert estimate_extraction(key, [a, b], dets, None, lambda ex: 1e-3).n_to_trace == 2
+    # A composite needs every member's features before an example counts as cached.
+    ens = make_detector("ensemble")
+    assert not is_cached(cache, key, a, [ens])
+
+
+def test_the_words_say_the_time_what_is_cached_and_when_it_is_unknown() -> None:
+    est = WorkEstimate(n_examples=8, n_cached=2, chars_to_trace=6000, seconds_per_char=0.01)
+    text = describe_work(est, what="answers")
+    assert "**about 1 min**" in text and "6 of 8 answers to trace at about 10.0 s each" in text
+    assert "2 already in the feature cache" in text
+    cached = WorkEstimate(n_examples=3, n_cached=3, chars_to_trace=0, seconds_per_char=None)
+    assert "**a few seconds**" in describe_work(cached) and "all 3 answers" in describe_work(cached)
+    gen = replace(cached, fixed_seconds=30.0)
+    assert "**about 30 s**" in describe_work(gen, extra="the generation")
+    unknown = WorkEstimate(n_examples=2, n_cached=0, chars_to_trace=10, seconds_per_char=None)
+    assert not unknown.known and "unknown" in describe_work(unknown)
+    assert format_seconds(61) == "1 min 1 s" and format_seconds(7260) == "2 h 1 min"
+
+
+def test_the_bar_says_the_time_left_from_the_pace_so_far() -> None:
+    assert time_left(0, 10, 5.0) == "" and time_left(10, 10, 50.0) == ""
+    assert time_left(2, 10, 10.0) == " · about 40 s left"
