@@ -22,6 +22,7 @@ import numpy as np
 
 from core.contract import Verdict
 from core.examples import RAGExample
+from core.metrics import correlation_warning, evidence_warning
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -85,6 +86,17 @@ def verdict_table(
         scores=scores,
         calls=calls,
         gold=gold,
+    )
+
+
+def agreement_evidence(table: VerdictTable) -> tuple[str | None, str | None]:
+    """Why the table's score correlations and its comparisons with gold are not to be
+    read as facts, each ``None`` when there is enough (:func:`core.metrics.correlation_warning`
+    over its answers, :func:`core.metrics.evidence_warning` over its labelled ones)."""
+    gold = table.gold[table.gold >= 0]
+    return (
+        correlation_warning(len(table.example_ids)),
+        evidence_warning(gold, "The labelled answers"),
     )
 
 

@@ -52,6 +52,7 @@ from core.errors import DataError, ModelError
 from core.examples import RAGExample
 from core.layout import Layout, render
 from core.lens import pks_needs
+from core.metrics import evidence_warning
 from core.model import LoadedModel
 from core.trace import Needs, trace
 
@@ -195,6 +196,15 @@ class HeadStats:
             if v.shape != (grid.shape[0],):
                 raise ValueError(f"{name} must be [{grid.shape[0]}], got {v.shape}")
             object.__setattr__(self, name, v)
+
+    @property
+    def evidence(self) -> str | None:
+        """Why these statistics are not to be read as facts (one class missing, or fewer
+        than :data:`core.metrics.MIN_CLASS_ANSWERS` units of a class), with what would
+        fix it; ``None`` when there is enough of both (:func:`core.metrics.evidence_warning`)."""
+        labels = [1] * self.n_hallucinated + [0] * self.n_faithful
+        unit = "answers" if self.level == "response" else "answer sentences"
+        return evidence_warning(labels, f"These {unit}")
 
     # -- building ----------------------------------------------------------------
 

@@ -56,6 +56,24 @@ def evidence_warning(y: np.ndarray | Sequence[int], what: str = "These answers")
     return None
 
 
+MIN_CORRELATION_ANSWERS = 20
+"""Fewest answers for a correlation between detectors' scores to be read as one: with
+fewer, a rank correlation of ±1 or ±0.5 is what chance alone often gives (below it,
+:func:`correlation_warning` says how many more are needed)."""
+
+
+def correlation_warning(n: int, what: str = "These correlations") -> str | None:
+    """Why correlations over ``n`` answers are not to be read as facts, with what would
+    fix it; ``None`` from :data:`MIN_CORRELATION_ANSWERS` answers on."""
+    if n >= MIN_CORRELATION_ANSWERS:
+        return None
+    return (
+        f"{what} come from {n} answer{'' if n == 1 else 's'}: with fewer than "
+        f"{MIN_CORRELATION_ANSWERS} a correlation of ±1 or ±0.5 is often chance "
+        f"({MIN_CORRELATION_ANSWERS - n} more answers needed)."
+    )
+
+
 def response_metrics(
     y: np.ndarray,
     scores: np.ndarray,

@@ -106,6 +106,27 @@ class Curve:
     area: float
 
 
+GREY = "#b8b8b8"
+"""What a statistic from too few answers is drawn in (:func:`greyed`)."""
+
+
+def greyed(fig: go.Figure, note: str = "too few answers: not an estimate") -> go.Figure:
+    """``fig`` in greys, with ``note`` above it: a statistic the page shows although it
+    rests on too few answers (the warning beside it says how many more are needed)."""
+    for trace in fig.data:
+        if trace.type == "heatmap":
+            trace.update(colorscale="Greys")
+        elif trace.type == "bar":
+            trace.update(marker_color=GREY)
+        elif trace.type == "scatter":
+            trace.update(line_color=GREY, marker_color=GREY)
+    fig.add_annotation(
+        text=note, xref="paper", yref="paper", x=0.5, y=1.0, yanchor="bottom",
+        showarrow=False, font={"color": "#777777"},
+    )  # fmt: skip
+    return fig
+
+
 def roc_points(series: ScoreSeries) -> Curve | None:
     """The ROC curve and AUROC; ``None`` when the labels hold one class only."""
     from sklearn.metrics import roc_auc_score, roc_curve

@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from app.components.agreement_charts import correlation_figure, gold_matrix_figure
+from app.components.charts import greyed
 from app.components.estimate import estimate_caption, progress_bar
 from app.components.example_picker import (
     dataset_labels,
@@ -33,6 +34,7 @@ from app.state.estimates import work_estimate
 from app.text import md
 from core.agreement import (
     VerdictTable,
+    agreement_evidence,
     disagreements,
     pairwise_gold,
     score_correlation,
@@ -164,14 +166,17 @@ def main() -> None:
         "Correlation", ["spearman", "pearson", "kendall"], horizontal=True, key=KEY_METHOD
     )
     corr = score_correlation(table, method)
+    few_corr, few_gold = agreement_evidence(table)
+    if few_corr:
+        st.warning(f"{md(few_corr)} Raise **Answers** to read them; the map is greyed.")
     c_corr, c_pairs = st.columns([1, 1])
     with c_corr:
-        plot(
-            correlation_figure(corr, title=f"Score correlation ({method})"),
-            key="agreement.correlation",
-        )
+        fig = correlation_figure(corr, title=f"Score correlation ({method})")
+        plot(greyed(fig) if few_corr else fig, key="agreement.correlation")
     with c_pairs:
         st.markdown("**Right and wrong together** (labelled answers)")
+        if few_gold:
+            st.caption(f":grey[{md(few_gold)}]")
         st.dataframe(
             pairwise_gold(table).style.format(
                 {
@@ -185,10 +190,8 @@ def main() -> None:
             width="stretch",
         )
     if (table.gold >= 0).any():
-        plot(
-            gold_matrix_figure(table, title="Where each detector's call matches gold"),
-            key="agreement.gold",
-        )
+        fig = gold_matrix_figure(table, title="Where each detector's call matches gold")
+        plot(greyed(fig) if few_gold else fig, key="agreement.gold")
     st.markdown("**Answers the detectors disagree on most**")
     dis = disagreements(table)
     shown = dis.head(50)

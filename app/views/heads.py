@@ -22,6 +22,7 @@ import pandas as pd
 import streamlit as st
 
 from app.components.artifacts import show_broken_artifacts
+from app.components.charts import greyed
 from app.components.example_picker import (
     ExampleKeys,
     PickedExamples,
@@ -308,6 +309,12 @@ def show_stats(stats: HeadStats, req: FeatureRequest, marked: Sequence[Head]) ->
             "and the correlations are undefined and left blank. Read more examples, or pick "
             "a dataset with both labels (the built-in labelled corpus has both)."
         )
+    thin = stats.evidence if stats.n_faithful and stats.n_hallucinated else None
+    if thin:
+        st.warning(
+            f"{md(thin)} The differences, correlations and PKS are greyed and no head is "
+            "ranked: raise **At most** (the estimate above says how long it takes)."
+        )
     left, right = st.columns(2, gap="medium")
     for col, kind in (
         (left, "faithful"),
@@ -316,8 +323,10 @@ def show_stats(stats: HeadStats, req: FeatureRequest, marked: Sequence[Head]) ->
         (right, "r"),
     ):
         with col:
-            plot(stats.figure_ecs(kind, marked=marked), key=f"heads.stats.ecs.{kind}")
-    best = stats.top_heads(5)
+            fig = stats.figure_ecs(kind, marked=marked)
+            plot(greyed(fig) if thin and kind in ("difference", "r") else fig,
+                 key=f"heads.stats.ecs.{kind}")  # fmt: skip
+    best = [] if thin else stats.top_heads(5)
     strongest = ", ".join(f"{_fmt_head(h)} (r = {stats.ecs_r[h[0], h[1]]:.2f})" for h in best)
     st.caption(
         "ECS is a cosine in [-1, 1]. Difference = faithful − hallucinated and r is the "
@@ -326,7 +335,7 @@ def show_stats(stats: HeadStats, req: FeatureRequest, marked: Sequence[Head]) ->
         "top copying heads. Blank cells: undefined (one class missing or a constant value)."
         + (f" Strongest heads by r: {strongest}." if strongest else "")
     )
-    plot(stats.figure_pks(), key="heads.stats.pks")
+    plot(greyed(stats.figure_pks()) if thin else stats.figure_pks(), key="heads.stats.pks")
     st.caption(
         "PKS is the Jensen-Shannon divergence (bits) between the logit-lens predictions "
         "before and after a layer's FFN, averaged over the answer's tokens. ReDeEP expects "

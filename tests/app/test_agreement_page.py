@@ -44,6 +44,9 @@ def test_compare_draws_the_detectors_agreement_and_opens_an_answer(
     z = plotly_array(fig["data"][0]["z"]).reshape(len(names), len(names))
     np.testing.assert_allclose(z, want.to_numpy(), atol=1e-9)
     assert chart(at, "Where each detector's call matches gold")
+    # Eight answers are too few for correlations: said, and the map greyed.
+    assert any(f"come from {N} answers" in w.value for w in at.warning)
+    assert any("too few answers" in a["text"] for a in fig["layout"]["annotations"])
     tables = at.dataframe
     assert len(tables) == 2
     pairs = tables[0].value

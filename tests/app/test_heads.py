@@ -161,6 +161,13 @@ def test_dataset_statistics_on_a_few_examples(
         np.testing.assert_allclose(z_of(chart(at, prefix)), grid, rtol=1e-5, atol=1e-6)
     pks = chart(at, "PKS per layer")
     assert len(pks["data"]) == 3  # faithful, hallucinated, r
+    # Four answers are too few: said, the class comparisons greyed, no head ranked.
+    assert want.evidence and "anecdotes, not estimates" in want.evidence
+    assert any("anecdotes, not estimates" in w.value for w in at.warning)
+    notes = [a["text"] for a in chart(at, "Pearson r of ECS")["layout"].get("annotations", [])]
+    assert any("too few answers" in t for t in notes)
+    assert not chart(at, "Mean ECS, faithful answers")["layout"].get("annotations")
+    assert "Strongest heads by r" not in page_text(at)
     assert (
         f"**{want.n_faithful}** faithful and **{want.n_hallucinated}** hallucinated"
         in page_text(at)
