@@ -14,6 +14,7 @@ from __future__ import annotations
 import html
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from itertools import pairwise
 
 import numpy as np
@@ -215,6 +216,50 @@ def token_heatmap_html(
         )
     out.append("</div>")
     return "".join(out)
+
+
+ADAPT_BELOW = 0.5
+"""A detector's token colours run from 0 to the answer's own highest score when that is
+below this (else from 0 to 1): low scores on a fixed 0-1 scale leave the answer white."""
+
+
+@dataclass(frozen=True)
+class TokenScale:
+    """The colour scale of a detector's token scores on one answer, and what it is.
+
+    Attributes:
+        vmin: The score drawn lightest.
+        vmax: The score drawn darkest.
+        note: The scale and the flags in words (Markdown), for the caption.
+    """
+
+    vmin: float
+    vmax: float
+    note: str
+
+
+def detector_scale(scores: np.ndarray, threshold: float, *, fixed: bool = False) -> TokenScale:
+    """The scale for ``scores`` (a detector's token scores in [0, 1]): 0 to 1 when
+    ``fixed`` or when some token reaches :data:`ADAPT_BELOW`, else 0 to this answer's
+    highest score, said in :attr:`TokenScale.note` with how many tokens reach the
+    detector's token ``threshold``."""
+    finite = scores[np.isfinite(scores)] if scores.size else scores
+    top = float(finite.max()) if finite.size else 0.0
+    n = int(np.sum(finite >= threshold))
+    flags = (
+        f"{n} token{'' if n == 1 else 's'} reach{'es' if n == 1 else ''} its token "
+        f"threshold {threshold:.3f}"
+        if n
+        else f"no token reaches its token threshold {threshold:.3f}"
+    )
+    if fixed or top >= ADAPT_BELOW or top <= 0.0:
+        return TokenScale(0.0, 1.0, f"Scale: fixed, 0 to 1; {flags}.")
+    return TokenScale(
+        0.0,
+        top,
+        f"Scale: **0 to this answer's highest score, {top:.3f}**, not 0 to 1 (every score "
+        f"here is low; *Fixed 0–1 scale* draws them on the full range); {flags}.",
+    )
 
 
 def render_token_heatmap(

@@ -51,6 +51,10 @@ KEY_ANALYSE = "playground.analyse"
 KEY_COLOR_BY = "playground.color_by"
 
 
+KEY_FIXED_SCALE = "playground.fixed_scale"
+"""The "Fixed 0-1 scale" toggle of a detector's token colours."""
+
+
 COLOR_SURPRISAL = "surprisal"
 """The "Colour tokens by" choice meaning the model's own surprisal (else a detector name)."""
 

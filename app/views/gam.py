@@ -253,10 +253,19 @@ def answer_section(model: LoadedModel, detector: RaglensDetector, stamp: str) ->
         labels = render(ex, model).token_labels()
     for k in top:
         acts = ans.activations_of(k)
+        peak = float(acts.max()) if acts.size else 0.0
         st.markdown(
             f"**F{k}** · contribution {v.explanation[f'F{k}']:+.3f} log-odds · max activation "
-            f"{float(acts.max()) if acts.size else 0.0:.3g}"
+            f"{peak:.3g}"
         )
+        if peak <= 0.0:
+            st.caption(
+                f"F{k} does not fire on any token of this answer, so there is nothing to "
+                "colour. Its contribution is the shape function's value at 0: in the "
+                "training answers, the *absence* of this feature went with hallucinated "
+                "answers. Its shape function above shows the whole curve."
+            )
+            continue
         render_token_heatmap(
             list(ans.tokens),
             acts.tolist(),

@@ -24,7 +24,7 @@ import numpy as np
 import streamlit as st
 
 from app.components.exports import plot
-from app.components.heatmap import render_token_heatmap
+from app.components.heatmap import ADAPT_BELOW, detector_scale, render_token_heatmap
 from app.components.segments import segment_figure, segment_rows
 from app.state import (
     ANSWER_GENERATE,
@@ -43,6 +43,7 @@ from app.state import (
     KEY_CALIBRATE_AS,
     KEY_COLOR_BY,
     KEY_EXAMPLE,
+    KEY_FIXED_SCALE,
     KEY_GENERATE,
     KEY_INPUT_MODE,
     KEY_MAX_TOKENS,
@@ -91,7 +92,7 @@ from app.state import (
     verdict_frame,
 )
 from app.text import code, md, md_lines
-from core.contract import Verdict, align_token_scores
+from core.contract import Verdict, align_token_scores, flag_threshold
 from core.data import BUILTIN
 from core.errors import DataError, RagscopeError
 from core.examples import TASKS, RAGExample
@@ -815,12 +816,23 @@ def show_analysis(
         "pasted": "pasted",
         "dataset": "from the dataset",
     }
+    scale = None
+    if colour is not None:
+        fixed = st.toggle(
+            "Fixed 0–1 scale",
+            key=KEY_FIXED_SCALE,
+            help="Token scores are probabilities. By default an answer whose scores are all "
+            f"below {ADAPT_BELOW} is coloured from 0 to its own highest score",
+        )
+        values = detector_token_scores(a, colour)
+        det = panel.shipped.card(colour.detector).detector
+        scale = detector_scale(values, flag_threshold(det), fixed=fixed)
     meaning = (
         "Colour: surprisal, −log₂ p(token | prompt, earlier answer tokens); darker = the model "
         "expected it less."
-        if colour is None
-        else f"Colour: the {colour.detector} detector's score for each token, from 0 to 1; "
-        "darker = more likely part of a hallucination by its reckoning."
+        if scale is None or colour is None
+        else f"Colour: the {colour.detector} detector's score for each token; darker = more "
+        f"likely part of a hallucination by its reckoning. {scale.note}"
     )
     st.caption(
         f"{md(a.model_name)} read the answer "
@@ -838,9 +850,8 @@ def show_analysis(
         labels=a.labels,
         positions=a.layout.response_positions.tolist(),
         value_name=_colour_label(COLOR_SURPRISAL if colour is None else colour.detector),
-        # Detector scores are probabilities: a fixed 0-1 scale reads the same on every answer.
-        vmin=None if colour is None else 0.0,
-        vmax=None if colour is None else 1.0,
+        vmin=None if scale is None else scale.vmin,
+        vmax=None if scale is None else scale.vmax,
     )
 
     show_detector_verdicts(panel, state)

@@ -81,8 +81,13 @@ def test_gam_page_shows_the_detectors_own_numbers(
     assert f"RAGLens score **{ans.verdict.score:.3f}**" in page_text(at)
     contrib = chart(at, "Largest contributions to this answer")
     assert len(plotly_array(contrib["data"][0]["x"])) == min(12, len(det.selected_))
+    # A heatmap per top feature that fires; one that does not is explained instead.
+    top = ans.top_positive(3)
+    silent = [k for k in top if not ans.activations_of(k).size or ans.activations_of(k).max() <= 0]
     n_maps = sum(1 for h in at.get("html") if "activation" in str(h.proto))
-    assert n_maps == len(ans.top_positive(3))
+    assert n_maps == len(top) - len(silent)
+    notes = [c.value for c in at.caption if "does not fire on any token" in c.value]
+    assert len(notes) == len(silent)
 
 
 def test_a_gam_link_opens_its_feature_and_example(

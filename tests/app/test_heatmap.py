@@ -4,10 +4,13 @@ from __future__ import annotations
 
 import re
 
+import numpy as np
 import pytest
 
 from app.components.heatmap import (
+    ADAPT_BELOW,
     SURPRISAL_CMAP,
+    detector_scale,
     interpolate_color,
     text_color,
     token_heatmap_html,
@@ -107,3 +110,16 @@ def test_nan_values_are_grey_and_say_so() -> None:
 def test_bad_colour_map_raises() -> None:
     with pytest.raises(ValueError, match="stops"):
         token_heatmap_html(["a"], [1.0], cmap=((0.0, "#ffffff"), (0.5, "#000000")))
+
+
+def test_a_detectors_scale_adapts_to_low_scores_and_says_so() -> None:
+    low = np.asarray([0.01, 0.04, np.nan, 0.02])
+    scale = detector_scale(low, 0.3)
+    assert (scale.vmin, scale.vmax) == (0.0, 0.04)
+    assert "0 to this answer's highest score, 0.040" in scale.note
+    assert "no token reaches its token threshold 0.300" in scale.note
+    fixed = detector_scale(low, 0.3, fixed=True)
+    assert (fixed.vmin, fixed.vmax) == (0.0, 1.0) and fixed.note.startswith("Scale: fixed")
+    high = detector_scale(np.asarray([0.2, ADAPT_BELOW, 0.9]), 0.8)
+    assert high.vmax == 1.0 and "1 token reaches its token threshold 0.800" in high.note
+    assert detector_scale(np.asarray([]), 0.5).vmax == 1.0

@@ -20,6 +20,7 @@ import pandas as pd
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.components.heatmap import detector_scale
 from app.state import (
     ANSWER_PASTE,
     CALIBRATE_AUTO,
@@ -30,6 +31,7 @@ from app.state import (
     KEY_CALIBRATE_AS,
     KEY_COLOR_BY,
     KEY_EXAMPLE,
+    KEY_FIXED_SCALE,
     STATE_KEY,
 )
 from app.state.detectors import ShippedDetector
@@ -38,7 +40,7 @@ from app.text import md
 from app.views.playground import training_caption
 from core.artifact import artifact_info
 from core.calibration import DatasetCalibration, PlattCalibrator
-from core.contract import Verdict, align_token_scores
+from core.contract import Verdict, align_token_scores, flag_threshold
 from core.data import builtin_examples, make_splits
 from core.detectors import load_shipped
 from core.detectors.baselines import NLLDetector
@@ -214,6 +216,13 @@ def test_colour_by_a_detector_shows_its_token_scores(
     assert shown != surprisal
     assert 'class="rs-tok rs-gold"' in heat  # the gold span stays underlined
     assert at.session_state[STATE_KEY].color_by == "nll"
+    # The caption names the scale: this answer's own range when its scores are all low.
+    det = load_shipped("nll", tiny_model.info.key, tiny_artifacts)
+    want = detector_scale(np.asarray(expected), flag_threshold(det))
+    assert any(want.note.split(";")[0] in c.value for c in at.caption)
+    at.toggle(key=KEY_FIXED_SCALE).set_value(True).run()
+    assert any("Scale: fixed, 0 to 1" in c.value for c in at.caption)
+    at.toggle(key=KEY_FIXED_SCALE).set_value(False).run()
 
     # The choice survives a rerun; switching back restores surprisal.
     at.run()
