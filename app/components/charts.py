@@ -333,6 +333,7 @@ def breakdown_figure(
                 text=[f"{v:.2f}" if v is not None else "–" for v in y],
                 # at the bar's foot when an error bar stands on its top
                 textposition="inside" if has_ci else "outside",
+                textangle=0,
                 insidetextanchor="start",
                 cliponaxis=False,
                 hovertemplate=(
@@ -345,6 +346,9 @@ def breakdown_figure(
     fig.update_layout(
         barmode="group",
         template="plotly_white",
+        # A label wider than its bar is hidden (hover still gives the value), so many
+        # detectors' bars never print over each other.
+        uniformtext={"minsize": 9, "mode": "hide"},
         height=320,
         margin={"l": 10, "r": 10, "t": 30, "b": 10},
         legend={"orientation": "h", "yanchor": "bottom", "y": 1.02, "x": 0.0},

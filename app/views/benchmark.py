@@ -109,6 +109,7 @@ from core.metrics import SPAN_F1_NOTE, ci_columns, response_metrics
 from core.model import LoadedModel
 from core.paths import runs_dir
 from core.review.export import safe_csv
+from core.sets import ANSWER_JUDGE
 
 BREAKDOWN_METRICS: tuple[str, ...] = ("AUROC", "F1")
 EMPTY_STATE = (
@@ -772,7 +773,9 @@ def show_reliability(state: AppState, runs: Sequence[CVRun]) -> None:
         return
     options = list(pairs)
     if state.bench_cv_reliability is None:
-        state.bench_cv_reliability = [f"{runs[0].name}/{r.detector}" for r in runs[0].results]
+        first = [r.detector for r in runs[0].results]
+        chosen = [ANSWER_JUDGE] if ANSWER_JUDGE in first else first[:RELIABILITY_DEFAULT]
+        state.bench_cv_reliability = [f"{runs[0].name}/{d}" for d in chosen]
     state.bench_cv_reliability = [p for p in state.bench_cv_reliability if p in pairs]
     _keep_options(KEY_BENCH_CV_RELIABILITY, options)
     seed_widget(KEY_BENCH_CV_RELIABILITY, state.bench_cv_reliability)
@@ -927,6 +930,15 @@ def show_matrix(state: AppState, saved: SavedRuns) -> None:
 # --------------------------------------------------------------------------- page
 
 
+TAB_TEST = "Held-out test runs"
+TAB_CV = "Cross-validation"
+TAB_MATRIX = "Cross-domain matrix"
+
+# Detectors the reliability diagram draws until the user picks (more lines tangle): the
+# run's overall judge alone when it has one, else its first three.
+RELIABILITY_DEFAULT = 3
+
+
 def main() -> None:
     state = app_state()
     model = get_model()
@@ -944,15 +956,20 @@ def main() -> None:
     if saved.empty:
         st.info(EMPTY_STATE)
         return
-    if saved.runs:
-        st.divider()
-        show_test_runs(state, saved)
-    if saved.cv:
-        st.divider()
-        show_cv(state, saved)
-    if saved.matrices:
-        st.divider()
-        show_matrix(state, saved)
+    sections = [
+        (label, show)
+        for label, show, there in (
+            (TAB_TEST, show_test_runs, bool(saved.runs)),
+            (TAB_CV, show_cv, bool(saved.cv)),
+            (TAB_MATRIX, show_matrix, bool(saved.matrices)),
+        )
+        if there
+    ]
+    # One tab per kind of run: the page shows one section at a time, not all at once.
+    tabs = st.tabs([label for label, _ in sections]) if len(sections) > 1 else [st.container()]
+    for tab, (_, show) in zip(tabs, sections, strict=True):
+        with tab:
+            show(state, saved)
 
 
 def show_test_runs(state: AppState, saved: SavedRuns) -> None:

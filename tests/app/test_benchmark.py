@@ -397,6 +397,9 @@ def test_breakdown_figure_groups_bars_by_detector_with_gaps_for_undefined() -> N
     first = dict(zip(fig.data[0].x, fig.data[0].y, strict=True))
     assert first[frame.loc[0, "task"]] is None
     assert fig.layout.barmode == "group"
+    # Labels that do not fit their bar are hidden, never printed over each other.
+    assert fig.layout.uniformtext.mode == "hide" and fig.layout.uniformtext.minsize >= 8
+    assert {t.textangle for t in fig.data} == {0}
 
 
 def test_shipped_runs_are_listed_after_local_ones_and_shadowed_by_name(
