@@ -51,16 +51,21 @@ from app.state.links import (
     P_ANSWER,
     P_DATASET,
     P_EXAMPLE,
+    P_INPUT,
     P_LIMIT,
     P_SPLIT,
     Followed,
+    example_input,
     follow,
     follow_widget,
+    input_problem,
     integer,
     linked,
     one_of,
+    own_example,
     page_dataset,
     page_dataset_spec,
+    parse_input,
     publish,
 )
 from app.state.session import app_state
@@ -303,6 +308,51 @@ def pick_answer_source(
     return current
 
 
+def playground_answer(state: AppState) -> RAGExample | None:
+    """The answer a page's "Playground" option shows: the one a freshly opened link's
+    ``input`` carries (kept in the session until the Playground analyses another), else
+    the Playground's analysed answer; ``None`` when there is neither. A link's input that
+    cannot be read is said on the page (by :func:`publish_playground_answer`)."""
+    carried = follow(P_INPUT, parse_input)
+    if carried.missing is not None:
+        st.warning(
+            f"The link's answer cannot be read ({md(input_problem(carried.missing))}); "
+            "showing another answer instead."
+        )
+    if carried.value is not None:
+        try:
+            state.linked_answer = own_example(carried.value)
+        except RagscopeError as e:
+            st.warning(f"The link's answer cannot be read: {md(e)}")
+    if state.linked_answer is not None:
+        return state.linked_answer
+    return state.analysis.example if state.analysis is not None else None
+
+
+def publish_playground_answer(state: AppState) -> tuple[RAGExample, tuple[int, ...] | None]:
+    """Name the "Playground" answer (:func:`playground_answer`, which must be there) and
+    put it in the page's URL as ``input``, so a copied link reopens this view in a fresh
+    browser; returns it with its token ids when the model wrote it."""
+    ex = playground_answer(state)
+    assert ex is not None, "no Playground answer"
+    publish(P_DATASET, None)  # the view shows no dataset's example
+    publish(P_EXAMPLE, None)
+    if state.linked_answer is not None:
+        st.caption(
+            f"The answer the link carries (written in the Playground): "
+            f"“{md(first_words(ex.response, 14))}”"
+        )
+        ids = None
+    else:
+        assert state.analysis is not None
+        ids = show_playground_answer(state.analysis)
+    shown = example_input(ex)
+    publish(P_INPUT, shown, what="Playground answer", where="readable")
+    if shown is None:
+        st.caption("This answer cannot travel in a link (too long, or a verbatim prompt).")
+    return ex, ids
+
+
 def show_playground_answer(analysis: Analysis) -> tuple[int, ...] | None:
     """Name the Playground's analysed answer; returns its token ids when the model wrote it.
 
@@ -489,8 +539,8 @@ def pick_page_answer(
         ``(example, response ids)`` (ids when the model wrote the Playground's answer),
         or ``None`` when there is nothing to pick (a notice is shown).
     """
-    a = state.analysis
-    options = ([HEADS_EXAMPLE_PLAYGROUND] if a is not None else []) + [HEADS_EXAMPLE_DATASET]
+    there = playground_answer(state) is not None
+    options = ([HEADS_EXAMPLE_PLAYGROUND] if there else []) + [HEADS_EXAMPLE_DATASET]
     source = pick_answer_source(
         getattr(state, f"{prefix}_example_source"),
         options,
@@ -498,10 +548,9 @@ def pick_page_answer(
         dataset_name="An example from a dataset",
     )
     setattr(state, f"{prefix}_example_source", source)
-    if source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
-        publish(P_DATASET, None)  # the view shows no dataset's example
-        publish(P_EXAMPLE, None)
-        return a.example, show_playground_answer(a)
+    if source == HEADS_EXAMPLE_PLAYGROUND and there:
+        return publish_playground_answer(state)
+    publish(P_INPUT, None)
     link = follow_page_dataset(keys.dataset)
     if link.value is not None:
         setattr(state, f"{prefix}_dataset", link.value)

@@ -129,6 +129,7 @@ from app.state.jobs import (
 from app.state.links import (
     DATASETS_HERE,
     HOME_DATASETS_HERE,
+    OWN_ID,
     P_ANSWER,
     P_BY_POS,
     P_CALIBRATE,
@@ -316,6 +317,7 @@ __all__ = [
     "P_HIDE",
     "P_CALIBRATE",
     "P_INPUT",
+    "OWN_ID",
     "OwnInput",
     "input_id",
     "input_problem",

@@ -46,7 +46,7 @@ from app.state.runs import CORPUS
 from app.state.session import app_state
 from app.text import code
 from core.errors import DataError, RagscopeError
-from core.examples import TASKS
+from core.examples import TASKS, RAGExample
 
 T = TypeVar("T")
 
@@ -390,6 +390,40 @@ class OwnInput:
     question: str
     passages: tuple[str, ...]
     answer: str
+
+
+OWN_ID = "your-example"
+"""The id of an answer written in the Playground (and of one a link's ``input`` carries)."""
+
+
+def own_example(x: OwnInput) -> RAGExample:
+    """The example a link's ``input`` carries (id :data:`OWN_ID`).
+
+    Raises:
+        DataError: It is not a valid example (an empty answer, no passage).
+    """
+    return RAGExample(
+        id=OWN_ID,
+        task=x.task,  # type: ignore[arg-type]
+        question=x.question or None,
+        passages=x.passages,
+        response=x.answer,
+    )
+
+
+def example_input(example: RAGExample) -> str | None:
+    """``example`` as a link's ``input`` value (:func:`input_id`); ``None`` when it is too
+    long for a link or carries a verbatim prompt (which a link does not carry)."""
+    if example.prompt is not None:
+        return None
+    return input_id(
+        OwnInput(
+            task=example.task,
+            question=example.question or "",
+            passages=example.passages,
+            answer=example.response,
+        )
+    )
 
 
 def pack_input(doc: bytes) -> str:

@@ -12,6 +12,7 @@ from core.smoothing import P_STAY_TOKEN
 
 if TYPE_CHECKING:
     from core.counterfactual import Counterfactual
+    from core.examples import RAGExample
     from core.explain import FidelityResult
 from app.state.analysis import Analysis
 from app.state.datasets import BUILTIN, DatasetRef, UploadReport
@@ -92,6 +93,8 @@ class AppState:
         temperature: Generation temperature (0 = greedy).
         generation: The last answer the model wrote.
         analysis: The last analysis.
+        linked_answer: The answer an opened link's ``input`` carried (a page's "Playground"
+            answer until the Playground analyses another).
         color_by: What the answer's tokens are coloured by: :data:`COLOR_SURPRISAL`
             or a shipped detector's name.
         calibrate_as: Whose calibration judges the Playground's answer:
@@ -188,6 +191,7 @@ class AppState:
     temperature: float = 0.0
     generation: GeneratedAnswer | None = None
     analysis: Analysis | None = None
+    linked_answer: RAGExample | None = None
     color_by: str = COLOR_SURPRISAL
     calibrate_as: str = CALIBRATE_AUTO
     imported_message: str | None = None

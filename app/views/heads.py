@@ -30,7 +30,8 @@ from app.components.example_picker import (
     pick_answer_source,
     pick_example,
     pick_examples,
-    show_playground_answer,
+    playground_answer,
+    publish_playground_answer,
     show_request_failures,
     split_label,
 )
@@ -51,8 +52,8 @@ from app.state import (
     KEY_HEADS_SPLIT,
     KEY_HEADS_TOP,
     KEY_HEADS_UNIT,
-    P_EXAMPLE,
     P_HEAD,
+    P_INPUT,
     P_TOP,
     P_UNIT,
     REDEEP_DETECTORS,
@@ -362,8 +363,8 @@ def pick_answer(
     state: AppState, pool: list[RAGExample] | None
 ) -> tuple[RAGExample, tuple[int, ...] | None, str] | None:
     """The one-answer view's input: ``(example, response ids, where it came from)``."""
-    a = state.analysis
-    options = ([HEADS_EXAMPLE_PLAYGROUND] if a is not None else []) + (
+    there = playground_answer(state) is not None
+    options = ([HEADS_EXAMPLE_PLAYGROUND] if there else []) + (
         [HEADS_EXAMPLE_DATASET] if pool else []
     )
     if not options:
@@ -378,9 +379,10 @@ def pick_answer(
         key=KEY_HEADS_EXAMPLE_SOURCE,
         dataset_name="An example from the examples above",
     )
-    if state.heads_example_source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
-        publish(P_EXAMPLE, None)  # the view shows no dataset's example
-        return a.example, show_playground_answer(a), "playground"
+    if state.heads_example_source == HEADS_EXAMPLE_PLAYGROUND and there:
+        ex, ids = publish_playground_answer(state)
+        return ex, ids, "playground"
+    publish(P_INPUT, None)
     assert pool
     key = f"{state.heads_selection.source}/{state.heads_selection.split}"
     example = pick_example(

@@ -51,6 +51,7 @@ from app.state import (
     KEY_OWN_TASK,
     KEY_PASTED,
     KEY_TEMPERATURE,
+    OWN_ID,
     P_CALIBRATE,
     P_DATASET,
     P_DETECTOR,
@@ -107,8 +108,6 @@ from core.trace import Trace, response_needs
 if TYPE_CHECKING:
     import pandas as pd
     from streamlit.delta_generator import DeltaGenerator
-
-OWN_ID = "your-example"
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -921,6 +920,7 @@ def main() -> None:
         try:
             if answer is None:
                 raise DataError("there is no answer yet: let the model write one, or paste one")
+            state.linked_answer = None  # pages show this analysis from now on
             state.analysis = analyse_streamed(
                 model,
                 draft.with_answer(answer),

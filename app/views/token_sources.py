@@ -22,8 +22,9 @@ from app.components.example_picker import (
     follow_page_dataset,
     pick_answer_source,
     pick_example,
+    playground_answer,
     publish_page_dataset,
-    show_playground_answer,
+    publish_playground_answer,
 )
 from app.components.exports import plot
 from app.components.train_job import train_detectors_panel
@@ -38,8 +39,7 @@ from app.state import (
     KEY_TOKENS_EXAMPLE_SOURCE,
     KEY_TOKENS_QUICK_FIT,
     P_BY_POS,
-    P_DATASET,
-    P_EXAMPLE,
+    P_INPUT,
     QUICK_FIT_MIN,
     SPAD,
     AnswerSources,
@@ -95,20 +95,19 @@ def pick_answer(
     state: AppState,
 ) -> tuple[RAGExample, tuple[int, ...] | None, list[RAGExample]] | None:
     """The answer to split: ``(example, response ids, the dataset's examples)``."""
-    a = state.analysis
-    options = ([HEADS_EXAMPLE_PLAYGROUND] if a is not None else []) + [HEADS_EXAMPLE_DATASET]
+    there = playground_answer(state) is not None
+    options = ([HEADS_EXAMPLE_PLAYGROUND] if there else []) + [HEADS_EXAMPLE_DATASET]
     state.tokens_example_source = pick_answer_source(
         state.tokens_example_source,
         options,
         key=KEY_TOKENS_EXAMPLE_SOURCE,
         dataset_name="An example from a dataset",
     )
-    if state.tokens_example_source == HEADS_EXAMPLE_PLAYGROUND and a is not None:
-        publish(P_DATASET, None)  # the view shows no dataset's example
-        publish(P_EXAMPLE, None)
-        ids = show_playground_answer(a)
+    if state.tokens_example_source == HEADS_EXAMPLE_PLAYGROUND and there:
+        ex, ids = publish_playground_answer(state)
         picked = dataset_examples(state)
-        return a.example, ids, (picked[2] if picked is not None else [])
+        return ex, ids, (picked[2] if picked is not None else [])
+    publish(P_INPUT, None)
 
     link = follow_page_dataset(KEY_TOKENS_DATASET)
     if link.value is not None:

@@ -299,3 +299,33 @@ def test_an_input_link_with_a_lone_surrogate_says_so(open_link: Callable[..., Ap
     assert "lone surrogate" in _warnings(at)[0] and "passage 2" in _warnings(at)[0]
     assert at.session_state[STATE_KEY].analysis is None
     assert "input" not in at.query_params
+
+
+@pytest.mark.parametrize("page", [HEADS, HEATMAPS, "views/token_sources.py"])
+def test_a_link_copied_after_a_playground_analysis_reopens_that_answer(
+    page: str, open_link: Callable[..., AppTest], no_exception: Callable[[AppTest], None]
+) -> None:
+    x = OwnInput(
+        task="qa",
+        question="When did the ferry start?",
+        passages=("The ferry began service in 1911.",),
+        answer="The ferry started in 1912.",
+    )
+    # A session analyses its own input in the Playground, then opens the page on it.
+    at = open_link(PLAYGROUND, input=input_id(x))
+    assert at.session_state[STATE_KEY].analysis.example.response == x.answer
+    at.switch_page(page).run()
+    no_exception(at)
+    copied = dict(at.query_params)
+    assert copied.get("answer") == "playground" and parse_input(copied["input"]) == x
+    # A fresh browser opens the copied link: the same answer, no warning.
+    fresh = open_link(page, **copied)
+    assert not _warnings(fresh)
+    assert fresh.session_state[STATE_KEY].analysis is None
+    assert fresh.session_state[STATE_KEY].linked_answer.response == x.answer
+    assert any("The answer the link carries" in c.value for c in fresh.caption)
+    assert dict(fresh.query_params) == copied  # the view's URL is the link itself
+    # Once the Playground analyses another answer, pages show that one.
+    fresh.switch_page(PLAYGROUND).run()
+    fresh.button(key=KEY_ANALYSE).click().run()
+    assert fresh.session_state[STATE_KEY].linked_answer is None
