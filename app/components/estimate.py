@@ -8,12 +8,16 @@ import math
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
 from app.text import md
 from core.errors import RagscopeError
 from core.extract import WorkEstimate
+
+if TYPE_CHECKING:
+    from streamlit.delta_generator import DeltaGenerator
 
 FEW_SECONDS = 5.0
 """Below this an estimate says "a few seconds"."""
@@ -56,16 +60,24 @@ def describe_work(est: WorkEstimate, *, what: str = "answers", extra: str = "") 
 
 
 def estimate_caption(
-    compute: Callable[[], WorkEstimate], *, what: str = "answers", extra: str = ""
+    compute: Callable[[], WorkEstimate],
+    *,
+    what: str = "answers",
+    extra: str = "",
+    where: DeltaGenerator | None = None,
 ) -> WorkEstimate | None:
-    """``compute()``'s estimate as a caption above an action's button; a failure to
-    estimate is said in the caption (the action itself reports its own error)."""
+    """``compute()``'s estimate as a caption, in ``where`` (e.g. an ``st.empty()`` put
+    above the action's button before the button was drawn: a pace still to be timed then
+    never keeps the button from showing); a failure to estimate is said in the caption
+    (the action itself reports its own error). Pages skip it on the run their button
+    starts the action: the progress bar says the time left then."""
+    box = where if where is not None else st
     try:
         est = compute()
     except RagscopeError as e:
-        st.caption(f"No time estimate: {md(e)}")
+        box.caption(f"No time estimate: {md(e)}")
         return None
-    st.caption(describe_work(est, what=what, extra=extra))
+    box.caption(describe_work(est, what=what, extra=extra))
     return est
 
 

@@ -452,10 +452,7 @@ def compute_row(
             f"once with {md(model.info.display_name)}; later runs read its features from the "
             "feature cache."
         )
-        if chosen:
-            estimate_caption(
-                lambda: work_estimate(model, chosen, [make_detector(detector)]), what="examples"
-            )
+        slot = st.empty()
     with c_button:
         compute = st.button(
             button,
@@ -464,6 +461,12 @@ def compute_row(
             icon=":material/query_stats:",
             disabled=not chosen,
             width="stretch",
+        )
+    if chosen and not compute:
+        estimate_caption(
+            lambda: work_estimate(model, chosen, [make_detector(detector)]),
+            what="examples",
+            where=slot,
         )
     if not compute:
         return None

@@ -136,14 +136,16 @@ def main() -> None:
     )
     chosen = st.multiselect("Detectors", names, default=names, key=KEY_DETECTORS)
     request = f"{key}|{limit}|{','.join(chosen)}|{shipped.cache_id}"
-    if len(chosen) >= 2:
-        estimate_caption(
-            lambda: work_estimate(model, examples[:limit], shipped.subset(chosen).fitted)
-        )
+    slot = st.empty()
     run = st.button(
         "Compare", key=KEY_RUN, type="primary", icon=":material/compare_arrows:",
         disabled=len(chosen) < 2,
     )  # fmt: skip
+    if len(chosen) >= 2 and not run:
+        estimate_caption(
+            lambda: work_estimate(model, examples[:limit], shipped.subset(chosen).fitted),
+            where=slot,
+        )
     if run:
         with progress_bar("Reading verdicts:") as progress:
             try:

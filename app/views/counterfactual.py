@@ -451,17 +451,18 @@ def main() -> None:
     with c3:
         go = st.button("Compare", key=KEY_COMPARE, type="primary", icon=":material/compare:")
     regen = state.cf_answer_mode == "regenerate"
-    estimate_caption(
-        lambda: answer_estimate(
-            model,
-            example,
-            shipped,
-            2,
-            fixed_seconds=generation_seconds(model, max_tokens) if regen else 0.0,
-        ),
-        what="versions (the original and the edited)",
-        extra=f"generating up to {max_tokens} tokens" if regen else "",
-    )
+    if not go:
+        estimate_caption(
+            lambda: answer_estimate(
+                model,
+                example,
+                shipped,
+                2,
+                fixed_seconds=generation_seconds(model, max_tokens) if regen else 0.0,
+            ),
+            what="versions (the original and the edited)",
+            extra=f"generating up to {max_tokens} tokens" if regen else "",
+        )
     if go:
         try:
             with st.spinner("Scoring the original and the edited version…"):

@@ -201,13 +201,14 @@ def feedback_section(
         )
     quoting = f", quoting {len(turn.quotes)} flagged span(s)" if turn.quotes else ""
     st.markdown(f"**Feedback turn sent** ({turn.sent} level{quoting}): {md(turn.message)}")
-    estimate_caption(
-        lambda: answer_estimate(
-            model, example, shipped, 1, fixed_seconds=generation_seconds(model, max_tokens)
-        ),
-        what="answers (the new one, judged by the set at the original's pace)",
-        extra=f"generating up to {max_tokens} tokens",
-    )
+    if not go:
+        estimate_caption(
+            lambda: answer_estimate(
+                model, example, shipped, 1, fixed_seconds=generation_seconds(model, max_tokens)
+            ),
+            what="answers (the new one, judged by the set at the original's pace)",
+            extra=f"generating up to {max_tokens} tokens",
+        )
     if go:
         try:
             with st.spinner("The model answers again…"):

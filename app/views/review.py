@@ -267,14 +267,17 @@ def build_section(
             key=KEY_SMOOTH,
             help="Joins runs broken by a single low token (core.smoothing)",
         )
-        if chosen:
-            estimate_caption(
-                lambda: work_estimate(model, examples[:limit], [by_name[n] for n in chosen])
-            )
-        if st.button(
+        slot = st.empty()
+        scan = st.button(
             "Scan and queue", key=KEY_BUILD, type="primary", icon=":material/radar:",
             disabled=not chosen,
-        ):  # fmt: skip
+        )  # fmt: skip
+        if chosen and not scan:
+            estimate_caption(
+                lambda: work_estimate(model, examples[:limit], [by_name[n] for n in chosen]),
+                where=slot,
+            )
+        if scan:
             dets = [by_name[n] for n in chosen]
             with progress_bar("Scanning:") as progress:
                 try:

@@ -300,7 +300,10 @@ def scan_row(
         )
     with c3:
         scan = st.button("Scan", key=KEY_SCAN, icon=":material/radar:", width="stretch")
-    estimate_caption(lambda: work_estimate(model, examples[: state.heatmap_scan_limit], [cortex]))
+    if not scan:
+        estimate_caption(
+            lambda: work_estimate(model, examples[: state.heatmap_scan_limit], [cortex])
+        )
     if scan:
         try:
             found = scan_dataset(model, cortex, examples[: state.heatmap_scan_limit])
@@ -624,8 +627,10 @@ def main() -> None:
         flag = {True: "hallucinated", False: "not flagged", None: "no threshold"}
         thr = f"flagged at {answer.threshold:.3f}: " if answer.threshold is not None else ""
         st.caption(
-            f"CORTEX answer probability {answer.score:.3f} (from the highest token score "
-            f"smoothed with p_stay {cortex.config.p_stay_answer}); {thr}"
+            f"CORTEX answer probability {answer.score:.3f} (calibrated; from the highest "
+            f"token score smoothed with CORTEX's own answer-level p_stay "
+            f"{cortex.config.p_stay_answer:.3f}, fixed in training, not the p_stay slider "
+            f"above, which smooths the rows below); {thr}"
             f"**{flag[answer.hallucinated]}**, as the Playground shows."
         )
     flag_values = rows[state.heatmap_flag_row].values if state.heatmap_flag_row in rows else None

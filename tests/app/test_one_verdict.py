@@ -149,6 +149,8 @@ def test_every_page_shows_the_judge_s_numbers_for_one_answer(
         f"{'hallucinated' if c.hallucinated else 'not flagged'}**"
         in _text(at)
     )
+    # Its p_stay is CORTEX's own answer-level one, named apart from the page's slider.
+    assert "answer-level p_stay" in _text(at) and "not the p_stay slider" in _text(at)
 
     # Token sources: the spad sentence (probability and threshold of one calibration;
     # the waterfall's score labelled raw).

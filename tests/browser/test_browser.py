@@ -840,9 +840,11 @@ def test_mitigation_in_chromium(server: str, browser: object) -> None:
         page.locator('[data-testid="stSelectbox"]', has_text="Example").click()
         page.get_by_role("option", name=re.compile(re.escape(CF_EXAMPLE_ID))).click()
         # Token-level feedback quoting what the shipped CORTEX flags, then a new answer.
-        page.get_by_text(re.compile(r"Feedback turn: These parts of your answer")).wait_for(
-            timeout=ANALYSE_MS
-        )
+        page.get_by_text(
+            re.compile(
+                r"Feedback turn sent \(token level, quoting \d+ flagged span\(s\)\): These parts"
+            )
+        ).wait_for(timeout=ANALYSE_MS)
         page.get_by_role("button", name=re.compile("Regenerate")).click()
         page.locator(".rs-answer-diff").wait_for(state="visible", timeout=ANALYSE_MS)
         table = page.locator('[data-testid="stDataFrame"]').first
