@@ -133,7 +133,7 @@ class AnswerChange:
         """ "identical to the first" or "N words left out, M new"."""
         if self.identical:
             return "identical to the first, word for word"
-        return f"{self.removed} word(s) of the first left out, {self.added} new"
+        return f"{self.removed} word(s) left out, {self.added} new"
 
 
 def answer_change(before: str, after: str) -> AnswerChange:

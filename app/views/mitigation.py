@@ -248,7 +248,7 @@ def feedback_section(
                 "token-level feedback that quotes spans, or another method may."
             )
         else:
-            st.caption(f"The new answer is {change.describe()}.")
+            st.caption(f"Changed from the first answer: {change.describe()}.")
         show_scores(res[3])
 
 

@@ -58,7 +58,7 @@ def test_answer_change_counts_words_left_out_and_new() -> None:
     assert same.identical and same.describe() == "identical to the first, word for word"
     change = answer_change("Ada built it in 1820.", "Ada Lovell built it in 1821.")
     assert (change.removed, change.added, change.identical) == (1, 2, False)
-    assert change.describe() == "1 word(s) of the first left out, 2 new"
+    assert change.describe() == "1 word(s) left out, 2 new"
 
 
 def test_the_conversation_holds_prompt_answer_and_feedback(tiny_model, demo) -> None:
