@@ -207,6 +207,13 @@ class EvalRun:
             )
         return pd.DataFrame(rows)
 
+    @property
+    def evidence(self) -> str | None:
+        """Why this run's test metrics are not to be read as facts, with what would fix it
+        (:func:`core.metrics.evidence_warning` of its test labels); ``None`` when there
+        are enough answers of both classes."""
+        return evidence_warning(self.test_labels, "The test answers")
+
     def to_markdown(self) -> str:
         def f(v: Any) -> str:
             return "-" if v is None else f"{v:.3f}"
@@ -236,7 +243,7 @@ class EvalRun:
                 f"{f(m.get('pearson_r'))} | {f(t.get('ap'))} | {f(t.get('auroc'))} |"
                 + (f" {f(sm.get('ap'))} | {f(sm.get('auroc'))} |" if p_stay else "")
             )
-        warn = evidence_warning(self.test_labels, "The test answers")
+        warn = self.evidence
         if warn:
             lines += ["", f"**Too few answers.** {warn}"]
         ex = self.extraction

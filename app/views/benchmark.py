@@ -462,6 +462,9 @@ def _series_name(run: EvalRun, r: DetectorResult, compare: bool) -> str:
 def show_metrics(runs: Sequence[EvalRun]) -> None:
     """The metric table and what each run was."""
     st.subheader("Test metrics")
+    for run in runs:
+        if run.evidence:
+            st.warning(f"**Too few answers** in {md(run.name)}: {md(run.evidence)}")
     table = metric_table(runs)
     st.dataframe(table, hide_index=True, width="stretch", height=_table_height(len(table)))
     st.caption(

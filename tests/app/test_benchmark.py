@@ -251,6 +251,9 @@ def test_comparing_two_runs_and_a_one_class_run(
     assert list(table["run"]) == ["one-class", "one-class", RUN_NAME, RUN_NAME]
     one = table[table["run"] == "one-class"]
     assert set(one["AUROC"]) == {"-"} and set(one["AUROC 95% CI"]) == {"-"}
+    # The one-class run says so above the table (the same words as its markdown).
+    warned = [w.value for w in at.warning if "Too few answers" in w.value]
+    assert len(warned) == 1 and "one-class" in warned[0] and "all faithful" in warned[0]
     roc = _charts(at)["roc"]
     names = [t["name"] for t in roc["data"]]
     assert any(n.startswith(f"{RUN_NAME} · nll (AUROC ") for n in names)
