@@ -80,12 +80,12 @@ class FeatureCache:
             return None
         return feats
 
-    def has(self, model_key: str, example: RAGExample, detector: Detector) -> bool:
-        """Whether an entry is stored for this key (not read, so not checked: :meth:`get`
-        may still call it a miss)."""
+    def has(self, model_key: str, example_key: str, detector: Detector) -> bool:
+        """Whether an entry is stored for the example whose :func:`example_hash` is
+        ``example_key`` (not read, so not checked: :meth:`get` may still call it a miss)."""
         name, cfg = self._key(detector)
         return self.store.has_analysis(
-            example_hash=example_hash(example), model=model_key, detector=name, config_hash=cfg
+            example_hash=example_key, model=model_key, detector=name, config_hash=cfg
         )
 
     def put(self, model_key: str, example: RAGExample, detector: Detector, feats: Features) -> None:
@@ -516,7 +516,8 @@ def is_cached(
 ) -> bool:
     """Whether every feature ``detectors`` read of ``example`` (each composite's members')
     is stored, without reading any of them."""
-    return all(cache.has(model_key, example, d) for d in _flatten(detectors))
+    key = example_hash(example)  # hashed once, not once per detector
+    return all(cache.has(model_key, key, d) for d in _flatten(detectors))
 
 
 @dataclass(frozen=True, kw_only=True)
