@@ -241,7 +241,7 @@ class TokenScale:
 def detector_scale(scores: np.ndarray, threshold: float, *, fixed: bool = False) -> TokenScale:
     """The scale for ``scores`` (a detector's token scores in [0, 1]): 0 to 1 when
     ``fixed`` or when some token reaches :data:`ADAPT_BELOW`, else 0 to this answer's
-    highest score, said in :attr:`TokenScale.note` with how many tokens reach the
+    highest score or the token ``threshold``, whichever is higher, said in :attr:`TokenScale.note` with how many tokens reach the
     detector's token ``threshold``."""
     finite = scores[np.isfinite(scores)] if scores.size else scores
     top = float(finite.max()) if finite.size else 0.0
@@ -252,13 +252,17 @@ def detector_scale(scores: np.ndarray, threshold: float, *, fixed: bool = False)
         if n
         else f"no token reaches its token threshold {threshold:.3f}"
     )
-    if fixed or top >= ADAPT_BELOW or top <= 0.0:
+    # Down to the token threshold, never below it: a scale stretched to a highest score of
+    # 0.0003 would paint noise as dark as a flag.
+    vmax = max(top, threshold)
+    if fixed or vmax >= ADAPT_BELOW or vmax <= 0.0:
         return TokenScale(0.0, 1.0, f"Scale: fixed, 0 to 1; {flags}.")
     return TokenScale(
         0.0,
-        top,
-        f"Scale: **0 to this answer's highest score, {top:.3f}**, not 0 to 1 (every score "
-        f"here is low; *Fixed 0–1 scale* draws them on the full range); {flags}.",
+        vmax,
+        f"Scale: **0 to {vmax:.3g}**, the higher of this answer's highest score "
+        f"({top:.3g}) and the token threshold, not 0 to 1 (every score here is low; "
+        f"*Fixed 0–1 scale* draws them on the full range); {flags}.",
     )
 
 

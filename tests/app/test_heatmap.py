@@ -114,11 +114,14 @@ def test_bad_colour_map_raises() -> None:
 
 def test_a_detectors_scale_adapts_to_low_scores_and_says_so() -> None:
     low = np.asarray([0.01, 0.04, np.nan, 0.02])
-    scale = detector_scale(low, 0.3)
+    scale = detector_scale(low, 0.03)
     assert (scale.vmin, scale.vmax) == (0.0, 0.04)
-    assert "0 to this answer's highest score, 0.040" in scale.note
-    assert "no token reaches its token threshold 0.300" in scale.note
-    fixed = detector_scale(low, 0.3, fixed=True)
+    assert "0 to 0.04**, the higher of this answer's highest score (0.04)" in scale.note
+    assert "1 token reaches its token threshold 0.030" in scale.note
+    # Never below the threshold: scores far under it stay pale, not painted as flags.
+    faint = detector_scale(np.asarray([0.0001, 0.0003]), 0.3)
+    assert faint.vmax == 0.3 and "no token reaches its token threshold 0.300" in faint.note
+    fixed = detector_scale(low, 0.03, fixed=True)
     assert (fixed.vmin, fixed.vmax) == (0.0, 1.0) and fixed.note.startswith("Scale: fixed")
     high = detector_scale(np.asarray([0.2, ADAPT_BELOW, 0.9]), 0.8)
     assert high.vmax == 1.0 and "1 token reaches its token threshold 0.800" in high.note
