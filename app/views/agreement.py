@@ -20,14 +20,25 @@ from app.components.charts import greyed
 from app.components.estimate import estimate_caption, progress_bar
 from app.components.example_picker import (
     dataset_labels,
+    follow_page_dataset,
     open_in_token_heatmaps,
+    publish_page_dataset,
 )
 from app.components.exports import plot
 from app.state import (
+    P_DETECTORS,
+    P_LIMIT,
+    P_METHOD,
     app_state,
+    follow_list,
+    follow_widget,
     get_model,
     get_store,
     heads_examples,
+    integer,
+    one_of,
+    publish,
+    seed_widget,
     shipped_detectors,
 )
 from app.state.estimates import work_estimate
@@ -60,6 +71,7 @@ KEY_LIST = "agreement.list"
 KEY_OPEN = "agreement.open"
 KEY_REPORT = "agreement.report"
 DEFAULT_LIMIT = 4
+METHODS = ["spearman", "pearson", "kendall"]
 
 
 @dataclass
@@ -112,11 +124,13 @@ def main() -> None:
             "with `ragscope train --detectors ...`."
         )
         return
+    ds_link = follow_page_dataset(KEY_DATASET)
     labels = dataset_labels(state.dataset)
     c_ds, c_lim = st.columns([3, 1], vertical_alignment="bottom")
     choice = c_ds.selectbox(
         "Dataset", list(labels), key=KEY_DATASET, format_func=labels.__getitem__
     )
+    publish_page_dataset(choice, state.dataset, ds_link)
     try:
         key, label, examples = heads_examples(choice, state.dataset)
     except RagscopeError as e:
@@ -125,17 +139,38 @@ def main() -> None:
     if not examples:
         st.info("This dataset holds no examples; pick another one.")
         return
-    limit = int(
-        c_lim.number_input(
-            "Answers",
-            min_value=2,
-            max_value=len(examples),
-            value=min(DEFAULT_LIMIT, len(examples)),
-            key=KEY_LIMIT,
-        )
+    default_limit = min(DEFAULT_LIMIT, len(examples))
+    lim_link = follow_widget(P_LIMIT, KEY_LIMIT, integer(2, len(examples)))
+    if not 2 <= st.session_state.get(KEY_LIMIT, default_limit) <= len(examples):
+        st.session_state.pop(KEY_LIMIT)  # remembered for a larger dataset
+    seed_widget(KEY_LIMIT, default_limit)
+    limit = int(c_lim.number_input("Answers", min_value=2, max_value=len(examples), key=KEY_LIMIT))
+    publish(
+        P_LIMIT,
+        str(limit),
+        default=str(default_limit),
+        missing=lim_link.missing,
+        what="number of answers",
+        where=f"a number from 2 to {len(examples)}",
     )
-    chosen = st.multiselect("Detectors", names, default=names, key=KEY_DETECTORS)
+    det_link = follow_list(P_DETECTORS, one_of(names))
+    if det_link.value is not None:
+        st.session_state[KEY_DETECTORS] = det_link.value
+    if any(n not in names for n in st.session_state.get(KEY_DETECTORS, ())):
+        st.session_state.pop(KEY_DETECTORS)  # another model's detectors
+    seed_widget(KEY_DETECTORS, names)
+    chosen = st.multiselect("Detectors", names, key=KEY_DETECTORS)
+    publish(
+        P_DETECTORS,
+        ",".join(chosen),
+        default=",".join(names),
+        missing=det_link.missing,
+        what="detectors",
+        where="among this model's trained detectors (" + ", ".join(names) + ")",
+        instead=md(", ".join(chosen) or "none"),
+    )
     request = f"{key}|{limit}|{','.join(chosen)}|{shipped.cache_id}"
+    method_link = follow_widget(P_METHOD, KEY_METHOD, one_of(METHODS))
     slot = st.empty()
     run = st.button(
         "Compare", key=KEY_RUN, type="primary", icon=":material/compare_arrows:",
@@ -164,8 +199,14 @@ def main() -> None:
         st.warning("Fewer than two answers could be read; nothing to compare.")
         return
     st.caption(f"{len(table.example_ids)} answers of {md(label)}.")
-    method = st.radio(
-        "Correlation", ["spearman", "pearson", "kendall"], horizontal=True, key=KEY_METHOD
+    method = st.radio("Correlation", METHODS, horizontal=True, key=KEY_METHOD)
+    publish(
+        P_METHOD,
+        method,
+        default=METHODS[0],
+        missing=method_link.missing,
+        what="correlation",
+        where=" or ".join(METHODS),
     )
     corr = score_correlation(table, method)
     few_corr, few_gold = agreement_evidence(table)

@@ -17,21 +17,30 @@ from dataclasses import dataclass, field
 import numpy as np
 import streamlit as st
 
-from app.components.example_picker import open_in_counterfactual
+from app.components.example_picker import open_in_counterfactual, playground_answer
 from app.components.exports import plot
 from app.components.heatmap import render_token_heatmap
 from app.components.highlight import FLAG, Mark, marked_html
 from app.state import (
     BUILTIN,
     HEADS_FROM_HOME,
+    P_INPUT,
+    P_STEP,
+    P_WALK,
     AnswerSources,
     answer_heads,
     answer_sources,
     app_state,
+    follow,
+    follow_widget,
     get_model,
     get_store,
+    integer,
+    linked,
+    publish,
     shipped_detectors,
 )
+from app.state.links import example_input
 from app.text import md
 from core.contract import Detector
 from core.data import builtin_examples, load_builtin
@@ -75,10 +84,13 @@ SPAD = "SPAD"
 RAGLENS = "RAGLens"
 CORTEX = "CORTEX"
 WALKS = (PRIMER, REDEEP, SPAD, RAGLENS, CORTEX)
+WALK_IDS = {"primer": PRIMER, "redeep": REDEEP, "spad": SPAD, "raglens": RAGLENS, "cortex": CORTEX}
+# A walkthrough's id in a link (``walk=spad``), and its step as a number from 1.
 HEADS_PAGE = "views/heads.py"
 PRESET = "Preset: a clear hallucination"
 PLAYGROUND = "The Playground's analysed answer"
 EDITED = "The Counterfactual page's edited answer"
+LINKED = "The answer the link carries"
 PROB_CMAP = ((0.0, "#ffffff"), (0.5, "#9ecae1"), (1.0, "#08519c"))
 SCORE_CMAP = ((0.0, "#ffffff"), (0.5, "#f4b183"), (1.0, "#c0392b"))
 COUNTERFACTUAL_PAGE = "views/counterfactual.py"
@@ -97,27 +109,47 @@ def page_state() -> LearnState:
 
 
 def current_example() -> RAGExample | None:
-    """The example the walkthrough reads: the Playground's answer, the Counterfactual
-    page's edited version (to watch a step change with the context), or the preset."""
+    """The example the walkthrough reads: the Playground's answer (or the one a link
+    carries), the Counterfactual page's edited version (to watch a step change with the
+    context), or the preset. An answer other than the preset travels in the URL as
+    ``input``, so a copied link reopens it in a fresh browser."""
 
     state = app_state()
-    a = state.analysis
+    carried = linked(P_INPUT) is not None
+    answer = playground_answer(state)
     cf = state.cf_result
     options = (
-        ([PLAYGROUND] if a is not None else []) + ([EDITED] if cf is not None else []) + [PRESET]
+        ([PLAYGROUND] if answer is not None else [])
+        + ([EDITED] if cf is not None else [])
+        + [PRESET]
     )
+    if carried and answer is not None:
+        st.session_state[KEY_SOURCE] = PLAYGROUND
     if st.session_state.get(KEY_SOURCE) not in options:
         st.session_state.pop(KEY_SOURCE, None)
-    source = st.radio("Example", options, horizontal=True, key=KEY_SOURCE)
-    if source == PLAYGROUND and a is not None:
-        return a.example
-    if source == EDITED and cf is not None:
+    names = {
+        PLAYGROUND: PLAYGROUND if state.linked_answer is None else LINKED,
+        EDITED: EDITED,
+        PRESET: PRESET,
+    }
+    source = st.radio(
+        "Example", options, horizontal=True, key=KEY_SOURCE, format_func=names.__getitem__
+    )
+    ex: RAGExample | None
+    if source == PLAYGROUND and answer is not None:
+        ex = answer
+    elif source == EDITED and cf is not None:
         st.caption(f"Edited on the Counterfactual context page: “{md(cf.name)}”.")
-        return cf.edited
-    preset = next((e for e in builtin_examples() if e.id == PRESET_ID), None)
-    if preset is None:
-        st.error(f"The preset example {PRESET_ID!r} is missing from the built-in examples.")
-    return preset
+        ex = cf.edited
+    else:
+        ex = next((e for e in builtin_examples() if e.id == PRESET_ID), None)
+        if ex is None:
+            st.error(f"The preset example {PRESET_ID!r} is missing from the built-in examples.")
+    shown = None if ex is None or source == PRESET else example_input(ex)
+    publish(P_INPUT, shown, what="answer", where="readable")
+    if ex is not None and source != PRESET and shown is None:
+        st.caption("This answer cannot travel in a link (too long, or a verbatim prompt).")
+    return ex
 
 
 def signature(ex: RAGExample) -> str:
@@ -745,7 +777,7 @@ def try_it() -> None:
     )
     state = app_state()
     source = st.session_state.get(KEY_SOURCE)
-    if source == PLAYGROUND and state.analysis is not None:
+    if source == PLAYGROUND and (state.linked_answer or state.analysis) is not None:
         target: dict[str, str] | None = {}
     elif state.dataset == BUILTIN:  # the preset is one of the Home dataset's examples
         target = {"dataset": HEADS_FROM_HOME, "example_id": PRESET_ID}
@@ -831,7 +863,16 @@ def main() -> None:
         "is computed from the model, here and now."
     )
     ls = page_state()
+    walk_link = follow_widget(P_WALK, KEY_WALK, WALK_IDS.get)
     walk = st.radio("Walkthrough", list(WALKS), horizontal=True, key=KEY_WALK)
+    publish(
+        P_WALK,
+        next(k for k, v in WALK_IDS.items() if v == walk),
+        default=next(iter(WALK_IDS)),
+        missing=walk_link.missing,
+        what="walkthrough",
+        where=" or ".join(WALK_IDS),
+    )
     ex = current_example()
     if ex is None:
         return
@@ -851,7 +892,18 @@ def main() -> None:
     }
     steps = build[walk](data, ex)  # type: ignore[operator]
     n = len(steps)
+    step_link = follow(P_STEP, integer(1, n))
+    if step_link.value is not None:
+        ls.step[walk] = step_link.value - 1
     k = min(ls.step.get(walk, 0), n - 1)
+    publish(
+        P_STEP,
+        str(k + 1),
+        default="1",
+        missing=step_link.missing,
+        what="step",
+        where=f"a step from 1 to {n}",
+    )
     title, show = steps[k]
     st.progress((k + 1) / n, text=f"Step {k + 1} of {n}: {title}")
     st.subheader(title)

@@ -329,3 +329,80 @@ def test_a_link_copied_after_a_playground_analysis_reopens_that_answer(
     fresh.switch_page(PLAYGROUND).run()
     fresh.button(key=KEY_ANALYSE).click().run()
     assert fresh.session_state[STATE_KEY].linked_answer is None
+
+
+AGREEMENT = "views/agreement.py"
+LEARN = "views/learn.py"
+
+
+def test_an_agreement_link_reopens_its_dataset_answers_detectors_and_correlation(
+    with_demo_detectors, open_link: Callable[..., AppTest]
+) -> None:
+    at = open_link(AGREEMENT)
+    assert dict(at.query_params) == {"dataset": "demo"}  # the other defaults go unsaid
+    at.selectbox(key="agreement.dataset").select_index(1).run()  # the built-in corpus
+    at.number_input(key="agreement.limit").set_value(5).run()
+    at.multiselect(key="agreement.detectors").set_value(["nll", "cortex"]).run()
+    at.button(key="agreement.run").click().run()
+    at.radio(key="agreement.method").set_value("kendall").run()
+    copied = dict(at.query_params)
+    assert copied == {
+        "dataset": "builtin",  # the built-in corpus
+        "n": "5",
+        "detectors": "nll,cortex",
+        "method": "kendall",
+    }
+    fresh = open_link(AGREEMENT, **copied)
+    assert not _warnings(fresh)
+    assert fresh.selectbox(key="agreement.dataset").value == HEADS_FROM_CORPUS
+    assert fresh.number_input(key="agreement.limit").value == 5
+    assert fresh.multiselect(key="agreement.detectors").value == ["nll", "cortex"]
+    fresh.button(key="agreement.run").click().run()
+    assert fresh.radio(key="agreement.method").value == "kendall"
+    assert dict(fresh.query_params) == copied  # the view's URL is the link itself
+    # A detector this model has not trained is named, and the others kept.
+    odd = open_link(AGREEMENT, detectors="nll,ghost,cortex", n="999")
+    said = " ".join(_warnings(odd))
+    assert "`ghost`" in said and "`999`" in said
+    assert odd.multiselect(key="agreement.detectors").value == ["nll", "cortex"]
+    assert odd.query_params["detectors"] == "nll,cortex"
+    assert "n" not in odd.query_params
+
+
+def test_a_learn_link_reopens_its_walkthrough_step_and_answer(
+    open_link: Callable[..., AppTest], no_exception: Callable[[AppTest], None]
+) -> None:
+    at = open_link(LEARN)
+    at.radio(key="learn.walk").set_value("SPAD").run()
+    at.button(key="learn.next").click().run()
+    no_exception(at)
+    copied = dict(at.query_params)
+    assert copied == {"walk": "spad", "step": "2"}
+    fresh = open_link(LEARN, **copied)
+    assert not _warnings(fresh)
+    assert fresh.radio(key="learn.walk").value == "SPAD"
+    assert fresh.get("progress")[0].proto.text == at.get("progress")[0].proto.text
+    assert dict(fresh.query_params) == copied
+    # A step the walkthrough does not have is said, and the first one shown.
+    odd = open_link(LEARN, walk="spad", step="99")
+    assert any("`99`" in w for w in _warnings(odd))
+    assert odd.get("progress")[0].proto.text.startswith("Step 1 of")
+    # The Playground's answer travels as input=, and a fresh browser walks the same one.
+    x = OwnInput(
+        task="qa",
+        question="When did the ferry start?",
+        passages=("The ferry began service in 1911.",),
+        answer="The ferry started in 1912.",
+    )
+    own = open_link(PLAYGROUND, input=input_id(x))
+    own.switch_page(LEARN).run()
+    own.radio(key="learn.source").set_value("The Playground's analysed answer").run()
+    no_exception(own)
+    copied = dict(own.query_params)
+    assert parse_input(copied["input"]) == x
+    fresh = open_link(LEARN, **copied)
+    assert not _warnings(fresh)
+    assert fresh.radio(key="learn.source").value == "The Playground's analysed answer"
+    assert "The answer the link carries" in str(fresh.radio(key="learn.source").proto)
+    assert fresh.session_state[STATE_KEY].linked_answer.response == x.answer
+    assert dict(fresh.query_params) == copied
