@@ -545,15 +545,18 @@ def show_confusion(state: AppState, runs: Sequence[EvalRun]) -> None:
         return
     if state.bench_confusion not in pairs:
         state.bench_confusion = next(iter(pairs))
-    if st.session_state.get(KEY_BENCH_CONFUSION) not in pairs:
-        st.session_state.pop(KEY_BENCH_CONFUSION, None)
-    seed_widget(KEY_BENCH_CONFUSION, state.bench_confusion)
+    # Comparing runs names each option by its run too: a widget of its own, since the
+    # browser keeps showing a kept option under the label it had before.
+    box = KEY_BENCH_CONFUSION + (".compare" if compare else "")
+    if st.session_state.get(box) not in pairs:
+        st.session_state.pop(box, None)
+    seed_widget(box, state.bench_confusion)
     c1, c2 = st.columns([1, 2], vertical_alignment="bottom")
     with c1:
         state.bench_confusion = st.selectbox(
             "Detector",
             list(pairs),
-            key=KEY_BENCH_CONFUSION,
+            key=box,
             format_func=lambda k: _series_name(*pairs[k], compare),
         )
     run, r = pairs[state.bench_confusion]

@@ -9,16 +9,22 @@ so the GAM page has features to link to.
 
 from __future__ import annotations
 
+import json
+import os
 import re
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import numpy as np
 import pytest
-from playwright.sync_api import expect
+from playwright.sync_api import Page, expect
+from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from core.data import builtin_examples
 from core.detectors import make_detector
+from core.evaluate import DetectorResult, EvalRun
 from core.extract import extract_features
+from core.metrics import response_metrics
 from core.model import LoadedModel
 from tools.browser import wait_idle
 
@@ -37,14 +43,65 @@ def raglens_dir(tiny_model: LoadedModel, tiny_sae, tmp_path_factory) -> tuple[Pa
     out = tmp_path_factory.mktemp("links-detectors")
     examples = builtin_examples()
     det = make_detector("raglens", sae=str(tiny_sae.path), top_k=8, max_rounds=200)
-    feats = extract_features(tiny_model, examples, [det]).features["raglens"]
-    det.fit(list(feats), examples).save(out / "raglens")
+    nll = make_detector("nll")
+    feats = extract_features(tiny_model, examples, [det, nll]).features
+    det.fit(list(feats["raglens"]), examples).save(out / "raglens")
+    nll.fit(list(feats["nll"]), examples).save(out / "nll")  # Agreement needs two
     return out, det.importances()[2][0]
 
 
+def _saved_run(name: str, created_at: str, seed: int) -> EvalRun:
+    """A held-out run of nll and raglens on seeded scores, for the Benchmark's picker."""
+    rng = np.random.default_rng(seed)
+    y = np.arange(40) % 2
+    results = []
+    for det in ("nll", "raglens"):
+        s = np.clip(0.4 + 0.2 * y + rng.normal(0, 0.2, y.size), 0, 1).round(4)
+        results.append(
+            DetectorResult(
+                detector=det,
+                config_hash=f"{det}-{seed}",
+                threshold=0.5,
+                metrics=response_metrics(y, s, 0.5, n_boot=50),
+                token_metrics=None,
+                validation_metrics=None,
+                scores=tuple(float(v) for v in s),
+            )
+        )
+    return EvalRun(
+        name=name,
+        created_at=created_at,
+        model="tiny",
+        train_dataset="synthetic",
+        test_dataset="synthetic",
+        data_hashes={"train": "a", "validation": "b", "test": "c"},
+        split_sizes={"train": 100, "validation": 20, "test": y.size},
+        test_ids=tuple(f"t{i}" for i in range(y.size)),
+        test_labels=tuple(int(v) for v in y),
+        test_tasks=("qa",) * y.size,
+        test_generators=("gen",) * y.size,
+        results=tuple(results),
+        extraction={"computed": 0, "cache_hits": 0, "seconds": 1.0, "examples_per_minute": 1.0},
+    )
+
+
 @pytest.fixture(scope="module")
-def app_url(raglens_dir, tiny_sae, tmp_path_factory, launch_streamlit) -> Iterator[str]:
+def cache_dir(tmp_path_factory) -> Path:
+    """The server's own cache dir: the session's models, two saved runs and nothing else
+    (a developer's runs under ~/.cache must not change the Benchmark's defaults)."""
+    shared = Path(os.environ["RAGSCOPE_CACHE_DIR"]).expanduser() / "models"
+    shared.mkdir(parents=True, exist_ok=True)
+    cache = tmp_path_factory.mktemp("links-cache")
+    (cache / "models").symlink_to(shared, target_is_directory=True)
+    _saved_run("20260102-run-older", "2026-01-02T00:00:00+00:00", 1).save(cache / "runs")
+    _saved_run("20260103-run-newer", "2026-01-03T00:00:00+00:00", 2).save(cache / "runs")
+    return cache
+
+
+@pytest.fixture(scope="module")
+def app_url(raglens_dir, tiny_sae, cache_dir, tmp_path_factory, launch_streamlit) -> Iterator[str]:
     env = {
+        "RAGSCOPE_CACHE_DIR": str(cache_dir),
         "RAGSCOPE_MODEL": "tiny",
         # The artifact names the tiny SAE's folder, which the operator trusts.
         "RAGSCOPE_SAE_DIR": str(tiny_sae.path),
@@ -133,3 +190,172 @@ def test_deep_links_reopen_the_view_and_controls_rewrite_the_url(
         page.wait_for_url(re.compile(r"[?&]head=L\d+H\d+"), timeout=30_000)
         assert "L9H9" not in page.url
         page.close()
+
+
+VIEW_JS = """() => {
+  const main = document.querySelector('[data-testid="stMain"]') || document.body;
+  const q = (el, s) => el.querySelector(s);
+  const busy = '[data-testid="stSkeleton"], [data-testid="stSkeletonElement"], ' +
+    '[data-testid="stAppSkeleton"], [data-stale="true"]';
+  if (document.querySelector(busy)) return null;  // still drawing
+  const out = [];
+  const sel = ['h1', 'h2', 'h3', '[data-testid="stSelectbox"]', '[data-testid="stMultiSelect"]',
+    '[data-testid="stRadio"]', '[data-testid="stSlider"]', '[data-testid="stNumberInput"]',
+    '[data-testid="stCheckbox"]', '[data-testid="stTextArea"]', '[data-testid="stProgress"]'];
+  for (const el of main.querySelectorAll(sel.join(','))) {
+    const kind = el.getAttribute('data-testid') || el.tagName;
+    const label = (q(el, 'label') || el).innerText.split('\\n')[0].trim();
+    let value;
+    if (kind === 'stRadio') {
+      const c = q(el, 'input:checked');
+      value = c ? c.closest('label').innerText.trim() : null;
+    } else if (kind === 'stSelectbox' || kind === 'stNumberInput') value = q(el, 'input').value;
+    else if (kind === 'stCheckbox') value = q(el, 'input').checked;
+    else if (kind === 'stTextArea') value = q(el, 'textarea').value;
+    else value = el.innerText.trim();
+    out.push([kind, label, value]);
+  }
+  return out;
+}"""
+"""What a view shows, as data: its headings, and each widget's label and value."""
+
+
+def _view(page: Page) -> list[list[object]]:
+    """The view once it has settled: two readings a second apart agree, with no run going,
+    no element still drawing and no model loading."""
+    last = None
+    for _ in range(120):
+        wait_idle(page, LOAD_MS)
+        now = page.evaluate(VIEW_JS)
+        loading = now is not None and any(
+            w[0] == "stProgress" and str(w[1]).startswith("Loading ") for w in now
+        )  # the model is loading: the page draws more once it is there
+        if now is not None and now == last and not loading:
+            return now
+        last = now
+        page.wait_for_timeout(1_000)
+    raise AssertionError(f"the view never settled: {last}")
+
+
+def _widget(page: Page, kind: str, label: str):
+    return page.locator(f'[data-testid="{kind}"]', has_text=label).first
+
+
+def _open_list(page: Page, box) -> None:
+    """Open a select box's list (a click swallowed by a rerun is tried again)."""
+    for attempt in range(5):
+        wait_idle(page, LOAD_MS)
+        box.click()
+        try:
+            page.get_by_role("option").first.wait_for(timeout=5_000)
+            return
+        except PlaywrightTimeout:
+            if attempt == 4:
+                raise
+            page.keyboard.press("Escape")
+
+
+def _other_option(page: Page, label: str) -> None:
+    """Pick, in the select box labelled ``label``, an option other than the one shown."""
+    box = _widget(page, "stSelectbox", label).get_by_role("combobox")
+    shown = box.input_value()
+    _open_list(page, box)
+    options = page.get_by_role("option")
+    next(o for o in options.all() if o.inner_text().strip() != shown).click()
+    _view(page)
+
+
+def _add_option(page: Page, label: str) -> None:
+    """Add the first option not yet picked to the multiselect labelled ``label``."""
+    _open_list(page, _widget(page, "stMultiSelect", label).get_by_role("combobox"))
+    page.get_by_role("option").first.click()
+    page.keyboard.press("Escape")
+    _view(page)
+
+
+def _radio(page: Page, label: str) -> None:
+    """Click the second option of the radio labelled ``label``."""
+    wait_idle(page, LOAD_MS)
+    _widget(page, "stRadio", label).locator('[role="radiogroup"] label').nth(1).click()
+    _view(page)
+
+
+def _number(page: Page, label: str, value: int) -> None:
+    wait_idle(page, LOAD_MS)
+    box = _widget(page, "stNumberInput", label).locator("input")
+    box.fill(str(value))
+    box.press("Enter")
+    _view(page)
+
+
+def _check(page: Page, label: str) -> None:
+    wait_idle(page, LOAD_MS)
+    _widget(page, "stCheckbox", label).locator("label").click()
+    _view(page)
+
+
+def _sign_in_to_review(page: Page) -> None:
+    page.get_by_test_id("stTextInputField").fill("Ada")
+    page.get_by_role("button", name="Start reviewing").click()
+    _widget(page, "stSelectbox", "Dataset").wait_for(timeout=LOAD_MS)
+
+
+def _learn_step(page: Page) -> None:
+    _radio(page, "Walkthrough")
+    page.get_by_role("button", name="Next").click()
+    page.get_by_text(re.compile(r"^Step 2 of")).wait_for(timeout=LOAD_MS)
+    _view(page)
+
+
+# Each page (its URL path and title), what a visitor changes on it before copying the link,
+# and what a fresh browser must do before the view shows (Review asks for a name first).
+COPY_LINKS: list[tuple[str, str, Callable[[Page], object], Callable[[Page], object] | None]] = [
+    ("", "ragscope", lambda p: _radio(p, "Examples for the Playground"), None),
+    ("playground", "Playground", lambda p: _other_option(p, "Example from"), None),
+    ("token_heatmaps", "Token heatmaps", lambda p: _other_option(p, "Example"), None),
+    ("counterfactual", "Counterfactual context", lambda p: _other_option(p, "Example"), None),
+    ("mitigation", "Mitigation", lambda p: (_other_option(p, "Example"), _radio(p, "Method")), None),
+    ("heads", "Heads & layers", lambda p: (_number(p, "Top copying heads", 5), _radio(p, "Count")), None),
+    ("shap_summary", "SHAP summary", lambda p: _number(p, "At most", 6), None),
+    ("token_sources", "Token sources", lambda p: (_other_option(p, "Example"), _check(p, "Aggregate by part of speech")), None),
+    ("gam", "GAM shape functions", lambda p: (_other_option(p, "Feature"), _other_option(p, "Example")), None),
+    ("feature_explanations", "Feature explanations", lambda p: _number(p, "At most", 24), None),
+    ("benchmark", "Benchmark", lambda p: _add_option(p, "Saved runs"), None),
+    ("agreement", "Agreement between detectors", lambda p: (_number(p, "Answers", 5), _other_option(p, "Dataset")), None),
+    ("review", "Review flagged spans", lambda p: (_sign_in_to_review(p), _other_option(p, "Dataset")), _sign_in_to_review),
+    ("learn", "Learn", _learn_step, None),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("path,title,change,enter", COPY_LINKS, ids=[c[1] for c in COPY_LINKS])
+def test_a_link_copied_from_each_page_reopens_the_view_in_a_fresh_browser(
+    app_url: str, open_chromium, path: str, title: str, change, enter
+) -> None:
+    """A visitor changes the view, copies the address bar, and someone else opens it in a
+    fresh browser (no cookies, no session): the same headings, and every widget with the
+    same value."""
+    with open_chromium() as browser:
+        mine = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        mine.goto(f"{app_url}/{path}")
+        mine.get_by_role("heading", name=title).first.wait_for(timeout=LOAD_MS)
+        loading = mine.locator('[data-testid="stProgress"]', has_text="Loading")
+        expect(loading).to_have_count(0, timeout=LOAD_MS)  # the model, once per server
+        before = _view(mine)
+        change(mine)
+        shown = _view(mine)
+        assert shown != before, f"{title}: the change did not change the view"
+        link = mine.url
+        theirs = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        theirs.goto(link)
+        theirs.get_by_role("heading", name=title).first.wait_for(timeout=LOAD_MS)
+        if enter is not None:
+            enter(theirs)
+        opened = _view(theirs)
+        if opened != shown:  # both views and screenshots, to see what differs
+            name = path or "home"
+            (LOG.parent / f"link-{name}.json").write_text(json.dumps([shown, opened], indent=1))
+            mine.screenshot(path=str(LOG.parent / f"link-{name}-mine.png"), full_page=True)
+            theirs.screenshot(path=str(LOG.parent / f"link-{name}-theirs.png"), full_page=True)
+        assert opened == shown, f"{title}: {link} shows another view"
+        assert theirs.get_by_text("This link names").count() == 0
+        assert theirs.url == link  # the view's address is the link itself
