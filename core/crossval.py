@@ -484,6 +484,25 @@ class CVRun:
             )
         return pd.DataFrame(rows)
 
+    @property
+    def evidence(self) -> str | None:
+        """Why this run's pooled metrics are not to be read as facts, with what would fix
+        it (:func:`core.metrics.evidence_warning` of its labels); ``None`` when there are
+        enough answers of both classes."""
+        return evidence_warning(np.asarray(self.labels), "The answers")
+
+    @property
+    def dataset_evidence(self) -> dict[str, str]:
+        """The same for each dataset part of a run over several (only the parts short of
+        answers); empty for a run over one dataset."""
+        sets_of = np.asarray(self.example_datasets)
+        labels = np.asarray(self.labels)
+        sets = sorted({d for r in self.results for d in r.by_dataset})
+        if len(sets) < 2 or sets_of.size != labels.size:
+            return {}
+        found = {s: evidence_warning(labels[sets_of == s], f"{s}'s answers") for s in sets}
+        return {s: w for s, w in found.items() if w}
+
     def to_markdown(self) -> str:
         lines = [
             f"# {self.name}",
@@ -516,9 +535,8 @@ class CVRun:
             )
         if any(r.spans for r in self.results):
             lines += ["", SPAN_F1_NOTE]
-        warn = evidence_warning(np.asarray(self.labels), "The answers")
-        if warn:
-            lines += ["", f"**Too few answers.** {warn}"]
+        if self.evidence:
+            lines += ["", f"**Too few answers.** {self.evidence}"]
         length = dict(self.baseline.get("answer_length") or {})
         if length.get("auroc") is not None:
             lines += [
@@ -567,16 +585,8 @@ class CVRun:
                         cell += f"; span P/R/F1 {format_span_prf(m['spans'])}"
                     cells.append(cell)
                 lines.append(f"| {r.detector} | " + " | ".join(cells) + " |")
-            sets_of = np.asarray(self.example_datasets)
-            labels = np.asarray(self.labels)
-            for s in sets:
-                warn = (
-                    evidence_warning(labels[sets_of == s], f"{s}'s answers")
-                    if sets_of.size == labels.size
-                    else None
-                )
-                if warn:
-                    lines += ["", f"**Too few answers.** {warn}"]
+            for warn in self.dataset_evidence.values():
+                lines += ["", f"**Too few answers.** {warn}"]
         ex = self.extraction
         if ex:
             lines += [

@@ -641,6 +641,8 @@ def show_cv_tables(runs: Sequence[CVRun]) -> None:
     for run in runs:
         st.markdown(f"**{md(run.name)}** · model {code(_model_name(run.model))}")
         st.caption(md(describe_cv(run)) + f" · created {md(_date(run.created_at))}.")
+        for warn in filter(None, [run.evidence, *run.dataset_evidence.values()]):
+            st.warning(f"**Too few answers** in {md(run.name)}: {md(warn)}")
         table = cv_metric_table(run)
         st.dataframe(table, hide_index=True, width="stretch", height=_table_height(len(table)))
         c1, c2 = st.columns(2)

@@ -543,6 +543,8 @@ def test_cv_and_matrix_runs_show_their_sections(
     assert f"3-fold source-grouped cross-validation on {md('data2txt, qa, summary')}" in text
     assert f"{len(cv.labels)} answers, {sum(cv.labels)} hallucinated" in text
     assert md(f"answer length alone: AUROC {cv.baseline['answer_length']['auroc']:.3f}") in text
+    assert not cv.evidence and not cv.dataset_evidence
+    assert not any("Too few answers" in w.value for w in at.warning)
     table = at.dataframe[0].value
     assert list(table["detector"]) == list(CV_DETECTORS)
     for (_, row), r in zip(table.iterrows(), cv.results, strict=True):
@@ -847,3 +849,21 @@ def test_a_cv_run_saved_before_span_f1_shows_a_dash(
         del r["spans"]
     table = cv_metric_table(CVRun.from_dict(old))
     assert list(table["span P/R/F1 (char)"]) == ["-"] * len(CV_DETECTORS)
+
+
+def test_a_cv_run_with_a_part_of_one_class_says_so_above_its_table(
+    make_app: Callable[[], AppTest], runs_dir: Path, crossval_runs: tuple[CVRun, MatrixRun]
+) -> None:
+    cv, _ = crossval_runs
+    # The same run, with every qa answer relabelled faithful: qa holds one class only.
+    labels = tuple(
+        0 if d == "qa" else y for d, y in zip(cv.example_datasets, cv.labels, strict=True)
+    )
+    few = dataclasses.replace(cv, name="cv-one-class-qa", labels=labels)
+    few.save(runs_dir)
+    assert not few.evidence and list(few.dataset_evidence) == ["qa"]
+    at = _benchmark(make_app)
+    shown = [w.value for w in at.warning if "Too few answers" in w.value]
+    assert shown == [f"**Too few answers** in {md(few.name)}: {md(few.dataset_evidence['qa'])}"]
+    assert "all faithful" in shown[0]
+    assert f"**Too few answers.** {few.dataset_evidence['qa']}" in few.to_markdown()
