@@ -4,6 +4,7 @@ precision, recall, Pearson r; token-level AP and AUROC; threshold choice."""
 from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
+from dataclasses import dataclass
 from typing import Any, Literal
 
 import numpy as np
@@ -74,6 +75,59 @@ def correlation_warning(n: int, what: str = "These correlations") -> str | None:
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class ConfusionCounts:
+    """The 2x2 confusion matrix at one threshold (positive = hallucinated)."""
+
+    tp: int
+    fp: int
+    tn: int
+    fn: int
+
+    @property
+    def n(self) -> int:
+        return self.tp + self.fp + self.tn + self.fn
+
+    def matrix(self) -> np.ndarray:
+        """Counts as ``[[tp, fn], [fp, tn]]``: rows actual (hallucinated, faithful),
+        columns predicted (hallucinated, faithful)."""
+        return np.array([[self.tp, self.fn], [self.fp, self.tn]], dtype=np.int64)
+
+    def as_dict(self) -> dict[str, int]:
+        return {"tp": self.tp, "fp": self.fp, "tn": self.tn, "fn": self.fn}
+
+
+def confusion_counts(labels: np.ndarray, scores: np.ndarray, threshold: float) -> ConfusionCounts:
+    """Counts when ``score >= threshold`` predicts hallucinated (as :func:`response_metrics`
+    counts them)."""
+    y = np.asarray(labels).astype(int)
+    return _counts(y, (np.asarray(scores, dtype=np.float64) >= threshold).astype(int))
+
+
+def _counts(y: np.ndarray, pred: np.ndarray) -> ConfusionCounts:
+    return ConfusionCounts(
+        tp=int(((pred == 1) & (y == 1)).sum()),
+        fp=int(((pred == 1) & (y == 0)).sum()),
+        tn=int(((pred == 0) & (y == 0)).sum()),
+        fn=int(((pred == 0) & (y == 1)).sum()),
+    )
+
+
+def token_prf(flags: np.ndarray, labels: np.ndarray) -> dict[str, float]:
+    """Token-level precision, recall and F1 of ``flags`` (the tokens flagged, as
+    :func:`core.smoothing.token_flags` gives them) against gold token ``labels``; 0
+    where undefined (nothing flagged, nothing labelled)."""
+    from sklearn.metrics import precision_recall_fscore_support
+
+    p, r, f1, _ = precision_recall_fscore_support(
+        np.asarray(labels).astype(int).reshape(-1),
+        np.asarray(flags).astype(int).reshape(-1),
+        average="binary",
+        zero_division=0,
+    )
+    return {"precision": float(p), "recall": float(r), "f1": float(f1)}
+
+
 def response_metrics(
     y: np.ndarray,
     scores: np.ndarray,
@@ -117,12 +171,7 @@ def response_metrics(
         "f1": float(f1_score(y, pred, zero_division=0)),
         "precision": float(precision_score(y, pred, zero_division=0)),
         "recall": float(recall_score(y, pred, zero_division=0)),
-        "confusion": {
-            "tp": int(((pred == 1) & (y == 1)).sum()),
-            "fp": int(((pred == 1) & (y == 0)).sum()),
-            "tn": int(((pred == 0) & (y == 0)).sum()),
-            "fn": int(((pred == 0) & (y == 1)).sum()),
-        },
+        "confusion": _counts(y, pred).as_dict(),
     }
     if not is_binary(y):
         out.update(auroc=None, auroc_ci=None, ap=None, pearson_r=None)

@@ -187,11 +187,20 @@ def answer_score(
     return float(np.max(smooth_tokens(s, p_stay)))
 
 
+def token_flags(token_scores: Sequence[float] | np.ndarray, threshold: float) -> np.ndarray:
+    """Which tokens are flagged: those scoring at or above ``threshold`` (a NaN score never
+    is). Every flag drawn from token scores (spans, counts, the pages' marks) comes from here."""
+    s = np.asarray(token_scores, dtype=np.float64).reshape(-1)
+    with np.errstate(invalid="ignore"):
+        return s >= threshold
+
+
 def flagged_spans(
     token_scores: np.ndarray, offsets: np.ndarray, threshold: float
 ) -> list[tuple[int, int]]:
-    """Character spans ``(start, end)`` of the maximal runs of tokens scoring ``>= threshold``."""
-    flag = np.asarray(token_scores).reshape(-1) >= threshold
+    """Character spans ``(start, end)`` of the maximal runs of tokens scoring ``>= threshold``
+    (:func:`token_flags`)."""
+    flag = token_flags(token_scores, threshold)
     out: list[tuple[int, int]] = []
     j = 0
     while j < flag.shape[0]:

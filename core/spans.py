@@ -19,6 +19,7 @@ import numpy as np
 
 from core.contract import Verdict
 from core.embed import embed
+from core.smoothing import token_flags
 
 GAP_TOKENS = 2
 """Flagged runs of one detector separated by at most this many unflagged tokens merge
@@ -98,7 +99,7 @@ def detector_spans(
     scores = np.asarray(verdict.token_scores, dtype=np.float64).reshape(-1)
     offsets = np.asarray(verdict.token_offsets).reshape(-1, 2)
     n = min(scores.shape[0], offsets.shape[0])
-    flagged = np.flatnonzero(scores[:n] >= threshold)
+    flagged = np.flatnonzero(token_flags(scores[:n], threshold))
     runs: list[list[int]] = []
     for j in flagged.tolist():
         if runs and j - runs[-1][1] - 1 <= gap_tokens:

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.metrics import ci_columns
+from core.metrics import ConfusionCounts, ci_columns
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -365,37 +365,6 @@ def _num(v: object) -> float | None:
         return None
     f = float(v)  # type: ignore[arg-type]
     return None if math.isnan(f) else f
-
-
-@dataclass(frozen=True, kw_only=True)
-class ConfusionCounts:
-    """The 2x2 confusion matrix at one threshold (positive = hallucinated)."""
-
-    tp: int
-    fp: int
-    tn: int
-    fn: int
-
-    @property
-    def n(self) -> int:
-        return self.tp + self.fp + self.tn + self.fn
-
-    def matrix(self) -> np.ndarray:
-        """Counts as ``[[tp, fn], [fp, tn]]``: rows actual (hallucinated, faithful),
-        columns predicted (hallucinated, faithful)."""
-        return np.array([[self.tp, self.fn], [self.fp, self.tn]], dtype=np.int64)
-
-
-def confusion_counts(labels: np.ndarray, scores: np.ndarray, threshold: float) -> ConfusionCounts:
-    """Counts when ``score >= threshold`` predicts hallucinated (as in core.evaluate)."""
-    y = np.asarray(labels).astype(int)
-    pred = (np.asarray(scores, dtype=np.float64) >= threshold).astype(int)
-    return ConfusionCounts(
-        tp=int(((pred == 1) & (y == 1)).sum()),
-        fp=int(((pred == 1) & (y == 0)).sum()),
-        tn=int(((pred == 0) & (y == 0)).sum()),
-        fn=int(((pred == 0) & (y == 1)).sum()),
-    )
 
 
 def confusion_figure(counts: ConfusionCounts, *, title: str | None = None) -> go.Figure:

@@ -19,6 +19,8 @@ from itertools import pairwise
 
 import numpy as np
 
+from core.smoothing import token_flags
+
 ColorStops = Sequence[tuple[float, str]]
 """A colour map: ``(fraction in [0, 1], "#rrggbb")`` stops in increasing order."""
 
@@ -245,7 +247,7 @@ def detector_scale(scores: np.ndarray, threshold: float, *, fixed: bool = False)
     detector's token ``threshold``."""
     finite = scores[np.isfinite(scores)] if scores.size else scores
     top = float(finite.max()) if finite.size else 0.0
-    n = int(np.sum(finite >= threshold))
+    n = int(token_flags(finite, threshold).sum())
     flags = (
         f"{n} token{'' if n == 1 else 's'} reach{'es' if n == 1 else ''} its token "
         f"threshold {threshold:.3f}"

@@ -29,7 +29,6 @@ import streamlit as st
 from app.components.charts import (
     ScoreSeries,
     breakdown_figure,
-    confusion_counts,
     confusion_figure,
     pr_figure,
     roc_figure,
@@ -105,7 +104,7 @@ from core.errors import RagscopeError
 from core.evaluate import DetectorResult, EvalRun, evaluate
 from core.extract import FeatureCache
 from core.matrix import MatrixRun
-from core.metrics import SPAN_F1_NOTE, ci_columns, response_metrics
+from core.metrics import SPAN_F1_NOTE, ci_columns, confusion_counts, response_metrics
 from core.model import LoadedModel
 from core.paths import runs_dir
 from core.review.export import safe_csv

@@ -61,12 +61,14 @@ from app.text import code, md
 from core.contract import align_token_scores, flag_threshold
 from core.errors import RagscopeError
 from core.extract import FeatureCache, extract_features
+from core.metrics import token_prf
 from core.smoothing import (
     P_STAY_ANSWER,
     P_STAY_TOKEN,
     flagged_spans,
     smooth_tokens,
     span_overlap_f1,
+    token_flags,
 )
 
 if TYPE_CHECKING:
@@ -227,7 +229,7 @@ def scan_dataset(
 
 def has_flags(raw: np.ndarray, p_stay: float, threshold: float) -> bool:
     """Whether any smoothed token of an answer reaches the threshold."""
-    return bool(raw.size) and float(np.max(smooth_tokens(raw, p_stay))) >= threshold
+    return bool(raw.size) and bool(token_flags(smooth_tokens(raw, p_stay), threshold).any())
 
 
 # --------------------------------------------------------------------------- input
@@ -490,12 +492,12 @@ def span_readout(
             f"recall {m['recall']:.2f} (gold spans touched by a predicted span)",
         )
     if labels is not None:
-        flag = vals >= threshold
-        tp = int((flag & (labels == 1)).sum())
-        p = tp / flag.sum() if flag.sum() else 0.0
-        r = tp / labels.sum() if labels.sum() else 0.0
-        f1 = 2 * p * r / (p + r) if p + r else 0.0
-        cols[3].metric("Token F1", f"{f1:.2f}", help=f"precision {p:.2f}, recall {r:.2f}")
+        t = token_prf(token_flags(vals, threshold), labels)
+        cols[3].metric(
+            "Token F1",
+            f"{t['f1']:.2f}",
+            help=f"precision {t['precision']:.2f}, recall {t['recall']:.2f}",
+        )
     if state.heatmap_focus_for != signature:
         state.heatmap_focus, state.heatmap_focus_for = -1, signature
     b1, b2, b3 = st.columns([1, 1, 4], vertical_alignment="center")
@@ -642,7 +644,7 @@ def main() -> None:
         multirow_html(
             a.analysis.layout.response_token_strings(),
             shown,
-            flagged=None if flag_values is None else np.nan_to_num(flag_values) >= threshold,
+            flagged=None if flag_values is None else token_flags(flag_values, threshold),
             focus=focus,
             positions=a.analysis.layout.response_positions.tolist(),
         )

@@ -22,7 +22,6 @@ from streamlit.testing.v1 import AppTest
 from app.components.charts import (
     ScoreSeries,
     breakdown_figure,
-    confusion_counts,
     confusion_figure,
     plain,
     pr_figure,
@@ -59,7 +58,7 @@ from core.evaluate import DetectorResult, EvalRun
 from core.examples import RAGExample, source_key
 from core.extract import FeatureCache
 from core.matrix import MatrixRun, domain_matrix
-from core.metrics import SPAN_F1_NOTE, response_metrics
+from core.metrics import SPAN_F1_NOTE, confusion_counts, response_metrics
 from core.model import LoadedModel
 from core.storage import Store
 

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from core.errors import DataError
+from core.metrics import token_prf
 from core.smoothing import (
     CLIP,
     answer_score,
@@ -15,6 +16,7 @@ from core.smoothing import (
     forward_backward,
     smooth_tokens,
     span_overlap_f1,
+    token_flags,
 )
 
 
@@ -108,3 +110,24 @@ def test_flagged_spans_and_overlap_f1() -> None:
     assert m["f1"] == pytest.approx(2 / 3)
     assert span_overlap_f1([], [])["f1"] == 1.0
     assert span_overlap_f1([], [(0, 2)])["f1"] == 0.0
+
+
+def test_token_flags_take_the_threshold_itself_and_never_a_nan() -> None:
+    scores = np.array([0.2, 0.5, np.nan, 0.7, 0.49999])
+    assert token_flags(scores, 0.5).tolist() == [False, True, False, True, False]
+    assert token_flags([], 0.5).shape == (0,)
+    offsets = np.array([[0, 3], [4, 7], [8, 9], [10, 12], [13, 15]])
+    assert flagged_spans(scores, offsets, 0.5) == [(4, 7), (10, 12)]
+
+
+def test_token_prf_counts_the_flags_against_gold_tokens() -> None:
+    flags = np.array([True, True, False, False, True])
+    gold = np.array([1, 0, 1, 0, 1])
+    m = token_prf(flags, gold)
+    assert m["precision"] == pytest.approx(2 / 3) and m["recall"] == pytest.approx(2 / 3)
+    assert m["f1"] == pytest.approx(2 / 3)
+    assert token_prf(np.zeros(3, bool), np.zeros(3, int)) == {
+        "precision": 0.0,
+        "recall": 0.0,
+        "f1": 0.0,
+    }
