@@ -88,6 +88,14 @@ class FeatureCache:
             example_hash=example_key, model=model_key, detector=name, config_hash=cfg
         )
 
+    def stored(self, model_key: str, example_keys: Sequence[str], detector: Detector) -> set[str]:
+        """Which of ``example_keys`` (:func:`example_hash`) have an entry stored (not read):
+        :meth:`has` for many examples at once."""
+        name, cfg = self._key(detector)
+        return self.store.stored_hashes(
+            example_hashes=example_keys, model=model_key, detector=name, config_hash=cfg
+        )
+
     def put(self, model_key: str, example: RAGExample, detector: Detector, feats: Features) -> None:
         name, cfg = self._key(detector)
         self.store.put_analysis(
@@ -520,6 +528,24 @@ def is_cached(
     return all(cache.has(model_key, key, d) for d in _flatten(detectors))
 
 
+def uncached(
+    cache: FeatureCache,
+    model_key: str,
+    examples: Sequence[RAGExample],
+    detectors: Sequence[Detector],
+) -> list[RAGExample]:
+    """The ``examples`` not :func:`is_cached`, asked of the cache in a few queries per
+    detector (each composite's member) rather than one per example and detector."""
+    keys = [example_hash(e) for e in examples]
+    have: set[str] | None = None
+    for d in _flatten(detectors):
+        got = cache.stored(model_key, keys, d)
+        have = got if have is None else have & got
+    if have is None:  # no detector: nothing to read
+        return []
+    return [e for e, k in zip(examples, keys, strict=True) if k not in have]
+
+
 @dataclass(frozen=True, kw_only=True)
 class WorkEstimate:
     """How long reading some examples' features will take on this machine, roughly.
@@ -597,7 +623,7 @@ def estimate_extraction(
     def todo_of(exs: Sequence[RAGExample]) -> list[RAGExample]:
         if cache is None:
             return list(exs)
-        return [e for e in exs if not is_cached(cache, model_key, e, detectors)]
+        return uncached(cache, model_key, exs, detectors)
 
     todo = todo_of(examples)
     spc = pace(todo[0]) if todo else None

@@ -1,7 +1,8 @@
 """How long a page's action will take on this machine, said before it starts
 (:mod:`core.extract`'s estimating section): the examples whose features are not cached
 yet, at a pace timed here on the first of them (once per model and detector choice; its
-features are kept, so the timing is not lost work).
+features are kept, so the timing is not lost work), recorded in the database so the next
+process starts with it (``paces``).
 """
 
 from __future__ import annotations
@@ -34,6 +35,10 @@ def detectors_key(detectors: Sequence[Detector]) -> tuple[tuple[str, str], ...]:
     return tuple((d.name, d.config.feature_hash()) for d in detectors)
 
 
+def _pace_key(key: tuple[tuple[str, str], ...]) -> str:
+    return ",".join(f"{name}:{h}" for name, h in key)
+
+
 @st.cache_data(
     show_spinner="Timing one answer on this machine for the estimate (its features are kept)…",
     max_entries=64,
@@ -45,10 +50,17 @@ def _pace(
     key: tuple[tuple[str, str], ...],
     _example: RAGExample,
 ) -> float:
-    """Seconds per character for ``key``'s detectors on the model, timed on the first
-    example asked about (keyed by model instance and detectors, not by the example:
-    once timed, every later estimate of that choice reuses it)."""
-    return time_extraction(_model, _example, _detectors, FeatureCache(get_store()))
+    """Seconds per character for ``key``'s detectors on the model: the pace recorded on
+    this machine (the database), else timed on the first example asked about and
+    recorded (keyed by model instance and detectors, not by the example: once timed,
+    every later estimate of that choice reuses it, in this process and the next)."""
+    store = get_store()
+    known = store.get_pace(model=instance_key, detectors=_pace_key(key))
+    if known is not None:
+        return known
+    pace = time_extraction(_model, _example, _detectors, FeatureCache(store))
+    store.put_pace(model=instance_key, detectors=_pace_key(key), seconds_per_char=pace)
+    return pace
 
 
 def work_estimate(

@@ -1,5 +1,5 @@
 """SQLite storage for datasets, analyses, annotations, cached explanations,
-counterfactual sessions, reviews and background jobs: all of ragscope's SQL lives in this package.
+counterfactual sessions, reviews, background jobs and measured paces: all of ragscope's SQL lives in this package.
 
 One file (WAL mode, foreign keys on) with a versioned schema: ``schema_version`` records
 which entries of :data:`MIGRATIONS` have been applied; opening a database applies the
@@ -17,7 +17,8 @@ a Streamlit server (one thread per session) needs.
   (datasets and examples), ``analyses`` (the feature cache), ``annotations``,
   ``explanations``, ``counterfactuals`` and ``reviews`` (the review queue, decisions
   and audit trail that :mod:`core.review` keeps) and ``jobs`` (background jobs and their
-  progress, :mod:`core.jobs`) and ``logins`` (logins revoked by logging out).
+  progress, :mod:`core.jobs`) ``logins`` (logins revoked by logging out) and ``paces`` (how fast feature
+  extraction ran here, for the pages' time estimates).
 - ``store``: :class:`Store`, the database with all of them.
 """
 

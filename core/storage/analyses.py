@@ -4,11 +4,15 @@ hash, model, detector and config hash."""
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from core.storage.db import Database, dumps, now_iso
+
+HASHES_PER_QUERY = 500
+"""Example hashes asked about in one query (SQLite allows 32,766 parameters; a page's
+selection of thousands of answers takes a few queries instead of one per answer)."""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,6 +94,24 @@ class AnalysesRepository(Database):
             (example_hash, model, detector, config_hash),
         )
         return bool(rows)
+
+    def stored_hashes(
+        self, *, example_hashes: Sequence[str], model: str, detector: str, config_hash: str
+    ) -> set[str]:
+        """Which of ``example_hashes`` have a result stored for this model and detector
+        (without reading any): one query per :data:`HASHES_PER_QUERY` hashes."""
+        found: set[str] = set()
+        unique = list(dict.fromkeys(example_hashes))
+        for i in range(0, len(unique), HASHES_PER_QUERY):
+            part = unique[i : i + HASHES_PER_QUERY]
+            marks = ", ".join("?" * len(part))
+            rows = self._query(
+                "SELECT example_hash FROM analyses WHERE model = ? AND detector = ? "
+                f"AND config_hash = ? AND example_hash IN ({marks})",
+                (model, detector, config_hash, *part),
+            )
+            found.update(r[0] for r in rows)
+        return found
 
     def get_analysis(
         self, *, example_hash: str, model: str, detector: str, config_hash: str

@@ -177,5 +177,17 @@ MIGRATIONS: tuple[str, ...] = (
         revoked_at REAL NOT NULL
     );
     """,
+    # 7: the pace of feature extraction measured on this machine, per loaded model and
+    # detector choice (seconds per character): the pages' time estimates are then free
+    # from the second process on, instead of timing an answer on every first visit.
+    """
+    CREATE TABLE paces (
+        model TEXT NOT NULL,
+        detectors TEXT NOT NULL,
+        seconds_per_char REAL NOT NULL CHECK (seconds_per_char > 0),
+        measured_at TEXT NOT NULL,
+        PRIMARY KEY (model, detectors)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

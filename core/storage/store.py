@@ -9,6 +9,7 @@ from core.storage.datasets import DatasetsRepository
 from core.storage.explanations import ExplanationsRepository
 from core.storage.jobs import JobsRepository
 from core.storage.logins import LoginsRepository
+from core.storage.paces import PacesRepository
 from core.storage.reviews import ReviewsRepository
 
 
@@ -21,6 +22,7 @@ class Store(
     ReviewsRepository,
     JobsRepository,
     LoginsRepository,
+    PacesRepository,
 ):
     """The ragscope database.
 

@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from app.components.estimate import describe_work, format_seconds, time_left
+from app.state import estimates
 from core.detectors import make_detector
 from core.extract import (
     FeatureCache,
@@ -18,9 +19,11 @@ from core.extract import (
     extract_features,
     is_cached,
     time_extraction,
+    uncached,
 )
 from core.model import LoadedModel
 from core.storage import Store
+from core.storage.analyses import HASHES_PER_QUERY
 
 
 @pytest.fixture
@@ -70,6 +73,27 @@ def test_the_estimate_counts_what_is_cached_and_paces_the_rest(
     # A composite needs every member's features before an example counts as cached.
     ens = make_detector("ensemble")
     assert not is_cached(cache, key, a, [ens])
+    # Many examples at once give what one at a time gives.
+    assert uncached(cache, key, [a, b, c, a], dets) == [c]
+    assert uncached(cache, key, [a, c], [ens]) == [a, c]
+    assert uncached(cache, key, [a, c], []) == []
+
+
+def test_stored_hashes_are_asked_in_chunks_and_found_across_them(tmp_path: Path) -> None:
+    n = 2 * HASHES_PER_QUERY + 7
+    with Store(tmp_path / "h.sqlite3") as store:
+        for i in range(0, n, 3):
+            store.put_analysis(
+                example_hash=f"h{i}", model="m", detector="nll", config_hash="c", result=[1]
+            )
+        asked = [f"h{i}" for i in range(n)] + ["h0"]
+        found = store.stored_hashes(
+            example_hashes=asked, model="m", detector="nll", config_hash="c"
+        )
+        assert found == {f"h{i}" for i in range(0, n, 3)}
+        assert not store.stored_hashes(
+            example_hashes=asked, model="m", detector="nll", config_hash="other"
+        )
 
 
 def test_the_words_say_the_time_what_is_cached_and_when_it_is_unknown() -> None:
@@ -89,3 +113,38 @@ def test_the_words_say_the_time_what_is_cached_and_when_it_is_unknown() -> None:
 def test_the_bar_says_the_time_left_from_the_pace_so_far() -> None:
     assert time_left(0, 10, 5.0) == "" and time_left(10, 10, 50.0) == ""
     assert time_left(2, 10, 10.0) == " · about 40 s left"
+
+
+def test_a_pace_is_recorded_once_and_read_back_sanely(tmp_path: Path) -> None:
+    with Store(tmp_path / "p.sqlite3") as store:
+        assert store.get_pace(model="m", detectors="nll:1") is None
+        store.put_pace(model="m", detectors="nll:1", seconds_per_char=0.002)
+        assert store.get_pace(model="m", detectors="nll:1") == 0.002
+        assert store.get_pace(model="m", detectors="cortex:1") is None
+        for bad in (float("nan"), float("inf"), 0.0, -1.0, 1e6):
+            store.put_pace(model="m", detectors="nll:1", seconds_per_char=bad)  # not recorded
+        assert store.get_pace(model="m", detectors="nll:1") == 0.002
+        # A row written by something else is not taken for a pace.
+        with store._tx() as c:
+            c.execute("UPDATE paces SET seconds_per_char = 'fast'")
+        assert store.get_pace(model="m", detectors="nll:1") is None
+
+
+def test_the_page_estimate_reads_the_pace_recorded_in_an_earlier_process(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_model: LoadedModel, toy_example
+) -> None:
+    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "app.sqlite3"))
+    dets = [make_detector("nll")]
+    estimates._pace.clear()
+    timed: list[str] = []
+
+    def timing(model, ex, detectors, cache) -> float:
+        timed.append(ex.id)
+        return 0.004
+
+    monkeypatch.setattr(estimates, "time_extraction", timing)
+    first = estimates.work_estimate(tiny_model, [toy_example], dets)
+    assert timed == [toy_example.id] and first.seconds_per_char == 0.004
+    estimates._pace.clear()  # a new process: nothing memoised, the database remains
+    again = estimates.work_estimate(tiny_model, [replace(toy_example, id="other")], dets)
+    assert timed == [toy_example.id] and again.seconds_per_char == 0.004
