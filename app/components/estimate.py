@@ -33,9 +33,11 @@ def format_seconds(seconds: float) -> str:
     return f"{s // 3600} h {(s % 3600) // 60} min"
 
 
-def describe_work(est: WorkEstimate, *, what: str = "answers", extra: str = "") -> str:
+def describe_work(
+    est: WorkEstimate, *, what: str = "answers", extra: str = "", kept: str = "the feature cache"
+) -> str:
     """The estimate in words (Markdown). ``extra`` names what :attr:`fixed_seconds`
-    is (e.g. "the new answer's generation")."""
+    is (e.g. "the new answer's generation"); ``kept``, where what was read is kept."""
     n = est.n_examples
     plus = f", plus about {format_seconds(est.fixed_seconds)} for {extra}" if extra else ""
     if est.n_to_trace == 0:
@@ -43,19 +45,19 @@ def describe_work(est: WorkEstimate, *, what: str = "answers", extra: str = "") 
         head = "a few seconds" if total < FEW_SECONDS else f"about {format_seconds(total)}"
         return (
             f"Estimated time on this machine: **{head}**: the features of all {n} {what} "
-            f"are in the feature cache{plus}."
+            f"are in {kept}{plus}."
         )
     if not est.known:
         return (
             "Estimated time: unknown (one of the answers could not be timed here); the "
             "bar below says the time left once the first is done."
         )
-    cached = f"; {est.n_cached} already in the feature cache" if est.n_cached else ""
+    cached = f"; {est.n_cached} already in {kept}" if est.n_cached else ""
     head = "a few seconds" if est.seconds < FEW_SECONDS else f"about {format_seconds(est.seconds)}"
     return (
         f"Estimated time on this machine: **{head}**: {est.n_to_trace} of {n} {what} to "
         f"trace at about {est.seconds_per_example:.1f} s each (paced on one traced "
-        f"here){cached}{plus}. Later runs read them from the feature cache."
+        f"here){cached}{plus}. Later runs read them from {kept}."
     )
 
 
@@ -64,6 +66,7 @@ def estimate_caption(
     *,
     what: str = "answers",
     extra: str = "",
+    kept: str = "the feature cache",
     where: DeltaGenerator | None = None,
 ) -> WorkEstimate | None:
     """``compute()``'s estimate as a caption, in ``where`` (e.g. an ``st.empty()`` put
@@ -77,7 +80,7 @@ def estimate_caption(
     except RagscopeError as e:
         box.caption(f"No time estimate: {md(e)}")
         return None
-    box.caption(describe_work(est, what=what, extra=extra))
+    box.caption(describe_work(est, what=what, extra=extra, kept=kept))
     return est
 
 

@@ -16,6 +16,7 @@ from app.state.datasets import get_store
 from app.state.detectors import ShippedDetectors
 from app.state.verdicts import answer_verdicts
 from core.examples import RAGExample
+from core.explain import read_estimate, time_reading
 from core.extract import (
     FeatureCache,
     WorkEstimate,
@@ -28,6 +29,7 @@ from core.generate import GenerationConfig, generate
 if TYPE_CHECKING:
     from core.contract import Detector
     from core.model import LoadedModel
+    from core.sae import LoadedSAE
 
 
 def detectors_key(detectors: Sequence[Detector]) -> tuple[tuple[str, str], ...]:
@@ -84,6 +86,44 @@ def work_estimate(
         FeatureCache(get_store()),
         lambda ex: _pace(model, model.instance_key, detectors, key, ex),
         fixed_seconds=fixed_seconds,
+    )
+
+
+@st.cache_data(
+    show_spinner="Timing one answer's SAE read on this machine for the estimate (it is kept)…",
+    max_entries=16,
+)
+def _read_pace(
+    _model: LoadedModel, instance_key: str, _sae: LoadedSAE, key: str, _example: RAGExample
+) -> float:
+    """Seconds per character of reading SAE activations (``key``: the SAE and activation),
+    recorded in the database like :func:`_pace`, else timed on the first answer asked about."""
+    store = get_store()
+    known = store.get_pace(model=instance_key, detectors=key)
+    if known is not None:
+        return known
+    activation = key.rsplit(":", 1)[1]
+    pace = time_reading(_model, _sae, _example, activation)  # type: ignore[arg-type]
+    store.put_pace(model=instance_key, detectors=key, seconds_per_char=pace)
+    return pace
+
+
+def sae_read_estimate(
+    model: LoadedModel, sae: LoadedSAE, examples: Sequence[RAGExample], activation: str
+) -> WorkEstimate:
+    """How long reading ``sae``'s activations of ``examples`` will take here (those not
+    read in this process yet, at the measured pace).
+
+    Raises:
+        RagscopeError: The answer timed cannot be laid out or run.
+    """
+    key = f"sae:{sae.key}:{activation}"
+    return read_estimate(
+        model,
+        sae,
+        examples,
+        activation=activation,  # type: ignore[arg-type]
+        pace=lambda ex: _read_pace(model, model.instance_key, sae, key, ex),
     )
 
 

@@ -22,7 +22,7 @@ from dataclasses import dataclass, replace
 import streamlit as st
 
 from app.components.artifacts import show_broken_artifacts
-from app.components.estimate import progress_bar
+from app.components.estimate import estimate_caption, progress_bar
 from app.components.example_picker import (
     ExampleKeys,
     PickedExamples,
@@ -63,6 +63,7 @@ from app.state import (
     shown_folder,
     train_command,
 )
+from app.state.estimates import sae_read_estimate
 from app.text import code, md
 from core.detectors.raglens import RaglensConfig, load_config_sae
 from core.errors import DataError, LLMError, ModelError, RagscopeError
@@ -274,6 +275,7 @@ def read_row(
             f"of {md(picked.label)}. Each answer costs one forward pass up to block "
             f"{choice.sae.layer} the first time; later reads come from memory."
         )
+        slot = st.empty()
     with c_button:
         read = st.button(
             "Read activations",
@@ -284,6 +286,12 @@ def read_row(
             width="stretch",
         )
     if not read:
+        if chosen:
+            estimate_caption(
+                lambda: sae_read_estimate(model, choice.sae, chosen, choice.activation),
+                kept="this server's memory",
+                where=slot,
+            )
         return
     with progress_bar("SAE activations:") as progress:
         try:

@@ -40,6 +40,8 @@ from core.explain.activations import (
     encode_answers,
     feature_examples,
     feature_key,
+    read_estimate,
+    time_reading,
 )
 from core.explain.cards import (
     BatchResult,
@@ -123,6 +125,8 @@ __all__ = [
     "fidelity_prompt",
     "parse_predictions",
     "pearson",
+    "read_estimate",
     "prompt_layouts",
     "scaled",
+    "time_reading",
 ]

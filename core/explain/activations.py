@@ -22,6 +22,7 @@ import numpy as np
 
 from core.errors import DataError, RagscopeError
 from core.examples import RAGExample, example_hash
+from core.extract import WorkEstimate, example_chars
 from core.layout import render
 from core.model import LoadedModel
 from core.sae import Activation, LoadedSAE
@@ -263,6 +264,51 @@ def _token_activations(
     col = acts[:, [feature]]
     col = col.toarray() if hasattr(col, "toarray") else col
     return np.asarray(col, dtype=np.float32).reshape(-1)
+
+
+def time_reading(
+    model: LoadedModel, sae: LoadedSAE, example: RAGExample, activation: Activation
+) -> float:
+    """Seconds per character (:func:`core.extract.example_chars`) to read ``example``'s SAE
+    activations, measured by reading them here (they stay cached, so the time counts
+    towards the read it estimates).
+
+    Raises:
+        RagscopeError: The example cannot be laid out or run.
+    """
+    import time
+
+    t0 = time.perf_counter()
+    _read(model, sae, example, activation)
+    return (time.perf_counter() - t0) / example_chars(example)
+
+
+def read_estimate(
+    model: LoadedModel,
+    sae: LoadedSAE,
+    examples: Sequence[RAGExample],
+    *,
+    activation: Activation,
+    pace: Callable[[RAGExample], float | None],
+) -> WorkEstimate:
+    """How long :func:`encode_answers` of ``examples`` will take: the answers not in the
+    in-process cache at ``pace(first of them)`` seconds per character (``pace`` is called
+    only when something is left to read; it may read that answer, see
+    :func:`time_reading`: the count is taken after)."""
+
+    def todo_of(exs: Sequence[RAGExample]) -> list[RAGExample]:
+        return [e for e in exs if _peaks_cache.get(_cache_key(model, sae, e, activation)) is None]
+
+    todo = todo_of(examples)
+    spc = pace(todo[0]) if todo else None
+    if todo and spc is not None:
+        todo = todo_of(todo)
+    return WorkEstimate(
+        n_examples=len(examples),
+        n_cached=len(examples) - len(todo),
+        chars_to_trace=sum(example_chars(e) for e in todo),
+        seconds_per_char=spc,
+    )
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

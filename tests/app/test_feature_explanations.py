@@ -98,8 +98,13 @@ def test_without_an_endpoint_the_page_says_how_to_configure_one(
     assert any("RAGSCOPE_LLM_MODEL =" in c.value for c in at.code)
     # no raglens detector: the command that makes one
     assert "ragscope train --model tiny --dataset builtin --seed 0 --detectors raglens" in text
+    # Before the read: how long it will take here, paced on one answer read (and kept).
+    said = [c.value for c in at.caption if c.value.startswith("Estimated time on this machine")]
+    assert len(said) == 1 and "of 48 answers to trace" in said[0], said
+    assert "1 already in this server's memory" in said[0]
     _read(at)
     no_exception(at)
+    assert not any(c.value.startswith("Estimated time") for c in at.caption)
     assert at.button(key=KEY_EXPLAIN_RUN).disabled
     cards = [m.value for m in at.markdown if m.value.startswith("#### F")]
     assert 1 <= len(cards) <= 8

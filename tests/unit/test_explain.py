@@ -38,7 +38,10 @@ from core.explain import (
     fidelity,
     parse_predictions,
     prompt_layouts,
+    read_estimate,
+    time_reading,
 )
+from core.extract import example_chars
 from core.layout import render
 from core.llm import LLMEndpoint, probe_context
 from core.storage import Store
@@ -716,3 +719,29 @@ def test_parse_predictions_is_lenient():
     got = parse_predictions("answer 2 - 0=3\nAnswer 2: 1=5\nANSWER 1: none\nAnswer 7: 0=1", [2, 3])
     np.testing.assert_array_equal(got[0], [0, 0])
     np.testing.assert_array_equal(got[1], [3, 0, 0])
+
+
+def test_the_read_estimate_counts_answers_in_memory_and_paces_the_rest(
+    tiny_model, tiny_sae, examples
+):
+    clear_activation_cache()
+    a, b, c = examples[:3]
+    encode_answers(tiny_model, tiny_sae, [a])
+    timed: list[str] = []
+
+    def pace(ex):
+        timed.append(ex.id)
+        return time_reading(tiny_model, tiny_sae, ex, "post")
+
+    est = read_estimate(tiny_model, tiny_sae, [a, b, c], activation="post", pace=pace)
+    # The first answer not in memory was timed, and its activations kept.
+    assert timed == [b.id]
+    assert (est.n_examples, est.n_cached, est.n_to_trace) == (3, 2, 1)
+    assert est.chars_to_trace == example_chars(c) and est.seconds_per_char > 0
+    assert encode_answers(tiny_model, tiny_sae, [a, b]).cache_hits == 2
+    # Everything read: nothing is timed; another activation is read apart.
+    timed.clear()
+    done = read_estimate(tiny_model, tiny_sae, [a, b], activation="post", pace=pace)
+    assert timed == [] and done.n_to_trace == 0 and done.seconds == 0.0
+    pre = read_estimate(tiny_model, tiny_sae, [a], activation="pre", pace=lambda ex: None)
+    assert pre.n_to_trace == 1 and not pre.known
