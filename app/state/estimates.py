@@ -55,7 +55,7 @@ def _pace(
     """Seconds per character for ``key``'s detectors on the model: the pace recorded on
     this machine (the database), else timed on the first example asked about and
     recorded (keyed by model instance and detectors, not by the example: once timed,
-    every later estimate of that choice reuses it, in this process and the next)."""
+    every later estimate of that choice reuses it, in this process and, for a day, the next)."""
     store = get_store()
     known = store.get_pace(model=instance_key, detectors=_pace_key(key))
     if known is not None:

@@ -179,7 +179,8 @@ MIGRATIONS: tuple[str, ...] = (
     """,
     # 7: the pace of feature extraction measured on this machine, per loaded model and
     # detector choice (seconds per character): the pages' time estimates are then free
-    # from the second process on, instead of timing an answer on every first visit.
+    # in later processes for a day (core.storage.paces.MAX_AGE), instead of timing an answer on
+    # every first visit.
     """
     CREATE TABLE paces (
         model TEXT NOT NULL,

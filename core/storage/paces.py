@@ -3,12 +3,18 @@
 from __future__ import annotations
 
 import math
+from datetime import UTC, datetime, timedelta
 
 from core.storage.db import Database, now_iso
 
 MAX_PACE = 10.0
 """The slowest pace read back (seconds per character): anything above is not a pace this
 code wrote, and is ignored (measured again)."""
+
+
+MAX_AGE = timedelta(days=1)
+"""How long a recorded pace is used: the machine's load changes, and one reading timed
+beside other work (or with a detector's one-time loading in it) must not stick for good."""
 
 
 class PacesRepository(Database):
@@ -33,13 +39,20 @@ class PacesRepository(Database):
             )
 
     def get_pace(self, *, model: str, detectors: str) -> float | None:
-        """The pace recorded for this key, or ``None`` (none, or not a plausible one)."""
+        """The pace recorded for this key in the last :data:`MAX_AGE`, or ``None`` (none,
+        too old, or not a plausible one)."""
         rows = self._query(
-            "SELECT seconds_per_char FROM paces WHERE model = ? AND detectors = ?",
+            "SELECT seconds_per_char, measured_at FROM paces WHERE model = ? AND detectors = ?",
             (model, detectors),
         )
         if not rows:
             return None
-        v = rows[0][0]
+        v, at = rows[0]
+        try:
+            when = datetime.fromisoformat(at)
+        except (TypeError, ValueError):
+            return None
+        if when.tzinfo is None or not timedelta(0) <= datetime.now(UTC) - when <= MAX_AGE:
+            return None
         ok = isinstance(v, float) and math.isfinite(v) and 0 < v <= MAX_PACE
         return v if ok else None

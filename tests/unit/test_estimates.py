@@ -124,6 +124,16 @@ def test_a_pace_is_recorded_once_and_read_back_sanely(tmp_path: Path) -> None:
         for bad in (float("nan"), float("inf"), 0.0, -1.0, 1e6):
             store.put_pace(model="m", detectors="nll:1", seconds_per_char=bad)  # not recorded
         assert store.get_pace(model="m", detectors="nll:1") == 0.002
+        # A pace older than a day is measured again; a date in the future is not believed.
+        with store._tx() as c:
+            c.execute("UPDATE paces SET measured_at = '2020-01-01T00:00:00+00:00'")
+        assert store.get_pace(model="m", detectors="nll:1") is None
+        for when in ("2999-01-01T00:00:00+00:00", "yesterday", "2026-01-01T00:00:00"):
+            with store._tx() as c:
+                c.execute("UPDATE paces SET measured_at = ?", (when,))
+            assert store.get_pace(model="m", detectors="nll:1") is None
+        store.put_pace(model="m", detectors="nll:1", seconds_per_char=0.003)
+        assert store.get_pace(model="m", detectors="nll:1") == 0.003
         # A row written by something else is not taken for a pace.
         with store._tx() as c:
             c.execute("UPDATE paces SET seconds_per_char = 'fast'")
