@@ -25,6 +25,7 @@ from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 from tqdm import tqdm
 
 from core.cli.common import (
@@ -41,14 +42,13 @@ from core.errors import DataError
 from core.examples import RAGExample
 from core.extract import FeatureCache
 from core.judge import JudgeFailure, judge_many, verdict_rows
+from core.metrics import evidence_warning, is_binary, response_metrics
 from core.review.export import safe_csv
 from core.sets import DetectorSet, load_set, resolve_set
 from core.storage import Store
 
 FORMATS = (".jsonl", ".csv", ".parquet")
 """The ``--out`` formats, by suffix."""
-FEW_LABELLED = 30
-"""Below this many labelled answers the balanced accuracy is said to rest on too few."""
 
 
 class _CountingCache(FeatureCache):
@@ -229,19 +229,20 @@ def _ray_fill(
     )
 
 
-def balanced_accuracy(records: Iterable[Mapping[str, Any]]) -> tuple[float | None, int]:
-    """Balanced accuracy of the overall verdict on the labelled records, and their count
-    (``None`` when they lack one of the two classes)."""
+def balanced_accuracy(records: Iterable[Mapping[str, Any]]) -> tuple[float | None, np.ndarray]:
+    """Balanced accuracy of the overall verdict on the labelled records
+    (:func:`core.metrics.response_metrics`, as every report computes it; ``None`` when
+    they lack one of the two classes), and their gold labels."""
     pairs = [
-        (bool(r["labels"]["hallucinated"]), bool(r["hallucinated"]))
+        (int(bool(r["labels"]["hallucinated"])), float(bool(r["hallucinated"])))
         for r in records
         if (r.get("labels") or {}).get("hallucinated") is not None
     ]
-    pos = [p for y, p in pairs if y]
-    neg = [not p for y, p in pairs if not y]
-    if not pos or not neg:
-        return None, len(pairs)
-    return (sum(pos) / len(pos) + sum(neg) / len(neg)) / 2, len(pairs)
+    y = np.asarray([p[0] for p in pairs], dtype=np.int64)
+    if not is_binary(y):
+        return None, y
+    called = np.asarray([p[1] for p in pairs])
+    return response_metrics(y, called, 0.5, n_boot=0)["balanced_accuracy"], y
 
 
 def _write_table(records: Sequence[Mapping[str, Any]], out: Path, fmt: str) -> None:
@@ -354,16 +355,16 @@ def _summary_lines(
         + (f", {held} already in {out} (skipped)" if held else "")
         + f"; {from_cache} of {judged} read every feature from the cache{rate}"
     ]
-    ba, n = balanced_accuracy(records)
-    if n:
-        what = (
-            f"balanced accuracy of the overall verdict: {ba:.3f} on {n} labelled answers"
+    ba, y = balanced_accuracy(records)
+    if y.size:
+        lines.append(
+            f"balanced accuracy of the overall verdict: {ba:.3f} on {y.size} labelled answers"
             if ba is not None
-            else f"balanced accuracy: undefined on {n} labelled answers (one class only)"
+            else f"balanced accuracy: undefined on {y.size} labelled answers (one class only)"
         )
-        if n < FEW_LABELLED:
-            what += f" (from too few answers to go by: fewer than {FEW_LABELLED})"
-        lines.append(what)
+        warn = evidence_warning(y, "The labelled answers")
+        if warn:
+            lines.append(f"Too few answers: {warn}")
     return lines
 
 

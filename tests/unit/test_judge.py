@@ -9,8 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+from sklearn.metrics import balanced_accuracy_score
 
 from core.calibration import DatasetCalibration, PlattCalibrator
+from core.cli.judging import _summary_lines, balanced_accuracy
 from core.contract import Verdict, calibrated_as, for_dataset
 from core.data import builtin_examples
 from core.detectors import make_detector
@@ -18,6 +20,7 @@ from core.detectors.baselines import NLLDetector
 from core.examples import Provenance, RAGExample
 from core.extract import extract_features
 from core.judge import VOTE, JudgeFailure, answer_verdict, judge, judge_many, overall_verdict
+from core.metrics import evidence_warning
 from core.sets import load_set
 
 
@@ -130,3 +133,35 @@ def test_judge_and_judge_many_give_the_same_verdicts(
         for s in one.spans:
             assert s.text == ex.response[s.start : s.end] and any(c.isalnum() for c in s.text)
     assert np.isfinite(one.seconds)
+
+
+def _records(pairs: list[tuple[bool | None, bool]]) -> list[dict]:
+    return [{"labels": {"hallucinated": gold}, "hallucinated": called} for gold, called in pairs]
+
+
+def test_the_judge_summary_scores_as_every_report_and_says_when_answers_are_too_few() -> None:
+    pairs = [(True, True), (True, False), (False, False), (None, True)] + [(False, True)] * 2
+    ba, y = balanced_accuracy(_records(pairs))
+    labelled = [(g, c) for g, c in pairs if g is not None]
+    want = balanced_accuracy_score([int(g) for g, _ in labelled], [int(c) for _, c in labelled])
+    assert ba == pytest.approx(want) and y.size == 5
+    lines = _summary_lines(
+        judged=6, flagged=4, failed=0, held=0, from_cache=0, seconds=1.0,
+        records=_records(pairs), out="v.jsonl",
+    )  # fmt: skip
+    assert f"balanced accuracy of the overall verdict: {want:.3f} on 5 labelled answers" in lines
+    assert lines[-1] == f"Too few answers: {evidence_warning(y, 'The labelled answers')}"
+    assert "8 more answers of each class" in lines[-1]
+    # One class only: undefined, and said why.
+    one = _summary_lines(
+        judged=2, flagged=1, failed=0, held=0, from_cache=0, seconds=1.0,
+        records=_records([(True, True), (True, False)]), out="v.jsonl",
+    )  # fmt: skip
+    assert "balanced accuracy: undefined on 2 labelled answers (one class only)" in one
+    assert "all hallucinated" in one[-1]
+    # Enough of both: no warning.
+    many = _records([(True, True)] * 10 + [(False, False)] * 10)
+    assert not _summary_lines(
+        judged=20, flagged=10, failed=0, held=0, from_cache=0, seconds=1.0,
+        records=many, out="v.jsonl",
+    )[-1].startswith("Too few")  # fmt: skip
