@@ -73,7 +73,7 @@ def test_judge_writes_the_records_judge_gives_in_every_format_and_resumes(
     assert main(["judge", "demo", *MODEL, "--out", str(out), "--html", str(report)]) == 0
     text = capsys.readouterr().out
     assert "12 judged," in text and "0 failed" in text and "0 of 12 read every feature" in text
-    assert "on 12 labelled answers" in text and "too few answers" in text
+    assert "on 12 labelled answers" in text and "Too few answers: The labelled answers" in text
     assert sum(passes) == 12
     records = _jsonl(out)
     examples = builtin_examples()
