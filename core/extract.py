@@ -625,6 +625,20 @@ def estimate_extraction(
             return list(exs)
         return uncached(cache, model_key, exs, detectors)
 
+    return estimate_work(examples, todo_of, pace, fixed_seconds=fixed_seconds)
+
+
+def estimate_work(
+    examples: Sequence[RAGExample],
+    todo_of: Callable[[Sequence[RAGExample]], list[RAGExample]],
+    pace: Callable[[RAGExample], float | None],
+    *,
+    fixed_seconds: float = 0.0,
+) -> WorkEstimate:
+    """The estimate of reading ``examples`` when ``todo_of`` says which are not kept yet:
+    the first of those paced (``pace`` may read it and keep it, so the count is taken
+    after), the rest at that pace per character. Shared by every kind of read (features
+    here, SAE activations in :mod:`core.explain`)."""
     todo = todo_of(examples)
     spc = pace(todo[0]) if todo else None
     if todo and spc is not None:

@@ -89,7 +89,7 @@ def _analyse(page: Page, url: str, example_id: str) -> float:
     return time.perf_counter() - t0
 
 
-def _plain_forward(model: LoadedModel, example_id: str, repeats: int) -> tuple[float, int]:
+def plain_forward(model: LoadedModel, example_id: str, repeats: int) -> tuple[float, int]:
     """Median seconds of one plain forward pass over the example, and its length."""
     ex = next(e for e in builtin_examples() if e.id == example_id)
     ids = torch.as_tensor(render(ex, model).token_ids, device=model.device).unsqueeze(0)
@@ -119,8 +119,8 @@ def main(argv: list[str] | None = None) -> int:
     example, other = builtin_examples()[:2]
     model = load_model(args.model)
     model_name = model.info.display_name
-    fwd, n_tokens = _plain_forward(model, example.id, max(args.repeats, 3))
-    fwd_other, n_other = _plain_forward(model, other.id, max(args.repeats, 3))
+    fwd, n_tokens = plain_forward(model, example.id, max(args.repeats, 3))
+    fwd_other, n_other = plain_forward(model, other.id, max(args.repeats, 3))
     del model  # the server loads its own
     starts: list[float] = []
     models: list[float] = []

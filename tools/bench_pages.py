@@ -24,19 +24,17 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-import torch
 from playwright.sync_api import Page, sync_playwright
 
 from core.data import builtin_examples
-from core.layout import render
 from core.model import EMBEDDED, load_model, prepare_embedded
+from tools.bench_app import plain_forward
 from tools.browser import (
     CHROMIUM,
     CHROMIUM_ARGS,
@@ -118,20 +116,6 @@ PAGES: list[tuple[str, str, Callable[[Page], None] | None, str | None]] = [
 """Page, URL path, what opening it takes besides loading, and its main button."""
 
 
-def plain_forward(model_key: str) -> tuple[float, int]:
-    """Median seconds of one plain forward pass over the first demo example, and its tokens."""
-    model = load_model(model_key)
-    ex = builtin_examples()[0]
-    ids = torch.as_tensor(render(ex, model).token_ids, device=model.device).unsqueeze(0)
-    times = []
-    for _ in range(6):
-        t0 = time.perf_counter()
-        with torch.inference_mode():
-            model.hf_model(ids)
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times[1:]), int(ids.shape[1])
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m tools.bench_pages", description=__doc__)
     ap.add_argument("--model", default=EMBEDDED)
@@ -139,7 +123,9 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     if args.model == EMBEDDED:
         prepare_embedded()  # a warm start reads cached weights
-    fwd, n_tokens = plain_forward(args.model)
+    model = load_model(args.model)
+    fwd, n_tokens = plain_forward(model, builtin_examples()[0].id, 5)
+    del model  # the server loads its own
     tmp = Path(tempfile.mkdtemp(prefix="ragscope-bench-pages-"))
     env = {
         **os.environ,

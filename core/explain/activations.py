@@ -22,7 +22,7 @@ import numpy as np
 
 from core.errors import DataError, RagscopeError
 from core.examples import RAGExample, example_hash
-from core.extract import WorkEstimate, example_chars
+from core.extract import WorkEstimate, estimate_work, example_chars
 from core.layout import render
 from core.model import LoadedModel
 from core.sae import Activation, LoadedSAE
@@ -299,16 +299,7 @@ def read_estimate(
     def todo_of(exs: Sequence[RAGExample]) -> list[RAGExample]:
         return [e for e in exs if _peaks_cache.get(_cache_key(model, sae, e, activation)) is None]
 
-    todo = todo_of(examples)
-    spc = pace(todo[0]) if todo else None
-    if todo and spc is not None:
-        todo = todo_of(todo)
-    return WorkEstimate(
-        n_examples=len(examples),
-        n_cached=len(examples) - len(todo),
-        chars_to_trace=sum(example_chars(e) for e in todo),
-        seconds_per_char=spc,
-    )
+    return estimate_work(examples, todo_of, pace)
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
