@@ -45,7 +45,7 @@ from app.state import (
     seed_widget,
     stats_examples,
 )
-from app.state.estimates import work_estimate
+from app.state.estimates import paced_extraction, work_estimate
 from app.state.links import (
     DATASETS_HERE,
     P_ANSWER,
@@ -470,19 +470,21 @@ def compute_row(
         )
     if not compute:
         return None
+    timed = paced_extraction(model, chosen, [make_detector(detector)])
     with progress_bar(progress_text, progress_step) as progress:
         try:
-            return extract_request(
-                model,
-                chosen,
-                detector,
-                source=selection.source,
-                dataset_key=picked.key,
-                dataset_label=picked.label,
-                split=selection.split or ALL_SPLITS,
-                limit=selection.limit,
-                progress=progress,
-            )
+            with timed:
+                return extract_request(
+                    model,
+                    chosen,
+                    detector,
+                    source=selection.source,
+                    dataset_key=picked.key,
+                    dataset_label=picked.label,
+                    split=selection.split or ALL_SPLITS,
+                    limit=selection.limit,
+                    progress=progress,
+                )
         except RagscopeError as e:
             st.error(f"The features could not be extracted: {md(e)}")
     return None

@@ -1,13 +1,16 @@
 """How long a page's action will take on this machine, said before it starts
 (:mod:`core.extract`'s estimating section): the examples whose features are not cached
-yet, at a pace timed here on the first of them (once per model and detector choice; its
-features are kept, so the timing is not lost work), recorded in the database so the next
-process starts with it (``paces``).
+yet, at a pace recorded on this machine (``paces`` in the database, for a day). The pace
+is first timed on one answer (once per model and detector choice; its features are kept,
+so the timing is not lost work), then replaced by the pace each action actually ran at
+(:func:`paced_extraction`, :func:`paced_read`): the estimate follows the machine's load.
 """
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import contextlib
+import time
+from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import streamlit as st
@@ -16,13 +19,14 @@ from app.state.datasets import get_store
 from app.state.detectors import ShippedDetectors
 from app.state.verdicts import answer_verdicts
 from core.examples import RAGExample
-from core.explain import read_estimate, time_reading
+from core.explain import read_estimate, time_reading, unread
 from core.extract import (
     FeatureCache,
     WorkEstimate,
     estimate_extraction,
     example_chars,
     time_extraction,
+    uncached,
 )
 from core.generate import GenerationConfig, generate
 
@@ -41,28 +45,63 @@ def _pace_key(key: tuple[tuple[str, str], ...]) -> str:
     return ",".join(f"{name}:{h}" for name, h in key)
 
 
+def _pace(
+    model: LoadedModel,
+    detectors: Sequence[Detector],
+    key: tuple[tuple[str, str], ...],
+    example: RAGExample,
+) -> float:
+    """Seconds per character for ``key``'s detectors on the model: the pace recorded on
+    this machine (the database: the last action's, or the first timing's), else timed on
+    ``example`` and recorded."""
+    known = get_store().get_pace(model=model.instance_key, detectors=_pace_key(key))
+    if known is not None:
+        return known
+    return _timed_pace(model, model.instance_key, detectors, key, example)
+
+
 @st.cache_data(
     show_spinner="Timing one answer on this machine for the estimate (its features are kept)…",
     max_entries=64,
 )
-def _pace(
+def _timed_pace(
     _model: LoadedModel,
     instance_key: str,
     _detectors: Sequence[Detector],
     key: tuple[tuple[str, str], ...],
     _example: RAGExample,
 ) -> float:
-    """Seconds per character for ``key``'s detectors on the model: the pace recorded on
-    this machine (the database), else timed on the first example asked about and
-    recorded (keyed by model instance and detectors, not by the example: once timed,
-    every later estimate of that choice reuses it, in this process and, for a day, the next)."""
-    store = get_store()
-    known = store.get_pace(model=instance_key, detectors=_pace_key(key))
-    if known is not None:
-        return known
-    pace = time_extraction(_model, _example, _detectors, FeatureCache(store))
-    store.put_pace(model=instance_key, detectors=_pace_key(key), seconds_per_char=pace)
+    """``_example`` timed and the pace recorded (memoised by model instance and
+    detectors, not by the example: a pace the database would not keep is not timed again
+    in this process)."""
+    pace = time_extraction(_model, _example, _detectors, FeatureCache(get_store()))
+    get_store().put_pace(model=instance_key, detectors=_pace_key(key), seconds_per_char=pace)
     return pace
+
+
+@contextlib.contextmanager
+def _recording(model: LoadedModel, key: str, todo: Sequence[RAGExample]) -> Iterator[None]:
+    """Times the block, which reads ``todo`` (among others already kept), and records
+    its pace under ``key`` when it ends normally having read any: the next estimate is
+    paced on this action, not on one answer timed earlier under another load."""
+    chars = sum(example_chars(e) for e in todo)
+    t0 = time.perf_counter()
+    yield
+    if chars:
+        get_store().put_pace(
+            model=model.instance_key,
+            detectors=key,
+            seconds_per_char=(time.perf_counter() - t0) / chars,
+        )
+
+
+def paced_extraction(
+    model: LoadedModel, examples: Sequence[RAGExample], detectors: Sequence[Detector]
+) -> contextlib.AbstractContextManager[None]:
+    """A block that extracts ``detectors``' features of ``examples``, timed: its pace
+    replaces the recorded one (:func:`work_estimate` reads it next)."""
+    todo = uncached(FeatureCache(get_store()), model.info.key, examples, detectors)
+    return _recording(model, _pace_key(detectors_key(detectors)), todo)
 
 
 def work_estimate(
@@ -84,28 +123,45 @@ def work_estimate(
         examples,
         detectors,
         FeatureCache(get_store()),
-        lambda ex: _pace(model, model.instance_key, detectors, key, ex),
+        lambda ex: _pace(model, detectors, key, ex),
         fixed_seconds=fixed_seconds,
     )
+
+
+def _sae_key(sae: LoadedSAE, activation: str) -> str:
+    return f"sae:{sae.key}:{activation}"
+
+
+def _read_pace(model: LoadedModel, sae: LoadedSAE, key: str, example: RAGExample) -> float:
+    """Seconds per character of reading SAE activations (``key``: the SAE and activation),
+    recorded in the database like :func:`_pace`, else timed on ``example``."""
+    known = get_store().get_pace(model=model.instance_key, detectors=key)
+    if known is not None:
+        return known
+    return _timed_read_pace(model, model.instance_key, sae, key, example)
 
 
 @st.cache_data(
     show_spinner="Timing one answer's SAE read on this machine for the estimate (it is kept)…",
     max_entries=16,
 )
-def _read_pace(
+def _timed_read_pace(
     _model: LoadedModel, instance_key: str, _sae: LoadedSAE, key: str, _example: RAGExample
 ) -> float:
-    """Seconds per character of reading SAE activations (``key``: the SAE and activation),
-    recorded in the database like :func:`_pace`, else timed on the first answer asked about."""
-    store = get_store()
-    known = store.get_pace(model=instance_key, detectors=key)
-    if known is not None:
-        return known
+    """``_example``'s SAE read timed and its pace recorded (memoised like :func:`_timed_pace`)."""
     activation = key.rsplit(":", 1)[1]
     pace = time_reading(_model, _sae, _example, activation)  # type: ignore[arg-type]
-    store.put_pace(model=instance_key, detectors=key, seconds_per_char=pace)
+    get_store().put_pace(model=instance_key, detectors=key, seconds_per_char=pace)
     return pace
+
+
+def paced_read(
+    model: LoadedModel, sae: LoadedSAE, examples: Sequence[RAGExample], activation: str
+) -> contextlib.AbstractContextManager[None]:
+    """A block that reads ``sae``'s activations of ``examples``, timed: its pace replaces
+    the recorded one (:func:`sae_read_estimate` reads it next)."""
+    todo = unread(model, sae, examples, activation)  # type: ignore[arg-type]
+    return _recording(model, _sae_key(sae, activation), todo)
 
 
 def sae_read_estimate(
@@ -117,13 +173,13 @@ def sae_read_estimate(
     Raises:
         RagscopeError: The answer timed cannot be laid out or run.
     """
-    key = f"sae:{sae.key}:{activation}"
+    key = _sae_key(sae, activation)
     return read_estimate(
         model,
         sae,
         examples,
         activation=activation,  # type: ignore[arg-type]
-        pace=lambda ex: _read_pace(model, model.instance_key, sae, key, ex),
+        pace=lambda ex: _read_pace(model, sae, key, ex),
     )
 
 

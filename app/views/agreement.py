@@ -41,7 +41,7 @@ from app.state import (
     seed_widget,
     shipped_detectors,
 )
-from app.state.estimates import work_estimate
+from app.state.estimates import paced_extraction, work_estimate
 from app.text import md
 from core.agreement import (
     VerdictTable,
@@ -182,11 +182,12 @@ def main() -> None:
             where=slot,
         )
     if run:
+        subset = shipped.subset(chosen)
+        timed = paced_extraction(model, examples[:limit], subset.fitted)
         with progress_bar("Reading verdicts:") as progress:
             try:
-                kept, verdicts = set_verdicts(
-                    model, examples[:limit], shipped.subset(chosen), progress
-                )
+                with timed:
+                    kept, verdicts = set_verdicts(model, examples[:limit], subset, progress)
             except RagscopeError as e:
                 st.error(f"The detectors could not read {md(label)}: {md(e)}")
                 return

@@ -63,7 +63,7 @@ from app.state import (
     shown_folder,
     train_command,
 )
-from app.state.estimates import sae_read_estimate
+from app.state.estimates import paced_read, sae_read_estimate
 from app.text import code, md
 from core.detectors.raglens import RaglensConfig, load_config_sae
 from core.errors import DataError, LLMError, ModelError, RagscopeError
@@ -293,16 +293,18 @@ def read_row(
                 where=slot,
             )
         return
+    timed = paced_read(model, choice.sae, chosen, choice.activation)
     with progress_bar("SAE activations:") as progress:
         try:
-            got = encode_answers(
-                model,
-                choice.sae,
-                chosen,
-                activation=choice.activation,  # type: ignore[arg-type]
-                progress=progress,
-                on_error="skip",
-            )
+            with timed:
+                got = encode_answers(
+                    model,
+                    choice.sae,
+                    chosen,
+                    activation=choice.activation,  # type: ignore[arg-type]
+                    progress=progress,
+                    on_error="skip",
+                )
         except RagscopeError as e:
             st.error(f"The activations could not be read: {md(e)}")
             return

@@ -49,7 +49,7 @@ from app.state import (
     review_key,
     shipped_detectors,
 )
-from app.state.estimates import work_estimate
+from app.state.estimates import paced_extraction, work_estimate
 from app.text import code, md
 from core.contract import flag_threshold, judge_features
 from core.errors import DataError, RagscopeError, StorageError
@@ -279,15 +279,17 @@ def build_section(
             )
         if scan:
             dets = [by_name[n] for n in chosen]
+            timed = paced_extraction(model, examples[:limit], dets)
             with progress_bar("Scanning:") as progress:
                 try:
-                    kept, verdicts = dataset_verdicts(
-                        model,
-                        examples[:limit],
-                        dets,
-                        cache=FeatureCache(get_store()),
-                        progress=progress,
-                    )
+                    with timed:
+                        kept, verdicts = dataset_verdicts(
+                            model,
+                            examples[:limit],
+                            dets,
+                            cache=FeatureCache(get_store()),
+                            progress=progress,
+                        )
                 except RagscopeError as e:
                     st.error(f"The scan failed: {md(e)}")
                     return

@@ -56,7 +56,7 @@ from app.state import (
     shipped_detectors,
     train_command,
 )
-from app.state.estimates import work_estimate
+from app.state.estimates import paced_extraction, work_estimate
 from app.text import code, md
 from core.contract import align_token_scores, flag_threshold
 from core.errors import RagscopeError
@@ -215,7 +215,8 @@ def scan_dataset(
 ) -> dict[str, np.ndarray]:
     """CORTEX's raw token scores for ``examples`` (features from the cache when there)."""
 
-    with progress_bar("Scanning with CORTEX:") as progress:
+    timed = paced_extraction(model, examples, [cortex])
+    with progress_bar("Scanning with CORTEX:") as progress, timed:
         ext = extract_features(
             model,
             examples,

@@ -42,6 +42,7 @@ from core.explain.activations import (
     feature_key,
     read_estimate,
     time_reading,
+    unread,
 )
 from core.explain.cards import (
     BatchResult,
@@ -126,6 +127,7 @@ __all__ = [
     "parse_predictions",
     "pearson",
     "read_estimate",
+    "unread",
     "prompt_layouts",
     "scaled",
     "time_reading",

@@ -296,10 +296,15 @@ def read_estimate(
     only when something is left to read; it may read that answer, see
     :func:`time_reading`: the count is taken after)."""
 
-    def todo_of(exs: Sequence[RAGExample]) -> list[RAGExample]:
-        return [e for e in exs if _peaks_cache.get(_cache_key(model, sae, e, activation)) is None]
+    return estimate_work(examples, lambda exs: unread(model, sae, exs, activation), pace)
 
-    return estimate_work(examples, todo_of, pace)
+
+def unread(
+    model: LoadedModel, sae: LoadedSAE, examples: Sequence[RAGExample], activation: Activation
+) -> list[RAGExample]:
+    """Those of ``examples`` whose ``activation`` is not in the in-process cache yet (the
+    ones :func:`encode_answers` will run the model on)."""
+    return [e for e in examples if _peaks_cache.get(_cache_key(model, sae, e, activation)) is None]
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

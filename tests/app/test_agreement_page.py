@@ -4,6 +4,7 @@ computed directly, and an answer opens in Token heatmaps."""
 
 from __future__ import annotations
 
+import sqlite3
 from collections.abc import Callable
 from pathlib import Path
 
@@ -20,7 +21,13 @@ PAGE = "views/agreement.py"
 N = 8
 
 
+def _paces(db: Path) -> dict[str, float]:
+    with sqlite3.connect(db) as c:
+        return dict(c.execute("SELECT detectors, seconds_per_char FROM paces").fetchall())
+
+
 def test_compare_draws_the_detectors_agreement_and_opens_an_answer(
+    app_env: Path,
     with_demo_detectors: Path,
     tiny_model,
     open_page: Callable[[str], AppTest],
@@ -31,10 +38,15 @@ def test_compare_draws_the_detectors_agreement_and_opens_an_answer(
 ) -> None:
     at = open_page(PAGE)
     assert "Press **Compare**" in page_text(at)
+    timed = _paces(app_env)  # the estimate above the button timed one answer
+    assert len(timed) == 1
     at.selectbox(key="agreement.dataset").select_index(1)  # the built-in labelled corpus
     at.number_input(key="agreement.limit").set_value(N)
     at.button(key="agreement.run").click().run()
     no_exception(at)
+    # The pace Compare ran at replaced the one answer's timing: the next estimate uses it.
+    ran = _paces(app_env)
+    assert ran.keys() == timed.keys() and ran != timed
     names = at.multiselect(key="agreement.detectors").value
     assert set(names) == {"nll", "context_gain", "cortex"}
     dets = [load_shipped(n, tiny_model.info.key, with_demo_detectors) for n in names]

@@ -3,6 +3,7 @@ cached yet, at a pace measured here on the first of them, whose features are kep
 
 from __future__ import annotations
 
+import time
 from dataclasses import replace
 from pathlib import Path
 
@@ -11,6 +12,7 @@ import pytest
 from app.components.estimate import describe_work, format_seconds, time_left
 from app.state import estimates
 from core.detectors import make_detector
+from core.explain import clear_activation_cache, encode_answers
 from core.extract import (
     FeatureCache,
     WorkEstimate,
@@ -145,7 +147,7 @@ def test_the_page_estimate_reads_the_pace_recorded_in_an_earlier_process(
 ) -> None:
     monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "app.sqlite3"))
     dets = [make_detector("nll")]
-    estimates._pace.clear()
+    estimates._timed_pace.clear()
     timed: list[str] = []
 
     def timing(model, ex, detectors, cache) -> float:
@@ -155,6 +157,57 @@ def test_the_page_estimate_reads_the_pace_recorded_in_an_earlier_process(
     monkeypatch.setattr(estimates, "time_extraction", timing)
     first = estimates.work_estimate(tiny_model, [toy_example], dets)
     assert timed == [toy_example.id] and first.seconds_per_char == 0.004
-    estimates._pace.clear()  # a new process: nothing memoised, the database remains
+    estimates._timed_pace.clear()  # a new process: nothing memoised, the database remains
     again = estimates.work_estimate(tiny_model, [replace(toy_example, id="other")], dets)
     assert timed == [toy_example.id] and again.seconds_per_char == 0.004
+
+
+def test_an_action_records_the_pace_it_ran_at_and_the_next_estimate_follows_it(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_model: LoadedModel, toy_example
+) -> None:
+    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "app.sqlite3"))
+    dets = [make_detector("nll")]
+    estimates._timed_pace.clear()
+    monkeypatch.setattr(estimates, "time_extraction", lambda *a: 9.0)  # a slow first timing
+    a = replace(toy_example, id="a")
+    b = replace(toy_example, id="b", response=toy_example.response + " It is old.")
+    c = replace(toy_example, id="c", response="It was built in 1820.", spans=(), label=None)
+    assert estimates.work_estimate(tiny_model, [a, b], dets).seconds_per_char == 9.0
+    store = estimates.get_store()
+    recorded = lambda: store.get_pace(  # noqa: E731
+        model=tiny_model.instance_key, detectors=estimates._pace_key(estimates.detectors_key(dets))
+    )
+
+    # An action that fails records nothing.
+    with pytest.raises(RuntimeError), estimates.paced_extraction(tiny_model, [a, b], dets):
+        raise RuntimeError("stopped")
+    assert recorded() == 9.0
+    # The action's own pace replaces the first timing: its time over what it traced.
+    t0 = time.perf_counter()
+    with estimates.paced_extraction(tiny_model, [a, b], dets):
+        extract_features(tiny_model, [a, b], dets, cache=FeatureCache(store))
+    outer = (time.perf_counter() - t0) / (example_chars(a) + example_chars(b))
+    assert 0 < recorded() <= outer < 9.0
+    nxt = estimates.work_estimate(tiny_model, [a, b, c], dets)
+    assert (nxt.n_cached, nxt.seconds_per_char) == (2, recorded())
+    # An action that only reads the cache says nothing of the pace.
+    before = recorded()
+    with estimates.paced_extraction(tiny_model, [a, b], dets):
+        time.sleep(0.05)
+    assert recorded() == before
+
+
+def test_an_sae_read_records_its_pace_for_the_next_read_estimate(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_model: LoadedModel, tiny_sae, toy_example
+) -> None:
+    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "app.sqlite3"))
+    clear_activation_cache()
+    estimates._timed_read_pace.clear()
+    monkeypatch.setattr(estimates, "time_reading", lambda *a: 9.0)
+    a = replace(toy_example, id="a")
+    b = replace(toy_example, id="b", response=toy_example.response + " It is old.")
+    assert estimates.sae_read_estimate(tiny_model, tiny_sae, [a, b], "post").seconds_per_char == 9.0
+    with estimates.paced_read(tiny_model, tiny_sae, [a], "post"):
+        encode_answers(tiny_model, tiny_sae, [a], activation="post")
+    after = estimates.sae_read_estimate(tiny_model, tiny_sae, [a, b], "post")
+    assert after.n_cached == 1 and 0 < after.seconds_per_char < 9.0
