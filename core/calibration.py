@@ -313,7 +313,10 @@ class Reliability:
 def reliability(y: np.ndarray, p: np.ndarray, n_bins: int = 10) -> Reliability:
     """Reliability diagram and ECE of probabilities ``p`` against 0/1 labels ``y``.
 
-    Bins are ``[k/n, (k+1)/n)``, the last one closed at 1.
+    Bins are ``[k/n, (k+1)/n)``, the last one closed at 1. The non-empty bins' means
+    equal ``sklearn.calibration.calibration_curve``'s (tested), which returns neither the
+    counts that ECE and the diagram need nor the empty bins, and closes its bins on the
+    right: an isotonic probability of exactly 0.5 would change bin.
     """
     y = np.asarray(y, dtype=np.float64).ravel()
     p = np.clip(np.asarray(p, dtype=np.float64).ravel(), 0.0, 1.0)

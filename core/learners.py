@@ -129,6 +129,10 @@ def choose_c(
     window comes from, or an example's source), never split a group. With too few
     examples of a class to cross-validate, the middle of the grid is returned (score NaN).
 
+    Not ``GridSearchCV`` over a scaler + logistic pipeline: it picks the same ``C`` with
+    the same score (tested) but fits each strength from scratch, 1.4-2x slower on 300-20,000
+    rows (measured 2026-11-28); ``LogisticRegressionCV`` cannot standardise per fold.
+
     Args:
         X: ``[n, d]`` features.
         y: ``[n]`` 0/1 labels.

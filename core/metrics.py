@@ -179,15 +179,8 @@ def response_metrics(
     out["auroc"] = float(roc_auc_score(y, s))
     out["ap"] = float(average_precision_score(y, s))
     out["pearson_r"] = float(np.corrcoef(y, s)[0, 1]) if s.std() > 0 else 0.0
-    rng = np.random.default_rng(seed)
-    boots = []
-    for _ in range(n_boot):
-        idx = rng.integers(0, y.size, y.size)
-        if is_binary(y[idx]):
-            boots.append(roc_auc_score(y[idx], s[idx]))
-    out["auroc_ci"] = (
-        [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))] if boots else None
-    )
+    # Each answer its own group: the answer-level bootstrap, same draws as drawing answers.
+    out["auroc_ci"] = grouped_bootstrap_ci(y, s, np.arange(y.size), n_boot=n_boot, seed=seed)
     return out
 
 
@@ -234,11 +227,15 @@ def group_resamples(
     """Indices of ``n_boot`` bootstrap resamples that draw whole groups (sources) with
     replacement; resamples holding one class only are skipped."""
     _, g = np.unique(np.asarray(groups), return_inverse=True)
-    members = [np.flatnonzero(g == k) for k in range(g.max() + 1)]
+    order = np.argsort(g, kind="stable")  # each group's members, in index order
+    size = np.bincount(g)
+    start = np.cumsum(size) - size
     rng = np.random.default_rng(seed)
     for _ in range(n_boot):
-        pick = rng.integers(0, len(members), len(members))
-        idx = np.concatenate([members[k] for k in pick])
+        pick = rng.integers(0, size.size, size.size)
+        lens = size[pick]
+        within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
+        idx = order[np.repeat(start[pick], lens) + within]
         if is_binary(y[idx]):
             yield idx
 
@@ -254,7 +251,10 @@ def grouped_bootstrap_ci(
 ) -> list[float] | None:
     """95% percentile interval of AUROC or AP, resampling whole groups (sources) with
     replacement: answers to one question are not independent, so resampling answers
-    alone would make the interval too narrow. ``None`` without both classes."""
+    alone would make the interval too narrow. ``None`` without both classes.
+
+    Not ``scipy.stats.bootstrap``: it resamples observations, not groups, and cannot skip
+    a resample of one class (its statistic would be NaN, and so its interval)."""
     from sklearn.metrics import average_precision_score, roc_auc_score
 
     y = np.asarray(y).astype(int)

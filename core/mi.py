@@ -9,7 +9,9 @@ the label is ``sum_{b,c} p(b, c) log(p(b, c) / (p(b) p(c)))`` in nats. Binning:
 - ``uniform`` (the public code): equal-width thresholds between the feature's min and max.
 
 A value ``x`` falls in bin ``#{thresholds t : t < x}``. Computed for all features
-at once, in column chunks so memory stays ``O(n * bins * chunk)``.
+at once, in column chunks so memory stays ``O(n * bins * chunk)``. Equal to
+``sklearn.metrics.mutual_info_score`` of each column's bins (tested), which takes one
+call per feature: 13x slower on 1,000 answers x 2,048 features (measured 2026-11-28).
 """
 
 from __future__ import annotations

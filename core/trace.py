@@ -63,17 +63,26 @@ HookKind = Literal[
 ]
 HOOK_KINDS: tuple[str, ...] = get_args(HookKind)
 LAYERLESS: frozenset[str] = frozenset({"ln_final", "ln_final_scale", "logits"})
-_HOOK_NAMES: dict[str, str] = {
-    "resid_pre": "blocks.{l}.hook_resid_pre",
-    "resid_mid": "blocks.{l}.hook_resid_mid",
-    "resid_post": "blocks.{l}.hook_resid_post",
-    "attn_out": "blocks.{l}.hook_attn_out",
-    "mlp_out": "blocks.{l}.hook_mlp_out",
-    "z": "blocks.{l}.attn.hook_z",
-    "pattern": "blocks.{l}.attn.hook_pattern",
-    "ln_final": "ln_final.hook_out",
-    "ln_final_scale": "ln_final.hook_scale",
-}
+LN_FINAL_OUT = "ln_final.hook_out"
+"""The final norm's output (weight applied): the bridge's ``hook_out``, which
+TransformerLens's shorthand has no word for (its ``normalized`` is before the weight)."""
+
+
+def hook_name(kind: str, layer: int | None = None) -> str:
+    """The TransformerLens hook point of a hooked kind (``"resid_post"``, layer 3 ->
+    ``blocks.3.hook_resid_post``), named by TransformerLens's own ``get_act_name``
+    (imported here: loading TransformerLens takes seconds that commands which never
+    trace must not pay; tracing has loaded it already)."""
+    from transformer_lens.utilities import get_act_name
+
+    if kind == "ln_final":
+        return LN_FINAL_OUT
+    if kind == "ln_final_scale":
+        return get_act_name("scale")
+    if kind not in HOOK_KINDS or kind == "logits" or layer is None:
+        raise ValueError(f"no hook point for {kind!r} at layer {layer!r}")
+    return get_act_name(kind, layer)
+
 
 PositionSet = Literal["all", "response", "generation", "context"]
 POSITION_SETS: tuple[str, ...] = get_args(PositionSet)
@@ -198,7 +207,7 @@ class Needs:
     def hook_names(self) -> dict[str, HookKey]:
         """TransformerLens hook name -> ``(kind, layer)`` for every hooked kind."""
         return {
-            _HOOK_NAMES[kind].format(l=layer): (kind, layer)
+            hook_name(kind, layer): (kind, layer)
             for kind, layer in sorted(
                 self.hooks, key=lambda h: (h[0], -1 if h[1] is None else h[1])
             )
@@ -447,7 +456,7 @@ Hook = Callable[["torch.Tensor", Any], "torch.Tensor | None"]
 
 def resid_post_name(layer: int) -> str:
     """The hook of the residual stream after block ``layer``."""
-    return _HOOK_NAMES["resid_post"].format(l=layer)
+    return hook_name("resid_post", layer)
 
 
 @contextmanager

@@ -13,6 +13,7 @@ from core.trace import (
     LAYERLESS,
     Needs,
     Trace,
+    hook_name,
     response_needs,
     token_surprisal,
     trace,
@@ -187,6 +188,25 @@ def test_needs_union():
     assert names["blocks.1.attn.hook_z"] == ("z", 1)
     assert names["blocks.0.attn.hook_pattern"] == ("pattern", 0)
     assert all("logits" not in n for n in names)  # logits come from the output
+
+
+def test_hook_names_are_transformer_lens_own_and_stay_what_feature_caches_were_built_with() -> None:
+    want = {
+        ("resid_pre", 2): "blocks.2.hook_resid_pre",
+        ("resid_mid", 2): "blocks.2.hook_resid_mid",
+        ("resid_post", 2): "blocks.2.hook_resid_post",
+        ("attn_out", 2): "blocks.2.hook_attn_out",
+        ("mlp_out", 2): "blocks.2.hook_mlp_out",
+        ("z", 2): "blocks.2.attn.hook_z",
+        ("pattern", 2): "blocks.2.attn.hook_pattern",
+        ("ln_final", None): "ln_final.hook_out",
+        ("ln_final_scale", None): "ln_final.hook_scale",
+    }
+    assert {key: hook_name(*key) for key in want} == want
+    assert set(HOOK_KINDS) - {"logits"} == {kind for kind, _ in want}
+    for bad in (("logits", None), ("resid_post", None), ("bogus", 1)):
+        with pytest.raises(ValueError, match="no hook point"):
+            hook_name(*bad)
 
 
 @pytest.mark.parametrize(
