@@ -54,7 +54,6 @@ from core.paths import cache_dir
 
 if TYPE_CHECKING:
     import pandas as pd
-    import plotly.graph_objects as go
     import torch
     from jaxtyping import Complex, Float, Int
 
@@ -426,41 +425,6 @@ class CopyingScores:
             trace=grid("trace"),
             n_outliers=grid("n_outliers"),
         )
-
-    def figure(self, *, top: int | None = None) -> go.Figure:
-        """Layer x head heatmap of the scores; the ``top`` heads (default 32) are marked."""
-        import plotly.graph_objects as go
-
-        title = "exact: sum Re(λ) / sum |λ|" if self.mode == "exact" else "paper: rank-combined"
-        fig = go.Figure(
-            go.Heatmap(
-                z=self.scores,
-                x=[f"H{h}" for h in range(self.n_heads)],
-                y=[f"L{li}" for li in range(self.n_layers)],
-                colorscale="RdBu" if self.mode == "exact" else "Viridis",
-                zmid=0.0 if self.mode == "exact" else None,
-                colorbar={"title": "copying"},
-                hovertemplate="layer %{y}, head %{x}<br>score %{z:.3f}<extra></extra>",
-            )
-        )
-        best = self.top_heads(top)
-        fig.add_trace(
-            go.Scatter(
-                x=[f"H{h}" for _, h in best],
-                y=[f"L{li}" for li, _ in best],
-                mode="markers",
-                marker={"symbol": "circle-open", "color": "black", "size": 9},
-                name=f"top {len(best)}",
-                hoverinfo="skip",
-            )
-        )
-        fig.update_layout(
-            title=f"Copying score per head ({title})",
-            xaxis_title="head",
-            yaxis_title="layer",
-            yaxis={"autorange": "reversed"},
-        )
-        return fig
 
 
 # --------------------------------------------------------------------------- compute + cache

@@ -20,12 +20,13 @@ Two views (``specs/redeep.md``, ``specs/interpdetect.md``):
   trace. Picking another head reads the stored arrays, it traces nothing.
 
 A correlation is undefined (NaN) when a class is missing or a column is
-constant; figures draw NaN cells blank and nothing here warns or raises for it.
+constant; nothing here warns or raises for it. Numbers only: the figures of these
+statistics and of one answer's attention are built above the engine, in
+``app/components/head_charts.py`` (which draws NaN cells blank).
 """
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
@@ -58,7 +59,6 @@ from core.trace import Needs, trace
 
 if TYPE_CHECKING:
     import pandas as pd
-    import plotly.graph_objects as go
     from jaxtyping import Float, Int
 
 StatsLevel = Literal["response", "chunk"]
@@ -66,9 +66,6 @@ STATS_LEVELS: tuple[StatsLevel, ...] = ("response", "chunk")
 EcsKind = Literal["faithful", "hallucinated", "difference", "r"]
 ECS_KINDS: tuple[EcsKind, ...] = ("faithful", "hallucinated", "difference", "r")
 Head = tuple[int, int]
-
-FAITHFUL_COLOR = "#1f77b4"
-HALLUCINATED_COLOR = "#d62728"
 
 
 # --------------------------------------------------------------------------- statistics
@@ -385,179 +382,11 @@ class HeadStats:
             "n_hallucinated": self.n_hallucinated,
         }
 
-    # -- figures ---------------------------------------------------------------------
-
-    def figure_ecs(self, kind: EcsKind, *, marked: Sequence[Head] = ()) -> go.Figure:
-        """Layer x head heatmap of one grid; NaN cells stay blank.
-
-        Args:
-            kind: ``faithful`` / ``hallucinated`` (mean ECS, one shared colour range),
-                ``difference`` (faithful - hallucinated, centred on 0) or ``r``
-                (Pearson r with ``1 - y``, from -1 to 1).
-            marked: Heads to circle (e.g. the top copying heads).
-        """
-        import plotly.graph_objects as go
-
-        z = self.ecs(kind)
-        n = {"faithful": self.n_faithful, "hallucinated": self.n_hallucinated}
-        if kind in ("faithful", "hallucinated"):
-            both = np.concatenate([self.ecs_faithful.ravel(), self.ecs_hallucinated.ravel()])
-            lo, hi = _finite_range(both)
-            scale: dict[str, Any] = {"colorscale": "Viridis", "zmin": lo, "zmax": hi}
-            title = f"Mean ECS, {kind} {self.unit} (n = {n[kind]})"
-            value = "mean ECS"
-        elif kind == "difference":
-            m = _finite_abs_max(z)
-            scale = {"colorscale": "RdBu", "zmid": 0.0, "zmin": -m, "zmax": m}
-            title = "Mean ECS, faithful − hallucinated"
-            value = "difference"
-        else:
-            scale = {"colorscale": "RdBu", "zmin": -1.0, "zmax": 1.0}
-            title = "Pearson r of ECS with faithfulness (1 − label)"
-            value = "r"
-        fig = go.Figure(
-            go.Heatmap(
-                z=z,
-                x=[f"H{h}" for h in range(self.n_heads)],
-                y=[f"L{ly}" for ly in range(self.n_layers)],
-                colorbar={"title": value, "thickness": 12},
-                hovertemplate=f"layer %{{y}}, head %{{x}}<br>{value} %{{z:.3f}}<extra></extra>",
-                hoverongaps=False,
-                **scale,
-            )
-        )
-        _mark_heads(fig, marked)
-        fig.update_layout(
-            title=title,
-            xaxis_title="head",
-            yaxis_title="layer",
-            yaxis={"autorange": "reversed"},
-            margin={"l": 50, "r": 10, "t": 50, "b": 40},
-            height=_grid_height(self.n_layers),
-            showlegend=False,
-        )
-        return fig
-
-    def figure_pks(self) -> go.Figure:
-        """PKS per layer: the two class means (top) and Pearson r with the label (bottom)."""
-        import plotly.graph_objects as go
-        from plotly.subplots import make_subplots
-
-        layers = np.arange(self.n_layers)
-        fig = make_subplots(
-            rows=2,
-            cols=1,
-            shared_xaxes=True,
-            row_heights=[0.62, 0.38],
-            vertical_spacing=0.08,
-        )
-        for name, values, color, count in (
-            ("faithful", self.pks_faithful, FAITHFUL_COLOR, self.n_faithful),
-            ("hallucinated", self.pks_hallucinated, HALLUCINATED_COLOR, self.n_hallucinated),
-        ):
-            fig.add_trace(
-                go.Scatter(
-                    x=layers,
-                    y=values,
-                    mode="lines+markers",
-                    name=f"{name} (n = {count})",
-                    line={"color": color},
-                    hovertemplate=f"layer %{{x}}<br>{name} mean PKS %{{y:.4f}} bits<extra></extra>",
-                ),
-                row=1,
-                col=1,
-            )
-        fig.add_trace(
-            go.Bar(
-                x=layers,
-                y=self.pks_r,
-                name="Pearson r with label",
-                marker={"color": np.where(np.nan_to_num(self.pks_r) >= 0, "#d62728", "#1f77b4")},
-                hovertemplate="layer %{x}<br>r %{y:.3f}<extra></extra>",
-                showlegend=False,
-            ),
-            row=2,
-            col=1,
-        )
-        fig.update_yaxes(title_text="mean PKS (bits)", row=1, col=1)
-        fig.update_yaxes(title_text="r with label", range=[-1, 1], row=2, col=1)
-        fig.update_xaxes(title_text="layer", row=2, col=1)
-        fig.update_layout(
-            title=f"PKS per layer, faithful vs hallucinated {self.unit}",
-            legend={"orientation": "h", "y": 1.02, "yanchor": "bottom", "x": 1, "xanchor": "right"},
-            margin={"l": 60, "r": 10, "t": 70, "b": 40},
-            height=440,
-        )
-        return fig
-
-
-def _finite_range(v: np.ndarray) -> tuple[float, float]:
-    f = np.asarray(v, dtype=np.float64)
-    f = f[np.isfinite(f)]
-    if f.size == 0:
-        return 0.0, 1.0
-    lo, hi = float(f.min()), float(f.max())
-    return (lo, hi) if hi > lo else (lo - 0.5, hi + 0.5)
-
-
-def _finite_abs_max(v: np.ndarray) -> float:
-    f = np.abs(np.asarray(v, dtype=np.float64))
-    f = f[np.isfinite(f)]
-    m = float(f.max()) if f.size else 0.0
-    return m if m > 0 else 1.0
-
-
-def mean_ecs_figure(grid: np.ndarray, *, title: str) -> go.Figure:
-    """A ``[layer, head]`` grid of mean ECS values as a heatmap (NaN cells stay blank):
-    one answer's picture (the Learn page, audit reports)."""
-    import plotly.graph_objects as go
-
-    n_layers, n_heads = grid.shape
-    fig = go.Figure(
-        go.Heatmap(
-            z=grid,
-            x=[f"H{h}" for h in range(n_heads)],
-            y=[f"L{ly}" for ly in range(n_layers)],
-            colorscale="Viridis",
-            colorbar={"title": "ECS"},
-            hovertemplate="%{y} %{x}: mean ECS %{z:.3f}<extra></extra>",
-        )
-    )
-    fig.update_layout(
-        title=title,
-        height=_grid_height(n_layers),
-        margin={"l": 10, "r": 10, "t": 50, "b": 30},
-        yaxis={"autorange": "reversed"},
-    )
-    return fig
-
-
-def _grid_height(n_layers: int) -> int:
-    return int(min(max(260, 18 * n_layers + 110), 720))
-
-
-def _mark_heads(fig: go.Figure, heads: Sequence[Head], *, name: str = "marked") -> None:
-    import plotly.graph_objects as go
-
-    if not heads:
-        return
-    fig.add_trace(
-        go.Scatter(
-            x=[f"H{h}" for _, h in heads],
-            y=[f"L{ly}" for ly, _ in heads],
-            mode="markers",
-            marker={"symbol": "circle-open", "color": "black", "size": 9, "line": {"width": 1.5}},
-            name=name,
-            hoverinfo="skip",
-            showlegend=False,
-        )
-    )
-
 
 # --------------------------------------------------------------------------- one answer
 
 
-def _visible(token: str) -> str:
+def visible_text(token: str) -> str:
     """A token's text for axis labels and tables: whitespace made visible."""
     return token.replace("\n", "↵").replace("\t", "⇥").replace(" ", "␣") or "∅"
 
@@ -702,13 +531,13 @@ class HeadView:
             cols = [index[int(p)] for p in top]
             mass = float(self.attention[layer, h, j, cols].sum())
             listed = top if show is None else top[:show]
-            words = " · ".join(_visible(toks[int(p)]) for p in listed)
+            words = " · ".join(visible_text(toks[int(p)]) for p in listed)
             if len(listed) < len(top):
                 words += f" · (+{len(top) - len(listed)} more)"
             rows.append(
                 {
                     "position": int(self.layout.response_positions[j]),
-                    "token": _visible(tok),
+                    "token": visible_text(tok),
                     "ECS": float(self.token_ecs[j, layer, h]),
                     "attention on top-k": mass,
                     "gold": (
@@ -761,93 +590,7 @@ class HeadView:
             columns.append(f"{detector} probability")
         return pd.DataFrame(rows, columns=[*columns, "gold"])
 
-    # -- figures ---------------------------------------------------------------------
-
-    def attention_figure(self, head: Head, *, max_ticks: int = 80) -> go.Figure:
-        """Answer tokens x context tokens heatmap of ``head``'s attention.
-
-        The positions token ECS averages are marked; dotted lines separate passages.
-        Tick labels are the token texts (thinned to about ``max_ticks`` per axis); the
-        hover names both tokens.
-        """
-        import plotly.graph_objects as go
-
-        layer, h = self.check_head(head)
-        z = self.attention[layer, h]  # [resp, ctx]
-        resp = [_visible(t) for t in self.response_tokens]
-        ctx = [_visible(t) for t in self.context_tokens]
-        n_t, n_c = z.shape
-        custom = np.empty((n_t, n_c, 2), dtype=object)
-        custom[:, :, 0] = np.asarray(resp, dtype=object)[:, None]
-        custom[:, :, 1] = np.asarray(ctx, dtype=object)[None, :]
-        fig = go.Figure(
-            go.Heatmap(
-                z=z,
-                x=np.arange(n_c),
-                y=np.arange(n_t),
-                customdata=custom,
-                colorscale="Viridis",
-                zmin=0.0,
-                colorbar={"title": "attention", "thickness": 12},
-                hovertemplate=(
-                    "answer token %{y}: %{customdata[0]}<br>context token %{x}: "
-                    "%{customdata[1]}<br>attention %{z:.4f}<extra></extra>"
-                ),
-            )
-        )
-        index = {int(p): i for i, p in enumerate(self.context)}
-        tops = self.top_positions[layer, h]  # [resp, k]
-        if tops.size:
-            fig.add_trace(
-                go.Scatter(
-                    x=[index[int(p)] for p in tops.ravel()],
-                    y=np.repeat(np.arange(n_t), tops.shape[1]),
-                    mode="markers",
-                    marker={"symbol": "square-open", "color": "#ff4b4b", "size": 6},
-                    name=f"top-{self.k} for ECS",
-                    hoverinfo="skip",
-                )
-            )
-        for start, label in self._context_bounds():
-            if start > 0:
-                fig.add_vline(x=start - 0.5, line={"color": "white", "dash": "dot", "width": 1})
-            fig.add_annotation(
-                x=start,
-                y=1.0,
-                yref="paper",
-                yanchor="bottom",
-                xanchor="left",
-                text=label,
-                showarrow=False,
-                font={"size": 11},
-            )
-        step_x = max(1, math.ceil(n_c / max_ticks))
-        step_y = max(1, math.ceil(n_t / max_ticks))
-        fig.update_xaxes(
-            title_text="context tokens",
-            tickmode="array",
-            tickvals=list(range(0, n_c, step_x)),
-            ticktext=ctx[::step_x],
-            tickangle=-90,
-            tickfont={"size": 9},
-        )
-        fig.update_yaxes(
-            title_text="answer tokens",
-            tickmode="array",
-            tickvals=list(range(0, n_t, step_y)),
-            ticktext=resp[::step_y],
-            tickfont={"size": 9},
-            autorange="reversed",
-        )
-        fig.update_layout(
-            title={"text": f"Attention of L{layer}H{h}: answer → context", "y": 0.98},
-            height=int(min(max(360, 14 * n_t + 220), 1000)),
-            margin={"l": 90, "r": 10, "t": 70, "b": 110},
-            legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"},
-        )
-        return fig
-
-    def _context_bounds(self) -> list[tuple[int, str]]:
+    def context_bounds(self) -> list[tuple[int, str]]:
         """``(index into context, label)`` where each passage (or segment) starts."""
         out: list[tuple[int, str]] = []
         seen: set[str] = set()

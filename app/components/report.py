@@ -25,14 +25,15 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from app.components.agreement_charts import correlation_figure, gold_matrix_figure
+from app.components.gam_charts import contributions_figure
+from app.components.head_charts import mean_ecs_figure
 from app.components.heatmap import token_heatmap_html
 from app.components.highlight import Mark, marked_html
+from app.components.shap_charts import waterfall_figure
 from core.agreement import pairwise_gold, score_correlation
 from core.contract import flag_threshold
 from core.detectors.common import parse_head
 from core.detectors.raglens import INTERCEPT
-from core.gamviz import contributions_figure
-from core.headstats import mean_ecs_figure
 from core.labels import span_labels as gold_labels
 from core.review import agreement
 from core.shapviz import shap_values
@@ -167,7 +168,7 @@ def _detector_section(
         )
     if name == "spad" and features is not None:
         try:
-            parts.append(figures(shap_values(detector, [features]).waterfall_figure(0)))
+            parts.append(figures(waterfall_figure(shap_values(detector, [features]), 0)))
         except Exception as e:  # the report still shows the rest  # noqa: BLE001
             parts.append(f"<p class='meta'>SHAP waterfall unavailable: {_esc(e)}</p>")
     elif verdict.explanation and name in CONTRIBUTIONS:

@@ -19,6 +19,7 @@ import streamlit as st
 from app.components.artifacts import show_broken_artifacts
 from app.components.example_picker import first_words, pick_example
 from app.components.exports import plot
+from app.components.gam_charts import contributions_figure, importance_figure, shape_function_figure
 from app.components.heatmap import render_token_heatmap
 from app.components.train_job import train_detectors_panel
 from app.state import (
@@ -44,7 +45,6 @@ from app.state import (
 from app.text import code, md
 from core.detectors.raglens import load_config_sae, sae_folder
 from core.errors import RagscopeError
-from core.gamviz import contributions_figure, importance_figure, shape_function_figure
 from core.layout import render
 
 if TYPE_CHECKING:

@@ -36,6 +36,7 @@ from app.components.example_picker import (
     split_label,
 )
 from app.components.exports import csv_button, plot
+from app.components.head_charts import attention_figure, copying_figure, ecs_figure, pks_figure
 from app.components.heatmap import render_token_heatmap
 from app.components.train_job import train_detectors_panel
 from app.state import (
@@ -158,7 +159,7 @@ def copying_section(state: AppState, model: LoadedModel) -> CopyingScores | None
         what="number of top copying heads",
         where=f"a number from 1 to {total}",
     )
-    fig = scores.figure(top=state.heads_top)
+    fig = copying_figure(scores, top=state.heads_top)
     fig.update_layout(height=height, margin={"l": 50, "r": 10, "t": 50, "b": 40})
     with left:
         plot(fig, key="heads.copying.figure")
@@ -324,7 +325,7 @@ def show_stats(stats: HeadStats, req: FeatureRequest, marked: Sequence[Head]) ->
         (right, "r"),
     ):
         with col:
-            fig = stats.figure_ecs(kind, marked=marked)
+            fig = ecs_figure(stats, kind, marked=marked)
             plot(greyed(fig) if thin and kind in ("difference", "r") else fig,
                  key=f"heads.stats.ecs.{kind}")  # fmt: skip
     best = [] if thin else stats.top_heads(5)
@@ -336,7 +337,7 @@ def show_stats(stats: HeadStats, req: FeatureRequest, marked: Sequence[Head]) ->
         "top copying heads. Blank cells: undefined (one class missing or a constant value)."
         + (f" Strongest heads by r: {strongest}." if strongest else "")
     )
-    plot(greyed(stats.figure_pks()) if thin else stats.figure_pks(), key="heads.stats.pks")
+    plot(greyed(pks_figure(stats)) if thin else pks_figure(stats), key="heads.stats.pks")
     st.caption(
         "PKS is the Jensen-Shannon divergence (bits) between the logit-lens predictions "
         "before and after a layer's FFN, averaged over the answer's tokens. ReDeEP expects "
@@ -483,7 +484,7 @@ def example_section(
 
 
 def show_attention(view: HeadView, head: Head) -> None:
-    plot(view.attention_figure(head), key="heads.attention")
+    plot(attention_figure(view, head), key="heads.attention")
     where = "passage tokens" if view.scope == "passages" else "prompt tokens"
     st.caption(
         f"Each row is an answer token, read at the position that predicted it; each column "

@@ -19,8 +19,10 @@ import streamlit as st
 
 from app.components.example_picker import open_in_counterfactual, playground_answer
 from app.components.exports import plot
+from app.components.head_charts import attention_figure, ecs_figure, mean_ecs_figure
 from app.components.heatmap import render_token_heatmap
 from app.components.highlight import FLAG, Mark, marked_html
+from app.components.shap_charts import pos_sources_figure, token_sources_figure, waterfall_figure
 from app.state import (
     BUILTIN,
     HEADS_FROM_HOME,
@@ -50,10 +52,10 @@ from core.detectors.spad import SpadDetector
 from core.errors import RagscopeError
 from core.examples import RAGExample, example_hash
 from core.extract import FeatureCache, extract_features
-from core.headstats import HeadStats, HeadView, mean_ecs_figure
+from core.headstats import HeadStats, HeadView
 from core.labels import span_labels
 from core.model import LoadedModel
-from core.shapviz import pos_sources_figure, shap_values, token_sources_figure
+from core.shapviz import shap_values
 from core.smoothing import P_STAY_TOKEN
 from core.spad import SOURCES
 from core.teach import (
@@ -318,7 +320,7 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
             "tokens it attends to most."
         )
         st.latex(r"a_{t,j} = \mathrm{softmax}_j\big(q_t \cdot k_j / \sqrt{d}\big)")
-        plot(hv.attention_figure((layer, head)), key="learn.attention")
+        plot(attention_figure(hv, (layer, head)), key="learn.attention")
 
     def ecs() -> None:
         st.markdown(
@@ -396,7 +398,7 @@ def redeep_steps(data: RedeepData, ex: RAGExample) -> list[tuple[str, Callable[[
                 stats = dataset_head_stats()
             data.stats = stats
         if stats is not None:
-            plot(stats.figure_ecs("difference", marked=[data.head]), key="learn.ecs.difference")
+            plot(ecs_figure(stats, "difference", marked=[data.head]), key="learn.ecs.difference")
         st.page_link(
             HEADS_PAGE, label="Heads & layers: the full picture", icon=":material/grid_view:"
         )
@@ -556,7 +558,7 @@ def spad_steps(data: SpadData, ex: RAGExample) -> list[tuple[str, Callable[[], N
             return
 
         res = shap_values(data.detector, [data.answer.features])
-        plot(res.waterfall_figure(0), key="learn.sources.waterfall")
+        plot(waterfall_figure(res, 0), key="learn.sources.waterfall")
 
     return [
         ("A probability, taken apart", telescope),

@@ -27,6 +27,7 @@ from app.components.example_picker import (
     split_label,
 )
 from app.components.exports import plot
+from app.components.shap_charts import bar_figure, grid_figure, summary_figure
 from app.components.train_job import train_detectors_panel
 from app.state import (
     KEY_SHAP_COMPUTE,
@@ -265,9 +266,9 @@ def draw(
     )
     left, right = st.columns([3, 2], gap="medium")
     with left:
-        plot(result.summary_figure(state.shap_top, labels=labels), key="shap.figure.beeswarm")
+        plot(summary_figure(result, state.shap_top, labels=labels), key="shap.figure.beeswarm")
     with right:
-        plot(result.bar_figure(state.shap_top), key="shap.figure.bar")
+        plot(bar_figure(result, state.shap_top), key="shap.figure.bar")
     st.caption(
         "Each point is one answer: its SHAP value for that feature, in log-odds of "
         "\u201challucinated\u201d (right of 0 pushes towards hallucinated), coloured by the "
@@ -293,7 +294,7 @@ def draw(
         where=" or ".join(GRID_LABELS),
         instead=GRID_LABELS[state.shap_grid],
     )
-    plot(result.grid_figure(state.shap_grid), key="shap.figure.grid")
+    plot(grid_figure(result, state.shap_grid), key="shap.figure.grid")
     st.caption(
         "Every spad feature is one cell: a source (rows) averaged over the answer tokens of "
         "one part of speech (columns). The paper's story: faithful answers take their nouns "

@@ -27,6 +27,7 @@ from app.components.example_picker import (
     publish_playground_answer,
 )
 from app.components.exports import plot
+from app.components.shap_charts import pos_sources_figure, token_sources_figure, waterfall_figure
 from app.components.train_job import train_detectors_panel
 from app.state import (
     ALL_SPLITS,
@@ -68,7 +69,7 @@ from core.contract import Verdict
 from core.errors import RagscopeError
 from core.examples import RAGExample
 from core.model import LoadedModel
-from core.shapviz import ShapResult, pos_sources_figure, token_sources_figure
+from core.shapviz import ShapResult
 from core.spad import SOURCES
 
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
@@ -315,7 +316,7 @@ def draw_waterfall(
             icon=":material/bolt:",
         )
     st.markdown(verdict_sentence(choice, float(result.scores[0]), verdict, gold))
-    plot(result.waterfall_figure(0, top=WATERFALL_TOP), key="tokens.figure.waterfall")
+    plot(waterfall_figure(result, 0, top=WATERFALL_TOP), key="tokens.figure.waterfall")
     st.caption(
         f"From the base value (the average margin over its training data) each bar adds one "
         f"feature's exact SHAP value, the {WATERFALL_TOP} largest first, then the other "

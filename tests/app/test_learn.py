@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.components.head_charts import ecs_figure
 from core.data import builtin_examples
 from core.detectors import load_shipped
 from core.teach import cortex_walk, lens_curve
@@ -261,8 +262,8 @@ def test_redeep_steps_read_the_heads_and_the_ffn(
     exs = load_builtin()[:24]
     feats = extract_features(tiny_model, exs, [make_detector("interpdetect")])
     stats = HeadStats.from_features(list(feats.features["interpdetect"]), list(feats.examples))
-    want = stats.figure_ecs("difference").data[0].z
-    got = plotly_array(chart(at, stats.figure_ecs("difference").layout.title.text)["data"][0]["z"])
+    want = ecs_figure(stats, "difference").data[0].z
+    got = plotly_array(chart(at, ecs_figure(stats, "difference").layout.title.text)["data"][0]["z"])
     np.testing.assert_allclose(got.reshape(np.shape(want)), want, atol=1e-9, equal_nan=True)
     _next(at)
     assert "No trained redeep_token detector" in page_text(at)

@@ -7,6 +7,7 @@ import pytest
 import torch
 
 import core.heads as heads
+from app.components.head_charts import copying_figure
 from core.errors import ModelError
 from core.heads import (
     CopyingConfig,
@@ -349,7 +350,7 @@ def test_top_heads_frame_round_trip_and_figure(tiny_model):
     assert np.array_equal(back.scores, res.scores)
     assert back.mode == "exact" and back.model_key == res.model_key
     assert back.top_heads() == top
-    fig = res.figure()
+    fig = copying_figure(res)
     assert np.asarray(fig.data[0].z).shape == (2, 4)
     assert len(fig.data[1].x) == 8
 

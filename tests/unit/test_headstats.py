@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from scipy.stats import pearsonr
 
+from app.components.head_charts import attention_figure, ecs_figure, pks_figure
 from core.contract import Features
 from core.ecs import token_ecs, top_context_positions
 from core.errors import DataError, ModelError
@@ -129,8 +130,8 @@ def test_one_class_gives_nan_without_warnings() -> None:
         warnings.simplefilter("error")
         s = HeadStats.from_features(feats, exs)
         frame = s.to_frame()
-        figs = [s.figure_ecs(k) for k in ("faithful", "hallucinated", "difference", "r")]
-        figs.append(s.figure_pks())
+        figs = [ecs_figure(s, k) for k in ("faithful", "hallucinated", "difference", "r")]
+        figs.append(pks_figure(s))
     assert (s.n_faithful, s.n_hallucinated) == (3, 0)
     assert np.isfinite(s.ecs_faithful).all()
     assert np.isnan(s.ecs_hallucinated).all() and np.isnan(s.ecs_r).all()
@@ -174,10 +175,10 @@ def test_frames_and_figures_carry_the_arrays(data) -> None:
     layers = s.layer_frame()
     np.testing.assert_allclose(layers["pks_r"], s.pks_r)
     np.testing.assert_allclose(layers["pks_difference"], s.pks_hallucinated - s.pks_faithful)
-    fig = s.figure_ecs("difference", marked=[(0, 1), (2, 3)])
+    fig = ecs_figure(s, "difference", marked=[(0, 1), (2, 3)])
     np.testing.assert_allclose(np.asarray(fig.data[0].z, dtype=float), s.ecs_difference)
     assert list(fig.data[1].x) == ["H1", "H3"] and list(fig.data[1].y) == ["L0", "L2"]
-    pks = s.figure_pks()
+    pks = pks_figure(s)
     np.testing.assert_allclose(np.asarray(pks.data[0].y, dtype=float), s.pks_faithful)
     np.testing.assert_allclose(np.asarray(pks.data[1].y, dtype=float), s.pks_hallucinated)
     np.testing.assert_allclose(np.asarray(pks.data[2].y, dtype=float), s.pks_r)
@@ -261,11 +262,11 @@ def test_head_view_tables_and_figure(view, toy_example: RAGExample) -> None:
     assert view.chunk_frame(head, pks_layers=[1])["PKS"].iloc[0] == pytest.approx(
         view.chunk_pks[0, 1], rel=1e-5
     )
-    fig = view.attention_figure(head)
+    fig = attention_figure(view, head)
     np.testing.assert_allclose(np.asarray(fig.data[0].z, dtype=float), view.attention[head])
     assert "L1H2" in fig.layout.title.text
     assert len(fig.data[1].x) == view.top_positions[head].size  # the top-k marks
-    other = view.attention_figure((0, 1))
+    other = attention_figure(view, (0, 1))
     assert not np.allclose(np.asarray(other.data[0].z, dtype=float), view.attention[head])
     with pytest.raises(ValueError, match="outside"):
         view.token_frame((9, 0))

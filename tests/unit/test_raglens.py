@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 import torch
 
+from app.components.gam_charts import contributions_figure, importance_figure, shape_function_figure
 from core.data import resolve_dataset
 from core.detectors import make_detector
 from core.detectors.raglens import INTERCEPT, RaglensDetector, feature_name
@@ -145,8 +146,6 @@ def test_unfitted_foreign_and_one_class_fail_clearly(fitted, balanced, sae_dir):
 
 
 def test_figures_show_the_ebm_numbers(fitted):
-    from core.gamviz import contributions_figure, importance_figure, shape_function_figure
-
     det, feats = fitted
     imp = det.importances()
     bars = importance_figure(det, top=5).data[0]

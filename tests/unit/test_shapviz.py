@@ -1,4 +1,5 @@
-"""SHAP values of the spad detector (core.shapviz): shapes, additivity, the figures.
+"""SHAP values of the spad detector (core.shapviz): shapes, additivity; and their figures
+(app.components.shap_charts).
 
 The detector is fitted on synthetic 126-feature vectors with a planted signal (low
 RAG on nouns and high LN on numerals mean hallucinated), so no model runs here.
@@ -9,19 +10,20 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from app.components.shap_charts import (
+    bar_figure,
+    grid_figure,
+    pos_sources_figure,
+    summary_figure,
+    swarm_offsets,
+    token_sources_figure,
+    waterfall_figure,
+)
 from core.contract import Features
 from core.detectors import make_detector
 from core.errors import ModelError, NotFittedError
 from core.examples import RAGExample
-from core.shapviz import (
-    ShapResult,
-    as_2d,
-    pos_means,
-    pos_sources_figure,
-    shap_values,
-    swarm_offsets,
-    token_sources_figure,
-)
+from core.shapviz import ShapResult, as_2d, pos_means, shap_values
 from core.spad import FEATURE_NAMES, POS_TAGS, SOURCES, pos_features
 
 MODEL = "synthetic|L2xH4/KV2|D64|V512|float32"
@@ -159,7 +161,7 @@ def test_summary_bar_grid_and_waterfall_figures(fitted) -> None:
     det, feats = fitted
     res = shap_values(det, feats)
     labels = [f.example_id.endswith(("1", "3", "5", "7", "9")) for f in feats]
-    summary = res.summary_figure(top=8, labels=labels)
+    summary = summary_figure(res, top=8, labels=labels)
     n_points = sum(len(t.x) for t in summary.data)
     assert n_points == 8 * len(feats)
     assert list(summary.layout.yaxis.ticktext) == [FEATURE_NAMES[k] for k in res.top(8)]
@@ -171,15 +173,15 @@ def test_summary_bar_grid_and_waterfall_figures(fitted) -> None:
     assert on_row.sum() == len(feats)
     assert max(np.asarray(pts.marker.color)[on_row]) == 1.0
 
-    bar = res.bar_figure(top=5)
+    bar = bar_figure(res, top=5)
     assert list(bar.data[0].y) == [FEATURE_NAMES[k] for k in res.top(5)]
     np.testing.assert_allclose(bar.data[0].x, np.sort(res.mean_abs)[::-1][:5])
 
-    grid = res.grid_figure()
+    grid = grid_figure(res)
     assert np.asarray(grid.data[0].z).shape == (7, 18)
     assert list(grid.data[0].y) == list(SOURCES) and list(grid.data[0].x) == list(POS_TAGS)
 
-    wf = res.waterfall_figure(2, top=6)
+    wf = waterfall_figure(res, 2, top=6)
     w = wf.data[0]
     assert list(w.measure) == ["absolute"] + ["relative"] * 7 + ["total"]
     assert w.y[-2] == f"{len(FEATURE_NAMES) - 6} other features"

@@ -1,7 +1,8 @@
-"""Plotly figures of a fitted RAGLens detector: importances, shape functions, contributions.
+"""RAGLens charts (plotly): a fitted detector's importances, shape functions, contributions.
 
-Plotly only (no matplotlib global state), so concurrent app sessions never share
-a figure. The numbers come from the EBM itself (:meth:`RaglensDetector.importances`,
+Pure: a fitted detector (or an answer's explanation) in, a ``go.Figure`` out. Plotly
+only (no matplotlib global state), so concurrent app sessions never share a figure.
+The numbers come from the EBM itself (:meth:`RaglensDetector.importances`,
 :meth:`RaglensDetector.shape_function`, :meth:`RaglensDetector.contributions`).
 """
 
