@@ -19,11 +19,13 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Self, TypeGuard
+from typing import Any, Self, TypeGuard, TypeVar
 
 import numpy as np
 
 from core.errors import DataError
+
+T = TypeVar("T")
 
 _EPS = 1e-6
 
@@ -249,14 +251,13 @@ def dataset_family(name: str) -> str:
     return SPLIT_SUFFIX.sub("", name.strip()).lower()
 
 
-def match_calibration(
-    own: Mapping[str, DatasetCalibration], dataset: str | None
-) -> tuple[str, DatasetCalibration] | None:
-    """The calibration a detector keeps for answers of ``dataset``: the one fitted on
-    ``dataset`` itself, else the one of the single training dataset of the same family
-    (another split of the same source: a held-out ``ragtruth_qa_test`` is judged like
-    the ``ragtruth_qa_dev`` the detector was trained on), else ``None`` (the pooled
-    calibration). Returns the training dataset's name with its calibration."""
+def match_dataset(own: Mapping[str, T], dataset: str | None) -> tuple[str, T] | None:
+    """What a training dataset keeps for answers of ``dataset`` (its own calibration, its
+    expert set): the entry of ``dataset`` itself, else the one of the single training
+    dataset of the same family (another split of the same source: a held-out
+    ``ragtruth_qa_test`` is judged like the ``ragtruth_qa_dev`` a detector was trained
+    on), else ``None`` (the pooled calibration, the set itself). Returns the training
+    dataset's name with its entry."""
     if not dataset or not own:
         return None
     if dataset in own:

@@ -32,7 +32,7 @@ from pydantic import ConfigDict, TypeAdapter, ValidationError
 from core.calibration import (
     DatasetCalibration,
     PlattCalibrator,
-    match_calibration,
+    match_dataset,
 )
 from core.errors import DataError, ModelError, NotFittedError
 from core.examples import RAGExample
@@ -698,11 +698,11 @@ def for_dataset(detector: Any, verdict: Verdict, dataset: str | None) -> Verdict
     dataset's own calibrator and flagged at its own threshold when the detector has them
     (:attr:`DetectorBase.dataset_calibration_`; another split of a training dataset, e.g.
     ``ragtruth_qa_test`` for ``ragtruth_qa_dev``, gets that dataset's:
-    :func:`core.calibration.match_calibration`; :attr:`Verdict.calibrated_for` then names
+    :func:`core.calibration.match_dataset`; :attr:`Verdict.calibrated_for` then names
     the training dataset), else ``verdict`` unchanged (the pooled calibration). A
     detector with a scorer of that dataset's own (:attr:`Verdict.raw_by_dataset`) is
     judged by that scorer's raw score; ``raw_score`` stays the pooled scorer's."""
-    hit = match_calibration(getattr(detector, "dataset_calibration_", None) or {}, dataset)
+    hit = match_dataset(getattr(detector, "dataset_calibration_", None) or {}, dataset)
     if hit is None or verdict.raw_score is None:
         return verdict
     name, cal = hit

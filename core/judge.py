@@ -100,6 +100,8 @@ class AnswerVerdict:
     Attributes:
         example_id: The answer's example id.
         set_name: The detector set that judged it.
+        deferred_from: The set asked, when it deferred to :attr:`set_name` as its
+            expert for the answer's dataset (:meth:`core.sets.DetectorSet.for_dataset`).
         judge: Which detector gives the overall verdict (``"ensemble"``), or
             :data:`VOTE` when the set has none.
         probability: The judge's calibrated probability that the answer is
@@ -127,6 +129,7 @@ class AnswerVerdict:
     spans: tuple[Span, ...] = ()
     seconds: float = 0.0
     labels: Mapping[str, Any] = field(default_factory=dict)
+    deferred_from: str | None = None
 
     @property
     def n_flagged(self) -> int:
@@ -148,13 +151,20 @@ class AnswerVerdict:
             if self.judge != VOTE
             else ""
         )
-        return f"{head}: {what}{tail}"
+        by = (
+            f" (by the {self.set_name} set, the {self.deferred_from} set's expert for this "
+            "answer's dataset)"
+            if self.deferred_from
+            else ""
+        )
+        return f"{head}: {what}{tail}{by}"
 
     def to_record(self) -> dict[str, Any]:
         """The verdict as JSON-ready data (the schema of ``ragscope judge``'s output)."""
         return {
             "id": self.example_id,
             "set": self.set_name,
+            "deferred_from": self.deferred_from,
             "judge": self.judge,
             "hallucinated": self.hallucinated,
             "probability": self.probability,
@@ -190,6 +200,7 @@ class AnswerVerdict:
 ROW_COLUMNS = (
     "id",
     "set",
+    "deferred_from",
     "judge",
     "hallucinated",
     "probability",
@@ -263,6 +274,7 @@ def answer_verdict(
     *,
     set_name: str,
     seconds: float = 0.0,
+    deferred_from: str | None = None,
 ) -> AnswerVerdict:
     """The :class:`AnswerVerdict` of verdicts already computed (each as
     :func:`core.contract.for_dataset` gave it), spans at each detector's token threshold."""
@@ -283,6 +295,7 @@ def answer_verdict(
         spans=tuple(answer_spans(example.response, verdicts, thresholds)),
         seconds=seconds,
         labels=labels,
+        deferred_from=deferred_from,
     )
 
 
@@ -296,11 +309,13 @@ def judge(
     on_trace: Callable[[Trace], None] | None = None,
 ) -> AnswerVerdict:
     """The set's verdict on ``example``'s answer (one shared traced pass; see
-    :func:`judge_stream`; ``on_step`` after each step, e.g. to show verdicts as they come).
+    :func:`judge_stream`; ``on_step`` after each step, e.g. to show verdicts as they come),
+    by the set's expert for the answer's dataset when it has one.
 
     Raises:
         DataError: The example cannot be laid out or a detector cannot read it.
     """
+    dset = dset.for_dataset(example.provenance.dataset)
     dets = dset.fitted
     got: dict[str, Verdict] = {}
     t0 = time.perf_counter()
@@ -310,7 +325,9 @@ def judge(
         if on_step is not None:
             on_step(step)
     seconds = time.perf_counter() - t0
-    return answer_verdict(example, dets, got, set_name=dset.name, seconds=seconds)
+    return answer_verdict(
+        example, dets, got, set_name=dset.name, seconds=seconds, deferred_from=dset.deferred_from
+    )
 
 
 @dataclass(frozen=True)
@@ -333,7 +350,9 @@ def judge_many(
     """The set's verdict on each answer, in order, as each is done: features from
     ``cache`` where it has them (a stopped run resumes there), the rest traced
     ``batch_size`` answers per pass (:func:`core.extract.iter_features`). An answer that
-    cannot be judged is yielded as a :class:`JudgeFailure` (``on_error="skip"``).
+    cannot be judged is yielded as a :class:`JudgeFailure` (``on_error="skip"``). An
+    answer of a dataset the set has an expert for is judged by the expert, on the same
+    features (:meth:`core.sets.DetectorSet.for_dataset`).
     """
     dets = dset.fitted
     t0 = time.perf_counter()
@@ -346,7 +365,15 @@ def judge_many(
             t0 = time.perf_counter()
             continue
         ds = got.example.provenance.dataset
-        verdicts = {d.name: judge_features(d, got.features[d.name], ds) for d in dets}
+        by = dset.for_dataset(ds)
+        verdicts = {d.name: judge_features(d, got.features[d.name], ds) for d in by.fitted}
         now = time.perf_counter()
-        yield answer_verdict(got.example, dets, verdicts, set_name=dset.name, seconds=now - t0)
+        yield answer_verdict(
+            got.example,
+            by.fitted,
+            verdicts,
+            set_name=by.name,
+            seconds=now - t0,
+            deferred_from=by.deferred_from,
+        )
         t0 = time.perf_counter()

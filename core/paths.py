@@ -42,6 +42,12 @@ def detector_sets_dir() -> Path:
     return assets_dir() / "detector-sets"
 
 
+def is_set_name(name: str) -> bool:
+    """Whether ``name`` is spelled as a shipped set's name (lower-case letters, digits,
+    ``_`` and ``-``; at most 64)."""
+    return bool(_SET_NAME.fullmatch(name))
+
+
 def detector_set_names() -> tuple[str, ...]:
     """The shipped detector sets: ``default`` (``assets/detectors``), then every folder
     of :func:`detector_sets_dir` whose name is a valid set name, sorted."""

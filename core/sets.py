@@ -17,6 +17,15 @@ training data hashes through it too) is the one reader of an artifact's
 ``cfg.json["trained_on"]`` and :class:`ArtifactCard` of the rest of what the app and the CLI show about an artifact;
 each ``cfg.json`` is read once when listing the folder and once more, verified against
 its file hashes, by the detector's own loader.
+
+A set may defer to **experts**: other shipped sets, each trained on one dataset alone,
+named in the set folder's ``experts.json`` (``{"experts": ["ragtruth"]}``). An answer of
+an expert's training dataset (or another split of it: the rule that picks a dataset's
+own calibration, :func:`core.calibration.match_dataset`) is judged by that expert,
+whole (:meth:`DetectorSet.for_dataset`); every other answer by the set itself. An expert
+is used only when it is trained on the same model, on one dataset, and reads exactly the
+features the set's detectors of the same name read, so no answer is traced twice; one
+that is not is named in :attr:`DetectorSet.expert_problems` and not used.
 """
 
 from __future__ import annotations
@@ -25,11 +34,12 @@ import hashlib
 import threading
 from collections import OrderedDict
 from collections.abc import Mapping
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from core.artifact import TrainedOn, artifact_info, cfg_at, cfg_number
+from core.calibration import match_dataset
 from core.contract import Detector
 from core.detectors import available_detectors, load_shipped
 from core.errors import DataError, RagscopeError
@@ -39,9 +49,11 @@ from core.paths import (
     TRAINED_SET,
     detector_set_dir,
     detector_set_name,
+    is_set_name,
     model_detectors_dir,
     shipped_dir,
 )
+from core.safeio import read_json_file
 
 ANSWER_JUDGE = "ensemble"
 """The detector whose verdict is a set's overall verdict on an answer, when the set has
@@ -162,6 +174,10 @@ class DetectorSet:
             model (asked for by name, it is refused naming that model).
         stamp: Changes whenever an artifact file of the folder changes.
         error: Why the requested set could not be used (the default set was loaded).
+        experts: The sets this one defers to, by the one training dataset of each.
+        expert_problems: Why an expert named in ``experts.json`` is not used.
+        deferred_from: For an expert chosen by :meth:`for_dataset`: the set that
+            deferred to it.
     """
 
     name: str
@@ -173,6 +189,9 @@ class DetectorSet:
     stamp: str
     foreign: tuple[tuple[str, str], ...] = ()
     error: str | None = None
+    experts: Mapping[str, DetectorSet] = field(default_factory=dict)
+    expert_problems: tuple[str, ...] = ()
+    deferred_from: str | None = None
 
     @property
     def fitted(self) -> list[Detector]:
@@ -211,12 +230,25 @@ class DetectorSet:
         )
 
     def subset(self, names: list[str] | tuple[str, ...]) -> DetectorSet:
-        """This set with only the detectors ``names`` (``--detectors A,B``), in that order.
+        """This set with only the detectors ``names`` (``--detectors A,B``), in that order
+        (its experts too: an answer one judges gets the same detectors).
 
         Raises:
             DataError: A name the set does not have (see :meth:`card`).
         """
-        return replace(self, detectors=tuple(self.card(n) for n in dict.fromkeys(names)))
+        cards = tuple(self.card(n) for n in dict.fromkeys(names))
+        chosen = [c.name for c in cards]
+        experts = {
+            ds: replace(e, detectors=tuple(c for n in chosen for c in e.detectors if c.name == n))
+            for ds, e in self.experts.items()
+        }
+        return replace(self, detectors=cards, experts=experts)
+
+    def for_dataset(self, dataset: str | None) -> DetectorSet:
+        """The set that judges answers of ``dataset``: the expert trained on it (or on
+        another split of it), else this set."""
+        found = match_dataset(self.experts, dataset)
+        return self if found is None else found[1]
 
     @property
     def judge_name(self) -> str | None:
@@ -230,8 +262,9 @@ class DetectorSet:
 
     @property
     def cache_id(self) -> str:
-        """Identifies this set of detectors, for caches of its verdicts."""
-        return f"{self.model_key}|{self.folder}|{self.stamp}|{','.join(self.names)}"
+        """Identifies this set of detectors (and its experts), for caches of its verdicts."""
+        own = f"{self.model_key}|{self.folder}|{self.stamp}|{','.join(self.names)}"
+        return "+".join([own, *(e.cache_id for e in self.experts.values())])
 
 
 def artifacts_stamp(root: Path) -> str:
@@ -335,6 +368,89 @@ def _folder_set(model_key: str, root: Path, name: str) -> DetectorSet:
     return loaded
 
 
+EXPERTS_FILE = "experts.json"
+"""The file of a set folder that names the sets it defers to."""
+
+MAX_EXPERTS = 8
+"""The most experts a set may name."""
+
+
+def expert_names(root: Path) -> tuple[str, ...]:
+    """The expert sets ``root``'s :data:`EXPERTS_FILE` names (none without the file).
+
+    Raises:
+        DataError: The file is unreadable, too large, or not ``{"experts": [set names]}``.
+    """
+    path = root / EXPERTS_FILE
+    if not path.is_file():
+        return ()
+    value = read_json_file(path, 64 * 1024, what="experts file", follow_symlinks=False)
+    names = value.get("experts") if isinstance(value, dict) and set(value) == {"experts"} else None
+    if (
+        not isinstance(names, list)
+        or not all(isinstance(n, str) and is_set_name(n) for n in names)
+        or len(names) > MAX_EXPERTS
+        or len(set(names)) != len(names)
+    ):
+        raise DataError(
+            f'must be {{"experts": [...]}} naming at most {MAX_EXPERTS} distinct shipped '
+            'sets, e.g. {"experts": ["ragtruth"]}',
+            source=str(path),
+        )
+    return tuple(names)
+
+
+def _expert(parent: DetectorSet, name: str) -> tuple[str, DetectorSet]:
+    """The expert set ``name`` of ``parent``, by its one training dataset.
+
+    Raises:
+        DataError: Why it cannot be used.
+    """
+    if name in (parent.name, DEFAULT_SET):
+        raise DataError(f"the expert {name!r} is the set itself or the default set")
+    root = detector_set_dir(name)
+    found = _folder_set(parent.model_key, root, name)
+    if not found.detectors:
+        raise DataError(f"the expert set {name!r} has no detectors for this model")
+    datasets = {c.training.datasets for c in found.detectors}
+    if len(datasets) != 1 or len(next(iter(datasets))) != 1:
+        raise DataError(
+            f"the expert set {name!r} must be trained on one dataset alone; its detectors "
+            f"record {sorted(d for ds in datasets for d in ds) or 'none'}"
+        )
+    mine = {c.name: c.detector.config.feature_hash() for c in parent.detectors}
+    for c in found.detectors:
+        if mine.get(c.name) != c.detector.config.feature_hash():
+            raise DataError(
+                f"the {c.name} of the expert set {name!r} reads other features than the "
+                f"{parent.name} set's (or the {parent.name} set has none): an answer would be "
+                "traced twice; train the expert with the same member options"
+            )
+    return next(iter(datasets))[0], replace(found, deferred_from=parent.name)
+
+
+def _with_experts(found: DetectorSet) -> DetectorSet:
+    """``found`` with the experts its folder names (an expert's own experts are not
+    read: one level of deferring)."""
+    try:
+        names = expert_names(found.folder)
+    except DataError as e:
+        return replace(found, expert_problems=(str(e),))
+    experts: dict[str, DetectorSet] = {}
+    problems: list[str] = []
+    for name in names:
+        try:
+            dataset, expert = _expert(found, name)
+        except DataError as e:
+            problems.append(str(e))
+            continue
+        if dataset in experts:
+            problems.append(f"two experts for {dataset}: {experts[dataset].name} and {name}")
+            continue
+        experts[dataset] = expert
+    return replace(found, experts=experts, expert_problems=tuple(problems))
+
+
 def load_set(model_key: str, name: str | None = None) -> DetectorSet:
     """The detector set that judges answers for the model ``model_key``, by the rule of
     this module; loaded once per process and folder state. A broken artifact does not
@@ -354,7 +470,7 @@ def load_set(model_key: str, name: str | None = None) -> DetectorSet:
                 return replace(
                     trained, other_models=found.other_models, foreign=found.foreign, error=error
                 )
-    return replace(found, error=error)
+    return replace(_with_experts(found), error=error)
 
 
 def set_detector(model_key: str, name: str, set_name: str | None = None) -> Detector:

@@ -147,6 +147,11 @@ def choose_set(args: argparse.Namespace, model_key: str) -> DetectorSet:
         if args.set is not None:
             raise DataError(dset.error, field="set")
         print(f"ragscope judge: the {dset.name} set is used: {dset.error}", file=sys.stderr)
+    for problem in dset.expert_problems:
+        print(
+            f"ragscope judge: an expert of the {dset.name} set is not used: {problem}",
+            file=sys.stderr,
+        )
     if args.detectors is not None:
         names = [n.strip() for n in args.detectors.split(",") if n.strip()]
         if not names:
@@ -190,11 +195,7 @@ def _held_records(out: Path, dset: DetectorSet) -> list[dict[str, Any]]:
                 source=str(out),
             ) from None
         ok = isinstance(rec, dict) and isinstance(rec.get("id"), str)
-        if (
-            not ok
-            or rec.get("set") != dset.name
-            or list(rec.get("detectors", {})) != list(dset.names)
-        ):
+        if not ok or not _judged_by(rec, dset):
             raise DataError(
                 f"line {n} is not a verdict of the {dset.name} set's "
                 f"{', '.join(dset.names)}; give another --out to judge with them",
@@ -202,6 +203,19 @@ def _held_records(out: Path, dset: DetectorSet) -> list[dict[str, Any]]:
             )
         held.append(rec)
     return held
+
+
+def _judged_by(rec: dict[str, Any], dset: DetectorSet) -> bool:
+    """Whether a held record is a verdict of ``dset`` (or of its expert, deferred to)
+    with the detectors it judges with."""
+    names = {dset.name: list(dset.names)}
+    names.update({e.name: list(e.names) for e in dset.experts.values()})
+    by = rec.get("set")
+    return (
+        isinstance(by, str)
+        and list(rec.get("detectors", {})) == names.get(by)
+        and (by == dset.name or rec.get("deferred_from") == dset.name)
+    )
 
 
 def _ray_fill(
@@ -437,9 +451,13 @@ def cmd_judge(args: argparse.Namespace) -> int:
         records=everything,
         out=args.out,
     )
+    experts = "".join(
+        f"; answers of {ds} (or another split of it) by its expert, the {e.name} set"
+        for ds, e in dset.experts.items()
+    )
     head = (
         f"{len(examples)} answers of {', '.join(sets)}, judged by the {dset.name} set "
-        f"({', '.join(dset.names)}) on {model.info.display_name}"
+        f"({', '.join(dset.names)}) on {model.info.display_name}{experts}"
     )
     if args.html and everything:
         answers = {e.id: e.response for e in examples}

@@ -20,7 +20,7 @@ from core.calibration import (
     PlattCalibrator,
     dataset_family,
     expected_calibration_error,
-    match_calibration,
+    match_dataset,
     reliability,
 )
 from core.contract import DetectorConfig, Features, Verdict, decision_threshold, for_dataset
@@ -552,13 +552,13 @@ def test_another_split_of_a_training_dataset_gets_its_calibration() -> None:
     )
     own = {"ragtruth_qa_dev": cal(0.3), "finqa_qwen3_interpdetect": cal(0.6), "builtin": cal(0.5)}
     assert dataset_family("RAGTruth_QA-Test") == "ragtruth_qa"
-    assert match_calibration(own, "ragtruth_qa_dev") == ("ragtruth_qa_dev", own["ragtruth_qa_dev"])
+    assert match_dataset(own, "ragtruth_qa_dev") == ("ragtruth_qa_dev", own["ragtruth_qa_dev"])
     for held_out in ("ragtruth_qa_test", "ragtruth_qa_heldout", "ragtruth_qa.val"):
-        assert match_calibration(own, held_out)[0] == "ragtruth_qa_dev"  # type: ignore[index]
+        assert match_dataset(own, held_out)[0] == "ragtruth_qa_dev"  # type: ignore[index]
     for other in ("ragtruth_summary_test", "finqa_test", "heldout", "", None):
-        assert match_calibration(own, other) is None
+        assert match_dataset(own, other) is None
     # Two training datasets of one family: ambiguous, so the pooled calibration.
-    assert match_calibration({"x_dev": cal(0.3), "x_train": cal(0.4)}, "x_test") is None
+    assert match_dataset({"x_dev": cal(0.3), "x_train": cal(0.4)}, "x_test") is None
 
     class Det:
         dataset_calibration_ = own

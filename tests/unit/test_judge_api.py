@@ -7,15 +7,19 @@ from __future__ import annotations
 import contextlib
 import io
 import re
+import shutil
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
 
 import core.model
 from core.data import builtin_examples
-from core.judge import AnswerVerdict, judge
+from core.examples import Provenance
+from core.judge import AnswerVerdict, judge, judge_many
 from core.model import LoadedModel
-from core.sets import load_set
+from core.paths import assets_dir
+from core.sets import EXPERTS_FILE, load_set
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "judge.md"
 
@@ -93,3 +97,41 @@ def test_the_fast_set_judges_with_a_stacker_of_its_cheap_members(
         assert f"of {len(fast.names)} detectors flag it" in verdict.summary
         for span in verdict.spans:
             assert span.text == example.response[span.start : span.end]
+
+
+def test_an_answer_of_an_experts_dataset_is_judged_by_the_expert_on_the_same_features(
+    embedded_model: LoadedModel, monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """A set naming the ``ragtruth`` set as its expert: a RAGTruth QA answer (any split)
+    gets the expert's verdicts, through judge() and judge_many() alike, and says so;
+    any other answer gets the set's own."""
+    folder = Path(shutil.copytree(assets_dir() / "detectors", tmp_path / "custom"))
+    (folder / EXPERTS_FILE).write_text('{"experts": ["ragtruth"]}', encoding="utf-8")
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(folder))
+    key = embedded_model.info.key
+    dset = load_set(key).subset(["nll", "lexical"])
+    expert = load_set(key, "ragtruth").subset(["nll", "lexical"])
+    mine = load_set(key, "default").subset(["nll", "lexical"])
+    demo = next(e for e in builtin_examples() if e.id.startswith("demo-"))
+    rt = replace(demo, id="rt", provenance=Provenance(dataset="ragtruth_qa_test"))
+    other = replace(demo, id="other", provenance=Provenance(dataset="builtin"))
+    got = {v.example_id: v for v in judge_many(embedded_model, [rt, other], dset)}
+    one = judge(embedded_model, rt, dset)
+    for v in (got["rt"], one):
+        assert (v.set_name, v.deferred_from) == ("ragtruth", "custom")
+        assert "the custom set's expert for this answer's dataset" in v.summary
+        assert v.to_record()["deferred_from"] == "custom"
+    own = judge(embedded_model, rt, expert)
+    assert own.deferred_from is None
+    for name in ("nll", "lexical"):
+        assert one.verdicts[name].score == pytest.approx(own.verdicts[name].score, abs=1e-6)
+        assert one.verdicts[name].threshold == own.verdicts[name].threshold
+        assert got["rt"].verdicts[name].score == pytest.approx(own.verdicts[name].score, abs=1e-4)
+    plain = judge(embedded_model, other, mine)
+    assert (got["other"].set_name, got["other"].deferred_from) == ("custom", None)
+    for name in ("nll", "lexical"):
+        assert got["other"].verdicts[name].score == pytest.approx(
+            plain.verdicts[name].score, abs=1e-4
+        )
+    # The two sets' detectors really differ: deferring changes the verdict.
+    assert one.verdicts["lexical"].score != pytest.approx(plain.verdicts["lexical"].score)

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import shutil
 from pathlib import Path
 
 import pandas as pd
@@ -13,13 +14,15 @@ import pytest
 
 import core.cli.judging
 import core.extract
+import core.paths
 from core.bench import bench_judge
 from core.cli import main
-from core.data import builtin_examples, save_jsonl
+from core.data import builtin_examples, resolve_datasets, save_jsonl
 from core.detectors import make_detector
 from core.extract import extract_features
 from core.judge import judge, verdict_rows
-from core.sets import load_set
+from core.recipe import trained_on_record
+from core.sets import EXPERTS_FILE, load_set
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -242,3 +245,39 @@ def test_ctrl_c_keeps_the_verdicts_written_and_says_how_to_resume(
     monkeypatch.setattr(core.cli.judging, "judge_many", real)
     assert main(["judge", "demo", *MODEL, "--out", str(out)]) == 0
     assert "2 answers already in" in capsys.readouterr().err and len(_jsonl(out)) == 12
+
+
+def test_a_set_defers_the_answers_of_its_experts_dataset_and_resumes_their_verdicts(
+    tiny_model, tiny_set_dir: Path, env: Path, monkeypatch: pytest.MonkeyPatch, capsys
+) -> None:
+    """A set naming an expert (a shipped set trained on the demo answers alone): every
+    demo answer is judged by the expert, the records say so, and a rerun resumes them."""
+    shipped = env / "detector-sets"
+    examples = resolve_datasets("demo")[1]  # named "demo", as `ragscope judge demo` reads them
+    dets = [make_detector("nll"), make_detector("context_gain"), make_detector("cortex", epochs=3)]
+    feats = extract_features(tiny_model, examples, dets).features
+    fitted = examples[:8]
+    record = trained_on_record(None, dataset="demo", parts={"demo": fitted}, fitted=fitted)
+    for d in dets:
+        d.fit(list(feats[d.name])[:8], fitted).save(
+            shipped / "demo-only" / d.name, extra={"trained_on": record}
+        )
+    monkeypatch.setattr(core.paths, "detector_sets_dir", lambda: shipped)
+    own = env / "custom"
+    shutil.copytree(tiny_set_dir, own)
+    (own / EXPERTS_FILE).write_text('{"experts": ["demo-only"]}', encoding="utf-8")
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(own))
+    out = env / "v.jsonl"
+    argv = ["judge", "demo[:4]", *MODEL, "--out", str(out)]
+    assert main(argv) == 0
+    head = capsys.readouterr().out
+    assert "answers of demo (or another split of it) by its expert, the demo-only set" in head
+    recs = _jsonl(out)
+    assert [(r["set"], r["deferred_from"]) for r in recs] == [("demo-only", "custom")] * 4
+    expert = load_set(tiny_model.info.key, "demo-only")
+    for r, ex in zip(recs, examples[:4], strict=True):
+        want = judge(tiny_model, ex, expert)
+        assert r["probability"] == pytest.approx(want.probability, abs=1e-6)
+    assert main(argv) == 0
+    assert "4 answers already in" in capsys.readouterr().err
+    assert _jsonl(out) == recs

@@ -13,7 +13,7 @@ import pytest
 
 import core.artifact
 from core.paths import assets_dir, model_detectors_dir
-from core.sets import TrainedOn, load_set, resolve_set, set_detector
+from core.sets import EXPERTS_FILE, TrainedOn, load_set, resolve_set, set_detector
 
 KEY = json.loads((assets_dir() / "detectors" / "nll" / "cfg.json").read_text())["model"]
 
@@ -155,3 +155,74 @@ def test_trained_on_reads_both_recorded_shapes_and_ignores_malformed_facts() -> 
     )
     assert (junk.datasets, junk.n_train, junk.counts, junk.recipe) == ((), None, {}, None)
     assert TrainedOn.from_cfg({"trained_on": "x", "train": {"n_train": 7}}).n_train == 7
+
+
+def _with_experts(no_set_env: Path, monkeypatch: pytest.MonkeyPatch, experts: object) -> Path:
+    """A custom set: the default set's artifacts, and an experts file saying ``experts``."""
+    folder = Path(shutil.copytree(assets_dir() / "detectors", no_set_env / "custom"))
+    text = experts if isinstance(experts, str) else json.dumps(experts)
+    (folder / EXPERTS_FILE).write_text(text, encoding="utf-8")
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(folder))
+    return folder
+
+
+def test_a_set_defers_to_its_expert_for_the_experts_dataset_and_its_other_splits(
+    no_set_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _with_experts(no_set_env, monkeypatch, {"experts": ["ragtruth", "fast", "nope", "custom"]})
+    dset = load_set(KEY)
+    assert dset.name == "custom" and len(dset.names) == 12
+    assert set(dset.experts) == {"ragtruth_qa_dev"}
+    expert = dset.experts["ragtruth_qa_dev"]
+    assert (expert.name, expert.deferred_from) == ("ragtruth", "custom")
+    problems = " | ".join(dset.expert_problems)
+    assert len(dset.expert_problems) == 3
+    assert "'fast' must be trained on one dataset alone" in problems
+    assert "no detector set 'nope'" in problems and "the set itself" in problems
+    for ds in ("ragtruth_qa_dev", "ragtruth_qa_test", "RAGTruth_QA_dev"):
+        assert dset.for_dataset(ds) is expert
+    for ds in (None, "", "builtin", "dolly_ac_dev", "ragtruth_summary_dev"):
+        assert dset.for_dataset(ds) is dset
+    # A subset keeps the same detectors in its expert; the cache id names the expert.
+    two = dset.subset(["nll", "ensemble"])
+    assert two.for_dataset("ragtruth_qa_test").names == ("nll", "ensemble")
+    assert expert.cache_id in dset.cache_id
+    # The default set names no expert: nothing changes for it.
+    monkeypatch.delenv("RAGSCOPE_DETECTORS_DIR")
+    assert load_set(KEY).experts == {} and load_set(KEY).expert_problems == ()
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "not json",
+        '["ragtruth"]',
+        '{"experts": "ragtruth"}',
+        '{"experts": ["ragtruth"], "also": 1}',
+        '{"experts": ["../detectors"]}',
+        '{"experts": ["ragtruth", "ragtruth"]}',
+        json.dumps({"experts": [f"s{i}" for i in range(9)]}),
+        "[" * 100_000,
+    ],
+    ids=["text", "list", "string", "extra-key", "path", "twice", "too-many", "huge"],
+)
+def test_a_malformed_experts_file_is_named_and_the_set_still_loads(
+    no_set_env: Path, monkeypatch: pytest.MonkeyPatch, text: str
+) -> None:
+    folder = _with_experts(no_set_env, monkeypatch, text)
+    dset = load_set(KEY)
+    assert len(dset.names) == 12 and dset.experts == {}
+    assert len(dset.expert_problems) == 1 and str(folder / EXPERTS_FILE) in dset.expert_problems[0]
+
+
+def test_an_expert_reading_other_features_is_refused(
+    no_set_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _with_experts(no_set_env, monkeypatch, {"experts": ["ragtruth"]})
+    shutil.rmtree(folder / "spad")  # the expert's spad would need features the set never reads
+    dset = load_set(KEY)
+    assert dset.experts == {}
+    assert (
+        "the spad of the expert set 'ragtruth' reads other features than the custom set's"
+        in dset.expert_problems[0]
+    )
