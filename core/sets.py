@@ -412,6 +412,9 @@ def _expert(parent: DetectorSet, name: str) -> tuple[str, DetectorSet]:
     found = _folder_set(parent.model_key, root, name)
     if not found.detectors:
         raise DataError(f"the expert set {name!r} has no detectors for this model")
+    if found.broken:
+        b = found.broken[0]
+        raise DataError(f"the {b.name} of the expert set {name!r} cannot be loaded: {b.reason}")
     datasets = {c.training.datasets for c in found.detectors}
     if len(datasets) != 1 or len(next(iter(datasets))) != 1:
         raise DataError(

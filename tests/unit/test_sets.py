@@ -12,6 +12,7 @@ from pathlib import Path
 import pytest
 
 import core.artifact
+import core.paths
 from core.paths import assets_dir, model_detectors_dir
 from core.sets import EXPERTS_FILE, TrainedOn, load_set, resolve_set, set_detector
 
@@ -226,3 +227,16 @@ def test_an_expert_reading_other_features_is_refused(
         "the spad of the expert set 'ragtruth' reads other features than the custom set's"
         in dset.expert_problems[0]
     )
+
+
+def test_an_expert_with_a_broken_artifact_is_refused(
+    no_set_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    shipped = no_set_env / "detector-sets"
+    expert = Path(shutil.copytree(assets_dir() / "detector-sets" / "ragtruth", shipped / "rt"))
+    (expert / "spad" / "cfg.json").write_text("{", encoding="utf-8")
+    monkeypatch.setattr(core.paths, "detector_sets_dir", lambda: shipped)
+    _with_experts(no_set_env, monkeypatch, {"experts": ["rt"]})
+    dset = load_set(KEY)
+    assert dset.experts == {}
+    assert "the spad of the expert set 'rt' cannot be loaded" in dset.expert_problems[0]
