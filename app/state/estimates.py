@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING
 
 import streamlit as st
@@ -45,19 +45,26 @@ def _pace_key(key: tuple[tuple[str, str], ...]) -> str:
     return ",".join(f"{name}:{h}" for name, h in key)
 
 
+def _recorded_or(model: LoadedModel, key: str, time_it: Callable[[], float]) -> float:
+    """Seconds per character of ``key``'s work on the model: the pace recorded on this
+    machine (the database: the last action's, or the first timing's), else ``time_it()``
+    (which times one answer and records it)."""
+    known = get_store().get_pace(model=model.instance_key, detectors=key)
+    return known if known is not None else time_it()
+
+
 def _pace(
     model: LoadedModel,
     detectors: Sequence[Detector],
     key: tuple[tuple[str, str], ...],
     example: RAGExample,
 ) -> float:
-    """Seconds per character for ``key``'s detectors on the model: the pace recorded on
-    this machine (the database: the last action's, or the first timing's), else timed on
-    ``example`` and recorded."""
-    known = get_store().get_pace(model=model.instance_key, detectors=_pace_key(key))
-    if known is not None:
-        return known
-    return _timed_pace(model, model.instance_key, detectors, key, example)
+    """The pace of extracting ``key``'s detectors' features (:func:`_recorded_or`)."""
+    return _recorded_or(
+        model,
+        _pace_key(key),
+        lambda: _timed_pace(model, model.instance_key, detectors, key, example),
+    )
 
 
 @st.cache_data(
@@ -133,12 +140,11 @@ def _sae_key(sae: LoadedSAE, activation: str) -> str:
 
 
 def _read_pace(model: LoadedModel, sae: LoadedSAE, key: str, example: RAGExample) -> float:
-    """Seconds per character of reading SAE activations (``key``: the SAE and activation),
-    recorded in the database like :func:`_pace`, else timed on ``example``."""
-    known = get_store().get_pace(model=model.instance_key, detectors=key)
-    if known is not None:
-        return known
-    return _timed_read_pace(model, model.instance_key, sae, key, example)
+    """The pace of reading SAE activations (``key``: the SAE and activation;
+    :func:`_recorded_or`)."""
+    return _recorded_or(
+        model, key, lambda: _timed_read_pace(model, model.instance_key, sae, key, example)
+    )
 
 
 @st.cache_data(
