@@ -31,12 +31,24 @@ CHROMIUM_ARGS = [
 
 STATUS_WIDGET = '[data-testid="stStatusWidget"]'
 """Streamlit's "Running..." widget: on the page while a script run is under way."""
+IDLE_HOLD_MS = 600
+"""How long the page must stay idle before a run counts as over (the widget can lag)."""
 
 
 def wait_idle(page: Page, timeout_ms: float) -> None:
     """Wait until the app's script run is over (no "Running..." widget): until then a rerun
-    can still be replacing elements, and a stale copy of a button can sit beside its new one."""
-    expect(page.locator(STATUS_WIDGET)).to_have_count(0, timeout=timeout_ms)
+    can still be replacing elements, and a stale copy of a button can sit beside its new one.
+
+    A rerun asked for a moment ago (a key press that commits a widget) may not show its
+    widget yet, so the page must stay idle for ``IDLE_HOLD_MS`` twice running."""
+    widget = page.locator(STATUS_WIDGET)
+    deadline = time.monotonic() + timeout_ms / 1000
+    while True:
+        left = max(1.0, (deadline - time.monotonic()) * 1000)
+        expect(widget).to_have_count(0, timeout=left)
+        page.wait_for_timeout(IDLE_HOLD_MS)
+        if widget.count() == 0:
+            return
 
 
 def choose(page: Page, label: str, option: str | re.Pattern[str], timeout_ms: float) -> None:

@@ -15,6 +15,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from playwright.sync_api import expect
 
 from core.data import builtin_examples
 from core.review import ReviewBook
@@ -73,7 +74,8 @@ def test_the_default_set_queues_word_spans_of_the_demo(
         # The rerun redraws the scan form (and times one answer for the estimate): until it
         # ends, the old form can stand beside the new one.
         wait_idle(page, SCAN_MS)
-        page.get_by_label("ensemble token threshold").wait_for()  # the default detector
+        # the default detector, once: a stale copy of the form is gone
+        expect(page.get_by_label("ensemble token threshold")).to_have_count(1, timeout=SCAN_MS)
         page.get_by_role("button", name=re.compile("Scan and queue")).click()
         report = page.get_by_text(re.compile(rf"^Scanned {N_SCAN} answers: "))
         report.wait_for(timeout=SCAN_MS)
