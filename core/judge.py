@@ -315,7 +315,7 @@ def judge(
     Raises:
         DataError: The example cannot be laid out or a detector cannot read it.
     """
-    dset = dset.for_dataset(example.provenance.dataset)
+    dset = dset.for_example(example)
     dets = dset.fitted
     got: dict[str, Verdict] = {}
     t0 = time.perf_counter()
@@ -365,7 +365,7 @@ def judge_many(
             t0 = time.perf_counter()
             continue
         ds = got.example.provenance.dataset
-        by = dset.for_dataset(ds)
+        by = dset.for_example(got.example)
         verdicts = {d.name: judge_features(d, got.features[d.name], ds) for d in by.fitted}
         now = time.perf_counter()
         yield answer_verdict(

@@ -33,10 +33,10 @@ from __future__ import annotations
 import hashlib
 import threading
 from collections import OrderedDict
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from core.artifact import TrainedOn, artifact_info, cfg_at, cfg_number
 from core.calibration import match_dataset
@@ -54,6 +54,9 @@ from core.paths import (
     shipped_dir,
 )
 from core.safeio import read_json_file
+
+if TYPE_CHECKING:
+    from core.examples import RAGExample
 
 ANSWER_JUDGE = "ensemble"
 """The detector whose verdict is a set's overall verdict on an answer, when the set has
@@ -250,6 +253,19 @@ class DetectorSet:
         found = match_dataset(self.experts, dataset)
         return self if found is None else found[1]
 
+    def for_example(self, example: RAGExample) -> DetectorSet:
+        """The set that judges ``example``'s answer (:meth:`for_dataset` of its
+        provenance's dataset): what every page, command and the Python API judge it with."""
+        return self.for_dataset(example.provenance.dataset)
+
+    def for_examples(self, examples: Iterable[RAGExample]) -> DetectorSet:
+        """The set that judges all of ``examples`` (one dataset's answers: that dataset's
+        expert), else this set: what a page shows as the detectors of a dataset, e.g. the
+        token thresholds a scan starts from. Each answer is still judged by
+        :meth:`for_example`."""
+        sets = {id(s): s for s in (self.for_example(e) for e in examples)}
+        return next(iter(sets.values())) if len(sets) == 1 else self
+
     @property
     def judge_name(self) -> str | None:
         """The detector that gives the overall verdict (:data:`ANSWER_JUDGE`), if loaded."""
@@ -432,9 +448,51 @@ def _expert(parent: DetectorSet, name: str) -> tuple[str, DetectorSet]:
     return next(iter(datasets))[0], replace(found, deferred_from=parent.name)
 
 
+def _experts_stamp(found: DetectorSet) -> str:
+    """Changes when ``found``'s experts file or an artifact of a set it may name changes
+    (what :func:`_with_experts`' checks depend on)."""
+    path = found.folder / EXPERTS_FILE
+    try:
+        stat = path.lstat()
+        own = f"{stat.st_mtime_ns}:{stat.st_size}"
+    except OSError:
+        return "none"
+    try:
+        names = expert_names(found.folder)
+    except DataError:
+        names = ()
+    stamps = []
+    for n in names:
+        try:
+            root = detector_set_dir(n)
+            stamps.append(f"{n}:{root}:{artifacts_stamp(root)}")
+        except DataError:
+            stamps.append(f"{n}:?")
+    return "|".join([own, *stamps])
+
+
+_CHECKED: OrderedDict[tuple[str, str, str, str, str], DetectorSet] = OrderedDict()
+
+
 def _with_experts(found: DetectorSet) -> DetectorSet:
-    """``found`` with the experts its folder names (an expert's own experts are not
-    read: one level of deferring)."""
+    """``found`` with the experts its folder names, checked once per state of the files
+    (an expert's own experts are not read: one level of deferring)."""
+    key = (found.model_key, str(found.folder), found.name, found.stamp, _experts_stamp(found))
+    with _LOCK:
+        hit = _CHECKED.get(key)
+        if hit is not None:
+            _CHECKED.move_to_end(key)
+            return hit
+    checked = _check_experts(found)
+    with _LOCK:
+        _CHECKED[key] = checked
+        while len(_CHECKED) > _KEEP:
+            _CHECKED.popitem(last=False)
+    return checked
+
+
+def _check_experts(found: DetectorSet) -> DetectorSet:
+    """``found`` with its usable experts, and why each other named one is not used."""
     try:
         names = expert_names(found.folder)
     except DataError as e:

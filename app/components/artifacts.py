@@ -48,7 +48,7 @@ def open_answer_page(
     caption, notices of broken artifacts, the answer picker (:func:`pick_page_answer`).
 
     Returns:
-        ``(state, model, shipped detectors, answer)``; ``None`` while no answer is picked.
+        ``(state, model, the set that judges the answer (its expert, if any), answer)``; ``None`` while no answer is picked.
     """
     state = app_state()
     model = get_model()
@@ -59,7 +59,7 @@ def open_answer_page(
     picked = pick_page_answer(state, prefix, keys)
     if picked is None:
         return None
-    return state, model, shipped, picked[0]
+    return state, model, shipped.for_example(picked[0]), picked[0]
 
 
 def quick_fit_row(

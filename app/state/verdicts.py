@@ -17,7 +17,7 @@ import streamlit as st
 from app.state.analysis import input_signature
 from app.state.detectors import ShippedDetector, ShippedDetectors
 from app.state.memo import Memo
-from core.contract import calibrated_as, decision_threshold
+from core.contract import calibrated_as, decision_threshold, judge_features
 from core.errors import RagscopeError
 from core.examples import RAGExample
 from core.judge import AnswerVerdict, Judged, answer_verdict, judge_stream
@@ -52,6 +52,10 @@ class DetectorVerdicts:
             verdict, each detector's probability, threshold and flag, the spans. What
             every page shows; ``None`` when no detector judged the answer.
         example: The judged answer (``None`` when no detector judged it).
+        asked: The set the page asked to judge with; :attr:`detectors` are those of the
+            set that judged (``asked.for_example(example)``: its expert for the answer's
+            dataset, where it has one).
+        judged_by: The set whose detectors these are.
     """
 
     signature: str
@@ -61,6 +65,8 @@ class DetectorVerdicts:
     features: Mapping[str, Features] = field(default_factory=dict)
     answer: AnswerVerdict | None = None
     example: RAGExample | None = None
+    asked: ShippedDetectors | None = None
+    judged_by: ShippedDetectors | None = None
 
     def __post_init__(self) -> None:
         assert len(self.detectors) == len(self.verdicts), "one verdict per detector"
@@ -83,19 +89,47 @@ class DetectorVerdicts:
 
     def calibrated_as(self, dataset: str | None) -> DetectorVerdicts:
         """These verdicts judged as if the answer came from training dataset ``dataset``
-        (``None``: by all the detectors' training data), each detector's calibration and
-        threshold for it (:func:`core.contract.calibrated_as`), and :attr:`answer`
-        rebuilt from them (:func:`core.judge.answer_verdict`); no pass is run."""
-        verdicts = tuple(
-            calibrated_as(d.detector, v, dataset)
-            for d, v in zip(self.detectors, self.verdicts, strict=True)
-        )
-        answer = None
-        if self.answer is not None and self.example is not None:
-            answer = _answer(
-                self.example, self.detectors, verdicts, self.answer.set_name, self.seconds
+        (``None``: by all the detectors' training data), and :attr:`answer` rebuilt from
+        them (:func:`core.judge.answer_verdict`); no pass is run.
+
+        By the set that judges answers of ``dataset`` (:meth:`core.sets.DetectorSet.
+        for_dataset` of :attr:`asked`): when that is the set that judged, each detector's
+        calibration and threshold for ``dataset`` (:func:`core.contract.calibrated_as`);
+        when it is another (the asked set's expert for ``dataset``, or the asked set
+        itself for an answer its expert judged), that set's detectors' predictions from
+        the kept features (the expert reads the same features)."""
+        if self.answer is None or self.example is None:
+            return self
+        judged = self.asked.for_example(self.example) if self.asked is not None else None
+        target = self.asked.for_dataset(dataset) if self.asked is not None else None
+        if (
+            judged is None
+            or target is None
+            or target is judged
+            or not all(n in self.features for n in target.names)
+        ):
+            detectors = self.detectors
+            verdicts = tuple(
+                calibrated_as(d.detector, v, dataset)
+                for d, v in zip(self.detectors, self.verdicts, strict=True)
             )
-        return replace(self, verdicts=verdicts, answer=answer)
+            by = judged
+        else:
+            detectors = target.detectors
+            verdicts = tuple(
+                judge_features(d.detector, self.features[d.name], dataset) for d in detectors
+            )
+            by = target
+        answer = _answer(self.example, detectors, verdicts, by, self.seconds)
+        return replace(self, detectors=detectors, verdicts=verdicts, answer=answer, judged_by=by)
+
+    def judge_as_options(self) -> list[str]:
+        """The training datasets :meth:`calibrated_as` can judge the answer as: those the
+        asked set's detectors keep a calibration of their own for, and those it has an
+        expert for, sorted."""
+        asked = self.asked.detectors if self.asked is not None else self.detectors
+        experts = self.asked.experts if self.asked is not None else {}
+        return sorted({*calibration_datasets(asked), *experts})
 
     def to_frame(self) -> pd.DataFrame:
         """One row per detector: ``detector``, ``score`` (a calibrated probability when
@@ -108,18 +142,20 @@ def _answer(
     example: RAGExample,
     detectors: tuple[ShippedDetector, ...],
     verdicts: tuple[Verdict, ...],
-    set_name: str,
+    by: ShippedDetectors | None,
     seconds: float,
 ) -> AnswerVerdict | None:
-    """The :class:`AnswerVerdict` of these verdicts (``None`` without detectors)."""
+    """The :class:`AnswerVerdict` of these verdicts by the set ``by`` (``None`` without
+    detectors)."""
     if not detectors:
         return None
     return answer_verdict(
         example,
         [d.detector for d in detectors],
         {d.name: v for d, v in zip(detectors, verdicts, strict=True)},
-        set_name=set_name,
+        set_name=by.name if by is not None else "",
         seconds=seconds,
+        deferred_from=by.deferred_from if by is not None else None,
     )
 
 
@@ -186,10 +222,11 @@ def _failures() -> Memo[RagscopeError]:
 
 
 def known_verdicts(
-    model: LoadedModel, signature: str, shipped: ShippedDetectors
+    model: LoadedModel, example: RAGExample, signature: str, shipped: ShippedDetectors
 ) -> DetectorVerdicts | None:
     """The verdicts on this input when some page already computed them, else ``None``."""
-    return _verdicts().get((model.instance_key, signature, shipped.cache_id))
+    judged = shipped.for_example(example)
+    return _verdicts().get((model.instance_key, signature, judged.cache_id))
 
 
 def stream_verdicts(
@@ -203,8 +240,9 @@ def stream_verdicts(
     on_trace: Callable[[Trace], None] | None = None,
     retry: bool = False,
 ) -> DetectorVerdicts:
-    """Every loaded shipped detector's verdict on ``example``'s answer, computed one
-    detector at a time (:func:`core.judge.judge_stream`: one shared pass, plus one
+    """Every detector's verdict on ``example``'s answer, by the set that judges it
+    (``shipped.for_example(example)``: its expert for the answer's dataset, where it has
+    one), computed one detector at a time (:func:`core.judge.judge_stream`: one shared pass, plus one
     without the passages when a detector asks) with ``on_step`` after each step, and
     kept for every page. Already known verdicts are returned at once (and a known
     failure raised again).
@@ -220,6 +258,7 @@ def stream_verdicts(
         DataError: The example cannot be laid out for the detectors.
         ModelError: A detector cannot run (missing trace, spaCy model, other model).
     """
+    asked, shipped = shipped, shipped.for_example(example)
     key = (model.instance_key, signature, shipped.cache_id)
     found = _verdicts().get(key)
     if found is not None:
@@ -253,8 +292,10 @@ def stream_verdicts(
         verdicts=verdicts,
         seconds=seconds,
         features=features,
-        answer=_answer(example, shipped.detectors, verdicts, shipped.name, seconds),
+        answer=_answer(example, shipped.detectors, verdicts, shipped, seconds),
         example=example,
+        asked=asked,
+        judged_by=shipped,
     )
     _verdicts().put(key, out)
     return out

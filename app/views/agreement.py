@@ -9,9 +9,7 @@ most, each one click away from the Token heatmaps page.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
 
 import streamlit as st
 
@@ -53,13 +51,7 @@ from core.agreement import (
 )
 from core.errors import RagscopeError
 from core.extract import FeatureCache
-from core.judge import AnswerVerdict, judge_many
-
-if TYPE_CHECKING:
-    from core.contract import Verdict
-    from core.examples import RAGExample
-    from core.model import LoadedModel
-    from core.sets import DetectorSet
+from core.review import dataset_verdicts
 
 STATE_KEY = "ragscope.agreement"
 KEY_DATASET = "agreement.dataset"
@@ -84,27 +76,6 @@ def page_state() -> AgreementState:
     if STATE_KEY not in st.session_state:
         st.session_state[STATE_KEY] = AgreementState()
     return st.session_state[STATE_KEY]
-
-
-def set_verdicts(
-    model: LoadedModel,
-    examples: list[RAGExample],
-    dset: DetectorSet,
-    progress: Callable[[int, int], None],
-) -> tuple[list[RAGExample], dict[str, dict[str, Verdict]]]:
-    """Each detector's verdict on each answer as the set judges it
-    (:func:`core.judge.judge_many`, features from the cache): the probabilities and flags
-    every page shows for that answer. Answers that cannot be read are left out."""
-    by_id = {e.id: e for e in examples}
-    kept: list[RAGExample] = []
-    out: dict[str, dict[str, Verdict]] = {}
-    cache = FeatureCache(get_store())
-    for i, got in enumerate(judge_many(model, examples, dset, cache=cache), start=1):
-        progress(i, len(examples))
-        if isinstance(got, AnswerVerdict):
-            kept.append(by_id[got.example_id])
-            out[got.example_id] = dict(got.verdicts)
-    return kept, out
 
 
 def main() -> None:
@@ -187,7 +158,13 @@ def main() -> None:
         with progress_bar("Reading verdicts:") as progress:
             try:
                 with timed:
-                    kept, verdicts = set_verdicts(model, examples[:limit], subset, progress)
+                    kept, verdicts = dataset_verdicts(
+                        model,
+                        examples[:limit],
+                        subset,
+                        cache=FeatureCache(get_store()),
+                        progress=progress,
+                    )
             except RagscopeError as e:
                 st.error(f"The detectors could not read {md(label)}: {md(e)}")
                 return

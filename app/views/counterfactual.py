@@ -301,7 +301,7 @@ def verdict_lines(model: LoadedModel, shipped: ShippedDetectors, cf: Counterfact
     session keeps only the detectors' scores)."""
     lines = []
     for side, ex in (("Original", cf.original), ("Edited", cf.edited)):
-        known = known_verdicts(model, input_signature(ex, None), shipped)
+        known = known_verdicts(model, ex, input_signature(ex, None), shipped)
         if known is not None and known.answer is not None:
             colour = "red" if known.answer.hallucinated else "green"
             lines.append(f"**{side}:** :{colour}[{md(known.answer.summary)}]")
@@ -472,7 +472,7 @@ def main() -> None:
                     edited = edit_example(example, edited_passages)
                 pair = score_pair(
                     model,
-                    [d.detector for d in shipped.detectors],
+                    shipped.fitted,  # the set that judges the answer (open_answer_page)
                     example,
                     edited,
                     name=f"{example.id}: {edit_name(edited_passages, example.passages)}",

@@ -460,7 +460,7 @@ def example_section(
         return
     example, response_ids, _ = picked
     head = pick_head(state, model, copying)
-    shipped = shipped_detectors(model)
+    shipped = shipped_detectors(model).for_example(example)  # its expert, if any
     show_broken_artifacts(shipped, REDEEP_DETECTORS)
     try:
         with st.spinner("Tracing the answer (every head at once)…"):

@@ -66,7 +66,6 @@ from app.state import (
     ShippedDetectors,
     analyse,
     app_state,
-    calibration_datasets,
     dataset_spec,
     detector_verdicts,
     follow,
@@ -448,7 +447,8 @@ class DetectorPanel:
 
 
 def run_detectors(model: LoadedModel, a: Analysis) -> DetectorPanel:
-    """Load the shipped detectors for ``model`` and run them all on ``a`` (both cached)."""
+    """Load the shipped detectors for ``model`` and run them all on ``a`` (both cached):
+    the set's, or its expert's for the answer's dataset."""
     shipped = shipped_detectors(model)
     result: DetectorVerdicts | None = None
     error: str | None = None
@@ -499,9 +499,9 @@ def pick_calibration(
     per-dataset calibrations; the verdicts under the chosen calibration (recomputed from
     the kept raw scores, no pass). ``own``: the training dataset whose calibration judged
     the answer automatically, if any."""
-    datasets = calibration_datasets(result.detectors)
+    datasets = result.judge_as_options()
     options = [CALIBRATE_AUTO, CALIBRATE_POOLED, *datasets]
-    where = "a training dataset the loaded detectors keep a calibration for" + (
+    where = "a training dataset the detectors keep a calibration or an expert for" + (
         f" ({', '.join(md(d) for d in datasets)})" if datasets else ""
     )
     link = follow_widget(P_CALIBRATE, KEY_CALIBRATE_AS, one_of(options))
@@ -560,6 +560,9 @@ def show_detector_verdicts(panel: DetectorPanel, state: AppState) -> None:
         st.error(f"The detectors could not judge this answer: {md(panel.error)}")
         return
     own = next((v.calibrated_for for v in panel.result.verdicts if v.calibrated_for), None)
+    answer = panel.result.answer
+    if answer is not None and answer.deferred_from and panel.result.example is not None:
+        own = f"{panel.result.example.provenance.dataset}, by the {answer.set_name} set"
     line = st.empty()  # the verdict opens the section, above the calibration choice
     result = pick_calibration(state, panel.result, own)
     answer = result.answer
@@ -567,7 +570,7 @@ def show_detector_verdicts(panel: DetectorPanel, state: AppState) -> None:
         colour = "red" if answer.hallucinated else "green"
         line.markdown(f"#### :{colour}-background[{md(answer.summary)}]")
     verdict_table(st.container(), result.to_frame())
-    st.caption(training_caption(shipped))
+    st.caption(training_caption(result.judged_by or shipped))
     st.caption(
         "Each detector reads this answer and gives a score from 0 to 1. Where *calibrated* "
         "is ticked, the score is a probability calibrated on held-out answers of the data "
@@ -609,8 +612,14 @@ def training_caption(shipped: ShippedDetectors) -> str:
         "of that dataset's own, fitted on its answers alone."
         for name, sets in own
     )
+    head = f"Detector set **{md(shipped.name)}**"
+    if shipped.deferred_from:
+        head = (
+            f"Judged by the **{md(shipped.name)}** set, the {md(shipped.deferred_from)} set's "
+            "expert for answers of its training data"
+        )
     return (
-        f"Detector set **{md(shipped.name)}**: trained on {trained}"
+        f"{head}: trained on {trained}"
         + (f", AUROC from {checked}." if checked else ".")
         + stackers
     )
@@ -663,7 +672,7 @@ def analyse_streamed(
     shipped = shipped_detectors(model)
     have = known_analysis(model, example, response_ids=response_ids, answer_source=answer_source)
     sig = input_signature(example, response_ids)
-    if not shipped.detectors or known_verdicts(model, sig, shipped) is not None:
+    if not shipped.detectors or known_verdicts(model, example, sig, shipped) is not None:
         if have is not None:
             return have
         with st.spinner("Tracing the answer…"):
@@ -673,7 +682,7 @@ def analyse_streamed(
     )
     merged: list[Analysis] = []
     judged: list[tuple[ShippedDetector, Verdict]] = []
-    total = len(shipped.detectors)
+    total = len(shipped.for_example(example).detectors)
     passes = {"trace": "the answer with the passages", "bare": "the answer without them"}
 
     def on_trace(tr: Trace) -> None:
@@ -824,7 +833,8 @@ def show_analysis(
             f"below {ADAPT_BELOW} is coloured from 0 to its own highest score",
         )
         values = detector_token_scores(a, colour)
-        det = panel.shipped.card(colour.detector).detector
+        judged = panel.result.judged_by if panel.result is not None else None
+        det = (judged or panel.shipped).card(colour.detector).detector
         scale = detector_scale(values, flag_threshold(det), fixed=fixed)
     meaning = (
         "Colour: surprisal, −log₂ p(token | prompt, earlier answer tokens); darker = the model "

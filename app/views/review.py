@@ -218,7 +218,8 @@ def build_section(
 ) -> None:
     """Flag spans of the dataset's answers with chosen detectors and queue them."""
     model = get_model()
-    shipped = shipped_detectors(model)
+    asked = shipped_detectors(model)
+    shipped = asked.for_examples(examples)  # the dataset's expert, if the set has one
     names = [s.name for s in shipped.detectors]
     with st.expander("Build the queue", expanded=n_items == 0, icon=":material/playlist_add:"):
         if not names:
@@ -286,7 +287,7 @@ def build_section(
                         kept, verdicts = dataset_verdicts(
                             model,
                             examples[:limit],
-                            dets,
+                            asked.subset(chosen),
                             cache=FeatureCache(get_store()),
                             progress=progress,
                         )
@@ -630,7 +631,7 @@ def build_answer_report(book: ReviewBook, dataset: str, ex: RAGExample, label: s
     the reviews of its flagged spans in this dataset's queue."""
 
     model = get_model()
-    shipped = shipped_detectors(model)
+    shipped = shipped_detectors(model).for_example(ex)  # its expert for ex's dataset, if any
     dets = {s.name: s.detector for s in shipped.detectors}
     features = run_example(model, ex, list(dets.values())) if dets else {}
     verdicts = {n: judge_features(d, features[n], ex.provenance.dataset) for n, d in dets.items()}

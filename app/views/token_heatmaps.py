@@ -151,6 +151,7 @@ def read_answer(
     """Trace the answer once per detector family and collect every row's raw values."""
     analysis = analyse(model, example, response_ids=ids, answer_source="dataset")
     verdicts = detector_verdicts(model, analysis, shipped)
+    shipped = shipped.for_example(example)  # the set that judged it (its expert, if any)
     by_name = {d.name: d for d in shipped.detectors}
     raw = None
     if CORTEX in verdicts.features:
@@ -620,6 +621,9 @@ def main() -> None:
         st.error(f"This answer could not be analysed: {md(e)}  \nFix: pick another example.")
         return
     st.divider()
+    judged_by = shipped.for_example(example)  # its expert for the answer's dataset, if any
+    if cortex is not None and judged_by is not shipped and CORTEX in judged_by.names:
+        cortex = judged_by.card(CORTEX).detector  # type: ignore[assignment]
     # The sliders' values were synced at the top, so the rows are built once.
     rows = build_rows(a, state.heatmap_p_stay, state.heatmap_smooth_all)
     controls(state, rows, cortex, links)

@@ -248,7 +248,7 @@ def show_waterfall(
     the shipped detector's probability, threshold and flag are the set's verdict on the
     answer (:func:`app.state.verdicts.answer_verdicts`, as the Playground shows them)."""
     st.subheader("Why spad scores this answer as it does")
-    shipped = shipped_detectors(model)
+    shipped = shipped_detectors(model).for_example(answer.example)  # its expert, if any
     show_broken_artifacts(shipped, (SPAD,))
     choice = spad_choice(model, shipped, state.spad_quick)
     if choice is None:

@@ -10,10 +10,12 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.contract import Detector, Verdict, judge_features
+from core.contract import Verdict
 from core.examples import RAGExample
-from core.extract import FeatureCache, extract_features
+from core.extract import FeatureCache
+from core.judge import AnswerVerdict, judge_many
 from core.model import LoadedModel
+from core.sets import DetectorSet
 from core.smoothing import smooth_tokens
 from core.spans import GAP_TOKENS, answer_spans
 
@@ -175,23 +177,24 @@ def scan_flags(
 def dataset_verdicts(
     model: LoadedModel,
     examples: Sequence[RAGExample],
-    detectors: Sequence[Detector],
+    dset: DetectorSet,
     *,
     cache: FeatureCache | None = None,
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[RAGExample], dict[str, dict[str, Verdict]]]:
-    """Every detector's verdict on every example (one trace per example, features from
-    the cache when there), each calibrated for its example's dataset
-    (:func:`core.contract.for_dataset`, as :func:`core.judge.judge` does); returns the
-    examples read and ``{example id: {name: verdict}}``.
-    Examples that cannot be read are left out."""
-
-    ext = extract_features(
-        model, examples, list(detectors), cache=cache, progress=progress, on_error="skip"
-    )
-    out: dict[str, dict[str, Verdict]] = {e.id: {} for e in ext.examples}
-    dataset = {e.id: e.provenance.dataset for e in ext.examples}
-    for d in detectors:
-        for f in ext.features[d.name]:
-            out[f.example_id][d.name] = judge_features(d, f, dataset[f.example_id])
-    return list(ext.examples), out
+    """Each detector's verdict on each answer as the set judges it
+    (:func:`core.judge.judge_many`: one trace per answer, features from ``cache`` where
+    there, each answer by the set's expert for its dataset where it has one, calibrated
+    for its dataset): the probabilities and flags every page shows for that answer.
+    Returns the examples read and ``{example id: {name: verdict}}``; answers that cannot
+    be read are left out."""
+    by_id = {e.id: e for e in examples}
+    kept: list[RAGExample] = []
+    out: dict[str, dict[str, Verdict]] = {}
+    for i, got in enumerate(judge_many(model, examples, dset, cache=cache), start=1):
+        if progress is not None:
+            progress(i, len(examples))
+        if isinstance(got, AnswerVerdict):
+            kept.append(by_id[got.example_id])
+            out[got.example_id] = dict(got.verdicts)
+    return kept, out

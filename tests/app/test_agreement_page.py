@@ -14,8 +14,8 @@ from streamlit.testing.v1 import AppTest
 from app.state import KEY_HEATMAP_EXAMPLE
 from core.agreement import score_correlation, verdict_table
 from core.data import load_builtin
-from core.detectors import load_shipped
 from core.review import dataset_verdicts
+from core.sets import load_set
 
 PAGE = "views/agreement.py"
 N = 8
@@ -49,8 +49,8 @@ def test_compare_draws_the_detectors_agreement_and_opens_an_answer(
     assert ran.keys() == timed.keys() and ran != timed
     names = at.multiselect(key="agreement.detectors").value
     assert set(names) == {"nll", "context_gain", "cortex"}
-    dets = [load_shipped(n, tiny_model.info.key, with_demo_detectors) for n in names]
-    kept, verdicts = dataset_verdicts(tiny_model, load_builtin()[:N], dets)
+    dset = load_set(tiny_model.info.key).subset(names)  # the demo detectors, as the page
+    kept, verdicts = dataset_verdicts(tiny_model, load_builtin()[:N], dset)
     want = score_correlation(verdict_table(kept, verdicts, names))
     fig = chart(at, "Score correlation (spearman)")
     z = plotly_array(fig["data"][0]["z"]).reshape(len(names), len(names))

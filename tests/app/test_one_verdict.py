@@ -12,6 +12,7 @@ numbers and fails here.
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import shutil
 from collections.abc import Callable
@@ -20,6 +21,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+import core.paths
 from app.state import (
     ANSWER_PASTE,
     KEY_ANALYSE,
@@ -37,7 +39,8 @@ from core.detectors import load_shipped, make_detector
 from core.extract import run_example
 from core.judge import AnswerVerdict, judge
 from core.model import LoadedModel
-from core.sets import load_set
+from core.recipe import trained_on_record
+from core.sets import EXPERTS_FILE, load_set
 
 EXAMPLE = "demo-02-waggle-dance"  # hand-written, one gold span
 DEMO = "ragscope-demo"  # the demo answers' dataset (their provenance)
@@ -89,6 +92,31 @@ def one_set(
     return out
 
 
+EXPERT = "demo-only"
+EXPERT_THRESHOLD = 0.3  # the expert's own calibration of the demo answers
+
+
+@pytest.fixture(scope="module")
+def expert_set(
+    one_set: Path, tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory
+) -> Path:
+    """A folder of shipped sets holding ``demo-only``: one_set's detectors (the same
+    features) trained on the demo answers alone, with calibrations of their own."""
+    sets = tmp_path_factory.mktemp("expert-sets")
+    examples = builtin_examples()
+    record = trained_on_record(None, dataset=DEMO, parts={DEMO: examples}, fitted=examples)
+    for folder in sorted(one_set.iterdir()):
+        det = load_shipped(folder.name, tiny_model.info.key, one_set)
+        det.calibration_ = _platt(1.5, 0.3)
+        det.dataset_calibration_ = {
+            DEMO: DatasetCalibration(
+                calibrator=_platt(3.0, -1.0), threshold=EXPERT_THRESHOLD, n=12, n_positive=6
+            )
+        }
+        det.save(sets / EXPERT / folder.name, extra={"trained_on": record})
+    return sets
+
+
 def _flag(hit: bool | None) -> str:
     return {True: "flagged", False: "not flagged", None: "-"}[hit]
 
@@ -103,14 +131,25 @@ def _close(a: object, b: float) -> bool:
     return a == pytest.approx(b, abs=1e-6)
 
 
+@pytest.mark.parametrize("deferring", [False, True], ids=["by-the-set", "by-its-expert"])
 def test_every_page_shows_the_judge_s_numbers_for_one_answer(
     make_app: Callable[[], AppTest],
     one_set: Path,
+    expert_set: Path,
     monkeypatch: pytest.MonkeyPatch,
     tiny_model: LoadedModel,
     no_exception: Callable[[AppTest], None],
+    tmp_path: Path,
+    deferring: bool,
 ) -> None:
-    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(one_set))
+    """By the set, and by the expert it defers the demo answers to (``experts.json``):
+    every page then shows the expert's numbers, and the Playground names it."""
+    folder, threshold = one_set, 0.42
+    if deferring:
+        folder, threshold = Path(shutil.copytree(one_set, tmp_path / "custom")), EXPERT_THRESHOLD
+        (folder / EXPERTS_FILE).write_text(f'{{"experts": ["{EXPERT}"]}}', encoding="utf-8")
+        monkeypatch.setattr(core.paths, "detector_sets_dir", lambda: expert_set)
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(folder))
     at = make_app().run()
     at.switch_page(PLAYGROUND).run()
     at.selectbox(key=KEY_EXAMPLE).select(EXAMPLE).run()
@@ -123,10 +162,18 @@ def test_every_page_shows_the_judge_s_numbers_for_one_answer(
     v = want.verdicts
     assert set(v) == {"nll", "context_gain", "cortex", "spad", "redeep_token", "redeep_chunk"}
     # The demo dataset's own calibration judged it: the pooled one would disagree.
-    assert all(x.calibrated_for == DEMO and x.threshold == 0.42 for x in v.values())
+    assert all(x.calibrated_for == DEMO and x.threshold == threshold for x in v.values())
     dset = load_set(tiny_model.info.key)
-    pooled = {n: calibrated_as(dset.card(n).detector, x, None) for n, x in v.items()}
+    by = dset.for_example(example)
+    pooled = {n: calibrated_as(by.card(n).detector, x, None) for n, x in v.items()}
     assert all(abs(pooled[n].score - x.score) > 1e-3 for n, x in v.items())
+    if deferring:  # the expert judged it, and the set's own detectors would not agree
+        assert (want.set_name, want.deferred_from) == (EXPERT, "custom")
+        own = judge(tiny_model, example, dataclasses.replace(dset, experts={})).verdicts
+        assert all(abs(own[n].score - x.score) > 1e-3 for n, x in v.items())
+        assert f"Judged by the **{EXPERT}** set, the custom set's expert" in _text(at)
+    else:
+        assert (want.set_name, want.deferred_from) == ("custom", None)
 
     # Playground: the verdict line and every row of the table.
     colour = "red" if want.hallucinated else "green"

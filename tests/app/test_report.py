@@ -8,6 +8,7 @@ import re
 from pathlib import Path
 
 import numpy as np
+import pytest
 
 from app.components.report import answer_report_html, dataset_report_html
 from core.agreement import verdict_table
@@ -15,6 +16,7 @@ from core.data import load_builtin
 from core.detectors import load_shipped
 from core.extract import run_example
 from core.review import Flag, ReviewBook, dataset_verdicts
+from core.sets import load_set
 from core.storage import Store
 
 NAMES = ("nll", "context_gain", "cortex")
@@ -66,9 +68,12 @@ def test_answer_report_shows_verdicts_views_and_reviews(
     assert "says 1820, passage says 1821" in page
 
 
-def test_dataset_report_summarises_detectors_and_reviews(demo_detectors_dir: Path, tiny_model):
-    dets = [load_shipped(n, tiny_model.info.key, demo_detectors_dir) for n in NAMES]
-    kept, verdicts = dataset_verdicts(tiny_model, load_builtin()[:10], dets)
+def test_dataset_report_summarises_detectors_and_reviews(
+    demo_detectors_dir: Path, tiny_model, monkeypatch: pytest.MonkeyPatch
+):
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(demo_detectors_dir))
+    dset = load_set(tiny_model.info.key).subset(list(NAMES))
+    kept, verdicts = dataset_verdicts(tiny_model, load_builtin()[:10], dset)
     table = verdict_table(kept, verdicts, list(NAMES))
     page = dataset_report_html(name="corpus", model_name="tiny", table=table)
     assert "Dataset report: corpus" in page and "10 answers" in page

@@ -188,8 +188,24 @@ def test_a_set_defers_to_its_expert_for_the_experts_dataset_and_its_other_splits
     two = dset.subset(["nll", "ensemble"])
     assert two.for_dataset("ragtruth_qa_test").names == ("nll", "ensemble")
     assert expert.cache_id in dset.cache_id
-    # The default set names no expert: nothing changes for it.
+    # The shipped default set defers RAGTruth answers to the ragtruth set, usable as is.
     monkeypatch.delenv("RAGSCOPE_DETECTORS_DIR")
+    default = load_set(KEY)
+    assert default.name == "default" and default.expert_problems == ()
+    assert {ds: e.name for ds, e in default.experts.items()} == {"ragtruth_qa_dev": "ragtruth"}
+    assert default.experts["ragtruth_qa_dev"].names == default.names
+
+
+def test_the_experts_are_checked_once_and_again_when_a_file_changes(
+    no_set_env: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    folder = _with_experts(no_set_env, monkeypatch, {"experts": ["ragtruth"]})
+    first = load_set(KEY)
+    assert set(first.experts) == {"ragtruth_qa_dev"}
+    assert load_set(KEY).experts["ragtruth_qa_dev"] is first.experts["ragtruth_qa_dev"]
+    (folder / EXPERTS_FILE).write_text('{"experts": []}', encoding="utf-8")
+    assert load_set(KEY).experts == {}
+    (folder / EXPERTS_FILE).unlink()
     assert load_set(KEY).experts == {} and load_set(KEY).expert_problems == ()
 
 

@@ -136,7 +136,7 @@ def test_analysis_paths_calibrate_like_the_judge(
     dets = [c.detector for c in dset.detectors]
     _, examples = resolve_dataset(str(a_test))
     examples = examples[:2]
-    _, scanned = dataset_verdicts(tiny_model, examples, dets)
+    _, scanned = dataset_verdicts(tiny_model, examples, dset)
     for ex in examples:
         want = judge(tiny_model, ex, dset).verdicts
         side = score_one(tiny_model, dets, ex)
