@@ -30,6 +30,7 @@ from core.calibration import (
     DatasetCalibration,
     PlattCalibrator,
     enough_for_own,
+    match_dataset,
 )
 from core.contract import Detector, Features, Verdict, judge_features, own_raw_scores
 from core.data import data_hash
@@ -457,6 +458,15 @@ def dataset_calibrations(
     return out
 
 
+def _judged_by(
+    det: Detector, name: str, example: RAGExample, experts: Mapping[str, Mapping[str, Detector]]
+) -> Detector:
+    """The detector that judges ``example`` for ``name``: its dataset's expert's, else
+    ``det``."""
+    found = match_dataset(experts, example.provenance.dataset)
+    return found[1].get(name, det) if found is not None else det
+
+
 def evaluate(
     model: LoadedModel,
     detectors: Sequence[str],
@@ -476,6 +486,7 @@ def evaluate(
     recipe: TrainRecipe | None = None,
     configs: Mapping[str, Mapping[str, Any]] | None = None,
     smooth: float | None = None,
+    experts: Mapping[str, Mapping[str, Detector]] | None = None,
 ) -> EvalRun:
     """Fit (or load) each detector, pick thresholds on validation, report on test.
 
@@ -500,8 +511,17 @@ def evaluate(
         smooth: Also report token metrics after label-persistence smoothing of every
             detector's token scores with this ``p_stay`` (:mod:`core.smoothing`),
             under ``token_metrics["smoothed"]``.
+        experts: For loaded artifacts judged as trained (no validation split): training
+            dataset -> the detectors of the set's expert for it
+            (:meth:`core.sets.DetectorSet.for_dataset`). A test answer of that dataset (or
+            another split of it, :func:`core.calibration.match_dataset`) is judged by the
+            expert's detector of the same name, on the same features, as every other path
+            judges it.
     """
     artifacts = dict(artifacts or {})
+    experts = dict(experts or {})
+    if experts and (validation or any(n not in artifacts for n in detectors)):
+        raise DataError("experts judge only loaded artifacts as trained (no validation split)")
     dets: dict[str, Any] = {}
     configs = dict(configs or {})
     unknown = sorted(set(configs) - set(detectors))
@@ -545,9 +565,10 @@ def evaluate(
             va_metrics = response_metrics(y_va, va_scores, det.threshold_, n_boot=0)
         # A detector trained on several datasets judges each answer by its dataset's own
         # calibration and threshold when it has them.
+        judging = [_judged_by(det, n, e, experts) for e in te_ex]
         verdicts = [
-            judge_features(det, f, e.provenance.dataset)
-            for f, e in zip(te_f[n], te_ex, strict=True)
+            judge_features(d, f, e.provenance.dataset)
+            for d, f, e in zip(judging, te_f[n], te_ex, strict=True)
         ]
         scores = np.asarray([v.score for v in verdicts])
         tok = None
@@ -567,7 +588,10 @@ def evaluate(
                 }
         # Each answer is flagged at the threshold of the calibration that gave its score.
         thresholds = np.asarray(
-            [det.threshold_ if v.threshold is None else v.threshold for v in verdicts],
+            [
+                d.threshold_ if v.threshold is None else v.threshold
+                for d, v in zip(judging, verdicts, strict=True)
+            ],
             dtype=np.float64,
         )
         metrics = response_metrics(y_te, scores, thresholds, n_boot=n_boot)

@@ -31,6 +31,7 @@ that is not is named in :attr:`DetectorSet.expert_problems` and not used.
 from __future__ import annotations
 
 import hashlib
+import re
 import threading
 from collections import OrderedDict
 from collections.abc import Iterable, Mapping
@@ -59,6 +60,7 @@ if TYPE_CHECKING:
     from core.examples import RAGExample
 
 ANSWER_JUDGE = "ensemble"
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 """The detector whose verdict is a set's overall verdict on an answer, when the set has
 it (it stacks the others); a set without it is judged by the share of its detectors that
 flag the answer (:func:`core.judge.overall_verdict`)."""
@@ -111,6 +113,14 @@ class ArtifactCard:
     @property
     def n_train(self) -> int | None:
         return self.training.n_train
+
+    @property
+    def cv_run(self) -> str | None:
+        """The name of the CV run its CV metrics come from (a file name in the runs
+        folder), when it records a safe one."""
+        run = cfg_at(self.metrics, "cv", "run")
+        ok = isinstance(run, str) and 0 < len(run) <= 200 and _RUN_NAME.fullmatch(run)
+        return run if ok else None
 
     @classmethod
     def of(
@@ -532,6 +542,22 @@ def load_set(model_key: str, name: str | None = None) -> DetectorSet:
                     trained, other_models=found.other_models, foreign=found.foreign, error=error
                 )
     return replace(_with_experts(found), error=error)
+
+
+def folder_set(model_key: str, root: Path) -> DetectorSet:
+    """The set in folder ``root`` (``--artifacts DIR``), with the experts its
+    :data:`EXPERTS_FILE` names: a shipped set's folder by its name, any other
+    ``custom``."""
+    found = root.resolve()
+    name = CUSTOM_SET
+    for candidate in (DEFAULT_SET, found.name):
+        try:
+            if detector_set_dir(candidate).resolve() == found:
+                name = candidate
+                break
+        except DataError:  # not a shipped set's name
+            continue
+    return _with_experts(_folder_set(model_key, root, name))
 
 
 def set_detector(model_key: str, name: str, set_name: str | None = None) -> Detector:

@@ -57,6 +57,7 @@ from app.components.cv_charts import (
     series_name,
 )
 from app.components.exports import plot
+from app.components.set_quality import show_set_quality
 from app.state import (
     CORPUS,
     KEY_BENCH_BREAKDOWN_METRIC,
@@ -94,6 +95,7 @@ from app.state import (
     publish,
     saved_runs,
     seed_widget,
+    shipped_detectors,
     threshold_key,
 )
 from app.text import code, md
@@ -824,6 +826,7 @@ def show_cv(state: AppState, saved: SavedRuns) -> None:
         "answer scored by a detector that never saw its source, so the numbers hold for new "
         "questions."
     )
+    show_set_quality(shipped_detectors(get_model()))
     runs = pick_cv_runs(state, saved)
     if not runs:
         st.info("Pick one or more cross-validation runs above.")

@@ -48,7 +48,7 @@ from core.matrix import MatrixRun, domain_matrix
 from core.model import LoadedModel, load_model
 from core.paths import runs_dir, shipped_dir, shipped_runs_dir
 from core.recipe import TrainRecipe
-from core.sets import TrainedOn
+from core.sets import TrainedOn, folder_set
 from core.smoothing import P_STAY_TOKEN
 from core.storage import Store
 from core.train import (
@@ -169,7 +169,9 @@ def _add_evaluate(sub: Subparsers) -> None:
         action="store_true",
         help="with --artifacts: judge every answer of --dataset (or of --test-dataset) "
         "with the detectors exactly as trained, at their own calibration and thresholds "
-        "(each dataset's own where they have one); no validation part re-picks them",
+        "(each dataset's own where they have one), an answer of a dataset the folder's "
+        "experts.json has an expert for by that expert, as `ragscope judge` does; no "
+        "validation part re-picks them",
     )
     p.add_argument(
         "--matrix",
@@ -329,8 +331,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         splits = {"train": [], "validation": [], "test": judged}
     model = load(args)
     artifacts = {}
+    experts: dict[str, dict[str, Any]] = {}
     if args.artifacts:
         artifacts = {n: Path(args.artifacts) / n for n in names}
+    if args.as_trained:
+        experts = _as_trained_experts(model, Path(args.artifacts), names, splits["test"])
     parts = ("validation", "test") if artifacts else ("train", "validation", "test")
     prefetch_features(args, model, [e for p in parts for e in splits[p]], names)
     with Store() as store:
@@ -350,11 +355,33 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
             configs=detector_options(args),
             smooth=args.smooth,
             threshold_criterion=args.criterion or "f1",
+            experts=experts,
         )
     j, m = run.save(args.out or runs_dir())
     print(run.to_markdown())
     print(f"\nsaved {j} and {m}")
     return 0
+
+
+def _as_trained_experts(
+    model: LoadedModel, folder: Path, names: list[str], judged: list[RAGExample]
+) -> dict[str, dict[str, Any]]:
+    """The experts of the set in ``folder`` (:func:`core.sets.folder_set`), by training
+    dataset, each as its detectors of ``names``; says on stderr which of the ``judged``
+    answers each judges, and why a named expert is not used."""
+    dset = folder_set(model.info.key, folder)
+    for problem in dset.expert_problems:
+        print(f"expert not used: {problem}", file=sys.stderr)
+    out: dict[str, dict[str, Any]] = {}
+    for ds, expert in dset.experts.items():
+        out[ds] = {n: expert.card(n).detector for n in names if n in expert.names}
+        n = sum(dset.for_example(e) is expert for e in judged)
+        print(
+            f"{n} of {len(judged)} answers ({ds} or another split of it) judged by the "
+            f"{expert.name} set, the {dset.name} set's expert",
+            file=sys.stderr,
+        )
+    return out
 
 
 def _add_train(sub: Subparsers) -> None:

@@ -281,3 +281,21 @@ def test_a_set_defers_the_answers_of_its_experts_dataset_and_resumes_their_verdi
     assert main(argv) == 0
     assert "4 answers already in" in capsys.readouterr().err
     assert _jsonl(out) == recs
+    # evaluate --as-trained judges them by the same expert: each answer's probability.
+    runs = env / "runs"
+    save_jsonl(examples, env / "answers.jsonl")  # `--dataset demo` names them ragscope-demo
+    ev = [
+        *("evaluate", *MODEL, "--dataset", str(env / "answers.jsonl")),
+        *("--artifacts", str(own), "--as-trained"),
+    ]
+    ev += ["--detectors", "nll,cortex", "--out", str(runs), "--bootstrap", "0", "--name", "e"]
+    assert main(ev) == 0
+    assert "12 of 12 answers (demo or another split of it) judged by the demo-only set" in (
+        capsys.readouterr().err
+    )
+    run = json.loads((runs / "e.json").read_text())
+    by_id = {e.id: e for e in examples}
+    for r in run["results"]:
+        for i, score in zip(run["test_ids"], r["scores"], strict=True):
+            want = judge(tiny_model, by_id[i], expert).verdicts[r["detector"]]
+            assert score == pytest.approx(want.score, abs=1e-6), (r["detector"], i)
