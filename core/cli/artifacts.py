@@ -21,7 +21,7 @@ from core.errors import DataError, RagscopeError
 from core.evaluate import token_threshold
 from core.extract import FeatureCache, extract_features
 from core.paths import detector_set_dir, detector_set_name, detector_set_names, shipped_dir
-from core.sets import TrainedOn
+from core.sets import TrainedOn, expert_names
 from core.storage import Store
 
 
@@ -146,9 +146,14 @@ def _list_sets() -> int:
             if trained.spec is not None:
                 data[trained.spec] = None
         mark = "*" if name == loaded else " "
+        try:
+            experts = expert_names(folder)
+            defers = f"  defers to {', '.join(experts)}" if experts else ""
+        except DataError as e:
+            defers = f"  experts.json unreadable: {e}"
         print(
             f"{mark} {name:<10} {len(found):>2} detectors  trained on "
-            f"{', '.join(data) or 'unrecorded data'}  ({folder})"
+            f"{', '.join(data) or 'unrecorded data'}{defers}  ({folder})"
         )
     return 0
 

@@ -653,6 +653,7 @@ def test_artifacts_sets_lists_each_shipped_set_and_marks_the_loaded_one(
     assert by_name["builtin"].startswith("* ") and by_name["default"].startswith("  ")
     assert "trained on builtin" in by_name["builtin"]
     assert all(" detectors  trained on " in line for line in lines)
+    assert "defers to ragtruth" in by_name["default"] and "defers" not in by_name["builtin"]
 
 
 def test_evaluate_as_trained_judges_every_answer_at_the_artifacts_thresholds(
