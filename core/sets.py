@@ -502,7 +502,10 @@ def _with_experts(found: DetectorSet) -> DetectorSet:
 
 
 def _check_experts(found: DetectorSet) -> DetectorSet:
-    """``found`` with its usable experts, and why each other named one is not used."""
+    """``found`` with its usable experts, and why each other named one is not used
+    (nothing for a set with no detectors for the model: it judges nothing)."""
+    if not found.detectors:
+        return found
     try:
         names = expert_names(found.folder)
     except DataError as e:

@@ -92,6 +92,15 @@ def detector_set_status(model: LoadedModel) -> None:
         )
     else:
         st.markdown(f"Detector set **{md(shipped.name)}** has no detectors trained for this model.")
+    for ds, expert in sorted(shipped.experts.items()):
+        st.markdown(
+            f"Answers of {code(ds)} (or another split of it) are judged by its expert, the "
+            f"**{md(expert.name)}** set, trained on that data alone and reading the same "
+            "features; every page says so. The Benchmark's cross-validation tab shows the "
+            "set's quality with its experts."
+        )
+    for problem in shipped.expert_problems:
+        st.warning(f"An expert of the {md(shipped.name)} set is not used: {md(problem)}")
     others = [s for s in detector_set_names() if s != shipped.name]
     if others:
         st.caption(

@@ -92,6 +92,7 @@ def test_home_says_which_detector_set_is_loaded(
     # The shipped sets are for the embedded model, not the tiny one.
     assert "Detector set **default** has no detectors trained for this model" in _markdown(at)
     assert "`builtin`" in " ".join(c.value for c in at.caption)
+    assert "judged by its expert" not in _markdown(at) and not at.warning  # none for tiny
 
 
 def test_home_upload_lists_bad_records_and_imports_the_rest(
