@@ -28,7 +28,7 @@ from core.jobs import (
     start_train_job,
 )
 from core.model import LoadedModel
-from core.paths import model_detectors_dir
+from core.paths import model_detectors_dir, runs_dir
 from core.storage import JobRow, Store
 
 WAIT_S = 180.0
@@ -41,6 +41,13 @@ def job_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Store]:
     worker still running at the end is stopped."""
     monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "jobs.sqlite3"))
     monkeypatch.setenv("RAGSCOPE_TRAINED_DIR", str(tmp_path / "trained"))
+    # A cache dir of its own (the runs a CV job saves stay here), sharing the session's
+    # model cache.
+    models = Path(os.environ["RAGSCOPE_CACHE_DIR"]).expanduser() / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    (tmp_path / "cache").mkdir()
+    (tmp_path / "cache" / "models").symlink_to(models, target_is_directory=True)
+    monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
     monkeypatch.setenv("TRANSFORMERS_OFFLINE", "1")
     # The tiny model is latency-bound: on a shared small machine more threads only wait.
@@ -161,6 +168,7 @@ def test_a_cv_job_trains_on_every_answer_and_reports_its_folds(
     view = _wait(job_env, job, lambda v: not v.active)
     assert view.state == "done", _log(job_env, job)
     assert view.row.result["auroc_from"] == "3-fold CV"
+    assert [p.name.endswith("-cv3-builtin.json") for p in runs_dir().glob("*.json")] == [True]
     assert 0.0 <= view.row.result["auroc"]["nll"] <= 1.0
     cfg = json.loads((model_detectors_dir(key) / "nll" / "cfg.json").read_text())
     assert cfg["trained_on"]["recipe"]["cv"] == 3
