@@ -45,7 +45,14 @@ def show_set_quality(dset: DetectorSet) -> None:
         + ", ".join(f"{md(s)} {code(r)}" for s, r in got.runs.items())
         + "."
     )
-    st.dataframe(pd.DataFrame(got.to_rows()), hide_index=True, width="stretch")
+    frame = pd.DataFrame(got.to_rows())
+    numbers = [c for c in frame.columns if frame[c].dtype.kind == "f"]
+    st.dataframe(
+        frame,
+        hide_index=True,
+        width="stretch",
+        column_config={c: st.column_config.NumberColumn(format="%.3f") for c in numbers},
+    )
     for p in got.parts:
         if p.evidence:
             st.warning(f"**Too few answers** in {md(p.dataset)}: {md(p.evidence)}")
