@@ -621,14 +621,23 @@ def test_the_training_caption_names_the_datasets_an_ensemble_reads_with_their_ow
             name=name, trained_on="a_dev + b", n_train=120, auroc_from="5-fold CV", own_stackers=own
         )
 
-    plain = SimpleNamespace(name="default", trained_on=["a_dev + b"], detectors=[card("nll")])
+    plain = SimpleNamespace(
+        name="default", trained_on=["a_dev + b"], detectors=[card("nll")], deferred_from=None
+    )
     assert training_caption(plain) == (
         "Detector set **default**: trained on a\\_dev + b (120 answers), AUROC from 5-fold CV."
+    )
+    expert = SimpleNamespace(
+        name="rt", trained_on=["a_dev"], detectors=[card("nll")], deferred_from="default"
+    )
+    assert training_caption(expert).startswith(
+        "Judged by the **rt** set, the default set's expert for answers of its training data: "
     )
     shipped = SimpleNamespace(
         name="default",
         trained_on=["a_dev + b"],
         detectors=[card("nll"), card("ensemble", ("a_dev",))],
+        deferred_from=None,
     )
     text = training_caption(shipped)
     assert text.endswith(
