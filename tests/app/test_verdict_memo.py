@@ -3,6 +3,7 @@ asks, but a new Analyse click (``retry``) runs it again, since the cause may be 
 
 from __future__ import annotations
 
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -11,6 +12,7 @@ import pytest
 import app.state.verdicts as verdicts
 from core.errors import DataError
 from core.examples import RAGExample
+from core.sets import DetectorSet
 
 
 def test_a_failure_is_kept_until_a_retry(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -23,10 +25,13 @@ def test_a_failure_is_kept_until_a_retry(monkeypatch: pytest.MonkeyPatch) -> Non
         return iter(())
 
     monkeypatch.setattr(verdicts, "judge_stream", judge_stream)
-    verdicts._failures().pop(("m", "sig", "set"))
-    verdicts._verdicts().pop(("m", "sig", "set"))
+    shipped = DetectorSet(
+        name="set", folder=Path("set"), model_key="m", detectors=(), broken=(),
+        other_models=(), stamp="s",
+    )  # fmt: skip
+    verdicts._failures().pop(("m", "sig", shipped.cache_id))
+    verdicts._verdicts().pop(("m", "sig", shipped.cache_id))
     model = SimpleNamespace(instance_key="m")
-    shipped = SimpleNamespace(cache_id="set", name="set", detectors=())
     ex = RAGExample(id="x", question="q?", passages=("p.",), response="a.")
     with pytest.raises(DataError, match="too long"):
         verdicts.stream_verdicts(model, ex, "sig", shipped)  # type: ignore[arg-type]
