@@ -573,6 +573,8 @@ class DetectorBase:
     name: ClassVar[str]
     needs_bare: bool = False
     composite: ClassVar[bool] = False
+    #: Whether its verdicts give every answer token a score (:func:`scores_tokens`).
+    gives_token_scores: ClassVar[bool] = False
     #: Maps the detector's score to a probability calibrated on held-out data (set by
     #: the training workflow, saved in ``cfg.json``); ``None``: scores are shown as they are.
     calibration_: PlattCalibrator | None = None
@@ -645,30 +647,13 @@ def check_features(
         )
 
 
-TOKEN_SCORERS = frozenset(
-    {
-        "nll",
-        "context_gain",
-        "lexical",
-        "redeep_token",
-        "redeep_chunk",
-        "interpdetect",
-        "cortex",
-        "saplma",
-        "lookback_lens",
-    }
-)
-"""Detectors that give every answer token a score (the ensemble does when its token
-stacker is fitted)."""
-
-
 def scores_tokens(detector: Any) -> bool:
-    """Whether ``detector``'s verdicts carry token scores (to flag spans with)."""
+    """Whether ``detector``'s verdicts carry token scores (to flag spans with): what its
+    class declares (:attr:`DetectorBase.gives_token_scores`), or a fitted token
+    threshold."""
     if getattr(detector, "token_threshold_", None) is not None:
         return True
-    if getattr(detector, "name", None) == "ensemble":
-        return bool(getattr(detector, "token_members_", ()))
-    return getattr(detector, "name", None) in TOKEN_SCORERS
+    return bool(getattr(detector, "gives_token_scores", False))
 
 
 def flag_threshold(detector: Any) -> float:

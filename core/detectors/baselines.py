@@ -149,6 +149,8 @@ class NLLConfig(DetectorConfig):
 class NLLDetector(CalibratedDetector):
     """Mean / max / p90 surprisal of the answer given the context."""
 
+    gives_token_scores: ClassVar[bool] = True
+
     name = "nll"
     Config = NLLConfig
     token_direction = 1
@@ -182,6 +184,8 @@ class ContextGainConfig(DetectorConfig):
 
 class ContextGainDetector(CalibratedDetector):
     """How much the passages make each answer token more likely; low gain = ungrounded."""
+
+    gives_token_scores: ClassVar[bool] = True
 
     name = "context_gain"
     Config = ContextGainConfig
@@ -229,6 +233,8 @@ class LexicalConfig(DetectorConfig):
 
 class LexicalDetector(CalibratedDetector):
     """Share of the answer's content words that the passages never mention."""
+
+    gives_token_scores: ClassVar[bool] = True
 
     name = "lexical"
     Config = LexicalConfig

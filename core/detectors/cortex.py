@@ -233,6 +233,8 @@ def build_mlp(n_in: int, hidden: Sequence[int], dropout: float) -> torch.nn.Sequ
 class CortexDetector(DetectorBase):
     """Token classifier on with-vs-without-passages hidden-state differences."""
 
+    gives_token_scores: ClassVar[bool] = True
+
     name: ClassVar[str] = "cortex"
     Config = CortexConfig
     needs_bare = True

@@ -223,6 +223,11 @@ class EnsembleDetector(DetectorBase):
     Config: ClassVar[type[EnsembleConfig]] = EnsembleConfig
     composite: ClassVar[bool] = True
 
+    @property  # type: ignore[override]  # a fitted token stacker decides
+    def gives_token_scores(self) -> bool:
+        """Whether its token stacker is fitted (it then scores every answer token)."""
+        return bool(self.token_members_)
+
     def __init__(self, config: EnsembleConfig | None = None) -> None:
         self.config = config or EnsembleConfig()
         self.members_: dict[str, Detector] = {

@@ -232,6 +232,8 @@ def _response_f1(chunk_prob: Sequence[np.ndarray], y: np.ndarray) -> float:
 class InterpDetectDetector(DetectorBase):
     """Chunk-level ECS of every head and PKS of every layer, classic classifier on top."""
 
+    gives_token_scores: ClassVar[bool] = True
+
     name: ClassVar[str] = "interpdetect"
     Config: ClassVar[type[InterpDetectConfig]] = InterpDetectConfig
 

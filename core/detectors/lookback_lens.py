@@ -151,6 +151,8 @@ class LookbackLensConfig(DetectorConfig):
 class LookbackLensDetector(DetectorBase):
     """Logistic regressions on per-head lookback ratios (see the module docstring)."""
 
+    gives_token_scores: ClassVar[bool] = True
+
     name: ClassVar[str] = "lookback_lens"
     Config = LookbackLensConfig
 

@@ -182,6 +182,8 @@ def _scale(v: np.ndarray, r: tuple[float, float]) -> np.ndarray:
 class RedeepDetector(DetectorBase):
     """Shared features / selection / scoring of the two ReDeEP detectors."""
 
+    gives_token_scores: ClassVar[bool] = True
+
     name: ClassVar[str]
     Config: ClassVar[type[RedeepConfig]]
     level: ClassVar[Literal["token", "chunk"]]

@@ -195,6 +195,8 @@ Probe = LogisticCalibrator | MLPHead
 class SaplmaDetector(DetectorBase):
     """A probe on pooled residual-stream states (see the module docstring)."""
 
+    gives_token_scores: ClassVar[bool] = True
+
     name: ClassVar[str] = "saplma"
     Config = SaplmaConfig
 

@@ -17,7 +17,7 @@ from typing import Any
 import numpy as np
 import pytest
 
-from core.contract import Features, Verdict
+from core.contract import Features, Verdict, scores_tokens
 from core.data import load_builtin, stratified_head
 from core.detectors import available_detectors, detector_class, make_detector
 from core.errors import DataError
@@ -95,6 +95,8 @@ def test_every_detector_fits_predicts_persists_and_refits_alike(
     det.fit(tr_f, tr_e)
     before = [det.predict(f) for f in te_f]
     assert all(0.0 <= v.score <= 1.0 and v.detector == name for v in before)
+    # What the class declares about token scores holds for its verdicts.
+    assert scores_tokens(det) == all(v.token_scores is not None for v in before)
 
     # Saved and loaded back: the same verdicts.
     folder = det.save(tmp_path / name)

@@ -585,11 +585,11 @@ def test_lookback_without_token_labels_scores_windows_with_the_answer_model(
 
 
 def test_both_probes_are_ensemble_members_and_token_scorers() -> None:
-    from core.contract import TOKEN_SCORERS
+    from core.contract import scores_tokens
     from core.detectors.ensemble import DEFAULT_MEMBERS
 
     assert {"saplma", "lookback_lens"} <= set(DEFAULT_MEMBERS)
-    assert {"saplma", "lookback_lens"} <= TOKEN_SCORERS
+    assert scores_tokens(make_detector("saplma")) and scores_tokens(make_detector("lookback_lens"))
 
 
 def test_window_probs_average_in_logit_space() -> None:
