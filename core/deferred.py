@@ -20,11 +20,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
+from sklearn.metrics import balanced_accuracy_score
 
 from core.calibration import match_dataset
 from core.crossval import CVRun
 from core.errors import DataError
-from core.metrics import auroc_or_none, evidence_warning, grouped_bootstrap_ci
+from core.metrics import auroc_or_none, evidence_warning, grouped_bootstrap_ci, is_binary
 from core.paths import shipped_runs_dir
 from core.sets import ArtifactCard, DetectorSet
 
@@ -115,10 +116,7 @@ class SetQuality:
 
 def _balanced(y: np.ndarray, flags: np.ndarray) -> float | None:
     """Balanced accuracy of ``flags``; ``None`` without both classes."""
-    pos, neg = y == 1, y == 0
-    if not pos.any() or not neg.any():
-        return None
-    return float((flags[pos].mean() + (1 - flags[neg]).mean()) / 2)
+    return float(balanced_accuracy_score(y, flags)) if is_binary(y) else None
 
 
 def _summary(
@@ -163,6 +161,7 @@ def deferred_quality(
     scores, flags = alone.copy(), alone_flags.copy()
     judged_by = [set_name] * len(y)
     index = {ds: {i: k for k, i in enumerate(run.ids)} for ds, (_, run) in experts.items()}
+    results = {ds: run.result(detector) for ds, (_, run) in experts.items()}
     for k, (answer, ds) in enumerate(zip(own.ids, own.example_datasets, strict=True)):
         found = match_dataset(experts, ds)
         if found is None:
@@ -175,8 +174,7 @@ def deferred_quality(
                 f"as the {set_name} set's run {own.name} did: cross-validate both on the "
                 "same answers"
             )
-        theirs = run.result(detector)
-        scores[k], flags[k] = theirs.scores[j], theirs.flagged[j]
+        scores[k], flags[k] = results[trained].scores[j], results[trained].flagged[j]
         judged_by[k] = name
     groups = np.asarray(own.groups if own.groups else own.ids)
     datasets = np.asarray(own.example_datasets)

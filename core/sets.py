@@ -34,7 +34,7 @@ import hashlib
 import re
 import threading
 from collections import OrderedDict
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -377,21 +377,30 @@ _LOADED: OrderedDict[tuple[str, str, str], DetectorSet] = OrderedDict()
 _KEEP = 8
 
 
+def _kept(
+    cache: OrderedDict[Any, DetectorSet], key: Any, make: Callable[[], DetectorSet]
+) -> DetectorSet:
+    """``cache[key]``, else ``make()`` kept there (the :data:`_KEEP` most recently used)."""
+    with _LOCK:
+        found = cache.get(key)
+        if found is not None:
+            cache.move_to_end(key)
+            return found
+    made = make()
+    with _LOCK:
+        cache[key] = made
+        while len(cache) > _KEEP:
+            cache.popitem(last=False)
+    return made
+
+
 def _folder_set(model_key: str, root: Path, name: str) -> DetectorSet:
     """:func:`_read_folder`, kept per model, folder and stamp (reloaded when files change)."""
     stamp = artifacts_stamp(root)
-    key = (model_key, str(root), stamp)
-    with _LOCK:
-        found = _LOADED.get(key)
-        if found is not None:
-            _LOADED.move_to_end(key)
-            return replace(found, name=name)
-    loaded = _read_folder(model_key, root, name, stamp)
-    with _LOCK:
-        _LOADED[key] = loaded
-        while len(_LOADED) > _KEEP:
-            _LOADED.popitem(last=False)
-    return loaded
+    loaded = _kept(
+        _LOADED, (model_key, str(root), stamp), lambda: _read_folder(model_key, root, name, stamp)
+    )
+    return loaded if loaded.name == name else replace(loaded, name=name)
 
 
 EXPERTS_FILE = "experts.json"
@@ -488,17 +497,7 @@ def _with_experts(found: DetectorSet) -> DetectorSet:
     """``found`` with the experts its folder names, checked once per state of the files
     (an expert's own experts are not read: one level of deferring)."""
     key = (found.model_key, str(found.folder), found.name, found.stamp, _experts_stamp(found))
-    with _LOCK:
-        hit = _CHECKED.get(key)
-        if hit is not None:
-            _CHECKED.move_to_end(key)
-            return hit
-    checked = _check_experts(found)
-    with _LOCK:
-        _CHECKED[key] = checked
-        while len(_CHECKED) > _KEEP:
-            _CHECKED.popitem(last=False)
-    return checked
+    return _kept(_CHECKED, key, lambda: _check_experts(found))
 
 
 def _check_experts(found: DetectorSet) -> DetectorSet:
