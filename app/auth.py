@@ -26,7 +26,7 @@ from app.state.identity import (
     log_out,
 )
 from app.text import code, md
-from core.llmserve import is_loopback_host
+from core.services.llmserve import is_loopback_host
 
 __all__ = [
     "Identity",

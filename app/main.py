@@ -17,7 +17,7 @@ from app.auth import exposure_banner, login_gate
 from app.state import loaded_model, shipped_detectors, start_model, warm_detectors
 from app.state.links import on_page
 from app.text import md
-from core.paths import assets_dir
+from core.base.paths import assets_dir
 
 PAGES_DIR = Path(__file__).parent / "views"
 # The browser tab's icon: Material Symbols' "troubleshoot" (Apache-2.0) drawn to a PNG

@@ -17,8 +17,8 @@ import pytest
 # Before anything imports core: keep the user's cache dir when set.
 os.environ.setdefault("RAGSCOPE_CACHE_DIR", str(Path.home() / ".cache" / "ragscope"))
 
-from core.examples import RAGExample  # noqa: E402
-from core.model import LoadedModel, embedded_cache_path, load_model  # noqa: E402
+from core.base.examples import RAGExample  # noqa: E402
+from core.engine.model import LoadedModel, embedded_cache_path, load_model  # noqa: E402
 
 EMBEDDED_FIXTURES = frozenset({"embedded_model"})
 
@@ -42,7 +42,7 @@ def tiny_reference(tiny_model: LoadedModel):
 
     Same seed, so the same weights: an independent reference for numerics.
     """
-    from core.model import _tiny_hf_model
+    from core.engine.model import _tiny_hf_model
 
     return _tiny_hf_model(tiny_model.tokenizer, seed=0).eval()
 
@@ -62,7 +62,7 @@ def embedded_model(embedded_was_cached: bool) -> LoadedModel:
 @pytest.fixture(scope="session")
 def toy_example() -> RAGExample:
     """A small qa example with two passages and one labelled span."""
-    from core.examples import Span
+    from core.base.examples import Span
 
     response = "The Old Bridge was built by Ada Lovell in 1820, from red granite."
     start = response.index("red granite")
@@ -97,7 +97,7 @@ def one_torch_thread() -> Iterator[None]:
 @pytest.fixture(scope="session")
 def tiny_sae(tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathFactory):
     """A small TopK SAE on the tiny model's layer-1 residual stream, saved and reloaded."""
-    from core.sae import (
+    from core.signals.sae import (
         LoadedSAE,
         SaeSettings,
         collect_activations,
@@ -186,7 +186,7 @@ def reseal():
     """
     import json
 
-    from core.artifact import artifact_hashes
+    from core.learning.artifact import artifact_hashes
 
     def _reseal(folder: Path) -> None:
         cfg_path = Path(folder) / "cfg.json"
@@ -236,8 +236,8 @@ def hostile_artifact(tmp_path: Path):
     """
     import skops.io as sio
 
-    from core.artifact import write_artifact
     from core.detectors import make_detector
+    from core.learning.artifact import write_artifact
 
     def make(root: Path, detector: str = "interpdetect", model_key: str = "any") -> Path:
         marker = tmp_path / f"PWNED-{detector}"

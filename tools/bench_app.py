@@ -35,8 +35,8 @@ import torch
 from playwright.sync_api import Browser, Page, sync_playwright
 
 from core.data import builtin_examples
-from core.layout import render
-from core.model import EMBEDDED, LoadedModel, load_model, prepare_embedded
+from core.engine.layout import render
+from core.engine.model import EMBEDDED, LoadedModel, load_model, prepare_embedded
 from tools.browser import CHROMIUM, CHROMIUM_ARGS, free_port, start_app, stop_app, wait_healthy
 
 START_TIMEOUT_MS = 300_000

@@ -33,7 +33,7 @@ from pathlib import Path
 from playwright.sync_api import Page, sync_playwright
 
 from core.data import builtin_examples
-from core.model import EMBEDDED, load_model, prepare_embedded
+from core.engine.model import EMBEDDED, load_model, prepare_embedded
 from tools.bench_app import plain_forward
 from tools.browser import (
     CHROMIUM,

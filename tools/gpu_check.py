@@ -10,7 +10,7 @@ SmolLM2-135M's and Llama-3-8B's shapes (``random:smollm2``, ``random:llama8b``).
    (mixed lengths) on the tiny model in float32, on the CPU one at a time and on the
    device one at a time and ``--batch-size`` at a time; the largest absolute difference
    per detector, and whether all agree within ``--atol``/``--rtol``.
-2. **Throughput**: for each shape and dtype, :func:`core.bench.bench_extraction` over
+2. **Throughput**: for each shape and dtype, :func:`core.services.bench.bench_extraction` over
    ``--examples`` built-in examples (cold one at a time, cached, cold ``--batch-size``
    at a time, against one plain forward per example), then one feature pass (trace +
    every detector's features) on the ``--tokens``-token bench example against one plain
@@ -54,17 +54,17 @@ from typing import Any
 import numpy as np
 import torch
 
-import core.chunking
-import core.embed
-import core.spad
-from core.bench import bench_example, bench_extraction
-from core.contract import Detector, Features
+import core.signals.attribution
+import core.signals.chunking
+import core.signals.embed
+from core.base.examples import RAGExample
 from core.data import resolve_dataset, stratified_head
 from core.detectors import make_detector, runnable_detectors
-from core.examples import RAGExample
-from core.extract import extract_features, run_example
-from core.layout import render
-from core.model import TINY, LoadedModel, load_model
+from core.engine.layout import render
+from core.engine.model import TINY, LoadedModel, load_model
+from core.learning.contract import Detector, Features
+from core.pipeline.extract import extract_features, run_example
+from core.services.bench import bench_example, bench_extraction
 
 TEXT_ONLY = ("lexical",)
 """Detectors that read no activations and need spaCy itself (left out when replaying)."""
@@ -143,10 +143,10 @@ def text_steps(record: Path | None, replay: Path | None) -> Iterator[dict[str, A
     stats = {"text_s": 0.0, "calls": 0}
     if replay is not None:
         table = json.loads(gzip.decompress(replay.read_bytes()))
-    words0 = core.spad.spacy_words
-    sents0 = core.chunking.split_sentences_many
-    rec0 = core.chunking.split_recursive
-    load0 = core.embed.SentenceEmbedder._load
+    words0 = core.signals.attribution.spacy_words
+    sents0 = core.signals.chunking.split_sentences_many
+    rec0 = core.signals.chunking.split_recursive
+    load0 = core.signals.embed.SentenceEmbedder._load
 
     def look(key: str) -> Any:
         if key not in table:
@@ -204,23 +204,23 @@ def text_steps(record: Path | None, replay: Path | None) -> Iterator[dict[str, A
             table.update({f"e:{_h(t)}": vec(v) for t, v in zip(texts, out, strict=True)})
             return out
 
-    def load(self: core.embed.SentenceEmbedder) -> Any:
+    def load(self: core.signals.embed.SentenceEmbedder) -> Any:
         if self._model is None:
             self._model = Replayed() if replay is not None else Recording(load0(self))
         return self._model
 
     if record is not None or replay is not None:
-        core.embed.SentenceEmbedder._load = load  # type: ignore[method-assign]
-        core.spad.spacy_words = words  # type: ignore[assignment]
-        core.chunking.split_sentences_many = sents  # type: ignore[assignment]
-        core.chunking.split_recursive = recursive  # type: ignore[assignment]
+        core.signals.embed.SentenceEmbedder._load = load  # type: ignore[method-assign]
+        core.signals.attribution.spacy_words = words  # type: ignore[assignment]
+        core.signals.chunking.split_sentences_many = sents  # type: ignore[assignment]
+        core.signals.chunking.split_recursive = recursive  # type: ignore[assignment]
     try:
         yield stats
     finally:
-        core.embed.SentenceEmbedder._load = load0  # type: ignore[method-assign]
-        core.spad.spacy_words = words0  # type: ignore[assignment]
-        core.chunking.split_sentences_many = sents0  # type: ignore[assignment]
-        core.chunking.split_recursive = rec0  # type: ignore[assignment]
+        core.signals.embed.SentenceEmbedder._load = load0  # type: ignore[method-assign]
+        core.signals.attribution.spacy_words = words0  # type: ignore[assignment]
+        core.signals.chunking.split_sentences_many = sents0  # type: ignore[assignment]
+        core.signals.chunking.split_recursive = rec0  # type: ignore[assignment]
         if record is not None:
             record.parent.mkdir(parents=True, exist_ok=True)
             record.write_bytes(gzip.compress(json.dumps(table).encode(), mtime=0))
@@ -237,7 +237,7 @@ def equality_examples(n: int) -> list[RAGExample]:
 
 
 def throughput_examples(n: int) -> list[RAGExample]:
-    """The examples :func:`core.bench.bench_extraction` times."""
+    """The examples :func:`core.services.bench.bench_extraction` times."""
     return stratified_head(resolve_dataset("builtin")[1], n)
 
 

@@ -7,7 +7,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.agreement import VerdictTable, gold_matrix
+from core.analysis.detector_agreement import VerdictTable, gold_matrix
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -21,11 +21,11 @@ from app.state import (
     train_command,
 )
 from app.text import code, md
-from core.errors import RagscopeError
+from core.base.errors import RagscopeError
 
 if TYPE_CHECKING:
-    from core.examples import RAGExample
-    from core.model import LoadedModel
+    from core.base.examples import RAGExample
+    from core.engine.model import LoadedModel
 
 QUICK_FIT_MIN_EXAMPLES = 4  # fewer labelled examples cannot give two of each class
 

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from core.metrics import ConfusionCounts, ci_columns
+from core.learning.metrics import ConfusionCounts, ci_columns
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -283,10 +283,10 @@ def breakdown_figure(
     """Grouped bars of ``metric`` per value of ``by``, one bar colour per ``group``.
 
     Args:
-        frame: Rows of :meth:`core.evaluate.EvalRun.breakdown` (columns ``group``,
+        frame: Rows of :meth:`core.evaluation.evaluate.EvalRun.breakdown` (columns ``group``,
             ``by``, ``n``, ``metric``); a missing metric (one class) is left out as a
             gap, with ``n`` on hover. With the interval's columns
-            (:func:`core.metrics.ci_columns`), each bar carries its interval as an error bar (and on hover).
+            (:func:`core.learning.metrics.ci_columns`), each bar carries its interval as an error bar (and on hover).
         by: The breakdown column (``task`` or ``generator``).
         metric: The value column.
         group: The column that names a bar colour.

@@ -1,7 +1,7 @@
 """Cross-validation and cross-domain charts and tables for the Benchmark (plotly, pandas).
 
-Every function here is pure: saved runs (:class:`~core.crossval.CVRun`,
-:class:`~core.matrix.MatrixRun`) in, a ``pd.DataFrame`` or a ``go.Figure`` out, so
+Every function here is pure: saved runs (:class:`~core.evaluation.crossval.CVRun`,
+:class:`~core.evaluation.matrix.MatrixRun`) in, a ``pd.DataFrame`` or a ``go.Figure`` out, so
 what the page shows is tested without Streamlit. Numeric frames are what the page
 offers as CSV; the ``*_table`` functions format them for display (3 decimals, ``-``
 where a metric is undefined, e.g. a part with one class only).
@@ -22,11 +22,11 @@ import numpy as np
 import pandas as pd
 
 from app.components.charts import GUIDE_COLOR, PALETTE, plain
-from core.calibration import Reliability
-from core.comparison import p_text
-from core.crossval import CVRun, format_span_prf
-from core.matrix import MatrixRun
-from core.metrics import ci_columns
+from core.evaluation.comparison import p_text
+from core.evaluation.crossval import CVRun, format_span_prf
+from core.evaluation.matrix import MatrixRun
+from core.learning.calibration import Reliability
+from core.learning.metrics import ci_columns
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -62,7 +62,7 @@ MATRIX_METRICS: dict[str, str] = {
     "AP": "ap",
     "balanced accuracy": "balanced_accuracy",
 }
-"""Matrix metric label -> key of a :attr:`~core.matrix.MatrixRun.cells` cell."""
+"""Matrix metric label -> key of a :attr:`~core.evaluation.matrix.MatrixRun.cells` cell."""
 
 FOLD_COLOR = "#6c8ebf"
 POOLED_COLOR = "#1d2b4f"
@@ -376,7 +376,7 @@ def fold_spread_figure(runs: Sequence[CVRun]) -> go.Figure:
 
 
 COMPARISONS: dict[str, str] = {"vs_best": "the best detector", "vs_length": "answer length"}
-"""Key of a row of :attr:`~core.crossval.CVRun.comparisons` -> what it is compared with."""
+"""Key of a row of :attr:`~core.evaluation.crossval.CVRun.comparisons` -> what it is compared with."""
 COMPARISON_COLORS = {"vs_best": POOLED_COLOR, "vs_length": "#dd8452"}
 
 

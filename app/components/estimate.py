@@ -13,8 +13,8 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from app.text import md
-from core.errors import RagscopeError
-from core.extract import WorkEstimate
+from core.base.errors import RagscopeError
+from core.pipeline.extract import WorkEstimate
 
 if TYPE_CHECKING:
     from streamlit.delta_generator import DeltaGenerator

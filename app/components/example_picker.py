@@ -70,14 +70,14 @@ from app.state.links import (
 )
 from app.state.session import app_state
 from app.text import code, md
+from core.base.errors import RagscopeError
 from core.detectors import make_detector
-from core.errors import RagscopeError
 
 if TYPE_CHECKING:
     from streamlit.delta_generator import DeltaGenerator
 
-    from core.examples import RAGExample
-    from core.model import LoadedModel
+    from core.base.examples import RAGExample
+    from core.engine.model import LoadedModel
 
 SPLIT_LABELS = {ALL_SPLITS: "all splits"}
 

@@ -2,9 +2,9 @@
 attention.
 
 Every function here is pure: a result of the engine in, a ``go.Figure`` out; the
-numbers come from :mod:`core.heads` (:class:`~core.heads.CopyingScores`) and
-:mod:`core.headstats` (:class:`~core.headstats.HeadStats` over many answers,
-:class:`~core.headstats.HeadView` for one). NaN cells (an undefined correlation, a
+numbers come from :mod:`core.signals.copying_heads` (:class:`~core.signals.copying_heads.CopyingScores`) and
+:mod:`core.analysis.heads_layers` (:class:`~core.analysis.heads_layers.HeadStats` over many answers,
+:class:`~core.analysis.heads_layers.HeadView` for one). NaN cells (an undefined correlation, a
 missing class) are drawn blank.
 """
 
@@ -16,8 +16,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from core.heads import CopyingScores
-from core.headstats import EcsKind, Head, HeadStats, HeadView, visible_text
+from core.analysis.heads_layers import EcsKind, Head, HeadStats, HeadView, visible_text
+from core.signals.copying_heads import CopyingScores
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go

@@ -19,7 +19,7 @@ from itertools import pairwise
 
 import numpy as np
 
-from core.smoothing import token_flags
+from core.signals.smoothing import token_flags
 
 ColorStops = Sequence[tuple[float, str]]
 """A colour map: ``(fraction in [0, 1], "#rrggbb")`` stops in increasing order."""

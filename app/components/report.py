@@ -30,20 +30,20 @@ from app.components.head_charts import mean_ecs_figure
 from app.components.heatmap import token_heatmap_html
 from app.components.highlight import Mark, marked_html
 from app.components.shap_charts import waterfall_figure
-from core.agreement import pairwise_gold, score_correlation
-from core.contract import flag_threshold
+from core.analysis.detector_agreement import pairwise_gold, score_correlation
+from core.analysis.shap_values import shap_values
 from core.detectors.common import parse_head
 from core.detectors.raglens import INTERCEPT
-from core.labels import span_labels as gold_labels
+from core.learning.contract import flag_threshold
+from core.learning.labels import span_labels as gold_labels
 from core.review import agreement
-from core.shapviz import shap_values
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
 
-    from core.agreement import VerdictTable
-    from core.contract import Features, Verdict
-    from core.examples import RAGExample
+    from core.analysis.detector_agreement import VerdictTable
+    from core.base.examples import RAGExample
+    from core.learning.contract import Features, Verdict
     from core.review import ReviewItem
 
 CONTRIBUTIONS = frozenset({"nll", "context_gain", "lexical", "raglens", "ensemble"})

@@ -2,7 +2,7 @@
 passage k and answer, as one horizontal stacked bar (plotly).
 
 :func:`segment_rows` and :func:`segment_figure` are pure (they take anything with
-``kind``, ``label``, ``start`` and ``end``, such as :class:`core.layout.Segment`).
+``kind``, ``label``, ``start`` and ``end``, such as :class:`core.engine.layout.Segment`).
 """
 
 from __future__ import annotations

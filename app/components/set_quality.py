@@ -1,5 +1,5 @@
 """The loaded set's cross-validated quality as it judges answers, its experts included
-(:func:`core.deferred.set_quality`), for the Benchmark page."""
+(:func:`core.evaluation.deferred.set_quality`), for the Benchmark page."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import pandas as pd
 import streamlit as st
 
 from app.text import code, md
-from core.deferred import SetQuality, set_quality
-from core.errors import RagscopeError
-from core.sets import DetectorSet
+from core.base.errors import RagscopeError
+from core.evaluation.deferred import SetQuality, set_quality
+from core.pipeline.sets import DetectorSet
 
 
 @st.cache_resource(show_spinner="Putting the set's and its experts' runs together…", max_entries=4)

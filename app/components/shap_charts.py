@@ -1,7 +1,7 @@
 """SHAP charts of the ``spad`` detector and the seven-source views of SPAD (plotly).
 
-Every function here is pure: a :class:`~core.shapviz.ShapResult` (or a ``[T, 7]``
-source split) in, a ``go.Figure`` out; the numbers come from :mod:`core.shapviz`.
+Every function here is pure: a :class:`~core.analysis.shap_values.ShapResult` (or a ``[T, 7]``
+source split) in, a ``go.Figure`` out; the numbers come from :mod:`core.analysis.shap_values`.
 Plotly only (never matplotlib's global state, never ``show()``):
 
 - :func:`summary_figure`: a beeswarm per feature (points = examples, x = SHAP
@@ -25,8 +25,8 @@ from typing import TYPE_CHECKING, Any
 
 import numpy as np
 
-from core.shapviz import GridKind, ShapResult, pos_means
-from core.spad import POS_TAGS, SOURCES
+from core.analysis.shap_values import GridKind, ShapResult, pos_means
+from core.signals.attribution import POS_TAGS, SOURCES
 
 if TYPE_CHECKING:
     import plotly.graph_objects as go
@@ -388,7 +388,7 @@ def token_sources_figure(
     a shaded band, and a row of markers under the axis names them.
 
     Args:
-        values: ``[T, 7]`` the split, columns :data:`~core.spad.SOURCES`.
+        values: ``[T, 7]`` the split, columns :data:`~core.signals.attribution.SOURCES`.
         tokens: The ``T`` token texts.
         pos: The ``T`` POS tags.
         labels: Optional ``[T]`` gold labels (1 = inside a hallucinated span).

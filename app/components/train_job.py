@@ -1,7 +1,7 @@
 """The "Train detectors for this model" panel: the form that starts a background
 training job, and the job's live progress, on Home and every detector page.
 
-The job runs in a worker process of its own (:mod:`core.jobs`), not in this script: it
+The job runs in a worker process of its own (:mod:`core.services.jobs`), not in this script: it
 goes on across reruns, page switches, browser reloads and app restarts, and every page
 reads its state from the database. A running job's panel refreshes itself
 (``st.fragment(run_every=...)``); when the job ends the whole page reruns, so the
@@ -46,11 +46,11 @@ from app.state import (
 )
 from app.state.jobs import may_control_job
 from app.text import code, md
-from core.errors import RagscopeError
-from core.extract import WorkEstimate
-from core.jobs import JobView, job_log_path
-from core.model import LoadedModel
-from core.paths import TRAINED_SET
+from core.base.errors import RagscopeError
+from core.base.paths import TRAINED_SET
+from core.engine.model import LoadedModel
+from core.pipeline.extract import WorkEstimate
+from core.services.jobs import JobView, job_log_path
 from core.storage import JobRowError
 
 TITLE = "Train detectors for this model"

@@ -263,7 +263,7 @@ from app.state.session import (
     app_state,
     seed_widget,
 )
-from app.state.spad import (
+from app.state.spad_views import (
     KEY_SHAP_COMPUTE,
     KEY_SHAP_GRID,
     KEY_SHAP_LIMIT,

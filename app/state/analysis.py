@@ -12,16 +12,16 @@ import numpy as np
 import streamlit as st
 
 from app.state.memo import Memo
-from core.examples import RAGExample
-from core.layout import render
-from core.trace import Trace, response_needs, token_surprisal, trace
+from core.base.examples import RAGExample
+from core.engine.layout import render
+from core.engine.trace import Trace, response_needs, token_surprisal, trace
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from core.examples import RAGExample
-    from core.layout import Layout
-    from core.model import LoadedModel
+    from core.base.examples import RAGExample
+    from core.engine.layout import Layout
+    from core.engine.model import LoadedModel
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)
@@ -127,7 +127,7 @@ def remember_traced(
     answer_source: str = "pasted",
 ) -> Analysis:
     """The analysis read off a pass that another computation ran (it must hold
-    :func:`core.trace.response_needs`), kept for every page: the Playground traces
+    :func:`core.engine.trace.response_needs`), kept for every page: the Playground traces
     the answer once for the surprisal and the detectors together.
 
     Raises:

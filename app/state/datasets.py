@@ -9,6 +9,8 @@ from typing import TYPE_CHECKING, Literal
 import streamlit as st
 
 from app.text import md
+from core.base.errors import DataError, StorageError
+from core.base.examples import RAGExample
 from core.data import (
     BUILTIN_ANSWERS as BUILTIN_ANSWERS_SPEC,
 )
@@ -21,14 +23,12 @@ from core.data import (
     shared_data_dir,
     stored_spec,
 )
-from core.errors import DataError, StorageError
-from core.examples import RAGExample
 from core.storage import Store, default_db_path
 
 if TYPE_CHECKING:
     import pandas as pd
 
-    from core.examples import RAGExample
+    from core.base.examples import RAGExample
     from core.storage import Store
 
 

@@ -1,5 +1,5 @@
 """How long a page's action will take on this machine, said before it starts
-(:mod:`core.extract`'s estimating section): the examples whose features are not cached
+(:mod:`core.pipeline.extract`'s estimating section): the examples whose features are not cached
 yet, at a pace recorded on this machine (``paces`` in the database, for a day). The pace
 is first timed on one answer (once per model and detector choice; its features are kept,
 so the timing is not lost work), then replaced by the pace each action actually ran at
@@ -18,9 +18,10 @@ import streamlit as st
 from app.state.datasets import get_store
 from app.state.detectors import ShippedDetectors
 from app.state.verdicts import answer_verdicts
-from core.examples import RAGExample
+from core.base.examples import RAGExample
+from core.engine.generate import GenerationConfig, generate
 from core.explain import read_estimate, time_reading, unread
-from core.extract import (
+from core.pipeline.extract import (
     FeatureCache,
     WorkEstimate,
     estimate_extraction,
@@ -28,12 +29,11 @@ from core.extract import (
     time_extraction,
     uncached,
 )
-from core.generate import GenerationConfig, generate
 
 if TYPE_CHECKING:
-    from core.contract import Detector
-    from core.model import LoadedModel
-    from core.sae import LoadedSAE
+    from core.engine.model import LoadedModel
+    from core.learning.contract import Detector
+    from core.signals.sae import LoadedSAE
 
 
 def detectors_key(detectors: Sequence[Detector]) -> tuple[tuple[str, str], ...]:

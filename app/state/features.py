@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from core.errors import DataError
-from core.examples import RAGExample
+from core.base.errors import DataError
+from core.base.examples import RAGExample
 from core.explain import feature_examples
 
 if TYPE_CHECKING:
-    from core.examples import RAGExample
+    from core.base.examples import RAGExample
+    from core.engine.model import LoadedModel
     from core.explain import FeatureExamples
-    from core.model import LoadedModel
-    from core.sae import LoadedSAE
+    from core.signals.sae import LoadedSAE
 
 
 # Feature explanations
@@ -66,7 +66,7 @@ class ExplainRequest:
 
     Attributes:
         model: ``ModelInfo.key`` of the model they were read with.
-        sae_key: :attr:`~core.sae.LoadedSAE.key` of the SAE.
+        sae_key: :attr:`~core.signals.sae.LoadedSAE.key` of the SAE.
         activation: ``post`` or ``pre``.
         source: :data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`.
         dataset_key: Identifies the dataset (cache key).

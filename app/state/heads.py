@@ -8,21 +8,21 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
+from core.analysis.heads_layers import HeadStats, head_view
+from core.base.errors import DataError
+from core.base.examples import RAGExample
 from core.data import (
     load_builtin,
     stratified_head,
 )
 from core.detectors import make_detector
-from core.errors import DataError
-from core.examples import RAGExample
-from core.extract import FeatureCache, extract_features
-from core.headstats import HeadStats, head_view
+from core.pipeline.extract import FeatureCache, extract_features
 
 if TYPE_CHECKING:
-    from core.contract import Detector
-    from core.examples import RAGExample
-    from core.headstats import HeadStats, HeadView
-    from core.model import LoadedModel
+    from core.analysis.heads_layers import HeadStats, HeadView
+    from core.base.examples import RAGExample
+    from core.engine.model import LoadedModel
+    from core.learning.contract import Detector
 from app.state.analysis import input_signature
 from app.state.datasets import DatasetRef, get_store, load_examples
 from app.state.detectors import ShippedDetector, ShippedDetectors
@@ -154,7 +154,7 @@ class FeatureRequest:
         computed: Examples that needed a traced pass.
         cache_hits: Examples read from the feature cache.
         seconds: Extraction wall time.
-        model: :attr:`~core.model.LoadedModel.instance_key` of the model they were extracted with.
+        model: :attr:`~core.engine.model.LoadedModel.instance_key` of the model they were extracted with.
     """
 
     detector: str

@@ -33,9 +33,9 @@ from urllib.parse import urlsplit
 import streamlit as st
 
 from app.state.datasets import get_store
-from core.errors import RagscopeError
-from core.jobs import JobActor
-from core.llmserve import is_loopback_host
+from core.base.errors import RagscopeError
+from core.services.jobs import JobActor
+from core.services.llmserve import is_loopback_host
 
 REQUIRED = ("redirect_uri", "cookie_secret", "client_id", "client_secret", "server_metadata_url")
 ADMINS_ENV = "RAGSCOPE_ADMINS"

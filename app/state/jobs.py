@@ -1,4 +1,4 @@
-"""Training jobs for the loaded model (:mod:`core.jobs`): starting, watching, cancelling
+"""Training jobs for the loaded model (:mod:`core.services.jobs`): starting, watching, cancelling
 and resuming them, the time estimate, and the "Train detectors" widget keys.
 
 Nothing about a job lives in the session: its row in the database is read on every run,
@@ -18,11 +18,12 @@ from app.state.estimates import work_estimate
 from app.state.identity import current_identity, job_actor
 from app.state.model import model_device, model_spec
 from app.state.runs import CORPUS, eval_dataset_choices
+from core.base.errors import DataError
+from core.base.paths import model_detectors_dir
 from core.data import make_splits
 from core.detectors import make_detector, runnable_detectors
-from core.errors import DataError
-from core.extract import WorkEstimate
-from core.jobs import (
+from core.pipeline.extract import WorkEstimate
+from core.services.jobs import (
     JobView,
     TrainSpec,
     cancel_job,
@@ -32,11 +33,10 @@ from core.jobs import (
     resume_job,
     start_train_job,
 )
-from core.paths import model_detectors_dir
 
 if TYPE_CHECKING:
-    from core.examples import RAGExample
-    from core.model import LoadedModel
+    from core.base.examples import RAGExample
+    from core.engine.model import LoadedModel
 
 KEY_TRAIN_OPEN = "train.open"
 """The "Train detectors for this model" expander (its form renders only while open)."""
@@ -118,7 +118,7 @@ def train_spec(
 
 
 def job_log_db() -> str:
-    """The database whose jobs' logs the pages point at (:func:`core.jobs.job_log_path`)."""
+    """The database whose jobs' logs the pages point at (:func:`core.services.jobs.job_log_path`)."""
     return get_store().path
 
 

@@ -45,8 +45,8 @@ from app.state.heads import HEADS_FROM_CORPUS, HEADS_FROM_HOME
 from app.state.runs import CORPUS
 from app.state.session import app_state
 from app.text import code
-from core.errors import DataError, RagscopeError
-from core.examples import TASKS, RAGExample
+from core.base.errors import DataError, RagscopeError
+from core.base.examples import TASKS, RAGExample
 
 T = TypeVar("T")
 
@@ -383,7 +383,7 @@ class OwnInput:
     """An input written in the Playground, as a link carries it.
 
     Attributes:
-        task: One of :data:`core.examples.TASKS`.
+        task: One of :data:`core.base.examples.TASKS`.
         question: The question (empty when there is none).
         passages: The passages.
         answer: The answer analysed.

@@ -8,15 +8,15 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from core.errors import ModelError
-from core.examples import RAGExample
-from core.layout import render
-from core.model import load_model
-from core.trace import response_needs, trace
+from core.base.errors import ModelError
+from core.base.examples import RAGExample
+from core.engine.layout import render
+from core.engine.model import load_model
+from core.engine.trace import response_needs, trace
 
 if TYPE_CHECKING:
-    from core.examples import RAGExample
-    from core.model import LoadedModel
+    from core.base.examples import RAGExample
+    from core.engine.model import LoadedModel
 
 
 MODEL_ENV = "RAGSCOPE_MODEL"
@@ -112,7 +112,7 @@ def get_model() -> LoadedModel:
     """The shared model for ``RAGSCOPE_MODEL`` / ``RAGSCOPE_DEVICE``.
 
     The first call in the process starts the load and shows its progress; later calls
-    return at once. A :class:`~core.errors.ModelError` is shown with ``st.error`` (its
+    return at once. A :class:`~core.base.errors.ModelError` is shown with ``st.error`` (its
     message names the fix) and the script stops; the next rerun tries again.
     """
     spec, device = model_spec(), model_device()

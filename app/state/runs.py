@@ -1,9 +1,9 @@
 """Evaluation runs and dataset summaries for the Benchmark page, and its widget keys.
 
-Saved runs come in three kinds (:func:`core.matrix.load_run` tells them apart by the
-file's ``kind``): train / validation / test runs (:class:`~core.evaluate.EvalRun`),
-cross-validations (:class:`~core.crossval.CVRun`) and cross-domain matrices
-(:class:`~core.matrix.MatrixRun`).
+Saved runs come in three kinds (:func:`core.evaluation.matrix.load_run` tells them apart by the
+file's ``kind``): train / validation / test runs (:class:`~core.evaluation.evaluate.EvalRun`),
+cross-validations (:class:`~core.evaluation.crossval.CVRun`) and cross-domain matrices
+(:class:`~core.evaluation.matrix.MatrixRun`).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from typing import TypeVar
 import streamlit as st
 
 from app.state.datasets import dataset_choices
-from core.crossval import CVRun
+from core.base.errors import DataError
+from core.base.paths import runs_dir, shipped_runs_dir
 from core.data import (
     resolve_dataset,
 )
-from core.errors import DataError
-from core.evaluate import EvalRun, list_runs
-from core.matrix import MatrixRun, load_run
-from core.paths import runs_dir, shipped_runs_dir
+from core.evaluation.crossval import CVRun
+from core.evaluation.evaluate import EvalRun, list_runs
+from core.evaluation.matrix import MatrixRun, load_run
 
 R = TypeVar("R", EvalRun, CVRun, MatrixRun)
 
@@ -101,7 +101,7 @@ def _read_run(path: str, mtime: float) -> AnyRun:
 
     Raises:
         DataError: Not a readable run, or one whose parts do not fit together
-            (:func:`core.matrix.load_run` checks them).
+            (:func:`core.evaluation.matrix.load_run` checks them).
     """
     return load_run(path)
 
@@ -147,7 +147,7 @@ def newest_first(runs: Mapping[str, R], shipped: frozenset[str] | set[str]) -> d
 
 
 def saved_runs() -> SavedRuns:
-    """This machine's runs (:func:`core.evaluate.runs_dir`) and the shipped ones, by kind."""
+    """This machine's runs (:func:`core.evaluation.evaluate.runs_dir`) and the shipped ones, by kind."""
 
     folder, shipped_folder = runs_dir(), shipped_runs_dir()
     evals: dict[str, EvalRun] = {}

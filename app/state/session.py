@@ -8,12 +8,12 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 import streamlit as st
 
-from core.smoothing import P_STAY_TOKEN
+from core.signals.smoothing import P_STAY_TOKEN
 
 if TYPE_CHECKING:
-    from core.counterfactual import Counterfactual
-    from core.examples import RAGExample
+    from core.base.examples import RAGExample
     from core.explain import FidelityResult
+    from core.interventions.counterfactual import Counterfactual
 from app.state.analysis import Analysis
 from app.state.datasets import BUILTIN, DatasetRef, UploadReport
 from app.state.features import ExplainRequest
@@ -31,7 +31,7 @@ from app.state.playground import (
     passage_key,
 )
 from app.state.runs import SAME_DATASET
-from app.state.spad import QuickSpad
+from app.state.spad_views import QuickSpad
 
 STATE_KEY = "ragscope.state"
 

@@ -17,18 +17,18 @@ import streamlit as st
 from app.state.analysis import input_signature
 from app.state.detectors import ShippedDetector, ShippedDetectors
 from app.state.memo import Memo
-from core.contract import calibrated_as, decision_threshold, judge_features
-from core.errors import RagscopeError
-from core.examples import RAGExample
-from core.judge import AnswerVerdict, Judged, answer_verdict, judge_stream
+from core.base.errors import RagscopeError
+from core.base.examples import RAGExample
+from core.learning.contract import calibrated_as, decision_threshold, judge_features
+from core.pipeline.judge import AnswerVerdict, Judged, answer_verdict, judge_stream
 
 if TYPE_CHECKING:
     import pandas as pd
 
     from app.state.analysis import Analysis
-    from core.contract import Features, Verdict
-    from core.model import LoadedModel
-    from core.trace import Needs, Trace
+    from core.engine.model import LoadedModel
+    from core.engine.trace import Needs, Trace
+    from core.learning.contract import Features, Verdict
 
 log = logging.getLogger(__name__)
 
@@ -47,8 +47,8 @@ class DetectorVerdicts:
         verdicts: One verdict per detector, aligned with ``detectors``.
         seconds: Wall time of the shared trace and the predictions (when first computed).
         features: Detector name -> the features its verdict was computed from.
-        answer: The set's verdict on the answer (:class:`core.judge.AnswerVerdict`,
-            built by :func:`core.judge.answer_verdict` from these verdicts): the overall
+        answer: The set's verdict on the answer (:class:`core.pipeline.judge.AnswerVerdict`,
+            built by :func:`core.pipeline.judge.answer_verdict` from these verdicts): the overall
             verdict, each detector's probability, threshold and flag, the spans. What
             every page shows; ``None`` when no detector judged the answer.
         example: The judged answer (``None`` when no detector judged it).
@@ -90,11 +90,11 @@ class DetectorVerdicts:
     def calibrated_as(self, dataset: str | None) -> DetectorVerdicts:
         """These verdicts judged as if the answer came from training dataset ``dataset``
         (``None``: by all the detectors' training data), and :attr:`answer` rebuilt from
-        them (:func:`core.judge.answer_verdict`); no pass is run.
+        them (:func:`core.pipeline.judge.answer_verdict`); no pass is run.
 
-        By the set that judges answers of ``dataset`` (:meth:`core.sets.DetectorSet.
+        By the set that judges answers of ``dataset`` (:meth:`core.pipeline.sets.DetectorSet.
         for_dataset` of :attr:`asked`): when that is the set that judged, each detector's
-        calibration and threshold for ``dataset`` (:func:`core.contract.calibrated_as`);
+        calibration and threshold for ``dataset`` (:func:`core.learning.contract.calibrated_as`);
         when it is another (the asked set's expert for ``dataset``, or the asked set
         itself for an answer its expert judged), that set's detectors' predictions from
         the kept features (the expert reads the same features)."""
@@ -242,7 +242,7 @@ def stream_verdicts(
 ) -> DetectorVerdicts:
     """Every detector's verdict on ``example``'s answer, by the set that judges it
     (``shipped.for_example(example)``: its expert for the answer's dataset, where it has
-    one), computed one detector at a time (:func:`core.judge.judge_stream`: one shared pass, plus one
+    one), computed one detector at a time (:func:`core.pipeline.judge.judge_stream`: one shared pass, plus one
     without the passages when a detector asks) with ``on_step`` after each step, and
     kept for every page. Already known verdicts are returned at once (and a known
     failure raised again).

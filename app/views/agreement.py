@@ -41,7 +41,7 @@ from app.state import (
 )
 from app.state.estimates import paced_extraction, work_estimate
 from app.text import md
-from core.agreement import (
+from core.analysis.detector_agreement import (
     VerdictTable,
     agreement_evidence,
     disagreements,
@@ -49,8 +49,8 @@ from core.agreement import (
     score_correlation,
     verdict_table,
 )
-from core.errors import RagscopeError
-from core.extract import FeatureCache
+from core.base.errors import RagscopeError
+from core.pipeline.extract import FeatureCache
 from core.review import dataset_verdicts
 
 STATE_KEY = "ragscope.agreement"

@@ -1,6 +1,6 @@
 """Benchmark: how well each detector separates hallucinated from faithful answers.
 
-Reads the evaluation runs saved in :func:`core.evaluate.runs_dir` (by this page or
+Reads the evaluation runs saved in :func:`core.evaluation.evaluate.runs_dir` (by this page or
 by ``ragscope evaluate``): the metric table with bootstrap CIs, ROC and
 precision-recall curves, per-task and per-generator breakdowns, and a confusion
 matrix at a threshold you move. Several runs can be picked to compare them. New
@@ -99,18 +99,18 @@ from app.state import (
     threshold_key,
 )
 from app.text import code, md
-from core.crossval import CVRun
+from core.base.errors import RagscopeError
+from core.base.paths import runs_dir
 from core.data import make_splits
 from core.detectors import runnable_detectors
-from core.errors import RagscopeError
-from core.evaluate import DetectorResult, EvalRun, evaluate
-from core.extract import FeatureCache
-from core.matrix import MatrixRun
-from core.metrics import SPAN_F1_NOTE, ci_columns, confusion_counts, response_metrics
-from core.model import LoadedModel
-from core.paths import runs_dir
+from core.engine.model import LoadedModel
+from core.evaluation.crossval import CVRun
+from core.evaluation.evaluate import DetectorResult, EvalRun, evaluate
+from core.evaluation.matrix import MatrixRun
+from core.learning.metrics import SPAN_F1_NOTE, ci_columns, confusion_counts, response_metrics
+from core.pipeline.extract import FeatureCache
+from core.pipeline.sets import ANSWER_JUDGE
 from core.review.export import safe_csv
-from core.sets import ANSWER_JUDGE
 
 BREAKDOWN_METRICS: tuple[str, ...] = ("AUROC", "F1")
 EMPTY_STATE = (

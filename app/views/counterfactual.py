@@ -43,8 +43,9 @@ from app.state import (
 from app.state.estimates import answer_estimate, generation_seconds
 from app.state.verdicts import answer_verdicts, known_verdicts
 from app.text import md
-from core.contract import align_token_scores
-from core.counterfactual import (
+from core.base.errors import RagscopeError
+from core.engine.layout import render
+from core.interventions.counterfactual import (
     Counterfactual,
     SideScore,
     contradict_span,
@@ -54,12 +55,11 @@ from core.counterfactual import (
     score_pair,
     support_span,
 )
-from core.errors import RagscopeError
-from core.layout import render
+from core.learning.contract import align_token_scores
 
 if TYPE_CHECKING:
-    from core.examples import RAGExample
-    from core.model import LoadedModel
+    from core.base.examples import RAGExample
+    from core.engine.model import LoadedModel
 
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.
@@ -281,7 +281,7 @@ def as_judged(model: LoadedModel, shipped: ShippedDetectors, cf: Counterfactual)
     """``cf`` with each side's scores and flags the set's verdict on that answer
     (:func:`app.state.verdicts.answer_verdicts`: the calibrated probability and flag every
     page shows, the original's the Playground's own); the token rows and summaries stay
-    :func:`core.counterfactual.score_pair`'s."""
+    :func:`core.interventions.counterfactual.score_pair`'s."""
     sides = []
     for ex, scores in ((cf.original, cf.original_scores), (cf.edited, cf.edited_scores)):
         judged = answer_verdicts(model, ex, shipped)

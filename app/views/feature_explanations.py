@@ -65,9 +65,22 @@ from app.state import (
 )
 from app.state.estimates import paced_read, sae_read_estimate
 from app.text import code, md
+from core.base.errors import DataError, LLMError, ModelError, RagscopeError
+from core.base.examples import RAGExample
+from core.base.llm import (
+    CONFIG_HELP,
+    ENV_API_KEY,
+    ENV_BASE_URL,
+    ENV_CONTEXT,
+    ENV_MODEL,
+    MIN_CONTEXT,
+    SETTING_NAMES,
+    LLMEndpoint,
+    probe_context,
+)
+from core.base.paths import shipped_sae_dir
 from core.detectors.raglens import RaglensConfig, load_config_sae
-from core.errors import DataError, LLMError, ModelError, RagscopeError
-from core.examples import RAGExample
+from core.engine.model import LoadedModel
 from core.explain import (
     ExplainPrompt,
     Explanation,
@@ -82,20 +95,7 @@ from core.explain import (
     explain_many,
     fidelity,
 )
-from core.llm import (
-    CONFIG_HELP,
-    ENV_API_KEY,
-    ENV_BASE_URL,
-    ENV_CONTEXT,
-    ENV_MODEL,
-    MIN_CONTEXT,
-    SETTING_NAMES,
-    LLMEndpoint,
-    probe_context,
-)
-from core.model import LoadedModel
-from core.paths import shipped_sae_dir
-from core.sae import LoadedSAE
+from core.signals.sae import LoadedSAE
 
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.

@@ -43,14 +43,14 @@ from app.state import (
     train_command,
 )
 from app.text import code, md
+from core.base.errors import RagscopeError
 from core.detectors.raglens import load_config_sae, sae_folder
-from core.errors import RagscopeError
-from core.layout import render
+from core.engine.layout import render
 
 if TYPE_CHECKING:
+    from core.base.examples import RAGExample
     from core.detectors.raglens import RaglensAnswer, RaglensDetector
-    from core.examples import RAGExample
-    from core.model import LoadedModel
+    from core.engine.model import LoadedModel
 
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.

@@ -80,12 +80,12 @@ from app.state import train_command as state_train_command
 from app.state.heads import redeep_detectors
 from app.state.verdicts import DetectorVerdicts, answer_verdicts
 from app.text import code, md
-from core.contract import Verdict, align_token_scores
-from core.errors import RagscopeError
-from core.examples import RAGExample
-from core.heads import DEFAULT_TOP, CopyingScores, copying_scores
-from core.headstats import HeadStats, HeadView
-from core.model import LoadedModel
+from core.analysis.heads_layers import HeadStats, HeadView
+from core.base.errors import RagscopeError
+from core.base.examples import RAGExample
+from core.engine.model import LoadedModel
+from core.learning.contract import Verdict, align_token_scores
+from core.signals.copying_heads import DEFAULT_TOP, CopyingScores, copying_scores
 
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.

@@ -33,9 +33,9 @@ from app.state import (
     shipped_detectors,
 )
 from app.text import code, md
-from core.errors import RagscopeError
-from core.model import LoadedModel
-from core.paths import detector_set_names
+from core.base.errors import RagscopeError
+from core.base.paths import detector_set_names
+from core.engine.model import LoadedModel
 
 INTRO = (
     "**ragscope** shows *why* a language model's retrieval-augmented answer is or is not "

@@ -3,7 +3,7 @@
 Each walkthrough is a short sequence of steps (Back / Next, a progress bar), each a
 live view of the current example (the Playground's analysed answer, a preset with a
 clear hallucination, or the Counterfactual page's edited version), a few sentences
-of plain language and the formula it computes. Every number shown comes from the model (:mod:`core.teach`), computed
+of plain language and the formula it computes. Every number shown comes from the model (:mod:`core.analysis.teach`), computed
 once per example and kept for the session. Walkthroughs: the shared primer (the
 residual stream read with the logit lens), ReDeEP / InterpDetect, SPAD, RAGLens and
 CORTEX.
@@ -44,21 +44,9 @@ from app.state import (
 )
 from app.state.links import example_input
 from app.text import md
-from core.contract import Detector
-from core.data import builtin_examples, load_builtin
-from core.detectors import make_detector
-from core.detectors.redeep import RedeepTokenDetector
-from core.detectors.spad import SpadDetector
-from core.errors import RagscopeError
-from core.examples import RAGExample, example_hash
-from core.extract import FeatureCache, extract_features
-from core.headstats import HeadStats, HeadView
-from core.labels import span_labels
-from core.model import LoadedModel
-from core.shapviz import shap_values
-from core.smoothing import P_STAY_TOKEN
-from core.spad import SOURCES
-from core.teach import (
+from core.analysis.heads_layers import HeadStats, HeadView
+from core.analysis.shap_values import shap_values
+from core.analysis.teach import (
     CortexWalk,
     FfnLens,
     LensCurve,
@@ -68,6 +56,18 @@ from core.teach import (
     lens_curve,
     raglens_walk,
 )
+from core.base.errors import RagscopeError
+from core.base.examples import RAGExample, example_hash
+from core.data import builtin_examples, load_builtin
+from core.detectors import make_detector
+from core.detectors.redeep import RedeepTokenDetector
+from core.detectors.spad import SpadDetector
+from core.engine.model import LoadedModel
+from core.learning.contract import Detector
+from core.learning.labels import span_labels
+from core.pipeline.extract import FeatureCache, extract_features
+from core.signals.attribution import SOURCES
+from core.signals.smoothing import P_STAY_TOKEN
 
 STATE_KEY = "ragscope.learn"
 KEY_WALK = "learn.walk"

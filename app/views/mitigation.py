@@ -39,20 +39,25 @@ from app.state import (
 from app.state.estimates import answer_estimate, generation_seconds
 from app.state.verdicts import answer_verdicts
 from app.text import code, md, md_lines
-from core.aarf import aarf_generate
-from core.contract import flag_threshold, scores_tokens
-from core.counterfactual import on_template
+from core.base.errors import RagscopeError
 from core.detectors.raglens import load_config_sae
-from core.errors import RagscopeError
-from core.judge import AnswerVerdict
-from core.layout import render
-from core.mitigate import FeedbackTurn, answer_change, feedback_regenerate, feedback_turn
-from core.smoothing import flagged_spans
-from core.steer import steer_continuation
+from core.engine.layout import render
+from core.interventions.aarf import aarf_generate
+from core.interventions.counterfactual import on_template
+from core.interventions.mitigate import (
+    FeedbackTurn,
+    answer_change,
+    feedback_regenerate,
+    feedback_turn,
+)
+from core.interventions.steer import steer_continuation
+from core.learning.contract import flag_threshold, scores_tokens
+from core.pipeline.judge import AnswerVerdict
+from core.signals.smoothing import flagged_spans
 
 if TYPE_CHECKING:
-    from core.examples import RAGExample
-    from core.model import LoadedModel
+    from core.base.examples import RAGExample
+    from core.engine.model import LoadedModel
 
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.

@@ -92,17 +92,17 @@ from app.state import (
     verdict_frame,
 )
 from app.text import code, md, md_lines
-from core.contract import Verdict, align_token_scores, flag_threshold
+from core.base.errors import DataError, RagscopeError
+from core.base.examples import TASKS, RAGExample
+from core.base.paths import repo_root
 from core.data import BUILTIN
-from core.errors import DataError, RagscopeError
-from core.examples import TASKS, RAGExample
-from core.generate import AnswerStream, GenerationConfig
-from core.judge import Judged
-from core.layout import render
-from core.model import LoadedModel
-from core.paths import repo_root
-from core.recipe import DEFAULT_DETECTORS, TrainRecipe
-from core.trace import Trace, response_needs
+from core.engine.generate import AnswerStream, GenerationConfig
+from core.engine.layout import render
+from core.engine.model import LoadedModel
+from core.engine.trace import Trace, response_needs
+from core.evaluation.recipe import DEFAULT_DETECTORS, TrainRecipe
+from core.learning.contract import Verdict, align_token_scores, flag_threshold
+from core.pipeline.judge import Judged
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -51,11 +51,12 @@ from app.state import (
 )
 from app.state.estimates import paced_extraction, work_estimate
 from app.text import code, md
-from core.contract import flag_threshold, judge_features
-from core.errors import DataError, RagscopeError, StorageError
-from core.examples import RAGExample
+from core.base.errors import DataError, RagscopeError, StorageError
+from core.base.examples import RAGExample
 from core.explain import feature_key
-from core.extract import FeatureCache, run_example
+from core.learning.contract import flag_threshold, judge_features
+from core.pipeline.extract import FeatureCache, run_example
+from core.pipeline.word_spans import GAP_TOKENS, Evidence, span_evidence
 from core.review import (
     EVIDENCE,
     KINDS,
@@ -73,7 +74,6 @@ from core.review import (
     safe_csv,
     scan_flags,
 )
-from core.spans import GAP_TOKENS, Evidence, span_evidence
 
 # Page scripts run with Streamlit's magic: no bare strings (they would be drawn).
 STATE_KEY = "ragscope.review"
@@ -266,7 +266,7 @@ def build_section(
         smooth = st.toggle(
             f"Smooth token scores first (label persistence, p_stay {DEFAULT_SMOOTH})",
             key=KEY_SMOOTH,
-            help="Joins runs broken by a single low token (core.smoothing)",
+            help="Joins runs broken by a single low token (core.signals.smoothing)",
         )
         slot = st.empty()
         scan = st.button(

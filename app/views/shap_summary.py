@@ -59,10 +59,10 @@ from app.state import (
     train_command,
 )
 from app.text import code, md
-from core.errors import RagscopeError
-from core.examples import RAGExample
-from core.model import LoadedModel
-from core.shapviz import ShapResult
+from core.analysis.shap_values import ShapResult
+from core.base.errors import RagscopeError
+from core.base.examples import RAGExample
+from core.engine.model import LoadedModel
 
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.

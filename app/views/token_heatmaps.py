@@ -58,11 +58,11 @@ from app.state import (
 )
 from app.state.estimates import paced_extraction, work_estimate
 from app.text import code, md
-from core.contract import align_token_scores, flag_threshold
-from core.errors import RagscopeError
-from core.extract import FeatureCache, extract_features
-from core.metrics import token_prf
-from core.smoothing import (
+from core.base.errors import RagscopeError
+from core.learning.contract import align_token_scores, flag_threshold
+from core.learning.metrics import token_prf
+from core.pipeline.extract import FeatureCache, extract_features
+from core.signals.smoothing import (
     P_STAY_ANSWER,
     P_STAY_TOKEN,
     flagged_spans,
@@ -72,10 +72,10 @@ from core.smoothing import (
 )
 
 if TYPE_CHECKING:
+    from core.base.examples import RAGExample
     from core.detectors.cortex import CortexDetector
     from core.detectors.raglens import RaglensAnswer, RaglensDetector
-    from core.examples import RAGExample
-    from core.model import LoadedModel
+    from core.engine.model import LoadedModel
 
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.

@@ -65,12 +65,12 @@ from app.state import (
 )
 from app.state.verdicts import answer_verdicts
 from app.text import code, md
-from core.contract import Verdict
-from core.errors import RagscopeError
-from core.examples import RAGExample
-from core.model import LoadedModel
-from core.shapviz import ShapResult
-from core.spad import SOURCES
+from core.analysis.shap_values import ShapResult
+from core.base.errors import RagscopeError
+from core.base.examples import RAGExample
+from core.engine.model import LoadedModel
+from core.learning.contract import Verdict
+from core.signals.attribution import SOURCES
 
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.

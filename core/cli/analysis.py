@@ -8,6 +8,7 @@ import argparse
 from collections.abc import Callable
 from typing import Any
 
+from core.analysis.shap_values import shap_values
 from core.cli.common import (
     Subparsers,
     add_example_args,
@@ -22,13 +23,12 @@ from core.cli.common import (
 )
 from core.detectors import detector_class, make_detector
 from core.detectors.spad import split_errors
-from core.extract import FeatureCache, extract_features
-from core.layout import render
-from core.sets import set_detector
-from core.shapviz import shap_values
-from core.spad import SPLIT_TOLERANCE
+from core.engine.layout import render
+from core.engine.trace import Needs, response_needs, token_surprisal, trace
+from core.pipeline.extract import FeatureCache, extract_features
+from core.pipeline.sets import set_detector
+from core.signals.attribution import SPLIT_TOLERANCE
 from core.storage import Store
-from core.trace import Needs, response_needs, token_surprisal, trace
 
 
 def _add_trace(sub: Subparsers) -> None:

@@ -10,18 +10,18 @@ import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
-from core.artifact import artifact_info
+from core.base.errors import DataError, RagscopeError
+from core.base.paths import detector_set_dir, detector_set_name, detector_set_names, shipped_dir
 from core.cli.common import Subparsers, add_model_args, load, recipe_dataset
 from core.data import (
     data_hash,
     make_splits,
 )
 from core.detectors import detector_class, seal_artifact, shipped_artifacts
-from core.errors import DataError, RagscopeError
-from core.evaluate import token_threshold
-from core.extract import FeatureCache, extract_features
-from core.paths import detector_set_dir, detector_set_name, detector_set_names, shipped_dir
-from core.sets import TrainedOn, expert_names
+from core.evaluation.evaluate import token_threshold
+from core.learning.artifact import artifact_info
+from core.pipeline.extract import FeatureCache, extract_features
+from core.pipeline.sets import TrainedOn, expert_names
 from core.storage import Store
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from core.contract import Detector, Features
-from core.crossval import default_maker
+from core.base.errors import DataError
+from core.base.examples import RAGExample
 from core.data import (
     BUILTIN,
     BUILTIN_ANSWERS,
@@ -25,13 +25,13 @@ from core.data import (
     make_splits,
     resolve_dataset,
 )
-from core.distributed import RayOptions, extract_ray
-from core.errors import DataError
-from core.examples import RAGExample
-from core.extract import DEFAULT_BATCH_SIZE, FeatureCache, iter_features
-from core.featurestore import ShardWriter, import_store
-from core.model import LoadedModel, load_model
-from core.recipe import options_from_flags
+from core.engine.model import LoadedModel, load_model
+from core.evaluation.crossval import default_maker
+from core.evaluation.recipe import options_from_flags
+from core.learning.contract import Detector, Features
+from core.pipeline.extract import DEFAULT_BATCH_SIZE, FeatureCache, iter_features
+from core.pipeline.featurestore import ShardWriter, import_store
+from core.services.distributed import RayOptions, extract_ray
 from core.storage import Store
 
 REPORT_LINES = 20
@@ -112,7 +112,7 @@ def extract_on_ray(
     store: Store,
     writer: ShardWriter | None,
 ) -> tuple[dict[str, int], list[dict[str, str]]]:
-    """Extraction on Ray (:func:`core.distributed.extract_ray`): finished examples go
+    """Extraction on Ray (:func:`core.services.distributed.extract_ray`): finished examples go
     into the local cache and, with ``--out``, the feature store."""
     cache = FeatureCache(store)
     by_name = {d.name: d for d in flat}
@@ -264,14 +264,14 @@ def add_detector_option_args(p: argparse.ArgumentParser) -> None:
 
 def detector_options(args: argparse.Namespace) -> dict[str, dict[str, Any]]:
     """``--set NAME.OPTION=VALUE`` flags -> ``{name: {option: value}}``
-    (:func:`core.recipe.options_from_flags`)."""
+    (:func:`core.evaluation.recipe.options_from_flags`)."""
     return options_from_flags(getattr(args, "set", None) or [])
 
 
 def import_feature_stores(folders: Sequence[str], examples: Sequence[RAGExample] = ()) -> list[str]:
     """Merge feature store folders into the local cache; one summary line per folder,
     then the rejected rows. Rows of ``examples`` are also checked against them
-    (:func:`core.featurestore.import_store`).
+    (:func:`core.pipeline.featurestore.import_store`).
 
     Raises:
         DataError: A folder that is not one.

@@ -22,7 +22,7 @@ import core.cli.mitigation as mitigation
 import core.cli.model as model
 import core.cli.sae as sae
 import core.cli.training as training
-from core.errors import RagscopeError
+from core.base.errors import RagscopeError
 
 # (group module, command) in the order the commands are registered and listed.
 COMMANDS: tuple[tuple[ModuleType, str], ...] = (

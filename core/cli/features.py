@@ -20,6 +20,8 @@ from typing import Any
 
 from tqdm import tqdm
 
+from core.base.errors import DataError
+from core.base.examples import RAGExample, example_hash
 from core.cli.common import (
     REPORT_LINES,
     Subparsers,
@@ -31,15 +33,13 @@ from core.cli.common import (
     import_feature_stores,
     load,
 )
-from core.contract import Detector, Features
-from core.crossval import default_maker
 from core.data import data_hash, resolve_datasets, stratified_head
 from core.detectors.registry import MEMBERS
-from core.errors import DataError
-from core.examples import RAGExample, example_hash
-from core.extract import FeatureCache, iter_features
-from core.featurestore import ShardWriter, feature_key, read_manifest
-from core.model import LoadedModel
+from core.engine.model import LoadedModel
+from core.evaluation.crossval import default_maker
+from core.learning.contract import Detector, Features
+from core.pipeline.extract import FeatureCache, iter_features
+from core.pipeline.featurestore import ShardWriter, feature_key, read_manifest
 from core.storage import Store
 
 

@@ -8,6 +8,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from core.base.examples import Provenance, source_key
+from core.base.paths import repo_root
 from core.cli.common import (
     Subparsers,
     add_example_args,
@@ -17,9 +19,7 @@ from core.cli.common import (
     tqdm_progress,
 )
 from core.data import load_dataset, resolve_dataset, save_jsonl
-from core.examples import Provenance, source_key
-from core.generate import AnswerStream, GenerationConfig, generate
-from core.paths import repo_root
+from core.engine.generate import AnswerStream, GenerationConfig, generate
 
 
 def _add_generate(sub: Subparsers) -> None:

@@ -1,9 +1,9 @@
 """``judge``: the detector set's verdict on every answer of a file or dataset.
 
-Each answer is judged by :func:`core.judge.judge_many` (features from the local feature
+Each answer is judged by :func:`core.pipeline.judge.judge_many` (features from the local feature
 cache where it has them, the rest traced and stored at once) and written as
-:meth:`core.judge.AnswerVerdict.to_record`: JSONL is appended and flushed answer by
-answer, CSV and Parquet (one row per answer, :func:`core.judge.verdict_rows`) are
+:meth:`core.pipeline.judge.AnswerVerdict.to_record`: JSONL is appended and flushed answer by
+answer, CSV and Parquet (one row per answer, :func:`core.pipeline.judge.verdict_rows`) are
 written at the end, ``--html`` adds a self-contained report. Re-running the same
 command reads every feature from the cache, and with a JSONL ``--out`` skips the
 answers it already holds. An answer that cannot be judged (or a malformed record of
@@ -28,6 +28,8 @@ from typing import Any
 import numpy as np
 from tqdm import tqdm
 
+from core.base.errors import DataError
+from core.base.examples import RAGExample
 from core.cli.common import (
     REPORT_LINES,
     Subparsers,
@@ -36,15 +38,13 @@ from core.cli.common import (
     extract_on_ray,
     load,
 )
-from core.contract import Detector, Features
 from core.data import load_dataset, resolve_datasets, stratified_head
-from core.errors import DataError
-from core.examples import RAGExample
-from core.extract import FeatureCache
-from core.judge import JudgeFailure, judge_many, verdict_rows
-from core.metrics import evidence_warning, is_binary, response_metrics
+from core.learning.contract import Detector, Features
+from core.learning.metrics import evidence_warning, is_binary, response_metrics
+from core.pipeline.extract import FeatureCache
+from core.pipeline.judge import JudgeFailure, judge_many, verdict_rows
+from core.pipeline.sets import DetectorSet, load_set, resolve_set
 from core.review.export import safe_csv
-from core.sets import DetectorSet, load_set, resolve_set
 from core.storage import Store
 
 FORMATS = (".jsonl", ".csv", ".parquet")
@@ -245,7 +245,7 @@ def _ray_fill(
 
 def balanced_accuracy(records: Iterable[Mapping[str, Any]]) -> tuple[float | None, np.ndarray]:
     """Balanced accuracy of the overall verdict on the labelled records
-    (:func:`core.metrics.response_metrics`, as every report computes it; ``None`` when
+    (:func:`core.learning.metrics.response_metrics`, as every report computes it; ``None`` when
     they lack one of the two classes), and their gold labels."""
     pairs = [
         (int(bool(r["labels"]["hallucinated"])), float(bool(r["hallucinated"])))

@@ -10,7 +10,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from core.aarf import aarf_generate
+from core.base.errors import DataError
+from core.base.llm import CONFIG_HELP, LLMEndpoint
 from core.cli.common import (
     Subparsers,
     add_example_args,
@@ -23,10 +24,9 @@ from core.cli.common import (
     tqdm_progress,
 )
 from core.detectors import detector_class
-from core.errors import DataError
-from core.llm import CONFIG_HELP, LLMEndpoint
-from core.mitigate import mitigate_batch
-from core.sets import load_set, set_detector
+from core.interventions.aarf import aarf_generate
+from core.interventions.mitigate import mitigate_batch
+from core.pipeline.sets import load_set, set_detector
 
 
 def _parse_ints(text: str, flag: str) -> list[int]:

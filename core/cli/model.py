@@ -10,13 +10,13 @@ import sys
 from collections.abc import Callable
 from typing import Any
 
-from core.bench import run_bench
+from core.base.errors import RagscopeError
+from core.base.paths import cache_dir
 from core.cli.common import Subparsers, add_model_args, emit, load, progress
-from core.distributed import bench_ray
-from core.errors import RagscopeError
-from core.llmserve import DEFAULT_ORIGINS, ENV_API_KEY, ServeLimits, make_server
-from core.model import embedded_cache_path, embedded_gguf_path, prepare_embedded
-from core.paths import cache_dir
+from core.engine.model import embedded_cache_path, embedded_gguf_path, prepare_embedded
+from core.services.bench import run_bench
+from core.services.distributed import bench_ray
+from core.services.llmserve import DEFAULT_ORIGINS, ENV_API_KEY, ServeLimits, make_server
 
 
 def _add_info(sub: Subparsers) -> None:

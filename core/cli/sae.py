@@ -8,10 +8,10 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from core.base.errors import DataError
+from core.base.paths import shipped_sae_dir
 from core.cli.common import Subparsers, add_model_args, load, tqdm_progress
-from core.errors import DataError
-from core.paths import shipped_sae_dir
-from core.sae import (
+from core.signals.sae import (
     DEFAULT_SOURCES,
     SaeSettings,
     evaluate_sae,

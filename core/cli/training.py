@@ -2,8 +2,8 @@
 validation; report on test) and ``train`` (fit and save the artifacts, or with
 ``--reproduce`` rebuild saved ones from their recorded recipe and compare).
 
-``train`` parses its options into a :class:`core.recipe.TrainRecipe` and runs it through
-:func:`core.train.train`, as ``--reproduce`` does with each recorded recipe and ``--job``
+``train`` parses its options into a :class:`core.evaluation.recipe.TrainRecipe` and runs it through
+:func:`core.evaluation.train.train`, as ``--reproduce`` does with each recorded recipe and ``--job``
 with the recipe a background job's row stores."""
 
 from __future__ import annotations
@@ -18,7 +18,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from core.artifact import artifact_info, compare_artifacts
+from core.base.errors import DataError
+from core.base.examples import RAGExample
+from core.base.paths import runs_dir, shipped_dir, shipped_runs_dir
 from core.cli.common import (
     Subparsers,
     add_detector_option_args,
@@ -35,23 +37,15 @@ from core.cli.common import (
     recipe_model,
     tqdm_progress,
 )
-from core.crossval import CALIBRATIONS, Calibration, CVRun, default_maker
 from core.data import resolve_datasets, stratified_head
 from core.detectors import available_detectors, shipped_artifacts
-from core.errors import DataError
-from core.evaluate import evaluate
-from core.examples import RAGExample
-from core.extract import FeatureCache
-from core.foldstore import folds_dir, prune_stale
-from core.jobs import JobRunner, TrainSpec
-from core.matrix import MatrixRun, domain_matrix
-from core.model import LoadedModel, load_model
-from core.paths import runs_dir, shipped_dir, shipped_runs_dir
-from core.recipe import TrainRecipe
-from core.sets import TrainedOn, folder_set
-from core.smoothing import P_STAY_TOKEN
-from core.storage import Store
-from core.train import (
+from core.engine.model import LoadedModel, load_model
+from core.evaluation.crossval import CALIBRATIONS, Calibration, CVRun, default_maker
+from core.evaluation.evaluate import evaluate
+from core.evaluation.foldstore import folds_dir, prune_stale
+from core.evaluation.matrix import MatrixRun, domain_matrix
+from core.evaluation.recipe import TrainRecipe
+from core.evaluation.train import (
     Prefetch,
     TrainOptions,
     TrainResult,
@@ -59,6 +53,12 @@ from core.train import (
     summary,
     train,
 )
+from core.learning.artifact import artifact_info, compare_artifacts
+from core.pipeline.extract import FeatureCache
+from core.pipeline.sets import TrainedOn, folder_set
+from core.services.jobs import JobRunner, TrainSpec
+from core.signals.smoothing import P_STAY_TOKEN
+from core.storage import Store
 
 
 def _fit_parser(
@@ -233,7 +233,7 @@ def _run_options(args: argparse.Namespace, checkpoint: Path | None = None) -> Tr
 
 
 def _folds_folder(args: argparse.Namespace) -> Path:
-    """This command line's fold checkpoints (:mod:`core.foldstore`): a rerun of the
+    """This command line's fold checkpoints (:mod:`core.evaluation.foldstore`): a rerun of the
     same command after an interruption resumes after the last fold scored; removed
     once the command has saved what it makes (:func:`_clear_folds`)."""
     plain = {k: v for k, v in sorted(vars(args).items()) if not callable(v)}
@@ -366,7 +366,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
 def _as_trained_experts(
     model: LoadedModel, folder: Path, names: list[str], judged: list[RAGExample]
 ) -> dict[str, dict[str, Any]]:
-    """The experts of the set in ``folder`` (:func:`core.sets.folder_set`), by training
+    """The experts of the set in ``folder`` (:func:`core.pipeline.sets.folder_set`), by training
     dataset, each as its detectors of ``names``; says on stderr which of the ``judged``
     answers each judges, and why a named expert is not used."""
     dset = folder_set(model.info.key, folder)
@@ -456,10 +456,10 @@ def _report(result: TrainResult, out: str | Path) -> None:
 
 def _train_job(args: argparse.Namespace) -> int:
     """``ragscope train --job ID --out DIR``: the worker of a background job
-    (:mod:`core.jobs`).
+    (:mod:`core.services.jobs`).
 
-    Runs the recipe the job's row stores (:meth:`core.jobs.TrainSpec.from_dict`; the
-    command line's other options are not read) through :func:`core.train.train`, into a
+    Runs the recipe the job's row stores (:meth:`core.services.jobs.TrainSpec.from_dict`; the
+    command line's other options are not read) through :func:`core.evaluation.train.train`, into a
     staging folder, and publishes the artifacts into ``--out`` only when every one is
     saved; the job's row follows its stage and progress, and a cancel leaves nothing
     behind.
@@ -507,7 +507,7 @@ def _runnable(recipe: TrainRecipe, where: Path) -> TrainRecipe:
 
 def _reproduce(args: argparse.Namespace) -> int:
     """Rebuild every artifact in ``args.reproduce`` from its recorded recipe (through
-    :func:`core.train.train`) and compare."""
+    :func:`core.evaluation.train.train`) and compare."""
     folder = Path(args.reproduce) if args.reproduce else None
     found = shipped_artifacts(folder=folder)
     if not found:

@@ -1,4 +1,6 @@
-"""Datasets: files on disk -> validated :class:`~core.examples.RAGExample` lists, and splits.
+"""Datasets: files on disk to validated examples, and source-grouped splits.
+
+Files become :class:`~core.base.examples.RAGExample` lists.
 
 Modules, from the bottom up (each imports only those below it; the format readers
 never import each other):
@@ -9,7 +11,7 @@ never import each other):
 * :mod:`core.data.spans` -- spans checked against the response; RAGTruth passages split
   and placed in the prompt.
 * one module per format reader: :mod:`core.data.ragtruth` (``ragtruth_jsonl``),
-  :mod:`core.data.ragtruth_pair` (``ragtruth_pair``), :mod:`core.data.interpdetect`
+  :mod:`core.data.ragtruth_pair` (``ragtruth_pair``), :mod:`core.data.interpdetect_format`
   (``interpdetect``), :mod:`core.data.generic` (``generic``) and
   :mod:`core.data.ragscope` (``ragscope``).
 * :mod:`core.data.loader` -- :func:`load_dataset`, :func:`detect_format` and

@@ -5,11 +5,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from core.base.errors import DataError, listed, quoted
+from core.base.examples import TASKS, Provenance, RAGExample, Span, parse_label
+from core.base.safeio import parse_json
 from core.data.records import ColumnMapping, _obj, _short
 from core.data.spans import _spans
-from core.errors import DataError, listed, quoted
-from core.examples import TASKS, Provenance, RAGExample, Span, parse_label
-from core.safeio import parse_json
 
 
 class _Generic:

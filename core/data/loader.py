@@ -1,7 +1,7 @@
-"""Dataset loaders: files on disk -> validated :class:`~core.examples.RAGExample` lists.
+"""Dataset loaders: files on disk -> validated :class:`~core.base.examples.RAGExample` lists.
 
 One entry point, :func:`load_dataset`, reads the formats ragscope knows and returns a
-:class:`LoadReport`. Every bad record becomes a :class:`~core.errors.DataError` whose
+:class:`LoadReport`. Every bad record becomes a :class:`~core.base.errors.DataError` whose
 message starts with ``path:LINE: field 'x': ...``; with ``on_error="raise"`` the first
 one is raised, with ``on_error="skip"`` they are collected and the good records kept.
 
@@ -28,8 +28,10 @@ import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
+from core.base.errors import DataError
+from core.base.examples import RAGExample, dedupe_ids
 from core.data.generic import _Generic
-from core.data.interpdetect import _InterpDetect
+from core.data.interpdetect_format import _InterpDetect
 from core.data.ragscope import _ragscope_record
 from core.data.ragtruth import _RagtruthJsonl
 from core.data.ragtruth_pair import PAIR_RESPONSES, PAIR_SOURCES, _load_ragtruth_pair
@@ -43,8 +45,6 @@ from core.data.records import (
     _read_csv,
     _read_jsonl,
 )
-from core.errors import DataError
-from core.examples import RAGExample, dedupe_ids
 
 
 def load_dataset(

@@ -7,8 +7,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from core.base.examples import RAGExample
 from core.data.records import _obj
-from core.examples import RAGExample
 
 
 def _ragscope_record(obj: Any, src: str) -> RAGExample:

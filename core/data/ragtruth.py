@@ -10,10 +10,10 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from core.base.errors import DataError, quoted
+from core.base.examples import TASKS, Provenance, RAGExample, Span
 from core.data.records import _get, _obj, _stable_hash
 from core.data.spans import _place_passages, _spans, split_passages
-from core.errors import DataError, quoted
-from core.examples import TASKS, Provenance, RAGExample, Span
 
 
 def _ragscope_extension(d: Mapping[str, Any], src: str, spans: Sequence[Span]) -> dict[str, Any]:

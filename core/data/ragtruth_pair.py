@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from core.base.errors import DataError, quoted
+from core.base.examples import Provenance, RAGExample, Task
 from core.data.records import _Collector, _get, _obj, _read_jsonl
 from core.data.spans import _place_passages, _spans, split_passages
-from core.errors import DataError, quoted
-from core.examples import Provenance, RAGExample, Task
 
 PAIR_RESPONSES = "response.jsonl"
 PAIR_SOURCES = "source_info.jsonl"

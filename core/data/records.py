@@ -18,9 +18,9 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal, get_args
 
-from core.errors import DataError, listed, quoted
-from core.examples import RAGExample, Task
-from core.safeio import MiB, parse_json
+from core.base.errors import DataError, listed, quoted
+from core.base.examples import RAGExample, Task
+from core.base.safeio import MiB, parse_json
 
 if TYPE_CHECKING:
     import pandas as pd

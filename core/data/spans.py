@@ -1,7 +1,7 @@
 """Spans and passages: spans checked against the response, passages placed in the prompt.
 
 :func:`_spans` reads a list of ``{start, end, ...}`` or ``[start, end]`` items into
-:class:`~core.examples.Span` objects, each checked against the response text;
+:class:`~core.base.examples.Span` objects, each checked against the response text;
 :func:`split_passages` splits RAGTruth's ``passage N:`` text, and :func:`_place_passages`
 keeps each passage as the prompt holds it (cut short where the prompt was).
 """
@@ -12,9 +12,9 @@ import re
 from collections.abc import Mapping
 from typing import Any
 
+from core.base.errors import DataError
+from core.base.examples import Span
 from core.data.records import _short
-from core.errors import DataError
-from core.examples import Span
 
 _PASSAGE_MARKER = re.compile(r"^passage (\d+):", re.MULTILINE)
 

@@ -12,9 +12,9 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from core.base.errors import DataError
+from core.base.examples import RAGExample, example_hash, source_key
 from core.data.catalog import resolve_dataset
-from core.errors import DataError
-from core.examples import RAGExample, example_hash, source_key
 
 SPLITS = ("train", "validation", "test")
 

@@ -1,6 +1,6 @@
 """Detectors: one module per detector, and the registry of them all by name.
 
-Every detector implements :class:`core.contract.Detector`. :data:`DETECTORS` is built
+Every detector implements :class:`core.learning.contract.Detector`. :data:`DETECTORS` is built
 here by explicit imports: the single detectors (:data:`core.detectors.registry.MEMBERS`)
 plus the ensemble, which combines them. Shipped artifacts (``assets/detectors``) are
 listed, loaded and sealed through it.
@@ -12,20 +12,20 @@ import json
 from pathlib import Path
 from typing import Any
 
-from core.artifact import (
+from core.base.errors import DataError
+from core.base.paths import shipped_dir
+from core.base.safeio import json_default, read_bounded
+from core.detectors.ensemble import EnsembleDetector
+from core.detectors.registry import MEMBERS, Registry
+from core.engine.model import LoadedModel
+from core.learning.artifact import (
     ARTIFACT_JSON_LIMIT,
     artifact_files,
     artifact_hashes,
     artifact_info,
     read_artifact_cfg,
 )
-from core.contract import Detector
-from core.detectors.ensemble import EnsembleDetector
-from core.detectors.registry import MEMBERS, Registry
-from core.errors import DataError
-from core.model import LoadedModel
-from core.paths import shipped_dir
-from core.safeio import json_default, read_bounded
+from core.learning.contract import Detector
 
 DETECTORS: Registry = MEMBERS.extended(EnsembleDetector)
 """Every detector by name."""

@@ -21,8 +21,13 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 
-from core.artifact import load_fitted, save_fitted
-from core.contract import (
+from core.base.errors import ModelError
+from core.base.examples import RAGExample
+from core.detectors.common import token_training_set
+from core.engine.model import ModelInfo
+from core.engine.trace import Needs, token_surprisal
+from core.learning.artifact import load_fitted, save_fitted
+from core.learning.contract import (
     DetectorBase,
     DetectorConfig,
     Features,
@@ -33,14 +38,9 @@ from core.contract import (
     require_fitted,
     thresholded_verdict,
 )
-from core.detectors.common import token_training_set
-from core.errors import ModelError
-from core.examples import RAGExample
-from core.labels import response_labels
-from core.learners import LogisticCalibrator
-from core.model import ModelInfo
-from core.pos import spacy_pipeline
-from core.trace import Needs, token_surprisal
+from core.learning.labels import response_labels
+from core.learning.learners import LogisticCalibrator
+from core.signals.pos import spacy_pipeline
 
 
 class CalibratedDetector(DetectorBase):

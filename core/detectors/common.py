@@ -12,10 +12,10 @@ from collections.abc import Sequence
 
 import numpy as np
 
-from core.contract import Features, Run
-from core.examples import RAGExample
-from core.lens import pks_from_trace
-from core.model import LoadedModel
+from core.base.examples import RAGExample
+from core.engine.model import LoadedModel
+from core.learning.contract import Features, Run
+from core.signals.lens import pks_from_trace
 
 
 def head_name(layer: int, head: int) -> str:
@@ -38,7 +38,7 @@ def shared_pks(run: Run, model: LoadedModel, *, final_norm: bool) -> np.ndarray:
 
     def compute() -> np.ndarray:
         assert run.trace is not None
-        # float32 divergences: 3x faster, error < 1e-6 bits (see core.lens.jsd_bits).
+        # float32 divergences: 3x faster, error < 1e-6 bits (see core.signals.lens.jsd_bits).
         return pks_from_trace(model, run.trace, final_norm=final_norm, precision="float32")
 
     return run.shared(("pks", final_norm), compute)

@@ -24,12 +24,12 @@ answers without spans are left out of training). The loss curve is kept in
 the artifact.
 
 Scores: raw token probabilities; with ``smooth`` (default) the token output is
-label-persistence smoothed (:mod:`core.smoothing`, ``p_stay`` 0.993) and the
+label-persistence smoothed (:mod:`core.signals.smoothing`, ``p_stay`` 0.993) and the
 answer score is the highest token score smoothed with ``p_stay`` 0.93;
 without, the token output is raw and the answer score their maximum. With
 ``token_window`` > 1 (not in the spec; default 1) the token output is then averaged
 over centred windows of that many tokens in logit space
-(:func:`core.smoothing.window_probs`); the answer score is unchanged.
+(:func:`core.signals.smoothing.window_probs`); the answer score is unchanged.
 """
 
 from __future__ import annotations
@@ -41,8 +41,13 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 import numpy as np
 
-from core.artifact import load_fitted, save_fitted
-from core.contract import (
+from core.base.errors import DataError, ModelError
+from core.base.examples import RAGExample
+from core.detectors.common import token_training_set
+from core.engine.model import ModelInfo
+from core.engine.trace import Needs
+from core.learning.artifact import load_fitted, save_fitted
+from core.learning.contract import (
     DetectorBase,
     DetectorConfig,
     Features,
@@ -53,11 +58,7 @@ from core.contract import (
     require_fitted,
     thresholded_verdict,
 )
-from core.detectors.common import token_training_set
-from core.errors import DataError, ModelError
-from core.examples import RAGExample
-from core.model import ModelInfo
-from core.smoothing import (
+from core.signals.smoothing import (
     P_STAY_ANSWER,
     P_STAY_TOKEN,
     answer_score,
@@ -65,7 +66,6 @@ from core.smoothing import (
     smooth_tokens,
     window_probs,
 )
-from core.trace import Needs
 
 if TYPE_CHECKING:
     import torch
@@ -284,7 +284,7 @@ class CortexDetector(DetectorBase):
             raise DataError(
                 "the answer tokenizes differently with and without the passages, so CORTEX "
                 "cannot pair its tokens; the layout must encode the answer on its own "
-                "(core.layout.render)",
+                "(core.engine.layout.render)",
                 source=run.example.provenance.source or f"record {run.example.id!r}",
             )
         kind, layer = self._hidden_slot(run.model)

@@ -2,7 +2,7 @@
 
 Members are ordinary detectors (default: every detector of ragscope's own, see
 :data:`DEFAULT_MEMBERS`). The ensemble reads no activations itself: its features
-are the members' own features, bundled (:attr:`core.contract.Features.members`);
+are the members' own features, bundled (:attr:`core.learning.contract.Features.members`);
 the extraction engine computes and caches each member's features under the
 member's own key, so nothing is traced or stored twice
 (:meth:`EnsembleDetector.member_detectors`).
@@ -12,7 +12,7 @@ scoring members never saw. With ``stacking="crossfit"`` (the default; stacked
 generalisation as in Wolpert 1992 and scikit-learn's ``StackingClassifier``) the
 members are fitted :data:`STACK_FOLDS` times, each without one source-grouped fold of
 the training answers and with what the members kept chose fixed
-(:meth:`~core.contract.Detector.pinned`: InterpDetect's classifier, SPAD's booster
+(:meth:`~core.learning.contract.Detector.pinned`: InterpDetect's classifier, SPAD's booster
 hyper-parameters), and score that fold; the stacker learns from all these
 out-of-fold rows (plus the validation split's rows, scored by the members refitted on
 all training answers, when a validation split is given). With ``stacking="split"``
@@ -35,8 +35,8 @@ stacker.
 - Per dataset, with ``dataset_stackers``: a training dataset may also get a response
   stacker of its own, fitted on that dataset's stacking rows alone with its own
   ``answer_token_max`` widths (the members and the token stacker stay shared). Its raw
-  score rides in :attr:`~core.contract.Verdict.raw_by_dataset`; the dataset's own
-  calibration is fitted on it, and :func:`core.contract.for_dataset` judges an answer
+  score rides in :attr:`~core.learning.contract.Verdict.raw_by_dataset`; the dataset's own
+  calibration is fitted on it, and :func:`core.learning.contract.for_dataset` judges an answer
   of that dataset (or another split of it) by it. Answers of any other dataset are read
   by the pooled stacker as before.
 
@@ -55,16 +55,21 @@ from typing import Any, ClassVar, Self
 
 import numpy as np
 
-from core import learners
-from core.artifact import load_fitted, save_fitted
-from core.calibration import (
+from core.base.errors import DataError, ModelError
+from core.base.examples import RAGExample, source_key
+from core.detectors.registry import MEMBERS
+from core.engine.model import ModelInfo
+from core.engine.trace import Needs
+from core.learning import learners
+from core.learning.artifact import load_fitted, save_fitted
+from core.learning.calibration import (
     MAX_DATASET_CALIBRATIONS,
     MAX_DATASET_NAME,
     MIN_DATASET_ANSWERS,
     MIN_DATASET_CLASS,
     enough_for_own,
 )
-from core.contract import (
+from core.learning.contract import (
     Detector,
     DetectorBase,
     DetectorConfig,
@@ -75,14 +80,9 @@ from core.contract import (
     require_fitted,
     thresholded_verdict,
 )
-from core.detectors.registry import MEMBERS
-from core.errors import DataError, ModelError
-from core.examples import RAGExample, source_key
-from core.labels import response_labels, span_labels
-from core.learners import LogisticCalibrator
-from core.model import ModelInfo
-from core.smoothing import check_window, window_mean, window_peak
-from core.trace import Needs
+from core.learning.labels import response_labels, span_labels
+from core.learning.learners import LogisticCalibrator
+from core.signals.smoothing import check_window, window_mean, window_peak
 
 DEFAULT_MEMBERS: tuple[str, ...] = (
     "nll",
@@ -133,7 +133,7 @@ class EnsembleConfig(DetectorConfig):
             how suspect its whole answer is (off: the token logits alone).
         token_windows: The token stacker also reads each member's token logits averaged
             over centred windows of these widths (odd, tokens;
-            :func:`core.smoothing.window_mean`), so a token's score can draw on its
+            :func:`core.signals.smoothing.window_mean`), so a token's score can draw on its
             neighbours' (hallucinated spans run over many tokens). Empty: none.
         answer_token_max: The response stacker also reads, for each of these widths
             (odd, tokens; 1 is the raw logits) and each member that scored the tokens of
@@ -143,8 +143,8 @@ class EnsembleConfig(DetectorConfig):
             reads the member's response logit there instead. Empty: none.
         dataset_stackers: Training dataset name -> the ``answer_token_max`` widths of a
             response stacker of that dataset's own, fitted on its stacking answers alone
-            (a dataset with fewer than :data:`~core.calibration.MIN_DATASET_ANSWERS`
-            of them, or :data:`~core.calibration.MIN_DATASET_CLASS` of a class, gets
+            (a dataset with fewer than :data:`~core.learning.calibration.MIN_DATASET_ANSWERS`
+            of them, or :data:`~core.learning.calibration.MIN_DATASET_CLASS` of a class, gets
             none; ``train_info_`` says so). Empty: the pooled stacker reads every answer.
         stacking: ``crossfit`` (stack the members' out-of-fold scores on all training
             answers) or ``split`` (stack scores on the validation split only); see the
@@ -423,7 +423,7 @@ class EnsembleDetector(DetectorBase):
     ) -> tuple[list[RAGExample], list[dict[str, Verdict]]]:
         """Every training answer that falls in a usable fold, with its members' verdicts
         from members fitted without its fold. Those members take what the fitted members
-        chose (:meth:`~core.contract.Detector.pinned`: a classifier, hyper-parameters),
+        chose (:meth:`~core.learning.contract.Detector.pinned`: a classifier, hyper-parameters),
         so the stacker learns from scores of the same form as the ones it will read."""
         pinned = {
             n: MEMBERS.make(
@@ -707,7 +707,7 @@ class DatasetStacker:
 
 def _dataset_stackers(value: object) -> dict[str, tuple[int, ...]]:
     """``dataset_stackers`` as written (a config is hostile): at most
-    :data:`~core.calibration.MAX_DATASET_CALIBRATIONS` dataset names of one short line,
+    :data:`~core.learning.calibration.MAX_DATASET_CALIBRATIONS` dataset names of one short line,
     each mapped to a list of distinct odd widths."""
     example = '{"ragtruth_qa_dev": [25]}'
     if not isinstance(value, Mapping):

@@ -33,9 +33,14 @@ from zipfile import BadZipFile
 
 import numpy as np
 
-from core.artifact import load_fitted, read_skops, save_fitted
-from core.chunking import chunk_example
-from core.contract import (
+from core.base.errors import DataError, ModelError
+from core.base.examples import RAGExample
+from core.base.safeio import SkopsType
+from core.detectors.common import head_name, layer_name, shared_pks
+from core.engine.model import ModelInfo
+from core.engine.trace import Needs
+from core.learning.artifact import load_fitted, read_skops, save_fitted
+from core.learning.contract import (
     DetectorBase,
     DetectorConfig,
     Features,
@@ -47,16 +52,11 @@ from core.contract import (
     thresholded_verdict,
     tokens_from_chunks,
 )
-from core.detectors.common import head_name, layer_name, shared_pks
-from core.ecs import chunk_ecs, chunk_means, ecs_needs
-from core.errors import DataError, ModelError
-from core.examples import RAGExample
-from core.labels import response_labels
-from core.lens import pks_needs
-from core.metrics import best_threshold
-from core.model import ModelInfo
-from core.safeio import SkopsType
-from core.trace import Needs
+from core.learning.labels import response_labels
+from core.learning.metrics import best_threshold
+from core.signals.chunking import chunk_example
+from core.signals.ecs import chunk_ecs, chunk_means, ecs_needs
+from core.signals.lens import pks_needs
 
 if TYPE_CHECKING:
     import pandas as pd

@@ -35,8 +35,13 @@ from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
 
-from core.artifact import load_fitted, save_fitted
-from core.contract import (
+from core.base.errors import DataError, ModelError
+from core.base.examples import RAGExample, source_key
+from core.detectors.common import token_training_set
+from core.engine.model import ModelInfo
+from core.engine.trace import Needs
+from core.learning.artifact import load_fitted, save_fitted
+from core.learning.contract import (
     DetectorBase,
     DetectorConfig,
     Features,
@@ -47,15 +52,10 @@ from core.contract import (
     require_fitted,
     thresholded_verdict,
 )
-from core.detectors.common import token_training_set
-from core.errors import DataError, ModelError
-from core.examples import RAGExample, source_key
-from core.labels import response_labels
-from core.learners import LogisticCalibrator, grouped_logistic
-from core.metrics import auroc_or_none
-from core.model import ModelInfo
-from core.smoothing import check_window, window_probs
-from core.trace import Needs
+from core.learning.labels import response_labels
+from core.learning.learners import LogisticCalibrator, grouped_logistic
+from core.learning.metrics import auroc_or_none
+from core.signals.smoothing import check_window, window_probs
 
 Context = Literal["passages", "prompt"]
 ResponseMode = Literal["auto", "answer", "windows"]
@@ -118,7 +118,7 @@ class LookbackLensConfig(DetectorConfig):
         c_grid: Logistic regression strengths chosen among by grouped cross-validation.
         seed: Seed of the cross-validation folds.
         token_window: Width (odd, tokens) of a centred window the token scores are then
-            averaged over in logit space (:func:`core.smoothing.window_probs`; 1, the
+            averaged over in logit space (:func:`core.signals.smoothing.window_probs`; 1, the
             paper: none).
     """
 

@@ -2,14 +2,14 @@
 
 Features (``specs/raglens.md``): the residual stream after the SAE's block at
 every response token's own position ``p_j``, encoded by the SAE
-(:mod:`core.sae`; ``activation="pre"`` pools the ReLU of the encoder
+(:mod:`core.signals.sae`; ``activation="pre"`` pools the ReLU of the encoder
 pre-activations before the top-k cut, as the RAGLens public code did;
 ``"post"`` the SAE's sparse TopK output), max-pooled over the answer:
 ``zbar_k = max_j z_jk``, one response feature ``F<k>`` per SAE feature
 (zeros for an empty answer).
 
 Learning: mutual information of every pooled feature with the label
-(:func:`core.mi.mutual_information`, 50 bins, quantile thresholds by default),
+(:func:`core.learning.mi.mutual_information`, 50 bins, quantile thresholds by default),
 the top ``top_k`` features kept (the paper's K' = 1000 is scaled down for small
 training sets), and an :class:`interpret.glassbox.ExplainableBoostingClassifier`
 with the spec's parameters (no interactions, 32 bins, 10% validation, up to
@@ -31,8 +31,15 @@ from typing import TYPE_CHECKING, Any, ClassVar, Self
 
 import numpy as np
 
-from core.artifact import load_fitted, read_skops, save_fitted
-from core.contract import (
+from core.base.errors import DataError, ModelError
+from core.base.examples import RAGExample
+from core.base.paths import assets_dir, shipped_sae_dir
+from core.base.safeio import SkopsType, read_json_file
+from core.engine.layout import render
+from core.engine.model import LoadedModel, ModelInfo
+from core.engine.trace import Needs, trace
+from core.learning.artifact import load_fitted, read_skops, save_fitted
+from core.learning.contract import (
     DetectorBase,
     DetectorConfig,
     Features,
@@ -43,16 +50,9 @@ from core.contract import (
     require_fitted,
     thresholded_verdict,
 )
-from core.errors import DataError, ModelError
-from core.examples import RAGExample
-from core.labels import response_labels
-from core.layout import render
-from core.mi import BINNINGS, mutual_information, top_features
-from core.model import LoadedModel, ModelInfo
-from core.paths import assets_dir, shipped_sae_dir
-from core.sae import ACTIVATIONS, META_FILE, SAE_JSON_LIMIT, LoadedSAE, load_sae
-from core.safeio import SkopsType, read_json_file
-from core.trace import Needs, trace
+from core.learning.labels import response_labels
+from core.learning.mi import BINNINGS, mutual_information, top_features
+from core.signals.sae import ACTIVATIONS, META_FILE, SAE_JSON_LIMIT, LoadedSAE, load_sae
 
 if TYPE_CHECKING:
     import torch

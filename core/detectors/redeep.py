@@ -3,8 +3,8 @@
 Two detectors (``specs/redeep.md``):
 
 - ``redeep_token``: per response token, the External Context Score of each of
-  the model's top copying heads (:mod:`core.heads`) and the Parametric
-  Knowledge Score of every layer (:func:`core.lens.pks_from_trace`).
+  the model's top copying heads (:mod:`core.signals.copying_heads`) and the Parametric
+  Knowledge Score of every layer (:func:`core.signals.lens.pks_from_trace`).
 - ``redeep_chunk``: the same per response chunk (recursive 512/20 split),
   ECS from sentence embeddings of the chunk and the context chunk the head
   attends to most, PKS averaged over the chunk's tokens.
@@ -31,9 +31,13 @@ from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
 
-from core.artifact import load_fitted, save_fitted
-from core.chunking import ChunkSet, chunk_example
-from core.contract import (
+from core.base.errors import DataError, ModelError
+from core.base.examples import RAGExample, source_key
+from core.detectors.common import head_name, layer_name, parse_head, shared_pks
+from core.engine.model import LoadedModel, ModelInfo
+from core.engine.trace import Needs
+from core.learning.artifact import load_fitted, save_fitted
+from core.learning.contract import (
     DetectorBase,
     DetectorConfig,
     Features,
@@ -45,16 +49,12 @@ from core.contract import (
     thresholded_verdict,
     tokens_from_chunks,
 )
-from core.detectors.common import head_name, layer_name, parse_head, shared_pks
-from core.ecs import chunk_ecs, chunk_means, ecs_needs, token_ecs
-from core.errors import DataError, ModelError
-from core.examples import RAGExample, source_key
-from core.heads import CopyingConfig, copying_scores
-from core.labels import response_labels
-from core.learners import LogisticCalibrator, grouped_logistic
-from core.lens import pks_needs
-from core.model import LoadedModel, ModelInfo
-from core.trace import Needs
+from core.learning.labels import response_labels
+from core.learning.learners import LogisticCalibrator, grouped_logistic
+from core.signals.chunking import ChunkSet, chunk_example
+from core.signals.copying_heads import CopyingConfig, copying_scores
+from core.signals.ecs import chunk_ecs, chunk_means, ecs_needs, token_ecs
+from core.signals.lens import pks_needs
 
 Scorer = Literal["rule", "logistic", "probe"]
 
@@ -70,7 +70,7 @@ class RedeepConfig(DetectorConfig):
         n_copy_heads: Candidate heads: the top copying heads (default 32, or
             every head when the model has fewer).
         copying_mode: ``"exact"`` (OV eigenvalues) or ``"paper"`` (trace +
-            Gershgorin outliers), see :mod:`core.heads`.
+            Gershgorin outliers), see :mod:`core.signals.copying_heads`.
         topk_frac: Share of context positions averaged by token-level ECS.
         ecs_scope: ``"passages"`` (ragscope) or ``"prompt"`` (public code).
         pks_final_norm: Apply LN_f in the PKS lens (False: InterpDetect's code).

@@ -9,7 +9,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from typing import Any
 
-from core.contract import Detector
+from core.base.errors import DataError
 from core.detectors.baselines import ContextGainDetector, LexicalDetector, NLLDetector
 from core.detectors.cortex import CortexDetector
 from core.detectors.interpdetect import InterpDetectDetector
@@ -18,8 +18,8 @@ from core.detectors.raglens import RaglensDetector
 from core.detectors.redeep import RedeepChunkDetector, RedeepTokenDetector
 from core.detectors.saplma import SaplmaDetector
 from core.detectors.spad import SpadDetector
-from core.errors import DataError
-from core.model import LoadedModel
+from core.engine.model import LoadedModel
+from core.learning.contract import Detector
 
 
 class Registry:
@@ -66,7 +66,7 @@ class Registry:
 
     def runnable(self, model: LoadedModel) -> list[str]:
         """The detectors that can read ``model`` with their default config (a detector
-        says why not through :meth:`~core.contract.Detector.unavailable`, e.g. RAGLens
+        says why not through :meth:`~core.learning.contract.Detector.unavailable`, e.g. RAGLens
         without an SAE for that model)."""
         return [n for n in self.names() if self.make(n).unavailable(model.info) is None]
 

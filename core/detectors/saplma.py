@@ -34,8 +34,13 @@ from typing import Any, ClassVar, Literal, Self
 import numpy as np
 from sklearn.metrics import average_precision_score
 
-from core.artifact import load_fitted, save_fitted
-from core.contract import (
+from core.base.errors import DataError, ModelError
+from core.base.examples import RAGExample, source_key
+from core.detectors.common import token_training_set
+from core.engine.model import ModelInfo
+from core.engine.trace import Needs
+from core.learning.artifact import load_fitted, save_fitted
+from core.learning.contract import (
     DetectorBase,
     DetectorConfig,
     Features,
@@ -46,15 +51,10 @@ from core.contract import (
     require_fitted,
     thresholded_verdict,
 )
-from core.detectors.common import token_training_set
-from core.errors import DataError, ModelError
-from core.examples import RAGExample, source_key
-from core.labels import response_labels
-from core.learners import LogisticCalibrator, MLPHead, grouped_folds, grouped_logistic
-from core.metrics import auroc_or_none
-from core.model import ModelInfo
-from core.smoothing import TOKEN_WINDOWS, check_window, window_mean, window_peak
-from core.trace import Needs
+from core.learning.labels import response_labels
+from core.learning.learners import LogisticCalibrator, MLPHead, grouped_folds, grouped_logistic
+from core.learning.metrics import auroc_or_none
+from core.signals.smoothing import TOKEN_WINDOWS, check_window, window_mean, window_peak
 
 Pool = Literal["mean", "last"]
 POOLS: tuple[Pool, ...] = ("mean", "last")
@@ -352,7 +352,7 @@ class SaplmaDetector(DetectorBase):
         """The token probe (see :class:`SaplmaConfig`): per candidate layer a probe on a
         sample of the training tokens, scored by the token AP of the validation answers'
         known tokens with its logits smoothed by each window of :data:`TOKEN_WINDOWS`
-        (:func:`core.smoothing.window_mean`; without validation tokens, on a fifth of the
+        (:func:`core.signals.smoothing.window_mean`; without validation tokens, on a fifth of the
         training answers held out by source, :meth:`_token_holdout`; with too few sources
         for that, the answer probe's layer and no smoothing), then the chosen layer's
         probe on every training token, smoothed by the chosen window."""

@@ -1,6 +1,6 @@
 """SPAD (Lu et al., 2025): seven-source token probabilities by part of speech -> XGBoost.
 
-Features (``specs/spad.md``, :mod:`core.spad`): every response token's final
+Features (``specs/spad.md``, :mod:`core.signals.attribution`): every response token's final
 probability split exactly into Query, RAG, Past, Self, FFN, LN and Init,
 averaged over the tokens of each of 18 part-of-speech tags: 126 response
 features named ``<source>_<tag>`` (``RAG_NOUN``, ``LN_NUM``, ...). The
@@ -29,8 +29,12 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 import numpy as np
 
-from core.artifact import load_fitted, save_fitted
-from core.contract import (
+from core.base.errors import DataError, ModelError
+from core.base.examples import RAGExample, source_key
+from core.engine.model import ModelInfo
+from core.engine.trace import Needs
+from core.learning.artifact import load_fitted, save_fitted
+from core.learning.contract import (
     DetectorBase,
     DetectorConfig,
     Features,
@@ -41,11 +45,8 @@ from core.contract import (
     require_fitted,
     thresholded_verdict,
 )
-from core.errors import DataError, ModelError
-from core.examples import RAGExample, source_key
-from core.labels import response_labels
-from core.model import ModelInfo
-from core.spad import (
+from core.learning.labels import response_labels
+from core.signals.attribution import (
     FEATURE_NAMES,
     PROBE_CHUNK,
     SOURCES,
@@ -55,7 +56,6 @@ from core.spad import (
     spad_needs,
     token_sources,
 )
-from core.trace import Needs
 
 if TYPE_CHECKING:
     import xgboost

@@ -1,7 +1,9 @@
-"""LLM-written explanations of SAE features (RAGLens feature cards, ``specs/raglens.md``).
+"""LLM-written explanations of SAE features (RAGLens feature cards).
+
+The definition: ``specs/raglens.md``.
 
 1. :func:`feature_examples`: one forward pass per example (stopped after the SAE's
-   block, :func:`core.trace.residuals_until`), the SAE's activations of one feature at every
+   block, :func:`core.engine.trace.residuals_until`), the SAE's activations of one feature at every
    answer token, and from them the examples a reader (or an LLM) is shown: the
    top-activating answers and a quantile-spread sample of the others where the
    feature fires (12 + 12 in the paper), plus a few held-out answers for the

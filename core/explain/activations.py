@@ -1,7 +1,7 @@
 """SAE feature activations over answers: encoding, the in-process caches, feature examples.
 
 One forward pass per example (stopped after the SAE's block,
-:func:`core.trace.residuals_until`) gives the SAE's activations at every answer token.
+:func:`core.engine.trace.residuals_until`) gives the SAE's activations at every answer token.
 Encoded answers stay in a bounded in-process cache (every feature's max per answer, and
 token-level activations within a byte budget), so reading several features costs one
 pass per example. :func:`feature_examples` selects a feature's top-activating answers, a
@@ -20,13 +20,13 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from core.errors import DataError, RagscopeError
-from core.examples import RAGExample, example_hash
-from core.extract import WorkEstimate, estimate_work, example_chars
-from core.layout import render
-from core.model import LoadedModel
-from core.sae import Activation, LoadedSAE
-from core.trace import residuals_until
+from core.base.errors import DataError, RagscopeError
+from core.base.examples import RAGExample, example_hash
+from core.engine.layout import render
+from core.engine.model import LoadedModel
+from core.engine.trace import residuals_until
+from core.pipeline.extract import WorkEstimate, estimate_work, example_chars
+from core.signals.sae import Activation, LoadedSAE
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -77,8 +77,8 @@ class FeatureExamples:
 
     Attributes:
         feature: The SAE feature.
-        sae_key: :attr:`~core.sae.LoadedSAE.key` of its SAE.
-        activation: ``post`` or ``pre`` (:meth:`~core.sae.LoadedSAE.encode`).
+        sae_key: :attr:`~core.signals.sae.LoadedSAE.key` of its SAE.
+        activation: ``post`` or ``pre`` (:meth:`~core.signals.sae.LoadedSAE.encode`).
         top: The answers where it fires hardest, strongest first.
         quantile: One answer from each quantile bin of the other answers where it fires,
             strongest first.
@@ -269,7 +269,7 @@ def _token_activations(
 def time_reading(
     model: LoadedModel, sae: LoadedSAE, example: RAGExample, activation: Activation
 ) -> float:
-    """Seconds per character (:func:`core.extract.example_chars`) to read ``example``'s SAE
+    """Seconds per character (:func:`core.pipeline.extract.example_chars`) to read ``example``'s SAE
     activations, measured by reading them here (they stay cached, so the time counts
     towards the read it estimates).
 

@@ -2,7 +2,7 @@
 
 :func:`explain_feature` / :func:`explain_many` take the explanation from the
 :class:`~core.storage.Store` cache, else from an OpenAI-compatible chat endpoint
-(:class:`~core.llm.LLMEndpoint`, through :func:`core.llm.chat`), then cache it;
+(:class:`~core.base.llm.LLMEndpoint`, through :func:`core.base.llm.chat`), then cache it;
 :func:`cached_explanation` finds any cached layout with no request.
 :class:`Explanation` reads the reply's hallucination verdict and description.
 """
@@ -14,7 +14,8 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from core.errors import DataError, LLMError
+from core.base.errors import DataError, LLMError
+from core.base.llm import CONFIG_HELP, LLMEndpoint, chat
 from core.explain.activations import FeatureExamples, Progress, feature_key
 from core.explain.prompt import (
     DEFAULT_WINDOW,
@@ -23,7 +24,6 @@ from core.explain.prompt import (
     _candidates,
     build_prompt,
 )
-from core.llm import CONFIG_HELP, LLMEndpoint, chat
 from core.storage import Store
 
 ShouldStop = Callable[[], bool]
@@ -133,8 +133,8 @@ def explain_feature(
 
     Args:
         endpoint: The explainer (``None``: only the cache can answer).
-        model_key: The SAE's host model (:attr:`~core.model.ModelInfo.key`).
-        sae_key: :attr:`~core.sae.LoadedSAE.key`.
+        model_key: The SAE's host model (:attr:`~core.engine.model.ModelInfo.key`).
+        sae_key: :attr:`~core.signals.sae.LoadedSAE.key`.
         feature: The SAE feature.
         examples: Its examples (:func:`feature_examples`).
         store: The cache.
@@ -222,7 +222,7 @@ def explain_many(
 
     ``should_stop()`` is asked before each feature; when it returns True the batch ends
     there (what is done stays cached, so a later batch resumes). The first
-    :class:`~core.errors.LLMError` also ends it (the next requests would most likely
+    :class:`~core.base.errors.LLMError` also ends it (the next requests would most likely
     fail the same way); it is returned in :attr:`BatchResult.error`.
 
     Args:

@@ -18,9 +18,9 @@ from dataclasses import dataclass, replace
 
 import numpy as np
 
-from core.errors import DataError
+from core.base.errors import DataError
+from core.base.llm import ENV_CONTEXT, MIN_CONTEXT
 from core.explain.activations import FeatureExamples
-from core.llm import ENV_CONTEXT, MIN_CONTEXT
 
 PROMPT_VERSION = "ragscope-explain-v1"
 """Version of the explanation prompt; part of every prompt hash (bump it when the text changes)."""

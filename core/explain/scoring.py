@@ -16,11 +16,11 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.errors import DataError, LLMError
+from core.base.errors import DataError, LLMError
+from core.base.llm import ENV_CONTEXT, LLMEndpoint, chat
 from core.explain.activations import FeatureExample
 from core.explain.cards import Explanation
 from core.explain.prompt import MIN_SHOWN, PromptBudget
-from core.llm import ENV_CONTEXT, LLMEndpoint, chat
 
 FIDELITY_SCALE = 5
 """The fidelity check asks for integer predictions ``0..FIDELITY_SCALE``."""

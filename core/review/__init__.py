@@ -1,7 +1,7 @@
 """Annotation review: a queue of flagged spans, reviewers' decisions, an audit trail.
 
 - :func:`propose_flags` turns detectors' token scores on one answer into flagged
-  whole-word spans (:func:`core.spans.answer_spans`: runs of tokens at or above each
+  whole-word spans (:func:`core.pipeline.word_spans.answer_spans`: runs of tokens at or above each
   detector's token threshold merged across short gaps, optionally after
   label-persistence smoothing; never punctuation alone); overlapping spans of several
   detectors merge into one item that names them all. :func:`scan_flags` does it for a

@@ -10,8 +10,8 @@ from __future__ import annotations
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-from core.errors import DataError, StorageError
-from core.examples import RAGExample, example_hash
+from core.base.errors import DataError, StorageError
+from core.base.examples import RAGExample, example_hash
 from core.review.flags import Flag
 from core.storage import (
     DECISIONS,

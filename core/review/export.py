@@ -9,7 +9,7 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.examples import RAGExample, Span
+from core.base.examples import RAGExample, Span
 from core.review.book import Review, ReviewItem
 
 if TYPE_CHECKING:

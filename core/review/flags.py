@@ -1,5 +1,5 @@
 """Flags to review: the whole-word spans the detectors flag on an answer
-(:func:`core.spans.answer_spans`), a scan of a dataset that says why it found none, and
+(:func:`core.pipeline.word_spans.answer_spans`), a scan of a dataset that says why it found none, and
 the verdicts of a dataset."""
 
 from __future__ import annotations
@@ -10,19 +10,19 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from core.contract import Verdict
-from core.examples import RAGExample
-from core.extract import FeatureCache
-from core.judge import AnswerVerdict, judge_many
-from core.model import LoadedModel
-from core.sets import DetectorSet
-from core.smoothing import smooth_tokens
-from core.spans import GAP_TOKENS, answer_spans
+from core.base.examples import RAGExample
+from core.engine.model import LoadedModel
+from core.learning.contract import Verdict
+from core.pipeline.extract import FeatureCache
+from core.pipeline.judge import AnswerVerdict, judge_many
+from core.pipeline.sets import DetectorSet
+from core.pipeline.word_spans import GAP_TOKENS, answer_spans
+from core.signals.smoothing import smooth_tokens
 
 
 @dataclass(frozen=True, kw_only=True)
 class Flag:
-    """A flagged span of one answer, whole words (a :class:`core.spans.Span` of it).
+    """A flagged span of one answer, whole words (a :class:`core.pipeline.word_spans.Span` of it).
 
     Attributes:
         example_id: The example.
@@ -60,12 +60,12 @@ def propose_flags(
     p_stay: float | None = None,
     gap_tokens: int = GAP_TOKENS,
 ) -> list[Flag]:
-    """The flagged spans of one answer, in answer order: :func:`core.spans.answer_spans`
+    """The flagged spans of one answer, in answer order: :func:`core.pipeline.word_spans.answer_spans`
     (each detector in ``thresholds`` that gives token scores flags its tokens at or above
     its threshold, runs merged across gaps of up to ``gap_tokens`` tokens, widened to
     whole words, punctuation and whitespace alone dropped; spans of several detectors
     that overlap merge). With ``p_stay``, token scores are first smoothed
-    (:func:`core.smoothing.smooth_tokens`)."""
+    (:func:`core.signals.smoothing.smooth_tokens`)."""
     if p_stay is not None:
         verdicts = {n: _smoothed(v, p_stay) for n, v in verdicts.items()}
     return [
@@ -183,7 +183,7 @@ def dataset_verdicts(
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[RAGExample], dict[str, dict[str, Verdict]]]:
     """Each detector's verdict on each answer as the set judges it
-    (:func:`core.judge.judge_many`: one trace per answer, features from ``cache`` where
+    (:func:`core.pipeline.judge.judge_many`: one trace per answer, features from ``cache`` where
     there, each answer by the set's expert for its dataset where it has one, calibrated
     for its dataset): the probabilities and flags every page shows for that answer.
     Returns the examples read and ``{example id: {name: verdict}}``; answers that cannot

@@ -1,11 +1,13 @@
-"""SQLite storage for datasets, analyses, annotations, cached explanations,
+"""SQLite: all of ragscope's SQL, one repository per table family.
+
+SQLite storage for datasets, analyses, annotations, cached explanations,
 counterfactual sessions, reviews, background jobs and measured paces: all of ragscope's SQL lives in this package.
 
 One file (WAL mode, foreign keys on) with a versioned schema: ``schema_version`` records
 which entries of :data:`MIGRATIONS` have been applied; opening a database applies the
 missing ones in order, each in its own transaction. A database written by a newer
 ragscope (a higher version than this code knows) is refused with a
-:class:`~core.errors.StorageError` that says what to do.
+:class:`~core.base.errors.StorageError` that says what to do.
 
 A :class:`Store` holds one connection shared by all threads behind a lock, which is what
 a Streamlit server (one thread per session) needs.
@@ -17,7 +19,7 @@ a Streamlit server (one thread per session) needs.
   (datasets and examples), ``analyses`` (the feature cache), ``annotations``,
   ``explanations``, ``counterfactuals`` and ``reviews`` (the review queue, decisions
   and audit trail that :mod:`core.review` keeps) and ``jobs`` (background jobs and their
-  progress, :mod:`core.jobs`) ``logins`` (logins revoked by logging out) and ``paces`` (how fast feature
+  progress, :mod:`core.services.jobs`) ``logins`` (logins revoked by logging out) and ``paces`` (how fast feature
   extraction ran here, for the pages' time estimates).
 - ``store``: :class:`Store`, the database with all of them.
 """

@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
-from core.errors import DataError, StorageError
+from core.base.errors import DataError, StorageError
 from core.storage.db import Database, now_iso
 
 

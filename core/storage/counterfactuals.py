@@ -4,14 +4,14 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
-from core.errors import DataError
-from core.examples import RAGExample
-from core.safeio import parse_json
+from core.base.errors import DataError
+from core.base.examples import RAGExample
+from core.base.safeio import parse_json
 from core.storage.db import Database
 
 
 class SavedSession(Protocol):
-    """What :meth:`Store.save_counterfactual` stores (a :class:`core.counterfactual.Counterfactual`)."""
+    """What :meth:`Store.save_counterfactual` stores (a :class:`core.interventions.counterfactual.Counterfactual`)."""
 
     name: str
     model: str
@@ -46,7 +46,7 @@ class CounterfactualsRepository(Database):
         return [tuple(r) for r in self._query(sql + " ORDER BY id DESC", params)]  # type: ignore[misc]
 
     def load_counterfactual(self, cf_id: int) -> dict[str, Any]:
-        """A saved session's JSON object (:func:`core.counterfactual.load_session` makes
+        """A saved session's JSON object (:func:`core.interventions.counterfactual.load_session` makes
         the session of it).
 
         Raises:

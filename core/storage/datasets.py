@@ -10,8 +10,8 @@ from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
-from core.errors import DataError, StorageError
-from core.examples import RAGExample
+from core.base.errors import DataError, StorageError
+from core.base.examples import RAGExample
 from core.storage.db import Database, dumps, now_iso
 
 MAX_NAME = 200

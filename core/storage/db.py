@@ -20,7 +20,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any, Self
 
-from core.errors import DataError, StorageError
+from core.base.errors import DataError, StorageError
 from core.storage.migrations import MIGRATIONS, SCHEMA_VERSION
 
 DB_FILENAME = "ragscope.sqlite3"

@@ -4,7 +4,7 @@ progress, shared by the process that runs one and every app session that watches
 A job is ``queued`` when created, ``running`` once its worker claims it, and ends
 ``done``, ``failed`` or ``cancelled``. At most one job per model key is queued or
 running (a partial unique index holds this across processes). A running job whose
-worker died keeps its row as ``running``: :mod:`core.jobs` tells it apart by its
+worker died keeps its row as ``running``: :mod:`core.services.jobs` tells it apart by its
 heartbeat and process id and offers to resume or discard it.
 
 Rows are read as untrusted: a row that does not hold what this module writes raises
@@ -21,8 +21,8 @@ import time
 from dataclasses import dataclass
 from typing import Any, Literal, cast
 
-from core.errors import DataError
-from core.safeio import parse_json
+from core.base.errors import DataError
+from core.base.safeio import parse_json
 from core.storage.db import Database, dumps, now_iso
 
 JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
@@ -81,7 +81,7 @@ class JobRow:
         id: Row id.
         kind: What the job does (``train``).
         model: ``ModelInfo.key`` of the model it is for.
-        spec: The job's options (a JSON object; :mod:`core.jobs` validates it).
+        spec: The job's options (a JSON object; :mod:`core.services.jobs` validates it).
         out: The folder its results are published to.
         status: Stored state (see the module docstring).
         cancel_requested: Someone asked it to stop.

@@ -12,7 +12,7 @@ from __future__ import annotations
 import math
 import time
 
-from core.errors import DataError
+from core.base.errors import DataError
 from core.storage.db import Database
 
 MAX_IDENTITY = 1_000

@@ -135,7 +135,7 @@ MIGRATIONS: tuple[str, ...] = (
     """
     ALTER TABLE review_items ADD COLUMN example_hash TEXT;
     """,
-    # 5: background jobs (core.jobs): training detectors for a model outside the app's
+    # 5: background jobs (core.services.jobs): training detectors for a model outside the app's
     # script runs. At most one queued or running job per model key.
     """
     CREATE TABLE jobs (

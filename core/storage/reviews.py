@@ -13,8 +13,8 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any, Literal
 
-from core.errors import StorageError
-from core.examples import RAGExample, example_hash
+from core.base.errors import StorageError
+from core.base.examples import RAGExample, example_hash
 from core.storage.db import Database, now_iso
 
 Decision = Literal["accept", "reject"]
@@ -143,7 +143,7 @@ class QueuedSpan:
 
     Attributes:
         sources: Detector name -> ``(max token score in the span, its threshold)``.
-        example_hash: :func:`~core.examples.example_hash` of the flagged example.
+        example_hash: :func:`~core.base.examples.example_hash` of the flagged example.
     """
 
     example_id: str

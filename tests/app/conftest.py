@@ -172,7 +172,7 @@ def demo_detectors_dir(tiny_model, tmp_path_factory: pytest.TempPathFactory) -> 
     the tiny model, saved as a detectors folder (for ``RAGSCOPE_DETECTORS_DIR``)."""
     from core.data import builtin_examples
     from core.detectors import make_detector
-    from core.extract import extract_features
+    from core.pipeline.extract import extract_features
 
     out = tmp_path_factory.mktemp("demo-detectors")
     examples = builtin_examples()

@@ -12,10 +12,10 @@ import numpy as np
 from streamlit.testing.v1 import AppTest
 
 from app.state import KEY_HEATMAP_EXAMPLE
-from core.agreement import score_correlation, verdict_table
+from core.analysis.detector_agreement import score_correlation, verdict_table
 from core.data import load_builtin
+from core.pipeline.sets import load_set
 from core.review import dataset_verdicts
-from core.sets import load_set
 
 PAGE = "views/agreement.py"
 N = 8

@@ -1,7 +1,7 @@
 """The Benchmark page (AppTest, tiny model) and its chart builders (pure functions).
 
 Cross-validation and cross-domain matrix runs are made by the real code
-(:func:`core.crossval.cross_validate`, :func:`core.matrix.domain_matrix`) on the tiny
+(:func:`core.evaluation.crossval.cross_validate`, :func:`core.evaluation.matrix.domain_matrix`) on the tiny
 model and a stratified slice of the built-in corpus, once per module.
 """
 
@@ -52,14 +52,14 @@ from app.state import (
     threshold_key,
 )
 from app.text import md
-from core.crossval import CVRun, cross_validate
+from core.base.examples import RAGExample, source_key
 from core.data import load_builtin, stratified_head
-from core.evaluate import DetectorResult, EvalRun
-from core.examples import RAGExample, source_key
-from core.extract import FeatureCache
-from core.matrix import MatrixRun, domain_matrix
-from core.metrics import SPAN_F1_NOTE, confusion_counts, response_metrics
-from core.model import LoadedModel
+from core.engine.model import LoadedModel
+from core.evaluation.crossval import CVRun, cross_validate
+from core.evaluation.evaluate import DetectorResult, EvalRun
+from core.evaluation.matrix import MatrixRun, domain_matrix
+from core.learning.metrics import SPAN_F1_NOTE, confusion_counts, response_metrics
+from core.pipeline.extract import FeatureCache
 from core.storage import Store
 
 BENCHMARK = "views/benchmark.py"
@@ -292,7 +292,7 @@ def test_launch_a_run_on_the_demo_set_saves_and_shows_it(
 def test_unavailable_corpus_is_an_error_not_an_exception(
     make_app: Callable[[], AppTest], runs_dir: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from core.errors import DataError
+    from core.base.errors import DataError
 
     def missing(*args: object, **kwargs: object) -> list:
         raise DataError("the built-in corpus is missing")

@@ -23,11 +23,11 @@ from app.views.counterfactual import (
     KEY_SUPPORT,
     passage_key,
 )
-from core.counterfactual import NO_CONTEXT, edit_example, on_template, support_span
 from core.data import builtin_examples
 from core.detectors import load_shipped
-from core.extract import run_example
-from core.model import LoadedModel
+from core.engine.model import LoadedModel
+from core.interventions.counterfactual import NO_CONTEXT, edit_example, on_template, support_span
+from core.pipeline.extract import run_example
 
 PAGE = "views/counterfactual.py"
 EXAMPLE = "demo-04-mount-kelsey"  # one gold span

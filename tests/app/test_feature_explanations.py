@@ -24,9 +24,9 @@ from app.state import (
     explain_one_key,
     fidelity_key,
 )
+from core.base.llm import SETTING_NAMES
 from core.data import load_builtin
 from core.explain import PromptBudget, build_prompt, feature_examples, feature_key
-from core.llm import SETTING_NAMES
 from core.storage import Store
 
 PAGE = "views/feature_explanations.py"
@@ -279,7 +279,7 @@ def test_a_shipped_raglens_detector_ranks_the_features(
 
     from core.data import resolve_dataset
     from core.detectors import make_detector
-    from core.extract import extract_features
+    from core.pipeline.extract import extract_features
 
     builtin = resolve_dataset("builtin")[1]
     train = [e for e in builtin if e.label][:12] + [e for e in builtin if e.label is False][:12]

@@ -17,8 +17,8 @@ from streamlit.testing.v1 import AppTest
 
 from core.data import builtin_examples
 from core.detectors import load_shipped, make_detector
-from core.extract import extract_features
-from core.model import LoadedModel
+from core.engine.model import LoadedModel
+from core.pipeline.extract import extract_features
 
 GAM = "views/gam.py"
 

@@ -1,7 +1,7 @@
 """The Heads & layers page on the tiny model (AppTest).
 
 Copying heads, faithful-vs-hallucinated statistics on a few examples (checked against
-:class:`core.headstats.HeadStats` computed directly), the one-answer view (another head
+:class:`core.analysis.heads_layers.HeadStats` computed directly), the one-answer view (another head
 redraws the attention), and the ReDeEP artifacts when some are trained for the model.
 """
 
@@ -29,14 +29,14 @@ from app.state import (
     KEY_HEADS_UNIT,
     STATE_KEY,
 )
+from core.analysis.heads_layers import HeadStats
 from core.data import builtin_examples, load_builtin
 from core.detectors import make_detector
-from core.extract import extract_features, run_example
-from core.heads import copying_scores
-from core.headstats import HeadStats
-from core.judge import judge
-from core.model import LoadedModel
-from core.sets import load_set
+from core.engine.model import LoadedModel
+from core.pipeline.extract import extract_features, run_example
+from core.pipeline.judge import judge
+from core.pipeline.sets import load_set
+from core.signals.copying_heads import copying_scores
 
 HEADS = "views/heads.py"
 EXAMPLE = "demo-02-waggle-dance"  # a built-in example with one gold span

@@ -1,6 +1,6 @@
 """The Learn page (AppTest, tiny model, the demo detectors): every step of the logit-lens
 primer and of the CORTEX walkthrough, with the numbers it shows checked against
-:mod:`core.teach` computed directly."""
+:mod:`core.analysis.teach` computed directly."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.components.head_charts import ecs_figure
+from core.analysis.teach import cortex_walk, lens_curve
 from core.data import builtin_examples
 from core.detectors import load_shipped
-from core.teach import cortex_walk, lens_curve
 
 PAGE = "views/learn.py"
 PRESET = "demo-04-mount-kelsey"
@@ -148,9 +148,9 @@ def test_spad_steps_add_up_to_the_models_probability(
     tiny_model,
     preset,
 ) -> None:
-    from core.layout import render
-    from core.spad import spad_needs, token_sources
-    from core.trace import trace
+    from core.engine.layout import render
+    from core.engine.trace import trace
+    from core.signals.attribution import spad_needs, token_sources
 
     at = _walk(open_page(PAGE), "SPAD")
     src = token_sources(
@@ -186,10 +186,10 @@ def test_raglens_steps_sum_to_the_detectors_score(
 ) -> None:
     import os
 
+    from core.analysis.teach import raglens_walk
     from core.data import resolve_dataset
     from core.detectors import make_detector
-    from core.extract import extract_features
-    from core.teach import raglens_walk
+    from core.pipeline.extract import extract_features
 
     monkeypatch.setenv("RAGSCOPE_SAE_DIR", str(tiny_sae.path))
     builtin = resolve_dataset("builtin")[1]
@@ -229,8 +229,8 @@ def test_redeep_steps_read_the_heads_and_the_ffn(
     tiny_model,
     preset,
 ) -> None:
-    from core.headstats import head_view
-    from core.teach import ffn_lens
+    from core.analysis.heads_layers import head_view
+    from core.analysis.teach import ffn_lens
 
     at = _walk(open_page(PAGE), "ReDeEP / InterpDetect")
     assert _step(at) == "Step 1 of 6: A head that copies"
@@ -254,10 +254,10 @@ def test_redeep_steps_read_the_heads_and_the_ffn(
     assert chart(at, "Mean ECS of every head")
     at.button(key="learn.stats").click().run()  # over the first corpus answers
     no_exception(at)
+    from core.analysis.heads_layers import HeadStats
     from core.data import load_builtin
     from core.detectors import make_detector
-    from core.extract import extract_features
-    from core.headstats import HeadStats
+    from core.pipeline.extract import extract_features
 
     exs = load_builtin()[:24]
     feats = extract_features(tiny_model, exs, [make_detector("interpdetect")])
@@ -275,7 +275,12 @@ def test_the_counterfactual_pages_edit_can_be_walked_through(
     open_page: Callable[[str], AppTest], page_text: Callable[[AppTest], str], tiny_model, preset
 ) -> None:
     from app.state import STATE_KEY
-    from core.counterfactual import Counterfactual, edit_example, on_template, support_span
+    from core.interventions.counterfactual import (
+        Counterfactual,
+        edit_example,
+        on_template,
+        support_span,
+    )
 
     at = open_page(PAGE)
     original = on_template(preset)

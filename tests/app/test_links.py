@@ -49,7 +49,7 @@ from app.state import KEY_HEATMAP_DATASET as KEY_HM_DATASET
 from app.state import KEY_HEATMAP_EXAMPLE as KEY_HM_EXAMPLE
 from app.views.token_heatmaps import KEY_P_STAY, KEY_ROWS, KEY_SMOOTH_ALL, KEY_THRESHOLD, row_id
 from core.data import load_builtin
-from core.smoothing import P_STAY_TOKEN
+from core.signals.smoothing import P_STAY_TOKEN
 
 HEADS = "views/heads.py"
 HEATMAPS = "views/token_heatmaps.py"

@@ -19,13 +19,13 @@ from app.views.mitigation import (
     KEY_TEMPERATURE,
     KEY_VALUES,
 )
-from core.counterfactual import on_template
 from core.data import builtin_examples
-from core.judge import judge
-from core.mitigate import INSTANCE_FEEDBACK, answer_change
-from core.model import LoadedModel
-from core.sets import load_set
-from core.steer import steer_continuation
+from core.engine.model import LoadedModel
+from core.interventions.counterfactual import on_template
+from core.interventions.mitigate import INSTANCE_FEEDBACK, answer_change
+from core.interventions.steer import steer_continuation
+from core.pipeline.judge import judge
+from core.pipeline.sets import load_set
 
 PAGE = "views/mitigation.py"
 EXAMPLE = "demo-04-mount-kelsey"
@@ -80,8 +80,8 @@ def test_token_feedback_with_nothing_flagged_says_it_falls_back(
     monkeypatch: pytest.MonkeyPatch, page: AppTest
 ) -> None:
     # A token detector that flags no span: the page says the instance message is sent.
-    # (The page's script imports flagged_spans from core.smoothing at each run.)
-    monkeypatch.setattr("core.smoothing.flagged_spans", lambda *a, **k: [])
+    # (The page's script imports flagged_spans from core.signals.smoothing at each run.)
+    monkeypatch.setattr("core.signals.smoothing.flagged_spans", lambda *a, **k: [])
     page.selectbox(key=KEY_GUIDE).select("context_gain").run()
     assert any("nothing to quote" in w.value for w in page.warning)
     assert any(

@@ -1,7 +1,7 @@
 """One verdict everywhere (issue 37): the same answer opened on every page that shows a
 score or a verdict for it — Playground, Token heatmaps, Token sources, Heads & layers,
 Counterfactual, Mitigation, Agreement — shows the numbers of
-``core.judge.judge(model, example, load_set(key))``: each detector's calibrated
+``core.pipeline.judge.judge(model, example, load_set(key))``: each detector's calibrated
 probability, the threshold of the same calibration, and its flag.
 
 The set's detectors keep a calibration of the demo answers' own dataset whose threshold
@@ -21,7 +21,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-import core.paths
+import core.base.paths
 from app.state import (
     ANSWER_PASTE,
     KEY_ANALYSE,
@@ -32,15 +32,15 @@ from app.state import (
 from app.text import md
 from app.views.counterfactual import KEY_COMPARE
 from app.views.mitigation import KEY_FEEDBACK, KEY_TEMPERATURE
-from core.calibration import DatasetCalibration, PlattCalibrator
-from core.contract import calibrated_as
 from core.data import builtin_examples
 from core.detectors import load_shipped, make_detector
-from core.extract import run_example
-from core.judge import AnswerVerdict, judge
-from core.model import LoadedModel
-from core.recipe import trained_on_record
-from core.sets import EXPERTS_FILE, load_set
+from core.engine.model import LoadedModel
+from core.evaluation.recipe import trained_on_record
+from core.learning.calibration import DatasetCalibration, PlattCalibrator
+from core.learning.contract import calibrated_as
+from core.pipeline.extract import run_example
+from core.pipeline.judge import AnswerVerdict, judge
+from core.pipeline.sets import EXPERTS_FILE, load_set
 
 EXAMPLE = "demo-02-waggle-dance"  # hand-written, one gold span
 DEMO = "ragscope-demo"  # the demo answers' dataset (their provenance)
@@ -148,7 +148,7 @@ def test_every_page_shows_the_judge_s_numbers_for_one_answer(
     if deferring:
         folder, threshold = Path(shutil.copytree(one_set, tmp_path / "custom")), EXPERT_THRESHOLD
         (folder / EXPERTS_FILE).write_text(f'{{"experts": ["{EXPERT}"]}}', encoding="utf-8")
-        monkeypatch.setattr(core.paths, "detector_sets_dir", lambda: expert_set)
+        monkeypatch.setattr(core.base.paths, "detector_sets_dir", lambda: expert_set)
     monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(folder))
     at = make_app().run()
     at.switch_page(PLAYGROUND).run()

@@ -1,7 +1,7 @@
 """The Playground's detector verdicts (AppTest, tiny model) and the token-score alignment.
 
 Real artifacts are made once per module: the baseline detectors fitted on the demo
-examples with the tiny model (``core.evaluate.evaluate(..., save_artifacts=...)``), then
+examples with the tiny model (``core.evaluation.evaluate.evaluate(..., save_artifacts=...)``), then
 ``RAGSCOPE_DETECTORS_DIR`` points the app at them (or at a broken or foreign copy).
 """
 
@@ -38,18 +38,18 @@ from app.state.detectors import ShippedDetector
 from app.state.verdicts import verdict_frame
 from app.text import md
 from app.views.playground import training_caption
-from core.artifact import artifact_info
-from core.calibration import DatasetCalibration, PlattCalibrator
-from core.contract import Verdict, align_token_scores, flag_threshold
+from core.base.errors import ModelError
 from core.data import builtin_examples, make_splits
 from core.detectors import load_shipped
 from core.detectors.baselines import NLLDetector
-from core.errors import ModelError
-from core.evaluate import evaluate
-from core.extract import run_example
-from core.judge import judge
-from core.model import LoadedModel
-from core.sets import TrainedOn, load_set
+from core.engine.model import LoadedModel
+from core.evaluation.evaluate import evaluate
+from core.learning.artifact import artifact_info
+from core.learning.calibration import DatasetCalibration, PlattCalibrator
+from core.learning.contract import Verdict, align_token_scores, flag_threshold
+from core.pipeline.extract import run_example
+from core.pipeline.judge import judge
+from core.pipeline.sets import TrainedOn, load_set
 
 PLAYGROUND = "views/playground.py"
 EXAMPLE = "demo-02-waggle-dance"  # a built-in example with one gold span
@@ -246,7 +246,7 @@ def test_the_verdict_line_opens_the_full_table(
     example = next(e for e in builtin_examples() if e.id == EXAMPLE)
     want = judge(tiny_model, example, load_set(tiny_model.info.key))
     colour = "red" if want.hallucinated else "green"
-    # One line, the set's own summary (core.judge), coloured by the overall verdict.
+    # One line, the set's own summary (core.pipeline.judge), coloured by the overall verdict.
     assert _verdict_line(at) == [f"#### :{colour}-background[{md(want.summary)}]"]
     assert f"{want.n_flagged} of {len(DETECTORS)} detectors flag it" in want.summary
     # It comes before the table, which is static: every detector's row and every column
@@ -507,9 +507,9 @@ def test_analyse_traces_once_for_surprisal_and_detectors_and_streams_verdicts(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     import app.state.analysis as analysis_mod
-    import core.extract as extract_mod
-    from core.layout import render
-    from core.trace import response_needs, token_surprisal, trace
+    import core.pipeline.extract as extract_mod
+    from core.engine.layout import render
+    from core.engine.trace import response_needs, token_surprisal, trace
 
     passes: list[str] = []
     batch, single = extract_mod.trace_batch, analysis_mod.trace

@@ -11,12 +11,12 @@ import numpy as np
 import pytest
 
 from app.components.report import answer_report_html, dataset_report_html
-from core.agreement import verdict_table
+from core.analysis.detector_agreement import verdict_table
 from core.data import load_builtin
 from core.detectors import load_shipped
-from core.extract import run_example
+from core.pipeline.extract import run_example
+from core.pipeline.sets import load_set
 from core.review import Flag, ReviewBook, dataset_verdicts
-from core.sets import load_set
 from core.storage import Store
 
 NAMES = ("nll", "context_gain", "cortex")

@@ -65,7 +65,7 @@ def test_a_reviewer_scans_reviews_and_exports(
     score, thr = first.sources["cortex"]
     assert f"cortex token score {score:.3f} (token threshold {thr:.3f})" in page_text(at)
     texts = {e.id: e.response for e in _corpus()}
-    for it in items:  # whole words, never punctuation alone (core.spans)
+    for it in items:  # whole words, never punctuation alone (core.pipeline.word_spans)
         span = texts[it.example_id][it.start : it.end]
         assert any(c.isalnum() for c in span) and span == span.strip(), span
 

@@ -305,7 +305,7 @@ def test_untrusted_text_is_never_markup_on_any_page(
     make_app: Callable[[], AppTest], app_env: Path
 ) -> None:
     from app.state import ANSWER_PASTE, KEY_ANALYSE, KEY_ANSWER_SOURCE, KEY_DATASET
-    from core.examples import RAGExample, Span
+    from core.base.examples import RAGExample, Span
 
     answer = f"It is tall. {ATTACK}"
     hostile = RAGExample(

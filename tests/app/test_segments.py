@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from app.components.segments import segment_figure, segment_rows
-from core.layout import Segment
+from core.engine.layout import Segment
 
 SEGMENTS = (
     Segment(kind="template", start=0, end=5),

@@ -3,7 +3,7 @@
 Without a spad artifact both pages name the train command and offer a quick fit;
 with one (fitted here on the demo examples and written to a temporary
 ``RAGSCOPE_DETECTORS_DIR``) they explain it. The charts are checked against
-:mod:`core.shapviz` and :func:`core.spad.token_sources` computed directly.
+:mod:`core.analysis.shap_values` and :func:`core.signals.attribution.token_sources` computed directly.
 """
 
 from __future__ import annotations
@@ -28,16 +28,16 @@ from app.state import (
     KEY_TOKENS_QUICK_FIT,
     STATE_KEY,
 )
+from core.analysis.shap_values import shap_values
 from core.data import builtin_examples
 from core.detectors import load_shipped, make_detector
-from core.extract import extract_features, run_example
-from core.judge import judge
-from core.layout import render
-from core.model import LoadedModel
-from core.sets import load_set
-from core.shapviz import shap_values
-from core.spad import SOURCES, response_pos, spad_needs, token_sources
-from core.trace import trace
+from core.engine.layout import render
+from core.engine.model import LoadedModel
+from core.engine.trace import trace
+from core.pipeline.extract import extract_features, run_example
+from core.pipeline.judge import judge
+from core.pipeline.sets import load_set
+from core.signals.attribution import SOURCES, response_pos, spad_needs, token_sources
 
 SHAP = "views/shap_summary.py"
 TOKENS = "views/token_sources.py"

@@ -2,7 +2,7 @@
 
 CORTEX and context_gain are fitted on the demo examples and written to a temporary
 ``RAGSCOPE_DETECTORS_DIR``; the page's rows are checked against the detectors and
-:mod:`core.smoothing` run directly.
+:mod:`core.signals.smoothing` run directly.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from app.views.token_heatmaps import (
 )
 from core.data import builtin_examples
 from core.detectors import load_shipped
-from core.extract import run_example
-from core.model import LoadedModel
-from core.smoothing import smooth_tokens
+from core.engine.model import LoadedModel
+from core.pipeline.extract import run_example
+from core.signals.smoothing import smooth_tokens
 
 PAGE = "views/token_heatmaps.py"
 EXAMPLE = "demo-02-waggle-dance"  # one gold span

@@ -28,9 +28,9 @@ from app.state import (
     KEY_TRAIN_RESUME,
     KEY_TRAIN_START,
 )
+from core.base.paths import model_detectors_dir
 from core.data import builtin_examples, stored_spec
-from core.jobs import TrainSpec, job_log_path
-from core.paths import model_detectors_dir
+from core.services.jobs import TrainSpec, job_log_path
 from core.storage import JobRow, Store
 
 HEADS = "views/heads.py"

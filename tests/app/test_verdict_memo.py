@@ -10,9 +10,9 @@ from typing import Any
 import pytest
 
 import app.state.verdicts as verdicts
-from core.errors import DataError
-from core.examples import RAGExample
-from core.sets import DetectorSet
+from core.base.errors import DataError
+from core.base.examples import RAGExample
+from core.pipeline.sets import DetectorSet
 
 
 def test_a_failure_is_kept_until_a_retry(monkeypatch: pytest.MonkeyPatch) -> None:

@@ -44,14 +44,14 @@ import numpy as np
 import pytest
 from playwright.sync_api import expect
 
-from core.contract import Features
-from core.crossval import CVRun, cross_validate
+from core.base.examples import Provenance, RAGExample, Span
 from core.detectors import make_detector
-from core.evaluate import DetectorResult, EvalRun
-from core.examples import Provenance, RAGExample, Span
-from core.extract import Extraction
-from core.matrix import MatrixRun
-from core.metrics import response_metrics
+from core.evaluation.crossval import CVRun, cross_validate
+from core.evaluation.evaluate import DetectorResult, EvalRun
+from core.evaluation.matrix import MatrixRun
+from core.learning.contract import Features
+from core.learning.metrics import response_metrics
+from core.pipeline.extract import Extraction
 from tools.browser import wait_idle
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded]
@@ -137,7 +137,7 @@ def _synthetic_run(n: int = 60, seed: int = 0) -> EvalRun:
 
 def _synthetic_cv_run(n_sources: int = 60, n_tokens: int = 12, seed: int = 0) -> CVRun:
     """A 5-fold cross-validation of nll, context_gain and lexical by the real
-    :func:`core.crossval.cross_validate`, on seeded features of some skill instead of
+    :func:`core.evaluation.crossval.cross_validate`, on seeded features of some skill instead of
     the model's: two datasets (summaries are harder), three generators answering every
     question (later ones hallucinate more), gold spans on four tokens."""
     rng = np.random.default_rng(seed)

@@ -22,10 +22,10 @@ from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
 from core.data import builtin_examples
 from core.detectors import make_detector
-from core.evaluate import DetectorResult, EvalRun
-from core.extract import extract_features
-from core.metrics import response_metrics
-from core.model import LoadedModel
+from core.engine.model import LoadedModel
+from core.evaluation.evaluate import DetectorResult, EvalRun
+from core.learning.metrics import response_metrics
+from core.pipeline.extract import extract_features
 from tools.browser import wait_idle
 
 pytestmark = pytest.mark.browser

@@ -18,7 +18,7 @@ from urllib.parse import quote
 import httpx
 import pytest
 
-from core.examples import RAGExample
+from core.base.examples import RAGExample
 from core.review import Flag, ReviewBook
 from core.storage import Store
 

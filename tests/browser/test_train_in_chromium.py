@@ -15,7 +15,7 @@ import pytest
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 from playwright.sync_api import expect
 
-from core.paths import model_slug
+from core.base.paths import model_slug
 from core.storage import JobRow, Store
 from tools.browser import choose, wait_idle
 

@@ -6,13 +6,13 @@ import numpy as np
 import pytest
 import torch
 
-from core.aarf import aarf_generate
+from core.base.examples import RAGExample
 from core.detectors import load_shipped
-from core.examples import RAGExample
-from core.generate import AnswerStream, GenerationConfig, generate
-from core.layout import render
-from core.model import embedded_cache_path, load_model
-from core.trace import Needs, trace
+from core.engine.generate import AnswerStream, GenerationConfig, generate
+from core.engine.layout import render
+from core.engine.model import embedded_cache_path, load_model
+from core.engine.trace import Needs, trace
+from core.interventions.aarf import aarf_generate
 
 pytestmark = pytest.mark.embedded
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from core.heads import copying_scores
-from core.layout import render
-from core.lens import lens_logits, pks_from_trace
-from core.trace import Needs, trace
+from core.engine.layout import render
+from core.engine.trace import Needs, trace
+from core.signals.copying_heads import copying_scores
+from core.signals.lens import lens_logits, pks_from_trace
 
 pytestmark = pytest.mark.embedded
 

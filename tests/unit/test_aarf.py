@@ -9,19 +9,19 @@ import numpy as np
 import pytest
 import torch
 
-from core.aarf import (
+from core.cli import main
+from core.data import resolve_dataset
+from core.detectors import make_detector
+from core.engine.generate import GenerationConfig, generate
+from core.engine.layout import render
+from core.interventions.aarf import (
     AnswerPrompt,
     StepScorer,
     aarf_generate,
     rescore_answers,
     scaled_components,
 )
-from core.cli import main
-from core.data import resolve_dataset
-from core.detectors import make_detector
-from core.extract import extract_features, run_example
-from core.generate import GenerationConfig, generate
-from core.layout import render
+from core.pipeline.extract import extract_features, run_example
 
 # Strong enough to change the tiny model's greedy token (5 only nudges its logits).
 STRONG = 50.0
@@ -334,7 +334,7 @@ def test_aarf_refuses_bad_arguments(tiny_model, detector, toy_example):
         aarf_generate(tiny_model, toy_example, detector, score="h")
     with pytest.raises(ValueError, match="redeep_token"):
         aarf_generate(tiny_model, toy_example, make_detector("nll"))
-    from core.errors import NotFittedError
+    from core.base.errors import NotFittedError
 
     with pytest.raises(NotFittedError):
         aarf_generate(tiny_model, toy_example, make_detector("redeep_token"))
@@ -434,8 +434,8 @@ def test_the_batch_compares_aarf_with_the_plain_greedy_answer(
     import dataclasses
     from types import SimpleNamespace
 
-    import core.mitigate
-    from core.mitigate import mitigate_batch
+    import core.interventions.mitigate
+    from core.interventions.mitigate import mitigate_batch
 
     plain, steered = "The Old Bridge was built in 1820.", "Ada Lovell built the Old Bridge."
     seen = {}
@@ -444,7 +444,7 @@ def test_the_batch_compares_aarf_with_the_plain_greedy_answer(
         seen.update(kw)
         return SimpleNamespace(plain=SimpleNamespace(text=plain), text=steered)
 
-    monkeypatch.setattr(core.mitigate, "aarf_generate", fake)
+    monkeypatch.setattr(core.interventions.mitigate, "aarf_generate", fake)
     report = mitigate_batch(
         tiny_model, [toy_example], [detector], method="aarf", max_new_tokens=6,
         aarf_options={"alpha2": 2.0},
@@ -454,7 +454,7 @@ def test_the_batch_compares_aarf_with_the_plain_greedy_answer(
     # two answers to one prompt (the corpus pairs them): decoded once
     calls = []
     monkeypatch.setattr(
-        core.mitigate, "aarf_generate",
+        core.interventions.mitigate, "aarf_generate",
         lambda *a, **k: calls.append(1) or SimpleNamespace(plain=SimpleNamespace(text=plain), text=steered),
     )  # fmt: skip
     twin = dataclasses.replace(toy_example, id="toy-2", response="Ada Lovell built it.", spans=())
@@ -463,13 +463,13 @@ def test_the_batch_compares_aarf_with_the_plain_greedy_answer(
     # both answers were scored as answers to the same prompt
     import dataclasses
 
-    from core.counterfactual import on_template, score_one
+    from core.interventions.counterfactual import on_template, score_one
 
     base = on_template(toy_example)
     want = score_one(tiny_model, [detector], dataclasses.replace(base, response=plain, spans=()))
     assert report.before["redeep_token"] == [want["redeep_token"].score]
     monkeypatch.setattr(
-        core.mitigate, "aarf_generate",
+        core.interventions.mitigate, "aarf_generate",
         lambda *a, **k: SimpleNamespace(plain=SimpleNamespace(text="  "), text=steered),
     )  # fmt: skip
     blank = mitigate_batch(tiny_model, [toy_example], [detector], method="aarf")
@@ -477,7 +477,7 @@ def test_the_batch_compares_aarf_with_the_plain_greedy_answer(
 
 
 def test_bench_times_aarf_against_greedy_per_step(tiny_model, detector, toy_example):
-    from core.bench import bench_aarf
+    from core.services.bench import bench_aarf
 
     rep = bench_aarf(tiny_model, toy_example, 4, detector=detector, uncached=True)
     names = [r.name for r in rep.runs]
@@ -492,7 +492,7 @@ def test_bench_times_aarf_against_greedy_per_step(tiny_model, detector, toy_exam
 
 
 def test_bench_times_the_playground_against_one_forward(tiny_model, detector, toy_example):
-    from core.bench import bench_playground
+    from core.services.bench import bench_playground
 
     lexical = make_detector("lexical")
     _, examples = resolve_dataset("builtin")

@@ -7,15 +7,15 @@ import numpy as np
 import pytest
 from scipy.stats import spearmanr
 
-from core.agreement import (
+from core.analysis.detector_agreement import (
     disagreements,
     gold_matrix,
     pairwise_gold,
     score_correlation,
     verdict_table,
 )
-from core.contract import Verdict
-from core.examples import RAGExample
+from core.base.examples import RAGExample
+from core.learning.contract import Verdict
 
 SCORES = {  # example -> (a, b, c) scores; threshold 0.5 for all
     "e0": (0.9, 0.8, 0.2),  # gold 1: a right, b right, c wrong

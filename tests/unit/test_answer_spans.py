@@ -1,4 +1,4 @@
-"""Token flags become spans a person can review (core.spans): whole words, merged across
+"""Token flags become spans a person can review (core.pipeline.word_spans): whole words, merged across
 short gaps and across detectors, never punctuation alone."""
 
 from __future__ import annotations
@@ -7,8 +7,8 @@ import re
 
 import numpy as np
 
-from core.contract import Verdict
-from core.spans import (
+from core.learning.contract import Verdict
+from core.pipeline.word_spans import (
     GAP_TOKENS,
     Span,
     answer_spans,

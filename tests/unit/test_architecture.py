@@ -17,7 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from core.paths import repo_root
+from core.base.paths import repo_root
+from tools import architecture
 
 ROOT = repo_root()
 PACKAGES = ("core", "app", "tools")
@@ -168,7 +169,11 @@ def test_no_import_cycle() -> None:
             "core.detectors.spad is not allowed to import core.detectors.redeep",
         ),
         # the engine importing the app
-        ("core/extract.py", "from app.text import md", "core is not allowed to import app"),
+        (
+            "core/pipeline/extract.py",
+            "from app.text import md",
+            "core is not allowed to import app",
+        ),
     ],
 )
 def test_a_wrong_way_import_breaks_the_contracts(
@@ -184,20 +189,20 @@ def test_a_wrong_way_import_breaks_the_contracts(
 
 def test_a_cycle_is_found(tmp_path: Path) -> None:
     root = _copy(tmp_path)
-    f = root / "core" / "errors.py"
-    f.write_text(f.read_text() + "\n\nimport core.examples  # noqa: E402,F401\n")
-    assert ["core.errors", "core.examples"] in _cycles(root)
+    f = root / "core" / "base" / "errors.py"
+    f.write_text(f.read_text() + "\n\nimport core.base.examples  # noqa: E402,F401\n")
+    assert ["core.base.errors", "core.base.examples"] in _cycles(root)
 
 
 HOOK_APIS = frozenset({"run_with_hooks", "hooks", "reset_hooks", "add_hook", "run_with_cache"})
 
 
 def _hook_calls(root: Path) -> list[str]:
-    """``file:line`` of every call of a TransformerLens hook API outside core/trace.py."""
+    """``file:line`` of every call of a TransformerLens hook API outside core/engine/trace.py."""
     out = []
     for pkg in PACKAGES:
         for f in sorted((root / pkg).rglob("*.py")):
-            if f == root / "core" / "trace.py":
+            if f == root / "core" / "engine" / "trace.py":
                 continue
             for node in ast.walk(ast.parse(f.read_text(encoding="utf-8"))):
                 if (
@@ -212,9 +217,9 @@ def _hook_calls(root: Path) -> list[str]:
 def test_only_the_trace_module_sets_hooks(tmp_path: Path) -> None:
     assert _hook_calls(ROOT) == []
     root = _copy(tmp_path)
-    f = root / "core" / "steer.py"
+    f = root / "core" / "interventions" / "steer.py"
     f.write_text(f.read_text() + "\n\ndef _planted(model):\n    return model.bridge.hooks([])\n")
-    assert _hook_calls(root) == [f"core/steer.py:{len(f.read_text().splitlines())}"]
+    assert _hook_calls(root) == [f"core/interventions/steer.py:{len(f.read_text().splitlines())}"]
 
 
 # SQL as this codebase writes it: statements start with an upper-case keyword.
@@ -294,3 +299,46 @@ def names(store, table):
     return rows, "Select a dataset from the list; update it, then delete it."
 '''
     assert _sql_lines(planted) == [2, 7, 8, 9, 10]
+
+
+def test_core_holds_one_package_per_layer_each_with_its_own_contract() -> None:
+    """``core/`` has no loose modules; each package is a layer of core's contract and
+    layers its own modules in a contract of its own."""
+    core = ROOT / "core"
+    loose = sorted(
+        p.name for p in core.iterdir() if p.is_file() and p.name not in {"__init__.py", "py.typed"}
+    )
+    assert loose == []
+    packages = {p.name for p in core.iterdir() if (p / "__init__.py").is_file()}
+    contracts = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["importlinter"]
+    containers = {c for contract in contracts["contracts"] for c in contract.get("containers", [])}
+    assert {f"core.{p}" for p in packages} <= containers
+
+
+# Named after what they serve, in parallel with the code they serve: the CLI's command
+# groups (``cli/model``, ``cli/sae``) and storage's table repositories (``storage/jobs``).
+PARALLEL_NAMES = ("cli", "storage")
+
+
+def test_a_module_name_means_one_thing_in_core() -> None:
+    seen: dict[str, list[str]] = {}
+    for f in (ROOT / "core").rglob("*.py"):
+        if f.stem == "__init__" or f.parent.name in PARALLEL_NAMES:
+            continue
+        seen.setdefault(f.stem, []).append(str(f.relative_to(ROOT)))
+    assert {k: v for k, v in seen.items() if len(v) > 1} == {}
+
+
+def test_the_layer_diagram_is_drawn_from_the_packages(tmp_path: Path) -> None:
+    assert architecture.stale(ROOT) == [], "run `python -m tools.architecture`"
+    root = _copy(tmp_path)
+    for name in architecture.DOCS:
+        (root / name).parent.mkdir(parents=True, exist_ok=True)
+        shutil.copy(ROOT / name, root / name)
+    assert architecture.stale(root) == []
+    init = root / "core" / "signals" / "__init__.py"
+    init.write_text(init.read_text().replace('"""', '"""Renamed. ', 1))
+    assert architecture.stale(root) == list(architecture.DOCS)
+    architecture.write(root)
+    assert architecture.stale(root) == []
+    assert "core/signals/" in (root / "README.md").read_text().split("Renamed")[0][-40:]

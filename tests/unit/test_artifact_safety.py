@@ -18,14 +18,14 @@ from pathlib import Path
 import pytest
 import skops.io as sio
 
-from core.artifact import artifact_hashes, read_artifact
+from core.base.errors import DataError
+from core.base.paths import repo_root
+from core.base.safeio import SKOPS_PLAIN_DATA, load_skops, parse_json, read_bounded, skops_types
 from core.cli import main
 from core.detectors import detector_class, seal_artifact
 from core.detectors.interpdetect import SKOPS_TYPES as INTERPDETECT_TYPES
 from core.detectors.raglens import SKOPS_TYPES as RAGLENS_TYPES
-from core.errors import DataError
-from core.paths import repo_root
-from core.safeio import SKOPS_PLAIN_DATA, load_skops, parse_json, read_bounded, skops_types
+from core.learning.artifact import artifact_hashes, read_artifact
 
 SHIPPED = repo_root() / "assets" / "detectors"
 OLD_PREFIXES = ("sklearn.", "xgboost.", "numpy.")  # what ragscope trusted before
@@ -126,7 +126,7 @@ def test_skops_zip_bombs_and_junk_are_refused(tmp_path: Path) -> None:
     with zipfile.ZipFile(bomb, "w", zipfile.ZIP_DEFLATED) as z:
         z.writestr("schema.json", "{}")
         z.writestr("big.npy", b"\0" * (2 * 1024 * 1024))
-    from core import safeio
+    from core.base import safeio
 
     with pytest.raises(DataError, match="unpacks to"):
         with zipfile.ZipFile(bomb) as z:
@@ -261,7 +261,7 @@ def test_hostile_json_in_artifacts_is_a_data_error(nll_copy: Path, reseal, monke
             _load(nll_copy)
     (nll_copy / "weights.json").write_text(good)
     reseal(nll_copy)
-    import core.artifact as base
+    import core.learning.artifact as base
 
     monkeypatch.setattr(base, "ARTIFACT_JSON_LIMIT", 100)
     with pytest.raises(DataError, match="over the 100-byte limit"):
@@ -307,7 +307,7 @@ def sae_copy(tmp_path: Path) -> Path:
 
 
 def test_sae_folders_are_hash_checked_json_and_safetensors(sae_copy: Path, tmp_path) -> None:
-    from core.sae import load_sae
+    from core.signals.sae import load_sae
 
     assert load_sae(sae_copy).layer >= 0
     weights = sae_copy / "sae_weights.safetensors"
@@ -344,10 +344,10 @@ def test_damaged_feature_cache_entries_are_misses(tmp_path: Path, toy_example) -
 
     import numpy as np
 
-    from core.contract import Features
+    from core.base.examples import example_hash
     from core.detectors import make_detector
-    from core.examples import example_hash
-    from core.extract import FeatureCache
+    from core.learning.contract import Features
+    from core.pipeline.extract import FeatureCache
     from core.storage import Store
 
     f = Features(
@@ -394,8 +394,8 @@ def _tree_artifact(root: Path, corrupt, *, forest: bool = False, width: int = 3)
     from sklearn.preprocessing import StandardScaler
     from sklearn.tree import DecisionTreeClassifier
 
-    from core.artifact import write_artifact
     from core.detectors import make_detector
+    from core.learning.artifact import write_artifact
 
     X = np.random.default_rng(0).normal(size=(60, width))
     y = (X[:, 0] > 0).astype(int)
@@ -527,7 +527,7 @@ def test_non_finite_linear_weights_are_refused(nll_copy: Path, reseal) -> None:
 
 
 def test_an_ebm_whose_terms_read_missing_features_is_refused(tmp_path, reseal) -> None:
-    from core.artifact import read_skops
+    from core.learning.artifact import read_skops
 
     folder = tmp_path / "raglens"
     shutil.copytree(SHIPPED / "raglens", folder)

@@ -10,7 +10,11 @@ from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 from langchain_text_splitters import RecursiveCharacterTextSplitter
 
-from core.chunking import (
+from core.base.errors import DataError
+from core.base.examples import RAGExample, Span
+from core.data import load_dataset
+from core.engine.layout import render
+from core.signals.chunking import (
     Chunk,
     chunk_example,
     chunk_labels,
@@ -19,10 +23,6 @@ from core.chunking import (
     split_sentences_many,
     split_text,
 )
-from core.data import load_dataset
-from core.errors import DataError
-from core.examples import RAGExample, Span
-from core.layout import render
 
 PAIR = Path(__file__).resolve().parents[1] / "fixtures" / "ragtruth_pair"
 

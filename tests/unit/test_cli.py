@@ -10,7 +10,7 @@ import pytest
 from core.cli import build_parser, main
 from core.cli.dispatch import COMMANDS
 from core.detectors import available_detectors
-from core.recipe import TrainRecipe
+from core.evaluation.recipe import TrainRecipe
 
 
 @pytest.fixture(autouse=True)
@@ -325,8 +325,8 @@ def test_reproduce_never_opens_a_path_an_artifact_names(tmp_path: Path, capsys, 
 def test_train_records_token_thresholds_and_the_command_recomputes_them(
     tmp_path: Path, capsys, tiny_model
 ) -> None:
-    from core.contract import flag_threshold
     from core.detectors import detector_class
+    from core.learning.contract import flag_threshold
 
     shipped = tmp_path / "shipped"
     assert main(_train_args(shipped)) == 0
@@ -417,8 +417,8 @@ def test_answer_one_per_source_of_one_split(tmp_path: Path, capsys, tiny_model) 
 def test_set_passes_detector_options_and_rejects_bad_ones(capsys, tmp_path: Path) -> None:
     import argparse
 
+    from core.base.errors import DataError
     from core.cli.common import detector_options
-    from core.errors import DataError
 
     ns = argparse.Namespace(set=["redeep_token.scorer=logistic", "redeep_chunk.topk_frac=0.2"])
     assert detector_options(ns) == {
@@ -469,7 +469,7 @@ def test_mitigate_reports_rates_and_names_missing_detectors(
 ) -> None:
     from core.data import builtin_examples
     from core.detectors import make_detector
-    from core.extract import extract_features
+    from core.pipeline.extract import extract_features
 
     demo = builtin_examples()
     det = make_detector("nll")
@@ -585,8 +585,8 @@ def test_reproduce_reads_a_recipe_from_before_cross_fitting_as_split(
 
 
 def test_shared_specs_say_what_is_missing(tmp_path: Path, capsys, monkeypatch) -> None:
+    from core.base.errors import DataError
     from core.data import resolve_dataset, resolve_datasets
-    from core.errors import DataError
 
     monkeypatch.setenv("RAGSCOPE_SHARED_DATA", str(tmp_path / "nowhere"))
     with pytest.raises(DataError, match="development data folder is not here"):

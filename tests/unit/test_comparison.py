@@ -1,5 +1,5 @@
-"""Paired, source-grouped comparisons of detectors (core.metrics.paired_difference,
-core.comparison) and how a cross-validation run stores and reads them."""
+"""Paired, source-grouped comparisons of detectors (core.learning.metrics.paired_difference,
+core.evaluation.comparison) and how a cross-validation run stores and reads them."""
 
 from __future__ import annotations
 
@@ -9,12 +9,12 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from core.comparison import checked_comparisons, compare_detectors, comparison_lines
-from core.crossval import CVRun, cross_validate, default_maker
+from core.base.errors import DataError
 from core.data import load_builtin, stratified_head
-from core.errors import DataError
-from core.extract import extract_features
-from core.metrics import _auroc, paired_difference
+from core.evaluation.comparison import checked_comparisons, compare_detectors, comparison_lines
+from core.evaluation.crossval import CVRun, cross_validate, default_maker
+from core.learning.metrics import _auroc, paired_difference
+from core.pipeline.extract import extract_features
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -6,10 +6,12 @@ import numpy as np
 import pytest
 import torch
 
-import core.heads as heads
+import core.signals.copying_heads as heads
 from app.components.head_charts import copying_figure
-from core.errors import ModelError
-from core.heads import (
+from core.base.errors import ModelError
+from core.engine.layout import render
+from core.engine.trace import Needs, trace
+from core.signals.copying_heads import (
     CopyingConfig,
     CopyingScores,
     OVWeights,
@@ -22,8 +24,6 @@ from core.heads import (
     ov_weights,
     rank_combined_score,
 )
-from core.layout import render
-from core.trace import Needs, trace
 
 
 @pytest.fixture(autouse=True)

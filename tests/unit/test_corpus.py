@@ -11,9 +11,9 @@ from pathlib import Path
 import pytest
 
 import core.data.catalog as catalog
+from core.base.errors import DataError
+from core.base.examples import RAGExample
 from core.data import load_builtin, load_dataset, save_jsonl
-from core.errors import DataError
-from core.examples import RAGExample
 from tools.corpus import (
     CORPUS_FILE,
     HALLUCINATION_TYPES,

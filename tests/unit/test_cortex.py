@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from core.contract import Features, Run
+from core.base.errors import DataError, ModelError, NotFittedError
+from core.base.examples import RAGExample, Span
 from core.data import resolve_dataset
 from core.detectors import make_detector
 from core.detectors.cortex import CortexDetector, contextual_residual
-from core.errors import DataError, ModelError, NotFittedError
-from core.examples import RAGExample, Span
-from core.extract import extract_features, run_example
-from core.layout import render
-from core.smoothing import answer_score, smooth_tokens
-from core.trace import Needs, trace
+from core.engine.layout import render
+from core.engine.trace import Needs, trace
+from core.learning.contract import Features, Run
+from core.pipeline.extract import extract_features, run_example
+from core.signals.smoothing import answer_score, smooth_tokens
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -82,16 +82,16 @@ def test_residual_uses_strictly_earlier_tokens_without_renormalising() -> None:
 
 
 def test_the_bare_pass_traces_only_the_hidden_states(tiny_model, toy_example, monkeypatch) -> None:
-    import core.extract
+    import core.pipeline.extract
 
     seen: list[tuple[bool, frozenset]] = []
-    real = core.extract.trace_batch
+    real = core.pipeline.extract.trace_batch
 
     def spy(model, layouts, needs, **kw):  # noqa: ANN001, ANN202
         seen.extend((layout.with_context, needs.hooks) for layout in layouts)
         return real(model, layouts, needs, **kw)
 
-    monkeypatch.setattr(core.extract, "trace_batch", spy)
+    monkeypatch.setattr(core.pipeline.extract, "trace_batch", spy)
     run_example(tiny_model, toy_example, [make_detector("cortex")])
     last = tiny_model.info.n_layers - 1
     assert seen == [

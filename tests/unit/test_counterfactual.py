@@ -9,7 +9,11 @@ import json
 import numpy as np
 import pytest
 
-from core.counterfactual import (
+from core.base.errors import DataError
+from core.base.examples import RAGExample, Span
+from core.data import builtin_examples
+from core.detectors import make_detector
+from core.interventions.counterfactual import (
     NO_CONTEXT,
     STAND_IN_NAME,
     Counterfactual,
@@ -23,11 +27,7 @@ from core.counterfactual import (
     score_pair,
     support_span,
 )
-from core.data import builtin_examples
-from core.detectors import make_detector
-from core.errors import DataError
-from core.examples import RAGExample, Span
-from core.extract import extract_features
+from core.pipeline.extract import extract_features
 from core.storage import Store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -145,8 +145,8 @@ def test_span_objects_are_accepted(spanned) -> None:
 def test_detector_views_spad_sources_and_redeep_selected_heads() -> None:
     from types import SimpleNamespace
 
-    from core.contract import Features
-    from core.counterfactual import SideScore, detector_views
+    from core.interventions.counterfactual import SideScore, detector_views
+    from core.learning.contract import Features
 
     tokens = np.arange(12, dtype=np.float32).reshape(3, 4)
     f = Features(

@@ -15,16 +15,11 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from core.calibration import (
-    DatasetCalibration,
-    PlattCalibrator,
-    dataset_family,
-    expected_calibration_error,
-    match_dataset,
-    reliability,
-)
-from core.contract import DetectorConfig, Features, Verdict, decision_threshold, for_dataset
-from core.crossval import (
+from core.base.errors import DataError
+from core.base.examples import Provenance, RAGExample, source_key
+from core.data import load_builtin, stratified_head
+from core.detectors.baselines import NLLDetector
+from core.evaluation.crossval import (
     CROSSFIT_K,
     CVRun,
     answer_lengths,
@@ -36,22 +31,33 @@ from core.crossval import (
     make_folds,
     pinned_maker,
 )
-from core.data import load_builtin, stratified_head
-from core.detectors.baselines import NLLDetector
-from core.errors import DataError
-from core.evaluate import set_thresholds
-from core.examples import Provenance, RAGExample, source_key
-from core.extract import extract_features
-from core.judge import judge_stream
-from core.matrix import MatrixRun, domain_matrix, load_run
-from core.metrics import (
+from core.evaluation.evaluate import set_thresholds
+from core.evaluation.matrix import MatrixRun, domain_matrix, load_run
+from core.learning.calibration import (
+    DatasetCalibration,
+    PlattCalibrator,
+    dataset_family,
+    expected_calibration_error,
+    match_dataset,
+    reliability,
+)
+from core.learning.contract import (
+    DetectorConfig,
+    Features,
+    Verdict,
+    decision_threshold,
+    for_dataset,
+)
+from core.learning.metrics import (
     SPAN_F1_NOTE,
     grouped_bootstrap_ci,
     length_bins,
     matched_auroc,
     span_overlap_metrics,
 )
-from core.spans import detector_spans
+from core.pipeline.extract import extract_features
+from core.pipeline.judge import judge_stream
+from core.pipeline.word_spans import detector_spans
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -757,7 +763,7 @@ def test_an_interrupted_cross_validation_resumes_after_its_last_fold(
 
 
 def test_fold_checkpoints_round_trip_token_scores(tmp_path) -> None:
-    from core.foldstore import fold_result, load_fold, save_fold
+    from core.evaluation.foldstore import fold_result, load_fold, save_fold
 
     vs = [
         Verdict(
@@ -798,7 +804,7 @@ def test_fold_checkpoints_round_trip_token_scores(tmp_path) -> None:
 def test_stale_fold_checkpoints_are_pruned(tmp_path) -> None:
     """A stopped command's checkpoints go once untouched for STALE_DAYS; a folder with
     one recent file, and stray files, stay."""
-    from core.foldstore import STALE_DAYS, prune_stale
+    from core.evaluation.foldstore import STALE_DAYS, prune_stale
 
     old, fresh, mixed = (tmp_path / n for n in ("old", "fresh", "mixed"))
     for d in (old, fresh, mixed):

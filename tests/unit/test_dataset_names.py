@@ -10,10 +10,10 @@ from pathlib import Path
 import pytest
 
 import core.data.catalog as catalog
+from core.base.errors import DataError
+from core.base.examples import RAGExample
 from core.data import is_named_spec, make_splits, resolve_dataset, stored_spec
-from core.errors import DataError
-from core.examples import RAGExample
-from core.jobs import TrainSpec
+from core.services.jobs import TrainSpec
 from core.storage import Store
 
 MARKER = "TOP-SECRET-FIRST-LINE"

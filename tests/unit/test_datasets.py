@@ -9,6 +9,8 @@ from pathlib import Path
 
 import pytest
 
+from core.base.errors import DataError
+from core.base.examples import TASKS, RAGExample
 from core.data import (
     ColumnMapping,
     LoadReport,
@@ -19,8 +21,6 @@ from core.data import (
     shared_data_dir,
     split_passages,
 )
-from core.errors import DataError
-from core.examples import TASKS, RAGExample
 
 FIXTURES = Path(__file__).resolve().parent.parent / "fixtures"
 PAIR = FIXTURES / "ragtruth_pair"
@@ -530,8 +530,8 @@ def test_builtin_answers_are_the_embedded_models_own_unlabelled_answers() -> Non
 
 
 def test_prefix_spec_keeps_whole_sources_and_the_name() -> None:
+    from core.base.examples import source_key
     from core.data import load_builtin, resolve_dataset, resolve_datasets
-    from core.examples import source_key
 
     full = load_builtin()
     name, head = resolve_dataset("builtin[:7]")

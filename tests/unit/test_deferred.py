@@ -1,4 +1,4 @@
-"""A set's CV quality as it judges answers with its experts (core.deferred), on the
+"""A set's CV quality as it judges answers with its experts (core.evaluation.deferred), on the
 shipped default set and its ragtruth expert: each dataset's numbers are those of the
 run of the set that judges it, answer by answer (issue 37)."""
 
@@ -9,11 +9,11 @@ import json
 
 import pytest
 
-from core.crossval import CVRun
-from core.deferred import deferred_quality, set_quality
-from core.errors import DataError
-from core.paths import assets_dir, shipped_runs_dir
-from core.sets import load_set
+from core.base.errors import DataError
+from core.base.paths import assets_dir, shipped_runs_dir
+from core.evaluation.crossval import CVRun
+from core.evaluation.deferred import deferred_quality, set_quality
+from core.pipeline.sets import load_set
 
 KEY = json.loads((assets_dir() / "detectors" / "nll" / "cfg.json").read_text())["model"]
 
@@ -73,8 +73,8 @@ def test_the_benchmark_shows_the_set_with_its_experts(shipped) -> None:
         import json
 
         from app.components.set_quality import show_set_quality
-        from core.paths import assets_dir
-        from core.sets import load_set
+        from core.base.paths import assets_dir
+        from core.pipeline.sets import load_set
 
         cfg = (assets_dir() / "detectors" / "nll" / "cfg.json").read_text()
         show_set_quality(load_set(json.loads(cfg)["model"]))

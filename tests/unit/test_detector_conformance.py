@@ -17,12 +17,12 @@ from typing import Any
 import numpy as np
 import pytest
 
-from core.contract import Features, Verdict, scores_tokens
+from core.base.errors import DataError
 from core.data import load_builtin, stratified_head
 from core.detectors import available_detectors, detector_class, make_detector
-from core.errors import DataError
-from core.extract import extract_features
-from core.model import LoadedModel
+from core.engine.model import LoadedModel
+from core.learning.contract import Features, Verdict, scores_tokens
+from core.pipeline.extract import extract_features
 
 N_ANSWERS = 32  # half hallucinated: enough for every detector's inner folds
 N_HELD = 6

@@ -8,15 +8,15 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core import extract as extract_mod
-from core.contract import Features, Verdict
+from core.base.errors import DataError, ModelError, NotFittedError
+from core.base.examples import RAGExample, Span
 from core.detectors import DETECTORS, available_detectors, detector_class, make_detector
-from core.errors import DataError, ModelError, NotFittedError
-from core.examples import RAGExample, Span
-from core.extract import FeatureCache, extract_features, run_example
-from core.layout import render
+from core.engine.layout import render
+from core.engine.trace import token_surprisal, trace
+from core.learning.contract import Features, Verdict
+from core.pipeline import extract as extract_mod
+from core.pipeline.extract import FeatureCache, extract_features, run_example
 from core.storage import Store
-from core.trace import token_surprisal, trace
 
 
 def _examples() -> list[RAGExample]:
@@ -253,7 +253,7 @@ def test_streamed_features_equal_the_shared_pass_and_come_as_soon_as_ready(
     tiny_model, monkeypatch
 ) -> None:
     from core.detectors import runnable_detectors
-    from core.extract import stream_example
+    from core.pipeline.extract import stream_example
 
     ex = _examples()[1]
     ens = make_detector("ensemble", members=("nll", "lexical", "cortex"))

@@ -1,4 +1,4 @@
-"""External Context Score (core.ecs) against plain-loop computations on tiny-model traces."""
+"""External Context Score (core.signals.ecs) against plain-loop computations on tiny-model traces."""
 
 from __future__ import annotations
 
@@ -9,8 +9,12 @@ import numpy as np
 import pytest
 import torch
 
-from core.chunking import ChunkSet, chunk_example
-from core.ecs import (
+from core.base.examples import RAGExample
+from core.engine.layout import Layout, render
+from core.engine.model import LoadedModel
+from core.engine.trace import Needs, Trace, trace
+from core.signals.chunking import ChunkSet, chunk_example
+from core.signals.ecs import (
     chunk_attention,
     chunk_ecs,
     chunk_embeddings,
@@ -21,11 +25,7 @@ from core.ecs import (
     top_context_positions,
     top_k,
 )
-from core.examples import RAGExample
-from core.layout import Layout, render
-from core.lens import pks_needs
-from core.model import LoadedModel
-from core.trace import Needs, Trace, trace
+from core.signals.lens import pks_needs
 
 N_LAYERS, N_HEADS = 2, 4
 # Every head of the tiny model, in a scrambled order: columns must follow it.

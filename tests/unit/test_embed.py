@@ -9,9 +9,9 @@ import sys
 import numpy as np
 import pytest
 
-from core import embed as embed_mod
-from core.embed import EMBEDDING_DIM, SentenceEmbedder, cosine, embedder_path
-from core.errors import ModelError
+from core.base.errors import ModelError
+from core.signals import embed as embed_mod
+from core.signals.embed import EMBEDDING_DIM, SentenceEmbedder, cosine, embedder_path
 
 PAIRS = ["A man is eating food.", "A man eats a meal.", "The stock market fell sharply today."]
 

@@ -11,16 +11,16 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from core.calibration import MIN_DATASET_ANSWERS, PlattCalibrator
-from core.contract import for_dataset, judge_features
+from core.base.errors import DataError, ModelError
+from core.base.examples import source_key
 from core.data import resolve_dataset, split_examples
 from core.detectors import detector_class, make_detector
 from core.detectors.ensemble import STACK_FOLDS, EnsembleDetector, choose_c, logit
-from core.errors import DataError, ModelError
-from core.evaluate import evaluate, set_thresholds
-from core.examples import source_key
-from core.extract import FeatureCache, extract_features, run_example
-from core.learners import LogisticCalibrator, grouped_folds
+from core.evaluation.evaluate import evaluate, set_thresholds
+from core.learning.calibration import MIN_DATASET_ANSWERS, PlattCalibrator
+from core.learning.contract import for_dataset, judge_features
+from core.learning.learners import LogisticCalibrator, grouped_folds
+from core.pipeline.extract import FeatureCache, extract_features, run_example
 from core.review import propose_flags
 from core.storage import Store
 

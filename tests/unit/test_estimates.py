@@ -1,4 +1,4 @@
-"""Time estimates of page actions (core.extract's estimating section): the examples not
+"""Time estimates of page actions (core.pipeline.extract's estimating section): the examples not
 cached yet, at a pace measured here on the first of them, whose features are kept."""
 
 from __future__ import annotations
@@ -12,8 +12,9 @@ import pytest
 from app.components.estimate import describe_work, format_seconds, time_left
 from app.state import estimates
 from core.detectors import make_detector
+from core.engine.model import LoadedModel
 from core.explain import clear_activation_cache, encode_answers
-from core.extract import (
+from core.pipeline.extract import (
     FeatureCache,
     WorkEstimate,
     estimate_extraction,
@@ -23,7 +24,6 @@ from core.extract import (
     time_extraction,
     uncached,
 )
-from core.model import LoadedModel
 from core.storage import Store
 from core.storage.analyses import HASHES_PER_QUERY
 

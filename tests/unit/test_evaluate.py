@@ -12,11 +12,11 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from sklearn.metrics import average_precision_score, roc_auc_score
 
+from core.base.errors import DataError
+from core.base.examples import Provenance, RAGExample, Span, source_key
 from core.data import data_hash, split_examples
-from core.errors import DataError
-from core.evaluate import EvalRun, evaluate, list_runs
-from core.examples import Provenance, RAGExample, Span, source_key
-from core.metrics import (
+from core.evaluation.evaluate import EvalRun, evaluate, list_runs
+from core.learning.metrics import (
     MIN_CLASS_ANSWERS,
     best_threshold,
     evidence_warning,
@@ -197,7 +197,7 @@ def test_fit_gets_the_validation_split_and_never_the_test_split(
             assert validation is not None and len(validation[0]) == len(validation[1])
             return super().fit(features, examples)
 
-    monkeypatch.setattr("core.evaluate.make_detector", lambda name: Selecting())
+    monkeypatch.setattr("core.evaluation.evaluate.make_detector", lambda name: Selecting())
     exs = [_ex(i, q=i, label=bool(i % 2)) for i in range(24)]
     splits = split_examples(exs, seed=0)
     evaluate(
@@ -239,10 +239,10 @@ def test_evaluate_reports_smoothed_token_metrics(tiny_model) -> None:
 
 
 def test_token_threshold_is_the_best_token_f1_threshold():
-    from core.contract import Verdict
-    from core.evaluate import token_labels_and_scores, token_threshold
-    from core.examples import RAGExample, Span
-    from core.metrics import best_threshold
+    from core.base.examples import RAGExample, Span
+    from core.evaluation.evaluate import token_labels_and_scores, token_threshold
+    from core.learning.contract import Verdict
+    from core.learning.metrics import best_threshold
 
     rng = np.random.default_rng(3)
     examples, verdicts = [], []

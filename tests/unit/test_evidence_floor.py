@@ -1,5 +1,5 @@
 """The floor on evidence the pages share: correlations and class comparisons from too few
-answers say so (core.metrics), and the pages draw them greyed (app.components.charts)."""
+answers say so (core.learning.metrics), and the pages draw them greyed (app.components.charts)."""
 
 from __future__ import annotations
 
@@ -7,9 +7,9 @@ import numpy as np
 import plotly.graph_objects as go
 
 from app.components.charts import GREY, greyed
-from core.agreement import VerdictTable, agreement_evidence
-from core.headstats import HeadStats
-from core.metrics import MIN_CLASS_ANSWERS, MIN_CORRELATION_ANSWERS, correlation_warning
+from core.analysis.detector_agreement import VerdictTable, agreement_evidence
+from core.analysis.heads_layers import HeadStats
+from core.learning.metrics import MIN_CLASS_ANSWERS, MIN_CORRELATION_ANSWERS, correlation_warning
 
 
 def test_correlations_need_a_stated_number_of_answers() -> None:

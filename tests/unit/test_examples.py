@@ -8,8 +8,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from core.errors import DataError
-from core.examples import Provenance, RAGExample, Span, dedupe_ids, parse_label
+from core.base.errors import DataError
+from core.base.examples import Provenance, RAGExample, Span, dedupe_ids, parse_label
 
 RESPONSE = "The mill was built in 1790 and burned down in 1851."
 

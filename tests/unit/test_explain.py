@@ -19,8 +19,11 @@ from scipy.stats import pearsonr
 import core.explain as explain
 import core.explain.activations as explain_activations
 import core.explain.prompt as explain_prompt
+from core.base.errors import DataError, LLMError
+from core.base.llm import LLMEndpoint, probe_context
 from core.data import resolve_dataset
-from core.errors import DataError, LLMError
+from core.engine.layout import render
+from core.engine.trace import Needs, trace
 from core.explain import (
     BatchResult,
     Explanation,
@@ -41,11 +44,8 @@ from core.explain import (
     read_estimate,
     time_reading,
 )
-from core.extract import example_chars
-from core.layout import render
-from core.llm import LLMEndpoint, probe_context
+from core.pipeline.extract import example_chars
 from core.storage import Store
-from core.trace import Needs, trace
 
 KEY = "sk-test-DO-NOT-LEAK-5f1c9a7e"
 CHAT = "/chat/completions"
@@ -93,7 +93,7 @@ def examples():
 @pytest.fixture(scope="module")
 def reference(tiny_model, tiny_sae, examples, one_torch_thread):
     """Per example: answer tokens and ``[T, d_sae]`` activations, read through the trace
-    engine (independent of :func:`core.trace.residuals_until`)."""
+    engine (independent of :func:`core.engine.trace.residuals_until`)."""
     out = []
     for ex in examples:
         layout = render(ex, tiny_model)
@@ -228,9 +228,9 @@ def test_token_activations_dropped_from_memory_are_read_again(
 def test_encode_answers_counts_reads_and_skips_failures(
     tiny_model, tiny_sae, examples, monkeypatch
 ):
-    import core.layout
+    import core.engine.layout
 
-    real = core.layout.render
+    real = core.engine.layout.render
 
     def render(example, model, **kwargs):
         if example.id == examples[1].id:

@@ -10,12 +10,12 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from core.base.errors import DataError
 from core.cli import main
 from core.cli.features import parse_shard
 from core.data import resolve_dataset, save_jsonl
 from core.detectors import make_detector
-from core.errors import DataError
-from core.extract import FeatureCache, extract_features
+from core.pipeline.extract import FeatureCache, extract_features
 from core.storage import Store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")

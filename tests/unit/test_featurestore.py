@@ -18,13 +18,13 @@ import pyarrow.parquet as pq
 import pytest
 from numpy.lib import format as npformat
 
-from core import featurestore
 from core.cli import main
-from core.contract import Features
 from core.data import resolve_dataset
 from core.detectors import make_detector
-from core.extract import FeatureCache, extract_features
-from core.featurestore import SCHEMA, import_store, read_manifest, shard_files, store_keys
+from core.learning.contract import Features
+from core.pipeline import featurestore
+from core.pipeline.extract import FeatureCache, extract_features
+from core.pipeline.featurestore import SCHEMA, import_store, read_manifest, shard_files, store_keys
 from core.storage import Store
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
@@ -335,7 +335,7 @@ def dictionary_bomb(path: Path, rows: int, *, value_bytes: int, column: str = "f
 # VmHWM: this process's own peak (ru_maxrss would include the parent's, kept across exec)
 PEAK = """
 import re, sys
-from core.featurestore import import_store, store_keys
+from core.pipeline.featurestore import import_store, store_keys
 from core.storage import Store
 if sys.argv[2] == "import":
     with Store(sys.argv[3]) as s:

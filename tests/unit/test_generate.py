@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 import torch
 
-from core import generate as generate_mod
-from core.errors import DataError
-from core.generate import AnswerStream, GenerationConfig, generate
-from core.layout import render
+from core.base.errors import DataError
+from core.engine import generate as generate_mod
+from core.engine.generate import AnswerStream, GenerationConfig, generate
+from core.engine.layout import render
 
 
 def _stream(model, example, **cfg) -> AnswerStream:

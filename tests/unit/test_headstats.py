@@ -9,18 +9,18 @@ import pytest
 from scipy.stats import pearsonr
 
 from app.components.head_charts import attention_figure, ecs_figure, pks_figure
-from core.contract import Features
-from core.ecs import token_ecs, top_context_positions
-from core.errors import DataError, ModelError
-from core.examples import RAGExample, Span
-from core.headstats import (
+from core.analysis.heads_layers import (
     HeadStats,
     align_chunk_scores,
     feature_grid,
     head_view,
     pearson_columns,
 )
-from core.model import LoadedModel
+from core.base.errors import DataError, ModelError
+from core.base.examples import RAGExample, Span
+from core.engine.model import LoadedModel
+from core.learning.contract import Features
+from core.signals.ecs import token_ecs, top_context_positions
 
 N_LAYERS, N_HEADS = 3, 4
 KEY = "test-model|L3xH4"
@@ -219,9 +219,9 @@ def view(tiny_model: LoadedModel, toy_example: RAGExample):
 def test_head_view_matches_the_ecs_functions(
     view, tiny_model: LoadedModel, toy_example: RAGExample
 ) -> None:
-    from core.ecs import ecs_needs
-    from core.layout import render
-    from core.trace import trace
+    from core.engine.layout import render
+    from core.engine.trace import trace
+    from core.signals.ecs import ecs_needs
 
     info = tiny_model.info
     layout = render(toy_example, tiny_model)

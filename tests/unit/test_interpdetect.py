@@ -15,8 +15,8 @@ from sklearn.pipeline import Pipeline
 from sklearn.preprocessing import FunctionTransformer, StandardScaler
 
 import core.detectors.interpdetect as interp
-from core.chunking import chunk_example
-from core.contract import Features, tokens_from_chunks
+from core.base.errors import DataError, ModelError, NotFittedError
+from core.base.examples import RAGExample, Span
 from core.data import resolve_dataset
 from core.detectors import make_detector
 from core.detectors.interpdetect import (
@@ -25,10 +25,10 @@ from core.detectors.interpdetect import (
     chunk_targets,
     select_features,
 )
-from core.errors import DataError, ModelError, NotFittedError
-from core.examples import RAGExample, Span
-from core.extract import extract_features
-from core.layout import render
+from core.engine.layout import render
+from core.learning.contract import Features, tokens_from_chunks
+from core.pipeline.extract import extract_features
+from core.signals.chunking import chunk_example
 
 CLASSIFIER_TYPES = {
     "lr": "LogisticRegression",

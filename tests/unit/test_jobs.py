@@ -1,6 +1,6 @@
 """Background jobs without a model: the jobs table (one active job per model, cancel,
 resume, hostile rows), how a job's state is read (stale heartbeat, dead or zombie
-worker), and the worker's side (:class:`core.jobs.JobRunner`: publish, cancel by flag
+worker), and the worker's side (:class:`core.services.jobs.JobRunner`: publish, cancel by flag
 and by signal, failure), none of which leaves a half-written artifact."""
 
 from __future__ import annotations
@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import DataError
-from core.jobs import (
+from core.base.errors import DataError
+from core.base.paths import model_detectors_dir, model_slug
+from core.services.jobs import (
     STALE_S,
     JobActor,
     JobPermissionError,
@@ -31,7 +32,6 @@ from core.jobs import (
     resume_job,
     staging_dir,
 )
-from core.paths import model_detectors_dir, model_slug
 from core.storage import JobBusyError, JobRow, JobRowError, Store
 from core.storage import db as storage_db
 

@@ -1,4 +1,4 @@
-"""One verdict object (core.judge.AnswerVerdict): the overall verdict, each detector's
+"""One verdict object (core.pipeline.judge.AnswerVerdict): the overall verdict, each detector's
 probability with the threshold of the same calibration, spans, and the same numbers
 through judge() and judge_many()."""
 
@@ -11,17 +11,24 @@ import numpy as np
 import pytest
 from sklearn.metrics import balanced_accuracy_score
 
-from core.calibration import DatasetCalibration, PlattCalibrator
+from core.base.examples import Provenance, RAGExample
 from core.cli.judging import _summary_lines, balanced_accuracy
-from core.contract import Verdict, calibrated_as, for_dataset
 from core.data import builtin_examples
 from core.detectors import make_detector
 from core.detectors.baselines import NLLDetector
-from core.examples import Provenance, RAGExample
-from core.extract import extract_features
-from core.judge import VOTE, JudgeFailure, answer_verdict, judge, judge_many, overall_verdict
-from core.metrics import evidence_warning
-from core.sets import load_set
+from core.learning.calibration import DatasetCalibration, PlattCalibrator
+from core.learning.contract import Verdict, calibrated_as, for_dataset
+from core.learning.metrics import evidence_warning
+from core.pipeline.extract import extract_features
+from core.pipeline.judge import (
+    VOTE,
+    JudgeFailure,
+    answer_verdict,
+    judge,
+    judge_many,
+    overall_verdict,
+)
+from core.pipeline.sets import load_set
 
 
 def _v(name: str, p: float, thr: float, **kw: object) -> Verdict:

@@ -13,13 +13,13 @@ from pathlib import Path
 
 import pytest
 
-import core.model
+import core.engine.model
+from core.base.examples import Provenance
+from core.base.paths import assets_dir
 from core.data import builtin_examples
-from core.examples import Provenance
-from core.judge import AnswerVerdict, judge, judge_many
-from core.model import LoadedModel
-from core.paths import assets_dir
-from core.sets import EXPERTS_FILE, load_set
+from core.engine.model import LoadedModel
+from core.pipeline.judge import AnswerVerdict, judge, judge_many
+from core.pipeline.sets import EXPERTS_FILE, load_set
 
 DOC = Path(__file__).resolve().parents[2] / "docs" / "judge.md"
 
@@ -37,7 +37,7 @@ def test_the_documented_python_example_judges_answers_on_the_embedded_model(
     for var in ("RAGSCOPE_DETECTORS_DIR", "RAGSCOPE_DETECTOR_SET"):
         monkeypatch.delenv(var, raising=False)  # the shipped default set
     # the example's load_model("embedded") gets the session's copy (loaded once)
-    monkeypatch.setattr(core.model, "load_model", lambda *a, **k: embedded_model)
+    monkeypatch.setattr(core.engine.model, "load_model", lambda *a, **k: embedded_model)
     scope: dict[str, object] = {}
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

@@ -1,5 +1,5 @@
 """``ragscope judge``: the set's verdict on every answer of a file or dataset, the same
-numbers as core.judge.judge(), JSONL/CSV/Parquet one schema, formula-safe CSV, failures
+numbers as core.pipeline.judge.judge(), JSONL/CSV/Parquet one schema, formula-safe CSV, failures
 named and skipped, resumable through the feature cache and the JSONL it wrote."""
 
 from __future__ import annotations
@@ -12,17 +12,17 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+import core.base.paths
 import core.cli.judging
-import core.extract
-import core.paths
-from core.bench import bench_judge
+import core.pipeline.extract
 from core.cli import main
 from core.data import builtin_examples, resolve_datasets, save_jsonl
 from core.detectors import make_detector
-from core.extract import extract_features
-from core.judge import judge, verdict_rows
-from core.recipe import trained_on_record
-from core.sets import EXPERTS_FILE, load_set
+from core.evaluation.recipe import trained_on_record
+from core.pipeline.extract import extract_features
+from core.pipeline.judge import judge, verdict_rows
+from core.pipeline.sets import EXPERTS_FILE, load_set
+from core.services.bench import bench_judge
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -54,13 +54,13 @@ def env(tiny_set_dir: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> 
 def passes(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     """The answers each traced feature pass of judge_many computed, as they happen."""
     seen: list[int] = []
-    real = core.extract.run_examples
+    real = core.pipeline.extract.run_examples
 
     def counting(model, examples, detectors):  # type: ignore[no-untyped-def]
         seen.append(len(examples))
         return real(model, examples, detectors)
 
-    monkeypatch.setattr(core.extract, "run_examples", counting)
+    monkeypatch.setattr(core.pipeline.extract, "run_examples", counting)
     return seen
 
 
@@ -262,7 +262,7 @@ def test_a_set_defers_the_answers_of_its_experts_dataset_and_resumes_their_verdi
         d.fit(list(feats[d.name])[:8], fitted).save(
             shipped / "demo-only" / d.name, extra={"trained_on": record}
         )
-    monkeypatch.setattr(core.paths, "detector_sets_dir", lambda: shipped)
+    monkeypatch.setattr(core.base.paths, "detector_sets_dir", lambda: shipped)
     own = env / "custom"
     shutil.copytree(tiny_set_dir, own)
     (own / EXPERTS_FILE).write_text('{"experts": ["demo-only"]}', encoding="utf-8")

@@ -10,9 +10,9 @@ import pytest
 from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
-from core.errors import DataError
-from core.examples import RAGExample, Span
-from core.layout import prompt_pieces, render, render_pair
+from core.base.errors import DataError
+from core.base.examples import RAGExample, Span
+from core.engine.layout import prompt_pieces, render, render_pair
 
 PROPS = settings(
     max_examples=50,

@@ -9,7 +9,7 @@ from sklearn.model_selection import StratifiedGroupKFold, cross_val_score
 from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
-from core.learners import choose_c
+from core.learning.learners import choose_c
 
 GRID = (0.001, 0.01, 0.1, 1.0, 10.0)
 

@@ -7,8 +7,10 @@ import pytest
 import torch
 from scipy.spatial.distance import jensenshannon
 
-from core.layout import render
-from core.lens import (
+from core.engine.layout import render
+from core.engine.model import LoadedModel, load_model
+from core.engine.trace import Needs, Trace, trace
+from core.signals.lens import (
     jsd_bits,
     layer_jsd,
     lens_logits,
@@ -18,8 +20,6 @@ from core.lens import (
     pks_from_trace,
     pks_needs,
 )
-from core.model import LoadedModel, load_model
-from core.trace import Needs, Trace, trace
 
 ATOL = 1e-4
 

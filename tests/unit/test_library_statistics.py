@@ -9,8 +9,8 @@ import pytest
 from sklearn.calibration import calibration_curve
 from sklearn.metrics import roc_auc_score
 
-from core.calibration import reliability
-from core.metrics import group_resamples, grouped_bootstrap_ci, is_binary, response_metrics
+from core.learning.calibration import reliability
+from core.learning.metrics import group_resamples, grouped_bootstrap_ci, is_binary, response_metrics
 
 
 def test_reliability_bins_equal_sklearn_calibration_curve_and_add_the_counts() -> None:

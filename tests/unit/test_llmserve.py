@@ -26,10 +26,10 @@ from pathlib import Path
 
 import pytest
 
-from core.errors import DataError
-from core.generate import AnswerStream, GenerationConfig
-from core.llm import LLMEndpoint, chat, probe_context
-from core.llmserve import (
+from core.base.errors import DataError
+from core.base.llm import LLMEndpoint, chat, probe_context
+from core.engine.generate import AnswerStream, GenerationConfig
+from core.services.llmserve import (
     MAX_HEADER_BYTES,
     ServeLimits,
     _prompt_ids,

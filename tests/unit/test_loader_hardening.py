@@ -13,10 +13,10 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from core.base.errors import MAX_MESSAGE, DataError
+from core.base.examples import RAGExample
 from core.cli import main
 from core.data import FORMATS, ColumnMapping, load_dataset
-from core.errors import MAX_MESSAGE, DataError
-from core.examples import RAGExample
 
 GOOD = {"id": "a", "task": "qa", "question": "q?", "passages": ["p one"], "response": "r one"}
 

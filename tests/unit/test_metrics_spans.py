@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from core.metrics import SPAN_F1_NOTE, span_overlap_metrics
+from core.learning.metrics import SPAN_F1_NOTE, span_overlap_metrics
 
 
 def test_span_overlap_by_hand() -> None:

@@ -6,7 +6,7 @@ import numpy as np
 import pytest
 from sklearn.metrics import mutual_info_score
 
-from core.mi import bin_index, mutual_information, thresholds, top_features
+from core.learning.mi import bin_index, mutual_information, thresholds, top_features
 
 
 def _direct(x: np.ndarray, y: np.ndarray, bins: int, binning: str) -> np.ndarray:

@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import pytest
 
+from core.base.errors import DataError
 from core.data import builtin_examples
 from core.detectors import make_detector
-from core.errors import DataError
-from core.extract import extract_features
-from core.mitigate import (
+from core.interventions.mitigate import (
     INSTANCE_FEEDBACK,
     answer_change,
     conversation_ids,
@@ -17,6 +16,7 @@ from core.mitigate import (
     feedback_turn,
     mitigate_batch,
 )
+from core.pipeline.extract import extract_features
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -121,8 +121,8 @@ def _reply(content: str):
 def test_llm_judge_verdicts(tiny_model, demo, llm_server, llm_base_url) -> None:
     import json
 
-    from core.llm import LLMEndpoint
-    from core.mitigate import judge_answer
+    from core.base.llm import LLMEndpoint
+    from core.interventions.mitigate import judge_answer
 
     endpoint = LLMEndpoint(model="judge", base_url=llm_base_url, max_retries=0)
     route = llm_server.post("/chat/completions")

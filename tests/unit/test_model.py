@@ -12,9 +12,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from core import model as model_mod
-from core.errors import ModelError
-from core.model import (
+from core.base.errors import ModelError
+from core.engine import model as model_mod
+from core.engine.model import (
     EMBEDDED_PACKAGE,
     embedded_cache_path,
     embedded_gguf_path,

@@ -20,11 +20,11 @@ import pytest
 from gguf import GGUFEndian, GGUFWriter
 from safetensors.numpy import save_file
 
-from core import model as model_mod
-from core.errors import ModelError
-from core.gguf_check import check_gguf
-from core.model import LoadedModel, embedded_gguf_path, load_model
-from core.weights import check_hf_folder, dequantize_gguf, gguf_file
+from core.base.errors import ModelError
+from core.engine import model as model_mod
+from core.engine.gguf_check import check_gguf
+from core.engine.model import LoadedModel, embedded_gguf_path, load_model
+from core.engine.weights import check_hf_folder, dequantize_gguf, gguf_file
 
 # --------------------------------------------------------------------------- folders
 
@@ -109,7 +109,7 @@ def test_transformers_itself_is_told_never_to_run_code(
     tmp_path: Path, no_prompt: list[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past ragscope's own check (disabled here), transformers still refuses the code."""
-    monkeypatch.setattr("core.model.check_hf_folder", lambda folder: None)
+    monkeypatch.setattr("core.engine.model.check_hf_folder", lambda folder: None)
     marker = tmp_path / "MARKER"
     folder = _evil_folder(tmp_path, config_with_map=True, marker=marker)
     with pytest.raises(ModelError, match="cannot load model"):
@@ -149,7 +149,7 @@ def test_a_huge_tokenizer_or_a_crowded_folder_is_refused_before_parsing(
         load_model(str(folder), device="cpu")
     assert time.monotonic() - start < 2
     (folder / "tokenizer.json").unlink()
-    monkeypatch.setattr("core.weights.FOLDER_ENTRIES_LIMIT", 5)
+    monkeypatch.setattr("core.engine.weights.FOLDER_ENTRIES_LIMIT", 5)
     for i in range(6):
         (folder / f"shard-{i}.txt").write_text("x")
     with pytest.raises(ModelError, match=r"holds over 5 entries"):
@@ -160,7 +160,7 @@ def test_transformers_itself_reads_no_pickle(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """Past ragscope's own check (disabled here), transformers is told safetensors only."""
-    monkeypatch.setattr("core.model.check_hf_folder", lambda folder: None)
+    monkeypatch.setattr("core.engine.model.check_hf_folder", lambda folder: None)
     folder = tmp_path / "pickled"
     folder.mkdir()
     (folder / "config.json").write_text(json.dumps(_TINY_LLAMA))

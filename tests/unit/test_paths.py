@@ -6,9 +6,9 @@ from pathlib import Path
 
 import pytest
 
-import core.paths
-from core.errors import DataError
-from core.paths import (
+import core.base.paths
+from core.base.errors import DataError
+from core.base.paths import (
     CUSTOM_SET,
     DEFAULT_SET,
     detector_set_dir,
@@ -20,7 +20,7 @@ from core.paths import (
 
 @pytest.fixture
 def assets(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
-    monkeypatch.setattr(core.paths, "assets_dir", lambda: tmp_path)
+    monkeypatch.setattr(core.base.paths, "assets_dir", lambda: tmp_path)
     monkeypatch.delenv("RAGSCOPE_DETECTORS_DIR", raising=False)
     monkeypatch.delenv("RAGSCOPE_DETECTOR_SET", raising=False)
     for name in ("builtin", "zeta", "Bad Name", ".hidden"):

@@ -11,7 +11,8 @@ import numpy as np
 import pytest
 from sklearn.metrics import roc_auc_score
 
-from core.contract import Features
+from core.base.errors import DataError, ModelError
+from core.base.examples import RAGExample, Span
 from core.data import resolve_dataset
 from core.detectors import make_detector
 from core.detectors.lookback_lens import (
@@ -20,12 +21,11 @@ from core.detectors.lookback_lens import (
     window_means,
 )
 from core.detectors.saplma import SaplmaDetector, default_layers
-from core.errors import DataError, ModelError
-from core.examples import RAGExample, Span
-from core.extract import extract_features, run_example
-from core.layout import render
-from core.smoothing import TOKEN_WINDOWS, window_mean, window_probs
-from core.trace import Needs, trace
+from core.engine.layout import render
+from core.engine.trace import Needs, trace
+from core.learning.contract import Features
+from core.pipeline.extract import extract_features, run_example
+from core.signals.smoothing import TOKEN_WINDOWS, window_mean, window_probs
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -154,7 +154,7 @@ def test_saplma_artifact_round_trip(tmp_path, feats, balanced, learner: str) -> 
 def _rewrite_weights(folder, **changes) -> None:
     """Edit an artifact's ``weights.json`` and re-record its hashes (a file edited by
     hand, not a damaged one: only the loader's own checks can refuse it)."""
-    from core.artifact import artifact_hashes
+    from core.learning.artifact import artifact_hashes
 
     w = json.loads((folder / "weights.json").read_text())
     (folder / "weights.json").write_text(json.dumps({**w, **changes}))
@@ -585,8 +585,8 @@ def test_lookback_without_token_labels_scores_windows_with_the_answer_model(
 
 
 def test_both_probes_are_ensemble_members_and_token_scorers() -> None:
-    from core.contract import scores_tokens
     from core.detectors.ensemble import DEFAULT_MEMBERS
+    from core.learning.contract import scores_tokens
 
     assert {"saplma", "lookback_lens"} <= set(DEFAULT_MEMBERS)
     assert scores_tokens(make_detector("saplma")) and scores_tokens(make_detector("lookback_lens"))

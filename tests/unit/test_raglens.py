@@ -10,15 +10,15 @@ import pytest
 import torch
 
 from app.components.gam_charts import contributions_figure, importance_figure, shape_function_figure
+from core.base.errors import DataError, ModelError, NotFittedError
 from core.data import resolve_dataset
 from core.detectors import make_detector
 from core.detectors.raglens import INTERCEPT, RaglensDetector, feature_name
-from core.errors import DataError, ModelError, NotFittedError
-from core.extract import extract_features, run_example
-from core.layout import render
-from core.mi import mutual_information, top_features
-from core.sae import save_sae
-from core.trace import Needs, trace
+from core.engine.layout import render
+from core.engine.trace import Needs, trace
+from core.learning.mi import mutual_information, top_features
+from core.pipeline.extract import extract_features, run_example
+from core.signals.sae import save_sae
 
 
 @pytest.fixture(scope="module")
@@ -73,7 +73,7 @@ def test_sae_identity_is_part_of_the_feature_key(tiny_sae, sae_dir, tmp_path):
 
 
 def test_selection_is_the_top_mutual_information(fitted, balanced):
-    from core.labels import response_labels
+    from core.learning.labels import response_labels
 
     det, feats = fitted
     X = np.stack([f.response for f in feats])

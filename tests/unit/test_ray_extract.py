@@ -13,13 +13,13 @@ import pytest
 
 ray = pytest.importorskip("ray")
 
+from core.base.errors import DataError  # noqa: E402
 from core.cli import main  # noqa: E402
 from core.data import resolve_dataset  # noqa: E402
 from core.detectors import make_detector  # noqa: E402
-from core.distributed import RayOptions, extract_ray  # noqa: E402
-from core.errors import DataError  # noqa: E402
-from core.extract import FeatureCache, extract_features  # noqa: E402
-from core.featurestore import ShardWriter, feature_key, shard_files, store_keys  # noqa: E402
+from core.pipeline.extract import FeatureCache, extract_features  # noqa: E402
+from core.pipeline.featurestore import ShardWriter, feature_key, shard_files, store_keys  # noqa: E402
+from core.services.distributed import RayOptions, extract_ray  # noqa: E402
 from core.storage import Store  # noqa: E402
 
 NAMES = ["nll", "lexical"]
@@ -85,7 +85,7 @@ def _check_complete(folder: Path, tiny_model, demo, reference) -> None:
 
     rows = [r for f in shard_files(folder) for r in pq.read_table(f).to_pylist()]
     assert len(rows) == len(want)  # no duplicates across shards
-    from core.contract import Features
+    from core.learning.contract import Features
 
     for r in rows:
         got = Features.from_bytes(r["features"], example_id=r["example_id"])

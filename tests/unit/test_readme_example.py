@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-import core.model
-from core.judge import AnswerVerdict
-from core.model import LoadedModel
+import core.engine.model
+from core.engine.model import LoadedModel
+from core.pipeline.judge import AnswerVerdict
 
 README = Path(__file__).resolve().parents[2] / "README.md"
 
@@ -24,7 +24,7 @@ def test_the_readme_python_example_judges_an_answer(
     assert len(blocks) == 1, "the README should hold exactly one Python example"
     for var in ("RAGSCOPE_DETECTORS_DIR", "RAGSCOPE_DETECTOR_SET"):
         monkeypatch.delenv(var, raising=False)
-    monkeypatch.setattr(core.model, "load_model", lambda *a, **k: embedded_model)
+    monkeypatch.setattr(core.engine.model, "load_model", lambda *a, **k: embedded_model)
     scope: dict[str, object] = {}
     printed = io.StringIO()
     with contextlib.redirect_stdout(printed):

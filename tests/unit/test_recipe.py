@@ -1,4 +1,4 @@
-"""Training recipes as core objects (:mod:`core.recipe`, :mod:`core.train`): every shipped
+"""Training recipes as core objects (:mod:`core.evaluation.recipe`, :mod:`core.evaluation.train`): every shipped
 artifact's recorded recipe reads back, writes back the same and rebuilds its recorded
 command; hostile recipes are refused with the field named; ``train()`` trains a small
 recipe on the tiny model and records it in one ``trained_on`` shape for both procedures."""
@@ -12,20 +12,20 @@ from typing import Any
 
 import pytest
 
+from core.base.errors import DataError
+from core.base.paths import repo_root
 from core.cli import build_parser
-from core.crossval import CALIBRATIONS
-from core.errors import DataError
-from core.model import LoadedModel
-from core.paths import repo_root
-from core.recipe import (
+from core.engine.model import LoadedModel
+from core.evaluation.crossval import CALIBRATIONS
+from core.evaluation.recipe import (
     RECIPE_CALIBRATIONS,
     RECIPE_VERSION,
     TrainRecipe,
     options_from_flags,
     trained_on_record,
 )
-from core.sets import TrainedOn
-from core.train import TrainCancelled, TrainOptions, TrainResult, train
+from core.evaluation.train import TrainCancelled, TrainOptions, TrainResult, train
+from core.pipeline.sets import TrainedOn
 
 SHIPPED = sorted(
     [

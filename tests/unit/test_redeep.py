@@ -12,8 +12,8 @@ import pytest
 from sklearn.metrics import roc_auc_score
 
 import core.detectors.common
-from core.chunking import chunk_example
-from core.contract import Features, tokens_from_chunks
+from core.base.errors import DataError, ModelError, NotFittedError
+from core.base.examples import RAGExample
 from core.data import resolve_dataset
 from core.detectors import make_detector
 from core.detectors.common import head_name
@@ -25,15 +25,15 @@ from core.detectors.redeep import (
     RedeepTokenDetector,
     copying_heads,
 )
-from core.ecs import chunk_ecs, chunk_means, token_ecs
-from core.errors import DataError, ModelError, NotFittedError
-from core.evaluate import evaluate
-from core.examples import RAGExample
-from core.extract import FeatureCache, extract_features, run_example
-from core.layout import render
-from core.lens import pks_from_trace
+from core.engine.layout import render
+from core.engine.trace import trace
+from core.evaluation.evaluate import evaluate
+from core.learning.contract import Features, tokens_from_chunks
+from core.pipeline.extract import FeatureCache, extract_features, run_example
+from core.signals.chunking import chunk_example
+from core.signals.ecs import chunk_ecs, chunk_means, token_ecs
+from core.signals.lens import pks_from_trace
 from core.storage import Store
-from core.trace import trace
 
 CHUNK = {"chunk_size": 64, "chunk_overlap": 10}  # several recursive chunks per short answer
 

@@ -18,9 +18,9 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from core.contract import Verdict
+from core.base.errors import DataError, StorageError
 from core.data import load_dataset, resolve_dataset
-from core.errors import DataError, StorageError
+from core.learning.contract import Verdict
 from core.review import (
     Flag,
     ReviewBook,
@@ -38,7 +38,7 @@ RESPONSE = "The bridge was built in 1820 by Ada Lovell from red granite."
 
 
 def _example(i: int = 0, **kw):
-    from core.examples import RAGExample
+    from core.base.examples import RAGExample
 
     return RAGExample(
         id=f"ex{i}",
@@ -104,7 +104,7 @@ def test_flags_are_runs_over_threshold_merged_across_detectors():
     assert flags[0].sources == {"b": (pytest.approx(0.9), 0.6)}
     # only the detectors given thresholds count
     assert [f.start for f in propose_flags(ex, {"a": _verdict("a", a)}, {"a": 0.95})] == []
-    # runs one token apart are one span (core.spans.GAP_TOKENS); three apart are two,
+    # runs one token apart are one span (core.pipeline.word_spans.GAP_TOKENS); three apart are two,
     # unless smoothing joins them
     one_gap = propose_flags(ex, {"a": _verdict("a", [0.1] * 8 + [0.9, 0.4, 0.9, 0.9])}, {"a": 0.5})
     assert [RESPONSE[f.start : f.end] for f in one_gap] == ["Lovell from red granite."]
@@ -116,7 +116,7 @@ def test_flags_are_runs_over_threshold_merged_across_detectors():
 
 
 def test_flags_are_whole_words_never_punctuation_alone():
-    from core.examples import RAGExample
+    from core.base.examples import RAGExample
 
     text = "The Haggle run ended ."
     ex = RAGExample(id="h", question="Q?", passages=("P.",), response=text, label=True)

@@ -13,10 +13,12 @@ import numpy as np
 import pytest
 import torch
 
+from core.base.errors import DataError, ModelError
 from core.cli import main
-from core.errors import DataError, ModelError
-from core.layout import render
-from core.sae import (
+from core.engine.layout import render
+from core.engine.sae_compat import import_sae_lens
+from core.engine.trace import Needs, residuals_until, trace
+from core.signals.sae import (
     META_FILE,
     evaluate_sae,
     example_ids,
@@ -26,8 +28,6 @@ from core.sae import (
     sae_corpus,
     save_sae,
 )
-from core.sae_compat import import_sae_lens
-from core.trace import Needs, residuals_until, trace
 
 
 def test_sae_lens_imports_under_transformer_lens_4() -> None:
@@ -47,7 +47,7 @@ def test_a_second_thread_waits_for_the_whole_sae_lens_import() -> None:
     script = textwrap.dedent(
         """
         import sys, threading, time
-        from core.sae_compat import import_sae_lens
+        from core.engine.sae_compat import import_sae_lens
         first = threading.Thread(target=import_sae_lens)
         first.start()
         while "sae_lens" not in sys.modules:
@@ -68,7 +68,7 @@ def test_a_second_thread_waits_for_the_whole_sae_lens_import() -> None:
 
 
 def test_corpus_holds_out_whole_sources_and_records_hashes(monkeypatch, tmp_path) -> None:
-    from core.examples import source_key
+    from core.base.examples import source_key
 
     monkeypatch.setenv("RAGSCOPE_SHARED_DATA", str(tmp_path / "absent"))
     c = sae_corpus(("demo", "builtin", "shared:ragtruth_qa_dev.jsonl"))

@@ -1,4 +1,4 @@
-"""Detector sets (core.sets): one rule picks the set for a model, each artifact's facts
+"""Detector sets (core.pipeline.sets): one rule picks the set for a model, each artifact's facts
 come from one typed card, and a set is loaded once."""
 
 from __future__ import annotations
@@ -11,10 +11,10 @@ from pathlib import Path
 
 import pytest
 
-import core.artifact
-import core.paths
-from core.paths import assets_dir, model_detectors_dir
-from core.sets import EXPERTS_FILE, TrainedOn, load_set, resolve_set, set_detector
+import core.base.paths
+import core.learning.artifact
+from core.base.paths import assets_dir, model_detectors_dir
+from core.pipeline.sets import EXPERTS_FILE, TrainedOn, load_set, resolve_set, set_detector
 
 KEY = json.loads((assets_dir() / "detectors" / "nll" / "cfg.json").read_text())["model"]
 
@@ -98,13 +98,13 @@ def test_a_set_is_loaded_once_and_again_when_a_file_changes(
     _copy("lexical", folder)
     monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(folder))
     reads: Counter[str] = Counter()
-    real = core.artifact.read_artifact_cfg
+    real = core.learning.artifact.read_artifact_cfg
 
     def counted(path: Path) -> dict:
         reads[str(path)] += 1
         return real(path)
 
-    monkeypatch.setattr(core.artifact, "read_artifact_cfg", counted)
+    monkeypatch.setattr(core.learning.artifact, "read_artifact_cfg", counted)
     first = load_set(KEY)
     # Each cfg.json: once when listing, once verified by the detector's loader.
     assert set(reads.values()) == {2} and len(reads) == 2
@@ -251,7 +251,7 @@ def test_an_expert_with_a_broken_artifact_is_refused(
     shipped = no_set_env / "detector-sets"
     expert = Path(shutil.copytree(assets_dir() / "detector-sets" / "ragtruth", shipped / "rt"))
     (expert / "spad" / "cfg.json").write_text("{", encoding="utf-8")
-    monkeypatch.setattr(core.paths, "detector_sets_dir", lambda: shipped)
+    monkeypatch.setattr(core.base.paths, "detector_sets_dir", lambda: shipped)
     _with_experts(no_set_env, monkeypatch, {"experts": ["rt"]})
     dset = load_set(KEY)
     assert dset.experts == {}

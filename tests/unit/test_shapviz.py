@@ -1,4 +1,4 @@
-"""SHAP values of the spad detector (core.shapviz): shapes, additivity; and their figures
+"""SHAP values of the spad detector (core.analysis.shap_values): shapes, additivity; and their figures
 (app.components.shap_charts).
 
 The detector is fitted on synthetic 126-feature vectors with a planted signal (low
@@ -19,12 +19,12 @@ from app.components.shap_charts import (
     token_sources_figure,
     waterfall_figure,
 )
-from core.contract import Features
+from core.analysis.shap_values import ShapResult, as_2d, pos_means, shap_values
+from core.base.errors import ModelError, NotFittedError
+from core.base.examples import RAGExample
 from core.detectors import make_detector
-from core.errors import ModelError, NotFittedError
-from core.examples import RAGExample
-from core.shapviz import ShapResult, as_2d, pos_means, shap_values
-from core.spad import FEATURE_NAMES, POS_TAGS, SOURCES, pos_features
+from core.learning.contract import Features
+from core.signals.attribution import FEATURE_NAMES, POS_TAGS, SOURCES, pos_features
 
 MODEL = "synthetic|L2xH4/KV2|D64|V512|float32"
 RAG_NOUN = FEATURE_NAMES.index("RAG_NOUN")

@@ -7,9 +7,9 @@ import itertools
 import numpy as np
 import pytest
 
-from core.errors import DataError
-from core.metrics import token_prf
-from core.smoothing import (
+from core.base.errors import DataError
+from core.learning.metrics import token_prf
+from core.signals.smoothing import (
     CLIP,
     answer_score,
     flagged_spans,

@@ -10,14 +10,15 @@ import numpy as np
 import pytest
 import torch
 
+from core.base.errors import DataError, ModelError, NotFittedError
+from core.base.examples import source_key
 from core.data import resolve_dataset
 from core.detectors import make_detector
 from core.detectors.spad import BIAS, BOOSTER_FILE, SpadConfig, SpadDetector, split_errors
-from core.errors import DataError, ModelError, NotFittedError
-from core.examples import source_key
-from core.extract import extract_features, run_example
-from core.layout import render
-from core.spad import (
+from core.engine.layout import render
+from core.engine.trace import Needs, trace
+from core.pipeline.extract import extract_features, run_example
+from core.signals.attribution import (
     ATTENTION_SOURCES,
     FEATURE_NAMES,
     POS_TAGS,
@@ -31,7 +32,6 @@ from core.spad import (
     token_pos,
     token_sources,
 )
-from core.trace import Needs, trace
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -258,7 +258,7 @@ def test_tokens_take_the_tag_of_the_word_they_overlap_most() -> None:
 
 
 def test_spacy_tags_propagate_to_sub_word_tokens(tiny_model) -> None:
-    from core.examples import RAGExample
+    from core.base.examples import RAGExample
 
     ex = RAGExample(
         id="pos", question="When?", passages=("It opened in 1820.",), response="It opened in 1820."

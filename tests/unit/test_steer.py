@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from core.errors import DataError
-from core.layout import render
-from core.steer import steer_continuation, steer_values, steered
-from core.trace import Needs, trace
+from core.base.errors import DataError
+from core.engine.layout import render
+from core.engine.trace import Needs, trace
+from core.interventions.steer import steer_continuation, steer_values, steered
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 

@@ -12,9 +12,9 @@ import pytest
 
 import core.storage as storage
 import core.storage.db as storage_db
+from core.base.errors import DataError, StorageError
+from core.base.examples import RAGExample, example_hash
 from core.data import builtin_examples
-from core.errors import DataError, StorageError
-from core.examples import RAGExample, example_hash
 from core.storage import Store, default_db_path
 
 

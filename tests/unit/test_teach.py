@@ -7,9 +7,9 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from core.analysis.teach import LensCurve, lens_curve
 from core.data import builtin_examples
-from core.teach import LensCurve, lens_curve
-from core.trace import token_surprisal
+from core.engine.trace import token_surprisal
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
@@ -20,8 +20,8 @@ def test_the_lens_after_the_last_block_is_the_model(tiny_model) -> None:
     assert curve.probs.shape == (tiny_model.info.n_layers, len(curve.tokens))
     np.testing.assert_allclose(curve.probs[-1], curve.final, atol=1e-9)
     # the final probabilities are the surprisal the trace engine reports, in bits
-    from core.layout import render
-    from core.trace import response_needs, trace
+    from core.engine.layout import render
+    from core.engine.trace import response_needs, trace
 
     tr = trace(tiny_model, render(ex, tiny_model), response_needs())
     np.testing.assert_allclose(-np.log2(curve.final), token_surprisal(tr), rtol=1e-4, atol=1e-5)
@@ -40,7 +40,7 @@ def test_jump_layer_is_the_largest_rise() -> None:
 def demo_cortex(tiny_model):
     from core.data import resolve_dataset
     from core.detectors import make_detector
-    from core.extract import extract_features
+    from core.pipeline.extract import extract_features
 
     builtin = resolve_dataset("builtin")[1]
     train = [e for e in builtin if e.label and e.spans][:8] + [
@@ -51,8 +51,8 @@ def demo_cortex(tiny_model):
 
 
 def test_cortex_walk_matches_the_detectors_verdict(tiny_model, demo_cortex) -> None:
-    from core.extract import run_example
-    from core.teach import cortex_walk
+    from core.analysis.teach import cortex_walk
+    from core.pipeline.extract import run_example
 
     ex = next(e for e in builtin_examples() if e.spans)
     walk = cortex_walk(tiny_model, demo_cortex, ex)

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from core.data import load_builtin
-from core.layout import render
-from core.trace import (
+from core.engine.layout import render
+from core.engine.trace import (
     HOOK_KINDS,
     LAYERLESS,
     Needs,
@@ -348,10 +348,10 @@ def test_batched_trace_equals_one_at_a_time(tiny_model):
 
 
 def test_batched_extraction_equals_one_at_a_time_for_every_detector(tiny_model):
+    from core.base.errors import DataError
+    from core.base.examples import RAGExample
     from core.detectors import make_detector, runnable_detectors
-    from core.errors import DataError
-    from core.examples import RAGExample
-    from core.extract import iter_features
+    from core.pipeline.extract import iter_features
 
     exs = _mixed_examples()
     too_long = RAGExample(

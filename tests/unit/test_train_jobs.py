@@ -14,9 +14,11 @@ from pathlib import Path
 
 import pytest
 
-from core.artifact import compare_artifacts
+from core.base.paths import model_detectors_dir, runs_dir
 from core.cli import main
-from core.jobs import (
+from core.engine.model import LoadedModel
+from core.learning.artifact import compare_artifacts
+from core.services.jobs import (
     JobView,
     TrainSpec,
     cancel_job,
@@ -27,8 +29,6 @@ from core.jobs import (
     staging_dir,
     start_train_job,
 )
-from core.model import LoadedModel
-from core.paths import model_detectors_dir, runs_dir
 from core.storage import JobRow, Store
 
 WAIT_S = 180.0

@@ -13,14 +13,14 @@ import numpy as np
 import pytest
 from sklearn.metrics import balanced_accuracy_score
 
+from core.analysis.heads_layers import head_view
+from core.base.paths import builtin_dir
 from core.cli import main
-from core.counterfactual import score_one
 from core.data import resolve_dataset
-from core.headstats import head_view
-from core.judge import AnswerVerdict, judge, judge_many
-from core.paths import builtin_dir
+from core.interventions.counterfactual import score_one
+from core.pipeline.judge import AnswerVerdict, judge, judge_many
+from core.pipeline.sets import load_set
 from core.review import dataset_verdicts
-from core.sets import load_set
 
 DETECTORS = "nll,context_gain"
 

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 import torch
 
-from core.errors import ModelError
-from core.model import LoadedModel, embedded_gguf_path, load_model
-from core.weights import (
+from core.base.errors import ModelError
+from core.engine.model import LoadedModel, embedded_gguf_path, load_model
+from core.engine.weights import (
     OLLAMA_MODEL_MEDIA,
     gguf_cache_path,
     gguf_file,

@@ -14,7 +14,7 @@ Example:
 
 from __future__ import annotations
 
-from core.paths import builtin_dir
+from core.base.paths import builtin_dir
 from tools.corpus.build import (
     CORPUS_FILE,
     DEFAULT_DOCS_PER_TASK,

@@ -8,7 +8,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from core.paths import builtin_dir
+from core.base.paths import builtin_dir
 from tools.corpus.build import write_corpus
 
 

@@ -23,13 +23,13 @@ from typing import Any
 import tools.corpus.data2txt as data2txt
 import tools.corpus.qa as qa
 import tools.corpus.summary as summary
+from core.base.errors import DataError
+from core.base.examples import Provenance, RAGExample
+from core.base.paths import builtin_dir
 from core.data import BUILTIN_CORPUS_FILE as CORPUS_FILE
 from core.data import BUILTIN_REBUILD_COMMAND as REBUILD_COMMAND
 from core.data import BUILTIN_SPLITS as SPLITS
 from core.data import save_jsonl
-from core.errors import DataError
-from core.examples import Provenance, RAGExample
-from core.paths import builtin_dir
 from tools.corpus.compose import (
     HALLUCINATION_TYPES,
     TYPE_SLUGS,

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from typing import Literal, TypeVar
 
 import tools.corpus.names as names
-from core.examples import Span
+from core.base.examples import Span
 
 T = TypeVar("T")
 HallucinationType = Literal[

@@ -1,0 +1,533 @@
+"""Trace engine: one forward pass, only the activations the detectors asked for.
+
+Detectors declare :class:`Needs` (which hook kinds at which layers, at which
+positions); the engine takes their union, runs ONE forward pass through the
+TransformerLens bridge with hooks on exactly those names, and keeps only the
+requested positions, as float32 on the CPU.
+
+This module is the only one that sets TransformerLens hooks. Besides :func:`trace`,
+interventions and readers use :func:`patched` (hooks held for a ``with`` block:
+AARF's head scaling, SAE steering), :func:`hooked_logits` (one pass with hooks, e.g.
+the SAE's spliced-in reconstruction) and :func:`residuals_until` (one layer's
+residual stream, the pass stopped right after it).
+
+Hook kinds and their TransformerLens names (layer ``l``):
+
+=============  ================================  ===============================
+kind           hook                              kept shape
+=============  ================================  ===============================
+resid_pre      ``blocks.l.hook_resid_pre``       ``[pos, d_model]``
+resid_mid      ``blocks.l.hook_resid_mid``       ``[pos, d_model]``
+resid_post     ``blocks.l.hook_resid_post``      ``[pos, d_model]``
+attn_out       ``blocks.l.hook_attn_out``        ``[pos, d_model]``
+mlp_out        ``blocks.l.hook_mlp_out``         ``[pos, d_model]``
+z              ``blocks.l.attn.hook_z``          ``[pos, head, d_head]``
+pattern        ``blocks.l.attn.hook_pattern``    ``[head, pos, key_pos]`` (all keys)
+ln_final       ``ln_final.hook_out``             ``[pos, d_model]``
+ln_final_scale ``ln_final.hook_scale``           ``[pos, 1]``
+logits         (the forward's output)            ``[pos, d_vocab]``
+=============  ================================  ===============================
+"""
+
+from __future__ import annotations
+
+import inspect
+import time
+import weakref
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any, Literal, get_args
+
+import numpy as np
+
+from core.base.errors import ModelError
+from core.engine.layout import Layout
+from core.engine.model import LoadedModel
+
+if TYPE_CHECKING:
+    import torch
+    from jaxtyping import Float
+
+HookKind = Literal[
+    "resid_pre",
+    "resid_mid",
+    "resid_post",
+    "attn_out",
+    "mlp_out",
+    "z",
+    "pattern",
+    "ln_final",
+    "ln_final_scale",
+    "logits",
+]
+HOOK_KINDS: tuple[str, ...] = get_args(HookKind)
+LAYERLESS: frozenset[str] = frozenset({"ln_final", "ln_final_scale", "logits"})
+LN_FINAL_OUT = "ln_final.hook_out"
+"""The final norm's output (weight applied): the bridge's ``hook_out``, which
+TransformerLens's shorthand has no word for (its ``normalized`` is before the weight)."""
+
+
+def hook_name(kind: str, layer: int | None = None) -> str:
+    """The TransformerLens hook point of a hooked kind (``"resid_post"``, layer 3 ->
+    ``blocks.3.hook_resid_post``), named by TransformerLens's own ``get_act_name``
+    (imported here: loading TransformerLens takes seconds that commands which never
+    trace must not pay; tracing has loaded it already)."""
+    from transformer_lens.utilities import get_act_name
+
+    if kind == "ln_final":
+        return LN_FINAL_OUT
+    if kind == "ln_final_scale":
+        return get_act_name("scale")
+    if kind not in HOOK_KINDS or kind == "logits" or layer is None:
+        raise ValueError(f"no hook point for {kind!r} at layer {layer!r}")
+    return get_act_name(kind, layer)
+
+
+PositionSet = Literal["all", "response", "generation", "context"]
+POSITION_SETS: tuple[str, ...] = get_args(PositionSet)
+
+HookKey = tuple[str, int | None]
+
+
+Slot = tuple[str, int | None, str]
+"""``(kind, layer, position set)``: one hook kept at one set of positions."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class Needs:
+    """What a detector needs from the forward pass.
+
+    A ``Needs`` built from ``hooks`` and ``positions`` keeps every hook at every
+    one of the positions. Combining needs (``a | b``) keeps each hook at the
+    positions its own needs asked for, not at everyone's: ReDeEP's attention
+    patterns at the generation positions and its final hidden states at the
+    passage positions stay ``[head, answer, key]`` and ``[passage, d_model]``
+    instead of both growing to the whole prompt.
+
+    Attributes:
+        hooks: ``(kind, layer)`` pairs; ``layer`` is ``None`` for layerless kinds.
+        positions: Which positions to keep (``all``, ``response`` = p_j,
+            ``generation`` = g_j = p_j - 1, ``context`` = passage tokens); for
+            combined needs, every position set some hook asked for.
+        slots: ``(kind, layer, position set)`` triples, the exact plan (derived
+            from ``hooks`` x ``positions`` unless given through :meth:`from_slots`).
+    """
+
+    hooks: frozenset[HookKey] = frozenset()
+    positions: frozenset[str] = frozenset({"all"})
+    slots: frozenset[Slot] = frozenset()
+
+    def __post_init__(self) -> None:
+        for kind, layer in self.hooks:
+            if kind not in HOOK_KINDS:
+                raise ValueError(f"unknown hook kind {kind!r}; use one of {HOOK_KINDS}")
+            if (kind in LAYERLESS) != (layer is None):
+                raise ValueError(
+                    f"hook kind {kind!r} {'takes no' if kind in LAYERLESS else 'needs a'} layer"
+                )
+        for p in self.positions:
+            if p not in POSITION_SETS:
+                raise ValueError(f"unknown position set {p!r}; use one of {POSITION_SETS}")
+        if not self.positions:
+            raise ValueError("Needs.positions is empty; ask for at least one position set")
+        full = frozenset((k, ly, p) for k, ly in self.hooks for p in self.positions)
+        if not self.slots:
+            object.__setattr__(self, "slots", full)
+        elif not self.slots <= full or {(k, ly) for k, ly, _ in self.slots} != self.hooks:
+            raise ValueError("Needs.slots must pair the given hooks with the given positions")
+
+    @classmethod
+    def from_slots(cls, slots: Iterable[Slot]) -> Needs:
+        """Needs that keep each ``(kind, layer)`` at exactly its slots' position sets."""
+        s = frozenset((str(k), None if ly is None else int(ly), str(p)) for k, ly, p in slots)
+        if not s:
+            raise ValueError("no slots: ask for at least one hook")
+        return cls(
+            hooks=frozenset((k, ly) for k, ly, _ in s),
+            positions=frozenset(p for _, _, p in s),
+            slots=s,
+        )
+
+    @classmethod
+    def of(
+        cls,
+        kinds: Iterable[str],
+        *,
+        layers: Iterable[int] | None = None,
+        n_layers: int | None = None,
+        positions: Iterable[str] | str = "all",
+    ) -> Needs:
+        """Build needs for several kinds at the same layers.
+
+        Args:
+            kinds: Hook kinds.
+            layers: Layers for per-layer kinds; ``None`` means all ``n_layers``.
+            n_layers: Needed when ``layers`` is ``None`` and a per-layer kind is asked.
+            positions: A position set name or several.
+        """
+        pos = frozenset({positions} if isinstance(positions, str) else positions)
+        hooks: set[HookKey] = set()
+        for kind in kinds:
+            if kind in LAYERLESS:
+                hooks.add((kind, None))
+                continue
+            if layers is None:
+                if n_layers is None:
+                    raise ValueError(f"{kind!r} at all layers needs n_layers")
+                ls: Iterable[int] = range(n_layers)
+            else:
+                ls = layers
+            hooks.update((kind, int(layer)) for layer in ls)
+        return cls(hooks=frozenset(hooks), positions=pos)
+
+    def __or__(self, other: Needs) -> Needs:
+        if not self.hooks and not other.hooks:
+            return Needs(positions=self.positions | other.positions)
+        if not self.hooks or not other.hooks:
+            return other if not self.hooks else self
+        return Needs.from_slots(self.slots | other.slots)
+
+    @staticmethod
+    def union(needs: Iterable[Needs]) -> Needs:
+        out: Needs | None = None
+        for n in needs:
+            out = n if out is None else out | n
+        if out is None:
+            raise ValueError("no needs to combine")
+        return out
+
+    def plan(self) -> dict[HookKey, frozenset[str]]:
+        """``(kind, layer)`` -> the position sets it is kept at."""
+        out: dict[HookKey, set[str]] = {}
+        for k, ly, p in self.slots:
+            out.setdefault((k, ly), set()).add(p)
+        return {key: frozenset(v) for key, v in out.items()}
+
+    def hook_names(self) -> dict[str, HookKey]:
+        """TransformerLens hook name -> ``(kind, layer)`` for every hooked kind."""
+        return {
+            hook_name(kind, layer): (kind, layer)
+            for kind, layer in sorted(
+                self.hooks, key=lambda h: (h[0], -1 if h[1] is None else h[1])
+            )
+            if kind != "logits"
+        }
+
+    def resolve_positions(self, layout: Layout, sets: Iterable[str] | None = None) -> np.ndarray:
+        """Sorted absolute positions of ``sets`` (default: all of :attr:`positions`)."""
+        names = self.positions if sets is None else frozenset(sets)
+        if "all" in names:
+            return np.arange(len(layout))
+        parts = [np.zeros(0, dtype=np.int64)]
+        if "response" in names:
+            parts.append(layout.response_positions)
+        if "generation" in names:
+            parts.append(layout.generation_positions)
+        if "context" in names:
+            parts.append(layout.context_positions())
+        return np.unique(np.concatenate(parts)).astype(np.int64)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Trace:
+    """Activations of one forward pass, each hook at the positions asked for it.
+
+    Attributes:
+        layout: The layout that was run.
+        positions: Every kept absolute position (the union over hooks), sorted.
+        acts: ``(kind, layer)`` -> float32 CPU tensor (shapes in the module doc).
+        kept: ``(kind, layer)`` -> the sorted absolute positions its rows hold
+            (default: :attr:`positions` for every hook).
+        seconds: Wall time of the forward pass with hooks.
+    """
+
+    layout: Layout
+    positions: np.ndarray
+    acts: Mapping[HookKey, torch.Tensor]
+    seconds: float
+    kept: Mapping[HookKey, np.ndarray] = field(default_factory=dict)
+    _rows: dict[HookKey | None, dict[int, int]] = field(default_factory=dict, repr=False)
+
+    def __post_init__(self) -> None:
+        self._rows[None] = {int(p): i for i, p in enumerate(self.positions)}
+        for key, pos in self.kept.items():
+            self._rows[key] = {int(p): i for i, p in enumerate(pos)}
+
+    def get(self, kind: str, layer: int | None = None) -> torch.Tensor:
+        key = (kind, layer)
+        if key not in self.acts:
+            have = sorted(f"{k}@{ly}" for k, ly in self.acts)
+            raise KeyError(
+                f"{kind}@{layer} was not traced; the trace holds {have}. Add it to Needs"
+            )
+        return self.acts[key]
+
+    def positions_of(self, kind: str, layer: int | None = None) -> np.ndarray:
+        """Absolute positions held by the rows of ``kind@layer``."""
+        self.get(kind, layer)
+        return np.asarray(self.kept.get((kind, layer), self.positions))
+
+    def rows(self, positions: Iterable[int] | np.ndarray, key: HookKey | None = None) -> np.ndarray:
+        """Row indices of absolute ``positions`` in the kept tensors (of ``key``, if given)."""
+        table = self._rows.get(key, self._rows[None]) if key is not None else self._rows[None]
+        try:
+            return np.asarray(
+                [table[int(p)] for p in np.asarray(positions).ravel()], dtype=np.int64
+            )
+        except KeyError as e:
+            where = "" if key is None else f" for {key[0]}@{key[1]}"
+            raise KeyError(
+                f"position {e.args[0]} was not kept{where}; ask for it in Needs.positions"
+            ) from e
+
+    def at(
+        self, kind: str, layer: int | None, positions: Iterable[int] | np.ndarray
+    ) -> torch.Tensor:
+        """Activations at absolute ``positions`` (pattern: the query axis)."""
+        t = self.get(kind, layer)
+        idx = self.rows(positions, (kind, layer))
+        return t[:, idx] if kind == "pattern" else t[idx]
+
+    @property
+    def nbytes(self) -> int:
+        return sum(t.numel() * t.element_size() for t in self.acts.values())
+
+
+_KEEPS_LOGITS: weakref.WeakKeyDictionary[LoadedModel, bool] = weakref.WeakKeyDictionary()
+
+
+def _keeps_logits(model: LoadedModel) -> bool:
+    """Whether the model's forward takes ``logits_to_keep`` (most Hugging Face causal
+    LMs do): then a trace unembeds only the positions it keeps."""
+    hit = _KEEPS_LOGITS.get(model)
+    if hit is None:
+        try:
+            params = inspect.signature(model.hf_model.forward).parameters
+        except (TypeError, ValueError):
+            params = {}  # type: ignore[assignment]
+        hit = _KEEPS_LOGITS[model] = "logits_to_keep" in params
+    return hit
+
+
+def trace(model: LoadedModel, layout: Layout, needs: Needs | Iterable[Needs]) -> Trace:
+    """Run one forward pass over ``layout`` and keep what ``needs`` asks for.
+
+    Args:
+        model: The loaded model (its lock is held during the pass).
+        layout: Token ids and positions, from :func:`core.engine.layout.render`.
+        needs: One :class:`Needs` or several (their union is traced; each hook
+            is kept at the positions asked for it).
+
+    Returns:
+        A :class:`Trace` with float32 CPU tensors.
+    """
+    return trace_batch(model, [layout], needs)[0]
+
+
+def trace_batch(
+    model: LoadedModel, layouts: Sequence[Layout], needs: Needs | Iterable[Needs]
+) -> list[Trace]:
+    """:func:`trace` of several layouts in ONE forward pass.
+
+    The token ids are right-padded to the longest layout, with an attention mask: under
+    causal attention a real token never attends to the padding after it, so every
+    example keeps its own absolute positions and each hook keeps, per example, only
+    that example's positions (an attention pattern only its own keys). The activations
+    equal one-at-a-time traces up to float rounding (batched matrix products may sum in
+    another order); a batch of one is exactly :func:`trace`.
+
+    Returns:
+        One :class:`Trace` per layout, in order; each one's ``seconds`` is the batch's
+        forward time divided by the batch size.
+    """
+    import torch
+
+    if not layouts:
+        return []
+    want = needs if isinstance(needs, Needs) else Needs.union(needs)
+    plans = want.plan()
+    keeps: list[dict[HookKey, np.ndarray]] = []
+    everys: list[np.ndarray] = []
+    for layout in layouts:
+        keep_by_key = {key: want.resolve_positions(layout, sets) for key, sets in plans.items()}
+        every = want.resolve_positions(layout)
+        if every.size and (every.min() < 0 or every.max() >= len(layout)):
+            raise ModelError(f"positions outside the layout of {len(layout)} tokens")
+        keeps.append(keep_by_key)
+        everys.append(every)
+    names = want.hook_names()
+    keep_t = [
+        {key: torch.as_tensor(pos, device=model.device) for key, pos in k.items()} for k in keeps
+    ]
+    lengths = [len(layout) for layout in layouts]
+    stores: list[dict[HookKey, torch.Tensor]] = [{} for _ in layouts]
+
+    def saver(key: HookKey):  # noqa: ANN202
+        # Bridge hook names are aliases (hook_z fires as attn.o.hook_in), so the
+        # key is bound here rather than read back from the hook point.
+        def save(act: torch.Tensor, hook: object) -> None:
+            for b, n in enumerate(lengths):
+                idx = keep_t[b][key]
+                if key[0] == "pattern":  # [head, query, key]: its queries, its keys
+                    a = act[b, :, :, :n].index_select(1, idx)
+                else:
+                    a = act[b].index_select(0, idx)
+                stores[b][key] = a.detach().to("cpu", torch.float32)
+
+        return save
+
+    width = max(lengths)
+    kwargs: dict[str, Any] = {}
+    if len(layouts) == 1:
+        ids = torch.as_tensor(layouts[0].token_ids, device=model.device).unsqueeze(0)
+    else:
+        pad = model.tokenizer.pad_token_id
+        pad = int(pad if pad is not None else model.tokenizer.eos_token_id or 0)
+        ids = torch.full((len(layouts), width), pad, dtype=torch.long)
+        mask = torch.zeros((len(layouts), width), dtype=torch.long)
+        for b, layout in enumerate(layouts):
+            ids[b, : lengths[b]] = torch.as_tensor(layout.token_ids)
+            mask[b, : lengths[b]] = 1
+        ids = ids.to(model.device)
+        kwargs["attention_mask"] = mask.to(model.device)
+    wants_logits = ("logits", None) in want.hooks
+    rows: dict[int, torch.Tensor] = {}  # per example, its logit positions' rows in the output
+    if _keeps_logits(model):
+        # Unembed only the positions some example keeps (the lm_head over every position
+        # of a long prompt is ~15% of a pass on CPU); none kept: just the last one.
+        kept = (
+            np.unique(np.concatenate([k[("logits", None)] for k in keeps]))
+            if wants_logits
+            else np.zeros(0, dtype=np.int64)
+        )
+        if kept.size:
+            kwargs["logits_to_keep"] = torch.as_tensor(kept, device=model.device)
+            for b, k in enumerate(keeps):
+                at = np.searchsorted(kept, k[("logits", None)])
+                rows[b] = torch.as_tensor(at, device=model.device)
+        elif not wants_logits:
+            kwargs["logits_to_keep"] = 1
+    t0 = time.perf_counter()
+    with model.lock, torch.inference_mode():
+        logits = model.bridge.run_with_hooks(
+            ids,
+            fwd_hooks=[(name, saver(key)) for name, key in names.items()],
+            return_type="logits",
+            **kwargs,
+        )
+        if wants_logits:
+            for b in range(len(layouts)):
+                idx = rows.get(b, keep_t[b][("logits", None)])
+                stores[b][("logits", None)] = (
+                    logits[b].index_select(0, idx).to("cpu", torch.float32)
+                )
+    seconds = (time.perf_counter() - t0) / len(layouts)
+    missing = [n for n, k in names.items() if k not in stores[0]]
+    if missing:
+        raise ModelError(f"hooks did not fire on {model.info.display_name}: {missing[:5]}")
+    return [
+        Trace(layout=layout, positions=every, acts=store, seconds=seconds, kept=keep)
+        for layout, every, store, keep in zip(layouts, everys, stores, keeps, strict=True)
+    ]
+
+
+def response_needs() -> Needs:
+    """Needs of :func:`token_surprisal`: logits at the generation positions."""
+    return Needs(hooks=frozenset({("logits", None)}), positions=frozenset({"generation"}))
+
+
+def token_surprisal(tr: Trace) -> Float[np.ndarray, " resp"]:
+    """Surprisal ``-log2 p(y_j | y_<j, prompt)`` of each response token, in bits."""
+    import torch
+
+    logits = tr.at("logits", None, tr.layout.generation_positions)
+    logp = torch.log_softmax(logits.double(), dim=-1)
+    ids = torch.as_tensor(tr.layout.response_ids)
+    nats = -logp.gather(1, ids.unsqueeze(1)).squeeze(1)
+    return (nats / np.log(2.0)).numpy().astype(np.float32)
+
+
+# --------------------------------------------------------------------------- interventions
+
+Hook = Callable[["torch.Tensor", Any], "torch.Tensor | None"]
+"""A TransformerLens forward hook: ``(activation, hook point) -> replacement or None``."""
+
+
+def resid_post_name(layer: int) -> str:
+    """The hook of the residual stream after block ``layer``."""
+    return hook_name("resid_post", layer)
+
+
+@contextmanager
+def patched(model: LoadedModel, hooks: Sequence[tuple[str, Hook]]) -> Iterator[None]:
+    """Every forward pass inside the ``with`` block runs with ``hooks`` (name, hook);
+    the model's lock is held throughout and the hooks are removed on exit."""
+    with model.lock, model.bridge.hooks(fwd_hooks=list(hooks)):
+        yield
+
+
+def hooked_logits(
+    model: LoadedModel, token_ids: torch.Tensor, hooks: Sequence[tuple[str, Hook]]
+) -> torch.Tensor:
+    """The logits (``[batch, pos, d_vocab]``) of one pass over ``token_ids`` with ``hooks``."""
+    import torch
+
+    with model.lock, torch.inference_mode():
+        return model.bridge.run_with_hooks(token_ids, fwd_hooks=list(hooks), return_type="logits")
+
+
+def hooked_step(
+    model: LoadedModel,
+    token_ids: torch.Tensor,
+    hooks: Sequence[tuple[str, Hook]],
+    past: Any = None,
+) -> tuple[torch.Tensor, Any]:
+    """Incremental decoding with hooks: the logits (``[batch, new, d_vocab]``) of
+    ``token_ids`` continuing the sequence whose keys and values ``past`` holds (a
+    HuggingFace KV cache from an earlier call; ``None`` starts a sequence), and the cache
+    extended by them. The hooks fire on the new positions only (an attention pattern's
+    rows are the new queries, over every key so far); the cache is extended in place."""
+    import torch
+
+    with model.lock, torch.inference_mode():
+        logits, cache = model.bridge.run_with_hooks(
+            token_ids,
+            fwd_hooks=list(hooks),
+            return_type="logits_and_cache",
+            past_key_values=past,
+        )
+    if cache is None:
+        raise ModelError(f"{model.info.display_name} returned no KV cache; use kv_cache=False")
+    return logits, cache
+
+
+class _Stop(Exception):  # noqa: N818 (control flow, not an error)
+    """Raised by the capture hook to end a forward pass after the layer read."""
+
+
+def residuals_until(
+    model: LoadedModel, token_ids: Sequence[int] | np.ndarray, layer: int
+) -> Float[torch.Tensor, "pos d_model"]:
+    """``resid_post`` of ``layer`` at every position, float32 CPU; the forward pass stops
+    right after that block (later blocks never run)."""
+    import torch
+
+    got: list[torch.Tensor] = []
+
+    def grab(act: torch.Tensor, hook: object) -> None:
+        got.append(act[0].detach().to("cpu", torch.float32))
+        raise _Stop
+
+    name = resid_post_name(layer)
+    ids = torch.as_tensor(np.asarray(token_ids), device=model.device).unsqueeze(0)
+    with model.lock, torch.inference_mode():
+        try:
+            model.bridge.run_with_hooks(ids, fwd_hooks=[(name, grab)])
+        except _Stop:
+            pass
+        finally:
+            model.bridge.reset_hooks()
+    if not got:
+        raise ModelError(f"{name} did not fire on {model.info.display_name}")
+    return got[0]

@@ -1,0 +1,1048 @@
+"""Cross-validation: detection numbers that can be trusted.
+
+- :func:`make_folds`: grouped K folds. A source (question + passages, or the dataset's
+  own group) never spans folds, so answers of six generators to one question are tested
+  together; folds are stratified by label x generator x dataset.
+- :func:`fit_procedure` is THE recipe, used alike inside every fold, for the shipped
+  artifacts and for the matrix: the training answers are split again (grouped,
+  stratified) into a fitting part and a validation part (``val_share`` of the sources);
+  the detector learns on the first (selecting hyper-parameters on the second when it
+  does so); a Platt calibrator, the answer threshold and the token threshold are then
+  fitted on cross-fitted scores of all the training answers (each scored by a detector
+  fitted the same way without it; ``calibration="split"``: on the validation part
+  only), optionally only on the datasets given as ``calibrate_on``. Nothing of the test
+  fold reaches it.
+- :func:`cross_validate` scores every answer out of fold exactly once and pools: AUROC
+  and AP with source-grouped bootstrap CIs, balanced accuracy / F1 at each fold's own
+  threshold, expected calibration error and the reliability diagram of the calibrated
+  scores, token AP / AUROC, the per-fold spread, and breakdowns by generator and dataset.
+
+Runs save as JSON (+ markdown) and load back (:class:`CVRun`); the cross-domain
+matrix built on these pieces is :mod:`core.evaluation.matrix`; the Benchmark page shows both.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any, Literal, cast
+
+import numpy as np
+
+from core.base.errors import DataError
+from core.base.examples import RAGExample, source_key
+from core.base.safeio import read_json_file
+from core.data import data_hash
+from core.detectors import make_detector
+from core.engine.model import LoadedModel
+from core.evaluation.comparison import checked_comparisons, compare_detectors, comparison_lines
+from core.evaluation.evaluate import (
+    RUN_JSON_LIMIT,
+    fit_detector,
+    set_thresholds,
+    token_labels_and_scores,
+)
+from core.evaluation.foldstore import fold_key, fold_result, load_fold, save_fold
+from core.learning.calibration import Reliability, reliability
+from core.learning.contract import Detector, Features, Verdict, for_dataset
+from core.learning.metrics import (
+    SPAN_F1_NOTE,
+    auroc_or_none,
+    ci_columns,
+    evidence_warning,
+    grouped_bootstrap_ci,
+    is_binary,
+    length_bins,
+    matched_auroc,
+    response_metrics,
+    span_overlap_metrics,
+    token_metrics,
+)
+from core.pipeline.extract import Extraction, FeatureCache, extract_features
+from core.pipeline.word_spans import detector_spans
+
+CV_FORMAT = 1
+Criterion = Literal["f1", "balanced_accuracy"]
+Calibration = Literal["crossfit", "split"]
+CALIBRATIONS: tuple[Calibration, ...] = ("crossfit", "split")
+CROSSFIT_K = 5
+"""Inner folds of cross-fitted calibration."""
+CROSSFIT_MIN_SOURCES = 7
+"""Fewest training sources cross-fitting works on: each of its :data:`CROSSFIT_K`
+training parts must still split into fitting and validation parts."""
+MakeDetector = Callable[[str], Detector]
+VAL_SHARE = 0.2
+"""Share of the training sources held out inside each fit for selection and calibration."""
+
+
+# ----------------------------------------------------------------------------- folds
+
+
+def strata(examples: Sequence[RAGExample]) -> np.ndarray:
+    """One stratum per example: label x generator x dataset."""
+    return np.asarray(
+        [
+            f"{int(bool(e.label))}|{e.provenance.generator or ''}|{e.provenance.dataset or ''}"
+            for e in examples
+        ]
+    )
+
+
+def _grouped_folds(
+    examples: Sequence[RAGExample], k: int, seed: int
+) -> list[tuple[np.ndarray, np.ndarray]]:
+    from sklearn.model_selection import StratifiedGroupKFold
+
+    groups = np.asarray([source_key(e) for e in examples])
+    n_groups = len(set(groups.tolist()))
+    if n_groups < k:
+        raise DataError(
+            f"{k} folds need at least {k} sources (questions with their passages); these "
+            f"examples have {n_groups}. Use fewer folds or more data"
+        )
+    _, codes = np.unique(strata(examples), return_inverse=True)
+    cv = StratifiedGroupKFold(n_splits=k, shuffle=True, random_state=seed)
+    with warnings.catch_warnings():
+        # Rare strata (one generator's few hallucinations) are spread as well as they can be.
+        warnings.simplefilter("ignore", UserWarning)
+        try:
+            return list(cv.split(np.zeros(len(examples)), codes, groups))
+        except ValueError as e:
+            raise DataError(
+                f"cannot split {len(examples)} answers from {n_groups} sources into {k} parts "
+                f"({e}); use fewer folds, a larger validation share or more data"
+            ) from e
+
+
+def make_folds(examples: Sequence[RAGExample], k: int = 5, seed: int = 0) -> np.ndarray:
+    """``[n]`` fold index of every example (see the module docstring).
+
+    Raises:
+        DataError: Fewer sources than folds, or fewer than 2 folds.
+    """
+    if k < 2:
+        raise DataError(f"cross-validation needs at least 2 folds, got {k}")
+    fold = np.full(len(examples), -1, dtype=np.int64)
+    for i, (_, test) in enumerate(_grouped_folds(examples, k, seed)):
+        fold[test] = i
+    return fold
+
+
+def inner_split(
+    examples: Sequence[RAGExample], share: float = VAL_SHARE, seed: int = 0
+) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of a fitting part and a validation part (about ``share`` of the sources),
+    grouped and stratified like the folds."""
+    k = max(2, round(1.0 / share))
+    fit, val = _grouped_folds(examples, k, seed)[0]
+    return np.sort(fit), np.sort(val)
+
+
+# ----------------------------------------------------------------------------- the recipe
+
+
+def fit_procedure(
+    make: MakeDetector,
+    name: str,
+    features: Sequence[Features],
+    examples: Sequence[RAGExample],
+    *,
+    criterion: Criterion = "balanced_accuracy",
+    calibrate_on: Sequence[str] | None = None,
+    val_share: float = VAL_SHARE,
+    seed: int = 0,
+    calibration: Calibration = "crossfit",
+) -> Detector:
+    """A fitted, calibrated, thresholded detector from training answers only.
+
+    Args:
+        make: Builds a fresh detector by name.
+        name: The detector.
+        features, examples: The training answers (aligned).
+        criterion: What the answer threshold maximises on the validation part.
+        calibrate_on: Dataset names (``provenance.dataset``) whose validation answers
+            fit the calibrator and threshold (default: all of them).
+        val_share: Share of the sources held out as the validation part.
+        seed: Seed of the inner split.
+        calibration: ``"crossfit"`` (default): the calibrator and thresholds are fitted
+            on cross-fitted scores of *every* training answer — :data:`CROSSFIT_K` inner
+            grouped folds, each scored by a detector fitted (by the same split recipe,
+            with what the kept detector chose pinned: :meth:`Detector.pinned`) without
+            it — five times the answers of the validation part alone, so fewer noisy
+            calibrators and thresholds; ``"split"``: on the validation part only
+            (the detector's own scores; what artifacts trained before it used).
+
+    Raises:
+        DataError: A part without both classes, or no validation answer of
+            ``calibrate_on``.
+    """
+    det, n_fit, n_val = _fit_on_split(make, name, features, examples, val_share, seed)
+    raw: list[Verdict] | None = None
+    if calibration == "crossfit":
+        cal_f, cal_e = list(features), list(examples)
+        raw = _crossfit_verdicts(
+            pinned_maker(make, det.pinned()), name, features, examples, val_share, seed
+        )
+    elif calibration == "split":
+        _, val_i = inner_split(examples, val_share, seed)
+        cal_f, cal_e = [features[i] for i in val_i], [examples[i] for i in val_i]
+    else:
+        raise DataError(f"unknown calibration {calibration!r}; use one of {list(CALIBRATIONS)}")
+    use = [True] * len(cal_e)
+    if calibrate_on is not None:
+        wanted = set(calibrate_on)
+        use = [e.provenance.dataset in wanted for e in cal_e]
+        if not any(use):
+            raise DataError(
+                f"no validation answers from {sorted(wanted)} to calibrate on; include those "
+                "datasets in the training data"
+            )
+    set_thresholds(
+        det, cal_f, cal_e, criterion=criterion, calibrate=use, raw_verdicts=raw, by_dataset=True
+    )
+    det.train_info_ = {
+        **det.train_info_,
+        "procedure": {
+            "n_fit": n_fit,
+            "n_validation": n_val,
+            "n_calibration": int(sum(use)),
+            "calibration": calibration,
+            "calibrate_on": sorted(set(calibrate_on)) if calibrate_on is not None else None,
+            "criterion": criterion,
+            "val_share": val_share,
+            "seed": seed,
+        },
+    }
+    return det
+
+
+def _fit_on_split(
+    make: MakeDetector,
+    name: str,
+    features: Sequence[Features],
+    examples: Sequence[RAGExample],
+    val_share: float,
+    seed: int,
+) -> tuple[Detector, int, int]:
+    """A fresh detector fitted on the fitting part of :func:`inner_split`, selecting on
+    its validation part (uncalibrated, threshold not yet set), and the two parts' sizes."""
+    fit_i, val_i = inner_split(examples, val_share, seed)
+    det = make(name)
+    fit_detector(
+        det,
+        [features[i] for i in fit_i],
+        [examples[i] for i in fit_i],
+        ([features[i] for i in val_i], [examples[i] for i in val_i]),
+    )
+    return det, int(fit_i.size), int(val_i.size)
+
+
+def _crossfit_verdicts(
+    make: MakeDetector,
+    name: str,
+    features: Sequence[Features],
+    examples: Sequence[RAGExample],
+    val_share: float,
+    seed: int,
+) -> list[Verdict]:
+    """Uncalibrated verdicts on every answer, each from a detector fitted (by
+    :func:`_fit_on_split`) on the other inner folds' answers only."""
+    n_sources = len({source_key(e) for e in examples})
+    if n_sources < CROSSFIT_MIN_SOURCES:
+        raise DataError(
+            f"cross-fitted calibration needs at least {CROSSFIT_MIN_SOURCES} sources (questions "
+            f"with their passages) to train on; these answers have {n_sources}. Use "
+            "calibration on the validation part (`--calibration split`) or more data"
+        )
+    out: list[Verdict | None] = [None] * len(examples)
+    try:
+        for tr, te in _grouped_folds(examples, CROSSFIT_K, seed + 7919):
+            det, _, _ = _fit_on_split(
+                make, name, [features[i] for i in tr], [examples[i] for i in tr], val_share, seed
+            )
+            det.calibration_ = None
+            for i in te:
+                out[i] = det.predict(features[i])
+    except DataError as e:
+        raise DataError(
+            f"cross-fitted calibration of {name}: {e}; or calibrate on the validation part "
+            "(`--calibration split`)"
+        ) from e
+    missing = [examples[i].id for i, v in enumerate(out) if v is None]
+    if missing:
+        raise DataError(
+            f"cross-fitting left {len(missing)} answers unscored (first {missing[0]!r})"
+        )
+    return [v for v in out if v is not None]
+
+
+def pinned_maker(make: MakeDetector, pins: Mapping[str, Any]) -> MakeDetector:
+    """``make`` with ``pins`` (:meth:`~core.learning.contract.Detector.pinned`) overriding the
+    config of every detector it builds."""
+    if not pins:
+        return make
+
+    def pinned(name: str) -> Detector:
+        det = make(name)
+        return type(det)(replace(det.config, **pins))  # type: ignore[call-arg]
+
+    return pinned
+
+
+def default_maker(configs: Mapping[str, Mapping[str, Any]] | None = None) -> MakeDetector:
+    """``name -> make_detector(name, **configs[name])``."""
+    cfg = dict(configs or {})
+
+    def make(name: str) -> Detector:
+        return make_detector(name, **dict(cfg.get(name, {})))
+
+    return make
+
+
+# ----------------------------------------------------------------------------- results
+
+
+@dataclass(frozen=True, kw_only=True)
+class CVResult:
+    """One detector's out-of-fold results.
+
+    Attributes:
+        detector: Detector name.
+        config_hash: Its config hash.
+        pooled: Metrics over all answers scored out of fold (AUROC/AP with grouped
+            bootstrap CIs, balanced accuracy, F1, precision, recall at each fold's own
+            threshold, ECE of the calibrated scores).
+        folds: Per fold: n, positives, AUROC, AP, balanced accuracy, threshold, ECE.
+        token: Token AP / AUROC pooled over the out-of-fold token scores, or ``None``.
+        spans: Span precision / recall / F1 by character overlap
+            (:func:`core.learning.metrics.span_overlap_metrics`) of the detector's whole-word
+            spans (:func:`core.pipeline.word_spans.detector_spans`) at the token threshold of the
+            fold that judged each answer, over the answers with gold spans and the
+            faithful ones; ``None`` without token scores or span labels (and in runs
+            saved before it existed).
+        reliability: Reliability diagram of the calibrated out-of-fold scores.
+        by_generator: Generator -> n, positives, AUROC (pooled out-of-fold).
+        by_dataset: Dataset -> n, positives, AUROC, balanced accuracy, ECE, and with
+            ``own_``: balanced accuracy and ECE under the dataset's own calibration and
+            threshold (:func:`core.learning.contract.for_dataset`; the pooled ones where the
+            training part gave it none); ``token_ap`` / ``token_auroc`` over the
+            dataset's labelled tokens (``None`` without token labels or scores);
+            ``spans``: span precision / recall / F1 over the dataset's answers, as
+            :attr:`spans` pools them (``None`` without them; absent in older runs).
+        scores: Calibrated out-of-fold score per answer (aligned with :attr:`CVRun.ids`).
+        raw_scores: The detector's own scores before calibration.
+        flagged: Whether each answer reached its fold's threshold.
+    """
+
+    detector: str
+    config_hash: str
+    pooled: Mapping[str, Any]
+    folds: tuple[Mapping[str, Any], ...]
+    token: Mapping[str, Any] | None
+    reliability: Reliability
+    by_generator: Mapping[str, Mapping[str, Any]]
+    by_dataset: Mapping[str, Mapping[str, Any]]
+    scores: tuple[float, ...]
+    raw_scores: tuple[float, ...]
+    flagged: tuple[bool, ...]
+    spans: Mapping[str, Any] | None = None
+
+    def spread(self, key: str = "auroc") -> tuple[float | None, float | None]:
+        """Mean and standard deviation of ``key`` over the folds."""
+        v = [f[key] for f in self.folds if f.get(key) is not None]
+        return (float(np.mean(v)), float(np.std(v))) if v else (None, None)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(vars(self))
+        d["reliability"] = self.reliability.to_json()
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CVResult:
+        kw = dict(d)
+        kw["reliability"] = Reliability.from_json(d["reliability"])
+        kw["folds"] = tuple(d["folds"])
+        for k in ("scores", "raw_scores", "flagged"):
+            kw[k] = tuple(d[k])
+        return cls(**kw)
+
+
+@dataclass(frozen=True, kw_only=True)
+class CVRun:
+    """A saved cross-validation: what was run, on what, and every detector's results."""
+
+    name: str
+    created_at: str
+    model: str
+    datasets: tuple[str, ...]
+    k: int
+    seed: int
+    criterion: str
+    calibrate_on: tuple[str, ...] | None
+    ids: tuple[str, ...]
+    labels: tuple[int, ...]
+    fold: tuple[int, ...]
+    generators: tuple[str, ...]
+    example_datasets: tuple[str, ...]
+    data_hash: str
+    results: tuple[CVResult, ...]
+    extraction: Mapping[str, Any] = field(default_factory=dict)
+    calibration: str = "split"
+    baseline: Mapping[str, Any] = field(default_factory=dict)
+    groups: tuple[str, ...] = ()
+    comparisons: Mapping[str, Any] = field(default_factory=dict)
+    kind: str = "cv"
+    format: int = CV_FORMAT
+
+    def result(self, detector: str) -> CVResult:
+        for r in self.results:
+            if r.detector == detector:
+                return r
+        raise KeyError(detector)
+
+    def to_dict(self) -> dict[str, Any]:
+        d = dict(vars(self))
+        d["results"] = [r.to_dict() for r in self.results]
+        return d
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> CVRun:
+        if d.get("kind") != "cv" or d.get("format") != CV_FORMAT:
+            raise DataError(f"not a cross-validation run of format {CV_FORMAT}; re-run it")
+        kw = dict(d)
+        kw["results"] = tuple(CVResult.from_dict(r) for r in d["results"])
+        for k in ("datasets", "ids", "labels", "fold", "generators", "example_datasets"):
+            kw[k] = tuple(d[k])
+        kw["groups"] = tuple(str(g) for g in d.get("groups") or ())
+        kw["comparisons"] = checked_comparisons(d.get("comparisons"), kw.get("name"))
+        if d.get("calibrate_on") is not None:
+            kw["calibrate_on"] = tuple(d["calibrate_on"])
+        if kw.get("calibration", "split") not in CALIBRATIONS:
+            raise DataError(
+                f"cross-validation run {kw.get('name')!r}: unknown calibration "
+                f"{kw.get('calibration')!r} (expected one of {list(CALIBRATIONS)})"
+            )
+        n = len(kw["ids"])
+        lengths = {k: len(kw[k]) for k in ("labels", "fold", "generators", "example_datasets")}
+        if kw["groups"]:
+            lengths["groups"] = len(kw["groups"])
+        for r in kw["results"]:
+            lengths |= {f"{r.detector} {k}": len(getattr(r, k)) for k in ("scores", "raw_scores")}
+        wrong = {k: v for k, v in lengths.items() if v != n}
+        if wrong:
+            raise DataError(
+                f"cross-validation run {kw.get('name')!r} is inconsistent: {n} answers but "
+                + ", ".join(f"{v} {k}" for k, v in wrong.items())
+                + "; re-run it"
+            )
+        return cls(**kw)
+
+    def save(self, folder: str | Path) -> tuple[Path, Path]:
+        """Write ``<name>.json`` and ``<name>.md`` into ``folder``."""
+        return save_run(self.name, self.to_dict(), self.to_markdown(), folder)
+
+    @classmethod
+    def load(cls, path: str | Path) -> CVRun:
+        return cls.from_dict(read_run(path, "cross-validation run"))
+
+    def to_frame(self) -> Any:
+        """One row per detector: pooled metrics, their CIs and the fold spread."""
+        import pandas as pd
+
+        rows = []
+        for r in self.results:
+            p = r.pooled
+            ci = p.get("auroc_ci") or [None, None]
+            mean, sd = r.spread()
+            rows.append(
+                {
+                    "detector": r.detector,
+                    "AUROC": p.get("auroc"),
+                    **dict(zip(ci_columns("AUROC"), ci, strict=True)),
+                    "AUROC length-matched": p.get("auroc_length_matched"),
+                    "fold AUROC mean": mean,
+                    "fold AUROC sd": sd,
+                    "AP": p.get("ap"),
+                    **dict(zip(ci_columns("AP"), p.get("ap_ci") or [None, None], strict=True)),
+                    "n": p.get("n"),
+                    "hallucinated": p.get("n_positive"),
+                    "balanced acc": p.get("balanced_accuracy"),
+                    "F1": p.get("f1"),
+                    "ECE": p.get("ece"),
+                    "token AP": (r.token or {}).get("ap"),
+                    "token AUROC": (r.token or {}).get("auroc"),
+                    "span P (char)": (r.spans or {}).get("precision"),
+                    "span R (char)": (r.spans or {}).get("recall"),
+                    "span F1 (char)": (r.spans or {}).get("f1"),
+                }
+            )
+        return pd.DataFrame(rows)
+
+    @property
+    def evidence(self) -> str | None:
+        """Why this run's pooled metrics are not to be read as facts, with what would fix
+        it (:func:`core.learning.metrics.evidence_warning` of its labels); ``None`` when there are
+        enough answers of both classes."""
+        return evidence_warning(np.asarray(self.labels), "The answers")
+
+    @property
+    def dataset_evidence(self) -> dict[str, str]:
+        """The same for each dataset part of a run over several (only the parts short of
+        answers); empty for a run over one dataset."""
+        sets_of = np.asarray(self.example_datasets)
+        labels = np.asarray(self.labels)
+        sets = sorted({d for r in self.results for d in r.by_dataset})
+        if len(sets) < 2 or sets_of.size != labels.size:
+            return {}
+        found = {s: evidence_warning(labels[sets_of == s], f"{s}'s answers") for s in sets}
+        return {s: w for s, w in found.items() if w}
+
+    def to_markdown(self) -> str:
+        lines = [
+            f"# {self.name}",
+            "",
+            f"model `{self.model}`; {self.k}-fold source-grouped cross-validation (stratified by "
+            f"label x generator x dataset, seed {self.seed}) on {', '.join(self.datasets)}: "
+            f"{len(self.ids)} answers, {sum(self.labels)} hallucinated; data hash "
+            f"{self.data_hash}; thresholds by {self.criterion} and calibration on each fold's "
+            + (
+                "training answers, cross-fitted"
+                if self.calibration == "crossfit"
+                else "validation part"
+            )
+            + (f" ({', '.join(self.calibrate_on)})" if self.calibrate_on else ""),
+            "",
+            "| detector | AUROC [95% CI] | length-matched | folds mean ± sd | AP [95% CI] "
+            "| bal. acc | F1 | ECE | token AP | span P/R/F1 (char) | token AUROC |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
+        ]
+        for r in self.results:
+            p, t = r.pooled, r.token or {}
+            mean, sd = r.spread()
+            spread = "-" if mean is None else f"{mean:.3f} ± {sd:.3f}"
+            lines.append(
+                f"| {r.detector} | {format_ci(p, 'auroc')} | {format_metric(p.get('auroc_length_matched'))} | "
+                f"{spread} | {format_ci(p, 'ap')} | "
+                f"{format_metric(p.get('balanced_accuracy'))} | {format_metric(p.get('f1'))} | {format_metric(p.get('ece'))} | "
+                f"{format_metric(t.get('ap'))} | {format_span_prf(r.spans)} | "
+                f"{format_metric(t.get('auroc'))} |"
+            )
+        if any(r.spans for r in self.results):
+            lines += ["", SPAN_F1_NOTE]
+        if self.evidence:
+            lines += ["", f"**Too few answers.** {self.evidence}"]
+        length = dict(self.baseline.get("answer_length") or {})
+        if length.get("auroc") is not None:
+            lines += [
+                "",
+                f"Answer length alone (words) reaches AUROC {format_ci(length, 'auroc')}. "
+                "*Length-matched* is the AUROC over hallucinated/faithful pairs in the same "
+                f"answer-length quantile ({length.get('length_bins', LENGTH_BINS)} bins): what a "
+                "detector sees beyond length.",
+            ]
+        lines += comparison_lines(self.comparisons)
+        gens = sorted({g for r in self.results for g in r.by_generator})
+        if len(gens) > 1:
+            lines += ["", "AUROC by generator (pooled out of fold):", ""]
+            lines.append("| detector | " + " | ".join(gens) + " |")
+            lines.append("|---|" + "---|" * len(gens))
+            for r in self.results:
+                cells = [format_metric((r.by_generator.get(g) or {}).get("auroc")) for g in gens]
+                lines.append(f"| {r.detector} | " + " | ".join(cells) + " |")
+        sets = sorted({d for r in self.results for d in r.by_dataset})
+        if len(sets) > 1:
+            lines += [
+                "",
+                "By dataset (pooled out of fold): AUROC [source-grouped 95% CI over the "
+                "dataset's answers] / balanced accuracy / ECE with the "
+                "pooled calibration → AUROC / balanced accuracy / ECE with each dataset's "
+                "own calibration and threshold (and the ensemble's stacker of that dataset's "
+                "own, where it has one); token AP over the dataset's labelled tokens; "
+                "span precision / recall / F1 by character overlap over its answers",
+                "",
+            ]
+            lines.append("| detector | " + " | ".join(sets) + " |")
+            lines.append("|---|" + "---|" * len(sets))
+            for r in self.results:
+                cells = []
+                for s in sets:
+                    m = r.by_dataset.get(s) or {}
+                    cell = f"{format_ci(m, 'auroc')} / "
+                    cell += f"{format_metric(m.get('balanced_accuracy'))} / "
+                    cell += format_metric(m.get("ece"))
+                    if "own_ece" in m:
+                        own = f"{format_ci(m, 'own_auroc')} / " if "own_auroc" in m else ""
+                        cell += f" → {own}{format_metric(m.get('own_balanced_accuracy'))} / {format_metric(m['own_ece'])}"
+                    if m.get("token_ap") is not None:
+                        cell += f"; token AP {format_metric(m['token_ap'])}"
+                    if m.get("spans"):
+                        cell += f"; span P/R/F1 {format_span_prf(m['spans'])}"
+                    cells.append(cell)
+                lines.append(f"| {r.detector} | " + " | ".join(cells) + " |")
+            for warn in self.dataset_evidence.values():
+                lines += ["", f"**Too few answers.** {warn}"]
+        ex = self.extraction
+        if ex:
+            lines += [
+                "",
+                f"feature extraction: {ex.get('computed')} computed, {ex.get('cache_hits')} from "
+                f"cache, {ex.get('n_errors', 0)} failed, {ex.get('seconds', 0):.1f} s",
+            ]
+        return "\n".join(lines)
+
+
+def format_metric(v: Any) -> str:
+    return "-" if v is None else f"{v:.3f}"
+
+
+def format_span_prf(m: Mapping[str, Any] | None) -> str:
+    """Span precision / recall / F1 (char), or ``-`` (none measured, or an older run)."""
+    if not m or m.get("f1") is None:
+        return "-"
+    return " / ".join(format_metric(m.get(k)) for k in ("precision", "recall", "f1"))
+
+
+def format_ci(m: Mapping[str, Any], key: str) -> str:
+    ci = m.get(f"{key}_ci")
+    return format_metric(m.get(key)) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
+
+
+def file_stem(name: str) -> str:
+    """A run name as a safe file name: other characters than letters, digits and
+    ``._+-`` become ``_`` (no folders, no hidden files)."""
+    stem = re.sub(r"[^A-Za-z0-9._+-]", "_", name).lstrip(".")
+    return stem[:200] or "run"
+
+
+def save_run(name: str, d: Mapping[str, Any], md: str, folder: str | Path) -> tuple[Path, Path]:
+    out = Path(folder)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = file_stem(name)
+    j, m = out / f"{stem}.json", out / f"{stem}.md"
+    j.write_text(json.dumps(d, indent=1) + "\n")
+    m.write_text(md + "\n")
+    return j, m
+
+
+def read_run(path: str | Path, what: str) -> dict[str, Any]:
+    d = read_json_file(path, RUN_JSON_LIMIT, what=what)
+    if not isinstance(d, dict):
+        raise DataError(f"not a readable {what} (not a JSON object)", source=str(path))
+    return d
+
+
+# ----------------------------------------------------------------------------- metrics
+
+
+LENGTH_BINS = 5
+"""Answer-length quantile bins of the length-matched AUROC."""
+
+
+def ids_hash(examples: Sequence[RAGExample]) -> str:
+    """A hash of the answers' ids in order (what a checkpoint's answers are)."""
+    return hashlib.sha256("\n".join(e.id for e in examples).encode()).hexdigest()
+
+
+def answer_lengths(examples: Sequence[RAGExample]) -> np.ndarray:
+    """Each answer's length in words: the trivial baseline every detector must beat."""
+    return np.asarray([len(e.response.split()) for e in examples], dtype=np.float64)
+
+
+def pooled_metrics(
+    y: np.ndarray,
+    scores: np.ndarray,
+    flagged: np.ndarray,
+    groups: np.ndarray,
+    n_boot: int,
+    seed: int,
+) -> dict[str, Any]:
+    """Metrics of out-of-fold scores with each fold's own decisions (``flagged``)."""
+    m = response_metrics(y, flagged.astype(float), 0.5, n_boot=0)  # decisions at 0/1
+    out: dict[str, Any] = {
+        k: m[k]
+        for k in ("n", "n_positive", "balanced_accuracy", "f1", "precision", "recall", "confusion")
+    }
+    ranked = response_metrics(y, scores, 0.5, n_boot=0)
+    out["auroc"], out["ap"] = ranked["auroc"], ranked["ap"]
+    out["auroc_ci"] = grouped_bootstrap_ci(y, scores, groups, "auroc", n_boot=n_boot, seed=seed)
+    out["ap_ci"] = grouped_bootstrap_ci(y, scores, groups, "ap", n_boot=n_boot, seed=seed)
+    out["ece"] = reliability(y, scores).ece if y.size else None
+    return out
+
+
+def _breakdown(
+    keys: np.ndarray,
+    y: np.ndarray,
+    scores: np.ndarray,
+    flagged: np.ndarray,
+    groups: np.ndarray | None = None,
+    n_boot: int = 0,
+    seed: int = 0,
+) -> dict[str, dict[str, Any]]:
+    """Per value of ``keys``: n, positives, AUROC, balanced accuracy, ECE; with ``groups``
+    and ``n_boot``, also ``auroc_ci``, the AUROC's source-grouped bootstrap 95% interval
+    over that part's answers alone (``None`` where it cannot be had)."""
+    from sklearn.metrics import balanced_accuracy_score
+
+    out = {}
+    for k in sorted(set(keys.tolist())):
+        mask = keys == k
+        yk = y[mask]
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", UserWarning)
+            ba = float(balanced_accuracy_score(yk, flagged[mask])) if is_binary(yk) else None
+        out[str(k)] = {
+            "n": int(mask.sum()),
+            "n_positive": int(yk.sum()),
+            "auroc": auroc_or_none(yk, scores[mask]),
+            "balanced_accuracy": ba,
+            "ece": reliability(yk, scores[mask]).ece,
+        }
+        if groups is not None and n_boot > 0:
+            out[str(k)]["auroc_ci"] = (
+                grouped_bootstrap_ci(yk, scores[mask], groups[mask], n_boot=n_boot, seed=seed)
+                if is_binary(yk)
+                else None
+            )
+    return out
+
+
+def _with_own(
+    pooled: dict[str, dict[str, Any]], own: dict[str, dict[str, Any]]
+) -> dict[str, dict[str, Any]]:
+    """The per-dataset breakdown, with ``own_auroc`` (and ``own_auroc_ci`` when ``own``
+    has it), ``own_balanced_accuracy`` and ``own_ece`` from each dataset's own
+    calibration (and the ensemble's stacker of that dataset's own, where it has one:
+    then the AUROC differs too) beside the pooled ones."""
+    return {
+        k: {
+            **v,
+            "own_auroc": own[k]["auroc"],
+            **({"own_auroc_ci": own[k]["auroc_ci"]} if "auroc_ci" in own[k] else {}),
+            "own_balanced_accuracy": own[k]["balanced_accuracy"],
+            "own_ece": own[k]["ece"],
+        }
+        for k, v in pooled.items()
+    }
+
+
+def _with_tokens(
+    by_set: dict[str, dict[str, Any]],
+    sets: np.ndarray,
+    examples: Sequence[RAGExample],
+    verdicts: Sequence[Verdict | None],
+    thresholds: Sequence[float | None],
+) -> dict[str, dict[str, Any]]:
+    """The per-dataset breakdown, with ``token_ap`` and ``token_auroc`` over each
+    dataset's labelled tokens and ``spans``, the span precision / recall / F1 of
+    :func:`span_metrics` over the dataset's answers (each ``None`` where it has no
+    token labels or scores)."""
+    out = {}
+    for k, v in by_set.items():
+        idx = [i for i in np.flatnonzero(sets == k) if verdicts[i] is not None]
+        part = [examples[i] for i in idx]
+        judged = [cast(Verdict, verdicts[i]) for i in idx]
+        ty, ts = token_labels_and_scores(part, judged)
+        t = token_metrics(ty, ts) if ty.size else {}
+        out[k] = {
+            **v,
+            "token_ap": t.get("ap"),
+            "token_auroc": t.get("auroc"),
+            "spans": span_metrics(part, judged, [thresholds[i] for i in idx]),
+        }
+    return out
+
+
+def span_metrics(
+    examples: Sequence[RAGExample],
+    verdicts: Sequence[Verdict | None],
+    thresholds: Sequence[float | None],
+) -> dict[str, Any] | None:
+    """Span precision / recall / F1 by character overlap of each answer's whole-word
+    spans at its own token threshold (``thresholds[i]``: that of the fold that judged
+    it), over the answers with gold spans and the faithful ones (hallucinated answers
+    without span labels are left out, as :func:`token_labels_and_scores` leaves them);
+    ``None`` when no answer has token scores, a token threshold and gold to compare."""
+    pred: list[list[tuple[int, int]]] = []
+    gold: list[list[tuple[int, int]]] = []
+    for e, v, t in zip(examples, verdicts, thresholds, strict=True):
+        if v is None or v.token_scores is None or t is None:
+            continue
+        if not e.spans and e.label is not False:
+            continue
+        pred.append([(a, b) for a, b, _ in detector_spans(e.response, v, t)])
+        gold.append([(g.start, g.end) for g in e.spans])
+    m = span_overlap_metrics(pred, gold)
+    return m if m["f1"] is not None else None
+
+
+# ----------------------------------------------------------------------------- CV
+
+
+def label_array(examples: Sequence[RAGExample]) -> np.ndarray:
+    missing = [e.id for e in examples if e.label is None]
+    if missing:
+        raise DataError(
+            f"cross-validation needs labelled answers; {len(missing)} have no label (first: "
+            f"{missing[0]!r})"
+        )
+    return np.asarray([int(bool(e.label)) for e in examples])
+
+
+def extract_all(
+    model: LoadedModel,
+    examples: Sequence[RAGExample],
+    detectors: Sequence[str],
+    make: MakeDetector,
+    *,
+    cache: FeatureCache | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> Extraction:
+    """Features of every example for every detector (cached, failed examples skipped)."""
+    ids = [e.id for e in examples]
+    if len(set(ids)) != len(ids):
+        raise DataError("example ids repeat; ids must be unique across the datasets combined")
+    return extract_features(
+        model,
+        examples,
+        [make(n) for n in detectors],
+        cache=cache,
+        progress=progress,
+        on_error="skip",
+    )
+
+
+def cross_validate(
+    model: LoadedModel | None,
+    detectors: Sequence[str],
+    examples: Sequence[RAGExample],
+    *,
+    k: int = 5,
+    seed: int = 0,
+    datasets: Sequence[str] = (),
+    make: MakeDetector | None = None,
+    cache: FeatureCache | None = None,
+    criterion: Criterion = "balanced_accuracy",
+    calibrate_on: Sequence[str] | None = None,
+    calibration: Calibration = "crossfit",
+    val_share: float = VAL_SHARE,
+    n_boot: int = 1000,
+    progress: Callable[[int, int], None] | None = None,
+    fold_progress: Callable[[str, int, int], None] | None = None,
+    name: str | None = None,
+    extraction: Extraction | None = None,
+    model_key: str | None = None,
+    checkpoint: str | Path | None = None,
+    resumed: Callable[[str, int, int], None] | None = None,
+) -> CVRun:
+    """Score every answer out of fold once, for every detector (see the module docstring).
+
+    Args:
+        model: The analysing model.
+        detectors: Detector names.
+        examples: Labelled answers (several datasets may be combined; each keeps its
+            ``provenance.dataset``).
+        k: Folds.
+        seed: Seed of the folds and inner splits.
+        datasets: Names recorded for the data.
+        make: Builds a fresh detector by name (default: :func:`make_detector`).
+        cache: Feature cache.
+        criterion: What each fold's threshold maximises on its validation part.
+        calibrate_on: Datasets whose validation answers calibrate (default: all).
+        calibration: How each fold's calibrator is fitted (:func:`fit_procedure`).
+        val_share: Share of each training part held out for selection/calibration.
+        n_boot: Grouped bootstrap resamples for the CIs.
+        progress: Extraction progress ``(done, total)``.
+        fold_progress: ``(detector, fold, k)`` before each fit.
+        name: Run name.
+        extraction: Features already extracted for ``examples`` (skips extraction; then
+            ``model`` may be ``None`` with ``model_key`` given).
+        model_key: The model's key to record (default: ``model.info.key``).
+        checkpoint: A folder of fold checkpoints (:mod:`core.evaluation.foldstore`): each fold is
+            saved there once scored, and a fold already saved by the same run (same
+            detector config, data, folds, options and code) is read instead of refitted.
+        resumed: ``(detector, fold, k)`` for each fold read from ``checkpoint``.
+    """
+    make = make or default_maker()
+    if extraction is None:
+        if model is None:
+            raise DataError("cross-validation needs the model to extract features")
+        extraction = extract_all(model, examples, detectors, make, cache=cache, progress=progress)
+    ext = extraction
+    key = model_key or (model.info.key if model is not None else None)
+    if key is None:
+        raise DataError("cross-validation needs the model or its key to record")
+    exs = list(ext.examples)
+    y = label_array(exs)
+    if not is_binary(y):
+        raise DataError("cross-validation needs faithful and hallucinated answers")
+    fold = make_folds(exs, k, seed)
+    groups = np.asarray([source_key(e) for e in exs])
+    gens = np.asarray([e.provenance.generator or "unknown" for e in exs])
+    sets = np.asarray([e.provenance.dataset or "unknown" for e in exs])
+    lengths = answer_lengths(exs)
+    strata_len = length_bins(lengths, LENGTH_BINS)
+    results = []
+    run_parts = {
+        "ids": ids_hash(exs),
+        "data": data_hash(exs),
+        "fold": hashlib.sha256(fold.astype(np.int64).tobytes()).hexdigest(),
+        "k": k,
+        "seed": seed,
+        "model": key,
+        "criterion": criterion,
+        "calibrate_on": sorted(calibrate_on) if calibrate_on is not None else None,
+        "calibration": calibration,
+        "val_share": val_share,
+    }
+    for n in detectors:
+        feats = ext.features[n]
+        detector_hash = make(n).config.config_hash()
+        scores = np.zeros(len(exs))
+        raw = np.zeros(len(exs))
+        flagged = np.zeros(len(exs), dtype=bool)
+        own_scores = np.zeros(len(exs))
+        own_flagged = np.zeros(len(exs), dtype=bool)
+        verdicts: list[Verdict | None] = [None] * len(exs)
+        token_thresholds: list[float | None] = [None] * len(exs)
+        per_fold = []
+        config_hash = ""
+        for f in range(k):
+            if fold_progress is not None:
+                fold_progress(n, f, k)
+            tr = np.flatnonzero(fold != f)
+            te = np.flatnonzero(fold == f)
+            fkey = fold_key({**run_parts, "detector": n, "config": detector_hash, "f": f})
+            res = load_fold(checkpoint, fkey, te) if checkpoint is not None else None
+            if res is None:
+                det = fit_procedure(
+                    make,
+                    n,
+                    [feats[i] for i in tr],
+                    [exs[i] for i in tr],
+                    criterion=criterion,
+                    calibrate_on=calibrate_on,
+                    calibration=calibration,
+                    val_share=val_share,
+                    seed=seed + f,
+                )
+                vs = [det.predict(feats[i]) for i in te]
+                own = [
+                    for_dataset(det, v, exs[i].provenance.dataset)
+                    for v, i in zip(vs, te, strict=True)
+                ]
+                res = fold_result(
+                    te,
+                    vs,
+                    own,
+                    float(det.threshold_),
+                    det.config.config_hash(),
+                    getattr(det, "token_threshold_", None),
+                )
+                if checkpoint is not None:
+                    save_fold(checkpoint, fkey, res)
+            elif resumed is not None:
+                resumed(n, f, k)
+            config_hash = res.config_hash
+            scores[te], raw[te], flagged[te] = res.scores, res.raw, res.flagged
+            own_scores[te], own_flagged[te] = res.own_scores, res.own_flagged
+            for j, i in enumerate(te):
+                verdicts[i] = res.verdict(j, n, exs[i].id)
+                token_thresholds[i] = res.token_threshold
+            m = response_metrics(y[te], scores[te], res.threshold, n_boot=0)
+            per_fold.append(
+                {
+                    "fold": f,
+                    "n": int(te.size),
+                    "n_positive": int(y[te].sum()),
+                    "auroc": m["auroc"],
+                    "ap": m["ap"],
+                    "balanced_accuracy": m["balanced_accuracy"],
+                    "threshold": res.threshold,
+                    "ece": reliability(y[te], scores[te]).ece,
+                }
+            )
+        done = [v for v in verdicts if v is not None]
+        ty, ts = token_labels_and_scores(exs, done)
+        pooled = pooled_metrics(y, scores, flagged, groups, n_boot, seed)
+        pooled["auroc_length_matched"] = matched_auroc(y, scores, strata_len)
+        results.append(
+            CVResult(
+                detector=n,
+                config_hash=config_hash,
+                pooled=pooled,
+                folds=tuple(per_fold),
+                token=token_metrics(ty, ts) if ty.size else None,
+                reliability=reliability(y, scores),
+                by_generator=_breakdown(gens, y, scores, flagged, groups, n_boot, seed),
+                by_dataset=_with_tokens(
+                    _with_own(
+                        _breakdown(sets, y, scores, flagged, groups, n_boot, seed),
+                        _breakdown(sets, y, own_scores, own_flagged, groups, n_boot, seed),
+                    ),
+                    sets,
+                    exs,
+                    verdicts,
+                    token_thresholds,
+                ),
+                scores=tuple(float(s) for s in scores),
+                raw_scores=tuple(float(s) for s in raw),
+                flagged=tuple(bool(b) for b in flagged),
+                spans=span_metrics(exs, verdicts, token_thresholds),
+            )
+        )
+    stamp = datetime.now(UTC)
+    names = tuple(datasets) or tuple(sorted(set(sets.tolist())))
+    comparisons = compare_detectors(
+        y,
+        {r.detector: np.asarray(r.scores) for r in results},
+        groups,
+        lengths,
+        n_boot=n_boot,
+        seed=seed,
+    )
+    return CVRun(
+        name=name or file_stem(f"{stamp:%Y%m%d-%H%M%S}-cv{k}-{'+'.join(names)}"),
+        created_at=stamp.isoformat(timespec="seconds"),
+        model=key,
+        datasets=names,
+        k=k,
+        seed=seed,
+        criterion=criterion,
+        calibrate_on=tuple(calibrate_on) if calibrate_on is not None else None,
+        calibration=calibration,
+        baseline={
+            "answer_length": {
+                "auroc": auroc_or_none(y, lengths),
+                "auroc_ci": grouped_bootstrap_ci(y, lengths, groups, n_boot=n_boot, seed=seed),
+                "length_bins": LENGTH_BINS,
+            }
+        },
+        ids=tuple(e.id for e in exs),
+        labels=tuple(int(v) for v in y),
+        fold=tuple(int(f) for f in fold),
+        generators=tuple(gens.tolist()),
+        example_datasets=tuple(sets.tolist()),
+        data_hash=data_hash(exs),
+        results=tuple(results),
+        extraction=_extraction_info(ext),
+        # Hashed: a declared group may be a name from the data.
+        groups=tuple(hashlib.sha256(str(g).encode()).hexdigest()[:12] for g in groups),
+        comparisons=comparisons,
+    )
+
+
+def _extraction_info(ext: Extraction) -> dict[str, Any]:
+    return {
+        "computed": ext.computed,
+        "cache_hits": ext.cache_hits,
+        "errors": [str(e) for e in ext.errors[:20]],
+        "n_errors": len(ext.errors),
+        "seconds": ext.seconds,
+    }

@@ -1,0 +1,4 @@
+"""Changing what the model says.
+
+Changing what the model says: AARF reweighting, counterfactual passages, steering and
+mitigation."""

@@ -1,0 +1,379 @@
+"""Judge answers with a detector set: one verdict object behind every page and command.
+
+:func:`judge` gives an :class:`AnswerVerdict` for one answer: the set's overall verdict
+(its answer-level judge, :data:`core.pipeline.sets.ANSWER_JUDGE`, else a vote of its detectors),
+each detector's calibrated probability with the threshold of the same calibration, the
+flagged spans (:mod:`core.pipeline.word_spans`) and the time taken. :func:`judge_many` does the same
+for many answers, streaming and resumable through the feature cache (``ragscope
+judge``). :func:`answer_verdict` builds the object from verdicts already computed (the
+app's pages, which stream them one detector at a time).
+
+:func:`judge_stream` runs :func:`core.pipeline.extract.stream_example` (the one shared pass with
+the passages, and one without them when a detector asks) and turns each detector's
+features into its verdict as soon as they exist, so a page can show the first verdicts
+while the rest are computed. Extra needs (the surprisal the Playground colours tokens
+by) ride along in the same pass instead of a pass of their own.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Literal
+
+import pandas as pd
+
+from core.base.errors import DataError
+from core.base.examples import RAGExample
+from core.engine.model import LoadedModel
+from core.engine.trace import Needs, Trace
+from core.learning.contract import Detector, Verdict, flag_threshold, judge_features
+from core.pipeline.extract import FeatureCache, Step, iter_features, stream_example
+from core.pipeline.sets import ANSWER_JUDGE, DetectorSet
+from core.pipeline.word_spans import Span, answer_spans
+
+VOTE = "vote"
+"""The overall judge of a set without :data:`core.pipeline.sets.ANSWER_JUDGE`: the share of its
+detectors that flag the answer, flagged from half of them up."""
+
+
+@dataclass(frozen=True)
+class Judged:
+    """One step of :func:`judge_stream`.
+
+    Attributes:
+        step: The extraction step (a finished pass, or one detector's features).
+        verdict: That detector's verdict (``"features"`` steps only).
+        seconds: Wall time of the step, the prediction included.
+    """
+
+    step: Step
+    verdict: Verdict | None
+    seconds: float
+
+    @property
+    def detector(self) -> str | None:
+        return self.step.detector
+
+
+def judge_stream(
+    model: LoadedModel,
+    example: RAGExample,
+    detectors: Sequence[Detector],
+    *,
+    extra: Needs | None = None,
+    on_trace: Callable[[Trace], None] | None = None,
+) -> Iterator[Judged]:
+    """Each fitted detector's verdict on ``example``'s answer, as soon as it is ready;
+    calibrated for the example's dataset when the detector was trained on it among
+    others (:func:`core.learning.contract.for_dataset`), else by its pooled calibration.
+
+    Args:
+        extra: Also recorded in the shared pass with the passages (see
+            :func:`core.pipeline.extract.stream_example`).
+        on_trace: Called with that pass as soon as it is done.
+
+    Raises:
+        DataError: The example cannot be laid out or a detector cannot read it.
+        NotFittedError: A detector is not fitted.
+    """
+    by_name = {d.name: d for d in detectors}
+    t0 = time.perf_counter()
+    for step in stream_example(model, example, detectors, extra=extra, on_trace=on_trace):
+        verdict = None
+        if step.stage == "features":
+            assert step.detector is not None and step.features is not None
+            det = by_name[step.detector]
+            verdict = judge_features(det, step.features, example.provenance.dataset)
+        now = time.perf_counter()
+        yield Judged(step=step, verdict=verdict, seconds=now - t0)
+        t0 = time.perf_counter()  # the consumer's own time is not this step's
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class AnswerVerdict:
+    """A detector set's verdict on one answer: the one object every page, the report,
+    ``ragscope judge`` and the Python API read.
+
+    Attributes:
+        example_id: The answer's example id.
+        set_name: The detector set that judged it.
+        deferred_from: The set asked, when it deferred to :attr:`set_name` as its
+            expert for the answer's dataset (:meth:`core.pipeline.sets.DetectorSet.for_dataset`).
+        judge: Which detector gives the overall verdict (``"ensemble"``), or
+            :data:`VOTE` when the set has none.
+        probability: The judge's calibrated probability that the answer is
+            hallucinated (for :data:`VOTE`: the share of detectors that flag it).
+        threshold: The threshold :attr:`probability` is compared with, from the same
+            calibration.
+        hallucinated: The overall verdict.
+        calibrated_for: The training dataset whose own calibration judged the answer
+            (``None``: the pooled one of all the training data).
+        verdicts: Each detector's verdict (calibrated probability, its threshold,
+            flagged or not, which calibration applied), in the set's order.
+        spans: The flagged spans of the answer, whole words, with the detectors that
+            flag each (:func:`core.pipeline.word_spans.answer_spans`).
+        seconds: Wall time of the features and predictions.
+    """
+
+    example_id: str
+    set_name: str
+    judge: str
+    probability: float
+    threshold: float
+    hallucinated: bool
+    calibrated_for: str | None
+    verdicts: Mapping[str, Verdict]
+    spans: tuple[Span, ...] = ()
+    seconds: float = 0.0
+    labels: Mapping[str, Any] = field(default_factory=dict)
+    deferred_from: str | None = None
+
+    @property
+    def n_flagged(self) -> int:
+        """How many detectors flag the answer."""
+        return sum(bool(v.hallucinated) for v in self.verdicts.values())
+
+    @property
+    def summary(self) -> str:
+        """One line: ``Hallucinated: ensemble p = 0.71 ≥ 0.38; 7 of 12 detectors flag it``."""
+        head = "Hallucinated" if self.hallucinated else "Faithful"
+        sign = "≥" if self.hallucinated else "<"
+        what = (
+            f"{self.judge} p = {self.probability:.2f} {sign} {self.threshold:.2f}"
+            if self.judge != VOTE
+            else f"{self.n_flagged} of {len(self.verdicts)} detectors flag it ({sign} half)"
+        )
+        tail = (
+            f"; {self.n_flagged} of {len(self.verdicts)} detectors flag it"
+            if self.judge != VOTE
+            else ""
+        )
+        by = (
+            f" (by the {self.set_name} set, the {self.deferred_from} set's expert for this "
+            "answer's dataset)"
+            if self.deferred_from
+            else ""
+        )
+        return f"{head}: {what}{tail}{by}"
+
+    def to_record(self) -> dict[str, Any]:
+        """The verdict as JSON-ready data (the schema of ``ragscope judge``'s output)."""
+        return {
+            "id": self.example_id,
+            "set": self.set_name,
+            "deferred_from": self.deferred_from,
+            "judge": self.judge,
+            "hallucinated": self.hallucinated,
+            "probability": self.probability,
+            "threshold": self.threshold,
+            "calibrated_for": self.calibrated_for,
+            "n_flagged": self.n_flagged,
+            "n_detectors": len(self.verdicts),
+            "detectors": {
+                name: {
+                    "probability": v.score,
+                    "threshold": v.threshold,
+                    "hallucinated": v.hallucinated,
+                    "calibrated_for": v.calibrated_for,
+                    "raw_score": v.judged_raw,
+                }
+                for name, v in self.verdicts.items()
+            },
+            "spans": [
+                {
+                    "start": s.start,
+                    "end": s.end,
+                    "text": s.text,
+                    "score": s.score,
+                    "detectors": sorted(s.detectors),
+                }
+                for s in self.spans
+            ],
+            "seconds": self.seconds,
+            **({"labels": dict(self.labels)} if self.labels else {}),
+        }
+
+
+ROW_COLUMNS = (
+    "id",
+    "set",
+    "deferred_from",
+    "judge",
+    "hallucinated",
+    "probability",
+    "threshold",
+    "calibrated_for",
+    "n_flagged",
+    "n_detectors",
+)
+"""The answer-level columns of :func:`verdict_rows`, in order; then per detector
+``<detector>.probability``, ``.threshold``, ``.hallucinated``, ``.calibrated_for``, then
+``spans`` (and ``label`` when any answer has one)."""
+DETECTOR_COLUMNS = ("probability", "threshold", "hallucinated", "calibrated_for")
+
+
+def verdict_rows(verdicts: Iterable[AnswerVerdict | Mapping[str, Any]]) -> pd.DataFrame:
+    """One row per answer (``ragscope judge``'s CSV and Parquet): the columns of
+    :data:`ROW_COLUMNS`, each detector's :data:`DETECTOR_COLUMNS` as
+    ``<detector>.<column>``, ``spans`` as JSON text of ``[{start, end, text, score,
+    detectors}]``, and ``label`` (the gold verdict) when any answer has one.
+
+    Args:
+        verdicts: Verdicts, or their :meth:`AnswerVerdict.to_record` records (as a
+            JSONL output holds them).
+    """
+    rows: list[dict[str, Any]] = []
+    names: dict[str, None] = {}
+    labelled = False
+    for v in verdicts:
+        rec = v.to_record() if isinstance(v, AnswerVerdict) else v
+        row = {k: rec.get(k) for k in ROW_COLUMNS}
+        for name, d in rec.get("detectors", {}).items():
+            names.setdefault(name)
+            row.update({f"{name}.{k}": d.get(k) for k in DETECTOR_COLUMNS})
+        row["spans"] = json.dumps(rec.get("spans", []), ensure_ascii=False)
+        label = (rec.get("labels") or {}).get("hallucinated")
+        labelled |= label is not None
+        row["label"] = label
+        rows.append(row)
+    columns = [
+        *ROW_COLUMNS,
+        *(f"{n}.{k}" for n in names for k in DETECTOR_COLUMNS),
+        "spans",
+        *(("label",) if labelled else ()),
+    ]
+    return pd.DataFrame(rows, columns=columns)
+
+
+def overall_verdict(
+    verdicts: Mapping[str, Verdict],
+) -> tuple[str, float, float, bool, str | None]:
+    """``(judge, probability, threshold, hallucinated, calibrated_for)`` of a set's
+    verdicts: the :data:`core.pipeline.sets.ANSWER_JUDGE`'s own when it judged, else the share of
+    detectors that flag the answer against one half (:data:`VOTE`).
+
+    Raises:
+        DataError: No verdicts to judge by.
+    """
+    top = verdicts.get(ANSWER_JUDGE)
+    if top is not None and top.threshold is not None and top.hallucinated is not None:
+        return ANSWER_JUDGE, top.score, top.threshold, top.hallucinated, top.calibrated_for
+    if not verdicts:
+        raise DataError("no detector judged the answer: the set has no detectors for this model")
+    share = sum(bool(v.hallucinated) for v in verdicts.values()) / len(verdicts)
+    return VOTE, share, 0.5, share >= 0.5, None
+
+
+def answer_verdict(
+    example: RAGExample,
+    detectors: Sequence[Detector],
+    verdicts: Mapping[str, Verdict],
+    *,
+    set_name: str,
+    seconds: float = 0.0,
+    deferred_from: str | None = None,
+) -> AnswerVerdict:
+    """The :class:`AnswerVerdict` of verdicts already computed (each as
+    :func:`core.learning.contract.for_dataset` gave it), spans at each detector's token threshold."""
+    judge, p, thr, flagged, cal = overall_verdict(verdicts)
+    thresholds = {d.name: flag_threshold(d) for d in detectors if d.name in verdicts}
+    labels = {}
+    if example.label is not None:
+        labels["hallucinated"] = bool(example.label)
+    return AnswerVerdict(
+        example_id=example.id,
+        set_name=set_name,
+        judge=judge,
+        probability=p,
+        threshold=thr,
+        hallucinated=flagged,
+        calibrated_for=cal,
+        verdicts={d.name: verdicts[d.name] for d in detectors if d.name in verdicts},
+        spans=tuple(answer_spans(example.response, verdicts, thresholds)),
+        seconds=seconds,
+        labels=labels,
+        deferred_from=deferred_from,
+    )
+
+
+def judge(
+    model: LoadedModel,
+    example: RAGExample,
+    dset: DetectorSet,
+    *,
+    extra: Needs | None = None,
+    on_step: Callable[[Judged], None] | None = None,
+    on_trace: Callable[[Trace], None] | None = None,
+) -> AnswerVerdict:
+    """The set's verdict on ``example``'s answer (one shared traced pass; see
+    :func:`judge_stream`; ``on_step`` after each step, e.g. to show verdicts as they come),
+    by the set's expert for the answer's dataset when it has one.
+
+    Raises:
+        DataError: The example cannot be laid out or a detector cannot read it.
+    """
+    dset = dset.for_example(example)
+    dets = dset.fitted
+    got: dict[str, Verdict] = {}
+    t0 = time.perf_counter()
+    for step in judge_stream(model, example, dets, extra=extra, on_trace=on_trace):
+        if step.verdict is not None and step.detector is not None:
+            got[step.detector] = step.verdict
+        if on_step is not None:
+            on_step(step)
+    seconds = time.perf_counter() - t0
+    return answer_verdict(
+        example, dets, got, set_name=dset.name, seconds=seconds, deferred_from=dset.deferred_from
+    )
+
+
+@dataclass(frozen=True)
+class JudgeFailure:
+    """An answer :func:`judge_many` could not judge, and why (the others go on)."""
+
+    example_id: str
+    error: DataError
+
+
+def judge_many(
+    model: LoadedModel,
+    examples: Iterable[RAGExample],
+    dset: DetectorSet,
+    *,
+    cache: FeatureCache | None = None,
+    batch_size: int | None = None,
+    on_error: Literal["raise", "skip"] = "skip",
+) -> Iterator[AnswerVerdict | JudgeFailure]:
+    """The set's verdict on each answer, in order, as each is done: features from
+    ``cache`` where it has them (a stopped run resumes there), the rest traced
+    ``batch_size`` answers per pass (:func:`core.pipeline.extract.iter_features`). An answer that
+    cannot be judged is yielded as a :class:`JudgeFailure` (``on_error="skip"``). An
+    answer of a dataset the set has an expert for is judged by the expert, on the same
+    features (:meth:`core.pipeline.sets.DetectorSet.for_dataset`).
+    """
+    dets = dset.fitted
+    t0 = time.perf_counter()
+    for got in iter_features(
+        model, examples, dets, cache=cache, on_error=on_error, batch_size=batch_size
+    ):
+        if got.error is not None or got.features is None:
+            err = got.error or DataError(f"no features for {got.example.id!r}")
+            yield JudgeFailure(got.example.id, err)
+            t0 = time.perf_counter()
+            continue
+        ds = got.example.provenance.dataset
+        by = dset.for_example(got.example)
+        verdicts = {d.name: judge_features(d, got.features[d.name], ds) for d in by.fitted}
+        now = time.perf_counter()
+        yield answer_verdict(
+            got.example,
+            by.fitted,
+            verdicts,
+            set_name=by.name,
+            seconds=now - t0,
+            deferred_from=by.deferred_from,
+        )
+        t0 = time.perf_counter()

@@ -1,0 +1,205 @@
+"""Spans a person can review: detectors' token flags turned into whole-word spans of the
+answer, with the detectors that flag each and the passage sentences that bear on it.
+
+A detector flags the tokens scoring at least its token threshold
+(:func:`core.learning.contract.flag_threshold`). Its flagged runs separated by at most
+:data:`GAP_TOKENS` unflagged tokens merge; each span is then widened to whole words and
+trimmed of surrounding whitespace, and a span with no letter or digit (a full stop, a
+space) is dropped. Spans of several detectors that overlap merge into one span naming
+them all. The ensemble's token scores feed spans like any other token detector's.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
+
+import numpy as np
+
+from core.learning.contract import Verdict
+from core.signals.embed import embed
+from core.signals.smoothing import token_flags
+
+GAP_TOKENS = 2
+"""Flagged runs of one detector separated by at most this many unflagged tokens merge
+(a claim is rarely flagged on every one of its tokens)."""
+
+_WORD = re.compile(r"\w", re.UNICODE)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Evidence:
+    """A passage sentence that bears on a span (closest in meaning).
+
+    Attributes:
+        passage: Index of the passage.
+        start, end: Character range of the sentence in that passage.
+        text: The sentence.
+        similarity: Cosine similarity of the sentence and the span's text.
+    """
+
+    passage: int
+    start: int
+    end: int
+    text: str
+    similarity: float
+
+
+@dataclass(frozen=True, kw_only=True)
+class Span:
+    """A flagged span of an answer, whole words.
+
+    Attributes:
+        start, end: Character range ``[start, end)`` of the answer.
+        text: The answer's text there.
+        detectors: Detector name -> ``(highest token score in the span, its token
+            threshold)``.
+        evidence: Passage sentences that bear on it, closest first (when asked for).
+    """
+
+    start: int
+    end: int
+    text: str
+    detectors: Mapping[str, tuple[float, float]]
+    evidence: tuple[Evidence, ...] = ()
+
+    @property
+    def score(self) -> float:
+        """The highest token score of any detector that flags the span."""
+        return max(s for s, _ in self.detectors.values())
+
+    @property
+    def margin(self) -> float:
+        """How far the closest detector is above its threshold (small: uncertain)."""
+        return min(s - t for s, t in self.detectors.values())
+
+
+def _snap(text: str, start: int, end: int) -> tuple[int, int]:
+    """``[start, end)`` widened to whole words and trimmed of surrounding whitespace."""
+    start, end = max(0, min(start, len(text))), max(0, min(end, len(text)))
+    while start < end and text[start].isspace():
+        start += 1
+    while end > start and text[end - 1].isspace():
+        end -= 1
+    while start > 0 and _WORD.match(text[start - 1]) and _WORD.match(text[start]):
+        start -= 1
+    while end < len(text) and end > 0 and _WORD.match(text[end - 1]) and _WORD.match(text[end]):
+        end += 1
+    return start, end
+
+
+def detector_spans(
+    response: str, verdict: Verdict, threshold: float, *, gap_tokens: int = GAP_TOKENS
+) -> list[tuple[int, int, float]]:
+    """One detector's flagged spans of ``response``: ``(start, end, highest token
+    score)``, whole words, in answer order (see the module docstring)."""
+    if verdict.token_scores is None or verdict.token_offsets is None:
+        return []
+    scores = np.asarray(verdict.token_scores, dtype=np.float64).reshape(-1)
+    offsets = np.asarray(verdict.token_offsets).reshape(-1, 2)
+    n = min(scores.shape[0], offsets.shape[0])
+    flagged = np.flatnonzero(token_flags(scores[:n], threshold))
+    runs: list[list[int]] = []
+    for j in flagged.tolist():
+        if runs and j - runs[-1][1] - 1 <= gap_tokens:
+            runs[-1][1] = j
+        else:
+            runs.append([j, j])
+    out: list[tuple[int, int, float]] = []
+    for a, b in runs:
+        start, end = _snap(response, int(offsets[a, 0]), int(offsets[b, 1]))
+        if end <= start or not any(c.isalnum() for c in response[start:end]):
+            continue
+        score = float(scores[a : b + 1].max())
+        if out and start < out[-1][1]:  # widened into the previous span: one span
+            prev = out[-1]
+            out[-1] = (prev[0], max(prev[1], end), max(prev[2], score))
+        else:
+            out.append((start, end, score))
+    return out
+
+
+def answer_spans(
+    response: str,
+    verdicts: Mapping[str, Verdict],
+    thresholds: Mapping[str, float],
+    *,
+    gap_tokens: int = GAP_TOKENS,
+) -> list[Span]:
+    """The flagged spans of an answer, merged across detectors, in answer order: every
+    detector in ``thresholds`` whose verdict gives token scores flags its
+    :func:`detector_spans`; overlapping spans merge, naming each detector once with its
+    highest score."""
+    parts: list[tuple[int, int, str, float, float]] = []
+    for name, thr in thresholds.items():
+        v = verdicts.get(name)
+        if v is None:
+            continue
+        for start, end, score in detector_spans(response, v, thr, gap_tokens=gap_tokens):
+            parts.append((start, end, name, score, float(thr)))
+    parts.sort()
+    spans: list[Span] = []
+    group: list[tuple[int, int, str, float, float]] = []
+    for part in parts:
+        if group and part[0] >= max(p[1] for p in group):
+            spans.append(_merged(response, group))
+            group = []
+        group.append(part)
+    if group:
+        spans.append(_merged(response, group))
+    return spans
+
+
+def _merged(response: str, parts: Sequence[tuple[int, int, str, float, float]]) -> Span:
+    start, end = min(p[0] for p in parts), max(p[1] for p in parts)
+    by: dict[str, tuple[float, float]] = {}
+    for _, _, name, score, thr in parts:
+        if name not in by or score > by[name][0]:
+            by[name] = (score, thr)
+    return Span(start=start, end=end, text=response[start:end], detectors=dict(sorted(by.items())))
+
+
+_SENTENCE = re.compile(r"[^.!?\n]+(?:[.!?]+|$)")
+
+
+def passage_sentences(passages: Sequence[str]) -> list[tuple[int, int, int]]:
+    """``(passage index, start, end)`` of every sentence of the passages (stripped)."""
+    out = []
+    for k, p in enumerate(passages):
+        for m in _SENTENCE.finditer(p):
+            start, end = m.start(), m.end()
+            while start < end and p[start].isspace():
+                start += 1
+            while end > start and p[end - 1].isspace():
+                end -= 1
+            if end > start:
+                out.append((k, start, end))
+    return out
+
+
+def span_evidence(
+    passages: Sequence[str], span: Span | str, *, k: int = 2, floor: float = 0.3
+) -> tuple[Evidence, ...]:
+    """The passage sentences closest in meaning to a span's text (sentence embeddings,
+    :mod:`core.signals.embed`): up to ``k`` with cosine >= ``floor``, closest first. What a
+    reviewer checks the flagged claim against."""
+    claim = span.text if isinstance(span, Span) else span
+    sents = passage_sentences(passages)
+    if not sents or not claim.strip():
+        return ()
+    vecs = embed([passages[p][a:b] for p, a, b in sents])
+    q = embed([claim])[0]
+    sims = vecs @ q
+    order = np.argsort(-sims, kind="stable")[:k]
+    return tuple(
+        Evidence(
+            passage=sents[i][0],
+            start=sents[i][1],
+            end=sents[i][2],
+            text=passages[sents[i][0]][sents[i][1] : sents[i][2]],
+            similarity=float(sims[i]),
+        )
+        for i in order
+        if sims[i] >= floor
+    )
