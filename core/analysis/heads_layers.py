@@ -30,7 +30,7 @@ from __future__ import annotations
 import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 import numpy as np
 
@@ -38,11 +38,18 @@ from core.base.errors import DataError, ModelError
 from core.base.examples import RAGExample
 from core.detectors.common import parse_head, shared_pks
 from core.detectors.interpdetect import chunk_targets
-from core.detectors.redeep import RedeepChunkConfig, RedeepTokenConfig
+from core.detectors.redeep import RedeepChunkConfig, RedeepDetector, RedeepTokenConfig
 from core.engine.layout import Layout, render
 from core.engine.model import LoadedModel
 from core.engine.trace import Needs, trace
-from core.learning.contract import Detector, Features, Run, Verdict, judge_features
+from core.learning.contract import (
+    Detector,
+    DetectorConfig,
+    Features,
+    Run,
+    Verdict,
+    judge_features,
+)
 from core.learning.metrics import evidence_warning
 from core.signals.chunking import ChunkSet, chunk_example, chunk_labels
 from core.signals.ecs import (
@@ -602,6 +609,17 @@ class HeadView:
         return out
 
 
+_C = TypeVar("_C", bound=DetectorConfig)
+
+
+def _config_of(by_name: Mapping[str, Detector], name: str, kind: type[_C]) -> _C:
+    """The config of detector ``name`` when it is given, else ``kind``'s defaults."""
+    config = by_name[name].config if name in by_name else kind()
+    if not isinstance(config, kind):
+        raise TypeError(f"{name}'s config is a {type(config).__name__}, not a {kind.__name__}")
+    return config
+
+
 def head_view(
     model: LoadedModel,
     example: RAGExample,
@@ -632,8 +650,8 @@ def head_view(
 
     t0 = time.perf_counter()
     by_name = {d.name: d for d in detectors}
-    tc = by_name["redeep_token"].config if "redeep_token" in by_name else RedeepTokenConfig()
-    cc = by_name["redeep_chunk"].config if "redeep_chunk" in by_name else RedeepChunkConfig()
+    tc = _config_of(by_name, "redeep_token", RedeepTokenConfig)
+    cc = _config_of(by_name, "redeep_chunk", RedeepChunkConfig)
     info = model.info
     n_layers, n_heads = info.n_layers, info.n_heads
     layout = render(example, model, response_ids=response_ids)
@@ -685,7 +703,7 @@ def head_view(
             chunk_scores[d.name] = align_chunk_scores(
                 v.chunk_scores, f.chunk_offsets, chunks.response_offsets
             )
-        if hasattr(type(d), "selected_layers"):  # ReDeEP: the layers its rule sums
+        if isinstance(d, RedeepDetector):  # ReDeEP: the layers its rule sums
             selected[d.name] = tuple(int(x) for x in d.selected_layers)
     return HeadView(
         example=example,

@@ -26,7 +26,7 @@ from core.base.examples import RAGExample
 from core.detectors.cortex import CortexDetector
 from core.detectors.raglens import INTERCEPT, RaglensDetector
 from core.engine.layout import render
-from core.engine.model import LoadedModel
+from core.engine.model import LoadedModel, decode
 from core.engine.trace import Needs, trace
 from core.learning.contract import flag_threshold
 from core.pipeline.extract import run_example
@@ -88,7 +88,7 @@ def lens_curve(model: LoadedModel, example: RAGExample) -> LensCurve:
     final = torch.log_softmax(logits, dim=-1)[rows, ids].exp().double().numpy()
     tok = model.tokenizer
     tokens = tuple(
-        tok.decode([int(i)], skip_special_tokens=False, clean_up_tokenization_spaces=False)
+        decode(tok, [i], skip_special_tokens=False, clean_up_tokenization_spaces=False)
         for i in layout.response_ids
     )
     return LensCurve(
@@ -135,7 +135,8 @@ class CortexWalk:
 def cortex_walk(model: LoadedModel, detector: CortexDetector, example: RAGExample) -> CortexWalk:
     """Read one answer with a fitted CORTEX detector (two traced passes)."""
 
-    feats = run_example(model, example, [detector])[detector.name]
+    # mypy holds Detector's ClassVar Config invariant; CortexConfig is a DetectorConfig
+    feats = run_example(model, example, [detector])[detector.name]  # type: ignore[list-item]
     assert feats.tokens is not None and feats.token_offsets is not None
     d = feats.tokens.shape[1] // 2
     dh, c = feats.tokens[:, :d], feats.tokens[:, d:]

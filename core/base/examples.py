@@ -190,7 +190,7 @@ class RAGExample:
         texts += [(f"provenance.{k}", v) for k, v in vars(self.provenance).items()]
         for fld, text in texts:
             at = lone_surrogate_at(text) if text is not None else None
-            if at is not None:
+            if text is not None and at is not None:
                 raise fail(
                     f"holds a lone UTF-16 surrogate ({text[at]!a} at character {at}), which "
                     "no file or database can store; fix the text's encoding",

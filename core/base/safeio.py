@@ -434,7 +434,7 @@ def check_tree_arrays(
         )
     ids = np.arange(n)
     leaf = left == -1
-    checks = (
+    checks: tuple[tuple[Any, str], ...] = (
         (leaf != (right == -1), "one child is -1 and the other is not"),
         (~leaf & ((left <= ids) | (left >= n)), "left child {l} is outside ({i}, {n})"),
         (~leaf & ((right <= ids) | (right >= n)), "right child {r} is outside ({i}, {n})"),

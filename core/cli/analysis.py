@@ -9,6 +9,7 @@ from collections.abc import Callable
 from typing import Any
 
 from core.analysis.shap_values import shap_values
+from core.base.errors import DataError
 from core.cli.common import (
     Subparsers,
     add_example_args,
@@ -22,7 +23,7 @@ from core.cli.common import (
     tqdm_progress,
 )
 from core.detectors import detector_class, make_detector
-from core.detectors.spad import split_errors
+from core.detectors.spad import SpadDetector, split_errors
 from core.engine.layout import render
 from core.engine.trace import Needs, response_needs, token_surprisal, trace
 from core.pipeline.extract import FeatureCache, extract_features
@@ -127,7 +128,7 @@ def cmd_spad_check(args: argparse.Namespace) -> int:
         )
     feats = ext.features["spad"]
     err = split_errors(feats)
-    n_tok = sum(len(f.tokens) for f in feats)
+    n_tok = sum(len(f.tokens) for f in feats if f.tokens is not None)
     worst = int(err.argmax()) if len(err) else -1
     print(f"{len(feats)} answers, {n_tok} answer tokens, model {model.info.display_name}")
     print(f"max |Query+RAG+Past+Self+FFN+LN+Init - P_final| = {err.max(initial=0.0):.3e}")
@@ -160,6 +161,8 @@ def cmd_shap(args: argparse.Namespace) -> int:
         det = detector_class("spad").load(args.artifact, model_key=model.info.key)
     else:
         det = set_detector(model.info.key, "spad")
+    if not isinstance(det, SpadDetector):
+        raise DataError(f"the spad artifact holds a {det.name} detector; give a spad artifact")
     with Store() as store:
         ext = extract_features(
             model,

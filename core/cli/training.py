@@ -534,9 +534,9 @@ def _reproduce(args: argparse.Namespace) -> int:
         key = json.dumps({k: v for k, v in d.items() if k not in ("detectors", "command")})
         groups.setdefault(key, (recipe, []))[1].append(name)
     out_root = Path(args.out) if args.out else Path(tempfile.mkdtemp(prefix="ragscope-repro-"))
-    for recorded, names in groups.values():
-        recipe = recorded.with_detectors(names)
-        print(f"rebuilding {', '.join(names)}: {recorded.command()}", file=sys.stderr)
+    for shared, names in groups.values():
+        recipe = shared.with_detectors(names)
+        print(f"rebuilding {', '.join(names)}: {shared.command()}", file=sys.stderr)
         try:  # a dev set not on this machine: say which, rebuild the other recipes
             train(
                 _runnable(recipe, found[names[0]]),
@@ -553,8 +553,8 @@ def _reproduce(args: argparse.Namespace) -> int:
             if diffs:
                 failed += 1
                 print(f"DIFFERS  {n}: {len(diffs)} difference(s)")
-                for d in diffs[:10]:
-                    print(f"    {d}")
+                for diff in diffs[:10]:
+                    print(f"    {diff}")
             else:
                 print(f"same     {n} ({found[n]} == {out_root / n})")
     print(f"{len(found) - failed}/{len(found)} artifacts reproduced; rebuilds in {out_root}")

@@ -109,7 +109,7 @@ class _Generic:
         gen = self._value(d, m.generator, src, required=False)
         return RAGExample(
             id=ex_id,
-            task=task,  # type: ignore[arg-type]
+            task=task,  # type: ignore[arg-type]  # RAGExample checks the task
             question=question,
             passages=tuple(passages),
             response=response,

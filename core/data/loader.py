@@ -89,7 +89,7 @@ def load_dataset(
     if not p.exists():
         raise DataError("no such file or directory; check the path", source=str(path))
     if fmt == "auto":
-        fmt = detect_format(p)  # type: ignore[assignment]
+        fmt = detect_format(p)  # type: ignore[assignment]  # a detected format is one of FORMATS
     col = _Collector(str(path), on_error=on_error, limit=limit)
     if fmt == "ragtruth_pair":
         _load_ragtruth_pair(p, col, dataset)

@@ -37,7 +37,7 @@ def _ragscope_extension(d: Mapping[str, Any], src: str, spans: Sequence[Span]) -
         v = raw.get(key)
         if v is None:
             continue
-        if not isinstance(v, typ) or (key == "id" and not v.strip()):
+        if not isinstance(v, typ) or (key == "id" and not str(v).strip()):
             raise DataError(
                 f"expected {what}, got {quoted(v)}", source=src, field=f"ragscope.{key}"
             )

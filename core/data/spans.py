@@ -10,13 +10,18 @@ from __future__ import annotations
 
 import re
 from collections.abc import Mapping
-from typing import Any
+from typing import Any, TypeGuard
 
 from core.base.errors import DataError
 from core.base.examples import Span
 from core.data.records import _short
 
 _PASSAGE_MARKER = re.compile(r"^passage (\d+):", re.MULTILINE)
+
+
+def _whole(x: object) -> TypeGuard[int]:
+    """Whether ``x`` is an integer (``bool`` is not)."""
+    return isinstance(x, int) and not isinstance(x, bool)
 
 
 def _parse_span(
@@ -45,7 +50,7 @@ def _parse_span(
             source=src,
             field=fld,
         )
-    if not all(isinstance(x, int) and not isinstance(x, bool) for x in (start, end)):
+    if not (_whole(start) and _whole(end)):
         raise DataError(
             f"span {k} needs integer start and end, got {_short(start)}, {_short(end)}",
             source=src,
@@ -103,7 +108,7 @@ def split_passages(text: str) -> list[str]:
     verbatim substring of the text. Without markers the stripped text is one passage.
     Empty passages are dropped.
     """
-    marks = []
+    marks: list[re.Match[str]] = []
     for m in _PASSAGE_MARKER.finditer(text):
         if int(m.group(1)) == len(marks) + 1:
             marks.append(m)

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING, Literal
 from core.base.errors import DataError
 from core.base.examples import RAGExample
 from core.engine.layout import encode_prompt, prompt_pieces
-from core.engine.model import LoadedModel
+from core.engine.model import LoadedModel, decode
 
 if TYPE_CHECKING:
     import torch
@@ -178,8 +178,11 @@ class AnswerStream:
 
     @property
     def text(self) -> str:
-        return self.model.tokenizer.decode(
-            self.token_ids, skip_special_tokens=False, clean_up_tokenization_spaces=False
+        return decode(
+            self.model.tokenizer,
+            self.token_ids,
+            skip_special_tokens=False,
+            clean_up_tokenization_spaces=False,
         )
 
     def result(self) -> Generation:

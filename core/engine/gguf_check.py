@@ -285,12 +285,12 @@ def _int_field(header: GGUFHeader, name: str, low: int, high: int, *, required: 
     if isinstance(value, GGUFArray):
         if value.items is None or value.count == 0:
             raise _fail(header.path, key, f"is an array of {value.count} items (expected numbers)")
-        items = value.items
+        items: tuple[object, ...] = value.items
     else:
         items = (value,)
-    if not all(isinstance(v, int) and not isinstance(v, bool) for v in items):
+    numbers = [v for v in items if isinstance(v, int) and not isinstance(v, bool)]
+    if len(numbers) != len(items):
         raise _fail(header.path, key, f"is {value!r} (expected a whole number)")
-    numbers = [int(v) for v in items]
     if min(numbers) < low or max(numbers) > high:
         raise _fail(header.path, key, f"is {value!r} (outside [{low}, {high}])")
     return max(numbers)

@@ -15,13 +15,13 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Literal
+from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
 from core.base.errors import DataError
 from core.base.examples import RAGExample, Span
-from core.engine.model import LoadedModel
+from core.engine.model import LoadedModel, decode
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -358,7 +358,7 @@ def chat_frame(tokenizer: object) -> tuple[str, str]:
     """
     if not getattr(tokenizer, "chat_template", None):
         return "", ""
-    text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]
+    text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]  # any tokenizer with a chat_template has it
         [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=True
     )
     if text.count(_SENTINEL) != 1:
@@ -373,7 +373,7 @@ def chat_frame(tokenizer: object) -> tuple[str, str]:
 
 
 def _encode(tokenizer: object, text: str) -> list[int]:
-    return list(tokenizer(text, add_special_tokens=False)["input_ids"])  # type: ignore[operator]
+    return list(tokenizer(text, add_special_tokens=False)["input_ids"])  # type: ignore[operator]  # the tokenizer is typed object (a model or a tokenizer)
 
 
 def _bos(tokenizer: object) -> list[int]:
@@ -419,7 +419,7 @@ def response_encoding(
     model's own tokens are kept, and offsets come from incremental decoding.
     """
     if response_ids is None:
-        enc = tokenizer(response, add_special_tokens=False, return_offsets_mapping=True)  # type: ignore[operator]
+        enc = tokenizer(response, add_special_tokens=False, return_offsets_mapping=True)  # type: ignore[operator]  # the tokenizer is typed object
         ids = list(enc["input_ids"])
         offsets = np.asarray(enc["offset_mapping"], dtype=np.int64).reshape(-1, 2)
         return ids, _widen_offsets(offsets, len(response))
@@ -427,7 +427,7 @@ def response_encoding(
     offsets = np.zeros((len(ids), 2), dtype=np.int64)
     prev = 0
     for j in range(len(ids)):
-        text = tokenizer.decode(ids[: j + 1], clean_up_tokenization_spaces=False)  # type: ignore[attr-defined]
+        text = decode(tokenizer, ids[: j + 1], clean_up_tokenization_spaces=False)
         n = len(text.rstrip("\ufffd")) if j + 1 < len(ids) else len(text)
         n = min(max(n, prev), len(response))
         # A token ending in part of a multibyte character also covers that
@@ -482,7 +482,7 @@ def render(
         DataError: the prompt cannot be laid out, the response does not
             round-trip through the tokenizer, or the layout is too long.
     """
-    tokenizer = getattr(model, "tokenizer", model)
+    tokenizer: Any = getattr(model, "tokenizer", model)
     src = example.provenance.source or f"record {example.id!r}"
     pieces = prompt_pieces(
         task=example.task,
@@ -495,7 +495,7 @@ def render(
     ids, segs = encode_prompt(tokenizer, pieces)
     passage_offsets = _passage_offsets(tokenizer, pieces, ids, segs, src)
     if response_ids is not None:
-        decoded = tokenizer.decode(list(response_ids), clean_up_tokenization_spaces=False)
+        decoded = decode(tokenizer, response_ids, clean_up_tokenization_spaces=False)
         if decoded != example.response:
             raise DataError(
                 "response_ids do not decode to the response text", source=src, field="response"
@@ -504,7 +504,7 @@ def render(
     if not r_ids:
         raise DataError("the response has no tokens", source=src, field="response")
     if response_ids is None:
-        decoded = tokenizer.decode(r_ids, clean_up_tokenization_spaces=False)
+        decoded = decode(tokenizer, r_ids, clean_up_tokenization_spaces=False)
         if decoded != example.response:
             # Byte-level vocabularies can lack rare bytes (SmolLM2 has no token for
             # some control characters or for code points above U+3FFFF).
@@ -581,8 +581,8 @@ def render_pair(
     example: RAGExample, model: LoadedModel | object, **kw: object
 ) -> tuple[Layout, Layout]:
     """The layout with context and its no-context variant (same response ids)."""
-    full = render(example, model, **kw)  # type: ignore[arg-type]
-    bare = render(example, model, with_context=False, **kw)  # type: ignore[arg-type]
+    full = render(example, model, **kw)  # type: ignore[arg-type]  # render's own keywords
+    bare = render(example, model, with_context=False, **kw)  # type: ignore[arg-type]  # render's own keywords
     assert np.array_equal(full.response_ids, bare.response_ids), (
         "response ids differ without context"
     )

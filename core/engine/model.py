@@ -35,7 +35,7 @@ import shutil
 import tempfile
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Literal
@@ -294,6 +294,15 @@ def embedded_tokenizer() -> PreTrainedTokenizerBase:
 # --------------------------------------------------------------------------- loading
 
 
+def decode(tokenizer: Any, ids: Sequence[int], **kwargs: Any) -> str:
+    """The text of one sequence of token ids: ``tokenizer.decode`` (typed by transformers
+    as ``str | list[str]``, a batch's type) checked to be the ``str`` one sequence gives."""
+    text = tokenizer.decode([int(i) for i in ids], **kwargs)
+    if not isinstance(text, str):
+        raise TypeError(f"the tokenizer decoded one sequence to {type(text).__name__}")
+    return text
+
+
 @contextlib.contextmanager
 def _offline() -> Iterator[None]:
     """Forbid hub downloads unless the user allowed them."""
@@ -324,7 +333,7 @@ def _tiny_hf_model(tokenizer: PreTrainedTokenizerBase, seed: int) -> PreTrainedM
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
+    config = LlamaConfig(  # type: ignore[call-arg]  # LlamaConfig takes it through PretrainedConfig's kwargs
         vocab_size=len(tokenizer),
         hidden_size=64,
         intermediate_size=128,
@@ -359,7 +368,7 @@ def _random_hf_model(
             f"unknown random shape {shape!r}; use {RANDOM_PREFIX}NAME with NAME one of "
             f"{', '.join(sorted(RANDOM_SHAPES))}"
         )
-    config = LlamaConfig(
+    config = LlamaConfig(  # type: ignore[call-arg]  # LlamaConfig takes it through PretrainedConfig's kwargs
         **RANDOM_SHAPES[shape],
         rms_norm_eps=1e-5,
         bos_token_id=tokenizer.bos_token_id,
@@ -402,10 +411,11 @@ def load_model(
     try:
         with _offline():
             if spec == EMBEDDED:
-                source = prepare_embedded(progress)
+                folder = prepare_embedded(progress)
                 if progress:
                     progress("Loading cached weights", 0.75)
-                hf, tok = _from_folder(Path(source), torch_dtype)
+                hf, tok = _from_folder(Path(folder), torch_dtype)
+                source = str(folder)
                 display = EMBEDDED_NAME
             elif is_gguf_spec(spec):
                 gguf, cached = prepare_gguf(spec, progress)
@@ -416,7 +426,7 @@ def load_model(
                 display = spec if spec.startswith("ollama:") else gguf.stem
             elif spec == TINY:
                 tok = embedded_tokenizer()
-                hf = _tiny_hf_model(tok, seed).to(torch_dtype)
+                hf = _tiny_hf_model(tok, seed).to(torch_dtype)  # type: ignore[arg-type]  # transformers types .to's wrapper for the model, not a dtype
                 source = f"random (seed {seed})"
                 display = f"tiny-random-llama (seed {seed})"
             elif spec.startswith(RANDOM_PREFIX):

@@ -303,10 +303,10 @@ def _keeps_logits(model: LoadedModel) -> bool:
     hit = _KEEPS_LOGITS.get(model)
     if hit is None:
         try:
-            params = inspect.signature(model.hf_model.forward).parameters
+            hit = "logits_to_keep" in inspect.signature(model.hf_model.forward).parameters
         except (TypeError, ValueError):
-            params = {}  # type: ignore[assignment]
-        hit = _KEEPS_LOGITS[model] = "logits_to_keep" in params
+            hit = False
+        _KEEPS_LOGITS[model] = hit
     return hit
 
 

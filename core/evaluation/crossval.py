@@ -290,7 +290,7 @@ def pinned_maker(make: MakeDetector, pins: Mapping[str, Any]) -> MakeDetector:
 
     def pinned(name: str) -> Detector:
         det = make(name)
-        return type(det)(replace(det.config, **pins))  # type: ignore[call-arg]
+        return type(det)(replace(det.config, **pins))  # type: ignore[call-arg]  # Detector is a protocol; every detector class takes its config
 
     return pinned
 
@@ -690,7 +690,7 @@ def _breakdown(
     over that part's answers alone (``None`` where it cannot be had)."""
     from sklearn.metrics import balanced_accuracy_score
 
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for k in sorted(set(keys.tolist())):
         mask = keys == k
         yk = y[mask]
@@ -745,7 +745,7 @@ def _with_tokens(
     token labels or scores)."""
     out = {}
     for k, v in by_set.items():
-        idx = [i for i in np.flatnonzero(sets == k) if verdicts[i] is not None]
+        idx = [i for i in np.flatnonzero(sets == k).tolist() if verdicts[i] is not None]
         part = [examples[i] for i in idx]
         judged = [cast(Verdict, verdicts[i]) for i in idx]
         ty, ts = token_labels_and_scores(part, judged)

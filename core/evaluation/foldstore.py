@@ -208,7 +208,7 @@ def load_fold(folder: str | Path, key: str, test: np.ndarray) -> FoldResult | No
         return None
     try:
         return _read(read_bounded(path, FOLD_FILE_LIMIT, what="fold checkpoint"), test)
-    except (DataError, *MALFORMED, zipfile.BadZipFile, EOFError, OSError):
+    except MALFORMED + (DataError, zipfile.BadZipFile, EOFError, OSError):
         return None
 
 

@@ -304,8 +304,8 @@ def domain_matrix(
                 extraction=sub,
                 checkpoint=checkpoint,
             )
-            for r in cv.results:
-                cells[r.detector].setdefault(d, {})[d] = dict(r.pooled)
+            for res in cv.results:
+                cells[res.detector].setdefault(d, {})[d] = dict(res.pooled)
     stamp = datetime.now(UTC)
     return MatrixRun(
         name=name or file_stem(f"{stamp:%Y%m%d-%H%M%S}-matrix-{'+'.join(datasets)}"),

@@ -415,7 +415,7 @@ class TrainRecipe:
         return cls(
             version=d.get("version", 1),
             model=d.get("model"),  # type: ignore[arg-type]  # checked in __post_init__
-            dataset=d.get("dataset"),  # type: ignore[arg-type]
+            dataset=d.get("dataset"),  # type: ignore[arg-type]  # checked in __post_init__
             test_dataset=d.get("test_dataset"),
             detectors=tuple(detectors),
             limit=d.get("limit"),

@@ -70,7 +70,7 @@ class Explanation:
     def hallucination(self) -> Relation | None:
         """Whether the explainer relates the feature to hallucination (``None``: it did not say)."""
         m = self._line(_RELATION)
-        return m.group(1).lower() if m else None  # type: ignore[return-value]
+        return m.group(1).lower() if m else None  # type: ignore[return-value]  # the pattern matches only Relation's words
 
     @property
     def reason(self) -> str | None:

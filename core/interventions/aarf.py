@@ -55,7 +55,7 @@ from core.base.examples import RAGExample, Task
 from core.detectors.common import parse_head
 from core.engine.generate import AnswerStream, Generation, GenerationConfig, StopReason, stop_ids
 from core.engine.layout import encode_prompt, prompt_pieces
-from core.engine.model import LoadedModel
+from core.engine.model import LoadedModel, decode
 from core.engine.trace import Needs, hooked_logits, hooked_step, patched
 from core.learning.contract import Detector, require_fitted
 from core.pipeline.extract import run_example
@@ -679,8 +679,8 @@ def aarf_generate(
             break
         answer.append(nxt)
     seconds = time.perf_counter() - t0
-    text = model.tokenizer.decode(
-        answer, skip_special_tokens=False, clean_up_tokenization_spaces=False
+    text = decode(
+        model.tokenizer, answer, skip_special_tokens=False, clean_up_tokenization_spaces=False
     )
     return AARFResult(
         prompt=prompt,

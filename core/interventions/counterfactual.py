@@ -35,7 +35,7 @@ import numpy as np
 
 from core.base.errors import DataError
 from core.base.examples import RAGExample, Span
-from core.detectors.raglens import feature_name
+from core.detectors.raglens import RaglensDetector, feature_name
 from core.engine.generate import GenerationConfig, generate
 from core.engine.model import LoadedModel
 from core.learning.contract import Detector, judge_features
@@ -131,7 +131,7 @@ def context_diff(original: Sequence[str], edited: Sequence[str]) -> list[Context
             out.append(
                 ContextChange(
                     passage=k,
-                    op=tag,  # type: ignore[arg-type]
+                    op=tag,
                     old=" ".join(a[i0:i1]),
                     new=" ".join(b[j0:j1]),
                 )
@@ -257,7 +257,7 @@ class SideScore:
             summary={k: float(v) for k, v in (d.get("summary") or {}).items()},
             token_scores=tuple(d["token_scores"]) if d.get("token_scores") is not None else None,
             token_offsets=(
-                tuple(tuple(o) for o in d["token_offsets"])  # type: ignore[misc]
+                tuple(tuple(o) for o in d["token_offsets"])
                 if d.get("token_offsets") is not None
                 else None
             ),
@@ -310,7 +310,7 @@ def score_one(
         v = judge_features(d, feats[d.name], example.provenance.dataset)
         rows, summary = detector_views(d, feats[d.name])
         offsets = v.token_offsets if v.token_offsets is not None else feats[d.name].token_offsets
-        if d.name == "raglens" and (sae_features is None or len(sae_features) > 0):
+        if isinstance(d, RaglensDetector) and (sae_features is None or len(sae_features) > 0):
             got = d.explain_answer(model, example)
             offsets = got.token_offsets  # its rows are per answer token, its score is not
             chosen = top_sae_features(got, n_sae) if sae_features is None else sae_features

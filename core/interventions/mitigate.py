@@ -351,7 +351,7 @@ def mitigate_batch(
                     generated[prompt_key] = aarf_generate(
                         model,
                         ex,
-                        by_name[guide],  # type: ignore[index]
+                        by_name[guide],  # type: ignore[index]  # guide is set whenever AARF runs
                         max_new_tokens=max_new_tokens,
                         plain=True,
                         **(aarf_options or {}),
@@ -373,7 +373,7 @@ def mitigate_batch(
                     )
                     s = old.get(g) if g else None
                     if s is not None and s.token_scores is not None:
-                        t = flag_threshold(by_name[g])  # type: ignore[index]
+                        t = flag_threshold(by_name[g])  # type: ignore[index]  # g names a detector in by_name
                         spans = flagged_spans(
                             np.asarray(s.token_scores), np.asarray(s.token_offsets), t
                         )

@@ -24,7 +24,7 @@ from core.base.errors import DataError, ModelError
 from core.base.examples import RAGExample
 from core.engine.generate import stop_ids
 from core.engine.layout import render
-from core.engine.model import LoadedModel
+from core.engine.model import LoadedModel, decode
 from core.engine.trace import patched, resid_post_name
 from core.signals.sae import LoadedSAE
 
@@ -139,8 +139,8 @@ def steer_continuation(
         feature=feature,
         position=position,
         value=value,
-        prefix=tok.decode(prefix_ids, clean_up_tokenization_spaces=False),
-        continuation=tok.decode(out, clean_up_tokenization_spaces=False),
+        prefix=decode(tok, prefix_ids, clean_up_tokenization_spaces=False),
+        continuation=decode(tok, out, clean_up_tokenization_spaces=False),
         token_ids=tuple(out),
     )
 

@@ -422,6 +422,7 @@ class TrainedOn:
             if isinstance(raw, dict)
             else {}
         )
+        n_train: int | None
         if "train" in counts:
             n_train = counts["train"]
         elif datasets:
@@ -517,7 +518,7 @@ def load_fitted(
         ) from e
     try:
         restore_fitted(det, cfg)
-    except (DataError, *MALFORMED) as e:
+    except MALFORMED + (DataError,) as e:
         raise DataError(f"malformed cfg.json ({e}); {retrain}", source=str(folder)) from e
     # Before anything predicts: native predictors trust the indices a model holds.
     for label, (model, width) in det.fitted_models().items():
@@ -541,8 +542,8 @@ def fitted_extra(detector: Any, extra: Mapping[str, Any] | None = None) -> dict[
 def _threshold(value: object, key: str) -> float:
     """A decision threshold from ``cfg.json``: a finite number in [0, 1], the range of
     the scores it is compared with (outside it a detector flags always or never)."""
-    number = isinstance(value, int | float) and not isinstance(value, bool)
-    if not number or not 0 <= value <= 1:  # NaN fails too; no float() of a huge int
+    # NaN fails the range too; no float() of a huge int
+    if isinstance(value, bool) or not isinstance(value, int | float) or not 0 <= value <= 1:
         raise DataError(
             f"'{key}' must be a number in [0, 1] (scores are probabilities), got "
             f"{describe_json(value)}"

@@ -147,7 +147,7 @@ class Features:
             "chunk_names": self.chunk_names,
         }
         arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
-        np.savez_compressed(buf, **arrays)
+        np.savez_compressed(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub reads **arrays as maybe allow_pickle
         return buf.getvalue()
 
     @classmethod
@@ -173,7 +173,7 @@ class Features:
             return cls._from_parts(meta, get, example_id)
         except DataError:
             raise
-        except (*MALFORMED, zipfile.BadZipFile, EOFError) as e:
+        except MALFORMED + (zipfile.BadZipFile, EOFError) as e:
             raise DataError(
                 f"unreadable feature cache entry ({type(e).__name__}: {str(e)[:120]})",
                 source="feature cache",
@@ -468,7 +468,7 @@ class DetectorConfig:
         if unknown:
             raise DataError(f"unknown {cls.__name__} options {sorted(unknown)}")
         try:
-            _adapter(cls).validate_json(json.dumps(d, allow_nan=True))
+            _adapter(cls).validate_json(json.dumps(d, allow_nan=True))  # type: ignore[arg-type]  # a class is hashable; mypy's Hashable misses type[Self]
         except ValidationError as e:
             err = e.errors(include_url=False)[0]
             where = ".".join(str(x) for x in err["loc"]) or None
@@ -560,7 +560,7 @@ class Detector(Protocol):
 
     def predict(self, features: Features) -> Verdict: ...
 
-    def save(self, folder: str | Path) -> Path: ...
+    def save(self, folder: str | Path, *, extra: Mapping[str, Any] | None = None) -> Path: ...
 
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self: ...

@@ -85,7 +85,7 @@ class LogisticCalibrator:
         return (np.asarray(x, dtype=np.float64) - self.mean_) / self.scale_ * self.coef_
 
     def to_json(self) -> dict[str, Any]:
-        if self.coef_ is None:
+        if self.coef_ is None or self.mean_ is None or self.scale_ is None:
             raise NotFittedError("LogisticCalibrator is not fitted; nothing to save")
         return {
             "kind": "logistic",

@@ -339,8 +339,9 @@ def run_examples(
             out[i] = e
             continue
         out[i] = _compose(detectors, got, model.info.key, ex.id)
-    assert all(o is not None for o in out)
-    return out  # type: ignore[return-value]
+    done = [o for o in out if o is not None]
+    assert len(done) == len(out)
+    return done
 
 
 @dataclass(frozen=True)

@@ -119,8 +119,9 @@ class ArtifactCard:
         """The name of the CV run its CV metrics come from (a file name in the runs
         folder), when it records a safe one."""
         run = cfg_at(self.metrics, "cv", "run")
-        ok = isinstance(run, str) and 0 < len(run) <= 200 and _RUN_NAME.fullmatch(run)
-        return run if ok else None
+        if isinstance(run, str) and 0 < len(run) <= 200 and _RUN_NAME.fullmatch(run):
+            return run
+        return None
 
     @classmethod
     def of(

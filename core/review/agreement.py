@@ -50,14 +50,14 @@ def agreement(
             return None
         a, b = max(counts, key=lambda p: (counts[p], tuple(-ord(ch) for ch in p[0])))
     both = [
-        (it, it.review_by(a), it.review_by(b))
+        (it, ra, rb)
         for it in items
-        if it.review_by(a) is not None and it.review_by(b) is not None
+        if (ra := it.review_by(a)) is not None and (rb := it.review_by(b)) is not None
     ]
     if not both:
         return None
-    da = [ra.decision for _, ra, _ in both]  # type: ignore[union-attr]
-    db = [rb.decision for _, _, rb in both]  # type: ignore[union-attr]
+    da = [ra.decision for _, ra, _ in both]
+    db = [rb.decision for _, _, rb in both]
     kappa: float | None = None
     if len(both) >= 2:
         import warnings

@@ -48,7 +48,9 @@ class Flag:
 def _smoothed(verdict: Verdict, p_stay: float) -> Verdict:
     if verdict.token_scores is None or not np.asarray(verdict.token_scores).size:
         return verdict
-    scores = smooth_tokens(np.asarray(verdict.token_scores, dtype=np.float64), p_stay)
+    scores = np.asarray(
+        smooth_tokens(np.asarray(verdict.token_scores, dtype=np.float64), p_stay), dtype=np.float64
+    )
     return dataclasses.replace(verdict, token_scores=scores)
 
 

@@ -18,6 +18,7 @@ import tempfile
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from typing import Any
 
 from core.base.errors import DataError
@@ -435,7 +436,9 @@ def bench_aarf(
             seconds=time.perf_counter() - t0,
         )
     ]
-    cases = [("AARF, KV cache, detector threshold", None, True)]
+    cases: list[tuple[str, float | None, bool]] = [
+        ("AARF, KV cache, detector threshold", None, True)
+    ]
     cases.append(("AARF, KV cache, every step intervened", -1.0, True))
     if uncached:
         cases.append(("AARF, no cache (re-run every step), detector threshold", None, False))
@@ -693,7 +696,7 @@ def run_bench(
     for name, needs in cases_needs.items():
         say(f"trace: {name} ...")
         kept = trace(model, layout, needs).nbytes / 2**20
-        sec = _median_time(lambda needs=needs: trace(model, layout, needs), repeats)
+        sec = _median_time(partial(trace, model, layout, needs), repeats)
         cases.append(TimedCase(name=name, seconds=sec, ratio=sec / fwd, kept_mib=kept))
     feature_cases = []
     copying_s = None
@@ -708,7 +711,7 @@ def run_bench(
         for group in groups:
             say(f"feature pass: {' + '.join(group)} ...")
             dets = [make_detector(n) for n in group]
-            sec = _median_time(lambda dets=dets: run_example(model, example, dets), repeats)
+            sec = _median_time(partial(run_example, model, example, dets), repeats)
             feature_cases.append(
                 TimedCase(name=" + ".join(group), seconds=sec, ratio=sec / fwd, kept_mib=0.0)
             )

@@ -205,7 +205,7 @@ class TrainSpec:
                 raise DataError(f"a training job's spec has unknown fields {extra}")
             return cls.from_recipe(
                 TrainRecipe.from_dict(d["recipe"]),
-                device=d.get("device", "auto"),  # type: ignore[arg-type]  # checked
+                device=d.get("device", "auto"),
             )
         keys = {"model", "device", "detectors", "dataset", "limit", "seed", "cv"}
         extra = sorted(str(k)[:40] for k in set(d) - keys)
@@ -216,11 +216,11 @@ class TrainSpec:
             raise DataError("a training job's detectors are not a list", field="detectors")
         return cls(
             model=d.get("model"),  # type: ignore[arg-type]  # checked in __post_init__
-            device=d.get("device", "auto"),  # type: ignore[arg-type]
+            device=d.get("device", "auto"),
             detectors=tuple(detectors),
-            dataset=d.get("dataset"),  # type: ignore[arg-type]
+            dataset=d.get("dataset"),  # type: ignore[arg-type]  # checked by TrainRecipe
             limit=d.get("limit"),
-            seed=d.get("seed", 0),  # type: ignore[arg-type]
+            seed=d.get("seed", 0),
             cv=d.get("cv"),
         )
 

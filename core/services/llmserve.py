@@ -726,7 +726,7 @@ def make_app(
         return JSONResponse(err.body(), status_code=err.status, headers=headers)
 
     async def models(request: Request) -> JSONResponse:
-        entry = {"id": served, "object": "model", "owned_by": "ragscope"}
+        entry: dict[str, object] = {"id": served, "object": "model", "owned_by": "ragscope"}
         entry["max_model_len"] = model.info.n_ctx
         return JSONResponse({"object": "list", "data": [entry]})
 
@@ -814,7 +814,7 @@ def guarded_h11(header_timeout: float, gate: ConnectionGate) -> type[H11Protocol
             if self.cycle is self._armed_for and not self.transport.is_closing():
                 self.transport.close()
 
-        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]  # uvicorn's protocol is only ever given a Transport
             super().connection_made(transport)
             if self.client is not None:
                 refused = gate.admit(self.client, transport)

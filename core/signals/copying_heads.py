@@ -417,7 +417,7 @@ class CopyingScores:
             return d[col].to_numpy().reshape(n_l, n_h) if col in d.columns else None
 
         return cls(
-            scores=grid("score"),  # type: ignore[arg-type]
+            scores=grid("score"),  # type: ignore[arg-type]  # the score column was checked present above
             mode=mode,
             model_key=model_key,
             kv_index=d["kv_head"].to_numpy()[:n_h],
@@ -482,7 +482,7 @@ def _save(path: Path, res: CopyingScores) -> None:
     }
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     buf = io.BytesIO()
-    np.savez(buf, **arrays)
+    np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub reads **arrays as maybe allow_pickle
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
     try:

@@ -34,7 +34,7 @@ import numpy as np
 
 from core.engine.layout import Layout
 from core.engine.trace import Needs, Trace
-from core.signals.chunking import ChunkSet
+from core.signals.chunking import Chunk, ChunkSet
 from core.signals.embed import SentenceEmbedder, cosine, default_embedder
 
 if TYPE_CHECKING:
@@ -275,11 +275,8 @@ def chunk_embeddings(
         return e[:n], e[n:]
     if embedder == "model":
 
-        def mean_hidden(cs: Sequence[object]) -> np.ndarray:
-            rows = [
-                tr.at("ln_final", None, np.arange(c.tok_start, c.tok_end)).double().mean(0).numpy()  # type: ignore[attr-defined]
-                for c in cs
-            ]
+        def mean_hidden(cs: Sequence[Chunk]) -> np.ndarray:
+            rows = [tr.at("ln_final", None, c.positions).double().mean(0).numpy() for c in cs]
             return np.stack(rows) if rows else np.zeros((0, 1))
 
         return mean_hidden(chunks.response), mean_hidden(chunks.context)
@@ -308,7 +305,7 @@ def chunk_ecs(
             layers=tuple(int(x) for x in layers),
         )
     er, ec = chunk_embeddings(tr, chunks, embedder=embedder, sentence_embedder=sentence_embedder)
-    sim = cosine(er[:, None, :], ec[None, :, :]).astype(np.float32)  # [R, C]
+    sim = np.asarray(cosine(er[:, None, :], ec[None, :, :]), dtype=np.float32)  # [R, C]
     w = chunk_attention(tr, chunks, layers, pool=pool)  # [L, H, R, C]
     star = w.argmax(-1).transpose(2, 0, 1)  # [R, L, H]
     ecs = np.take_along_axis(sim[:, None, None, :], star[..., None], axis=-1)[..., 0]

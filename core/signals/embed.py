@@ -104,7 +104,7 @@ class SentenceEmbedder:
         Texts longer than the model's 256 word pieces are truncated by the model.
         """
         single = isinstance(texts, str)
-        items = [texts] if single else list(texts)
+        items: list[str] = [texts] if isinstance(texts, str) else list(texts)
         for k, t in enumerate(items):
             if not isinstance(t, str):
                 raise TypeError(f"text {k} is {type(t).__name__}, not str")

@@ -27,12 +27,12 @@ import math
 import weakref
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Literal, TypeVar
+from typing import TYPE_CHECKING, Literal, TypeVar, cast
 
 import numpy as np
 
 from core.base.errors import ModelError
-from core.engine.model import LoadedModel
+from core.engine.model import LoadedModel, decode
 from core.engine.trace import Needs, Trace
 
 if TYPE_CHECKING:
@@ -290,7 +290,7 @@ def jsd_bits(p: _A, q: _A, *, precision: Precision = "float64") -> _A:
         for s in _chunks(rows_p.shape[0], step):
             out[s] = _jsd_rows(rows_p[s].to(work), rows_q[s].to(work))
         out = out.reshape(lead).to(out_dtype)
-    return out.cpu().numpy() if as_numpy else out
+    return cast(_A, out.cpu().numpy() if as_numpy else out)
 
 
 def _jsd_rows(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
@@ -492,5 +492,5 @@ def lens_top_k(
             h = -torch.where(lp > -math.inf, lp.exp() * lp, lp.new_zeros(())).sum(-1)
             ent[s] = (h / _LN2).cpu().numpy()
     tok = model.tokenizer
-    tokens = tuple(tuple(tok.decode([int(i)]) for i in row) for row in ids)
+    tokens = tuple(tuple(decode(tok, [i]) for i in row) for row in ids)
     return LensTopK(token_ids=ids, probs=probs, tokens=tokens, entropy=ent)

@@ -161,10 +161,7 @@ def smooth_tokens(
     seqs = (
         [np.asarray(scores, dtype=np.float64)]
         if single
-        else [
-            np.asarray(x, dtype=np.float64).reshape(-1)
-            for x in scores  # type: ignore[union-attr]
-        ]
+        else [np.asarray(x, dtype=np.float64).reshape(-1) for x in scores]
     )
     if not seqs:
         return []

@@ -43,7 +43,7 @@ class CounterfactualsRepository(Database):
         if model is not None:
             sql += " WHERE model = ?"
             params = (model,)
-        return [tuple(r) for r in self._query(sql + " ORDER BY id DESC", params)]  # type: ignore[misc]
+        return [tuple(r) for r in self._query(sql + " ORDER BY id DESC", params)]
 
     def load_counterfactual(self, cf_id: int) -> dict[str, Any]:
         """A saved session's JSON object (:func:`core.interventions.counterfactual.load_session` makes

@@ -375,7 +375,8 @@ class JobsRepository(Database):
         """Report a running job's progress (and its heartbeat) from its worker; returns
         whether the worker should stop: the job was asked to, is no longer running, or
         (given ``pid``) now belongs to another worker (it was resumed elsewhere)."""
-        sets, params = ["heartbeat = ?"], [time.time()]
+        sets = ["heartbeat = ?"]
+        params: list[float | int | str] = [time.time()]
         for col, value in (("stage", stage), ("done", done), ("total", total)):
             if value is not None:
                 sets.append(f"{col} = ?")

@@ -342,3 +342,27 @@ def test_the_layer_diagram_is_drawn_from_the_packages(tmp_path: Path) -> None:
     architecture.write(root)
     assert architecture.stale(root) == []
     assert "core/signals/" in (root / "README.md").read_text().split("Renamed")[0][-40:]
+
+
+# `# type: ignore[code]  # why`: mypy (make lint, make test) checks each is still needed
+# (warn_unused_ignores) and that it names its code; this checks it says why.
+EXPLAINED_IGNORE = re.compile(r"#\s*type:\s*ignore\[[-a-z, ]+\]  # \S")
+
+
+def _unexplained_ignores(files: dict[str, str]) -> list[str]:
+    return [
+        f"{name}:{i}"
+        for name, text in files.items()
+        for i, line in enumerate(text.splitlines(), 1)
+        if re.search(r"#\s*type:\s*ignore", line) and not EXPLAINED_IGNORE.search(line)
+    ]
+
+
+def test_every_type_ignore_names_its_code_and_why() -> None:
+    files = {str(f.relative_to(ROOT)): f.read_text() for f in (ROOT / "core").rglob("*.py")}
+    assert _unexplained_ignores(files) == []
+    planted = {
+        "a.py": "x = f()  # type: ignore\ny = g()  # type: ignore[arg-type]\n"
+        "z = h()  # type: ignore[arg-type]  # h is untyped\n"
+    }
+    assert _unexplained_ignores(planted) == ["a.py:1", "a.py:2"]
