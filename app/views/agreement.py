@@ -10,6 +10,7 @@ most, each one click away from the Token heatmaps page.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 import streamlit as st
 
@@ -27,6 +28,8 @@ from app.state import (
     P_DETECTORS,
     P_LIMIT,
     P_METHOD,
+    AppState,
+    Followed,
     app_state,
     follow_list,
     follow_widget,
@@ -53,6 +56,9 @@ from core.base.errors import RagscopeError
 from core.pipeline.extract import FeatureCache
 from core.review import dataset_verdicts
 
+if TYPE_CHECKING:
+    from streamlit.delta_generator import DeltaGenerator
+
 STATE_KEY = "ragscope.agreement"
 KEY_DATASET = "agreement.dataset"
 KEY_DETECTORS = "agreement.detectors"
@@ -76,6 +82,107 @@ def page_state() -> AgreementState:
     if STATE_KEY not in st.session_state:
         st.session_state[STATE_KEY] = AgreementState()
     return st.session_state[STATE_KEY]
+
+
+def choose_limit(column: DeltaGenerator, n_examples: int) -> int:
+    """The number of answers to compare, from 2 to ``n_examples`` (linked to the URL)."""
+    default_limit = min(DEFAULT_LIMIT, n_examples)
+    lim_link = follow_widget(P_LIMIT, KEY_LIMIT, integer(2, n_examples))
+    if not 2 <= st.session_state.get(KEY_LIMIT, default_limit) <= n_examples:
+        st.session_state.pop(KEY_LIMIT)  # remembered for a larger dataset
+    seed_widget(KEY_LIMIT, default_limit)
+    limit = int(column.number_input("Answers", min_value=2, max_value=n_examples, key=KEY_LIMIT))
+    publish(
+        P_LIMIT,
+        str(limit),
+        default=str(default_limit),
+        missing=lim_link.missing,
+        what="number of answers",
+        where=f"a number from 2 to {n_examples}",
+    )
+    return limit
+
+
+def choose_detectors(names: list[str]) -> list[str]:
+    """The detectors to compare, among ``names`` (linked to the URL)."""
+    det_link = follow_list(P_DETECTORS, one_of(names))
+    if det_link.value is not None:
+        st.session_state[KEY_DETECTORS] = det_link.value
+    if any(n not in names for n in st.session_state.get(KEY_DETECTORS, ())):
+        st.session_state.pop(KEY_DETECTORS)  # another model's detectors
+    seed_widget(KEY_DETECTORS, names)
+    chosen = st.multiselect("Detectors", names, key=KEY_DETECTORS)
+    publish(
+        P_DETECTORS,
+        ",".join(chosen),
+        default=",".join(names),
+        missing=det_link.missing,
+        what="detectors",
+        where="among this model's trained detectors (" + ", ".join(names) + ")",
+        instead=md(", ".join(chosen) or "none"),
+    )
+    return chosen
+
+
+def show_agreement(table: VerdictTable, method_link: Followed[str]) -> None:
+    """The score correlation map, the right-and-wrong-together table and the gold matrix."""
+    method = st.radio("Correlation", METHODS, horizontal=True, key=KEY_METHOD)
+    publish(
+        P_METHOD,
+        method,
+        default=METHODS[0],
+        missing=method_link.missing,
+        what="correlation",
+        where=" or ".join(METHODS),
+    )
+    corr = score_correlation(table, method)
+    few_corr, few_gold = agreement_evidence(table)
+    if few_corr:
+        st.warning(f"{md(few_corr)} Raise **Answers** to read them; the map is greyed.")
+    c_corr, c_pairs = st.columns([1, 1])
+    with c_corr:
+        fig = correlation_figure(corr, title=f"Score correlation ({method})")
+        plot(greyed(fig) if few_corr else fig, key="agreement.correlation")
+    with c_pairs:
+        st.markdown("**Right and wrong together** (labelled answers)")
+        if few_gold:
+            st.caption(f":grey[{md(few_gold)}]")
+        st.dataframe(
+            pairwise_gold(table).style.format(
+                {
+                    "both right": "{:.0%}",
+                    "only A": "{:.0%}",
+                    "only B": "{:.0%}",
+                    "neither": "{:.0%}",
+                }
+            ),
+            hide_index=True,
+            width="stretch",
+        )
+    if (table.gold >= 0).any():
+        fig = gold_matrix_figure(table, title="Where each detector's call matches gold")
+        plot(greyed(fig) if few_gold else fig, key="agreement.gold")
+
+
+def show_disagreements(state: AppState, choice: str, table: VerdictTable) -> None:
+    """The answers the detectors disagree on most, each one click from Token heatmaps."""
+    st.markdown("**Answers the detectors disagree on most**")
+    dis = disagreements(table)
+    shown = dis.head(50)
+    event = st.dataframe(
+        shown.style.format({"flagged by": "{:.0%}", "split": "{:.2f}", "score spread": "{:.3f}"}),
+        hide_index=True,
+        on_select="rerun",
+        selection_mode="single-row",
+        key=KEY_LIST,
+        width="stretch",
+    )
+    rows = event.selection.rows if event is not None else []
+    target = str(shown.iloc[rows[0]]["example"]) if rows else str(shown.iloc[0]["example"])
+    if st.button(
+        f"Open {md(target)} in Token heatmaps", key=KEY_OPEN, icon=":material/open_in_new:"
+    ):
+        open_in_token_heatmaps(state, choice, target)
 
 
 def main() -> None:
@@ -110,36 +217,8 @@ def main() -> None:
     if not examples:
         st.info("This dataset holds no examples; pick another one.")
         return
-    default_limit = min(DEFAULT_LIMIT, len(examples))
-    lim_link = follow_widget(P_LIMIT, KEY_LIMIT, integer(2, len(examples)))
-    if not 2 <= st.session_state.get(KEY_LIMIT, default_limit) <= len(examples):
-        st.session_state.pop(KEY_LIMIT)  # remembered for a larger dataset
-    seed_widget(KEY_LIMIT, default_limit)
-    limit = int(c_lim.number_input("Answers", min_value=2, max_value=len(examples), key=KEY_LIMIT))
-    publish(
-        P_LIMIT,
-        str(limit),
-        default=str(default_limit),
-        missing=lim_link.missing,
-        what="number of answers",
-        where=f"a number from 2 to {len(examples)}",
-    )
-    det_link = follow_list(P_DETECTORS, one_of(names))
-    if det_link.value is not None:
-        st.session_state[KEY_DETECTORS] = det_link.value
-    if any(n not in names for n in st.session_state.get(KEY_DETECTORS, ())):
-        st.session_state.pop(KEY_DETECTORS)  # another model's detectors
-    seed_widget(KEY_DETECTORS, names)
-    chosen = st.multiselect("Detectors", names, key=KEY_DETECTORS)
-    publish(
-        P_DETECTORS,
-        ",".join(chosen),
-        default=",".join(names),
-        missing=det_link.missing,
-        what="detectors",
-        where="among this model's trained detectors (" + ", ".join(names) + ")",
-        instead=md(", ".join(chosen) or "none"),
-    )
+    limit = choose_limit(c_lim, len(examples))
+    chosen = choose_detectors(names)
     request = f"{key}|{limit}|{','.join(chosen)}|{shipped.cache_id}"
     method_link = follow_widget(P_METHOD, KEY_METHOD, one_of(METHODS))
     slot = st.empty()
@@ -177,59 +256,8 @@ def main() -> None:
         st.warning("Fewer than two answers could be read; nothing to compare.")
         return
     st.caption(f"{len(table.example_ids)} answers of {md(label)}.")
-    method = st.radio("Correlation", METHODS, horizontal=True, key=KEY_METHOD)
-    publish(
-        P_METHOD,
-        method,
-        default=METHODS[0],
-        missing=method_link.missing,
-        what="correlation",
-        where=" or ".join(METHODS),
-    )
-    corr = score_correlation(table, method)
-    few_corr, few_gold = agreement_evidence(table)
-    if few_corr:
-        st.warning(f"{md(few_corr)} Raise **Answers** to read them; the map is greyed.")
-    c_corr, c_pairs = st.columns([1, 1])
-    with c_corr:
-        fig = correlation_figure(corr, title=f"Score correlation ({method})")
-        plot(greyed(fig) if few_corr else fig, key="agreement.correlation")
-    with c_pairs:
-        st.markdown("**Right and wrong together** (labelled answers)")
-        if few_gold:
-            st.caption(f":grey[{md(few_gold)}]")
-        st.dataframe(
-            pairwise_gold(table).style.format(
-                {
-                    "both right": "{:.0%}",
-                    "only A": "{:.0%}",
-                    "only B": "{:.0%}",
-                    "neither": "{:.0%}",
-                }
-            ),
-            hide_index=True,
-            width="stretch",
-        )
-    if (table.gold >= 0).any():
-        fig = gold_matrix_figure(table, title="Where each detector's call matches gold")
-        plot(greyed(fig) if few_gold else fig, key="agreement.gold")
-    st.markdown("**Answers the detectors disagree on most**")
-    dis = disagreements(table)
-    shown = dis.head(50)
-    event = st.dataframe(
-        shown.style.format({"flagged by": "{:.0%}", "split": "{:.2f}", "score spread": "{:.3f}"}),
-        hide_index=True,
-        on_select="rerun",
-        selection_mode="single-row",
-        key=KEY_LIST,
-        width="stretch",
-    )
-    rows = event.selection.rows if event is not None else []
-    target = str(shown.iloc[rows[0]]["example"]) if rows else str(shown.iloc[0]["example"])
-    if st.button(
-        f"Open {md(target)} in Token heatmaps", key=KEY_OPEN, icon=":material/open_in_new:"
-    ):
-        open_in_token_heatmaps(state, choice, target)
+    show_agreement(table, method_link)
+    show_disagreements(state, choice, table)
 
 
 main()

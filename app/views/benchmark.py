@@ -105,7 +105,7 @@ from core.data import make_splits
 from core.detectors import runnable_detectors
 from core.engine.model import LoadedModel
 from core.evaluation.crossval import CVRun
-from core.evaluation.evaluate import DetectorResult, EvalRun, evaluate
+from core.evaluation.evaluate import DetectorResult, EvalRun, Splits, evaluate
 from core.evaluation.matrix import MatrixRun
 from core.learning.metrics import SPAN_F1_NOTE, ci_columns, confusion_counts, response_metrics
 from core.pipeline.extract import FeatureCache
@@ -346,11 +346,13 @@ def launch_run(state: AppState, model: LoadedModel) -> EvalRun | None:
             run = evaluate(
                 model,
                 detectors,
-                train=splits["train"],
-                validation=splits["validation"],
-                test=splits["test"],
-                train_dataset=train_name,
-                test_dataset=test_name,
+                Splits(
+                    train=splits["train"],
+                    validation=splits["validation"],
+                    test=splits["test"],
+                    train_dataset=train_name,
+                    test_dataset=test_name,
+                ),
                 cache=FeatureCache(get_store()),
                 progress=progress,
             )

@@ -42,7 +42,7 @@ from app.text import code, md, md_lines
 from core.base.errors import RagscopeError
 from core.detectors.raglens import load_config_sae
 from core.engine.layout import render
-from core.interventions.aarf import aarf_generate
+from core.interventions.aarf import AARFOptions, aarf_generate
 from core.interventions.counterfactual import on_template
 from core.interventions.mitigate import (
     FeedbackTurn,
@@ -286,16 +286,14 @@ def aarf_section(
     if go:
         try:
             with st.spinner("Decoding with AARF (each step re-reads the whole answer)…"):
-                res = aarf_generate(
-                    model,
-                    on_template(example),
-                    det.detector,
+                options = AARFOptions(
                     tau=tau,
                     alpha2=alpha2,
                     beta2=beta2,
                     max_new_tokens=max_tokens,
                     layers=() if heads_only else None,
                 )
+                res = aarf_generate(model, on_template(example), det.detector, options)
                 frame = before_after(
                     model,
                     shipped,

@@ -137,6 +137,8 @@ def extract_on_ray(
         actors=args.actors,
         gpus_per_actor=args.gpus_per_actor,
         batch_size=args.batch_size or 1,
+        device=args.device,
+        on_error=getattr(args, "on_error", "skip"),
     )
     with tqdm(total=len(examples), desc="features (ray)", unit="ex", file=sys.stderr) as bar:
 
@@ -145,7 +147,6 @@ def extract_on_ray(
 
         rep = extract_ray(
             model_spec=args.model,
-            device=args.device,
             model_key=model.info.key,
             examples=examples,
             detectors=names,
@@ -155,7 +156,6 @@ def extract_on_ray(
             sink=sink,
             options=options,
             progress=progress,
-            on_error=getattr(args, "on_error", "skip"),
         )
     counts = {
         "computed": rep.examples - len(rep.failures),

@@ -24,7 +24,7 @@ from core.cli.common import (
     tqdm_progress,
 )
 from core.detectors import detector_class
-from core.interventions.aarf import aarf_generate
+from core.interventions.aarf import AARFOptions, aarf_generate
 from core.interventions.mitigate import mitigate_batch
 from core.pipeline.sets import load_set, set_detector
 
@@ -191,10 +191,7 @@ def cmd_aarf(args: argparse.Namespace) -> int:
         det = detector_class(name).load(args.artifact, model_key=key)
     else:
         det = set_detector(key, name)
-    res = aarf_generate(
-        model,
-        ex,
-        det,
+    options = AARFOptions(
         tau=args.tau,
         alpha2=args.alpha2,
         beta2=args.beta2,
@@ -202,6 +199,7 @@ def cmd_aarf(args: argparse.Namespace) -> int:
         heads=None if args.heads is None else _parse_heads(args.heads),
         layers=None if args.layers is None else _parse_ints(args.layers, "--layers"),
     )
+    res = aarf_generate(model, ex, det, options)
     others = [set_detector(key, n) for n in args.rescore.split(",") if n and n != name]
     table = res.rescore(model, [det, *others])
     out: dict[str, Any] = {

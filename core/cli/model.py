@@ -14,7 +14,7 @@ from core.base.errors import RagscopeError
 from core.base.paths import cache_dir
 from core.cli.common import Subparsers, add_model_args, emit, load, progress
 from core.engine.model import embedded_cache_path, embedded_gguf_path, prepare_embedded
-from core.services.bench import run_bench
+from core.services.bench import BenchOptions, run_bench
 from core.services.distributed import bench_ray
 from core.services.llmserve import DEFAULT_ORIGINS, ENV_API_KEY, ServeLimits, make_server
 
@@ -255,8 +255,7 @@ def _add_bench(sub: Subparsers) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    rep = run_bench(
-        args.model,
+    options = BenchOptions(
         n_tokens=args.tokens,
         repeats=args.repeats,
         cold=not args.no_cold,
@@ -280,8 +279,8 @@ def cmd_bench(args: argparse.Namespace) -> int:
         playground=args.playground,
         judge=args.judge,
         judge_sets=tuple(n.strip() for n in args.judge_sets.split(",") if n.strip()) or (None,),
-        log=lambda m: print(m, file=sys.stderr, flush=True),
     )
+    rep = run_bench(args.model, options, log=lambda m: print(m, file=sys.stderr, flush=True))
     if args.json:
         print(json.dumps(rep.to_dict(), indent=2))
     else:

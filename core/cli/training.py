@@ -40,10 +40,10 @@ from core.cli.common import (
 from core.data import resolve_datasets, stratified_head
 from core.detectors import available_detectors, shipped_artifacts
 from core.engine.model import LoadedModel, load_model
-from core.evaluation.crossval import CALIBRATIONS, Calibration, CVRun, default_maker
-from core.evaluation.evaluate import evaluate
+from core.evaluation.crossval import CALIBRATIONS, Calibration, CVOptions, CVRun, default_maker
+from core.evaluation.evaluate import EvalOptions, Splits, evaluate
 from core.evaluation.foldstore import folds_dir, prune_stale
-from core.evaluation.matrix import MatrixRun, domain_matrix
+from core.evaluation.matrix import MatrixProgress, MatrixRun, domain_matrix
 from core.evaluation.recipe import TrainRecipe
 from core.evaluation.train import (
     Prefetch,
@@ -270,19 +270,23 @@ def _matrix(args: argparse.Namespace, names: list[str], model: LoadedModel) -> M
             model,
             names,
             parts,
-            k=args.cv or 5,
-            seed=args.seed,
+            CVOptions(
+                k=args.cv or 5,
+                seed=args.seed,
+                criterion=args.criterion or "balanced_accuracy",
+                calibration=_calibration(args),
+                n_boot=args.bootstrap,
+                name=args.name,
+                checkpoint=_checkpoints(args),
+            ),
             make=default_maker(detector_options(args)),
             cache=None if args.no_cache else FeatureCache(store),
-            criterion=args.criterion or "balanced_accuracy",
-            calibration=_calibration(args),
-            n_boot=args.bootstrap,
-            progress=tqdm_progress("features"),
-            step=lambda msg: print(msg, file=sys.stderr),
-            name=args.name,
             diagonal=not args.no_diagonal,
-            checkpoint=_checkpoints(args),
-            resumed=lambda msg: print(msg, file=sys.stderr),
+            progress=MatrixProgress(
+                extraction=tqdm_progress("features"),
+                step=lambda msg: print(msg, file=sys.stderr),
+                resumed=lambda msg: print(msg, file=sys.stderr),
+            ),
         )
 
 
@@ -342,20 +346,24 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         run = evaluate(
             model,
             names,
-            train=[] if artifacts else splits["train"],
-            validation=splits["validation"],
-            test=splits["test"],
-            train_dataset=train_name,
-            test_dataset=test_name,
+            Splits(
+                train=[] if artifacts else splits["train"],
+                validation=splits["validation"],
+                test=splits["test"],
+                train_dataset=train_name,
+                test_dataset=test_name,
+            ),
+            EvalOptions(
+                threshold_criterion=args.criterion or "f1",
+                n_boot=args.bootstrap,
+                name=args.name,
+                smooth=args.smooth,
+            ),
             artifacts=artifacts,
+            configs=detector_options(args),
+            experts=experts,
             cache=None if args.no_cache else FeatureCache(store),
             progress=tqdm_progress("features"),
-            n_boot=args.bootstrap,
-            name=args.name,
-            configs=detector_options(args),
-            smooth=args.smooth,
-            threshold_criterion=args.criterion or "f1",
-            experts=experts,
         )
     j, m = run.save(args.out or runs_dir())
     print(run.to_markdown())

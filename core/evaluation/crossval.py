@@ -48,7 +48,7 @@ from core.evaluation.evaluate import (
     set_thresholds,
     token_labels_and_scores,
 )
-from core.evaluation.foldstore import fold_key, fold_result, load_fold, save_fold
+from core.evaluation.foldstore import FoldResult, fold_key, fold_result, load_fold, save_fold
 from core.learning.calibration import Reliability, reliability
 from core.learning.contract import Detector, Features, Verdict, for_dataset
 from core.learning.metrics import (
@@ -818,28 +818,125 @@ def extract_all(
     )
 
 
+@dataclass(frozen=True, kw_only=True)
+class CVOptions:
+    """How a cross-validation runs. Every field but ``name`` and ``checkpoint`` keys
+    the fold checkpoints, so a changed option refits instead of reading a stale fold.
+
+    Attributes:
+        k: Folds.
+        seed: Seed of the folds and inner splits.
+        criterion: What each fold's threshold maximises on its validation part.
+        calibrate_on: Datasets whose validation answers calibrate (default: all).
+        calibration: How each fold's calibrator is fitted (:func:`fit_procedure`).
+        val_share: Share of each training part held out for selection/calibration.
+        n_boot: Grouped bootstrap resamples for the CIs.
+        name: Run name (default: the time, ``cv{k}`` and the datasets).
+        checkpoint: A folder of fold checkpoints (:mod:`core.evaluation.foldstore`):
+            each fold is saved there once scored, and a fold already saved by the same
+            run (same detector config, data, folds, options and code) is read instead
+            of refitted.
+    """
+
+    k: int = 5
+    seed: int = 0
+    criterion: Criterion = "balanced_accuracy"
+    calibrate_on: Sequence[str] | None = None
+    calibration: Calibration = "crossfit"
+    val_share: float = VAL_SHARE
+    n_boot: int = 1000
+    name: str | None = None
+    checkpoint: str | Path | None = None
+
+    def fold_parts(self) -> dict[str, Any]:
+        """What of these options keys a fold checkpoint."""
+        return {
+            "k": self.k,
+            "seed": self.seed,
+            "criterion": self.criterion,
+            "calibrate_on": sorted(self.calibrate_on) if self.calibrate_on is not None else None,
+            "calibration": self.calibration,
+            "val_share": self.val_share,
+        }
+
+    def fit(
+        self,
+        make: MakeDetector,
+        name: str,
+        features: Sequence[Features],
+        examples: Sequence[RAGExample],
+        seed: int,
+    ) -> Detector:
+        """:func:`fit_procedure` with these options (and ``seed``)."""
+        return fit_procedure(
+            make,
+            name,
+            features,
+            examples,
+            criterion=self.criterion,
+            calibrate_on=self.calibrate_on,
+            calibration=self.calibration,
+            val_share=self.val_share,
+            seed=seed,
+        )
+
+
+@dataclass(frozen=True)
+class CVProgress:
+    """What a cross-validation reports as it goes (each optional).
+
+    Attributes:
+        extraction: ``(done, total)`` of the feature extraction.
+        fold: ``(detector, fold, k)`` before each fold's fit.
+        resumed: ``(detector, fold, k)`` for each fold read from the checkpoint.
+    """
+
+    extraction: Callable[[int, int], None] | None = None
+    fold: Callable[[str, int, int], None] | None = None
+    resumed: Callable[[str, int, int], None] | None = None
+
+
+@dataclass(frozen=True)
+class _Answers:
+    """The labelled answers of one cross-validation and what each is grouped by."""
+
+    examples: list[RAGExample]
+    y: np.ndarray
+    fold: np.ndarray
+    groups: np.ndarray
+    generators: np.ndarray
+    datasets: np.ndarray
+    lengths: np.ndarray
+
+    @classmethod
+    def of(cls, examples: Sequence[RAGExample], k: int, seed: int) -> _Answers:
+        exs = list(examples)
+        y = label_array(exs)
+        if not is_binary(y):
+            raise DataError("cross-validation needs faithful and hallucinated answers")
+        return cls(
+            examples=exs,
+            y=y,
+            fold=make_folds(exs, k, seed),
+            groups=np.asarray([source_key(e) for e in exs]),
+            generators=np.asarray([e.provenance.generator or "unknown" for e in exs]),
+            datasets=np.asarray([e.provenance.dataset or "unknown" for e in exs]),
+            lengths=answer_lengths(exs),
+        )
+
+
 def cross_validate(
     model: LoadedModel | None,
     detectors: Sequence[str],
     examples: Sequence[RAGExample],
+    options: CVOptions | None = None,
     *,
-    k: int = 5,
-    seed: int = 0,
     datasets: Sequence[str] = (),
     make: MakeDetector | None = None,
     cache: FeatureCache | None = None,
-    criterion: Criterion = "balanced_accuracy",
-    calibrate_on: Sequence[str] | None = None,
-    calibration: Calibration = "crossfit",
-    val_share: float = VAL_SHARE,
-    n_boot: int = 1000,
-    progress: Callable[[int, int], None] | None = None,
-    fold_progress: Callable[[str, int, int], None] | None = None,
-    name: str | None = None,
     extraction: Extraction | None = None,
     model_key: str | None = None,
-    checkpoint: str | Path | None = None,
-    resumed: Callable[[str, int, int], None] | None = None,
+    progress: CVProgress | None = None,
 ) -> CVRun:
     """Score every answer out of fold once, for every detector (see the module docstring).
 
@@ -848,193 +945,200 @@ def cross_validate(
         detectors: Detector names.
         examples: Labelled answers (several datasets may be combined; each keeps its
             ``provenance.dataset``).
-        k: Folds.
-        seed: Seed of the folds and inner splits.
+        options: How it runs (:class:`CVOptions`; default: 5 folds, seed 0).
         datasets: Names recorded for the data.
         make: Builds a fresh detector by name (default: :func:`make_detector`).
         cache: Feature cache.
-        criterion: What each fold's threshold maximises on its validation part.
-        calibrate_on: Datasets whose validation answers calibrate (default: all).
-        calibration: How each fold's calibrator is fitted (:func:`fit_procedure`).
-        val_share: Share of each training part held out for selection/calibration.
-        n_boot: Grouped bootstrap resamples for the CIs.
-        progress: Extraction progress ``(done, total)``.
-        fold_progress: ``(detector, fold, k)`` before each fit.
-        name: Run name.
         extraction: Features already extracted for ``examples`` (skips extraction; then
             ``model`` may be ``None`` with ``model_key`` given).
         model_key: The model's key to record (default: ``model.info.key``).
-        checkpoint: A folder of fold checkpoints (:mod:`core.evaluation.foldstore`): each fold is
-            saved there once scored, and a fold already saved by the same run (same
-            detector config, data, folds, options and code) is read instead of refitted.
-        resumed: ``(detector, fold, k)`` for each fold read from ``checkpoint``.
+        progress: What it reports as it goes (:class:`CVProgress`).
     """
+    opts = options or CVOptions()
+    report = progress or CVProgress()
     make = make or default_maker()
     if extraction is None:
         if model is None:
             raise DataError("cross-validation needs the model to extract features")
-        extraction = extract_all(model, examples, detectors, make, cache=cache, progress=progress)
+        extraction = extract_all(
+            model, examples, detectors, make, cache=cache, progress=report.extraction
+        )
     ext = extraction
     key = model_key or (model.info.key if model is not None else None)
     if key is None:
         raise DataError("cross-validation needs the model or its key to record")
-    exs = list(ext.examples)
-    y = label_array(exs)
-    if not is_binary(y):
-        raise DataError("cross-validation needs faithful and hallucinated answers")
-    fold = make_folds(exs, k, seed)
-    groups = np.asarray([source_key(e) for e in exs])
-    gens = np.asarray([e.provenance.generator or "unknown" for e in exs])
-    sets = np.asarray([e.provenance.dataset or "unknown" for e in exs])
-    lengths = answer_lengths(exs)
-    strata_len = length_bins(lengths, LENGTH_BINS)
-    results = []
+    ans = _Answers.of(ext.examples, opts.k, opts.seed)
+    exs, y, groups = ans.examples, ans.y, ans.groups
     run_parts = {
         "ids": ids_hash(exs),
         "data": data_hash(exs),
-        "fold": hashlib.sha256(fold.astype(np.int64).tobytes()).hexdigest(),
-        "k": k,
-        "seed": seed,
+        "fold": hashlib.sha256(ans.fold.astype(np.int64).tobytes()).hexdigest(),
         "model": key,
-        "criterion": criterion,
-        "calibrate_on": sorted(calibrate_on) if calibrate_on is not None else None,
-        "calibration": calibration,
-        "val_share": val_share,
+        **opts.fold_parts(),
     }
-    for n in detectors:
-        feats = ext.features[n]
-        detector_hash = make(n).config.config_hash()
-        scores = np.zeros(len(exs))
-        raw = np.zeros(len(exs))
-        flagged = np.zeros(len(exs), dtype=bool)
-        own_scores = np.zeros(len(exs))
-        own_flagged = np.zeros(len(exs), dtype=bool)
-        verdicts: list[Verdict | None] = [None] * len(exs)
-        token_thresholds: list[float | None] = [None] * len(exs)
-        per_fold = []
-        config_hash = ""
-        for f in range(k):
-            if fold_progress is not None:
-                fold_progress(n, f, k)
-            tr = np.flatnonzero(fold != f)
-            te = np.flatnonzero(fold == f)
-            fkey = fold_key({**run_parts, "detector": n, "config": detector_hash, "f": f})
-            res = load_fold(checkpoint, fkey, te) if checkpoint is not None else None
-            if res is None:
-                det = fit_procedure(
-                    make,
-                    n,
-                    [feats[i] for i in tr],
-                    [exs[i] for i in tr],
-                    criterion=criterion,
-                    calibrate_on=calibrate_on,
-                    calibration=calibration,
-                    val_share=val_share,
-                    seed=seed + f,
-                )
-                vs = [det.predict(feats[i]) for i in te]
-                own = [
-                    for_dataset(det, v, exs[i].provenance.dataset)
-                    for v, i in zip(vs, te, strict=True)
-                ]
-                res = fold_result(
-                    te,
-                    vs,
-                    own,
-                    float(det.threshold_),
-                    det.config.config_hash(),
-                    getattr(det, "token_threshold_", None),
-                )
-                if checkpoint is not None:
-                    save_fold(checkpoint, fkey, res)
-            elif resumed is not None:
-                resumed(n, f, k)
-            config_hash = res.config_hash
-            scores[te], raw[te], flagged[te] = res.scores, res.raw, res.flagged
-            own_scores[te], own_flagged[te] = res.own_scores, res.own_flagged
-            for j, i in enumerate(te):
-                verdicts[i] = res.verdict(j, n, exs[i].id)
-                token_thresholds[i] = res.token_threshold
-            m = response_metrics(y[te], scores[te], res.threshold, n_boot=0)
-            per_fold.append(
-                {
-                    "fold": f,
-                    "n": int(te.size),
-                    "n_positive": int(y[te].sum()),
-                    "auroc": m["auroc"],
-                    "ap": m["ap"],
-                    "balanced_accuracy": m["balanced_accuracy"],
-                    "threshold": res.threshold,
-                    "ece": reliability(y[te], scores[te]).ece,
-                }
-            )
-        done = [v for v in verdicts if v is not None]
-        ty, ts = token_labels_and_scores(exs, done)
-        pooled = pooled_metrics(y, scores, flagged, groups, n_boot, seed)
-        pooled["auroc_length_matched"] = matched_auroc(y, scores, strata_len)
-        results.append(
-            CVResult(
-                detector=n,
-                config_hash=config_hash,
-                pooled=pooled,
-                folds=tuple(per_fold),
-                token=token_metrics(ty, ts) if ty.size else None,
-                reliability=reliability(y, scores),
-                by_generator=_breakdown(gens, y, scores, flagged, groups, n_boot, seed),
-                by_dataset=_with_tokens(
-                    _with_own(
-                        _breakdown(sets, y, scores, flagged, groups, n_boot, seed),
-                        _breakdown(sets, y, own_scores, own_flagged, groups, n_boot, seed),
-                    ),
-                    sets,
-                    exs,
-                    verdicts,
-                    token_thresholds,
-                ),
-                scores=tuple(float(s) for s in scores),
-                raw_scores=tuple(float(s) for s in raw),
-                flagged=tuple(bool(b) for b in flagged),
-                spans=span_metrics(exs, verdicts, token_thresholds),
-            )
-        )
+    results = [
+        _validate_detector(n, ext.features[n], ans, make, opts, report, run_parts)
+        for n in detectors
+    ]
     stamp = datetime.now(UTC)
-    names = tuple(datasets) or tuple(sorted(set(sets.tolist())))
+    names = tuple(datasets) or tuple(sorted(set(ans.datasets.tolist())))
     comparisons = compare_detectors(
         y,
         {r.detector: np.asarray(r.scores) for r in results},
         groups,
-        lengths,
-        n_boot=n_boot,
-        seed=seed,
+        ans.lengths,
+        n_boot=opts.n_boot,
+        seed=opts.seed,
     )
     return CVRun(
-        name=name or file_stem(f"{stamp:%Y%m%d-%H%M%S}-cv{k}-{'+'.join(names)}"),
+        name=opts.name or file_stem(f"{stamp:%Y%m%d-%H%M%S}-cv{opts.k}-{'+'.join(names)}"),
         created_at=stamp.isoformat(timespec="seconds"),
         model=key,
         datasets=names,
-        k=k,
-        seed=seed,
-        criterion=criterion,
-        calibrate_on=tuple(calibrate_on) if calibrate_on is not None else None,
-        calibration=calibration,
+        k=opts.k,
+        seed=opts.seed,
+        criterion=opts.criterion,
+        calibrate_on=tuple(opts.calibrate_on) if opts.calibrate_on is not None else None,
+        calibration=opts.calibration,
         baseline={
             "answer_length": {
-                "auroc": auroc_or_none(y, lengths),
-                "auroc_ci": grouped_bootstrap_ci(y, lengths, groups, n_boot=n_boot, seed=seed),
+                "auroc": auroc_or_none(y, ans.lengths),
+                "auroc_ci": grouped_bootstrap_ci(
+                    y, ans.lengths, groups, n_boot=opts.n_boot, seed=opts.seed
+                ),
                 "length_bins": LENGTH_BINS,
             }
         },
         ids=tuple(e.id for e in exs),
         labels=tuple(int(v) for v in y),
-        fold=tuple(int(f) for f in fold),
-        generators=tuple(gens.tolist()),
-        example_datasets=tuple(sets.tolist()),
+        fold=tuple(int(f) for f in ans.fold),
+        generators=tuple(ans.generators.tolist()),
+        example_datasets=tuple(ans.datasets.tolist()),
         data_hash=data_hash(exs),
         results=tuple(results),
         extraction=_extraction_info(ext),
         # Hashed: a declared group may be a name from the data.
         groups=tuple(hashlib.sha256(str(g).encode()).hexdigest()[:12] for g in groups),
         comparisons=comparisons,
+    )
+
+
+def _fold(
+    n: str,
+    f: int,
+    feats: Sequence[Features],
+    ans: _Answers,
+    make: MakeDetector,
+    opts: CVOptions,
+    report: CVProgress,
+    fkey: str,
+) -> FoldResult:
+    """Fold ``f`` of detector ``n``: read back from the checkpoint, else fitted on the
+    other folds and scored on this one (and then checkpointed)."""
+    te = np.flatnonzero(ans.fold == f)
+    res = load_fold(opts.checkpoint, fkey, te) if opts.checkpoint is not None else None
+    if res is not None:
+        if report.resumed is not None:
+            report.resumed(n, f, opts.k)
+        return res
+    tr = np.flatnonzero(ans.fold != f).tolist()
+    exs = ans.examples
+    det = opts.fit(make, n, [feats[i] for i in tr], [exs[i] for i in tr], opts.seed + f)
+    vs = [det.predict(feats[i]) for i in te.tolist()]
+    own = [for_dataset(det, v, exs[i].provenance.dataset) for v, i in zip(vs, te, strict=True)]
+    res = fold_result(
+        te,
+        vs,
+        own,
+        float(det.threshold_),
+        det.config.config_hash(),
+        getattr(det, "token_threshold_", None),
+    )
+    if opts.checkpoint is not None:
+        save_fold(opts.checkpoint, fkey, res)
+    return res
+
+
+def _validate_detector(
+    n: str,
+    feats: Sequence[Features],
+    ans: _Answers,
+    make: MakeDetector,
+    opts: CVOptions,
+    report: CVProgress,
+    run_parts: Mapping[str, Any],
+) -> CVResult:
+    """Detector ``n`` scored out of fold on every answer, and its metrics."""
+    exs, y, groups, k, seed, n_boot = (
+        ans.examples,
+        ans.y,
+        ans.groups,
+        opts.k,
+        opts.seed,
+        opts.n_boot,
+    )
+    detector_hash = make(n).config.config_hash()
+    scores = np.zeros(len(exs))
+    raw = np.zeros(len(exs))
+    flagged = np.zeros(len(exs), dtype=bool)
+    own_scores = np.zeros(len(exs))
+    own_flagged = np.zeros(len(exs), dtype=bool)
+    verdicts: list[Verdict | None] = [None] * len(exs)
+    token_thresholds: list[float | None] = [None] * len(exs)
+    per_fold = []
+    config_hash = ""
+    for f in range(k):
+        if report.fold is not None:
+            report.fold(n, f, k)
+        fkey = fold_key({**run_parts, "detector": n, "config": detector_hash, "f": f})
+        res = _fold(n, f, feats, ans, make, opts, report, fkey)
+        te = np.flatnonzero(ans.fold == f)
+        config_hash = res.config_hash
+        scores[te], raw[te], flagged[te] = res.scores, res.raw, res.flagged
+        own_scores[te], own_flagged[te] = res.own_scores, res.own_flagged
+        for j, i in enumerate(te):
+            verdicts[i] = res.verdict(j, n, exs[i].id)
+            token_thresholds[i] = res.token_threshold
+        m = response_metrics(y[te], scores[te], res.threshold, n_boot=0)
+        per_fold.append(
+            {
+                "fold": f,
+                "n": int(te.size),
+                "n_positive": int(y[te].sum()),
+                "auroc": m["auroc"],
+                "ap": m["ap"],
+                "balanced_accuracy": m["balanced_accuracy"],
+                "threshold": res.threshold,
+                "ece": reliability(y[te], scores[te]).ece,
+            }
+        )
+    done = [v for v in verdicts if v is not None]
+    ty, ts = token_labels_and_scores(exs, done)
+    pooled = pooled_metrics(y, scores, flagged, groups, n_boot, seed)
+    pooled["auroc_length_matched"] = matched_auroc(y, scores, length_bins(ans.lengths, LENGTH_BINS))
+    sets = ans.datasets
+    return CVResult(
+        detector=n,
+        config_hash=config_hash,
+        pooled=pooled,
+        folds=tuple(per_fold),
+        token=token_metrics(ty, ts) if ty.size else None,
+        reliability=reliability(y, scores),
+        by_generator=_breakdown(ans.generators, y, scores, flagged, groups, n_boot, seed),
+        by_dataset=_with_tokens(
+            _with_own(
+                _breakdown(sets, y, scores, flagged, groups, n_boot, seed),
+                _breakdown(sets, y, own_scores, own_flagged, groups, n_boot, seed),
+            ),
+            sets,
+            exs,
+            verdicts,
+            token_thresholds,
+        ),
+        scores=tuple(float(s) for s in scores),
+        raw_scores=tuple(float(s) for s in raw),
+        flagged=tuple(bool(b) for b in flagged),
+        spans=span_metrics(exs, verdicts, token_thresholds),
     )
 
 

@@ -467,60 +467,188 @@ def _judged_by(
     return found[1].get(name, det) if found is not None else det
 
 
+def _token_metrics(
+    te_ex: Sequence[RAGExample], verdicts: Sequence[Verdict], smooth: float | None
+) -> dict[str, Any] | None:
+    """Token metrics over the test answers with token labels (``None`` when none has
+    them), and after smoothing with ``p_stay = smooth`` when asked."""
+    tok_lab, tok_sc = [], []
+    for e, v in zip(te_ex, verdicts, strict=True):
+        y_tok, s_tok = token_labels_and_scores([e], [v])
+        if y_tok.size:
+            tok_lab.append(y_tok)
+            tok_sc.append(s_tok)
+    if not tok_lab:
+        return None
+    tok = token_metrics(np.concatenate(tok_lab), np.concatenate(tok_sc))
+    if smooth is not None:
+        smoothed = np.concatenate(smooth_tokens(tok_sc, smooth))
+        tok["smoothed"] = {
+            "p_stay": float(smooth),
+            **token_metrics(np.concatenate(tok_lab), smoothed),
+        }
+    return tok
+
+
+def _evaluate_one(
+    n: str,
+    det: Any,
+    parts: Mapping[str, tuple[list[RAGExample], dict[str, list[Features]]]],
+    labels: Mapping[str, np.ndarray],
+    opts: EvalOptions,
+    splits: Splits,
+    artifact: str | Path | None,
+    experts: Mapping[str, Mapping[str, Detector]],
+) -> DetectorResult:
+    """Detector ``n`` fitted on train (unless loaded from ``artifact``), thresholded on
+    validation, judged on test, and saved when asked."""
+    (tr_ex, tr_f), (va_ex, va_f), (te_ex, te_f) = (
+        parts["train"],
+        parts["validation"],
+        parts["test"],
+    )
+    if artifact is None:
+        # Detectors that select hyper-parameters (heads, layers, beta, a classifier)
+        # do it on validation, never on test.
+        fit_detector(det, tr_f[n], tr_ex, (va_f[n], va_ex))
+    va_metrics = None
+    if va_ex:
+        va_verdicts = set_thresholds(det, va_f[n], va_ex, criterion=opts.threshold_criterion)
+        va_scores = np.asarray([v.score for v in va_verdicts])
+        va_metrics = response_metrics(labels["validation"], va_scores, det.threshold_, n_boot=0)
+    # A detector trained on several datasets judges each answer by its dataset's own
+    # calibration and threshold when it has them.
+    judging = [_judged_by(det, n, e, experts) for e in te_ex]
+    verdicts = [
+        judge_features(d, f, e.provenance.dataset)
+        for d, f, e in zip(judging, te_f[n], te_ex, strict=True)
+    ]
+    scores = np.asarray([v.score for v in verdicts])
+    tok = _token_metrics(te_ex, verdicts, opts.smooth)
+    # Each answer is flagged at the threshold of the calibration that gave its score.
+    thresholds = np.asarray(
+        [
+            d.threshold_ if v.threshold is None else v.threshold
+            for d, v in zip(judging, verdicts, strict=True)
+        ],
+        dtype=np.float64,
+    )
+    metrics = response_metrics(labels["test"], scores, thresholds, n_boot=opts.n_boot)
+    art = None
+    if opts.save_artifacts is not None and artifact is None:
+        art = str(
+            det.save(
+                Path(opts.save_artifacts) / n,
+                extra={
+                    "trained_on": trained_on_record(
+                        opts.recipe,
+                        dataset=splits.train_dataset,
+                        parts={"train": tr_ex, "validation": va_ex, "test": te_ex},
+                        fitted=[*tr_ex, *va_ex],
+                    ),
+                    "threshold_criterion": opts.threshold_criterion,
+                    "token_threshold": getattr(det, "token_threshold_", None),
+                    "metrics": {"test": metrics, "validation": va_metrics, "token": tok},
+                },
+            )
+        )
+    elif artifact is not None:
+        art = str(artifact)
+    return DetectorResult(
+        detector=n,
+        config_hash=det.config.config_hash(),
+        # The threshold the test answers were flagged at (their dataset's own
+        # when one calibration judged them all; see metrics["thresholds"]).
+        threshold=float(det.threshold_ if metrics["threshold"] is None else metrics["threshold"]),
+        metrics=metrics,
+        token_metrics=tok,
+        validation_metrics=va_metrics,
+        scores=tuple(float(s) for s in scores),
+        artifact=art,
+        token_threshold=getattr(det, "token_threshold_", None),
+    )
+
+
+@dataclass(frozen=True, kw_only=True)
+class Splits:
+    """The answers of one held-out evaluation and the dataset names its run records.
+
+    Attributes:
+        train, validation, test: The splits (train may be empty when every detector
+            comes from artifacts; validation is empty when artifacts are judged as
+            trained).
+        train_dataset, test_dataset: Names recorded in the run (the test one defaults to
+            the training one).
+    """
+
+    train: Sequence[RAGExample]
+    validation: Sequence[RAGExample]
+    test: Sequence[RAGExample]
+    train_dataset: str
+    test_dataset: str | None = None
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvalOptions:
+    """How a held-out evaluation runs and what it keeps.
+
+    Attributes:
+        threshold_criterion: What the validation threshold maximises.
+        n_boot: Bootstrap resamples for the AUROC CI.
+        name: Run name (default: timestamp + datasets).
+        smooth: Also report token metrics after label-persistence smoothing of every
+            detector's token scores with this ``p_stay`` (:mod:`core.signals.smoothing`),
+            under ``token_metrics["smoothed"]``.
+        save_artifacts: Folder to save each freshly trained detector in
+            (``<folder>/<name>/``), with threshold, training data hashes and metrics.
+        recipe: The inputs that rebuild the saved artifacts, recorded in each artifact
+            (:func:`core.evaluation.recipe.trained_on_record`) for ``ragscope train
+            --reproduce``.
+    """
+
+    threshold_criterion: Literal["f1", "balanced_accuracy"] = "f1"
+    n_boot: int = 1000
+    name: str | None = None
+    smooth: float | None = None
+    save_artifacts: str | Path | None = None
+    recipe: TrainRecipe | None = None
+
+
 def evaluate(
     model: LoadedModel,
     detectors: Sequence[str],
+    splits: Splits,
+    options: EvalOptions | None = None,
     *,
-    train: Sequence[RAGExample],
-    validation: Sequence[RAGExample],
-    test: Sequence[RAGExample],
-    train_dataset: str,
-    test_dataset: str | None = None,
     artifacts: Mapping[str, str | Path] | None = None,
+    configs: Mapping[str, Mapping[str, Any]] | None = None,
+    experts: Mapping[str, Mapping[str, Detector]] | None = None,
     cache: FeatureCache | None = None,
     progress: Callable[[int, int], None] | None = None,
-    threshold_criterion: Literal["f1", "balanced_accuracy"] = "f1",
-    name: str | None = None,
-    n_boot: int = 1000,
-    save_artifacts: str | Path | None = None,
-    recipe: TrainRecipe | None = None,
-    configs: Mapping[str, Mapping[str, Any]] | None = None,
-    smooth: float | None = None,
-    experts: Mapping[str, Mapping[str, Detector]] | None = None,
 ) -> EvalRun:
     """Fit (or load) each detector, pick thresholds on validation, report on test.
 
     Args:
         model: The analysing model.
         detectors: Registered detector names.
-        train, validation, test: The splits (train may be empty when every
-            detector comes from ``artifacts``).
-        train_dataset, test_dataset: Names recorded in the run.
+        splits: The answers and the names recorded for them (:class:`Splits`).
+        options: How it runs and what it keeps (:class:`EvalOptions`).
         artifacts: Detector name -> artifact folder to load instead of training.
-        cache: Feature cache (recommended: evaluation re-runs then cost nothing).
-        progress: ``(done, total)`` over all examples.
-        threshold_criterion: What the validation threshold maximises.
-        name: Run name (default: timestamp + datasets).
-        n_boot: Bootstrap resamples for the AUROC CI.
-        save_artifacts: Folder to save each freshly trained detector in
-            (``<folder>/<name>/``), with threshold, training data hashes and metrics.
-        recipe: The inputs that rebuild the saved artifacts, recorded in each artifact
-            (:func:`core.evaluation.recipe.trained_on_record`) for ``ragscope train --reproduce``.
         configs: Detector name -> config options for freshly made detectors
             (e.g. ``{"redeep_token": {"scorer": "logistic"}}``).
-        smooth: Also report token metrics after label-persistence smoothing of every
-            detector's token scores with this ``p_stay`` (:mod:`core.signals.smoothing`),
-            under ``token_metrics["smoothed"]``.
         experts: For loaded artifacts judged as trained (no validation split): training
             dataset -> the detectors of the set's expert for it
-            (:meth:`core.pipeline.sets.DetectorSet.for_dataset`). A test answer of that dataset (or
-            another split of it, :func:`core.learning.calibration.match_dataset`) is judged by the
-            expert's detector of the same name, on the same features, as every other path
-            judges it.
+            (:meth:`core.pipeline.sets.DetectorSet.for_dataset`). A test answer of that
+            dataset (or another split of it, :func:`core.learning.calibration.match_dataset`)
+            is judged by the expert's detector of the same name, on the same features, as
+            every other path judges it.
+        cache: Feature cache (recommended: evaluation re-runs then cost nothing).
+        progress: ``(done, total)`` over all examples.
     """
+    opts = options or EvalOptions()
     artifacts = dict(artifacts or {})
     experts = dict(experts or {})
-    if experts and (validation or any(n not in artifacts for n in detectors)):
+    if experts and (splits.validation or any(n not in artifacts for n in detectors)):
         raise DataError("experts judge only loaded artifacts as trained (no validation split)")
     dets: dict[str, Any] = {}
     configs = dict(configs or {})
@@ -533,107 +661,35 @@ def evaluate(
             if n in artifacts
             else make_detector(n, **configs.get(n, {}))
         )
-    if any(n not in artifacts for n in detectors) and not train:
+    if any(n not in artifacts for n in detectors) and not splits.train:
         raise DataError(
             "no training examples: give a training split or artifacts for every detector"
         )
-    everything = [*train, *validation, *test]
+    everything = [*splits.train, *splits.validation, *splits.test]
     ids = [e.id for e in everything]
     if len(set(ids)) != len(ids):
         raise DataError("example ids repeat across splits; ids must be unique")
     ext = extract_features(
         model, everything, list(dets.values()), cache=cache, progress=progress, on_error="skip"
     )
-    tr_ex, tr_f = _subset(ext, {e.id for e in train})
-    va_ex, va_f = _subset(ext, {e.id for e in validation})
-    te_ex, te_f = _subset(ext, {e.id for e in test})
+    parts = {
+        part: _subset(ext, {e.id for e in getattr(splits, part)})
+        for part in ("train", "validation", "test")
+    }
+    te_ex = parts["test"][0]
     if not te_ex:
         raise DataError("the test split is empty after extraction; use a larger dataset")
+    tr_ex, va_ex = parts["train"][0], parts["validation"][0]
     y_te = _labels(te_ex, "test")
-    y_va = _labels(va_ex, "validation") if va_ex else np.zeros(0)
-    results = []
+    labels = {"test": y_te, "validation": _labels(va_ex, "validation") if va_ex else np.zeros(0)}
+    results = [
+        _evaluate_one(n, det, parts, labels, opts, splits, artifacts.get(n), experts)
+        for n, det in dets.items()
+    ]
     hashes = {"train": data_hash(tr_ex), "validation": data_hash(va_ex), "test": data_hash(te_ex)}
-    for n, det in dets.items():
-        if n not in artifacts:
-            # Detectors that select hyper-parameters (heads, layers, beta, a classifier)
-            # do it on validation, never on test.
-            fit_detector(det, tr_f[n], tr_ex, (va_f[n], va_ex))
-        va_metrics = None
-        if va_ex:
-            va_verdicts = set_thresholds(det, va_f[n], va_ex, criterion=threshold_criterion)
-            va_scores = np.asarray([v.score for v in va_verdicts])
-            va_metrics = response_metrics(y_va, va_scores, det.threshold_, n_boot=0)
-        # A detector trained on several datasets judges each answer by its dataset's own
-        # calibration and threshold when it has them.
-        judging = [_judged_by(det, n, e, experts) for e in te_ex]
-        verdicts = [
-            judge_features(d, f, e.provenance.dataset)
-            for d, f, e in zip(judging, te_f[n], te_ex, strict=True)
-        ]
-        scores = np.asarray([v.score for v in verdicts])
-        tok = None
-        tok_lab, tok_sc = [], []
-        for e, v in zip(te_ex, verdicts, strict=True):
-            y_tok, s_tok = token_labels_and_scores([e], [v])
-            if y_tok.size:
-                tok_lab.append(y_tok)
-                tok_sc.append(s_tok)
-        if tok_lab:
-            tok = token_metrics(np.concatenate(tok_lab), np.concatenate(tok_sc))
-            if smooth is not None:
-                smoothed = np.concatenate(smooth_tokens(tok_sc, smooth))
-                tok["smoothed"] = {
-                    "p_stay": float(smooth),
-                    **token_metrics(np.concatenate(tok_lab), smoothed),
-                }
-        # Each answer is flagged at the threshold of the calibration that gave its score.
-        thresholds = np.asarray(
-            [
-                d.threshold_ if v.threshold is None else v.threshold
-                for d, v in zip(judging, verdicts, strict=True)
-            ],
-            dtype=np.float64,
-        )
-        metrics = response_metrics(y_te, scores, thresholds, n_boot=n_boot)
-        art = None
-        if save_artifacts is not None and n not in artifacts:
-            art = str(
-                det.save(
-                    Path(save_artifacts) / n,
-                    extra={
-                        "trained_on": trained_on_record(
-                            recipe,
-                            dataset=train_dataset,
-                            parts={"train": tr_ex, "validation": va_ex, "test": te_ex},
-                            fitted=[*tr_ex, *va_ex],
-                        ),
-                        "threshold_criterion": threshold_criterion,
-                        "token_threshold": getattr(det, "token_threshold_", None),
-                        "metrics": {"test": metrics, "validation": va_metrics, "token": tok},
-                    },
-                )
-            )
-        elif n in artifacts:
-            art = str(artifacts[n])
-        results.append(
-            DetectorResult(
-                detector=n,
-                config_hash=det.config.config_hash(),
-                # The threshold the test answers were flagged at (their dataset's own
-                # when one calibration judged them all; see metrics["thresholds"]).
-                threshold=float(
-                    det.threshold_ if metrics["threshold"] is None else metrics["threshold"]
-                ),
-                metrics=metrics,
-                token_metrics=tok,
-                validation_metrics=va_metrics,
-                scores=tuple(float(s) for s in scores),
-                artifact=art,
-                token_threshold=getattr(det, "token_threshold_", None),
-            )
-        )
+    train_dataset, name = splits.train_dataset, opts.name
     stamp = datetime.now(UTC).strftime("%Y%m%d-%H%M%S")
-    test_name = test_dataset or train_dataset
+    test_name = splits.test_dataset or train_dataset
     return EvalRun(
         name=name or f"{stamp}-{train_dataset}-to-{test_name}".replace("/", "_"),
         created_at=datetime.now(UTC).isoformat(timespec="seconds"),

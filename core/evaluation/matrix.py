@@ -17,7 +17,7 @@ and the code) and a rerun reads them back instead of refitting.
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
@@ -30,15 +30,13 @@ from core.data import data_hash
 from core.engine.model import LoadedModel
 from core.evaluation.crossval import (
     CV_FORMAT,
-    Calibration,
-    Criterion,
+    CVOptions,
     CVRun,
     MakeDetector,
     cross_validate,
     default_maker,
     extract_all,
     file_stem,
-    fit_procedure,
     format_ci,
     ids_hash,
     label_array,
@@ -175,25 +173,32 @@ def _cell(res: FoldResult, exs: Sequence[RAGExample], n_boot: int, seed: int) ->
     return pooled_metrics(label_array(test), res.scores, res.flagged, groups, n_boot, seed)
 
 
+@dataclass(frozen=True)
+class MatrixProgress:
+    """What a cross-domain matrix reports as it goes (each optional).
+
+    Attributes:
+        extraction: ``(done, total)`` of the feature extraction.
+        step: A line before each training and each diagonal cross-validation.
+        resumed: A line for each training read back from the checkpoint.
+    """
+
+    extraction: Callable[[int, int], None] | None = None
+    step: Callable[[str], None] | None = None
+    resumed: Callable[[str], None] | None = None
+
+
 def domain_matrix(
     model: LoadedModel,
     detectors: Sequence[str],
     datasets: Mapping[str, Sequence[RAGExample]],
+    options: CVOptions | None = None,
     *,
-    k: int = 5,
-    seed: int = 0,
     make: MakeDetector | None = None,
     cache: FeatureCache | None = None,
-    criterion: Criterion = "balanced_accuracy",
-    calibration: Calibration = "crossfit",
     leave_one_out: bool = True,
     diagonal: bool = True,
-    n_boot: int = 1000,
-    progress: Callable[[int, int], None] | None = None,
-    step: Callable[[str], None] | None = None,
-    name: str | None = None,
-    checkpoint: str | Path | None = None,
-    resumed: Callable[[str], None] | None = None,
+    progress: MatrixProgress | None = None,
 ) -> MatrixRun:
     """Train on each dataset (and, with ``leave_one_out``, on all but one), test on every
     other; the diagonal is :func:`cross_validate` within each dataset.
@@ -203,17 +208,24 @@ def domain_matrix(
     one domain would get on another.
 
     Args:
-        checkpoint: A folder of checkpoints (:mod:`core.evaluation.foldstore`): each training's
-            test scores are saved there, and a training already saved by the same
-            run (same detector config, answers, options, model and code) is read
-            instead of refitted; the diagonal's folds go there too.
-        resumed: ``step``'s message for each training read from ``checkpoint``.
+        options: How each training and the diagonal's cross-validation run
+            (:class:`~core.evaluation.crossval.CVOptions`). Its ``checkpoint`` folder
+            keeps each training's test scores, and a training already saved by the
+            same run (same detector config, answers, options, model and code) is
+            read instead of refitted; the diagonal's folds go there too. Its ``k`` is
+            the diagonal's folds; ``name`` names the matrix.
+        leave_one_out: Also train on all datasets but one, for each.
+        diagonal: Cross-validate within each dataset.
+        progress: What it reports as it goes (:class:`MatrixProgress`).
     """
+    opts = options or CVOptions()
+    report = progress or MatrixProgress()
+    k, seed, checkpoint = opts.k, opts.seed, opts.checkpoint
     make = make or default_maker()
     if len(datasets) < 2:
         raise DataError("a cross-domain matrix needs at least two datasets")
     everything = [e for exs in datasets.values() for e in exs]
-    ext = extract_all(model, everything, detectors, make, cache=cache, progress=progress)
+    ext = extract_all(model, everything, detectors, make, cache=cache, progress=report.extraction)
     kept = {e.id for e in ext.examples}
     index = {e.id: i for i, e in enumerate(ext.examples)}
     parts = {d: [index[e.id] for e in exs if e.id in kept] for d, exs in datasets.items()}
@@ -233,8 +245,10 @@ def domain_matrix(
         "ids": ids_hash(ext.examples),
         "data": data_hash(ext.examples),
         "model": model.info.key,
-        "criterion": criterion,
-        "calibration": calibration,
+        "criterion": opts.criterion,
+        "calibration": opts.calibration,
+        "calibrate_on": sorted(opts.calibrate_on) if opts.calibrate_on is not None else None,
+        "val_share": opts.val_share,
         "seed": seed,
     }
     for n in detectors:
@@ -259,30 +273,23 @@ def domain_matrix(
                 for t in tests
             }
             if all(r is not None for r in saved.values()):
-                if resumed is not None:
-                    resumed(f"{n}: train on {train_name} (read back from its checkpoint)")
+                if report.resumed is not None:
+                    report.resumed(f"{n}: train on {train_name} (read back from its checkpoint)")
                 results = {t: r for t, r in saved.items() if r is not None}
             else:
-                if step is not None:
-                    step(f"{n}: train on {train_name}")
-                det = fit_procedure(
-                    make,
-                    n,
-                    *subset(n, idx),
-                    criterion=criterion,
-                    calibration=calibration,
-                    seed=seed,
-                )
+                if report.step is not None:
+                    report.step(f"{n}: train on {train_name}")
+                det = opts.fit(make, n, *subset(n, idx), seed)
                 results = {t: _test_scores(det, ext.features[n], parts[t]) for t in tests}
                 if checkpoint is not None:
                     for t, r in results.items():
                         save_fold(checkpoint, keys[t], r)
             for t, r in results.items():
-                cells[n].setdefault(train_name, {})[t] = _cell(r, ext.examples, n_boot, seed)
+                cells[n].setdefault(train_name, {})[t] = _cell(r, ext.examples, opts.n_boot, seed)
     if diagonal:
         for d in datasets:
-            if step is not None:
-                step(f"cross-validation within {d}")
+            if report.step is not None:
+                report.step(f"cross-validation within {d}")
             sub = Extraction(
                 examples=tuple(ext.examples[i] for i in parts[d]),
                 features={n: tuple(ext.features[n][i] for i in parts[d]) for n in detectors},
@@ -292,23 +299,13 @@ def domain_matrix(
                 seconds=0.0,
             )
             cv = cross_validate(
-                model,
-                detectors,
-                sub.examples,
-                k=k,
-                seed=seed,
-                make=make,
-                criterion=criterion,
-                calibration=calibration,
-                n_boot=n_boot,
-                extraction=sub,
-                checkpoint=checkpoint,
+                model, detectors, sub.examples, replace(opts, name=None), make=make, extraction=sub
             )
             for res in cv.results:
                 cells[res.detector].setdefault(d, {})[d] = dict(res.pooled)
     stamp = datetime.now(UTC)
     return MatrixRun(
-        name=name or file_stem(f"{stamp:%Y%m%d-%H%M%S}-matrix-{'+'.join(datasets)}"),
+        name=opts.name or file_stem(f"{stamp:%Y%m%d-%H%M%S}-matrix-{'+'.join(datasets)}"),
         created_at=stamp.isoformat(timespec="seconds"),
         model=model.info.key,
         datasets=tuple(datasets),

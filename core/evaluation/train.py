@@ -24,13 +24,15 @@ from core.base.examples import RAGExample
 from core.data import make_splits, resolve_datasets, stratified_head
 from core.engine.model import LoadedModel, load_model
 from core.evaluation.crossval import (
+    CVOptions,
+    CVProgress,
     CVRun,
     cross_validate,
     default_maker,
     extract_all,
     fit_procedure,
 )
-from core.evaluation.evaluate import EvalRun, evaluate
+from core.evaluation.evaluate import EvalOptions, EvalRun, Splits, evaluate
 from core.evaluation.foldstore import folds_dir, prune_stale
 from core.evaluation.recipe import TrainRecipe, trained_on_record
 from core.pipeline.extract import Extraction, FeatureCache, Progress
@@ -192,19 +194,25 @@ def cross_validate_recipe(
         model,
         names,
         examples,
-        k=recipe.cv,
-        seed=recipe.seed,
+        CVOptions(
+            k=recipe.cv,
+            seed=recipe.seed,
+            criterion=recipe.fit_criterion,
+            calibrate_on=recipe.calibrate_on_names,
+            calibration=recipe.fit_calibration,
+            n_boot=opts.bootstrap,
+            name=opts.name,
+            checkpoint=checkpoint or opts.checkpoint,
+        ),
         datasets=sets,
         make=make,
-        criterion=recipe.fit_criterion,
-        calibrate_on=recipe.calibrate_on_names,
-        calibration=recipe.fit_calibration,
-        n_boot=opts.bootstrap,
-        fold_progress=lambda d, f, k: opts.log(f"{d}: fold {f + 1}/{k}"),
-        name=opts.name,
         extraction=ext,
-        checkpoint=checkpoint or opts.checkpoint,
-        resumed=lambda d, f, k: opts.log(f"{d}: fold {f + 1}/{k} read back from its checkpoint"),
+        progress=CVProgress(
+            fold=lambda d, f, k: opts.log(f"{d}: fold {f + 1}/{k}"),
+            resumed=lambda d, f, k: opts.log(
+                f"{d}: fold {f + 1}/{k} read back from its checkpoint"
+            ),
+        ),
     )
     return run, ext
 
@@ -285,19 +293,23 @@ def _train_split(
         return evaluate(
             model,
             names,
-            train=splits["train"],
-            validation=splits["validation"],
-            test=splits["test"],
-            train_dataset=train_name,
-            test_dataset=test_name,
+            Splits(
+                train=splits["train"],
+                validation=splits["validation"],
+                test=splits["test"],
+                train_dataset=train_name,
+                test_dataset=test_name,
+            ),
+            EvalOptions(
+                threshold_criterion=recipe.fit_criterion,
+                n_boot=opts.bootstrap,
+                name=opts.name,
+                save_artifacts=out,
+                recipe=recipe,
+            ),
+            configs=recipe.detector_options(),
             cache=FeatureCache(store) if opts.use_cache else None,
             progress=_checked(progress, cancel),
-            n_boot=opts.bootstrap,
-            name=opts.name,
-            save_artifacts=out,
-            recipe=recipe,
-            configs=recipe.detector_options(),
-            threshold_criterion=recipe.fit_criterion,
         )
 
 

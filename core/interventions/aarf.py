@@ -535,29 +535,11 @@ class AARFResult:
         return frame
 
 
-def aarf_generate(
-    model: LoadedModel,
-    example_or_prompt: RAGExample | AnswerPrompt,
-    detector: Any,
-    *,
-    tau: float | None = None,
-    score: ScoreScale = "probability",
-    alpha2: float = DEFAULT_ALPHA2,
-    beta2: float = DEFAULT_BETA2,
-    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS,
-    plain: bool = True,
-    keep_logits: bool = False,
-    heads: Iterable[Head] | None = None,
-    layers: Iterable[int] | None = None,
-    kv_cache: bool = True,
-) -> AARFResult:
-    """Greedy decoding with AARF (see the module docstring).
+@dataclass(frozen=True, kw_only=True)
+class AARFOptions:
+    """How :func:`aarf_generate` decodes and when it intervenes.
 
-    Args:
-        model: The loaded model the detector was fitted on.
-        example_or_prompt: What to answer (an example's response is ignored).
-        detector: A fitted ``redeep_token`` detector; its selected heads and
-            layers are the ones scaled.
+    Attributes:
         tau: Intervene when the step's score exceeds it. Default: the
             detector's ``threshold_`` (probability scale only).
         score: ``"probability"`` (the detector's calibrated probability, in
@@ -579,6 +561,34 @@ def aarf_generate(
             the scaled model over just the tokens its own cache lacks. ``False`` re-runs the
             whole sequence at every step (the reference: same tokens, scores equal to
             float rounding).
+    """
+
+    tau: float | None = None
+    score: ScoreScale = "probability"
+    alpha2: float = DEFAULT_ALPHA2
+    beta2: float = DEFAULT_BETA2
+    max_new_tokens: int = DEFAULT_MAX_NEW_TOKENS
+    plain: bool = True
+    keep_logits: bool = False
+    heads: Iterable[Head] | None = None
+    layers: Iterable[int] | None = None
+    kv_cache: bool = True
+
+
+def aarf_generate(
+    model: LoadedModel,
+    example_or_prompt: RAGExample | AnswerPrompt,
+    detector: Any,
+    options: AARFOptions = AARFOptions(),
+) -> AARFResult:
+    """Greedy decoding with AARF (see the module docstring).
+
+    Args:
+        model: The loaded model the detector was fitted on.
+        example_or_prompt: What to answer (an example's response is ignored).
+        detector: A fitted ``redeep_token`` detector; its selected heads and
+            layers are the ones scaled.
+        options: The threshold, factors, length and components (:class:`AARFOptions`).
 
     Raises:
         ValueError: bad factors, ``tau``, ``score`` or detector.
@@ -588,10 +598,13 @@ def aarf_generate(
     """
     import torch
 
+    score, alpha2, beta2 = options.score, options.alpha2, options.beta2
+    max_new_tokens, kv_cache = options.max_new_tokens, options.kv_cache
     _check_detector(detector, model)
     _check_scales(alpha2, beta2)
     if score not in SCORE_SCALES:
         raise ValueError(f"score must be one of {SCORE_SCALES}, got {score!r}")
+    tau = options.tau
     if tau is None:
         if score != "probability":
             raise ValueError("give tau when score='h' (the detector's threshold is a probability)")
@@ -602,13 +615,16 @@ def aarf_generate(
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     prompt = _as_prompt(example_or_prompt)
     heads = tuple(
-        (int(a), int(b)) for a, b in (detector.selected_heads if heads is None else heads)
+        (int(a), int(b))
+        for a, b in (detector.selected_heads if options.heads is None else options.heads)
     )
-    layers = tuple(int(x) for x in (detector.selected_layers if layers is None else layers))
+    layers = tuple(
+        int(x) for x in (detector.selected_layers if options.layers is None else options.layers)
+    )
     _check_components(model, heads, layers)
 
     baseline = None
-    if plain:
+    if options.plain:
         stream = AnswerStream(
             model,
             task=prompt.task,
@@ -671,7 +687,7 @@ def aarf_generate(
         flags.append(act)
         chosen.append(nxt)
         base.append(int(torch.argmax(s.logits)))
-        if keep_logits:
+        if options.keep_logits:
             used_logits.append(logits.numpy().copy())
             base_logits.append(s.logits.numpy().copy())
         if nxt in stops:
@@ -701,8 +717,8 @@ def aarf_generate(
         detector=str(getattr(detector, "name", "redeep_token")),
         plain=baseline,
         seconds=seconds,
-        step_logits=np.stack(used_logits) if keep_logits else None,
-        base_logits=np.stack(base_logits) if keep_logits else None,
+        step_logits=np.stack(used_logits) if options.keep_logits else None,
+        base_logits=np.stack(base_logits) if options.keep_logits else None,
     )
 
 

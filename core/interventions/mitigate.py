@@ -29,7 +29,7 @@ from core.base.llm import LLMEndpoint, chat
 from core.engine.generate import AnswerStream, Generation, GenerationConfig
 from core.engine.layout import prompt_pieces
 from core.engine.model import LoadedModel
-from core.interventions.aarf import aarf_generate
+from core.interventions.aarf import AARFOptions, aarf_generate
 from core.interventions.counterfactual import on_template, score_one
 from core.learning.contract import Detector, flag_threshold
 from core.signals.smoothing import flagged_spans
@@ -312,7 +312,8 @@ def mitigate_batch(
             ``aarf``, a fitted ``redeep_token`` detector's name.
         max_new_tokens: Length limit of the new answers.
         progress: ``(done, total)`` callback.
-        aarf_options: Passed on to :func:`core.interventions.aarf.aarf_generate` (alpha2, beta2, ...).
+        aarf_options: Fields of :class:`core.interventions.aarf.AARFOptions` for
+            :func:`core.interventions.aarf.aarf_generate` (alpha2, beta2, ...).
         temperature: Sampling temperature of the feedback answers (0: greedy; seeded).
         judge: An OpenAI-compatible endpoint that also judges both answers
             (:func:`judge_answer`); a failed request leaves that verdict ``None``.
@@ -348,13 +349,14 @@ def mitigate_batch(
                 # Both depend on the prompt alone: generated once per distinct prompt.
                 prompt_key = (ex.task, ex.question, ex.passages, ex.prompt)
                 if prompt_key not in generated:
+                    options = AARFOptions(
+                        max_new_tokens=max_new_tokens, plain=True, **(aarf_options or {})
+                    )
                     generated[prompt_key] = aarf_generate(
                         model,
                         ex,
                         by_name[guide],  # type: ignore[index]  # guide is set whenever AARF runs
-                        max_new_tokens=max_new_tokens,
-                        plain=True,
-                        **(aarf_options or {}),
+                        options,
                     )
                 res = generated[prompt_key]
                 assert res.plain is not None

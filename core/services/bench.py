@@ -29,7 +29,7 @@ from core.engine.generate import GenerationConfig, generate
 from core.engine.layout import Layout, render
 from core.engine.model import EMBEDDED, LoadedModel, load_model, prepare_embedded
 from core.engine.trace import Needs, response_needs, token_surprisal, trace
-from core.interventions.aarf import aarf_generate
+from core.interventions.aarf import AARFOptions, aarf_generate
 from core.learning.contract import Detector
 from core.pipeline.extract import FeatureCache, extract_features, run_example
 from core.pipeline.judge import AnswerVerdict, judge_many, judge_stream
@@ -444,9 +444,8 @@ def bench_aarf(
         cases.append(("AARF, no cache (re-run every step), detector threshold", None, False))
     for name, tau, kv in cases:
         t0 = time.perf_counter()
-        res = aarf_generate(
-            model, example, det, tau=tau, max_new_tokens=max_new_tokens, plain=False, kv_cache=kv
-        )
+        options = AARFOptions(tau=tau, max_new_tokens=max_new_tokens, plain=False, kv_cache=kv)
+        res = aarf_generate(model, example, det, options)
         runs.append(
             DecodeRun(
                 name=name,
@@ -621,65 +620,71 @@ def _median_time(fn: Callable[[], object], repeats: int) -> float:
     return statistics.median(times)
 
 
-def run_bench(
-    spec: str = EMBEDDED,
-    *,
-    n_tokens: int = 600,
-    repeats: int = 5,
-    cold: bool = True,
-    device: str | None = "auto",
-    dtype: str = "float32",
-    extraction: int = 0,
-    batch_sizes: tuple[int, ...] = (),
-    dataset: str = "builtin",
-    ray: RayTimer | None = None,
-    features: tuple[str, ...] = (),
-    aarf: int = 0,
-    aarf_uncached: bool = False,
-    playground: bool = False,
-    judge: int = 0,
-    judge_sets: tuple[str | None, ...] = (None,),
-    log: Callable[[str], None] | None = None,
-) -> BenchReport:
-    """Measure load times and trace overhead in one run (see module doc)."""
-    import torch
+@dataclass(frozen=True, kw_only=True)
+class BenchOptions:
+    """What ``ragscope bench`` measures, and on what.
 
-    say = log or (lambda _m: None)
-    cold_s = None
-    if cold and spec == EMBEDDED:
-        say("cold load: dequantizing into a fresh cache ...")
-        saved = os.environ.get("RAGSCOPE_CACHE_DIR")
-        with tempfile.TemporaryDirectory(prefix="ragscope-bench-") as tmp:
-            os.environ["RAGSCOPE_CACHE_DIR"] = tmp
-            try:
-                t0 = time.perf_counter()
-                prepare_embedded()
-                m = load_model(spec, device=device, dtype=dtype)
-                cold_s = time.perf_counter() - t0
-                del m
-            finally:
-                if saved is None:
-                    os.environ.pop("RAGSCOPE_CACHE_DIR", None)
-                else:
-                    os.environ["RAGSCOPE_CACHE_DIR"] = saved
-    if spec == EMBEDDED:
-        prepare_embedded()  # make sure the real cache exists before timing a warm load
-    say("warm load ...")
-    t0 = time.perf_counter()
-    model = load_model(spec, device=device, dtype=dtype)
-    warm_s = time.perf_counter() - t0
-    _, layout = bench_example(model, n_tokens)
-    ids = torch.as_tensor(layout.token_ids, device=model.device).unsqueeze(0)
-    if model.device.startswith("cuda"):
-        torch.cuda.reset_peak_memory_stats()
+    Attributes:
+        n_tokens: Length of the bench example (prompt + answer) in tokens.
+        repeats: Timed repeats of each case (the median is reported).
+        cold: Also time a cold load (dequantizing into a fresh cache; embedded model only).
+        device: The model's device (``auto``, ``cpu``, ``cuda``).
+        dtype: The model's dtype.
+        extraction: Time feature extraction over this many ``dataset`` examples (0: skip).
+        batch_sizes: Also time that extraction with these many examples per forward pass.
+        dataset: The examples ``extraction`` and ``judge`` read.
+        ray: Also times that extraction on Ray (``None``: skip).
+        features: Time each of these detectors' feature pass (and all of them together).
+        aarf: Time AARF against greedy decoding of up to this many tokens (0: skip).
+        aarf_uncached: With ``aarf``, also time the reference without a KV cache.
+        playground: Time the Playground's analysis with every shipped detector.
+        judge: Time judging this many ``dataset`` answers (0: skip).
+        judge_sets: The detector sets ``judge`` times (``None``: the set that applies).
+    """
 
-    def plain() -> None:
-        with torch.inference_mode():
-            model.hf_model(ids)
-        _sync(model)
+    n_tokens: int = 600
+    repeats: int = 5
+    cold: bool = True
+    device: str | None = "auto"
+    dtype: str = "float32"
+    extraction: int = 0
+    batch_sizes: tuple[int, ...] = ()
+    dataset: str = "builtin"
+    ray: RayTimer | None = None
+    features: tuple[str, ...] = ()
+    aarf: int = 0
+    aarf_uncached: bool = False
+    playground: bool = False
+    judge: int = 0
+    judge_sets: tuple[str | None, ...] = (None,)
 
-    say("plain forward ...")
-    fwd = _median_time(plain, repeats)
+
+def _cold_load_s(spec: str, options: BenchOptions, say: Callable[[str], None]) -> float | None:
+    """Seconds of a cold load of the embedded model into a fresh cache (``None``: not timed)."""
+    if not (options.cold and spec == EMBEDDED):
+        return None
+    say("cold load: dequantizing into a fresh cache ...")
+    saved = os.environ.get("RAGSCOPE_CACHE_DIR")
+    with tempfile.TemporaryDirectory(prefix="ragscope-bench-") as tmp:
+        os.environ["RAGSCOPE_CACHE_DIR"] = tmp
+        try:
+            t0 = time.perf_counter()
+            prepare_embedded()
+            m = load_model(spec, device=options.device, dtype=options.dtype)
+            cold_s = time.perf_counter() - t0
+            del m
+        finally:
+            if saved is None:
+                os.environ.pop("RAGSCOPE_CACHE_DIR", None)
+            else:
+                os.environ["RAGSCOPE_CACHE_DIR"] = saved
+    return cold_s
+
+
+def _trace_cases(
+    model: LoadedModel, layout: Layout, fwd: float, repeats: int, say: Callable[[str], None]
+) -> list[TimedCase]:
+    """The trace engine with several realistic sets of needs, against the plain forward."""
     n_layers = model.info.n_layers
     cases_needs = {
         "logits at answer": Needs.of(["logits"], positions="generation"),
@@ -698,54 +703,110 @@ def run_bench(
         kept = trace(model, layout, needs).nbytes / 2**20
         sec = _median_time(partial(trace, model, layout, needs), repeats)
         cases.append(TimedCase(name=name, seconds=sec, ratio=sec / fwd, kept_mib=kept))
+    return cases
+
+
+def _feature_cases(
+    model: LoadedModel, options: BenchOptions, fwd: float, say: Callable[[str], None]
+) -> tuple[list[TimedCase], float | None]:
+    """Each detector's feature pass (and all together), and the uncached copying scores."""
+    features = options.features
+    if not features:
+        return [], None
+    say("copying scores (uncached) ...")
+    t0 = time.perf_counter()
+    copying_scores(model, cache=False)
+    copying_s = time.perf_counter() - t0
+    copying_scores(model)  # fill the cache: the feature passes below read it
+    example, _ = bench_example(model, options.n_tokens)
+    groups = [(n,) for n in features] + ([tuple(features)] if len(features) > 1 else [])
     feature_cases = []
-    copying_s = None
-    if features:
-        say("copying scores (uncached) ...")
-        t0 = time.perf_counter()
-        copying_scores(model, cache=False)
-        copying_s = time.perf_counter() - t0
-        copying_scores(model)  # fill the cache: the feature passes below read it
-        example, _ = bench_example(model, n_tokens)
-        groups = [(n,) for n in features] + ([tuple(features)] if len(features) > 1 else [])
-        for group in groups:
-            say(f"feature pass: {' + '.join(group)} ...")
-            dets = [make_detector(n) for n in group]
-            sec = _median_time(partial(run_example, model, example, dets), repeats)
-            feature_cases.append(
-                TimedCase(name=" + ".join(group), seconds=sec, ratio=sec / fwd, kept_mib=0.0)
-            )
+    for group in groups:
+        say(f"feature pass: {' + '.join(group)} ...")
+        dets = [make_detector(n) for n in group]
+        sec = _median_time(partial(run_example, model, example, dets), options.repeats)
+        feature_cases.append(
+            TimedCase(name=" + ".join(group), seconds=sec, ratio=sec / fwd, kept_mib=0.0)
+        )
+    return feature_cases, copying_s
+
+
+def run_bench(
+    spec: str = EMBEDDED,
+    options: BenchOptions = BenchOptions(),
+    log: Callable[[str], None] | None = None,
+) -> BenchReport:
+    """Measure load times and trace overhead in one run (see module doc).
+
+    Args:
+        spec: The model to bench.
+        options: What to measure (:class:`BenchOptions`).
+        log: Called with a line before each measurement.
+    """
+    import torch
+
+    say = log or (lambda _m: None)
+    cold_s = _cold_load_s(spec, options, say)
+    if spec == EMBEDDED:
+        prepare_embedded()  # make sure the real cache exists before timing a warm load
+    say("warm load ...")
+    t0 = time.perf_counter()
+    model = load_model(spec, device=options.device, dtype=options.dtype)
+    warm_s = time.perf_counter() - t0
+    _, layout = bench_example(model, options.n_tokens)
+    ids = torch.as_tensor(layout.token_ids, device=model.device).unsqueeze(0)
+    if model.device.startswith("cuda"):
+        torch.cuda.reset_peak_memory_stats()
+
+    def plain() -> None:
+        with torch.inference_mode():
+            model.hf_model(ids)
+        _sync(model)
+
+    say("plain forward ...")
+    fwd = _median_time(plain, options.repeats)
+    cases = _trace_cases(model, layout, fwd, options.repeats, say)
+    feature_cases, copying_s = _feature_cases(model, options, fwd, say)
     ext = None
-    if extraction:
-        say(f"extraction over {extraction} {dataset} examples (cold, then cached) ...")
-        ext = bench_extraction(model, extraction, batch_sizes=batch_sizes, dataset=dataset, ray=ray)
+    if options.extraction:
+        say(
+            f"extraction over {options.extraction} {options.dataset} examples "
+            "(cold, then cached) ..."
+        )
+        ext = bench_extraction(
+            model,
+            options.extraction,
+            batch_sizes=options.batch_sizes,
+            dataset=options.dataset,
+            ray=options.ray,
+        )
     aarf_bench = None
     dset = load_set(model.info.key)
-    if aarf and "redeep_token" not in dset.names:
+    if options.aarf and "redeep_token" not in dset.names:
         say(f"AARF skipped: the {dset.name} set has no redeep_token for {model.info.display_name}")
-    elif aarf:
-        say(f"AARF vs greedy, up to {aarf} tokens ...")
-        example, _ = bench_example(model, n_tokens)
-        aarf_bench = bench_aarf(model, example, aarf, uncached=aarf_uncached)
+    elif options.aarf:
+        say(f"AARF vs greedy, up to {options.aarf} tokens ...")
+        example, _ = bench_example(model, options.n_tokens)
+        aarf_bench = bench_aarf(model, example, options.aarf, uncached=options.aarf_uncached)
     pg = None
-    if playground and not dset.detectors:
+    if options.playground and not dset.detectors:
         say(
             f"Playground skipped: the {dset.name} set has no detectors for {model.info.display_name}"
         )
-    elif playground:
+    elif options.playground:
         say(f"Playground analysis with the {dset.name} set's {len(dset.detectors)} detectors ...")
-        pg = bench_playground(model, builtin_examples()[0], dset.fitted, repeats=repeats)
+        pg = bench_playground(model, builtin_examples()[0], dset.fitted, repeats=options.repeats)
     judged: list[JudgeBench] = []
-    if judge:
-        say(f"judge over {judge} {dataset} answers with each set ...")
-        judged = bench_judge(model, judge, judge_sets, dataset=dataset)
+    if options.judge:
+        say(f"judge over {options.judge} {options.dataset} answers with each set ...")
+        judged = bench_judge(model, options.judge, options.judge_sets, dataset=options.dataset)
     rss_kib = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
     cuda = torch.cuda.max_memory_allocated() / 2**20 if model.device.startswith("cuda") else None
     return BenchReport(
         model=model.info.display_name,
         device=model.device,
         n_tokens=len(layout),
-        repeats=repeats,
+        repeats=options.repeats,
         cold_load_s=cold_s,
         warm_load_s=warm_s,
         forward_s=fwd,

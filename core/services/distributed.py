@@ -57,7 +57,7 @@ def worker_env() -> dict[str, str]:
 
 @dataclass(frozen=True, kw_only=True)
 class RayOptions:
-    """Where and how wide to run.
+    """Where and how wide to run, and what to do when an example fails.
 
     Attributes:
         address: ``None`` starts a local Ray on the spot; ``"auto"`` joins the cluster
@@ -66,6 +66,8 @@ class RayOptions:
         gpus_per_actor: GPUs each actor reserves (0: CPU actors).
         cpus_per_actor: CPUs each actor reserves.
         batch_size: Examples per actor call (and per traced forward pass).
+        device: The model's device on the actors (``auto``, ``cpu`` or ``cuda``).
+        on_error: ``skip`` (report failed examples) or ``stop`` (raise at the first).
     """
 
     address: str | None = None
@@ -73,6 +75,8 @@ class RayOptions:
     gpus_per_actor: float = 0.0
     cpus_per_actor: float = 1.0
     batch_size: int = 1
+    device: str = "auto"
+    on_error: str = "skip"
 
     def __post_init__(self) -> None:
         if self.actors < 1:
@@ -200,9 +204,7 @@ Sink = Callable[[RAGExample, Sequence[tuple[Key, Features]]], int]
 
 
 def extract_ray(
-    *,
     model_spec: str,
-    device: str,
     model_key: str,
     examples: Sequence[RAGExample],
     detectors: Sequence[str],
@@ -210,15 +212,13 @@ def extract_ray(
     flat: Sequence[Any],
     holds: Callable[[Key], bool],
     sink: Sink,
-    options: RayOptions,
+    options: RayOptions = RayOptions(),
     progress: Callable[[int, int], None] | None = None,
-    on_error: str = "skip",
 ) -> RayReport:
     """Extract ``examples`` on Ray (see the module docstring).
 
     Args:
         model_spec: The model every actor loads.
-        device: Its device on the actors.
         model_key: ``ModelInfo.key`` of that model (rows under another key are refused).
         examples: What to extract.
         detectors: Detector names; ``flat``: the plain detectors they amount to (the
@@ -227,9 +227,9 @@ def extract_ray(
         holds: Whether the store holds a key (examples it holds for every detector are
             not sent: a restarted driver resumes).
         sink: Stores one finished example's features (idempotent: keyed).
-        options: Where and how wide to run.
+        options: Where and how wide to run, and what to do on a failed example
+            (:class:`RayOptions`).
         progress: Called with (examples done, examples to do).
-        on_error: ``skip`` (report failed examples) or ``stop`` (raise at the first).
     """
     import ray
 
@@ -254,7 +254,7 @@ def extract_ray(
         ExtractActor,
         fn_constructor_kwargs={
             "model": model_spec,
-            "device": device,
+            "device": options.device,
             "detectors": list(detectors),
             "options": {k: dict(v) for k, v in detector_options.items()},
         },
@@ -280,7 +280,7 @@ def extract_ray(
             if error:
                 done.add(ex_id)
                 report.failures.append({"example": ex_id, "error": error})
-                if on_error == "stop":
+                if options.on_error == "stop":
                     raise DataError(
                         f"{error}. Stopped there; what was stored stays (re-run to resume, "
                         "or --on-error skip)"
@@ -332,7 +332,6 @@ def bench_ray(
     try:
         rep = extract_ray(
             model_spec=model_spec,
-            device=device,
             model_key=model.info.key,
             examples=examples,
             detectors=detectors,
@@ -340,7 +339,7 @@ def bench_ray(
             flat=flat,
             holds=lambda _key: False,
             sink=lambda _ex, rows: len(rows),
-            options=RayOptions(actors=actors),
+            options=RayOptions(actors=actors, device=device),
         )
     finally:
         if started:

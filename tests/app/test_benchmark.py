@@ -55,7 +55,7 @@ from app.text import md
 from core.base.examples import RAGExample, source_key
 from core.data import load_builtin, stratified_head
 from core.engine.model import LoadedModel
-from core.evaluation.crossval import CVRun, cross_validate
+from core.evaluation.crossval import CVOptions, CVRun, cross_validate
 from core.evaluation.evaluate import DetectorResult, EvalRun
 from core.evaluation.matrix import MatrixRun, domain_matrix
 from core.learning.metrics import SPAN_F1_NOTE, confusion_counts, response_metrics
@@ -492,22 +492,17 @@ def crossval_runs(tiny_model: LoadedModel, one_torch_thread: None) -> tuple[CVRu
             tiny_model,
             CV_DETECTORS,
             [e for p in parts.values() for e in p],
-            k=3,
-            n_boot=50,
+            # the page, not the calibration, is under test (and fast)
+            CVOptions(k=3, n_boot=50, name=CV_NAME, calibration="split"),
             cache=cache,
-            name=CV_NAME,
-            calibration="split",  # the page, not the calibration, is under test (and fast)
         )
         # One generator: the diagonal's 2-fold cross-validations need strata that big.
         matrix = domain_matrix(
             tiny_model,
             CV_DETECTORS,
             _by_task(examples, generators=GENERATORS[:1]),
-            k=2,
-            n_boot=30,
+            CVOptions(k=2, n_boot=30, name=MATRIX_NAME, calibration="split"),
             cache=cache,
-            name=MATRIX_NAME,
-            calibration="split",
         )
     return cv, matrix
 
@@ -524,26 +519,8 @@ def _download_labels(at: AppTest) -> list[str]:
     return [el.proto.label for el in at.get("download_button")]
 
 
-def test_cv_and_matrix_runs_show_their_sections(
-    make_app: Callable[[], AppTest], runs_dir: Path, crossval_runs: tuple[CVRun, MatrixRun]
-) -> None:
-    cv, matrix = crossval_runs
-    cv.save(runs_dir)
-    matrix.save(runs_dir)
-    at = _benchmark(make_app)
-    headers = [h.value for h in at.header]
-    assert headers == ["Cross-validation", "Cross-domain matrix"]  # no test runs: no section
-    assert not any("No saved runs yet" in i.value for i in at.info)
-    assert at.multiselect(key=KEY_BENCH_CV_RUNS).value == [CV_NAME]
-    assert at.selectbox(key=KEY_BENCH_MATRIX_RUN).value == MATRIX_NAME
-
-    # The run's description and its metric table, value for value.
-    text = _text(at)
-    assert f"3-fold source-grouped cross-validation on {md('data2txt, qa, summary')}" in text
-    assert f"{len(cv.labels)} answers, {sum(cv.labels)} hallucinated" in text
-    assert md(f"answer length alone: AUROC {cv.baseline['answer_length']['auroc']:.3f}") in text
-    assert not cv.evidence and not cv.dataset_evidence
-    assert not any("Too few answers" in w.value for w in at.warning)
+def _check_cv_table(at: AppTest, cv: CVRun, text: str) -> None:
+    """The CV run's metric table, value for value."""
     table = at.dataframe[0].value
     assert list(table["detector"]) == list(CV_DETECTORS)
     for (_, row), r in zip(table.iterrows(), cv.results, strict=True):
@@ -567,9 +544,8 @@ def test_cv_and_matrix_runs_show_their_sections(
     assert cv.result("nll").spans is not None  # nll scores tokens: its spans are measured
     assert SPAN_F1_NOTE in text
 
-    charts = _charts(at)
-    assert {"cv.spread", "cv.generator", "cv.dataset", "cv.reliability", "matrix"} <= set(charts)
 
+def _check_spread_and_comparisons(at: AppTest, charts: dict, cv: CVRun) -> None:
     # Fold spread: each fold's AUROC on its detector's row, the pooled AUROC with its CI.
     spread = charts["cv.spread"]
     folds, pooled = _trace(spread, "AUROC of each fold"), _trace(spread, "pooled")
@@ -605,6 +581,49 @@ def test_cv_and_matrix_runs_show_their_sections(
     )
     assert list(paired["detector"]) == list(CV_DETECTORS)
 
+
+def _check_matrix(at: AppTest, charts: dict, matrix: MatrixRun) -> None:
+    # The cross-domain heatmap: z is the run's own training x test table.
+    heat = charts["matrix"]["data"][0]
+    assert heat["type"] == "heatmap"
+    assert heat["x"] == list(matrix.datasets) and heat["y"] == matrix.rows()
+    assert heat["z"] == [_none_for_nan(row) for row in matrix.frame("nll", "auroc").to_numpy()]
+    assert any(v is None for row in heat["z"] for v in row)  # pairs not run stay blank
+    assert "" in {c for row in heat["text"] for c in row}
+    shown = at.dataframe[-1].value
+    assert list(shown.columns) == list(matrix.datasets)
+    c = matrix.cells["nll"]["qa"]["summary"]
+    lo, hi = c["auroc_ci"]
+    assert shown.loc["qa", "summary"] == f"{c['auroc']:.3f} [{lo:.3f}, {hi:.3f}]"
+    assert shown.loc["all but qa", "summary"] == ""
+
+
+def test_cv_and_matrix_runs_show_their_sections(
+    make_app: Callable[[], AppTest], runs_dir: Path, crossval_runs: tuple[CVRun, MatrixRun]
+) -> None:
+    cv, matrix = crossval_runs
+    cv.save(runs_dir)
+    matrix.save(runs_dir)
+    at = _benchmark(make_app)
+    headers = [h.value for h in at.header]
+    assert headers == ["Cross-validation", "Cross-domain matrix"]  # no test runs: no section
+    assert not any("No saved runs yet" in i.value for i in at.info)
+    assert at.multiselect(key=KEY_BENCH_CV_RUNS).value == [CV_NAME]
+    assert at.selectbox(key=KEY_BENCH_MATRIX_RUN).value == MATRIX_NAME
+
+    # The run's description and its metric table, value for value.
+    text = _text(at)
+    assert f"3-fold source-grouped cross-validation on {md('data2txt, qa, summary')}" in text
+    assert f"{len(cv.labels)} answers, {sum(cv.labels)} hallucinated" in text
+    assert md(f"answer length alone: AUROC {cv.baseline['answer_length']['auroc']:.3f}") in text
+    assert not cv.evidence and not cv.dataset_evidence
+    assert not any("Too few answers" in w.value for w in at.warning)
+    _check_cv_table(at, cv, text)
+    charts = _charts(at)
+    assert {"cv.spread", "cv.generator", "cv.dataset", "cv.reliability", "matrix"} <= set(charts)
+
+    _check_spread_and_comparisons(at, charts, cv)
+
     # Per generator and per dataset: one bar trace per detector.
     gens = charts["cv.generator"]
     assert [t["name"] for t in gens["data"]] == list(CV_DETECTORS)
@@ -628,19 +647,7 @@ def test_cv_and_matrix_runs_show_their_sections(
         sizes = t["marker"]["size"]
         assert [s > 0 for s in sizes] == [c > 0 for c in r.reliability.counts]
 
-    # The cross-domain heatmap: z is the run's own training x test table.
-    heat = charts["matrix"]["data"][0]
-    assert heat["type"] == "heatmap"
-    assert heat["x"] == list(matrix.datasets) and heat["y"] == matrix.rows()
-    assert heat["z"] == [_none_for_nan(row) for row in matrix.frame("nll", "auroc").to_numpy()]
-    assert any(v is None for row in heat["z"] for v in row)  # pairs not run stay blank
-    assert "" in {c for row in heat["text"] for c in row}
-    shown = at.dataframe[-1].value
-    assert list(shown.columns) == list(matrix.datasets)
-    c = matrix.cells["nll"]["qa"]["summary"]
-    lo, hi = c["auroc_ci"]
-    assert shown.loc["qa", "summary"] == f"{c['auroc']:.3f} [{lo:.3f}, {hi:.3f}]"
-    assert shown.loc["all but qa", "summary"] == ""
+    _check_matrix(at, charts, matrix)
 
     labels = _download_labels(at)
     for label in (

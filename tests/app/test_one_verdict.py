@@ -15,7 +15,7 @@ from __future__ import annotations
 import dataclasses
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import pytest
@@ -37,7 +37,7 @@ from core.detectors import load_shipped, make_detector
 from core.engine.model import LoadedModel
 from core.evaluation.recipe import trained_on_record
 from core.learning.calibration import DatasetCalibration, PlattCalibrator
-from core.learning.contract import calibrated_as
+from core.learning.contract import Verdict, calibrated_as
 from core.pipeline.extract import run_example
 from core.pipeline.judge import AnswerVerdict, judge
 from core.pipeline.sets import EXPERTS_FILE, load_set
@@ -131,6 +131,83 @@ def _close(a: object, b: float) -> bool:
     return a == pytest.approx(b, abs=1e-6)
 
 
+def _check_reading_pages(
+    at: AppTest, v: Mapping[str, Verdict], no_exception: Callable[[AppTest], None]
+) -> None:
+    """Token heatmaps, Token sources and Heads & layers show the judge's numbers."""
+    # Token heatmaps: CORTEX's answer probability, threshold and flag.
+    at.switch_page(PAGES["heatmaps"]).run()
+    no_exception(at)
+    c = v["cortex"]
+    assert (
+        f"CORTEX answer probability {c.score:.3f}" in _text(at)
+        and f"flagged at {c.threshold:.3f}: **"
+        f"{'hallucinated' if c.hallucinated else 'not flagged'}**"
+        in _text(at)
+    )
+    # Its p_stay is CORTEX's own answer-level one, named apart from the page's slider.
+    assert "answer-level p_stay" in _text(at) and "not the p_stay slider" in _text(at)
+
+    # Token sources: the spad sentence (probability and threshold of one calibration;
+    # the waterfall's score labelled raw).
+    at.switch_page(PAGES["sources"]).run()
+    no_exception(at)
+    s = v["spad"]
+    flag = "flagged as hallucinated" if s.hallucinated else "not flagged"
+    assert (
+        f"a probability of **{s.score:.3f}** (threshold {s.threshold:.3f} from {DEMO}'s "
+        f"calibration: {flag};" in _text(at)
+    )
+    assert s.raw_score is not None and f"explains its raw score {s.raw_score:.3f}" in _text(at)
+
+    # Heads & layers: both ReDeEP detectors' lines; the chunk scores labelled raw.
+    at.switch_page(PAGES["heads"]).run()
+    no_exception(at)
+    for name in ("redeep_token", "redeep_chunk"):
+        r = v[name]
+        assert (
+            f"{name} detector gives this answer a probability **{r.score:.3f}** "
+            f"(threshold {r.threshold:.3f}: {_flag(r.hallucinated)})" in _text(at)
+        )
+    chunks = next(t.value for t in at.table if "gold" in t.value.columns)
+    assert "redeep_chunk raw score" in chunks.columns
+    assert not [c for c in chunks.columns if "probability" in c]
+
+
+def _check_action_pages(
+    at: AppTest, want: AnswerVerdict, no_exception: Callable[[AppTest], None]
+) -> None:
+    """Counterfactual and Mitigation show the judge's numbers for the original answer."""
+    v = want.verdicts
+    colour = "red" if want.hallucinated else "green"
+    # Counterfactual: the original side of a comparison (context unchanged).
+    at.switch_page(PAGES["counterfactual"]).run()
+    at.button(key=KEY_COMPARE).click().run()
+    no_exception(at)
+    cf = next(d.value for d in at.dataframe if "original verdict" in d.value.columns)
+    assert set(cf["detector"]) == set(v)
+    for _, row in cf.iterrows():
+        x = v[row["detector"]]
+        assert _close(row["original"], x.score) and row["original verdict"] == _flag(x.hallucinated)
+    assert any(f"**Original:** :{colour}[{md(want.summary)}]" in m.value for m in at.markdown)
+
+    # Mitigation: the original answer's column of the re-scored answers.
+    at.switch_page(PAGES["mitigation"]).run()
+    at.number_input(key=KEY_TEMPERATURE).set_value(1.0).run()
+    at.button(key=KEY_FEEDBACK).click().run()
+    no_exception(at)
+    mit = next(d.value for d in at.dataframe if "original verdict" in d.value.columns)
+    mit = mit.set_index("detector")
+    overall = mit.loc[f"overall ({want.judge})"]
+    assert _close(overall["original"], want.probability)
+    assert overall["original verdict"] == _flag(want.hallucinated)
+    for name, x in v.items():
+        assert _close(mit.loc[name, "original"], x.score)
+        assert mit.loc[name, "original verdict"] == _flag(x.hallucinated)
+        thr = mit.loc[name, "threshold" if "threshold" in mit else "original threshold"]
+        assert _close(thr, x.threshold)  # type: ignore[arg-type]
+
+
 @pytest.mark.parametrize("deferring", [False, True], ids=["by-the-set", "by-its-expert"])
 def test_every_page_shows_the_judge_s_numbers_for_one_answer(
     make_app: Callable[[], AppTest],
@@ -186,70 +263,8 @@ def test_every_page_shows_the_judge_s_numbers_for_one_answer(
         assert row["verdict"] == _flag(x.hallucinated)
         assert row["calibrated for"] == DEMO
 
-    # Token heatmaps: CORTEX's answer probability, threshold and flag.
-    at.switch_page(PAGES["heatmaps"]).run()
-    no_exception(at)
-    c = v["cortex"]
-    assert (
-        f"CORTEX answer probability {c.score:.3f}" in _text(at)
-        and f"flagged at {c.threshold:.3f}: **"
-        f"{'hallucinated' if c.hallucinated else 'not flagged'}**"
-        in _text(at)
-    )
-    # Its p_stay is CORTEX's own answer-level one, named apart from the page's slider.
-    assert "answer-level p_stay" in _text(at) and "not the p_stay slider" in _text(at)
-
-    # Token sources: the spad sentence (probability and threshold of one calibration;
-    # the waterfall's score labelled raw).
-    at.switch_page(PAGES["sources"]).run()
-    no_exception(at)
-    s = v["spad"]
-    flag = "flagged as hallucinated" if s.hallucinated else "not flagged"
-    assert (
-        f"a probability of **{s.score:.3f}** (threshold {s.threshold:.3f} from {DEMO}'s "
-        f"calibration: {flag};" in _text(at)
-    )
-    assert s.raw_score is not None and f"explains its raw score {s.raw_score:.3f}" in _text(at)
-
-    # Heads & layers: both ReDeEP detectors' lines; the chunk scores labelled raw.
-    at.switch_page(PAGES["heads"]).run()
-    no_exception(at)
-    for name in ("redeep_token", "redeep_chunk"):
-        r = v[name]
-        assert (
-            f"{name} detector gives this answer a probability **{r.score:.3f}** "
-            f"(threshold {r.threshold:.3f}: {_flag(r.hallucinated)})" in _text(at)
-        )
-    chunks = next(t.value for t in at.table if "gold" in t.value.columns)
-    assert "redeep_chunk raw score" in chunks.columns
-    assert not [c for c in chunks.columns if "probability" in c]
-
-    # Counterfactual: the original side of a comparison (context unchanged).
-    at.switch_page(PAGES["counterfactual"]).run()
-    at.button(key=KEY_COMPARE).click().run()
-    no_exception(at)
-    cf = next(d.value for d in at.dataframe if "original verdict" in d.value.columns)
-    assert set(cf["detector"]) == set(v)
-    for _, row in cf.iterrows():
-        x = v[row["detector"]]
-        assert _close(row["original"], x.score) and row["original verdict"] == _flag(x.hallucinated)
-    assert any(f"**Original:** :{colour}[{md(want.summary)}]" in m.value for m in at.markdown)
-
-    # Mitigation: the original answer's column of the re-scored answers.
-    at.switch_page(PAGES["mitigation"]).run()
-    at.number_input(key=KEY_TEMPERATURE).set_value(1.0).run()
-    at.button(key=KEY_FEEDBACK).click().run()
-    no_exception(at)
-    mit = next(d.value for d in at.dataframe if "original verdict" in d.value.columns)
-    mit = mit.set_index("detector")
-    overall = mit.loc[f"overall ({want.judge})"]
-    assert _close(overall["original"], want.probability)
-    assert overall["original verdict"] == _flag(want.hallucinated)
-    for name, x in v.items():
-        assert _close(mit.loc[name, "original"], x.score)
-        assert mit.loc[name, "original verdict"] == _flag(x.hallucinated)
-        thr = mit.loc[name, "threshold" if "threshold" in mit else "original threshold"]
-        assert _close(thr, x.threshold)  # type: ignore[arg-type]
+    _check_reading_pages(at, v, no_exception)
+    _check_action_pages(at, want, no_exception)
 
     # Agreement: the answer's row of the verdict table (the demo dataset).
     at.switch_page(PAGES["agreement"]).run()

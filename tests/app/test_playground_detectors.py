@@ -1,7 +1,7 @@
 """The Playground's detector verdicts (AppTest, tiny model) and the token-score alignment.
 
 Real artifacts are made once per module: the baseline detectors fitted on the demo
-examples with the tiny model (``core.evaluation.evaluate.evaluate(..., save_artifacts=...)``), then
+examples with the tiny model (``core.evaluation.evaluate.evaluate`` saving artifacts), then
 ``RAGSCOPE_DETECTORS_DIR`` points the app at them (or at a broken or foreign copy).
 """
 
@@ -43,7 +43,7 @@ from core.data import builtin_examples, make_splits
 from core.detectors import load_shipped
 from core.detectors.baselines import NLLDetector
 from core.engine.model import LoadedModel
-from core.evaluation.evaluate import evaluate
+from core.evaluation.evaluate import EvalOptions, Splits, evaluate
 from core.learning.artifact import artifact_info
 from core.learning.calibration import DatasetCalibration, PlattCalibrator
 from core.learning.contract import Verdict, align_token_scores, flag_threshold
@@ -72,12 +72,8 @@ def tiny_artifacts(tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathFac
     evaluate(
         tiny_model,
         DETECTORS,
-        train=splits["train"],
-        validation=splits["validation"],
-        test=splits["test"],
-        train_dataset=train_name,
-        n_boot=0,
-        save_artifacts=out,
+        Splits(**splits, train_dataset=train_name),
+        EvalOptions(n_boot=0, save_artifacts=out),
     )
     assert sorted(p.name for p in out.iterdir()) == sorted(DETECTORS)
     return out

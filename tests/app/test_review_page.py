@@ -134,7 +134,17 @@ def test_a_reviewer_scans_reviews_and_exports(
         sp for sp in stored[first.example_id].spans
     )
 
-    # a span no detector flagged: added by the reviewer (bob), accepted
+    _check_a_missed_span(at, app_env, items, page_text, no_exception)
+
+
+def _check_a_missed_span(
+    at: AppTest,
+    app_env: Path,
+    items: list,
+    page_text: Callable[[AppTest], str],
+    no_exception: Callable[[AppTest], None],
+) -> None:
+    """A span no detector flagged: added by the reviewer (bob), accepted."""
     current = next(i for i in items if f"`{i.example_id}`" in page_text(at))
     missed = at.select_slider(key=f"review.missed.{current.id}")
     bounds = [int(b) for b in missed.options]

@@ -46,7 +46,7 @@ from playwright.sync_api import expect
 
 from core.base.examples import Provenance, RAGExample, Span
 from core.detectors import make_detector
-from core.evaluation.crossval import CVRun, cross_validate
+from core.evaluation.crossval import CVOptions, CVRun, cross_validate
 from core.evaluation.evaluate import DetectorResult, EvalRun
 from core.evaluation.matrix import MatrixRun
 from core.learning.contract import Features
@@ -214,12 +214,10 @@ def _synthetic_cv_run(n_sources: int = 60, n_tokens: int = 12, seed: int = 0) ->
         model,  # type: ignore[arg-type]
         list(feats),
         examples,
-        k=5,
+        # the page is under test; cross-fitting is tested in unit tests
+        CVOptions(k=5, n_boot=200, name=CV_RUN, calibration="split"),
         datasets=CV_DATASETS,
         extraction=extraction,
-        n_boot=200,
-        name=CV_RUN,
-        calibration="split",  # the page is under test; cross-fitting is tested in unit tests
     )
 
 

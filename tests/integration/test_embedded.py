@@ -12,7 +12,7 @@ from core.engine.generate import AnswerStream, GenerationConfig, generate
 from core.engine.layout import render
 from core.engine.model import embedded_cache_path, load_model
 from core.engine.trace import Needs, trace
-from core.interventions.aarf import aarf_generate
+from core.interventions.aarf import AARFOptions, aarf_generate
 
 pytestmark = pytest.mark.embedded
 
@@ -157,11 +157,12 @@ def test_kv_cached_aarf_equals_rerunning_the_sequence(embedded_model):
     det = load_shipped("redeep_token", embedded_model.info.key)
     ex = _long_example()
     n = 8
-    free = aarf_generate(embedded_model, ex, det, tau=1.0, max_new_tokens=n, plain=False)
+    options = AARFOptions(tau=1.0, max_new_tokens=n, plain=False)
+    free = aarf_generate(embedded_model, ex, det, options)
     tau = float(np.median(free.probability))
     kw = dict(tau=tau, max_new_tokens=n, plain=False, keep_logits=True)
-    cached = aarf_generate(embedded_model, ex, det, **kw)
-    uncached = aarf_generate(embedded_model, ex, det, kv_cache=False, **kw)
+    cached = aarf_generate(embedded_model, ex, det, AARFOptions(**kw))
+    uncached = aarf_generate(embedded_model, ex, det, AARFOptions(kv_cache=False, **kw))
     assert 0 < uncached.n_intervened < uncached.n_steps, uncached.intervened
     assert cached.token_ids == uncached.token_ids and cached.text == uncached.text
     assert np.array_equal(cached.intervened, uncached.intervened)

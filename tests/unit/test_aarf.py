@@ -15,6 +15,7 @@ from core.detectors import make_detector
 from core.engine.generate import GenerationConfig, generate
 from core.engine.layout import render
 from core.interventions.aarf import (
+    AARFOptions,
     AnswerPrompt,
     StepScorer,
     aarf_generate,
@@ -184,7 +185,7 @@ def test_step_scores_equal_the_detector_on_a_given_response(tiny_model, detector
 
 
 def test_never_intervening_gives_the_plain_greedy_answer(tiny_model, detector, toy_example):
-    res = aarf_generate(tiny_model, toy_example, detector, tau=1.0, max_new_tokens=5)
+    res = aarf_generate(tiny_model, toy_example, detector, AARFOptions(tau=1.0, max_new_tokens=5))
     plain = generate(tiny_model, toy_example, GenerationConfig(max_new_tokens=5))
     assert res.n_intervened == 0 and not res.intervened.any()
     assert res.token_ids == plain.token_ids and res.text == plain.text
@@ -197,9 +198,8 @@ def test_never_intervening_gives_the_plain_greedy_answer(tiny_model, detector, t
 
 
 def test_always_intervening_scales_every_step(tiny_model, detector, toy_example):
-    res = aarf_generate(
-        tiny_model, toy_example, detector, tau=-1.0, max_new_tokens=3, alpha2=STRONG, plain=False
-    )
+    options = AARFOptions(tau=-1.0, max_new_tokens=3, alpha2=STRONG, plain=False)
+    res = aarf_generate(tiny_model, toy_example, detector, options)
     assert res.n_intervened == res.n_steps == 3 and res.intervened.all()
     assert res.plain is None and res.answers() == {"aarf": res.text}
     assert res.heads == tuple(detector.selected_heads)
@@ -208,38 +208,33 @@ def test_always_intervening_scales_every_step(tiny_model, detector, toy_example)
 
 def test_explicit_components_replace_the_detectors_selection(tiny_model, detector, toy_example):
     kw = dict(tau=-1.0, max_new_tokens=3, plain=False, keep_logits=True)
-    nothing = aarf_generate(tiny_model, toy_example, detector, heads=(), layers=(), **kw)
-    never = aarf_generate(tiny_model, toy_example, detector, **{**kw, "tau": 2.0})
+    nothing = aarf_generate(
+        tiny_model, toy_example, detector, AARFOptions(heads=(), layers=(), **kw)
+    )
+    never = aarf_generate(tiny_model, toy_example, detector, AARFOptions(**{**kw, "tau": 2.0}))
     # Scaling no component is the plain model, though every step "intervenes".
     assert nothing.n_intervened == 3 and nothing.heads == () and nothing.layers == ()
     np.testing.assert_allclose(nothing.step_logits, never.step_logits, rtol=1e-5, atol=1e-5)
-    some = aarf_generate(
-        tiny_model, toy_example, detector, heads=[(0, 1)], layers=[], alpha2=STRONG, **kw
-    )
+    options = AARFOptions(heads=[(0, 1)], layers=[], alpha2=STRONG, **kw)
+    some = aarf_generate(tiny_model, toy_example, detector, options)
     assert some.heads == ((0, 1),) and some.layers == ()
     assert not np.allclose(some.step_logits[0], never.step_logits[0])
     with pytest.raises(ValueError, match="outside"):
-        aarf_generate(tiny_model, toy_example, detector, layers=[99], **kw)
+        aarf_generate(tiny_model, toy_example, detector, AARFOptions(layers=[99], **kw))
 
 
 def test_logits_change_exactly_on_the_intervened_steps(tiny_model, detector, toy_example):
     n = 5
-    free = aarf_generate(tiny_model, toy_example, detector, tau=1.0, max_new_tokens=n, plain=False)
+    options = AARFOptions(tau=1.0, max_new_tokens=n, plain=False)
+    free = aarf_generate(tiny_model, toy_example, detector, options)
     s = free.probability
     # Until the first intervention AARF follows the plain trajectory, so with
     # tau = the first step's score, step 0 is left alone and the first later
     # step scoring above it is redone.
     assert s[1:].max() > s[0], f"no later step scores above step 0: {s}"
     tau = float(s[0])
-    res = aarf_generate(
-        tiny_model,
-        toy_example,
-        detector,
-        tau=tau,
-        alpha2=STRONG,
-        max_new_tokens=n,
-        keep_logits=True,
-    )
+    options = AARFOptions(tau=tau, alpha2=STRONG, max_new_tokens=n, keep_logits=True)
+    res = aarf_generate(tiny_model, toy_example, detector, options)
     flags = res.intervened
     assert 0 < flags.sum() < len(flags), flags
     assert np.array_equal(flags, res.scores > tau)
@@ -288,15 +283,16 @@ def test_kv_cached_decoding_equals_rerunning_the_sequence(tiny_model, detector, 
     steps that do not, and runs of both (the scaled cache catching up over several
     tokens)."""
     n = 8
-    free = aarf_generate(tiny_model, toy_example, detector, tau=1.0, max_new_tokens=n, plain=False)
+    options = AARFOptions(tau=1.0, max_new_tokens=n, plain=False)
+    free = aarf_generate(tiny_model, toy_example, detector, options)
     # Intervene on the steps scoring above the median, or on all of them.
     tau = float(np.median(free.probability)) if when == "some" else -1.0
     # The default factor nudges the logits (same trajectory, so steps after an
     # intervened one score as before); the strong one changes the tokens.
     alpha2 = 5.0 if when == "some" else STRONG
     kw = dict(tau=tau, alpha2=alpha2, max_new_tokens=n, plain=False, keep_logits=True)
-    cached = aarf_generate(tiny_model, toy_example, detector, **kw)
-    uncached = aarf_generate(tiny_model, toy_example, detector, kv_cache=False, **kw)
+    cached = aarf_generate(tiny_model, toy_example, detector, AARFOptions(**kw))
+    uncached = aarf_generate(tiny_model, toy_example, detector, AARFOptions(kv_cache=False, **kw))
     if when == "some":
         flags = uncached.intervened
         assert 0 < flags.sum() < len(flags), flags
@@ -329,9 +325,9 @@ def test_step_scorer_starts_over_on_an_answer_that_does_not_extend_the_last(
 
 def test_aarf_refuses_bad_arguments(tiny_model, detector, toy_example):
     with pytest.raises(ValueError, match="alpha2"):
-        aarf_generate(tiny_model, toy_example, detector, alpha2=-1.0)
+        aarf_generate(tiny_model, toy_example, detector, AARFOptions(alpha2=-1.0))
     with pytest.raises(ValueError, match="give tau"):
-        aarf_generate(tiny_model, toy_example, detector, score="h")
+        aarf_generate(tiny_model, toy_example, detector, AARFOptions(score="h"))
     with pytest.raises(ValueError, match="redeep_token"):
         aarf_generate(tiny_model, toy_example, make_detector("nll"))
     from core.base.errors import NotFittedError
@@ -440,8 +436,8 @@ def test_the_batch_compares_aarf_with_the_plain_greedy_answer(
     plain, steered = "The Old Bridge was built in 1820.", "Ada Lovell built the Old Bridge."
     seen = {}
 
-    def fake(model, ex, det, **kw):
-        seen.update(kw)
+    def fake(model, ex, det, options):
+        seen.update(dataclasses.asdict(options))
         return SimpleNamespace(plain=SimpleNamespace(text=plain), text=steered)
 
     monkeypatch.setattr(core.interventions.mitigate, "aarf_generate", fake)

@@ -12,7 +12,7 @@ from sklearn.metrics import roc_auc_score
 from core.base.errors import DataError
 from core.data import load_builtin, stratified_head
 from core.evaluation.comparison import checked_comparisons, compare_detectors, comparison_lines
-from core.evaluation.crossval import CVRun, cross_validate, default_maker
+from core.evaluation.crossval import CVOptions, CVRun, cross_validate, default_maker
 from core.learning.metrics import _auroc, paired_difference
 from core.pipeline.extract import extract_features
 
@@ -139,7 +139,9 @@ def test_a_damaged_comparison_in_a_run_file_is_a_clear_error(damage) -> None:
 def test_a_cv_run_stores_its_comparisons_and_source_groups(tiny_model) -> None:
     exs = stratified_head(load_builtin(), 90)
     ext = extract_features(tiny_model, exs, [default_maker()(n) for n in ("nll", "lexical")])
-    run = cross_validate(tiny_model, ["nll", "lexical"], exs, k=3, extraction=ext, n_boot=50)
+    run = cross_validate(
+        tiny_model, ["nll", "lexical"], exs, CVOptions(k=3, n_boot=50), extraction=ext
+    )
     assert len(run.groups) == len(run.ids) and len(set(run.groups)) < len(run.ids)
     assert all(len(g) == 12 for g in run.groups)  # hashed, never the data's own names
     c = run.comparisons

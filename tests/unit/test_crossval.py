@@ -21,6 +21,8 @@ from core.data import load_builtin, stratified_head
 from core.detectors.baselines import NLLDetector
 from core.evaluation.crossval import (
     CROSSFIT_K,
+    CVOptions,
+    CVProgress,
     CVRun,
     answer_lengths,
     cross_validate,
@@ -32,7 +34,7 @@ from core.evaluation.crossval import (
     pinned_maker,
 )
 from core.evaluation.evaluate import set_thresholds
-from core.evaluation.matrix import MatrixRun, domain_matrix, load_run
+from core.evaluation.matrix import MatrixProgress, MatrixRun, domain_matrix, load_run
 from core.learning.calibration import (
     DatasetCalibration,
     PlattCalibrator,
@@ -252,11 +254,9 @@ def test_the_held_out_fold_never_reaches_fit(tiny_model, examples, extraction, c
         tiny_model,
         ["nll"],
         examples,
-        k=4,
+        CVOptions(k=4, n_boot=50, calibration=calibration),
         make=lambda n: _Spy(),
         extraction=extraction,
-        n_boot=50,
-        calibration=calibration,
     )
     assert run.calibration == calibration
     fold = np.asarray(run.fold)
@@ -334,7 +334,11 @@ def test_cross_validation_pools_out_of_fold_scores(
     tiny_model, examples, extraction, tmp_path
 ) -> None:
     run = cross_validate(
-        tiny_model, ["nll", "context_gain"], examples, k=3, extraction=extraction, n_boot=100
+        tiny_model,
+        ["nll", "context_gain"],
+        examples,
+        CVOptions(k=3, n_boot=100),
+        extraction=extraction,
     )
     y = np.asarray(run.labels)
     for r in run.results:
@@ -379,9 +383,13 @@ def test_domain_matrix_on_two_tasks(tiny_model, examples, tmp_path) -> None:
     }
     steps: list[str] = []
     with pytest.raises(DataError, match="--calibration split"):  # too few sources to cross-fit
-        domain_matrix(tiny_model, ["nll"], parts, k=2, n_boot=30)
+        domain_matrix(tiny_model, ["nll"], parts, CVOptions(k=2, n_boot=30))
     m = domain_matrix(
-        tiny_model, ["nll"], parts, k=2, n_boot=30, step=steps.append, calibration="split"
+        tiny_model,
+        ["nll"],
+        parts,
+        CVOptions(k=2, n_boot=30, calibration="split"),
+        progress=MatrixProgress(step=steps.append),
     )
     cells = m.cells["nll"]
     assert set(cells["qa"]) == {"qa", "summary"} and set(cells["summary"]) == {"qa", "summary"}
@@ -401,21 +409,18 @@ def test_domain_matrix_on_two_tasks(tiny_model, examples, tmp_path) -> None:
         return _dying_maker(fits, limit)
 
     folder = tmp_path / "matrix-folds"
-    kw: dict[str, Any] = dict(k=2, n_boot=30, calibration="split", checkpoint=folder)
+    opts = CVOptions(k=2, n_boot=30, calibration="split", checkpoint=folder)
+    resumed = MatrixProgress(resumed=lambda line: back.append(line))
     with pytest.raises(_Dies):
-        domain_matrix(tiny_model, ["nll"], parts, make=counting(1), **kw)
+        domain_matrix(tiny_model, ["nll"], parts, opts, make=counting(1))
     assert len(list(folder.glob("*.npz"))) == 1  # the first training, tested on the other
     back: list[str] = []
-    again = domain_matrix(
-        tiny_model, ["nll"], parts, make=counting(10**6), resumed=back.append, **kw
-    )
+    again = domain_matrix(tiny_model, ["nll"], parts, opts, make=counting(10**6), progress=resumed)
     assert back == ["nll: train on qa (read back from its checkpoint)"]
     assert again.cells == m.cells
     n_fits = len(fits)
     back.clear()
-    third = domain_matrix(
-        tiny_model, ["nll"], parts, make=counting(10**6), resumed=back.append, **kw
-    )
+    third = domain_matrix(tiny_model, ["nll"], parts, opts, make=counting(10**6), progress=resumed)
     assert len(fits) == n_fits  # nothing refitted: both trainings and every diagonal fold
     assert back == [
         "nll: train on qa (read back from its checkpoint)",
@@ -424,7 +429,7 @@ def test_domain_matrix_on_two_tasks(tiny_model, examples, tmp_path) -> None:
     assert third.cells == m.cells
     # another seed names other checkpoints
     back.clear()
-    domain_matrix(tiny_model, ["nll"], parts, resumed=back.append, **{**kw, "seed": 1})
+    domain_matrix(tiny_model, ["nll"], parts, dataclasses.replace(opts, seed=1), progress=resumed)
     assert back == []
 
 
@@ -457,7 +462,11 @@ def test_length_matched_auroc_sees_only_what_length_does_not() -> None:
 
 def test_cv_run_reports_the_length_baseline(tiny_model, examples, extraction) -> None:
     run = cross_validate(
-        tiny_model, ["nll"], examples, k=3, extraction=extraction, n_boot=30, calibration="split"
+        tiny_model,
+        ["nll"],
+        examples,
+        CVOptions(k=3, n_boot=30, calibration="split"),
+        extraction=extraction,
     )
     lengths = answer_lengths(extraction.examples)
     base = run.baseline["answer_length"]
@@ -581,7 +590,9 @@ def test_cv_reports_each_datasets_own_calibration(tiny_model, examples, extracti
     exs = list(extraction.examples)
     mixed = _as_datasets(exs, {"a": 46, "b": len(exs) - 46})
     ext = dataclasses.replace(extraction, examples=tuple(mixed))
-    run = cross_validate(None, ["nll"], mixed, k=2, extraction=ext, model_key="m", n_boot=20)
+    run = cross_validate(
+        None, ["nll"], mixed, CVOptions(k=2, n_boot=20), extraction=ext, model_key="m"
+    )
     by = run.result("nll").by_dataset
     assert set(by) == {"a", "b"}
     for m in by.values():
@@ -612,13 +623,17 @@ def test_cv_reports_each_datasets_own_calibration(tiny_model, examples, extracti
         CVRun.from_dict(run.to_dict()).result("nll").by_dataset["a"]["auroc_ci"]
         == by["a"]["auroc_ci"]
     )
-    plain = cross_validate(None, ["nll"], mixed, k=2, extraction=ext, model_key="m", n_boot=0)
+    plain = cross_validate(
+        None, ["nll"], mixed, CVOptions(k=2, n_boot=0), extraction=ext, model_key="m"
+    )
     assert "auroc_ci" not in plain.result("nll").by_dataset["a"]
 
 
 def test_cv_reports_each_datasets_token_ap(extraction) -> None:
     exs = list(extraction.examples)
-    one = cross_validate(None, ["nll"], exs, k=2, extraction=extraction, model_key="m", n_boot=0)
+    one = cross_validate(
+        None, ["nll"], exs, CVOptions(k=2, n_boot=0), extraction=extraction, model_key="m"
+    )
     only = one.result("nll")
     (name,) = only.by_dataset
     assert only.by_dataset[name]["token_ap"] == pytest.approx(only.token["ap"])
@@ -636,7 +651,9 @@ def test_cv_reports_each_datasets_token_ap(extraction) -> None:
         for i, e in enumerate(exs)
     ]
     ext = dataclasses.replace(extraction, examples=tuple(mixed))
-    run = cross_validate(None, ["nll"], mixed, k=2, extraction=ext, model_key="m", n_boot=0)
+    run = cross_validate(
+        None, ["nll"], mixed, CVOptions(k=2, n_boot=0), extraction=ext, model_key="m"
+    )
     by = run.result("nll").by_dataset
     assert by["a"]["token_ap"] is None and by["a"]["token_auroc"] is None
     assert 0.0 <= by["b"]["token_ap"] <= 1.0
@@ -706,8 +723,9 @@ def test_an_interrupted_cross_validation_resumes_after_its_last_fold(
     gives the same numbers as a run never interrupted; a damaged checkpoint is refitted,
     and another config never reads this one's folds."""
     exs = list(extraction.examples)
-    kw: dict[str, Any] = dict(k=4, extraction=extraction, model_key="m", n_boot=20)
-    whole = cross_validate(None, ["nll"], exs, **kw)
+    kw: dict[str, Any] = dict(extraction=extraction, model_key="m")
+    opts = CVOptions(k=4, n_boot=20)
+    whole = cross_validate(None, ["nll"], exs, opts, **kw)
     fits: list[str] = []
 
     def dying(limit: int):
@@ -724,14 +742,21 @@ def test_an_interrupted_cross_validation_resumes_after_its_last_fold(
             None,
             ["nll"],
             exs,
+            dataclasses.replace(opts, checkpoint=folder),
             make=dying(10**6),
-            checkpoint=folder,
-            resumed=lambda d, f, k: back.append(f),
+            progress=CVProgress(resumed=lambda d, f, k: back.append(f)),
             **kw,
         )
 
     with pytest.raises(_Dies):
-        cross_validate(None, ["nll"], exs, make=dying(2 * per_fold + 1), checkpoint=folder, **kw)
+        cross_validate(
+            None,
+            ["nll"],
+            exs,
+            dataclasses.replace(opts, checkpoint=folder),
+            make=dying(2 * per_fold + 1),
+            **kw,
+        )
     assert len(list(folder.glob("*.npz"))) == 2
     again = rerun()
     assert back == [0, 1] and len(fits) == 2 * per_fold
@@ -755,9 +780,9 @@ def test_an_interrupted_cross_validation_resumes_after_its_last_fold(
         None,
         ["nll"],
         exs,
-        checkpoint=folder,
-        resumed=lambda d, f, k: back.append(f),
-        **{**kw, "calibration": "split"},
+        dataclasses.replace(opts, checkpoint=folder, calibration="split"),
+        progress=CVProgress(resumed=lambda d, f, k: back.append(f)),
+        **kw,
     )
     assert back == []
 
@@ -838,12 +863,10 @@ def test_cv_reports_span_f1_by_character_overlap_at_each_folds_token_threshold(
         None,
         ["nll"],
         exs,
-        k=2,
+        CVOptions(k=2, n_boot=0, calibration="split"),
         extraction=extraction,
         model_key="m",
-        n_boot=0,
         make=make,
-        calibration="split",
     )
     fold_dets = made[-2:]  # split calibration: one fitted detector per fold, in order
     thresholds = [d.token_threshold_ for d in fold_dets]

@@ -16,7 +16,7 @@ from core.base.examples import source_key
 from core.data import resolve_dataset, split_examples
 from core.detectors import detector_class, make_detector
 from core.detectors.ensemble import STACK_FOLDS, EnsembleDetector, choose_c, logit
-from core.evaluation.evaluate import evaluate, set_thresholds
+from core.evaluation.evaluate import EvalOptions, Splits, evaluate, set_thresholds
 from core.learning.calibration import MIN_DATASET_ANSWERS, PlattCalibrator
 from core.learning.contract import for_dataset, judge_features
 from core.learning.learners import LogisticCalibrator, grouped_folds
@@ -403,13 +403,10 @@ def test_evaluate_reports_the_ensemble_beside_its_members(tiny_model, splits, db
     run = evaluate(
         tiny_model,
         [*MEMBERS, "ensemble"],
-        train=splits["train"],
-        validation=splits["validation"],
-        test=splits["test"],
-        train_dataset="builtin",
-        cache=FeatureCache(db),
-        n_boot=50,
+        Splits(**splits, train_dataset="builtin"),
+        EvalOptions(n_boot=50),
         configs={"ensemble": {"members": MEMBERS}},
+        cache=FeatureCache(db),
     )
     names = [r.detector for r in run.results]
     assert names == [*MEMBERS, "ensemble"]

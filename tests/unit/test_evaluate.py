@@ -15,7 +15,7 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 from core.base.errors import DataError
 from core.base.examples import Provenance, RAGExample, Span, source_key
 from core.data import data_hash, split_examples
-from core.evaluation.evaluate import EvalRun, evaluate, list_runs
+from core.evaluation.evaluate import EvalOptions, EvalRun, Splits, evaluate, list_runs
 from core.learning.metrics import (
     MIN_CLASS_ANSWERS,
     best_threshold,
@@ -123,12 +123,8 @@ def test_evaluate_end_to_end_on_tiny(tiny_model, tmp_path: Path) -> None:
     run = evaluate(
         tiny_model,
         ["nll", "lexical"],
-        train=splits["train"],
-        validation=splits["validation"],
-        test=splits["test"],
-        train_dataset="toy",
-        n_boot=100,
-        save_artifacts=tmp_path / "art",
+        Splits(**splits, train_dataset="toy"),
+        EvalOptions(n_boot=100, save_artifacts=tmp_path / "art"),
     )
     assert [r.detector for r in run.results] == ["nll", "lexical"]
     assert run.split_sizes == {k: len(v) for k, v in splits.items()}
@@ -143,12 +139,9 @@ def test_evaluate_end_to_end_on_tiny(tiny_model, tmp_path: Path) -> None:
     reloaded = evaluate(
         tiny_model,
         ["nll", "lexical"],
-        train=[],
-        validation=splits["validation"],
-        test=splits["test"],
-        train_dataset="toy",
+        Splits(train=[], validation=splits["validation"], test=splits["test"], train_dataset="toy"),
+        EvalOptions(n_boot=0),
         artifacts={n: tmp_path / "art" / n for n in ("nll", "lexical")},
-        n_boot=0,
     )
     for a, b in zip(run.results, reloaded.results, strict=True):
         np.testing.assert_allclose(a.scores, b.scores, rtol=1e-6)
@@ -164,15 +157,15 @@ def test_evaluate_refuses_unlabelled_test_and_missing_training(tiny_model) -> No
         evaluate(
             tiny_model,
             ["lexical"],
-            train=exs[:4],
-            validation=[],
-            test=unl,
-            train_dataset="t",
-            n_boot=0,
+            Splits(train=exs[:4], validation=[], test=unl, train_dataset="t"),
+            EvalOptions(n_boot=0),
         )
     with pytest.raises(DataError, match="no training examples"):
         evaluate(
-            tiny_model, ["lexical"], train=[], validation=[], test=exs, train_dataset="t", n_boot=0
+            tiny_model,
+            ["lexical"],
+            Splits(train=[], validation=[], test=exs, train_dataset="t"),
+            EvalOptions(n_boot=0),
         )
 
 
@@ -203,11 +196,8 @@ def test_fit_gets_the_validation_split_and_never_the_test_split(
     evaluate(
         tiny_model,
         ["nll"],
-        train=splits["train"],
-        validation=splits["validation"],
-        test=splits["test"],
-        train_dataset="toy",
-        n_boot=0,
+        Splits(**splits, train_dataset="toy"),
+        EvalOptions(n_boot=0),
     )
     assert seen["train"] == [e.id for e in splits["train"]]
     assert seen["validation"] == [e.id for e in splits["validation"]]
@@ -217,20 +207,15 @@ def test_fit_gets_the_validation_split_and_never_the_test_split(
 def test_evaluate_reports_smoothed_token_metrics(tiny_model) -> None:
     exs = [_ex(i, q=i, label=bool(i % 2)) for i in range(24)]
     splits = split_examples(exs, seed=0)
-    kw = dict(
-        train=splits["train"],
-        validation=splits["validation"],
-        test=splits["test"],
-        train_dataset="toy",
-        n_boot=0,
-    )
-    plain = evaluate(tiny_model, ["nll"], **kw)
+    parts = Splits(**splits, train_dataset="toy")
+    plain = evaluate(tiny_model, ["nll"], parts, EvalOptions(n_boot=0))
     assert "smoothed" not in plain.results[0].token_metrics
     assert "smoothed" not in plain.to_markdown()
     # p_stay 0.5 leaves the scores as they are; 0.99 spreads them along the answer.
-    same = evaluate(tiny_model, ["nll"], smooth=0.5, **kw).results[0].token_metrics
+    same = evaluate(tiny_model, ["nll"], parts, EvalOptions(n_boot=0, smooth=0.5))
+    same = same.results[0].token_metrics
     assert same["smoothed"]["auroc"] == pytest.approx(same["auroc"], abs=1e-9)
-    run = evaluate(tiny_model, ["nll"], smooth=0.99, **kw)
+    run = evaluate(tiny_model, ["nll"], parts, EvalOptions(n_boot=0, smooth=0.99))
     tok = run.results[0].token_metrics
     assert tok["smoothed"]["p_stay"] == 0.99
     assert tok["smoothed"]["auroc"] != pytest.approx(tok["auroc"], abs=1e-6)

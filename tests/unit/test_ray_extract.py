@@ -48,7 +48,7 @@ def reference(tiny_model, demo):
     return {n: {f.example_id: f for f in ext.features[n]} for n in NAMES}
 
 
-def _run(tiny_model, examples, folder: Path, **kw):
+def _run(tiny_model, examples, folder: Path, *, progress=None, on_error="skip"):
     flat = [make_detector(n) for n in NAMES]
     writer = ShardWriter(folder, manifest={"model": tiny_model.info.key})
 
@@ -60,7 +60,6 @@ def _run(tiny_model, examples, folder: Path, **kw):
     try:  # a stopped driver keeps what it finished (the CLI closes its writer likewise)
         return extract_ray(
             model_spec="tiny",
-            device="cpu",
             model_key=tiny_model.info.key,
             examples=examples,
             detectors=NAMES,
@@ -68,8 +67,8 @@ def _run(tiny_model, examples, folder: Path, **kw):
             flat=flat,
             holds=writer.holds,
             sink=sink,
-            options=RayOptions(actors=2),
-            **kw,
+            options=RayOptions(actors=2, device="cpu", on_error=on_error),
+            progress=progress,
         )
     finally:
         writer.close()

@@ -27,7 +27,7 @@ from core.detectors.redeep import (
 )
 from core.engine.layout import render
 from core.engine.trace import trace
-from core.evaluation.evaluate import evaluate
+from core.evaluation.evaluate import EvalOptions, Splits, evaluate
 from core.learning.contract import Features, tokens_from_chunks
 from core.pipeline.extract import FeatureCache, extract_features, run_example
 from core.signals.chunking import chunk_example
@@ -527,12 +527,9 @@ def test_evaluate_never_lets_the_test_split_reach_fit(tiny_model, real, store, m
     run = evaluate(
         tiny_model,
         ["redeep_token"],
-        train=train,
-        validation=validation,
-        test=test,
-        train_dataset="builtin",
+        Splits(train=train, validation=validation, test=test, train_dataset="builtin"),
+        EvalOptions(n_boot=0),
         cache=FeatureCache(store),
-        n_boot=0,
     )
     assert run.extraction["cache_hits"] == len(exs)  # features came from the module's cache
     test_ids = {e.id for e in test}
