@@ -14,8 +14,10 @@ from pathlib import Path
 import streamlit as st
 
 from app.auth import exposure_banner, login_gate
-from app.state import loaded_model, shipped_detectors, start_model, warm_detectors
+from app.state.detectors import shipped_detectors
 from app.state.links import on_page
+from app.state.model import loaded_model, start_model
+from app.state.verdicts import warm_detectors
 from app.text import md
 from core.base.paths import assets_dir
 

@@ -11,15 +11,10 @@ import streamlit as st
 
 from app.components.estimate import progress_bar
 from app.components.example_picker import AnswerKeys, pick_page_answer
-from app.state import (
-    AppState,
-    ShippedDetectors,
-    app_state,
-    fit_quick_spad,
-    get_model,
-    shipped_detectors,
-    train_command,
-)
+from app.state.detectors import ShippedDetectors, shipped_detectors
+from app.state.model import get_model
+from app.state.session import AppState, app_state
+from app.state.spad_views import fit_quick_spad, train_command
 from app.text import code, md
 from core.base.errors import RagscopeError
 

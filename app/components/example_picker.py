@@ -22,30 +22,21 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from app.components.estimate import estimate_caption, progress_bar
-from app.state import (
+from app.state.analysis import Analysis
+from app.state.datasets import DatasetRef
+from app.state.estimates import paced_extraction, work_estimate
+from app.state.heads import (
     ALL_SPLITS,
     HEADS_EXAMPLE_DATASET,
     HEADS_EXAMPLE_PLAYGROUND,
     HEADS_FROM_CORPUS,
     HEADS_FROM_HOME,
-    KEY_CF_DATASET,
-    KEY_CF_EXAMPLE,
-    KEY_CF_SOURCE,
-    KEY_HEATMAP_DATASET,
-    KEY_HEATMAP_EXAMPLE,
-    KEY_HEATMAP_SOURCE,
-    Analysis,
-    AppState,
-    DatasetRef,
-    ExampleSelection,
     FeatureRequest,
     example_splits,
     extract_request,
     heads_examples,
-    seed_widget,
     stats_examples,
 )
-from app.state.estimates import paced_extraction, work_estimate
 from app.state.links import (
     DATASETS_HERE,
     P_ANSWER,
@@ -68,7 +59,18 @@ from app.state.links import (
     parse_input,
     publish,
 )
-from app.state.session import app_state
+from app.state.session import (
+    KEY_CF_DATASET,
+    KEY_CF_EXAMPLE,
+    KEY_CF_SOURCE,
+    KEY_HEATMAP_DATASET,
+    KEY_HEATMAP_EXAMPLE,
+    KEY_HEATMAP_SOURCE,
+    AppState,
+    ExampleSelection,
+    app_state,
+    seed_widget,
+)
 from app.text import code, md
 from core.base.errors import RagscopeError
 from core.detectors import make_detector

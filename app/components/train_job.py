@@ -15,7 +15,8 @@ from datetime import UTC, datetime
 import streamlit as st
 
 from app.components.estimate import describe_work, format_seconds
-from app.state import (
+from app.state.detectors import ShippedDetectors, shipped_detectors
+from app.state.jobs import (
     DEFAULT_TRAIN_DATASET,
     KEY_TRAIN_CANCEL,
     KEY_TRAIN_CV,
@@ -28,15 +29,13 @@ from app.state import (
     KEY_TRAIN_START,
     POLL_S,
     TRAIN_LIMIT,
-    ShippedDetectors,
     cancel_training,
     discard_training,
     job_log_db,
+    may_control_job,
     model_job,
     read_job,
     resume_training,
-    seed_widget,
-    shipped_detectors,
     start_training,
     train_dataset_choices,
     train_detector_choices,
@@ -44,7 +43,7 @@ from app.state import (
     train_folder,
     train_spec,
 )
-from app.state.jobs import may_control_job
+from app.state.session import seed_widget
 from app.text import code, md
 from core.base.errors import RagscopeError
 from core.base.paths import TRAINED_SET

@@ -24,25 +24,23 @@ from app.components.example_picker import (
     publish_page_dataset,
 )
 from app.components.exports import plot
-from app.state import (
+from app.state.datasets import get_store
+from app.state.detectors import shipped_detectors
+from app.state.estimates import paced_extraction, work_estimate
+from app.state.heads import heads_examples
+from app.state.links import (
     P_DETECTORS,
     P_LIMIT,
     P_METHOD,
-    AppState,
     Followed,
-    app_state,
     follow_list,
     follow_widget,
-    get_model,
-    get_store,
-    heads_examples,
     integer,
     one_of,
     publish,
-    seed_widget,
-    shipped_detectors,
 )
-from app.state.estimates import paced_extraction, work_estimate
+from app.state.model import get_model
+from app.state.session import AppState, app_state, seed_widget
 from app.text import md
 from core.analysis.detector_agreement import (
     VerdictTable,

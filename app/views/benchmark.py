@@ -58,7 +58,21 @@ from app.components.cv_charts import (
 )
 from app.components.exports import plot
 from app.components.set_quality import show_set_quality
-from app.state import (
+from app.state.datasets import get_store
+from app.state.detectors import shipped_detectors
+from app.state.links import (
+    P_CV,
+    P_DETECTOR,
+    P_MATRIX,
+    P_METRIC,
+    P_RUN,
+    follow_list,
+    follow_widget,
+    one_of,
+    publish,
+)
+from app.state.model import get_model
+from app.state.runs import (
     CORPUS,
     KEY_BENCH_BREAKDOWN_METRIC,
     KEY_BENCH_CONFUSION,
@@ -74,30 +88,16 @@ from app.state import (
     KEY_BENCH_RUNS,
     KEY_BENCH_TEST,
     KEY_BENCH_TRAIN,
-    P_CV,
-    P_DETECTOR,
-    P_MATRIX,
-    P_METRIC,
-    P_RUN,
     SAME_DATASET,
-    AppState,
     DatasetSummary,
     SavedRuns,
-    app_state,
     dataset_summary,
     download_key,
     eval_dataset_choices,
-    follow_list,
-    follow_widget,
-    get_model,
-    get_store,
-    one_of,
-    publish,
     saved_runs,
-    seed_widget,
-    shipped_detectors,
     threshold_key,
 )
+from app.state.session import AppState, app_state, seed_widget
 from app.text import code, md
 from core.base.errors import RagscopeError
 from core.base.paths import runs_dir

@@ -26,21 +26,12 @@ from app.components.diff import word_diff_html
 from app.components.estimate import estimate_caption
 from app.components.example_picker import AnswerKeys
 from app.components.multirow import DIFF_CMAP, HeatRow, gold_row, multirow_html
-from app.state import (
-    KEY_CF_DATASET,
-    KEY_CF_EXAMPLE,
-    KEY_CF_SOURCE,
-    P_MODE,
-    AppState,
-    ShippedDetectors,
-    follow_widget,
-    get_store,
-    input_signature,
-    one_of,
-    publish,
-    seed_widget,
-)
+from app.state.analysis import input_signature
+from app.state.datasets import get_store
+from app.state.detectors import ShippedDetectors
 from app.state.estimates import answer_estimate, generation_seconds
+from app.state.links import P_MODE, follow_widget, one_of, publish
+from app.state.session import KEY_CF_DATASET, KEY_CF_EXAMPLE, KEY_CF_SOURCE, AppState, seed_widget
 from app.state.verdicts import answer_verdicts, known_verdicts
 from app.text import md
 from core.base.errors import RagscopeError

@@ -31,8 +31,10 @@ from app.components.example_picker import (
 )
 from app.components.heatmap import ColorStops, render_token_heatmap
 from app.components.train_job import train_detectors_panel
-from app.state import (
-    ALL_SPLITS,
+from app.state.datasets import get_store
+from app.state.detectors import ShippedDetector, shipped_detectors
+from app.state.estimates import paced_read, sae_read_estimate
+from app.state.features import (
     KEY_EXPLAIN_FEATURES,
     KEY_EXPLAIN_IDS,
     KEY_EXPLAIN_LIMIT,
@@ -42,28 +44,17 @@ from app.state import (
     KEY_EXPLAIN_SPLIT,
     KEY_EXPLAIN_STOP,
     KEY_EXPLAIN_TOP_N,
-    P_FEATURE,
     RAGLENS,
-    AppState,
     ExplainRequest,
-    ShippedDetector,
-    app_state,
     explain_one_key,
-    feature_id,
     fidelity_key,
-    follow_features,
-    get_model,
-    get_store,
-    heads_examples,
-    model_spec,
-    publish,
     sae_feature_examples,
-    seed_widget,
-    shipped_detectors,
-    shown_folder,
-    train_command,
 )
-from app.state.estimates import paced_read, sae_read_estimate
+from app.state.heads import ALL_SPLITS, heads_examples
+from app.state.links import P_FEATURE, feature_id, follow_features, publish
+from app.state.model import get_model, model_spec
+from app.state.session import AppState, app_state, seed_widget
+from app.state.spad_views import shown_folder, train_command
 from app.text import code, md
 from core.base.errors import DataError, LLMError, ModelError, RagscopeError
 from core.base.examples import RAGExample

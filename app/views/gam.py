@@ -22,26 +22,24 @@ from app.components.exports import plot
 from app.components.gam_charts import contributions_figure, importance_figure, shape_function_figure
 from app.components.heatmap import render_token_heatmap
 from app.components.train_job import train_detectors_panel
-from app.state import (
-    HEADS_FROM_HOME,
+from app.state.analysis import input_signature
+from app.state.detectors import shipped_detectors
+from app.state.heads import HEADS_FROM_HOME, heads_examples
+from app.state.links import (
     HOME_DATASETS_HERE,
     P_DATASET,
     P_FEATURE,
     P_TOP,
-    app_state,
     dataset_spec,
     feature_id,
     follow_home_dataset,
     follow_widget,
-    get_model,
-    heads_examples,
-    input_signature,
     integer,
     publish,
-    seed_widget,
-    shipped_detectors,
-    train_command,
 )
+from app.state.model import get_model
+from app.state.session import app_state, seed_widget
+from app.state.spad_views import train_command
 from app.text import code, md
 from core.base.errors import RagscopeError
 from core.detectors.raglens import load_config_sae, sae_folder

@@ -39,7 +39,8 @@ from app.components.exports import csv_button, plot
 from app.components.head_charts import attention_figure, copying_figure, ecs_figure, pks_figure
 from app.components.heatmap import render_token_heatmap
 from app.components.train_job import train_detectors_panel
-from app.state import (
+from app.state.detectors import ShippedDetectors, shipped_detectors
+from app.state.heads import (
     HEADS_EXAMPLE_DATASET,
     HEADS_EXAMPLE_PLAYGROUND,
     HEADS_UNITS,
@@ -53,31 +54,29 @@ from app.state import (
     KEY_HEADS_SPLIT,
     KEY_HEADS_TOP,
     KEY_HEADS_UNIT,
+    REDEEP_DETECTORS,
+    FeatureRequest,
+    answer_heads,
+    head_stats,
+    heads_examples,
+    redeep_detectors,
+)
+from app.state.links import (
     P_HEAD,
     P_INPUT,
     P_TOP,
     P_UNIT,
-    REDEEP_DETECTORS,
-    AppState,
-    FeatureRequest,
-    ShippedDetectors,
-    answer_heads,
-    app_state,
     follow,
     follow_widget,
-    get_model,
     head_id,
-    head_stats,
-    heads_examples,
     integer,
     one_of,
     parse_head,
     publish,
-    seed_widget,
-    shipped_detectors,
 )
-from app.state import train_command as state_train_command
-from app.state.heads import redeep_detectors
+from app.state.model import get_model
+from app.state.session import AppState, app_state, seed_widget
+from app.state.spad_views import train_command as state_train_command
 from app.state.verdicts import DetectorVerdicts, answer_verdicts
 from app.text import code, md
 from core.analysis.heads_layers import HeadStats, HeadView

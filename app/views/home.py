@@ -8,30 +8,30 @@ from pathlib import Path
 import streamlit as st
 
 from app.components.train_job import train_detectors_panel
-from app.state import (
+from app.state.datasets import (
     BUILTIN,
-    HOME_DATASETS_HERE,
     KEY_DATASET,
     KEY_IMPORT,
     KEY_UPLOAD,
     KEY_UPLOAD_NAME,
-    P_DATASET,
     UPLOAD_SUFFIXES,
-    AppState,
     DatasetRef,
     UploadReport,
-    app_state,
     dataset_choices,
-    dataset_spec,
-    follow_home_dataset,
-    get_model,
     get_store,
     load_examples,
-    publish,
     read_upload,
-    seed_widget,
-    shipped_detectors,
 )
+from app.state.detectors import shipped_detectors
+from app.state.links import (
+    HOME_DATASETS_HERE,
+    P_DATASET,
+    dataset_spec,
+    follow_home_dataset,
+    publish,
+)
+from app.state.model import get_model
+from app.state.session import AppState, app_state, seed_widget
 from app.text import code, md
 from core.base.errors import RagscopeError
 from core.base.paths import detector_set_names

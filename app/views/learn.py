@@ -23,26 +23,23 @@ from app.components.head_charts import attention_figure, ecs_figure, mean_ecs_fi
 from app.components.heatmap import render_token_heatmap
 from app.components.highlight import FLAG, Mark, marked_html
 from app.components.shap_charts import pos_sources_figure, token_sources_figure, waterfall_figure
-from app.state import (
-    BUILTIN,
-    HEADS_FROM_HOME,
+from app.state.datasets import BUILTIN, get_store
+from app.state.detectors import shipped_detectors
+from app.state.heads import HEADS_FROM_HOME, answer_heads
+from app.state.links import (
     P_INPUT,
     P_STEP,
     P_WALK,
-    AnswerSources,
-    answer_heads,
-    answer_sources,
-    app_state,
+    example_input,
     follow,
     follow_widget,
-    get_model,
-    get_store,
     integer,
     linked,
     publish,
-    shipped_detectors,
 )
-from app.state.links import example_input
+from app.state.model import get_model
+from app.state.session import app_state
+from app.state.spad_views import AnswerSources, answer_sources
 from app.text import md
 from core.analysis.heads_layers import HeadStats, HeadView
 from core.analysis.shap_values import shap_values

@@ -26,17 +26,11 @@ from app.components.artifacts import open_answer_page
 from app.components.diff import word_diff_html
 from app.components.estimate import estimate_caption
 from app.components.example_picker import AnswerKeys
-from app.state import (
-    P_METHOD,
-    AppState,
-    ShippedDetectors,
-    follow_widget,
-    one_of,
-    publish,
-    seed_widget,
-    train_command,
-)
+from app.state.detectors import ShippedDetectors
 from app.state.estimates import answer_estimate, generation_seconds
+from app.state.links import P_METHOD, follow_widget, one_of, publish
+from app.state.session import AppState, seed_widget
+from app.state.spad_views import train_command
 from app.state.verdicts import answer_verdicts
 from app.text import code, md, md_lines
 from core.base.errors import RagscopeError

@@ -27,29 +27,24 @@ from app.auth import auth_configured, current_identity
 from app.components.estimate import estimate_caption, progress_bar
 from app.components.highlight import FLAG, RELATED, Mark, marked_html
 from app.components.report import answer_report_html
-from app.state import (
-    CORPUS,
+from app.state.datasets import DatasetRef, dataset_choices, get_store, load_examples
+from app.state.detectors import shipped_detectors
+from app.state.estimates import paced_extraction, work_estimate
+from app.state.heads import HEADS_FROM_CORPUS, heads_examples, review_key
+from app.state.links import (
     DATASETS_HERE,
-    HEADS_FROM_CORPUS,
     P_DATASET,
     P_ITEM,
-    DatasetRef,
-    app_state,
-    dataset_choices,
     dataset_spec,
     follow,
     follow_widget,
-    get_model,
-    get_store,
-    heads_examples,
     linked,
-    load_examples,
     one_of,
     publish,
-    review_key,
-    shipped_detectors,
 )
-from app.state.estimates import paced_extraction, work_estimate
+from app.state.model import get_model
+from app.state.runs import CORPUS
+from app.state.session import app_state
 from app.text import code, md
 from core.base.errors import DataError, RagscopeError, StorageError
 from core.base.examples import RAGExample

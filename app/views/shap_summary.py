@@ -29,7 +29,12 @@ from app.components.example_picker import (
 from app.components.exports import plot
 from app.components.shap_charts import bar_figure, grid_figure, summary_figure
 from app.components.train_job import train_detectors_panel
-from app.state import (
+from app.state.detectors import ShippedDetectors, shipped_detectors
+from app.state.heads import FeatureRequest, heads_examples
+from app.state.links import P_GRID, P_TOP, follow_widget, integer, one_of, publish
+from app.state.model import get_model
+from app.state.session import AppState, app_state, seed_widget
+from app.state.spad_views import (
     KEY_SHAP_COMPUTE,
     KEY_SHAP_GRID,
     KEY_SHAP_LIMIT,
@@ -37,24 +42,10 @@ from app.state import (
     KEY_SHAP_SOURCE,
     KEY_SHAP_SPLIT,
     KEY_SHAP_TOP,
-    P_GRID,
-    P_TOP,
     SPAD,
-    AppState,
-    FeatureRequest,
-    ShippedDetectors,
     SpadChoice,
-    app_state,
-    follow_widget,
-    get_model,
-    heads_examples,
-    integer,
-    one_of,
-    publish,
     quick_fit_examples,
-    seed_widget,
     shap_summary,
-    shipped_detectors,
     spad_choice,
     train_command,
 )

@@ -24,39 +24,38 @@ from app.components.estimate import estimate_caption, progress_bar
 from app.components.example_picker import AnswerKeys, pick_page_answer
 from app.components.exports import plot
 from app.components.multirow import ACTIVATION_CMAP, HeatRow, gold_row, multirow_html
-from app.state import (
-    KEY_HEATMAP_DATASET,
-    KEY_HEATMAP_EXAMPLE,
-    KEY_HEATMAP_SOURCE,
+from app.state.analysis import Analysis, analyse
+from app.state.datasets import get_store
+from app.state.detectors import ShippedDetectors, shipped_detectors
+from app.state.estimates import paced_extraction, work_estimate
+from app.state.links import (
     P_DETECTOR,
     P_HIDE,
     P_ONLY_FLAGGED,
     P_P_STAY,
     P_SMOOTH_ALL,
     P_THRESHOLD,
-    Analysis,
-    AppState,
-    DetectorVerdicts,
     Followed,
-    ShippedDetectors,
-    analyse,
-    app_state,
-    detector_verdicts,
     flag,
     flag_id,
     follow,
     follow_list,
     follow_widget,
-    get_model,
-    get_store,
     number,
     number_id,
     publish,
-    seed_widget,
-    shipped_detectors,
-    train_command,
 )
-from app.state.estimates import paced_extraction, work_estimate
+from app.state.model import get_model
+from app.state.session import (
+    KEY_HEATMAP_DATASET,
+    KEY_HEATMAP_EXAMPLE,
+    KEY_HEATMAP_SOURCE,
+    AppState,
+    app_state,
+    seed_widget,
+)
+from app.state.spad_views import train_command
+from app.state.verdicts import DetectorVerdicts, detector_verdicts
 from app.text import code, md
 from core.base.errors import RagscopeError
 from core.learning.contract import align_token_scores, flag_threshold

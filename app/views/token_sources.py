@@ -29,38 +29,32 @@ from app.components.example_picker import (
 from app.components.exports import plot
 from app.components.shap_charts import pos_sources_figure, token_sources_figure, waterfall_figure
 from app.components.train_job import train_detectors_panel
-from app.state import (
+from app.state.detectors import ShippedDetectors, shipped_detectors
+from app.state.heads import (
     ALL_SPLITS,
     HEADS_EXAMPLE_DATASET,
     HEADS_EXAMPLE_PLAYGROUND,
     HEADS_FROM_HOME,
+    heads_examples,
+    stats_examples,
+)
+from app.state.links import P_BY_POS, P_INPUT, flag, flag_id, follow_widget, publish
+from app.state.model import get_model
+from app.state.session import AppState, app_state, seed_widget
+from app.state.spad_views import (
     KEY_TOKENS_BY_POS,
     KEY_TOKENS_DATASET,
     KEY_TOKENS_EXAMPLE,
     KEY_TOKENS_EXAMPLE_SOURCE,
     KEY_TOKENS_QUICK_FIT,
-    P_BY_POS,
-    P_INPUT,
     QUICK_FIT_MIN,
     SPAD,
     AnswerSources,
-    AppState,
-    ShippedDetectors,
     SpadChoice,
     answer_shap,
     answer_sources,
-    app_state,
-    flag,
-    flag_id,
-    follow_widget,
-    get_model,
-    heads_examples,
-    publish,
     quick_fit_examples,
-    seed_widget,
-    shipped_detectors,
     spad_choice,
-    stats_examples,
     train_command,
 )
 from app.state.verdicts import answer_verdicts

@@ -93,7 +93,7 @@ def open_page(make_app: Callable[[], AppTest]) -> Callable[[str], AppTest]:
 def open_after_analysis(make_app: Callable[[], AppTest]) -> Callable[[str, str], AppTest]:
     """``(example id, page)``: analyses the built-in example's own answer (pasted) in the
     Playground, then opens ``page`` in the same session."""
-    from app.state import ANSWER_PASTE, KEY_ANALYSE, KEY_ANSWER_SOURCE, KEY_EXAMPLE
+    from app.state.playground import ANSWER_PASTE, KEY_ANALYSE, KEY_ANSWER_SOURCE, KEY_EXAMPLE
 
     def open_(example_id: str, page: str) -> AppTest:
         at = make_app().run()

@@ -34,7 +34,7 @@ from app.components.cv_charts import (
     matrix_figure,
     reliability_figure,
 )
-from app.state import (
+from app.state.runs import (
     KEY_BENCH_CONFUSION,
     KEY_BENCH_CV_DATASET_METRIC,
     KEY_BENCH_CV_RELIABILITY,
@@ -47,10 +47,10 @@ from app.state import (
     KEY_BENCH_MATRIX_RUN,
     KEY_BENCH_RUNS,
     KEY_BENCH_TRAIN,
-    STATE_KEY,
     dataset_summary,
     threshold_key,
 )
+from app.state.session import STATE_KEY
 from app.text import md
 from core.base.examples import RAGExample, source_key
 from core.data import load_builtin, stratified_head

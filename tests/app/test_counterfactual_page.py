@@ -11,8 +11,9 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.state import KEY_CF_EXAMPLE as KEY_EXAMPLE
-from app.state import STATE_KEY, input_signature
+from app.state.analysis import input_signature
+from app.state.session import KEY_CF_EXAMPLE as KEY_EXAMPLE
+from app.state.session import STATE_KEY
 from app.views.counterfactual import (
     KEY_COMPARE,
     KEY_LOAD,

@@ -14,16 +14,16 @@ import httpx
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.state import (
+from app.state.features import (
     KEY_EXPLAIN_FEATURES,
     KEY_EXPLAIN_IDS,
     KEY_EXPLAIN_READ,
     KEY_EXPLAIN_RUN,
     KEY_EXPLAIN_TOP_N,
-    STATE_KEY,
     explain_one_key,
     fidelity_key,
 )
+from app.state.session import STATE_KEY
 from core.base.llm import SETTING_NAMES
 from core.data import load_builtin
 from core.explain import PromptBudget, build_prompt, feature_examples, feature_key

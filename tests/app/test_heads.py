@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.state import (
+from app.state.heads import (
     HEADS_EXAMPLE_PLAYGROUND,
     HEADS_FROM_CORPUS,
     KEY_HEADS_COMPUTE,
@@ -27,8 +27,8 @@ from app.state import (
     KEY_HEADS_SPLIT,
     KEY_HEADS_TOP,
     KEY_HEADS_UNIT,
-    STATE_KEY,
 )
+from app.state.session import STATE_KEY
 from core.analysis.heads_layers import HeadStats
 from core.data import builtin_examples, load_builtin
 from core.detectors import make_detector

@@ -81,7 +81,7 @@ def test_primer_steps_show_the_lens_numbers(
     assert _step(at).startswith("Step 3 of 4")
     _next(at)
     # "try it" opens the same answer on the Counterfactual context page
-    from app.state import KEY_CF_EXAMPLE
+    from app.state.session import KEY_CF_EXAMPLE
 
     at.button(key="learn.try").click().run()
     assert not at.exception, [e.value for e in at.exception]
@@ -274,7 +274,7 @@ def test_redeep_steps_read_the_heads_and_the_ffn(
 def test_the_counterfactual_pages_edit_can_be_walked_through(
     open_page: Callable[[str], AppTest], page_text: Callable[[AppTest], str], tiny_model, preset
 ) -> None:
-    from app.state import STATE_KEY
+    from app.state.session import STATE_KEY
     from core.interventions.counterfactual import (
         Counterfactual,
         edit_example,

@@ -19,14 +19,10 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.state import (
-    BUILTIN_ANSWERS,
+from app.state.datasets import BUILTIN_ANSWERS, KEY_DATASET
+from app.state.heads import (
     HEADS_FROM_CORPUS,
     HEADS_FROM_HOME,
-    INPUT_OWN,
-    KEY_ANALYSE,
-    KEY_DATASET,
-    KEY_EXAMPLE,
     KEY_HEADS_EXAMPLE,
     KEY_HEADS_HEAD,
     KEY_HEADS_LAYER,
@@ -35,18 +31,19 @@ from app.state import (
     KEY_HEADS_SPLIT,
     KEY_HEADS_TOP,
     KEY_HEADS_UNIT,
+)
+from app.state.links import OwnInput, input_id, input_problem, pack_input, parse_input
+from app.state.playground import (
+    INPUT_OWN,
+    KEY_ANALYSE,
+    KEY_EXAMPLE,
     KEY_INPUT_MODE,
     KEY_OWN_QUESTION,
     KEY_PASTED,
-    STATE_KEY,
-    OwnInput,
-    input_id,
-    input_problem,
-    pack_input,
-    parse_input,
 )
-from app.state import KEY_HEATMAP_DATASET as KEY_HM_DATASET
-from app.state import KEY_HEATMAP_EXAMPLE as KEY_HM_EXAMPLE
+from app.state.session import KEY_HEATMAP_DATASET as KEY_HM_DATASET
+from app.state.session import KEY_HEATMAP_EXAMPLE as KEY_HM_EXAMPLE
+from app.state.session import STATE_KEY
 from app.views.token_heatmaps import KEY_P_STAY, KEY_ROWS, KEY_SMOOTH_ALL, KEY_THRESHOLD, row_id
 from core.data import load_builtin
 from core.signals.smoothing import P_STAY_TOKEN

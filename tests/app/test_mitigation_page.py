@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.state import STATE_KEY
+from app.state.session import STATE_KEY
 from app.views.mitigation import (
     KEY_EXAMPLE,
     KEY_FEEDBACK,

@@ -22,13 +22,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import core.base.paths
-from app.state import (
-    ANSWER_PASTE,
-    KEY_ANALYSE,
-    KEY_ANSWER_SOURCE,
-    KEY_EXAMPLE,
-    STATE_KEY,
-)
+from app.state.playground import ANSWER_PASTE, KEY_ANALYSE, KEY_ANSWER_SOURCE, KEY_EXAMPLE
+from app.state.session import STATE_KEY
 from app.text import md
 from app.views.counterfactual import KEY_COMPARE
 from app.views.mitigation import KEY_FEEDBACK, KEY_TEMPERATURE

@@ -13,28 +13,25 @@ import pytest
 import streamlit
 from streamlit.testing.v1 import AppTest
 
-from app.state import (
+from app.state.datasets import KEY_DATASET, KEY_IMPORT, KEY_UPLOAD, KEY_UPLOAD_NAME
+from app.state.playground import (
     ANSWER_GENERATE,
     ANSWER_PASTE,
     INPUT_OWN,
     KEY_ADD_PASSAGE,
     KEY_ANALYSE,
     KEY_ANSWER_SOURCE,
-    KEY_DATASET,
     KEY_EXAMPLE,
     KEY_GENERATE,
-    KEY_IMPORT,
     KEY_INPUT_MODE,
     KEY_MAX_TOKENS,
     KEY_OWN_QUESTION,
     KEY_PASTED,
     KEY_TEMPERATURE,
-    KEY_UPLOAD,
-    KEY_UPLOAD_NAME,
-    STATE_KEY,
     passage_key,
     remove_passage_key,
 )
+from app.state.session import STATE_KEY
 from core.storage import Store
 
 PLAYGROUND = "views/playground.py"

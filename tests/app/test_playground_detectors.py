@@ -21,7 +21,8 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.components.heatmap import detector_scale
-from app.state import (
+from app.state.detectors import ShippedDetector
+from app.state.playground import (
     ANSWER_PASTE,
     CALIBRATE_AUTO,
     CALIBRATE_POOLED,
@@ -32,9 +33,8 @@ from app.state import (
     KEY_COLOR_BY,
     KEY_EXAMPLE,
     KEY_FIXED_SCALE,
-    STATE_KEY,
 )
-from app.state.detectors import ShippedDetector
+from app.state.session import STATE_KEY
 from app.state.verdicts import verdict_frame
 from app.text import md
 from app.views.playground import training_caption
@@ -549,7 +549,8 @@ def test_loaded_detectors_are_warmed_up_once_in_the_background(
     import threading
 
     import app.state.verdicts as verdicts_mod
-    from app.state import shipped_detectors, warm_detectors
+    from app.state.detectors import shipped_detectors
+    from app.state.verdicts import warm_detectors
 
     judged: list[tuple[str, tuple[str, ...], str]] = []
     real = verdicts_mod.judge_stream

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+import app.state.heads as state_heads
 from core.review import Flag, ReviewBook
 from core.storage import Store
 
@@ -204,15 +205,14 @@ def test_a_stale_item_is_marked_and_cannot_be_decided(
 ) -> None:
     examples = _queued(app_env)
     changed = {examples[0].id: examples[0].with_response(examples[0].response.upper())}
-    import app.state as state  # the page reads the corpus through app.state each run
-
-    real = state.heads_examples
+    # the page reads the corpus through app.state.heads each run
+    real = state_heads.heads_examples
 
     def corpus_now(*a, **kw):
         got = real(*a, **kw)
         return (*got[:2], [changed.get(e.id, e) for e in got[2]], *got[3:])
 
-    monkeypatch.setattr(state, "heads_examples", corpus_now)
+    monkeypatch.setattr(state_heads, "heads_examples", corpus_now)
     at = make_app().run()
     at.switch_page(REVIEW).run()
     at.text_input(key="review.name").input("ann")
@@ -304,7 +304,8 @@ def _rendered_markdown(at: AppTest) -> list[str]:
 def test_untrusted_text_is_never_markup_on_any_page(
     make_app: Callable[[], AppTest], app_env: Path
 ) -> None:
-    from app.state import ANSWER_PASTE, KEY_ANALYSE, KEY_ANSWER_SOURCE, KEY_DATASET
+    from app.state.datasets import KEY_DATASET
+    from app.state.playground import ANSWER_PASTE, KEY_ANALYSE, KEY_ANSWER_SOURCE
     from core.base.examples import RAGExample, Span
 
     answer = f"It is tall. {ATTACK}"
@@ -342,7 +343,7 @@ def test_untrusted_text_is_never_markup_on_any_page(
 def test_the_benchmark_reads_a_stored_dataset_by_name_never_the_file_it_names(
     make_app: Callable[[], AppTest], app_env: Path, tmp_path: Path
 ) -> None:
-    from app.state import KEY_BENCH_TRAIN
+    from app.state.runs import KEY_BENCH_TRAIN
     from core.data import builtin_examples
 
     marker = "TOP-SECRET-FIRST-LINE"

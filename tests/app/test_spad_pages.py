@@ -15,8 +15,9 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.state import (
-    HEADS_EXAMPLE_PLAYGROUND,
+from app.state.heads import HEADS_EXAMPLE_PLAYGROUND
+from app.state.session import STATE_KEY
+from app.state.spad_views import (
     KEY_SHAP_COMPUTE,
     KEY_SHAP_GRID,
     KEY_SHAP_LIMIT,
@@ -26,7 +27,6 @@ from app.state import (
     KEY_TOKENS_EXAMPLE,
     KEY_TOKENS_EXAMPLE_SOURCE,
     KEY_TOKENS_QUICK_FIT,
-    STATE_KEY,
 )
 from core.analysis.shap_values import shap_values
 from core.data import builtin_examples

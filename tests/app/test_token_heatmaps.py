@@ -14,9 +14,9 @@ from pathlib import Path
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-from app.state import KEY_HEATMAP_DATASET as KEY_DATASET
-from app.state import KEY_HEATMAP_EXAMPLE as KEY_EXAMPLE
-from app.state import STATE_KEY
+from app.state.session import KEY_HEATMAP_DATASET as KEY_DATASET
+from app.state.session import KEY_HEATMAP_EXAMPLE as KEY_EXAMPLE
+from app.state.session import STATE_KEY
 from app.views.token_heatmaps import (
     KEY_FLAG_ROW,
     KEY_NEXT,

@@ -17,7 +17,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import core.data.catalog as catalog
-from app.state import (
+from app.state.jobs import (
     KEY_TRAIN_CANCEL,
     KEY_TRAIN_CV,
     KEY_TRAIN_DATASET,
