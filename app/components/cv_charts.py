@@ -1,6 +1,6 @@
 """Cross-validation and cross-domain charts and tables for the Benchmark (plotly, pandas).
 
-Every function here is pure: saved runs (:class:`~core.evaluation.crossval.CVRun`,
+Every function here is pure: saved runs (:class:`~core.evaluation.cv_run.CVRun`,
 :class:`~core.evaluation.matrix.MatrixRun`) in, a ``pd.DataFrame`` or a ``go.Figure`` out, so
 what the page shows is tested without Streamlit. Numeric frames are what the page
 offers as CSV; the ``*_table`` functions format them for display (3 decimals, ``-``
@@ -23,7 +23,7 @@ import pandas as pd
 
 from app.components.charts import GUIDE_COLOR, PALETTE, plain
 from core.evaluation.comparison import p_text
-from core.evaluation.crossval import CVRun, format_span_prf
+from core.evaluation.cv_run import CVRun, format_span_prf
 from core.evaluation.matrix import MatrixRun
 from core.learning.calibration import Reliability
 from core.learning.metrics import ci_columns
@@ -376,7 +376,7 @@ def fold_spread_figure(runs: Sequence[CVRun]) -> go.Figure:
 
 
 COMPARISONS: dict[str, str] = {"vs_best": "the best detector", "vs_length": "answer length"}
-"""Key of a row of :attr:`~core.evaluation.crossval.CVRun.comparisons` -> what it is compared with."""
+"""Key of a row of :attr:`~core.evaluation.cv_run.CVRun.comparisons` -> what it is compared with."""
 COMPARISON_COLORS = {"vs_best": POOLED_COLOR, "vs_length": "#dd8452"}
 
 

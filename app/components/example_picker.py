@@ -46,6 +46,7 @@ from app.state.links import (
     P_LIMIT,
     P_SPLIT,
     Followed,
+    bind,
     example_input,
     follow,
     follow_widget,
@@ -120,6 +121,32 @@ def publish_page_dataset(source: str, home: DatasetRef, link: Followed[str]) -> 
         what="dataset",
         where=DATASETS_HERE,
         instead=md(dataset_labels(home)[source]),
+    )
+
+
+def pick_page_dataset(
+    state: AppState, key: str, column: DeltaGenerator, *, seed: str | None = None
+) -> str:
+    """A page's "Dataset" select box (widget ``key``, in ``column``), its dataset spec in
+    the URL: :data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`, returned (a Home
+    dataset a link names becomes the session's Home dataset); ``seed``: the page's
+    remembered choice."""
+
+    def labels() -> dict[str, str]:  # read when drawn: a link may change Home's dataset
+        return dataset_labels(state.dataset)
+
+    return bind(
+        P_DATASET,
+        key,
+        lambda: column.selectbox(
+            "Dataset", list(labels()), key=key, format_func=labels().__getitem__
+        ),
+        parse=page_dataset,
+        to_id=lambda source: page_dataset_spec(source, state.dataset),
+        seed=seed,
+        what="dataset",
+        where=DATASETS_HERE,
+        instead=lambda source: md(labels()[source]),
     )
 
 
@@ -214,22 +241,28 @@ def pick_examples(
     if selection.split not in splits:
         selection.split = default_split if default_split in splits else ALL_SPLITS
         st.session_state.pop(keys.split, None)
-    split_link = follow_widget(P_SPLIT, keys.split, one_of(splits))
-    seed_widget(keys.split, selection.split)
-    with split_col:
-        selection.split = st.selectbox(
+    selection.split = bind(
+        P_SPLIT,
+        keys.split,
+        lambda: split_col.selectbox(
             "Split",
             splits,
             key=keys.split,
             format_func=split_label,
             disabled=len(splits) == 1,
             help="The split the dataset declares for each example (the corpus has three)",
-        )
-    limit_link = follow_widget(P_LIMIT, keys.limit, integer(2, max_limit))
-    seed_widget(keys.limit, selection.limit)
-    with limit_col:
-        selection.limit = int(
-            st.number_input(
+        ),
+        parse=one_of(splits),
+        seed=selection.split,
+        what="split",
+        where=f"a split of {md(label)} ({', '.join(splits)})",
+        instead=split_label,
+    )
+    selection.limit = bind(
+        P_LIMIT,
+        keys.limit,
+        lambda: int(
+            limit_col.number_input(
                 "At most",
                 min_value=2,
                 max_value=max_limit,
@@ -237,19 +270,9 @@ def pick_examples(
                 key=keys.limit,
                 help=limit_help,
             )
-        )
-    publish(
-        P_SPLIT,
-        selection.split,
-        missing=split_link.missing,
-        what="split",
-        where=f"a split of {md(label)} ({', '.join(splits)})",
-        instead=split_label(selection.split),
-    )
-    publish(
-        P_LIMIT,
-        str(selection.limit),
-        missing=limit_link.missing,
+        ),
+        parse=integer(2, max_limit),
+        seed=selection.limit,
         what="number of examples",
         where=f"a number from 2 to {max_limit}",
     )
@@ -386,29 +409,25 @@ def pick_example(
     example that is not among them is reported (in ``dataset_label``).
     """
     by_id = {e.id: e for e in examples}
-    link = follow(P_EXAMPLE, one_of(by_id))
-    if link.value is not None:
-        remembered = link.value
-        st.session_state[key] = link.value
     if remembered not in by_id:
         remembered = next((e.id for e in examples if e.spans), examples[0].id)
     if st.session_state.get(key) not in by_id:
         st.session_state.pop(key, None)
-    seed_widget(key, remembered)
 
     def label(ex_id: str) -> str:
         ex = by_id[ex_id]
         gold = {True: " · hallucinated", False: " · faithful", None: ""}[ex.label]
         return f"{ex_id} — {first_words(ex.question or ex.response)}{gold}"
 
-    ex_id = st.selectbox("Example", list(by_id), key=key, format_func=label)
-    publish(
+    ex_id = bind(
         P_EXAMPLE,
-        ex_id,
-        missing=link.missing,
+        key,
+        lambda: st.selectbox("Example", list(by_id), key=key, format_func=label),
+        parse=one_of(by_id),
+        seed=remembered,
         what="example",
         where=f"in {md(dataset_label)}",
-        instead=code(ex_id),
+        instead=code,
     )
     return by_id[ex_id]
 
@@ -558,20 +577,12 @@ def pick_page_answer(
     if source == HEADS_EXAMPLE_PLAYGROUND and there:
         return publish_playground_answer(state)
     publish(P_INPUT, None)
-    link = follow_page_dataset(keys.dataset)
-    if link.value is not None:
-        setattr(state, f"{prefix}_dataset", link.value)
-    labels = dataset_labels(state.dataset)
-    if getattr(state, f"{prefix}_dataset") not in labels:
+    if getattr(state, f"{prefix}_dataset") not in dataset_labels(state.dataset):
         setattr(state, f"{prefix}_dataset", HEADS_FROM_HOME)
-    seed_widget(keys.dataset, getattr(state, f"{prefix}_dataset"))
     c1, c2 = st.columns([2, 3], vertical_alignment="bottom")
-    with c1:
-        picked = st.selectbox(
-            "Dataset", list(labels), key=keys.dataset, format_func=labels.__getitem__
-        )
+    picked = pick_page_dataset(state, keys.dataset, c1, seed=getattr(state, f"{prefix}_dataset"))
     setattr(state, f"{prefix}_dataset", picked)
-    publish_page_dataset(picked, state.dataset, link)
+    labels = dataset_labels(state.dataset)
     try:
         key, label, examples = heads_examples(picked, state.dataset)
     except RagscopeError as e:

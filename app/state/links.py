@@ -14,6 +14,9 @@ feature, ``L3H5`` for a head), under one name per concept shared by every page
    fresh session's default), and a missing one is reported with a warning naming what
    the link asked for and what is shown instead (kept while that is still shown).
 
+:func:`bind` does both around one widget in one call (the page passes the widget as a
+function that draws it).
+
 Streamlit's own ``bind="query-params"`` is not used: it writes a select box's formatted
 label (not the option) into the URL, drops a value it does not know without a word,
 and does not write a value seeded from ``st.session_state`` (the pages' remembered
@@ -43,12 +46,13 @@ from app.state.datasets import (
 )
 from app.state.heads import HEADS_FROM_CORPUS, HEADS_FROM_HOME
 from app.state.runs import CORPUS
-from app.state.session import app_state
+from app.state.session import app_state, seed_widget
 from app.text import code
 from core.base.errors import DataError, RagscopeError
 from core.base.examples import TASKS, RAGExample
 
 T = TypeVar("T")
+V = TypeVar("V")
 
 # Query parameter names, one per concept, the same on every page.
 P_DATASET = "dataset"
@@ -198,6 +202,69 @@ def publish(
         else:
             st.query_params[param] = target
     _written()[param] = target
+
+
+def bind(
+    param: str,
+    key: str,
+    widget: Callable[[], V],
+    *,
+    parse: Callable[[str], V | None],
+    to_id: Callable[[V], str | None] = str,
+    seed: V | None = None,
+    default: str | None = None,
+    what: str | None = None,
+    where: str = "here",
+    instead: Callable[[V], str] | None = None,
+) -> V:
+    """Tie one widget to one URL parameter, and return what the widget shows.
+
+    This does the three steps around a widget in one call: it reads an opened link's
+    value for ``param`` and makes it the value of widget ``key`` (:func:`follow_widget`),
+    gives the widget its remembered value ``seed`` when it has none yet, draws the widget
+    by calling ``widget()``, then puts the id of the value shown into the URL and warns
+    when the link named something that is not here (:func:`publish`).
+
+    Example::
+
+        name = bind(
+            P_DATASET,
+            KEY_DATASET,
+            lambda: st.selectbox("Dataset", names, key=KEY_DATASET),
+            parse=one_of(names),
+            what="dataset",
+        )
+
+    Args:
+        param: The query parameter.
+        key: The widget's key (``widget`` must draw the widget under this key, without
+            a ``value=`` or ``index=`` of its own).
+        widget: Draws the widget and returns its value (call a column's method, e.g.
+            ``col.radio(...)``, to draw it in a column).
+        parse: Reads the link's text into a widget value (``None``: not here).
+        to_id: The id the URL shows for a value (default: ``str``).
+        seed: The widget's remembered value, set when the widget has none (``None``:
+            nothing is seeded).
+        default: The id a fresh session shows; it is left out of the URL.
+        what: What the parameter names, for the warning (default: ``param``).
+        where: Where the missing value was looked for: "which is not ``where``".
+        instead: How the value shown is named in the warning (Markdown; default: its
+            id as code).
+    """
+    link = follow_widget(param, key, parse)
+    if seed is not None:
+        seed_widget(key, seed)
+    value = widget()
+    publish(
+        param,
+        to_id(value),
+        default=default,
+        missing=link.missing,
+        what=what,
+        where=where,
+        instead=None if instead is None else instead(value),
+    )
+    return value
 
 
 # --------------------------------------------------------------------------- values

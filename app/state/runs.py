@@ -2,7 +2,7 @@
 
 Saved runs come in three kinds (:func:`core.evaluation.matrix.load_run` tells them apart by the
 file's ``kind``): train / validation / test runs (:class:`~core.evaluation.evaluate.EvalRun`),
-cross-validations (:class:`~core.evaluation.crossval.CVRun`) and cross-domain matrices
+cross-validations (:class:`~core.evaluation.cv_run.CVRun`) and cross-domain matrices
 (:class:`~core.evaluation.matrix.MatrixRun`).
 """
 
@@ -21,7 +21,7 @@ from core.base.paths import runs_dir, shipped_runs_dir
 from core.data import (
     resolve_dataset,
 )
-from core.evaluation.crossval import CVRun
+from core.evaluation.cv_run import CVRun
 from core.evaluation.evaluate import EvalRun, list_runs
 from core.evaluation.matrix import MatrixRun, load_run
 

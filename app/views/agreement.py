@@ -19,9 +19,8 @@ from app.components.charts import greyed
 from app.components.estimate import estimate_caption, progress_bar
 from app.components.example_picker import (
     dataset_labels,
-    follow_page_dataset,
     open_in_token_heatmaps,
-    publish_page_dataset,
+    pick_page_dataset,
 )
 from app.components.exports import plot
 from app.state.datasets import get_store
@@ -33,6 +32,7 @@ from app.state.links import (
     P_LIMIT,
     P_METHOD,
     Followed,
+    bind,
     follow_list,
     follow_widget,
     integer,
@@ -85,20 +85,20 @@ def page_state() -> AgreementState:
 def choose_limit(column: DeltaGenerator, n_examples: int) -> int:
     """The number of answers to compare, from 2 to ``n_examples`` (linked to the URL)."""
     default_limit = min(DEFAULT_LIMIT, n_examples)
-    lim_link = follow_widget(P_LIMIT, KEY_LIMIT, integer(2, n_examples))
     if not 2 <= st.session_state.get(KEY_LIMIT, default_limit) <= n_examples:
         st.session_state.pop(KEY_LIMIT)  # remembered for a larger dataset
-    seed_widget(KEY_LIMIT, default_limit)
-    limit = int(column.number_input("Answers", min_value=2, max_value=n_examples, key=KEY_LIMIT))
-    publish(
+    return bind(
         P_LIMIT,
-        str(limit),
+        KEY_LIMIT,
+        lambda: int(
+            column.number_input("Answers", min_value=2, max_value=n_examples, key=KEY_LIMIT)
+        ),
+        parse=integer(2, n_examples),
+        seed=default_limit,
         default=str(default_limit),
-        missing=lim_link.missing,
         what="number of answers",
         where=f"a number from 2 to {n_examples}",
     )
-    return limit
 
 
 def choose_detectors(names: list[str]) -> list[str]:
@@ -200,13 +200,9 @@ def main() -> None:
             "with `ragscope train --detectors ...`."
         )
         return
-    ds_link = follow_page_dataset(KEY_DATASET)
-    labels = dataset_labels(state.dataset)
     c_ds, c_lim = st.columns([3, 1], vertical_alignment="bottom")
-    choice = c_ds.selectbox(
-        "Dataset", list(labels), key=KEY_DATASET, format_func=labels.__getitem__
-    )
-    publish_page_dataset(choice, state.dataset, ds_link)
+    choice = pick_page_dataset(state, KEY_DATASET, c_ds)
+    labels = dataset_labels(state.dataset)
     try:
         key, label, examples = heads_examples(choice, state.dataset)
     except RagscopeError as e:

@@ -66,8 +66,9 @@ from app.state.links import (
     P_MATRIX,
     P_METRIC,
     P_RUN,
+    bind,
     follow_list,
-    follow_widget,
+    linked,
     one_of,
     publish,
 )
@@ -104,7 +105,7 @@ from core.base.paths import runs_dir
 from core.data import make_splits
 from core.detectors import runnable_detectors
 from core.engine.model import LoadedModel
-from core.evaluation.crossval import CVRun
+from core.evaluation.cv_run import CVRun
 from core.evaluation.evaluate import DetectorResult, EvalRun, Splits, evaluate
 from core.evaluation.matrix import MatrixRun
 from core.learning.metrics import SPAN_F1_NOTE, ci_columns, confusion_counts, response_metrics
@@ -861,68 +862,57 @@ def show_matrix(state: AppState, saved: SavedRuns) -> None:
     )
     runs = saved.matrices
     names = list(runs)
-    run_link = follow_widget(P_MATRIX, KEY_BENCH_MATRIX_RUN, one_of(names))
-    if run_link.value is not None:
-        state.bench_matrix_run = run_link.value
     if state.bench_matrix_run not in runs:
         state.bench_matrix_run = names[0]
     _keep_option(KEY_BENCH_MATRIX_RUN, names)
-    seed_widget(KEY_BENCH_MATRIX_RUN, state.bench_matrix_run)
-    state.bench_matrix_run = st.selectbox(
-        f"Matrix run ({_where(saved, names)}; newest first)",
-        names,
-        key=KEY_BENCH_MATRIX_RUN,
-        format_func=lambda n: (
-            matrix_run_label(runs[n]) + (" · shipped" if n in saved.shipped else "")
-        ),
-    )
-    publish(
+    state.bench_matrix_run = bind(
         P_MATRIX,
-        state.bench_matrix_run,
-        missing=run_link.missing,
+        KEY_BENCH_MATRIX_RUN,
+        lambda: st.selectbox(
+            f"Matrix run ({_where(saved, names)}; newest first)",
+            names,
+            key=KEY_BENCH_MATRIX_RUN,
+            format_func=lambda n: (
+                matrix_run_label(runs[n]) + (" · shipped" if n in saved.shipped else "")
+            ),
+        ),
+        parse=one_of(names),
+        seed=state.bench_matrix_run,
         what="matrix run",
         where="among the matrix runs saved here",
     )
     run = runs[state.bench_matrix_run]
     detectors = list(run.cells)
-    det_link = follow_widget(P_DETECTOR, KEY_BENCH_MATRIX_DETECTOR, one_of(detectors))
-    if not detectors:
-        publish(P_DETECTOR, None, missing=det_link.missing, what="detector", where="in it")
+    if not detectors:  # an empty run: a detector the link names is missing
+        publish(P_DETECTOR, None, missing=linked(P_DETECTOR), what="detector", where="in it")
         st.info(f"{md(run.name)} holds no detector results.")
         return
-    if det_link.value is not None:
-        state.bench_matrix_detector = det_link.value
     if state.bench_matrix_detector not in detectors:
         state.bench_matrix_detector = detectors[0]
     _keep_option(KEY_BENCH_MATRIX_DETECTOR, detectors)
-    metric_link = follow_widget(P_METRIC, KEY_BENCH_MATRIX_METRIC, one_of(list(MATRIX_METRICS)))
-    seed_widget(KEY_BENCH_MATRIX_DETECTOR, state.bench_matrix_detector)
-    seed_widget(KEY_BENCH_MATRIX_METRIC, state.bench_matrix_metric)
     c1, c2 = st.columns(2, vertical_alignment="bottom")
-    with c1:
-        state.bench_matrix_detector = st.selectbox(
-            "Detector", detectors, key=KEY_BENCH_MATRIX_DETECTOR
-        )
-    with c2:
-        state.bench_matrix_metric = st.radio(
-            "Metric", list(MATRIX_METRICS), key=KEY_BENCH_MATRIX_METRIC, horizontal=True
-        )
-    det, metric = state.bench_matrix_detector, state.bench_matrix_metric
-    publish(
+    state.bench_matrix_detector = bind(
         P_DETECTOR,
-        det,
-        missing=det_link.missing,
+        KEY_BENCH_MATRIX_DETECTOR,
+        lambda: c1.selectbox("Detector", detectors, key=KEY_BENCH_MATRIX_DETECTOR),
+        parse=one_of(detectors),
+        seed=state.bench_matrix_detector,
         what="detector",
         where=f"in the matrix run {code(run.name)} ({', '.join(detectors)})",
     )
-    publish(
+    state.bench_matrix_metric = bind(
         P_METRIC,
-        metric,
+        KEY_BENCH_MATRIX_METRIC,
+        lambda: c2.radio(
+            "Metric", list(MATRIX_METRICS), key=KEY_BENCH_MATRIX_METRIC, horizontal=True
+        ),
+        parse=one_of(list(MATRIX_METRICS)),
+        seed=state.bench_matrix_metric,
         default=next(iter(MATRIX_METRICS)),
-        missing=metric_link.missing,
         what="metric",
         where=" or ".join(MATRIX_METRICS),
     )
+    det, metric = state.bench_matrix_detector, state.bench_matrix_metric
     plot(matrix_figure(run, det, metric), key="benchmark.matrix")
     st.caption(
         f"{md(metric)} of {code(det)} on {len(run.datasets)} datasets (model "

@@ -30,7 +30,7 @@ from app.state.analysis import input_signature
 from app.state.datasets import get_store
 from app.state.detectors import ShippedDetectors
 from app.state.estimates import answer_estimate, generation_seconds
-from app.state.links import P_MODE, follow_widget, one_of, publish
+from app.state.links import P_MODE, bind, one_of
 from app.state.session import KEY_CF_DATASET, KEY_CF_EXAMPLE, KEY_CF_SOURCE, AppState, seed_widget
 from app.state.verdicts import answer_verdicts, known_verdicts
 from app.text import md
@@ -411,21 +411,19 @@ def main() -> None:
     state, model, shipped, example = opened
     sig = input_signature(example, None)
     edited_passages = edit_passages(example, sig)
-    link = follow_widget(P_MODE, KEY_MODE, one_of(MODES))
-    seed_widget(KEY_MODE, state.cf_answer_mode)
     c1, c2, c3 = st.columns([2, 1, 1], vertical_alignment="bottom")
-    with c1:
-        state.cf_answer_mode = st.radio(
-            "Answer", list(MODES), key=KEY_MODE, format_func=MODES.__getitem__, horizontal=True
-        )
-    publish(
+    state.cf_answer_mode = bind(
         P_MODE,
-        state.cf_answer_mode,
+        KEY_MODE,
+        lambda: c1.radio(
+            "Answer", list(MODES), key=KEY_MODE, format_func=MODES.__getitem__, horizontal=True
+        ),
+        parse=one_of(MODES),
+        seed=state.cf_answer_mode,
         default=next(iter(MODES)),
-        missing=link.missing,
         what="answer mode",
         where=" or ".join(MODES),
-        instead=MODES[state.cf_answer_mode],
+        instead=MODES.__getitem__,
     )
     with c2:
         seed_widget(KEY_MAX_TOKENS, 96)

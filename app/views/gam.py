@@ -30,15 +30,15 @@ from app.state.links import (
     P_DATASET,
     P_FEATURE,
     P_TOP,
+    bind,
     dataset_spec,
     feature_id,
     follow_home_dataset,
-    follow_widget,
     integer,
     publish,
 )
 from app.state.model import get_model
-from app.state.session import app_state, seed_widget
+from app.state.session import app_state
 from app.state.spad_views import train_command
 from app.text import code, md
 from core.base.errors import RagscopeError
@@ -116,11 +116,18 @@ def ranking_section(detector: RaglensDetector) -> int | None:
     imp = detector.importances()
     mi = detector.mi_ if detector.mi_ is not None else np.zeros(0)
     n = len(imp)
-    top_link = follow_widget(P_TOP, KEY_TOP, integer(1, n))
-    seed_widget(KEY_TOP, min(20, n))
     left, right = st.columns([2, 3], gap="medium")
+    top = bind(
+        P_TOP,
+        KEY_TOP,
+        lambda: int(left.number_input("Features shown", 1, n, step=5, key=KEY_TOP)),
+        parse=integer(1, n),
+        seed=min(20, n),
+        default=str(min(20, n)),
+        what="number of features",
+        where=f"a number from 1 to {n}",
+    )
     with left:
-        top = int(st.number_input("Features shown", 1, n, step=5, key=KEY_TOP))
         frame = pd.DataFrame(
             {
                 "rank": np.arange(1, n + 1),
@@ -141,32 +148,24 @@ def ranking_section(detector: RaglensDetector) -> int | None:
         )
     with right:
         plot(importance_figure(detector, top), key="gam.importance")
-    publish(
-        P_TOP,
-        str(top),
-        default=str(min(20, n)),
-        missing=top_link.missing,
-        what="number of features",
-        where=f"a number from 1 to {n}",
-    )
     options = [k for k, _ in imp]
     by_id = {feature_id(k): k for k in options}
-    link = follow_widget(P_FEATURE, KEY_FEATURE, lambda raw: by_id.get(raw.strip().upper()))
     remembered = state.gam_feature if state.gam_feature in options else options[0]
     if st.session_state.get(KEY_FEATURE) not in options:
         st.session_state.pop(KEY_FEATURE, None)
-    seed_widget(KEY_FEATURE, remembered)
     rank = {k: i + 1 for i, k in enumerate(options)}
-    picked = st.selectbox(
-        "Feature",
-        options,
-        key=KEY_FEATURE,
-        format_func=lambda k: f"F{k} (rank {rank[k]})",
-    )
-    publish(
+    picked = bind(
         P_FEATURE,
-        feature_id(int(picked)),
-        missing=link.missing,
+        KEY_FEATURE,
+        lambda: st.selectbox(
+            "Feature",
+            options,
+            key=KEY_FEATURE,
+            format_func=lambda k: f"F{k} (rank {rank[k]})",
+        ),
+        parse=lambda raw: by_id.get(raw.strip().upper()),
+        to_id=lambda k: feature_id(int(k)),
+        seed=remembered,
         what="feature",
         where=f"among the {n} SAE features the raglens detector selected",
     )

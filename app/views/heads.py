@@ -66,8 +66,8 @@ from app.state.links import (
     P_INPUT,
     P_TOP,
     P_UNIT,
+    bind,
     follow,
-    follow_widget,
     head_id,
     integer,
     one_of,
@@ -127,13 +127,13 @@ def copying_section(state: AppState, model: LoadedModel) -> CopyingScores | None
     if state.heads_top is None or not 1 <= state.heads_top <= total:
         state.heads_top = default
         st.session_state.pop(KEY_HEADS_TOP, None)
-    top_link = follow_widget(P_TOP, KEY_HEADS_TOP, integer(1, total))
-    seed_widget(KEY_HEADS_TOP, state.heads_top)
     height = int(min(max(320, 18 * scores.n_layers + 140), 760))
     left, right = st.columns([5, 2], gap="medium")
-    with right:
-        state.heads_top = int(
-            st.number_input(
+    state.heads_top = bind(
+        P_TOP,
+        KEY_HEADS_TOP,
+        lambda: int(
+            right.number_input(
                 "Top copying heads",
                 min_value=1,
                 max_value=total,
@@ -141,7 +141,14 @@ def copying_section(state: AppState, model: LoadedModel) -> CopyingScores | None
                 key=KEY_HEADS_TOP,
                 help=f"ReDeEP keeps the top {default} as candidate heads",
             )
-        )
+        ),
+        parse=integer(1, total),
+        seed=state.heads_top,
+        default=str(default),
+        what="number of top copying heads",
+        where=f"a number from 1 to {total}",
+    )
+    with right:
         table = scores.to_frame().sort_values("rank").head(state.heads_top)
         st.dataframe(
             table[["rank", "layer", "head", "score"]],
@@ -150,14 +157,6 @@ def copying_section(state: AppState, model: LoadedModel) -> CopyingScores | None
             height=min(38 + 35 * len(table), height - 90),
             column_config={"score": st.column_config.NumberColumn("score", format="%.3f")},
         )
-    publish(
-        P_TOP,
-        str(state.heads_top),
-        default=str(default),
-        missing=top_link.missing,
-        what="number of top copying heads",
-        where=f"a number from 1 to {total}",
-    )
     fig = copying_figure(scores, top=state.heads_top)
     fig.update_layout(height=height, margin={"l": 50, "r": 10, "t": 50, "b": 40})
     with left:
@@ -193,10 +192,10 @@ def stats_controls(state: AppState) -> PickedExamples | None:
     )
     if picked is None:
         return None
-    unit_link = follow_widget(P_UNIT, KEY_HEADS_UNIT, one_of(HEADS_UNITS))
-    seed_widget(KEY_HEADS_UNIT, state.heads_unit)
-    with unit_column:
-        state.heads_unit = st.radio(
+    state.heads_unit = bind(
+        P_UNIT,
+        KEY_HEADS_UNIT,
+        lambda: unit_column.radio(
             "Count",
             HEADS_UNITS,
             key=KEY_HEADS_UNIT,
@@ -204,12 +203,10 @@ def stats_controls(state: AppState) -> PickedExamples | None:
             horizontal=True,
             help="Answers (the mean over each answer's sentences, labelled by the answer) "
             "or InterpDetect's unit, sentences (labelled by overlap with a gold span)",
-        )
-    publish(
-        P_UNIT,
-        state.heads_unit,
+        ),
+        parse=one_of(HEADS_UNITS),
+        seed=state.heads_unit,
         default=HEADS_UNITS[0],
-        missing=unit_link.missing,
         what="unit",
         where=" or ".join(HEADS_UNITS),
     )

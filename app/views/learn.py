@@ -30,9 +30,9 @@ from app.state.links import (
     P_INPUT,
     P_STEP,
     P_WALK,
+    bind,
     example_input,
     follow,
-    follow_widget,
     integer,
     linked,
     publish,
@@ -862,13 +862,13 @@ def main() -> None:
         "is computed from the model, here and now."
     )
     ls = page_state()
-    walk_link = follow_widget(P_WALK, KEY_WALK, WALK_IDS.get)
-    walk = st.radio("Walkthrough", list(WALKS), horizontal=True, key=KEY_WALK)
-    publish(
+    walk = bind(
         P_WALK,
-        next(k for k, v in WALK_IDS.items() if v == walk),
+        KEY_WALK,
+        lambda: st.radio("Walkthrough", list(WALKS), horizontal=True, key=KEY_WALK),
+        parse=WALK_IDS.get,
+        to_id=lambda w: next(k for k, v in WALK_IDS.items() if v == w),
         default=next(iter(WALK_IDS)),
-        missing=walk_link.missing,
         what="walkthrough",
         where=" or ".join(WALK_IDS),
     )

@@ -28,7 +28,7 @@ from app.components.estimate import estimate_caption
 from app.components.example_picker import AnswerKeys
 from app.state.detectors import ShippedDetectors
 from app.state.estimates import answer_estimate, generation_seconds
-from app.state.links import P_METHOD, follow_widget, one_of, publish
+from app.state.links import P_METHOD, bind, one_of
 from app.state.session import AppState, seed_widget
 from app.state.spad_views import train_command
 from app.state.verdicts import answer_verdicts
@@ -402,26 +402,24 @@ def main() -> None:
     if opened is None:
         return
     state, model, shipped, example = opened
-    link = follow_widget(P_METHOD, KEY_METHOD, one_of(METHODS))
-    seed_widget(KEY_METHOD, state.mit_method)
     seed_widget(KEY_MAX_TOKENS, 48)
     m1, m2 = st.columns([4, 1], vertical_alignment="bottom")
-    with m1:
-        state.mit_method = st.radio(
+    state.mit_method = bind(
+        P_METHOD,
+        KEY_METHOD,
+        lambda: m1.radio(
             "Method",
             list(METHODS),
             key=KEY_METHOD,
             format_func=METHODS.__getitem__,
             horizontal=True,
-        )
-    publish(
-        P_METHOD,
-        state.mit_method,
+        ),
+        parse=one_of(METHODS),
+        seed=state.mit_method,
         default=next(iter(METHODS)),
-        missing=link.missing,
         what="method",
         where=" or ".join(METHODS),
-        instead=METHODS[state.mit_method],
+        instead=METHODS.__getitem__,
     )
     with m2:
         max_tokens = int(st.number_input("Max new tokens", 4, 512, step=8, key=KEY_MAX_TOKENS))

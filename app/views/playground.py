@@ -38,6 +38,7 @@ from app.state.links import (
     P_EXAMPLE,
     P_INPUT,
     OwnInput,
+    bind,
     dataset_spec,
     follow,
     follow_home_dataset,
@@ -178,27 +179,26 @@ def pick_example(state: AppState) -> Draft | None:
         return None
     by_id = {e.id: e for e in examples}
     remembered = state.example_id.get(ref.key)
-    ex_link = follow_widget(P_EXAMPLE, KEY_EXAMPLE, one_of(by_id))
     if st.session_state.get(KEY_EXAMPLE) not in by_id:
         st.session_state.pop(KEY_EXAMPLE, None)
-    seed_widget(KEY_EXAMPLE, remembered if remembered in by_id else examples[0].id)
 
     def label(ex_id: str) -> str:
         ex = by_id[ex_id]
         gold = {True: " · hallucinated", False: " · faithful", None: ""}[ex.label]
         return f"{ex_id} — {_first_words(ex.question or ex.response)}{gold}"
 
-    ex_id = st.selectbox(
-        f"Example from {md(ref.label)}", list(by_id), key=KEY_EXAMPLE, format_func=label
-    )
-    state.example_id[ref.key] = ex_id
-    publish(
+    ex_id = bind(
         P_EXAMPLE,
-        ex_id,
-        missing=ex_link.missing,
+        KEY_EXAMPLE,
+        lambda: st.selectbox(
+            f"Example from {md(ref.label)}", list(by_id), key=KEY_EXAMPLE, format_func=label
+        ),
+        parse=one_of(by_id),
+        seed=remembered if remembered in by_id else examples[0].id,
         what="example",
         where=f"in {md(ref.label)}",
     )
+    state.example_id[ref.key] = ex_id
     ex = by_id[ex_id]
     show_example(ex)
     return Draft(
@@ -500,35 +500,33 @@ def pick_calibration(
     where = "a training dataset the detectors keep a calibration or an expert for" + (
         f" ({', '.join(md(d) for d in datasets)})" if datasets else ""
     )
-    link = follow_widget(P_CALIBRATE, KEY_CALIBRATE_AS, one_of(options))
     if not datasets:
+        link = follow_widget(P_CALIBRATE, KEY_CALIBRATE_AS, one_of(options))
         publish(P_CALIBRATE, None, missing=link.missing, what="calibration", where=where)
         return result
     if st.session_state.get(KEY_CALIBRATE_AS) not in options:
         st.session_state.pop(KEY_CALIBRATE_AS, None)
-    seed_widget(
-        KEY_CALIBRATE_AS, state.calibrate_as if state.calibrate_as in options else CALIBRATE_AUTO
-    )
-    state.calibrate_as = st.selectbox(
-        "Judge the answer as one from",
-        options,
-        key=KEY_CALIBRATE_AS,
-        format_func=lambda c: _calibration_label(c, own),
-        help="Base rates differ between datasets (half the built-in answers are "
-        "hallucinated, a fifth of RAGTruth's), so the same raw score means a different "
-        "probability, and crosses a different threshold, on each. Automatic: the "
-        "answer's own dataset when the detectors were trained on it (or on another split "
-        "of it), else all their training data. Pick a dataset to judge an answer of your "
-        "own as if it were one of that dataset's.",
-    )
-    publish(
+    state.calibrate_as = bind(
         P_CALIBRATE,
-        state.calibrate_as,
+        KEY_CALIBRATE_AS,
+        lambda: st.selectbox(
+            "Judge the answer as one from",
+            options,
+            key=KEY_CALIBRATE_AS,
+            format_func=lambda c: _calibration_label(c, own),
+            help="Base rates differ between datasets (half the built-in answers are "
+            "hallucinated, a fifth of RAGTruth's), so the same raw score means a different "
+            "probability, and crosses a different threshold, on each. Automatic: the "
+            "answer's own dataset when the detectors were trained on it (or on another "
+            "split of it), else all their training data. Pick a dataset to judge an answer "
+            "of your own as if it were one of that dataset's.",
+        ),
+        parse=one_of(options),
+        seed=state.calibrate_as if state.calibrate_as in options else CALIBRATE_AUTO,
         default=CALIBRATE_AUTO,
-        missing=link.missing,
         what="calibration",
         where=where,
-        instead=md(_calibration_label(state.calibrate_as, own)),
+        instead=lambda c: md(_calibration_label(c, own)),
     )
     if state.calibrate_as == CALIBRATE_AUTO:
         return result
@@ -758,33 +756,33 @@ def pick_colouring(state: AppState, panel: DetectorPanel) -> Verdict | None:
     """
     by_name = panel.token_verdicts
     options = [COLOR_SURPRISAL, *by_name]
-    link = follow_widget(P_DETECTOR, KEY_COLOR_BY, one_of(options))
     where = (
         f"a detector shipped for {md(panel.model_name)} that scores tokens "
         f"({', '.join(md(n) for n in by_name) or 'none does'})"
     )
     if not by_name:
+        link = follow_widget(P_DETECTOR, KEY_COLOR_BY, one_of(options))
         publish(P_DETECTOR, None, missing=link.missing, what="detector", where=where)
         return None
     if st.session_state.get(KEY_COLOR_BY) not in options:
         st.session_state.pop(KEY_COLOR_BY, None)
-    seed_widget(KEY_COLOR_BY, state.color_by if state.color_by in options else COLOR_SURPRISAL)
-    state.color_by = st.radio(
-        "Colour tokens by",
-        options,
-        key=KEY_COLOR_BY,
-        horizontal=True,
-        format_func=_colour_label,
-        help="The model's own surprisal, or a trained detector's score for each token",
-    )
-    publish(
+    state.color_by = bind(
         P_DETECTOR,
-        state.color_by,
+        KEY_COLOR_BY,
+        lambda: st.radio(
+            "Colour tokens by",
+            options,
+            key=KEY_COLOR_BY,
+            horizontal=True,
+            format_func=_colour_label,
+            help="The model's own surprisal, or a trained detector's score for each token",
+        ),
+        parse=one_of(options),
+        seed=state.color_by if state.color_by in options else COLOR_SURPRISAL,
         default=COLOR_SURPRISAL,
-        missing=link.missing,
         what="detector",
         where=where,
-        instead=md(_colour_label(state.color_by)),
+        instead=lambda c: md(_colour_label(c)),
     )
     return by_name.get(state.color_by)
 

@@ -35,9 +35,9 @@ from app.state.links import (
     DATASETS_HERE,
     P_DATASET,
     P_ITEM,
+    bind,
     dataset_spec,
     follow,
-    follow_widget,
     linked,
     one_of,
     publish,
@@ -181,19 +181,19 @@ def dataset_options() -> dict[str, tuple[str, DatasetRef | None]]:
 def pick_dataset() -> tuple[str, list[RAGExample]] | None:
     options = dataset_options()
     specs = {k: CORPUS if ref is None else dataset_spec(ref) for k, (_, ref) in options.items()}
-    link = follow_widget(P_DATASET, KEY_DATASET, {s: k for k, s in specs.items()}.get)
-    key = st.selectbox(
-        "Dataset", list(options), format_func=lambda k: options[k][0], key=KEY_DATASET
-    )
-    label, ref = options[key]
-    publish(
+    key = bind(
         P_DATASET,
-        specs[key],
-        missing=link.missing,
+        KEY_DATASET,
+        lambda: st.selectbox(
+            "Dataset", list(options), format_func=lambda k: options[k][0], key=KEY_DATASET
+        ),
+        parse={s: k for k, s in specs.items()}.get,
+        to_id=specs.__getitem__,
         what="dataset",
         where=DATASETS_HERE,
-        instead=md(label),
+        instead=lambda k: md(options[k][0]),
     )
+    label, ref = options[key]
     try:
         if ref is None:
             examples = heads_examples(HEADS_FROM_CORPUS, app_state().dataset)[2]

@@ -31,9 +31,9 @@ from app.components.shap_charts import bar_figure, grid_figure, summary_figure
 from app.components.train_job import train_detectors_panel
 from app.state.detectors import ShippedDetectors, shipped_detectors
 from app.state.heads import FeatureRequest, heads_examples
-from app.state.links import P_GRID, P_TOP, follow_widget, integer, one_of, publish
+from app.state.links import P_GRID, P_TOP, bind, integer, one_of
 from app.state.model import get_model
-from app.state.session import AppState, app_state, seed_widget
+from app.state.session import AppState, app_state
 from app.state.spad_views import (
     KEY_SHAP_COMPUTE,
     KEY_SHAP_GRID,
@@ -233,12 +233,12 @@ def draw(
     if not 1 <= state.shap_top <= n_features:
         state.shap_top = min(15, n_features)
         st.session_state.pop(KEY_SHAP_TOP, None)
-    top_link = follow_widget(P_TOP, KEY_SHAP_TOP, integer(1, n_features))
-    seed_widget(KEY_SHAP_TOP, state.shap_top)
     c_top, _ = st.columns([1, 4])
-    with c_top:
-        state.shap_top = int(
-            st.number_input(
+    state.shap_top = bind(
+        P_TOP,
+        KEY_SHAP_TOP,
+        lambda: int(
+            c_top.number_input(
                 "Features shown",
                 min_value=1,
                 max_value=n_features,
@@ -246,12 +246,10 @@ def draw(
                 key=KEY_SHAP_TOP,
                 help="The features with the largest mean |SHAP value|",
             )
-        )
-    publish(
-        P_TOP,
-        str(state.shap_top),
+        ),
+        parse=integer(1, n_features),
+        seed=state.shap_top,
         default=str(min(15, n_features)),
-        missing=top_link.missing,
         what="number of features",
         where=f"a number from 1 to {n_features}",
     )
@@ -267,23 +265,22 @@ def draw(
         "the base value add up to the answer's margin exactly. Bars: mean |SHAP| (red when "
         "the feature pushes towards hallucinated on average, blue towards faithful)."
     )
-    grid_link = follow_widget(P_GRID, KEY_SHAP_GRID, one_of(GRID_LABELS))
-    seed_widget(KEY_SHAP_GRID, state.shap_grid)
-    state.shap_grid = st.radio(
-        "Grid cells",
-        list(GRID_LABELS),
-        key=KEY_SHAP_GRID,
-        format_func=GRID_LABELS.__getitem__,
-        horizontal=True,
-    )
-    publish(
+    state.shap_grid = bind(
         P_GRID,
-        state.shap_grid,
+        KEY_SHAP_GRID,
+        lambda: st.radio(
+            "Grid cells",
+            list(GRID_LABELS),
+            key=KEY_SHAP_GRID,
+            format_func=GRID_LABELS.__getitem__,
+            horizontal=True,
+        ),
+        parse=one_of(GRID_LABELS),
+        seed=state.shap_grid,
         default=next(iter(GRID_LABELS)),
-        missing=grid_link.missing,
         what="grid",
         where=" or ".join(GRID_LABELS),
-        instead=GRID_LABELS[state.shap_grid],
+        instead=GRID_LABELS.__getitem__,
     )
     plot(grid_figure(result, state.shap_grid), key="shap.figure.grid")
     st.caption(

@@ -36,6 +36,7 @@ from app.state.links import (
     P_SMOOTH_ALL,
     P_THRESHOLD,
     Followed,
+    bind,
     flag,
     flag_id,
     follow,
@@ -274,20 +275,19 @@ def scan_row(
 ) -> None:
     """ "Only flagged answers" + how many to scan + the Scan button."""
     c1, c2, c3 = st.columns([2, 1, 1], vertical_alignment="bottom")
-    with c1:
-        link = follow_widget(P_ONLY_FLAGGED, KEY_ONLY_FLAGGED, flag)
-        seed_widget(KEY_ONLY_FLAGGED, state.heatmap_only_flagged)
-        state.heatmap_only_flagged = st.toggle(
+    state.heatmap_only_flagged = bind(
+        P_ONLY_FLAGGED,
+        KEY_ONLY_FLAGGED,
+        lambda: c1.toggle(
             "Only answers with flags",
             key=KEY_ONLY_FLAGGED,
             help="Keep the answers where some token's smoothed CORTEX score reaches the "
             "threshold (needs a scan of the dataset)",
-        )
-    publish(
-        P_ONLY_FLAGGED,
-        flag_id(state.heatmap_only_flagged),
+        ),
+        parse=flag,
+        to_id=flag_id,
+        seed=state.heatmap_only_flagged,
         default=flag_id(False),
-        missing=link.missing,
         where="1 or 0",
     )
     with c2:

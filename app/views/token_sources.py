@@ -19,11 +19,10 @@ from app.components.artifacts import quick_fit_row, show_broken_artifacts
 from app.components.example_picker import (
     dataset_labels,
     first_words,
-    follow_page_dataset,
     pick_answer_source,
     pick_example,
+    pick_page_dataset,
     playground_answer,
-    publish_page_dataset,
     publish_playground_answer,
 )
 from app.components.exports import plot
@@ -38,9 +37,9 @@ from app.state.heads import (
     heads_examples,
     stats_examples,
 )
-from app.state.links import P_BY_POS, P_INPUT, flag, flag_id, follow_widget, publish
+from app.state.links import P_BY_POS, P_INPUT, bind, flag, flag_id, publish
 from app.state.model import get_model
-from app.state.session import AppState, app_state, seed_widget
+from app.state.session import AppState, app_state
 from app.state.spad_views import (
     KEY_TOKENS_BY_POS,
     KEY_TOKENS_DATASET,
@@ -104,17 +103,10 @@ def pick_answer(
         return ex, ids, (picked[2] if picked is not None else [])
     publish(P_INPUT, None)
 
-    link = follow_page_dataset(KEY_TOKENS_DATASET)
-    if link.value is not None:
-        state.tokens_dataset = link.value
-    labels = dataset_labels(state.dataset)
-    seed_widget(KEY_TOKENS_DATASET, state.tokens_dataset)
     c1, c2 = st.columns([2, 3], vertical_alignment="bottom")
-    with c1:
-        state.tokens_dataset = st.selectbox(
-            "Dataset", list(labels), key=KEY_TOKENS_DATASET, format_func=labels.__getitem__
-        )
-    publish_page_dataset(state.tokens_dataset, state.dataset, link)
+    state.tokens_dataset = pick_page_dataset(
+        state, KEY_TOKENS_DATASET, c1, seed=state.tokens_dataset
+    )
     picked = dataset_examples(state)
     if picked is None:
         return None
@@ -144,18 +136,18 @@ def show_sources(state: AppState, answer: AnswerSources) -> None:
         f"probability within {src.max_error:.1e} · mean P(token) {src.p_final.mean():.3f} · "
         f"traced in {answer.seconds:.1f} s"
     )
-    link = follow_widget(P_BY_POS, KEY_TOKENS_BY_POS, flag)
-    seed_widget(KEY_TOKENS_BY_POS, state.tokens_by_pos)
-    state.tokens_by_pos = st.toggle(
-        "Aggregate by part of speech",
-        key=KEY_TOKENS_BY_POS,
-        help="The mean seven-vector of the tokens of each POS tag: SPAD's features",
-    )
-    publish(
+    state.tokens_by_pos = bind(
         P_BY_POS,
-        flag_id(state.tokens_by_pos),
+        KEY_TOKENS_BY_POS,
+        lambda: st.toggle(
+            "Aggregate by part of speech",
+            key=KEY_TOKENS_BY_POS,
+            help="The mean seven-vector of the tokens of each POS tag: SPAD's features",
+        ),
+        parse=flag,
+        to_id=flag_id,
+        seed=state.tokens_by_pos,
         default=flag_id(False),
-        missing=link.missing,
         where="1 or 0",
     )
     if state.tokens_by_pos:

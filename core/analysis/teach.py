@@ -135,8 +135,7 @@ class CortexWalk:
 def cortex_walk(model: LoadedModel, detector: CortexDetector, example: RAGExample) -> CortexWalk:
     """Read one answer with a fitted CORTEX detector (two traced passes)."""
 
-    # mypy holds Detector's ClassVar Config invariant; CortexConfig is a DetectorConfig
-    feats = run_example(model, example, [detector])[detector.name]  # type: ignore[list-item]
+    feats = run_example(model, example, [detector])[detector.name]
     assert feats.tokens is not None and feats.token_offsets is not None
     d = feats.tokens.shape[1] // 2
     dh, c = feats.tokens[:, :d], feats.tokens[:, d:]

@@ -40,7 +40,8 @@ from core.cli.common import (
 from core.data import resolve_datasets, stratified_head
 from core.detectors import available_detectors, shipped_artifacts
 from core.engine.model import LoadedModel, load_model
-from core.evaluation.crossval import CALIBRATIONS, Calibration, CVOptions, CVRun, default_maker
+from core.evaluation.crossval import CVOptions, default_maker
+from core.evaluation.cv_run import CALIBRATIONS, Calibration, CVRun
 from core.evaluation.evaluate import EvalOptions, Splits, evaluate
 from core.evaluation.foldstore import folds_dir, prune_stale
 from core.evaluation.matrix import MatrixProgress, MatrixRun, domain_matrix

@@ -25,13 +25,13 @@ from core.learning.artifact import (
     artifact_info,
     read_artifact_cfg,
 )
-from core.learning.contract import Detector
+from core.learning.contract import Detector, DetectorClass
 
 DETECTORS: Registry = MEMBERS.extended(EnsembleDetector)
 """Every detector by name."""
 
 
-def detector_class(name: str) -> type[Detector]:
+def detector_class(name: str) -> DetectorClass:
     """The class registered as ``name`` (:class:`DataError` naming the others if none)."""
     return DETECTORS.get(name)
 

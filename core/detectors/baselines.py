@@ -23,12 +23,10 @@ import numpy as np
 
 from core.base.errors import ModelError
 from core.base.examples import RAGExample
-from core.detectors.common import token_training_set
+from core.detectors.common import FittedDetector, Writers, token_training_set
 from core.engine.model import ModelInfo
 from core.engine.trace import Needs, token_surprisal
-from core.learning.artifact import load_fitted, save_fitted
 from core.learning.contract import (
-    DetectorBase,
     DetectorConfig,
     Features,
     Run,
@@ -43,7 +41,7 @@ from core.learning.learners import LogisticCalibrator
 from core.signals.pos import spacy_pipeline
 
 
-class CalibratedDetector(DetectorBase):
+class CalibratedDetector(FittedDetector):
     """Shared fit / predict / save / load for detectors with a logistic head.
 
     Subclasses set ``name``, ``Config``, ``token_direction`` (+1 when a larger
@@ -54,6 +52,7 @@ class CalibratedDetector(DetectorBase):
     name: ClassVar[str]
     Config: ClassVar[type[DetectorConfig]]
     token_direction: ClassVar[int] = 1
+    fitted_attr = "response_model_"
 
     def __init__(self, config: DetectorConfig | None = None) -> None:
         self.config = config or self.Config()
@@ -110,28 +109,18 @@ class CalibratedDetector(DetectorBase):
 
     # -- artifacts --------------------------------------------------------------
 
-    def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
-        require_fitted(self, "response_model_", self.name)
-        assert self.response_model_ is not None and self.model_key_ is not None
-        return save_fitted(
-            self,
-            folder,
-            weights={
-                "response": self.response_model_.to_json(),
-                "token": self.token_model_.to_json() if self.token_model_ else None,
-                "token_stats": list(self.token_stats_) if self.token_stats_ else None,
-            },
-            extra=extra,
-        )
+    def fitted_state(self) -> tuple[dict[str, Any], Writers]:
+        assert self.response_model_ is not None
+        return {
+            "response": self.response_model_.to_json(),
+            "token": self.token_model_.to_json() if self.token_model_ else None,
+            "token_stats": list(self.token_stats_) if self.token_stats_ else None,
+        }, {}
 
-    @classmethod
-    def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
-        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
-            det.response_model_ = LogisticCalibrator.from_json(w["response"])
-            det.token_model_ = LogisticCalibrator.from_json(w["token"]) if w.get("token") else None
-            det.token_stats_ = tuple(w["token_stats"]) if w.get("token_stats") else None
-
-        return load_fitted(cls, folder, model_key, fill)
+    def restore_state(self, folder: Path, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
+        self.response_model_ = LogisticCalibrator.from_json(w["response"])
+        self.token_model_ = LogisticCalibrator.from_json(w["token"]) if w.get("token") else None
+        self.token_stats_ = tuple(w["token_stats"]) if w.get("token_stats") else None
 
 
 def _surprisal_features(s: np.ndarray) -> np.ndarray:
@@ -238,6 +227,7 @@ class LexicalDetector(CalibratedDetector):
 
     name = "lexical"
     Config = LexicalConfig
+    config: LexicalConfig
     token_direction = 1
 
     def needs(self, model: ModelInfo) -> Needs | None:
@@ -245,7 +235,7 @@ class LexicalDetector(CalibratedDetector):
 
     def features(self, run: Run) -> Features:
         nlp = spacy_pipeline()
-        pos = set(self.config.pos)  # type: ignore[attr-defined]
+        pos = set(self.config.pos)
         known: set[str] = set()
         for doc in nlp.pipe(run.example.passages):
             for t in doc:

@@ -40,15 +40,14 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Self
 
 import numpy as np
+from safetensors import SafetensorError
 
 from core.base.errors import DataError, ModelError
 from core.base.examples import RAGExample
-from core.detectors.common import token_training_set
+from core.detectors.common import FittedDetector, Writers, token_training_set
 from core.engine.model import ModelInfo
 from core.engine.trace import Needs
-from core.learning.artifact import load_fitted, save_fitted
 from core.learning.contract import (
-    DetectorBase,
     DetectorConfig,
     Features,
     Run,
@@ -230,7 +229,7 @@ def build_mlp(n_in: int, hidden: Sequence[int], dropout: float) -> torch.nn.Sequ
     return torch.nn.Sequential(*layers)
 
 
-class CortexDetector(DetectorBase):
+class CortexDetector(FittedDetector):
     """Token classifier on with-vs-without-passages hidden-state differences."""
 
     gives_token_scores: ClassVar[bool] = True
@@ -238,6 +237,8 @@ class CortexDetector(DetectorBase):
     name: ClassVar[str] = "cortex"
     Config = CortexConfig
     needs_bare = True
+    fitted_attr = "mlp_"
+    load_errors = (SafetensorError,)
 
     def __init__(self, config: CortexConfig | None = None) -> None:
         self.config: CortexConfig = config or CortexConfig()
@@ -455,59 +456,48 @@ class CortexDetector(DetectorBase):
 
     # -- artifacts -----------------------------------------------------------------
 
-    def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
+    def fitted_state(self) -> tuple[dict[str, Any], Writers]:
         from safetensors.torch import save_file
 
-        require_fitted(self, "mlp_", self.name)
-        assert self.mlp_ is not None and self.model_key_ is not None
-        assert self.mean_ is not None and self.std_ is not None
+        assert self.mlp_ is not None and self.mean_ is not None and self.std_ is not None
         state = {k: v.detach().contiguous() for k, v in self.mlp_.state_dict().items()}
-        return save_fitted(
-            self,
-            folder,
-            weights={
-                "n_inputs": int(self.mean_.shape[0]),
-                "mean": self.mean_.tolist(),
-                "std": self.std_.tolist(),
-                "mlp_file": MLP_FILE,
-            },
-            extra=extra,
-            files={MLP_FILE: lambda path: save_file(state, str(path))},
-        )
+        weights = {
+            "n_inputs": int(self.mean_.shape[0]),
+            "mean": self.mean_.tolist(),
+            "std": self.std_.tolist(),
+            "mlp_file": MLP_FILE,
+        }
+        return weights, {MLP_FILE: lambda path: save_file(state, str(path))}
 
-    @classmethod
-    def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
-        from safetensors import SafetensorError, safe_open
+    def restore_state(self, folder: Path, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
+        from safetensors import safe_open
         from safetensors.torch import load_file
 
-        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
-            n_in = w["n_inputs"]
-            if type(n_in) is not int or n_in < 1:
-                raise ValueError(f"n_inputs must be a positive integer, not {n_in!r}")
-            det.mean_ = np.asarray(w["mean"], dtype=np.float32)
-            det.std_ = np.asarray(w["std"], dtype=np.float32)
-            if det.mean_.shape != (n_in,) or det.std_.shape != (n_in,):
-                raise ValueError(f"mean/std do not have {n_in} values")
-            if not (np.isfinite(det.mean_).all() and (det.std_ > 0).all()):
-                raise ValueError("mean/std hold non-finite values or std <= 0")
-            # The file's shapes (its header only) must be the config's before anything
-            # is allocated: the widths come from cfg.json, which anyone may edit.
-            want = mlp_shapes(n_in, det.config.hidden)
-            path = str(Path(folder) / MLP_FILE)
-            with safe_open(path, framework="np") as f:
-                have = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
-            if have != want:
-                raise DataError(
-                    f"{MLP_FILE} holds {len(have)} arrays whose shapes are not those of the "
-                    f"MLP of {n_in} inputs and hidden widths {list(det.config.hidden)} in "
-                    "cfg.json; retrain it with `ragscope train --detectors cortex`",
-                    source=str(folder),
-                )
-            mlp = build_mlp(n_in, det.config.hidden, det.config.dropout)
-            state = load_file(path)
-            if not all(bool(v.isfinite().all()) for v in state.values()):
-                raise ValueError(f"{MLP_FILE} holds non-finite weights")
-            mlp.load_state_dict(state)
-            det.mlp_ = mlp.eval()
-
-        return load_fitted(cls, folder, model_key, fill, errors=(SafetensorError,))
+        n_in = w["n_inputs"]
+        if type(n_in) is not int or n_in < 1:
+            raise ValueError(f"n_inputs must be a positive integer, not {n_in!r}")
+        self.mean_ = np.asarray(w["mean"], dtype=np.float32)
+        self.std_ = np.asarray(w["std"], dtype=np.float32)
+        if self.mean_.shape != (n_in,) or self.std_.shape != (n_in,):
+            raise ValueError(f"mean/std do not have {n_in} values")
+        if not (np.isfinite(self.mean_).all() and (self.std_ > 0).all()):
+            raise ValueError("mean/std hold non-finite values or std <= 0")
+        # The file's shapes (its header only) must be the config's before anything
+        # is allocated: the widths come from cfg.json, which anyone may edit.
+        want = mlp_shapes(n_in, self.config.hidden)
+        path = str(folder / MLP_FILE)
+        with safe_open(path, framework="np") as f:
+            have = {k: tuple(f.get_slice(k).get_shape()) for k in f.keys()}
+        if have != want:
+            raise DataError(
+                f"{MLP_FILE} holds {len(have)} arrays whose shapes are not those of the "
+                f"MLP of {n_in} inputs and hidden widths {list(self.config.hidden)} in "
+                "cfg.json; retrain it with `ragscope train --detectors cortex`",
+                source=str(folder),
+            )
+        mlp = build_mlp(n_in, self.config.hidden, self.config.dropout)
+        state = load_file(path)
+        if not all(bool(v.isfinite().all()) for v in state.values()):
+            raise ValueError(f"{MLP_FILE} holds non-finite weights")
+        mlp.load_state_dict(state)
+        self.mlp_ = mlp.eval()

@@ -57,11 +57,11 @@ import numpy as np
 
 from core.base.errors import DataError, ModelError
 from core.base.examples import RAGExample, source_key
+from core.detectors.common import FittedDetector, Writers
 from core.detectors.registry import MEMBERS
 from core.engine.model import ModelInfo
 from core.engine.trace import Needs
 from core.learning import learners
-from core.learning.artifact import load_fitted, save_fitted
 from core.learning.calibration import (
     MAX_DATASET_CALIBRATIONS,
     MAX_DATASET_NAME,
@@ -71,7 +71,6 @@ from core.learning.calibration import (
 )
 from core.learning.contract import (
     Detector,
-    DetectorBase,
     DetectorConfig,
     Features,
     Run,
@@ -216,15 +215,16 @@ class EnsembleConfig(DetectorConfig):
             )
 
 
-class EnsembleDetector(DetectorBase):
+class EnsembleDetector(FittedDetector):
     """Stacked members (see the module docstring)."""
 
     name: ClassVar[str] = "ensemble"
     Config: ClassVar[type[EnsembleConfig]] = EnsembleConfig
     composite: ClassVar[bool] = True
+    fitted_attr = "stacker_"
 
-    @property  # type: ignore[override]  # a fitted token stacker decides
-    def gives_token_scores(self) -> bool:
+    @property
+    def gives_token_scores(self) -> bool:  # type: ignore[override]  # a fitted token stacker decides
         """Whether its token stacker is fitted (it then scores every answer token)."""
         return bool(self.token_members_)
 
@@ -266,8 +266,8 @@ class EnsembleDetector(DetectorBase):
 
     def bare_needs(self, model: ModelInfo) -> Needs | None:
 
-        wanted = [m.bare_needs(model) for m in self.members_.values() if m.needs_bare]
-        wanted = [n for n in wanted if n is not None]
+        asked = [m.bare_needs(model) for m in self.members_.values() if m.needs_bare]
+        wanted = [n for n in asked if n is not None]
         return Needs.union(wanted) if wanted else None
 
     def features(self, run: Run) -> Features:
@@ -459,7 +459,7 @@ class EnsembleDetector(DetectorBase):
             n
             for n in candidates
             if all(
-                g is not None and _has_tokens(v[n]) and np.array_equal(v[n].token_offsets, g)
+                g is not None and _has_tokens(v[n]) and np.array_equal(_offsets(v[n]), g)
                 for v, g in zip(verdicts, grid, strict=True)
             )
         ]
@@ -540,7 +540,7 @@ class EnsembleDetector(DetectorBase):
         answer's stacked logit ``a`` (of ``row``, the answer's :meth:`_row` when the
         caller has it) and each raw token logit times ``a`` (:func:`token_inputs`
         columns in all)."""
-        tok = np.stack([logit(verdicts[n].token_scores) for n in members], axis=1)
+        tok = np.stack([logit(_scores(verdicts[n])) for n in members], axis=1)
         cols = [tok] + [
             np.stack([window_mean(tok[:, j], w) for j in range(tok.shape[1])], axis=1)
             for w in self.config.token_windows
@@ -573,7 +573,7 @@ class EnsembleDetector(DetectorBase):
         if self.token_stacker_ is not None:
             offsets = _grid(verdicts, self.token_members_)
             usable = offsets is not None and all(
-                _has_tokens(verdicts[n]) and np.array_equal(verdicts[n].token_offsets, offsets)
+                _has_tokens(verdicts[n]) and np.array_equal(_offsets(verdicts[n]), offsets)
                 for n in self.token_members_
             )
             if usable:
@@ -613,81 +613,76 @@ class EnsembleDetector(DetectorBase):
 
     # -- artifacts -----------------------------------------------------------------
 
-    def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
-        require_fitted(self, "stacker_", self.name)
-        assert self.stacker_ is not None and self.model_key_ is not None
-        out = Path(folder)
+    def save(self, folder: str | Path, *, extra: Mapping[str, Any] | None = None) -> Path:
+        """Each member's artifact (``members/<name>``), then the ensemble's own."""
+        require_fitted(self, self.fitted_attr, self.name)
         for n, det in self.members_.items():
-            det.save(out / "members" / n)
-        return save_fitted(
-            self,
-            out,
-            weights={
-                "response": self.stacker_.to_json(),
-                "token": self.token_stacker_.to_json() if self.token_stacker_ else None,
-                "token_members": list(self.token_members_),
-                "answer_token_members": list(self.answer_members_),
-                "dataset_stackers": {
-                    name: {
-                        "response": st.stacker.to_json(),
-                        "answer_token_members": list(st.answer_members),
-                    }
-                    for name, st in self.dataset_stackers_.items()
-                },
+            det.save(Path(folder) / "members" / n)
+        return super().save(folder, extra=extra)
+
+    def fitted_state(self) -> tuple[dict[str, Any], Writers]:
+        assert self.stacker_ is not None
+        return {
+            "response": self.stacker_.to_json(),
+            "token": self.token_stacker_.to_json() if self.token_stacker_ else None,
+            "token_members": list(self.token_members_),
+            "answer_token_members": list(self.answer_members_),
+            "dataset_stackers": {
+                name: {
+                    "response": st.stacker.to_json(),
+                    "answer_token_members": list(st.answer_members),
+                }
+                for name, st in self.dataset_stackers_.items()
             },
-            extra=extra,
+        }, {}
+
+    def restore_state(self, folder: Path, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
+        self.stacker_ = LogisticCalibrator.from_json(w["response"])
+        self.token_stacker_ = LogisticCalibrator.from_json(w["token"]) if w.get("token") else None
+        members = self.config.members
+        self.token_members_ = _member_names(w.get("token_members"), members, folder)
+        self.answer_members_ = _member_names(w.get("answer_token_members"), members, folder)
+        self.dataset_stackers_ = _read_dataset_stackers(
+            w.get("dataset_stackers", {}), self.config, folder
         )
 
-    @classmethod
-    def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
-        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
-            det.stacker_ = LogisticCalibrator.from_json(w["response"])
-            det.token_stacker_ = (
-                LogisticCalibrator.from_json(w["token"]) if w.get("token") else None
-            )
-            members = det.config.members
-            det.token_members_ = _member_names(w.get("token_members"), members, folder)
-            det.answer_members_ = _member_names(w.get("answer_token_members"), members, folder)
-            det.dataset_stackers_ = _read_dataset_stackers(
-                w.get("dataset_stackers", {}), det.config, folder
-            )
-
-        det = load_fitted(cls, folder, model_key, fill)
-        for name, stacker in [(None, det.stacker_)] + [
-            (d, s.stacker) for d, s in det.dataset_stackers_.items()
+    def after_load(self, folder: Path, w: Mapping[str, Any]) -> None:
+        """The stackers read as many inputs as the config gives; then the members."""
+        assert self.stacker_ is not None
+        for name, stacker in [(None, self.stacker_)] + [
+            (d, s.stacker) for d, s in self.dataset_stackers_.items()
         ]:
-            n_inputs = len(det.input_names(name))
+            n_inputs = len(self.input_names(name))
             if stacker.coef_ is None or stacker.coef_.shape != (n_inputs,):
                 widths = (
-                    det.config.dataset_stackers[name]
+                    self.config.dataset_stackers[name]
                     if name is not None
-                    else det.config.answer_token_max
+                    else self.config.answer_token_max
                 )
                 whose = f"{name!r}'s stacker" if name is not None else "stacker"
                 raise DataError(
                     f"the ensemble's {whose} does not read the {n_inputs} inputs its "
-                    f"{len(det.config.members)} members and answer_token_max="
+                    f"{len(self.config.members)} members and answer_token_max="
                     f"{list(widths)} give; retrain it with "
                     "`ragscope train --detectors ensemble`",
                     source=str(folder),
                 )
-        if det.token_stacker_ is not None:
-            k = len(det.token_members_)
-            want = token_inputs(det.config, k)
-            coef = det.token_stacker_.coef_
+        if self.token_stacker_ is not None:
+            k = len(self.token_members_)
+            want = token_inputs(self.config, k)
+            coef = self.token_stacker_.coef_
             if not k or coef is None or coef.shape != (want,):
                 raise DataError(
                     f"the ensemble's token stacker does not read the {want} inputs its "
-                    f"{k} token members, token_windows={list(det.config.token_windows)} and "
-                    f"token_context={det.config.token_context} give; "
+                    f"{k} token members, token_windows={list(self.config.token_windows)} and "
+                    f"token_context={self.config.token_context} give; "
                     "retrain it with `ragscope train --detectors ensemble`",
                     source=str(folder),
                 )
-        for n in det.config.members:
-            det.members_[n] = MEMBERS.get(n).load(
-                Path(folder) / "members" / n, model_key=det.model_key_
+        for n in self.config.members:
+            self.members_[n] = MEMBERS.get(n).load(
+                folder / "members" / n, model_key=self.model_key_
             )
-        return det
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -809,6 +804,20 @@ def _token_peak(v: Verdict, width: int) -> float:
 
 def _has_tokens(v: Verdict) -> bool:
     return v.token_scores is not None and v.token_offsets is not None and v.token_scores.size > 0
+
+
+def _scores(v: Verdict) -> np.ndarray:
+    """A token member's token scores (it has them: :func:`_has_tokens`)."""
+    if v.token_scores is None:
+        raise ValueError(f"{v.detector} gave no token scores")
+    return v.token_scores
+
+
+def _offsets(v: Verdict) -> np.ndarray:
+    """A token member's token offsets (it has them: :func:`_has_tokens`)."""
+    if v.token_offsets is None:
+        raise ValueError(f"{v.detector} gave no token offsets")
+    return v.token_offsets
 
 
 def _grid(verdicts: Mapping[str, Verdict], members: Sequence[str]) -> np.ndarray | None:

@@ -36,12 +36,11 @@ import numpy as np
 from core.base.errors import DataError, ModelError
 from core.base.examples import RAGExample
 from core.base.safeio import SkopsType
-from core.detectors.common import head_name, layer_name, shared_pks
+from core.detectors.common import FittedDetector, Writers, head_name, layer_name, shared_pks
 from core.engine.model import ModelInfo
 from core.engine.trace import Needs
-from core.learning.artifact import load_fitted, read_skops, save_fitted
+from core.learning.artifact import read_skops
 from core.learning.contract import (
-    DetectorBase,
     DetectorConfig,
     Features,
     Run,
@@ -229,13 +228,15 @@ def _response_f1(chunk_prob: Sequence[np.ndarray], y: np.ndarray) -> float:
     return float(f1_score(y, (scores >= t).astype(int), zero_division=0))
 
 
-class InterpDetectDetector(DetectorBase):
+class InterpDetectDetector(FittedDetector):
     """Chunk-level ECS of every head and PKS of every layer, classic classifier on top."""
 
     gives_token_scores: ClassVar[bool] = True
 
     name: ClassVar[str] = "interpdetect"
     Config: ClassVar[type[InterpDetectConfig]] = InterpDetectConfig
+    fitted_attr = "pipeline_"
+    load_errors = (BadZipFile,)
 
     def __init__(self, config: InterpDetectConfig | None = None) -> None:
         self.config: InterpDetectConfig = config or self.Config()
@@ -412,38 +413,26 @@ class InterpDetectDetector(DetectorBase):
 
     # -- artifacts --------------------------------------------------------------
 
-    def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
+    def fitted_state(self) -> tuple[dict[str, Any], Writers]:
         import skops.io as sio
 
-        require_fitted(self, "pipeline_", self.name)
-        assert self.model_key_ is not None
-        return save_fitted(
-            self,
-            folder,
-            weights={
-                "names": list(self.names_ or ()),
-                "kept": list(self.kept_ or ()),
-                "classifier": self.classifier_name_,
-                "candidates_f1": self.candidates_,
-                "pipeline_file": PIPELINE_FILE,
-            },
-            extra=extra,
-            files={PIPELINE_FILE: lambda path: sio.dump(self.pipeline_, path)},
-        )
+        weights = {
+            "names": list(self.names_ or ()),
+            "kept": list(self.kept_ or ()),
+            "classifier": self.classifier_name_,
+            "candidates_f1": self.candidates_,
+            "pipeline_file": PIPELINE_FILE,
+        }
+        return weights, {PIPELINE_FILE: lambda path: sio.dump(self.pipeline_, path)}
 
     def fitted_models(self) -> Mapping[str, tuple[Any, int | None]]:
-        return {PIPELINE_FILE: (self.pipeline_, len(self.kept_))}
+        return {PIPELINE_FILE: (self.pipeline_, len(self.kept_ or ()))}
 
-    @classmethod
-    def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
-
-        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
-            det.pipeline_ = read_skops(Path(folder) / PIPELINE_FILE, SKOPS_TYPES, cls.name)
-            det.names_ = tuple(str(n) for n in w["names"])
-            det.kept_ = tuple(str(n) for n in w["kept"])
-            det.classifier_name_ = str(w["classifier"])
-            det.candidates_ = {str(k): float(v) for k, v in w.get("candidates_f1", {}).items()}
-            if not set(det.kept_) <= set(det.names_):
-                raise ValueError("kept columns are not among the feature names")
-
-        return load_fitted(cls, folder, model_key, fill, errors=(BadZipFile,))
+    def restore_state(self, folder: Path, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
+        self.pipeline_ = read_skops(folder / PIPELINE_FILE, SKOPS_TYPES, self.name)
+        self.names_ = tuple(str(n) for n in w["names"])
+        self.kept_ = tuple(str(n) for n in w["kept"])
+        self.classifier_name_ = str(w["classifier"])
+        self.candidates_ = {str(k): float(v) for k, v in w.get("candidates_f1", {}).items()}
+        if not set(self.kept_) <= set(self.names_):
+            raise ValueError("kept columns are not among the feature names")

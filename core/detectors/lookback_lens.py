@@ -37,18 +37,15 @@ import numpy as np
 
 from core.base.errors import DataError, ModelError
 from core.base.examples import RAGExample, source_key
-from core.detectors.common import token_training_set
+from core.detectors.common import FittedDetector, Writers, token_training_set
 from core.engine.model import ModelInfo
 from core.engine.trace import Needs
-from core.learning.artifact import load_fitted, save_fitted
 from core.learning.contract import (
-    DetectorBase,
     DetectorConfig,
     Features,
     Run,
     Verdict,
     check_features,
-    check_fit_inputs,
     require_fitted,
     thresholded_verdict,
 )
@@ -148,13 +145,14 @@ class LookbackLensConfig(DetectorConfig):
             raise DataError("lookback_lens: c_grid needs positive values", field="c_grid")
 
 
-class LookbackLensDetector(DetectorBase):
+class LookbackLensDetector(FittedDetector):
     """Logistic regressions on per-head lookback ratios (see the module docstring)."""
 
     gives_token_scores: ClassVar[bool] = True
 
     name: ClassVar[str] = "lookback_lens"
     Config = LookbackLensConfig
+    fitted_attr = "answer_model_"
 
     def __init__(self, config: LookbackLensConfig | None = None) -> None:
         self.config: LookbackLensConfig = config or LookbackLensConfig()
@@ -233,10 +231,7 @@ class LookbackLensDetector(DetectorBase):
         validation: tuple[Sequence[Features], Sequence[RAGExample]] | None = None,
     ) -> Self:
         """Fit the answer and window models (see the module docstring)."""
-        model_key = check_fit_inputs(self.name, features, examples, same_columns=True)
-        y = response_labels(examples)
-        if len(set(y.tolist())) < 2:
-            raise DataError("lookback_lens needs faithful and hallucinated training answers")
+        model_key, y = self.labelled_inputs(features, examples)
         X = np.stack([f.response for f in features])
         self.answer_model_ = self._logistic(X, y, np.asarray([source_key(e) for e in examples]))
         win = self._windows(features, examples)
@@ -311,35 +306,25 @@ class LookbackLensDetector(DetectorBase):
 
     # -- artifacts -----------------------------------------------------------------
 
-    def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
-        require_fitted(self, "answer_model_", self.name)
+    def fitted_state(self) -> tuple[dict[str, Any], Writers]:
         assert self.answer_model_ is not None
-        return save_fitted(
-            self,
-            folder,
-            weights={
-                "names": list(self.names_),
-                "answer": self.answer_model_.to_json(),
-                "window": self.window_model_.to_json() if self.window_model_ else None,
-                "response": self.response_mode_,
-            },
-            extra=extra,
-        )
+        return {
+            "names": list(self.names_),
+            "answer": self.answer_model_.to_json(),
+            "window": self.window_model_.to_json() if self.window_model_ else None,
+            "response": self.response_mode_,
+        }, {}
 
-    @classmethod
-    def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
-        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
-            det.names_ = tuple(str(n) for n in w["names"])
-            det.answer_model_ = LogisticCalibrator.from_json(w["answer"])
-            det.window_model_ = (
-                LogisticCalibrator.from_json(w["window"]) if w.get("window") else None
-            )
-            if w["response"] not in ("answer", "windows"):
-                raise ValueError(f"response mode {w['response']!r} is not answer or windows")
-            det.response_mode_ = w["response"]
-            width = len(det.names_)
-            for m in (det.answer_model_, det.window_model_):
-                if m is not None and m.coef_.shape != (width,):
+    def restore_state(self, folder: Path, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
+        self.names_ = tuple(str(n) for n in w["names"])
+        self.answer_model_ = LogisticCalibrator.from_json(w["answer"])
+        self.window_model_ = LogisticCalibrator.from_json(w["window"]) if w.get("window") else None
+        if w["response"] not in ("answer", "windows"):
+            raise ValueError(f"response mode {w['response']!r} is not answer or windows")
+        self.response_mode_ = w["response"]
+        width = len(self.names_)
+        for m in (self.answer_model_, self.window_model_):
+            if m is not None:
+                assert m.coef_ is not None  # from_json sets it
+                if m.coef_.shape != (width,):
                     raise ValueError(f"a model reads {m.coef_.shape} inputs, not {width}")
-
-        return load_fitted(cls, folder, model_key, fill)

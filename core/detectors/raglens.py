@@ -35,12 +35,12 @@ from core.base.errors import DataError, ModelError
 from core.base.examples import RAGExample
 from core.base.paths import assets_dir, shipped_sae_dir
 from core.base.safeio import SkopsType, read_json_file
+from core.detectors.common import FittedDetector, Writers
 from core.engine.layout import render
 from core.engine.model import LoadedModel, ModelInfo
 from core.engine.trace import Needs, trace
-from core.learning.artifact import load_fitted, read_skops, save_fitted
+from core.learning.artifact import read_skops
 from core.learning.contract import (
-    DetectorBase,
     DetectorConfig,
     Features,
     Run,
@@ -239,11 +239,12 @@ class RaglensConfig(DetectorConfig):
         return hashlib.sha256(f"{base}|{stamp}".encode()).hexdigest()[:16]
 
 
-class RaglensDetector(DetectorBase):
+class RaglensDetector(FittedDetector):
     """Max-pooled SAE features, mutual-information selection, EBM."""
 
     name: ClassVar[str] = "raglens"
     Config: ClassVar[type[RaglensConfig]] = RaglensConfig
+    fitted_attr = "ebm_"
 
     def __init__(self, config: RaglensConfig | None = None) -> None:
         self.config: RaglensConfig = config or self.Config()
@@ -296,7 +297,7 @@ class RaglensDetector(DetectorBase):
         sae = self.sae
         sae.check_model(run.model.key, run.model.d_model)
         x = run.trace.at("resid_post", sae.layer, run.layout.response_positions)
-        return sae.encode(x, self.config.activation)  # type: ignore[arg-type]
+        return sae.encode(x, self.config.activation)  # type: ignore[arg-type]  # the config checks it is one of the SAE's activations
 
     def features(self, run: Run) -> Features:
         z = self.token_activations(run)
@@ -323,7 +324,7 @@ class RaglensDetector(DetectorBase):
             )
         c = self.config
         X = np.stack([f.response for f in features]).astype(np.float64)
-        mi = mutual_information(X, y, bins=c.bins, binning=c.binning)  # type: ignore[arg-type]
+        mi = mutual_information(X, y, bins=c.bins, binning=c.binning)  # type: ignore[arg-type]  # the config checks it is in BINNINGS
         sel = top_features(mi, c.top_k)
         names = [feature_name(int(k), self.raw) for k in sel]
         ebm = ExplainableBoostingClassifier(
@@ -439,49 +440,37 @@ class RaglensDetector(DetectorBase):
 
     # -- artifacts --------------------------------------------------------------
 
-    def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
+    def fitted_state(self) -> tuple[dict[str, Any], Writers]:
         import skops.io as sio
 
-        require_fitted(self, "ebm_", self.name)
-        assert self.model_key_ is not None and self.mi_ is not None
-        return save_fitted(
-            self,
-            folder,
-            weights={
-                "n_features": len(self.names_),
-                "selected": list(self.selected_),
-                "mi": [float(v) for v in self.mi_[list(self.selected_)]],
-                "sae": None if self.raw else sae_stamp(sae_folder(self.config.sae)),
-                "ebm_file": EBM_FILE,
-            },
-            extra=extra,
-            files={EBM_FILE: lambda path: sio.dump(self.ebm_, path)},
-        )
+        assert self.mi_ is not None
+        weights = {
+            "n_features": len(self.names_),
+            "selected": list(self.selected_),
+            "mi": [float(v) for v in self.mi_[list(self.selected_)]],
+            "sae": None if self.raw else sae_stamp(sae_folder(self.config.sae)),
+            "ebm_file": EBM_FILE,
+        }
+        return weights, {EBM_FILE: lambda path: sio.dump(self.ebm_, path)}
 
-    @classmethod
-    def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
+    def restore_state(self, folder: Path, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
+        if not self.raw:
+            check_artifact_sae(self.config.sae, folder)
+        self.ebm_ = read_skops(folder / EBM_FILE, SKOPS_TYPES, self.name)
+        n = int(w["n_features"])
+        self.names_ = tuple(feature_name(k, self.raw) for k in range(n))
+        self.selected_ = tuple(int(k) for k in w["selected"])
+        mi = np.zeros(n, dtype=np.float32)
+        mi[list(self.selected_)] = np.asarray(w["mi"], dtype=np.float32)
+        self.mi_ = mi
 
-        recorded: dict[str, Any] = {}
-
-        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
-            if not det.raw:
-                check_artifact_sae(det.config.sae, folder)
-            recorded["sae"] = w.get("sae")
-            det.ebm_ = read_skops(Path(folder) / EBM_FILE, SKOPS_TYPES, cls.name)
-            n = int(w["n_features"])
-            det.names_ = tuple(feature_name(k, det.raw) for k in range(n))
-            det.selected_ = tuple(int(k) for k in w["selected"])
-            mi = np.zeros(n, dtype=np.float32)
-            mi[list(det.selected_)] = np.asarray(w["mi"], dtype=np.float32)
-            det.mi_ = mi
-
-        det = load_fitted(cls, folder, model_key, fill)
-        stamp = recorded.get("sae")
-        current = "" if det.raw else sae_stamp(sae_folder(det.config.sae))
+    def after_load(self, folder: Path, w: Mapping[str, Any]) -> None:
+        """Refuse an artifact trained on another SAE than the one its config names."""
+        stamp = w.get("sae")
+        current = "" if self.raw else sae_stamp(sae_folder(self.config.sae))
         if stamp and stamp != current:
             raise ModelError(
                 f"the raglens artifact in {folder} was trained on another SAE (weights "
                 f"{str(stamp)[:12]}, now {current[:12]}); retrain it with "
                 "`ragscope train --detectors raglens`"
             )
-        return det

@@ -33,12 +33,17 @@ import numpy as np
 
 from core.base.errors import DataError, ModelError
 from core.base.examples import RAGExample, source_key
-from core.detectors.common import head_name, layer_name, parse_head, shared_pks
+from core.detectors.common import (
+    FittedDetector,
+    Writers,
+    head_name,
+    layer_name,
+    parse_head,
+    shared_pks,
+)
 from core.engine.model import LoadedModel, ModelInfo
 from core.engine.trace import Needs
-from core.learning.artifact import load_fitted, save_fitted
 from core.learning.contract import (
-    DetectorBase,
     DetectorConfig,
     Features,
     Run,
@@ -131,7 +136,7 @@ class RedeepChunkConfig(RedeepConfig):
 def copying_heads(model: LoadedModel, n: int, mode: str) -> list[tuple[int, int]]:
     """The model's top ``n`` copying heads (cached per model and mode)."""
 
-    return copying_scores(model, CopyingConfig(mode=mode)).top_heads(  # type: ignore[arg-type]
+    return copying_scores(model, CopyingConfig(mode=mode)).top_heads(  # type: ignore[arg-type]  # the config checks the mode
         min(n, model.info.n_layers * model.info.n_heads)
     )
 
@@ -179,7 +184,7 @@ def _scale(v: np.ndarray, r: tuple[float, float]) -> np.ndarray:
     return (v - lo) / (hi - lo) if hi > lo else v - lo
 
 
-class RedeepDetector(DetectorBase):
+class RedeepDetector(FittedDetector):
     """Shared features / selection / scoring of the two ReDeEP detectors."""
 
     gives_token_scores: ClassVar[bool] = True
@@ -187,6 +192,7 @@ class RedeepDetector(DetectorBase):
     name: ClassVar[str]
     Config: ClassVar[type[RedeepConfig]]
     level: ClassVar[Literal["token", "chunk"]]
+    fitted_attr = "selection_"
 
     def __init__(self, config: RedeepConfig | None = None) -> None:
         self.config: RedeepConfig = config or self.Config()
@@ -222,7 +228,7 @@ class RedeepDetector(DetectorBase):
         heads = copying_heads(model, c.n_copy_heads, c.copying_mode)
         names = self._names(heads, model.info.n_layers)
         pks = shared_pks(run, model, final_norm=c.pks_final_norm)  # [L, T]
-        common = {
+        common: dict[str, Any] = {
             "detector": self.name,
             "example_id": run.example.id,
             "model": model.info.key,
@@ -249,14 +255,16 @@ class RedeepDetector(DetectorBase):
             chunk_offsets=chunks.response_offsets,
         )
 
-    def _chunks(self, run: Run) -> ChunkSet:
+    def _chunk_config(self) -> RedeepChunkConfig:
+        """The chunk-level options (only the chunk detector reads chunks)."""
+        if not isinstance(self.config, RedeepChunkConfig):
+            raise TypeError(f"{self.name} has no chunk options")
+        return self.config
 
-        c = self.config
+    def _chunks(self, run: Run) -> ChunkSet:
+        c = self._chunk_config()
         return chunk_example(
-            run.layout,
-            "recursive",
-            chunk_size=c.chunk_size,  # type: ignore[attr-defined]
-            chunk_overlap=c.chunk_overlap,  # type: ignore[attr-defined]
+            run.layout, "recursive", chunk_size=c.chunk_size, chunk_overlap=c.chunk_overlap
         )
 
     def _chunk_rows(
@@ -264,15 +272,9 @@ class RedeepDetector(DetectorBase):
     ) -> np.ndarray:
 
         assert run.trace is not None
-        c = self.config
+        c = self._chunk_config()
         layers = sorted({h[0] for h in heads})
-        ce = chunk_ecs(
-            run.trace,
-            chunks,
-            layers,
-            pool=c.pool,  # type: ignore[attr-defined]
-            embedder=c.embedder,  # type: ignore[attr-defined]
-        )
+        ce = chunk_ecs(run.trace, chunks, layers, pool=c.pool, embedder=c.embedder)
         li = {ly: i for i, ly in enumerate(layers)}
         ecs = np.stack([ce.ecs[:, li[ly], h] for ly, h in heads], axis=1)  # [R, N]
         return np.concatenate([ecs, chunk_means(pks, chunks)], axis=1)
@@ -497,58 +499,48 @@ class RedeepDetector(DetectorBase):
 
     # -- artifacts --------------------------------------------------------------
 
-    def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
-        require_fitted(self, "selection_", self.name)
-        assert self.selection_ is not None and self.rule_ and self.logistic_ and self.model_key_
+    def fitted_state(self) -> tuple[dict[str, Any], Writers]:
+        assert self.selection_ is not None and self.rule_ and self.logistic_
         sel = self.selection_
-        return save_fitted(
-            self,
-            folder,
-            weights={
-                "names": list(self.names_ or ()),
-                "selection": {
-                    "heads": list(sel.heads),
-                    "layers": list(sel.layers),
-                    "beta": sel.beta,
-                    "ecs_range": list(sel.ecs_range),
-                    "pks_range": list(sel.pks_range),
-                    "auc": sel.auc,
-                },
-                "rule": self.rule_.to_json(),
-                "logistic": self.logistic_.to_json(),
-                **({"probe": self.probe_.to_json()} if self.probe_ is not None else {}),
-                "head_auc": self.head_auc_,
-                "layer_auc": self.layer_auc_,
+        return {
+            "names": list(self.names_ or ()),
+            "selection": {
+                "heads": list(sel.heads),
+                "layers": list(sel.layers),
+                "beta": sel.beta,
+                "ecs_range": list(sel.ecs_range),
+                "pks_range": list(sel.pks_range),
+                "auc": sel.auc,
             },
-            extra=extra,
+            "rule": self.rule_.to_json(),
+            "logistic": self.logistic_.to_json(),
+            **({"probe": self.probe_.to_json()} if self.probe_ is not None else {}),
+            "head_auc": self.head_auc_,
+            "layer_auc": self.layer_auc_,
+        }, {}
+
+    def restore_state(self, folder: Path, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
+        s = w["selection"]
+        self.selection_ = Selection(
+            heads=tuple(int(i) for i in s["heads"]),
+            layers=tuple(int(i) for i in s["layers"]),
+            beta=float(s["beta"]),
+            ecs_range=(float(s["ecs_range"][0]), float(s["ecs_range"][1])),
+            pks_range=(float(s["pks_range"][0]), float(s["pks_range"][1])),
+            auc=float(s["auc"]),
         )
-
-    @classmethod
-    def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
-        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
-            s = w["selection"]
-            det.selection_ = Selection(
-                heads=tuple(int(i) for i in s["heads"]),
-                layers=tuple(int(i) for i in s["layers"]),
-                beta=float(s["beta"]),
-                ecs_range=(float(s["ecs_range"][0]), float(s["ecs_range"][1])),
-                pks_range=(float(s["pks_range"][0]), float(s["pks_range"][1])),
-                auc=float(s["auc"]),
-            )
-            det.names_ = tuple(str(n) for n in w["names"])
-            det.rule_ = LogisticCalibrator.from_json(w["rule"])
-            det.logistic_ = LogisticCalibrator.from_json(w["logistic"])
-            det.probe_ = LogisticCalibrator.from_json(w["probe"]) if "probe" in w else None
-            if det.probe_ is not None and det.probe_.coef_ is not None:
-                if det.probe_.coef_.shape[0] != len(w["names"]):
-                    raise ValueError("the probe's width differs from the feature names")
-            det.head_auc_ = {str(k): float(v) for k, v in w.get("head_auc", {}).items()}
-            det.layer_auc_ = {str(k): float(v) for k, v in w.get("layer_auc", {}).items()}
-            n = len(det.names_)
-            if max((*det.selection_.heads, *det.selection_.layers), default=0) >= n:
-                raise ValueError("selected columns beyond the feature names")
-
-        return load_fitted(cls, folder, model_key, fill)
+        self.names_ = tuple(str(n) for n in w["names"])
+        self.rule_ = LogisticCalibrator.from_json(w["rule"])
+        self.logistic_ = LogisticCalibrator.from_json(w["logistic"])
+        self.probe_ = LogisticCalibrator.from_json(w["probe"]) if "probe" in w else None
+        if self.probe_ is not None and self.probe_.coef_ is not None:
+            if self.probe_.coef_.shape[0] != len(w["names"]):
+                raise ValueError("the probe's width differs from the feature names")
+        self.head_auc_ = {str(k): float(v) for k, v in w.get("head_auc", {}).items()}
+        self.layer_auc_ = {str(k): float(v) for k, v in w.get("layer_auc", {}).items()}
+        n = len(self.names_)
+        if max((*self.selection_.heads, *self.selection_.layers), default=0) >= n:
+            raise ValueError("selected columns beyond the feature names")
 
 
 def _range(v: np.ndarray) -> tuple[float, float]:

@@ -19,34 +19,37 @@ from core.detectors.redeep import RedeepChunkDetector, RedeepTokenDetector
 from core.detectors.saplma import SaplmaDetector
 from core.detectors.spad import SpadDetector
 from core.engine.model import LoadedModel
-from core.learning.contract import Detector
+from core.learning.contract import Detector, DetectorClass
+
+
+def _qualname(cls: DetectorClass) -> str:
+    """The class's qualified name, for messages."""
+    return str(getattr(cls, "__qualname__", cls))
 
 
 class Registry:
     """Detector classes by their ``name``; a second class under a taken name is refused."""
 
-    def __init__(self, classes: Iterable[type[Detector]] = ()) -> None:
-        self._classes: dict[str, type[Detector]] = {}
+    def __init__(self, classes: Iterable[DetectorClass] = ()) -> None:
+        self._classes: dict[str, DetectorClass] = {}
         for cls in classes:
             self.add(cls)
 
-    def add(self, cls: type[Detector]) -> type[Detector]:
+    def add(self, cls: DetectorClass) -> DetectorClass:
         name = getattr(cls, "name", None)
         if not isinstance(name, str) or not name:
-            raise ValueError(f"{cls.__name__} needs a non-empty class attribute `name`")
+            raise ValueError(f"{_qualname(cls)} needs a non-empty class attribute `name`")
         have = self._classes.get(name)
         if have is not None and have is not cls:
-            raise ValueError(
-                f"a detector named {name!r} is already registered ({have.__qualname__})"
-            )
+            raise ValueError(f"a detector named {name!r} is already registered ({_qualname(have)})")
         self._classes[name] = cls
         return cls
 
-    def extended(self, *classes: type[Detector]) -> Registry:
+    def extended(self, *classes: DetectorClass) -> Registry:
         """A new registry with this one's classes and ``classes``."""
         return Registry([*self._classes.values(), *classes])
 
-    def get(self, name: str) -> type[Detector]:
+    def get(self, name: str) -> DetectorClass:
         """The class registered as ``name``.
 
         Raises:

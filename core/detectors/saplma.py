@@ -32,22 +32,20 @@ from pathlib import Path
 from typing import Any, ClassVar, Literal, Self
 
 import numpy as np
+from safetensors import SafetensorError
 from sklearn.metrics import average_precision_score
 
 from core.base.errors import DataError, ModelError
 from core.base.examples import RAGExample, source_key
-from core.detectors.common import token_training_set
+from core.detectors.common import FittedDetector, Writers, token_training_set
 from core.engine.model import ModelInfo
 from core.engine.trace import Needs
-from core.learning.artifact import load_fitted, save_fitted
 from core.learning.contract import (
-    DetectorBase,
     DetectorConfig,
     Features,
     Run,
     Verdict,
     check_features,
-    check_fit_inputs,
     require_fitted,
     thresholded_verdict,
 )
@@ -192,13 +190,15 @@ class SaplmaConfig(DetectorConfig):
 Probe = LogisticCalibrator | MLPHead
 
 
-class SaplmaDetector(DetectorBase):
+class SaplmaDetector(FittedDetector):
     """A probe on pooled residual-stream states (see the module docstring)."""
 
     gives_token_scores: ClassVar[bool] = True
 
     name: ClassVar[str] = "saplma"
     Config = SaplmaConfig
+    fitted_attr = "probe_"
+    load_errors = (SafetensorError,)
 
     def __init__(self, config: SaplmaConfig | None = None) -> None:
         self.config: SaplmaConfig = config or SaplmaConfig()
@@ -290,10 +290,7 @@ class SaplmaDetector(DetectorBase):
         validation: tuple[Sequence[Features], Sequence[RAGExample]] | None = None,
     ) -> Self:
         """Fit a probe per (layer, pooling) and keep the best (see the module docstring)."""
-        model_key = check_fit_inputs(self.name, features, examples, same_columns=True)
-        y = response_labels(examples)
-        if len(set(y.tolist())) < 2:
-            raise DataError("saplma needs faithful and hallucinated training answers")
+        model_key, y = self.labelled_inputs(features, examples)
         groups = np.asarray([source_key(e) for e in examples])
         layers = self._layers_of(features[0])
         first = features[0].tokens
@@ -311,8 +308,8 @@ class SaplmaDetector(DetectorBase):
                 score = cv_auc
                 if use_val and validation is not None and y_val is not None:
                     Xv = np.stack([self._pooled(f, layer, pool) for f in validation[0]])
-                    score = auroc_or_none(y_val, probe.predict_proba(Xv))
-                    score = float("nan") if score is None else score
+                    auc = auroc_or_none(y_val, probe.predict_proba(Xv))
+                    score = float("nan") if auc is None else auc
                 tried.append(
                     {"layer": "all" if layer is None else layer, "pool": pool, "score": score}
                 )
@@ -373,8 +370,8 @@ class SaplmaDetector(DetectorBase):
         if len(set(v_y.tolist())) == 2 and validation is not None:
             fit_pos, held, held_y = np.arange(len(idx)), [validation[0][i] for i in v_idx], v_y
         else:
-            fit_pos, held, held_y = self._token_holdout(examples, idx, labels)
-            held = [features[i] for i in held]
+            fit_pos, held_idx, held_y = self._token_holdout(examples, idx, labels)
+            held = [features[i] for i in held_idx]
         scores: dict[tuple[int, int], float] = {}
         if held:
             y_fit = np.concatenate([labels[p] for p in fit_pos])
@@ -472,10 +469,9 @@ class SaplmaDetector(DetectorBase):
 
     # -- artifacts -----------------------------------------------------------------
 
-    def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
+    def fitted_state(self) -> tuple[dict[str, Any], Writers]:
         from safetensors.numpy import save_file
 
-        require_fitted(self, "probe_", self.name)
         probe = self.probe_
         weights: dict[str, Any] = {
             "layers": list(self.layers_),
@@ -490,60 +486,56 @@ class SaplmaDetector(DetectorBase):
             "logistic": probe.to_json() if isinstance(probe, LogisticCalibrator) else None,
             "mlp_file": MLP_FILE if isinstance(probe, MLPHead) else None,
         }
-        files = {}
+        files: Writers = {}
         if isinstance(probe, MLPHead):
             arrays = probe.arrays()
             files[MLP_FILE] = lambda path: save_file(arrays, str(path))
-        return save_fitted(self, folder, weights=weights, extra=extra, files=files)
+        return weights, files
 
-    @classmethod
-    def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
-        from safetensors import SafetensorError
+    def restore_state(self, folder: Path, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
         from safetensors.numpy import load_file
 
-        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
-            det.layers_ = tuple(int(x) for x in w["layers"])
-            det.concat_ = w.get("concat", False)
-            if not isinstance(det.concat_, bool):
-                raise ValueError(f"concat must be true or false, not {det.concat_!r}")
-            det.layer_ = None if det.concat_ else int(w["layer"])
-            if not det.concat_ and det.layer_ not in det.layers_:
-                raise ValueError(f"layer {det.layer_} is not among {list(det.layers_)}")
-            if w["pool"] not in POOLS:
-                raise ValueError(f"pool {w['pool']!r} is not one of {POOLS}")
-            det.pool_ = w["pool"]
-            det.d_model_ = int(w["d_model"])
-            det.token_probe_, det.token_layer_ = None, None
-            det.token_window_ = check_window(w.get("token_window", 1))
-            if w.get("token_probe") is not None:
-                det.token_layer_ = int(w["token_layer"])
-                if det.token_layer_ not in det.layers_:
-                    raise ValueError(
-                        f"token layer {det.token_layer_} is not among {list(det.layers_)}"
-                    )
-                det.token_probe_ = LogisticCalibrator.from_json(w["token_probe"])
-                if det.token_probe_.coef_.shape[0] != det.d_model_:
-                    raise ValueError("the token probe does not read d_model inputs")
-            det.answer_ = w.get("answer", "probe")
-            if det.answer_ not in ANSWER_SOURCES or (
-                det.answer_ == "token_peak" and det.token_probe_ is None
-            ):
+        self.layers_ = tuple(int(x) for x in w["layers"])
+        self.concat_ = w.get("concat", False)
+        if not isinstance(self.concat_, bool):
+            raise ValueError(f"concat must be true or false, not {self.concat_!r}")
+        self.layer_ = None if self.concat_ else int(w["layer"])
+        if not self.concat_ and self.layer_ not in self.layers_:
+            raise ValueError(f"layer {self.layer_} is not among {list(self.layers_)}")
+        if w["pool"] not in POOLS:
+            raise ValueError(f"pool {w['pool']!r} is not one of {POOLS}")
+        self.pool_ = w["pool"]
+        self.d_model_ = int(w["d_model"])
+        self.token_probe_, self.token_layer_ = None, None
+        self.token_window_ = check_window(w.get("token_window", 1))
+        if w.get("token_probe") is not None:
+            self.token_layer_ = int(w["token_layer"])
+            if self.token_layer_ not in self.layers_:
                 raise ValueError(
-                    f"answer {det.answer_!r} is not one of {list(ANSWER_SOURCES)} with the "
-                    "token probe it reads"
+                    f"token layer {self.token_layer_} is not among {list(self.layers_)}"
                 )
-            if w.get("logistic") is not None:
-                det.probe_ = LogisticCalibrator.from_json(w["logistic"])
-                width = det.probe_.coef_.shape[0]
-            else:
-                if w.get("mlp_file") != MLP_FILE:
-                    raise ValueError("neither a logistic probe nor the MLP file is recorded")
-                det.probe_ = MLPHead.from_arrays(
-                    load_file(str(Path(folder) / MLP_FILE)), det.config.hidden
-                )
-                width = det.probe_.mean_.shape[0]
-            want = det.d_model_ * (len(det.layers_) if det.concat_ else 1)
-            if width != want:
-                raise ValueError(f"the probe reads {width} inputs, not {want}")
-
-        return load_fitted(cls, folder, model_key, fill, errors=(SafetensorError,))
+            self.token_probe_ = LogisticCalibrator.from_json(w["token_probe"])
+            assert self.token_probe_.coef_ is not None  # from_json sets it
+            if self.token_probe_.coef_.shape[0] != self.d_model_:
+                raise ValueError("the token probe does not read d_model inputs")
+        self.answer_ = w.get("answer", "probe")
+        if self.answer_ not in ANSWER_SOURCES or (
+            self.answer_ == "token_peak" and self.token_probe_ is None
+        ):
+            raise ValueError(
+                f"answer {self.answer_!r} is not one of {list(ANSWER_SOURCES)} with the "
+                "token probe it reads"
+            )
+        if w.get("logistic") is not None:
+            self.probe_ = LogisticCalibrator.from_json(w["logistic"])
+            assert self.probe_.coef_ is not None
+            width = self.probe_.coef_.shape[0]
+        else:
+            if w.get("mlp_file") != MLP_FILE:
+                raise ValueError("neither a logistic probe nor the MLP file is recorded")
+            self.probe_ = MLPHead.from_arrays(load_file(str(folder / MLP_FILE)), self.config.hidden)
+            assert self.probe_.mean_ is not None  # from_arrays sets it
+            width = self.probe_.mean_.shape[0]
+        want = self.d_model_ * (len(self.layers_) if self.concat_ else 1)
+        if width != want:
+            raise ValueError(f"the probe reads {width} inputs, not {want}")

@@ -31,11 +31,10 @@ import numpy as np
 
 from core.base.errors import DataError, ModelError
 from core.base.examples import RAGExample, source_key
+from core.detectors.common import FittedDetector, Writers
 from core.engine.model import ModelInfo
 from core.engine.trace import Needs
-from core.learning.artifact import load_fitted, save_fitted
 from core.learning.contract import (
-    DetectorBase,
     DetectorConfig,
     Features,
     Run,
@@ -223,11 +222,12 @@ def _classifier(seed: int, pos_weight: float, metric: str = "logloss", **params:
     )
 
 
-class SpadDetector(DetectorBase):
+class SpadDetector(FittedDetector):
     """Seven-source token probabilities by POS, XGBoost on top."""
 
     name: ClassVar[str] = "spad"
     Config: ClassVar[type[SpadConfig]] = SpadConfig
+    fitted_attr = "booster_"
 
     def __init__(self, config: SpadConfig | None = None) -> None:
         self.config: SpadConfig = config or self.Config()
@@ -247,13 +247,12 @@ class SpadDetector(DetectorBase):
     def sources(self, run: Run) -> TokenSources:
         """The seven-source split of ``run``'s response tokens (shared within the run)."""
 
-        if run.trace is None:
+        trace = run.trace
+        if trace is None:
             raise ModelError("spad needs a trace (residual stream, z, patterns, logits)")
         model = run.require_model(self.name)
         cs = self.config.chunk_size
-        return run.shared(
-            ("spad_sources", cs), lambda: token_sources(model, run.trace, chunk_size=cs)
-        )
+        return run.shared(("spad_sources", cs), lambda: token_sources(model, trace, chunk_size=cs))
 
     def features(self, run: Run) -> Features:
 
@@ -431,50 +430,46 @@ class SpadDetector(DetectorBase):
 
     # -- artifacts --------------------------------------------------------------
 
-    def save(self, folder: str | Path, *, extra: dict[str, Any] | None = None) -> Path:
-        require_fitted(self, "booster_", self.name)
-        assert self.booster_ is not None and self.model_key_ is not None
+    def fitted_state(self) -> tuple[dict[str, Any], Writers]:
+        assert self.booster_ is not None
         booster = self.booster_
-        return save_fitted(
-            self,
-            folder,
-            weights={
-                "names": list(self.names_),
-                "best_params": self.best_params_,
-                "booster_file": BOOSTER_FILE,
-            },
-            extra=extra,
-            files={BOOSTER_FILE: lambda path: booster.save_model(str(path))},
-        )
+        weights = {
+            "names": list(self.names_),
+            "best_params": self.best_params_,
+            "booster_file": BOOSTER_FILE,
+        }
+        return weights, {BOOSTER_FILE: lambda path: booster.save_model(str(path))}
 
     def fitted_models(self) -> Mapping[str, tuple[Any, int | None]]:
         return {BOOSTER_FILE: (self.booster_, len(FEATURE_NAMES))}
 
     @classmethod
-    def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self:
+    def damage_errors(cls) -> tuple[type[BaseException], ...]:
+        """XGBoost's own error (XGBoost is imported only when needed)."""
         import xgboost
 
-        path = Path(folder) / BOOSTER_FILE
+        return (xgboost.core.XGBoostError,)
 
-        def fill(det: Any, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
-            names = tuple(str(n) for n in w["names"])
-            if names != FEATURE_NAMES:
-                raise ValueError("feature names are not the 126 POS x source features")
-            if not path.is_file():
-                raise FileNotFoundError(f"{BOOSTER_FILE} is missing")
-            booster = xgboost.Booster()
-            booster.load_model(str(path))
-            if booster.num_features() != len(names):
-                raise ValueError(
-                    f"the booster reads {booster.num_features()} features, not {len(names)}"
-                )
-            booster.feature_names = list(names)
-            booster.set_param({"nthread": 1})
-            det.booster_ = booster
-            det.names_ = names
-            det.best_params_ = dict(w.get("best_params") or {})
+    def restore_state(self, folder: Path, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
+        import xgboost
 
-        return load_fitted(cls, folder, model_key, fill, errors=(xgboost.core.XGBoostError,))
+        path = folder / BOOSTER_FILE
+        names = tuple(str(n) for n in w["names"])
+        if names != FEATURE_NAMES:
+            raise ValueError("feature names are not the 126 POS x source features")
+        if not path.is_file():
+            raise FileNotFoundError(f"{BOOSTER_FILE} is missing")
+        booster = xgboost.Booster()
+        booster.load_model(str(path))
+        if booster.num_features() != len(names):
+            raise ValueError(
+                f"the booster reads {booster.num_features()} features, not {len(names)}"
+            )
+        booster.feature_names = list(names)
+        booster.set_param({"nthread": 1})
+        self.booster_ = booster
+        self.names_ = names
+        self.best_params_ = dict(w.get("best_params") or {})
 
 
 def split_errors(features: Sequence[Features]) -> np.ndarray:

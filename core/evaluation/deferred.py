@@ -24,7 +24,7 @@ from sklearn.metrics import balanced_accuracy_score
 
 from core.base.errors import DataError
 from core.base.paths import shipped_runs_dir
-from core.evaluation.crossval import CVRun
+from core.evaluation.cv_run import CVRun
 from core.learning.calibration import match_dataset
 from core.learning.metrics import auroc_or_none, evidence_warning, grouped_bootstrap_ci, is_binary
 from core.pipeline.sets import ArtifactCard, DetectorSet

@@ -29,21 +29,16 @@ from core.base.examples import RAGExample, source_key
 from core.data import data_hash
 from core.engine.model import LoadedModel
 from core.evaluation.crossval import (
-    CV_FORMAT,
     CVOptions,
-    CVRun,
     MakeDetector,
     cross_validate,
     default_maker,
     extract_all,
-    file_stem,
-    format_ci,
     ids_hash,
     label_array,
     pooled_metrics,
-    read_run,
-    save_run,
 )
+from core.evaluation.cv_run import CV_FORMAT, CVRun, file_stem, format_ci, read_run, save_run
 from core.evaluation.evaluate import EvalRun
 from core.evaluation.foldstore import FoldResult, fold_key, fold_result, load_fold, save_fold
 from core.learning.contract import Detector, Features

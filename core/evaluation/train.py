@@ -26,12 +26,12 @@ from core.engine.model import LoadedModel, load_model
 from core.evaluation.crossval import (
     CVOptions,
     CVProgress,
-    CVRun,
     cross_validate,
     default_maker,
     extract_all,
     fit_procedure,
 )
+from core.evaluation.cv_run import CVRun
 from core.evaluation.evaluate import EvalOptions, EvalRun, Splits, evaluate
 from core.evaluation.foldstore import folds_dir, prune_stale
 from core.evaluation.recipe import TrainRecipe, trained_on_record

@@ -505,8 +505,12 @@ class Detector(Protocol):
     :class:`DetectorBase`, which gives the optional parts their defaults."""
 
     name: ClassVar[str]
-    Config: ClassVar[type[DetectorConfig]]
-    config: DetectorConfig
+
+    @property
+    def config(self) -> DetectorConfig:
+        """Its options (each detector class's own :class:`DetectorConfig`)."""
+        ...
+
     #: Whether :meth:`features` reads the no-context trace (``Run.bare``).
     needs_bare: bool
     #: Whether the detector combines others (:meth:`member_detectors`, :meth:`bundle`).
@@ -564,6 +568,24 @@ class Detector(Protocol):
 
     @classmethod
     def load(cls, folder: str | Path, *, model_key: str | None = None) -> Self: ...
+
+
+class DetectorClass(Protocol):
+    """A detector class as the registry holds it: named, made from its config (the
+    class's own :class:`DetectorConfig`) and loaded from an artifact folder."""
+
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def Config(self) -> type[DetectorConfig]: ...  # noqa: N802 - the class attribute's name
+
+    @property
+    def composite(self) -> bool: ...
+
+    def __call__(self, config: Any = None) -> Detector: ...
+
+    def load(self, folder: str | Path, *, model_key: str | None = None) -> Detector: ...
 
 
 class DetectorBase:

@@ -55,7 +55,8 @@ from app.text import md
 from core.base.examples import RAGExample, source_key
 from core.data import load_builtin, stratified_head
 from core.engine.model import LoadedModel
-from core.evaluation.crossval import CVOptions, CVRun, cross_validate
+from core.evaluation.crossval import CVOptions, cross_validate
+from core.evaluation.cv_run import CVRun
 from core.evaluation.evaluate import DetectorResult, EvalRun
 from core.evaluation.matrix import MatrixRun, domain_matrix
 from core.learning.metrics import SPAN_F1_NOTE, confusion_counts, response_metrics

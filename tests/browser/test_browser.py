@@ -46,7 +46,8 @@ from playwright.sync_api import expect
 
 from core.base.examples import Provenance, RAGExample, Span
 from core.detectors import make_detector
-from core.evaluation.crossval import CVOptions, CVRun, cross_validate
+from core.evaluation.crossval import CVOptions, cross_validate
+from core.evaluation.cv_run import CVRun
 from core.evaluation.evaluate import DetectorResult, EvalRun
 from core.evaluation.matrix import MatrixRun
 from core.learning.contract import Features

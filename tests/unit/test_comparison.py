@@ -12,7 +12,8 @@ from sklearn.metrics import roc_auc_score
 from core.base.errors import DataError
 from core.data import load_builtin, stratified_head
 from core.evaluation.comparison import checked_comparisons, compare_detectors, comparison_lines
-from core.evaluation.crossval import CVOptions, CVRun, cross_validate, default_maker
+from core.evaluation.crossval import CVOptions, cross_validate, default_maker
+from core.evaluation.cv_run import CVRun
 from core.learning.metrics import _auroc, paired_difference
 from core.pipeline.extract import extract_features
 

@@ -23,16 +23,15 @@ from core.evaluation.crossval import (
     CROSSFIT_K,
     CVOptions,
     CVProgress,
-    CVRun,
     answer_lengths,
     cross_validate,
     default_maker,
     fit_procedure,
-    format_span_prf,
     inner_split,
     make_folds,
     pinned_maker,
 )
+from core.evaluation.cv_run import CVRun, format_span_prf
 from core.evaluation.evaluate import set_thresholds
 from core.evaluation.matrix import MatrixProgress, MatrixRun, domain_matrix, load_run
 from core.learning.calibration import (

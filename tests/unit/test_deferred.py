@@ -11,7 +11,7 @@ import pytest
 
 from core.base.errors import DataError
 from core.base.paths import assets_dir, shipped_runs_dir
-from core.evaluation.crossval import CVRun
+from core.evaluation.cv_run import CVRun
 from core.evaluation.deferred import deferred_quality, set_quality
 from core.pipeline.sets import load_set
 

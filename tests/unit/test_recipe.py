@@ -16,7 +16,7 @@ from core.base.errors import DataError
 from core.base.paths import repo_root
 from core.cli import build_parser
 from core.engine.model import LoadedModel
-from core.evaluation.crossval import CALIBRATIONS
+from core.evaluation.cv_run import CALIBRATIONS
 from core.evaluation.recipe import (
     RECIPE_CALIBRATIONS,
     RECIPE_VERSION,
