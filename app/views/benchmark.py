@@ -347,13 +347,7 @@ def launch_run(state: AppState, model: LoadedModel) -> EvalRun | None:
             run = evaluate(
                 model,
                 detectors,
-                Splits(
-                    train=splits["train"],
-                    validation=splits["validation"],
-                    test=splits["test"],
-                    train_dataset=train_name,
-                    test_dataset=test_name,
-                ),
+                Splits.of(splits, train_name, test_name),
                 cache=FeatureCache(get_store()),
                 progress=progress,
             )

@@ -347,12 +347,8 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
         run = evaluate(
             model,
             names,
-            Splits(
-                train=[] if artifacts else splits["train"],
-                validation=splits["validation"],
-                test=splits["test"],
-                train_dataset=train_name,
-                test_dataset=test_name,
+            Splits.of(
+                {**splits, "train": [] if artifacts else splits["train"]}, train_name, test_name
             ),
             EvalOptions(
                 threshold_criterion=args.criterion or "f1",

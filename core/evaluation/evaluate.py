@@ -587,6 +587,23 @@ class Splits:
     train_dataset: str
     test_dataset: str | None = None
 
+    @classmethod
+    def of(
+        cls,
+        parts: Mapping[str, Sequence[RAGExample]],
+        train_dataset: str,
+        test_dataset: str | None = None,
+    ) -> Splits:
+        """The splits of ``parts`` (``train``, ``validation``, ``test``, as
+        :func:`core.data.splits.make_splits` gives them)."""
+        return cls(
+            train=parts["train"],
+            validation=parts["validation"],
+            test=parts["test"],
+            train_dataset=train_dataset,
+            test_dataset=test_dataset,
+        )
+
 
 @dataclass(frozen=True, kw_only=True)
 class EvalOptions:

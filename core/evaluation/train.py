@@ -293,13 +293,7 @@ def _train_split(
         return evaluate(
             model,
             names,
-            Splits(
-                train=splits["train"],
-                validation=splits["validation"],
-                test=splits["test"],
-                train_dataset=train_name,
-                test_dataset=test_name,
-            ),
+            Splits.of(splits, train_name, test_name),
             EvalOptions(
                 threshold_criterion=recipe.fit_criterion,
                 n_boot=opts.bootstrap,

@@ -72,7 +72,7 @@ def tiny_artifacts(tiny_model: LoadedModel, tmp_path_factory: pytest.TempPathFac
     evaluate(
         tiny_model,
         DETECTORS,
-        Splits(**splits, train_dataset=train_name),
+        Splits.of(splits, train_name),
         EvalOptions(n_boot=0, save_artifacts=out),
     )
     assert sorted(p.name for p in out.iterdir()) == sorted(DETECTORS)

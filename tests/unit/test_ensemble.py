@@ -403,7 +403,7 @@ def test_evaluate_reports_the_ensemble_beside_its_members(tiny_model, splits, db
     run = evaluate(
         tiny_model,
         [*MEMBERS, "ensemble"],
-        Splits(**splits, train_dataset="builtin"),
+        Splits.of(splits, "builtin"),
         EvalOptions(n_boot=50),
         configs={"ensemble": {"members": MEMBERS}},
         cache=FeatureCache(db),

@@ -123,7 +123,7 @@ def test_evaluate_end_to_end_on_tiny(tiny_model, tmp_path: Path) -> None:
     run = evaluate(
         tiny_model,
         ["nll", "lexical"],
-        Splits(**splits, train_dataset="toy"),
+        Splits.of(splits, "toy"),
         EvalOptions(n_boot=100, save_artifacts=tmp_path / "art"),
     )
     assert [r.detector for r in run.results] == ["nll", "lexical"]
@@ -196,7 +196,7 @@ def test_fit_gets_the_validation_split_and_never_the_test_split(
     evaluate(
         tiny_model,
         ["nll"],
-        Splits(**splits, train_dataset="toy"),
+        Splits.of(splits, "toy"),
         EvalOptions(n_boot=0),
     )
     assert seen["train"] == [e.id for e in splits["train"]]
@@ -207,7 +207,7 @@ def test_fit_gets_the_validation_split_and_never_the_test_split(
 def test_evaluate_reports_smoothed_token_metrics(tiny_model) -> None:
     exs = [_ex(i, q=i, label=bool(i % 2)) for i in range(24)]
     splits = split_examples(exs, seed=0)
-    parts = Splits(**splits, train_dataset="toy")
+    parts = Splits.of(splits, "toy")
     plain = evaluate(tiny_model, ["nll"], parts, EvalOptions(n_boot=0))
     assert "smoothed" not in plain.results[0].token_metrics
     assert "smoothed" not in plain.to_markdown()
