@@ -337,10 +337,11 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     model = load(args)
     artifacts = {}
     experts: dict[str, dict[str, Any]] = {}
+    loaded: dict[str, Any] = {}
     if args.artifacts:
         artifacts = {n: Path(args.artifacts) / n for n in names}
     if args.as_trained:
-        experts = _as_trained_experts(model, Path(args.artifacts), names, splits["test"])
+        loaded, experts = _as_trained_set(model, Path(args.artifacts), names, splits["test"])
     parts = ("validation", "test") if artifacts else ("train", "validation", "test")
     prefetch_features(args, model, [e for p in parts for e in splits[p]], names)
     with Store() as store:
@@ -357,6 +358,7 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
                 smooth=args.smooth,
             ),
             artifacts=artifacts,
+            loaded=loaded,
             configs=detector_options(args),
             experts=experts,
             cache=None if args.no_cache else FeatureCache(store),
@@ -368,13 +370,15 @@ def cmd_evaluate(args: argparse.Namespace) -> int:
     return 0
 
 
-def _as_trained_experts(
+def _as_trained_set(
     model: LoadedModel, folder: Path, names: list[str], judged: list[RAGExample]
-) -> dict[str, dict[str, Any]]:
-    """The experts of the set in ``folder`` (:func:`core.pipeline.sets.folder_set`), by training
-    dataset, each as its detectors of ``names``; says on stderr which of the ``judged``
-    answers each judges, and why a named expert is not used."""
+) -> tuple[dict[str, Any], dict[str, dict[str, Any]]]:
+    """The set in ``folder`` (:func:`core.pipeline.sets.folder_set`), loaded once: its
+    detectors of ``names`` and its experts by training dataset, each as its detectors of
+    ``names``; says on stderr which of the ``judged`` answers each expert judges, and
+    why a named expert is not used."""
     dset = folder_set(model.info.key, folder)
+    own = {n: dset.card(n).detector for n in names if n in dset.names}
     for problem in dset.expert_problems:
         print(f"expert not used: {problem}", file=sys.stderr)
     out: dict[str, dict[str, Any]] = {}
@@ -386,7 +390,7 @@ def _as_trained_experts(
             f"{expert.name} set, the {dset.name} set's expert",
             file=sys.stderr,
         )
-    return out
+    return own, out
 
 
 def _add_train(sub: Subparsers) -> None:

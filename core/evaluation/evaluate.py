@@ -638,6 +638,7 @@ def evaluate(
     options: EvalOptions | None = None,
     *,
     artifacts: Mapping[str, str | Path] | None = None,
+    loaded: Mapping[str, Detector] | None = None,
     configs: Mapping[str, Mapping[str, Any]] | None = None,
     experts: Mapping[str, Mapping[str, Detector]] | None = None,
     cache: FeatureCache | None = None,
@@ -651,6 +652,8 @@ def evaluate(
         splits: The answers and the names recorded for them (:class:`Splits`).
         options: How it runs and what it keeps (:class:`EvalOptions`).
         artifacts: Detector name -> artifact folder to load instead of training.
+        loaded: Detector name -> the detector already loaded from its ``artifacts``
+            folder (it is not read again).
         configs: Detector name -> config options for freshly made detectors
             (e.g. ``{"redeep_token": {"scorer": "logistic"}}``).
         experts: For loaded artifacts judged as trained (no validation split): training
@@ -672,12 +675,18 @@ def evaluate(
     unknown = sorted(set(configs) - set(detectors))
     if unknown:
         raise DataError(f"options given for detectors not being run: {unknown}")
-    for n in detectors:
-        dets[n] = (
-            detector_class(n).load(artifacts[n], model_key=model.info.key)
-            if n in artifacts
-            else make_detector(n, **configs.get(n, {}))
+    loaded = dict(loaded or {})
+    if set(loaded) - set(artifacts):
+        raise DataError(
+            f"loaded detectors without their artifact folder: {sorted(set(loaded) - set(artifacts))}"
         )
+    for n in detectors:
+        if n in loaded:
+            dets[n] = loaded[n]
+        elif n in artifacts:
+            dets[n] = detector_class(n).load(artifacts[n], model_key=model.info.key)
+        else:
+            dets[n] = make_detector(n, **configs.get(n, {}))
     if any(n not in artifacts for n in detectors) and not splits.train:
         raise DataError(
             "no training examples: give a training split or artifacts for every detector"

@@ -15,6 +15,7 @@ from sklearn.metrics import average_precision_score, roc_auc_score
 from core.base.errors import DataError
 from core.base.examples import Provenance, RAGExample, Span, source_key
 from core.data import data_hash, split_examples
+from core.detectors import detector_class
 from core.evaluation.evaluate import EvalOptions, EvalRun, Splits, evaluate, list_runs
 from core.learning.metrics import (
     MIN_CLASS_ANSWERS,
@@ -145,6 +146,25 @@ def test_evaluate_end_to_end_on_tiny(tiny_model, tmp_path: Path) -> None:
     )
     for a, b in zip(run.results, reloaded.results, strict=True):
         np.testing.assert_allclose(a.scores, b.scores, rtol=1e-6)
+    # Detectors already loaded (`evaluate --as-trained` loads the set once) are not read
+    # again: their folders are only recorded.
+    held = {n: detector_class(n).load(tmp_path / "art" / n) for n in ("nll", "lexical")}
+    gone = {n: tmp_path / "moved" / n for n in held}
+    judged = Splits(
+        train=[], validation=splits["validation"], test=splits["test"], train_dataset="toy"
+    )
+    again = evaluate(
+        tiny_model,
+        ["nll", "lexical"],
+        judged,
+        EvalOptions(n_boot=0),
+        artifacts=gone,
+        loaded=held,
+    )
+    assert [r.scores for r in again.results] == [r.scores for r in reloaded.results]
+    assert [r.artifact for r in again.results] == [str(p) for p in gone.values()]
+    with pytest.raises(DataError, match="without their artifact folder"):
+        evaluate(tiny_model, ["nll"], judged, EvalOptions(n_boot=0), loaded=held)
     frame = run.to_frame()
     assert list(frame["detector"]) == ["nll", "lexical"]
     assert set(run.breakdown("generator")["generator"]) <= {"gen0", "gen1", "gen2"}
