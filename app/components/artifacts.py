@@ -4,7 +4,7 @@ spad fit that stands in (SHAP summary, Token sources) while none is trained.
 
 from __future__ import annotations
 
-from collections.abc import Collection, Sequence
+from collections.abc import Callable, Collection, Sequence
 from typing import TYPE_CHECKING
 
 import streamlit as st
@@ -12,6 +12,7 @@ import streamlit as st
 from app.components.estimate import progress_bar
 from app.components.example_picker import AnswerKeys, pick_page_answer
 from app.state.detectors import ShippedDetectors, shipped_detectors
+from app.state.heads import AnswerChoice
 from app.state.model import get_model
 from app.state.session import AppState, app_state
 from app.state.spad_views import fit_quick_spad, train_command
@@ -37,7 +38,7 @@ def show_broken_artifacts(shipped: ShippedDetectors, names: Collection[str]) -> 
 
 
 def open_answer_page(
-    title: str, caption: str, prefix: str, keys: AnswerKeys
+    title: str, caption: str, choice: Callable[[AppState], AnswerChoice], keys: AnswerKeys
 ) -> tuple[AppState, LoadedModel, ShippedDetectors, RAGExample] | None:
     """The opening of a page that works on one answer with the shipped detectors: title,
     caption, notices of broken artifacts, the answer picker (:func:`pick_page_answer`).
@@ -51,7 +52,7 @@ def open_answer_page(
     st.caption(caption)
     shipped = shipped_detectors(model)
     show_broken_artifacts(shipped, {b.name for b in shipped.broken})
-    picked = pick_page_answer(state, prefix, keys)
+    picked = pick_page_answer(state, choice(state), keys)
     if picked is None:
         return None
     return state, model, shipped.for_example(picked[0]), picked[0]

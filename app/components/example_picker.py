@@ -1,7 +1,7 @@
 """Example pickers the analysis pages share (Heads & layers, SHAP summary, Token sources).
 
 - :func:`pick_examples`: the "Examples" dataset (Home's or the built-in labelled
-  corpus), its "Split" and "At most", remembered in an :class:`~app.state.ExampleSelection`.
+  corpus), its "Split" and "At most", remembered in an :class:`~app.state.heads.ExampleSelection`.
 - :func:`pick_answer_source`, :func:`show_playground_answer` and :func:`pick_example`:
   one answer to look at, the Playground's analysed answer or an example of a dataset;
   :func:`pick_page_answer` puts them together for the one-answer pages (Token
@@ -23,6 +23,7 @@ import streamlit as st
 
 from app.components.estimate import estimate_caption, progress_bar
 from app.state.analysis import Analysis
+from app.state.counterfactual import KEY_CF_DATASET, KEY_CF_EXAMPLE, KEY_CF_SOURCE
 from app.state.datasets import DatasetRef
 from app.state.estimates import paced_extraction, work_estimate
 from app.state.heads import (
@@ -31,12 +32,15 @@ from app.state.heads import (
     HEADS_EXAMPLE_PLAYGROUND,
     HEADS_FROM_CORPUS,
     HEADS_FROM_HOME,
+    AnswerChoice,
+    ExampleSelection,
     FeatureRequest,
     example_splits,
     extract_request,
     heads_examples,
     stats_examples,
 )
+from app.state.heatmaps import KEY_HEATMAP_DATASET, KEY_HEATMAP_EXAMPLE, KEY_HEATMAP_SOURCE
 from app.state.links import (
     DATASETS_HERE,
     P_ANSWER,
@@ -60,18 +64,7 @@ from app.state.links import (
     parse_input,
     publish,
 )
-from app.state.session import (
-    KEY_CF_DATASET,
-    KEY_CF_EXAMPLE,
-    KEY_CF_SOURCE,
-    KEY_HEATMAP_DATASET,
-    KEY_HEATMAP_EXAMPLE,
-    KEY_HEATMAP_SOURCE,
-    AppState,
-    ExampleSelection,
-    app_state,
-    seed_widget,
-)
+from app.state.session import AppState, app_state, seed_widget
 from app.text import code, md
 from core.base.errors import RagscopeError
 from core.detectors import make_detector
@@ -547,17 +540,17 @@ Narrow = Callable[[str, list["RAGExample"]], "list[RAGExample] | None"]
 
 
 def pick_page_answer(
-    state: AppState, prefix: str, keys: AnswerKeys, *, narrow: Narrow | None = None
+    state: AppState, choice: AnswerChoice, keys: AnswerKeys, *, narrow: Narrow | None = None
 ) -> tuple[RAGExample, tuple[int, ...] | None] | None:
     """One answer for a page: the Playground's analysed answer, or an example of the Home
     dataset or of the built-in corpus.
 
-    The page's choices live in ``state.<prefix>_example_source``, ``state.<prefix>_dataset``
-    and ``state.<prefix>_example_id`` (per dataset key).
+    The page's choices live in its :class:`~app.state.heads.AnswerChoice` (``choice``):
+    the source, the dataset and the example per dataset key.
 
     Args:
         state: The session's state.
-        prefix: The page's field prefix (``heatmap``, ``cf``, ``mit``).
+        choice: The page's answer choice (``state.heatmap``, ``state.cf``, ``state.mit``).
         keys: Its widget keys.
         narrow: Drawn under the dataset choice; may shorten the example list.
 
@@ -568,20 +561,20 @@ def pick_page_answer(
     there = playground_answer(state) is not None
     options = ([HEADS_EXAMPLE_PLAYGROUND] if there else []) + [HEADS_EXAMPLE_DATASET]
     source = pick_answer_source(
-        getattr(state, f"{prefix}_example_source"),
+        choice.example_source,
         options,
         key=keys.source,
         dataset_name="An example from a dataset",
     )
-    setattr(state, f"{prefix}_example_source", source)
+    choice.example_source = source
     if source == HEADS_EXAMPLE_PLAYGROUND and there:
         return publish_playground_answer(state)
     publish(P_INPUT, None)
-    if getattr(state, f"{prefix}_dataset") not in dataset_labels(state.dataset):
-        setattr(state, f"{prefix}_dataset", HEADS_FROM_HOME)
+    if choice.dataset not in dataset_labels(state.dataset):
+        choice.dataset = HEADS_FROM_HOME
     c1, c2 = st.columns([2, 3], vertical_alignment="bottom")
-    picked = pick_page_dataset(state, keys.dataset, c1, seed=getattr(state, f"{prefix}_dataset"))
-    setattr(state, f"{prefix}_dataset", picked)
+    picked = pick_page_dataset(state, keys.dataset, c1, seed=choice.dataset)
+    choice.dataset = picked
     labels = dataset_labels(state.dataset)
     try:
         key, label, examples = heads_examples(picked, state.dataset)
@@ -596,7 +589,7 @@ def pick_page_answer(
         if narrowed is None:
             return None
         examples = narrowed
-    remembered: dict[str, str] = getattr(state, f"{prefix}_example_id")
+    remembered: dict[str, str] = choice.example_id
     with c2:
         ex = pick_example(examples, remembered.get(key), key=keys.example, dataset_label=label)
     remembered[key] = ex.id
@@ -610,26 +603,26 @@ COUNTERFACTUAL_PAGE = "views/counterfactual.py"
 
 def open_answer_in(
     state: AppState,
-    prefix: str,
+    choice: AnswerChoice,
     keys: AnswerKeys,
     page: str,
     *,
     dataset: str | None = None,
     example_id: str | None = None,
 ) -> None:
-    """Switch to a one-answer page (``prefix``: ``heatmap``, ``cf``, ``mit``) showing an
+    """Switch to a one-answer page (its ``choice``: ``state.heatmap``, ``state.cf``, ``state.mit``) showing an
     example of ``dataset`` (:data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`), or the
     Playground's answer when no dataset is given: the click-through of the pages that
     list or teach with answers."""
     if dataset is None:
-        setattr(state, f"{prefix}_example_source", HEADS_EXAMPLE_PLAYGROUND)
+        choice.example_source = HEADS_EXAMPLE_PLAYGROUND
         st.session_state[keys.source] = HEADS_EXAMPLE_PLAYGROUND
     else:
         assert example_id is not None, "an example of a dataset needs its id"
         key = heads_examples(dataset, state.dataset)[0]
-        setattr(state, f"{prefix}_example_source", HEADS_EXAMPLE_DATASET)
-        setattr(state, f"{prefix}_dataset", dataset)
-        getattr(state, f"{prefix}_example_id")[key] = example_id
+        choice.example_source = HEADS_EXAMPLE_DATASET
+        choice.dataset = dataset
+        choice.example_id[key] = example_id
         st.session_state[keys.source] = HEADS_EXAMPLE_DATASET
         st.session_state[keys.dataset] = dataset
         st.session_state[keys.example] = example_id
@@ -638,12 +631,12 @@ def open_answer_in(
 
 def open_in_token_heatmaps(state: AppState, dataset: str, example_id: str) -> None:
     """Token heatmaps on ``example_id`` of ``dataset`` (the Agreement page's click-through)."""
-    state.heatmap_only_flagged = False
+    state.heatmap.only_flagged = False
     keys = AnswerKeys(
         source=KEY_HEATMAP_SOURCE, dataset=KEY_HEATMAP_DATASET, example=KEY_HEATMAP_EXAMPLE
     )
     open_answer_in(
-        state, "heatmap", keys, TOKEN_HEATMAPS_PAGE, dataset=dataset, example_id=example_id
+        state, state.heatmap, keys, TOKEN_HEATMAPS_PAGE, dataset=dataset, example_id=example_id
     )
 
 
@@ -652,4 +645,6 @@ def open_in_counterfactual(
 ) -> None:
     """Counterfactual context on an example (or the Playground's answer)."""
     keys = AnswerKeys(source=KEY_CF_SOURCE, dataset=KEY_CF_DATASET, example=KEY_CF_EXAMPLE)
-    open_answer_in(state, "cf", keys, COUNTERFACTUAL_PAGE, dataset=dataset, example_id=example_id)
+    open_answer_in(
+        state, state.cf, keys, COUNTERFACTUAL_PAGE, dataset=dataset, example_id=example_id
+    )

@@ -3,14 +3,15 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import streamlit as st
 
+from app.state.heads import HEADS_FROM_CORPUS, ExampleSelection
 from core.base.errors import DataError
 from core.base.examples import RAGExample
-from core.explain import feature_examples
+from core.explain import FidelityResult, feature_examples
 
 if TYPE_CHECKING:
     from core.base.examples import RAGExample
@@ -146,3 +147,46 @@ def sae_feature_examples(
         tuple(by_id[i] for i in request.ids),
         int(feature),
     )
+
+
+@dataclass(kw_only=True)
+class GamState:
+    """The GAM shape functions page's choices.
+
+    Attributes:
+        feature: The SAE feature shown in close-up on the GAM shape functions page.
+        example_id: The answer explained on the GAM shape functions page.
+    """
+
+    feature: int | None = None
+    example_id: str | None = None
+
+
+@dataclass(kw_only=True)
+class ExplainState:
+    """The Feature explanations page's choices and its last results.
+
+    Attributes:
+        selection: The answers the Feature explanations page reads (default: the
+            built-in labelled corpus, every split).
+        request: The answers whose SAE activations were last read.
+        features: The features picked from the raglens detector's (``None``:
+            its most important ones).
+        ids: The feature ids typed in when there is no raglens detector
+            (empty: the features that fire on the most answers).
+        top_n: How many of the picked features "Explain top N" explains.
+        stop: Set by the Stop button; the running batch checks it.
+        outcome: What the last explanation batch did, shown once.
+        fidelity: Fidelity results by explanation prompt hash.
+    """
+
+    selection: ExampleSelection = field(
+        default_factory=lambda: ExampleSelection(source=HEADS_FROM_CORPUS, limit=48)
+    )
+    request: ExplainRequest | None = None
+    features: list[int] | None = None
+    ids: str = ""
+    top_n: int = 5
+    stop: bool = False
+    outcome: tuple[str, str] | None = None
+    fidelity: dict[str, FidelityResult] = field(default_factory=dict)

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import streamlit as st
@@ -170,6 +170,66 @@ class FeatureRequest:
     cache_hits: int = 0
     seconds: float = 0.0
     model: str = ""
+
+
+@dataclass(kw_only=True)
+class ExampleSelection:
+    """Which examples a page reads: a dataset, one of its splits and at most how many.
+
+    Attributes:
+        source: :data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`.
+        split: The split (``None``: the page's default split when the dataset has
+            it, else :data:`ALL_SPLITS`).
+        limit: How many examples to read at most.
+    """
+
+    source: str = HEADS_FROM_HOME
+    split: str | None = None
+    limit: int = 16
+
+
+@dataclass(kw_only=True)
+class AnswerChoice:
+    """Which answer a one-answer page shows (Token heatmaps, Token sources,
+    Counterfactual, Mitigation): the Playground's analysed answer or an example of a
+    dataset (:func:`app.components.example_picker.pick_page_answer` keeps it).
+
+    Attributes:
+        example_source: :data:`HEADS_EXAMPLE_DATASET` or :data:`HEADS_EXAMPLE_PLAYGROUND`
+            (``None``: the Playground's analysed answer when there is one).
+        dataset: Its dataset: :data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`.
+        example_id: The example shown, per dataset key.
+    """
+
+    example_source: str | None = None
+    dataset: str = HEADS_FROM_HOME
+    example_id: dict[str, str] = field(default_factory=dict)
+
+
+@dataclass(kw_only=True)
+class HeadsState:
+    """The Heads & layers page's choices: the statistics' examples and the one-answer view.
+
+    Attributes:
+        top: How many top copying heads the Heads & layers page marks
+            (``None``: ReDeEP's default).
+        selection: The examples the statistics read (default split: train).
+        unit: ``response`` (answers) or ``chunk`` (answer sentences).
+        request: The examples whose statistics were last computed.
+        example_source: The one-answer view's input: :data:`HEADS_EXAMPLE_DATASET`
+            or :data:`HEADS_EXAMPLE_PLAYGROUND` (``None``: the Playground's analysed
+            answer when there is one).
+        example_id: The one-answer view's example, per dataset key.
+        head: The head the one-answer view shows (``None``: the top copying head).
+    """
+
+    top: int | None = None
+    selection: ExampleSelection = field(default_factory=lambda: ExampleSelection(limit=8))
+    unit: str = "response"
+    request: FeatureRequest | None = None
+    example_source: str | None = None
+    example_id: dict[str, str] = field(default_factory=dict)
+    head: tuple[int, int] | None = None
 
 
 HeadStatsRequest = FeatureRequest

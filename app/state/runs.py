@@ -243,3 +243,40 @@ def dataset_summary(spec: str) -> DatasetSummary:
         n_hallucinated=sum(1 for e in examples if e.label is True),
         n_faithful=sum(1 for e in examples if e.label is False),
     )
+
+
+@dataclass(kw_only=True)
+class BenchmarkState:
+    """The Benchmark page's choices: the runs shown and compared, and a new run's inputs.
+
+    Attributes:
+        runs: The runs picked on the Benchmark (names; several = compare).
+        confusion: The Benchmark's confusion-matrix pick (``run/detector``).
+        breakdown_metric: What the Benchmark's breakdown bars show.
+        train: Dataset spec a new run trains on.
+        test: Dataset spec a new run tests on (:data:`SAME_DATASET`: the
+            train dataset's own test split).
+        detectors: Detectors of a new run (``None``: every registered one).
+        limit: About how many examples a new run uses per dataset (0 = all).
+        cv_runs: The cross-validation runs picked on the Benchmark (names).
+        cv_dataset_metric: What the per-dataset bars of a cross-validation show.
+        cv_reliability: The ``run/detector`` pairs of the reliability diagram
+            (``None``: every detector of the first picked run).
+        matrix_run: The cross-domain matrix run shown.
+        matrix_detector: Its detector shown.
+        matrix_metric: The matrix's metric (``AUROC``, ``AP`` or ``balanced accuracy``).
+    """
+
+    runs: list[str] | None = None
+    confusion: str | None = None
+    breakdown_metric: str = "AUROC"
+    train: str = "demo"
+    test: str = SAME_DATASET
+    detectors: list[str] | None = None
+    limit: int = 200
+    cv_runs: list[str] | None = None
+    cv_dataset_metric: str = "AUROC"
+    cv_reliability: list[str] | None = None
+    matrix_run: str | None = None
+    matrix_detector: str | None = None
+    matrix_metric: str = "AUROC"

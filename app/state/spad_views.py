@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -34,7 +34,14 @@ if TYPE_CHECKING:
 from app.state.analysis import input_signature
 from app.state.datasets import get_store
 from app.state.detectors import ShippedDetector, ShippedDetectors
-from app.state.heads import ALL_SPLITS, FeatureRequest, request_examples, stats_examples
+from app.state.heads import (
+    ALL_SPLITS,
+    AnswerChoice,
+    ExampleSelection,
+    FeatureRequest,
+    request_examples,
+    stats_examples,
+)
 from app.state.model import model_spec
 
 # SHAP summary
@@ -322,3 +329,33 @@ def answer_shap(answer: AnswerSources, choice: SpadChoice) -> ShapResult:
         choice.detector,
         choice.cache_id,
     )
+
+
+@dataclass(kw_only=True)
+class ShapState:
+    """The SHAP summary page's choices.
+
+    Attributes:
+        selection: The examples the SHAP summary explains (default split: test).
+        request: The examples whose spad features were last extracted.
+        top: How many features the beeswarm and the bar chart show.
+        grid: The grid's cells: ``mean`` (signed) or ``mean_abs`` SHAP.
+    """
+
+    selection: ExampleSelection = field(default_factory=lambda: ExampleSelection(limit=8))
+    request: FeatureRequest | None = None
+    top: int = 15
+    grid: str = "mean"
+
+
+@dataclass(kw_only=True)
+class TokenSourcesState(AnswerChoice):
+    """The Token sources page's choices (its answer as every one-answer page picks it).
+
+    The answer it shows: :class:`~app.state.heads.AnswerChoice`.
+
+    Attributes:
+        by_pos: Whether the token bars are aggregated by part of speech.
+    """
+
+    by_pos: bool = False

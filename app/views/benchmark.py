@@ -252,30 +252,30 @@ def launch_form(state: AppState, model: LoadedModel, *, expanded: bool) -> bool:
                 CORPUS: "Built-in labelled corpus",
             }
         specs = list(labels)
-        if state.bench_train not in labels:
-            state.bench_train = "demo"
+        if state.bench.train not in labels:
+            state.bench.train = "demo"
         if st.session_state.get(KEY_BENCH_TRAIN) not in labels:
             st.session_state.pop(KEY_BENCH_TRAIN, None)
         test_specs = [SAME_DATASET, *specs]
-        if state.bench_test not in test_specs:
-            state.bench_test = SAME_DATASET
+        if state.bench.test not in test_specs:
+            state.bench.test = SAME_DATASET
         if st.session_state.get(KEY_BENCH_TEST) not in test_specs:
             st.session_state.pop(KEY_BENCH_TEST, None)
-        seed_widget(KEY_BENCH_TRAIN, state.bench_train)
-        seed_widget(KEY_BENCH_TEST, state.bench_test)
+        seed_widget(KEY_BENCH_TRAIN, state.bench.train)
+        seed_widget(KEY_BENCH_TEST, state.bench.test)
 
         c1, c2 = st.columns(2)
         with c1:
-            state.bench_train = st.selectbox(
+            state.bench.train = st.selectbox(
                 "Train on",
                 specs,
                 key=KEY_BENCH_TRAIN,
                 format_func=lambda s: labels[s],
                 help="Split by source into train / validation / test (70 / 15 / 15).",
             )
-            ok = _summary_note(state.bench_train, labels) is not None
+            ok = _summary_note(state.bench.train, labels) is not None
         with c2:
-            state.bench_test = st.selectbox(
+            state.bench.test = st.selectbox(
                 "Test on",
                 test_specs,
                 key=KEY_BENCH_TEST,
@@ -284,19 +284,19 @@ def launch_form(state: AppState, model: LoadedModel, *, expanded: bool) -> bool:
                 ),
                 help="Cross-dataset: fit and pick thresholds on the first, test on all of this.",
             )
-            if state.bench_test != SAME_DATASET:
-                ok = _summary_note(state.bench_test, labels) is not None and ok
+            if state.bench.test != SAME_DATASET:
+                ok = _summary_note(state.bench.test, labels) is not None and ok
 
         names = runnable_detectors(model)  # e.g. no raglens without an SAE for the model
-        if state.bench_detectors is None:
-            state.bench_detectors = list(names)
-        seed_widget(KEY_BENCH_DETECTORS, [d for d in state.bench_detectors if d in names])
-        seed_widget(KEY_BENCH_LIMIT, state.bench_limit)
+        if state.bench.detectors is None:
+            state.bench.detectors = list(names)
+        seed_widget(KEY_BENCH_DETECTORS, [d for d in state.bench.detectors if d in names])
+        seed_widget(KEY_BENCH_LIMIT, state.bench.limit)
         c3, c4 = st.columns([3, 1])
         with c3:
-            state.bench_detectors = st.multiselect("Detectors", names, key=KEY_BENCH_DETECTORS)
+            state.bench.detectors = st.multiselect("Detectors", names, key=KEY_BENCH_DETECTORS)
         with c4:
-            state.bench_limit = int(
+            state.bench.limit = int(
                 st.number_input(
                     "Example limit (0 = all)",
                     min_value=0,
@@ -305,14 +305,14 @@ def launch_form(state: AppState, model: LoadedModel, *, expanded: bool) -> bool:
                     help="About this many examples per dataset, whole sources kept together.",
                 )
             )
-        if not state.bench_detectors:
+        if not state.bench.detectors:
             st.caption("Pick at least one detector.")
         return st.button(
             "Run the evaluation",
             key=KEY_BENCH_LAUNCH,
             type="primary",
             icon=":material/play_arrow:",
-            disabled=not ok or not state.bench_detectors,
+            disabled=not ok or not state.bench.detectors,
         )
 
 
@@ -321,14 +321,14 @@ def launch_run(state: AppState, model: LoadedModel) -> EvalRun | None:
 
     Fitting, threshold picking and bootstrap CIs follow ``ragscope evaluate``.
     """
-    detectors = list(state.bench_detectors or [])
-    test = None if state.bench_test == SAME_DATASET else state.bench_test
+    detectors = list(state.bench.detectors or [])
+    test = None if state.bench.test == SAME_DATASET else state.bench.test
     try:
         with st.status(
             f"Evaluating {', '.join(detectors)} on {md(model.info.display_name)}…", expanded=True
         ) as status:
             train_name, test_name, splits = make_splits(
-                state.bench_train, test, limit=state.bench_limit or None
+                state.bench.train, test, limit=state.bench.limit or None
             )
             st.write(
                 f"Datasets: train on **{md(train_name)}**, test on **{md(test_name or train_name)}** · "
@@ -356,7 +356,7 @@ def launch_run(state: AppState, model: LoadedModel) -> EvalRun | None:
     except RagscopeError as e:
         st.error(f"The run failed: {md(e)}")
         return None
-    state.bench_runs = [run.name]
+    state.bench.runs = [run.name]
     st.session_state[KEY_BENCH_RUNS] = [run.name]  # the picker below is not drawn yet
     ex = run.extraction
     st.success(
@@ -447,10 +447,10 @@ def _pick_saved(
 
 def pick_runs(state: AppState, saved: SavedRuns) -> list[EvalRun]:
     """The run picker (newest first; several = compare)."""
-    state.bench_runs = _pick_saved(
-        saved, saved.runs, state.bench_runs, KEY_BENCH_RUNS, "Saved runs", run_label, P_RUN
+    state.bench.runs = _pick_saved(
+        saved, saved.runs, state.bench.runs, KEY_BENCH_RUNS, "Saved runs", run_label, P_RUN
     )
-    return [saved.runs[n] for n in state.bench_runs]
+    return [saved.runs[n] for n in state.bench.runs]
 
 
 def _series_name(run: EvalRun, r: DetectorResult, compare: bool) -> str:
@@ -505,8 +505,8 @@ def show_breakdowns(state: AppState, runs: Sequence[EvalRun]) -> None:
     """AUROC or F1 per task and per generator, as grouped bars and tables."""
     st.subheader("Breakdowns")
     compare = len(runs) > 1
-    seed_widget(KEY_BENCH_BREAKDOWN_METRIC, state.bench_breakdown_metric)
-    state.bench_breakdown_metric = st.radio(
+    seed_widget(KEY_BENCH_BREAKDOWN_METRIC, state.bench.breakdown_metric)
+    state.bench.breakdown_metric = st.radio(
         "Bars show",
         BREAKDOWN_METRICS,
         key=KEY_BENCH_BREAKDOWN_METRIC,
@@ -525,7 +525,7 @@ def show_breakdowns(state: AppState, runs: Sequence[EvalRun]) -> None:
         with col:
             st.markdown(f"**Per {by}**")
             plot(
-                breakdown_figure(frame, by, metric=state.bench_breakdown_metric),
+                breakdown_figure(frame, by, metric=state.bench.breakdown_metric),
                 key=f"benchmark.breakdown.{by}",
             )
             st.dataframe(_breakdown_table(frame), hide_index=True, width="stretch")
@@ -541,23 +541,23 @@ def show_confusion(state: AppState, runs: Sequence[EvalRun]) -> None:
     if not pairs:
         st.info("The picked runs hold no detector results.")
         return
-    if state.bench_confusion not in pairs:
-        state.bench_confusion = next(iter(pairs))
+    if state.bench.confusion not in pairs:
+        state.bench.confusion = next(iter(pairs))
     # Comparing runs names each option by its run too: a widget of its own, since the
     # browser keeps showing a kept option under the label it had before.
     box = KEY_BENCH_CONFUSION + (".compare" if compare else "")
     if st.session_state.get(box) not in pairs:
         st.session_state.pop(box, None)
-    seed_widget(box, state.bench_confusion)
+    seed_widget(box, state.bench.confusion)
     c1, c2 = st.columns([1, 2], vertical_alignment="bottom")
     with c1:
-        state.bench_confusion = st.selectbox(
+        state.bench.confusion = st.selectbox(
             "Detector",
             list(pairs),
             key=box,
             format_func=lambda k: _series_name(*pairs[k], compare),
         )
-    run, r = pairs[state.bench_confusion]
+    run, r = pairs[state.bench.confusion]
     y = np.asarray(run.test_labels)
     s = np.asarray(r.scores, dtype=np.float64)
     key = threshold_key(run.name, r.detector)
@@ -621,16 +621,16 @@ def cv_run_label(run: CVRun) -> str:
 
 def pick_cv_runs(state: AppState, saved: SavedRuns) -> list[CVRun]:
     """The cross-validation picker (newest first; several = compare)."""
-    state.bench_cv_runs = _pick_saved(
+    state.bench.cv_runs = _pick_saved(
         saved,
         saved.cv,
-        state.bench_cv_runs,
+        state.bench.cv_runs,
         KEY_BENCH_CV_RUNS,
         "Cross-validation runs",
         cv_run_label,
         P_CV,
     )
-    return [saved.cv[n] for n in state.bench_cv_runs]
+    return [saved.cv[n] for n in state.bench.cv_runs]
 
 
 def show_cv_tables(runs: Sequence[CVRun]) -> None:
@@ -730,8 +730,8 @@ def show_cv_breakdowns(state: AppState, runs: Sequence[CVRun]) -> None:
     heads[0].markdown("**AUROC per generator**")
     if several_sets:
         with heads[1]:
-            seed_widget(KEY_BENCH_CV_DATASET_METRIC, state.bench_cv_dataset_metric)
-            state.bench_cv_dataset_metric = st.radio(
+            seed_widget(KEY_BENCH_CV_DATASET_METRIC, state.bench.cv_dataset_metric)
+            state.bench.cv_dataset_metric = st.radio(
                 "Per dataset",
                 DATASET_METRICS,
                 key=KEY_BENCH_CV_DATASET_METRIC,
@@ -757,7 +757,7 @@ def show_cv_breakdowns(state: AppState, runs: Sequence[CVRun]) -> None:
         return
     with cols[1]:
         plot(
-            breakdown_figure(by_set, "dataset", metric=state.bench_cv_dataset_metric),
+            breakdown_figure(by_set, "dataset", metric=state.bench.cv_dataset_metric),
             key="benchmark.cv.dataset",
         )
         with st.expander("Numbers per dataset"):
@@ -778,20 +778,20 @@ def show_reliability(state: AppState, runs: Sequence[CVRun]) -> None:
         st.info("The picked runs hold no detector results.")
         return
     options = list(pairs)
-    if state.bench_cv_reliability is None:
+    if state.bench.cv_reliability is None:
         first = [r.detector for r in runs[0].results]
         chosen = [ANSWER_JUDGE] if ANSWER_JUDGE in first else first[:RELIABILITY_DEFAULT]
-        state.bench_cv_reliability = [f"{runs[0].name}/{d}" for d in chosen]
-    state.bench_cv_reliability = [p for p in state.bench_cv_reliability if p in pairs]
+        state.bench.cv_reliability = [f"{runs[0].name}/{d}" for d in chosen]
+    state.bench.cv_reliability = [p for p in state.bench.cv_reliability if p in pairs]
     _keep_options(KEY_BENCH_CV_RELIABILITY, options)
-    seed_widget(KEY_BENCH_CV_RELIABILITY, state.bench_cv_reliability)
+    seed_widget(KEY_BENCH_CV_RELIABILITY, state.bench.cv_reliability)
     picked = st.multiselect(
         "Detectors",
         options,
         key=KEY_BENCH_CV_RELIABILITY,
         format_func=lambda k: pairs[k][0],
     )
-    state.bench_cv_reliability = list(picked)
+    state.bench.cv_reliability = list(picked)
     if not picked:
         st.caption("Pick one or more detectors to see their reliability diagram.")
         return
@@ -856,10 +856,10 @@ def show_matrix(state: AppState, saved: SavedRuns) -> None:
     )
     runs = saved.matrices
     names = list(runs)
-    if state.bench_matrix_run not in runs:
-        state.bench_matrix_run = names[0]
+    if state.bench.matrix_run not in runs:
+        state.bench.matrix_run = names[0]
     _keep_option(KEY_BENCH_MATRIX_RUN, names)
-    state.bench_matrix_run = bind(
+    state.bench.matrix_run = bind(
         P_MATRIX,
         KEY_BENCH_MATRIX_RUN,
         lambda: st.selectbox(
@@ -871,42 +871,42 @@ def show_matrix(state: AppState, saved: SavedRuns) -> None:
             ),
         ),
         parse=one_of(names),
-        seed=state.bench_matrix_run,
+        seed=state.bench.matrix_run,
         what="matrix run",
         where="among the matrix runs saved here",
     )
-    run = runs[state.bench_matrix_run]
+    run = runs[state.bench.matrix_run]
     detectors = list(run.cells)
     if not detectors:  # an empty run: a detector the link names is missing
         publish(P_DETECTOR, None, missing=linked(P_DETECTOR), what="detector", where="in it")
         st.info(f"{md(run.name)} holds no detector results.")
         return
-    if state.bench_matrix_detector not in detectors:
-        state.bench_matrix_detector = detectors[0]
+    if state.bench.matrix_detector not in detectors:
+        state.bench.matrix_detector = detectors[0]
     _keep_option(KEY_BENCH_MATRIX_DETECTOR, detectors)
     c1, c2 = st.columns(2, vertical_alignment="bottom")
-    state.bench_matrix_detector = bind(
+    state.bench.matrix_detector = bind(
         P_DETECTOR,
         KEY_BENCH_MATRIX_DETECTOR,
         lambda: c1.selectbox("Detector", detectors, key=KEY_BENCH_MATRIX_DETECTOR),
         parse=one_of(detectors),
-        seed=state.bench_matrix_detector,
+        seed=state.bench.matrix_detector,
         what="detector",
         where=f"in the matrix run {code(run.name)} ({', '.join(detectors)})",
     )
-    state.bench_matrix_metric = bind(
+    state.bench.matrix_metric = bind(
         P_METRIC,
         KEY_BENCH_MATRIX_METRIC,
         lambda: c2.radio(
             "Metric", list(MATRIX_METRICS), key=KEY_BENCH_MATRIX_METRIC, horizontal=True
         ),
         parse=one_of(list(MATRIX_METRICS)),
-        seed=state.bench_matrix_metric,
+        seed=state.bench.matrix_metric,
         default=next(iter(MATRIX_METRICS)),
         what="metric",
         where=" or ".join(MATRIX_METRICS),
     )
-    det, metric = state.bench_matrix_detector, state.bench_matrix_metric
+    det, metric = state.bench.matrix_detector, state.bench.matrix_metric
     plot(matrix_figure(run, det, metric), key="benchmark.matrix")
     st.caption(
         f"{md(metric)} of {code(det)} on {len(run.datasets)} datasets (model "

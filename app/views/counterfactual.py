@@ -27,11 +27,12 @@ from app.components.estimate import estimate_caption
 from app.components.example_picker import AnswerKeys
 from app.components.multirow import DIFF_CMAP, HeatRow, gold_row, multirow_html
 from app.state.analysis import input_signature
+from app.state.counterfactual import KEY_CF_DATASET, KEY_CF_EXAMPLE, KEY_CF_SOURCE
 from app.state.datasets import get_store
 from app.state.detectors import ShippedDetectors
 from app.state.estimates import answer_estimate, generation_seconds
 from app.state.links import P_MODE, bind, one_of
-from app.state.session import KEY_CF_DATASET, KEY_CF_EXAMPLE, KEY_CF_SOURCE, AppState, seed_widget
+from app.state.session import AppState, seed_widget
 from app.state.verdicts import answer_verdicts, known_verdicts
 from app.text import md
 from core.base.errors import RagscopeError
@@ -358,7 +359,7 @@ def show_result(cf: Counterfactual, model: LoadedModel, shipped: ShippedDetector
 def save_load(state: AppState, model: LoadedModel) -> None:
     """Save the shown session, reload a saved one, export it as JSON."""
     store = get_store()
-    cf = state.cf_result
+    cf = state.cf.result
     c1, c2, c3 = st.columns([3, 1, 1], vertical_alignment="bottom")
     if cf is not None:
         with c1:
@@ -368,13 +369,13 @@ def save_load(state: AppState, model: LoadedModel) -> None:
             try:
                 saved = dataclasses.replace(cf, name=name, id=None)
                 cf_id = store.save_counterfactual(saved)
-                state.cf_result = dataclasses.replace(saved, id=cf_id)
+                state.cf.result = dataclasses.replace(saved, id=cf_id)
                 st.success(f"Saved as #{cf_id} “{md(name)}”.")
             except RagscopeError as e:
                 st.error(f"Not saved: {md(e)}")
         c3.download_button(
             "Export JSON",
-            data=state.cf_result.to_json(),
+            data=state.cf.result.to_json(),
             file_name=f"counterfactual-{cf.original.id}.json",
             mime="application/json",
             icon=":material/download:",
@@ -390,7 +391,7 @@ def save_load(state: AppState, model: LoadedModel) -> None:
             )
         if d2.button("Load", key=KEY_LOAD, icon=":material/folder_open:", width="stretch"):
             try:
-                state.cf_result = load_session(store, int(pick))
+                state.cf.result = load_session(store, int(pick))
                 st.session_state.pop(KEY_NAME, None)
                 st.rerun()
             except RagscopeError as e:
@@ -403,7 +404,7 @@ def main() -> None:
         "Change the passages and see whether the detectors' flags move the way they should: "
         "support a flagged claim and the flag should go; state it differently and it should "
         "stay.",
-        "cf",
+        lambda state: state.cf,
         ANSWER_KEYS,
     )
     if opened is None:
@@ -412,14 +413,14 @@ def main() -> None:
     sig = input_signature(example, None)
     edited_passages = edit_passages(example, sig)
     c1, c2, c3 = st.columns([2, 1, 1], vertical_alignment="bottom")
-    state.cf_answer_mode = bind(
+    state.cf.answer_mode = bind(
         P_MODE,
         KEY_MODE,
         lambda: c1.radio(
             "Answer", list(MODES), key=KEY_MODE, format_func=MODES.__getitem__, horizontal=True
         ),
         parse=one_of(MODES),
-        seed=state.cf_answer_mode,
+        seed=state.cf.answer_mode,
         default=next(iter(MODES)),
         what="answer mode",
         where=" or ".join(MODES),
@@ -434,12 +435,12 @@ def main() -> None:
                 max_value=512,
                 step=8,
                 key=KEY_MAX_TOKENS,
-                disabled=state.cf_answer_mode != "regenerate",
+                disabled=state.cf.answer_mode != "regenerate",
             )
         )
     with c3:
         go = st.button("Compare", key=KEY_COMPARE, type="primary", icon=":material/compare:")
-    regen = state.cf_answer_mode == "regenerate"
+    regen = state.cf.answer_mode == "regenerate"
     if not go:
         estimate_caption(
             lambda: answer_estimate(
@@ -455,7 +456,7 @@ def main() -> None:
     if go:
         try:
             with st.spinner("Scoring the original and the edited version…"):
-                if state.cf_answer_mode == "regenerate":
+                if state.cf.answer_mode == "regenerate":
                     edited = regenerate(model, example, edited_passages, max_new_tokens=max_tokens)
                 else:
                     edited = edit_example(example, edited_passages)
@@ -465,15 +466,15 @@ def main() -> None:
                     example,
                     edited,
                     name=f"{example.id}: {edit_name(edited_passages, example.passages)}",
-                    answer_mode=state.cf_answer_mode,  # type: ignore[arg-type]
+                    answer_mode=state.cf.answer_mode,  # type: ignore[arg-type]
                 )
-                state.cf_result = as_judged(model, shipped, pair)
+                state.cf.result = as_judged(model, shipped, pair)
                 st.session_state.pop(KEY_NAME, None)
         except RagscopeError as e:
             st.error(f"The comparison failed: {md(e)}  \nFix: edit the passages and try again.")
     st.divider()
-    if state.cf_result is not None:
-        show_result(state.cf_result, model, shipped)
+    if state.cf.result is not None:
+        show_result(state.cf.result, model, shipped)
     save_load(state, model)
 
 

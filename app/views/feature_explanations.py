@@ -258,7 +258,7 @@ def read_row(
 ) -> None:
     """What the picked answers are, beside the button that reads their SAE activations."""
     chosen = picked.chosen
-    selection = state.explain_selection
+    selection = state.explain.selection
     c_note, c_button = st.columns([4, 1], vertical_alignment="center")
     with c_note:
         st.caption(
@@ -299,7 +299,7 @@ def read_row(
         except RagscopeError as e:
             st.error(f"The activations could not be read: {md(e)}")
             return
-    state.explain_request = ExplainRequest(
+    state.explain.request = ExplainRequest(
         model=model.info.key,
         sae_key=choice.sae.key,
         activation=choice.activation,
@@ -320,7 +320,7 @@ def current_request(
     state: AppState, model: LoadedModel, choice: SaeChoice, picked: PickedExamples
 ) -> ExplainRequest | None:
     """The last read, when it fits the model and the SAE (notes when it is stale)."""
-    req = state.explain_request
+    req = state.explain.request
     if req is None or (req.model, req.sae_key, req.activation) != (
         model.info.key,
         choice.sae.key,
@@ -328,7 +328,7 @@ def current_request(
     ):
         st.info("Press **Read activations** to find where the features fire.")
         return None
-    selection = state.explain_selection
+    selection = state.explain.selection
     chosen = (picked.key, selection.split or ALL_SPLITS, selection.limit)
     if (req.dataset_key, req.split, req.limit) != chosen:
         st.info(
@@ -378,13 +378,13 @@ def pick_features(state: AppState, choice: SaeChoice) -> list[int]:
         options = [k for k, _ in choice.ranked]
         link = follow_features(P_FEATURE, rank.__contains__)
         if link.value is not None:
-            state.explain_features = link.value
+            state.explain.features = link.value
             st.session_state[KEY_EXPLAIN_FEATURES] = link.value
-        if state.explain_features is None or not set(state.explain_features) <= set(options):
-            state.explain_features = options[:DEFAULT_FEATURES]
+        if state.explain.features is None or not set(state.explain.features) <= set(options):
+            state.explain.features = options[:DEFAULT_FEATURES]
             st.session_state.pop(KEY_EXPLAIN_FEATURES, None)
-        seed_widget(KEY_EXPLAIN_FEATURES, state.explain_features)
-        state.explain_features = st.multiselect(
+        seed_widget(KEY_EXPLAIN_FEATURES, state.explain.features)
+        state.explain.features = st.multiselect(
             "Features",
             options,
             key=KEY_EXPLAIN_FEATURES,
@@ -393,28 +393,28 @@ def pick_features(state: AppState, choice: SaeChoice) -> list[int]:
         )
         publish(
             P_FEATURE,
-            _feature_list(state.explain_features),
+            _feature_list(state.explain.features),
             default=_feature_list(options[:DEFAULT_FEATURES]),
             missing=link.missing,
             what="feature",
             where=f"among the {len(options)} SAE features the raglens detector selected",
-            instead=md(_feature_list(state.explain_features) or "no feature"),
+            instead=md(_feature_list(state.explain.features) or "no feature"),
         )
-        return list(state.explain_features)
+        return list(state.explain.features)
     d_sae = choice.sae.d_sae
     link = follow_features(P_FEATURE, lambda k: 0 <= k < d_sae)
     if link.value is not None:
-        state.explain_ids = ", ".join(str(k) for k in link.value)
-        st.session_state[KEY_EXPLAIN_IDS] = state.explain_ids
-    seed_widget(KEY_EXPLAIN_IDS, state.explain_ids)
-    state.explain_ids = st.text_input(
+        state.explain.ids = ", ".join(str(k) for k in link.value)
+        st.session_state[KEY_EXPLAIN_IDS] = state.explain.ids
+    seed_widget(KEY_EXPLAIN_IDS, state.explain.ids)
+    state.explain.ids = st.text_input(
         "SAE features",
         key=KEY_EXPLAIN_IDS,
         placeholder="e.g. 12, 305, 1877 (empty: the features that fire on the most answers)",
         help=f"Feature ids from 0 to {d_sae - 1}, separated by commas or spaces. "
         "Empty: the features that fire on the most answers read.",
     )
-    ids, bad = parse_ids(state.explain_ids, d_sae)
+    ids, bad = parse_ids(state.explain.ids, d_sae)
     if bad:
         st.warning(f"Not feature ids of this SAE (0 to {d_sae - 1}): {md(', '.join(bad))}")
     publish(
@@ -448,7 +448,7 @@ def most_active(model: LoadedModel, choice: SaeChoice, examples: list[RAGExample
 
 
 def request_stop(state: AppState) -> None:
-    state.explain_stop = True
+    state.explain.stop = True
 
 
 def batch_row(
@@ -459,21 +459,21 @@ def batch_row(
     budget: PromptBudget | None,
 ) -> None:
     """The "Explain top N" row, with progress and a Stop button; the outcome shows once."""
-    if state.explain_stop:
-        state.explain_stop = False
-        state.explain_outcome = (
+    if state.explain.stop:
+        state.explain.stop = False
+        state.explain.outcome = (
             "info",
             "Stopped. The explanations written before the stop are cached; press "
             "**Explain top N** again to go on.",
         )
     n_max = max(len(items), 1)
-    if not 1 <= state.explain_top_n <= n_max:
-        state.explain_top_n = min(5, n_max)
+    if not 1 <= state.explain.top_n <= n_max:
+        state.explain.top_n = min(5, n_max)
         st.session_state.pop(KEY_EXPLAIN_TOP_N, None)
-    seed_widget(KEY_EXPLAIN_TOP_N, state.explain_top_n)
+    seed_widget(KEY_EXPLAIN_TOP_N, state.explain.top_n)
     c_n, c_button, c_note = st.columns([1, 1.2, 3], vertical_alignment="bottom")
     with c_n:
-        state.explain_top_n = int(
+        state.explain.top_n = int(
             st.number_input("N", min_value=1, max_value=n_max, key=KEY_EXPLAIN_TOP_N)
         )
     with c_button:
@@ -503,10 +503,10 @@ def batch_row(
         result = explain_many(
             endpoint,
             model.info.key,
-            items[: state.explain_top_n],
+            items[: state.explain.top_n],
             store=get_store(),
             progress=lambda d, t: bar.progress(d / max(t, 1), text=f"Explained {d} / {t}"),
-            should_stop=lambda: state.explain_stop,
+            should_stop=lambda: state.explain.stop,
             budget=budget,
         )
         bar.empty()
@@ -520,15 +520,15 @@ def batch_row(
             parts.append(f"{len(result.skipped)} fire on none of these answers")
         text = " · ".join(parts) + "."
         if result.error:
-            state.explain_outcome = ("error", f"{text} Stopped on an error: {result.error}")
+            state.explain.outcome = ("error", f"{text} Stopped on an error: {result.error}")
         elif result.cancelled:
-            state.explain_outcome = ("info", f"{text} Stopped on request.")
+            state.explain.outcome = ("info", f"{text} Stopped on request.")
         else:
-            state.explain_outcome = ("success", text)
-    if state.explain_outcome is not None:
-        kind, text = state.explain_outcome
+            state.explain.outcome = ("success", text)
+    if state.explain.outcome is not None:
+        kind, text = state.explain.outcome
         {"error": st.error, "info": st.info, "success": st.success}[kind](text)
-        state.explain_outcome = None
+        state.explain.outcome = None
 
 
 def show_examples(title: str, shown: tuple[FeatureExample, ...], feature: int, top: float) -> None:
@@ -640,12 +640,12 @@ def feature_card(
             else:
                 try:
                     with st.spinner(f"Asking {md(endpoint.model)} to predict F{k}…"):
-                        state.explain_fidelity[expl.prompt_hash] = fidelity(
+                        state.explain.fidelity[expl.prompt_hash] = fidelity(
                             endpoint, expl, fx.held_out, budget=budget
                         )
                 except (LLMError, DataError) as e:
                     st.error(f"The fidelity check of F{k} failed: {md(e)}")
-        fid = state.explain_fidelity.get(expl.prompt_hash) if expl is not None else None
+        fid = state.explain.fidelity.get(expl.prompt_hash) if expl is not None else None
         if fid is not None:
             r = (
                 "undefined (constant predictions or activations)"
@@ -686,7 +686,7 @@ def main() -> None:
     endpoint = endpoint_section()
     st.divider()
     picked = pick_examples(
-        state.explain_selection,
+        state.explain.selection,
         state.dataset,
         EXAMPLE_KEYS,
         st.columns([2.6, 1.1, 1], vertical_alignment="bottom"),

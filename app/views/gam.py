@@ -150,7 +150,7 @@ def ranking_section(detector: RaglensDetector) -> int | None:
         plot(importance_figure(detector, top), key="gam.importance")
     options = [k for k, _ in imp]
     by_id = {feature_id(k): k for k in options}
-    remembered = state.gam_feature if state.gam_feature in options else options[0]
+    remembered = state.gam.feature if state.gam.feature in options else options[0]
     if st.session_state.get(KEY_FEATURE) not in options:
         st.session_state.pop(KEY_FEATURE, None)
     rank = {k: i + 1 for i, k in enumerate(options)}
@@ -169,7 +169,7 @@ def ranking_section(detector: RaglensDetector) -> int | None:
         what="feature",
         where=f"among the {n} SAE features the raglens detector selected",
     )
-    state.gam_feature = int(picked)
+    state.gam.feature = int(picked)
     return int(picked)
 
 
@@ -222,8 +222,8 @@ def answer_section(model: LoadedModel, detector: RaglensDetector, stamp: str) ->
     if not examples:
         st.info("The dataset picked on Home holds no examples; pick another one there.")
         return
-    ex = pick_example(examples, state.gam_example_id, key=KEY_EXAMPLE, dataset_label=label)
-    state.gam_example_id = ex.id
+    ex = pick_example(examples, state.gam.example_id, key=KEY_EXAMPLE, dataset_label=label)
+    state.gam.example_id = ex.id
     st.caption(f"From {md(label)}. Answer: \u201c{md(first_words(ex.response, 40))}\u201d")
     try:
         with st.spinner("Tracing the answer and encoding it with the SAE…"):

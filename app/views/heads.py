@@ -124,12 +124,12 @@ def copying_section(state: AppState, model: LoadedModel) -> CopyingScores | None
         return None
     total = scores.scores.size
     default = min(DEFAULT_TOP, total)
-    if state.heads_top is None or not 1 <= state.heads_top <= total:
-        state.heads_top = default
+    if state.heads.top is None or not 1 <= state.heads.top <= total:
+        state.heads.top = default
         st.session_state.pop(KEY_HEADS_TOP, None)
     height = int(min(max(320, 18 * scores.n_layers + 140), 760))
     left, right = st.columns([5, 2], gap="medium")
-    state.heads_top = bind(
+    state.heads.top = bind(
         P_TOP,
         KEY_HEADS_TOP,
         lambda: int(
@@ -143,13 +143,13 @@ def copying_section(state: AppState, model: LoadedModel) -> CopyingScores | None
             )
         ),
         parse=integer(1, total),
-        seed=state.heads_top,
+        seed=state.heads.top,
         default=str(default),
         what="number of top copying heads",
         where=f"a number from 1 to {total}",
     )
     with right:
-        table = scores.to_frame().sort_values("rank").head(state.heads_top)
+        table = scores.to_frame().sort_values("rank").head(state.heads.top)
         st.dataframe(
             table[["rank", "layer", "head", "score"]],
             hide_index=True,
@@ -157,7 +157,7 @@ def copying_section(state: AppState, model: LoadedModel) -> CopyingScores | None
             height=min(38 + 35 * len(table), height - 90),
             column_config={"score": st.column_config.NumberColumn("score", format="%.3f")},
         )
-    fig = copying_figure(scores, top=state.heads_top)
+    fig = copying_figure(scores, top=state.heads.top)
     fig.update_layout(height=height, margin={"l": 50, "r": 10, "t": 50, "b": 40})
     with left:
         plot(fig, key="heads.copying.figure")
@@ -165,7 +165,7 @@ def copying_section(state: AppState, model: LoadedModel) -> CopyingScores | None
         "A head's OV circuit decides what it writes from the tokens it attends to. Its "
         "copying score, Σ Re λ / Σ |λ| over the eigenvalues of W_E·W_V·W_O·W_U, is near 1 "
         "when it maps each token onto itself (it copies) and negative when it suppresses "
-        f"it. Circled: the top {state.heads_top} heads, ReDeEP's candidate copying heads."
+        f"it. Circled: the top {state.heads.top} heads, ReDeEP's candidate copying heads."
     )
     return scores
 
@@ -182,7 +182,7 @@ def stats_controls(state: AppState) -> PickedExamples | None:
     """
     *picker_columns, unit_column = st.columns([2.5, 1.1, 1, 2.2], vertical_alignment="bottom")
     picked = pick_examples(
-        state.heads_selection,
+        state.heads.selection,
         state.dataset,
         EXAMPLE_KEYS,
         picker_columns,
@@ -192,7 +192,7 @@ def stats_controls(state: AppState) -> PickedExamples | None:
     )
     if picked is None:
         return None
-    state.heads_unit = bind(
+    state.heads.unit = bind(
         P_UNIT,
         KEY_HEADS_UNIT,
         lambda: unit_column.radio(
@@ -205,7 +205,7 @@ def stats_controls(state: AppState) -> PickedExamples | None:
             "or InterpDetect's unit, sentences (labelled by overlap with a gold span)",
         ),
         parse=one_of(HEADS_UNITS),
-        seed=state.heads_unit,
+        seed=state.heads.unit,
         default=HEADS_UNITS[0],
         what="unit",
         where=" or ".join(HEADS_UNITS),
@@ -232,7 +232,7 @@ def stats_section(
     request = compute_row(
         model,
         picked,
-        state.heads_selection,
+        state.heads.selection,
         detector="interpdetect",
         button="Compute statistics",
         key=KEY_HEADS_COMPUTE,
@@ -240,8 +240,8 @@ def stats_section(
         progress_step="Features:",
     )
     if request is not None:
-        state.heads_request = request
-    req = state.heads_request
+        state.heads.request = request
+    req = state.heads.request
     if req is None:
         st.info("Press **Compute statistics** to read these examples' heads and layers.")
         return picked.pool
@@ -263,7 +263,7 @@ def show_request_stats(
             "These statistics were computed with another model; press **Compute statistics** again."
         )
         return
-    selection = state.heads_selection
+    selection = state.heads.selection
     if (req.dataset_key, req.split, req.limit) != (current_key, selection.split, selection.limit):
         st.info(
             f"Showing the statistics of {len(req.ids)} examples of {md(req.dataset_label)} "
@@ -277,7 +277,7 @@ def show_request_stats(
             if req.dataset_key == current_key
             else heads_examples(req.source, state.dataset)[2]
         )
-        stats = head_stats(model, req, examples, state.heads_unit)
+        stats = head_stats(model, req, examples, state.heads.unit)
     except RagscopeError as e:
         st.error(f"The statistics could not be computed: {md(e)}")
         return
@@ -370,32 +370,32 @@ def pick_answer(
             "the Playground."
         )
         return None
-    state.heads_example_source = pick_answer_source(
-        state.heads_example_source,
+    state.heads.example_source = pick_answer_source(
+        state.heads.example_source,
         options,
         key=KEY_HEADS_EXAMPLE_SOURCE,
         dataset_name="An example from the examples above",
     )
-    if state.heads_example_source == HEADS_EXAMPLE_PLAYGROUND and there:
+    if state.heads.example_source == HEADS_EXAMPLE_PLAYGROUND and there:
         ex, ids = publish_playground_answer(state)
         return ex, ids, "playground"
     publish(P_INPUT, None)
     assert pool
-    key = f"{state.heads_selection.source}/{state.heads_selection.split}"
+    key = f"{state.heads.selection.source}/{state.heads.selection.split}"
     example = pick_example(
         pool,
-        state.heads_example_id.get(key),
+        state.heads.example_id.get(key),
         key=KEY_HEADS_EXAMPLE,
-        dataset_label=f"the examples above ({split_label(state.heads_selection.split)})",
+        dataset_label=f"the examples above ({split_label(state.heads.selection.split)})",
     )
-    state.heads_example_id[key] = example.id
+    state.heads.example_id[key] = example.id
     return example, None, "dataset"
 
 
 def pick_head(state: AppState, model: LoadedModel, copying: CopyingScores | None) -> Head:
     """Layer and head select boxes (default: the top copying head)."""
     n_layers, n_heads = model.info.n_layers, model.info.n_heads
-    head = state.heads_head
+    head = state.heads.head
     if head is None or not (0 <= head[0] < n_layers and 0 <= head[1] < n_heads):
         head = copying.top_heads(1)[0] if copying is not None else (0, 0)
         st.session_state.pop(KEY_HEADS_LAYER, None)
@@ -423,7 +423,7 @@ def pick_head(state: AppState, model: LoadedModel, copying: CopyingScores | None
                 "Head", list(range(n_heads)), key=KEY_HEADS_HEAD, format_func=lambda x: f"H{x}"
             )
         )
-    state.heads_head = (layer, h)
+    state.heads.head = (layer, h)
     publish(
         P_HEAD,
         head_id((layer, h)),
@@ -643,7 +643,7 @@ def main() -> None:
     )
     train_detectors_panel(model)
     copying = copying_section(state, model)
-    marked = copying.top_heads(state.heads_top) if copying is not None else []
+    marked = copying.top_heads(state.heads.top) if copying is not None else []
     st.divider()
     pool = stats_section(state, model, marked)
     st.divider()

@@ -116,7 +116,7 @@ def current_example() -> RAGExample | None:
     state = app_state()
     carried = linked(P_INPUT) is not None
     answer = playground_answer(state)
-    cf = state.cf_result
+    cf = state.cf.result
     options = (
         ([PLAYGROUND] if answer is not None else [])
         + ([EDITED] if cf is not None else [])

@@ -159,13 +159,13 @@ def feedback_section(
     dets = {d.name: d for d in shipped.detectors}
     token_dets = [n for n, d in dets.items() if scores_tokens(d.detector)]
     options = [INSTANCE, *token_dets]
-    if state.mit_guide not in options:
-        state.mit_guide = next((n for n in ("ensemble", "cortex") if n in options), options[-1])
+    if state.mit.guide not in options:
+        state.mit.guide = next((n for n in ("ensemble", "cortex") if n in options), options[-1])
         st.session_state.pop(KEY_GUIDE, None)
-    seed_widget(KEY_GUIDE, state.mit_guide)
+    seed_widget(KEY_GUIDE, state.mit.guide)
     c1, c3, c4 = st.columns([3, 1, 1], vertical_alignment="bottom")
     with c1:
-        state.mit_guide = st.selectbox(
+        state.mit.guide = st.selectbox(
             "Feedback",
             options,
             key=KEY_GUIDE,
@@ -181,20 +181,20 @@ def feedback_section(
     with c4:
         go = st.button("Regenerate", key=KEY_FEEDBACK, type="primary", icon=":material/replay:")
     spans: list[tuple[int, int]] = []
-    if state.mit_guide != INSTANCE:
-        guide = dets[state.mit_guide]
+    if state.mit.guide != INSTANCE:
+        guide = dets[state.mit.guide]
         try:
             with st.spinner("Reading the answer's flags…"):
                 spans = guide_spans(model, shipped, guide.name, example)
         except RagscopeError as e:
             st.error(f"{md(guide.name)} could not read this answer: {md(e)}")
             return
-    level = "instance" if state.mit_guide == INSTANCE else "token"
+    level = "instance" if state.mit.guide == INSTANCE else "token"
     turn = feedback_turn(example, spans, level)  # type: ignore[arg-type]
     if turn.fell_back:
         st.warning(
-            f"{md(state.mit_guide)} flags no span of this answer at its token threshold "
-            f"({flag_threshold(dets[state.mit_guide].detector):.3f}), so there is nothing "
+            f"{md(state.mit.guide)} flags no span of this answer at its token threshold "
+            f"({flag_threshold(dets[state.mit.guide].detector):.3f}), so there is nothing "
             "to quote: the **instance-level** message below is sent instead. Token "
             "heatmaps shows its token scores."
         )
@@ -229,10 +229,10 @@ def feedback_section(
                     example,
                     {"original": example.response, "after feedback": gen.text},
                 )
-            state.mit_result = ("feedback", example.id, gen.text, frame, turn)
+            state.mit.result = ("feedback", example.id, gen.text, frame, turn)
         except RagscopeError as e:
             st.error(f"Regeneration failed: {md(e)}")
-    res = state.mit_result
+    res = state.mit.result
     if res is not None and res[0] == "feedback" and res[1] == example.id:
         sent: FeedbackTurn = res[4]
         change = answer_change(example.response, res[2])
@@ -294,10 +294,10 @@ def aarf_section(
                     example,
                     {"plain greedy": res.plain_text or "", "AARF": res.text},
                 )
-            state.mit_result = ("aarf", example.id, res, frame)
+            state.mit.result = ("aarf", example.id, res, frame)
         except (RagscopeError, ValueError) as e:
             st.error(f"AARF failed: {md(e)}")
-    r = state.mit_result
+    r = state.mit.result
     if r is not None and r[0] == "aarf" and r[1] == example.id:
         res = r[2]
         st.markdown(
@@ -372,10 +372,10 @@ def steer_section(
                     )
                     for v in [None, *values]
                 ]
-            state.mit_result = ("steer", example.id, runs, None)
+            state.mit.result = ("steer", example.id, runs, None)
         except RagscopeError as e:
             st.error(f"Steering failed: {md(e)}")
-    r = state.mit_result
+    r = state.mit.result
     if r is not None and r[0] == "steer" and r[1] == example.id:
         runs = r[2]
         st.markdown(f"**Prefix** (teacher-forced): {md(runs[0].prefix)}")
@@ -396,7 +396,7 @@ def main() -> None:
         "Make the model answer again — told what was flagged, with ReDeEP's attention "
         "reweighting, or with an SAE feature pushed up or down — and see whether the "
         "detectors think it helped.",
-        "mit",
+        lambda state: state.mit,
         ANSWER_KEYS,
     )
     if opened is None:
@@ -404,7 +404,7 @@ def main() -> None:
     state, model, shipped, example = opened
     seed_widget(KEY_MAX_TOKENS, 48)
     m1, m2 = st.columns([4, 1], vertical_alignment="bottom")
-    state.mit_method = bind(
+    state.mit.method = bind(
         P_METHOD,
         KEY_METHOD,
         lambda: m1.radio(
@@ -415,7 +415,7 @@ def main() -> None:
             horizontal=True,
         ),
         parse=one_of(METHODS),
-        seed=state.mit_method,
+        seed=state.mit.method,
         default=next(iter(METHODS)),
         what="method",
         where=" or ".join(METHODS),
@@ -425,7 +425,7 @@ def main() -> None:
         max_tokens = int(st.number_input("Max new tokens", 4, 512, step=8, key=KEY_MAX_TOKENS))
     st.divider()
     section = {"feedback": feedback_section, "aarf": aarf_section, "steer": steer_section}
-    section[state.mit_method](state, model, example, shipped, max_tokens)
+    section[state.mit.method](state, model, example, shipped, max_tokens)
 
 
 main()

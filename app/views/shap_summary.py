@@ -73,7 +73,7 @@ def controls(state: AppState) -> PickedExamples | None:
         shown).
     """
     return pick_examples(
-        state.shap_selection,
+        state.shap.selection,
         state.dataset,
         EXAMPLE_KEYS,
         st.columns([2.6, 1.1, 1], vertical_alignment="bottom"),
@@ -115,7 +115,7 @@ def detector_section(
         f"No trained spad detector for {md(model.info.display_name)}. Make one with "
         f"{code(train_command(SPAD, shipped.folder))} and reload this page."
     )
-    split, train = quick_fit_examples(examples, chosen, state.shap_selection.limit)
+    split, train = quick_fit_examples(examples, chosen, state.shap.selection.limit)
     where = (
         f"{len(train)} labelled examples of the train split of {md(label)}"
         if split == "train"
@@ -153,14 +153,14 @@ def compute_section(state: AppState, model: LoadedModel, picked: PickedExamples)
     request = compute_row(
         model,
         picked,
-        state.shap_selection,
+        state.shap.selection,
         detector=SPAD,
         button="Compute SHAP values",
         key=KEY_SHAP_COMPUTE,
         progress_text="spad features:",
     )
     if request is not None:
-        state.shap_request = request
+        state.shap.request = request
 
 
 def show_summary(
@@ -171,14 +171,14 @@ def show_summary(
     examples: list[RAGExample],
 ) -> None:
     """The beeswarm, the bar chart and the source x POS grid of the last computed examples."""
-    req: FeatureRequest | None = state.shap_request
+    req: FeatureRequest | None = state.shap.request
     if req is None:
         st.info("Press **Compute SHAP values** to explain these answers.")
         return
     if req.model != model.instance_key:
         st.info("These features were read with another model; press **Compute SHAP values**.")
         return
-    selection = state.shap_selection
+    selection = state.shap.selection
     if (req.dataset_key, req.split, req.limit) != (key, selection.split, selection.limit):
         st.info(
             f"Showing {len(req.ids)} examples of {md(req.dataset_label)} "
@@ -230,11 +230,11 @@ def draw(
             "and every answer gets the base value. Train on more examples."
         )
     n_features = len(result.names)
-    if not 1 <= state.shap_top <= n_features:
-        state.shap_top = min(15, n_features)
+    if not 1 <= state.shap.top <= n_features:
+        state.shap.top = min(15, n_features)
         st.session_state.pop(KEY_SHAP_TOP, None)
     c_top, _ = st.columns([1, 4])
-    state.shap_top = bind(
+    state.shap.top = bind(
         P_TOP,
         KEY_SHAP_TOP,
         lambda: int(
@@ -248,16 +248,16 @@ def draw(
             )
         ),
         parse=integer(1, n_features),
-        seed=state.shap_top,
+        seed=state.shap.top,
         default=str(min(15, n_features)),
         what="number of features",
         where=f"a number from 1 to {n_features}",
     )
     left, right = st.columns([3, 2], gap="medium")
     with left:
-        plot(summary_figure(result, state.shap_top, labels=labels), key="shap.figure.beeswarm")
+        plot(summary_figure(result, state.shap.top, labels=labels), key="shap.figure.beeswarm")
     with right:
-        plot(bar_figure(result, state.shap_top), key="shap.figure.bar")
+        plot(bar_figure(result, state.shap.top), key="shap.figure.bar")
     st.caption(
         "Each point is one answer: its SHAP value for that feature, in log-odds of "
         "\u201challucinated\u201d (right of 0 pushes towards hallucinated), coloured by the "
@@ -265,7 +265,7 @@ def draw(
         "the base value add up to the answer's margin exactly. Bars: mean |SHAP| (red when "
         "the feature pushes towards hallucinated on average, blue towards faithful)."
     )
-    state.shap_grid = bind(
+    state.shap.grid = bind(
         P_GRID,
         KEY_SHAP_GRID,
         lambda: st.radio(
@@ -276,13 +276,13 @@ def draw(
             horizontal=True,
         ),
         parse=one_of(GRID_LABELS),
-        seed=state.shap_grid,
+        seed=state.shap.grid,
         default=next(iter(GRID_LABELS)),
         what="grid",
         where=" or ".join(GRID_LABELS),
         instead=GRID_LABELS.__getitem__,
     )
-    plot(grid_figure(result, state.shap_grid), key="shap.figure.grid")
+    plot(grid_figure(result, state.shap.grid), key="shap.figure.grid")
     st.caption(
         "Every spad feature is one cell: a source (rows) averaged over the answer tokens of "
         "one part of speech (columns). The paper's story: faithful answers take their nouns "

@@ -28,6 +28,7 @@ from app.state.analysis import Analysis, analyse
 from app.state.datasets import get_store
 from app.state.detectors import ShippedDetectors, shipped_detectors
 from app.state.estimates import paced_extraction, work_estimate
+from app.state.heatmaps import KEY_HEATMAP_DATASET, KEY_HEATMAP_EXAMPLE, KEY_HEATMAP_SOURCE
 from app.state.links import (
     P_DETECTOR,
     P_HIDE,
@@ -47,14 +48,7 @@ from app.state.links import (
     publish,
 )
 from app.state.model import get_model
-from app.state.session import (
-    KEY_HEATMAP_DATASET,
-    KEY_HEATMAP_EXAMPLE,
-    KEY_HEATMAP_SOURCE,
-    AppState,
-    app_state,
-    seed_widget,
-)
+from app.state.session import AppState, app_state, seed_widget
 from app.state.spad_views import train_command
 from app.state.verdicts import DetectorVerdicts, detector_verdicts
 from app.text import code, md
@@ -246,17 +240,17 @@ def flagged_only(
         scan_key = f"{model.instance_key}|{key}"
         if cortex is not None:
             scan_row(state, model, cortex, examples, scan_key)
-        scanned = state.heatmap_scan.get(scan_key, {})
-        if not (state.heatmap_only_flagged and scanned):
+        scanned = state.heatmap.scan.get(scan_key, {})
+        if not (state.heatmap.only_flagged and scanned):
             return examples
         threshold = current_threshold(state, cortex)
         flagged = {
-            i for i, raw in scanned.items() if has_flags(raw, state.heatmap_p_stay, threshold)
+            i for i, raw in scanned.items() if has_flags(raw, state.heatmap.p_stay, threshold)
         }
         kept = [e for e in examples if e.id in flagged]
         st.caption(
             f"{len(kept)} of the {len(scanned)} scanned answers have a token at or above "
-            f"{threshold:.2f} (smoothed with p_stay {state.heatmap_p_stay:.3f})."
+            f"{threshold:.2f} (smoothed with p_stay {state.heatmap.p_stay:.3f})."
         )
         if not kept:
             st.info("No scanned answer is flagged at this threshold; lower it or scan more.")
@@ -275,7 +269,7 @@ def scan_row(
 ) -> None:
     """ "Only flagged answers" + how many to scan + the Scan button."""
     c1, c2, c3 = st.columns([2, 1, 1], vertical_alignment="bottom")
-    state.heatmap_only_flagged = bind(
+    state.heatmap.only_flagged = bind(
         P_ONLY_FLAGGED,
         KEY_ONLY_FLAGGED,
         lambda: c1.toggle(
@@ -286,13 +280,13 @@ def scan_row(
         ),
         parse=flag,
         to_id=flag_id,
-        seed=state.heatmap_only_flagged,
+        seed=state.heatmap.only_flagged,
         default=flag_id(False),
         where="1 or 0",
     )
     with c2:
-        seed_widget(KEY_SCAN_LIMIT, min(state.heatmap_scan_limit, len(examples)))
-        state.heatmap_scan_limit = int(
+        seed_widget(KEY_SCAN_LIMIT, min(state.heatmap.scan_limit, len(examples)))
+        state.heatmap.scan_limit = int(
             st.number_input(
                 "Scan at most",
                 min_value=1,
@@ -305,20 +299,20 @@ def scan_row(
         scan = st.button("Scan", key=KEY_SCAN, icon=":material/radar:", width="stretch")
     if not scan:
         estimate_caption(
-            lambda: work_estimate(model, examples[: state.heatmap_scan_limit], [cortex])
+            lambda: work_estimate(model, examples[: state.heatmap.scan_limit], [cortex])
         )
     if scan:
         try:
-            found = scan_dataset(model, cortex, examples[: state.heatmap_scan_limit])
+            found = scan_dataset(model, cortex, examples[: state.heatmap.scan_limit])
         except RagscopeError as e:
             st.error(f"The scan failed: {md(e)}")
             return
-        state.heatmap_scan.setdefault(scan_key, {}).update(found)
+        state.heatmap.scan.setdefault(scan_key, {}).update(found)
 
 
 def current_threshold(state: AppState, cortex: CortexDetector | None) -> float:
-    if state.heatmap_threshold is not None:
-        return state.heatmap_threshold
+    if state.heatmap.threshold is not None:
+        return state.heatmap.threshold
     return flag_threshold(cortex) if cortex is not None else 0.5
 
 
@@ -337,13 +331,13 @@ def flag_row(state: AppState, scored: list[str]) -> Followed[str]:
     if not scored:
         return link
     if link.value is not None:
-        state.heatmap_flag_row = link.value
+        state.heatmap.flag_row = link.value
         st.session_state[KEY_FLAG_ROW] = link.value
-    if state.heatmap_flag_row not in scored:
-        state.heatmap_flag_row = default_flag_row(scored)
+    if state.heatmap.flag_row not in scored:
+        state.heatmap.flag_row = default_flag_row(scored)
         st.session_state.pop(KEY_FLAG_ROW, None)
-    seed_widget(KEY_FLAG_ROW, state.heatmap_flag_row)
-    state.heatmap_flag_row = st.selectbox("Flag tokens by", scored, key=KEY_FLAG_ROW)
+    seed_widget(KEY_FLAG_ROW, state.heatmap.flag_row)
+    state.heatmap.flag_row = st.selectbox("Flag tokens by", scored, key=KEY_FLAG_ROW)
     return link
 
 
@@ -354,8 +348,8 @@ def controls(
     (their values in the URL)."""
     c1, c2 = st.columns(2)
     with c1:
-        seed_widget(KEY_P_STAY, state.heatmap_p_stay)
-        state.heatmap_p_stay = st.slider(
+        seed_widget(KEY_P_STAY, state.heatmap.p_stay)
+        state.heatmap.p_stay = st.slider(
             "p_stay (label persistence)",
             min_value=P_STAY_MIN,
             max_value=P_STAY_MAX,
@@ -368,7 +362,7 @@ def controls(
     with c2:
         default_threshold = round(flag_threshold(cortex) if cortex is not None else 0.5, 2)
         seed_widget(KEY_THRESHOLD, round(current_threshold(state, cortex), 2))
-        state.heatmap_threshold = st.slider(
+        state.heatmap.threshold = st.slider(
             "Threshold",
             min_value=0.0,
             max_value=1.0,
@@ -378,7 +372,7 @@ def controls(
         )
     publish(
         P_P_STAY,
-        number_id(state.heatmap_p_stay, 3),
+        number_id(state.heatmap.p_stay, 3),
         default=number_id(P_STAY_TOKEN, 3),
         missing=links.p_stay.missing,
         what="p_stay",
@@ -386,7 +380,7 @@ def controls(
     )
     publish(
         P_THRESHOLD,
-        number_id(state.heatmap_threshold or 0.0, 2),
+        number_id(state.heatmap.threshold or 0.0, 2),
         default=number_id(default_threshold, 2),
         missing=links.threshold.missing,
         what="threshold",
@@ -396,8 +390,8 @@ def controls(
     c3, c4 = st.columns([1, 2], vertical_alignment="bottom")
     with c3:
         row_link = flag_row(state, scored)
-        seed_widget(KEY_SMOOTH_ALL, state.heatmap_smooth_all)
-        state.heatmap_smooth_all = st.toggle(
+        seed_widget(KEY_SMOOTH_ALL, state.heatmap.smooth_all)
+        state.heatmap.smooth_all = st.toggle(
             "Smooth the other detectors too",
             key=KEY_SMOOTH_ALL,
             help="Apply the same label-persistence smoothing to every detector's token scores",
@@ -405,18 +399,18 @@ def controls(
     default_row = default_flag_row(scored) if scored else None
     publish(
         P_DETECTOR,
-        ROW_IDS.get(state.heatmap_flag_row, state.heatmap_flag_row) if scored else None,
+        ROW_IDS.get(state.heatmap.flag_row, state.heatmap.flag_row) if scored else None,
         default=ROW_IDS.get(default_row, default_row) if default_row else None,
         missing=row_link.missing,
         what="detector",
         where="one whose token scores this answer shows ("
         + (", ".join(ROW_IDS.get(n, n) for n in scored) or "none")
         + ")",
-        instead=md(state.heatmap_flag_row) if scored else "no flags",
+        instead=md(state.heatmap.flag_row) if scored else "no flags",
     )
     publish(
         P_SMOOTH_ALL,
-        flag_id(state.heatmap_smooth_all),
+        flag_id(state.heatmap.smooth_all),
         default=flag_id(False),
         missing=links.smooth_all.missing,
         where="1 or 0",
@@ -428,18 +422,18 @@ def controls(
         by_id = {row_id(n): n for n in names}
         hide_link = follow_list(P_HIDE, by_id.get)
         if hide_link.value is not None:  # a link's hidden rows (every other row shown)
-            state.heatmap_hidden = set(hide_link.value)
+            state.heatmap.hidden = set(hide_link.value)
             st.session_state[KEY_ROWS_OPTIONS] = None
         if st.session_state.get(KEY_ROWS_OPTIONS) != names:
             st.session_state[KEY_ROWS_OPTIONS] = names
-            st.session_state[KEY_ROWS] = [n for n in names if n not in state.heatmap_hidden]
+            st.session_state[KEY_ROWS] = [n for n in names if n not in state.heatmap.hidden]
         picked = st.multiselect("Rows", names, key=KEY_ROWS)
-        state.heatmap_hidden = {n for n in state.heatmap_hidden if n not in names} | {
+        state.heatmap.hidden = {n for n in state.heatmap.hidden if n not in names} | {
             n for n in names if n not in picked
         }
     publish(
         P_HIDE,
-        ",".join(row_id(n) for n in names if n in state.heatmap_hidden) or None,
+        ",".join(row_id(n) for n in names if n in state.heatmap.hidden) or None,
         missing=hide_link.missing,
         what="hidden rows",
         where="among the rows of this answer (" + ", ".join(by_id) + ")",
@@ -472,7 +466,7 @@ def span_readout(
     if values is None:
         st.info("No detector here scores single tokens; train CORTEX to flag spans.")
         return None
-    threshold = state.heatmap_threshold if state.heatmap_threshold is not None else 0.5
+    threshold = state.heatmap.threshold if state.heatmap.threshold is not None else 0.5
     offsets = a.analysis.layout.response_offsets
     text = a.analysis.example.response
     vals = np.nan_to_num(values, nan=0.0)
@@ -499,21 +493,21 @@ def span_readout(
             f"{t['f1']:.2f}",
             help=f"precision {t['precision']:.2f}, recall {t['recall']:.2f}",
         )
-    if state.heatmap_focus_for != signature:
-        state.heatmap_focus, state.heatmap_focus_for = -1, signature
+    if state.heatmap.focus_for != signature:
+        state.heatmap.focus, state.heatmap.focus_for = -1, signature
     b1, b2, b3 = st.columns([1, 1, 4], vertical_alignment="center")
     if b1.button("Previous", key=KEY_PREV, icon=":material/arrow_back:", disabled=not pred):
-        state.heatmap_focus = (state.heatmap_focus - 1) % len(pred)
+        state.heatmap.focus = (state.heatmap.focus - 1) % len(pred)
     if b2.button("Next", key=KEY_NEXT, icon=":material/arrow_forward:", disabled=not pred):
-        state.heatmap_focus = (state.heatmap_focus + 1) % len(pred)
+        state.heatmap.focus = (state.heatmap.focus + 1) % len(pred)
     focus = None
-    if pred and 0 <= state.heatmap_focus < len(pred):
-        s0, s1 = pred[state.heatmap_focus]
+    if pred and 0 <= state.heatmap.focus < len(pred):
+        s0, s1 = pred[state.heatmap.focus]
         hit = np.nonzero((offsets[:, 0] < s1) & (s0 < offsets[:, 1]))[0]
         focus = (int(hit.min()), int(hit.max()))
         touches = any(g0 < s1 and s0 < g1 for g0, g1 in gold)
         b3.markdown(
-            f"Span {state.heatmap_focus + 1} of {len(pred)}: "
+            f"Span {state.heatmap.focus + 1} of {len(pred)}: "
             f"**\u201c{md(text[s0:s1].strip())}\u201d** "
             f"(characters {s0}\u2013{s1}; max score {vals[focus[0] : focus[1] + 1].max():.2f}; "
             f"{'overlaps a gold span' if touches else 'no gold span here'})"
@@ -575,11 +569,11 @@ def sync_sliders(state: AppState) -> Links:
         smooth_all=follow_widget(P_SMOOTH_ALL, KEY_SMOOTH_ALL, flag),
     )
     if KEY_P_STAY in st.session_state:
-        state.heatmap_p_stay = float(st.session_state[KEY_P_STAY])
+        state.heatmap.p_stay = float(st.session_state[KEY_P_STAY])
     if KEY_THRESHOLD in st.session_state:
-        state.heatmap_threshold = float(st.session_state[KEY_THRESHOLD])
+        state.heatmap.threshold = float(st.session_state[KEY_THRESHOLD])
     if KEY_SMOOTH_ALL in st.session_state:
-        state.heatmap_smooth_all = bool(st.session_state[KEY_SMOOTH_ALL])
+        state.heatmap.smooth_all = bool(st.session_state[KEY_SMOOTH_ALL])
     return links
 
 
@@ -608,7 +602,7 @@ def main() -> None:
             f"rows still show. Train it with {code(train_command(CORTEX, shipped.folder))}."
         )
     picked = pick_page_answer(
-        state, "heatmap", ANSWER_KEYS, narrow=flagged_only(state, model, cortex)
+        state, state.heatmap, ANSWER_KEYS, narrow=flagged_only(state, model, cortex)
     )
     if picked is None:
         return
@@ -624,7 +618,7 @@ def main() -> None:
     if cortex is not None and judged_by is not shipped and CORTEX in judged_by.names:
         cortex = judged_by.card(CORTEX).detector  # type: ignore[assignment]
     # The sliders' values were synced at the top, so the rows are built once.
-    rows = build_rows(a, state.heatmap_p_stay, state.heatmap_smooth_all)
+    rows = build_rows(a, state.heatmap.p_stay, state.heatmap.smooth_all)
     controls(state, rows, cortex, links)
     answer = a.verdicts.verdict(CORTEX)
     if cortex is not None and answer is not None:
@@ -639,10 +633,10 @@ def main() -> None:
             f"above, which smooths the rows below); {thr}"
             f"**{flag[answer.hallucinated]}**, as the Playground shows."
         )
-    flag_values = rows[state.heatmap_flag_row].values if state.heatmap_flag_row in rows else None
+    flag_values = rows[state.heatmap.flag_row].values if state.heatmap.flag_row in rows else None
     focus = span_readout(state, a, flag_values, a.analysis.signature)
-    threshold = state.heatmap_threshold if state.heatmap_threshold is not None else 0.5
-    shown = [r for n, r in rows.items() if n not in state.heatmap_hidden]
+    threshold = state.heatmap.threshold if state.heatmap.threshold is not None else 0.5
+    shown = [r for n, r in rows.items() if n not in state.heatmap.hidden]
     st.subheader("The answer, row by row")
     st.html(
         multirow_html(
@@ -656,7 +650,7 @@ def main() -> None:
     st.caption(
         "Scores run white (0) to red (1); gold cells are blue inside a hallucinated span; "
         "RAGLens rows show each SAE feature's activation relative to its peak in this answer; "
-        f"the threshold reads **{md(state.heatmap_flag_row or 'no row')}**."
+        f"the threshold reads **{md(state.heatmap.flag_row or 'no row')}**."
     )
 
 

@@ -73,12 +73,12 @@ WATERFALL_TOP = 10
 def dataset_examples(state: AppState) -> tuple[str, str, list[RAGExample]] | None:
     """``(key, label, examples)`` of the page's dataset choice, or ``None`` (error shown)."""
     labels = dataset_labels(state.dataset)
-    if state.tokens_dataset not in labels:
-        state.tokens_dataset = HEADS_FROM_HOME
+    if state.tokens.dataset not in labels:
+        state.tokens.dataset = HEADS_FROM_HOME
     try:
-        return heads_examples(state.tokens_dataset, state.dataset)
+        return heads_examples(state.tokens.dataset, state.dataset)
     except RagscopeError as e:
-        st.error(f"{md(labels[state.tokens_dataset])} cannot be read: {md(e)}")
+        st.error(f"{md(labels[state.tokens.dataset])} cannot be read: {md(e)}")
         return None
 
 
@@ -91,21 +91,21 @@ def pick_answer(
     """The answer to split: ``(example, response ids, the dataset's examples)``."""
     there = playground_answer(state) is not None
     options = ([HEADS_EXAMPLE_PLAYGROUND] if there else []) + [HEADS_EXAMPLE_DATASET]
-    state.tokens_example_source = pick_answer_source(
-        state.tokens_example_source,
+    state.tokens.example_source = pick_answer_source(
+        state.tokens.example_source,
         options,
         key=KEY_TOKENS_EXAMPLE_SOURCE,
         dataset_name="An example from a dataset",
     )
-    if state.tokens_example_source == HEADS_EXAMPLE_PLAYGROUND and there:
+    if state.tokens.example_source == HEADS_EXAMPLE_PLAYGROUND and there:
         ex, ids = publish_playground_answer(state)
         picked = dataset_examples(state)
         return ex, ids, (picked[2] if picked is not None else [])
     publish(P_INPUT, None)
 
     c1, c2 = st.columns([2, 3], vertical_alignment="bottom")
-    state.tokens_dataset = pick_page_dataset(
-        state, KEY_TOKENS_DATASET, c1, seed=state.tokens_dataset
+    state.tokens.dataset = pick_page_dataset(
+        state, KEY_TOKENS_DATASET, c1, seed=state.tokens.dataset
     )
     picked = dataset_examples(state)
     if picked is None:
@@ -116,9 +116,9 @@ def pick_answer(
         return None
     with c2:
         ex = pick_example(
-            examples, state.tokens_example_id.get(key), key=KEY_TOKENS_EXAMPLE, dataset_label=label
+            examples, state.tokens.example_id.get(key), key=KEY_TOKENS_EXAMPLE, dataset_label=label
         )
-    state.tokens_example_id[key] = ex.id
+    state.tokens.example_id[key] = ex.id
     st.caption(f"Answer: \u201c{md(first_words(ex.response, 40))}\u201d")
     return ex, None, examples
 
@@ -136,7 +136,7 @@ def show_sources(state: AppState, answer: AnswerSources) -> None:
         f"probability within {src.max_error:.1e} · mean P(token) {src.p_final.mean():.3f} · "
         f"traced in {answer.seconds:.1f} s"
     )
-    state.tokens_by_pos = bind(
+    state.tokens.by_pos = bind(
         P_BY_POS,
         KEY_TOKENS_BY_POS,
         lambda: st.toggle(
@@ -146,11 +146,11 @@ def show_sources(state: AppState, answer: AnswerSources) -> None:
         ),
         parse=flag,
         to_id=flag_id,
-        seed=state.tokens_by_pos,
+        seed=state.tokens.by_pos,
         default=flag_id(False),
         where="1 or 0",
     )
-    if state.tokens_by_pos:
+    if state.tokens.by_pos:
         fig = pos_sources_figure(src.values, answer.pos)
         plot(fig, key="tokens.figure.pos")
         st.caption(
@@ -209,7 +209,7 @@ def quick_fit_offer(
     )
     pool = stats_examples(examples, ALL_SPLITS, QUICK_FIT_MIN)
     split, train = quick_fit_examples(examples, pool, QUICK_FIT_MIN)
-    dataset = dataset_labels(state.dataset)[state.tokens_dataset]
+    dataset = dataset_labels(state.dataset)[state.tokens.dataset]
     where = "the train split of " if split == "train" else ""
     quick_fit_row(
         state,

@@ -11,7 +11,7 @@ from pathlib import Path
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-from app.state.session import KEY_HEATMAP_EXAMPLE
+from app.state.heatmaps import KEY_HEATMAP_EXAMPLE
 from core.analysis.detector_agreement import score_correlation, verdict_table
 from core.data import load_builtin
 from core.pipeline.sets import load_set

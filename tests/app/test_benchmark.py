@@ -279,7 +279,7 @@ def test_launch_a_run_on_the_demo_set_saves_and_shows_it(
     assert run.train_dataset == "demo" and run.split_sizes["test"] > 0
     assert any(run.name in s.value for s in at.success)
     assert at.multiselect(key=KEY_BENCH_RUNS).value == [run.name]
-    assert at.session_state[STATE_KEY].bench_runs == [run.name]
+    assert at.session_state[STATE_KEY].bench.runs == [run.name]
     assert list(at.dataframe[0].value["detector"]) == ["nll", "lexical"]
     assert "roc" in _charts(at)
 
@@ -753,7 +753,7 @@ def test_cv_and_matrix_pickers_redraw_the_charts(
     assert at.dataframe[-1].value.loc["summary", "qa"] == (
         f"{c['ap']:.3f} [{c['ap_ci'][0]:.3f}, {c['ap_ci'][1]:.3f}]"
     )
-    assert at.session_state[STATE_KEY].bench_matrix_metric == "AP"
+    assert at.session_state[STATE_KEY].bench.matrix_metric == "AP"
 
 
 def test_two_cv_runs_next_to_test_runs(

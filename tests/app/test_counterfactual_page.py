@@ -12,7 +12,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.state.analysis import input_signature
-from app.state.session import KEY_CF_EXAMPLE as KEY_EXAMPLE
+from app.state.counterfactual import KEY_CF_EXAMPLE as KEY_EXAMPLE
 from app.state.session import STATE_KEY
 from app.views.counterfactual import (
     KEY_COMPARE,
@@ -69,7 +69,7 @@ def test_support_preset_then_compare(
     html = next(h.value for h in page.html if 'class="rs-mr"' in h.value)
     assert ">context_gain: Δ</td>" in html and ">gold span</td>" in html
     assert any("inserted" in m.value for m in page.markdown)
-    cf = page.session_state[STATE_KEY].cf_result
+    cf = page.session_state[STATE_KEY].cf.result
     assert cf.name == f"{EXAMPLE}: support the span"
     n_o = sum(bool(s.flagged) for s in cf.original_scores.values())
     n_e = sum(bool(s.flagged) for s in cf.edited_scores.values())
@@ -85,7 +85,7 @@ def test_remove_all_context(page: AppTest, no_exception: Callable[[AppTest], Non
     page.button(key=KEY_NO_CONTEXT).click().run()
     page.button(key=KEY_COMPARE).click().run()
     no_exception(page)
-    cf = page.session_state[STATE_KEY].cf_result
+    cf = page.session_state[STATE_KEY].cf.result
     assert cf.edited.passages == (NO_CONTEXT,)
     assert cf.edited.response == _example().response
 
@@ -97,10 +97,10 @@ def test_save_load_and_export(page: AppTest, no_exception: Callable[[AppTest], N
     page.button(key=KEY_SAVE).click().run()
     no_exception(page)
     assert any("Saved as #1" in s.value for s in page.success)
-    shown = page.session_state[STATE_KEY].cf_result
-    page.session_state[STATE_KEY].cf_result = None
+    shown = page.session_state[STATE_KEY].cf.result
+    page.session_state[STATE_KEY].cf.result = None
     page.button(key=KEY_LOAD).click().run()
-    loaded = page.session_state[STATE_KEY].cf_result
+    loaded = page.session_state[STATE_KEY].cf.result
     assert loaded.to_dict() == shown.to_dict() and loaded.name == "support the claim"
     data = page.get("download_button")[0]
     assert data is not None
@@ -111,9 +111,9 @@ def test_save_load_and_export(page: AppTest, no_exception: Callable[[AppTest], N
 
 def test_regenerate_failure_is_a_clear_error(page: AppTest) -> None:
     page.button(key=KEY_COMPARE).click().run()
-    before = page.session_state[STATE_KEY].cf_result
+    before = page.session_state[STATE_KEY].cf.result
     page.radio(key=KEY_MODE).set_value("regenerate").run()
     page.button(key=KEY_COMPARE).click().run()
     # The random tiny model's greedy answer is blank: refused with the fix, nothing lost.
     assert any("empty answer" in e.value for e in page.error)
-    assert page.session_state[STATE_KEY].cf_result is before
+    assert page.session_state[STATE_KEY].cf.result is before

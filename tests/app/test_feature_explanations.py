@@ -50,7 +50,7 @@ def _read(at: AppTest) -> AppTest:
 
 
 def _request_examples(at: AppTest):
-    req = at.session_state[STATE_KEY].explain_request
+    req = at.session_state[STATE_KEY].explain.request
     assert req is not None and req.ids
     by_id = {e.id: e for e in load_builtin()}
     return req, [by_id[i] for i in req.ids]

@@ -126,7 +126,7 @@ def test_another_head_redraws_the_attention(
     assert after["layout"]["title"]["text"].startswith(f"Attention of L{other}H2")
     assert z_of(after).shape == z_of(before).shape
     assert not np.allclose(z_of(after), z_of(before))
-    assert at.session_state[STATE_KEY].heads_head == (other, 2)
+    assert at.session_state[STATE_KEY].heads.head == (other, 2)
     token_table = next(d.value for d in at.dataframe if "top-k context tokens" in d.value.columns)
     assert len(token_table) == z_of(after).shape[0]
 
@@ -144,7 +144,7 @@ def test_dataset_statistics_on_a_few_examples(
     at.number_input(key=KEY_HEADS_LIMIT).set_value(4).run()
     at.button(key=KEY_HEADS_COMPUTE).click().run()
     no_exception(at)
-    request = at.session_state[STATE_KEY].heads_request
+    request = at.session_state[STATE_KEY].heads.request
     assert len(request.ids) == 4 and request.computed + request.cache_hits == 4
 
     # The heatmaps show exactly what HeadStats computes from the same examples.
@@ -181,7 +181,7 @@ def test_dataset_statistics_on_a_few_examples(
     np.testing.assert_allclose(
         z_of(chart(at, "Pearson r of ECS")), per_sentence.ecs_r, rtol=1e-5, atol=1e-6
     )
-    assert at.session_state[STATE_KEY].heads_request == request
+    assert at.session_state[STATE_KEY].heads.request == request
 
 
 def test_corpus_split_statistics(
@@ -204,7 +204,7 @@ def test_corpus_split_statistics(
     at.number_input(key=KEY_HEADS_LIMIT).set_value(4).run()
     at.button(key=KEY_HEADS_COMPUTE).click().run()
     no_exception(at)
-    request = at.session_state[STATE_KEY].heads_request
+    request = at.session_state[STATE_KEY].heads.request
     split = {e.id: e.provenance.split for e in load_builtin()}
     assert len(request.ids) == 4 and {split[i] for i in request.ids} == {"validation"}
     for prefix in ECS_TITLES:
@@ -219,7 +219,7 @@ def test_corpus_split_statistics(
     no_exception(at)
     assert "Showing the statistics of 4 examples of Built-in labelled corpus" in page_text(at)
     np.testing.assert_array_equal(z_of(chart(at, "Pearson r of ECS")), r_before)
-    assert at.session_state[STATE_KEY].heads_request == request
+    assert at.session_state[STATE_KEY].heads.request == request
 
 
 def test_playground_answer_is_the_default(

@@ -81,7 +81,7 @@ def test_primer_steps_show_the_lens_numbers(
     assert _step(at).startswith("Step 3 of 4")
     _next(at)
     # "try it" opens the same answer on the Counterfactual context page
-    from app.state.session import KEY_CF_EXAMPLE
+    from app.state.counterfactual import KEY_CF_EXAMPLE
 
     at.button(key="learn.try").click().run()
     assert not at.exception, [e.value for e in at.exception]
@@ -285,7 +285,7 @@ def test_the_counterfactual_pages_edit_can_be_walked_through(
     at = open_page(PAGE)
     original = on_template(preset)
     edited = edit_example(original, support_span(original))
-    at.session_state[STATE_KEY].cf_result = Counterfactual(
+    at.session_state[STATE_KEY].cf.result = Counterfactual(
         name="support it", model=tiny_model.info.key, original=original, edited=edited,
         answer_mode="fixed",
     )  # fmt: skip

@@ -57,7 +57,7 @@ def test_feedback_regenerates_and_rescores(
     page.number_input(key=KEY_TEMPERATURE).set_value(1.0).run()
     page.button(key=KEY_FEEDBACK).click().run()
     no_exception(page)
-    method, ex_id, text, _, turn = page.session_state[STATE_KEY].mit_result
+    method, ex_id, text, _, turn = page.session_state[STATE_KEY].mit.result
     assert method == "feedback" and ex_id == EXAMPLE and text.strip()
     # What was sent is said, and whether the answer changed.
     assert turn.asked == "token" and turn.sent in ("token", "instance")
@@ -94,7 +94,7 @@ def test_token_feedback_with_nothing_flagged_says_it_falls_back(
 def test_greedy_blank_answer_is_a_clear_error(page: AppTest) -> None:
     page.button(key=KEY_FEEDBACK).click().run()
     assert any("empty answer" in e.value for e in page.error)
-    assert page.session_state[STATE_KEY].mit_result is None
+    assert page.session_state[STATE_KEY].mit.result is None
 
 
 def test_aarf_names_the_missing_detector(page: AppTest, page_text) -> None:
@@ -109,7 +109,7 @@ def test_steering_shows_one_continuation_per_value(
     page.text_input(key=KEY_VALUES).input("-200, 200").run()
     page.button(key=KEY_STEER).click().run()
     no_exception(page)
-    method, _, runs, _, *_ = page.session_state[STATE_KEY].mit_result
+    method, _, runs, _, *_ = page.session_state[STATE_KEY].mit.result
     assert method == "steer" and [r.value for r in runs] == [None, -200.0, 200.0]
     ref = steer_continuation(
         tiny_model,

@@ -85,7 +85,7 @@ def test_shap_page_quick_fit_without_an_artifact(
     at.number_input(key=KEY_SHAP_LIMIT).set_value(8).run()
     at.button(key=KEY_SHAP_COMPUTE).click().run()
     no_exception(at)
-    request = at.session_state[STATE_KEY].shap_request
+    request = at.session_state[STATE_KEY].shap.request
     assert request.detector == "spad" and len(request.ids) == 8
     assert "press **Quick fit** above" in page_text(at)
     assert not charts(at)
@@ -102,7 +102,7 @@ def test_shap_page_quick_fit_without_an_artifact(
     examples = [by_id[i] for i in request.ids]
     feats = extract_features(tiny_model, examples, [make_detector("spad")]).features["spad"]
     want = shap_values(quick.detector, feats)
-    top = at.session_state[STATE_KEY].shap_top
+    top = at.session_state[STATE_KEY].shap.top
     beeswarm = chart(at, "SHAP values of the top")
     n_points = sum(len(plotly_array(t["x"])) for t in beeswarm["data"])
     assert n_points == min(top, 126) * len(examples)
@@ -135,7 +135,7 @@ def test_shap_page_explains_the_shipped_detector(
     at.number_input(key=KEY_SHAP_LIMIT).set_value(4).run()
     at.button(key=KEY_SHAP_COMPUTE).click().run()
     no_exception(at)
-    request = at.session_state[STATE_KEY].shap_request
+    request = at.session_state[STATE_KEY].shap.request
     assert len(request.ids) == 4 and request.computed == 4
 
     det = load_shipped("spad", tiny_model.info.key, spad_artifact)
@@ -160,7 +160,7 @@ def test_shap_page_explains_the_shipped_detector(
     np.testing.assert_allclose(plotly_array(grid["data"][0]["z"]), want.grid("mean_abs"), rtol=1e-6)
     # A second Compute reads the features from the cache.
     at.button(key=KEY_SHAP_COMPUTE).click().run()
-    assert at.session_state[STATE_KEY].shap_request.cache_hits == 4
+    assert at.session_state[STATE_KEY].shap.request.cache_hits == 4
 
 
 def _has_button(at: AppTest, key: str) -> bool:
@@ -208,7 +208,7 @@ def test_token_sources_bars_pos_toggle_and_quick_fit(
     rag = plotly_array(pos_chart["data"][SOURCES.index("RAG")]["y"])[noun]
     mask = np.asarray(tags) == "NOUN"
     np.testing.assert_allclose(rag, src.values[mask, SOURCES.index("RAG")].mean(), rtol=1e-5)
-    assert at.session_state[STATE_KEY].tokens_by_pos is True
+    assert at.session_state[STATE_KEY].tokens.by_pos is True
 
     # No spad detector: no waterfall, the command and a quick fit that makes one.
     assert "Make one with `ragscope train --model tiny" in page_text(at)

@@ -14,8 +14,8 @@ from pathlib import Path
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-from app.state.session import KEY_HEATMAP_DATASET as KEY_DATASET
-from app.state.session import KEY_HEATMAP_EXAMPLE as KEY_EXAMPLE
+from app.state.heatmaps import KEY_HEATMAP_DATASET as KEY_DATASET
+from app.state.heatmaps import KEY_HEATMAP_EXAMPLE as KEY_EXAMPLE
 from app.state.session import STATE_KEY
 from app.views.token_heatmaps import (
     KEY_FLAG_ROW,
@@ -157,7 +157,7 @@ def test_scan_keeps_only_flagged_answers(
     at.button(key=KEY_SCAN).click().run()
     no_exception(at)
     state = at.session_state[STATE_KEY]
-    scanned = next(iter(state.heatmap_scan.values()))
+    scanned = next(iter(state.heatmap.scan.values()))
     assert len(scanned) == len(builtin_examples())
     at.slider(key=KEY_THRESHOLD).set_value(0.0).run()
     at.toggle(key=KEY_ONLY_FLAGGED).set_value(True).run()

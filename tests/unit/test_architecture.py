@@ -339,6 +339,8 @@ def test_the_layer_diagram_is_drawn_from_the_packages(tmp_path: Path) -> None:
     init = root / "core" / "signals" / "__init__.py"
     init.write_text(init.read_text().replace('"""', '"""Renamed. ', 1))
     assert architecture.stale(root) == list(architecture.DOCS)
+    assert "core/signals/" in architecture.render(root, modules=False)
+    assert "attribution | copying_heads" not in architecture.render(root, modules=False)
     architecture.write(root)
     assert architecture.stale(root) == []
     assert "core/signals/" in (root / "README.md").read_text().split("Renamed")[0][-40:]
