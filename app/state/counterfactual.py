@@ -25,3 +25,19 @@ class CounterfactualState(AnswerChoice):
 
     answer_mode: str = "fixed"
     result: Counterfactual | None = None
+
+
+# The counterfactual page's widgets
+KEY_SPAN = "cf.span"
+KEY_SUPPORT = "cf.preset.support"
+KEY_CONTRADICT = "cf.preset.contradict"
+KEY_RESET = "cf.reset"
+KEY_NO_CONTEXT = "cf.no_context"
+KEY_MODE = "cf.answer_mode"
+KEY_MAX_TOKENS = "cf.max_tokens"
+KEY_COMPARE = "cf.compare"
+KEY_NAME = "cf.name"
+KEY_SAVE = "cf.save"
+KEY_SAVED = "cf.saved"
+KEY_LOAD = "cf.load"
+KEY_PRESET = "cf.preset.applied"

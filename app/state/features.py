@@ -190,3 +190,9 @@ class ExplainState:
     stop: bool = False
     outcome: tuple[str, str] | None = None
     fidelity: dict[str, FidelityResult] = field(default_factory=dict)
+
+
+# The gam page's widgets
+KEY_GAM_FEATURE = "gam.feature"
+KEY_GAM_TOP = "gam.top"
+KEY_GAM_EXAMPLE = "gam.example"

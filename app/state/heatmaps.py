@@ -43,3 +43,17 @@ class HeatmapState(AnswerChoice):
     only_flagged: bool = False
     scan_limit: int = 16
     scan: dict[str, dict[str, np.ndarray]] = field(default_factory=dict)
+
+
+# The token heatmaps page's widgets
+KEY_ONLY_FLAGGED = "heatmaps.only_flagged"
+KEY_SCAN_LIMIT = "heatmaps.scan.limit"
+KEY_SCAN = "heatmaps.scan"
+KEY_P_STAY = "heatmaps.p_stay"
+KEY_THRESHOLD = "heatmaps.threshold"
+KEY_FLAG_ROW = "heatmaps.flag_row"
+KEY_SMOOTH_ALL = "heatmaps.smooth_all"
+KEY_ROWS = "heatmaps.rows"
+KEY_ROWS_OPTIONS = "heatmaps.rows.options"
+KEY_PREV = "heatmaps.prev"
+KEY_NEXT = "heatmaps.next"

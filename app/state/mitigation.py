@@ -23,3 +23,23 @@ class MitigationState(AnswerChoice):
     method: str = "feedback"
     guide: str | None = None
     result: tuple[Any, ...] | None = None
+
+
+# The mitigation page's widgets
+KEY_SOURCE = "mit.example.source"
+KEY_DATASET = "mit.dataset"
+KEY_EXAMPLE = "mit.example.id"
+KEY_METHOD = "mit.method"
+KEY_GUIDE = "mit.guide"
+KEY_MAX_TOKENS = "mit.max_tokens"
+KEY_TEMPERATURE = "mit.temperature"
+KEY_FEEDBACK = "mit.feedback.run"
+KEY_ALPHA2 = "mit.aarf.alpha2"
+KEY_BETA2 = "mit.aarf.beta2"
+KEY_TAU = "mit.aarf.tau"
+KEY_HEADS_ONLY = "mit.aarf.heads_only"
+KEY_AARF = "mit.aarf.run"
+KEY_FEATURE = "mit.steer.feature"
+KEY_POSITION = "mit.steer.position"
+KEY_VALUES = "mit.steer.values"
+KEY_STEER = "mit.steer.run"

@@ -23,6 +23,15 @@ from app.components.example_picker import (
     pick_page_dataset,
 )
 from app.components.exports import plot
+from app.state.agreement import (
+    KEY_DATASET,
+    KEY_DETECTORS,
+    KEY_LIMIT,
+    KEY_LIST,
+    KEY_METHOD,
+    KEY_OPEN,
+    KEY_RUN,
+)
 from app.state.datasets import get_store
 from app.state.detectors import shipped_detectors
 from app.state.estimates import paced_extraction, work_estimate
@@ -58,14 +67,6 @@ if TYPE_CHECKING:
     from streamlit.delta_generator import DeltaGenerator
 
 STATE_KEY = "ragscope.agreement"
-KEY_DATASET = "agreement.dataset"
-KEY_DETECTORS = "agreement.detectors"
-KEY_LIMIT = "agreement.limit"
-KEY_RUN = "agreement.run"
-KEY_METHOD = "agreement.method"
-KEY_LIST = "agreement.list"
-KEY_OPEN = "agreement.open"
-KEY_REPORT = "agreement.report"
 DEFAULT_LIMIT = 4
 METHODS = ["spearman", "pearson", "kendall"]
 

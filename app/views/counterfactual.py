@@ -27,7 +27,24 @@ from app.components.estimate import estimate_caption
 from app.components.example_picker import AnswerKeys
 from app.components.multirow import DIFF_CMAP, HeatRow, gold_row, multirow_html
 from app.state.analysis import input_signature
-from app.state.counterfactual import KEY_CF_DATASET, KEY_CF_EXAMPLE, KEY_CF_SOURCE
+from app.state.counterfactual import (
+    KEY_CF_DATASET,
+    KEY_CF_EXAMPLE,
+    KEY_CF_SOURCE,
+    KEY_COMPARE,
+    KEY_CONTRADICT,
+    KEY_LOAD,
+    KEY_MAX_TOKENS,
+    KEY_MODE,
+    KEY_NAME,
+    KEY_NO_CONTEXT,
+    KEY_PRESET,
+    KEY_RESET,
+    KEY_SAVE,
+    KEY_SAVED,
+    KEY_SPAN,
+    KEY_SUPPORT,
+)
 from app.state.datasets import get_store
 from app.state.detectors import ShippedDetectors
 from app.state.estimates import answer_estimate, generation_seconds
@@ -56,19 +73,6 @@ if TYPE_CHECKING:
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.
 ANSWER_KEYS = AnswerKeys(source=KEY_CF_SOURCE, dataset=KEY_CF_DATASET, example=KEY_CF_EXAMPLE)
-KEY_SPAN = "cf.span"
-KEY_SUPPORT = "cf.preset.support"
-KEY_CONTRADICT = "cf.preset.contradict"
-KEY_RESET = "cf.reset"
-KEY_NO_CONTEXT = "cf.no_context"
-KEY_MODE = "cf.answer_mode"
-KEY_MAX_TOKENS = "cf.max_tokens"
-KEY_COMPARE = "cf.compare"
-KEY_NAME = "cf.name"
-KEY_SAVE = "cf.save"
-KEY_SAVED = "cf.saved"
-KEY_LOAD = "cf.load"
-KEY_PRESET = "cf.preset.applied"
 PRESET_SUPPORT = "support the span"
 PRESET_DIFFERENT = "state the span differently"
 EXPECT = {PRESET_SUPPORT: "fewer", PRESET_DIFFERENT: "as many"}

@@ -24,6 +24,7 @@ from app.components.heatmap import render_token_heatmap
 from app.components.train_job import train_detectors_panel
 from app.state.analysis import input_signature
 from app.state.detectors import shipped_detectors
+from app.state.features import KEY_GAM_EXAMPLE, KEY_GAM_FEATURE, KEY_GAM_TOP
 from app.state.heads import HEADS_FROM_HOME, heads_examples
 from app.state.links import (
     HOME_DATASETS_HERE,
@@ -53,9 +54,6 @@ if TYPE_CHECKING:
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.
 RAGLENS = "raglens"
-KEY_FEATURE = "gam.feature"
-KEY_TOP = "gam.top"
-KEY_EXAMPLE = "gam.example"
 ACTIVATION_CMAP = ((0.0, "#ffffff"), (0.35, "#fdd49e"), (0.7, "#fc8d59"), (1.0, "#b30000"))
 
 
@@ -119,8 +117,8 @@ def ranking_section(detector: RaglensDetector) -> int | None:
     left, right = st.columns([2, 3], gap="medium")
     top = bind(
         P_TOP,
-        KEY_TOP,
-        lambda: int(left.number_input("Features shown", 1, n, step=5, key=KEY_TOP)),
+        KEY_GAM_TOP,
+        lambda: int(left.number_input("Features shown", 1, n, step=5, key=KEY_GAM_TOP)),
         parse=integer(1, n),
         seed=min(20, n),
         default=str(min(20, n)),
@@ -151,16 +149,16 @@ def ranking_section(detector: RaglensDetector) -> int | None:
     options = [k for k, _ in imp]
     by_id = {feature_id(k): k for k in options}
     remembered = state.gam.feature if state.gam.feature in options else options[0]
-    if st.session_state.get(KEY_FEATURE) not in options:
-        st.session_state.pop(KEY_FEATURE, None)
+    if st.session_state.get(KEY_GAM_FEATURE) not in options:
+        st.session_state.pop(KEY_GAM_FEATURE, None)
     rank = {k: i + 1 for i, k in enumerate(options)}
     picked = bind(
         P_FEATURE,
-        KEY_FEATURE,
+        KEY_GAM_FEATURE,
         lambda: st.selectbox(
             "Feature",
             options,
-            key=KEY_FEATURE,
+            key=KEY_GAM_FEATURE,
             format_func=lambda k: f"F{k} (rank {rank[k]})",
         ),
         parse=lambda raw: by_id.get(raw.strip().upper()),
@@ -222,7 +220,7 @@ def answer_section(model: LoadedModel, detector: RaglensDetector, stamp: str) ->
     if not examples:
         st.info("The dataset picked on Home holds no examples; pick another one there.")
         return
-    ex = pick_example(examples, state.gam.example_id, key=KEY_EXAMPLE, dataset_label=label)
+    ex = pick_example(examples, state.gam.example_id, key=KEY_GAM_EXAMPLE, dataset_label=label)
     state.gam.example_id = ex.id
     st.caption(f"From {md(label)}. Answer: \u201c{md(first_words(ex.response, 40))}\u201d")
     try:

@@ -26,6 +26,16 @@ from app.components.shap_charts import pos_sources_figure, token_sources_figure,
 from app.state.datasets import BUILTIN, get_store
 from app.state.detectors import shipped_detectors
 from app.state.heads import HEADS_FROM_HOME, answer_heads
+from app.state.learn import (
+    KEY_BACK,
+    KEY_NEXT,
+    KEY_P_STAY,
+    KEY_SOURCE,
+    KEY_STATS,
+    KEY_TOKEN,
+    KEY_TRY,
+    KEY_WALK,
+)
 from app.state.links import (
     P_INPUT,
     P_STEP,
@@ -67,14 +77,6 @@ from core.signals.attribution import SOURCES
 from core.signals.smoothing import P_STAY_TOKEN
 
 STATE_KEY = "ragscope.learn"
-KEY_WALK = "learn.walk"
-KEY_SOURCE = "learn.source"
-KEY_BACK = "learn.back"
-KEY_NEXT = "learn.next"
-KEY_TOKEN = "learn.token"
-KEY_P_STAY = "learn.p_stay"
-KEY_STATS = "learn.stats"
-KEY_TRY = "learn.try"
 DATASET_N = 24
 PRESET_ID = "demo-04-mount-kelsey"  # a hallucinated date in an otherwise supported answer
 PRIMER = "Residual stream & logit lens"

@@ -29,6 +29,25 @@ from app.components.example_picker import AnswerKeys
 from app.state.detectors import ShippedDetectors
 from app.state.estimates import answer_estimate, generation_seconds
 from app.state.links import P_METHOD, bind, one_of
+from app.state.mitigation import (
+    KEY_AARF,
+    KEY_ALPHA2,
+    KEY_BETA2,
+    KEY_DATASET,
+    KEY_EXAMPLE,
+    KEY_FEATURE,
+    KEY_FEEDBACK,
+    KEY_GUIDE,
+    KEY_HEADS_ONLY,
+    KEY_MAX_TOKENS,
+    KEY_METHOD,
+    KEY_POSITION,
+    KEY_SOURCE,
+    KEY_STEER,
+    KEY_TAU,
+    KEY_TEMPERATURE,
+    KEY_VALUES,
+)
 from app.state.session import AppState, seed_widget
 from app.state.spad_views import train_command
 from app.state.verdicts import answer_verdicts
@@ -55,24 +74,7 @@ if TYPE_CHECKING:
 
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.
-KEY_SOURCE = "mit.example.source"
-KEY_DATASET = "mit.dataset"
-KEY_EXAMPLE = "mit.example.id"
 ANSWER_KEYS = AnswerKeys(source=KEY_SOURCE, dataset=KEY_DATASET, example=KEY_EXAMPLE)
-KEY_METHOD = "mit.method"
-KEY_GUIDE = "mit.guide"
-KEY_MAX_TOKENS = "mit.max_tokens"
-KEY_TEMPERATURE = "mit.temperature"
-KEY_FEEDBACK = "mit.feedback.run"
-KEY_ALPHA2 = "mit.aarf.alpha2"
-KEY_BETA2 = "mit.aarf.beta2"
-KEY_TAU = "mit.aarf.tau"
-KEY_HEADS_ONLY = "mit.aarf.heads_only"
-KEY_AARF = "mit.aarf.run"
-KEY_FEATURE = "mit.steer.feature"
-KEY_POSITION = "mit.steer.position"
-KEY_VALUES = "mit.steer.values"
-KEY_STEER = "mit.steer.run"
 METHODS = {"feedback": "Feedback", "aarf": "AARF (ReDeEP)", "steer": "SAE steering (RAGLens)"}
 INSTANCE = "instance level (no detail)"
 

@@ -43,6 +43,34 @@ from app.state.links import (
     publish,
 )
 from app.state.model import get_model
+from app.state.review import (
+    KEY_ACCEPT,
+    KEY_ADD_SPAN,
+    KEY_BUILD,
+    KEY_CHANGE,
+    KEY_DATASET,
+    KEY_DETECTORS,
+    KEY_EXPORT_ALL,
+    KEY_EXPORT_NAME,
+    KEY_EXPORT_REPLACE,
+    KEY_EXPORT_SAVE,
+    KEY_EXPORT_WHO,
+    KEY_F_DETECTORS,
+    KEY_F_GENERATOR,
+    KEY_F_STATUS,
+    KEY_F_TASK,
+    KEY_LIMIT,
+    KEY_NAME,
+    KEY_NEXT,
+    KEY_PREV,
+    KEY_REJECT,
+    KEY_REPORT,
+    KEY_REPORT_GET,
+    KEY_SMOOTH,
+    KEY_SORT,
+    KEY_START,
+    KEY_TABLE,
+)
 from app.state.runs import CORPUS
 from app.state.session import app_state
 from app.text import code, md
@@ -72,32 +100,6 @@ from core.review import (
 
 # Page scripts run with Streamlit's magic: no bare strings (they would be drawn).
 STATE_KEY = "ragscope.review"
-KEY_NAME = "review.name"
-KEY_START = "review.start"
-KEY_CHANGE = "review.change_name"
-KEY_DATASET = "review.dataset"
-KEY_DETECTORS = "review.detectors"
-KEY_LIMIT = "review.limit"
-KEY_SMOOTH = "review.smooth"
-KEY_BUILD = "review.build"
-KEY_F_DETECTORS = "review.f.detectors"
-KEY_F_STATUS = "review.f.status"
-KEY_F_TASK = "review.f.task"
-KEY_F_GENERATOR = "review.f.generator"
-KEY_SORT = "review.sort"
-KEY_TABLE = "review.table"
-KEY_ACCEPT = "review.accept"
-KEY_REJECT = "review.reject"
-KEY_NEXT = "review.next"
-KEY_PREV = "review.prev"
-KEY_EXPORT_WHO = "review.export.who"
-KEY_EXPORT_ALL = "review.export.all"
-KEY_EXPORT_NAME = "review.export.name"
-KEY_EXPORT_SAVE = "review.export.save"
-KEY_EXPORT_REPLACE = "review.export.replace"
-KEY_REPORT = "review.report"
-KEY_ADD_SPAN = "review.add_span"
-KEY_REPORT_GET = "review.report.get"
 CORPUS_LABEL = "Built-in labelled corpus"
 UNSET = "unset"
 LATEST = "the latest decision on each item"

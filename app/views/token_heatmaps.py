@@ -28,7 +28,22 @@ from app.state.analysis import Analysis, analyse
 from app.state.datasets import get_store
 from app.state.detectors import ShippedDetectors, shipped_detectors
 from app.state.estimates import paced_extraction, work_estimate
-from app.state.heatmaps import KEY_HEATMAP_DATASET, KEY_HEATMAP_EXAMPLE, KEY_HEATMAP_SOURCE
+from app.state.heatmaps import (
+    KEY_FLAG_ROW,
+    KEY_HEATMAP_DATASET,
+    KEY_HEATMAP_EXAMPLE,
+    KEY_HEATMAP_SOURCE,
+    KEY_NEXT,
+    KEY_ONLY_FLAGGED,
+    KEY_P_STAY,
+    KEY_PREV,
+    KEY_ROWS,
+    KEY_ROWS_OPTIONS,
+    KEY_SCAN,
+    KEY_SCAN_LIMIT,
+    KEY_SMOOTH_ALL,
+    KEY_THRESHOLD,
+)
 from app.state.links import (
     P_DETECTOR,
     P_HIDE,
@@ -80,17 +95,6 @@ ROW_RAW = "CORTEX raw"
 ROW_SMOOTH = "CORTEX smoothed"
 ROW_SURPRISAL = "surprisal (bits)"
 RAGLENS_ROWS = 2
-KEY_ONLY_FLAGGED = "heatmaps.only_flagged"
-KEY_SCAN_LIMIT = "heatmaps.scan.limit"
-KEY_SCAN = "heatmaps.scan"
-KEY_P_STAY = "heatmaps.p_stay"
-KEY_THRESHOLD = "heatmaps.threshold"
-KEY_FLAG_ROW = "heatmaps.flag_row"
-KEY_SMOOTH_ALL = "heatmaps.smooth_all"
-KEY_ROWS = "heatmaps.rows"
-KEY_ROWS_OPTIONS = "heatmaps.rows.options"
-KEY_PREV = "heatmaps.prev"
-KEY_NEXT = "heatmaps.next"
 ANSWER_KEYS = AnswerKeys(
     source=KEY_HEATMAP_SOURCE, dataset=KEY_HEATMAP_DATASET, example=KEY_HEATMAP_EXAMPLE
 )

@@ -13,8 +13,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.state.analysis import input_signature
 from app.state.counterfactual import KEY_CF_EXAMPLE as KEY_EXAMPLE
-from app.state.session import STATE_KEY
-from app.views.counterfactual import (
+from app.state.counterfactual import (
     KEY_COMPARE,
     KEY_LOAD,
     KEY_MODE,
@@ -22,8 +21,9 @@ from app.views.counterfactual import (
     KEY_NO_CONTEXT,
     KEY_SAVE,
     KEY_SUPPORT,
-    passage_key,
 )
+from app.state.session import STATE_KEY
+from app.views.counterfactual import passage_key
 from core.data import builtin_examples
 from core.detectors import load_shipped
 from core.engine.model import LoadedModel

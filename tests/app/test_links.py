@@ -34,6 +34,7 @@ from app.state.heads import (
 )
 from app.state.heatmaps import KEY_HEATMAP_DATASET as KEY_HM_DATASET
 from app.state.heatmaps import KEY_HEATMAP_EXAMPLE as KEY_HM_EXAMPLE
+from app.state.heatmaps import KEY_P_STAY, KEY_ROWS, KEY_SMOOTH_ALL, KEY_THRESHOLD
 from app.state.links import OwnInput, input_id, input_problem, pack_input, parse_input
 from app.state.playground import (
     INPUT_OWN,
@@ -44,7 +45,7 @@ from app.state.playground import (
     KEY_PASTED,
 )
 from app.state.session import STATE_KEY
-from app.views.token_heatmaps import KEY_P_STAY, KEY_ROWS, KEY_SMOOTH_ALL, KEY_THRESHOLD, row_id
+from app.views.token_heatmaps import row_id
 from core.data import load_builtin
 from core.signals.smoothing import P_STAY_TOKEN
 

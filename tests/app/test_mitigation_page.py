@@ -9,8 +9,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.state.session import STATE_KEY
-from app.views.mitigation import (
+from app.state.mitigation import (
     KEY_EXAMPLE,
     KEY_FEEDBACK,
     KEY_GUIDE,
@@ -19,6 +18,7 @@ from app.views.mitigation import (
     KEY_TEMPERATURE,
     KEY_VALUES,
 )
+from app.state.session import STATE_KEY
 from core.data import builtin_examples
 from core.engine.model import LoadedModel
 from core.interventions.counterfactual import on_template

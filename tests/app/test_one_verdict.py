@@ -22,11 +22,11 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import core.base.paths
+from app.state.counterfactual import KEY_COMPARE
+from app.state.mitigation import KEY_FEEDBACK, KEY_TEMPERATURE
 from app.state.playground import ANSWER_PASTE, KEY_ANALYSE, KEY_ANSWER_SOURCE, KEY_EXAMPLE
 from app.state.session import STATE_KEY
 from app.text import md
-from app.views.counterfactual import KEY_COMPARE
-from app.views.mitigation import KEY_FEEDBACK, KEY_TEMPERATURE
 from core.data import builtin_examples
 from core.detectors import load_shipped, make_detector
 from core.engine.model import LoadedModel

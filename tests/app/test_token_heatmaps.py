@@ -14,10 +14,7 @@ from pathlib import Path
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
-from app.state.heatmaps import KEY_HEATMAP_DATASET as KEY_DATASET
-from app.state.heatmaps import KEY_HEATMAP_EXAMPLE as KEY_EXAMPLE
-from app.state.session import STATE_KEY
-from app.views.token_heatmaps import (
+from app.state.heatmaps import (
     KEY_FLAG_ROW,
     KEY_NEXT,
     KEY_ONLY_FLAGGED,
@@ -26,8 +23,11 @@ from app.views.token_heatmaps import (
     KEY_SCAN,
     KEY_SMOOTH_ALL,
     KEY_THRESHOLD,
-    nothing_flagged,
 )
+from app.state.heatmaps import KEY_HEATMAP_DATASET as KEY_DATASET
+from app.state.heatmaps import KEY_HEATMAP_EXAMPLE as KEY_EXAMPLE
+from app.state.session import STATE_KEY
+from app.views.token_heatmaps import nothing_flagged
 from core.data import builtin_examples
 from core.detectors import load_shipped
 from core.engine.model import LoadedModel

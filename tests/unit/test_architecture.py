@@ -368,3 +368,16 @@ def test_every_type_ignore_names_its_code_and_why() -> None:
         "z = h()  # type: ignore[arg-type]  # h is untyped\n"
     }
     assert _unexplained_ignores(planted) == ["a.py:1", "a.py:2"]
+
+
+def test_page_scripts_define_no_widget_keys() -> None:
+    """A page's widget-key constants live in its family's module of app/state, where its
+    state object is, never in the page script."""
+    defined = [
+        f"{f.name}:{node.lineno}"
+        for f in sorted((ROOT / "app" / "views").glob("*.py"))
+        for node in ast.parse(f.read_text(encoding="utf-8")).body
+        if isinstance(node, ast.Assign)
+        and any(isinstance(t, ast.Name) and t.id.startswith("KEY_") for t in node.targets)
+    ]
+    assert defined == []

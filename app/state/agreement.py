@@ -1,0 +1,10 @@
+"""Agreement: the page's widget keys."""
+
+KEY_DATASET = "agreement.dataset"
+KEY_DETECTORS = "agreement.detectors"
+KEY_LIMIT = "agreement.limit"
+KEY_RUN = "agreement.run"
+KEY_METHOD = "agreement.method"
+KEY_LIST = "agreement.list"
+KEY_OPEN = "agreement.open"
+KEY_REPORT = "agreement.report"

@@ -1,0 +1,10 @@
+"""Learn: the walkthroughs' widget keys."""
+
+KEY_WALK = "learn.walk"
+KEY_SOURCE = "learn.source"
+KEY_BACK = "learn.back"
+KEY_NEXT = "learn.next"
+KEY_TOKEN = "learn.token"
+KEY_P_STAY = "learn.p_stay"
+KEY_STATS = "learn.stats"
+KEY_TRY = "learn.try"
