@@ -9,6 +9,7 @@ registry).
 
 from __future__ import annotations
 
+from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar, Self
@@ -82,7 +83,7 @@ def token_training_set(
     return idx, xs, ys
 
 
-class FittedDetector(DetectorBase):
+class FittedDetector(DetectorBase, ABC):
     """A detector that learns, and its one persistence: :meth:`save` writes
     :meth:`fitted_state` (the ``weights.json`` object and the files it writes itself)
     through :func:`~core.learning.artifact.save_fitted` once :attr:`fitted_attr` is set;
@@ -98,15 +99,15 @@ class FittedDetector(DetectorBase):
     #: What reading a damaged file of this detector raises besides ``MALFORMED``.
     load_errors: ClassVar[tuple[type[BaseException], ...]] = ()
 
+    @abstractmethod
     def fitted_state(self) -> tuple[dict[str, Any], Writers]:
         """What :meth:`save` writes: the ``weights.json`` object and the detector's own
         files (called once fitted)."""
-        raise NotImplementedError
 
+    @abstractmethod
     def restore_state(self, folder: Path, w: Mapping[str, Any], cfg: Mapping[str, Any]) -> None:
         """Set what the detector learned from an artifact's weights (``w``) and
         ``cfg.json`` (already verified); raise on anything malformed."""
-        raise NotImplementedError
 
     def after_load(self, folder: Path, w: Mapping[str, Any]) -> None:
         """Checks that need the whole loaded detector (its threshold and model key
