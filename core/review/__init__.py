@@ -14,8 +14,16 @@
   overwriting) and ``review_audit`` (append-only: triggers refuse updates and
   deletes; one row per change with who, when, before and after). Every change is
   one ``BEGIN IMMEDIATE`` transaction.
+- :class:`AnswerBook` (:mod:`core.review.answers`): a reviewer marks a whole answer
+  faithful or hallucinated (one versioned mark per answer and reviewer, with the
+  ordering it was drawn under, and an append-only audit trail), and every answer's
+  label is derived by :data:`LABEL_RULES` from the marks and span decisions
+  (:func:`answer_labels`); the set's verdicts on scanned answers form the answer queue.
+- :func:`order_answers` (:mod:`core.review.sampling`): the answer queue in random,
+  uncertainty or stratified order (:data:`ORDERING_PURPOSE` says what each is for).
 - :func:`agreement`: Cohen's kappa of two reviewers' accept / reject decisions on
-  the items both reviewed, and the span-overlap F1 of their accepted spans.
+  the items both reviewed, and the span-overlap F1 of their accepted spans;
+  :func:`answer_agreement`: Cohen's kappa of two reviewers' answer labels.
 - :func:`reviewed_examples`, :func:`write_ragtruth_jsonl` and :func:`reviews_frame`:
   the reviewed dataset as RAGTruth-style JSONL (the format of
   ``../shared/data/ragtruth_qa_dev.jsonl``, read back by
@@ -26,7 +34,21 @@ from __future__ import annotations
 
 from core.review.agreement import (
     Agreement,
+    AnswerAgreement,
     agreement,
+    answer_agreement,
+)
+from core.review.answers import (
+    LABEL_RULES,
+    AnswerBook,
+    AnswerLabel,
+    ReviewerLabel,
+    ScanVerdict,
+    answer_labels,
+    derive_label,
+    label_counts,
+    reviewer_labels,
+    scan_verdict,
 )
 from core.review.book import (
     SORTS,
@@ -52,23 +74,52 @@ from core.review.flags import (
     Flag,
     Scan,
     dataset_verdicts,
+    judge_dataset,
     propose_flags,
     scan_flags,
+    split_verdicts,
 )
+from core.review.sampling import ORDERING_PURPOSE, STRATA, order_answers, random_order
 from core.storage import (
+    ANSWER_LABELS,
     DECISIONS,
     EVIDENCE,
     KINDS,
     LABEL_TYPES,
+    ORDERINGS,
     STATUSES,
+    AnswerReview,
     AuditEntry,
     Decision,
     Review,
     ReviewItem,
+    ScannedAnswer,
 )
 
 __all__ = [
+    "ANSWER_LABELS",
+    "LABEL_RULES",
+    "ORDERINGS",
+    "ORDERING_PURPOSE",
+    "STRATA",
     "Agreement",
+    "AnswerAgreement",
+    "AnswerBook",
+    "AnswerLabel",
+    "AnswerReview",
+    "ReviewerLabel",
+    "ScanVerdict",
+    "ScannedAnswer",
+    "answer_agreement",
+    "answer_labels",
+    "derive_label",
+    "judge_dataset",
+    "label_counts",
+    "order_answers",
+    "random_order",
+    "reviewer_labels",
+    "scan_verdict",
+    "split_verdicts",
     "AuditEntry",
     "DECISIONS",
     "Decision",

@@ -1,14 +1,18 @@
-"""Agreement between two reviewers: Cohen's kappa of their accept / reject decisions and the span-overlap F1 of their accepted spans."""
+"""Agreement between two reviewers: Cohen's kappa of their accept / reject decisions and the span-overlap F1 of their accepted spans; Cohen's kappa of their answer labels."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+import warnings
+from collections import Counter
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from itertools import combinations
 
-if TYPE_CHECKING:
-    pass
+from sklearn.metrics import cohen_kappa_score
+
+from core.review.answers import AnswerLabel
 from core.review.book import DECISIONS, ReviewItem
+from core.storage import ANSWER_LABELS
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,10 +40,6 @@ def agreement(
 ) -> Agreement | None:
     """Agreement of two reviewers (default: the pair with the most items in common);
     ``None`` when no item has two reviews."""
-    from itertools import combinations
-
-    from sklearn.metrics import cohen_kappa_score
-
     if a is None or b is None:
         counts: dict[tuple[str, str], int] = {}
         for it in items:
@@ -60,8 +60,6 @@ def agreement(
     db = [rb.decision for _, _, rb in both]
     kappa: float | None = None
     if len(both) >= 2:
-        import warnings
-
         with warnings.catch_warnings():
             warnings.simplefilter("ignore", RuntimeWarning)
             kappa = float(cohen_kappa_score(da, db, labels=list(DECISIONS)))
@@ -83,3 +81,45 @@ def agreement(
         rec = hits_g / n_g if n_g else 0.0
         span_f1 = 2 * prec * rec / (prec + rec) if prec + rec > 0 else 0.0
     return Agreement(reviewers=(a, b), n_items=len(both), kappa=kappa, span_f1=span_f1)
+
+
+@dataclass(frozen=True, kw_only=True)
+class AnswerAgreement:
+    """Two reviewers' labels of the answers both labelled (answer marks, or their span
+    decisions by :data:`~core.review.answers.LABEL_RULES`).
+
+    Attributes:
+        kappa: Cohen's kappa of their faithful / hallucinated labels (``None`` with
+            fewer than two answers, NaN when both always gave one same label).
+        agree: The share of those answers they label alike.
+    """
+
+    reviewers: tuple[str, str]
+    n_answers: int
+    kappa: float | None
+    agree: float
+
+
+def answer_agreement(
+    labels: Iterable[AnswerLabel], a: str | None = None, b: str | None = None
+) -> AnswerAgreement | None:
+    """Agreement of two reviewers on whole answers (default: the pair with the most
+    answers in common); ``None`` when no answer has two reviewers' labels."""
+    per = [{r.reviewer: r.label for r in lab.reviewers} for lab in labels]
+    if a is None or b is None:
+        counts = Counter(pair for p in per for pair in combinations(sorted(p), 2))
+        if not counts:
+            return None
+        a, b = min(counts, key=lambda pair: (-counts[pair], pair))
+    both = [(p[a], p[b]) for p in per if a in p and b in p]
+    if not both:
+        return None
+    kappa: float | None = None
+    if len(both) >= 2:
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            kappa = float(
+                cohen_kappa_score([x for x, _ in both], [y for _, y in both], labels=ANSWER_LABELS)
+            )
+    agree = sum(x == y for x, y in both) / len(both)
+    return AnswerAgreement(reviewers=(a, b), n_answers=len(both), kappa=kappa, agree=agree)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import numbers
 import unicodedata
@@ -10,7 +11,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.base.examples import RAGExample, Span
+from core.review.answers import answer_labels
 from core.review.book import Review, ReviewItem
+from core.storage import AnswerReview
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -31,21 +34,29 @@ def reviewed_examples(
     *,
     reviewer: str | None = None,
     include_unreviewed: bool = False,
+    marks: Sequence[AnswerReview] = (),
 ) -> list[RAGExample]:
-    """The dataset as the reviews say: per answer with a decided item, the accepted
-    spans (adjusted boundaries, RAGTruth label type, note) and ``label = any accepted``.
+    """The dataset as the reviews say: per answer with a label
+    (:data:`~core.review.answers.LABEL_RULES`: answer marks, accepted spans, every span
+    rejected), that label and, when hallucinated, the accepted spans (adjusted
+    boundaries, RAGTruth label type, note).
 
     Args:
         examples: The dataset's examples.
         items: Its review items (:meth:`ReviewBook.items`).
-        reviewer: Whose decisions count (default: the latest decision on each item).
-        include_unreviewed: Also keep answers with no decided item, as they were.
+        reviewer: Whose reviews count (default: every reviewer's, by the rules; the
+            spans from the latest decision on each item).
+        include_unreviewed: Also keep answers with no label (never reviewed, or
+            disputed), as they were.
+        marks: Its answer-level marks (:meth:`~core.review.answers.AnswerBook.marks`).
 
-    Stale items (:meth:`ReviewItem.is_stale`) are left out.
+    Stale items and marks (made on another version of the answer) are left out.
     """
-    import dataclasses
-
     by_id = {e.id: e for e in examples}
+    if reviewer is not None:
+        marks = [m for m in marks if m.reviewer == reviewer]
+        items = [dataclasses.replace(it, reviews=_only(it, reviewer)) for it in items]
+    labels = answer_labels(examples, marks, items)
     decided: dict[str, list[Review]] = {}
     for it in items:
         if it.is_stale(by_id.get(it.example_id)):
@@ -55,8 +66,8 @@ def reviewed_examples(
             decided.setdefault(it.example_id, []).append(r)
     out = []
     for ex in examples:
-        rs = decided.get(ex.id)
-        if rs is None:
+        label = labels[ex.id].label
+        if label is None:
             if include_unreviewed:
                 out.append(ex)
             continue
@@ -64,14 +75,18 @@ def reviewed_examples(
             sorted(
                 (
                     Span(start=r.start, end=r.end, type=r.label_type, note=r.note)
-                    for r in rs
+                    for r in decided.get(ex.id, ())
                     if r.decision == "accept"
                 ),
                 key=lambda s: (s.start, s.end),
             )
         )
-        out.append(dataclasses.replace(ex, spans=spans, label=bool(spans)))
+        out.append(dataclasses.replace(ex, spans=spans if label else (), label=label))
     return out
+
+
+def _only(item: ReviewItem, reviewer: str) -> tuple[Review, ...]:
+    return tuple(r for r in item.reviews if r.reviewer == reviewer)
 
 
 RAGTRUTH_TEMPLATE = (

@@ -176,6 +176,28 @@ def scan_flags(
     return Scan(flags=flags, n_answers=len(examples), detectors=tuple(per))
 
 
+def judge_dataset(
+    model: LoadedModel,
+    examples: Sequence[RAGExample],
+    dset: DetectorSet,
+    *,
+    cache: FeatureCache | None = None,
+    progress: Callable[[int, int], None] | None = None,
+) -> list[AnswerVerdict]:
+    """The set's verdict on each answer (:func:`core.pipeline.judge.judge_many`: one
+    trace per answer, features from ``cache`` where there, each answer by the set's
+    expert for its dataset where it has one, calibrated for its dataset): the
+    probabilities and flags every page shows for that answer. Answers that cannot be
+    read are left out."""
+    out: list[AnswerVerdict] = []
+    for i, got in enumerate(judge_many(model, examples, dset, cache=cache), start=1):
+        if progress is not None:
+            progress(i, len(examples))
+        if isinstance(got, AnswerVerdict):
+            out.append(got)
+    return out
+
+
 def dataset_verdicts(
     model: LoadedModel,
     examples: Sequence[RAGExample],
@@ -185,18 +207,17 @@ def dataset_verdicts(
     progress: Callable[[int, int], None] | None = None,
 ) -> tuple[list[RAGExample], dict[str, dict[str, Verdict]]]:
     """Each detector's verdict on each answer as the set judges it
-    (:func:`core.pipeline.judge.judge_many`: one trace per answer, features from ``cache`` where
-    there, each answer by the set's expert for its dataset where it has one, calibrated
-    for its dataset): the probabilities and flags every page shows for that answer.
-    Returns the examples read and ``{example id: {name: verdict}}``; answers that cannot
-    be read are left out."""
+    (:func:`judge_dataset`). Returns the examples read and
+    ``{example id: {name: verdict}}``; answers that cannot be read are left out."""
+    return split_verdicts(
+        examples, judge_dataset(model, examples, dset, cache=cache, progress=progress)
+    )
+
+
+def split_verdicts(
+    examples: Sequence[RAGExample], judged: Sequence[AnswerVerdict]
+) -> tuple[list[RAGExample], dict[str, dict[str, Verdict]]]:
+    """The examples judged and each one's detector verdicts (``{id: {name: verdict}}``)."""
     by_id = {e.id: e for e in examples}
-    kept: list[RAGExample] = []
-    out: dict[str, dict[str, Verdict]] = {}
-    for i, got in enumerate(judge_many(model, examples, dset, cache=cache), start=1):
-        if progress is not None:
-            progress(i, len(examples))
-        if isinstance(got, AnswerVerdict):
-            kept.append(by_id[got.example_id])
-            out[got.example_id] = dict(got.verdicts)
-    return kept, out
+    kept = [by_id[v.example_id] for v in judged if v.example_id in by_id]
+    return kept, {v.example_id: dict(v.verdicts) for v in judged if v.example_id in by_id}

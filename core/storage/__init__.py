@@ -18,7 +18,8 @@ a Streamlit server (one thread per session) needs.
 - one repository per table family, each with its rows' dataclasses: ``datasets``
   (datasets and examples), ``analyses`` (the feature cache), ``annotations``,
   ``explanations``, ``counterfactuals`` and ``reviews`` (the review queue, decisions
-  and audit trail that :mod:`core.review` keeps) and ``jobs`` (background jobs and their
+  and audit trail that :mod:`core.review` keeps), ``answer_reviews`` (answer-level marks,
+  their audit trail and the scanned answers' verdicts) and ``jobs`` (background jobs and their
   progress, :mod:`core.services.jobs`) ``logins`` (logins revoked by logging out) and ``paces`` (how fast feature
   extraction ran here, for the pages' time estimates).
 - ``store``: :class:`Store`, the database with all of them.
@@ -28,6 +29,14 @@ from __future__ import annotations
 
 from core.storage.analyses import AnalysisRecord
 from core.storage.annotations import Annotation
+from core.storage.answer_reviews import (
+    ANSWER_LABELS,
+    ORDERINGS,
+    AnswerAuditEntry,
+    AnswerMark,
+    AnswerReview,
+    ScannedAnswer,
+)
 from core.storage.counterfactuals import SavedSession
 from core.storage.datasets import DatasetInfo, check_dataset_name
 from core.storage.db import DB_FILENAME, default_db_path, now_iso
@@ -57,6 +66,12 @@ from core.storage.store import Store
 
 __all__ = [
     "ACTIVE_STATUSES",
+    "ANSWER_LABELS",
+    "ORDERINGS",
+    "AnswerAuditEntry",
+    "AnswerMark",
+    "AnswerReview",
+    "ScannedAnswer",
     "DB_FILENAME",
     "DECISIONS",
     "EVIDENCE",

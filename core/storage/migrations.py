@@ -190,5 +190,55 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (model, detectors)
     );
     """,
+    # 8: answer-level review (core.review.answers): one versioned mark per answer and
+    # reviewer (faithful / hallucinated, with the ordering the answer was drawn under:
+    # calibration counts only answers drawn at random), its append-only audit trail, and
+    # the set's verdict on each scanned answer (the answer queue and its orderings).
+    """
+    CREATE TABLE answer_reviews (
+        id INTEGER PRIMARY KEY,
+        dataset TEXT NOT NULL,
+        example_id TEXT NOT NULL,
+        reviewer TEXT NOT NULL,
+        label TEXT NOT NULL CHECK (label IN ('faithful', 'hallucinated')),
+        drawn_by TEXT NOT NULL CHECK (drawn_by IN ('random', 'uncertainty', 'stratified')),
+        note TEXT,
+        example_hash TEXT NOT NULL,
+        version INTEGER NOT NULL,
+        created_at TEXT NOT NULL,
+        updated_at TEXT NOT NULL,
+        UNIQUE (dataset, example_id, reviewer)
+    );
+    CREATE INDEX answer_reviews_by_dataset ON answer_reviews(dataset, example_id);
+    CREATE TABLE answer_review_audit (
+        id INTEGER PRIMARY KEY,
+        dataset TEXT NOT NULL,
+        example_id TEXT NOT NULL,
+        reviewer TEXT NOT NULL,
+        at TEXT NOT NULL,
+        action TEXT NOT NULL,
+        before TEXT,
+        after TEXT NOT NULL
+    );
+    CREATE INDEX answer_review_audit_by_answer ON answer_review_audit(dataset, example_id, id);
+    CREATE TRIGGER answer_review_audit_no_update BEFORE UPDATE ON answer_review_audit
+    BEGIN
+        SELECT RAISE(ABORT, 'the review audit trail is append-only');
+    END;
+    CREATE TRIGGER answer_review_audit_no_delete BEFORE DELETE ON answer_review_audit
+    BEGIN
+        SELECT RAISE(ABORT, 'the review audit trail is append-only');
+    END;
+    CREATE TABLE review_answers (
+        dataset TEXT NOT NULL,
+        example_id TEXT NOT NULL,
+        example_hash TEXT NOT NULL,
+        probability REAL NOT NULL CHECK (probability >= 0 AND probability <= 1),
+        threshold REAL NOT NULL CHECK (threshold >= 0 AND threshold <= 1),
+        judged_by TEXT NOT NULL,
+        scanned_at TEXT NOT NULL,
+        PRIMARY KEY (dataset, example_id)
+    );
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

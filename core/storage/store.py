@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from core.storage.analyses import AnalysesRepository
 from core.storage.annotations import AnnotationsRepository
+from core.storage.answer_reviews import AnswerReviewsRepository
 from core.storage.counterfactuals import CounterfactualsRepository
 from core.storage.datasets import DatasetsRepository
 from core.storage.explanations import ExplanationsRepository
@@ -20,6 +21,7 @@ class Store(
     ExplanationsRepository,
     CounterfactualsRepository,
     ReviewsRepository,
+    AnswerReviewsRepository,
     JobsRepository,
     LoginsRepository,
     PacesRepository,
