@@ -246,7 +246,9 @@ def test_a_scan_keeps_the_sets_verdicts_and_refuses_impossible_ones(store: Store
     for bad in (float("nan"), 1.5, -0.1):
         with pytest.raises(DataError, match="ex1"):
             answers.record_scan(
-                "demo", examples, {"ex1": ScanVerdict(probability=bad, threshold=0.5, judged_by="x")}
+                "demo",
+                examples,
+                {"ex1": ScanVerdict(probability=bad, threshold=0.5, judged_by="x")},
             )
     with pytest.raises(DataError, match="not an answer"):
         answers.record_scan(
