@@ -84,6 +84,7 @@ P_HIDE = "hide"
 P_CALIBRATE = "calibrate"
 P_WALK = "walk"
 P_STEP = "step"
+P_ORDER = "order"
 
 WRITTEN_KEY = "ragscope.links.written"
 """Session key: parameter -> the value this session last wrote into the URL."""

@@ -1,4 +1,6 @@
-"""Review: the page's widget keys."""
+"""Review: the page's widget keys, and the whole-answer queue's state."""
+
+from dataclasses import dataclass
 
 KEY_NAME = "review.name"
 KEY_START = "review.start"
@@ -26,3 +28,20 @@ KEY_EXPORT_REPLACE = "review.export.replace"
 KEY_REPORT = "review.report"
 KEY_ADD_SPAN = "review.add_span"
 KEY_REPORT_GET = "review.report.get"
+KEY_MODE = "review.mode"
+KEY_ORDER = "review.order"
+KEY_FAITHFUL = "review.answer.faithful"
+KEY_HALLUCINATED = "review.answer.hallucinated"
+KEY_A_NEXT = "review.answer.next"
+KEY_A_PREV = "review.answer.prev"
+KEY_A_NOTE = "review.answer.note"
+KEY_A_SKIP_MINE = "review.answer.skip_mine"
+
+
+@dataclass
+class AnswerQueueState:
+    """Where the reviewer is in the whole-answer queue."""
+
+    current: str | None = None  # example id
+    outcome: tuple[str, str] | None = None  # (kind, text), shown once
+    order: str = "random"

@@ -1,4 +1,6 @@
-"""Review: annotators accept, reject, re-bound and type the spans the detectors flag.
+"""Review: annotators accept, reject, re-bound and type the spans the detectors flag, and
+mark whole answers faithful or hallucinated (in random, uncertainty or stratified order:
+:mod:`app.components.answer_review`).
 
 The queue is built from a dataset and some shipped detectors' token scores
 (:func:`core.review.scan_flags`: whole-word spans of tokens at or above each
@@ -18,12 +20,14 @@ show. The reviewed dataset exports as RAGTruth-style JSONL (``ragscope train
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
 import streamlit as st
 
 from app.auth import auth_configured, current_identity
+from app.components.answer_review import answer_section
 from app.components.estimate import estimate_caption, progress_bar
 from app.components.highlight import FLAG, RELATED, Mark, marked_html
 from app.components.report import answer_report_html
@@ -35,6 +39,7 @@ from app.state.links import (
     DATASETS_HERE,
     P_DATASET,
     P_ITEM,
+    P_MODE,
     bind,
     dataset_spec,
     follow,
@@ -60,6 +65,7 @@ from app.state.review import (
     KEY_F_STATUS,
     KEY_F_TASK,
     KEY_LIMIT,
+    KEY_MODE,
     KEY_NAME,
     KEY_NEXT,
     KEY_PREV,
@@ -70,6 +76,7 @@ from app.state.review import (
     KEY_SORT,
     KEY_START,
     KEY_TABLE,
+    AnswerQueueState,
 )
 from app.state.runs import CORPUS
 from app.state.session import app_state
@@ -85,25 +92,33 @@ from core.review import (
     KINDS,
     SORTS,
     STATUSES,
+    AnswerBook,
+    AnswerLabel,
+    AnswerReview,
     ReviewBook,
     ReviewConflict,
     ReviewItem,
     agreement,
-    dataset_verdicts,
+    answer_agreement,
     filter_items,
+    judge_dataset,
+    next_to_scan,
     ragtruth_jsonl,
     reviewed_examples,
     reviews_frame,
     safe_csv,
     scan_flags,
+    scan_verdict,
+    split_verdicts,
 )
 
 # Page scripts run with Streamlit's magic: no bare strings (they would be drawn).
 STATE_KEY = "ragscope.review"
 CORPUS_LABEL = "Built-in labelled corpus"
 UNSET = "unset"
-LATEST = "the latest decision on each item"
+LATEST = "every reviewer's, by the label rules"
 DEFAULT_SMOOTH = 0.9
+MODES = {"spans": "Flagged spans", "answers": "Whole answers"}
 
 
 # Answers a scan reads unless told otherwise: sized for a 2-core CPU, where the default
@@ -129,6 +144,8 @@ class ReviewState:
     build_report: tuple[str, str] | None = None  # (kind, text) of the last scan
     thresholds: dict[str, float] = field(default_factory=dict)
     report: tuple[str, str] | None = None  # (example id, HTML)
+    answers: AnswerQueueState = field(default_factory=AnswerQueueState)
+    mode: str = "spans"
 
 
 def page_state() -> ReviewState:
@@ -157,6 +174,7 @@ def reviewer_gate(rs: ReviewState) -> bool:
         c_who.caption(f"Reviewing as **{md(rs.reviewer)}**.")
         if c_change.button("Change name", key=KEY_CHANGE, width="stretch"):
             rs.reviewer = None
+            rs.answers.current = None  # the next reviewer starts at their first answer
             st.rerun()
         return True
     c_name, c_go = st.columns([3, 1], vertical_alignment="bottom")
@@ -270,20 +288,34 @@ def build_section(
             "Scan and queue", key=KEY_BUILD, type="primary", icon=":material/radar:",
             disabled=not chosen,
         )  # fmt: skip
-        if chosen and not scan:
+        answers = AnswerBook(get_store())
+        todo_ids = next_to_scan(
+            [e.id for e in examples],
+            dataset=key,
+            scanned=answers.scanned(key, examples),
+            n=limit,
+        )
+        todo = [e for e in examples if e.id in set(todo_ids)]
+        st.caption(
+            f"Scans the next {len(todo)} answers not scanned yet, in the dataset's random "
+            "order: the scanned answers stay a random sample of the dataset."
+            if todo
+            else "Every answer of this dataset is scanned."
+        )
+        if chosen and todo and not scan:
             estimate_caption(
-                lambda: work_estimate(model, examples[:limit], [by_name[n] for n in chosen]),
+                lambda: work_estimate(model, todo, [by_name[n] for n in chosen]),
                 where=slot,
             )
-        if scan:
+        if scan and todo:
             dets = [by_name[n] for n in chosen]
-            timed = paced_extraction(model, examples[:limit], dets)
+            timed = paced_extraction(model, todo, dets)
             with progress_bar("Scanning:") as progress:
                 try:
                     with timed:
-                        kept, verdicts = dataset_verdicts(
+                        judged = judge_dataset(
                             model,
-                            examples[:limit],
+                            todo,
                             asked.subset(chosen),
                             cache=FeatureCache(get_store()),
                             progress=progress,
@@ -291,12 +323,14 @@ def build_section(
                 except RagscopeError as e:
                     st.error(f"The scan failed: {md(e)}")
                     return
+            kept, verdicts = split_verdicts(todo, judged)
+            answers.record_scan(key, kept, {v.example_id: scan_verdict(v) for v in judged})
             thresholds = {n: rs.thresholds[n] for n in chosen}
             scan = scan_flags(kept, verdicts, thresholds, p_stay=DEFAULT_SMOOTH if smooth else None)
             new = book.add_flags(key, kept, scan.flags)
             rs.build_report = (
                 "success" if scan.flags else "warning",
-                scan.summary(new=new, unread=limit - len(kept)),
+                scan.summary(new=new, unread=len(todo) - len(kept)),
             )
             st.rerun()
     if rs.build_report:
@@ -682,38 +716,64 @@ def report_row(book: ReviewBook, rs: ReviewState, item: ReviewItem, ex: RAGExamp
 # --------------------------------------------------------------------------- agreement, export
 
 
-def agreement_section(items: list[ReviewItem]) -> None:
-    got = agreement(items)
+def agreement_section(items: list[ReviewItem], labels: Mapping[str, AnswerLabel]) -> None:
     st.subheader("Agreement between reviewers")
-    if got is None:
-        st.caption("Shown once some items have two reviewers' decisions.")
+    got = agreement(items)
+    on_answers = answer_agreement(labels.values())
+    if got is None and on_answers is None:
+        st.caption("Shown once some items or answers have two reviewers' decisions.")
         return
-    c1, c2, c3 = st.columns(3)
-    kappa = "n/a" if got.kappa is None or got.kappa != got.kappa else f"{got.kappa:.2f}"
-    c1.metric("Cohen's kappa (accept / reject)", kappa)
-    c2.metric(
-        "Span-overlap F1 of accepted spans", "n/a" if got.span_f1 is None else f"{got.span_f1:.2f}"
-    )
-    c3.metric("Items both reviewed", got.n_items)
-    st.caption(f"Reviewers {md(got.reviewers[0])} and {md(got.reviewers[1])}.")
+    if got is not None:
+        c1, c2, c3 = st.columns(3)
+        kappa = "n/a" if got.kappa is None or got.kappa != got.kappa else f"{got.kappa:.2f}"
+        c1.metric("Cohen's kappa (accept / reject)", kappa)
+        c2.metric(
+            "Span-overlap F1 of accepted spans",
+            "n/a" if got.span_f1 is None else f"{got.span_f1:.2f}",
+        )
+        c3.metric("Items both reviewed", got.n_items)
+        st.caption(f"Reviewers {md(got.reviewers[0])} and {md(got.reviewers[1])}.")
+    if on_answers is not None:
+        a = on_answers
+        c1, c2, c3 = st.columns(3)
+        kappa = "n/a" if a.kappa is None or a.kappa != a.kappa else f"{a.kappa:.2f}"
+        c1.metric("Cohen's kappa (answer labels)", kappa)
+        c2.metric("Answers labelled alike", f"{a.agree:.0%}")
+        c3.metric("Answers both labelled", a.n_answers)
+        st.caption(
+            f"Answer labels of {md(a.reviewers[0])} and {md(a.reviewers[1])} (their marks, "
+            "else their span decisions, by the label rules)."
+        )
 
 
 def export_section(
-    key: str, label: str, items: list[ReviewItem], examples: list[RAGExample]
+    key: str,
+    label: str,
+    items: list[ReviewItem],
+    examples: list[RAGExample],
+    marks: Sequence[AnswerReview],
 ) -> None:
     st.subheader("Export the reviewed dataset")
-    who_options = [LATEST, *sorted({r.reviewer for i in items for r in i.reviews})]
+    who_options = [
+        LATEST,
+        *sorted({r.reviewer for i in items for r in i.reviews} | {m.reviewer for m in marks}),
+    ]
     c_who, c_all = st.columns([2, 2], vertical_alignment="bottom")
     who = c_who.selectbox("Decisions that count", who_options, key=KEY_EXPORT_WHO)
     keep_all = c_all.toggle("Also keep answers nobody reviewed", key=KEY_EXPORT_ALL)
     reviewed = reviewed_examples(
-        examples, items, reviewer=None if who == LATEST else who, include_unreviewed=keep_all
+        examples,
+        items,
+        reviewer=None if who == LATEST else who,
+        include_unreviewed=keep_all,
+        marks=marks,
     )
     n_h = sum(1 for e in reviewed if e.label)
     by_id = {e.id: e for e in examples}
     n_stale = sum(1 for i in items if i.is_stale(by_id.get(i.example_id)))
     st.caption(
-        f"{len(reviewed)} answers ({n_h} with accepted spans). RAGTruth-style JSONL, the "
+        f"{len(reviewed)} answers with a label ({n_h} hallucinated), by the label rules. "
+        "RAGTruth-style JSONL, the "
         "format of the shared dev sets: retrain on it with "
         "`ragscope train --dataset reviewed.jsonl`."
         + (
@@ -773,11 +833,12 @@ def export_section(
 
 
 def main() -> None:
-    st.title("Review flagged spans")
+    st.title("Review flagged spans and answers")
     st.caption(
-        "Accept, reject, re-bound and type the spans the detectors flag. Decisions are "
-        "saved per reviewer with an audit trail; keyboard: **a** accept, **x** reject, "
-        "**n** next, **p** previous."
+        "Accept, reject, re-bound and type the spans the detectors flag, or mark whole "
+        "answers faithful or hallucinated. Decisions are saved per reviewer with an audit "
+        "trail; keyboard: **a** accept, **x** reject (spans), **f** faithful, "
+        "**h** hallucinated (answers), **n** next, **p** previous."
     )
     rs = page_state()
     if not reviewer_gate(rs):
@@ -789,15 +850,65 @@ def main() -> None:
     book = ReviewBook(get_store())
     everything = book.items(key, sort="position")  # one read of the queue per rerun
     build_section(rs, book, key, examples, len(everything))
-    if not everything:
+    answers = AnswerBook(get_store())
+    labels = answers.labels(key, examples, everything)
+    if pick_mode(rs) == "answers":
+        answer_section(
+            answers,
+            rs.answers,
+            dataset=key,
+            reviewer=rs.reviewer or "",
+            examples=examples,
+            items=everything,
+            labels=labels,
+        )
+    elif not everything:
         publish(P_ITEM, None, missing=linked(P_ITEM), what="queue item", where="queued")
-        st.info("The queue of this dataset is empty: scan it above.")
-        return
+        st.info(
+            "The queue of flagged spans of this dataset is empty: scan it above, or review "
+            "whole answers."
+        )
+    else:
+        span_queue(book, rs, examples, everything)
+    st.divider()
+    agreement_section(everything, labels)
+    st.divider()
+    export_section(key, dataset_options()[key][0], everything, examples, answers.marks(key))
+
+
+def pick_mode(rs: ReviewState) -> str:
+    """Flagged spans or whole answers, tied to the URL (``mode=``); remembered for the
+    session (a change of reviewer name keeps it)."""
+    rs.mode = bind(
+        P_MODE,
+        KEY_MODE,
+        lambda: st.radio(
+            "Review",
+            list(MODES),
+            format_func=MODES.__getitem__,
+            horizontal=True,
+            key=KEY_MODE,
+            help="Flagged spans: accept, reject, re-bound and type what the detectors flag. "
+            "Whole answers: mark each answer faithful (f) or hallucinated (h), the labels "
+            "that calibrate and adapt the detectors to this dataset.",
+        ),
+        parse=one_of(MODES),
+        seed=rs.mode,
+        default=next(iter(MODES)),
+        what="review mode",
+    )
+    return rs.mode
+
+
+def span_queue(
+    book: ReviewBook, rs: ReviewState, examples: list[RAGExample], everything: list[ReviewItem]
+) -> None:
+    """The flagged-span queue: filters, the table and the current item's card."""
     items = queue_filters(everything)
     texts = {e.id: e.response for e in examples}
     by_id = {e.id: e for e in examples}
     stale = {i.id for i in everything if i.is_stale(by_id.get(i.example_id))}
-    done = sum(1 for i in items if i.review_by(rs.reviewer) is not None)
+    done = sum(1 for i in items if i.review_by(rs.reviewer or "") is not None)
     st.caption(f"{len(items)} items shown · {done} reviewed by you.")
     if not items:
         publish(P_ITEM, None, missing=linked(P_ITEM), what="queue item", where="shown")
@@ -805,10 +916,6 @@ def main() -> None:
     else:
         queue_table(rs, items, stale, texts)
         item_card(book, rs, items, by_id)
-    st.divider()
-    agreement_section(everything)
-    st.divider()
-    export_section(key, dataset_options()[key][0], everything, examples)
 
 
 main()

@@ -79,7 +79,13 @@ from core.review.flags import (
     scan_flags,
     split_verdicts,
 )
-from core.review.sampling import ORDERING_PURPOSE, STRATA, order_answers, random_order
+from core.review.sampling import (
+    ORDERING_PURPOSE,
+    STRATA,
+    next_to_scan,
+    order_answers,
+    random_order,
+)
 from core.storage import (
     ANSWER_LABELS,
     DECISIONS,
@@ -115,6 +121,7 @@ __all__ = [
     "derive_label",
     "judge_dataset",
     "label_counts",
+    "next_to_scan",
     "order_answers",
     "random_order",
     "reviewer_labels",

@@ -19,7 +19,7 @@ scanned yet follow the scanned ones, in the random order.
 from __future__ import annotations
 
 import hashlib
-from collections.abc import Mapping, Sequence
+from collections.abc import Collection, Mapping, Sequence
 
 import numpy as np
 
@@ -94,3 +94,12 @@ def order_answers(
     for k in range(max((len(b) for b in bins), default=0)):
         out.extend(b[k] for b in bins if k < len(b))
     return out + rest
+
+
+def next_to_scan(
+    ids: Sequence[str], *, dataset: str, scanned: Collection[str], n: int
+) -> list[str]:
+    """The next ``n`` answers to scan: those not scanned yet, in the dataset's random
+    order (so the scanned answers are always a random sample of the dataset, which the
+    uncertainty and stratified orders then sort)."""
+    return [i for i in random_order(ids, dataset) if i not in scanned][: max(n, 0)]

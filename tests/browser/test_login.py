@@ -144,7 +144,9 @@ def test_login_gates_every_page_and_reviews_carry_the_identity(app_url, db, open
         page.keyboard.type("Imported")
         page.screenshot(path=str(LOG.with_name("review-pick-dataset.png")))
         page.keyboard.press("Enter")
-        page.get_by_text("The queue of this dataset is empty").wait_for(timeout=30_000)
+        page.get_by_text("The queue of flagged spans of this dataset is empty").wait_for(
+            timeout=30_000
+        )
         _no_attack_rendered(page)
         page.close()
 
