@@ -1,5 +1,5 @@
 """Review's whole-answer mode: the dataset's answers in a chosen order (random,
-uncertainty, stratified: :mod:`core.review.sampling`), each shown with its passages, the
+uncertainty, stratified: :mod:`core.data.sampling`), each shown with its passages, the
 spans the detectors flagged and the set's verdict when it was scanned; the reviewer marks
 it faithful (``f``) or hallucinated (``h``). Labels follow :data:`core.review.LABEL_RULES`
 and are computed in core (:class:`core.review.AnswerBook`); this module draws them."""

@@ -129,7 +129,7 @@ def model_job(model: LoadedModel) -> JobView | None:
         JobRowError: That job's row cannot be read.
         StorageError: The database cannot be opened.
     """
-    row = get_store().latest_job(model.info.key)
+    row = get_store().latest_job(model.info.key, kind="train")
     return job_view(row) if row is not None else None
 
 

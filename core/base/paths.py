@@ -153,6 +153,13 @@ def model_detectors_dir(model_key: str) -> Path:
     return trained_detectors_dir() / model_slug(model_key)
 
 
+def adapted_sets_dir(model_key: str) -> Path:
+    """Where sets adapted here to a dataset from its reviews live for the model
+    ``model_key`` (one folder per derived set): ``<trained dir>/adapted/<model slug>``
+    (no model slug is ``adapted``: each ends in 12 hex digits)."""
+    return trained_detectors_dir() / "adapted" / model_slug(model_key)
+
+
 def builtin_dir() -> Path:
     """``assets/builtin`` in the checkout."""
     return assets_dir() / "builtin"

@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from types import ModuleType
 
+import core.cli.adapting as adapting
 import core.cli.analysis as analysis
 import core.cli.artifacts as artifacts
 import core.cli.datasets as datasets
@@ -36,6 +37,7 @@ COMMANDS: tuple[tuple[ModuleType, str], ...] = (
     (training, "evaluate"),
     (training, "train"),
     (judging, "judge"),
+    (adapting, "adapt"),
     (analysis, "spad-check"),
     (analysis, "shap"),
     (mitigation, "mitigate"),

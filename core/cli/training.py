@@ -20,7 +20,7 @@ from typing import Any
 
 from core.base.errors import DataError
 from core.base.examples import RAGExample
-from core.base.paths import runs_dir, shipped_dir, shipped_runs_dir
+from core.base.paths import DEFAULT_SET, detector_set_dir, runs_dir, shipped_dir, shipped_runs_dir
 from core.cli.common import (
     Subparsers,
     add_detector_option_args,
@@ -46,6 +46,7 @@ from core.evaluation.evaluate import EvalOptions, Splits, evaluate
 from core.evaluation.foldstore import folds_dir, prune_stale
 from core.evaluation.matrix import MatrixProgress, MatrixRun, domain_matrix
 from core.evaluation.recipe import TrainRecipe
+from core.evaluation.review_curve import SEEDS, review_curve, set_curve_data
 from core.evaluation.train import (
     Prefetch,
     TrainOptions,
@@ -187,6 +188,19 @@ def _add_evaluate(sub: Subparsers) -> None:
         help="with --matrix: leave the diagonal (each set's own CV) out, only the "
         "cross-set cells (the costly part on a CPU; `--cv` runs give the diagonal)",
     )
+    p.add_argument(
+        "--review-curve",
+        default=None,
+        metavar="DATASET",
+        help="learning curves of the review loop on a labelled dataset the set's CV run "
+        "holds (e.g. dolly_ac_dev): reviewers simulated by its gold labels, the set (from "
+        "--artifacts, default the default set) adapted after 10-200 reviews in random and "
+        "uncertainty order, scored on the answers not reviewed; reads the recorded CV runs "
+        "(no answer is traced)",
+    )
+    p.add_argument(
+        "--seeds", type=int, default=SEEDS, help="with --review-curve: random draws per point"
+    )
     p.add_argument("--no-cache", action="store_true", help="recompute features (ignore the cache)")
     p.add_argument("--name", default=None, help="run name (default: time + datasets)")
     p.add_argument("--out", default=None, help="folder for the run's JSON and markdown")
@@ -297,7 +311,27 @@ def _merge_feature_stores(args: argparse.Namespace) -> None:
         print(line, file=sys.stderr)
 
 
+def _review_curve(args: argparse.Namespace) -> int:
+    """``evaluate --review-curve DATASET``: the learning curves from the set's recorded
+    CV runs (:mod:`core.evaluation.review_curve`), printed and saved."""
+    if not 1 <= args.seeds <= 200:
+        raise DataError("--seeds must be from 1 to 200", field="seeds")
+    folder = Path(args.artifacts) if args.artifacts else detector_set_dir(DEFAULT_SET)
+    dataset = args.review_curve.removeprefix("shared:").removesuffix(".jsonl")
+    data = set_curve_data(folder, dataset, [runs_dir(), shipped_runs_dir()])
+    name = (
+        DEFAULT_SET if folder.resolve() == detector_set_dir(DEFAULT_SET).resolve() else folder.name
+    )
+    run = review_curve(data, set_name=name, seeds=args.seeds)
+    j, m = run.save(args.out or runs_dir())
+    print(run.to_markdown())
+    print(f"\nsaved {j} and {m}")
+    return 0
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    if args.review_curve:
+        return _review_curve(args)
     _merge_feature_stores(args)
     names = [d for d in args.detectors.split(",") if d]
     if args.matrix or args.cv:

@@ -19,6 +19,8 @@ never import each other):
 * :mod:`core.data.catalog` -- :func:`resolve_dataset` (demo, builtin, builtin answers,
   ``shared:``/``stored:`` names, files, stored names) and the built-in corpus.
 * :mod:`core.data.splits` -- source-grouped splits and data hashes.
+* :mod:`core.data.sampling` -- the orders a dataset's answers are reviewed in (random,
+  uncertainty, stratified), shared by the Review page and the learning curves.
 """
 
 from core.data.catalog import (
@@ -47,6 +49,14 @@ from core.data.records import (
     LoadReport,
     OnError,
 )
+from core.data.sampling import (
+    ORDERING_PURPOSE,
+    STRATA,
+    dataset_seed,
+    next_to_scan,
+    order_answers,
+    random_order,
+)
 from core.data.spans import split_passages
 from core.data.splits import (
     SPLITS,
@@ -57,6 +67,12 @@ from core.data.splits import (
 )
 
 __all__ = [
+    "ORDERING_PURPOSE",
+    "STRATA",
+    "dataset_seed",
+    "next_to_scan",
+    "order_answers",
+    "random_order",
     "BUILTIN",
     "BUILTIN_ANSWERS",
     "BUILTIN_CORPUS_FILE",

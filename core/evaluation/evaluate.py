@@ -443,19 +443,29 @@ def dataset_calibrations(
     out = {}
     for name in known:
         mask = names == name
-        yk, rk = y[mask], raw[mask]
-        n_pos = int(yk.sum())
-        if not enough_for_own(yk):
-            continue
-        cal = PlattCalibrator().fit(rk, yk)
-        probs = np.clip(cal.transform(rk), 0.0, 1.0)
-        out[name] = DatasetCalibration(
-            calibrator=cal,
-            threshold=float(best_threshold(yk, probs, criterion)),
-            n=int(yk.size),
-            n_positive=n_pos,
-        )
+        if enough_for_own(y[mask]):
+            out[name] = fit_dataset_calibration(raw[mask], y[mask], criterion)
     return out
+
+
+def fit_dataset_calibration(
+    raw: np.ndarray, y: np.ndarray, criterion: Literal["f1", "balanced_accuracy"]
+) -> DatasetCalibration:
+    """One dataset's own calibrator (Platt on its answers' raw scores ``raw``) and the
+    threshold ``criterion`` picks on the calibrated probabilities of the same answers.
+
+    Raises:
+        DataError: One class only, or lengths that differ.
+    """
+    y = np.asarray(y).astype(int)
+    cal = PlattCalibrator().fit(raw, y)
+    probs = np.clip(cal.transform(raw), 0.0, 1.0)
+    return DatasetCalibration(
+        calibrator=cal,
+        threshold=float(best_threshold(y, probs, criterion)),
+        n=int(y.size),
+        n_positive=int(y.sum()),
+    )
 
 
 def _judged_by(

@@ -44,6 +44,7 @@ from core.base.paths import (
     CUSTOM_SET,
     DEFAULT_SET,
     TRAINED_SET,
+    adapted_sets_dir,
     detector_set_dir,
     detector_set_name,
     is_set_name,
@@ -468,15 +469,132 @@ def _expert(parent: DetectorSet, name: str) -> tuple[str, DetectorSet]:
     return next(iter(datasets))[0], replace(found, deferred_from=parent.name)
 
 
+ADAPTED_FILE = "adapted.json"
+"""The file of a derived set's folder that names its base set and dataset."""
+
+MAX_ADAPTED = 64
+"""The most derived sets of one model that are read (a bound on a crowded folder)."""
+
+_HEX64 = re.compile(r"[0-9a-f]{64}")
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdaptedInfo:
+    """What a derived set's :data:`ADAPTED_FILE` says: the set it adapts, for which
+    dataset, from which reviews (:mod:`core.evaluation.adapt` writes it)."""
+
+    base_set: str
+    dataset: str
+    reviews_hash: str
+
+    def to_json(self) -> dict[str, str]:
+        return {
+            "base_set": self.base_set,
+            "dataset": self.dataset,
+            "reviews_hash": self.reviews_hash,
+        }
+
+    @classmethod
+    def read(cls, folder: Path) -> AdaptedInfo:
+        """Read and check ``folder``'s :data:`ADAPTED_FILE` (bounded; exact keys).
+
+        Raises:
+            DataError: Missing, unreadable, or not that shape.
+        """
+        path = folder / ADAPTED_FILE
+        value = read_json_file(path, 16 * 1024, what="adapted-set file", follow_symlinks=False)
+        if not isinstance(value, dict) or set(value) != {"base_set", "dataset", "reviews_hash"}:
+            raise DataError(
+                'must be {"base_set", "dataset", "reviews_hash"}: adapt the set again '
+                "from the Review page or `ragscope adapt`",
+                source=str(path),
+            )
+        base, dataset, digest = value["base_set"], value["dataset"], value["reviews_hash"]
+        if not (isinstance(base, str) and (is_set_name(base) or base in (CUSTOM_SET, TRAINED_SET))):
+            raise DataError("base_set must be a detector set's name", source=str(path))
+        if not (isinstance(dataset, str) and 0 < len(dataset) <= 200 and dataset.isprintable()):
+            raise DataError(
+                "dataset must be one printable line of at most 200 characters", source=str(path)
+            )
+        if not (isinstance(digest, str) and _HEX64.fullmatch(digest)):
+            raise DataError("reviews_hash must be 64 hex digits", source=str(path))
+        return cls(base_set=base, dataset=dataset, reviews_hash=digest)
+
+
+def adapted_set_name(base_set: str, dataset: str) -> str:
+    """The derived set's name (and folder): the base set's name, ``+``, the dataset's
+    name in lower-case letters, digits, ``_`` and ``-`` (at most 48), then 8 hex digits
+    of its SHA-256 (two datasets never share a folder)."""
+    slug = re.sub(r"[^a-z0-9_-]+", "-", dataset.lower()).strip("-")[:48]
+    digest = hashlib.sha256(dataset.encode("utf-8")).hexdigest()[:8]
+    return f"{base_set}+{slug or 'dataset'}-{digest}"
+
+
+def _adapted_folders(model_key: str) -> list[Path]:
+    root = adapted_sets_dir(model_key)
+    if not root.is_dir():
+        return []
+    found = sorted(
+        p
+        for p in root.iterdir()
+        if p.is_dir() and not p.is_symlink() and not p.name.startswith(".")
+    )
+    return found[:MAX_ADAPTED]
+
+
+def _adapted_stamp(model_key: str) -> str:
+    parts = []
+    for p in _adapted_folders(model_key):
+        try:
+            stat = (p / ADAPTED_FILE).lstat()
+            parts.append(f"{p.name}:{stat.st_mtime_ns}:{stat.st_size}:{artifacts_stamp(p)}")
+        except OSError:
+            parts.append(f"{p.name}:?")
+    return "|".join(parts)
+
+
+def _adapted(parent: DetectorSet) -> tuple[dict[str, DetectorSet], list[str]]:
+    """The sets derived from ``parent`` for a dataset each (:data:`ADAPTED_FILE` names
+    it as the base), checked like experts; and why any other is not used."""
+    out: dict[str, DetectorSet] = {}
+    problems: list[str] = []
+    for folder in _adapted_folders(parent.model_key):
+        try:
+            info = AdaptedInfo.read(folder)
+        except DataError as e:
+            problems.append(f"the adapted set {folder.name!r}: {e}")
+            continue
+        if info.base_set != parent.name:
+            continue
+        found = _folder_set(parent.model_key, folder, folder.name)
+        problem = None
+        if not found.detectors or found.broken:
+            why = found.broken[0].reason if found.broken else "no detectors for this model"
+            problem = f"the adapted set {folder.name!r} cannot be used: {why}"
+        else:
+            mine = {c.name: c.detector.config.feature_hash() for c in parent.detectors}
+            if any(mine.get(c.name) != c.detector.config.feature_hash() for c in found.detectors):
+                problem = (
+                    f"the adapted set {folder.name!r} reads other features than the "
+                    f"{parent.name} set: adapt it again"
+                )
+        if problem is not None:
+            problems.append(problem)
+            continue
+        out[info.dataset] = replace(found, deferred_from=parent.name)
+    return out, problems
+
+
 def _experts_stamp(found: DetectorSet) -> str:
     """Changes when ``found``'s experts file or an artifact of a set it may name changes
     (what :func:`_with_experts`' checks depend on)."""
     path = found.folder / EXPERTS_FILE
+    adapted = _adapted_stamp(found.model_key)
     try:
         stat = path.lstat()
-        own = f"{stat.st_mtime_ns}:{stat.st_size}"
+        own = f"{stat.st_mtime_ns}:{stat.st_size}:{adapted}"
     except OSError:
-        return "none"
+        return f"none:{adapted}"
     try:
         names = expert_names(found.folder)
     except DataError:
@@ -506,12 +624,12 @@ def _check_experts(found: DetectorSet) -> DetectorSet:
     (nothing for a set with no detectors for the model: it judges nothing)."""
     if not found.detectors:
         return found
+    adapted, problems = _adapted(found)
     try:
         names = expert_names(found.folder)
     except DataError as e:
-        return replace(found, expert_problems=(str(e),))
+        return replace(found, experts=adapted, expert_problems=(*problems, str(e)))
     experts: dict[str, DetectorSet] = {}
-    problems: list[str] = []
     for name in names:
         try:
             dataset, expert = _expert(found, name)
@@ -522,7 +640,9 @@ def _check_experts(found: DetectorSet) -> DetectorSet:
             problems.append(f"two experts for {dataset}: {experts[dataset].name} and {name}")
             continue
         experts[dataset] = expert
-    return replace(found, experts=experts, expert_problems=tuple(problems))
+    # A set adapted to a dataset from its reviews judges that dataset's answers, before
+    # an expert trained on it (it was derived from that expert when there was one).
+    return replace(found, experts={**experts, **adapted}, expert_problems=tuple(problems))
 
 
 def load_set(model_key: str, name: str | None = None) -> DetectorSet:

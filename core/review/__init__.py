@@ -19,7 +19,7 @@
   ordering it was drawn under, and an append-only audit trail), and every answer's
   label is derived by :data:`LABEL_RULES` from the marks and span decisions
   (:func:`answer_labels`); the set's verdicts on scanned answers form the answer queue.
-- :func:`order_answers` (:mod:`core.review.sampling`): the answer queue in random,
+- :func:`order_answers` (:mod:`core.data.sampling`): the answer queue in random,
   uncertainty or stratified order (:data:`ORDERING_PURPOSE` says what each is for).
 - :func:`agreement`: Cohen's kappa of two reviewers' accept / reject decisions on
   the items both reviewed, and the span-overlap F1 of their accepted spans;
@@ -32,6 +32,13 @@
 
 from __future__ import annotations
 
+from core.data.sampling import (
+    ORDERING_PURPOSE,
+    STRATA,
+    next_to_scan,
+    order_answers,
+    random_order,
+)
 from core.review.agreement import (
     Agreement,
     AnswerAgreement,
@@ -78,13 +85,6 @@ from core.review.flags import (
     propose_flags,
     scan_flags,
     split_verdicts,
-)
-from core.review.sampling import (
-    ORDERING_PURPOSE,
-    STRATA,
-    next_to_scan,
-    order_answers,
-    random_order,
 )
 from core.storage import (
     ANSWER_LABELS,

@@ -17,7 +17,7 @@ The rules (:data:`LABEL_RULES`, shown on the Review page and in docs/review.md):
 
 An answer's label counts for calibration only when it was **drawn at random**: some
 answer mark behind it was made while reviewing in the dataset's random order
-(:mod:`core.review.sampling`); the rest serve refits only.
+(:mod:`core.data.sampling`); the rest serve refits only.
 """
 
 from __future__ import annotations

@@ -35,7 +35,7 @@ from types import FrameType, TracebackType
 from typing import Any, Literal, Self
 
 from core.base.errors import DataError, RagscopeError
-from core.base.paths import model_detectors_dir, repo_root
+from core.base.paths import adapted_sets_dir, model_detectors_dir, repo_root
 from core.data import is_named_spec
 from core.detectors import available_detectors
 from core.evaluation.recipe import TrainRecipe
@@ -234,6 +234,88 @@ class TrainSpec:
         return self.recipe().command(out=str(out), device=self.device)
 
 
+MAX_QUEUE_KEY = 200
+"""The longest review-queue key an adaptation job may name."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdaptSpec:
+    """What an adaptation job adapts (:mod:`core.services.adapting`): the detector set
+    that judges ``dataset``'s answers, fitted to them from the reviews of ``queue``.
+
+    Attributes:
+        model: The model as ``--model`` names it.
+        device: ``--device``.
+        dataset: The answers, by name (:func:`core.data.is_named_spec`), never a path.
+        queue: The review queue holding the reviews (the Review page's dataset key).
+        set_name: The base set by name (``None``: the set that applies, as everywhere).
+
+    Raises:
+        DataError: A field that is not a one-line name, a dataset named by path.
+    """
+
+    model: str
+    device: str = "auto"
+    dataset: str
+    queue: str
+    set_name: str | None = None
+
+    def __post_init__(self) -> None:
+        for what, value in (
+            ("model", self.model),
+            ("device", self.device),
+            ("dataset", self.dataset),
+            ("queue", self.queue),
+            ("set_name", self.set_name or "default"),
+        ):
+            if not isinstance(value, str) or not value.strip() or len(value) > MAX_QUEUE_KEY:
+                raise DataError(f"an adaptation job's {what} must be a short name", field=what)
+            if value.startswith("-") or not value.isprintable():
+                raise DataError(
+                    f"an adaptation job's {what} {value[:80]!r} must be one printable line "
+                    "not starting with '-'",
+                    field=what,
+                )
+        if not is_named_spec(self.dataset) or "," in self.dataset:
+            raise DataError(
+                "an adaptation job reads one dataset by name (demo, builtin, shared:NAME, "
+                f"stored:NAME), not {self.dataset[:80]!r}",
+                field="dataset",
+            )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {
+            "model": self.model,
+            "device": self.device,
+            "dataset": self.dataset,
+            "queue": self.queue,
+            "set_name": self.set_name,
+        }
+
+    @classmethod
+    def from_dict(cls, d: object) -> AdaptSpec:
+        """The spec a job row stores, read as untrusted (exact keys, checked values).
+
+        Raises:
+            DataError: It is not a spec this class writes.
+        """
+        keys = {"model", "device", "dataset", "queue", "set_name"}
+        if not isinstance(d, dict) or set(d) != keys:
+            raise DataError(f"an adaptation job's spec must hold exactly {sorted(keys)}")
+        return cls(**d)
+
+    def argv(self, out: str | Path) -> list[str]:
+        """The ``ragscope adapt`` arguments that do the same in a terminal."""
+        argv = ["adapt", self.dataset, "--queue", self.queue, "--model", self.model]
+        argv += ["--device", self.device]
+        if self.set_name:
+            argv += ["--set", self.set_name]
+        return argv
+
+    def command(self, out: str | Path) -> str:
+        return "ragscope " + shlex.join(self.argv(out))
+
+
 # --------------------------------------------------------------------------- reading
 
 
@@ -270,7 +352,7 @@ class JobView:
 
     row: JobRow
     state: JobState
-    spec: TrainSpec | None
+    spec: TrainSpec | AdaptSpec | None
     spec_error: str | None = None
     now: float = field(default_factory=time.time)
 
@@ -312,10 +394,11 @@ class JobView:
 
     @property
     def detectors(self) -> tuple[str, ...]:
-        return self.spec.detectors if self.spec is not None else ()
+        """The detectors a training job trains (none for another kind)."""
+        return self.spec.detectors if isinstance(self.spec, TrainSpec) else ()
 
     def command(self) -> str | None:
-        """The ``ragscope train`` command equivalent to this job."""
+        """The ``ragscope train`` (or ``adapt``) command equivalent to this job."""
         return self.spec.command(self.row.out) if self.spec is not None else None
 
 
@@ -324,7 +407,9 @@ def job_view(row: JobRow, *, now: float | None = None, stale_s: float = STALE_S)
     is gone, or that has not reported for ``stale_s`` seconds, is ``interrupted``."""
     now = time.time() if now is None else now
     try:
-        spec: TrainSpec | None = TrainSpec.from_dict(row.spec)
+        spec: TrainSpec | AdaptSpec | None = (
+            AdaptSpec.from_dict(row.spec) if row.kind == "adapt" else TrainSpec.from_dict(row.spec)
+        )
         spec_error = None
     except DataError as e:
         spec, spec_error = None, str(e)
@@ -415,9 +500,12 @@ def launch_job(store: Store, job_id: int) -> int:
     if store.path == ":memory:":
         raise DataError("background jobs need a database file, not ':memory:'")
     row = store.get_job(job_id)
-    own = model_detectors_dir(row.model)
+    adapt = row.kind == "adapt"
+    own = adapted_sets_dir(row.model) if adapt else model_detectors_dir(row.model)
     try:
-        spec = TrainSpec.from_dict(row.spec)
+        spec: TrainSpec | AdaptSpec = (
+            AdaptSpec.from_dict(row.spec) if adapt else TrainSpec.from_dict(row.spec)
+        )
         if Path(row.out).resolve() != own.resolve():
             # A job publishes only into its model's own folder: a row naming another
             # place (written by something else) must not make a worker replace folders.
@@ -428,12 +516,13 @@ def launch_job(store: Store, job_id: int) -> int:
     log = job_log_path(store.path, row)
     recipe_line = spec.command(row.out)
     # The worker reads its recipe from the row (never from a rebuilt command line).
-    cmd = [sys.executable, "-m", "core.cli", "train", "--job", str(job_id), "--out", row.out]
+    command = "adapt" if adapt else "train"
+    cmd = [sys.executable, "-m", "core.cli", command, "--job", str(job_id), "--out", row.out]
     env = {**os.environ, "RAGSCOPE_DB": store.path, "PYTHONUNBUFFERED": "1"}
     try:
         log.parent.mkdir(parents=True, exist_ok=True)
         with log.open("a") as out:
-            out.write(f"$ {shlex.join(cmd)}\n# the recipe: {recipe_line}\n")
+            out.write(f"$ {shlex.join(cmd)}\n# the same in a terminal: {recipe_line}\n")
             out.flush()
             proc = subprocess.Popen(
                 cmd,
@@ -446,7 +535,7 @@ def launch_job(store: Store, job_id: int) -> int:
             )
     except (OSError, ValueError) as e:  # ValueError: a NUL in an argument
         store.finish_job(job_id, "failed", error=f"the worker could not be started ({e})")
-        raise DataError(f"the training job's worker could not be started ({e})") from e
+        raise DataError(f"the {row.kind} job's worker could not be started ({e})") from e
     # Reap it when it ends, so a finished worker is not left a zombie that looks alive.
     threading.Thread(target=proc.wait, name=f"ragscope-job-{job_id}", daemon=True).start()
     store.set_job_pid(job_id, proc.pid)
@@ -471,6 +560,28 @@ def start_train_job(
     out = model_detectors_dir(model_key)
     job_id = store.create_job(
         kind="train", model=model_key, spec=spec.to_dict(), out=str(out), owner=owner
+    )
+    _remove_staging(out, store.get_job(job_id).uid)
+    launch_job(store, job_id)
+    return job_id
+
+
+def start_adapt_job(
+    store: Store, spec: AdaptSpec, *, model_key: str, owner: str | None = None
+) -> int:
+    """Queue an adaptation job for the model ``model_key`` (owned by ``owner``) and
+    start its worker; returns the job's id. It publishes the derived set into the
+    model's adapted-sets folder (:func:`core.base.paths.adapted_sets_dir`).
+
+    Raises:
+        JobBusyError: A job for that model is already queued or running.
+        DataError: ``spec`` is not an :class:`AdaptSpec`, or the worker could not start.
+    """
+    if not isinstance(spec, AdaptSpec):
+        raise DataError(f"an adaptation job needs an AdaptSpec, not {type(spec).__name__}")
+    out = adapted_sets_dir(model_key)
+    job_id = store.create_job(
+        kind="adapt", model=model_key, spec=spec.to_dict(), out=str(out), owner=owner
     )
     _remove_staging(out, store.get_job(job_id).uid)
     launch_job(store, job_id)
@@ -704,17 +815,18 @@ class JobRunner:
                 f"spec loaded {model_key.split('|', 1)[0]!r}; start a new job from the app"
             )
 
-    def publish(self, names: Sequence[str]) -> dict[str, str]:
-        """Move each trained artifact from the staging folder into the output folder
-        (an artifact already there is replaced). From here on the job no longer stops
-        when asked. Returns detector name -> published folder.
+    def publish(self, names: Sequence[str], *, marker: str = "cfg.json") -> dict[str, str]:
+        """Move each trained artifact (or derived set: ``marker`` is the file each
+        folder must hold) from the staging folder into the output folder (one already
+        there is replaced). From here on the job no longer stops when asked. Returns
+        name -> published folder.
 
         Raises:
             DataError: An artifact is missing from the staging folder.
         """
         self.stage("Publishing the artifacts")  # the last moment a cancel still stops it
         self._publishing = True
-        missing = [n for n in names if not (self.staging / n / "cfg.json").is_file()]
+        missing = [n for n in names if not (self.staging / n / marker).is_file()]
         if missing:
             raise DataError(f"the training wrote no artifact for {missing}")
         self.out.mkdir(parents=True, exist_ok=True)

@@ -22,7 +22,7 @@ ANSWER_LABELS: tuple[str, ...] = ("faithful", "hallucinated")
 
 
 ORDERINGS: tuple[str, ...] = ("random", "uncertainty", "stratified")
-"""How the answers of a dataset are ordered for review (:mod:`core.review.sampling`);
+"""How the answers of a dataset are ordered for review (:mod:`core.data.sampling`);
 each mark records the one its answer was drawn under."""
 
 

@@ -28,7 +28,7 @@ from core.storage.db import Database, dumps, now_iso
 JobStatus = Literal["queued", "running", "done", "failed", "cancelled"]
 JOB_STATUSES: tuple[JobStatus, ...] = ("queued", "running", "done", "failed", "cancelled")
 ACTIVE_STATUSES: tuple[JobStatus, ...] = ("queued", "running")
-JOB_KINDS = ("train",)
+JOB_KINDS = ("train", "adapt")
 MAX_TEXT = 20_000
 """Longest stage or error text stored (longer ones are cut)."""
 
@@ -280,18 +280,22 @@ class JobsRepository(Database):
             raise DataError(f"no job with id {job_id}")
         return _job(rows[0])
 
-    def latest_job(self, model: str) -> JobRow | None:
-        """The newest job for ``model``: the active one if there is one, else the last
-        one that can be read (an unreadable ended row is history, skipped).
+    def latest_job(self, model: str, kind: str | None = None) -> JobRow | None:
+        """The newest job for ``model`` (of ``kind``, else of any kind): the active one
+        if there is one, else the last one that can be read (an unreadable ended row is
+        history, skipped).
 
         Raises:
             JobRowError: The model's active row cannot be read (it holds the model's
                 slot until discarded: :meth:`discard_job`).
         """
+        where, params = "model = ?", [model]
+        if kind is not None:
+            where, params = "model = ? AND kind = ?", [model, kind]
         rows = self._query(
-            f"SELECT {_COLUMNS} FROM jobs WHERE model = ? "
+            f"SELECT {_COLUMNS} FROM jobs WHERE {where} "
             "ORDER BY status IN ('queued', 'running') DESC, id DESC LIMIT 50",
-            (model,),
+            params,
         )
         for row in rows:
             try:

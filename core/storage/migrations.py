@@ -240,5 +240,44 @@ MIGRATIONS: tuple[str, ...] = (
         PRIMARY KEY (dataset, example_id)
     );
     """,
+    # 9: adaptation jobs (core.services.adapting): a set adapted to a dataset from its
+    # reviews runs as a background job like training. SQLite cannot change a CHECK
+    # constraint, so the table is rebuilt with every row and index as it was.
+    """
+    CREATE TABLE jobs_v9 (
+        id INTEGER PRIMARY KEY,
+        kind TEXT NOT NULL CHECK (kind IN ('train', 'adapt')),
+        model TEXT NOT NULL,
+        spec TEXT NOT NULL,
+        out TEXT NOT NULL,
+        status TEXT NOT NULL
+            CHECK (status IN ('queued', 'running', 'done', 'failed', 'cancelled')),
+        cancel_requested INTEGER NOT NULL DEFAULT 0,
+        stage TEXT NOT NULL DEFAULT '',
+        done INTEGER NOT NULL DEFAULT 0,
+        total INTEGER NOT NULL DEFAULT 0,
+        pid INTEGER,
+        heartbeat REAL,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        error TEXT,
+        result TEXT,
+        created_at TEXT NOT NULL,
+        started_at TEXT,
+        finished_at TEXT,
+        owner TEXT,
+        uid TEXT
+    );
+    INSERT INTO jobs_v9 (id, kind, model, spec, out, status, cancel_requested, stage, done,
+        total, pid, heartbeat, attempts, error, result, created_at, started_at, finished_at,
+        owner, uid)
+    SELECT id, kind, model, spec, out, status, cancel_requested, stage, done, total, pid,
+        heartbeat, attempts, error, result, created_at, started_at, finished_at, owner, uid
+    FROM jobs;
+    DROP TABLE jobs;
+    ALTER TABLE jobs_v9 RENAME TO jobs;
+    CREATE UNIQUE INDEX jobs_one_active_per_model ON jobs(model)
+        WHERE status IN ('queued', 'running');
+    CREATE INDEX jobs_by_model ON jobs(model, id);
+    """,
 )
 SCHEMA_VERSION = len(MIGRATIONS)

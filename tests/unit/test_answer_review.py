@@ -257,3 +257,39 @@ def test_a_scan_keeps_the_sets_verdicts_and_refuses_impossible_ones(store: Store
     assert list(answers.scanned("demo", examples)) == ["ex0"]  # nothing else written
     changed = [dataclasses.replace(examples[0], response="Another answer."), examples[1]]
     assert answers.scanned("demo", changed) == {}  # a re-imported answer is scanned again
+
+
+def test_a_version_8_database_keeps_its_jobs_and_takes_adaptation_jobs(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from core import storage
+    from core.storage import db as storage_db
+
+    db = tmp_path / "old.sqlite3"
+    with monkeypatch.context() as m:
+        m.setattr(storage_db, "MIGRATIONS", storage.MIGRATIONS[:8])
+        m.setattr(storage_db, "SCHEMA_VERSION", 8)
+        with Store(db) as s:
+            old = s.create_job(kind="train", model="m", spec={"a": 1}, out="/o", owner="ann")
+            s.finish_job(old, "done", result={"ok": True})
+            with pytest.raises(DataError):
+                s.create_job(kind="adapt", model="m2", spec={}, out="/o")
+            with pytest.raises(sqlite3.IntegrityError):
+                s._conn.execute(
+                    "INSERT INTO jobs (kind, model, spec, out, status, created_at) "
+                    "VALUES ('adapt', 'm', '{}', '/o', 'done', 'now')"
+                )
+    with Store(db) as s:
+        assert s.schema_version() == len(storage.MIGRATIONS) >= 9
+        row = s.get_job(old)
+        assert (row.kind, row.status, row.owner, row.result) == (
+            "train",
+            "done",
+            "ann",
+            {"ok": True},
+        )
+        new = s.create_job(kind="adapt", model="m", spec={"b": 2}, out="/a")
+        assert s.latest_job("m", kind="adapt").id == new
+        assert s.latest_job("m", kind="train").id == old
+        with pytest.raises(storage.JobBusyError):  # one active job per model, of any kind
+            s.create_job(kind="train", model="m", spec={}, out="/o")

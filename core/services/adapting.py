@@ -1,0 +1,154 @@
+"""Adapting a detector set to a dataset from its reviews: the reviewed answers' labels
+(:mod:`core.review.answers`), the set's verdicts on them, each detector's calibration of
+the dataset's own (:mod:`core.evaluation.adapt`), written as a derived set that judges
+the dataset's answers from then on. ``ragscope adapt`` runs it in a terminal and as the
+worker of the Review page's background job (:func:`core.services.jobs.start_adapt_job`).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+from core.base.errors import DataError
+from core.base.examples import RAGExample
+from core.engine.model import LoadedModel
+from core.evaluation.adapt import (
+    AdaptRecord,
+    DetectorAdaptation,
+    Reviewed,
+    fit_adaptation,
+    missing_reviews,
+    reviews_hash,
+    write_adapted_set,
+)
+from core.pipeline.extract import FeatureCache
+from core.pipeline.judge import AnswerVerdict, judge_many
+from core.pipeline.sets import DetectorSet
+from core.review import AnswerBook, ReviewBook
+from core.storage import Store
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdaptResult:
+    """What an adaptation wrote.
+
+    Attributes:
+        folder: The derived set's folder.
+        dataset: The dataset it judges.
+        record: What it records of how it was made.
+        detectors: Each detector's calibration (or why none).
+    """
+
+    folder: Path
+    dataset: str
+    record: AdaptRecord
+    detectors: tuple[DetectorAdaptation, ...]
+
+    def summary(self) -> dict[str, object]:
+        """A JSON-able summary (the job's result)."""
+        return {
+            "folder": str(self.folder),
+            "dataset": self.dataset,
+            "reviews_hash": self.record.reviews_hash,
+            "n_reviews": self.record.n_reviews,
+            "n_random": self.record.n_random,
+            "calibrated": {
+                a.name: {
+                    "threshold": a.calibration.threshold,
+                    "n": a.calibration.n,
+                    "n_positive": a.calibration.n_positive,
+                }
+                for a in self.detectors
+                if a.calibration is not None
+            },
+            "not_calibrated": {a.name: a.reason for a in self.detectors if a.calibration is None},
+        }
+
+
+def reviewed_answers(store: Store, queue: str, examples: Sequence[RAGExample]) -> list[Reviewed]:
+    """The answers of ``examples`` with a label in review queue ``queue``, by the label
+    rules (:data:`core.review.LABEL_RULES`), in the examples' order."""
+    items = ReviewBook(store).items(queue, sort="position")
+    labels = AnswerBook(store).labels(queue, examples, items)
+    return [
+        Reviewed(example=ex, label=bool(lab.label), random=lab.random)
+        for ex in examples
+        if (lab := labels[ex.id]).label is not None
+    ]
+
+
+def answers_dataset(examples: Sequence[RAGExample]) -> str:
+    """The one dataset name (``provenance.dataset``) the answers share: what the derived
+    set is routed by.
+
+    Raises:
+        DataError: None, or several.
+    """
+    names = {e.provenance.dataset for e in examples}
+    if len(names) != 1 or not next(iter(names)):
+        shown = sorted(str(n) for n in names)[:5]
+        raise DataError(
+            f"the reviewed answers must come from one named dataset to adapt a set to it; "
+            f"they come from {shown}: import them as one dataset first"
+        )
+    return str(next(iter(names)))
+
+
+def adapt_set(
+    store: Store,
+    model: LoadedModel,
+    base: DetectorSet,
+    queue: str,
+    examples: Sequence[RAGExample],
+    dest_root: Path,
+    *,
+    progress: Callable[[int, int], None] | None = None,
+) -> AdaptResult:
+    """Fit ``base`` to ``examples``' dataset from the reviews of ``queue`` and write the
+    derived set under ``dest_root``.
+
+    The set that judges the dataset now (``base``'s expert for it, or an earlier
+    adaptation, else ``base``) judges every reviewed answer (features from the cache);
+    each of its calibrated detectors gets the dataset's own calibration and threshold
+    from the answers reviewed in the random order (:func:`fit_adaptation`).
+
+    Raises:
+        DataError: No reviewed answer, answers of several datasets, too few reviewed in
+            the random order (the message says how many more of each class), or no
+            detector that can be calibrated.
+    """
+    reviewed = reviewed_answers(store, queue, examples)
+    if not reviewed:
+        raise DataError(
+            f"no answer of {queue!r} has a label yet: review answers (whole answers, in the "
+            "random order) first"
+        )
+    dataset = answers_dataset([r.example for r in reviewed])
+    short = missing_reviews([r.label for r in reviewed if r.random])
+    if short is not None:
+        raise DataError(short)
+    judging = base.for_dataset(dataset)
+    verdicts: dict[str, list] = {name: [] for name in judging.names}
+    got = judge_many(model, [r.example for r in reviewed], judging, cache=FeatureCache(store))
+    for i, v in enumerate(got, start=1):
+        if progress is not None:
+            progress(i, len(reviewed))
+        if not isinstance(v, AnswerVerdict):
+            raise DataError(f"a reviewed answer cannot be judged: {v}")
+        for name in judging.names:
+            verdicts[name].append(v.verdicts[name])
+    adaptations = fit_adaptation(verdicts, reviewed, dataset)
+    record = AdaptRecord(
+        base_set=judging.name,
+        deferred_from=judging.deferred_from,
+        dataset=dataset,
+        reviews_hash=reviews_hash(reviewed),
+        n_reviews=len(reviewed),
+        n_random=sum(r.random for r in reviewed),
+        n_random_hallucinated=sum(r.random and r.label for r in reviewed),
+        calibrated=(),
+    )
+    folder = write_adapted_set(judging, adaptations, record, dest_root)
+    return AdaptResult(folder=folder, dataset=dataset, record=record, detectors=tuple(adaptations))

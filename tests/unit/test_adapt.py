@@ -1,0 +1,246 @@
+"""Adapting a set to a dataset from its reviews, on the tiny model: the derived set
+calibrates each detector from the answers reviewed in the random order, leaves the base
+set untouched, judges the dataset's answers from then on (judge(), the CLI), refuses
+too few reviews with how many more, runs as a background job, and is refused when
+tampered with."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.base.errors import DataError
+from core.base.paths import adapted_sets_dir
+from core.cli import main
+from core.data import load_builtin, resolve_dataset
+from core.engine.model import LoadedModel
+from core.evaluation.adapt import (
+    MIN_ADAPT_ANSWERS,
+    Reviewed,
+    fit_adaptation,
+    fit_review_calibration,
+    missing_reviews,
+)
+from core.learning.contract import Verdict
+from core.pipeline.judge import judge
+from core.pipeline.sets import ADAPTED_FILE, adapted_set_name, load_set
+from core.review import AnswerBook
+from core.services.adapting import adapt_set
+from core.services.jobs import AdaptSpec, job_view, start_adapt_job
+from core.storage import Store
+
+DATASET = "mine"
+QUEUE = "stored:mine"
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            h.update(p.relative_to(folder).as_posix().encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def base_set(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """``(artifacts, cache dir)``: nll + context_gain trained (and calibrated) on 60
+    built-in answers."""
+    root = tmp_path_factory.mktemp("adapt")
+    out = root / "set"
+    mp = pytest.MonkeyPatch()
+    models = Path(os.environ["RAGSCOPE_CACHE_DIR"]).expanduser() / "models"
+    (root / "cache").mkdir()
+    (root / "cache" / "models").symlink_to(models, target_is_directory=True)
+    mp.setenv("RAGSCOPE_CACHE_DIR", str(root / "cache"))
+    try:
+        argv = ["train", "--model", "tiny", "--dataset", "builtin", "--limit", "60", "--cv", "3"]
+        argv += ["--detectors", "nll,context_gain", "--out", str(out)]
+        assert main(argv) == 0
+    finally:
+        mp.undo()
+    return out, root / "cache"
+
+
+@pytest.fixture
+def env(
+    base_set: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Store, list]]:
+    """The base set as the app's detectors, a fresh database holding the dataset
+    ``mine`` (QA answers of the built-in corpus, renamed) and reviews of 30 of them."""
+    out, cache = base_set
+    monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(cache))
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(out))
+    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "db.sqlite3"))
+    monkeypatch.setenv("RAGSCOPE_TRAINED_DIR", str(tmp_path / "trained"))
+    monkeypatch.setenv("OMP_NUM_THREADS", "1")
+    answers = [
+        dataclasses.replace(e, provenance=dataclasses.replace(e.provenance, dataset=DATASET))
+        for e in load_builtin()
+        if e.task == "qa"
+    ][200:240]
+    with Store() as store:
+        store.import_dataset(DATASET, answers, source="test", fmt="ragscope")
+        examples = resolve_dataset(QUEUE)[1]
+        yield store, examples
+
+
+def _review(store: Store, examples: list, n: int, drawn_by: str = "random") -> None:
+    book = AnswerBook(store)
+    for ex in examples[:n]:
+        book.mark(QUEUE, ex, "ann", "hallucinated" if ex.label else "faithful", drawn_by=drawn_by)
+
+
+def test_too_few_reviews_say_how_many_more_and_write_nothing(
+    tiny_model: LoadedModel, env: tuple[Store, list]
+) -> None:
+    store, examples = env
+    _review(store, examples, 30, drawn_by="uncertainty")  # never calibrates
+    _review(store, examples, 6)  # six random ones
+    with pytest.raises(DataError, match="more") as e:
+        adapt_set(
+            store,
+            tiny_model,
+            load_set(tiny_model.info.key),
+            QUEUE,
+            examples,
+            adapted_sets_dir(tiny_model.info.key),
+        )
+    assert "random order" in str(e.value)
+    assert not adapted_sets_dir(tiny_model.info.key).exists()
+
+
+def test_the_derived_set_judges_the_dataset_and_the_base_stays_untouched(
+    tiny_model: LoadedModel, env: tuple[Store, list], base_set: tuple[Path, Path]
+) -> None:
+    store, examples = env
+    before = _digest(base_set[0])
+    _review(store, examples, 30)
+    key = tiny_model.info.key
+    base = load_set(key)
+    assert all(c.detector.calibration_ is not None for c in base.detectors)
+    result = adapt_set(store, tiny_model, base, QUEUE, examples, adapted_sets_dir(key))
+    assert _digest(base_set[0]) == before  # the base set is untouched
+    assert result.folder.name == adapted_set_name("custom", DATASET)
+    assert (result.folder / ADAPTED_FILE).is_file()
+    fitted = {a.name: a.calibration for a in result.detectors}
+    assert set(fitted) == {"nll", "context_gain"} and all(fitted.values())
+    for name, cal in fitted.items():
+        cfg = json.loads((result.folder / name / "cfg.json").read_text())
+        assert cfg["calibration_by_dataset"][DATASET]["threshold"] == cal.threshold
+        assert cfg["adapted"]["reviews_hash"] == result.record.reviews_hash
+        assert cfg["adapted"]["n_random"] == 30
+        # the threshold is the reviewed answers' share of hallucinated ones
+        share = sum(e.label for e in examples[:30]) / 30
+        assert cal.threshold == pytest.approx(share)
+
+    routed = load_set(key)  # a fresh read of the folders: the derived set is an expert
+    assert routed.for_dataset(DATASET).name == result.folder.name
+    got = judge(tiny_model, examples[35], routed)
+    assert got.set_name == result.folder.name and got.deferred_from == "custom"
+    for name, v in got.verdicts.items():  # each detector at the dataset's own calibration
+        assert v.calibrated_for == DATASET
+        assert v.threshold == pytest.approx(fitted[name].threshold)
+        assert v.hallucinated == (v.score >= fitted[name].threshold)
+    # another dataset's answers still go to the base set
+    other = load_builtin()[0]
+    assert judge(tiny_model, other, routed).set_name == "custom"
+
+    # ragscope judge reads the same routing
+    assert (
+        main(["judge", QUEUE, "--model", "tiny", "--out", str(result.folder.parent / "v.jsonl")])
+        == 0
+    )
+
+
+def test_a_tampered_derived_set_is_not_used_and_says_why(
+    tiny_model: LoadedModel, env: tuple[Store, list]
+) -> None:
+    store, examples = env
+    _review(store, examples, 30)
+    key = tiny_model.info.key
+    result = adapt_set(store, tiny_model, load_set(key), QUEUE, examples, adapted_sets_dir(key))
+    weights = result.folder / "nll" / "weights.json"
+    weights.write_text(weights.read_text().replace("0", "1", 1))
+    routed = load_set(key)
+    assert DATASET not in routed.experts
+    assert any("cannot be used" in p for p in routed.expert_problems)
+    (result.folder / ADAPTED_FILE).write_text('{"base_set": "../../etc", "dataset": 1}')
+    routed = load_set(key)
+    assert DATASET not in routed.experts
+    assert any(ADAPTED_FILE in p or "base_set" in p for p in routed.expert_problems)
+
+
+def test_the_adaptation_runs_as_a_background_job(
+    tiny_model: LoadedModel, env: tuple[Store, list]
+) -> None:
+    import time
+
+    store, examples = env
+    _review(store, examples, 30)
+    key = tiny_model.info.key
+    spec = AdaptSpec(model="tiny", device="cpu", dataset=QUEUE, queue=QUEUE)
+    job = start_adapt_job(store, spec, model_key=key)
+    deadline = time.monotonic() + 180
+    while (view := job_view(store.get_job(job))).active and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert view.state == "done", view.row.error
+    folder = adapted_sets_dir(key) / adapted_set_name("custom", DATASET)
+    assert (folder / ADAPTED_FILE).is_file()
+    assert set(view.row.result["calibrated"]) == {"nll", "context_gain"}
+    assert [p.name for p in adapted_sets_dir(key).iterdir()] == [folder.name]  # no staging
+    assert view.command() == spec.command(view.row.out)
+    with pytest.raises(DataError, match="by name"):
+        AdaptSpec(model="tiny", dataset="/etc/passwd", queue=QUEUE)
+    with pytest.raises(DataError):
+        AdaptSpec.from_dict({"model": "tiny", "dataset": QUEUE, "queue": QUEUE, "x": 1})
+
+
+def _verdicts(raw: np.ndarray, with_raw: bool = True) -> list[Verdict]:
+    return [
+        Verdict(
+            detector="d",
+            example_id=f"e{i}",
+            score=float(r),
+            raw_score=float(r) if with_raw else None,
+        )
+        for i, r in enumerate(raw)
+    ]
+
+
+def test_fit_adaptation_uses_only_the_random_reviews_and_names_what_it_cannot_fit() -> None:
+    from core.base.examples import RAGExample
+
+    rng = np.random.default_rng(0)
+    n = 60
+    y = rng.random(n) < 0.3
+    raw = np.clip(np.where(y, 0.7, 0.4) + rng.normal(0, 0.15, n), 0.01, 0.99)
+    reviewed = [
+        Reviewed(
+            example=RAGExample(id=f"e{i}", question="q", passages=("p",), response="r"),
+            label=bool(y[i]),
+            random=i < 40,
+        )
+        for i in range(n)
+    ]
+    got = fit_adaptation(
+        {"calibrated": _verdicts(raw), "plain": _verdicts(raw, with_raw=False)},
+        reviewed,
+        "ds",
+    )
+    cal = got[0].calibration
+    assert cal is not None and cal.n == 40 and cal.n_positive == int(y[:40].sum())
+    direct = fit_review_calibration(raw[:40], y[:40].astype(int))
+    assert cal.threshold == direct.threshold == pytest.approx(y[:40].mean())
+    assert got[1].calibration is None and "not calibrated" in (got[1].reason or "")
+    with pytest.raises(DataError, match="one per reviewed answer"):
+        fit_adaptation({"d": _verdicts(raw[:5])}, reviewed, "ds")
+    assert missing_reviews([True] * 5 + [False] * (MIN_ADAPT_ANSWERS - 5)) is None
+    assert "3 more hallucinated" in (missing_reviews([True, True] + [False] * 30) or "")
