@@ -18,6 +18,7 @@ import pytest
 os.environ.setdefault("RAGSCOPE_CACHE_DIR", str(Path.home() / ".cache" / "ragscope"))
 
 from core.base.examples import RAGExample  # noqa: E402
+from core.cli import main  # noqa: E402
 from core.engine.model import LoadedModel, embedded_cache_path, load_model  # noqa: E402
 
 EMBEDDED_FIXTURES = frozenset({"embedded_model"})
@@ -77,6 +78,28 @@ def toy_example() -> RAGExample:
         response=response,
         spans=(Span(start=start, end=start + len("red granite"), type="Evident Conflict"),),
     )
+
+
+@pytest.fixture(scope="session")
+def calibrated_tiny_set(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """``(artifacts, cache dir)``: ``nll`` and ``context_gain`` trained on 60 built-in
+    answers with the tiny model and 3-fold CV, so calibrated (a raw score and a pooled
+    calibration each): a set the review loop can adapt."""
+    root = tmp_path_factory.mktemp("calibrated-set")
+    out = root / "set"
+    models = Path(os.environ["RAGSCOPE_CACHE_DIR"]).expanduser() / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    (root / "cache").mkdir()
+    (root / "cache" / "models").symlink_to(models, target_is_directory=True)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RAGSCOPE_CACHE_DIR", str(root / "cache"))
+    mp.setenv("RAGSCOPE_DB", str(root / "train.sqlite3"))
+    try:
+        argv = ["train", "--model", "tiny", "--dataset", "builtin", "--limit", "60", "--cv", "3"]
+        assert main([*argv, "--detectors", "nll,context_gain", "--out", str(out)]) == 0
+    finally:
+        mp.undo()
+    return out, root / "cache"
 
 
 @pytest.fixture(scope="module")

@@ -131,7 +131,10 @@ def answer_section(
     labels: Mapping[str, AnswerLabel],
 ) -> None:
     """The whole-answer queue and the current answer's card."""
+    before = qs.order
     how = pick_order(qs)
+    if how != before:
+        qs.current = None  # another order starts at its own first answer
     scanned = answers.scanned(dataset, examples)
     by_id = {e.id: e for e in examples}
     order = order_answers([e.id for e in examples], how, dataset=dataset, scanned=scanned)

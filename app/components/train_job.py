@@ -68,7 +68,7 @@ def describe_estimate(est: WorkEstimate) -> str:
     )
 
 
-def _elapsed(iso: str | None) -> str | None:
+def elapsed(iso: str | None) -> str | None:
     if not iso:
         return None
     try:
@@ -92,7 +92,7 @@ def _about(view: JobView) -> str:
     return f"Job #{view.id}: {names} on {code(spec.dataset)}{limit}{cv}{by}"
 
 
-def _not_yours(view: JobView) -> bool:
+def not_yours(view: JobView) -> bool:
     """Whether this session may not control ``view``'s job (with logins: not its
     owner, not an admin); says so under the job."""
     if may_control_job(view):
@@ -104,7 +104,7 @@ def _not_yours(view: JobView) -> bool:
     return True
 
 
-def _act(action: str, job_id: int) -> None:
+def act(action: str, job_id: int) -> None:
     """Button callback: cancel, resume or discard job ``job_id`` (errors kept to show)."""
     st.session_state.pop(ACTION_ERROR, None)
     try:
@@ -118,7 +118,7 @@ def _act(action: str, job_id: int) -> None:
         st.session_state[ACTION_ERROR] = f"Could not {action} job #{job_id}: {md(e)}"
 
 
-def _action_error() -> None:
+def action_error() -> None:
     msg = st.session_state.pop(ACTION_ERROR, None)
     if isinstance(msg, str):
         st.error(msg)
@@ -137,19 +137,19 @@ def _live_job(job_id: int) -> None:
         st.session_state[FINISHED] = job_id
         st.rerun()
     st.markdown(_about(view))
-    started = _elapsed(view.row.started_at or view.row.created_at)
+    started = elapsed(view.row.started_at or view.row.created_at)
     text = f"{view.progress_text}" + (f" · {started}" if started else "")
     if view.row.cancel_requested:
         text = "Cancelling… " + text
     st.progress(view.fraction, text=md(text))
-    locked = _not_yours(view)
+    locked = not_yours(view)
     c1, c2 = st.columns([1, 3], vertical_alignment="center")
     with c1:
         st.button(
             "Cancel",
             key=KEY_TRAIN_CANCEL,
             icon=":material/cancel:",
-            on_click=_act,
+            on_click=act,
             args=("cancel", job_id),
             disabled=view.row.cancel_requested or locked,
         )
@@ -158,7 +158,7 @@ def _live_job(job_id: int) -> None:
             "Runs in the background: switch pages, reload or close the tab, it goes on. "
             f"Log: {code(job_log_path(job_log_db(), view.row))}"
         )
-    _action_error()
+    action_error()
 
 
 def _interrupted(view: JobView) -> None:
@@ -168,7 +168,7 @@ def _interrupted(view: JobView) -> None:
         "without finishing, e.g. the machine restarted). Resume it: the examples already "
         "traced come from the feature cache."
     )
-    locked = _not_yours(view)
+    locked = not_yours(view)
     c1, c2, _ = st.columns([1, 1, 3])
     with c1:
         st.button(
@@ -176,7 +176,7 @@ def _interrupted(view: JobView) -> None:
             key=KEY_TRAIN_RESUME,
             type="primary",
             icon=":material/play_arrow:",
-            on_click=_act,
+            on_click=act,
             args=("resume", view.id),
             disabled=not view.resumable or locked,
         )
@@ -185,11 +185,11 @@ def _interrupted(view: JobView) -> None:
             "Discard",
             key=KEY_TRAIN_DISCARD,
             icon=":material/delete:",
-            on_click=_act,
+            on_click=act,
             args=("discard", view.id),
             disabled=locked,
         )
-    _action_error()
+    action_error()
 
 
 def _outcome(view: JobView, *, fresh: bool) -> None:
@@ -209,17 +209,17 @@ def _outcome(view: JobView, *, fresh: bool) -> None:
         )
     elif view.state == "failed":
         st.error(f"{_about(view)} failed: {md(r.error or 'no reason recorded')}")
-        locked = _not_yours(view)
+        locked = not_yours(view)
         st.button(
             "Resume",
             key=KEY_TRAIN_RESUME,
             icon=":material/replay:",
-            on_click=_act,
+            on_click=act,
             args=("resume", view.id),
             disabled=not view.resumable or locked,
             help="Start its worker again; the examples already traced come from the cache.",
         )
-        _action_error()
+        action_error()
 
 
 def _form(model: LoadedModel) -> None:
@@ -328,10 +328,10 @@ def train_detectors_panel(model: LoadedModel, *, home: bool = False) -> None:
         st.button(
             "Discard it",
             key=KEY_TRAIN_DISCARD,
-            on_click=_act,
+            on_click=act,
             args=("discard", e.job_id),
         )
-        _action_error()
+        action_error()
         view = None
     except RagscopeError as e:
         st.error(f"Training jobs cannot be read: {md(e)}")

@@ -24,6 +24,7 @@ from core.data import make_splits
 from core.detectors import make_detector, runnable_detectors
 from core.pipeline.extract import WorkEstimate
 from core.services.jobs import (
+    AdaptSpec,
     JobView,
     TrainSpec,
     cancel_job,
@@ -31,6 +32,7 @@ from core.services.jobs import (
     job_view,
     may_control,
     resume_job,
+    start_adapt_job,
     start_train_job,
 )
 
@@ -153,6 +155,38 @@ def start_training(model: LoadedModel, spec: TrainSpec) -> int:
     who = current_identity()
     owner = who.id if who is not None else None
     return start_train_job(get_store(), spec, model_key=model.info.key, owner=owner)
+
+
+def adapt_spec(dataset: str, queue: str) -> AdaptSpec:
+    """The adaptation job of review queue ``queue`` over ``dataset`` (a named spec) for
+    the loaded model and the set that applies.
+
+    Raises:
+        DataError: A dataset named by path (never from the app).
+    """
+    return AdaptSpec(model=model_spec(), device=model_device(), dataset=dataset, queue=queue)
+
+
+def model_adapt_job(model: LoadedModel) -> JobView | None:
+    """The loaded model's adaptation job: its active one, else its newest (never cached).
+
+    Raises:
+        JobRowError: That job's row cannot be read.
+    """
+    row = get_store().latest_job(model.info.key, kind="adapt")
+    return job_view(row) if row is not None else None
+
+
+def start_adapting(model: LoadedModel, spec: AdaptSpec) -> int:
+    """Queue ``spec`` for ``model``, owned by the signed-in user, and start its worker.
+
+    Raises:
+        JobBusyError: A job for this model is already queued or running.
+        DataError: The worker could not be started.
+    """
+    who = current_identity()
+    owner = who.id if who is not None else None
+    return start_adapt_job(get_store(), spec, model_key=model.info.key, owner=owner)
 
 
 def may_control_job(view: JobView) -> bool:

@@ -36,6 +36,10 @@ KEY_A_NEXT = "review.answer.next"
 KEY_A_PREV = "review.answer.prev"
 KEY_A_NOTE = "review.answer.note"
 KEY_A_SKIP_MINE = "review.answer.skip_mine"
+KEY_ADAPT_START = "review.adapt.start"
+KEY_ADAPT_CANCEL = "review.adapt.cancel"
+KEY_ADAPT_RESUME = "review.adapt.resume"
+KEY_ADAPT_DISCARD = "review.adapt.discard"
 
 
 @dataclass

@@ -27,6 +27,7 @@ from typing import Any
 import streamlit as st
 
 from app.auth import auth_configured, current_identity
+from app.components.adapt_job import adapt_panel
 from app.components.answer_review import answer_section
 from app.components.estimate import estimate_caption, progress_bar
 from app.components.highlight import FLAG, RELATED, Mark, marked_html
@@ -83,6 +84,7 @@ from app.state.session import app_state
 from app.text import code, md
 from core.base.errors import DataError, RagscopeError, StorageError
 from core.base.examples import RAGExample
+from core.data import is_named_spec, stored_spec
 from core.explain import feature_key
 from core.learning.contract import flag_threshold, judge_features
 from core.pipeline.extract import FeatureCache, run_example
@@ -862,6 +864,15 @@ def main() -> None:
             items=everything,
             labels=labels,
         )
+        st.divider()
+        model = get_model()
+        adapt_panel(
+            model,
+            shipped_detectors(model),
+            queue=key,
+            dataset_spec=job_dataset(key),
+            examples=examples,
+        )
     elif not everything:
         publish(P_ITEM, None, missing=linked(P_ITEM), what="queue item", where="queued")
         st.info(
@@ -874,6 +885,18 @@ def main() -> None:
     agreement_section(everything, labels)
     st.divider()
     export_section(key, dataset_options()[key][0], everything, examples, answers.marks(key))
+
+
+def job_dataset(key: str) -> str | None:
+    """The named spec a background job reads the queue ``key``'s dataset by (never a
+    path: built-in, shared or imported datasets only)."""
+    ref = dataset_options()[key][1]
+    if ref is None:
+        return CORPUS
+    if ref.kind == "store":
+        return stored_spec(ref.name)
+    spec = dataset_spec(ref)
+    return spec if is_named_spec(spec) else None
 
 
 def pick_mode(rs: ReviewState) -> str:

@@ -216,6 +216,9 @@ class AdaptRecord:
             base_set=self.deferred_from or self.base_set,
             dataset=self.dataset,
             reviews_hash=self.reviews_hash,
+            n_reviews=self.n_reviews,
+            n_random=self.n_random,
+            created_at=self.created_at,
         )
 
     def to_json(self) -> dict[str, Any]:

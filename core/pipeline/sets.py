@@ -193,6 +193,8 @@ class DetectorSet:
         expert_problems: Why an expert named in ``experts.json`` is not used.
         deferred_from: For an expert chosen by :meth:`for_dataset`: the set that
             deferred to it.
+        adapted: For a set adapted to a dataset from its reviews: what its
+            :data:`ADAPTED_FILE` records.
     """
 
     name: str
@@ -207,6 +209,7 @@ class DetectorSet:
     experts: Mapping[str, DetectorSet] = field(default_factory=dict)
     expert_problems: tuple[str, ...] = ()
     deferred_from: str | None = None
+    adapted: AdaptedInfo | None = None
 
     @property
     def fitted(self) -> list[Detector]:
@@ -481,18 +484,24 @@ _HEX64 = re.compile(r"[0-9a-f]{64}")
 @dataclass(frozen=True, kw_only=True)
 class AdaptedInfo:
     """What a derived set's :data:`ADAPTED_FILE` says: the set it adapts, for which
-    dataset, from which reviews (:mod:`core.evaluation.adapt` writes it)."""
+    dataset, from which reviews, and when (:mod:`core.evaluation.adapt` writes it).
+
+    Attributes:
+        n_reviews: Answers with a label it was fitted from.
+        n_random: Of them, reviewed in the random order (those calibrate).
+    """
 
     base_set: str
     dataset: str
     reviews_hash: str
+    n_reviews: int
+    n_random: int
+    created_at: str
 
-    def to_json(self) -> dict[str, str]:
-        return {
-            "base_set": self.base_set,
-            "dataset": self.dataset,
-            "reviews_hash": self.reviews_hash,
-        }
+    KEYS = frozenset({"base_set", "dataset", "reviews_hash", "n_reviews", "n_random", "created_at"})
+
+    def to_json(self) -> dict[str, str | int]:
+        return {k: getattr(self, k) for k in sorted(self.KEYS)}
 
     @classmethod
     def read(cls, folder: Path) -> AdaptedInfo:
@@ -503,10 +512,10 @@ class AdaptedInfo:
         """
         path = folder / ADAPTED_FILE
         value = read_json_file(path, 16 * 1024, what="adapted-set file", follow_symlinks=False)
-        if not isinstance(value, dict) or set(value) != {"base_set", "dataset", "reviews_hash"}:
+        if not isinstance(value, dict) or set(value) != cls.KEYS:
             raise DataError(
-                'must be {"base_set", "dataset", "reviews_hash"}: adapt the set again '
-                "from the Review page or `ragscope adapt`",
+                f"must hold exactly {sorted(cls.KEYS)}: adapt the set again from the Review "
+                "page or `ragscope adapt`",
                 source=str(path),
             )
         base, dataset, digest = value["base_set"], value["dataset"], value["reviews_hash"]
@@ -518,7 +527,25 @@ class AdaptedInfo:
             )
         if not (isinstance(digest, str) and _HEX64.fullmatch(digest)):
             raise DataError("reviews_hash must be 64 hex digits", source=str(path))
-        return cls(base_set=base, dataset=dataset, reviews_hash=digest)
+        counts = (value["n_reviews"], value["n_random"])
+        if (
+            not all(type(c) is int and 0 <= c <= 10_000_000 for c in counts)
+            or counts[1] > counts[0]
+        ):
+            raise DataError(
+                "n_reviews and n_random must be counts, n_random <= n_reviews", source=str(path)
+            )
+        when = value["created_at"]
+        if not (isinstance(when, str) and len(when) <= 40 and when.isprintable()):
+            raise DataError("created_at must be a time", source=str(path))
+        return cls(
+            base_set=base,
+            dataset=dataset,
+            reviews_hash=digest,
+            n_reviews=counts[0],
+            n_random=counts[1],
+            created_at=when,
+        )
 
 
 def adapted_set_name(base_set: str, dataset: str) -> str:
@@ -581,7 +608,7 @@ def _adapted(parent: DetectorSet) -> tuple[dict[str, DetectorSet], list[str]]:
         if problem is not None:
             problems.append(problem)
             continue
-        out[info.dataset] = replace(found, deferred_from=parent.name)
+        out[info.dataset] = replace(found, deferred_from=parent.name, adapted=info)
     return out, problems
 
 

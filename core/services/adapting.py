@@ -152,3 +152,54 @@ def adapt_set(
     )
     folder = write_adapted_set(judging, adaptations, record, dest_root)
     return AdaptResult(folder=folder, dataset=dataset, record=record, detectors=tuple(adaptations))
+
+
+@dataclass(frozen=True, kw_only=True)
+class AdaptStatus:
+    """Where a dataset stands in the review loop (what the Review page shows).
+
+    Attributes:
+        dataset: The answers' dataset name (``None``: they come from several, or none).
+        n_random_hallucinated, n_random_faithful: Labels drawn at random (they calibrate).
+        n_labelled: Answers with a label, in any order.
+        missing: How many more random reviews calibrating needs (``None``: enough).
+        current: The set adapted to this dataset now, if any.
+        stale: Whether the reviews changed since :attr:`current` was fitted.
+        problem: Why the dataset cannot be adapted (``None``: it can).
+    """
+
+    dataset: str | None
+    n_random_hallucinated: int
+    n_random_faithful: int
+    n_labelled: int
+    missing: str | None
+    current: DetectorSet | None
+    stale: bool
+    problem: str | None = None
+
+
+def adapt_status(
+    store: Store, dset: DetectorSet, queue: str, examples: Sequence[RAGExample]
+) -> AdaptStatus:
+    """What the review loop of ``queue`` has gathered, and the set adapted from it."""
+    reviewed = reviewed_answers(store, queue, examples)
+    random = [r.label for r in reviewed if r.random]
+    try:
+        dataset: str | None = answers_dataset(examples)
+        problem = None
+    except DataError as e:
+        dataset, problem = None, str(e)
+    judging = dset.for_dataset(dataset) if dataset else None
+    current = judging if judging is not None and judging.adapted is not None else None
+    return AdaptStatus(
+        dataset=dataset,
+        n_random_hallucinated=sum(random),
+        n_random_faithful=len(random) - sum(random),
+        n_labelled=len(reviewed),
+        missing=missing_reviews(random),
+        current=current,
+        stale=current is not None
+        and current.adapted is not None
+        and current.adapted.reviews_hash != reviews_hash(reviewed),
+        problem=problem,
+    )

@@ -9,7 +9,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import os
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -50,23 +49,8 @@ def _digest(folder: Path) -> str:
 
 
 @pytest.fixture(scope="module")
-def base_set(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """``(artifacts, cache dir)``: nll + context_gain trained (and calibrated) on 60
-    built-in answers."""
-    root = tmp_path_factory.mktemp("adapt")
-    out = root / "set"
-    mp = pytest.MonkeyPatch()
-    models = Path(os.environ["RAGSCOPE_CACHE_DIR"]).expanduser() / "models"
-    (root / "cache").mkdir()
-    (root / "cache" / "models").symlink_to(models, target_is_directory=True)
-    mp.setenv("RAGSCOPE_CACHE_DIR", str(root / "cache"))
-    try:
-        argv = ["train", "--model", "tiny", "--dataset", "builtin", "--limit", "60", "--cv", "3"]
-        argv += ["--detectors", "nll,context_gain", "--out", str(out)]
-        assert main(argv) == 0
-    finally:
-        mp.undo()
-    return out, root / "cache"
+def base_set(calibrated_tiny_set: tuple[Path, Path]) -> tuple[Path, Path]:
+    return calibrated_tiny_set
 
 
 @pytest.fixture

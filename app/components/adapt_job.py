@@ -1,0 +1,180 @@
+"""Review's "Adapt the detectors to this dataset" panel: what the reviews gathered so
+far (:func:`core.services.adapting.adapt_status`), the set adapted from them now, and
+the background job that adapts it again (:mod:`core.services.jobs`: it goes on across
+reruns, reloads and restarts; its progress refreshes itself). Every number comes from
+core; this module draws it."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import streamlit as st
+
+from app.components.train_job import act, action_error, elapsed, not_yours
+from app.state.datasets import get_store
+from app.state.jobs import (
+    POLL_S,
+    adapt_spec,
+    job_log_db,
+    model_adapt_job,
+    read_job,
+    start_adapting,
+)
+from app.state.review import (
+    KEY_ADAPT_CANCEL,
+    KEY_ADAPT_DISCARD,
+    KEY_ADAPT_RESUME,
+    KEY_ADAPT_START,
+)
+from app.text import code, md
+from core.base.errors import RagscopeError
+from core.base.examples import RAGExample
+from core.engine.model import LoadedModel
+from core.evaluation.adapt import MIN_ADAPT_ANSWERS, MIN_ADAPT_CLASS, PROCEDURE
+from core.pipeline.sets import DetectorSet
+from core.services.adapting import AdaptStatus, adapt_status
+from core.services.jobs import JobView, job_log_path
+
+TITLE = "Adapt the detectors to this dataset"
+WATCHED = "review.adapt.watched"
+"""Session key: the adaptation job this session saw end (its outcome is shown once)."""
+
+
+def _current(status: AdaptStatus) -> None:
+    cur = status.current
+    if cur is None or cur.adapted is None:
+        st.caption(
+            f"No set is adapted to {code(status.dataset or '?')} yet: its answers are judged "
+            "with the set's pooled calibration and thresholds."
+        )
+        return
+    a = cur.adapted
+    text = (
+        f"The **{md(cur.name)}** set judges {code(a.dataset)}'s answers: the "
+        f"{md(cur.deferred_from or a.base_set)} set adapted from {a.n_reviews} reviewed "
+        f"answers ({a.n_random} in the random order) on {md(a.created_at)} "
+        f"(reviews {code(a.reviews_hash[:12])})."
+    )
+    if status.stale:
+        st.info(text + " The reviews changed since: adapt again to use them.")
+    else:
+        st.success(text, icon=":material/tune:")
+
+
+@st.fragment(run_every=POLL_S)
+def _live(job_id: int) -> None:
+    """A running adaptation's progress and Cancel; the page reruns when it ends."""
+    try:
+        view = read_job(job_id)
+    except RagscopeError as e:
+        st.error(f"The adaptation job cannot be read: {md(e)}")
+        return
+    if not view.active:
+        st.session_state[WATCHED] = job_id
+        st.rerun()
+    since = elapsed(view.row.started_at or view.row.created_at)
+    text = view.progress_text.replace("examples", "answers") + (f" · {since}" if since else "")
+    st.progress(
+        view.fraction, text=md(("Cancelling… " if view.row.cancel_requested else "") + text)
+    )
+    locked = not_yours(view)
+    c1, c2 = st.columns([1, 3], vertical_alignment="center")
+    c1.button(
+        "Cancel", key=KEY_ADAPT_CANCEL, icon=":material/cancel:", on_click=act,
+        args=("cancel", job_id), disabled=view.row.cancel_requested or locked,
+    )  # fmt: skip
+    c2.caption(
+        "Runs in the background: switch pages or reload, it goes on. "
+        f"Log: {code(job_log_path(job_log_db(), view.row))}"
+    )
+    action_error()
+
+
+def _ended(view: JobView) -> None:
+    fresh = st.session_state.get(WATCHED) == view.id
+    r = view.row
+    if view.state == "done" and fresh:
+        st.success(
+            f"Adaptation job #{view.id} finished: the adapted set judges this dataset's "
+            "answers now.",
+            icon=":material/check_circle:",
+        )
+    elif view.state == "cancelled" and fresh:
+        st.info(f"Adaptation job #{view.id} was cancelled; nothing was written.")
+    elif view.state == "failed":
+        st.error(f"Adaptation job #{view.id} failed: {md(r.error or 'no reason recorded')}")
+    elif view.state == "interrupted":
+        st.warning(
+            f"Adaptation job #{view.id} was interrupted at {md(view.progress_text)}: resume "
+            "it (the answers already traced come from the feature cache) or discard it."
+        )
+        locked = not_yours(view)
+        c1, c2, _ = st.columns([1, 1, 3])
+        c1.button(
+            "Resume", key=KEY_ADAPT_RESUME, icon=":material/play_arrow:", on_click=act,
+            args=("resume", view.id), disabled=not view.resumable or locked,
+        )  # fmt: skip
+        c2.button(
+            "Discard", key=KEY_ADAPT_DISCARD, icon=":material/delete:", on_click=act,
+            args=("discard", view.id), disabled=locked,
+        )  # fmt: skip
+        action_error()
+
+
+def adapt_panel(
+    model: LoadedModel,
+    dset: DetectorSet,
+    *,
+    queue: str,
+    dataset_spec: str | None,
+    examples: Sequence[RAGExample],
+) -> None:
+    """The panel: the reviews gathered, the adapted set, the job (``dataset_spec``: the
+    dataset's name for a job; ``None`` when it has none, e.g. a file)."""
+    st.subheader(TITLE)
+    try:
+        status = adapt_status(get_store(), dset, queue, examples)
+    except RagscopeError as e:
+        st.error(f"The reviews of this dataset cannot be read: {md(e)}")
+        return
+    st.caption(
+        f"From the answers marked in the **random** order: {md(PROCEDURE)}. The adapted set "
+        "is written beside the base set (which is never changed) and judges this dataset's "
+        "answers on every page, in `ragscope judge` and `evaluate --as-trained`."
+    )
+    c1, c2, c3 = st.columns(3)
+    c1.metric("Hallucinated, drawn at random", status.n_random_hallucinated)
+    c2.metric("Faithful, drawn at random", status.n_random_faithful)
+    c3.metric("Answers labelled (any order)", status.n_labelled)
+    if status.problem is not None:
+        st.warning(md(status.problem))
+        return
+    _current(status)
+    view = None
+    try:
+        view = model_adapt_job(model)
+    except RagscopeError as e:
+        st.error(f"The adaptation job cannot be read: {md(e)}")
+    if view is not None and view.active:
+        _live(view.id)
+        return
+    if view is not None:
+        _ended(view)
+    if status.missing is not None:
+        st.caption(
+            f"Not yet: {md(status.missing)} (at least {MIN_ADAPT_ANSWERS} with "
+            f"{MIN_ADAPT_CLASS} of each class)."
+        )
+    if dataset_spec is None:
+        st.caption("Only a named dataset (built-in, shared or imported) can be adapted here.")
+        return
+    if st.button(
+        "Adapt in the background", key=KEY_ADAPT_START, type="primary", icon=":material/tune:",
+        disabled=status.missing is not None,
+    ):  # fmt: skip
+        try:
+            start_adapting(model, adapt_spec(dataset_spec, queue))
+        except RagscopeError as e:
+            st.error(f"The adaptation could not start: {md(e)}")
+            return
+        st.rerun()
