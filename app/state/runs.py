@@ -1,6 +1,6 @@
 """Evaluation runs and dataset summaries for the Benchmark page, and its widget keys.
 
-Saved runs come in three kinds (:func:`core.evaluation.matrix.load_run` tells them apart by the
+Saved runs come in three kinds (:func:`core.evaluation.runs.load_run` tells them apart by the
 file's ``kind``): train / validation / test runs (:class:`~core.evaluation.evaluate.EvalRun`),
 cross-validations (:class:`~core.evaluation.cv_run.CVRun`) and cross-domain matrices
 (:class:`~core.evaluation.matrix.MatrixRun`).
@@ -23,7 +23,9 @@ from core.data import (
 )
 from core.evaluation.cv_run import CVRun
 from core.evaluation.evaluate import EvalRun, list_runs
-from core.evaluation.matrix import MatrixRun, load_run
+from core.evaluation.matrix import MatrixRun
+from core.evaluation.review_curve import CurveRun
+from core.evaluation.runs import load_run
 
 R = TypeVar("R", EvalRun, CVRun, MatrixRun)
 
@@ -64,6 +66,10 @@ KEY_BENCH_CV_RELIABILITY = "benchmark.cv.reliability_detectors"
 
 
 # Benchmark: cross-domain matrices
+KEY_BENCH_CURVE_RUNS = "benchmark.curves.runs"
+"""The learning-curve runs shown (one per dataset by default)."""
+KEY_BENCH_CURVE_METRIC = "benchmark.curves.metric"
+"""What the learning curves show."""
 KEY_BENCH_MATRIX_RUN = "benchmark.matrix.run"
 
 
@@ -101,7 +107,7 @@ def _read_run(path: str, mtime: float) -> AnyRun:
 
     Raises:
         DataError: Not a readable run, or one whose parts do not fit together
-            (:func:`core.evaluation.matrix.load_run` checks them).
+            (:func:`core.evaluation.runs.load_run` checks them).
     """
     return load_run(path)
 
@@ -118,6 +124,7 @@ class SavedRuns:
         runs: Run name -> train / test evaluation run.
         cv: Run name -> cross-validation run.
         matrices: Run name -> cross-domain matrix run.
+        curves: Run name -> review learning-curve run.
         shipped: Names of the runs (of any kind) that came from ``shipped_folder``.
         shipped_folder: Where the shipped runs live (``assets/runs``).
         unreadable: ``(file name, reason)`` per JSON file that is not a readable run.
@@ -127,6 +134,7 @@ class SavedRuns:
     runs: dict[str, EvalRun]
     cv: dict[str, CVRun] = field(default_factory=dict)
     matrices: dict[str, MatrixRun] = field(default_factory=dict)
+    curves: dict[str, CurveRun] = field(default_factory=dict)
     shipped: frozenset[str] = frozenset()
     shipped_folder: Path | None = None
     unreadable: tuple[tuple[str, str], ...] = ()
@@ -134,7 +142,7 @@ class SavedRuns:
     @property
     def empty(self) -> bool:
         """Whether no run of any kind was found."""
-        return not (self.runs or self.cv or self.matrices)
+        return not (self.runs or self.cv or self.matrices or self.curves)
 
 
 def newest_first(runs: Mapping[str, R], shipped: frozenset[str] | set[str]) -> dict[str, R]:
@@ -153,6 +161,7 @@ def saved_runs() -> SavedRuns:
     evals: dict[str, EvalRun] = {}
     cvs: dict[str, CVRun] = {}
     matrices: dict[str, MatrixRun] = {}
+    curves: dict[str, CurveRun] = {}
     shipped: set[str] = set()
     bad: list[tuple[str, str]] = []
     local_paths = list_runs(folder)
@@ -163,10 +172,12 @@ def saved_runs() -> SavedRuns:
         except (DataError, OSError) as e:
             bad.append((path.name, str(e)))
             continue
-        if run.name in evals or run.name in cvs or run.name in matrices:
+        if any(run.name in kind for kind in (evals, cvs, matrices, curves)):
             continue  # shadowed by a newer or a local run of that name
         if isinstance(run, CVRun):
             cvs[run.name] = run
+        elif isinstance(run, CurveRun):
+            curves[run.name] = run
         elif isinstance(run, MatrixRun):
             matrices[run.name] = run
         else:
@@ -178,6 +189,7 @@ def saved_runs() -> SavedRuns:
         runs=newest_first(evals, shipped),
         cv=newest_first(cvs, shipped),
         matrices=newest_first(matrices, shipped),
+        curves=newest_first(curves, shipped),
         shipped=frozenset(shipped),
         shipped_folder=shipped_folder,
         unreadable=tuple(bad),

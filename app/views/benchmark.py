@@ -33,6 +33,7 @@ from app.components.charts import (
     pr_figure,
     roc_figure,
 )
+from app.components.curve_charts import CURVE_METRICS, curve_figure, curve_frame
 from app.components.cv_charts import (
     DATASET_METRICS,
     MATRIX_METRICS,
@@ -77,6 +78,8 @@ from app.state.runs import (
     CORPUS,
     KEY_BENCH_BREAKDOWN_METRIC,
     KEY_BENCH_CONFUSION,
+    KEY_BENCH_CURVE_METRIC,
+    KEY_BENCH_CURVE_RUNS,
     KEY_BENCH_CV_DATASET_METRIC,
     KEY_BENCH_CV_RELIABILITY,
     KEY_BENCH_CV_RUNS,
@@ -929,6 +932,7 @@ def show_matrix(state: AppState, saved: SavedRuns) -> None:
 TAB_TEST = "Held-out test runs"
 TAB_CV = "Cross-validation"
 TAB_MATRIX = "Cross-domain matrix"
+TAB_CURVES = "Review learning curves"
 
 # Detectors the reliability diagram draws until the user picks (more lines tangle): the
 # run's overall judge alone when it has one, else its first three.
@@ -958,6 +962,7 @@ def main() -> None:
             (TAB_TEST, show_test_runs, bool(saved.runs)),
             (TAB_CV, show_cv, bool(saved.cv)),
             (TAB_MATRIX, show_matrix, bool(saved.matrices)),
+            (TAB_CURVES, show_review_curves, bool(saved.curves)),
         )
         if there
     ]
@@ -966,6 +971,51 @@ def main() -> None:
     for tab, (_, show) in zip(tabs, sections, strict=True):
         with tab:
             show(state, saved)
+
+
+def show_review_curves(state: AppState, saved: SavedRuns) -> None:
+    """How many reviewed answers a dataset needs before the set adapted to it reads its
+    other answers well (``ragscope evaluate --review-curve DATASET``)."""
+    st.header("Review learning curves", anchor="review-learning-curves")
+    st.caption(
+        "Reviewers simulated by a labelled dataset's gold labels; the set adapted after n "
+        "reviews (random order: calibration; uncertainty order: only its first random "
+        "batch calibrates) and scored on the answers not reviewed. Dotted grey: the set "
+        "unadapted on the same answers; dashed: the dataset's own 5-fold CV of the same "
+        "procedure. Bands: 2.5% to 97.5% over seeds."
+    )
+    names = list(saved.curves)
+    newest: dict[str, str] = {}
+    for n in names:  # newest first: the first of each dataset
+        newest.setdefault(saved.curves[n].dataset, n)
+    _keep_options(KEY_BENCH_CURVE_RUNS, names)
+    picked = st.multiselect(
+        "Runs",
+        names,
+        default=list(newest.values()),
+        key=KEY_BENCH_CURVE_RUNS,
+        format_func=lambda n: f"{saved.curves[n].dataset} · {_date(saved.curves[n].created_at)}",
+    )
+    metric = st.radio(
+        "Show",
+        list(CURVE_METRICS),
+        format_func=CURVE_METRICS.__getitem__,
+        horizontal=True,
+        key=KEY_BENCH_CURVE_METRIC,
+    )
+    runs = [saved.curves[n] for n in picked]
+    if not runs:
+        st.info("Pick one or more runs above.")
+        return
+    st.plotly_chart(curve_figure(runs, metric), width="stretch")
+    for run in runs:
+        with st.expander(f"{md(run.dataset)}: every point", icon=":material/table:"):
+            st.caption(
+                f"{run.n_answers} answers, {run.n_hallucinated} hallucinated; the "
+                f"{md(run.set_name)} set's {md(run.judge)} read out of fold from "
+                f"{', '.join(code(r) for r in run.runs[:1])}; {run.seeds} seeds."
+            )
+            st.dataframe(curve_frame(run), hide_index=True, width="stretch")
 
 
 def show_test_runs(state: AppState, saved: SavedRuns) -> None:

@@ -4,7 +4,7 @@
 same recipe as inside a cross-validation fold and for the shipped artifacts) on each
 training set and scores each other dataset; the diagonal (``train == test``) is the
 within-dataset cross-validation (:func:`core.evaluation.crossval.cross_validate`). Runs save as
-JSON (+ markdown) and load back (:class:`MatrixRun`); :func:`load_run` reads a saved
+JSON (+ markdown) and load back (:class:`MatrixRun`); :func:`core.evaluation.runs.load_run` reads a saved
 run of any kind for the Benchmark page.
 
 A full matrix over ~2,600 answers is hours of fitting on a CPU, so, like a
@@ -38,27 +38,10 @@ from core.evaluation.crossval import (
     label_array,
     pooled_metrics,
 )
-from core.evaluation.cv_run import CV_FORMAT, CVRun, file_stem, format_ci, read_run, save_run
-from core.evaluation.evaluate import EvalRun
+from core.evaluation.cv_run import CV_FORMAT, file_stem, format_ci, read_run, save_run
 from core.evaluation.foldstore import FoldResult, fold_key, fold_result, load_fold, save_fold
 from core.learning.contract import Detector, Features
 from core.pipeline.extract import Extraction, FeatureCache
-
-
-def load_run(path: str | Path) -> Any:
-    """A saved run of any kind: :class:`CVRun`, :class:`MatrixRun` or
-    :class:`~core.evaluation.evaluate.EvalRun` (by its ``kind``).
-
-    Raises:
-        DataError: Not a readable run (the message names the file).
-    """
-    d = read_run(path, "evaluation run")
-    kinds: dict[str, Any] = {"cv": CVRun, "matrix": MatrixRun}
-    cls = kinds.get(str(d.get("kind")), EvalRun)
-    try:
-        return cls.from_dict(d)
-    except (KeyError, TypeError, ValueError, AttributeError) as e:
-        raise DataError(f"not a readable evaluation run ({e})", source=str(path)) from e
 
 
 @dataclass(frozen=True, kw_only=True)

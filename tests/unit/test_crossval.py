@@ -33,7 +33,8 @@ from core.evaluation.crossval import (
 )
 from core.evaluation.cv_run import CVRun, format_span_prf
 from core.evaluation.evaluate import set_thresholds
-from core.evaluation.matrix import MatrixProgress, MatrixRun, domain_matrix, load_run
+from core.evaluation.matrix import MatrixProgress, MatrixRun, domain_matrix
+from core.evaluation.runs import load_run
 from core.learning.calibration import (
     DatasetCalibration,
     PlattCalibrator,
