@@ -54,6 +54,7 @@ def curve_figure(runs: Sequence[CurveRun], metric: str) -> go.Figure:
                         y=hi + lo[::-1],
                         fill="toself",
                         fillcolor=_rgba(color, 0.15),
+                        mode="lines",
                         line={"width": 0},
                         hoverinfo="skip",
                         showlegend=False,
@@ -80,12 +81,16 @@ def curve_figure(runs: Sequence[CurveRun], metric: str) -> go.Figure:
                 )
             )
         own = run.own_cv.get(metric)
-        if own is not None and math.isfinite(own):
-            fig.add_hline(
-                y=own,
-                line={"color": color, "dash": "dash", "width": 1},
-                annotation_text=f"{name}: own 5-fold CV",
-                annotation_position="top left",
+        sizes = [p.n for p in run.points]
+        if own is not None and math.isfinite(own) and sizes:
+            fig.add_trace(
+                go.Scatter(
+                    x=[min(sizes), max(sizes)],
+                    y=[own, own],
+                    mode="lines",
+                    name=f"{name}, own 5-fold CV",
+                    line={"color": color, "dash": "dash", "width": 1},
+                )
             )
     fig.update_layout(
         xaxis_title="answers reviewed",

@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 from core.base.errors import DataError
 from core.base.examples import RAGExample, example_hash
-from core.pipeline.judge import AnswerVerdict
+from core.pipeline.judge import VOTE, AnswerVerdict
 from core.review.book import ReviewConflict, ReviewItem
 from core.storage import (
     ANSWER_LABELS,
@@ -200,13 +200,17 @@ class ScanVerdict:
 
 def scan_verdict(v: AnswerVerdict) -> ScanVerdict:
     """The set's overall verdict on an answer, with which set, judge and calibration
-    gave it (:class:`~core.pipeline.judge.AnswerVerdict`)."""
-    who = f"set {v.set_name}" + (f" (expert of {v.deferred_from})" if v.deferred_from else "")
-    cal = f"calibrated for {v.calibrated_for}" if v.calibrated_for else "pooled calibration"
+    gave it (:class:`~core.pipeline.judge.AnswerVerdict`; a vote's calibration is its
+    detectors', when they share one)."""
+    who = f"set {v.set_name}" + (f" (used by {v.deferred_from} here)" if v.deferred_from else "")
+    cals = {d.calibrated_for for d in v.verdicts.values()}
+    calibrated_for = v.calibrated_for or (next(iter(cals)) if len(cals) == 1 else None)
+    cal = f"calibrated for {calibrated_for}" if calibrated_for else "pooled calibration"
+    how = "share of its detectors that flag it" if v.judge == VOTE else v.judge
     return ScanVerdict(
         probability=float(v.probability),
         threshold=float(v.threshold),
-        judged_by=f"{who}, {v.judge}, {cal}",
+        judged_by=f"{who}, {how}, {cal}",
     )
 
 
