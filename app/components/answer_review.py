@@ -37,6 +37,7 @@ from core.review import (
     label_counts,
     order_answers,
 )
+from core.review.book import MAX_NOTE
 
 ORDER_LABELS = {
     "random": "random (calibrates)",
@@ -190,6 +191,7 @@ def answer_section(
                 "Note",
                 value=(own.note or "") if own else "",
                 key=f"{KEY_A_NOTE}.{ex.id}",
+                max_chars=MAX_NOTE,
                 height=68,
             )
         expected = own.version if own else 0

@@ -113,6 +113,7 @@ from core.review import (
     scan_verdict,
     split_verdicts,
 )
+from core.review.book import MAX_NOTE
 
 # Page scripts run with Streamlit's magic: no bare strings (they would be drawn).
 STATE_KEY = "ragscope.review"
@@ -581,6 +582,7 @@ def item_card(
                 value=(mine.note or "") if mine else "",
                 key=item_key("note", item.id),
                 height=68,
+                max_chars=MAX_NOTE,
             )
         expected = mine.version if mine else 0
         b1, b2, b3, b4, _ = st.columns([1, 1, 1, 1, 2])
@@ -642,7 +644,7 @@ def missed_span_row(book: ReviewBook, rs: ReviewState, item: ReviewItem, ex: RAG
         evidence = c_ev.radio(
             "Evidence", [UNSET, *EVIDENCE], horizontal=True, key=f"{item_key('missed', item.id)}.ev"
         )
-        note = st.text_input("Note", key=f"{item_key('missed', item.id)}.note")
+        note = st.text_input("Note", key=f"{item_key('missed', item.id)}.note", max_chars=MAX_NOTE)
         if st.button("Add and accept", key=KEY_ADD_SPAN, icon=":material/add:"):
             try:
                 book.add_missed_span(

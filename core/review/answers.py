@@ -29,7 +29,7 @@ from dataclasses import dataclass
 from core.base.errors import DataError
 from core.base.examples import RAGExample, example_hash
 from core.pipeline.judge import VOTE, AnswerVerdict
-from core.review.book import ReviewConflict, ReviewItem
+from core.review.book import ReviewConflict, ReviewItem, check_note
 from core.storage import (
     ANSWER_LABELS,
     ORDERINGS,
@@ -256,7 +256,7 @@ class AnswerBook:
             raise DataError(f"an answer's label must be one of {ANSWER_LABELS}, got {label!r}")
         if drawn_by not in ORDERINGS:
             raise DataError(f"drawn_by must be one of {ORDERINGS}, got {drawn_by!r}")
-        note = (note or "").strip() or None
+        note = check_note(note)
         digest = example_hash(example)
 
         def decide(old: AnswerReview | None) -> AnswerMark:

@@ -27,6 +27,24 @@ from core.storage import (
 
 SORTS: tuple[str, ...] = ("uncertainty", "score", "position")
 
+MAX_NOTE = 5_000
+"""The longest note a review keeps (characters): a reviewer's note, not a document."""
+
+
+def check_note(note: str | None) -> str | None:
+    """A review's note, stripped (``None`` when blank).
+
+    Raises:
+        DataError: Longer than :data:`MAX_NOTE` (nothing is written).
+    """
+    text = (note or "").strip()
+    if len(text) > MAX_NOTE:
+        raise DataError(
+            f"a note holds at most {MAX_NOTE:,} characters, this one {len(text):,}: shorten it",
+            field="note",
+        )
+    return text or None
+
 
 class ReviewConflict(StorageError):
     """A save based on a review that someone (or another tab) changed meanwhile.
@@ -219,7 +237,7 @@ class ReviewBook:
         reviewer = _check_review(reviewer, kind, evidence)
         if decision not in DECISIONS:
             raise DataError(f"decision must be one of {DECISIONS}, got {decision!r}")
-        note = (note or "").strip() or None
+        note = check_note(note)
         attempted = {
             "decision": decision,
             "start": start,
@@ -288,6 +306,7 @@ class ReviewBook:
                 (nothing is written).
         """
         who = _check_review(reviewer, kind, evidence)
+        check_note(note)
         if not 0 <= start < end <= len(example.response):
             raise DataError(
                 f"span [{start}, {end}) is not inside the answer of {example.id!r} "

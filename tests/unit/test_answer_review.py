@@ -293,3 +293,20 @@ def test_a_version_8_database_keeps_its_jobs_and_takes_adaptation_jobs(
         assert s.latest_job("m", kind="train").id == old
         with pytest.raises(storage.JobBusyError):  # one active job per model, of any kind
             s.create_job(kind="train", model="m", spec={}, out="/o")
+
+
+def test_a_note_over_the_limit_is_refused_and_nothing_is_written(store: Store):
+    from core.review.book import MAX_NOTE
+
+    answers, book = AnswerBook(store), ReviewBook(store)
+    ex = _example(0)
+    with pytest.raises(DataError, match="at most"):
+        answers.mark("demo", ex, "ann", "faithful", drawn_by="random", note="x" * (MAX_NOTE + 1))
+    assert answers.marks("demo") == []
+    _flagged(book, [ex])
+    item = book.items("demo")[0]
+    with pytest.raises(DataError, match="at most"):
+        book.save_review(item.id, "ann", "accept", note="y" * (MAX_NOTE + 1))
+    assert book.item(item.id).reviews == ()
+    ok = answers.mark("demo", ex, "ann", "faithful", drawn_by="random", note="z" * MAX_NOTE)
+    assert ok.note is not None and len(ok.note) == MAX_NOTE
