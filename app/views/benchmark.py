@@ -1007,7 +1007,7 @@ def show_review_curves(state: AppState, saved: SavedRuns) -> None:
     if not runs:
         st.info("Pick one or more runs above.")
         return
-    st.plotly_chart(curve_figure(runs, metric), width="stretch")
+    plot(curve_figure(runs, metric), key=f"benchmark.review_curves.{metric}")
     for run in runs:
         with st.expander(f"{md(run.dataset)}: every point", icon=":material/table:"):
             st.caption(

@@ -550,6 +550,7 @@ def test_benchmark_in_chromium(server: str, browser: object) -> None:
             "Held-out test runs",
             "Cross-validation",
             "Cross-domain matrix",
+            "Review learning curves",
         ]
         visible = page.locator(".js-plotly-plot:visible")
         expect(visible).to_have_count(5, timeout=60_000)
