@@ -10,8 +10,10 @@ from collections.abc import Sequence
 
 import streamlit as st
 
+from app.components.estimate import estimate_caption
 from app.components.train_job import act, action_error, elapsed, not_yours
 from app.state.datasets import get_store
+from app.state.estimates import work_estimate
 from app.state.jobs import (
     POLL_S,
     adapt_spec,
@@ -168,6 +170,15 @@ def adapt_panel(
     if dataset_spec is None:
         st.caption("Only a named dataset (built-in, shared or imported) can be adapted here.")
         return
+    slot = st.empty()
+    judging = status.judging
+    if status.missing is None and judging is not None:
+        # the job judges every labelled answer (features from the cache where there)
+        estimate_caption(
+            lambda: work_estimate(model, status.reviewed, judging.fitted),
+            extra="the worker's start and the model's load",
+            where=slot,
+        )
     if st.button(
         "Adapt in the background", key=KEY_ADAPT_START, type="primary", icon=":material/tune:",
         disabled=status.missing is not None,

@@ -166,6 +166,8 @@ class AdaptStatus:
         current: The set adapted to this dataset now, if any.
         stale: Whether the reviews changed since :attr:`current` was fitted.
         problem: Why the dataset cannot be adapted (``None``: it can).
+        reviewed: The labelled answers an adaptation would judge.
+        judging: The set that judges the dataset now (what an adaptation derives from).
     """
 
     dataset: str | None
@@ -176,6 +178,8 @@ class AdaptStatus:
     current: DetectorSet | None
     stale: bool
     problem: str | None = None
+    reviewed: tuple[RAGExample, ...] = ()
+    judging: DetectorSet | None = None
 
 
 def adapt_status(
@@ -202,4 +206,6 @@ def adapt_status(
         and current.adapted is not None
         and current.adapted.reviews_hash != reviews_hash(reviewed),
         problem=problem,
+        reviewed=tuple(r.example for r in reviewed),
+        judging=judging,
     )

@@ -73,6 +73,8 @@ def test_reviews_adapt_the_set_in_the_background_and_the_page_reads_the_adapted_
     assert metrics["Hallucinated, drawn at random"] == str(n_h)
     assert metrics["Faithful, drawn at random"] == str(24 - n_h)
     assert not at.button(key="review.adapt.start").disabled
+    # the job judges the 24 labelled answers: the time it will take is said beforehand
+    assert "Estimated time on this machine" in page_text(at)
 
     at.button(key="review.adapt.start").click().run()
     with Store(app_env) as s:
