@@ -13,9 +13,9 @@ import streamlit as st
 from app.components.estimate import estimate_caption
 from app.components.train_job import act, action_error, elapsed, not_yours
 from app.state.datasets import get_store
-from app.state.estimates import work_estimate
 from app.state.jobs import (
     POLL_S,
+    adapt_estimate,
     adapt_spec,
     job_log_db,
     model_adapt_job,
@@ -175,7 +175,7 @@ def adapt_panel(
     if status.missing is None and judging is not None:
         # the job judges every labelled answer (features from the cache where there)
         estimate_caption(
-            lambda: work_estimate(model, status.reviewed, judging.fitted),
+            lambda: adapt_estimate(model, status.reviewed, judging.fitted),
             extra="the worker's start and the model's load",
             where=slot,
         )

@@ -39,6 +39,7 @@ from core.services.jobs import (
 if TYPE_CHECKING:
     from core.base.examples import RAGExample
     from core.engine.model import LoadedModel
+    from core.learning.contract import Detector
 
 KEY_TRAIN_OPEN = "train.open"
 """The "Train detectors for this model" expander (its form renders only while open)."""
@@ -165,6 +166,22 @@ def adapt_spec(dataset: str, queue: str) -> AdaptSpec:
         DataError: A dataset named by path (never from the app).
     """
     return AdaptSpec(model=model_spec(), device=model_device(), dataset=dataset, queue=queue)
+
+
+def adapt_estimate(
+    model: LoadedModel, examples: Sequence[RAGExample], detectors: Sequence[Detector]
+) -> WorkEstimate:
+    """How long an adaptation job judging ``examples`` with ``detectors`` takes here:
+    the answers not in the feature cache at the measured pace, plus the worker's start
+    and the model's load (:attr:`WorkEstimate.fixed_seconds`), as for training.
+
+    Raises:
+        DataError: The answer timed cannot be laid out.
+        ModelError: A detector cannot run on this model.
+    """
+    return work_estimate(
+        model, examples, detectors, fixed_seconds=WORKER_START_S + model.load_seconds
+    )
 
 
 def model_adapt_job(model: LoadedModel) -> JobView | None:
