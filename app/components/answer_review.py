@@ -31,6 +31,7 @@ from core.review import (
     ORDERINGS,
     AnswerBook,
     AnswerLabel,
+    AnswerReview,
     ReviewConflict,
     ReviewItem,
     ScannedAnswer,
@@ -106,8 +107,8 @@ def _go(qs: AnswerQueueState, answer_id: str | None) -> None:
 def _verdict_line(scanned: ScannedAnswer | None) -> str:
     if scanned is None:
         return "Not scanned yet: scan it above to see the set's verdict and flagged spans."
-    side = "≥" if scanned.probability >= scanned.threshold else "<"
-    said = "hallucinated" if scanned.probability >= scanned.threshold else "faithful"
+    side = "≥" if scanned.hallucinated else "<"
+    said = "hallucinated" if scanned.hallucinated else "faithful"
     return (
         f"The set says **{said}**: probability {scanned.probability:.3f} {side} threshold "
         f"{scanned.threshold:.3f} ({md(scanned.judged_by)})."
@@ -130,8 +131,10 @@ def answer_section(
     examples: Sequence[RAGExample],
     items: Sequence[ReviewItem],
     labels: Mapping[str, AnswerLabel],
+    marks: Sequence[AnswerReview],
 ) -> None:
-    """The whole-answer queue and the current answer's card."""
+    """The whole-answer queue and the current answer's card (``marks``: the dataset's
+    answer marks, read once by the page)."""
     before = qs.order
     how = pick_order(qs)
     if how != before:
@@ -139,7 +142,7 @@ def answer_section(
     scanned = answers.scanned(dataset, examples)
     by_id = {e.id: e for e in examples}
     order = order_answers([e.id for e in examples], how, dataset=dataset, scanned=scanned)
-    mine = {m.example_id: m for m in answers.marks(dataset) if m.reviewer == reviewer}
+    mine = {m.example_id: m for m in marks if m.reviewer == reviewer}
     counts = label_counts(labels.values())
     random_counts = label_counts(labels.values(), random_only=True)
     st.caption(

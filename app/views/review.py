@@ -102,6 +102,7 @@ from core.review import (
     ReviewItem,
     agreement,
     answer_agreement,
+    answer_labels,
     filter_items,
     judge_dataset,
     next_to_scan,
@@ -855,7 +856,8 @@ def main() -> None:
     everything = book.items(key, sort="position")  # one read of the queue per rerun
     build_section(rs, book, key, examples, len(everything))
     answers = AnswerBook(get_store())
-    labels = answers.labels(key, examples, everything)
+    marks = answers.marks(key)  # one read of the answer marks per rerun
+    labels = answer_labels(examples, marks, everything)
     if pick_mode(rs) == "answers":
         answer_section(
             answers,
@@ -865,6 +867,7 @@ def main() -> None:
             examples=examples,
             items=everything,
             labels=labels,
+            marks=marks,
         )
         st.divider()
         model = get_model()
@@ -886,7 +889,7 @@ def main() -> None:
     st.divider()
     agreement_section(everything, labels)
     st.divider()
-    export_section(key, dataset_options()[key][0], everything, examples, answers.marks(key))
+    export_section(key, dataset_options()[key][0], everything, examples, marks)
 
 
 def job_dataset(key: str) -> str | None:

@@ -193,7 +193,8 @@ def _refit_auroc(x: np.ndarray, y: np.ndarray, train: np.ndarray, test: np.ndarr
 def _reviewed(data: CurveData, order: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     """Which answers are reviewed (mask) and which of them were drawn at random."""
     ids = list(data.ids)
-    perm = [data.ids.index(i) for i in random_order(ids, f"{data.dataset}#{seed}")]
+    where = {i: k for k, i in enumerate(ids)}
+    perm = [where[i] for i in random_order(ids, f"{data.dataset}#{seed}")]
     chosen = np.zeros(len(ids), dtype=bool)
     drawn = np.zeros(len(ids), dtype=bool)
     if order == "random":

@@ -557,9 +557,21 @@ def start_train_job(
     """
     if not isinstance(spec, TrainSpec):
         raise DataError(f"a training job needs a TrainSpec, not {type(spec).__name__}")
-    out = model_detectors_dir(model_key)
+    return _queue_and_launch(store, "train", spec, model_detectors_dir(model_key), model_key, owner)
+
+
+def _queue_and_launch(
+    store: Store,
+    kind: str,
+    spec: TrainSpec | AdaptSpec,
+    out: Path,
+    model_key: str,
+    owner: str | None,
+) -> int:
+    """Queue a job of ``kind`` publishing into ``out`` and start its worker (no staging
+    folder of an earlier job under its uid is left); returns its id."""
     job_id = store.create_job(
-        kind="train", model=model_key, spec=spec.to_dict(), out=str(out), owner=owner
+        kind=kind, model=model_key, spec=spec.to_dict(), out=str(out), owner=owner
     )
     _remove_staging(out, store.get_job(job_id).uid)
     launch_job(store, job_id)
@@ -579,13 +591,7 @@ def start_adapt_job(
     """
     if not isinstance(spec, AdaptSpec):
         raise DataError(f"an adaptation job needs an AdaptSpec, not {type(spec).__name__}")
-    out = adapted_sets_dir(model_key)
-    job_id = store.create_job(
-        kind="adapt", model=model_key, spec=spec.to_dict(), out=str(out), owner=owner
-    )
-    _remove_staging(out, store.get_job(job_id).uid)
-    launch_job(store, job_id)
-    return job_id
+    return _queue_and_launch(store, "adapt", spec, adapted_sets_dir(model_key), model_key, owner)
 
 
 def resume_job(store: Store, job_id: int, *, actor: JobActor | None = None) -> int:

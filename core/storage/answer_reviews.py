@@ -97,6 +97,11 @@ class ScannedAnswer:
     scanned_at: str
 
     @property
+    def hallucinated(self) -> bool:
+        """The set's verdict: probability at or above its threshold."""
+        return self.probability >= self.threshold
+
+    @property
     def margin(self) -> float:
         """Distance of the probability from the threshold (small: uncertain)."""
         return abs(self.probability - self.threshold)
