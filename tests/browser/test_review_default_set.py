@@ -76,7 +76,12 @@ def test_the_default_set_queues_word_spans_of_the_demo(
         page.get_by_text("Reviewing as").wait_for()
         choose(page, "Dataset", re.compile("^Built-in demo examples"), MODEL_LOAD_MS)
         page.wait_for_url(re.compile(r"dataset=demo"))
+        # The rerun replaces the previous dataset's scan form (its maximum is that
+        # dataset's size): until it ends, both can stand on the page.
+        wait_idle(page, SCAN_MS)
         scan = page.get_by_label("Answers to scan")
+        expect(scan).to_have_count(1, timeout=SCAN_MS)
+        expect(scan).to_have_attribute("max", str(len(builtin_examples())))
         scan.fill(str(N_SCAN))
         scan.press("Enter")
         # The rerun redraws the scan form (and times one answer for the estimate): until it
