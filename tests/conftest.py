@@ -102,6 +102,30 @@ def calibrated_tiny_set(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
     return out, root / "cache"
 
 
+@pytest.fixture(scope="session")
+def calibrated_tiny_ensemble_set(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """``(artifacts, cache dir)``: ``nll``, ``context_gain`` and an ensemble of the two,
+    trained on 60 built-in answers with the tiny model and 3-fold CV (all calibrated): a
+    set whose adaptation can refit the ensemble's stacker."""
+    root = tmp_path_factory.mktemp("calibrated-ensemble-set")
+    out = root / "set"
+    models = Path(os.environ["RAGSCOPE_CACHE_DIR"]).expanduser() / "models"
+    models.mkdir(parents=True, exist_ok=True)
+    (root / "cache").mkdir()
+    (root / "cache" / "models").symlink_to(models, target_is_directory=True)
+    mp = pytest.MonkeyPatch()
+    mp.setenv("RAGSCOPE_CACHE_DIR", str(root / "cache"))
+    mp.setenv("RAGSCOPE_DB", str(root / "train.sqlite3"))
+    try:
+        argv = ["train", "--model", "tiny", "--dataset", "builtin", "--limit", "60", "--cv", "3"]
+        argv += ["--detectors", "nll,context_gain,ensemble"]
+        argv += ["--set", 'ensemble.members=["nll","context_gain"]', "--out", str(out)]
+        assert main(argv) == 0
+    finally:
+        mp.undo()
+    return out, root / "cache"
+
+
 @pytest.fixture(scope="module")
 def one_torch_thread() -> Iterator[None]:
     """Run a test module's torch work on one thread, then restore the count.

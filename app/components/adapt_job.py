@@ -25,6 +25,7 @@ from app.state.jobs import (
 from app.state.review import (
     KEY_ADAPT_CANCEL,
     KEY_ADAPT_DISCARD,
+    KEY_ADAPT_REFIT,
     KEY_ADAPT_RESUME,
     KEY_ADAPT_START,
 )
@@ -32,7 +33,7 @@ from app.text import code, md
 from core.base.errors import RagscopeError
 from core.base.examples import RAGExample
 from core.engine.model import LoadedModel
-from core.evaluation.adapt import MIN_ADAPT_ANSWERS, MIN_ADAPT_CLASS, PROCEDURE
+from core.evaluation.adapt import MIN_ADAPT_ANSWERS, MIN_ADAPT_CLASS, PROCEDURE, REFIT_PROCEDURE
 from core.pipeline.sets import DetectorSet
 from core.services.adapting import AdaptStatus, adapt_status
 from core.services.jobs import JobView, job_log_path
@@ -55,7 +56,8 @@ def _current(status: AdaptStatus) -> None:
         f"The **{md(cur.name)}** set judges {code(a.dataset)}'s answers: the "
         f"{md(cur.deferred_from or a.base_set)} set adapted from {a.n_reviews} reviewed "
         f"answers ({a.n_random} in the random order) on {md(a.created_at)} "
-        f"(reviews {code(a.reviews_hash[:12])})."
+        f"(reviews {code(a.reviews_hash[:12])}), "
+        + ("its ensemble refitted on them." if a.refit else "calibration only, no refit.")
     )
     if status.stale:
         st.info(text + " The reviews changed since: adapt again to use them.")
@@ -170,8 +172,16 @@ def adapt_panel(
     if dataset_spec is None:
         st.caption("Only a named dataset (built-in, shared or imported) can be adapted here.")
         return
-    slot = st.empty()
     judging = status.judging
+    has_ensemble = judging is not None and any(c.name == "ensemble" for c in judging.detectors)
+    refit = st.toggle(
+        "Also refit the ensemble's stacker on the reviewed answers",
+        value=has_ensemble,
+        key=KEY_ADAPT_REFIT,
+        disabled=not has_ensemble,
+        help=md(REFIT_PROCEDURE) + ". The members are not refitted.",
+    )
+    slot = st.empty()
     if status.missing is None and judging is not None:
         # the job judges every labelled answer (features from the cache where there)
         estimate_caption(
@@ -184,7 +194,7 @@ def adapt_panel(
         disabled=status.missing is not None,
     ):  # fmt: skip
         try:
-            start_adapting(model, adapt_spec(dataset_spec, queue))
+            start_adapting(model, adapt_spec(dataset_spec, queue, refit=refit))
         except RagscopeError as e:
             st.error(f"The adaptation could not start: {md(e)}")
             return

@@ -18,7 +18,9 @@ CURVE_METRICS: dict[str, str] = {
     "ece": "ECE (lower is better)",
     "balanced_accuracy": "balanced accuracy",
     "auroc": "AUROC (calibration keeps the ranking)",
-    "refit_auroc": "AUROC after a refit (simulated stacker)",
+    "refit_auroc": "AUROC after a refit (the ensemble's reviewed stacker)",
+    "refit_ece": "ECE after a refit (lower is better)",
+    "refit_balanced_accuracy": "balanced accuracy after a refit",
 }
 """What the curves can show: metric key -> axis title."""
 
@@ -69,12 +71,14 @@ def curve_figure(runs: Sequence[CurveRun], metric: str) -> go.Figure:
                     line={"color": color, "dash": DASH[order]},
                 )
             )
-        base = [p for p in run.points if p.order == "random" and metric in p.unadapted]
+        # a refit's reference is the same metric of the unadapted reading
+        plain_metric = metric.removeprefix("refit_")
+        base = [p for p in run.points if p.order == "random" and plain_metric in p.unadapted]
         if base:
             fig.add_trace(
                 go.Scatter(
                     x=[p.n for p in base],
-                    y=[p.unadapted[metric][0] for p in base],
+                    y=[p.unadapted[plain_metric][0] for p in base],
                     mode="lines",
                     name=f"{name}, unadapted",
                     line={"color": GUIDE_COLOR, "dash": "dot", "width": 1},
@@ -118,6 +122,8 @@ def curve_frame(run: CurveRun) -> pd.DataFrame:
             ("balanced_accuracy", "bal. acc."),
             ("auroc", "AUROC"),
             ("refit_auroc", "refit AUROC"),
+            ("refit_ece", "refit ECE"),
+            ("refit_balanced_accuracy", "refit bal. acc."),
         ):
             mean, lo, hi = p.adapted.get(key, (math.nan,) * 3)
             row[label] = "-" if not math.isfinite(mean) else f"{mean:.3f} [{lo:.3f}, {hi:.3f}]"

@@ -158,14 +158,16 @@ def start_training(model: LoadedModel, spec: TrainSpec) -> int:
     return start_train_job(get_store(), spec, model_key=model.info.key, owner=owner)
 
 
-def adapt_spec(dataset: str, queue: str) -> AdaptSpec:
+def adapt_spec(dataset: str, queue: str, *, refit: bool = False) -> AdaptSpec:
     """The adaptation job of review queue ``queue`` over ``dataset`` (a named spec) for
-    the loaded model and the set that applies.
+    the loaded model and the set that applies (``refit``: the ensemble's stacker too).
 
     Raises:
         DataError: A dataset named by path (never from the app).
     """
-    return AdaptSpec(model=model_spec(), device=model_device(), dataset=dataset, queue=queue)
+    return AdaptSpec(
+        model=model_spec(), device=model_device(), dataset=dataset, queue=queue, refit=refit
+    )
 
 
 def adapt_estimate(

@@ -40,6 +40,7 @@ KEY_ADAPT_START = "review.adapt.start"
 KEY_ADAPT_CANCEL = "review.adapt.cancel"
 KEY_ADAPT_RESUME = "review.adapt.resume"
 KEY_ADAPT_DISCARD = "review.adapt.discard"
+KEY_ADAPT_REFIT = "review.adapt.refit"
 
 
 @dataclass

@@ -20,6 +20,7 @@ from core.cli.common import (
 )
 from core.data import resolve_dataset
 from core.engine.model import load_model
+from core.evaluation.adapt import MIN_ADAPT_ANSWERS, MIN_ADAPT_CLASS
 from core.pipeline.sets import ADAPTED_FILE, load_set
 from core.services.adapting import AdaptResult, adapt_set
 from core.services.jobs import AdaptSpec, JobRunner
@@ -57,6 +58,13 @@ def _add_adapt(sub: Subparsers) -> None:
         "its queues stored:NAME, shared:NAME.jsonl, builtin:demo and corpus)",
     )
     p.add_argument("--set", default=None, metavar="NAME", help="the base detector set by name")
+    p.add_argument(
+        "--refit",
+        action="store_true",
+        help="also fit the ensemble's stacker of the dataset's own on every reviewed answer "
+        f"(at least {MIN_ADAPT_ANSWERS}, {MIN_ADAPT_CLASS} of each class); its calibration "
+        "then reads that stacker's out-of-fold scores",
+    )
     add_model_args(p)
     p.add_argument("--job", type=int, default=None, help=argparse.SUPPRESS)
     p.add_argument("--out", default=None, help=argparse.SUPPRESS)
@@ -70,6 +78,8 @@ def _report(result: AdaptResult) -> None:
         f"{r.n_reviews} reviewed answers ({r.n_random} in the random order, "
         f"{r.n_random_hallucinated} of them hallucinated) -> {result.folder}"
     )
+    if r.refit:
+        print(f"  {r.refit}")
     for a in result.detectors:
         if a.calibration is not None:
             c = a.calibration
@@ -93,6 +103,7 @@ def cmd_adapt(args: argparse.Namespace) -> int:
             args.queue or args.dataset,
             examples,
             adapted_sets_dir(model.info.key),
+            refit=args.refit,
             progress=tqdm_progress("judge the reviewed answers"),
         )
     _report(result)
@@ -119,6 +130,7 @@ def _adapt_job(args: argparse.Namespace) -> int:
                 spec.queue,
                 examples,
                 runner.staging,
+                refit=spec.refit,
                 progress=runner.progress,
             )
             runner.publish([result.folder.name], marker=ADAPTED_FILE)

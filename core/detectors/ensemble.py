@@ -39,6 +39,10 @@ stacker.
   calibration is fitted on it, and :func:`core.learning.contract.for_dataset` judges an answer
   of that dataset (or another split of it) by it. Answers of any other dataset are read
   by the pooled stacker as before.
+- Per dataset, from reviews (:mod:`core.evaluation.adapt`): an adaptation may add a
+  *reviewed* stacker of a dataset's own (:meth:`EnsembleDetector.with_review_stacker`),
+  fitted on that dataset's reviewed answers over the members' logits and the pooled
+  stacker's logit (:meth:`EnsembleDetector.review_row`); it is routed like the ones above.
 
 A verdict's explanation is each member's contribution to the response logit;
 :meth:`EnsembleDetector.member_verdicts` gives the members' own verdicts.
@@ -48,8 +52,9 @@ The artifact folder holds the stacker and each member's own artifact
 
 from __future__ import annotations
 
+import copy
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, ClassVar, Self
 
@@ -104,6 +109,8 @@ STACK_FRACTION = 0.25
 STACK_FOLDS = 5
 """Default folds of the members' out-of-fold scores that ``stacking="crossfit"`` stacks."""
 STACKINGS = ("crossfit", "split")
+POOLED_INPUT = "pooled stacker"
+"""The name of a reviewed stacker's last input: the pooled stacker's logit."""
 _EPS = 1e-4
 
 
@@ -527,7 +534,68 @@ class EnsembleDetector(FittedDetector):
         own = self.dataset_stackers_.get(dataset) if dataset is not None else None
         widths = own.widths if own is not None else self.config.answer_token_max
         members = own.answer_members if own is not None else self.answer_members_
-        return list(self.config.members) + [f"{n} max@{w}" for w in widths for n in members]
+        pooled = [POOLED_INPUT] if own is not None and own.reviewed else []
+        return (
+            list(self.config.members) + [f"{n} max@{w}" for w in widths for n in members] + pooled
+        )
+
+    def _pooled_logit(self, verdicts: Mapping[str, Verdict]) -> np.ndarray:
+        """``[1]`` the pooled stacker's logit of these member verdicts."""
+        assert self.stacker_ is not None
+        return logit(self.stacker_.predict_proba(self._row(verdicts)[None, :]))
+
+    def _own_row(self, verdicts: Mapping[str, Verdict], own: DatasetStacker) -> np.ndarray:
+        """A dataset stacker's inputs: :meth:`_row` with its widths and answer members,
+        then, for a reviewed stacker, the pooled stacker's logit."""
+        row = self._row(verdicts, own.widths, own.answer_members)
+        return np.concatenate([row, self._pooled_logit(verdicts)]) if own.reviewed else row
+
+    def review_row(self, features: Features) -> np.ndarray:
+        """The inputs of a reviewed stacker (:meth:`with_review_stacker`) for one answer:
+        each member's response logit, then the pooled stacker's logit."""
+        require_fitted(self, "stacker_", self.name)
+        verdicts = self._verdicts(features)
+        return np.concatenate([self._row(verdicts, (), ()), self._pooled_logit(verdicts)])
+
+    def with_review_stacker(
+        self, dataset: str, stacker: LogisticCalibrator | None
+    ) -> EnsembleDetector:
+        """A copy whose stacker of ``dataset``'s own is ``stacker`` (fitted on
+        :meth:`review_row` rows of its reviewed answers), or, with ``None``, without the
+        reviewed stacker it had for ``dataset`` (a stacker trained on the dataset stays).
+
+        Raises:
+            DataError: ``stacker`` does not read :meth:`review_row`'s inputs, or the
+                dataset has a trained stacker (a training dataset needs no review one).
+        """
+        require_fitted(self, "stacker_", self.name)
+        had = self.dataset_stackers_.get(dataset)
+        if had is not None and not had.reviewed:
+            if stacker is None:
+                return self
+            raise DataError(
+                f"the ensemble has a stacker of {dataset!r} trained on it; a reviewed one "
+                "would replace it"
+            )
+        out = copy.copy(self)
+        own = dict(self.dataset_stackers_)
+        widths = dict(self.config.dataset_stackers)
+        own.pop(dataset, None)
+        widths.pop(dataset, None)
+        if stacker is not None:
+            n_inputs = len(self.config.members) + 1
+            if stacker.coef_ is None or stacker.coef_.shape != (n_inputs,):
+                raise DataError(
+                    f"a reviewed stacker of {dataset!r} must read the {n_inputs} inputs of "
+                    "review_row (the members' logits and the pooled stacker's)"
+                )
+            own[dataset] = DatasetStacker(
+                widths=(), answer_members=(), stacker=stacker, reviewed=True
+            )
+            widths[dataset] = ()
+        out.config = replace(self.config, dataset_stackers=widths)
+        out.dataset_stackers_ = own
+        return out
 
     def _token_rows(
         self,
@@ -583,13 +651,7 @@ class EnsembleDetector(FittedDetector):
                 offsets = None
         own = {
             name: float(
-                np.clip(
-                    s.stacker.predict_proba(
-                        self._row(verdicts, s.widths, s.answer_members)[None, :]
-                    )[0],
-                    0.0,
-                    1.0,
-                )
+                np.clip(s.stacker.predict_proba(self._own_row(verdicts, s)[None, :])[0], 0, 1)
             )
             for name, s in self.dataset_stackers_.items()
         }
@@ -631,6 +693,7 @@ class EnsembleDetector(FittedDetector):
                 name: {
                     "response": st.stacker.to_json(),
                     "answer_token_members": list(st.answer_members),
+                    **({"reviewed": True} if st.reviewed else {}),
                 }
                 for name, st in self.dataset_stackers_.items()
             },
@@ -687,17 +750,21 @@ class EnsembleDetector(FittedDetector):
 
 @dataclass(frozen=True, kw_only=True)
 class DatasetStacker:
-    """A training dataset's own response stacker (``EnsembleConfig.dataset_stackers``).
+    """A dataset's own response stacker (``EnsembleConfig.dataset_stackers``).
 
     Attributes:
         widths: Its ``answer_token_max`` widths.
         answer_members: The members whose token peaks it reads.
         stacker: The fitted logistic regression.
+        reviewed: Fitted by an adaptation on the dataset's reviewed answers (it also
+            reads the pooled stacker's logit: :meth:`EnsembleDetector.review_row`),
+            not in training.
     """
 
     widths: tuple[int, ...]
     answer_members: tuple[str, ...]
     stacker: LogisticCalibrator
+    reviewed: bool = False
 
 
 def _dataset_stackers(value: object) -> dict[str, tuple[int, ...]]:
@@ -746,7 +813,12 @@ def _read_dataset_stackers(
         )
     out = {}
     for name, w in value.items():
-        if not isinstance(w, Mapping) or set(w) != {"response", "answer_token_members"}:
+        keys = {"response", "answer_token_members"}
+        if (
+            not isinstance(w, Mapping)
+            or set(w) - {"reviewed"} != keys
+            or w.get("reviewed", True) is not True
+        ):
             raise DataError(
                 f"the ensemble's stacker of {name!r} is malformed; retrain it with "
                 "`ragscope train --detectors ensemble`",
@@ -756,6 +828,7 @@ def _read_dataset_stackers(
             widths=config.dataset_stackers[name],
             answer_members=_member_names(w["answer_token_members"], config.members, folder),
             stacker=LogisticCalibrator.from_json(w["response"]),
+            reviewed="reviewed" in w,
         )
     return out
 

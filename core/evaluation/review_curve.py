@@ -13,9 +13,12 @@ seed, the first ``n`` answers are "reviewed" and:
 - **calibration** (the adaptation the app runs): the reviews drawn at random calibrate
   the judge once there are enough (:func:`~core.evaluation.adapt.fit_adaptation`'s
   rule and minimum), else the base reading stands;
-- **refit** (simulated): a logistic-regression stacker of the dataset's own over the
-  judge's and the members' raw scores (their logits, standardised, missing ones imputed
-  by the median), fitted on every reviewed answer with both classes present.
+- **refit** (the adaptation's ``--refit``, the same functions): the reviewed stacker
+  (:func:`~core.evaluation.adapt.fit_refit`) over the members' logits and the judge's
+  logit (the members' and the judge's recorded out-of-fold raw scores; the job reads the
+  members' verdicts and the pooled stacker, the same up to each member's Platt
+  scaling, which standardising absorbs), fitted on every reviewed answer; its
+  calibration fitted on its out-of-fold scores of the reviews drawn at random.
 
 Each is scored on the answers **not reviewed**: ECE, balanced accuracy at the adapted
 threshold and AUROC (the refit's AUROC), averaged over seeds with 2.5/97.5 percentiles.
@@ -35,16 +38,12 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from sklearn.impute import SimpleImputer
-from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 from sklearn.model_selection import StratifiedKFold
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
 
 from core.base.errors import DataError
 from core.data.sampling import random_order
-from core.evaluation.adapt import MIN_ADAPT_CLASS, fit_review_calibration, missing_reviews
+from core.evaluation.adapt import fit_refit, fit_review_calibration, missing_reviews
 from core.evaluation.cv_run import read_run, save_run
 from core.learning.artifact import cfg_at, read_artifact_cfg
 from core.learning.calibration import expected_calibration_error, logit
@@ -56,7 +55,14 @@ FIRST_BATCH = 10
 """The uncertainty order's first batch, drawn at random (nothing is known before it)."""
 MIN_REST = 20
 """The fewest answers left to score a point on (larger ``n`` are skipped)."""
-METRICS: tuple[str, ...] = ("ece", "balanced_accuracy", "auroc", "refit_auroc")
+METRICS: tuple[str, ...] = (
+    "ece",
+    "balanced_accuracy",
+    "auroc",
+    "refit_auroc",
+    "refit_ece",
+    "refit_balanced_accuracy",
+)
 KIND = "review-curve"
 
 
@@ -165,29 +171,25 @@ def _stack_features(data: CurveData) -> np.ndarray:
     )
 
 
-REFIT_C = 0.03
-"""The refit stacker's inverse L2 strength: picked from 0.01-1 on these curves (100
-random reviews, 20 seeds; stronger shrinkage helped on all three dev sets, e.g. Dolly
-0.703 at C=1 vs 0.710, RAGTruth 0.774 vs 0.805), so its numbers are mildly optimistic."""
-
-
-def refit_model() -> Any:
-    """The simulated refit: a logistic-regression stacker of the dataset's own over the
-    judge's and members' logit raw scores (median-imputed, standardised)."""
-    return make_pipeline(
-        SimpleImputer(strategy="median", keep_empty_features=True),
-        StandardScaler(),
-        LogisticRegression(C=REFIT_C, max_iter=1000),
-    )
-
-
-def _refit_auroc(x: np.ndarray, y: np.ndarray, train: np.ndarray, test: np.ndarray) -> float:
-    yt = y[train]
-    if min(int(yt.sum()), int((~yt).sum())) < MIN_ADAPT_CLASS or not 0 < y[test].sum() < test.sum():
-        return math.nan
-    model = refit_model()
-    model.fit(x[train], yt)
-    return float(roc_auc_score(y[test], model.predict_proba(x[test])[:, 1]))
+def _refit_scores(
+    x: np.ndarray, y: np.ndarray, train: np.ndarray, calibrate: np.ndarray, test: np.ndarray
+) -> dict[str, float]:
+    """The refit's scores on ``test``: the reviewed stacker fitted on ``train``, its
+    calibration on its out-of-fold scores of ``calibrate`` (a subset of ``train``; none
+    when too few: ECE and balanced accuracy are then NaN, AUROC stands)."""
+    nan = {"refit_auroc": math.nan, "refit_ece": math.nan, "refit_balanced_accuracy": math.nan}
+    got = fit_refit(x[train], y[train])
+    if got.stacker is None or got.out_of_fold is None or not 0 < y[test].sum() < test.sum():
+        return nan
+    raw = got.stacker.predict_proba(x[test])
+    out = {**nan, "refit_auroc": float(roc_auc_score(y[test], raw))}
+    use = calibrate[train]
+    if missing_reviews([bool(v) for v in y[train][use]]) is None:
+        cal = fit_review_calibration(got.out_of_fold[use], y[train][use])
+        p = np.clip(cal.calibrator.transform(raw), 0.0, 1.0)
+        out["refit_ece"] = float(expected_calibration_error(y[test], p))
+        out["refit_balanced_accuracy"] = float(balanced_accuracy_score(y[test], p >= cal.threshold))
+    return out
 
 
 def _reviewed(data: CurveData, order: str, n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
@@ -229,7 +231,7 @@ def simulate_point(data: CurveData, order: str, n: int, seed: int) -> dict[str, 
     out = _scores(y[rest], p, thr)
     base = _scores(y[rest], data.prob[rest], data.threshold)
     out.update({f"unadapted_{k}": v for k, v in base.items()})
-    out["refit_auroc"] = _refit_auroc(_stack_features(data), y, chosen, rest)
+    out.update(_refit_scores(_stack_features(data), y, chosen, drawn, rest))
     out["calibrated"] = calibrated
     return out
 
@@ -241,20 +243,27 @@ def own_cv(data: CurveData, k: int = 5, seed: int = 0) -> dict[str, float]:
     p = np.full(y.size, np.nan)
     thr = np.full(y.size, np.nan)
     refit = np.full(y.size, np.nan)
+    refit_thr = np.full(y.size, np.nan)
     x = _stack_features(data)
     folds = StratifiedKFold(n_splits=k, shuffle=True, random_state=seed)
     for train, test in folds.split(np.zeros(y.size), y):
         cal = fit_review_calibration(data.raw[train], y[train])
         p[test] = np.clip(cal.calibrator.transform(data.raw[test]), 0.0, 1.0)
         thr[test] = cal.threshold
-        model = refit_model()
-        model.fit(x[train], y[train])
-        refit[test] = model.predict_proba(x[test])[:, 1]
+        got = fit_refit(x[train], y[train])
+        assert got.stacker is not None and got.out_of_fold is not None
+        refit_cal = fit_review_calibration(got.out_of_fold, y[train])
+        refit[test] = np.clip(
+            refit_cal.calibrator.transform(got.stacker.predict_proba(x[test])), 0.0, 1.0
+        )
+        refit_thr[test] = refit_cal.threshold
     return {
         "ece": float(expected_calibration_error(y, p)),
         "balanced_accuracy": float(balanced_accuracy_score(y, p >= thr)),
         "auroc": float(roc_auc_score(y, p)),
         "refit_auroc": float(roc_auc_score(y, refit)),
+        "refit_ece": float(expected_calibration_error(y, refit)),
+        "refit_balanced_accuracy": float(balanced_accuracy_score(y, refit >= refit_thr)),
     }
 
 
@@ -400,22 +409,25 @@ class CurveRun:
             "over seeds.",
             "",
             "| order | reviews | calibrated | ECE | unadapted ECE | bal. acc. | unadapted bal. "
-            "acc. | AUROC | refit AUROC |",
-            "|---|---|---|---|---|---|---|---|---|",
+            "acc. | AUROC | refit AUROC | refit ECE | refit bal. acc. |",
+            "|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for p in self.points:
             lines.append(
                 f"| {p.order} | {p.n} | {p.calibrated_share:.0%} | {cell(p.adapted.get('ece'))} "
                 f"| {cell(p.unadapted.get('ece'))} | {cell(p.adapted.get('balanced_accuracy'))} "
                 f"| {cell(p.unadapted.get('balanced_accuracy'))} | {cell(p.adapted.get('auroc'))} "
-                f"| {cell(p.adapted.get('refit_auroc'))} |"
+                f"| {cell(p.adapted.get('refit_auroc'))} | {cell(p.adapted.get('refit_ece'))} "
+                f"| {cell(p.adapted.get('refit_balanced_accuracy'))} |"
             )
         own = self.own_cv
         lines += [
             "",
             f"Own 5-fold CV (four fifths reviewed): ECE {own.get('ece', math.nan):.3f}, balanced "
             f"accuracy {own.get('balanced_accuracy', math.nan):.3f}, AUROC "
-            f"{own.get('auroc', math.nan):.3f}, refit AUROC {own.get('refit_auroc', math.nan):.3f}.",
+            f"{own.get('auroc', math.nan):.3f}; refit AUROC {own.get('refit_auroc', math.nan):.3f}, "
+            f"ECE {own.get('refit_ece', math.nan):.3f}, balanced accuracy "
+            f"{own.get('refit_balanced_accuracy', math.nan):.3f}.",
             *(f"\n{n}" for n in self.notes),
         ]
         return "\n".join(lines)

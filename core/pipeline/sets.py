@@ -489,6 +489,7 @@ class AdaptedInfo:
     Attributes:
         n_reviews: Answers with a label it was fitted from.
         n_random: Of them, reviewed in the random order (those calibrate).
+        refit: Whether its ensemble got a stacker of the dataset's own fitted on them.
     """
 
     base_set: str
@@ -497,11 +498,13 @@ class AdaptedInfo:
     n_reviews: int
     n_random: int
     created_at: str
+    refit: bool = False
 
     KEYS = frozenset({"base_set", "dataset", "reviews_hash", "n_reviews", "n_random", "created_at"})
+    OPTIONAL = frozenset({"refit"})  # absent from files written before it existed
 
-    def to_json(self) -> dict[str, str | int]:
-        return {k: getattr(self, k) for k in sorted(self.KEYS)}
+    def to_json(self) -> dict[str, str | int | bool]:
+        return {k: getattr(self, k) for k in sorted(self.KEYS | self.OPTIONAL)}
 
     @classmethod
     def read(cls, folder: Path) -> AdaptedInfo:
@@ -512,7 +515,7 @@ class AdaptedInfo:
         """
         path = folder / ADAPTED_FILE
         value = read_json_file(path, 16 * 1024, what="adapted-set file", follow_symlinks=False)
-        if not isinstance(value, dict) or set(value) != cls.KEYS:
+        if not isinstance(value, dict) or set(value) - cls.OPTIONAL != cls.KEYS:
             raise DataError(
                 f"must hold exactly {sorted(cls.KEYS)}: adapt the set again from the Review "
                 "page or `ragscope adapt`",
@@ -538,6 +541,9 @@ class AdaptedInfo:
         when = value["created_at"]
         if not (isinstance(when, str) and len(when) <= 40 and when.isprintable()):
             raise DataError("created_at must be a time", source=str(path))
+        refit = value.get("refit", False)
+        if type(refit) is not bool:
+            raise DataError("refit must be true or false", source=str(path))
         return cls(
             base_set=base,
             dataset=dataset,
@@ -545,6 +551,7 @@ class AdaptedInfo:
             n_reviews=counts[0],
             n_random=counts[1],
             created_at=when,
+            refit=refit,
         )
 
 

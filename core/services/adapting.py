@@ -7,24 +7,30 @@ worker of the Review page's background job (:func:`core.services.jobs.start_adap
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import numpy as np
+
 from core.base.errors import DataError
 from core.base.examples import RAGExample
+from core.detectors.ensemble import EnsembleDetector
 from core.engine.model import LoadedModel
 from core.evaluation.adapt import (
+    REFIT_PROCEDURE,
     AdaptRecord,
     DetectorAdaptation,
     Reviewed,
     fit_adaptation,
+    fit_refit,
     missing_reviews,
     reviews_hash,
     write_adapted_set,
 )
-from core.pipeline.extract import FeatureCache
-from core.pipeline.judge import AnswerVerdict, judge_many
+from core.learning.contract import Verdict, judge_features
+from core.pipeline.extract import FeatureCache, iter_features
 from core.pipeline.sets import DetectorSet
 from core.review import AnswerBook, ReviewBook
 from core.storage import Store
@@ -54,6 +60,7 @@ class AdaptResult:
             "reviews_hash": self.record.reviews_hash,
             "n_reviews": self.record.n_reviews,
             "n_random": self.record.n_random,
+            "refit": self.record.refit,
             "calibrated": {
                 a.name: {
                     "threshold": a.calibration.threshold,
@@ -104,6 +111,7 @@ def adapt_set(
     examples: Sequence[RAGExample],
     dest_root: Path,
     *,
+    refit: bool = False,
     progress: Callable[[int, int], None] | None = None,
 ) -> AdaptResult:
     """Fit ``base`` to ``examples``' dataset from the reviews of ``queue`` and write the
@@ -112,7 +120,10 @@ def adapt_set(
     The set that judges the dataset now (``base``'s expert for it, or an earlier
     adaptation, else ``base``) judges every reviewed answer (features from the cache);
     each of its calibrated detectors gets the dataset's own calibration and threshold
-    from the answers reviewed in the random order (:func:`fit_adaptation`).
+    from the answers reviewed in the random order (:func:`fit_adaptation`). With
+    ``refit``, its ensemble also gets a stacker of the dataset's own fitted on every
+    reviewed answer, and its calibration reads that stacker's out-of-fold scores
+    (:func:`~core.evaluation.adapt.fit_refit`).
 
     Raises:
         DataError: No reviewed answer, answers of several datasets, too few reviewed in
@@ -130,15 +141,37 @@ def adapt_set(
     if short is not None:
         raise DataError(short)
     judging = base.for_dataset(dataset)
-    verdicts: dict[str, list] = {name: [] for name in judging.names}
-    got = judge_many(model, [r.example for r in reviewed], judging, cache=FeatureCache(store))
-    for i, v in enumerate(got, start=1):
+    dets = judging.fitted
+    ensemble = next((d for d in dets if isinstance(d, EnsembleDetector)), None)
+    verdicts: dict[str, list[Verdict]] = {d.name: [] for d in dets}
+    rows: list[np.ndarray] = []
+    answers = [r.example for r in reviewed]
+    got = iter_features(model, answers, dets, cache=FeatureCache(store), on_error="skip")
+    for i, one in enumerate(got, start=1):
+        if one.error is not None or one.features is None:
+            raise DataError(
+                f"the reviewed answer {one.example.id!r} cannot be judged: {one.error}; "
+                "fix or remove its reviews"
+            )
+        for d in dets:
+            verdicts[d.name].append(judge_features(d, one.features[d.name], dataset))
+        if ensemble is not None:
+            rows.append(ensemble.review_row(one.features[ensemble.name]))
         if progress is not None:
             progress(i, len(reviewed))
-        if not isinstance(v, AnswerVerdict):
-            raise DataError(f"a reviewed answer cannot be judged: {v}")
-        for name in judging.names:
-            verdicts[name].append(v.verdicts[name])
+    refitted: dict[str, EnsembleDetector] = {}
+    refit_note = ""
+    if ensemble is not None:
+        fitted, raw, refit_note = _refit(ensemble, rows, reviewed, dataset, refit=refit)
+        if fitted is not None:
+            refitted[ensemble.name] = fitted
+        if raw is not None:
+            verdicts[ensemble.name] = [
+                dataclasses.replace(v, raw_by_dataset={**v.raw_by_dataset, dataset: float(r)})
+                for v, r in zip(verdicts[ensemble.name], raw, strict=True)
+            ]
+    elif refit:
+        refit_note = "no refit: the set has no ensemble"
     adaptations = fit_adaptation(verdicts, reviewed, dataset)
     record = AdaptRecord(
         base_set=judging.name,
@@ -149,9 +182,44 @@ def adapt_set(
         n_random=sum(r.random for r in reviewed),
         n_random_hallucinated=sum(r.random and r.label for r in reviewed),
         calibrated=(),
+        refit=refit_note,
+        refitted=any(dataset in e.dataset_stackers_ for e in refitted.values()),
     )
-    folder = write_adapted_set(judging, adaptations, record, dest_root)
+    folder = write_adapted_set(judging, adaptations, record, dest_root, refitted=refitted)
     return AdaptResult(folder=folder, dataset=dataset, record=record, detectors=tuple(adaptations))
+
+
+def _refit(
+    ensemble: EnsembleDetector,
+    rows: Sequence[np.ndarray],
+    reviewed: Sequence[Reviewed],
+    dataset: str,
+    *,
+    refit: bool,
+) -> tuple[EnsembleDetector | None, np.ndarray | None, str]:
+    """The ensemble an adaptation writes (``None``: copied as it is), the raw scores its
+    calibration of ``dataset`` reads (``None``: its verdicts' own), and what the record
+    says of the refit. Without a refit, a reviewed stacker an earlier adaptation fitted
+    is dropped: its scores of these answers are not out of fold."""
+    had = ensemble.dataset_stackers_.get(dataset)
+    if had is not None and not had.reviewed:
+        note = "no refit: the ensemble has a stacker trained on this dataset" if refit else ""
+        return None, None, note
+    note = ""
+    if refit:
+        got = fit_refit(np.stack(rows), np.asarray([r.label for r in reviewed]))
+        if got.stacker is not None and got.out_of_fold is not None:
+            return (
+                ensemble.with_review_stacker(dataset, got.stacker),
+                got.out_of_fold,
+                f"{REFIT_PROCEDURE}; fitted on {got.n} reviewed answers "
+                f"({got.n_positive} hallucinated)",
+            )
+        note = f"no refit: {got.reason}"
+    if had is None:
+        return None, None, note
+    pooled = np.asarray([float(r[-1]) for r in rows])  # the pooled stacker's logit
+    return ensemble.with_review_stacker(dataset, None), 1.0 / (1.0 + np.exp(-pooled)), note
 
 
 @dataclass(frozen=True, kw_only=True)

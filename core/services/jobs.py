@@ -249,6 +249,7 @@ class AdaptSpec:
         dataset: The answers, by name (:func:`core.data.is_named_spec`), never a path.
         queue: The review queue holding the reviews (the Review page's dataset key).
         set_name: The base set by name (``None``: the set that applies, as everywhere).
+        refit: Also fit the ensemble's stacker of the dataset's own (``--refit``).
 
     Raises:
         DataError: A field that is not a one-line name, a dataset named by path.
@@ -259,6 +260,7 @@ class AdaptSpec:
     dataset: str
     queue: str
     set_name: str | None = None
+    refit: bool = False
 
     def __post_init__(self) -> None:
         for what, value in (
@@ -290,6 +292,7 @@ class AdaptSpec:
             "dataset": self.dataset,
             "queue": self.queue,
             "set_name": self.set_name,
+            "refit": self.refit,
         }
 
     @classmethod
@@ -300,8 +303,11 @@ class AdaptSpec:
             DataError: It is not a spec this class writes.
         """
         keys = {"model", "device", "dataset", "queue", "set_name"}
-        if not isinstance(d, dict) or set(d) != keys:
+        # "refit" came later: a spec written before holds the other keys only
+        if not isinstance(d, dict) or set(d) - {"refit"} != keys:
             raise DataError(f"an adaptation job's spec must hold exactly {sorted(keys)}")
+        if type(d.get("refit", False)) is not bool:
+            raise DataError("an adaptation job's refit must be true or false", field="refit")
         return cls(**d)
 
     def argv(self, out: str | Path) -> list[str]:
@@ -310,6 +316,8 @@ class AdaptSpec:
         argv += ["--device", self.device]
         if self.set_name:
             argv += ["--set", self.set_name]
+        if self.refit:
+            argv.append("--refit")
         return argv
 
     def command(self, out: str | Path) -> str:

@@ -76,6 +76,9 @@ def test_reviews_adapt_the_set_in_the_background_and_the_page_reads_the_adapted_
     # the job judges the 24 labelled answers: the time it will take is said beforehand
     assert "Estimated time on this machine" in page_text(at)
 
+    # this set has no ensemble: nothing to refit
+    assert at.toggle(key="review.adapt.refit").disabled
+    assert at.toggle(key="review.adapt.refit").value is False
     at.button(key="review.adapt.start").click().run()
     with Store(app_env) as s:
         deadline = time.monotonic() + WAIT_S
@@ -85,6 +88,7 @@ def test_reviews_adapt_the_set_in_the_background_and_the_page_reads_the_adapted_
                 break
             time.sleep(0.3)
     assert view.state == "done", view.row.error
+    assert view.row.spec["refit"] is False and view.row.result["refit"] == ""
     at.run()
     no_exception(at)
     text = page_text(at) + "\n".join(x.value for x in at.success)

@@ -1,6 +1,7 @@
-"""The review loop in a real browser (Chromium, tiny model, a calibrated set): a reviewer
-marks whole answers with the keyboard in the random order, starts the adaptation, and
-the page then judges the dataset's answers with the adapted set. Its screenshots go to
+"""The review loop in a real browser (Chromium, tiny model, a calibrated set with an
+ensemble): a reviewer marks whole answers with the keyboard in the random order, starts
+the adaptation (the ensemble's stacker refitted too, the page's default), and the page
+then judges the dataset's answers with the adapted set. Its screenshots go to
 ``test-artifacts/``."""
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def db(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, dict[str, bool]]
 @pytest.fixture(scope="module")
 def app_url(
     db: tuple[Path, dict[str, bool]],
-    calibrated_tiny_set: tuple[Path, Path],
+    calibrated_tiny_ensemble_set: tuple[Path, Path],
     tmp_path_factory: pytest.TempPathFactory,
     launch_streamlit,
 ) -> Iterator[str]:
@@ -56,8 +57,8 @@ def app_url(
         "RAGSCOPE_MODEL": "tiny",
         "RAGSCOPE_DEVICE": "cpu",
         "RAGSCOPE_DB": str(db[0]),
-        "RAGSCOPE_DETECTORS_DIR": str(calibrated_tiny_set[0]),
-        "RAGSCOPE_CACHE_DIR": str(calibrated_tiny_set[1]),
+        "RAGSCOPE_DETECTORS_DIR": str(calibrated_tiny_ensemble_set[0]),
+        "RAGSCOPE_CACHE_DIR": str(calibrated_tiny_ensemble_set[1]),
         "RAGSCOPE_TRAINED_DIR": str(tmp_path_factory.mktemp("loop-trained")),
         "RAGSCOPE_WARM_DETECTORS": "0",
         "OMP_NUM_THREADS": "1",
@@ -104,10 +105,9 @@ def test_marked_answers_adapt_the_set_and_the_page_judges_with_it(
             re.compile(r"set judges `?mine`?'s answers|set judges mine's answers")
         )
         done.first.wait_for(timeout=JOB_MS)
-        assert (
-            "adapted from 24 reviewed answers"
-            in page.get_by_text(re.compile("adapted from")).first.inner_text()
-        )
+        adapted = page.get_by_text(re.compile("adapted from")).first.inner_text()
+        assert "adapted from 24 reviewed answers" in adapted
+        assert "its ensemble refitted on them" in adapted  # the toggle is on by default
         page.get_by_role("button", name=re.compile("Scan and queue")).click()
         wait_idle(page, JOB_MS)
         page.get_by_text("Skip answers I marked").click()  # the scanned answers are marked

@@ -62,8 +62,15 @@ def test_random_reviews_calibrate_and_the_uncertainty_order_does_not() -> None:
     assert FIRST_BATCH < 20 and points["uncertainty", 100].calibrated_share == 0.0
     # the refit over the judge and a better member beats the judge alone
     assert r100.adapted["refit_auroc"][0] > r100.adapted["auroc"][0]
+    # the refit is calibrated by the random reviews (on its out-of-fold scores): never in
+    # the uncertainty order, whose random batch is too small
+    assert r100.adapted["refit_ece"][0] < r100.unadapted["ece"][0] - 0.1
+    assert r100.adapted["refit_balanced_accuracy"][0] > r100.unadapted["balanced_accuracy"][0]
+    assert math.isnan(points["uncertainty", 100].adapted["refit_ece"][0])
+    assert math.isfinite(points["uncertainty", 100].adapted["refit_auroc"][0])
     own = own_cv(data)
     assert own["ece"] < 0.1 and own["refit_auroc"] > own["auroc"]
+    assert own["refit_ece"] < 0.1
 
 
 def test_a_saved_curve_reads_back_and_a_hostile_one_is_refused(tmp_path: Path) -> None:

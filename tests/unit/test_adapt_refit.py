@@ -1,0 +1,220 @@
+"""The adaptation's refit (issue 40): the ensemble gets a stacker of the dataset's own
+fitted on every reviewed answer, its calibration fitted on that stacker's out-of-fold
+scores of the random-order reviews, the derived set routes the dataset's answers through
+it, adapting again without a refit drops it, the base set stays untouched, and a
+tampered reviewed stacker is refused. A set of ``nll``, ``context_gain`` and an
+ensemble of the two, trained on 60 built-in answers with the tiny model."""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from core.base.errors import DataError
+from core.base.paths import adapted_sets_dir
+from core.data import load_builtin, resolve_dataset
+from core.detectors.ensemble import POOLED_INPUT, EnsembleDetector
+from core.engine.model import LoadedModel
+from core.evaluation.adapt import (
+    MIN_ADAPT_ANSWERS,
+    REFIT_C,
+    fit_refit,
+    fit_review_calibration,
+)
+from core.learning.artifact import artifact_hashes
+from core.learning.calibration import logit
+from core.pipeline.extract import FeatureCache, iter_features
+from core.pipeline.judge import judge
+from core.pipeline.sets import AdaptedInfo, load_set
+from core.review import AnswerBook
+from core.services.adapting import adapt_set
+from core.services.jobs import AdaptSpec
+from core.storage import Store
+
+DATASET = "mine"
+QUEUE = "stored:mine"
+_ARRAYS = ("coef", "mean", "scale")
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
+
+
+def _digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            h.update(p.relative_to(folder).as_posix().encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture(scope="module")
+def ensemble_set(calibrated_tiny_ensemble_set: tuple[Path, Path]) -> tuple[Path, Path]:
+    return calibrated_tiny_ensemble_set
+
+
+@pytest.fixture
+def env(
+    ensemble_set: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[tuple[Store, list]]:
+    """The set as the app's detectors, a fresh database holding the dataset ``mine``
+    (QA answers of the built-in corpus, renamed)."""
+    out, cache = ensemble_set
+    monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(cache))
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(out))
+    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "db.sqlite3"))
+    monkeypatch.setenv("RAGSCOPE_TRAINED_DIR", str(tmp_path / "trained"))
+    answers = [
+        dataclasses.replace(e, provenance=dataclasses.replace(e.provenance, dataset=DATASET))
+        for e in load_builtin()
+        if e.task == "qa"
+    ][200:250]
+    with Store() as store:
+        store.import_dataset(DATASET, answers, source="test", fmt="ragscope")
+        yield store, resolve_dataset(QUEUE)[1]
+
+
+def _review(store: Store, examples: list, drawn_by: str = "random") -> None:
+    book = AnswerBook(store)
+    for ex in examples:
+        book.mark(QUEUE, ex, "ann", "hallucinated" if ex.label else "faithful", drawn_by=drawn_by)
+
+
+def _ensemble(folder: Path, model: LoadedModel) -> EnsembleDetector:
+    return EnsembleDetector.load(folder / "ensemble", model_key=model.info.key)
+
+
+def test_the_refit_routes_the_dataset_through_a_stacker_of_its_own(
+    tiny_model: LoadedModel, env: tuple[Store, list], ensemble_set: tuple[Path, Path]
+) -> None:
+    store, examples = env
+    before = _digest(ensemble_set[0])
+    random, other = examples[:30], examples[30:40]
+    _review(store, random)
+    _review(store, other, drawn_by="uncertainty")  # the stacker learns from these too
+    key = tiny_model.info.key
+    result = adapt_set(
+        store, tiny_model, load_set(key), QUEUE, examples, adapted_sets_dir(key), refit=True
+    )
+    assert _digest(ensemble_set[0]) == before  # the base set is untouched
+    assert result.record.refitted and "fitted on 40 reviewed answers" in result.record.refit
+    assert AdaptedInfo.read(result.folder).refit
+    cfg = json.loads((result.folder / "ensemble" / "cfg.json").read_text())
+    assert cfg["config"]["dataset_stackers"] == {DATASET: []}
+    assert cfg["adapted"]["refitted"] and cfg["metrics"]  # the rest of cfg.json is kept
+
+    # the stacker is the one fit_refit gives on the 40 reviewed answers' rows, and the
+    # calibration is fitted on its out-of-fold scores of the 30 random ones
+    base = _ensemble(ensemble_set[0], tiny_model)
+    reviewed = [e for e in examples if e in random or e in other]  # the examples' order
+    got = list(iter_features(tiny_model, reviewed, [base], cache=FeatureCache(store)))
+    rows = np.stack([base.review_row(g.features["ensemble"]) for g in got])
+    y = np.asarray([bool(e.label) for e in reviewed])
+    refit = fit_refit(rows, y)
+    assert refit.stacker is not None and refit.out_of_fold is not None
+    adapted = _ensemble(result.folder, tiny_model)
+    own = adapted.dataset_stackers_[DATASET]
+    assert own.reviewed and own.stacker.C == REFIT_C
+    np.testing.assert_allclose(own.stacker.coef_, refit.stacker.coef_)
+    assert adapted.input_names(DATASET) == ["nll", "context_gain", POOLED_INPUT]
+    is_random = np.asarray([e in random for e in reviewed])
+    cal = fit_review_calibration(refit.out_of_fold[is_random], y[is_random])
+    mine = adapted.dataset_calibration_[DATASET]
+    assert mine.calibrator.a_ == pytest.approx(cal.calibrator.a_)
+    assert mine.calibrator.b_ == pytest.approx(cal.calibrator.b_)
+    assert mine.threshold == pytest.approx(y[is_random].mean())
+
+    # an answer not reviewed: judged by the derived set through the dataset's stacker
+    routed = load_set(key)
+    v = judge(tiny_model, examples[45], routed)
+    assert v.set_name == result.folder.name
+    ens = v.verdicts["ensemble"]
+    assert ens.calibrated_for == DATASET and DATASET in ens.raw_by_dataset
+    row = base.review_row(
+        next(iter(iter_features(tiny_model, [examples[45]], [base]))).features["ensemble"]
+    )
+    raw = float(refit.stacker.predict_proba(row[None, :])[0])
+    assert ens.raw_by_dataset[DATASET] == pytest.approx(raw)
+    assert ens.score == pytest.approx(cal.apply(raw))
+    assert row[-1] == pytest.approx(float(logit(np.asarray([ens.raw_score]))[0]), abs=1e-6)
+
+    # adapting again without a refit drops the reviewed stacker
+    again = adapt_set(store, tiny_model, load_set(key), QUEUE, examples, adapted_sets_dir(key))
+    assert again.folder == result.folder and not again.record.refitted
+    assert not AdaptedInfo.read(again.folder).refit
+    plain = _ensemble(again.folder, tiny_model)
+    assert DATASET not in plain.dataset_stackers_ and DATASET not in plain.config.dataset_stackers
+    assert DATASET in plain.dataset_calibration_  # still calibrated for the dataset
+    assert _digest(ensemble_set[0]) == before
+
+
+def test_a_tampered_reviewed_stacker_is_refused(
+    tiny_model: LoadedModel, env: tuple[Store, list], tmp_path: Path
+) -> None:
+    store, examples = env
+    _review(store, examples[:30])
+    key = tiny_model.info.key
+    result = adapt_set(
+        store, tiny_model, load_set(key), QUEUE, examples, adapted_sets_dir(key), refit=True
+    )
+    for edit in (
+        lambda w: w["dataset_stackers"][DATASET].update(reviewed="yes"),
+        lambda w: [w["dataset_stackers"][DATASET]["response"][k].pop() for k in _ARRAYS],
+    ):
+        folder = tmp_path / f"t{id(edit)}"
+        folder.mkdir()
+        shutil.copytree(result.folder / "ensemble", folder / "ensemble")
+        weights = folder / "ensemble" / "weights.json"
+        w = json.loads(weights.read_text())
+        edit(w)
+        weights.write_text(json.dumps(w))
+        cfg_path = folder / "ensemble" / "cfg.json"
+        cfg = json.loads(cfg_path.read_text())
+        cfg["files"] = artifact_hashes(folder / "ensemble")  # re-hashed: only the checks stand
+        cfg_path.write_text(json.dumps(cfg))
+        with pytest.raises(DataError, match="stacker"):
+            _ensemble(folder, tiny_model)
+
+
+def test_a_reviewed_stacker_must_read_the_review_rows(
+    tiny_model: LoadedModel, ensemble_set: tuple[Path, Path]
+) -> None:
+    ens = _ensemble(ensemble_set[0], tiny_model)
+    rng = np.random.default_rng(0)
+    y = np.arange(40) % 2 == 0
+    wrong = fit_refit(rng.normal(size=(40, 5)), y).stacker
+    with pytest.raises(DataError, match="inputs"):
+        ens.with_review_stacker(DATASET, wrong)
+    right = fit_refit(rng.normal(size=(40, 3)), y).stacker
+    copy = ens.with_review_stacker(DATASET, right)
+    assert DATASET in copy.dataset_stackers_ and DATASET not in ens.dataset_stackers_
+    assert ens.with_review_stacker(DATASET, None).dataset_stackers_ == {}
+
+
+def test_fit_refit_needs_enough_of_each_class_and_scores_out_of_fold() -> None:
+    rng = np.random.default_rng(1)
+    short = fit_refit(rng.normal(size=(10, 3)), np.arange(10) % 2 == 0)
+    assert short.stacker is None and f"at least {MIN_ADAPT_ANSWERS}" in str(short.reason)
+    one_side = fit_refit(rng.normal(size=(40, 3)), np.arange(40) < 3)
+    assert one_side.stacker is None and "3 hallucinated" in str(one_side.reason)
+    y = rng.random(60) < 0.4
+    x = np.column_stack([y + rng.normal(0, 1, 60), rng.normal(size=60)])
+    got = fit_refit(x, y)
+    assert got.stacker is not None and got.out_of_fold is not None
+    # out of fold: no row is scored by a stacker that saw it (differs from in-sample)
+    assert not np.allclose(got.out_of_fold, got.stacker.predict_proba(x))
+    assert got.n == 60 and got.n_positive == int(y.sum())
+
+
+def test_the_job_spec_carries_the_refit() -> None:
+    spec = AdaptSpec(model="tiny", dataset=QUEUE, queue=QUEUE, refit=True)
+    assert spec.argv("out")[-1] == "--refit"
+    assert AdaptSpec.from_dict(spec.to_dict()) == spec
+    old = {k: v for k, v in spec.to_dict().items() if k != "refit"}
+    assert AdaptSpec.from_dict(old).refit is False  # a row written before the refit
+    with pytest.raises(DataError, match="true or false"):
+        AdaptSpec.from_dict({**spec.to_dict(), "refit": "yes"})
