@@ -98,9 +98,11 @@ def _ended(view: JobView) -> None:
     fresh = st.session_state.get(WATCHED) == view.id
     r = view.row
     if view.state == "done" and fresh:
+        refit = (r.result or {}).get("refit") if isinstance(r.result, dict) else None
+        note = f" {md(refit[:1].upper() + refit[1:600])}." if isinstance(refit, str) else ""
         st.success(
             f"Adaptation job #{view.id} finished: the adapted set judges this dataset's "
-            "answers now.",
+            f"answers now.{note}",
             icon=":material/check_circle:",
         )
     elif view.state == "cancelled" and fresh:

@@ -172,17 +172,27 @@ def _stack_features(data: CurveData) -> np.ndarray:
 
 
 def _refit_scores(
-    x: np.ndarray, y: np.ndarray, train: np.ndarray, calibrate: np.ndarray, test: np.ndarray
+    x: np.ndarray,
+    y: np.ndarray,
+    train: np.ndarray,
+    calibrate: np.ndarray,
+    test: np.ndarray,
+    without: Mapping[str, float],
 ) -> dict[str, float]:
-    """The refit's scores on ``test``: the reviewed stacker fitted on ``train``, its
-    calibration on its out-of-fold scores of ``calibrate`` (a subset of ``train``; none
-    when too few: ECE and balanced accuracy are then NaN, AUROC stands)."""
+    """The refit's scores on ``test``: the reviewed stacker fitted on ``train`` (the
+    judge's logit, column 0 of ``x``, its base reading), its calibration on its
+    out-of-fold scores of ``calibrate`` (a subset of ``train``; none when too few: ECE and
+    balanced accuracy are then NaN, AUROC stands). A stacker the rule does not keep
+    leaves the adaptation without a refit: ``without``'s scores (``refit_kept`` 0)."""
     nan = {"refit_auroc": math.nan, "refit_ece": math.nan, "refit_balanced_accuracy": math.nan}
-    got = fit_refit(x[train], y[train])
-    if got.stacker is None or got.out_of_fold is None or not 0 < y[test].sum() < test.sum():
-        return nan
+    got = fit_refit(x[train], y[train], base=x[train, 0])
+    if not 0 < y[test].sum() < test.sum():
+        return {**nan, "refit_kept": math.nan}
+    if got.stacker is None or got.out_of_fold is None:
+        kept = {f"refit_{k}": without[k] for k in ("auroc", "ece", "balanced_accuracy")}
+        return {**kept, "refit_kept": 0.0}
     raw = got.stacker.predict_proba(x[test])
-    out = {**nan, "refit_auroc": float(roc_auc_score(y[test], raw))}
+    out = {**nan, "refit_auroc": float(roc_auc_score(y[test], raw)), "refit_kept": 1.0}
     use = calibrate[train]
     if missing_reviews([bool(v) for v in y[train][use]]) is None:
         cal = fit_review_calibration(got.out_of_fold[use], y[train][use])
@@ -231,7 +241,7 @@ def simulate_point(data: CurveData, order: str, n: int, seed: int) -> dict[str, 
     out = _scores(y[rest], p, thr)
     base = _scores(y[rest], data.prob[rest], data.threshold)
     out.update({f"unadapted_{k}": v for k, v in base.items()})
-    out.update(_refit_scores(_stack_features(data), y, chosen, drawn, rest))
+    out.update(_refit_scores(_stack_features(data), y, chosen, drawn, rest, dict(out)))
     out["calibrated"] = calibrated
     return out
 
@@ -250,8 +260,10 @@ def own_cv(data: CurveData, k: int = 5, seed: int = 0) -> dict[str, float]:
         cal = fit_review_calibration(data.raw[train], y[train])
         p[test] = np.clip(cal.calibrator.transform(data.raw[test]), 0.0, 1.0)
         thr[test] = cal.threshold
-        got = fit_refit(x[train], y[train])
-        assert got.stacker is not None and got.out_of_fold is not None
+        got = fit_refit(x[train], y[train], base=x[train, 0])
+        if got.stacker is None or got.out_of_fold is None:  # not kept: calibration only
+            refit[test], refit_thr[test] = p[test], thr[test]
+            continue
         refit_cal = fit_review_calibration(got.out_of_fold, y[train])
         refit[test] = np.clip(
             refit_cal.calibrator.transform(got.stacker.predict_proba(x[test])), 0.0, 1.0
@@ -279,6 +291,13 @@ class CurvePoint:
     calibrated_share: float
     adapted: Mapping[str, tuple[float, float, float]]
     unadapted: Mapping[str, tuple[float, float, float]]
+    refit_share: float = math.nan
+    """Share of the seeds whose refit was kept (NaN: a run from before the rule)."""
+
+
+def _share(values: Sequence[float]) -> float:
+    v = [x for x in values if math.isfinite(x)]
+    return float(np.mean(v)) if v else math.nan
 
 
 def _summary(values: Sequence[float]) -> tuple[float, float, float]:
@@ -309,6 +328,7 @@ def learning_curve(
                     n_seeds=len(runs),
                     n_rest=int(data.y.size - n),
                     calibrated_share=float(np.mean([r["calibrated"] for r in runs])),
+                    refit_share=_share([r["refit_kept"] for r in runs]),
                     adapted={m: _summary([r[m] for r in runs]) for m in METRICS},
                     unadapted={
                         m: _summary([r[f"unadapted_{m}"] for r in runs]) for m in METRICS[:3]
@@ -359,6 +379,7 @@ class CurveRun:
                     n_seeds=int(p["n_seeds"]),
                     n_rest=int(p["n_rest"]),
                     calibrated_share=float(p["calibrated_share"]),
+                    refit_share=float(p.get("refit_share", math.nan)),
                     adapted={
                         str(m): _triple(v) for m, v in dict(p["adapted"]).items() if m in METRICS
                     },
@@ -394,6 +415,9 @@ class CurveRun:
         return next((p for p in self.points if p.order == order and p.n == n), None)
 
     def to_markdown(self) -> str:
+        def share(v: float) -> str:
+            return f"{v:.0%}" if math.isfinite(v) else "-"
+
         def cell(v: tuple[float, float, float] | None) -> str:
             if v is None or not math.isfinite(v[0]):
                 return "-"
@@ -409,14 +433,15 @@ class CurveRun:
             "over seeds.",
             "",
             "| order | reviews | calibrated | ECE | unadapted ECE | bal. acc. | unadapted bal. "
-            "acc. | AUROC | refit AUROC | refit ECE | refit bal. acc. |",
-            "|---|---|---|---|---|---|---|---|---|---|---|",
+            "acc. | AUROC | refit kept | refit AUROC | refit ECE | refit bal. acc. |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|",
         ]
         for p in self.points:
             lines.append(
                 f"| {p.order} | {p.n} | {p.calibrated_share:.0%} | {cell(p.adapted.get('ece'))} "
                 f"| {cell(p.unadapted.get('ece'))} | {cell(p.adapted.get('balanced_accuracy'))} "
                 f"| {cell(p.unadapted.get('balanced_accuracy'))} | {cell(p.adapted.get('auroc'))} "
+                f"| {share(p.refit_share)} "
                 f"| {cell(p.adapted.get('refit_auroc'))} | {cell(p.adapted.get('refit_ece'))} "
                 f"| {cell(p.adapted.get('refit_balanced_accuracy'))} |"
             )

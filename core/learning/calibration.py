@@ -44,6 +44,10 @@ MAX_PLATT = 100.0
 """Largest slope and intercept magnitude a saved Platt calibrator may hold (fitted ones
 are a few units; a slope is never negative)."""
 
+PLATT_C: tuple[float, ...] = (1e4, 1e2, 1.0, 1e-2)
+"""Inverse L2 strengths a Platt fit tries in turn until its slope and intercept are
+within :data:`MAX_PLATT` (the first, nearly unregularised, almost always is)."""
+
 
 class PlattCalibrator:
     """``p = sigmoid(a * logit(score) + b)``, fitted on held-out scores and labels.
@@ -76,10 +80,16 @@ class PlattCalibrator:
                 "calibration needs faithful and hallucinated answers in its held-out part"
             )
         # Nearly unregularised: two parameters, no class weights (so the base rate holds).
-        lr = LogisticRegression(C=1e4, max_iter=1000)
-        lr.fit(s[:, None], y)
-        self.a_ = float(lr.coef_[0, 0])
-        self.b_ = float(lr.intercept_[0])
+        # Scores that separate the classes perfectly (a detector a few dozen reviewed
+        # answers agree with) drive the slope towards infinity: then the least
+        # regularisation that keeps it within what a saved calibrator may hold.
+        for c in PLATT_C:
+            lr = LogisticRegression(C=c, max_iter=1000)
+            lr.fit(s[:, None], y)
+            self.a_ = float(lr.coef_[0, 0])
+            self.b_ = float(lr.intercept_[0])
+            if abs(self.a_) <= MAX_PLATT and abs(self.b_) <= MAX_PLATT:
+                break
         if self.a_ < 0:
             # Scores that rank the wrong way on held-out data are not turned round (that
             # would be a different detector): they carry no information, the base rate.

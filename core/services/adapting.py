@@ -207,13 +207,15 @@ def _refit(
         return None, None, note
     note = ""
     if refit:
-        got = fit_refit(np.stack(rows), np.asarray([r.label for r in reviewed]))
+        x = np.stack(rows)
+        got = fit_refit(x, np.asarray([r.label for r in reviewed]), base=x[:, -1])
         if got.stacker is not None and got.out_of_fold is not None:
             return (
                 ensemble.with_review_stacker(dataset, got.stacker),
                 got.out_of_fold,
                 f"{REFIT_PROCEDURE}; fitted on {got.n} reviewed answers "
-                f"({got.n_positive} hallucinated)",
+                f"({got.n_positive} hallucinated), out-of-fold AUROC {got.auroc:.3f} vs "
+                f"the base reading's {got.base_auroc:.3f}",
             )
         note = f"no refit: {got.reason}"
     if had is None:

@@ -107,7 +107,12 @@ def test_marked_answers_adapt_the_set_and_the_page_judges_with_it(
         done.first.wait_for(timeout=JOB_MS)
         adapted = page.get_by_text(re.compile("adapted from")).first.inner_text()
         assert "adapted from 24 reviewed answers" in adapted
-        assert "its ensemble refitted on them" in adapted  # the toggle is on by default
+        # the refit is on by default: the job says whether it kept the stacker, and why
+        finished = page.get_by_text(re.compile(r"^Adaptation job #\d+ finished")).inner_text()
+        assert "AUROC" in finished, finished
+        kept = "Refit: the ensemble's stacker" in finished
+        assert kept or "No refit: " in finished, finished
+        assert ("its ensemble refitted on them" in adapted) == kept
         page.get_by_role("button", name=re.compile("Scan and queue")).click()
         wait_idle(page, JOB_MS)
         page.get_by_text("Skip answers I marked").click()  # the scanned answers are marked

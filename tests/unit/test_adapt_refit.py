@@ -27,6 +27,7 @@ from core.evaluation.adapt import (
     REFIT_C,
     fit_refit,
     fit_review_calibration,
+    fit_review_stacker,
 )
 from core.learning.artifact import artifact_hashes
 from core.learning.calibration import logit
@@ -88,14 +89,31 @@ def _ensemble(folder: Path, model: LoadedModel) -> EnsembleDetector:
     return EnsembleDetector.load(folder / "ensemble", model_key=model.info.key)
 
 
+def _rows(model: LoadedModel, ens: EnsembleDetector, examples: list, store: Store) -> np.ndarray:
+    """The review rows (members' logits, then the pooled stacker's) of ``examples``."""
+    got = iter_features(model, examples, [ens], cache=FeatureCache(store))
+    return np.stack([ens.review_row(g.features["ensemble"]) for g in got])
+
+
+def _mark(store: Store, examples: list, labels: np.ndarray, drawn_by: str = "random") -> None:
+    book = AnswerBook(store)
+    for ex, lab in zip(examples, labels, strict=True):
+        book.mark(QUEUE, ex, "ann", "hallucinated" if lab else "faithful", drawn_by=drawn_by)
+
+
 def test_the_refit_routes_the_dataset_through_a_stacker_of_its_own(
     tiny_model: LoadedModel, env: tuple[Store, list], ensemble_set: tuple[Path, Path]
 ) -> None:
     store, examples = env
     before = _digest(ensemble_set[0])
-    random, other = examples[:30], examples[30:40]
-    _review(store, random)
-    _review(store, other, drawn_by="uncertainty")  # the stacker learns from these too
+    base = _ensemble(ensemble_set[0], tiny_model)
+    reviewed = examples[:40]
+    rows = _rows(tiny_model, base, reviewed, store)
+    # The reviewers judge by what nll reads (the tiny model's gold labels are noise to
+    # it): a stacker over the members ranks their labels better than the pooled one.
+    y = rows[:, 0] > np.median(rows[:, 0])
+    _mark(store, reviewed[:30], y[:30])
+    _mark(store, reviewed[30:], y[30:], drawn_by="uncertainty")  # these fit the stacker too
     key = tiny_model.info.key
     result = adapt_set(
         store, tiny_model, load_set(key), QUEUE, examples, adapted_sets_dir(key), refit=True
@@ -109,19 +127,14 @@ def test_the_refit_routes_the_dataset_through_a_stacker_of_its_own(
 
     # the stacker is the one fit_refit gives on the 40 reviewed answers' rows, and the
     # calibration is fitted on its out-of-fold scores of the 30 random ones
-    base = _ensemble(ensemble_set[0], tiny_model)
-    reviewed = [e for e in examples if e in random or e in other]  # the examples' order
-    got = list(iter_features(tiny_model, reviewed, [base], cache=FeatureCache(store)))
-    rows = np.stack([base.review_row(g.features["ensemble"]) for g in got])
-    y = np.asarray([bool(e.label) for e in reviewed])
-    refit = fit_refit(rows, y)
+    refit = fit_refit(rows, y, base=rows[:, -1])
     assert refit.stacker is not None and refit.out_of_fold is not None
     adapted = _ensemble(result.folder, tiny_model)
     own = adapted.dataset_stackers_[DATASET]
     assert own.reviewed and own.stacker.C == REFIT_C
     np.testing.assert_allclose(own.stacker.coef_, refit.stacker.coef_)
     assert adapted.input_names(DATASET) == ["nll", "context_gain", POOLED_INPUT]
-    is_random = np.asarray([e in random for e in reviewed])
+    is_random = np.arange(40) < 30
     cal = fit_review_calibration(refit.out_of_fold[is_random], y[is_random])
     mine = adapted.dataset_calibration_[DATASET]
     assert mine.calibrator.a_ == pytest.approx(cal.calibrator.a_)
@@ -130,6 +143,7 @@ def test_the_refit_routes_the_dataset_through_a_stacker_of_its_own(
 
     # an answer not reviewed: judged by the derived set through the dataset's stacker
     routed = load_set(key)
+    assert DATASET in routed.experts, routed.expert_problems
     v = judge(tiny_model, examples[45], routed)
     assert v.set_name == result.folder.name
     ens = v.verdicts["ensemble"]
@@ -152,11 +166,31 @@ def test_the_refit_routes_the_dataset_through_a_stacker_of_its_own(
     assert _digest(ensemble_set[0]) == before
 
 
-def test_a_tampered_reviewed_stacker_is_refused(
-    tiny_model: LoadedModel, env: tuple[Store, list], tmp_path: Path
+def test_a_refit_that_ranks_no_better_than_the_base_is_not_kept(
+    tiny_model: LoadedModel, env: tuple[Store, list], ensemble_set: tuple[Path, Path]
 ) -> None:
     store, examples = env
-    _review(store, examples[:30])
+    rows = _rows(tiny_model, _ensemble(ensemble_set[0], tiny_model), examples[:30], store)
+    _mark(store, examples[:30], rows[:, -1] > np.median(rows[:, -1]))  # the base ranks all
+    key = tiny_model.info.key
+    result = adapt_set(
+        store, tiny_model, load_set(key), QUEUE, examples, adapted_sets_dir(key), refit=True
+    )
+    assert not result.record.refitted and not AdaptedInfo.read(result.folder).refit
+    assert result.record.refit.startswith("no refit: on the 30 reviewed answers")
+    assert "does not beat the base reading's (1.000)" in result.summary()["refit"]
+    assert DATASET not in _ensemble(result.folder, tiny_model).dataset_stackers_
+
+
+def test_a_tampered_reviewed_stacker_is_refused(
+    tiny_model: LoadedModel,
+    env: tuple[Store, list],
+    tmp_path: Path,
+    ensemble_set: tuple[Path, Path],
+) -> None:
+    store, examples = env
+    rows = _rows(tiny_model, _ensemble(ensemble_set[0], tiny_model), examples[:30], store)
+    _mark(store, examples[:30], rows[:, 0] > np.median(rows[:, 0]))
     key = tiny_model.info.key
     result = adapt_set(
         store, tiny_model, load_set(key), QUEUE, examples, adapted_sets_dir(key), refit=True
@@ -186,10 +220,10 @@ def test_a_reviewed_stacker_must_read_the_review_rows(
     ens = _ensemble(ensemble_set[0], tiny_model)
     rng = np.random.default_rng(0)
     y = np.arange(40) % 2 == 0
-    wrong = fit_refit(rng.normal(size=(40, 5)), y).stacker
+    wrong = fit_review_stacker(rng.normal(size=(40, 5)), y)
     with pytest.raises(DataError, match="inputs"):
         ens.with_review_stacker(DATASET, wrong)
-    right = fit_refit(rng.normal(size=(40, 3)), y).stacker
+    right = fit_review_stacker(rng.normal(size=(40, 3)), y)
     copy = ens.with_review_stacker(DATASET, right)
     assert DATASET in copy.dataset_stackers_ and DATASET not in ens.dataset_stackers_
     assert ens.with_review_stacker(DATASET, None).dataset_stackers_ == {}
@@ -197,17 +231,22 @@ def test_a_reviewed_stacker_must_read_the_review_rows(
 
 def test_fit_refit_needs_enough_of_each_class_and_scores_out_of_fold() -> None:
     rng = np.random.default_rng(1)
-    short = fit_refit(rng.normal(size=(10, 3)), np.arange(10) % 2 == 0)
+    short = fit_refit(rng.normal(size=(10, 3)), np.arange(10) % 2 == 0, base=np.zeros(10))
     assert short.stacker is None and f"at least {MIN_ADAPT_ANSWERS}" in str(short.reason)
-    one_side = fit_refit(rng.normal(size=(40, 3)), np.arange(40) < 3)
+    one_side = fit_refit(rng.normal(size=(40, 3)), np.arange(40) < 3, base=np.zeros(40))
     assert one_side.stacker is None and "3 hallucinated" in str(one_side.reason)
     y = rng.random(60) < 0.4
     x = np.column_stack([y + rng.normal(0, 1, 60), rng.normal(size=60)])
-    got = fit_refit(x, y)
+    got = fit_refit(x, y, base=rng.normal(size=60))  # a base that ranks by chance
     assert got.stacker is not None and got.out_of_fold is not None
     # out of fold: no row is scored by a stacker that saw it (differs from in-sample)
     assert not np.allclose(got.out_of_fold, got.stacker.predict_proba(x))
     assert got.n == 60 and got.n_positive == int(y.sum())
+    assert got.auroc > got.base_auroc
+    # a base that already ranks the reviewed answers better keeps no stacker, and says so
+    better = fit_refit(x, y, base=y + rng.normal(0, 0.1, 60))
+    assert better.stacker is None and better.auroc <= better.base_auroc
+    assert "does not beat the base reading" in str(better.reason)
 
 
 def test_the_job_spec_carries_the_refit() -> None:

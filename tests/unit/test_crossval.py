@@ -36,6 +36,7 @@ from core.evaluation.evaluate import set_thresholds
 from core.evaluation.matrix import MatrixProgress, MatrixRun, domain_matrix
 from core.evaluation.runs import load_run
 from core.learning.calibration import (
+    MAX_PLATT,
     DatasetCalibration,
     PlattCalibrator,
     dataset_family,
@@ -132,6 +133,18 @@ def test_inner_split_holds_out_whole_sources(examples) -> None:
 
 
 # ----------------------------------------------------------------------------- calibration
+
+
+def test_a_platt_fit_on_separated_scores_stays_loadable() -> None:
+    """Scores that separate the classes (a detector 30 reviewed answers agree with, its
+    scores a hair apart) would drive the slope past what a saved calibrator may hold:
+    the fit regularises until it is within, so what is written is read back."""
+    s = np.r_[np.linspace(0.48, 0.495, 15), np.linspace(0.505, 0.52, 15)]
+    y = np.r_[np.zeros(15), np.ones(15)]
+    cal = PlattCalibrator().fit(s, y)
+    assert 0 < cal.a_ <= MAX_PLATT and abs(cal.b_) <= MAX_PLATT
+    back = PlattCalibrator.from_json(json.loads(json.dumps(cal.to_json())))
+    assert roc_auc_score(y, back.transform(s)) == 1.0
 
 
 def test_platt_calibration_fixes_overconfident_scores_and_keeps_the_ranking() -> None:
