@@ -18,7 +18,7 @@ CURVE_METRICS: dict[str, str] = {
     "ece": "ECE (lower is better)",
     "balanced_accuracy": "balanced accuracy",
     "auroc": "AUROC (calibration keeps the ranking)",
-    "refit_auroc": "AUROC after a refit (the ensemble's reviewed stacker)",
+    "refit_auroc": "AUROC after a refit",
     "refit_ece": "ECE after a refit (lower is better)",
     "refit_balanced_accuracy": "balanced accuracy after a refit",
 }
