@@ -116,6 +116,7 @@ def curve_frame(run: CurveRun) -> pd.DataFrame:
             "reviews": p.n,
             "left to score": p.n_rest,
             "calibrated": f"{p.calibrated_share:.0%}",
+            "refit kept": f"{p.refit_share:.0%}" if math.isfinite(p.refit_share) else "-",
         }
         for key, label in (
             ("ece", "ECE"),

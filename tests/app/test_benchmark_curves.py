@@ -41,6 +41,11 @@ def test_the_figure_draws_each_order_its_band_and_both_references() -> None:
     row = frame[(frame["order"] == "random") & (frame["reviews"] == 50)].iloc[0]
     mean, lo, hi = p50.adapted["ece"]
     assert row["ECE"] == f"{mean:.3f} [{lo:.3f}, {hi:.3f}]"
+    assert row["refit kept"] == f"{p50.refit_share:.0%}"
+    # a refit metric's grey reference is the same metric of the unadapted reading
+    refit = curve_figure([run], "refit_ece")
+    grey = next(t for t in refit.data if t.name == "dolly_ac_dev, unadapted")
+    assert list(grey.y)[list(grey.x).index(50)] == p50.unadapted["ece"][0]
 
 
 def test_the_benchmark_shows_the_curves_of_the_shipped_runs(
