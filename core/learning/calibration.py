@@ -83,13 +83,14 @@ class PlattCalibrator:
         # Scores that separate the classes perfectly (a detector a few dozen reviewed
         # answers agree with) drive the slope towards infinity: then the least
         # regularisation that keeps it within what a saved calibrator may hold.
+        a = b = 0.0
         for c in PLATT_C:
             lr = LogisticRegression(C=c, max_iter=1000)
             lr.fit(s[:, None], y)
-            self.a_ = float(lr.coef_[0, 0])
-            self.b_ = float(lr.intercept_[0])
-            if abs(self.a_) <= MAX_PLATT and abs(self.b_) <= MAX_PLATT:
+            a, b = float(lr.coef_[0, 0]), float(lr.intercept_[0])
+            if abs(a) <= MAX_PLATT and abs(b) <= MAX_PLATT:
                 break
+        self.a_, self.b_ = a, b
         if self.a_ < 0:
             # Scores that rank the wrong way on held-out data are not turned round (that
             # would be a different detector): they carry no information, the base rate.
