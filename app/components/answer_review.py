@@ -199,7 +199,7 @@ def answer_section(
             )
         expected = own.version if own else 0
         args = (answers, qs, dataset, ex, reviewer)
-        b1, b2, b3, b4, _ = st.columns([1.2, 1.5, 1.1, 1, 1])
+        b1, b2, b3, b4 = st.columns([1.2, 1.5, 1.1, 1])  # no spacer: labels fit a laptop
         b1.button(
             "Faithful", key=KEY_FAITHFUL, icon=":material/verified:", shortcut="f",
             on_click=mark, args=(*args, "faithful", how, expected, next_id), width="stretch",

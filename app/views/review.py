@@ -174,9 +174,9 @@ def reviewer_gate(rs: ReviewState) -> bool:
         st.caption(f"Reviewing as **{md(who.name)}** ({code(who.id)}), signed in.")
         return True
     if rs.reviewer:
-        c_who, c_change = st.columns([5, 1], vertical_alignment="center")
+        c_who, c_change = st.columns([4, 1], vertical_alignment="center")
         c_who.caption(f"Reviewing as **{md(rs.reviewer)}**.")
-        if c_change.button("Change name", key=KEY_CHANGE, width="stretch"):
+        if c_change.button("Change name", key=KEY_CHANGE, width="content"):
             rs.reviewer = None
             rs.answers.current = None  # the next reviewer starts at their first answer
             st.rerun()
