@@ -8,8 +8,11 @@ not once per run. Tests that write caches point ``RAGSCOPE_CACHE_DIR`` at a
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
+from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
@@ -19,7 +22,9 @@ os.environ.setdefault("RAGSCOPE_CACHE_DIR", str(Path.home() / ".cache" / "ragsco
 
 from core.base.examples import RAGExample  # noqa: E402
 from core.cli import main  # noqa: E402
+from core.data import load_builtin, resolve_dataset  # noqa: E402
 from core.engine.model import LoadedModel, embedded_cache_path, load_model  # noqa: E402
+from core.storage import Store  # noqa: E402
 
 EMBEDDED_FIXTURES = frozenset({"embedded_model"})
 
@@ -80,12 +85,13 @@ def toy_example() -> RAGExample:
     )
 
 
-@pytest.fixture(scope="session")
-def calibrated_tiny_set(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """``(artifacts, cache dir)``: ``nll`` and ``context_gain`` trained on 60 built-in
-    answers with the tiny model and 3-fold CV, so calibrated (a raw score and a pooled
-    calibration each): a set the review loop can adapt."""
-    root = tmp_path_factory.mktemp("calibrated-set")
+def _train_tiny_set(
+    tmp_path_factory: pytest.TempPathFactory, name: str, options: list[str]
+) -> tuple[Path, Path]:
+    """``(artifacts, cache dir)`` of ``ragscope train`` on 60 built-in answers with the
+    tiny model and 3-fold CV (so every detector is calibrated), with ``options``; the
+    cache dir shares the session's model cache."""
+    root = tmp_path_factory.mktemp(name)
     out = root / "set"
     models = Path(os.environ["RAGSCOPE_CACHE_DIR"]).expanduser() / "models"
     models.mkdir(parents=True, exist_ok=True)
@@ -96,34 +102,76 @@ def calibrated_tiny_set(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path,
     mp.setenv("RAGSCOPE_DB", str(root / "train.sqlite3"))
     try:
         argv = ["train", "--model", "tiny", "--dataset", "builtin", "--limit", "60", "--cv", "3"]
-        assert main([*argv, "--detectors", "nll,context_gain", "--out", str(out)]) == 0
+        assert main([*argv, *options, "--out", str(out)]) == 0
     finally:
         mp.undo()
     return out, root / "cache"
+
+
+@pytest.fixture(scope="session")
+def calibrated_tiny_set(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
+    """``nll`` and ``context_gain``, calibrated (a raw score and a pooled calibration
+    each): a set the review loop can adapt (:func:`_train_tiny_set`)."""
+    return _train_tiny_set(tmp_path_factory, "calibrated-set", ["--detectors", "nll,context_gain"])
 
 
 @pytest.fixture(scope="session")
 def calibrated_tiny_ensemble_set(tmp_path_factory: pytest.TempPathFactory) -> tuple[Path, Path]:
-    """``(artifacts, cache dir)``: ``nll``, ``context_gain`` and an ensemble of the two,
-    trained on 60 built-in answers with the tiny model and 3-fold CV (all calibrated): a
-    set whose adaptation can refit the ensemble's stacker."""
-    root = tmp_path_factory.mktemp("calibrated-ensemble-set")
-    out = root / "set"
-    models = Path(os.environ["RAGSCOPE_CACHE_DIR"]).expanduser() / "models"
-    models.mkdir(parents=True, exist_ok=True)
-    (root / "cache").mkdir()
-    (root / "cache" / "models").symlink_to(models, target_is_directory=True)
-    mp = pytest.MonkeyPatch()
-    mp.setenv("RAGSCOPE_CACHE_DIR", str(root / "cache"))
-    mp.setenv("RAGSCOPE_DB", str(root / "train.sqlite3"))
-    try:
-        argv = ["train", "--model", "tiny", "--dataset", "builtin", "--limit", "60", "--cv", "3"]
-        argv += ["--detectors", "nll,context_gain,ensemble"]
-        argv += ["--set", 'ensemble.members=["nll","context_gain"]', "--out", str(out)]
-        assert main(argv) == 0
-    finally:
-        mp.undo()
-    return out, root / "cache"
+    """``nll``, ``context_gain`` and an ensemble of the two, all calibrated: a set whose
+    adaptation can refit the ensemble's stacker (:func:`_train_tiny_set`)."""
+    options = ["--detectors", "nll,context_gain,ensemble"]
+    options += ["--set", 'ensemble.members=["nll","context_gain"]']
+    return _train_tiny_set(tmp_path_factory, "calibrated-ensemble-set", options)
+
+
+OWN_DATASET = "mine"
+"""The dataset of a user's own answers in the adaptation tests (:func:`adapt_env`)."""
+
+
+@pytest.fixture
+def adapt_env(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> Iterator[Callable[[tuple[Path, Path], int], tuple[Store, list[RAGExample]]]]:
+    """``make(set_paths, n)``: the trained set ``set_paths`` (``(artifacts, cache dir)``)
+    as the app's detectors, a fresh database holding the dataset ``mine`` (``n`` QA
+    answers of the built-in corpus, renamed), and that store (closed after the test)
+    with the dataset's answers as ``stored:mine`` reads them."""
+    with ExitStack() as stack:
+
+        def make(set_paths: tuple[Path, Path], n: int) -> tuple[Store, list[RAGExample]]:
+            out, cache = set_paths
+            monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(cache))
+            monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(out))
+            monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "db.sqlite3"))
+            monkeypatch.setenv("RAGSCOPE_TRAINED_DIR", str(tmp_path / "trained"))
+            monkeypatch.setenv("OMP_NUM_THREADS", "1")
+            qa = [e for e in load_builtin() if e.task == "qa"][200 : 200 + n]
+            answers = [
+                dataclasses.replace(
+                    e, provenance=dataclasses.replace(e.provenance, dataset=OWN_DATASET)
+                )
+                for e in qa
+            ]
+            store = stack.enter_context(Store())
+            store.import_dataset(OWN_DATASET, answers, source="test", fmt="ragscope")
+            return store, resolve_dataset(f"stored:{OWN_DATASET}")[1]
+
+        yield make
+
+
+def _tree_digest(folder: Path) -> str:
+    h = hashlib.sha256()
+    for p in sorted(folder.rglob("*")):
+        if p.is_file():
+            h.update(p.relative_to(folder).as_posix().encode() + p.read_bytes())
+    return h.hexdigest()
+
+
+@pytest.fixture
+def tree_digest() -> Callable[[Path], str]:
+    """SHA-256 over every file's relative path and bytes under a folder (a set that
+    must stay untouched)."""
+    return _tree_digest
 
 
 @pytest.fixture(scope="module")

@@ -11,13 +11,12 @@ from collections.abc import Sequence
 import streamlit as st
 
 from app.components.estimate import estimate_caption
-from app.components.train_job import act, action_error, elapsed, not_yours
+from app.components.train_job import act, action_error, job_progress, not_yours
 from app.state.datasets import get_store
 from app.state.jobs import (
     POLL_S,
     adapt_estimate,
     adapt_spec,
-    job_log_db,
     model_adapt_job,
     read_job,
     start_adapting,
@@ -36,7 +35,7 @@ from core.engine.model import LoadedModel
 from core.evaluation.adapt import MIN_ADAPT_ANSWERS, MIN_ADAPT_CLASS, PROCEDURE, REFIT_PROCEDURE
 from core.pipeline.sets import DetectorSet
 from core.services.adapting import AdaptStatus, adapt_status
-from core.services.jobs import JobView, job_log_path
+from core.services.jobs import JobView
 
 TITLE = "Adapt the detectors to this dataset"
 WATCHED = "review.adapt.watched"
@@ -76,22 +75,7 @@ def _live(job_id: int) -> None:
     if not view.active:
         st.session_state[WATCHED] = job_id
         st.rerun()
-    since = elapsed(view.row.started_at or view.row.created_at)
-    text = view.progress_text.replace("examples", "answers") + (f" · {since}" if since else "")
-    st.progress(
-        view.fraction, text=md(("Cancelling… " if view.row.cancel_requested else "") + text)
-    )
-    locked = not_yours(view)
-    c1, c2 = st.columns([1, 3], vertical_alignment="center")
-    c1.button(
-        "Cancel", key=KEY_ADAPT_CANCEL, icon=":material/cancel:", on_click=act,
-        args=("cancel", job_id), disabled=view.row.cancel_requested or locked,
-    )  # fmt: skip
-    c2.caption(
-        "Runs in the background: switch pages or reload, it goes on. "
-        f"Log: {code(job_log_path(job_log_db(), view.row))}"
-    )
-    action_error()
+    job_progress(view, KEY_ADAPT_CANCEL, unit="answers")
 
 
 def _ended(view: JobView) -> None:

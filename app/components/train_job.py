@@ -137,27 +137,27 @@ def _live_job(job_id: int) -> None:
         st.session_state[FINISHED] = job_id
         st.rerun()
     st.markdown(_about(view))
+    job_progress(view, KEY_TRAIN_CANCEL)
+
+
+def job_progress(view: JobView, cancel_key: str, *, unit: str = "examples") -> None:
+    """An active job's progress bar (what is done, the time since it started; its
+    examples called ``unit``), its Cancel (the owner's or an admin's) and where its log
+    is: what the training and the adaptation panels show while their job runs."""
     started = elapsed(view.row.started_at or view.row.created_at)
-    text = f"{view.progress_text}" + (f" · {started}" if started else "")
+    text = view.progress_text.replace("examples", unit) + (f" · {started}" if started else "")
     if view.row.cancel_requested:
         text = "Cancelling… " + text
     st.progress(view.fraction, text=md(text))
-    locked = not_yours(view)
     c1, c2 = st.columns([1, 3], vertical_alignment="center")
-    with c1:
-        st.button(
-            "Cancel",
-            key=KEY_TRAIN_CANCEL,
-            icon=":material/cancel:",
-            on_click=act,
-            args=("cancel", job_id),
-            disabled=view.row.cancel_requested or locked,
-        )
-    with c2:
-        st.caption(
-            "Runs in the background: switch pages, reload or close the tab, it goes on. "
-            f"Log: {code(job_log_path(job_log_db(), view.row))}"
-        )
+    c1.button(
+        "Cancel", key=cancel_key, icon=":material/cancel:", on_click=act,
+        args=("cancel", view.id), disabled=view.row.cancel_requested or not_yours(view),
+    )  # fmt: skip
+    c2.caption(
+        "Runs in the background: switch pages, reload or close the tab, it goes on. "
+        f"Log: {code(job_log_path(job_log_db(), view.row))}"
+    )
     action_error()
 
 

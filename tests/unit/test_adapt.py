@@ -6,10 +6,8 @@ tampered with."""
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -18,7 +16,7 @@ import pytest
 from core.base.errors import DataError
 from core.base.paths import adapted_sets_dir
 from core.cli import main
-from core.data import load_builtin, resolve_dataset
+from core.data import load_builtin
 from core.engine.model import LoadedModel
 from core.evaluation.adapt import (
     MIN_ADAPT_ANSWERS,
@@ -40,40 +38,12 @@ QUEUE = "stored:mine"
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _digest(folder: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(folder.rglob("*")):
-        if p.is_file():
-            h.update(p.relative_to(folder).as_posix().encode() + p.read_bytes())
-    return h.hexdigest()
-
-
-@pytest.fixture(scope="module")
-def base_set(calibrated_tiny_set: tuple[Path, Path]) -> tuple[Path, Path]:
-    return calibrated_tiny_set
-
-
 @pytest.fixture
 def env(
-    base_set: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[Store, list]]:
-    """The base set as the app's detectors, a fresh database holding the dataset
-    ``mine`` (QA answers of the built-in corpus, renamed) and reviews of 30 of them."""
-    out, cache = base_set
-    monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(cache))
-    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(out))
-    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "db.sqlite3"))
-    monkeypatch.setenv("RAGSCOPE_TRAINED_DIR", str(tmp_path / "trained"))
-    monkeypatch.setenv("OMP_NUM_THREADS", "1")
-    answers = [
-        dataclasses.replace(e, provenance=dataclasses.replace(e.provenance, dataset=DATASET))
-        for e in load_builtin()
-        if e.task == "qa"
-    ][200:240]
-    with Store() as store:
-        store.import_dataset(DATASET, answers, source="test", fmt="ragscope")
-        examples = resolve_dataset(QUEUE)[1]
-        yield store, examples
+    calibrated_tiny_set: tuple[Path, Path], adapt_env: Callable[..., tuple[Store, list]]
+) -> tuple[Store, list]:
+    """The calibrated set as the app's detectors and the dataset ``mine`` (40 answers)."""
+    return adapt_env(calibrated_tiny_set, 40)
 
 
 def _review(store: Store, examples: list, n: int, drawn_by: str = "random") -> None:
@@ -102,16 +72,19 @@ def test_too_few_reviews_say_how_many_more_and_write_nothing(
 
 
 def test_the_derived_set_judges_the_dataset_and_the_base_stays_untouched(
-    tiny_model: LoadedModel, env: tuple[Store, list], base_set: tuple[Path, Path]
+    tiny_model: LoadedModel,
+    env: tuple[Store, list],
+    calibrated_tiny_set: tuple[Path, Path],
+    tree_digest: Callable[[Path], str],
 ) -> None:
     store, examples = env
-    before = _digest(base_set[0])
+    before = tree_digest(calibrated_tiny_set[0])
     _review(store, examples, 30)
     key = tiny_model.info.key
     base = load_set(key)
     assert all(c.detector.calibration_ is not None for c in base.detectors)
     result = adapt_set(store, tiny_model, base, QUEUE, examples, adapted_sets_dir(key))
-    assert _digest(base_set[0]) == before  # the base set is untouched
+    assert tree_digest(calibrated_tiny_set[0]) == before  # the base set is untouched
     assert result.folder.name == adapted_set_name("custom", DATASET)
     assert (result.folder / ADAPTED_FILE).is_file()
     fitted = {a.name: a.calibration for a in result.detectors}

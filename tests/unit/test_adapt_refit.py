@@ -7,11 +7,9 @@ ensemble of the two, trained on 60 built-in answers with the tiny model."""
 
 from __future__ import annotations
 
-import dataclasses
-import hashlib
 import json
 import shutil
-from collections.abc import Iterator
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +17,6 @@ import pytest
 
 from core.base.errors import DataError
 from core.base.paths import adapted_sets_dir
-from core.data import load_builtin, resolve_dataset
 from core.detectors.ensemble import POOLED_INPUT, EnsembleDetector
 from core.engine.model import LoadedModel
 from core.evaluation.adapt import (
@@ -45,44 +42,17 @@ _ARRAYS = ("coef", "mean", "scale")
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
-def _digest(folder: Path) -> str:
-    h = hashlib.sha256()
-    for p in sorted(folder.rglob("*")):
-        if p.is_file():
-            h.update(p.relative_to(folder).as_posix().encode() + p.read_bytes())
-    return h.hexdigest()
-
-
-@pytest.fixture(scope="module")
+@pytest.fixture
 def ensemble_set(calibrated_tiny_ensemble_set: tuple[Path, Path]) -> tuple[Path, Path]:
     return calibrated_tiny_ensemble_set
 
 
 @pytest.fixture
 def env(
-    ensemble_set: tuple[Path, Path], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> Iterator[tuple[Store, list]]:
-    """The set as the app's detectors, a fresh database holding the dataset ``mine``
-    (QA answers of the built-in corpus, renamed)."""
-    out, cache = ensemble_set
-    monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(cache))
-    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(out))
-    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "db.sqlite3"))
-    monkeypatch.setenv("RAGSCOPE_TRAINED_DIR", str(tmp_path / "trained"))
-    answers = [
-        dataclasses.replace(e, provenance=dataclasses.replace(e.provenance, dataset=DATASET))
-        for e in load_builtin()
-        if e.task == "qa"
-    ][200:250]
-    with Store() as store:
-        store.import_dataset(DATASET, answers, source="test", fmt="ragscope")
-        yield store, resolve_dataset(QUEUE)[1]
-
-
-def _review(store: Store, examples: list, drawn_by: str = "random") -> None:
-    book = AnswerBook(store)
-    for ex in examples:
-        book.mark(QUEUE, ex, "ann", "hallucinated" if ex.label else "faithful", drawn_by=drawn_by)
+    ensemble_set: tuple[Path, Path], adapt_env: Callable[..., tuple[Store, list]]
+) -> tuple[Store, list]:
+    """The ensemble set as the app's detectors and the dataset ``mine`` (50 answers)."""
+    return adapt_env(ensemble_set, 50)
 
 
 def _ensemble(folder: Path, model: LoadedModel) -> EnsembleDetector:
@@ -102,10 +72,13 @@ def _mark(store: Store, examples: list, labels: np.ndarray, drawn_by: str = "ran
 
 
 def test_the_refit_routes_the_dataset_through_a_stacker_of_its_own(
-    tiny_model: LoadedModel, env: tuple[Store, list], ensemble_set: tuple[Path, Path]
+    tiny_model: LoadedModel,
+    env: tuple[Store, list],
+    ensemble_set: tuple[Path, Path],
+    tree_digest: Callable[[Path], str],
 ) -> None:
     store, examples = env
-    before = _digest(ensemble_set[0])
+    before = tree_digest(ensemble_set[0])
     base = _ensemble(ensemble_set[0], tiny_model)
     reviewed = examples[:40]
     rows = _rows(tiny_model, base, reviewed, store)
@@ -118,7 +91,7 @@ def test_the_refit_routes_the_dataset_through_a_stacker_of_its_own(
     result = adapt_set(
         store, tiny_model, load_set(key), QUEUE, examples, adapted_sets_dir(key), refit=True
     )
-    assert _digest(ensemble_set[0]) == before  # the base set is untouched
+    assert tree_digest(ensemble_set[0]) == before  # the base set is untouched
     assert result.record.refitted and "fitted on 40 reviewed answers" in result.record.refit
     assert AdaptedInfo.read(result.folder).refit
     cfg = json.loads((result.folder / "ensemble" / "cfg.json").read_text())
@@ -163,7 +136,7 @@ def test_the_refit_routes_the_dataset_through_a_stacker_of_its_own(
     plain = _ensemble(again.folder, tiny_model)
     assert DATASET not in plain.dataset_stackers_ and DATASET not in plain.config.dataset_stackers
     assert DATASET in plain.dataset_calibration_  # still calibrated for the dataset
-    assert _digest(ensemble_set[0]) == before
+    assert tree_digest(ensemble_set[0]) == before
 
 
 def test_a_refit_that_ranks_no_better_than_the_base_is_not_kept(
