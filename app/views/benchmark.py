@@ -472,7 +472,8 @@ def show_metrics(runs: Sequence[EvalRun]) -> None:
         "Response level, on the test split; AUROC with a bootstrap 95% CI. Precision, recall, "
         "F1 and balanced accuracy use the threshold picked on the validation split. "
         f"`{MISSING}`: undefined (e.g. the test labels hold one class only, or the detector "
-        "gives no token scores)."
+        "gives no token scores). One split's test part is small, so its intervals are wide: "
+        "cross-validation (`ragscope evaluate --cv 5`) scores every answer of a dataset once, out of fold."
     )
     with st.expander("Run details: model, data, hashes, feature extraction", expanded=True):
         details = details_table(runs)

@@ -221,23 +221,68 @@ def matched_auroc(y: np.ndarray, scores: np.ndarray, strata: np.ndarray) -> floa
     return total / pairs if pairs else None
 
 
+def _group_draws(
+    groups: np.ndarray, n_boot: int, seed: int
+) -> tuple[np.ndarray, Iterator[np.ndarray]]:
+    """Each answer's group index, and ``n_boot`` draws of group indices with replacement
+    (as many as there are groups): one seeded sequence for every resampling below."""
+    _, g = np.unique(np.asarray(groups), return_inverse=True)
+    n_groups = int(g.max()) + 1 if g.size else 0
+    rng = np.random.default_rng(seed)
+    return g, (rng.integers(0, n_groups, n_groups) for _ in range(n_boot))
+
+
 def group_resamples(
     y: np.ndarray, groups: np.ndarray, n_boot: int, seed: int
 ) -> Iterator[np.ndarray]:
     """Indices of ``n_boot`` bootstrap resamples that draw whole groups (sources) with
     replacement; resamples holding one class only are skipped."""
-    _, g = np.unique(np.asarray(groups), return_inverse=True)
+    g, draws = _group_draws(groups, n_boot, seed)
     order = np.argsort(g, kind="stable")  # each group's members, in index order
     size = np.bincount(g)
     start = np.cumsum(size) - size
-    rng = np.random.default_rng(seed)
-    for _ in range(n_boot):
-        pick = rng.integers(0, size.size, size.size)
+    for pick in draws:
         lens = size[pick]
         within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
         idx = order[np.repeat(start[pick], lens) + within]
         if is_binary(y[idx]):
             yield idx
+
+
+BOOT_CHUNK = 128
+"""Resamples whose AUROCs are computed together (a chunk x answers matrix of weights)."""
+
+
+def _resampled_aurocs(
+    y: np.ndarray, s: np.ndarray, groups: np.ndarray, n_boot: int, seed: int
+) -> np.ndarray:
+    """The AUROC of every resample :func:`group_resamples` draws (the same draws, the
+    same skips), all at once: a resample is a count per answer (how often its group was
+    drawn), and the AUROC of an answer drawn k times is the Mann-Whitney statistic with
+    weight k (ties count a half), so no resample is materialised. It equals
+    ``roc_auc_score`` on each resample's indices (a test checks) without its per-call
+    cost: 1,000 resamples of 2,600 answers take ~0.1 s instead of ~5 s."""
+    g, draws = _group_draws(groups, n_boot, seed)
+    n_groups = int(g.max()) + 1 if g.size else 0
+    _, level = np.unique(s, return_inverse=True)  # ties share a level
+    n_levels = int(level.max()) + 1
+    pos = y == 1
+    out: list[np.ndarray] = []
+    picks = list(draws)
+    for lo in range(0, len(picks), BOOT_CHUNK):
+        chunk = picks[lo : lo + BOOT_CHUNK]
+        counts = np.stack([np.bincount(p, minlength=n_groups) for p in chunk])[:, g]
+        w = counts.astype(np.float64)  # resamples x answers
+        p_lv = np.zeros((len(chunk), n_levels))
+        n_lv = np.zeros((len(chunk), n_levels))
+        np.add.at(p_lv.T, level[pos], w[:, pos].T)
+        np.add.at(n_lv.T, level[~pos], w[:, ~pos].T)
+        below = np.cumsum(n_lv, axis=1) - n_lv  # negatives scored strictly lower
+        n_p, n_n = p_lv.sum(axis=1), n_lv.sum(axis=1)
+        ok = (n_p > 0) & (n_n > 0)
+        wins = (p_lv * (below + 0.5 * n_lv)).sum(axis=1)
+        out.append(wins[ok] / (n_p[ok] * n_n[ok]))
+    return np.concatenate(out) if out else np.empty(0)
 
 
 def grouped_bootstrap_ci(
@@ -255,15 +300,22 @@ def grouped_bootstrap_ci(
 
     Not ``scipy.stats.bootstrap``: it resamples observations, not groups, and cannot skip
     a resample of one class (its statistic would be NaN, and so its interval)."""
-    from sklearn.metrics import average_precision_score, roc_auc_score
+    from sklearn.metrics import average_precision_score
 
     y = np.asarray(y).astype(int)
     s = np.asarray(scores, dtype=np.float64)
     if not is_binary(y) or n_boot <= 0:
         return None
-    fn = roc_auc_score if metric == "auroc" else average_precision_score
-    vals = [fn(y[idx], s[idx]) for idx in group_resamples(y, groups, n_boot, seed)]
-    if not vals:
+    if metric == "auroc":
+        vals = _resampled_aurocs(y, s, np.asarray(groups), n_boot, seed)
+    else:
+        vals = np.asarray(
+            [
+                average_precision_score(y[idx], s[idx])
+                for idx in group_resamples(y, groups, n_boot, seed)
+            ]
+        )
+    if not vals.size:
         return None
     return [float(np.percentile(vals, 2.5)), float(np.percentile(vals, 97.5))]
 

@@ -65,3 +65,19 @@ def test_the_answer_level_auroc_interval_is_the_bootstrap_of_answers() -> None:
             boots.append(roc_auc_score(y[idx], s[idx]))
     assert got == [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]
     assert got == grouped_bootstrap_ci(y, s, np.arange(y.size), n_boot=300, seed=4)
+
+
+@pytest.mark.parametrize("n_answers", [7, 90, 600])
+def test_the_grouped_auroc_interval_is_sklearns_auroc_on_every_resample(n_answers: int) -> None:
+    """The resamples' AUROCs are computed together as weighted Mann-Whitney statistics;
+    they must be ``roc_auc_score`` on each resample's indices, ties and skipped
+    one-class resamples included (at 7 answers many resamples hold one class)."""
+    rng = np.random.default_rng(n_answers)
+    groups = rng.integers(0, max(n_answers // 4, 2), n_answers)
+    y = (rng.random(n_answers) < 0.3).astype(int)
+    y[:2] = [0, 1]
+    s = np.round(y * 0.6 + rng.normal(size=n_answers), 1)  # many ties
+    boots = [roc_auc_score(y[i], s[i]) for i in group_resamples(y, groups, 400, seed=5)]
+    want = [float(np.percentile(boots, 2.5)), float(np.percentile(boots, 97.5))]
+    got = grouped_bootstrap_ci(y, s, groups, n_boot=400, seed=5)
+    assert got == pytest.approx(want, abs=1e-12)
