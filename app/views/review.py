@@ -937,7 +937,7 @@ def span_queue(
     by_id = {e.id: e for e in examples}
     stale = {i.id for i in everything if i.is_stale(by_id.get(i.example_id))}
     done = sum(1 for i in items if i.review_by(rs.reviewer or "") is not None)
-    st.caption(f"{len(items)} items shown · {done} reviewed by you.")
+    st.caption(f"{len(items)} item{'' if len(items) == 1 else 's'} shown · {done} reviewed by you.")
     if not items:
         publish(P_ITEM, None, missing=linked(P_ITEM), what="queue item", where="shown")
         st.info("No item matches these filters.")

@@ -113,12 +113,13 @@ class Scan:
         """What the scan found, for a person: spans, how many are new in the queue,
         answers that could not be read, and for each detector that flags nothing why
         (no token scores; no token reaching its threshold, with the highest score)."""
+        n_flags, old = len(self.flags), len(self.flags) - new
         out = (
-            f"Scanned {self.n_answers} answers: {len(self.flags)} flagged spans, {new} new "
-            f"in the queue ({len(self.flags) - new} were there already)."
+            f"Scanned {_count(self.n_answers, 'answer')}: {_count(n_flags, 'flagged span')}, "
+            f"{new} new in the queue ({old} {'was' if old == 1 else 'were'} there already)."
         )
         if unread:
-            out += f" {unread} answers could not be read."
+            out += f" {_count(unread, 'answer')} could not be read."
         for d in self.detectors:
             if d.n_spans:
                 continue
@@ -221,3 +222,8 @@ def split_verdicts(
     by_id = {e.id: e for e in examples}
     kept = [by_id[v.example_id] for v in judged if v.example_id in by_id]
     return kept, {v.example_id: dict(v.verdicts) for v in judged if v.example_id in by_id}
+
+
+def _count(n: int, noun: str) -> str:
+    """``n`` and ``noun``, plural unless one (1 flagged span, 2 flagged spans)."""
+    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

@@ -147,7 +147,7 @@ def test_a_scan_says_why_a_detector_flags_nothing():
     ]
     text = scan.summary(new=0, unread=1)
     assert text.startswith("Scanned 2 answers: 0 flagged spans, 0 new in the queue")
-    assert "1 answers could not be read." in text
+    assert "1 answer could not be read." in text
     assert "No token of these 2 answers reaches a's token threshold 0.950 (highest 0.900)" in text
     assert "b gives no token scores, so no spans." in text
     found = scan_flags(exs, verdicts, {"a": 0.5})
@@ -155,7 +155,7 @@ def test_a_scan_says_why_a_detector_flags_nothing():
         ("ex1", "red granite.")
     ]
     assert found.summary(new=1) == (
-        "Scanned 2 answers: 1 flagged spans, 1 new in the queue (0 were there already)."
+        "Scanned 2 answers: 1 flagged span, 1 new in the queue (0 were there already)."
     )
     # smoothed, one lone high token falls under the threshold: the note reads the
     # smoothed scores the flags were drawn from
