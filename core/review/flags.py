@@ -115,11 +115,11 @@ class Scan:
         (no token scores; no token reaching its threshold, with the highest score)."""
         n_flags, old = len(self.flags), len(self.flags) - new
         out = (
-            f"Scanned {_count(self.n_answers, 'answer')}: {_count(n_flags, 'flagged span')}, "
+            f"Scanned {_counted(self.n_answers, 'answer')}: {_counted(n_flags, 'flagged span')}, "
             f"{new} new in the queue ({old} {'was' if old == 1 else 'were'} there already)."
         )
         if unread:
-            out += f" {_count(unread, 'answer')} could not be read."
+            out += f" {_counted(unread, 'answer')} could not be read."
         for d in self.detectors:
             if d.n_spans:
                 continue
@@ -224,6 +224,6 @@ def split_verdicts(
     return kept, {v.example_id: dict(v.verdicts) for v in judged if v.example_id in by_id}
 
 
-def _count(n: int, noun: str) -> str:
+def _counted(n: int, noun: str) -> str:
     """``n`` and ``noun``, plural unless one (1 flagged span, 2 flagged spans)."""
     return f"{n} {noun}" if n == 1 else f"{n} {noun}s"

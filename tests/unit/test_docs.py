@@ -8,6 +8,7 @@ from __future__ import annotations
 import fnmatch
 import json
 import re
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -75,28 +76,27 @@ def test_every_relative_link_and_anchor_resolves(page: Path) -> None:
     assert not broken, f"{page.name}: {broken}"
 
 
+def _runs_recorded(node: object) -> Iterator[str]:
+    """Every ``"run": NAME`` in a parsed ``cfg.json``, however deep."""
+    if isinstance(node, dict):
+        for key, value in node.items():
+            if key == "run" and isinstance(value, str):
+                yield value
+            yield from _runs_recorded(value)
+    elif isinstance(node, list):
+        for value in node:
+            yield from _runs_recorded(value)
+
+
 def _citations() -> set[str]:
     """Every run named by the docs (a name, a name cut short with an ellipsis, or a
-    glob) or recorded by a shipped artifact's ``cfg.json`` (``"run": NAME``)."""
+    glob) or recorded by a shipped artifact's ``cfg.json``."""
     cited: set[str] = set()
     for page in [README, *DOCS]:
         cited.update(CITED_RUN.findall(_text(page)))
     for cfg in (ROOT / "assets").rglob("cfg.json"):
-        found: list[str] = []
-
-        def walk(node: object, found: list[str] = found) -> None:
-            if isinstance(node, dict):
-                for key, value in node.items():
-                    if key == "run" and isinstance(value, str):
-                        found.append(value)
-                    walk(value)
-            elif isinstance(node, list):
-                for value in node:
-                    walk(value)
-
-        walk(json.loads(_text(cfg)))
-        cited.update(found)
-    return {c.rstrip("-.") if c.endswith(("-", ".")) else c for c in cited}
+        cited.update(_runs_recorded(json.loads(_text(cfg))))
+    return {c.rstrip("-.") for c in cited}
 
 
 def _matches(citation: str, stem: str) -> bool:
@@ -127,7 +127,7 @@ def test_every_run_the_docs_quote_is_shipped() -> None:
     assert not missing, f"quoted but not in assets/runs: {missing}"
 
 
-def test_an_uncited_run_and_a_missing_one_would_be_found(tmp_path: Path) -> None:
+def test_an_uncited_run_and_a_missing_one_would_be_found() -> None:
     """The matching the two tests above rely on tells a cited run from another."""
     assert _matches("20261128-1247*-review-curve-*", "20261128-124714-review-curve-dolly")
     assert not _matches("20261128-1247*-review-curve-*", "20261128-124714-cv5-dolly")
