@@ -29,6 +29,7 @@ from app.components.gam_charts import contributions_figure
 from app.components.head_charts import mean_ecs_figure
 from app.components.heatmap import token_heatmap_html
 from app.components.highlight import Mark, marked_html
+from app.components.set_spans import span_background, span_rows
 from app.components.shap_charts import waterfall_figure
 from core.analysis.detector_agreement import pairwise_gold, score_correlation
 from core.analysis.shap_values import shap_values
@@ -36,6 +37,7 @@ from core.detectors.common import parse_head
 from core.detectors.raglens import INTERCEPT
 from core.learning.contract import flag_threshold
 from core.learning.labels import span_labels as gold_labels
+from core.pipeline.judge import AnswerVerdict
 from core.review import agreement
 
 if TYPE_CHECKING:
@@ -203,6 +205,27 @@ def _detector_section(
     return "<div class='box'>" + "".join(parts) + "</div>"
 
 
+def _spans_section(answer: AnswerVerdict, response: str) -> str:
+    """Where and why: the set's spans shaded by score, and one row per span."""
+    out = [f"<h2>Where and why</h2><p>{_esc(answer.summary)}</p>"]
+    d = answer.span_decision
+    if not answer.spans:
+        note = d.note if d is not None and d.note else "The set flags no span."
+        return "".join(out) + f"<p class='meta'>{_esc(note)}</p>"
+    marks = [
+        Mark(s.start, s.end, span_background(s.score), f"{s.type}: {s.reason}")
+        for s in answer.spans
+    ]
+    out.append(
+        "<div class='box'><b>Answer</b> <span class='meta'>(the set's spans; darker: a "
+        f"higher score)</span>{marked_html(response, marks)}</div>"
+    )
+    out.append(_table(span_rows(answer).to_dict("records")))
+    if d is not None and d.rule is not None:
+        out.append(f"<p class='meta'>Spans: {_esc(d.rule.describe())}.</p>")
+    return "".join(out)
+
+
 def answer_report_html(
     *,
     example: RAGExample,
@@ -213,6 +236,7 @@ def answer_report_html(
     explanations: Mapping[str, str] | None = None,
     reviews: Sequence[ReviewItem] = (),
     dataset: str | None = None,
+    answer: AnswerVerdict | None = None,
 ) -> str:
     """The audit report of one answer (see the module docstring).
 
@@ -225,6 +249,8 @@ def answer_report_html(
         explanations: RAGLens feature name (``F123``) -> its cached LLM explanation.
         reviews: Review items of this answer (their reviews are listed).
         dataset: The dataset it belongs to, as shown.
+        answer: The set's verdict on the answer (:func:`core.pipeline.judge.answer_verdict`
+            of these verdicts): its spans are drawn by score, with their evidence.
     """
     features = features or {}
     explanations = explanations or {}
@@ -264,6 +290,8 @@ def answer_report_html(
         + marked_html(example.response, gold_marks + accepted)
         + "</div>"
     )
+    if answer is not None:
+        body.append(_spans_section(answer, example.response))
     body.append("<h2>Verdicts</h2>")
     rows = []
     for name, v in verdicts.items():

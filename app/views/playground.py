@@ -26,6 +26,7 @@ import streamlit as st
 from app.components.exports import plot
 from app.components.heatmap import ADAPT_BELOW, detector_scale, render_token_heatmap
 from app.components.segments import segment_figure, segment_rows
+from app.components.set_spans import set_spans_section
 from app.state.analysis import Analysis, analyse, input_signature, known_analysis, remember_traced
 from app.state.datasets import load_examples
 from app.state.detectors import ShippedDetector, ShippedDetectors, shipped_detectors
@@ -564,6 +565,8 @@ def show_detector_verdicts(panel: DetectorPanel, state: AppState) -> None:
         colour = "red" if answer.hallucinated else "green"
         line.markdown(f"#### :{colour}-background[{md(answer.summary)}]")
     verdict_table(st.container(), result.to_frame())
+    if answer is not None and panel.result.example is not None:
+        set_spans_section(answer, panel.result.example.response)
     st.caption(training_caption(result.judged_by or shipped))
     st.caption(
         "Each detector reads this answer and gives a score from 0 to 1. Where *calibrated* "

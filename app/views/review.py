@@ -75,6 +75,7 @@ from app.state.review import (
     KEY_REPORT_GET,
     KEY_SMOOTH,
     KEY_SORT,
+    KEY_SPAN_SOURCE,
     KEY_START,
     KEY_TABLE,
     AnswerQueueState,
@@ -87,8 +88,10 @@ from core.base.examples import RAGExample
 from core.data import is_named_spec, stored_spec
 from core.explain import feature_key
 from core.learning.contract import flag_threshold, judge_features
+from core.pipeline.evidence import SpanFinding, find_evidence
 from core.pipeline.extract import FeatureCache, run_example
-from core.pipeline.word_spans import GAP_TOKENS, Evidence, span_evidence
+from core.pipeline.judge import answer_verdict
+from core.pipeline.word_spans import GAP_TOKENS
 from core.review import (
     EVIDENCE,
     KINDS,
@@ -100,6 +103,8 @@ from core.review import (
     ReviewBook,
     ReviewConflict,
     ReviewItem,
+    Scan,
+    SetScan,
     agreement,
     answer_agreement,
     answer_labels,
@@ -112,6 +117,7 @@ from core.review import (
     safe_csv,
     scan_flags,
     scan_verdict,
+    set_flags,
     split_verdicts,
 )
 from core.review.book import MAX_NOTE
@@ -123,6 +129,8 @@ UNSET = "unset"
 LATEST = "every reviewer's, by the label rules"
 DEFAULT_SMOOTH = 0.9
 MODES = {"spans": "Flagged spans", "answers": "Whole answers"}
+SET_SPANS = "The set's spans"
+DETECTOR_SPANS = "Chosen detectors' own spans"
 
 
 # Answers a scan reads unless told otherwise: sized for a 2-core CPU, where the default
@@ -247,9 +255,19 @@ def build_section(
                 "`ragscope train` to flag spans."
             )
             return
+        source = st.radio(
+            "Flag spans by",
+            [SET_SPANS, DETECTOR_SPANS],
+            key=KEY_SPAN_SOURCE,
+            horizontal=True,
+            help="The set's spans: one decision per answer by the set, as every page and "
+            "`ragscope judge` show them, each with its evidence and type. A researcher "
+            "can instead queue chosen detectors' own spans at their own token thresholds.",
+        )
+        by_set = source == SET_SPANS
         default = [n for n in ("ensemble", "cortex") if n in names][:1] or names[:1]
         c_det, c_lim = st.columns([3, 1])
-        chosen = c_det.multiselect(
+        chosen = names if by_set else c_det.multiselect(
             "Detectors that flag spans",
             names,
             default=default,
@@ -257,7 +275,13 @@ def build_section(
             help="Detectors that score single tokens; a span is the whole words around "
             "tokens at or above the detector's token threshold, runs at most "
             f"{GAP_TOKENS} tokens apart joined, punctuation alone never",
-        )
+        )  # fmt: skip
+        if by_set:
+            c_det.caption(
+                "The set decides each answer's spans once, from its judge's token scores "
+                "(a rule chosen for span F1 in cross-validation where the set has one): "
+                "the spans the Playground, Token heatmaps and `ragscope judge` show."
+            )
         limit = int(
             c_lim.number_input(
                 "Answers to scan",
@@ -269,7 +293,7 @@ def build_section(
         )
         by_name = {s.name: s.detector for s in shipped.detectors}
         cols = st.columns(max(len(chosen), 1))
-        for c, n in zip(cols, chosen, strict=False):
+        for c, n in zip(cols, [] if by_set else chosen, strict=False):
             default_thr = flag_threshold(by_name[n])
             rs.thresholds[n] = float(
                 c.number_input(
@@ -282,7 +306,7 @@ def build_section(
                     key=threshold_key(n),
                 )
             )
-        smooth = st.toggle(
+        smooth = not by_set and st.toggle(
             f"Smooth token scores first (label persistence, p_stay {DEFAULT_SMOOTH})",
             key=KEY_SMOOTH,
             help="Joins runs broken by a single low token (core.signals.smoothing)",
@@ -320,7 +344,7 @@ def build_section(
                         judged = judge_dataset(
                             model,
                             todo,
-                            asked.subset(chosen),
+                            asked if by_set else asked.subset(chosen),
                             cache=FeatureCache(get_store()),
                             progress=progress,
                         )
@@ -329,12 +353,18 @@ def build_section(
                     return
             kept, verdicts = split_verdicts(todo, judged)
             answers.record_scan(key, kept, {v.example_id: scan_verdict(v) for v in judged})
-            thresholds = {n: rs.thresholds[n] for n in chosen}
-            scan = scan_flags(kept, verdicts, thresholds, p_stay=DEFAULT_SMOOTH if smooth else None)
-            new = book.add_flags(key, kept, scan.flags)
+            found: Scan | SetScan
+            if by_set:
+                found = set_flags(judged)
+            else:
+                thresholds = {n: rs.thresholds[n] for n in chosen}
+                found = scan_flags(
+                    kept, verdicts, thresholds, p_stay=DEFAULT_SMOOTH if smooth else None
+                )
+            new = book.add_flags(key, kept, found.flags)
             rs.build_report = (
-                "success" if scan.flags else "warning",
-                scan.summary(new=new, unread=len(todo) - len(kept)),
+                "success" if found.flags else "warning",
+                found.summary(new=new, unread=len(todo) - len(kept)),
             )
             st.rerun()
     if rs.build_report:
@@ -420,9 +450,15 @@ def answer_bounds(text: str) -> list[int]:
     return sorted(out)
 
 
-@st.cache_data(show_spinner="Finding the related passage sentences…", max_entries=256)
-def cached_related(passages: tuple[str, ...], claim: str) -> tuple[Evidence, ...]:
-    return span_evidence(passages, claim)
+@st.cache_data(show_spinner="Finding what the span departs from…", max_entries=256)
+def cached_finding(passages: tuple[str, ...], answer: str, start: int, end: int) -> SpanFinding:
+    """The span's evidence, type and reason (:func:`core.pipeline.evidence.find_evidence`,
+    the finding ``ragscope judge`` records for the same span)."""
+    return find_evidence(passages, answer, start, end)
+
+
+TYPE_KIND = {"unsupported": "baseless", "contradicted": "conflict"}
+"""A span's type as the review's Type choices name it (RAGTruth's)."""
 
 
 def save(
@@ -525,27 +561,27 @@ def item_card(
             return
         mine = item.review_by(rs.reviewer or "")
         c_ctx, c_ans = st.columns(2)
-        claim = ex.response[item.start : item.end]
-        related = cached_related(tuple(ex.passages), claim)
+        finding = cached_finding(tuple(ex.passages), ex.response, item.start, item.end)
+        ev = finding.evidence
         with c_ctx:
-            st.markdown("**Passages** (related to the flagged claim in blue)")
+            st.markdown(
+                "**Passages** (the evidence in blue)"
+                if ev is not None
+                else "**Passages** (no passage supports the span)"
+            )
             for k, p in enumerate(ex.passages):
-                marks = [
-                    Mark(
-                        ev.start,
-                        ev.end,
-                        RELATED,
-                        f"cosine {ev.similarity:.2f} with the flagged span",
-                    )
-                    for ev in related
-                    if ev.passage == k
-                ]
+                marks = (
+                    [Mark(ev.start, ev.end, RELATED, f"evidence ({ev.how}, score {ev.score:.2f})")]
+                    if ev is not None and ev.passage == k
+                    else []
+                )
                 st.html(marked_html(p, marks))
         with c_ans:
             if ex.question:
                 st.markdown(f"**Question:** {md(ex.question)}")
             st.markdown("**Answer** (flagged span in orange)")
             st.html(marked_html(ex.response, [Mark(item.start, item.end, FLAG, "flagged")]))
+            st.markdown(f"**{finding.type.capitalize()}:** {md(finding.reason)}")
             bounds = answer_bounds(ex.response)
             start = mine.start if mine else item.start
             end = mine.end if mine else item.end
@@ -563,10 +599,11 @@ def item_card(
             c_kind, c_ev = st.columns(2)
             kinds = [UNSET, *KINDS]
             evs = [UNSET, *EVIDENCE]
+            found_kind = TYPE_KIND[finding.type]
             c_kind.radio(
                 "Type",
                 kinds,
-                index=kinds.index(mine.kind) if mine and mine.kind else 0,
+                index=kinds.index(mine.kind if mine and mine.kind else found_kind),
                 key=item_key("kind", item.id),
                 horizontal=True,
                 help="baseless: the passages do not say it; conflict: they say otherwise",
@@ -580,7 +617,7 @@ def item_card(
             )
             st.text_area(
                 "Note",
-                value=(mine.note or "") if mine else "",
+                value=(mine.note or "") if mine else finding.reason[:MAX_NOTE],
                 key=item_key("note", item.id),
                 height=68,
                 max_chars=MAX_NOTE,
@@ -683,9 +720,14 @@ def build_answer_report(book: ReviewBook, dataset: str, ex: RAGExample, label: s
                 if text:
                     explanations[name] = text
     reviews = [i for i in book.items(dataset, sort="position") if i.example_id == ex.id]
+    answer = answer_verdict(
+        ex, list(dets.values()), verdicts, set_name=shipped.name,
+        deferred_from=shipped.deferred_from,
+    ) if verdicts else None  # fmt: skip
     return answer_report_html(
         example=ex,
         model_name=model.info.display_name,
+        answer=answer,
         verdicts=verdicts,
         detectors=dets,
         features=features,

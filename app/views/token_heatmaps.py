@@ -24,6 +24,7 @@ from app.components.estimate import estimate_caption, progress_bar
 from app.components.example_picker import AnswerKeys, pick_page_answer
 from app.components.exports import plot
 from app.components.multirow import ACTIVATION_CMAP, HeatRow, gold_row, multirow_html
+from app.components.set_spans import set_spans_section
 from app.state.analysis import Analysis, analyse
 from app.state.datasets import get_store
 from app.state.detectors import ShippedDetectors, shipped_detectors
@@ -466,7 +467,7 @@ def span_readout(
 
     Returns the focused span's first and last token indices (or ``None``).
     """
-    st.subheader("Predicted spans")
+    st.subheader("Predicted spans of one row")
     if values is None:
         st.info("No detector here scores single tokens; train CORTEX to flag spans.")
         return None
@@ -637,6 +638,9 @@ def main() -> None:
             f"above, which smooths the rows below); {thr}"
             f"**{flag[answer.hallucinated]}**, as the Playground shows."
         )
+    if a.verdicts.answer is not None:
+        # The spans the set shows everywhere; the rows below are each detector's own.
+        set_spans_section(a.verdicts.answer, a.analysis.example.response)
     flag_values = rows[state.heatmap.flag_row].values if state.heatmap.flag_row in rows else None
     focus = span_readout(state, a, flag_values, a.analysis.signature)
     threshold = state.heatmap.threshold if state.heatmap.threshold is not None else 0.5

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,7 +19,10 @@ from core.data import (
     make_splits,
 )
 from core.detectors import detector_class, seal_artifact, shipped_artifacts
+from core.evaluation.cv_run import CVRun
 from core.evaluation.evaluate import token_threshold
+from core.evaluation.runs import load_run
+from core.evaluation.span_choice import recorded_rule
 from core.learning.artifact import artifact_info
 from core.pipeline.extract import FeatureCache, extract_features
 from core.pipeline.sets import TrainedOn, expert_names
@@ -91,6 +95,56 @@ def cmd_token_thresholds(args: argparse.Namespace) -> int:
     print("| detector | token threshold | from |\n|---|---|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} |")
+    return 0
+
+
+def _add_span_rule(sub: Subparsers) -> None:
+    p = sub.add_parser(
+        "span-rule",
+        help="record in a detector artifact the span rule a cross-validation chose for it "
+        "(span F1 on out-of-fold token scores), so a set shows spans by it",
+    )
+    p.add_argument("run", help="a saved cross-validation run (.json) that scored the detector")
+    p.add_argument("folder", help="the artifact folder to record it in (holds cfg.json)")
+    p.add_argument("--detector", default="ensemble", help="the run's detector whose rule to take")
+    p.set_defaults(func=cmd_span_rule)
+
+
+def cmd_span_rule(args: argparse.Namespace) -> int:
+    """Record a CV run's span rule for ``--detector`` in ``folder``'s ``cfg.json`` (written
+    beside it and renamed over it; the artifact's file hashes do not cover ``cfg.json``)."""
+    run = load_run(args.run)
+    if not isinstance(run, CVRun):
+        raise DataError("not a cross-validation run", source=args.run)
+    result = next((r for r in run.results if r.detector == args.detector), None)
+    if result is None or not result.span_rule:
+        raise DataError(
+            f"the run chose no span rule for {args.detector!r} (it needs token scores and "
+            "span labels): run `ragscope evaluate --cv 5` on data with spans",
+            source=args.run,
+        )
+    folder = Path(args.folder)
+    info = artifact_info(folder)
+    if info.get("detector") != args.detector:
+        raise DataError(
+            f"the artifact holds {info.get('detector')!r}, not {args.detector!r}",
+            source=str(folder),
+        )
+    rule = recorded_rule(result.span_rule, run.name, run.datasets)
+    cfg_path = folder / "cfg.json"
+    cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
+    cfg["span_rule"] = rule.to_json()
+    tmp = cfg_path.with_name(".cfg.json.partial")
+    tmp.write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
+    os.replace(tmp, cfg_path)
+    print(f"{folder}: spans by {rule.describe()}")
+    m = rule.measured
+    print(
+        f"measured on {m['datasets']} ({m['n_answers']} answers, run {run.name}): span "
+        f"P {m['precision']:.3f} R {m['recall']:.3f} F1 {m['f1']:.3f}; faithful characters "
+        f"flagged {m['faithful_share']:.1%}; flagging everything: F1 "
+        f"{m['flag_everything_f1']:.3f}"
+    )
     return 0
 
 
@@ -181,6 +235,7 @@ def cmd_artifacts(args: argparse.Namespace) -> int:
 
 _PARSERS: dict[str, Callable[[Subparsers], None]] = {
     "token-thresholds": _add_token_thresholds,
+    "span-rule": _add_span_rule,
     "artifacts": _add_artifacts,
 }
 COMMANDS = tuple(_PARSERS)

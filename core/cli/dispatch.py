@@ -42,6 +42,7 @@ COMMANDS: tuple[tuple[ModuleType, str], ...] = (
     (analysis, "shap"),
     (mitigation, "mitigate"),
     (artifacts, "token-thresholds"),
+    (artifacts, "span-rule"),
     (model, "serve-llm"),
     (artifacts, "artifacts"),
     (sae, "sae"),

@@ -42,7 +42,7 @@ from core.data import load_dataset, resolve_datasets, stratified_head
 from core.learning.contract import Detector, Features
 from core.learning.metrics import evidence_warning, is_binary, response_metrics
 from core.pipeline.extract import FeatureCache
-from core.pipeline.judge import JudgeFailure, judge_many, verdict_rows
+from core.pipeline.judge import JudgeFailure, judge_many, lettuce_spans, verdict_rows
 from core.pipeline.sets import DetectorSet, load_set, resolve_set
 from core.review.export import safe_csv
 from core.storage import Store
@@ -96,6 +96,14 @@ def _add_judge(sub: Subparsers) -> None:
         "re-run), .csv or .parquet (one row per answer, written at the end)",
     )
     p.add_argument("--html", default=None, help="also write a self-contained HTML report here")
+    p.add_argument(
+        "--spans",
+        default=None,
+        metavar="FILE.jsonl",
+        help="also write each answer's spans in the schema other span detectors use "
+        '(one line per answer: {"id", "spans": [{"start", "end", "text", "confidence"}]}; '
+        "docs/judge.md)",
+    )
     p.add_argument(
         "--limit", type=int, default=None, help="about this many answers (whole sources)"
     )
@@ -271,14 +279,21 @@ def _write_table(records: Sequence[Mapping[str, Any]], out: Path, fmt: str) -> N
 
 
 def _marked(text: str, spans: Sequence[Mapping[str, Any]]) -> str:
-    """``text`` escaped, its spans in ``<mark>`` with their detectors as the title."""
+    """``text`` escaped, its spans in ``<mark>``, shaded by their score (darker: more
+    suspect), with their type, reason and evidence as the title."""
     parts, at = [], 0
     for s in sorted(spans, key=lambda s: s["start"]):
         start, end = int(s["start"]), int(s["end"])
         if start < at or end > len(text):
             continue
-        title = html.escape(f"score {s['score']:.2f}: {', '.join(s['detectors'])}")
-        parts += [html.escape(text[at:start]), f'<mark title="{title}">']
+        score = min(max(float(s["score"]), 0.0), 1.0)
+        ev = s.get("evidence") or {}
+        title = html.escape(
+            f"score {score:.2f} ({s.get('type') or 'flagged'}): {s.get('reason') or ''}"
+            + (f" | passage {int(ev['passage']) + 1}: {ev['text']}" if ev.get("text") else "")
+        )
+        shade = f"background:rgba(214,48,49,{0.18 + 0.6 * score:.2f})"
+        parts += [html.escape(text[at:start]), f'<mark style="{shade}" title="{title}">']
         parts += [html.escape(text[start:end]), "</mark>"]
         at = end
     parts.append(html.escape(text[at:]))
@@ -382,9 +397,28 @@ def _summary_lines(
     return lines
 
 
+def _check_out(path: str | None, option: str) -> None:
+    """Refuse an output path that is a folder before any judging."""
+    if path is not None and Path(path).is_dir():
+        raise DataError(f"{option} {path!r} is a folder: name a file to write", field=option)
+
+
+def _write_spans(records: Sequence[Mapping[str, Any]], out: Path) -> None:
+    """Each answer's spans in the span-detector schema, written beside ``out`` and moved
+    over it."""
+    tmp = out.with_name(f".{out.name}.partial")
+    with tmp.open("w", encoding="utf-8") as f:
+        for r in records:
+            f.write(json.dumps({"id": r["id"], "spans": lettuce_spans(r)}, ensure_ascii=False))
+            f.write("\n")
+    os.replace(tmp, out)
+
+
 def cmd_judge(args: argparse.Namespace) -> int:
     """Judge every answer; print a summary; exit 1 when none could be judged."""
     fmt = _out_format(args.out)
+    for path, option in ((args.out, "--out"), (args.html, "--html"), (args.spans, "--spans")):
+        _check_out(path, option)
     if args.set is not None and (why := resolve_set(args.set)[2]):
         raise DataError(why, field="set")
     sets, examples, bad = load_answers(args.answers)
@@ -463,6 +497,8 @@ def cmd_judge(args: argparse.Namespace) -> int:
         answers = {e.id: e.response for e in examples}
         page = verdicts_html(everything, answers, title="ragscope judge", summary=[head, *lines])
         Path(args.html).write_text(page, encoding="utf-8")
+    if args.spans and everything:
+        _write_spans(everything, Path(args.spans))
     print(head)
     print("\n".join(lines))
     if failures and not everything:

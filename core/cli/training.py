@@ -18,8 +18,10 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from tqdm import tqdm
+
 from core.base.errors import DataError
-from core.base.examples import RAGExample
+from core.base.examples import RAGExample, Span
 from core.base.paths import DEFAULT_SET, detector_set_dir, runs_dir, shipped_dir, shipped_runs_dir
 from core.cli.common import (
     Subparsers,
@@ -43,10 +45,18 @@ from core.engine.model import LoadedModel, load_model
 from core.evaluation.crossval import CVOptions, default_maker
 from core.evaluation.cv_run import CALIBRATIONS, Calibration, CVRun
 from core.evaluation.evaluate import EvalOptions, Splits, evaluate
+from core.evaluation.evidence_quality import KIND as EVIDENCE_KIND
+from core.evaluation.evidence_quality import (
+    evidence_markdown,
+    evidence_quality,
+    evidence_run,
+    save_evidence_run,
+)
 from core.evaluation.foldstore import folds_dir, prune_stale
 from core.evaluation.matrix import MatrixProgress, MatrixRun, domain_matrix
 from core.evaluation.recipe import TrainRecipe
 from core.evaluation.review_curve import SEEDS, review_curve, set_curve_data
+from core.evaluation.runs import load_run
 from core.evaluation.train import (
     Prefetch,
     TrainOptions,
@@ -201,6 +211,22 @@ def _add_evaluate(sub: Subparsers) -> None:
     p.add_argument(
         "--seeds", type=int, default=SEEDS, help="with --review-curve: random draws per point"
     )
+    p.add_argument(
+        "--evidence",
+        default=None,
+        metavar="DATASET",
+        help="how well each gold span's evidence (the passage sentence it relies on) and type "
+        "(unsupported or contradicted) are found from the text alone, on a labelled dataset "
+        "whose span notes quote the passages (e.g. shared:ragtruth_qa_dev); loads no model; "
+        "saved under the runs folder's evidence/",
+    )
+    p.add_argument(
+        "--flagged-by",
+        default=None,
+        metavar="RUN[:DETECTOR]",
+        help="with --evidence: only the gold spans a CV run's chosen span rule flagged out of "
+        "fold (its detector's, default the ensemble's), the spans a reviewer would see",
+    )
     p.add_argument("--no-cache", action="store_true", help="recompute features (ignore the cache)")
     p.add_argument("--name", default=None, help="run name (default: time + datasets)")
     p.add_argument("--out", default=None, help="folder for the run's JSON and markdown")
@@ -329,9 +355,53 @@ def _review_curve(args: argparse.Namespace) -> int:
     return 0
 
 
+def _flagged_by(spec: str) -> Callable[[RAGExample, Span], bool]:
+    """Keeps the gold spans a CV run's span rule flagged out of fold (``RUN[:DETECTOR]``)."""
+    path, _, name = spec.partition(":")
+    run = load_run(path)
+    if not isinstance(run, CVRun):
+        raise DataError("not a cross-validation run", source=path, field="flagged-by")
+    r = next((r for r in run.results if r.detector == (name or "ensemble")), None)
+    hits = (r.span_rule or {}).get("hits") if r is not None else None
+    if not isinstance(hits, list):
+        raise DataError(
+            f"the run records no flagged gold spans for {name or 'ensemble'!r} (a run saved "
+            "before span rules, or a detector without token scores)",
+            source=path,
+            field="flagged-by",
+        )
+    keep = {
+        (h[0], h[1], h[2])
+        for h in hits
+        if isinstance(h, list) and len(h) == 3 and type(h[1]) is int and type(h[2]) is int
+    }
+    return lambda ex, span: (ex.id, span.start, span.end) in keep
+
+
+def _evidence(args: argparse.Namespace) -> int:
+    """``evaluate --evidence DATASET``: evidence hit rate and span-type balanced accuracy
+    (:mod:`core.evaluation.evidence_quality`), printed and saved; no model is loaded."""
+    names, examples = _combined(args, args.evidence)
+    only = _flagged_by(args.flagged_by) if args.flagged_by else None
+    report = evidence_quality(
+        tqdm(examples, desc="evidence", unit="answer", file=sys.stderr),
+        only=only,
+        n_boot=args.bootstrap,
+    )
+    if args.flagged_by:
+        report = {**report, "flagged_by": args.flagged_by}
+    run = evidence_run(report, "+".join(names))
+    j, m = save_evidence_run(run, args.out or runs_dir() / EVIDENCE_KIND)
+    print(evidence_markdown(run))
+    print(f"\nsaved {j} and {m}")
+    return 0
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
     if args.review_curve:
         return _review_curve(args)
+    if args.evidence:
+        return _evidence(args)
     _merge_feature_stores(args)
     names = [d for d in args.detectors.split(",") if d]
     if args.matrix or args.cv:

@@ -54,6 +54,7 @@ from core.evaluation.evaluate import (
     token_labels_and_scores,
 )
 from core.evaluation.foldstore import FoldResult, fold_key, fold_result, load_fold, save_fold
+from core.evaluation.span_choice import choose_span_rule
 from core.learning.calibration import reliability
 from core.learning.contract import Detector, Features, Verdict, for_dataset
 from core.learning.metrics import (
@@ -750,6 +751,7 @@ def _validate_detector(
     own_flagged = np.zeros(len(exs), dtype=bool)
     verdicts: list[Verdict | None] = [None] * len(exs)
     token_thresholds: list[float | None] = [None] * len(exs)
+    answer_thresholds: list[float | None] = [None] * len(exs)
     per_fold = []
     config_hash = ""
     for f in range(k):
@@ -764,6 +766,7 @@ def _validate_detector(
         for j, i in enumerate(te):
             verdicts[i] = res.verdict(j, n, exs[i].id)
             token_thresholds[i] = res.token_threshold
+            answer_thresholds[i] = res.threshold
         m = response_metrics(y[te], scores[te], res.threshold, n_boot=0)
         per_fold.append(
             {
@@ -804,6 +807,15 @@ def _validate_detector(
         raw_scores=tuple(float(s) for s in raw),
         flagged=tuple(bool(b) for b in flagged),
         spans=span_metrics(exs, verdicts, token_thresholds),
+        span_rule=choose_span_rule(
+            exs,
+            verdicts,
+            answer_thresholds,
+            ans.fold.tolist(),
+            groups.tolist(),
+            n_boot=n_boot,
+            seed=seed,
+        ),
     )
 
 

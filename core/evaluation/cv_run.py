@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Literal
@@ -68,6 +68,10 @@ class CVResult:
         scores: Calibrated out-of-fold score per answer (aligned with :attr:`CVRun.ids`).
         raw_scores: The detector's own scores before calibration.
         flagged: Whether each answer reached its fold's threshold.
+        span_rule: The span rule chosen for span F1 on the out-of-fold token scores,
+            with its nested measurement and the flag-everything baseline
+            (:func:`core.evaluation.span_choice.choose_span_rule`); ``None`` without token
+            scores or span labels (and in runs saved before it existed).
     """
 
     detector: str
@@ -82,6 +86,7 @@ class CVResult:
     raw_scores: tuple[float, ...]
     flagged: tuple[bool, ...]
     spans: Mapping[str, Any] | None = None
+    span_rule: Mapping[str, Any] | None = None
 
     def spread(self, key: str = "auroc") -> tuple[float | None, float | None]:
         """Mean and standard deviation of ``key`` over the folds."""
@@ -265,6 +270,7 @@ class CVRun:
             )
         if any(r.spans for r in self.results):
             lines += ["", SPAN_F1_NOTE]
+        lines += span_rule_lines(self.results)
         if self.evidence:
             lines += ["", f"**Too few answers.** {self.evidence}"]
         length = dict(self.baseline.get("answer_length") or {})
@@ -325,6 +331,43 @@ class CVRun:
                 f"cache, {ex.get('n_errors', 0)} failed, {ex.get('seconds', 0):.1f} s",
             ]
         return "\n".join(lines)
+
+
+def span_rule_lines(results: Sequence[CVResult]) -> list[str]:
+    """The span rules chosen on the run's out-of-fold token scores, with their nested
+    span P/R/F1, faithful share and the flag-everything baseline (nothing when no
+    detector has one)."""
+    rows = [r for r in results if r.span_rule]
+    if not rows:
+        return []
+    out = [
+        "",
+        "Span rules chosen for span F1 on these out-of-fold token scores (nested: each "
+        "fold's spans come from the rule chosen on the other folds; 95% CI by resampling "
+        "sources), beside flagging every character of every answer:",
+        "",
+        "| detector | rule | span P / R / F1 (char) [F1 95% CI] | faithful chars flagged "
+        "| flag everything P / R / F1 |",
+        "|---|---|---|---|---|",
+    ]
+    for r in rows:
+        sr = r.span_rule or {}
+        rule, nested, every = (
+            sr.get("rule") or {},
+            sr.get("nested") or {},
+            sr.get("flag_everything") or {},
+        )
+        ci = nested.get("f1_ci") or [None, None]
+        ci_txt = f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci[0] is not None else ""
+        share = nested.get("faithful_share")
+        out.append(
+            f"| {r.detector} | ≥ {rule.get('threshold', 0):.3f}, answer weight "
+            f"{rule.get('answer_weight', 0):g}, {'gated' if rule.get('gate') else 'ungated'}, "
+            f"gap {rule.get('gap_tokens')}, {rule.get('extend', 'words')} | "
+            f"{format_span_prf(nested)}{ci_txt} | "
+            f"{'-' if share is None else f'{share:.1%}'} | {format_span_prf(every)} |"
+        )
+    return out
 
 
 def format_metric(v: Any) -> str:

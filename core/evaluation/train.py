@@ -35,6 +35,7 @@ from core.evaluation.cv_run import CVRun
 from core.evaluation.evaluate import EvalOptions, EvalRun, Splits, evaluate
 from core.evaluation.foldstore import folds_dir, prune_stale
 from core.evaluation.recipe import TrainRecipe, trained_on_record
+from core.evaluation.span_choice import recorded_rule
 from core.pipeline.extract import Extraction, FeatureCache, Progress
 from core.storage import Store
 
@@ -254,6 +255,8 @@ def _train_cv(
             seed=recipe.seed,
         )
         r = run.result(n)
+        if r.span_rule:
+            det.span_rule_ = recorded_rule(r.span_rule, run.name, run.datasets)
         det.save(
             out / n,
             extra={

@@ -33,6 +33,7 @@ from core.base.safeio import (
 )
 from core.learning.calibration import PlattCalibrator, read_dataset_calibrations
 from core.learning.contract import ARTIFACT_VERSION, MALFORMED, DetectorConfig, require_fitted
+from core.learning.span_rule import SpanRule
 
 
 def library_versions() -> dict[str, str]:
@@ -536,6 +537,9 @@ def fitted_extra(detector: Any, extra: Mapping[str, Any] | None = None) -> dict[
     by_dataset = getattr(detector, "dataset_calibration_", None)
     if by_dataset:
         out["calibration_by_dataset"] = {n: c.to_json() for n, c in sorted(by_dataset.items())}
+    rule = getattr(detector, "span_rule_", None)
+    if rule is not None:
+        out["span_rule"] = rule.to_json()
     return {**out, **(extra or {})}
 
 
@@ -561,6 +565,8 @@ def restore_fitted(detector: Any, cfg: Mapping[str, Any]) -> None:
     detector.threshold_ = _threshold(cfg.get("threshold", 0.5), "threshold")
     tok = cfg.get("token_threshold")
     detector.token_threshold_ = _threshold(tok, "token_threshold") if tok is not None else None
+    rule = cfg.get("span_rule")
+    detector.span_rule_ = SpanRule.from_json(rule) if rule is not None else None
     train = cfg.get("train", {})
     if not isinstance(train, dict):
         raise DataError(f"'train' must be a JSON object, got {describe_json(train)}")

@@ -44,6 +44,7 @@ from core.learning.calibration import (
     match_dataset,
 )
 from core.learning.labels import span_labels
+from core.learning.span_rule import SpanRule
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -520,6 +521,7 @@ class Detector(Protocol):
     #: (``None``: raw scores) and facts about the training.
     threshold_: float
     token_threshold_: float | None
+    span_rule_: SpanRule | None
     calibration_: PlattCalibrator | None
     dataset_calibration_: Mapping[str, DatasetCalibration]
     train_info_: dict[str, Any]
@@ -604,6 +606,9 @@ class DetectorBase:
     #: trained on several datasets (:func:`for_dataset`); empty: the pooled ones only.
     dataset_calibration_: Mapping[str, DatasetCalibration] = MappingProxyType({})
     token_threshold_: float | None = None
+    #: How its token scores become the spans a set shows when it is the set's span
+    #: judge (:mod:`core.pipeline.span_judge`); ``None``: the default at its token threshold.
+    span_rule_: SpanRule | None = None
 
     def needs(self, model: ModelInfo) -> Needs | None:
         raise NotImplementedError

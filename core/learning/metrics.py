@@ -234,10 +234,12 @@ def _group_draws(
 
 
 def group_resamples(
-    y: np.ndarray, groups: np.ndarray, n_boot: int, seed: int
+    y: np.ndarray, groups: np.ndarray, n_boot: int, seed: int, *, both_classes: bool = True
 ) -> Iterator[np.ndarray]:
     """Indices of ``n_boot`` bootstrap resamples that draw whole groups (sources) with
-    replacement; resamples holding one class only are skipped."""
+    replacement; resamples holding one class only are skipped (unless ``both_classes`` is
+    false: a share, such as a hit rate, is defined on any resample, and skipping those
+    whose ``y`` are all 0 or all 1 would pull its interval towards the middle)."""
     g, _, draws = _group_draws(groups, n_boot, seed)
     order = np.argsort(g, kind="stable")  # each group's members, in index order
     size = np.bincount(g)
@@ -246,7 +248,7 @@ def group_resamples(
         lens = size[pick]
         within = np.arange(int(lens.sum())) - np.repeat(np.cumsum(lens) - lens, lens)
         idx = order[np.repeat(start[pick], lens) + within]
-        if is_binary(y[idx]):
+        if not both_classes or is_binary(y[idx]):
             yield idx
 
 

@@ -3,7 +3,7 @@
 :func:`judge` gives an :class:`AnswerVerdict` for one answer: the set's overall verdict
 (its answer-level judge, :data:`core.pipeline.sets.ANSWER_JUDGE`, else a vote of its detectors),
 each detector's calibrated probability with the threshold of the same calibration, the
-flagged spans (:mod:`core.pipeline.word_spans`) and the time taken. :func:`judge_many` does the same
+spans the set flags (:mod:`core.pipeline.span_judge`) and the time taken. :func:`judge_many` does the same
 for many answers, streaming and resumable through the feature cache (``ragscope
 judge``). :func:`answer_verdict` builds the object from verdicts already computed (the
 app's pages, which stream them one detector at a time).
@@ -29,10 +29,10 @@ from core.base.errors import DataError
 from core.base.examples import RAGExample
 from core.engine.model import LoadedModel
 from core.engine.trace import Needs, Trace
-from core.learning.contract import Detector, Verdict, flag_threshold, judge_features
+from core.learning.contract import Detector, Verdict, judge_features
 from core.pipeline.extract import FeatureCache, Step, iter_features, stream_example
 from core.pipeline.sets import ANSWER_JUDGE, DetectorSet
-from core.pipeline.word_spans import Span, answer_spans
+from core.pipeline.span_judge import Span, SpanDecision, decide_spans
 
 VOTE = "vote"
 """The overall judge of a set without :data:`core.pipeline.sets.ANSWER_JUDGE`: the share of its
@@ -113,8 +113,11 @@ class AnswerVerdict:
             (``None``: the pooled one of all the training data).
         verdicts: Each detector's verdict (calibrated probability, its threshold,
             flagged or not, which calibration applied), in the set's order.
-        spans: The flagged spans of the answer, whole words, with the detectors that
-            flag each (:func:`core.pipeline.word_spans.answer_spans`).
+        spans: The spans the set flags on the answer, whole words, each with its score,
+            the members that agree, its evidence, type and reason
+            (:func:`core.pipeline.span_judge.decide_spans`).
+        span_decision: How the spans were decided (the span judge, its rule) and why
+            there are none when there are none.
         seconds: Wall time of the features and predictions.
     """
 
@@ -127,6 +130,7 @@ class AnswerVerdict:
     calibrated_for: str | None
     verdicts: Mapping[str, Verdict]
     spans: tuple[Span, ...] = ()
+    span_decision: SpanDecision | None = None
     seconds: float = 0.0
     labels: Mapping[str, Any] = field(default_factory=dict)
     deferred_from: str | None = None
@@ -182,19 +186,63 @@ class AnswerVerdict:
                 }
                 for name, v in self.verdicts.items()
             },
-            "spans": [
-                {
-                    "start": s.start,
-                    "end": s.end,
-                    "text": s.text,
-                    "score": s.score,
-                    "detectors": sorted(s.detectors),
-                }
-                for s in self.spans
-            ],
+            "spans": [span_record(s) for s in self.spans],
+            **self._span_facts(),
             "seconds": self.seconds,
             **({"labels": dict(self.labels)} if self.labels else {}),
         }
+
+    def _span_facts(self) -> dict[str, Any]:
+        d = self.span_decision
+        if d is None:
+            return {}
+        return {
+            "span_judge": d.judge,
+            "span_rule": d.rule.describe() if d.rule is not None else None,
+            "span_note": d.note or None,
+        }
+
+    def lettuce_spans(self) -> list[dict[str, Any]]:
+        """The spans in the schema other span detectors (LettuceDetect) write
+        (:func:`lettuce_spans`)."""
+        return lettuce_spans(self.to_record())
+
+
+def lettuce_spans(record: Mapping[str, Any]) -> list[dict[str, Any]]:
+    """A verdict record's spans (:meth:`AnswerVerdict.to_record`) in the schema other span
+    detectors write (LettuceDetect's ``predict(..., output_format="spans")``): ``start``,
+    ``end``, ``text`` and ``confidence`` (the span's score) per span."""
+    return [
+        {"start": s["start"], "end": s["end"], "text": s["text"], "confidence": s["score"]}
+        for s in record.get("spans", [])
+    ]
+
+
+def span_record(s: Span) -> dict[str, Any]:
+    """One span as JSON-ready data (``ragscope judge``'s ``spans``)."""
+    ev = s.evidence
+    return {
+        "start": s.start,
+        "end": s.end,
+        "text": s.text,
+        "score": s.score,
+        "threshold": s.threshold,
+        "detectors": sorted(s.detectors),
+        "type": s.type,
+        "reason": s.reason,
+        "evidence": (
+            {
+                "passage": ev.passage,
+                "start": ev.start,
+                "end": ev.end,
+                "text": ev.text,
+                "score": ev.score,
+                "how": ev.how,
+            }
+            if ev is not None
+            else None
+        ),
+    }
 
 
 ROW_COLUMNS = (
@@ -275,11 +323,14 @@ def answer_verdict(
     set_name: str,
     seconds: float = 0.0,
     deferred_from: str | None = None,
+    evidence: bool = True,
 ) -> AnswerVerdict:
     """The :class:`AnswerVerdict` of verdicts already computed (each as
-    :func:`core.learning.contract.for_dataset` gave it), spans at each detector's token threshold."""
+    :func:`core.learning.contract.for_dataset` gave it), its spans decided by the set
+    (:func:`core.pipeline.span_judge.decide_spans`; ``evidence``: with each span's
+    evidence, type and reason)."""
     judge, p, thr, flagged, cal = overall_verdict(verdicts)
-    thresholds = {d.name: flag_threshold(d) for d in detectors if d.name in verdicts}
+    decision = decide_spans(example, detectors, verdicts, evidence=evidence)
     labels = {}
     if example.label is not None:
         labels["hallucinated"] = bool(example.label)
@@ -292,7 +343,8 @@ def answer_verdict(
         hallucinated=flagged,
         calibrated_for=cal,
         verdicts={d.name: verdicts[d.name] for d in detectors if d.name in verdicts},
-        spans=tuple(answer_spans(example.response, verdicts, thresholds)),
+        spans=decision.spans,
+        span_decision=decision,
         seconds=seconds,
         labels=labels,
         deferred_from=deferred_from,

@@ -1,5 +1,6 @@
-"""Spans a person can review: detectors' token flags turned into whole-word spans of the
-answer, with the detectors that flag each and the passage sentences that bear on it.
+"""Detectors' token flags turned into whole-word spans of the answer (each detector's own,
+and their union for a researcher), and the passages' sentences. The spans a set shows are
+decided once by :mod:`core.pipeline.span_judge`, on :func:`flagged_spans`.
 
 A detector flags the tokens scoring at least its token threshold
 (:func:`core.learning.contract.flag_threshold`). Its flagged runs separated by at most
@@ -18,7 +19,6 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.learning.contract import Verdict
-from core.signals.embed import embed
 from core.signals.smoothing import token_flags
 
 GAP_TOKENS = 2
@@ -29,25 +29,7 @@ _WORD = re.compile(r"\w", re.UNICODE)
 
 
 @dataclass(frozen=True, kw_only=True)
-class Evidence:
-    """A passage sentence that bears on a span (closest in meaning).
-
-    Attributes:
-        passage: Index of the passage.
-        start, end: Character range of the sentence in that passage.
-        text: The sentence.
-        similarity: Cosine similarity of the sentence and the span's text.
-    """
-
-    passage: int
-    start: int
-    end: int
-    text: str
-    similarity: float
-
-
-@dataclass(frozen=True, kw_only=True)
-class Span:
+class DetectorSpan:
     """A flagged span of an answer, whole words.
 
     Attributes:
@@ -55,14 +37,12 @@ class Span:
         text: The answer's text there.
         detectors: Detector name -> ``(highest token score in the span, its token
             threshold)``.
-        evidence: Passage sentences that bear on it, closest first (when asked for).
     """
 
     start: int
     end: int
     text: str
     detectors: Mapping[str, tuple[float, float]]
-    evidence: tuple[Evidence, ...] = ()
 
     @property
     def score(self) -> float:
@@ -96,8 +76,24 @@ def detector_spans(
     score)``, whole words, in answer order (see the module docstring)."""
     if verdict.token_scores is None or verdict.token_offsets is None:
         return []
-    scores = np.asarray(verdict.token_scores, dtype=np.float64).reshape(-1)
-    offsets = np.asarray(verdict.token_offsets).reshape(-1, 2)
+    return flagged_spans(
+        response, verdict.token_scores, verdict.token_offsets, threshold, gap_tokens=gap_tokens
+    )
+
+
+def flagged_spans(
+    response: str,
+    token_scores: np.ndarray,
+    token_offsets: np.ndarray,
+    threshold: float,
+    *,
+    gap_tokens: int = GAP_TOKENS,
+) -> list[tuple[int, int, float]]:
+    """``(start, end, highest score)`` of the runs of tokens scoring at least
+    ``threshold``, runs within ``gap_tokens`` tokens merged, widened to whole words,
+    spans of punctuation or space alone dropped, in answer order."""
+    scores = np.asarray(token_scores, dtype=np.float64).reshape(-1)
+    offsets = np.asarray(token_offsets).reshape(-1, 2)
     n = min(scores.shape[0], offsets.shape[0])
     flagged = np.flatnonzero(token_flags(scores[:n], threshold))
     runs: list[list[int]] = []
@@ -126,7 +122,7 @@ def answer_spans(
     thresholds: Mapping[str, float],
     *,
     gap_tokens: int = GAP_TOKENS,
-) -> list[Span]:
+) -> list[DetectorSpan]:
     """The flagged spans of an answer, merged across detectors, in answer order: every
     detector in ``thresholds`` whose verdict gives token scores flags its
     :func:`detector_spans`; overlapping spans merge, naming each detector once with its
@@ -139,7 +135,7 @@ def answer_spans(
         for start, end, score in detector_spans(response, v, thr, gap_tokens=gap_tokens):
             parts.append((start, end, name, score, float(thr)))
     parts.sort()
-    spans: list[Span] = []
+    spans: list[DetectorSpan] = []
     group: list[tuple[int, int, str, float, float]] = []
     for part in parts:
         if group and part[0] >= max(p[1] for p in group):
@@ -151,20 +147,23 @@ def answer_spans(
     return spans
 
 
-def _merged(response: str, parts: Sequence[tuple[int, int, str, float, float]]) -> Span:
+def _merged(response: str, parts: Sequence[tuple[int, int, str, float, float]]) -> DetectorSpan:
     start, end = min(p[0] for p in parts), max(p[1] for p in parts)
     by: dict[str, tuple[float, float]] = {}
     for _, _, name, score, thr in parts:
         if name not in by or score > by[name][0]:
             by[name] = (score, thr)
-    return Span(start=start, end=end, text=response[start:end], detectors=dict(sorted(by.items())))
+    return DetectorSpan(
+        start=start, end=end, text=response[start:end], detectors=dict(sorted(by.items()))
+    )
 
 
-_SENTENCE = re.compile(r"[^.!?\n]+(?:[.!?]+|$)")
+_SENTENCE = re.compile(r"[^.!?\n]+(?:[.!?]+|(?=\n)|$)")
 
 
 def passage_sentences(passages: Sequence[str]) -> list[tuple[int, int, int]]:
-    """``(passage index, start, end)`` of every sentence of the passages (stripped)."""
+    """``(passage index, start, end)`` of every sentence of the passages (stripped); a line
+    without a full stop (a title, a list item) is a sentence of its own."""
     out = []
     for k, p in enumerate(passages):
         for m in _SENTENCE.finditer(p):
@@ -176,30 +175,3 @@ def passage_sentences(passages: Sequence[str]) -> list[tuple[int, int, int]]:
             if end > start:
                 out.append((k, start, end))
     return out
-
-
-def span_evidence(
-    passages: Sequence[str], span: Span | str, *, k: int = 2, floor: float = 0.3
-) -> tuple[Evidence, ...]:
-    """The passage sentences closest in meaning to a span's text (sentence embeddings,
-    :mod:`core.signals.embed`): up to ``k`` with cosine >= ``floor``, closest first. What a
-    reviewer checks the flagged claim against."""
-    claim = span.text if isinstance(span, Span) else span
-    sents = passage_sentences(passages)
-    if not sents or not claim.strip():
-        return ()
-    vecs = embed([passages[p][a:b] for p, a, b in sents])
-    q = embed([claim])[0]
-    sims = vecs @ q
-    order = np.argsort(-sims, kind="stable")[:k]
-    return tuple(
-        Evidence(
-            passage=sents[i][0],
-            start=sents[i][1],
-            end=sents[i][2],
-            text=passages[sents[i][0]][sents[i][1] : sents[i][2]],
-            similarity=float(sims[i]),
-        )
-        for i in order
-        if sims[i] >= floor
-    )

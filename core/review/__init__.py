@@ -1,5 +1,8 @@
 """Annotation review: a queue of flagged spans, reviewers' decisions, an audit trail.
 
+- :func:`set_flags` queues the spans the set decides on each answer (the spans every page
+  and ``ragscope judge`` show, with their evidence and type) and says why an answer the
+  set calls hallucinated has none; the default of the Review page.
 - :func:`propose_flags` turns detectors' token scores on one answer into flagged
   whole-word spans (:func:`core.pipeline.word_spans.answer_spans`: runs of tokens at or above each
   detector's token threshold merged across short gaps, optionally after
@@ -80,10 +83,12 @@ from core.review.flags import (
     DetectorScan,
     Flag,
     Scan,
+    SetScan,
     dataset_verdicts,
     judge_dataset,
     propose_flags,
     scan_flags,
+    set_flags,
     split_verdicts,
 )
 from core.storage import (
@@ -150,6 +155,8 @@ __all__ = [
     "formula_like",
     "neutralise_cell",
     "propose_flags",
+    "set_flags",
+    "SetScan",
     "ragtruth_jsonl",
     "ragtruth_record",
     "resolved_review",

@@ -6,11 +6,12 @@ import dataclasses
 import json
 import numbers
 import unicodedata
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from core.base.examples import RAGExample, Span
+from core.pipeline.evidence import NO_SUPPORT, SpanFinding, find_all
 from core.review.answers import answer_labels
 from core.review.book import Review, ReviewItem
 from core.storage import AnswerReview
@@ -160,11 +161,13 @@ def reviews_frame(items: Sequence[ReviewItem], examples: Sequence[RAGExample]) -
     import pandas as pd
 
     by_id = {e.id: e for e in examples}
+    live = [it for it in items if not it.is_stale(by_id.get(it.example_id))]
+    found = _findings(live, by_id)
     rows = []
-    for it in items:
-        if it.is_stale(by_id.get(it.example_id)):
-            continue  # its spans would cut the wrong text
+    for it in live:  # stale items left out: their spans would cut the wrong text
         text = by_id[it.example_id].response
+        f = found[it.id]
+        ev = f.evidence
         base = {
             "dataset": it.dataset,
             "example_id": it.example_id,
@@ -177,6 +180,10 @@ def reviews_frame(items: Sequence[ReviewItem], examples: Sequence[RAGExample]) -
             "task": it.task,
             "generator": it.generator,
             "status": it.status,
+            "span_type": f.type,
+            "span_reason": f.reason,
+            "source_passage": None if ev is None else ev.passage,
+            "source_text": NO_SUPPORT if ev is None else ev.text,
         }
         if not it.reviews:
             rows.append(base)
@@ -198,10 +205,29 @@ def reviews_frame(items: Sequence[ReviewItem], examples: Sequence[RAGExample]) -
             )
     cols = [
         "dataset", "example_id", "item", "flag_start", "flag_end", "flag_text", "detectors",
-        "score", "task", "generator", "status", "reviewer", "decision", "start", "end", "text",
-        "label_type", "kind", "evidence", "note", "updated_at",
+        "score", "task", "generator", "status", "span_type", "span_reason", "source_passage",
+        "source_text", "reviewer", "decision", "start", "end", "text", "label_type", "kind",
+        "evidence", "note", "updated_at",
     ]  # fmt: skip
     return pd.DataFrame(rows, columns=cols)
+
+
+def _findings(
+    items: Sequence[ReviewItem], by_id: Mapping[str, RAGExample]
+) -> dict[int, SpanFinding]:
+    """Each flagged item's evidence, type and reason (:func:`core.pipeline.evidence.find_all`,
+    one answer's spans at a time)."""
+    per: dict[str, list[ReviewItem]] = {}
+    for it in items:
+        per.setdefault(it.example_id, []).append(it)
+    out: dict[int, SpanFinding] = {}
+    for eid, its in per.items():
+        ex = by_id[eid]
+        for it, f in zip(
+            its, find_all(ex.passages, ex.response, [(i.start, i.end) for i in its]), strict=True
+        ):
+            out[it.id] = f
+    return out
 
 
 FORMULA_START = ("=", "+", "-", "@", "\t", "\r", "\n")

@@ -1,6 +1,8 @@
-"""Flags to review: the whole-word spans the detectors flag on an answer
-(:func:`core.pipeline.word_spans.answer_spans`), a scan of a dataset that says why it found none, and
-the verdicts of a dataset."""
+"""Flags to review: the spans the set decides on each answer (:func:`set_flags`, the
+default: :func:`core.pipeline.span_judge.decide_spans`, the spans every page and
+``ragscope judge`` show), or, for a researcher, the whole-word spans chosen detectors flag
+at their own token thresholds (:func:`core.pipeline.word_spans.answer_spans`); a scan of a
+dataset that says why it found none, and the verdicts of a dataset."""
 
 from __future__ import annotations
 
@@ -22,7 +24,7 @@ from core.signals.smoothing import smooth_tokens
 
 @dataclass(frozen=True, kw_only=True)
 class Flag:
-    """A flagged span of one answer, whole words (a :class:`core.pipeline.word_spans.Span` of it).
+    """A flagged span of one answer, whole words (a set's span or a :class:`core.pipeline.word_spans.DetectorSpan`).
 
     Attributes:
         example_id: The example.
@@ -175,6 +177,78 @@ def scan_flags(
             )
         )
     return Scan(flags=flags, n_answers=len(examples), detectors=tuple(per))
+
+
+@dataclass(frozen=True, kw_only=True)
+class SetScan:
+    """The set's spans of a dataset's scanned answers, and for every answer the set calls
+    hallucinated without a span, why.
+
+    Attributes:
+        flags: Every answer's spans, answer by answer.
+        n_answers: Answers scanned.
+        n_hallucinated: Of them, those the set calls hallucinated.
+        unflagged: ``(example id, why)`` of each answer the set calls hallucinated but
+            flags no span on (:attr:`core.pipeline.span_judge.SpanDecision.note`).
+        rule: The span rule, in words (``None``: no detector of the set scores tokens).
+    """
+
+    flags: tuple[Flag, ...]
+    n_answers: int
+    n_hallucinated: int
+    unflagged: tuple[tuple[str, str], ...]
+    rule: str | None
+
+    def summary(self, *, new: int, unread: int = 0) -> str:
+        """What the scan found, for a person (the spans, how many are new, and why a
+        hallucinated answer has none)."""
+        n_flags, old = len(self.flags), len(self.flags) - new
+        out = (
+            f"Scanned {_counted(self.n_answers, 'answer')}: the set calls "
+            f"{self.n_hallucinated} hallucinated and flags {_counted(n_flags, 'span')}, "
+            f"{new} new in the queue ({old} {'was' if old == 1 else 'were'} there already)."
+        )
+        if unread:
+            out += f" {_counted(unread, 'answer')} could not be read."
+        for example_id, why in self.unflagged[:5]:
+            out += f" {example_id}: {why}."
+        if len(self.unflagged) > 5:
+            out += f" ({len(self.unflagged) - 5} more such answers.)"
+        if self.rule:
+            out += f" Spans: {self.rule}."
+        return out
+
+
+def set_flags(judged: Sequence[AnswerVerdict]) -> SetScan:
+    """The set's spans of each judged answer as flags to review (each span's source is
+    the set's span judge with its score and the rule's threshold; the members that
+    agree ride along in the span, not as sources)."""
+    flags: list[Flag] = []
+    unflagged: list[tuple[str, str]] = []
+    rule = None
+    for v in judged:
+        d = v.span_decision
+        if d is not None and d.rule is not None:
+            rule = d.rule.describe()
+        for s in v.spans:
+            judge = d.judge if d is not None and d.judge else v.judge
+            flags.append(
+                Flag(
+                    example_id=v.example_id,
+                    start=s.start,
+                    end=s.end,
+                    sources={judge: (s.score, s.threshold)},
+                )
+            )
+        if v.hallucinated and not v.spans:
+            unflagged.append((v.example_id, d.note if d is not None else "no span"))
+    return SetScan(
+        flags=tuple(flags),
+        n_answers=len(judged),
+        n_hallucinated=sum(v.hallucinated for v in judged),
+        unflagged=tuple(unflagged),
+        rule=rule,
+    )
 
 
 def judge_dataset(

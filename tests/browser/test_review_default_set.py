@@ -1,6 +1,8 @@
 """The Review page's scan in a real browser (Chromium) with the shipped default detector
-set on the embedded model: its default detector (the ensemble) queues whole-word spans
-of the demo answers, never a span of punctuation or spaces alone (issue 37).
+set on the embedded model: by default it queues the set's spans of the demo answers
+(one decision per answer, by the set's ensemble), whole words, never a span of
+punctuation or spaces alone (issue 37), each shown with its type, reason and the passage
+text it departs from or that none supports it (issue 51).
 
 The server reads the shipped default set (no ``RAGSCOPE_DETECTORS_DIR``), its own
 database and its own cache dir (sharing the session's model cache, so the embedded
@@ -29,7 +31,7 @@ ARTIFACTS = REPO / "test-artifacts"
 MODEL_LOAD_MS = 240_000  # a cold cache dequantizes the embedded GGUF first
 SCAN_MS = 900_000  # every member of the ensemble on four answers, on a busy small CPU
 QUEUE = "builtin:demo"  # the Review queue of the built-in demo examples
-FLAGGED = "demo-04-mount-kelsey"  # the ensemble flags its invented height
+FLAGGED = "demo-04-mount-kelsey"  # the set flags its invented builder and year
 # A scan reads the next answers of the queue's fixed random order: as many as it takes
 # to reach the flagged one.
 N_SCAN = (
@@ -87,15 +89,30 @@ def test_the_default_set_queues_word_spans_of_the_demo(
         # The rerun redraws the scan form (and times one answer for the estimate): until it
         # ends, the old form can stand beside the new one.
         wait_idle(page, SCAN_MS)
-        # the default detector, once: a stale copy of the form is gone
-        expect(page.get_by_label("ensemble token threshold")).to_have_count(1, timeout=SCAN_MS)
+        # the set's spans by default, once: a stale copy of the form is gone
+        expect(page.get_by_text("Flag spans by", exact=True)).to_have_count(1, timeout=SCAN_MS)
         page.get_by_role("button", name=re.compile("Scan and queue")).click()
         report = page.get_by_text(re.compile(rf"^Scanned {N_SCAN} answers: "))
         report.wait_for(timeout=SCAN_MS)
-        assert re.match(rf"Scanned {N_SCAN} answers: [1-9]\d* flagged spans?", report.inner_text())
+        assert re.match(
+            rf"Scanned {N_SCAN} answers: the set calls [1-9]\d* hallucinated and flags "
+            r"[1-9]\d* spans?",
+            report.inner_text(),
+        ), report.inner_text()
         page.get_by_role("heading", name=re.compile(r"^Item 1 of \d+")).wait_for()
         shown = page.locator(".rs-marked mark").last.inner_text()  # the answer's flagged span
         assert re.search(r"\w", shown), shown
+        # where it departs from: its type and reason, and the passages' evidence or none
+        finding = page.get_by_text(re.compile(r"^(Unsupported|Contradicted): \S"))
+        expect(finding.first).to_be_visible()
+        expect(
+            page.get_by_text(re.compile(r"^Passages \((the evidence in blue|no passage supports)"))
+        ).to_have_count(1)
+        # the Type comes prefilled from the finding, so one keystroke accepts it
+        prefilled = page.get_by_role(
+            "radio", name=re.compile("^(baseless|conflict)$"), checked=True
+        )
+        expect(prefilled).to_have_count(1)
         assert page.locator('[data-testid="stException"]').count() == 0
         page.screenshot(path=str(ARTIFACTS / "review_default_set.png"), full_page=True)
         page.close()

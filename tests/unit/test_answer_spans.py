@@ -10,11 +10,9 @@ import numpy as np
 from core.learning.contract import Verdict
 from core.pipeline.word_spans import (
     GAP_TOKENS,
-    Span,
     answer_spans,
     detector_spans,
     passage_sentences,
-    span_evidence,
 )
 
 TEXT = "The Haggle run ended in 1820 . It was long and the bridge fell ."
@@ -83,19 +81,5 @@ def test_detectors_spans_merge_and_name_every_detector() -> None:
 
 def test_passage_sentences_are_stripped() -> None:
     assert passage_sentences(["  One. Two!\nThree"]) == [(0, 2, 6), (0, 7, 11), (0, 12, 17)]
-
-
-def test_evidence_is_the_passage_sentence_closest_in_meaning() -> None:
-    passages = [
-        "Mount Kelsey is a quiet hill. Its summit is 812 metres above sea level.",
-        "The village bakery opens at dawn. Bread is sold until noon.",
-    ]
-    text = "The summit is 2,400 metres above sea level."
-    span = Span(start=0, end=len(text), text=text, detectors={"d": (0.9, 0.5)})
-    ev = span_evidence(passages, span, k=2, floor=0.3)
-    assert ev and ev[0].passage == 0
-    assert ev[0].text == "Its summit is 812 metres above sea level."
-    assert passages[0][ev[0].start : ev[0].end] == ev[0].text
-    assert all(e.passage == 0 or "Bread" not in e.text for e in ev)
-    assert [e.similarity for e in ev] == sorted((e.similarity for e in ev), reverse=True)
-    assert span_evidence(passages, span, floor=0.99) == ()  # nothing that close
+    # a line without a full stop (a title, a list item) is a sentence of its own
+    assert passage_sentences(["Title line\nBody. More"]) == [(0, 0, 10), (0, 11, 16), (0, 17, 21)]

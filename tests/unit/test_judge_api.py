@@ -52,9 +52,13 @@ def test_the_documented_python_example_judges_answers_on_the_embedded_model(
     assert list(verdict.verdicts) == list(dset.names)
     assert verdict.summary.startswith(("Hallucinated: ensemble p = ", "Faithful: ensemble p = "))
     assert f"of {len(dset.names)} detectors flag it" in verdict.summary
+    assert verdict.span_decision is not None and verdict.span_decision.judge == "ensemble"
+    assert bool(verdict.spans) or verdict.span_decision.note
     for span in verdict.spans:
         assert span.text == answer.response[span.start : span.end]
-        assert any(c.isalnum() for c in span.text) and span.detectors
+        assert any(c.isalnum() for c in span.text) and span.score >= span.threshold
+        assert span.type in ("unsupported", "contradicted") and span.reason
+        assert span.evidence is None or span.evidence.text in answer.passages[span.evidence.passage]
     lines = printed.getvalue().splitlines()
     assert lines[0] == verdict.summary
     # judge_many over the two answers: in order, the first the same as judge()'s
