@@ -50,6 +50,7 @@ from app.state.links import (
 )
 from app.state.model import get_model
 from app.state.review import (
+    DETECTOR_SPANS,
     KEY_ACCEPT,
     KEY_ADD_SPAN,
     KEY_BUILD,
@@ -78,6 +79,7 @@ from app.state.review import (
     KEY_SPAN_SOURCE,
     KEY_START,
     KEY_TABLE,
+    SET_SPANS,
     AnswerQueueState,
 )
 from app.state.runs import CORPUS
@@ -129,8 +131,6 @@ UNSET = "unset"
 LATEST = "every reviewer's, by the label rules"
 DEFAULT_SMOOTH = 0.9
 MODES = {"spans": "Flagged spans", "answers": "Whole answers"}
-SET_SPANS = "The set's spans"
-DETECTOR_SPANS = "Chosen detectors' own spans"
 
 
 # Answers a scan reads unless told otherwise: sized for a 2-core CPU, where the default

@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.state.review import DETECTOR_SPANS, SET_SPANS
 from core.review import ReviewBook, reviewed_examples
 from core.storage import Store
 
@@ -24,7 +25,15 @@ def _start(at: AppTest, name: str) -> AppTest:
     return at
 
 
+def _by_detectors(at: AppTest) -> AppTest:
+    """Queue chosen detectors' own spans (a researcher's scan) instead of the set's."""
+    at.radio(key="review.span_source").set_value(DETECTOR_SPANS).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
+
+
 def _scan(at: AppTest, n: int) -> AppTest:
+    _by_detectors(at)
     at.number_input(key="review.limit").set_value(n)
     for t in at.number_input:
         if t.key and t.key.startswith("review.threshold."):
@@ -50,6 +59,8 @@ def test_a_reviewer_scans_reviews_and_exports(
     _start(at, "ann")
     assert "Reviewing as **ann**." in page_text(at)
     assert "The queue of flagged spans of this dataset is empty" in page_text(at)
+    assert at.radio(key="review.span_source").value == SET_SPANS  # the set's spans first
+    _by_detectors(at)
     assert at.multiselect(key="review.detectors").value == ["cortex"]
     _scan(at, 6)
     no_exception(at)
@@ -181,7 +192,7 @@ def test_a_scan_that_flags_nothing_says_why(
     open_page: Callable[[str], AppTest],
     no_exception: Callable[[AppTest], None],
 ) -> None:
-    at = _start(open_page(PAGE), "ann")
+    at = _by_detectors(_start(open_page(PAGE), "ann"))
     at.number_input(key="review.limit").set_value(2)
     at.number_input(key="review.threshold.cortex").set_value(1.0)  # no token reaches it
     at.button(key="review.build").click().run()
@@ -193,3 +204,33 @@ def test_a_scan_that_flags_nothing_says_why(
         warning
     )
     assert "lower the threshold" in warning
+
+
+def test_the_set_scan_queues_the_sets_spans_with_their_type_or_says_why_none(
+    with_demo_detectors: Path,
+    app_env: Path,
+    open_page: Callable[[str], AppTest],
+    page_text: Callable[[AppTest], str],
+    no_exception: Callable[[AppTest], None],
+) -> None:
+    """The default scan queues the spans the set decides (what every page shows), each
+    item shown with its type and reason and its Type prefilled; an answer the set calls
+    hallucinated without a span is named with why."""
+    at = _start(open_page(PAGE), "ann")
+    assert at.radio(key="review.span_source").value == SET_SPANS
+    assert not [t for t in at.number_input if t.key and t.key.startswith("review.threshold.")]
+    at.number_input(key="review.limit").set_value(6)
+    at.button(key="review.build").click().run()
+    no_exception(at)
+    report = (at.success or at.warning)[0].value
+    assert report.startswith("Scanned 6 answers: the set calls "), report
+    assert "Spans: tokens scoring" in report  # the rule, in words
+    with Store(app_env) as s:
+        items = ReviewBook(s).items(KEY)
+    if not items:
+        assert "cannot say where" in report or "hallucinated and flags 0 spans" in report
+        return
+    assert len({k for i in items for k in i.sources}) == 1  # one span judge decides
+    text = page_text(at)
+    assert "**Unsupported:**" in text or "**Contradicted:**" in text
+    assert at.radio(key=f"review.kind.{items[0].id}").value in ("baseless", "conflict")

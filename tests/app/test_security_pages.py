@@ -15,6 +15,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 import app.state.heads as state_heads
+from app.state.review import DETECTOR_SPANS
 from core.review import Flag, ReviewBook
 from core.storage import Store
 
@@ -66,6 +67,7 @@ def _reviewer_after_one_decision(
     at.switch_page(REVIEW).run()
     assert not at.exception, [e.value for e in at.exception]
     check_page(at)
+    at.radio(key="review.span_source").set_value(DETECTOR_SPANS).run()
     at.number_input(key="review.limit").set_value(4)
     for t in at.number_input:
         if t.key and t.key.startswith("review.threshold."):
