@@ -30,7 +30,7 @@ from core.base.examples import RAGExample
 from core.learning.contract import Detector, Verdict, flag_threshold, scores_tokens
 from core.learning.span_rule import SpanRule, default_rule
 from core.pipeline.evidence import Evidence, SpanFinding, find_all
-from core.pipeline.word_spans import detector_spans, flagged_spans
+from core.pipeline.word_spans import detector_spans, flagged_spans, merge_into
 
 SPAN_JUDGE = "ensemble"
 """The detector that decides a set's spans when the set has it (the set's answer judge)."""
@@ -177,13 +177,7 @@ def to_sentences(
     out: list[tuple[int, int, float]] = []
     for a, b, s in spans:
         hit = [(x, y) for x, y in sents if x < b and a < y]
-        start = min([a, *(x for x, _ in hit)])
-        end = max([b, *(y for _, y in hit)])
-        if out and start < out[-1][1]:
-            prev = out[-1]
-            out[-1] = (prev[0], max(prev[1], end), max(prev[2], s))
-        else:
-            out.append((start, end, s))
+        merge_into(out, min([a, *(x for x, _ in hit)]), max([b, *(y for _, y in hit)]), s)
     return out
 
 

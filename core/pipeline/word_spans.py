@@ -107,13 +107,18 @@ def flagged_spans(
         start, end = _snap(response, int(offsets[a, 0]), int(offsets[b, 1]))
         if end <= start or not any(c.isalnum() for c in response[start:end]):
             continue
-        score = float(scores[a : b + 1].max())
-        if out and start < out[-1][1]:  # widened into the previous span: one span
-            prev = out[-1]
-            out[-1] = (prev[0], max(prev[1], end), max(prev[2], score))
-        else:
-            out.append((start, end, score))
+        merge_into(out, start, end, float(scores[a : b + 1].max()))
     return out
+
+
+def merge_into(out: list[tuple[int, int, float]], start: int, end: int, score: float) -> None:
+    """Append ``(start, end, score)`` to spans in answer order, merged into the last one
+    when it reaches into it (widened into the previous span: one span, its highest score)."""
+    if out and start < out[-1][1]:
+        prev = out[-1]
+        out[-1] = (prev[0], max(prev[1], end), max(prev[2], score))
+    else:
+        out.append((start, end, score))
 
 
 def answer_spans(
