@@ -26,6 +26,7 @@ from core.detectors import detector_class, seal_artifact
 from core.detectors.interpdetect import SKOPS_TYPES as INTERPDETECT_TYPES
 from core.detectors.raglens import SKOPS_TYPES as RAGLENS_TYPES
 from core.learning.artifact import artifact_hashes, read_artifact
+from core.learning.span_rule import SpanRule
 
 SHIPPED = repo_root() / "assets" / "detectors"
 OLD_PREFIXES = ("sklearn.", "xgboost.", "numpy.")  # what ragscope trusted before
@@ -563,6 +564,35 @@ def test_thresholds_outside_the_score_range_are_refused(nll_copy, reseal, capsys
         _load(nll_copy)
     assert main(["artifacts", "verify", str(nll_copy)]) == 1
     assert f"'{key}' must be a number in [0, 1]" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    ("edit", "reason"),
+    [
+        ({"threshold": float("nan")}, "threshold must be a finite number"),
+        ({"gap_tokens": 10**9}, "gap_tokens must be an integer"),
+        ({"extend": "document"}, "extend must be one of"),
+        ({"measured": {"f1": "x" * 10_000}}, "measured must map"),
+        ({"code": "__import__('os')"}, "span_rule must be an object with keys"),
+    ],
+)
+def test_a_hostile_span_rule_is_refused_by_load_and_verify(nll_copy, reseal, capsys, edit, reason):
+    good = {
+        "threshold": 0.3,
+        "answer_weight": 0.0,
+        "gate": True,
+        "gap_tokens": 2,
+        "extend": "words",
+        "chosen": "cross-validation",
+        "measured": {"f1": 0.4},
+    }
+    _edit_cfg(nll_copy, reseal, lambda cfg: cfg.update(span_rule={**good, **edit}))
+    with pytest.raises(DataError, match=reason):
+        _load(nll_copy)
+    assert main(["artifacts", "verify", str(nll_copy)]) == 1
+    assert reason in capsys.readouterr().err
+    _edit_cfg(nll_copy, reseal, lambda cfg: cfg.update(span_rule=good))
+    assert _load(nll_copy).span_rule_ == SpanRule.from_json(good)  # a sound one loads
 
 
 @pytest.mark.parametrize(("a", "b"), [(1e308, 0.0), (1.0, -1e308), (-2.0, 0.0)])

@@ -115,6 +115,32 @@ def test_judge_writes_the_records_judge_gives_in_every_format_and_resumes(
     assert passes == []
 
 
+def test_judge_writes_spans_in_the_span_detector_schema_and_refuses_folders_first(
+    env: Path, passes: list[int], capsys
+) -> None:
+    out, spans = env / "v.jsonl", env / "spans.jsonl"
+    assert main(["judge", "demo", *MODEL, "--out", str(out), "--spans", str(spans)]) == 0
+    records = _jsonl(out)
+    lettuce = _jsonl(spans)
+    assert [x["id"] for x in lettuce] == [r["id"] for r in records]
+    for x, r in zip(lettuce, records, strict=True):
+        assert x["spans"] == [
+            {"start": s["start"], "end": s["end"], "text": s["text"], "confidence": s["score"]}
+            for s in r["spans"]
+        ]
+        assert r["span_judge"] in ("nll", "context_gain", "cortex") and r["span_rule"]
+        assert r["spans"] or r["span_note"]  # where, or why not
+    capsys.readouterr()
+    passes.clear()
+    folder = env / "a-folder.jsonl"
+    folder.mkdir()
+    for option in ("--out", "--html", "--spans"):
+        args = ["judge", "demo", *MODEL, "--out", str(env / "w.jsonl"), option, str(folder)]
+        assert main(args) != 0
+        assert f"{option} {str(folder)!r} is a folder" in capsys.readouterr().err
+    assert passes == []  # refused before any judging
+
+
 def test_hostile_answers_are_neutralised_and_failures_named_and_skipped(env: Path, capsys) -> None:
     exs = builtin_examples()
     hostile = dataclasses.replace(
