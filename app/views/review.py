@@ -458,7 +458,7 @@ def cached_finding(passages: tuple[str, ...], answer: str, start: int, end: int)
 
 
 TYPE_KIND = {"unsupported": "baseless", "contradicted": "conflict"}
-"""A span's type as the review's Type choices name it (RAGTruth's)."""
+# A span's type as the review's Type choices name it (RAGTruth's).
 
 
 def save(
