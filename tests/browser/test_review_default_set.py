@@ -110,7 +110,7 @@ def test_the_default_set_queues_word_spans_of_the_demo(
         ).to_have_count(1)
         # the Type comes prefilled from the finding, so one keystroke accepts it
         prefilled = page.get_by_role(
-            "radio", name=re.compile("^(baseless|conflict)$"), checked=True
+            "radio", name=re.compile("^(baseless|conflict)$"), checked=True, include_hidden=True
         )
         expect(prefilled).to_have_count(1)
         assert page.locator('[data-testid="stException"]').count() == 0
