@@ -258,6 +258,17 @@ def test_every_page_shows_the_judge_s_numbers_for_one_answer(
         assert row["verdict"] == _flag(x.hallucinated)
         assert row["calibrated for"] == DEMO
 
+    # Where and why: the judge's spans, or its reason for none, never re-decided here.
+    text = _text(at)
+    assert "**Where and why** (the set's spans)" in text
+    if want.spans:
+        spans = next(t.value for t in at.table if "departs from" in t.value.columns)
+        assert list(spans["span"]) == [s.text for s in want.spans]
+        assert list(spans["type"]) == [s.type for s in want.spans]
+        assert list(spans["score"]) == [f"{s.score:.3f}" for s in want.spans]
+    else:
+        assert want.span_decision is not None and md(want.span_decision.note) in text
+
     _check_reading_pages(at, v, no_exception)
     _check_action_pages(at, want, no_exception)
 
