@@ -367,6 +367,27 @@ def span_rule_lines(results: Sequence[CVResult]) -> list[str]:
             f"{format_span_prf(nested)}{ci_txt} | "
             f"{'-' if share is None else f'{share:.1%}'} | {format_span_prf(every)} |"
         )
+    per = [
+        (r.detector, n, m)
+        for r in rows
+        for n, m in ((r.span_rule or {}).get("by_dataset") or {}).items()
+    ]
+    if len({n for _, n, _ in per}) > 1:
+        out += [
+            "",
+            "The same per dataset (the rules chosen over all of them):",
+            "",
+            "| detector | dataset | span P / R / F1 (char) | faithful chars flagged "
+            "| flag everything F1 |",
+            "|---|---|---|---|---|",
+        ]
+        for det, name, m in per:
+            share = m.get("faithful_share")
+            out.append(
+                f"| {det} | {name} | {format_span_prf(m)} | "
+                f"{'-' if share is None else f'{share:.1%}'} | "
+                f"{format_metric(m.get('flag_everything_f1'))} |"
+            )
     return out
 
 

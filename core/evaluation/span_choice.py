@@ -212,6 +212,7 @@ def choose_span_rule(
     ci = _f1_ci(sub, chosen_per_answer, np.asarray([groups[i] for i in keep]), n_boot, seed)
     final = sub.rules[_best(sub, everything)]
     baseline = _prf(float(sub.length.sum()), float(sub.gold.sum()), float(sub.gold.sum()))
+    by_dataset = _by_dataset(exs, sub, chosen_per_answer)
     n_faithful = int(sub.faithful.sum())
     measured = {
         "precision": nested["precision"],
@@ -230,9 +231,33 @@ def choose_span_rule(
         "rule": replace(final, measured=measured).to_json(),
         "nested": nested | {"f1_ci": list(ci)},
         "flag_everything": baseline,
+        "by_dataset": by_dataset,
         "folds": per_fold,
         "hits": hits,
     }
+
+
+def _by_dataset(
+    examples: Sequence[RAGExample], counts: _Counts, chosen: np.ndarray
+) -> dict[str, dict[str, Any]]:
+    """Per dataset with span labels: the nested span P/R/F1 and faithful share of its
+    answers (the rules chosen over every dataset's), and flagging everything there: a
+    span F1 means little without it (a set whose gold spans cover whole answers is
+    easy to "find" by flagging everything)."""
+    names = np.asarray([e.provenance.dataset or "" for e in examples])
+    out: dict[str, dict[str, Any]] = {}
+    for name in sorted(set(names.tolist())):
+        idx = np.flatnonzero(names == name)
+        gold = float(counts.gold[idx].sum())
+        if not gold:
+            continue
+        every = _prf(float(counts.length[idx].sum()), gold, gold)
+        out[name] = {
+            "n": int(idx.size),
+            **counts.metrics(chosen, idx),
+            "flag_everything_f1": every["f1"],
+        }
+    return out
 
 
 def _hits(

@@ -261,6 +261,9 @@ def test_the_rule_chosen_in_cross_validation_beats_flagging_everything_and_spare
     assert rule.measured["f1"] == pytest.approx(nested["f1"])
     assert 0.35 < rule.threshold <= 0.85  # between the faithful numbers and the hallucinated
     assert len(got["folds"]) == 5
+    (per,) = got["by_dataset"].values()  # one dataset: the pooled numbers
+    assert per["n"] == len(exs) and per["f1"] == pytest.approx(nested["f1"])
+    assert per["flag_everything_f1"] == pytest.approx(every["f1"])
 
     # gold spans that are whole sentences: the rule chosen widens to them, and says so
     sents = []
