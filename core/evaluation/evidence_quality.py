@@ -31,7 +31,7 @@ import numpy as np
 
 from core.base.examples import RAGExample, Span, source_key
 from core.evaluation.cv_run import save_run
-from core.learning.metrics import group_resamples
+from core.learning.metrics import MIN_CLASS_ANSWERS, group_resamples
 from core.pipeline.evidence import STOPWORDS, candidate_sentences, find_all
 
 KIND = "evidence"
@@ -333,7 +333,35 @@ def evidence_markdown(run: Mapping[str, Any]) -> str:
         "",
         f"Spans counted for the hit rate: {ev.get('quote_rule', '')}.",
     ]
+    lines += [f"**Too few spans.** {w}" for w in too_few(run)]
     return "\n".join(lines)
+
+
+MIN_SPANS = 30
+"""Fewest spans for a hit rate to read as an estimate, and fewest of each type for a
+type balanced accuracy (:data:`~core.learning.metrics.MIN_CLASS_ANSWERS`)."""
+
+
+def too_few(run: Mapping[str, Any]) -> list[str]:
+    """What in an evidence run rests on too few spans to be read as a fact, and how many
+    more it needs (empty when nothing does)."""
+    out = []
+    n = int(dict(run.get("evidence") or {}).get("n") or 0)
+    if n < MIN_SPANS:
+        out.append(
+            f"The hit rate rests on {n} quoted span{'' if n == 1 else 's'}: an anecdote, not "
+            f"an estimate ({MIN_SPANS - n} more needed)."
+        )
+    conf = dict(dict(run.get("type") or {}).get("confusion") or {})
+    per = {g: sum(dict(conf.get(g) or {}).values()) for g in ("unsupported", "contradicted")}
+    short = {g: k for g, k in per.items() if k < MIN_CLASS_ANSWERS}
+    if short:
+        out.append(
+            "The type balanced accuracy rests on "
+            + " and ".join(f"{k} {g} span{'' if k == 1 else 's'}" for g, k in short.items())
+            + f": fewer than {MIN_CLASS_ANSWERS} of a type make it an anecdote."
+        )
+    return out
 
 
 def save_evidence_run(run: Mapping[str, Any], folder: str | Path) -> tuple[Path, Path]:

@@ -290,6 +290,14 @@ def test_quality_on_a_synthetic_set_with_known_numbers() -> None:
     assert only["evidence"]["hit_rate_ci"] is None
     md = eq.evidence_markdown(eq.evidence_run(report, "synthetic"))
     assert "| evidence hit rate | 66.7% [" in md and "| type balanced accuracy | 0.750" in md
+    # three spans are an anecdote, and the report says so with what would fix it
+    assert "**Too few spans.** The hit rate rests on 3 quoted spans" in md and "27 more" in md
+    assert "1 unsupported span and 2 contradicted spans" in md
+    enough = {
+        "evidence": {"n": 40},
+        "type": {"confusion": {"unsupported": {"unsupported": 20}, "contradicted": {"x": 12}}},
+    }
+    assert eq.too_few(enough) == []
 
 
 def test_a_share_bootstrap_keeps_resamples_of_one_class() -> None:
