@@ -30,6 +30,7 @@ from core.learning.contract import Verdict
 from core.learning.metrics import group_resamples
 from core.learning.span_rule import Extend, SpanRule
 from core.pipeline.span_judge import rule_spans
+from core.signals.smoothing import token_flags
 
 THRESHOLDS: tuple[float, ...] = tuple(round(0.05 + 0.025 * i, 3) for i in range(37))
 """Span thresholds tried (0.05 to 0.95)."""
@@ -112,16 +113,23 @@ def span_counts(
     overlap = np.zeros((c, n))
     for i, (e, v, t) in enumerate(zip(examples, verdicts, answer_thresholds, strict=True)):
         gold = [(s.start, s.end) for s in e.spans]
-        done: dict[tuple[float, float, int, str], tuple[float, float]] = {}
+        # A rule's characters depend only on which tokens it flags, its gap and its
+        # widening (a gated rule on an answer the judge flags spans as its ungated twin;
+        # on one it does not, nothing): each distinct flag set is spanned once, by the
+        # function the judge uses.
+        done: dict[tuple[bytes, int, str], tuple[float, float]] = {}
+        combined: dict[float, np.ndarray] = {}
+        tok = v.token_scores
         for j, rule in enumerate(rules):
-            # A gated rule on an answer the judge flags spans as its ungated twin; on
-            # one it does not, nothing: compute each twin once.
-            if rule.gate and not v.hallucinated:
+            if tok is None or (rule.gate and not v.hallucinated):
                 continue
-            key = (rule.threshold, rule.answer_weight, rule.gap_tokens, rule.extend)
+            if rule.answer_weight not in combined:
+                thr = v.threshold if v.threshold is not None else t
+                combined[rule.answer_weight] = rule.combined(tok, v.score, thr)
+            flags = np.flatnonzero(token_flags(combined[rule.answer_weight], rule.threshold))
+            key = (flags.tobytes(), rule.gap_tokens, rule.extend)
             if key not in done:
-                twin = replace(rule, gate=False)
-                spans, _ = rule_spans(e.response, v, twin, answer_threshold=t)
+                spans, _ = rule_spans(e.response, v, replace(rule, gate=False), answer_threshold=t)
                 done[key] = (sum(b - a for a, b, _ in spans), _overlap(spans, gold))
             pred[j, i], overlap[j, i] = done[key]
     return _Counts(
@@ -184,8 +192,8 @@ def choose_span_rule(
         and t is not None
         and (e.spans or e.label is False)
     ]
-    if not keep:
-        return None
+    if not keep or not any(examples[i].spans for i in keep):
+        return None  # nothing to find: no answer with token scores has gold spans
     exs = [examples[i] for i in keep]
     vs = [v for v in (verdicts[i] for i in keep) if v is not None]
     ts = [float(t) for t in (answer_thresholds[i] for i in keep) if t is not None]
