@@ -96,6 +96,7 @@ from core.pipeline.judge import answer_verdict
 from core.pipeline.word_spans import GAP_TOKENS
 from core.review import (
     EVIDENCE,
+    KIND_OF_SPAN_TYPE,
     KINDS,
     SORTS,
     STATUSES,
@@ -457,10 +458,6 @@ def cached_finding(passages: tuple[str, ...], answer: str, start: int, end: int)
     return find_evidence(passages, answer, start, end)
 
 
-TYPE_KIND = {"unsupported": "baseless", "contradicted": "conflict"}
-# A span's type as the review's Type choices name it (RAGTruth's).
-
-
 def save(
     book: ReviewBook, rs: ReviewState, item: ReviewItem, decision: str, expected: int,
     next_id: int | None, example: RAGExample,
@@ -599,7 +596,7 @@ def item_card(
             c_kind, c_ev = st.columns(2)
             kinds = [UNSET, *KINDS]
             evs = [UNSET, *EVIDENCE]
-            found_kind = TYPE_KIND[finding.type]
+            found_kind = KIND_OF_SPAN_TYPE[finding.type]
             c_kind.radio(
                 "Type",
                 kinds,

@@ -52,6 +52,7 @@ from core.storage.migrations import MIGRATIONS, SCHEMA_VERSION
 from core.storage.reviews import (
     DECISIONS,
     EVIDENCE,
+    KIND_OF_SPAN_TYPE,
     KINDS,
     LABEL_TYPES,
     STATUSES,
@@ -76,6 +77,7 @@ __all__ = [
     "DECISIONS",
     "EVIDENCE",
     "JOB_STATUSES",
+    "KIND_OF_SPAN_TYPE",
     "KINDS",
     "LABEL_TYPES",
     "MIGRATIONS",

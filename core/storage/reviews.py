@@ -29,6 +29,9 @@ KINDS: tuple[str, ...] = ("baseless", "conflict")
 
 EVIDENCE: tuple[str, ...] = ("evident", "subtle")
 
+KIND_OF_SPAN_TYPE: Mapping[str, str] = {"unsupported": "baseless", "contradicted": "conflict"}
+"""A span's type (:class:`core.pipeline.evidence.SpanFinding`) as a review kind names it."""
+
 
 LABEL_TYPES: Mapping[tuple[str, str], str] = {
     ("evident", "baseless"): "Evident Baseless Info",
