@@ -16,6 +16,7 @@ from core.data import (
     stratified_head,
 )
 from core.detectors import make_detector
+from core.evaluation.attribution_check import SpanCheck
 from core.pipeline.extract import FeatureCache, extract_features
 
 if TYPE_CHECKING:
@@ -59,6 +60,16 @@ KEY_HEADS_LAYER = "heads.example.layer"
 
 
 KEY_HEADS_HEAD = "heads.example.head"
+
+
+# Heads & layers: context attribution
+KEY_HEADS_SPAN = "heads.context.span"
+
+
+KEY_HEADS_GROUP = "heads.context.group"
+
+
+KEY_HEADS_CHECK = "heads.context.check"
 
 
 HEADS_FROM_HOME = "home"
@@ -221,6 +232,10 @@ class HeadsState:
             answer when there is one).
         example_id: The one-answer view's example, per dataset key.
         head: The head the one-answer view shows (``None``: the top copying head).
+        span: The context attribution's answer tokens ``[a, b)`` (``None``: the first
+            answer sentence).
+        group: The context attribution's head group.
+        checks: Ablation checks run this session, by answer, span and group.
     """
 
     top: int | None = None
@@ -230,6 +245,9 @@ class HeadsState:
     example_source: str | None = None
     example_id: dict[str, str] = field(default_factory=dict)
     head: tuple[int, int] | None = None
+    span: tuple[int, int] | None = None
+    group: str = "all"
+    checks: dict[tuple[str, int, int, str], SpanCheck | None] = field(default_factory=dict)
 
 
 HeadStatsRequest = FeatureRequest

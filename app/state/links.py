@@ -85,6 +85,8 @@ P_CALIBRATE = "calibrate"
 P_WALK = "walk"
 P_STEP = "step"
 P_ORDER = "order"
+P_SPAN = "span"
+P_GROUP = "group"
 
 WRITTEN_KEY = "ragscope.links.written"
 """Session key: parameter -> the value this session last wrote into the URL."""

@@ -23,6 +23,7 @@ import streamlit as st
 
 from app.components.artifacts import show_broken_artifacts
 from app.components.charts import greyed
+from app.components.context_view import context_section
 from app.components.example_picker import (
     ExampleKeys,
     PickedExamples,
@@ -477,6 +478,9 @@ def example_section(
     show_attention(view, head)
     show_token_scores(view, head, model, shipped, judged)
     show_chunks(view, head, model, shipped, judged)
+    st.divider()
+    marked = copying.top_heads(state.heads.top) if copying is not None else []
+    context_section(state.heads, model, view, marked)
 
 
 def show_attention(view: HeadView, head: Head) -> None:

@@ -42,6 +42,15 @@ from core.cli.common import (
 from core.data import resolve_datasets, stratified_head
 from core.detectors import available_detectors, shipped_artifacts
 from core.engine.model import LoadedModel, load_model
+from core.evaluation.attribution_check import KIND as ATTRIBUTION_KIND
+from core.evaluation.attribution_check import (
+    AblationRow,
+    attribution_markdown,
+    attribution_report,
+    attribution_run,
+    check_rows,
+    save_attribution_run,
+)
 from core.evaluation.crossval import CVOptions, default_maker
 from core.evaluation.cv_run import CALIBRATIONS, Calibration, CVRun
 from core.evaluation.evaluate import EvalOptions, Splits, evaluate
@@ -221,6 +230,16 @@ def _add_evaluate(sub: Subparsers) -> None:
         "saved under the runs folder's evidence/",
     )
     p.add_argument(
+        "--attribution",
+        default=None,
+        metavar="DATASET",
+        help="is the attention-based context attribution faithful? For up to 3 sentences of "
+        "each answer, removing the passage sentence they attend to most is compared with "
+        "removing a random one of the same length (and the text alignment's sentence), by "
+        "the drop in the sentence's log-probability (docs/attribution.md); resumable (a "
+        "progress file beside the runs), saved under the runs folder's attribution/",
+    )
+    p.add_argument(
         "--flagged-by",
         default=None,
         metavar="RUN[:DETECTOR]",
@@ -397,7 +416,34 @@ def _evidence(args: argparse.Namespace) -> int:
     return 0
 
 
+def _attribution(args: argparse.Namespace) -> int:
+    """``evaluate --attribution DATASET``: the ContextCite-style ablation check of the
+    attention attribution (:mod:`core.evaluation.attribution_check`), printed and saved."""
+    names, examples = _combined(args, args.attribution)
+    model = load(args)
+    folder = Path(args.out) if args.out else runs_dir() / ATTRIBUTION_KIND
+    tag = hashlib.sha256(f"{'+'.join(names)}|{model.info.key}|{args.seed}".encode()).hexdigest()
+    progress = folder / "progress" / f"{tag[:16]}.jsonl"
+    rows: list[AblationRow] = []
+    reused = 0
+    bar = tqdm(total=len(examples), desc="attribution", unit="answer", file=sys.stderr)
+    for _, got, computed in check_rows(model, examples, seed=args.seed, progress=progress):
+        rows += got
+        reused += not computed
+        bar.update()
+        bar.set_postfix(spans=len(rows), reused=reused)
+    bar.close()
+    report = attribution_report(rows, n_boot=args.bootstrap, seed=args.seed)
+    run = attribution_run(report, "+".join(names), model.info.display_name)
+    j, m = save_attribution_run(run, folder)
+    print(attribution_markdown(run))
+    print(f"\nsaved {j} and {m} (progress: {progress})")
+    return 0
+
+
 def cmd_evaluate(args: argparse.Namespace) -> int:
+    if args.attribution:
+        return _attribution(args)
     if args.review_curve:
         return _review_curve(args)
     if args.evidence:
