@@ -42,7 +42,13 @@ from core.data import load_dataset, resolve_datasets, stratified_head
 from core.learning.contract import Detector, Features
 from core.learning.metrics import evidence_warning, is_binary, response_metrics
 from core.pipeline.extract import FeatureCache
-from core.pipeline.judge import JudgeFailure, judge_many, lettuce_spans, verdict_rows
+from core.pipeline.judge import (
+    ROW_COLUMNS,
+    JudgeFailure,
+    judge_many,
+    lettuce_spans,
+    verdict_rows,
+)
 from core.pipeline.sets import DetectorSet, load_set, resolve_set
 from core.review.export import safe_csv
 from core.storage import Store
@@ -329,6 +335,7 @@ def verdicts_html(
     stamp = datetime.now(UTC).strftime("%Y-%m-%d %H:%M UTC")
     out = [
         '<!doctype html><html lang="en"><head><meta charset="utf-8">',
+        HTML_MARK,
         '<meta http-equiv="Content-Security-Policy" content="default-src \'none\'; '
         "style-src 'unsafe-inline'\">",
         f"<title>{e(title)}</title><style>{REPORT_STYLE}</style></head><body>",
@@ -397,10 +404,67 @@ def _summary_lines(
     return lines
 
 
-def _check_out(path: str | None, option: str) -> None:
-    """Refuse an output path that is a folder before any judging."""
-    if path is not None and Path(path).is_dir():
+HTML_MARK = '<meta name="generator" content="ragscope judge">'
+"""Marks an HTML report ``judge --html`` wrote (and may replace)."""
+OWN_PEEK = 4096
+"""Bytes of an existing output read to tell whether ``judge`` wrote it."""
+
+
+def _ours(path: Path, option: str) -> bool:
+    """Whether ``path`` holds what ``judge`` writes for ``option`` (so replacing it loses
+    nothing a user wrote): an HTML report with :data:`HTML_MARK`, a spans file whose
+    first line is ``{"id", "spans"}``, a CSV whose header starts with the verdict
+    columns, a Parquet file with them; an empty file is anyone's."""
+    with path.open("rb") as f:
+        head = f.read(OWN_PEEK)
+    if not head.strip():
+        return True
+    if option == "--html":
+        return HTML_MARK.encode() in head
+    if option == "--spans":
+        first = head.split(b"\n", 1)[0]
+        try:
+            rec = json.loads(first)
+        except (json.JSONDecodeError, UnicodeDecodeError):
+            return False
+        return isinstance(rec, dict) and set(rec) == {"id", "spans"}
+    if path.suffix.lower() == ".csv":
+        return head.lstrip(b"\xef\xbb\xbf").startswith(",".join(ROW_COLUMNS[:2]).encode())
+    if path.suffix.lower() == ".parquet":
+        import pyarrow as pa
+        import pyarrow.parquet as pq
+
+        try:
+            names = pq.read_schema(path).names
+        except (OSError, ValueError, pa.ArrowException):
+            return False
+        return names[: len(ROW_COLUMNS)] == list(ROW_COLUMNS)
+    return True  # a JSONL --out is resumed, and checked line by line as it is read
+
+
+def _check_out(path: str | None, option: str, answers: str) -> None:
+    """Refuse, before any judging, an output path that is a folder, the answers' own file,
+    or an existing file that ``judge`` did not write (replacing it would destroy it)."""
+    if path is None:
+        return
+    p = Path(path)
+    if p.is_dir():
         raise DataError(f"{option} {path!r} is a folder: name a file to write", field=option)
+    if not p.exists():
+        return
+    if Path(answers).exists() and p.resolve() == Path(answers).resolve():
+        raise DataError(
+            f"{option} {path!r} is the answers' own file: name another file to write",
+            field=option,
+        )
+    if not p.is_file() or p.is_symlink():
+        raise DataError(f"{option} {path!r} is not a regular file: name a new file", field=option)
+    if not _ours(p, option):
+        raise DataError(
+            f"{option} {path!r} exists and is not a file ragscope judge wrote; name a new "
+            "file, or move this one away first (nothing was written)",
+            field=option,
+        )
 
 
 def _write_spans(records: Sequence[Mapping[str, Any]], out: Path) -> None:
@@ -418,7 +482,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
     """Judge every answer; print a summary; exit 1 when none could be judged."""
     fmt = _out_format(args.out)
     for path, option in ((args.out, "--out"), (args.html, "--html"), (args.spans, "--spans")):
-        _check_out(path, option)
+        _check_out(path, option, args.answers)
     if args.set is not None and (why := resolve_set(args.set)[2]):
         raise DataError(why, field="set")
     sets, examples, bad = load_answers(args.answers)
@@ -496,7 +560,10 @@ def cmd_judge(args: argparse.Namespace) -> int:
     if args.html and everything:
         answers = {e.id: e.response for e in examples}
         page = verdicts_html(everything, answers, title="ragscope judge", summary=[head, *lines])
-        Path(args.html).write_text(page, encoding="utf-8")
+        html_out = Path(args.html)
+        tmp = html_out.with_name(f".{html_out.name}.partial")
+        tmp.write_text(page, encoding="utf-8")
+        os.replace(tmp, html_out)
     if args.spans and everything:
         _write_spans(everything, Path(args.spans))
     print(head)

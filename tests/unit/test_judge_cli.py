@@ -141,6 +141,56 @@ def test_judge_writes_spans_in_the_span_detector_schema_and_refuses_folders_firs
     assert passes == []  # refused before any judging
 
 
+def test_judge_never_replaces_a_file_it_did_not_write(env: Path, passes: list[int], capsys) -> None:
+    out, spans, report, table = env / "v.jsonl", env / "s.jsonl", env / "r.html", env / "t.csv"
+    answers = env / "mine.jsonl"
+    answers.write_text(
+        "".join(
+            json.dumps(r) + "\n"
+            for r in [
+                {
+                    "id": "x1",
+                    "question": "Who built it?",
+                    "passages": ["Ada built it in 1820."],
+                    "response": "Ada built it.",
+                }
+            ]
+        ),
+        encoding="utf-8",
+    )
+    theirs = {
+        report: "<html><body>my own notes</body></html>",
+        spans: '{"my": "annotations"}\n',
+        table: "name,score\nmine,1\n",
+    }
+    for path, text in theirs.items():
+        path.write_text(text, encoding="utf-8")
+    capsys.readouterr()
+    passes.clear()
+    for option, path in (("--html", report), ("--spans", spans), ("--out", table)):
+        args = ["judge", str(answers), *MODEL, "--out", str(out), option, str(path)]
+        if option == "--out":
+            args = ["judge", str(answers), *MODEL, "--out", str(path)]
+        assert main(args) != 0
+        assert "is not a file ragscope judge wrote" in capsys.readouterr().err
+    args = ["judge", str(answers), *MODEL, "--out", str(out), "--spans", str(answers)]
+    assert main(args) != 0
+    assert "is the answers' own file" in capsys.readouterr().err
+    assert passes == [] and not out.exists()  # refused before any judging
+    for path, text in theirs.items():
+        assert path.read_text(encoding="utf-8") == text  # untouched
+
+    # What judge wrote itself it replaces on the next run.
+    for path in theirs:
+        path.unlink()
+    args = ["judge", str(answers), *MODEL, "--out", str(out), "--html", str(report)]
+    assert main([*args, "--spans", str(spans)]) == 0
+    assert main([*args, "--spans", str(spans)]) == 0
+    assert main(["judge", str(answers), *MODEL, "--out", str(table)]) == 0
+    assert main(["judge", str(answers), *MODEL, "--out", str(table)]) == 0
+    assert _jsonl(spans)[0]["id"] == "x1" and "x1" in report.read_text(encoding="utf-8")
+
+
 def test_hostile_answers_are_neutralised_and_failures_named_and_skipped(env: Path, capsys) -> None:
     exs = builtin_examples()
     hostile = dataclasses.replace(
