@@ -180,8 +180,9 @@ def context_reading(
         layout: The layout traced.
         attention: ``[layer, head, resp, ctx]`` attention from each answer token's
             generation position on each position of ``context``.
-        context: ``[ctx]`` the passage positions (sorted), e.g.
-            :meth:`~core.engine.layout.Layout.context_positions`.
+        context: ``[ctx]`` the positions ``attention`` covers (sorted): the passage
+            positions (:meth:`~core.engine.layout.Layout.context_positions`) or more
+            (the whole prompt), of which only the passages' are kept.
         units: ``(passage, start, end)`` character ranges (e.g. passage sentences).
         copying: Copying heads ``(layer, head)`` for the ``copying`` group.
 
@@ -201,6 +202,9 @@ def context_reading(
         )
     if ctx.size and np.any(np.diff(ctx) <= 0):
         raise ValueError("context positions must be sorted and distinct")
+    keep = np.isin(ctx, layout.context_positions())  # a prompt-wide context: its passages
+    if not keep.all():
+        att, ctx = att[..., keep], ctx[keep]
     masks = head_groups(att.shape[0], att.shape[1], copying)
     groups = tuple(g for g in GROUPS if g in masks)
     weights = np.stack([att[masks[g]].mean(axis=0) for g in groups]).astype(np.float32)

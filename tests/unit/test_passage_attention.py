@@ -72,6 +72,13 @@ def test_shares_follow_hand_made_attention(tiny_model: LoadedModel, example: RAG
     assert r.mass("all", slice(0, n_t)) == pytest.approx(0.4)
     assert r.token_shares("early", [0]).sum() == pytest.approx(1.0)
     assert not r.unit_shares("early", slice(0, 0)).any()
+    prompt = np.arange(layout.response.start)  # a prompt-wide context keeps its passages
+    wide = np.zeros((2, 4, n_t, prompt.size), dtype=np.float32)
+    wide[..., ctx] = att
+    wide[..., 0] = 0.5  # attention on BOS is not the passages'
+    r2 = context_reading(layout, wide, prompt, units)
+    np.testing.assert_array_equal(r2.context, ctx)
+    np.testing.assert_allclose(r2.weights, r.weights)
     with pytest.raises(KeyError, match="no head group"):
         r.unit_shares("copying", slice(0, 1))
     with pytest.raises(ValueError, match="expected"):
