@@ -12,7 +12,9 @@ span, three passage sentences (:func:`~core.pipeline.word_spans.passage_sentence
   length when none is), drawn with the answer's seed;
 - **text**: the sentence the product's evidence alignment picks from the text alone
   (:func:`~core.pipeline.evidence.find_all`, attention left out), when it is a whole
-  passage sentence.
+  passage sentence;
+- **both**: the same alignment re-ranked by the span's attention shares
+  (``how="attention+text"``), when it is a whole passage sentence.
 
 Each is *removed*: its tokens are cut out of the prompt the model read (the rest, the
 answer's tokens included, unchanged) and the answer is scored again. The *drop* is the
@@ -24,7 +26,7 @@ log-probability more than removing *random*: the run reports the mean of
 whole sources (:func:`core.learning.metrics.group_resamples`), and the same for *text*.
 
 Cost per answer: one traced pass, one plain pass, and one pass per distinct removed
-sentence (at most ``3 * MAX_SPANS``).
+sentence (at most ``4 * MAX_SPANS``).
 """
 
 from __future__ import annotations
@@ -68,8 +70,9 @@ PROGRESS_LIMIT = 256 * 1024 * 1024
 class AblationRow:
     """One answer span and the drops of its three removed sentences (nats).
 
-    ``text_unit`` and ``drop_text`` are ``None`` when the text alignment found no whole
-    passage sentence (no evidence, or evidence in a stretch that is not a sentence).
+    ``text_unit`` and ``drop_text`` (``both_unit`` and ``drop_both``: the alignment
+    re-ranked by the span's attention, ``how="attention+text"``) are ``None`` when the
+    alignment found no whole passage sentence (no evidence, or evidence in a stretch that is not a sentence).
     """
 
     example_id: str
@@ -81,10 +84,12 @@ class AblationRow:
     top_share: float
     random_unit: int
     text_unit: int | None
+    both_unit: int | None
     logprob: float
     drop_top: float
     drop_random: float
     drop_text: float | None
+    drop_both: float | None
 
     def to_json(self) -> dict[str, Any]:
         return asdict(self)
@@ -184,11 +189,15 @@ def check_span(
 
 
 def _text_units(
-    example: RAGExample, reading: ContextReading, spans: Sequence[tuple[int, int]]
+    example: RAGExample,
+    reading: ContextReading,
+    spans: Sequence[tuple[int, int]],
+    attention: Sequence[Sequence[float]] | None = None,
 ) -> list[int | None]:
     index = {u: k for k, u in enumerate(reading.units)}
     out: list[int | None] = []
-    for f in find_all(reading.layout.passage_texts, example.response, spans):
+    found = find_all(reading.layout.passage_texts, example.response, spans, attention=attention)
+    for f in found:
         ev = f.evidence
         out.append(None if ev is None else index.get((ev.passage, ev.start, ev.end)))
     return out
@@ -227,12 +236,14 @@ def ablation_rows(
             removed[unit] = answer_logprobs(model, layout, reading.unit_positions(unit))
         return float(base[a:b].sum() - removed[unit][a:b].sum())
 
-    texts = _text_units(example, reading, [(s, e) for s, e, _, _ in spans])
+    chars = [(s, e) for s, e, _, _ in spans]
+    shares = [reading.unit_shares(GROUP, slice(a, b)) for _, _, a, b in spans]
+    texts = _text_units(example, reading, chars)
+    boths = _text_units(example, reading, chars, [list(x) for x in shares])
     rows = []
     group = source_key(example)
-    for (s, e, a, b), text in zip(spans, texts, strict=True):
-        shares = reading.unit_shares(GROUP, slice(a, b))
-        top = int(np.argmax(shares))
+    for (s, e, a, b), text, both, share in zip(spans, texts, boths, shares, strict=True):
+        top = int(np.argmax(share))
         other = _random_unit(reading, top, rng)
         if other is None:
             continue
@@ -244,13 +255,15 @@ def ablation_rows(
                 end=e,
                 n_tokens=b - a,
                 top_unit=top,
-                top_share=float(shares[top]),
+                top_share=float(share[top]),
                 random_unit=other,
                 text_unit=text,
+                both_unit=both,
                 logprob=float(base[a:b].sum()),
                 drop_top=drop(top, a, b),
                 drop_random=drop(other, a, b),
                 drop_text=None if text is None else drop(text, a, b),
+                drop_both=None if both is None else drop(both, a, b),
             )
         )
     return rows
@@ -296,6 +309,7 @@ def attribution_report(
         "n_answers": len({r.example_id for r in rows}),
         "attention": _compare(rows, "drop_top", n_boot, seed),
         "text": _compare(rows, "drop_text", n_boot, seed),
+        "both": _compare(rows, "drop_both", n_boot, seed),
         "mean_top_share": float(np.mean([r.top_share for r in rows])) if rows else None,
         "group": GROUP,
         "settings": {
@@ -350,15 +364,18 @@ def row_from_json(d: Mapping[str, Any]) -> AblationRow:
             if not isinstance(v, int | float) or isinstance(v, bool) or not np.isfinite(v):
                 raise ValueError(f"{k} is not a finite number")
             out[k] = float(v)
-        tu, dt = d.get("text_unit"), d.get("drop_text")
-        if (tu is None) != (dt is None):
-            raise ValueError("text_unit and drop_text are both given or both null")
-        if tu is not None and (not isinstance(tu, int) or isinstance(tu, bool)):
-            raise ValueError("text_unit is not an integer")
-        if dt is not None and (not isinstance(dt, int | float) or not np.isfinite(dt)):
-            raise ValueError("drop_text is not a finite number")
-        out["text_unit"] = tu
-        out["drop_text"] = None if dt is None else float(dt)
+        for unit, drop in (("text_unit", "drop_text"), ("both_unit", "drop_both")):
+            tu, dt = d.get(unit), d.get(drop)
+            if (tu is None) != (dt is None):
+                raise ValueError(f"{unit} and {drop} are both given or both null")
+            if tu is not None and (not isinstance(tu, int) or isinstance(tu, bool)):
+                raise ValueError(f"{unit} is not an integer")
+            if dt is not None and (
+                not isinstance(dt, int | float) or isinstance(dt, bool) or not np.isfinite(dt)
+            ):
+                raise ValueError(f"{drop} is not a finite number")
+            out[unit] = tu
+            out[drop] = None if dt is None else float(dt)
     except KeyError as e:
         raise ValueError(f"missing field {e.args[0]}") from e
     return AblationRow(**out)

@@ -131,7 +131,10 @@ def test_ablation_rows_resume_and_report(tiny_model: LoadedModel, tmp_path: Path
     diff = np.mean([r.drop_top - r.drop_random for r in rows])
     assert att["n"] == len(rows) and att["mean_difference"] == pytest.approx(diff)
     assert att["win_rate"] == pytest.approx(np.mean([r.drop_top > r.drop_random for r in rows]))
+    assert rep["text"]["n"] == sum(r.text_unit is not None for r in rows) > 0
+    assert rep["both"]["n"] == sum(r.both_unit is not None for r in rows) > 0
     md = attribution_markdown(attribution_run(rep, "builtin", "tiny"))
+    assert "alignment re-ranked by attention" in md
     assert "an anecdote, not an estimate" in md  # a few spans say so
 
 
@@ -179,6 +182,8 @@ def test_a_broken_progress_file_names_the_line_and_the_fix(
         drop_top=1.0,
         drop_random=0.5,
         drop_text=None,
+        both_unit=None,
+        drop_both=None,
     )
     p.write_text(json.dumps({"key": "g", "rows": [good.to_json()]}) + "\n" + line + "\n")
     with pytest.raises(DataError, match=match) as e:
@@ -196,6 +201,7 @@ def test_a_broken_progress_file_names_the_line_and_the_fix(
         ({"drop_top": float("nan")}, "drop_top is not a finite number"),
         ({"text_unit": 2}, "both given or both null"),
         ({"text_unit": "2", "drop_text": 1.0}, "text_unit is not an integer"),
+        ({"both_unit": 1, "drop_both": True}, "drop_both is not a finite number"),
     ],
 )
 def test_row_from_json_is_strict(patch: dict, match: str) -> None:
@@ -213,6 +219,8 @@ def test_row_from_json_is_strict(patch: dict, match: str) -> None:
         "drop_top": 1.0,
         "drop_random": 0.5,
         "drop_text": None,
+        "both_unit": None,
+        "drop_both": None,
     }
     assert row_from_json(d).drop_top == 1.0
     with pytest.raises(ValueError, match=match):
