@@ -494,6 +494,7 @@ def attribution_markdown(run: Mapping[str, Any]) -> str:
     for key, label in (
         ("attention", "most attended (attention)"),
         ("text", "evidence alignment (text)"),
+        ("both", "alignment re-ranked by attention"),
     ):
         r = dict(run.get(key) or {})
         if not r.get("n"):
