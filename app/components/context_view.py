@@ -275,8 +275,11 @@ def context_section(
             },
         )
         marks = passage_marks(reading, group, span)
+        first = reading.units[top_units(reading, group, span)[0]][0]
         for p in sorted(marks):
-            with st.expander(f"Passage {p + 1}, its most attended sentences shaded"):
+            with st.expander(
+                f"Passage {p + 1}, its most attended sentences shaded", expanded=p == first
+            ):
                 st.html(marked_html(view.layout.passage_texts[p], marks[p]))
     with st.expander("Every head group side by side"):
         st.dataframe(
