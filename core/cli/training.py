@@ -427,13 +427,19 @@ def _attribution(args: argparse.Namespace) -> int:
     rows: list[AblationRow] = []
     reused = 0
     bar = tqdm(total=len(examples), desc="attribution", unit="answer", file=sys.stderr)
-    for _, got, computed in check_rows(model, examples, seed=args.seed, progress=progress):
+    failed: list[str] = []
+    for ex, got, computed, error in check_rows(model, examples, seed=args.seed, progress=progress):
         rows += got
         reused += not computed
+        if error is not None:
+            failed.append(f"{ex.id}: {error}")
         bar.update()
-        bar.set_postfix(spans=len(rows), reused=reused)
+        bar.set_postfix(spans=len(rows), reused=reused, failed=len(failed))
     bar.close()
+    for line in failed[:10]:
+        print(f"SKIPPED {line}", file=sys.stderr)
     report = attribution_report(rows, n_boot=args.bootstrap, seed=args.seed)
+    report["n_failed"] = len(failed)
     run = attribution_run(report, "+".join(names), model.info.display_name)
     j, m = save_attribution_run(run, folder)
     print(attribution_markdown(run))

@@ -328,20 +328,26 @@ def check_rows(
     *,
     seed: int = 0,
     progress: str | Path | None = None,
-) -> Iterator[tuple[RAGExample, list[AblationRow], bool]]:
-    """``(example, rows, computed)`` for each example. With a ``progress`` file, answers it
-    holds (same content, model and seed) are read back, and each computed one is added to
-    it, so a stopped run resumes where it was."""
+) -> Iterator[tuple[RAGExample, list[AblationRow], bool, str | None]]:
+    """``(example, rows, computed, error)`` for each example. With a ``progress`` file,
+    answers it holds (same content, model and seed) are read back, and each computed one
+    is added to it, so a stopped run resumes where it was. An answer that cannot be laid
+    out (e.g. longer than the model's context) gets no rows and its error, and is not
+    recorded (a later run tries it again)."""
     done = read_progress(progress) if progress is not None else {}
     for ex in examples:
         key = progress_key(ex, model.info.key, seed)
         if key in done:
-            yield ex, done[key], False
+            yield ex, done[key], False, None
             continue
-        rows = ablation_rows(model, ex, seed=seed)
+        try:
+            rows = ablation_rows(model, ex, seed=seed)
+        except DataError as e:
+            yield ex, [], True, str(e)
+            continue
         if progress is not None:
             append_progress(progress, key, rows)
-        yield ex, rows, True
+        yield ex, rows, True, None
 
 
 def row_from_json(d: Mapping[str, Any]) -> AblationRow:

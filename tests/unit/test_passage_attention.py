@@ -3,6 +3,7 @@ check (core.evaluation.attribution_check), on hand-made attention and the tiny m
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -115,14 +116,18 @@ def test_ablation_rows_resume_and_report(tiny_model: LoadedModel, tmp_path: Path
     examples = builtin_examples()[:3]
     progress = tmp_path / "p.jsonl"
     first = [
-        (ex.id, rows, new) for ex, rows, new in check_rows(tiny_model, examples, progress=progress)
+        (ex.id, rows, new)
+        for ex, rows, new, _ in check_rows(tiny_model, examples, progress=progress)
     ]
     assert all(new for _, _, new in first)
     rows = [r for _, rs, _ in first for r in rs]
     assert rows and all(r.n_tokens >= 3 and r.top_unit != r.random_unit for r in rows)
     again = list(check_rows(tiny_model, examples, progress=progress))
-    assert not any(new for _, _, new in again)
-    assert [r for _, rs, _ in again for r in rs] == rows
+    assert not any(new for _, _, new, _ in again)
+    assert [r for _, rs, _, _ in again for r in rs] == rows
+    long = dataclasses.replace(examples[1], id="too-long", passages=("word " * 20_000,))
+    ((_, got, new, error),) = check_rows(tiny_model, [long], progress=progress)
+    assert got == [] and new and error and len(read_progress(progress)) == 3  # not recorded
     direct = ablation_rows(tiny_model, examples[0])
     assert direct == first[0][1]
 
