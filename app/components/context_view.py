@@ -96,6 +96,7 @@ def _slider_span(view: HeadView, state: HeadsState) -> tuple[int, int]:
         parse=parse,  # the slider's value is its first and last token
         to_id=span_id,
         seed=(state.span[0], state.span[1] - 1),
+        default=span_id(first_sentence(view)),  # a fresh view's span stays out of the URL
         what="answer span",
         where="in this answer",
     )

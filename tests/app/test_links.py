@@ -88,6 +88,8 @@ def test_a_heads_link_opens_its_dataset_split_example_and_head(
         "head": "L1H2",
         "top": "3",
         "unit": "chunk",
+        "span": "1-3",
+        "group": "late",
     }
     at = open_link(HEADS, **link)
     assert not _warnings(at)
