@@ -34,7 +34,6 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterable, Iterator, Mapping, Sequence
 from dataclasses import asdict, dataclass
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -46,7 +45,7 @@ from core.base.safeio import parse_json, read_bounded
 from core.engine.layout import Layout, render
 from core.engine.model import LoadedModel
 from core.engine.trace import hooked_logits, trace
-from core.evaluation.cv_run import read_run, save_run
+from core.evaluation.cv_run import read_run, save_run, stamped_run
 from core.learning.metrics import group_resamples
 from core.pipeline.evidence import find_all
 from core.pipeline.span_judge import answer_sentences
@@ -453,15 +452,7 @@ def latest_run(folder: str | Path) -> dict[str, Any] | None:
 
 def attribution_run(report: Mapping[str, Any], dataset: str, model: str) -> dict[str, Any]:
     """``report`` as a run to save: with its kind, name, dataset, model and time."""
-    now = datetime.now(UTC)
-    return {
-        "kind": KIND,
-        "name": f"{now:%Y%m%d-%H%M%S}-attribution-{dataset}",
-        "created_at": now.isoformat(timespec="seconds"),
-        "dataset": dataset,
-        "model": model,
-        **report,
-    }
+    return stamped_run(KIND, dataset, report, model=model)
 
 
 def _fmt(v: Any, ci: Any = None, pct: bool = False) -> str:

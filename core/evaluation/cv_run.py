@@ -12,6 +12,7 @@ import json
 import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -412,6 +413,19 @@ def file_stem(name: str) -> str:
     ``._+-`` become ``_`` (no folders, no hidden files)."""
     stem = re.sub(r"[^A-Za-z0-9._+-]", "_", name).lstrip(".")
     return stem[:200] or "run"
+
+
+def stamped_run(kind: str, dataset: str, report: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
+    """``report`` as a run to save: its kind, a dated name, its dataset, the time, ``extra``."""
+    now = datetime.now(UTC)
+    return {
+        "kind": kind,
+        "name": f"{now:%Y%m%d-%H%M%S}-{kind}-{dataset}",
+        "created_at": now.isoformat(timespec="seconds"),
+        "dataset": dataset,
+        **extra,
+        **report,
+    }
 
 
 def save_run(name: str, d: Mapping[str, Any], md: str, folder: str | Path) -> tuple[Path, Path]:

@@ -23,14 +23,13 @@ from __future__ import annotations
 
 import re
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
 import numpy as np
 
 from core.base.examples import RAGExample, Span, source_key
-from core.evaluation.cv_run import save_run
+from core.evaluation.cv_run import save_run, stamped_run
 from core.learning.metrics import MIN_CLASS_ANSWERS, group_resamples
 from core.pipeline.evidence import STOPWORDS, candidate_sentences, find_all
 
@@ -280,14 +279,7 @@ def evidence_quality(
 
 def evidence_run(report: Mapping[str, Any], dataset: str) -> dict[str, Any]:
     """``report`` as a run to save: with its kind, name, dataset and time."""
-    now = datetime.now(UTC)
-    return {
-        "kind": KIND,
-        "name": f"{now:%Y%m%d-%H%M%S}-evidence-{dataset}",
-        "created_at": now.isoformat(timespec="seconds"),
-        "dataset": dataset,
-        **report,
-    }
+    return stamped_run(KIND, dataset, report)
 
 
 def _fmt(v: Any, ci: Any = None, pct: bool = False) -> str:
