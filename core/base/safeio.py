@@ -18,6 +18,11 @@ folders, feature caches, datasets, uploads) goes through these helpers:
   a callable into an estimator (e.g. a ``FunctionTransformer`` that runs a command at
   the first ``predict``).
 
+Writing goes the other way round: :func:`replacing` (and :func:`replace_file`) writes a
+new file beside the destination, under a fresh name no one else can have made (so no
+planted symlink is followed), and renames it over the destination only once it is
+whole; a failure leaves the earlier file as it was.
+
 No pickle, no ``torch.load`` without ``weights_only=True``, no ``eval`` anywhere in
 ragscope; ruff's banned-api and bandit rules in ``pyproject.toml`` enforce it.
 """
@@ -29,10 +34,12 @@ import hashlib
 import json
 import os
 import stat
+import tempfile
 import zipfile
-from collections.abc import Iterable
+from collections.abc import Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
 from pathlib import Path
-from typing import Any
+from typing import IO, Any, Literal, overload
 
 import numpy as np
 
@@ -46,6 +53,52 @@ a handful of levels; a deeper one is a mistake or an attack on a recursive reade
 
 MAX_ZIP_MEMBERS = 20_000
 MAX_ZIP_BYTES = 1024 * MiB
+
+
+@overload
+def replacing(
+    path: str | os.PathLike[str], mode: Literal["w"] = "w"
+) -> AbstractContextManager[IO[str]]: ...
+@overload
+def replacing(
+    path: str | os.PathLike[str], mode: Literal["wb"]
+) -> AbstractContextManager[IO[bytes]]: ...
+def replacing(
+    path: str | os.PathLike[str], mode: Literal["w", "wb"] = "w"
+) -> AbstractContextManager[IO[Any]]:
+    """A new file in ``path``'s folder to write (text as UTF-8 with ``\\n`` line ends, or
+    bytes), moved over ``path`` when the block ends without an error; on an error it is
+    removed and ``path`` is left as it was. Its name is made with ``O_EXCL``, so a
+    symlink planted at a predictable name is never followed; the folder is created."""
+    return _replacing(Path(path), mode)
+
+
+@contextmanager
+def _replacing(dest: Path, mode: Literal["w", "wb"]) -> Iterator[IO[Any]]:
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name[:64]}.", suffix=".partial", dir=dest.parent)
+    try:
+        if mode == "wb":
+            f: IO[Any] = os.fdopen(fd, "wb")
+        else:
+            f = os.fdopen(fd, "w", encoding="utf-8", newline="\n")
+        with f:
+            yield f
+        os.replace(tmp, dest)
+    finally:
+        if os.path.lexists(tmp):
+            os.unlink(tmp)
+
+
+def replace_file(path: str | os.PathLike[str], data: str | bytes) -> Path:
+    """Write ``data`` to ``path`` through :func:`replacing`; returns the path."""
+    if isinstance(data, bytes):
+        with replacing(path, "wb") as fb:
+            fb.write(data)
+    else:
+        with replacing(path) as ft:
+            ft.write(data)
+    return Path(path)
 
 
 def regular_file(path: Path, *, follow_symlinks: bool = True) -> os.stat_result:

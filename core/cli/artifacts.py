@@ -6,13 +6,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 
 from core.base.errors import DataError, RagscopeError
 from core.base.paths import detector_set_dir, detector_set_name, detector_set_names, shipped_dir
+from core.base.safeio import replace_file
 from core.cli.common import Subparsers, add_model_args, load, recipe_dataset
 from core.data import (
     data_hash,
@@ -134,9 +134,7 @@ def cmd_span_rule(args: argparse.Namespace) -> int:
     cfg_path = folder / "cfg.json"
     cfg = json.loads(cfg_path.read_text(encoding="utf-8"))
     cfg["span_rule"] = rule.to_json()
-    tmp = cfg_path.with_name(".cfg.json.partial")
-    tmp.write_text(json.dumps(cfg, indent=2) + "\n", encoding="utf-8")
-    os.replace(tmp, cfg_path)
+    replace_file(cfg_path, json.dumps(cfg, indent=2) + "\n")
     print(f"{folder}: spans by {rule.describe()}")
     m = rule.measured
     print(

@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from core.base.errors import DataError
 from core.base.examples import RAGExample, example_hash
+from core.base.safeio import replace_file
 from core.cli.common import (
     REPORT_LINES,
     Subparsers,
@@ -211,7 +212,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
             "seconds": round(seconds, 3),
             "failures": failures,
         }
-        Path(args.report).write_text(json.dumps(report, indent=2))
+        replace_file(args.report, json.dumps(report, indent=2))
     return 1 if failures else 0
 
 

@@ -17,7 +17,6 @@ import argparse
 import dataclasses
 import html
 import json
-import os
 import sys
 import time
 from collections.abc import Iterable, Mapping, Sequence
@@ -30,6 +29,7 @@ from tqdm import tqdm
 
 from core.base.errors import DataError
 from core.base.examples import RAGExample
+from core.base.safeio import replace_file, replacing
 from core.cli.common import (
     REPORT_LINES,
     Subparsers,
@@ -182,9 +182,17 @@ def choose_set(args: argparse.Namespace, model_key: str) -> DetectorSet:
     return dset
 
 
+RECORD_OPENING = b'{"id": '
+"""How every verdict line ``judge`` writes opens (``json.dumps`` of ``to_record``)."""
+
+
 def _held_records(out: Path, dset: DetectorSet) -> list[dict[str, Any]]:
-    """The verdicts a JSONL ``--out`` already holds; a last line cut short by a stopped
-    run is removed so the next answer starts on a line of its own.
+    """The verdicts a JSONL ``--out`` already holds. Every whole line must be a verdict of
+    ``dset``; an unterminated last line is one a stopped run cut short (it opens like a
+    verdict, after at least one whole verdict) or a whole verdict without its newline.
+    Only then is the file rewritten (beside it, moved over it) without the cut line or
+    with the newline, so the next answer starts on a line of its own; anything else is
+    refused before a byte of it changes.
 
     Raises:
         DataError: The file holds something else than this set's verdicts.
@@ -192,31 +200,56 @@ def _held_records(out: Path, dset: DetectorSet) -> list[dict[str, Any]]:
     if not out.is_file():
         return []
     raw = out.read_bytes()
-    if raw and not raw.endswith(b"\n"):
-        cut = raw.rfind(b"\n") + 1
-        with out.open("r+b") as f:
-            f.truncate(cut)
-        raw = raw[:cut]
-    held = []
-    for n, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
-        if not line.strip():
-            continue
-        try:
-            rec = json.loads(line)
-        except json.JSONDecodeError as e:
-            raise DataError(
-                f"line {n} is not a verdict ({e.msg}); give another --out, or remove it",
-                source=str(out),
-            ) from None
-        ok = isinstance(rec, dict) and isinstance(rec.get("id"), str)
-        if not ok or not _judged_by(rec, dset):
-            raise DataError(
-                f"line {n} is not a verdict of the {dset.name} set's "
-                f"{', '.join(dset.names)}; give another --out to judge with them",
-                source=str(out),
-            )
-        held.append(rec)
+    whole, _, tail = raw.rpartition(b"\n")
+    if not _:
+        whole, tail = b"", raw
+    held = [
+        _held(line, n, out, dset)
+        for n, line in enumerate(whole.decode("utf-8", errors="replace").split("\n"), 1)
+        if line.strip()
+    ]
+    if not tail.strip():
+        return held
+    keep = whole + b"\n" if whole else b""
+    try:
+        last = json.loads(tail)
+    except (json.JSONDecodeError, UnicodeDecodeError):
+        last = None
+    if last is not None:
+        held.append(_held(tail.decode("utf-8"), len(held) + 1, out, dset))
+        keep = raw + b"\n"
+    elif not (held and tail.startswith(RECORD_OPENING)):
+        raise DataError(
+            f"its last line ({len(whole.splitlines()) + 1}) is not a verdict; give another "
+            "--out, or remove that line (nothing was written)",
+            source=str(out),
+        )
+    replace_file(out, keep)
     return held
+
+
+def _held(line: str, n: int, out: Path, dset: DetectorSet) -> dict[str, Any]:
+    """Line ``n`` of a JSONL ``--out``, checked to be a verdict of ``dset``.
+
+    Raises:
+        DataError: It is not (the line named, nothing written).
+    """
+    try:
+        rec = json.loads(line)
+    except json.JSONDecodeError as e:
+        raise DataError(
+            f"line {n} is not a verdict ({e.msg}); give another --out, or remove it "
+            "(nothing was written)",
+            source=str(out),
+        ) from None
+    if not (isinstance(rec, dict) and isinstance(rec.get("id"), str) and _judged_by(rec, dset)):
+        raise DataError(
+            f"line {n} is not a verdict of the {dset.name} set's "
+            f"{', '.join(dset.names)}; give another --out to judge with them (nothing was "
+            "written)",
+            source=str(out),
+        )
+    return rec
 
 
 def _judged_by(rec: dict[str, Any], dset: DetectorSet) -> bool:
@@ -276,12 +309,11 @@ def balanced_accuracy(records: Iterable[Mapping[str, Any]]) -> tuple[float | Non
 def _write_table(records: Sequence[Mapping[str, Any]], out: Path, fmt: str) -> None:
     """CSV (formula-safe) or Parquet, written beside ``out`` and moved over it."""
     frame = verdict_rows(records)
-    tmp = out.with_name(f".{out.name}.partial")
     if fmt == ".csv":
-        tmp.write_text(safe_csv(frame), encoding="utf-8", newline="")
+        replace_file(out, safe_csv(frame))
     else:
-        frame.to_parquet(tmp, index=False)
-    os.replace(tmp, out)
+        with replacing(out, "wb") as f:
+            frame.to_parquet(f, index=False)
 
 
 def _marked(text: str, spans: Sequence[Mapping[str, Any]]) -> str:
@@ -448,6 +480,8 @@ def _check_out(path: str | None, option: str, answers: str) -> None:
     if path is None:
         return
     p = Path(path)
+    if p.is_symlink():  # even a dangling one: writing would create or change its target
+        raise DataError(f"{option} {path!r} is a symbolic link: name a new file", field=option)
     if p.is_dir():
         raise DataError(f"{option} {path!r} is a folder: name a file to write", field=option)
     if not p.exists():
@@ -457,7 +491,7 @@ def _check_out(path: str | None, option: str, answers: str) -> None:
             f"{option} {path!r} is the answers' own file: name another file to write",
             field=option,
         )
-    if not p.is_file() or p.is_symlink():
+    if not p.is_file():
         raise DataError(f"{option} {path!r} is not a regular file: name a new file", field=option)
     if not _ours(p, option):
         raise DataError(
@@ -470,12 +504,10 @@ def _check_out(path: str | None, option: str, answers: str) -> None:
 def _write_spans(records: Sequence[Mapping[str, Any]], out: Path) -> None:
     """Each answer's spans in the span-detector schema, written beside ``out`` and moved
     over it."""
-    tmp = out.with_name(f".{out.name}.partial")
-    with tmp.open("w", encoding="utf-8") as f:
+    with replacing(out) as f:
         for r in records:
             f.write(json.dumps({"id": r["id"], "spans": lettuce_spans(r)}, ensure_ascii=False))
             f.write("\n")
-    os.replace(tmp, out)
 
 
 def cmd_judge(args: argparse.Namespace) -> int:
@@ -560,10 +592,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
     if args.html and everything:
         answers = {e.id: e.response for e in examples}
         page = verdicts_html(everything, answers, title="ragscope judge", summary=[head, *lines])
-        html_out = Path(args.html)
-        tmp = html_out.with_name(f".{html_out.name}.partial")
-        tmp.write_text(page, encoding="utf-8")
-        os.replace(tmp, html_out)
+        replace_file(args.html, page)
     if args.spans and everything:
         _write_spans(everything, Path(args.spans))
     print(head)

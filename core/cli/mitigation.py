@@ -7,11 +7,11 @@ from __future__ import annotations
 import argparse
 import json
 from collections.abc import Callable
-from pathlib import Path
 from typing import Any
 
 from core.base.errors import DataError
 from core.base.llm import CONFIG_HELP, LLMEndpoint
+from core.base.safeio import replace_file
 from core.cli.common import (
     Subparsers,
     add_example_args,
@@ -130,9 +130,9 @@ def cmd_mitigate(args: argparse.Namespace) -> int:
     for err in report.errors[:10]:
         print(f"  failed: {err}")
     if args.out:
-        out = Path(args.out)
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_text(json.dumps(dataclasses.asdict(report), indent=1, default=str) + "\n")
+        out = replace_file(
+            args.out, json.dumps(dataclasses.asdict(report), indent=1, default=str) + "\n"
+        )
         print(f"saved {out}")
     return 0
 

@@ -30,6 +30,7 @@ from pathlib import Path
 
 from core.base.errors import DataError
 from core.base.examples import RAGExample, dedupe_ids
+from core.base.safeio import replacing
 from core.data.generic import _Generic
 from core.data.interpdetect_format import _InterpDetect
 from core.data.ragscope import _ragscope_record
@@ -173,13 +174,7 @@ def save_jsonl(examples: Iterable[RAGExample], path: str | os.PathLike[str]) -> 
     """
     exs = dedupe_ids(examples)
     p = Path(path)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(f".{p.name}.tmp-{os.getpid()}")
-    try:
-        with tmp.open("w", encoding="utf-8", newline="\n") as f:
-            for ex in exs:
-                f.write(ex.to_json() + "\n")
-        os.replace(tmp, p)
-    finally:
-        tmp.unlink(missing_ok=True)
+    with replacing(p) as f:
+        for ex in exs:
+            f.write(ex.to_json() + "\n")
     return p

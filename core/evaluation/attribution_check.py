@@ -45,7 +45,8 @@ from core.base.safeio import parse_json, read_bounded
 from core.engine.layout import Layout, render
 from core.engine.model import LoadedModel
 from core.engine.trace import hooked_logits, trace
-from core.evaluation.cv_run import read_run, save_run, stamped_run
+from core.evaluation.cv_run import read_run, stamped_run
+from core.evaluation.evaluate import save_run
 from core.learning.metrics import group_resamples
 from core.pipeline.evidence import find_all
 from core.pipeline.span_judge import answer_sentences

@@ -46,9 +46,9 @@ from core.evaluation.cv_run import (
     Criterion,
     CVResult,
     CVRun,
-    file_stem,
 )
 from core.evaluation.evaluate import (
+    file_stem,
     fit_detector,
     set_thresholds,
     token_labels_and_scores,

@@ -8,8 +8,6 @@ the run files' reading and writing that the cross-domain matrix shares.
 
 from __future__ import annotations
 
-import json
-import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -23,6 +21,7 @@ from core.base.safeio import read_json_file
 from core.evaluation.comparison import checked_comparisons, comparison_lines
 from core.evaluation.evaluate import (
     RUN_JSON_LIMIT,
+    save_run,
 )
 from core.learning.calibration import Reliability
 from core.learning.metrics import (
@@ -408,13 +407,6 @@ def format_ci(m: Mapping[str, Any], key: str) -> str:
     return format_metric(m.get(key)) + (f" [{ci[0]:.3f}, {ci[1]:.3f}]" if ci else "")
 
 
-def file_stem(name: str) -> str:
-    """A run name as a safe file name: other characters than letters, digits and
-    ``._+-`` become ``_`` (no folders, no hidden files)."""
-    stem = re.sub(r"[^A-Za-z0-9._+-]", "_", name).lstrip(".")
-    return stem[:200] or "run"
-
-
 def stamped_run(kind: str, dataset: str, report: Mapping[str, Any], **extra: Any) -> dict[str, Any]:
     """``report`` as a run to save: its kind, a dated name, its dataset, the time, ``extra``."""
     now = datetime.now(UTC)
@@ -426,16 +418,6 @@ def stamped_run(kind: str, dataset: str, report: Mapping[str, Any], **extra: Any
         **extra,
         **report,
     }
-
-
-def save_run(name: str, d: Mapping[str, Any], md: str, folder: str | Path) -> tuple[Path, Path]:
-    out = Path(folder)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = file_stem(name)
-    j, m = out / f"{stem}.json", out / f"{stem}.md"
-    j.write_text(json.dumps(d, indent=1) + "\n")
-    m.write_text(md + "\n")
-    return j, m
 
 
 def read_run(path: str | Path, what: str) -> dict[str, Any]:

@@ -29,7 +29,7 @@ import numpy as np
 from core.base.errors import DataError
 from core.base.examples import RAGExample
 from core.base.paths import runs_dir
-from core.base.safeio import MiB, read_json_file
+from core.base.safeio import MiB, read_json_file, replace_file
 from core.data import data_hash
 from core.detectors import detector_class, make_detector
 from core.engine.model import LoadedModel
@@ -103,6 +103,24 @@ def token_threshold(examples: Sequence[RAGExample], verdicts: Sequence[Verdict])
 # ----------------------------------------------------------------------------- runs
 
 
+def file_stem(name: str) -> str:
+    """A run name as a safe file name: other characters than letters, digits and
+    ``._+-`` become ``_`` (no folders, no hidden files)."""
+    stem = re.sub(r"[^A-Za-z0-9._+-]", "_", name).lstrip(".")
+    return stem[:200] or "run"
+
+
+def save_run(name: str, d: Mapping[str, Any], md: str, folder: str | Path) -> tuple[Path, Path]:
+    """A run's JSON ``d`` and markdown ``md`` as ``<stem>.json`` and ``<stem>.md`` in
+    ``folder`` (:func:`file_stem` of ``name``), each written new and renamed over any
+    earlier one (:func:`~core.base.safeio.replace_file`)."""
+    out = Path(folder)
+    stem = file_stem(name)
+    j = replace_file(out / f"{stem}.json", json.dumps(d, indent=1) + "\n")
+    m = replace_file(out / f"{stem}.md", md + "\n")
+    return j, m
+
+
 @dataclass(frozen=True, kw_only=True)
 class DetectorResult:
     """One detector's test results in a run."""
@@ -161,14 +179,8 @@ class EvalRun:
         return cls(**kw)
 
     def save(self, folder: str | Path) -> tuple[Path, Path]:
-        """Write ``<name>.json`` and ``<name>.md`` into ``folder``."""
-        out = Path(folder)
-        out.mkdir(parents=True, exist_ok=True)
-        j = out / f"{self.name}.json"
-        m = out / f"{self.name}.md"
-        j.write_text(json.dumps(self.to_dict(), indent=1) + "\n")
-        m.write_text(self.to_markdown() + "\n")
-        return j, m
+        """Write ``<name>.json`` and ``<name>.md`` into ``folder`` (:func:`save_run`)."""
+        return save_run(self.name, self.to_dict(), self.to_markdown(), folder)
 
     @classmethod
     def load(cls, path: str | Path) -> EvalRun:

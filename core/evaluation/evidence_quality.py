@@ -29,7 +29,8 @@ from typing import Any
 import numpy as np
 
 from core.base.examples import RAGExample, Span, source_key
-from core.evaluation.cv_run import save_run, stamped_run
+from core.evaluation.cv_run import stamped_run
+from core.evaluation.evaluate import save_run
 from core.learning.metrics import MIN_CLASS_ANSWERS, group_resamples
 from core.pipeline.evidence import STOPWORDS, candidate_sentences, find_all
 

@@ -20,9 +20,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
 import shutil
-import tempfile
 import time
 import zipfile
 from collections.abc import Mapping, Sequence
@@ -35,7 +33,7 @@ import numpy as np
 
 from core.base.errors import DataError
 from core.base.paths import cache_dir, repo_root
-from core.base.safeio import MiB, check_zip, parse_json, read_bounded
+from core.base.safeio import MiB, check_zip, parse_json, read_bounded, replace_file
 from core.learning.contract import MALFORMED, Verdict
 
 FOLD_FORMAT = 1
@@ -189,15 +187,7 @@ def save_fold(folder: str | Path, key: str, r: FoldResult) -> Path:
         token_offsets=np.concatenate(off) if off else np.zeros((0, 2), np.int64),
     )
     path = d / f"{key}.npz"
-    fd, tmp = tempfile.mkstemp(dir=d, suffix=".tmp")
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf.getvalue())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    return path
+    return replace_file(path, buf.getvalue())
 
 
 def load_fold(folder: str | Path, key: str, test: np.ndarray) -> FoldResult | None:

@@ -38,7 +38,8 @@ from core.evaluation.crossval import (
     label_array,
     pooled_metrics,
 )
-from core.evaluation.cv_run import CV_FORMAT, file_stem, format_ci, read_run, save_run
+from core.evaluation.cv_run import CV_FORMAT, format_ci, read_run
+from core.evaluation.evaluate import file_stem, save_run
 from core.evaluation.foldstore import FoldResult, fold_key, fold_result, load_fold, save_fold
 from core.learning.contract import Detector, Features
 from core.pipeline.extract import Extraction, FeatureCache

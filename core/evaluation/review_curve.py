@@ -44,7 +44,8 @@ from sklearn.model_selection import StratifiedKFold
 from core.base.errors import DataError
 from core.data.sampling import random_order
 from core.evaluation.adapt import fit_refit, fit_review_calibration, missing_reviews
-from core.evaluation.cv_run import read_run, save_run
+from core.evaluation.cv_run import read_run
+from core.evaluation.evaluate import save_run
 from core.learning.artifact import cfg_at, read_artifact_cfg
 from core.learning.calibration import expected_calibration_error, logit
 

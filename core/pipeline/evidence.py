@@ -48,7 +48,11 @@ they hold one above the floor), and the span is *contradicted* when:
 - the span cites passages that hold no evidence while another passage does;
 - a negation is on one side only, and the sentence holds at least
   :data:`NEGATION_OVERLAP` of the claim's weighted words (otherwise a "not" is about
-  something else).
+  something else);
+- the sentence holds every content word of the span but says it of something else: a
+  word of the span's answer sentence that the passages use elsewhere has another word in
+  its slot there ("The *duration* of the waggle run tells the direction" against "The
+  *angle* of the waggle run ... shows the direction").
 
 Else it is *unsupported*, naming the claim's content words the passages (else the
 sentence) do not contain.
@@ -491,6 +495,8 @@ class _Claim:
         cited: The passages (1-based) the span cites ("passage 2 & 3").
         absence: Whether it says the sources lack something ("not mentioned in the
             passages").
+        before, after: The content words of the span's answer sentence before and after
+            it (what the span is said of: "*The duration* of the waggle run tells ...").
     """
 
     text: str
@@ -499,6 +505,8 @@ class _Claim:
     context: str | None
     cited: frozenset[int]
     absence: bool
+    before: list[_Tok]
+    after: list[_Tok]
 
 
 _CITATION = re.compile(r"\bpassages?\s*(\d+(?:\s*(?:,|&|and)\s*\d+)*)", re.IGNORECASE)
@@ -535,6 +543,7 @@ def _claim(answer: str, start: int, end: int, names: frozenset[str]) -> _Claim:
                     weights.setdefault(t.key, CONTEXT_WEIGHT)
     cited = {int(d) for m in _CITATION.finditer(text) for d in re.findall(r"\d+", m.group(1))}
     words = {w.lower() for w in re.findall(r"[^\W\d_]+", text)}
+    a, b = _answer_sentence(answer, start, end)
     return _Claim(
         text=text,
         own=own,
@@ -542,6 +551,8 @@ def _claim(answer: str, start: int, end: int, names: frozenset[str]) -> _Claim:
         context=context,
         cited=frozenset(c for c in cited if c < 10_000),
         absence=bool(words & _SOURCES) and _ABSENT.search(text) is not None,
+        before=[t for t in _tokens(answer[a:start], names) if t.kind != "stop"],
+        after=[t for t in _tokens(answer[end:b], names) if t.kind != "stop"],
     )
 
 
@@ -635,7 +646,9 @@ def _finding(
         score=float(rank[best]),
         how="text" if att is None else "attention+text",
     )
-    clash = _contradiction(claim, ix.tokens[best], ev, float(text[best]), float(lex[best]))
+    clash = _contradiction(
+        claim, ix.tokens[best], ev, float(text[best]), float(lex[best]), ix.tokens
+    )
     if clash is not None:
         return SpanFinding(evidence=ev, type="contradicted", reason=_bounded(clash))
     return SpanFinding(
@@ -680,13 +693,19 @@ def _unsupported(claim: _Claim, ix: _Index, best: int) -> str:
 
 
 def _contradiction(
-    claim: _Claim, sent: Sequence[_Tok], ev: Evidence, score: float, lexical: float
+    claim: _Claim,
+    sent: Sequence[_Tok],
+    ev: Evidence,
+    score: float,
+    lexical: float,
+    sentences: Sequence[Sequence[_Tok]],
 ) -> str | None:
     """Why the evidence (text score ``score``, lexical score ``lexical``) states
     otherwise than the claim, or ``None``: another value or name in the same slot; the
     answer saying the sources lack what the sentence states (``score`` at least
     :data:`ABSENCE_FLOOR`); a citation of passages that hold no evidence while another
-    does; a one-sided negation."""
+    does; a one-sided negation; the sentence saying the span of something else
+    (:func:`_role_clash`; ``sentences``: the words of every candidate sentence)."""
     mine = claim.own
     theirs = [t for t in sent if t.kind != "stop"]
     values = _value_clash(mine, theirs)
@@ -707,6 +726,50 @@ def _contradiction(
         if neg_mine:
             return f'the answer negates what the passage states: "{quote}"'
         return f'the passage negates it: "{quote}"; the answer does not'
+    role = _role_clash(claim, theirs, sentences)
+    if role is not None:
+        return f'the passage says this of "{role[1]}", not of "{role[0]}": "{quote}"'
+    return None
+
+
+def _same_slot(a: tuple[set[str], set[str]], b: tuple[set[str], set[str]]) -> bool:
+    """Two :func:`_slot` s agree: on each side where both have content words, they share
+    one (and one side at least has them on both)."""
+    sides = [(x, y) for x, y in zip(a, b, strict=True) if x and y]
+    return bool(sides) and all(x & y for x, y in sides)
+
+
+def _role_clash(
+    claim: _Claim, theirs: Sequence[_Tok], sentences: Sequence[Sequence[_Tok]]
+) -> tuple[str, str] | None:
+    """The sentence states the span, but of something else: it holds every content word
+    of the span, and a word of the span's answer sentence (outside the span) has, in the
+    sentence, another word in its slot (:func:`_slot`, as for names) that the answer
+    never uses, while another passage sentence has the answer's word in that very slot:
+    "The *duration* of the waggle run tells the direction of the food" against "The
+    *angle* of the waggle run ... shows the direction of the food", when a passage says
+    "The *duration* of the waggle run shows the distance". A word the passages never use
+    in that slot (a synonym, a paraphrase: "chunks" for "cubes") is no clash."""
+    their_keys = {t.key for t in theirs}
+    if not claim.own or any(t.is_content and t.key not in their_keys for t in claim.own):
+        return None
+    seq = [*claim.before, *claim.own, *claim.after]
+    mine = {t.key for t in seq}
+    inside = range(len(claim.before), len(claim.before) + len(claim.own))
+    for i, t in enumerate(seq):
+        if i in inside or t.kind != "word" or t.key in their_keys:
+            continue
+        slot = _slot(seq, i, i + 1)
+        used = any(
+            u.key == t.key and _same_slot(slot, _slot(other, j, j + 1))
+            for other in sentences
+            for j, u in enumerate(other)
+        )
+        if not used:
+            continue
+        for a, s in enumerate(theirs):
+            if s.kind == "word" and s.key not in mine and _same_slot(slot, _slot(theirs, a, a + 1)):
+                return _cut(t.surface), _cut(s.surface)
     return None
 
 

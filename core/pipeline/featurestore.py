@@ -45,7 +45,7 @@ import pyarrow.parquet as pq
 from core import __version__
 from core.base.errors import DataError
 from core.base.examples import RAGExample, example_hash
-from core.base.safeio import parse_json
+from core.base.safeio import parse_json, replace_file
 from core.detectors import DETECTORS
 from core.learning.contract import Detector, Features
 from core.storage import Store
@@ -383,9 +383,9 @@ class ShardWriter:
     def close(self) -> None:
         """Flush, then leave the merged manifest in ``manifest.json``."""
         self.flush()
-        tmp = self.folder / f".tmp-manifest-{self.writer}.json"
-        tmp.write_text(json.dumps(read_manifest(self.folder), indent=2))
-        os.replace(tmp, self.folder / "manifest.json")
+        replace_file(
+            self.folder / "manifest.json", json.dumps(read_manifest(self.folder), indent=2)
+        )
 
 
 @dataclass(frozen=True)

@@ -37,8 +37,6 @@ from __future__ import annotations
 import hashlib
 import io
 import json
-import os
-import tempfile
 import threading
 import time
 import weakref
@@ -50,6 +48,7 @@ import numpy as np
 
 from core.base.errors import ModelError
 from core.base.paths import cache_dir
+from core.base.safeio import replace_file
 from core.engine.model import LoadedModel, Progress
 
 if TYPE_CHECKING:
@@ -483,15 +482,7 @@ def _save(path: Path, res: CopyingScores) -> None:
     arrays["meta"] = np.frombuffer(json.dumps(meta).encode("utf-8"), dtype=np.uint8)
     buf = io.BytesIO()
     np.savez(buf, **arrays)  # type: ignore[arg-type]  # numpy's stub reads **arrays as maybe allow_pickle
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=".tmp-", suffix=".npz", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(buf.getvalue())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
+    replace_file(path, buf.getvalue())
 
 
 def _load(path: Path, model_key: str, config: CopyingConfig) -> CopyingScores | None:

@@ -20,7 +20,15 @@ import skops.io as sio
 
 from core.base.errors import DataError
 from core.base.paths import repo_root
-from core.base.safeio import SKOPS_PLAIN_DATA, load_skops, parse_json, read_bounded, skops_types
+from core.base.safeio import (
+    SKOPS_PLAIN_DATA,
+    load_skops,
+    parse_json,
+    read_bounded,
+    replace_file,
+    replacing,
+    skops_types,
+)
 from core.cli import main
 from core.detectors import detector_class, seal_artifact
 from core.detectors.interpdetect import SKOPS_TYPES as INTERPDETECT_TYPES
@@ -728,3 +736,23 @@ def test_token_thresholds_never_opens_a_file_an_artifact_names(
         assert main([*args, "--detectors", "nll"]) == 2
         err = capsys.readouterr().err
         assert "which ragscope does not open on an artifact's word; give --dataset" in err
+
+
+def test_replacing_writes_whole_files_or_leaves_the_old_one(tmp_path: Path) -> None:
+    """What ragscope writes goes to a new file renamed over the old one only once whole:
+    an error mid-write keeps the old text and leaves no partial file; a symlink at the
+    destination is replaced, its target untouched."""
+    dest = tmp_path / "out" / "run.json"
+    replace_file(dest, "first\n")
+    with pytest.raises(RuntimeError), replacing(dest) as f:
+        f.write("half of a new")
+        raise RuntimeError("stopped")
+    assert dest.read_text(encoding="utf-8") == "first\n"
+    assert [p.name for p in dest.parent.iterdir()] == ["run.json"]
+    target = tmp_path / "someone-elses.txt"
+    target.write_text("theirs", encoding="utf-8")
+    link = tmp_path / "link.json"
+    link.symlink_to(target)
+    replace_file(link, b"ours")
+    assert not link.is_symlink() and link.read_bytes() == b"ours"
+    assert target.read_text(encoding="utf-8") == "theirs"

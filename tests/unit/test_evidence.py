@@ -70,6 +70,26 @@ def test_a_different_name_in_the_same_slot_contradicts() -> None:
     assert f.evidence is not None and f.evidence.passage == 1
 
 
+def test_a_span_the_passage_says_of_something_else_contradicts() -> None:
+    bees = (
+        "Foragers dance to share where food is. The angle of the waggle run shows the "
+        "direction of the food. The duration of the waggle run shows the distance to it.",
+    )
+    answer = "The duration of the waggle run tells the direction of the food."
+    f = _find(answer, "the direction of the food", passages=bees)
+    assert f.type == "contradicted"
+    assert f.reason.startswith('the passage says this of "angle", not of "duration"')
+    assert f.evidence is not None and f.evidence.text.startswith("The angle of")
+    # a word the passages never use in that slot is a paraphrase, not another subject
+    cubes = ("Cut the potatoes into cubes, about 2 inches on each side. Boil the chunks.",)
+    g = _find(
+        "Cut the potatoes into chunks, about 2 inches on each side.",
+        "about 2 inches on each side",
+        passages=cubes,
+    )
+    assert g.type == "unsupported"
+
+
 def test_a_negation_on_one_side_only_contradicts() -> None:
     f = _find("The museum on the top floor of the Harbour Tower is not open every day.")
     assert f.type == "contradicted" and "negates" in f.reason

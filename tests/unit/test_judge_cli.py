@@ -191,6 +191,53 @@ def test_judge_never_replaces_a_file_it_did_not_write(env: Path, passes: list[in
     assert _jsonl(spans)[0]["id"] == "x1" and "x1" in report.read_text(encoding="utf-8")
 
 
+def test_a_jsonl_out_is_resumed_only_when_every_line_is_a_verdict(
+    env: Path, passes: list[int], capsys
+) -> None:
+    """Nothing of an --out that is not wholly this set's verdicts changes, not even a last
+    line without its newline; a symlink (even dangling) or a folder is refused before
+    any judging."""
+    answers = env / "two.jsonl"
+    save_jsonl(builtin_examples()[:2], answers)
+    out = env / "v.jsonl"
+    target = env / "elsewhere.txt"
+    link = env / "link.jsonl"
+    link.symlink_to(target)
+    folder = env / "folder.jsonl"
+    folder.mkdir()
+    cases = {
+        env / "one-line.jsonl": "my notes, no newline",
+        env / "notes.jsonl": '{"id": "mine", "text": "kept"}',
+    }
+    for path, text in cases.items():
+        path.write_text(text, encoding="utf-8")
+    capsys.readouterr()
+    passes.clear()
+    for path in (*cases, link, folder):
+        assert main(["judge", str(answers), *MODEL, "--out", str(path)]) != 0
+    err = capsys.readouterr().err
+    assert err.count("is not a verdict") == 2 and "nothing was written" in err
+    assert "is a symbolic link" in err and "is a folder" in err
+    assert passes == [] and not target.exists()
+    for path, text in cases.items():
+        assert path.read_text(encoding="utf-8") == text
+    # a whole verdict that lost only its newline is kept, and the next starts a new line
+    assert main(["judge", str(answers), *MODEL, "--out", str(out), "--limit", "1"]) == 0
+    first = out.read_text(encoding="utf-8")
+    out.write_text(first.rstrip("\n"), encoding="utf-8")
+    assert main(["judge", str(answers), *MODEL, "--out", str(out)]) == 0
+    lines = out.read_text(encoding="utf-8").splitlines()
+    assert len(lines) == 2 and lines[0] == first.rstrip("\n")
+    assert "1 answers already in" in capsys.readouterr().err
+    # a verdict then something else, unterminated: refused, the file as it was
+    broken = first + "not a verdict"
+    out.write_text(broken, encoding="utf-8")
+    assert main(["judge", str(answers), *MODEL, "--out", str(out)]) != 0
+    assert "its last line (2) is not a verdict" in capsys.readouterr().err
+    assert out.read_text(encoding="utf-8") == broken
+    assert sorted(p.name for p in env.iterdir() if p.name.endswith(".partial")) == []
+
+
 def test_hostile_answers_are_neutralised_and_failures_named_and_skipped(env: Path, capsys) -> None:
     exs = builtin_examples()
     hostile = dataclasses.replace(
