@@ -7,6 +7,7 @@ exits non-zero.
 
 from __future__ import annotations
 
+import re
 import reprlib
 from collections.abc import Iterable, Sized
 from itertools import islice
@@ -53,6 +54,20 @@ def listed(items: Iterable[object], n: int = MAX_LISTED, *, empty: str = "(none)
         return empty
     more = len(items) - len(head) if isinstance(items, Sized) else 0
     return ", ".join(head) + (f" and {more:,} more" if more > 0 else "")
+
+
+_NATIVE_PREFIX = re.compile(r"^\[[\d:]+\]\s+\S+:\d+:\s*")
+"""How a native library's message opens (XGBoost: ``[12:00:01] /build/src/x.cc:42: ``)."""
+
+
+def brief(error: BaseException, max_len: int = 200) -> str:
+    """An exception from a library, for a message: its type and its first line, without
+    a native library's time and source path prefix or the backtrace after it."""
+    first = next((ln for ln in str(error).splitlines() if ln.strip()), "")
+    first = _NATIVE_PREFIX.sub("", first.strip())
+    if len(first) > max_len:
+        first = first[: max_len - 3] + "..."
+    return f"{type(error).__name__}: {first}" if first else type(error).__name__
 
 
 class RagscopeError(Exception):

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Literal, get_args
@@ -97,6 +98,21 @@ def lone_surrogate_at(text: str) -> int | None:
     return None
 
 
+CONTROL_CATEGORIES = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
+"""Unicode categories no name or id may hold: control (a NUL, a newline), format (a bidi
+override), surrogate, private-use characters and line or paragraph separators; each breaks a command line, a log, a
+file name or what a page shows."""
+
+
+def control_character(text: str) -> tuple[int, str] | None:
+    """The position and character of the first of :data:`CONTROL_CATEGORIES` in
+    ``text``, or ``None``."""
+    for i, ch in enumerate(text):
+        if unicodedata.category(ch) in CONTROL_CATEGORIES:
+            return i, ch
+    return None
+
+
 @dataclass(frozen=True, kw_only=True)
 class RAGExample:
     """One retrieval-augmented response to analyse.
@@ -134,6 +150,12 @@ class RAGExample:
 
         if not isinstance(self.id, str) or not self.id.strip():
             raise fail("every example needs a non-empty string id", "id")
+        if (bad := control_character(self.id)) is not None:
+            raise fail(
+                f"the id {quoted(self.id)} holds the control character U+{ord(bad[1]):04X} at "
+                f"position {bad[0]}; give ids of visible characters",
+                "id",
+            )
         if self.task not in TASKS:
             raise fail(f"unknown task {quoted(self.task)}; use one of {', '.join(TASKS)}", "task")
         if isinstance(self.passages, str) or not isinstance(self.passages, Sequence):

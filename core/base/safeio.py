@@ -43,13 +43,16 @@ from typing import IO, Any, Literal, overload
 
 import numpy as np
 
-from core.base.errors import DataError
+from core.base.errors import DataError, brief
 
 MiB = 1024 * 1024
 
 MAX_JSON_DEPTH = 64
 """Deepest nesting accepted in any JSON ragscope reads from outside (real records nest
 a handful of levels; a deeper one is a mistake or an attack on a recursive reader)."""
+
+MAX_SKOPS_BYTES = 64 * MiB
+"""Largest skops file read (the shipped ones are under 3 MB)."""
 
 MAX_ZIP_MEMBERS = 20_000
 MAX_ZIP_BYTES = 1024 * MiB
@@ -342,7 +345,7 @@ def load_skops(
     path: str | os.PathLike[str],
     allowed: Iterable[SkopsType],
     *,
-    limit: int = 256 * MiB,
+    limit: int = MAX_SKOPS_BYTES,
     retrain: str = "retrain it",
 ) -> Any:
     """A skops file whose every node is in ``allowed`` (plus :data:`SKOPS_PLAIN_DATA`).
@@ -373,9 +376,7 @@ def load_skops(
                 raise DataError("schema.json is over 64 MiB", source=str(p))
             schema = parse_json(zf.read(info), source=f"{p}!schema.json", max_depth=512)
     except (zipfile.BadZipFile, KeyError, OSError) as e:
-        raise DataError(
-            f"not a readable skops file ({type(e).__name__}: {e}); {retrain}", source=str(p)
-        ) from e
+        raise DataError(f"not a readable skops file ({brief(e)}); {retrain}", source=str(p)) from e
     found = skops_types(schema)
     bad = sorted(t for t in found if t not in allow)
     if bad:
@@ -537,10 +538,55 @@ def _forest(model: Any, width: int | None, where: FittedAt) -> None:
     trees = model.estimators_
     if not isinstance(trees, list) or not trees:
         raise where.fail("it holds no trees")
+    if len(trees) > MAX_BOOSTER_TREES:
+        raise where.fail(
+            f"it holds {len(trees):,} trees, over the {MAX_BOOSTER_TREES:,} ragscope loads"
+        )
     for i, t in enumerate(trees):
         if type(t).__name__ != "DecisionTreeClassifier":
             raise where.fail(f"tree {i} is a {type(t).__name__}")
         _sk_tree(t, n_in, where.at(f"tree {i}"))
+
+
+MAX_BOOSTER_BYTES = 16 * MiB
+"""Largest XGBoost model file read (SPAD's search tops out at 399 trees of depth 6, about
+4 MB; the shipped one is 119 trees, 0.1 MB)."""
+MAX_BOOSTER_TREES = 4000
+"""Most trees a booster may hold (ten times SPAD's largest search)."""
+MAX_TREE_NODES = 2047
+"""Most nodes of one tree (depth 10; SPAD's deepest search tree has 127)."""
+
+
+def read_booster_file(path: Path, retrain: str) -> bytearray:
+    """An XGBoost JSON model file's bytes, refused before XGBoost parses it when it is
+    over :data:`MAX_BOOSTER_BYTES`, holds over :data:`MAX_BOOSTER_TREES` trees or a tree
+    over :data:`MAX_TREE_NODES` nodes (counted in the JSON itself, not from the
+    parameters it states): loading a booster costs time and memory by its size, and
+    nothing ragscope trains comes near these.
+
+    Raises:
+        DataError: Over a cap (named), or not a tree booster's JSON.
+    """
+    raw = read_bounded(path, MAX_BOOSTER_BYTES, what="XGBoost model file")
+    where = FittedAt(str(path.parent), path.name, retrain)
+    doc = parse_json(raw, source=str(path), max_depth=16)
+    try:
+        trees = doc["learner"]["gradient_booster"]["model"]["trees"]
+        if not isinstance(trees, list):
+            raise TypeError("trees is not a list")
+        if len(trees) > MAX_BOOSTER_TREES:
+            raise where.fail(
+                f"it holds {len(trees):,} trees, over the {MAX_BOOSTER_TREES:,} ragscope loads"
+            )
+        for k, tree in enumerate(trees):
+            n = len(tree["left_children"])
+            if n > MAX_TREE_NODES:
+                raise where.at(f"tree {k}").fail(
+                    f"it has {n:,} nodes, over the {MAX_TREE_NODES:,} ragscope loads"
+                )
+    except (KeyError, TypeError) as e:
+        raise where.fail(f"not an XGBoost tree model ({brief(e)})") from e
+    return bytearray(raw)
 
 
 def _booster_json(where: FittedAt, booster: Any) -> dict[str, Any]:
@@ -569,6 +615,10 @@ def _booster(model: Any, width: int | None, where: FittedAt) -> None:
         info = doc["model"]["tree_info"]
         if int(doc["params"]["num_feature"]) != n_in or len(info) != len(trees):
             raise where.fail("the booster's feature count or tree list disagree")
+        if len(trees) > MAX_BOOSTER_TREES:
+            raise where.fail(
+                f"it holds {len(trees):,} trees, over the {MAX_BOOSTER_TREES:,} ragscope loads"
+            )
         for k, (tree, group) in enumerate(zip(trees, info, strict=True)):
             at = where.at(f"tree {k}")
             if not 0 <= int(group) < n_class:
@@ -598,7 +648,7 @@ def _booster(model: Any, width: int | None, where: FittedAt) -> None:
     except (KeyError, TypeError, ValueError) as e:
         if isinstance(e, DataError):
             raise
-        raise where.fail(f"the booster's model is malformed ({type(e).__name__}: {e})") from e
+        raise where.fail(f"the booster's model is malformed ({brief(e)})") from e
 
 
 def _xgb_classifier(model: Any, width: int | None, where: FittedAt) -> None:
@@ -715,6 +765,22 @@ def _mlp_head(model: Any, width: int | None, where: FittedAt) -> None:
         _array(where, f"b{i}", b)
 
 
+def _platt(model: Any, width: int | None, where: FittedAt) -> None:
+    _array(where, "its slope and intercept", [model.a_, model.b_])
+
+
+def _torch_module(model: Any, width: int | None, where: FittedAt) -> None:
+    for name, param in model.named_parameters():
+        _array(where, name, param.detach().cpu().numpy())
+
+
+def _selection(model: Any, width: int | None, where: FittedAt) -> None:
+    picked = [*model.heads, *model.layers]
+    if any(not isinstance(i, int) or i < 0 or (width is not None and i >= width) for i in picked):
+        raise where.fail("it selects a column outside its features")
+    _array(where, "beta and the ranges", [model.beta, *model.ecs_range, *model.pks_range])
+
+
 _CHECKS: dict[str, Any] = {
     "DecisionTreeClassifier": _sk_tree,
     "RandomForestClassifier": _forest,
@@ -728,11 +794,32 @@ _CHECKS: dict[str, Any] = {
     "ExplainableBoostingClassifier": _ebm,
     "LogisticCalibrator": _logistic_calibrator,
     "MLPHead": _mlp_head,
+    "PlattCalibrator": _platt,
+    "Sequential": _torch_module,
+    "Selection": _selection,
 }
 """Class name -> consistency check, for every fitted model an artifact can hold."""
+CHECKED_TYPES = frozenset(_CHECKS)
+"""The class names :func:`check_fitted` checks (the conformance test holds every fitted
+part an artifact can hold to this list)."""
 
 
-def check_fitted(model: Any, *, width: int | None, where: FittedAt) -> None:
+FITTED_DEPTH = 4
+"""How deep :func:`check_fitted` walks containers of fitted parts."""
+
+
+def fitted_parts(model: Any) -> list[tuple[str, Any]]:
+    """The parts of a container of fitted models, labelled (nothing for other objects)."""
+    if isinstance(model, dict):
+        return [(f"[{k!r}]", v) for k, v in model.items()]
+    if isinstance(model, list | tuple):
+        return [(f"[{i}]", v) for i, v in enumerate(model)]
+    if dataclasses.is_dataclass(model) and not isinstance(model, type):
+        return [(f.name, getattr(model, f.name)) for f in dataclasses.fields(model)]
+    return []
+
+
+def check_fitted(model: Any, *, width: int | None, where: FittedAt, depth: int = 0) -> None:
     """Refuse a fitted model whose arrays are inconsistent, before anything predicts.
 
     Native predictors (scikit-learn's trees, XGBoost, libsvm) index memory with the
@@ -741,7 +828,10 @@ def check_fitted(model: Any, *, width: int | None, where: FittedAt) -> None:
     artifact can hold is checked here: tree child / feature indices and thresholds,
     XGBoost boosters' trees and feature counts, linear coefficients and scalers
     (shapes, finite), SVC support arrays, EBM terms and score tables, ragscope's own
-    logistic and MLP heads. Other objects (plain values) pass.
+    logistic and MLP heads. Containers are walked (a mapping's values, a list's or
+    tuple's items, a dataclass's fields: a per-dataset stacker inside its record is
+    checked like a detector's own), width unknown, at most :data:`FITTED_DEPTH` deep;
+    other objects (plain values) pass.
 
     Args:
         model: The fitted model.
@@ -753,6 +843,9 @@ def check_fitted(model: Any, *, width: int | None, where: FittedAt) -> None:
     """
     check = _CHECKS.get(type(model).__name__)
     if check is None:
+        if depth < FITTED_DEPTH:
+            for label, part in fitted_parts(model):
+                check_fitted(part, width=None, where=where.at(label), depth=depth + 1)
         return
     try:
         check(model, width, where)

@@ -709,6 +709,22 @@ class EnsembleDetector(FittedDetector):
             w.get("dataset_stackers", {}), self.config, folder
         )
 
+    def fitted_models(self) -> Mapping[str, tuple[Any, int | None]]:
+        """Every fitted part, with the widths it must read: the pooled stacker, the token
+        stacker and each dataset's own (reviewed ones too), beside the calibrations."""
+        parts = {
+            k: v
+            for k, v in super().fitted_models().items()
+            if k not in ("stacker_", "token_stacker_", "dataset_stackers_", "members_")
+        }
+        parts["stacker_"] = (self.stacker_, len(self.input_names(None)))
+        if self.token_stacker_ is not None:
+            k = len(self.token_members_)
+            parts["token_stacker_"] = (self.token_stacker_, token_inputs(self.config, k))
+        for name, own in self.dataset_stackers_.items():
+            parts[f"dataset_stackers_[{name!r}]"] = (own.stacker, len(self.input_names(name)))
+        return parts
+
     def after_load(self, folder: Path, w: Mapping[str, Any]) -> None:
         """The stackers read as many inputs as the config gives; then the members."""
         assert self.stacker_ is not None
@@ -824,11 +840,20 @@ def _read_dataset_stackers(
                 "`ragscope train --detectors ensemble`",
                 source=str(folder),
             )
+        reviewed = "reviewed" in w
+        members = _member_names(w["answer_token_members"], config.members, folder)
+        if reviewed and (config.dataset_stackers[name] or members):
+            raise DataError(
+                f"the ensemble's reviewed stacker of {name!r} reads token peaks (widths "
+                f"{list(config.dataset_stackers[name])}, members {list(members)}), which a "
+                "reviewed stacker never does; adapt it again with `ragscope adapt`",
+                source=str(folder),
+            )
         out[name] = DatasetStacker(
             widths=config.dataset_stackers[name],
-            answer_members=_member_names(w["answer_token_members"], config.members, folder),
+            answer_members=members,
             stacker=LogisticCalibrator.from_json(w["response"]),
-            reviewed="reviewed" in w,
+            reviewed=reviewed,
         )
     return out
 

@@ -539,8 +539,9 @@ class RedeepDetector(FittedDetector):
         self.head_auc_ = {str(k): float(v) for k, v in w.get("head_auc", {}).items()}
         self.layer_auc_ = {str(k): float(v) for k, v in w.get("layer_auc", {}).items()}
         n = len(self.names_)
-        if max((*self.selection_.heads, *self.selection_.layers), default=0) >= n:
-            raise ValueError("selected columns beyond the feature names")
+        picked = (*self.selection_.heads, *self.selection_.layers)
+        if max(picked, default=0) >= n or min(picked, default=0) < 0:
+            raise ValueError("selected columns outside the feature names")
 
 
 def _range(v: np.ndarray) -> tuple[float, float]:

@@ -31,6 +31,7 @@ import numpy as np
 
 from core.base.errors import DataError, ModelError
 from core.base.examples import RAGExample, source_key
+from core.base.safeio import read_booster_file
 from core.detectors.common import FittedDetector, Writers
 from core.engine.model import ModelInfo
 from core.engine.trace import Needs
@@ -460,7 +461,8 @@ class SpadDetector(FittedDetector):
         if not path.is_file():
             raise FileNotFoundError(f"{BOOSTER_FILE} is missing")
         booster = xgboost.Booster()
-        booster.load_model(str(path))
+        retrain = f"retrain it with `ragscope train --detectors {self.name}`"
+        booster.load_model(read_booster_file(path, retrain))
         if booster.num_features() != len(names):
             raise ValueError(
                 f"the booster reads {booster.num_features()} features, not {len(names)}"

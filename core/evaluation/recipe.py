@@ -19,14 +19,13 @@ import argparse
 import json
 import math
 import shlex
-import unicodedata
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 from types import MappingProxyType
 from typing import Any, Literal
 
 from core.base.errors import DataError
-from core.base.examples import RAGExample
+from core.base.examples import RAGExample, control_character
 from core.data import data_hash
 from core.detectors import available_detectors
 
@@ -60,7 +59,6 @@ _KEYS = frozenset(
         "command",
     }
 )
-_CONTROL = frozenset({"Cc", "Cf", "Cs", "Co", "Zl", "Zp"})
 _NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
 _MAX_TEXT = 2000
 _MAX_OPTION_BYTES = 64 * 1024
@@ -82,9 +80,8 @@ def _text(name: str, value: object, *, optional: bool = False) -> str | None:
         raise _refuse(name, f"is {len(value)} characters long (at most {_MAX_TEXT})")
     if value.startswith("-"):
         raise _refuse(name, f"cannot start with '-' ({value[:80]!r})")
-    bad = next((c for c in value if unicodedata.category(c) in _CONTROL), None)
-    if bad is not None:
-        raise _refuse(name, f"{value[:80]!r} holds the control character U+{ord(bad):04X}")
+    if (bad := control_character(value)) is not None:
+        raise _refuse(name, f"{value[:80]!r} holds the control character U+{ord(bad[1]):04X}")
     return value
 
 

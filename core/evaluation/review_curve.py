@@ -41,7 +41,7 @@ import numpy as np
 from sklearn.metrics import balanced_accuracy_score, roc_auc_score
 from sklearn.model_selection import StratifiedKFold
 
-from core.base.errors import DataError
+from core.base.errors import DataError, brief
 from core.data.sampling import random_order
 from core.evaluation.adapt import fit_refit, fit_review_calibration, missing_reviews
 from core.evaluation.cv_run import read_run
@@ -406,7 +406,7 @@ class CurveRun:
                 notes=tuple(str(x)[:500] for x in list(d.get("notes", []))[:10]),
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise DataError(f"a malformed learning-curve run ({type(e).__name__}: {e})") from e
+            raise DataError(f"a malformed learning-curve run ({brief(e)})") from e
 
     @classmethod
     def load(cls, path: str | Path) -> CurveRun:

@@ -33,7 +33,7 @@ from typing import Any, Literal
 
 import numpy as np
 
-from core.base.errors import DataError
+from core.base.errors import DataError, brief
 from core.base.examples import RAGExample, Span
 from core.detectors.raglens import RaglensDetector, feature_name
 from core.engine.generate import GenerationConfig, generate
@@ -403,7 +403,7 @@ class Counterfactual:
                 id=id,
             )
         except (KeyError, TypeError, ValueError) as e:
-            raise DataError(f"malformed counterfactual ({type(e).__name__}: {e})") from e
+            raise DataError(f"malformed counterfactual ({brief(e)})") from e
 
 
 def load_session(store: Store, cf_id: int) -> Counterfactual:

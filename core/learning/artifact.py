@@ -20,7 +20,7 @@ from typing import Any
 
 import numpy as np
 
-from core.base.errors import DataError, ModelError, RagscopeError
+from core.base.errors import DataError, ModelError, RagscopeError, brief
 from core.base.safeio import (
     FittedAt,
     MiB,
@@ -328,6 +328,8 @@ def describe_json(value: object) -> str:
         return f"the string {text}"
     if isinstance(value, bool) or value is None:
         return json.dumps(value)
+    if isinstance(value, int) and abs(value) >= 10**18:
+        return f"a number of about {int(value.bit_length() * 0.30103) + 1} digits"
     if isinstance(value, int | float):
         return f"the number {value!r}"
     return f"a JSON {'list' if isinstance(value, list) else 'object'}"
@@ -514,7 +516,7 @@ def load_fitted(
         raise
     except (*MALFORMED, *errors) as e:
         raise DataError(
-            f"malformed {cls.name} artifact ({type(e).__name__}: {e}); {retrain}",
+            f"malformed {cls.name} artifact ({brief(e)}); {retrain}",
             source=str(folder),
         ) from e
     try:

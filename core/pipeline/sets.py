@@ -39,7 +39,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from core.base.errors import DataError, RagscopeError
+from core.base.errors import DataError, RagscopeError, brief
 from core.base.paths import (
     CUSTOM_SET,
     DEFAULT_SET,
@@ -363,7 +363,7 @@ def _read_folder(model_key: str, root: Path, name: str, stamp: str) -> DetectorS
             broken.append(BrokenArtifact(name=sub.name, folder=sub, reason=str(e)))
         except (KeyError, TypeError, ValueError) as e:
             # Well-formed JSON with the wrong content: the loaders index into it directly.
-            reason = f"malformed artifact ({type(e).__name__}: {e})"
+            reason = f"malformed artifact ({brief(e)})"
             broken.append(BrokenArtifact(name=sub.name, folder=sub, reason=reason))
     return DetectorSet(
         name=name,

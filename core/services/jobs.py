@@ -27,7 +27,6 @@ import subprocess
 import sys
 import threading
 import time
-import unicodedata
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -35,6 +34,7 @@ from types import FrameType, TracebackType
 from typing import Any, Literal, Self
 
 from core.base.errors import DataError, RagscopeError
+from core.base.examples import control_character
 from core.base.paths import adapted_sets_dir, model_detectors_dir, repo_root
 from core.data import is_named_spec
 from core.detectors import available_detectors
@@ -50,9 +50,7 @@ JobState = Literal["queued", "running", "interrupted", "done", "failed", "cancel
 """A job's state as shown: the stored status, with ``interrupted`` for an active job
 whose worker is gone."""
 _DETECTOR_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
-_CONTROL = frozenset({"Cc", "Cf", "Cs", "Co"})
 _HEX = frozenset("0123456789abcdef")
-"""Unicode categories refused in a job's names: control, format, surrogate, private."""
 
 
 class JobCancelled(TrainCancelled):
@@ -106,11 +104,10 @@ class TrainSpec:
                 raise DataError(f"a training job's {what} cannot start with '-'", field=what)
             # A NUL cannot reach a command line (the worker would never start) and other
             # control characters garble the log and the page.
-            bad = next((c for c in value if unicodedata.category(c) in _CONTROL), None)
-            if bad is not None:
+            if (bad := control_character(value)) is not None:
                 raise DataError(
                     f"a training job's {what} {value[:80]!r} holds the control character "
-                    f"U+{ord(bad):04X}; pick another {what}",
+                    f"U+{ord(bad[1]):04X}; pick another {what}",
                     field=what,
                 )
         if "," in self.dataset:

@@ -43,7 +43,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 import numpy as np
 
-from core.base.errors import DataError, ModelError
+from core.base.errors import DataError, ModelError, brief
 from core.base.examples import RAGExample, example_hash, source_key
 from core.base.paths import cache_dir
 from core.base.safeio import MiB, json_default, read_json_file, regular_file, sha256_file
@@ -504,7 +504,7 @@ def load_sae(folder: str | Path) -> LoadedSAE:
         sae = sae_lens().SAE.load_from_disk(str(path), device="cpu").float().eval()
     except (OSError, ValueError, KeyError, TypeError, RuntimeError) as e:
         raise DataError(
-            f"malformed SAE folder ({type(e).__name__}: {e}); retrain it with `ragscope sae train`",
+            f"malformed SAE folder ({brief(e)}); retrain it with `ragscope sae train`",
             source=str(path),
         ) from e
     layer = meta.get("layer")

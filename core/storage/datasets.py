@@ -4,14 +4,13 @@ from __future__ import annotations
 
 import json
 import sqlite3
-import unicodedata
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Any
 
 from core.base.errors import DataError, StorageError
-from core.base.examples import RAGExample
+from core.base.examples import RAGExample, control_character
 from core.storage.db import Database, dumps, now_iso
 
 MAX_NAME = 200
@@ -34,13 +33,12 @@ def check_dataset_name(name: object) -> str:
             f"({name[:40]!r}...); choose a shorter name",
             field="name",
         )
-    for i, ch in enumerate(name):
-        if unicodedata.category(ch) in ("Cc", "Cf", "Cs", "Co"):
-            raise DataError(
-                f"the dataset name {name!r} holds the control character U+{ord(ch):04X} at "
-                f"position {i}; choose a name of visible characters",
-                field="name",
-            )
+    if (bad := control_character(name)) is not None:
+        raise DataError(
+            f"the dataset name {name!r} holds the control character U+{ord(bad[1]):04X} at "
+            f"position {bad[0]}; choose a name of visible characters",
+            field="name",
+        )
     return name
 
 

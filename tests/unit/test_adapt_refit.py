@@ -171,6 +171,13 @@ def test_a_tampered_reviewed_stacker_is_refused(
     for edit in (
         lambda w: w["dataset_stackers"][DATASET].update(reviewed="yes"),
         lambda w: [w["dataset_stackers"][DATASET]["response"][k].pop() for k in _ARRAYS],
+        # each fitted number is checked like the pooled stacker's (issue 52)
+        lambda w: w["dataset_stackers"][DATASET]["response"]["coef"].__setitem__(0, float("nan")),
+        lambda w: w["dataset_stackers"][DATASET]["response"].update(intercept=float("inf")),
+        lambda w: w["dataset_stackers"][DATASET]["response"].update(
+            scale=[0.0] * len(w["dataset_stackers"][DATASET]["response"]["scale"])
+        ),
+        lambda w: w["dataset_stackers"][DATASET].update(answer_token_members=["nll"]),
     ):
         folder = tmp_path / f"t{id(edit)}"
         folder.mkdir()

@@ -520,6 +520,58 @@ def test_an_xgboost_booster_with_bad_trees_is_refused(tmp_path, reseal, key, val
         detector_class("spad").load(folder)
 
 
+def test_a_booster_xgboost_refuses_is_named_without_its_backtrace(tmp_path, reseal) -> None:
+    folder = tmp_path / "spad"
+    shutil.copytree(SHIPPED / "spad", folder)
+    model = json.loads((folder / "model.json").read_text())
+    model["learner"]["objective"]["name"] = "no:such"
+    (folder / "model.json").write_text(json.dumps(model))
+    reseal(folder)
+    with pytest.raises(DataError, match="XGBoostError: Unknown objective function") as e:
+        detector_class("spad").load(folder)
+    message = str(e.value).removeprefix(str(folder))
+    assert "\n" not in message and ".cc:" not in message and "candidate" not in message
+    assert len(message) < 300
+
+
+def test_a_booster_over_the_size_caps_is_refused_before_xgboost_parses_it(
+    tmp_path, reseal, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Trees, nodes per tree and bytes are capped (counted in the file, not taken from its
+    parameters), so a booster's load cost is bounded by what SPAD can need."""
+    import xgboost
+
+    from core.base import safeio
+
+    parsed: list[object] = []
+    real = xgboost.Booster.load_model
+    monkeypatch.setattr(
+        xgboost.Booster, "load_model", lambda self, f: parsed.append(f) or real(self, f)
+    )
+    model = json.loads((SHIPPED / "spad" / "model.json").read_text())
+    gb = model["learner"]["gradient_booster"]["model"]
+    many = json.loads(json.dumps(model))
+    mg = many["learner"]["gradient_booster"]["model"]
+    mg["trees"] = [gb["trees"][0]] * (safeio.MAX_BOOSTER_TREES + 1)
+    mg["tree_info"] = [0] * len(mg["trees"])
+    deep = json.loads(json.dumps(model))
+    tree = deep["learner"]["gradient_booster"]["model"]["trees"][0]
+    tree["left_children"] = [-1] * (safeio.MAX_TREE_NODES + 1)
+    cases = {
+        "many": (json.dumps(many), "4,001 trees, over the 4,000"),
+        "deep": (json.dumps(deep), "tree 0: it has 2,048 nodes, over the 2,047"),
+        "big": (json.dumps(model) + " " * safeio.MAX_BOOSTER_BYTES, "over"),
+    }
+    for name, (text, reason) in cases.items():
+        folder = tmp_path / name / "spad"
+        shutil.copytree(SHIPPED / "spad", folder)
+        (folder / "model.json").write_text(text)
+        reseal(folder)
+        with pytest.raises(DataError, match=reason):
+            detector_class("spad").load(folder)
+    assert parsed == []  # every one refused before XGBoost read a byte
+
+
 def test_non_finite_linear_weights_are_refused(nll_copy: Path, reseal) -> None:
     w = json.loads((nll_copy / "weights.json").read_text())
     w["response"]["coef"][1] = float("nan")

@@ -13,6 +13,7 @@ import core.data.catalog as catalog
 from core.base.errors import DataError
 from core.base.examples import RAGExample
 from core.data import is_named_spec, make_splits, resolve_dataset, stored_spec
+from core.learning.artifact import describe_json
 from core.services.jobs import TrainSpec
 from core.storage import Store
 
@@ -97,3 +98,15 @@ def test_a_dataset_name_with_a_control_character_is_not_stored(tmp_path: Path, b
             s.import_dataset(bad, _examples(2), source=None, fmt=None, replace=True)
         assert e.value.field == "name"
         assert [d.name for d in s.list_datasets()] == ["kept"]  # nothing stored is lost
+
+
+@pytest.mark.parametrize("bad", ["a\x00b", "a\x1bb", "a\u202eb", "a\nb", "a\u2028b"])
+def test_an_example_id_with_a_control_character_is_refused_like_a_name(bad: str) -> None:
+    with pytest.raises(DataError, match=r"holds the control character U\+") as e:
+        RAGExample(id=bad, question="q?", passages=("p.",), response="r.")
+    assert e.value.field == "id" and "position 1" in str(e.value)
+
+
+def test_an_error_about_a_huge_number_stays_short() -> None:
+    assert describe_json(10**1000) == "a number of about 1001 digits"
+    assert describe_json(2.5) == "the number 2.5"

@@ -18,10 +18,11 @@ import numpy as np
 import pytest
 
 from core.base.errors import DataError
+from core.base.safeio import CHECKED_TYPES, fitted_parts
 from core.data import load_builtin, stratified_head
 from core.detectors import available_detectors, detector_class, make_detector
 from core.engine.model import LoadedModel
-from core.learning.contract import Features, Verdict, scores_tokens
+from core.learning.contract import Detector, Features, Verdict, scores_tokens
 from core.pipeline.extract import extract_features
 
 N_ANSWERS = 32  # half hallucinated: enough for every detector's inner folds
@@ -66,6 +67,31 @@ def _same(a: Verdict, b: Verdict) -> None:
         np.testing.assert_allclose(a.token_scores, b.token_scores, atol=1e-9)
 
 
+_PLAIN = (int, float, str, bool, type(None), np.ndarray, np.generic)
+
+
+def _unchecked(parts: Mapping[str, tuple[Any, int | None]]) -> list[str]:
+    """Where a fitted part lies that :func:`core.base.safeio.check_fitted` would pass
+    unchecked: not a plain value, not a container it walks, not a checked type (a
+    composite's members are loaded, and checked, as detectors of their own)."""
+    out: list[str] = []
+
+    def walk(obj: Any, where: str) -> None:
+        if isinstance(obj, _PLAIN) or isinstance(obj, Detector):
+            return
+        if type(obj).__name__ in CHECKED_TYPES:
+            return
+        inner = fitted_parts(obj)
+        if not inner and not isinstance(obj, dict | list | tuple):
+            out.append(f"{where}: {type(obj).__module__}.{type(obj).__name__}")
+        for label, part in inner:
+            walk(part, f"{where}{label}")
+
+    for label, (model, _) in parts.items():
+        walk(model, label)
+    return out
+
+
 def _fit(name: str, opts: Mapping[str, Any], feats: list[Features], examples: list) -> Any:
     return make_detector(name, **opts).fit(feats, examples)
 
@@ -104,6 +130,8 @@ def test_every_detector_fits_predicts_persists_and_refits_alike(
     assert loaded.config == det.config
     for a, b in zip(before, (loaded.predict(f) for f in te_f), strict=True):
         _same(a, b)
+    # Every fitted part it holds, however deep, is of a type the load-time check checks.
+    assert _unchecked(loaded.fitted_models()) == [], f"{name}: fitted parts never checked"
 
     # Refitted from scratch on the same answers: the same verdicts (seeds are pinned).
     again = _fit(name, opts, tr_f, tr_e)
