@@ -21,6 +21,7 @@ import numpy as np
 
 from core.base.errors import DataError
 from core.base.examples import RAGExample, Span
+from core.engine.chat_template import chat_frame_text, placeholder, special_tokens, template_of
 from core.engine.model import LoadedModel, decode
 
 if TYPE_CHECKING:
@@ -35,7 +36,6 @@ SEGMENT_KINDS: tuple[SegmentKind, ...] = (
     "response",
 )
 
-_SENTINEL = "\x00RAGSCOPE_USER\x00"
 
 INSTRUCTIONS: dict[str, str] = {
     "qa": (
@@ -351,21 +351,22 @@ def _verbatim_pieces(
     return pieces
 
 
-def chat_frame(tokenizer: object) -> tuple[str, str]:
-    """Template text before and after the user message (with the assistant header).
+def chat_frame(tokenizer: object, source: str | None = None) -> tuple[str, str]:
+    """Template text before and after the user message (with the assistant header),
+    rendered under limits (:mod:`core.engine.chat_template`: a template is code from the
+    model file); empty strings when the tokenizer has no chat template.
 
-    Empty strings when the tokenizer has no chat template.
+    Raises:
+        ModelError: The template is over a rendering limit, fails, or does not place
+            the user message verbatim.
     """
-    if not getattr(tokenizer, "chat_template", None):
+    template = template_of(tokenizer)
+    if template is None:
         return "", ""
-    text = tokenizer.apply_chat_template(  # type: ignore[attr-defined]  # any tokenizer with a chat_template has it
-        [{"role": "user", "content": _SENTINEL}], tokenize=False, add_generation_prompt=True
+    frame = chat_frame_text(
+        template, ("user",), special_tokens(tokenizer), add_generation_prompt=True, source=source
     )
-    if text.count(_SENTINEL) != 1:
-        raise DataError(
-            "the chat template does not place the user message verbatim", field="chat_template"
-        )
-    before, after = text.split(_SENTINEL)
+    before, after = frame.split(placeholder(0))
     return before, after
 
 

@@ -42,6 +42,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from core.base.errors import ModelError
 from core.base.paths import cache_dir
+from core.engine.chat_template import chat_frame_text, special_tokens, template_of
 from core.engine.gguf_check import check_gguf
 from core.engine.weights import (
     HUB_FILES,
@@ -448,9 +449,12 @@ def load_model(
             "folder, or download the model once (huggingface-cli download ID) and retry; set "
             "RAGSCOPE_ALLOW_DOWNLOAD=1 to let ragscope download it"
         ) from e
-    hf = hf.to(dev).eval()
     if tok.pad_token_id is None:
         tok.pad_token = tok.eos_token
+    template = template_of(tok)
+    if template is not None:  # a template is code from the model file: refused before any trace
+        chat_frame_text(template, ("user",), special_tokens(tok), True, source=str(source))
+    hf = hf.to(dev).eval()
     if progress:
         progress("Wrapping with TransformerLens", 0.9)
     bridge = _boot_bridge(spec, hf, tok, dev, torch_dtype)

@@ -26,6 +26,7 @@ import numpy as np
 from core.base.errors import DataError, LLMError
 from core.base.examples import RAGExample
 from core.base.llm import LLMEndpoint, chat
+from core.engine.chat_template import render_chat, template_of
 from core.engine.generate import AnswerStream, Generation, GenerationConfig
 from core.engine.layout import prompt_pieces
 from core.engine.model import LoadedModel
@@ -162,13 +163,13 @@ def conversation_ids(model: LoadedModel, example: RAGExample, feedback: str) -> 
             prompt=example.prompt,
         )
     )
-    if getattr(tok, "chat_template", None):
+    if template_of(tok) is not None:
         messages = [
             {"role": "user", "content": user},
             {"role": "assistant", "content": example.response},
             {"role": "user", "content": feedback},
         ]
-        text = tok.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+        text = render_chat(tok, messages, source=model.info.name)
     else:
         text = f"{user}\n\nAnswer: {example.response}\n\n{feedback}\n\nAnswer: "
     return list(tok(text, add_special_tokens=False)["input_ids"])

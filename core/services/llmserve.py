@@ -82,6 +82,7 @@ from uvicorn.protocols.http.h11_impl import STATUS_PHRASES, H11Protocol
 
 from core.base.errors import DataError
 from core.base.safeio import MiB, parse_json
+from core.engine.chat_template import render_chat, template_of
 from core.engine.generate import AnswerStream, GenerationConfig
 from core.engine.model import LoadedModel
 
@@ -295,8 +296,8 @@ def _prompt_ids(model: LoadedModel, messages: Any) -> list[int]:
     the model's chat template, ready for the answer."""
     clean = [{"role": m[0], "content": m[1]} if isinstance(m, tuple) else dict(m) for m in messages]
     tok = model.tokenizer
-    if getattr(tok, "chat_template", None):
-        text = tok.apply_chat_template(clean, tokenize=False, add_generation_prompt=True)
+    if template_of(tok) is not None:
+        text = render_chat(tok, clean, source=model.info.name)
     else:
         text = "\n\n".join(f"{m['role']}: {m['content']}" for m in clean) + "\n\nassistant: "
     return list(tok(text, add_special_tokens=False)["input_ids"])

@@ -21,6 +21,7 @@ from gguf import GGUFEndian, GGUFWriter
 from safetensors.numpy import save_file
 
 from core.base.errors import ModelError
+from core.engine import chat_template
 from core.engine import model as model_mod
 from core.engine.gguf_check import check_gguf
 from core.engine.model import LoadedModel, embedded_gguf_path, load_model
@@ -252,6 +253,69 @@ def test_a_well_formed_folder_loads(
     loaded = load_model(str(folder), device="cpu")
     assert loaded.info.n_layers == tiny_model.info.n_layers
     assert no_prompt == []
+
+
+# --------------------------------------------------------------------------- chat templates
+
+_LOOPS = (
+    "{% for i in range(100000) %}{% for j in range(100000) %}{% endfor %}{% endfor %}"
+    "{{ messages[0]['content'] }}"
+)
+_HUGE = "{{ 'x' * 1500000000 }}{{ messages[0]['content'] }}"
+
+
+@pytest.mark.parametrize(
+    ("template", "reason"),
+    [
+        (_LOOPS, "ran over 2 s"),
+        (_HUGE, "memory"),
+        ("{{ messages[0]['content'] | upper }}", "verbatim"),
+    ],
+    ids=["loops", "huge-string", "rewrites-content"],
+)
+def test_a_hostile_chat_template_is_refused_at_load_naming_the_model_and_limit(
+    tmp_path: Path,
+    tiny_model: LoadedModel,
+    monkeypatch: pytest.MonkeyPatch,
+    template: str,
+    reason: str,
+) -> None:
+    """A model's template is code: it renders in a bounded child process, so a template
+    that loops for minutes or builds gigabytes is refused in seconds, before any trace."""
+    monkeypatch.setattr(chat_template, "RENDER_SECONDS", 2.0)
+    monkeypatch.setattr(chat_template, "RENDER_MEMORY", 1024**3)
+    folder = tmp_path / "templated"
+    model_mod._tiny_hf_model(tiny_model.tokenizer, seed=0).save_pretrained(folder)
+    tiny_model.tokenizer.save_pretrained(folder)
+    config = json.loads((folder / "tokenizer_config.json").read_text())
+    config["chat_template"] = template
+    (folder / "tokenizer_config.json").write_text(json.dumps(config))
+    (folder / "chat_template.jinja").unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    with pytest.raises(ModelError, match=reason) as exc:
+        load_model(str(folder), device="cpu")
+    assert time.perf_counter() - t0 < 60
+    assert str(folder) in str(exc.value)
+
+
+def test_a_template_renders_as_transformers_would_and_never_reads_the_content(
+    tiny_model: LoadedModel,
+) -> None:
+    tok = tiny_model.tokenizer
+    content = "{{ 'x' * 1500000000 }} {% for i in range(9) %}{% endfor %}"
+    for msgs in (
+        [{"role": "user", "content": content}],
+        [
+            {"role": "user", "content": "q"},
+            {"role": "assistant", "content": content},
+            {"role": "user", "content": "f"},
+        ],
+    ):
+        want = tok.apply_chat_template(msgs, tokenize=False, add_generation_prompt=True)
+        assert chat_template.render_chat(tok, msgs) == want
+    too_many = [{"role": "user", "content": "x"}] * (chat_template.MAX_MESSAGES + 1)
+    with pytest.raises(ModelError, match="messages is over"):
+        chat_template.render_chat(tok, too_many)
 
 
 # --------------------------------------------------------------------------- GGUF headers
