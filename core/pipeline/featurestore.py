@@ -20,9 +20,10 @@ them, and a writer also leaves the merged view in ``manifest.json``.
 Everything read from a store is treated as hostile: only ``part-*.parquet`` files of
 bounded size and the exact column names and Arrow types of :data:`SCHEMA`; memory is
 bounded by decompressed sizes before anything is materialised (the footer's row counts
-and per-column decompressed sizes are checked first, then one row group is read at a
-time in batches sized from them, and a row group that decodes to far more than it
-decompresses to, a dictionary bomb, is stopped). Each row is checked as the detectors'
+and each column chunk's decompressed size, as its pages' own headers state it, never as
+the footer claims it: :mod:`core.pipeline.parquet_pages`, are checked first, then one
+row group is read at a time in batches sized from them, and a row group that decodes to
+far more than it decompresses to, a dictionary bomb, is stopped). Each row is checked as the detectors'
 own extraction writes it (:func:`import_store`). A bad row is reported with its file
 and row, never stored, and never stops the others.
 """
@@ -48,6 +49,7 @@ from core.base.examples import RAGExample, example_hash
 from core.base.safeio import parse_json, replace_file
 from core.detectors import DETECTORS
 from core.learning.contract import Detector, Features
+from core.pipeline.parquet_pages import chunk_pages
 from core.storage import Store
 
 STORE_FORMAT = 1
@@ -79,6 +81,12 @@ FEATURES_COLUMN_LIMIT = 256 << 20
 its row groups near :data:`ROW_GROUP_BYTES`)."""
 TEXT_COLUMN_LIMIT = 16 << 20
 """Most bytes a text column of one row group may decompress to."""
+PAGE_LIMIT = PAYLOAD_LIMIT + (1 << 20)
+"""Most bytes one page may decompress to: a page holds at least one value, so one
+payload and its length (the writer writes a page per value or per MiB: ``data_page_size``
+and ``write_batch_size``). Reading a shard holds about one page and one batch at a time,
+so it peaks near ``2 * PAGE_LIMIT + 2 * BATCH_BYTES`` above the process's own size,
+whatever its footer says."""
 BATCH_BYTES = 16 << 20
 """About the most bytes one read batch materialises (rows are read one at a time when a
 row group's column is larger)."""
@@ -156,18 +164,20 @@ class _Group:
 
 
 def _plan(pf: pq.ParquetFile, path: Path, columns: Sequence[str]) -> list[_Group]:
-    """How each row group is read, from the footer's decompressed sizes, before
-    anything is read.
+    """How each row group is read, from its pages' own headers
+    (:func:`core.pipeline.parquet_pages.chunk_pages`: what each page really decompresses
+    to, never the footer's claimed sizes), before any value is read.
 
-    A value is never larger than its column's decompressed bytes (it sits in one data or
-    dictionary page), so batches of ``BATCH_BYTES // widest column`` rows (at least one)
-    materialise at most about ``max(BATCH_BYTES, widest column)`` per column. What a row
-    group may materialise in all is about what it decompresses to (twice, plus 2 KiB a
-    row and column): more means a value repeated many times by dictionary encoding.
+    A value is never larger than the page it sits in (a data or dictionary page), so
+    batches of ``BATCH_BYTES // largest page`` rows (at least one) materialise at most
+    about ``max(BATCH_BYTES, largest page)`` per column. What a row group may materialise
+    in all is about what its pages decompress to (twice, plus 2 KiB a row and column):
+    more means a value repeated many times by dictionary encoding.
 
     Raises:
-        DataError: Too many rows, or a column of a row group that decompresses to more
-            than its limit (:data:`FEATURES_COLUMN_LIMIT`, :data:`TEXT_COLUMN_LIMIT`).
+        DataError: Too many rows, unreadable page headers, or a column of a row group
+            whose pages decompress to more than its limit (:data:`FEATURES_COLUMN_LIMIT`,
+            :data:`TEXT_COLUMN_LIMIT`).
     """
     meta = pf.metadata
     groups = [meta.row_group(g) for g in range(meta.num_row_groups)]
@@ -179,20 +189,37 @@ def _plan(pf: pq.ParquetFile, path: Path, columns: Sequence[str]) -> list[_Group
             source=str(path),
         )
     plan = []
-    for g, rg in enumerate(groups):
-        widest, budget = 1, 0
-        for name in columns:
-            size = rg.column(SCHEMA.names.index(name)).total_uncompressed_size
-            limit = FEATURES_COLUMN_LIMIT if name == "features" else TEXT_COLUMN_LIMIT
-            if not 0 <= size <= limit:
-                raise DataError(
-                    f"row group {g}: the {name!r} column decompresses to {size:,} bytes, over "
-                    f"the {limit:,}-byte limit (not read)",
-                    source=str(path),
+    size_on_disk = path.stat().st_size
+    with path.open("rb") as f:
+        for g, rg in enumerate(groups):
+            largest, budget = 1, 0
+            for name in columns:
+                col = rg.column(SCHEMA.names.index(name))
+                dict_at = col.dictionary_page_offset if col.has_dictionary_page else None
+                start = dict_at if dict_at else col.data_page_offset
+                pages = chunk_pages(
+                    f,
+                    size_on_disk,
+                    int(start),
+                    int(col.total_compressed_size),
+                    where=f"{path}: row group {g}, column {name!r}",
                 )
-            widest = max(widest, size)
-            budget += 2 * size + 2048 * rg.num_rows
-        plan.append(_Group(g, max(1, min(256, BATCH_BYTES // widest)), budget))
+                limit = FEATURES_COLUMN_LIMIT if name == "features" else TEXT_COLUMN_LIMIT
+                if pages.uncompressed > limit:
+                    raise DataError(
+                        f"row group {g}: the {name!r} column decompresses to "
+                        f"{pages.uncompressed:,} bytes, over the {limit:,}-byte limit (not read)",
+                        source=str(path),
+                    )
+                if pages.largest > PAGE_LIMIT:
+                    raise DataError(
+                        f"row group {g}: a page of the {name!r} column decompresses to "
+                        f"{pages.largest:,} bytes, over the {PAGE_LIMIT:,}-byte limit (not read)",
+                        source=str(path),
+                    )
+                largest = max(largest, pages.largest)
+                budget += 2 * pages.uncompressed + 2048 * rg.num_rows
+            plan.append(_Group(g, max(1, min(256, BATCH_BYTES // largest)), budget))
     return plan
 
 
@@ -374,6 +401,8 @@ class ShardWriter:
             compression="zstd",
             row_group_size=per_group,
             use_dictionary=list(SCHEMA.names[:-1]),
+            data_page_size=1 << 20,
+            write_batch_size=16,  # pages split after each 16 rows: a page is ~1 MiB or a value
         )
         os.replace(tmp, self.folder / name)
         self._parts += 1

@@ -385,6 +385,90 @@ def test_a_decompression_bomb_is_refused_in_bounded_memory(tmp_path: Path) -> No
         assert peak < 500, f"{what} peaked at {peak} MiB"
 
 
+LYING_FOOTER = """
+import sys
+import pyarrow as pa, pyarrow.parquet as pq
+from core.pipeline.featurestore import SCHEMA
+path, rows, size, batch = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+cols = [
+    pa.array(["x"] * rows) if t == pa.string() else pa.array([bytes(size)] * rows, pa.binary())
+    for t in SCHEMA.types
+]
+table = pa.Table.from_arrays(cols, schema=SCHEMA)
+pq.write_table(
+    table, path, compression="zstd", use_dictionary=False, row_group_size=rows,
+    data_page_size=1 << 20, write_batch_size=batch,
+)
+"""
+
+
+def _varint(n: int, length: int | None = None) -> bytes:
+    """``n`` as a Thrift varint; with ``length``, padded to that many bytes (an overlong
+    encoding every reader accepts)."""
+    out = bytearray()
+    while True:
+        b, n = n & 0x7F, n >> 7
+        more = n > 0 or (length is not None and len(out) < length - 1)
+        out.append(b | (0x80 if more else 0))
+        if not more:
+            return bytes(out)
+
+
+def lying_footer(
+    path: Path, rows: int, value_bytes: int, *, per_page: int = 1, claim: int = 1000
+) -> None:
+    """A shard of ``rows`` plain (not dictionary) values of ``value_bytes`` zero bytes,
+    ``per_page`` values a page, whose footer claims the features column decompresses to ``claim`` bytes: written in
+    a child process (it is large before compression), then the footer's
+    ``total_uncompressed_size`` rewritten in place (same length, overlong varint)."""
+    subprocess.run(
+        [sys.executable, "-c", LYING_FOOTER, str(path), str(rows), str(value_bytes), str(per_page)],
+        check=True,
+        timeout=300,
+        cwd=Path(__file__).parents[2],
+    )
+    data = path.read_bytes()
+    n = int.from_bytes(data[-8:-4], "little")
+    footer = data[-8 - n : -8]
+    meta = pq.read_metadata(path).row_group(0).column(SCHEMA.names.index("features"))
+    true = _varint(meta.total_uncompressed_size << 1)  # i64 fields are zigzag varints
+    assert footer.count(true) == 1
+    footer = footer.replace(true, _varint(claim << 1, len(true)))
+    path.write_bytes(data[: -8 - n] + footer + data[-8:])
+
+
+@pytest.mark.skipif(not Path("/proc/self/status").exists(), reason="reads VmHWM (Linux)")
+def test_a_footer_that_understates_sizes_cannot_exhaust_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """120 values of 2 MB in a small shard whose footer says the column decompresses to
+    1,000 bytes: reads are planned from the pages' own headers (each page allocates what
+    its header says), so the import reads them a few at a time and refuses each row (it
+    planned 120 rows a batch from the footer and peaked past 700 MB before); under a
+    lower column limit the shard is refused naming its true size, unread."""
+    lie = tmp_path / "lie"
+    lie.mkdir()
+    shard = lie / "part-l-000001.parquet"
+    lying_footer(shard, 120, 2 * MiB)
+    assert shard.stat().st_size < 64_000
+    features = pq.read_metadata(shard).row_group(0).column(SCHEMA.names.index("features"))
+    assert features.total_uncompressed_size == 1000
+    out, peak = _peak(lie, "import", tmp_path / "a.sqlite3")
+    assert out.count("part-l-000001.parquet") == 120  # every row refused, one by one
+    assert peak < 500, f"import peaked at {peak} MiB"
+    monkeypatch.setattr(featurestore, "FEATURES_COLUMN_LIMIT", 64 * MiB)
+    with Store(tmp_path / "b.sqlite3") as store:
+        (why,) = import_store(lie, store).rejected
+    assert "the 'features' column decompresses to 251,6" in why and "(not read)" in why
+    # every value in one page: a page over the limit is refused, however the footer reads
+    lying_footer(shard, 120, 2 * MiB, per_page=120)
+    monkeypatch.setattr(featurestore, "FEATURES_COLUMN_LIMIT", 256 * MiB)
+    monkeypatch.setattr(featurestore, "PAGE_LIMIT", 64 * MiB)
+    with Store(tmp_path / "c.sqlite3") as store:
+        (why,) = import_store(lie, store).rejected
+    assert "a page of the 'features' column decompresses to 251,6" in why
+
+
 def test_column_and_row_limits_are_checked_before_reading(
     good_store: tuple[pa.Schema, list[dict]], tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
