@@ -43,9 +43,11 @@ request before any handler runs:
 Connections are capped too (:class:`ConnectionGate`): at most
 :attr:`ServeLimits.max_client_connections` per client address and
 :attr:`ServeLimits.max_connections` in all. A connection over a cap closes the oldest
-one that is not answering an admitted request (the client's own first), so idle,
-half-open or slow sockets, however many and however renewed, never turn a complete
-request away; only when every connection is answering one is the newcomer refused (503).
+one that has not yet carried a complete, authorised request (a silent one first, the
+client's own first), never one that has: idle, half-open or slow sockets, however many,
+however renewed and from whatever address, never push out a real client's connection
+or turn its complete request away; only when no connection is still unproven is the
+newcomer refused (503).
 
 The body is then parsed with bounded depth and digits (:func:`core.base.safeio.parse_json`)
 and every field is checked (:func:`parse_request`): ``model`` must be the served name
@@ -63,6 +65,7 @@ import hmac
 import ipaddress
 import json
 import math
+import select
 import socket
 import threading
 import time
@@ -452,14 +455,18 @@ async def send_error(send: Send, err: RequestError) -> None:
 
 
 class ConnectionGate:
-    """The server's open connections, oldest first, and which of them are busy.
+    """The server's open connections, oldest first, and what each has done.
 
-    A connection is busy only while the guard answers a complete, authorised request on
-    it. A connection over a cap (per client address, then in all) closes the oldest one
-    that is not busy, the client's own first: idle, half-open or slow sockets, however
-    many and however often renewed, make room for a newcomer instead of turning it away.
-    Only when every connection under the cap is busy is the newcomer refused. Used from
-    the server's event loop only (no lock).
+    A connection is *trusted* once it has carried a complete, authorised request (the
+    guard admitted it), *busy* while the guard answers one on it, and otherwise
+    *pending*: it has not yet proved anything, whether it said nothing (a half-open
+    socket) or started a request. A connection over a cap (per client address, then in
+    all) closes the oldest pending one that has sent nothing, else the oldest pending
+    one, the client's own first. A newcomer is pending, so it never pushes out a trusted
+    or busy connection: a flood of half-open sockets, however many and however renewed,
+    and whoever sends it (the same address as a real client's, on one machine), only
+    ever closes its own kind. Only when no connection under the cap is pending is the
+    newcomer refused (503). Used from the server's event loop only (no lock).
     """
 
     def __init__(self, *, max_connections: int, max_per_client: int) -> None:
@@ -467,6 +474,8 @@ class ConnectionGate:
         self.max_per_client = max_per_client
         self._open: dict[Peer, asyncio.BaseTransport] = {}
         self._busy: set[Peer] = set()
+        self._trusted: set[Peer] = set()
+        self._spoke: set[Peer] = set()
 
     def __len__(self) -> int:
         return len(self._open)
@@ -477,8 +486,8 @@ class ConnectionGate:
         if len(mine) >= self.max_per_client and not self._evict(mine):
             return RequestError(
                 503,
-                f"all {len(mine)} connections from {peer[0]} are answering requests (at most "
-                f"{self.max_per_client} per client); retry when one is answered",
+                f"all {len(mine)} connections from {peer[0]} are answering or have answered "
+                f"requests (at most {self.max_per_client} per client); retry when one is free",
                 type="server_error",
                 code="too_many_connections",
                 headers={"Retry-After": "1"},
@@ -486,7 +495,8 @@ class ConnectionGate:
         if len(self._open) >= self.max_connections and not self._evict(list(self._open)):
             return RequestError(
                 503,
-                f"all {len(self._open)} connections are answering requests; retry shortly",
+                f"all {len(self._open)} connections are answering or have answered requests; "
+                "retry shortly",
                 type="server_error",
                 code="too_many_connections",
                 headers={"Retry-After": "1"},
@@ -495,21 +505,54 @@ class ConnectionGate:
         return None
 
     def _evict(self, peers: list[Peer]) -> bool:
-        for p in peers:
-            if p not in self._busy:
-                self._open.pop(p).close()
-                return True
+        """Close the oldest pending connection of ``peers`` that has sent nothing, else the
+        oldest pending one; ``False`` when every one is trusted or busy. A connection
+        whose bytes wait unread in its socket (the server accepts connections in batches
+        before it reads them) has spoken."""
+        pending = [p for p in peers if p not in self._busy and p not in self._trusted]
+        self._spoke |= self._waiting([p for p in pending if p not in self._spoke])
+        silent = [p for p in pending if p not in self._spoke]
+        for p in silent or pending:
+            self._forget(p).close()
+            return True
         return False
+
+    def _waiting(self, peers: list[Peer]) -> set[Peer]:
+        """Those of ``peers`` with bytes to read already (one ``poll`` without waiting)."""
+        by_fd: dict[int, Peer] = {}
+        for p in peers:
+            sock = self._open[p].get_extra_info("socket")
+            fd = sock.fileno() if sock is not None else -1
+            if fd >= 0:
+                by_fd[fd] = p
+        if not by_fd:
+            return set()
+        poller = select.poll()
+        for fd in by_fd:
+            poller.register(fd, select.POLLIN)
+        return {by_fd[fd] for fd, ev in poller.poll(0) if ev & select.POLLIN}
+
+    def _forget(self, peer: Peer) -> asyncio.BaseTransport:
+        self._busy.discard(peer)
+        self._trusted.discard(peer)
+        self._spoke.discard(peer)
+        return self._open.pop(peer)
 
     def closed(self, peer: Peer, transport: asyncio.BaseTransport) -> None:
         if self._open.get(peer) is transport:
-            del self._open[peer]
-            self._busy.discard(peer)
+            self._forget(peer)
+
+    def spoke(self, peer: Peer) -> None:
+        """The connection has sent bytes (it is no longer a silent, half-open socket)."""
+        if peer in self._open:
+            self._spoke.add(peer)
 
     def hold(self, peer: Peer) -> None:
-        """The connection carries an admitted request: never closed to make room."""
+        """The connection carries an admitted request: trusted from now on, and never
+        closed to make room while busy."""
         if peer in self._open:
             self._busy.add(peer)
+            self._trusted.add(peer)
 
     def release(self, peer: Peer) -> None:
         self._busy.discard(peer)
@@ -800,6 +843,7 @@ def guarded_h11(header_timeout: float, gate: ConnectionGate) -> type[H11Protocol
         _timer: asyncio.TimerHandle | None = None
         _armed_for: object = None
         _admitted = False
+        _spoken = False
 
         def _arm(self) -> None:
             self._disarm()
@@ -825,6 +869,12 @@ def guarded_h11(header_timeout: float, gate: ConnectionGate) -> type[H11Protocol
                     return
                 self._admitted = True
             self._arm()
+
+        def data_received(self, data: bytes) -> None:
+            if self._admitted and not self._spoken and self.client is not None:
+                self._spoken = True
+                gate.spoke(self.client)
+            super().data_received(data)
 
         def handle_events(self) -> None:
             super().handle_events()

@@ -20,6 +20,7 @@ import select
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -543,6 +544,75 @@ def test_idle_connections_never_turn_a_request_away(tiny_model) -> None:
         for s in idle:
             s.close()
         srv.stop()
+
+
+def test_a_half_open_flood_never_pushes_out_a_real_client(tiny_model) -> None:
+    """From the same address as a real client, a flood of half-open sockets without the
+    key (up to 3,000, 200 kept open at a time, for at most 6 s): every request of the
+    real client is answered, on its keep-alive connection and on fresh ones (before,
+    making room closed the oldest idle connection whoever owned it: ~30% reset)."""
+    srv = start(tiny_model, name=NAME, limits=ServeLimits(), api_key=KEY)
+    port = srv.port
+    stop = threading.Event()
+    opened = [0]
+
+    def flood() -> None:
+        window: list[socket.socket] = []
+        deadline = time.monotonic() + 6.0
+        try:
+            while not stop.is_set() and opened[0] < 3000 and time.monotonic() < deadline:
+                try:
+                    window.append(socket.create_connection(("127.0.0.1", port), timeout=2))
+                    opened[0] += 1
+                except OSError:
+                    continue
+                if len(window) > 200:
+                    window.pop(0).close()
+        finally:
+            for s in window:
+                s.close()
+
+    attacker = threading.Thread(target=flood, daemon=True)
+    try:
+        with socket.create_connection(("127.0.0.1", port), timeout=10) as kept:
+            assert _exchange(kept, _request(port, _chat_body(max_tokens=1))) == 200
+            attacker.start()
+            while opened[0] < 300 and attacker.is_alive():
+                time.sleep(0.01)
+            statuses = []
+            for _ in range(8):
+                statuses.append(_exchange(kept, _request(port, _chat_body(max_tokens=1))))
+                with socket.create_connection(("127.0.0.1", port), timeout=10) as fresh:
+                    statuses.append(_exchange(fresh, _request(port, _chat_body(max_tokens=1))))
+        assert opened[0] >= 300, opened[0]
+        assert statuses == [200] * 16, statuses
+    finally:
+        stop.set()
+        attacker.join(10)
+        srv.stop()
+
+
+def _exchange(sock: socket.socket, request: bytes) -> int:
+    """Send ``request`` on ``sock`` and read one whole reply (its ``Content-Length``
+    body too, so the connection can carry the next); its status (0: closed, reset)."""
+    try:
+        sock.sendall(request)
+        data = b""
+        while b"\r\n\r\n" not in data:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return 0
+            data += chunk
+        head, _, body = data.partition(b"\r\n\r\n")
+        length = int(re.search(rb"(?i)content-length:\s*(\d+)", head).group(1))
+        while len(body) < length:
+            chunk = sock.recv(65536)
+            if not chunk:
+                return 0
+            body += chunk
+        return int(head.split()[1])
+    except OSError:
+        return 0
 
 
 def test_connection_caps_close_the_oldest_idle_first(tiny_model, paced) -> None:
