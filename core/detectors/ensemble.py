@@ -710,19 +710,17 @@ class EnsembleDetector(FittedDetector):
         )
 
     def fitted_models(self) -> Mapping[str, tuple[Any, int | None]]:
-        """Every fitted part, with the widths it must read: the pooled stacker, the token
-        stacker and each dataset's own (reviewed ones too), beside the calibrations."""
+        """Every fitted part: the pooled stacker, the token stacker and each dataset's
+        own (reviewed ones too), beside the calibrations; their finite values and scales
+        are checked here, the inputs each must read by :meth:`after_load` (whose message
+        names the config options that set them)."""
         parts = {
             k: v
             for k, v in super().fitted_models().items()
-            if k not in ("stacker_", "token_stacker_", "dataset_stackers_", "members_")
+            if k not in ("dataset_stackers_", "members_")
         }
-        parts["stacker_"] = (self.stacker_, len(self.input_names(None)))
-        if self.token_stacker_ is not None:
-            k = len(self.token_members_)
-            parts["token_stacker_"] = (self.token_stacker_, token_inputs(self.config, k))
         for name, own in self.dataset_stackers_.items():
-            parts[f"dataset_stackers_[{name!r}]"] = (own.stacker, len(self.input_names(name)))
+            parts[f"dataset_stackers_[{name!r}]"] = (own.stacker, None)
         return parts
 
     def after_load(self, folder: Path, w: Mapping[str, Any]) -> None:
