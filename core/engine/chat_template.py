@@ -7,13 +7,13 @@ building a string of gigabytes (``'x' * 1500000000``). ragscope therefore never 
 a template in its own process:
 
 - The template is rendered once per *shape* of conversation (the roles in order, and
-  whether the assistant header is added), with a placeholder for each message's content,
+  whether the assistant header is added), with a stand-in mark for each message's content,
   in a child process under :data:`RENDER_SECONDS` of time, :data:`RENDER_MEMORY` bytes of
   address space and :data:`RENDER_CHARS` characters of output; past any of them the
   child is stopped and the template refused with a :class:`ModelError` naming the limit.
 - The rendered frame is kept (per template, shape and special tokens), and each
   conversation of that shape is the frame with the contents put in place of the
-  placeholders. A template must therefore place every message's content verbatim, once
+  stand-in marks. A template must therefore place every message's content verbatim, once
   and in order (what every chat model's template does); one that rewrites or repeats a
   content is refused, as :func:`core.engine.layout.chat_frame` always required for the
   user message.
@@ -48,7 +48,7 @@ machine, beside :data:`RENDER_SECONDS`, which the child enforces on the template
 MAX_MESSAGES = 64
 """Most messages of one conversation rendered (a longer one is refused)."""
 _CACHED = 256
-_PLACEHOLDER = "\ue000ragscope-content-{}\ue001"
+_MARK = "\ue000ragscope-content-{}\ue001"
 """A message's content while the template renders (private-use characters: no real
 content or template holds them)."""
 
@@ -62,9 +62,9 @@ def template_of(tokenizer: object) -> str | None:
     return t if isinstance(t, str) and t.strip() else None
 
 
-def placeholder(i: int) -> str:
+def content_mark(i: int) -> str:
     """What stands for message ``i``'s content in a rendered frame."""
-    return _PLACEHOLDER.format(i)
+    return _MARK.format(i)
 
 
 def special_tokens(tokenizer: object) -> dict[str, str]:
@@ -106,7 +106,7 @@ def render_chat(
     frame = chat_frame_text(template, roles, special, add_generation_prompt, source=source)
     out, at = [], 0
     for i, m in enumerate(messages):
-        mark = _PLACEHOLDER.format(i)
+        mark = _MARK.format(i)
         k = frame.index(mark, at)
         out += [frame[at:k], str(m["content"])]
         at = k + len(mark)
@@ -122,11 +122,11 @@ def chat_frame_text(
     *,
     source: str | None = None,
 ) -> str:
-    """The template rendered for a conversation of ``roles`` with a placeholder for each
+    """The template rendered for a conversation of ``roles`` with a stand-in mark for each
     content (cached; rendered in a bounded child the first time).
 
     Raises:
-        ModelError: Over a limit, failing, or not placing each placeholder once in order.
+        ModelError: Over a limit, failing, or not placing each stand-in mark once in order.
     """
     digest = hashlib.sha256(template.encode("utf-8", "surrogatepass")).hexdigest()
     key = (digest, str(add_generation_prompt), *sorted(f"{k}={v}" for k, v in special.items()))
@@ -135,11 +135,11 @@ def chat_frame_text(
         if key in _frames:
             _frames.move_to_end(key)
             return _frames[key]
-    messages = [{"role": r, "content": _PLACEHOLDER.format(i)} for i, r in enumerate(roles)]
+    messages = [{"role": r, "content": _MARK.format(i)} for i, r in enumerate(roles)]
     frame = _render_bounded(template, messages, dict(special), add_generation_prompt, source)
     at = 0
     for i in range(len(roles)):
-        mark = _PLACEHOLDER.format(i)
+        mark = _MARK.format(i)
         if frame.count(mark) != 1 or frame.find(mark) < at:
             raise _refused(
                 source,

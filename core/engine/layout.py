@@ -21,7 +21,7 @@ import numpy as np
 
 from core.base.errors import DataError
 from core.base.examples import RAGExample, Span
-from core.engine.chat_template import chat_frame_text, placeholder, special_tokens, template_of
+from core.engine.chat_template import chat_frame_text, content_mark, special_tokens, template_of
 from core.engine.model import LoadedModel, decode
 
 if TYPE_CHECKING:
@@ -366,7 +366,7 @@ def chat_frame(tokenizer: object, source: str | None = None) -> tuple[str, str]:
     frame = chat_frame_text(
         template, ("user",), special_tokens(tokenizer), add_generation_prompt=True, source=source
     )
-    before, after = frame.split(placeholder(0))
+    before, after = frame.split(content_mark(0))
     return before, after
 
 

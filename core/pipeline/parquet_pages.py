@@ -130,10 +130,18 @@ class _Reader:
 
 def _header(f: BinaryIO, at: int, file_size: int) -> tuple[int, int, int]:
     """``(header bytes, uncompressed page size, compressed page size)`` of the page at ``at``."""
-    f.seek(at)
-    data = f.read(min(HEADER_LIMIT, file_size - at))
-    r = _Reader(data)
-    fields = r.struct(0, frozenset({2, 3}))
+    size = 512  # a header takes tens of bytes; statistics can add a few KB: read more then
+    while True:
+        f.seek(at)
+        data = f.read(min(size, file_size - at))
+        r = _Reader(data)
+        try:
+            fields = r.struct(0, frozenset({2, 3}))
+            break
+        except ValueError as e:
+            if "runs past" not in str(e) or size >= HEADER_LIMIT or len(data) < size:
+                raise
+            size = min(8 * size, HEADER_LIMIT)
     if 2 not in fields or 3 not in fields:
         raise ValueError("a page header without its sizes")
     return r.pos, fields[2], fields[3]
