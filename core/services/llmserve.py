@@ -46,8 +46,10 @@ Connections are capped too (:class:`ConnectionGate`): at most
 one that has not yet carried a complete, authorised request (a silent one first, the
 client's own first), never one that has: idle, half-open or slow sockets, however many,
 however renewed and from whatever address, never push out a real client's connection
-or turn its complete request away; only when no connection is still unproven is the
-newcomer refused (503).
+once its first bytes are in, or turn its complete request away (a connection that has
+not spoken yet looks silent: it is safe while its request arrives before
+``max_client_connections`` newer sockets from its address do); only when no connection
+is still unproven is the newcomer refused (503).
 
 The body is then parsed with bounded depth and digits (:func:`core.base.safeio.parse_json`)
 and every field is checked (:func:`parse_request`): ``model`` must be the served name
