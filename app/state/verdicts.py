@@ -17,10 +17,10 @@ import streamlit as st
 from app.state.analysis import input_signature
 from app.state.detectors import ShippedDetector, ShippedDetectors
 from app.state.memo import Memo
-from core.base.errors import RagscopeError
+from core.base.errors import RagscopeError, brief
 from core.base.examples import RAGExample
 from core.learning.contract import calibrated_as, decision_threshold, judge_features
-from core.pipeline.judge import AnswerVerdict, Judged, answer_verdict, judge_stream
+from core.pipeline.judge import AnswerVerdict, Judged, answer_verdict, judge_stream, warm_up
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -344,41 +344,53 @@ def answer_verdicts(
 
 WARM_ENV = "RAGSCOPE_WARM_DETECTORS"
 
-WARM_UP = RAGExample(
-    id="warm-up",
-    question="Who built the bridge?",
-    passages=("Ada Lovell built the bridge in 1820.",),
-    response="Ada Lovell built it in 1820.",
-)
-"""A tiny answer the detectors judge once in the background when they are loaded."""
 
+@dataclass
+class Warming:
+    """The background warm-up of one model's detector set (:func:`core.pipeline.judge.warm_up`)
+    and how far it is: the Playground says what is still loading."""
 
-def _warm(model: LoadedModel, shipped: ShippedDetectors) -> None:
-    t0 = time.perf_counter()
-    try:
-        for _ in judge_stream(model, WARM_UP, [s.detector for s in shipped.detectors]):
-            pass
-    except Exception:  # a detector that cannot run says so on the user's own answer
-        log.warning("warming the detectors up failed", exc_info=True)
-    else:
-        log.info("detectors warmed up in %.1f s", time.perf_counter() - t0)
+    detectors: int
+    ready: int = 0
+    seconds: float | None = None
+    failed: str | None = None
+    thread: threading.Thread | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+    def run(self, model: LoadedModel, shipped: ShippedDetectors) -> None:
+        def step(j: Judged) -> None:
+            if j.step.stage == "features":
+                self.ready += 1
+
+        try:
+            self.seconds = warm_up(model, [s.detector for s in shipped.detectors], on_step=step)
+        except Exception as e:  # a detector that cannot run says so on the user's own answer
+            self.failed = brief(e)
+            log.warning("warming the detectors up failed", exc_info=True)
+        else:
+            log.info("detectors warmed up in %.1f s", self.seconds)
 
 
 @st.cache_resource(show_spinner=False, max_entries=4)
 def _warming(
     model_id: str, detectors_id: str, _model: LoadedModel, _shipped: ShippedDetectors
-) -> threading.Thread:
-    thread = threading.Thread(
-        target=_warm, args=(_model, _shipped), name="ragscope-warm-detectors", daemon=True
+) -> Warming:
+    warming = Warming(detectors=len(_shipped.detectors))
+    warming.thread = threading.Thread(
+        target=warming.run, args=(_model, _shipped), name="ragscope-warm-detectors", daemon=True
     )
-    thread.start()
-    return thread
+    warming.thread.start()
+    return warming
 
 
-def warm_detectors(model: LoadedModel, shipped: ShippedDetectors) -> threading.Thread | None:
+def warm_detectors(model: LoadedModel, shipped: ShippedDetectors) -> Warming | None:
     """Judge a tiny answer once with every loaded detector on a background thread (once
-    per model and detector set), so the resources they load on first use (spaCy, the
-    SAE, sentence embeddings, ...) are ready before the first real Analyse.
+    per model and detector set, :func:`core.pipeline.judge.warm_up`), so the resources
+    they load on first use (spaCy, the SAE, sentence embeddings, ...) are ready before
+    the first real Analyse; its :class:`Warming` says how far it is.
     ``RAGSCOPE_WARM_DETECTORS=0`` turns it off (the app tests count forward passes)."""
     if not shipped.detectors or os.environ.get(WARM_ENV, "1").strip() == "0":
         return None

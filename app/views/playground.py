@@ -84,10 +84,12 @@ from app.state.playground import (
 from app.state.session import AppState, app_state, seed_widget
 from app.state.verdicts import (
     DetectorVerdicts,
+    Warming,
     detector_verdicts,
     known_verdicts,
     stream_verdicts,
     verdict_frame,
+    warm_detectors,
 )
 from app.text import code, md, md_lines
 from core.base.errors import DataError, RagscopeError
@@ -875,6 +877,18 @@ def show_analysis(
 # --------------------------------------------------------------------------- page
 
 
+def warming_note(warming: Warming | None) -> None:
+    """What is still loading in the background (:func:`app.state.verdicts.warm_detectors`):
+    a first Analyse now waits for it."""
+    if warming is None or not warming.running:
+        return
+    st.caption(
+        f":material/hourglass_top: The detectors are still loading in the background "
+        f"({warming.ready} of {warming.detectors} ready: imports, spaCy, the SAE, the "
+        "sentence embedder); an Analyse now waits for them, later ones do not."
+    )
+
+
 def main() -> None:
     state = app_state()
     model = get_model()
@@ -923,6 +937,7 @@ def main() -> None:
     signature = input_signature(current, response_ids) if current is not None else None
 
     clicked = st.button("Analyse", key=KEY_ANALYSE, type="primary", icon=":material/troubleshoot:")
+    warming_note(warm_detectors(model, shipped_detectors(model)))
     if clicked or own_link.value is not None:
         try:
             if answer is None:

@@ -92,6 +92,40 @@ def judge_stream(
         t0 = time.perf_counter()  # the consumer's own time is not this step's
 
 
+WARM_UP = RAGExample(
+    id="warm-up",
+    question="Who built the bridge?",
+    passages=("Ada Lovell built the bridge in 1820.",),
+    response="Ada Lovell built it in 1820.",
+)
+"""A tiny answer :func:`warm_up` judges."""
+
+
+def warm_up(
+    model: LoadedModel,
+    detectors: Sequence[Detector],
+    *,
+    on_step: Callable[[Judged], None] | None = None,
+) -> float:
+    """Judge :data:`WARM_UP` once with ``detectors``, so that what they load on first use
+    (imports, spaCy, the SAE, the sentence embedder, the lens's float32 unembedding, the
+    kernels of a first pass) is ready before a real answer: the app runs it in the
+    background when a set is loaded, and ``ragscope bench --playground`` times it.
+
+    Args:
+        on_step: Told each finished step (a pass, or one detector's verdict), so a page
+            can say how far it is.
+
+    Returns:
+        The seconds it took.
+    """
+    t0 = time.perf_counter()
+    for j in judge_stream(model, WARM_UP, detectors):
+        if on_step is not None:
+            on_step(j)
+    return time.perf_counter() - t0
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class AnswerVerdict:
     """A detector set's verdict on one answer: the one object every page, the report,

@@ -546,30 +546,43 @@ def test_loaded_detectors_are_warmed_up_once_in_the_background(
     tmp_path: Path,
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
+    """The set is judged once on the warm-up answer, on its own thread; while that runs
+    the Playground says what is still loading (held here on an event, so the page is
+    seen in that state, not timed), and says nothing once it is done."""
     import threading
 
-    import app.state.verdicts as verdicts_mod
+    import core.pipeline.judge as judge_mod
     from app.state.detectors import shipped_detectors
     from app.state.verdicts import warm_detectors
 
     judged: list[tuple[str, tuple[str, ...], str]] = []
-    real = verdicts_mod.judge_stream
+    real = judge_mod.judge_stream
+    release = threading.Event()
 
     def spy(model, example, detectors, **kw):  # noqa: ANN001, ANN202
         judged.append(
             (example.id, tuple(d.name for d in detectors), threading.current_thread().name)
         )
+        assert release.wait(60)
         return real(model, example, detectors, **kw)
 
-    monkeypatch.setattr(verdicts_mod, "judge_stream", spy)
+    monkeypatch.setattr(judge_mod, "judge_stream", spy)
     monkeypatch.setenv("RAGSCOPE_WARM_DETECTORS", "1")
     detectors_dir(_copy(tiny_artifacts, tmp_path))
     at = make_app().run()
     _no_exception(at)
-    at.run()  # a rerun starts nothing new
-    thread = warm_detectors(tiny_model, shipped_detectors(tiny_model))
-    assert thread is not None
-    thread.join(timeout=60)
+    at.switch_page("views/playground.py").run()
+    _no_exception(at)
+    notes = [c.value for c in at.caption if "still loading in the background" in c.value]
+    assert notes and f"0 of {len(DETECTORS)} ready" in notes[0], [c.value for c in at.caption]
+    release.set()
+    warming = warm_detectors(tiny_model, shipped_detectors(tiny_model))
+    assert warming is not None and warming.thread is not None
+    warming.thread.join(timeout=60)
+    assert warming.failed is None and warming.ready == len(DETECTORS)
+    assert warming.seconds is not None and warming.seconds > 0
+    at.run()  # a rerun starts nothing new, and the note is gone
+    assert not [c.value for c in at.caption if "still loading" in c.value]
     assert judged == [("warm-up", tuple(sorted(DETECTORS)), "ragscope-warm-detectors")]
     monkeypatch.setenv("RAGSCOPE_WARM_DETECTORS", "0")
     assert warm_detectors(tiny_model, shipped_detectors(tiny_model)) is None

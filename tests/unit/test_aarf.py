@@ -501,5 +501,7 @@ def test_bench_times_the_playground_against_one_forward(tiny_model, detector, to
     assert rep.n_tokens == len(render(toy_example, tiny_model))
     assert 0 < rep.first_verdict_s < rep.first_traced_verdict_s <= rep.streamed_s
     assert rep.forward_s > 0 and rep.separate_s > 0 and rep.first_click_s > 0
+    assert rep.warm_up_s > 0
     text = "\n".join(rep.to_lines())
     assert "x forward" in text and "first verdict from activations" in text
+    assert "background warm-up in a fresh process" in text and "after the warm-up" in text
