@@ -25,8 +25,15 @@ log-probability more than removing *random*: the run reports the mean of
 (0.5 = no better than chance), each with a 95% interval of a bootstrap that resamples
 whole sources (:func:`core.learning.metrics.group_resamples`), and the same for *text*.
 
+The same comparison runs for each other head group of
+:data:`~core.signals.passage_attention.GROUPS` (early, middle and late layers' heads, and
+the model's copying heads, :func:`~core.signals.copying_heads.copying_scores`): its own
+most attended sentence against its own random sentence of about the same length (the
+*all* group's random one when both groups pick the same top), so a researcher sees which
+heads' reading of the passages the model's output actually depends on.
+
 Cost per answer: one traced pass, one plain pass, and one pass per distinct removed
-sentence (at most ``4 * MAX_SPANS``).
+sentence (at most ``12 * MAX_SPANS``; most groups agree on a span's top sentence).
 """
 
 from __future__ import annotations
@@ -51,11 +58,20 @@ from core.learning.metrics import group_resamples
 from core.pipeline.evidence import find_all
 from core.pipeline.span_judge import answer_sentences
 from core.pipeline.word_spans import passage_sentences
-from core.signals.passage_attention import ContextReading, read_context, reading_needs
+from core.signals.copying_heads import copying_scores
+from core.signals.passage_attention import (
+    GROUP_LABELS,
+    GROUPS,
+    ContextReading,
+    read_context,
+    reading_needs,
+)
 
 KIND = "attribution"
 GROUP = "all"
 """The head group whose attention chooses *top*."""
+FORMAT = 2
+"""Progress lines of this format hold every head group's picks (format 1: *all* only)."""
 MAX_SPANS = 3
 MIN_SPAN_TOKENS = 3
 LENGTH_SLACK = 0.25
@@ -64,6 +80,19 @@ MIN_SPANS = 30
 """Fewest spans for the run's numbers to read as estimates."""
 PROGRESS_LIMIT = 256 * 1024 * 1024
 """Largest progress file read back (a few hundred bytes per answer)."""
+
+
+@dataclass(frozen=True, kw_only=True)
+class GroupPick:
+    """One head group's most attended sentence for a span, its random counterpart of
+    about the same length, and the span's drop (nats) when each is removed."""
+
+    group: str
+    top_unit: int
+    top_share: float
+    random_unit: int
+    drop_top: float
+    drop_random: float
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -90,9 +119,12 @@ class AblationRow:
     drop_random: float
     drop_text: float | None
     drop_both: float | None
+    by_group: tuple[GroupPick, ...] = ()
 
     def to_json(self) -> dict[str, Any]:
-        return asdict(self)
+        d = asdict(self)
+        d["by_group"] = [asdict(g) for g in self.by_group]
+        return d
 
 
 def _seed(example: RAGExample, seed: int) -> int:
@@ -227,7 +259,10 @@ def ablation_rows(
     rng = np.random.default_rng(_seed(example, seed))
     if len(spans) > max_spans:
         spans = [spans[i] for i in sorted(rng.choice(len(spans), max_spans, replace=False))]
-    reading = read_context(trace(model, layout, reading_needs(model.info.n_layers)), units)
+    copying = copying_scores(model).top_heads()
+    reading = read_context(
+        trace(model, layout, reading_needs(model.info.n_layers)), units, copying=copying
+    )
     base = answer_logprobs(model, layout)
     removed: dict[int, np.ndarray] = {}
 
@@ -242,11 +277,33 @@ def ablation_rows(
     boths = _text_units(example, reading, chars, [list(x) for x in shares])
     rows = []
     group = source_key(example)
-    for (s, e, a, b), text, both, share in zip(spans, texts, boths, shares, strict=True):
+    for k, ((s, e, a, b), text, both, share) in enumerate(
+        zip(spans, texts, boths, shares, strict=True)
+    ):
         top = int(np.argmax(share))
         other = _random_unit(reading, top, rng)
         if other is None:
             continue
+        picks = []
+        for g in reading.groups:
+            g_share = reading.unit_shares(g, slice(a, b)) if g != GROUP else share
+            if g == GROUP or not g_share.any():
+                continue
+            g_top = int(np.argmax(g_share))
+            g_rng = np.random.default_rng([_seed(example, seed), k, GROUPS.index(g)])
+            g_other = other if g_top == top else _random_unit(reading, g_top, g_rng)
+            if g_other is None:
+                continue
+            picks.append(
+                GroupPick(
+                    group=g,
+                    top_unit=g_top,
+                    top_share=float(g_share[g_top]),
+                    random_unit=g_other,
+                    drop_top=drop(g_top, a, b),
+                    drop_random=drop(g_other, a, b),
+                )
+            )
         rows.append(
             AblationRow(
                 example_id=example.id,
@@ -264,6 +321,7 @@ def ablation_rows(
                 drop_random=drop(other, a, b),
                 drop_text=None if text is None else drop(text, a, b),
                 drop_both=None if both is None else drop(both, a, b),
+                by_group=tuple(picks),
             )
         )
     return rows
@@ -281,15 +339,46 @@ def _mean_ci(values: np.ndarray, groups: np.ndarray, n_boot: int, seed: int) -> 
 
 def _compare(rows: Sequence[AblationRow], field: str, n_boot: int, seed: int) -> dict[str, Any]:
     keep = [r for r in rows if getattr(r, field) is not None]
-    if not keep:
+    return _paired(
+        [getattr(r, field) for r in keep],
+        [r.drop_random for r in keep],
+        [r.source for r in keep],
+        n_boot,
+        seed,
+    )
+
+
+def _by_group(rows: Sequence[AblationRow], n_boot: int, seed: int) -> dict[str, Any]:
+    """:func:`_paired` per head group: *all* from the rows' own picks, each other group
+    from its :class:`GroupPick` (spans where that group attends to no sentence left out)."""
+    out = {GROUP: _compare(rows, "drop_top", n_boot, seed)}
+    for g in GROUPS:
+        if g == GROUP:
+            continue
+        picks = [(p, r.source) for r in rows for p in r.by_group if p.group == g]
+        if picks:
+            out[g] = _paired(
+                [p.drop_top for p, _ in picks],
+                [p.drop_random for p, _ in picks],
+                [src for _, src in picks],
+                n_boot,
+                seed,
+            )
+    return out
+
+
+def _paired(
+    ours_: Sequence[float], rand_: Sequence[float], sources: Sequence[str], n_boot: int, seed: int
+) -> dict[str, Any]:
+    if not ours_:
         return {"n": 0}
-    ours = np.asarray([getattr(r, field) for r in keep], dtype=np.float64)
-    rand = np.asarray([r.drop_random for r in keep], dtype=np.float64)
-    groups = np.asarray([r.source for r in keep])
+    ours = np.asarray(ours_, dtype=np.float64)
+    rand = np.asarray(rand_, dtype=np.float64)
+    groups = np.asarray(sources)
     diff = ours - rand
     wins = (ours > rand).astype(np.float64)
     return {
-        "n": len(keep),
+        "n": len(ours),
         "n_sources": len(set(groups.tolist())),
         "mean_drop": float(ours.mean()),
         "mean_drop_random": float(rand.mean()),
@@ -312,6 +401,7 @@ def attribution_report(
         "both": _compare(rows, "drop_both", n_boot, seed),
         "mean_top_share": float(np.mean([r.top_share for r in rows])) if rows else None,
         "group": GROUP,
+        "by_group": _by_group(rows, n_boot, seed),
         "settings": {
             "max_spans": MAX_SPANS,
             "min_span_tokens": MIN_SPAN_TOKENS,
@@ -382,14 +472,36 @@ def row_from_json(d: Mapping[str, Any]) -> AblationRow:
                 raise ValueError(f"{drop} is not a finite number")
             out[unit] = tu
             out[drop] = None if dt is None else float(dt)
+        picks = d.get("by_group", [])
+        if not isinstance(picks, list) or len(picks) > len(GROUPS):
+            raise ValueError(f"by_group is not a list of at most {len(GROUPS)} picks")
+        out["by_group"] = tuple(_pick_from_json(x) for x in picks)
     except KeyError as e:
         raise ValueError(f"missing field {e.args[0]}") from e
     return AblationRow(**out)
 
 
+def _pick_from_json(d: object) -> GroupPick:
+    if not isinstance(d, dict) or d.get("group") not in GROUPS:
+        raise ValueError(f"a by_group pick is not an object naming one of {list(GROUPS)}")
+    out: dict[str, Any] = {"group": d["group"]}
+    for k in ("top_unit", "random_unit"):
+        v = d[k]
+        if not isinstance(v, int) or isinstance(v, bool):
+            raise ValueError(f"by_group {k} is not an integer")
+        out[k] = v
+    for k in ("top_share", "drop_top", "drop_random"):
+        v = d[k]
+        if not isinstance(v, int | float) or isinstance(v, bool) or not np.isfinite(v):
+            raise ValueError(f"by_group {k} is not a finite number")
+        out[k] = float(v)
+    return GroupPick(**out)
+
+
 def progress_key(example: RAGExample, model: str, seed: int) -> str:
     """What a progress line is valid for: the answer's content, the model and the seed."""
-    return hashlib.sha256(f"{example_hash(example)}|{model}|{seed}".encode()).hexdigest()[:24]
+    payload = f"{example_hash(example)}|{model}|{seed}|format{FORMAT}"
+    return hashlib.sha256(payload.encode()).hexdigest()[:24]
 
 
 def read_progress(path: str | Path) -> dict[str, list[AblationRow]]:
@@ -503,6 +615,25 @@ def attribution_markdown(run: Mapping[str, Any]) -> str:
             f"{_fmt(r['mean_difference'], r.get('mean_difference_ci'))} | "
             f"{_fmt(r['win_rate'], r.get('win_rate_ci'), pct=True)} |"
         )
+    by_group = dict(run.get("by_group") or {})
+    if by_group:
+        lines += [
+            "",
+            "By head group: each group's own most attended sentence against its own random "
+            "sentence of about the same length.",
+            "",
+            "| head group | spans | mean drop | random's mean drop | difference | win rate |",
+            "|---|---:|---:|---:|---:|---:|",
+        ]
+        for g in GROUPS:
+            r = dict(by_group.get(g) or {})
+            if r.get("n"):
+                lines.append(
+                    f"| {GROUP_LABELS[g]} | {r['n']} | {_fmt(r['mean_drop'])} | "
+                    f"{_fmt(r['mean_drop_random'])} | "
+                    f"{_fmt(r['mean_difference'], r.get('mean_difference_ci'))} | "
+                    f"{_fmt(r['win_rate'], r.get('win_rate_ci'), pct=True)} |"
+                )
     warn = too_few(run)
     if warn:
         lines += ["", f"**{warn}**"]

@@ -138,8 +138,30 @@ def test_ablation_rows_resume_and_report(tiny_model: LoadedModel, tmp_path: Path
     assert att["win_rate"] == pytest.approx(np.mean([r.drop_top > r.drop_random for r in rows]))
     assert rep["text"]["n"] == sum(r.text_unit is not None for r in rows) > 0
     assert rep["both"]["n"] == sum(r.both_unit is not None for r in rows) > 0
+    # Every other head group (copying heads included) picks its own top sentence; its
+    # report pairs each pick's drop with its own random sentence's.
+    picks = [p for r in rows for p in r.by_group]
+    info = tiny_model.info
+    groups = set(head_groups(info.n_layers, info.n_heads, [(0, 0)])) - {"all"}
+    assert {p.group for p in picks} == groups and "copying" in groups
+    for r in rows:
+        for p in r.by_group:
+            assert p.top_unit != p.random_unit
+            if p.top_unit == r.top_unit:  # the same top: the same random, the same passes
+                assert (p.random_unit, p.drop_top, p.drop_random) == (
+                    r.random_unit,
+                    r.drop_top,
+                    r.drop_random,
+                )
+    assert rep["by_group"]["all"] == att
+    copy = [p for p in picks if p.group == "copying"]
+    assert rep["by_group"]["copying"]["n"] == len(copy)
+    assert rep["by_group"]["copying"]["win_rate"] == pytest.approx(
+        np.mean([p.drop_top > p.drop_random for p in copy])
+    )
     md = attribution_markdown(attribution_run(rep, "builtin", "tiny"))
     assert "alignment re-ranked by attention" in md
+    assert "| copying heads | " in md and "| late layers' heads | " in md
     assert "an anecdote, not an estimate" in md  # a few spans say so
 
 
@@ -198,6 +220,16 @@ def test_a_broken_progress_file_names_the_line_and_the_fix(
     )
 
 
+PICK = {
+    "group": "copying",
+    "top_unit": 2,
+    "top_share": 0.4,
+    "random_unit": 0,
+    "drop_top": 0.5,
+    "drop_random": 0.25,
+}
+
+
 @pytest.mark.parametrize(
     ("patch", "match"),
     [
@@ -207,6 +239,11 @@ def test_a_broken_progress_file_names_the_line_and_the_fix(
         ({"text_unit": 2}, "both given or both null"),
         ({"text_unit": "2", "drop_text": 1.0}, "text_unit is not an integer"),
         ({"both_unit": 1, "drop_both": True}, "drop_both is not a finite number"),
+        ({"by_group": {}}, "by_group is not a list"),
+        ({"by_group": [{"group": "nope"}]}, "naming one of"),
+        ({"by_group": [{**PICK, "top_unit": 1.5}]}, "by_group top_unit is not an integer"),
+        ({"by_group": [{**PICK, "drop_top": float("inf")}]}, "by_group drop_top is not a"),
+        ({"by_group": [PICK] * 6}, "at most 5 picks"),
     ],
 )
 def test_row_from_json_is_strict(patch: dict, match: str) -> None:
@@ -228,5 +265,6 @@ def test_row_from_json_is_strict(patch: dict, match: str) -> None:
         "drop_both": None,
     }
     assert row_from_json(d).drop_top == 1.0
+    assert row_from_json({**d, "by_group": [PICK]}).by_group[0].drop_random == 0.25
     with pytest.raises(ValueError, match=match):
         row_from_json({**d, **patch})
