@@ -70,8 +70,9 @@ from core.signals.passage_attention import (
 KIND = "attribution"
 GROUP = "all"
 """The head group whose attention chooses *top*."""
-FORMAT = 2
-"""Progress lines of this format hold every head group's picks (format 1: *all* only)."""
+FORMAT = 3
+"""Progress lines of this format hold every head group's picks, over passage sentences
+that keep "4.5" whole (format 2: the earlier splitter; format 1: *all* only)."""
 MAX_SPANS = 3
 MIN_SPAN_TOKENS = 3
 LENGTH_SLACK = 0.25

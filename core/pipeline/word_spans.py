@@ -163,20 +163,36 @@ def _merged(response: str, parts: Sequence[tuple[int, int, str, float, float]]) 
     )
 
 
-_SENTENCE = re.compile(r"[^.!?\n]+(?:[.!?]+|(?=\n)|$)")
+_PASSAGE_BOUNDARY = re.compile(r"[.!?]+[\"'”’)\]]*(?=\s|$)|\n")
+"""Where a passage sentence ends: ., ! or ? (and any closing quote or bracket) before
+white space or the end, or a line break. A stop inside a token is not an end: "4.5 m",
+"3.14" and "example.com" stay whole."""
+_LIST_MARK = re.compile(r"\s*(?:\d{1,3}|[A-Za-z])[.)]")
+"""A list item's mark ("4.", "b)"): a stop after it does not end a sentence."""
 
 
 def passage_sentences(passages: Sequence[str]) -> list[tuple[int, int, int]]:
     """``(passage index, start, end)`` of every sentence of the passages (stripped); a line
-    without a full stop (a title, a list item) is a sentence of its own."""
+    without a full stop (a title, a list item) is a sentence of its own. A sentence ends
+    at :data:`_PASSAGE_BOUNDARY` (not inside "4.5", not after a list mark such as "4.")."""
     out = []
     for k, p in enumerate(passages):
-        for m in _SENTENCE.finditer(p):
-            start, end = m.start(), m.end()
-            while start < end and p[start].isspace():
+        at = 0
+        for m in [*_PASSAGE_BOUNDARY.finditer(p), None]:
+            if m is None:
+                end, nxt = len(p), len(p)
+            elif m.group() == "\n":
+                end, nxt = m.start(), m.end()
+            else:
+                end = nxt = m.end()
+                if _LIST_MARK.fullmatch(p, at, end):
+                    continue  # "4. Click": the mark opens the item
+            start, stop = at, end
+            while start < stop and p[start].isspace():
                 start += 1
-            while end > start and p[end - 1].isspace():
-                end -= 1
-            if end > start:
-                out.append((k, start, end))
+            while stop > start and p[stop - 1].isspace():
+                stop -= 1
+            if stop > start:
+                out.append((k, start, stop))
+            at = nxt
     return out
