@@ -74,6 +74,7 @@ from app.state.review import (
     KEY_REJECT,
     KEY_REPORT,
     KEY_REPORT_GET,
+    KEY_RESCAN,
     KEY_SMOOTH,
     KEY_SORT,
     KEY_SPAN_SOURCE,
@@ -122,6 +123,7 @@ from core.review import (
     scan_verdict,
     set_flags,
     split_verdicts,
+    to_rescan,
 )
 from core.review.book import MAX_NOTE
 
@@ -318,19 +320,30 @@ def build_section(
             disabled=not chosen,
         )  # fmt: skip
         answers = AnswerBook(get_store())
-        todo_ids = next_to_scan(
-            [e.id for e in examples],
-            dataset=key,
-            scanned=answers.scanned(key, examples),
-            n=limit,
+        scanned = answers.scanned(key, examples)
+        again = bool(scanned) and st.toggle(
+            f"Scan again the {len(scanned)} answers already scanned",
+            key=KEY_RESCAN,
+            help="The same answers, first scanned first (e.g. at a lower threshold after a "
+            "scan that flagged nothing); their features come from the cache, and spans "
+            "already queued keep their reviews.",
         )
+        pick = to_rescan if again else next_to_scan
+        todo_ids = pick([e.id for e in examples], dataset=key, scanned=scanned, n=limit)
         todo = [e for e in examples if e.id in set(todo_ids)]
-        st.caption(
-            f"Scans the next {len(todo)} answers not scanned yet, in the dataset's random "
-            "order: the scanned answers stay a random sample of the dataset."
-            if todo
-            else "Every answer of this dataset is scanned."
-        )
+        if again:
+            st.caption(
+                f"Scans again the first {len(todo)} of the {len(scanned)} answers already "
+                "scanned, in the order they were first scanned."
+            )
+        else:
+            st.caption(
+                f"Scans the next {len(todo)} answers not scanned yet, in the dataset's random "
+                "order: the scanned answers stay a random sample of the dataset."
+                if todo
+                else "Every answer of this dataset is scanned: turn on scanning again to "
+                "rescan them."
+            )
         if chosen and todo and not scan:
             estimate_caption(
                 lambda: work_estimate(model, todo, [by_name[n] for n in chosen]),

@@ -56,6 +56,7 @@ from core.data.sampling import (
     next_to_scan,
     order_answers,
     random_order,
+    to_rescan,
 )
 from core.data.spans import split_passages
 from core.data.splits import (
@@ -73,6 +74,7 @@ __all__ = [
     "next_to_scan",
     "order_answers",
     "random_order",
+    "to_rescan",
     "BUILTIN",
     "BUILTIN_ANSWERS",
     "BUILTIN_CORPUS_FILE",

@@ -103,3 +103,10 @@ def next_to_scan(
     order (so the scanned answers are always a random sample of the dataset, which the
     uncertainty and stratified orders then sort)."""
     return [i for i in random_order(ids, dataset) if i not in scanned][: max(n, 0)]
+
+
+def to_rescan(ids: Sequence[str], *, dataset: str, scanned: Collection[str], n: int) -> list[str]:
+    """The first ``n`` answers already scanned, in the dataset's random order (the answers
+    :func:`next_to_scan` gave first): the same sample scanned again, e.g. at a lower
+    threshold after a scan that flagged nothing."""
+    return [i for i in random_order(ids, dataset) if i in scanned][: max(n, 0)]

@@ -41,6 +41,7 @@ from core.data.sampling import (
     next_to_scan,
     order_answers,
     random_order,
+    to_rescan,
 )
 from core.review.agreement import (
     Agreement,
@@ -128,6 +129,7 @@ __all__ = [
     "judge_dataset",
     "label_counts",
     "next_to_scan",
+    "to_rescan",
     "order_answers",
     "random_order",
     "reviewer_labels",

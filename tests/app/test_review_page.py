@@ -205,6 +205,26 @@ def test_a_scan_that_flags_nothing_says_why(
     )
     assert "lower the threshold" in warning
 
+    # The same two answers can be scanned again at a lower threshold (before, a second
+    # scan took the next answers, so these two could never be rescanned).
+    with Store(app_env) as s:
+        first = {a.example_id for a in s.scanned_answers(KEY)}
+    assert len(first) == 2
+    at.toggle(key="review.rescan").set_value(True).run()
+    caption = [c.value for c in at.caption if c.value.startswith("Scans again")]
+    assert caption == [
+        "Scans again the first 2 of the 2 answers already scanned, in the order they were "
+        "first scanned."
+    ]
+    at.number_input(key="review.threshold.cortex").set_value(0.05)
+    at.button(key="review.build").click().run()
+    no_exception(at)
+    assert at.success and at.success[0].value.startswith("Scanned 2 answers: "), at.success
+    with Store(app_env) as s:
+        assert {a.example_id for a in s.scanned_answers(KEY)} == first
+        items = ReviewBook(s).items(KEY)
+    assert items and {i.example_id for i in items} <= first
+
 
 def test_the_set_scan_queues_the_sets_spans_with_their_type_or_says_why_none(
     with_demo_detectors: Path,
