@@ -200,13 +200,18 @@ def answer_section(
         expected = own.version if own else 0
         args = (answers, qs, dataset, ex, reviewer)
         b1, b2, b3, b4 = st.columns([1.2, 1.5, 1.1, 1])  # no spacer: labels fit a laptop
+        # Filled only for the label this reviewer gave the answer: a button that looks
+        # chosen before anyone chose it reads as the answer's label.
+        chosen = own.label if own else None
         b1.button(
             "Faithful", key=KEY_FAITHFUL, icon=":material/verified:", shortcut="f",
+            type="primary" if chosen == "faithful" else "secondary",
             on_click=mark, args=(*args, "faithful", how, expected, next_id), width="stretch",
         )  # fmt: skip
         b2.button(
             "Hallucinated", key=KEY_HALLUCINATED, icon=":material/report:", shortcut="h",
-            type="primary", on_click=mark, args=(*args, "hallucinated", how, expected, next_id),
+            type="primary" if chosen == "hallucinated" else "secondary",
+            on_click=mark, args=(*args, "hallucinated", how, expected, next_id),
             width="stretch",
         )  # fmt: skip
         b3.button(

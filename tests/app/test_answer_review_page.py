@@ -9,6 +9,7 @@ from pathlib import Path
 
 from streamlit.testing.v1 import AppTest
 
+from app.state.review import KEY_A_SKIP_MINE
 from core.review import AnswerBook, ReviewBook, order_answers
 from core.storage import Store
 
@@ -20,6 +21,15 @@ def _start(at: AppTest, name: str) -> None:
     at.text_input(key="review.name").input(name)
     at.button(key="review.start").click().run()
     assert not at.exception, [e.value for e in at.exception]
+
+
+def _chosen(at: AppTest) -> list[str]:
+    """The labels whose button is drawn as chosen (filled)."""
+    return [
+        label
+        for label in ("faithful", "hallucinated")
+        if at.button(key=f"review.answer.{label}").proto.type == "primary"
+    ]
 
 
 def _shown(at: AppTest, page_text: Callable[[AppTest], str]) -> str:
@@ -47,10 +57,17 @@ def test_a_reviewer_marks_whole_answers_in_each_order(
     first = _shown(at, page_text)
     assert first == order[0]  # nothing scanned: the random order, from its start
     assert "Not scanned yet" in page_text(at)
+    assert _chosen(at) == []  # no label looks chosen before one is
 
     at.button(key="review.answer.faithful").click().run()
     no_exception(at)
     assert _shown(at, page_text) == order[1]  # moved on, and answers I marked are skipped
+    assert _chosen(at) == []
+    at.toggle(key=KEY_A_SKIP_MINE).set_value(False).run()
+    at.button(key="review.answer.prev").click().run()
+    assert _shown(at, page_text) == first and _chosen(at) == ["faithful"]  # my own mark
+    at.toggle(key=KEY_A_SKIP_MINE).set_value(True).run()
+    assert _shown(at, page_text) == order[1]
     with Store(app_env) as s:
         (m,) = AnswerBook(s).marks(KEY)
         assert (m.example_id, m.reviewer, m.label, m.drawn_by) == (
@@ -87,6 +104,7 @@ def test_a_reviewer_marks_whole_answers_in_each_order(
     _start(at, "bob")
     at.radio(key="review.order").set_value("random").run()
     assert _shown(at, page_text) == order[0]
+    assert _chosen(at) == []  # ann's mark is not bob's
     at.button(key="review.answer.hallucinated").click().run()
     no_exception(at)
     metrics = {m.label: m.value for m in at.metric}
