@@ -1,6 +1,18 @@
-"""Review: the page's widget keys, and the whole-answer queue's state."""
+"""Review: the page's widget keys, its state (the span queue's and the whole-answer
+queue's) and the datasets it reviews."""
 
-from dataclasses import dataclass
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import streamlit as st
+
+from app.state.datasets import DatasetRef, dataset_choices
+from app.state.heads import review_key
+
+STATE_KEY = "ragscope.review"
+CORPUS_LABEL = "Built-in labelled corpus"
+UNSET = "unset"
 
 KEY_NAME = "review.name"
 KEY_START = "review.start"
@@ -56,3 +68,38 @@ class AnswerQueueState:
     current: str | None = None  # example id
     outcome: tuple[str, str] | None = None  # (kind, text), shown once
     order: str = "random"
+
+
+@dataclass
+class ReviewState:
+    reviewer: str | None = None
+    current: int | None = None  # item id
+    outcome: tuple[str, str] | None = None  # (kind, text), shown once
+    build_report: tuple[str, str] | None = None  # (kind, text) of the last scan
+    thresholds: dict[str, float] = field(default_factory=dict)
+    report: tuple[str, str] | None = None  # (example id, HTML)
+    answers: AnswerQueueState = field(default_factory=AnswerQueueState)
+    mode: str = "spans"
+
+
+def page_state() -> ReviewState:
+    if STATE_KEY not in st.session_state:
+        st.session_state[STATE_KEY] = ReviewState()
+    return st.session_state[STATE_KEY]
+
+
+def item_key(control: str, item_id: int) -> str:
+    """The widget key of one item's control (span, kind, evidence, note, missed)."""
+    return f"review.{control}.{item_id}"
+
+
+def threshold_key(name: str) -> str:
+    return f"review.threshold.{name}"
+
+
+def dataset_options() -> dict[str, tuple[str, DatasetRef | None]]:
+    """Dataset key -> (label, reference); the built-in corpus has no reference."""
+    out: dict[str, tuple[str, DatasetRef | None]] = {review_key(None): (CORPUS_LABEL, None)}
+    for ref in dataset_choices():
+        out[review_key(ref)] = (ref.label, ref)
+    return out

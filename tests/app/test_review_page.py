@@ -12,6 +12,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.state.review import DETECTOR_SPANS, SET_SPANS
 from core.review import ReviewBook, reviewed_examples
+from core.signals.smoothing import P_STAY_TOKEN
 from core.storage import Store
 
 PAGE = "views/review.py"
@@ -62,6 +63,8 @@ def test_a_reviewer_scans_reviews_and_exports(
     assert at.radio(key="review.span_source").value == SET_SPANS  # the set's spans first
     _by_detectors(at)
     assert at.multiselect(key="review.detectors").value == ["cortex"]
+    # one p_stay across the product: core's token setting, the one Token heatmaps starts at
+    assert f"p_stay {P_STAY_TOKEN}," in at.toggle(key="review.smooth").label
     _scan(at, 6)
     no_exception(at)
     report = at.success[0].value
