@@ -46,9 +46,22 @@ def correlation_figure(corr: pd.DataFrame, *, title: str) -> go.Figure:
     return fig
 
 
+MAX_ANSWER_TICKS = 60
+"""Up to this many answers, the gold matrix names each one under its column."""
+
+GOLD_KEY = (
+    ("call matches gold", RIGHT),
+    ("call differs from gold", WRONG),
+    ("no gold", UNLABELLED),
+)
+"""The gold matrix's colours, as its legend names them."""
+
+
 def gold_matrix_figure(table: VerdictTable, *, title: str) -> go.Figure:
-    """Rows: detectors; columns: answers (hallucinated ones first); green where the call
-    matches gold, red where it does not, grey without gold."""
+    """Rows: detectors; columns: answers (hallucinated ones first, a line between them and
+    the faithful ones); green where the call matches gold, red where it does not, grey
+    without gold. A legend names the colours; each column is named by its answer's id
+    (up to :data:`MAX_ANSWER_TICKS` answers; more are named on hover)."""
     import plotly.graph_objects as go
 
     right = gold_matrix(table)
@@ -84,19 +97,43 @@ def gold_matrix_figure(table: VerdictTable, *, title: str) -> go.Figure:
             showscale=False,
             text=text,
             hovertemplate="%{text}<extra></extra>",
-            xgap=0,
+            xgap=1 if len(ids) <= MAX_ANSWER_TICKS else 0,
             ygap=2,
         )
     )
+    for name, colour in GOLD_KEY:  # the legend: a square of each colour
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                marker={"symbol": "square", "size": 12, "color": colour},
+                name=name,
+                showlegend=True,
+                hoverinfo="skip",
+            )
+        )
     n_h = int((table.gold == 1).sum())
+    if 0 < n_h < len(ids):
+        fig.add_vline(x=n_h - 0.5, line={"color": "#333", "width": 2})
+    named = len(ids) <= MAX_ANSWER_TICKS
     fig.update_layout(
         title=title,
-        height=110 + 30 * len(table.detectors),
-        margin={"l": 10, "r": 10, "t": 50, "b": 30},
+        height=(230 if named else 130) + 30 * len(table.detectors),
+        margin={"l": 10, "r": 10, "t": 80, "b": 30},
+        legend={"orientation": "h", "yanchor": "bottom", "y": 1.0, "x": 0},
         xaxis={
-            "title": f"answers: {n_h} hallucinated (left), then faithful",
-            "showticklabels": False,
+            "title": f"answers: {n_h} hallucinated (left of the line), then faithful"
+            + ("" if named else " (hover for each answer)"),
+            "showticklabels": named,
+            "tickmode": "array",
+            "tickvals": list(range(len(ids))) if named else [],
+            "ticktext": ids if named else [],
+            "tickangle": -60,
+            "showgrid": False,
+            "zeroline": False,
         },
-        yaxis={"autorange": "reversed"},
+        yaxis={"autorange": "reversed", "showgrid": False, "zeroline": False},
+        plot_bgcolor="white",
     )
     return fig

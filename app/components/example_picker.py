@@ -347,13 +347,33 @@ def playground_answer(state: AppState) -> RAGExample | None:
     return state.analysis.example if state.analysis is not None else None
 
 
-def publish_playground_answer(state: AppState) -> tuple[RAGExample, tuple[int, ...] | None]:
+def publish_playground_answer(
+    state: AppState, *, pool: Sequence[RAGExample] | None = None
+) -> tuple[RAGExample, tuple[int, ...] | None]:
     """Name the "Playground" answer (:func:`playground_answer`, which must be there) and
-    put it in the page's URL as ``input``, so a copied link reopens this view in a fresh
-    browser; returns it with its token ids when the model wrote it."""
+    put it in the page's URL, so a copied link reopens this view in a fresh browser;
+    returns it with its token ids when the model wrote it.
+
+    A dataset's own answer, unchanged, is linked as that dataset's example (``dataset``
+    and ``example``: its id and gold labels travel); any other answer as ``input``. A page
+    whose ``dataset`` parameter names something else (Heads' statistics) passes that
+    dataset's examples as ``pool``: the answer is linked as an example only when it is
+    one of them.
+    """
     ex = playground_answer(state)
     assert ex is not None, "no Playground answer"
-    publish(P_DATASET, None)  # the view shows no dataset's example
+    a = state.analysis if state.linked_answer is None else None
+    if a is not None and a.dataset is not None:
+        in_pool = pool is None or any(e.id == ex.id and e.response == ex.response for e in pool)
+        if in_pool:  # a fresh session opens it as "an example of a dataset"
+            publish(P_ANSWER, HEADS_EXAMPLE_DATASET, default=HEADS_EXAMPLE_DATASET)
+            if pool is None:
+                publish(P_DATASET, a.dataset)
+            publish(P_EXAMPLE, ex.id)
+            publish(P_INPUT, None)
+            return ex, show_playground_answer(a)
+    if pool is None:
+        publish(P_DATASET, None)  # the view shows no dataset's example
     publish(P_EXAMPLE, None)
     if state.linked_answer is not None:
         st.caption(

@@ -323,3 +323,19 @@ def attention_figure(view: HeadView, head: Head, *, max_ticks: int = 80) -> go.F
         legend={"orientation": "h", "y": 1.0, "yanchor": "bottom", "x": 1, "xanchor": "right"},
     )
     return fig
+
+
+def beta_words(beta: float) -> str:
+    """What ReDeEP's chosen ``beta`` means for the score, in words."""
+    if not math.isfinite(beta):
+        return "its β is not recorded"
+    if beta == 0:
+        return (
+            "β = 0: the search on validation answers gave the heads' ECS (copying from "
+            "the passages) no weight, so the score follows the layers' PKS (the model's "
+            "own knowledge pushing into the answer) alone"
+        )
+    return (
+        f"β = {beta:.2f}: each unit of the heads' ECS (copying from the passages) "
+        f"counts against {beta:.2f} units of the layers' PKS (the model's own knowledge)"
+    )

@@ -36,6 +36,9 @@ class Analysis:
         answer_source: ``dataset``, ``pasted`` or ``generated``.
         model_name: Display name of the analysing model.
         signature: :func:`input_signature` of the input, to tell when it is stale.
+        dataset: The spec of the dataset whose own answer this is (``None`` for an
+            answer written, pasted or changed in the Playground): a link to a page
+            showing it names that dataset's example, keeping its id and gold labels.
     """
 
     example: RAGExample
@@ -45,6 +48,7 @@ class Analysis:
     answer_source: str
     model_name: str
     signature: str
+    dataset: str | None = None
 
     @property
     def labels(self) -> np.ndarray | None:

@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from app.state.heads import HEADS_FROM_CORPUS, ExampleSelection
+from app.state.heads import ExampleSelection
 from core.base.errors import DataError
 from core.base.examples import RAGExample
 from core.explain import FidelityResult, feature_examples
@@ -168,7 +168,7 @@ class ExplainState:
 
     Attributes:
         selection: The answers the Feature explanations page reads (default: the
-            built-in labelled corpus, every split).
+            dataset picked on Home, every split).
         request: The answers whose SAE activations were last read.
         features: The features picked from the raglens detector's (``None``:
             its most important ones).
@@ -180,9 +180,7 @@ class ExplainState:
         fidelity: Fidelity results by explanation prompt hash.
     """
 
-    selection: ExampleSelection = field(
-        default_factory=lambda: ExampleSelection(source=HEADS_FROM_CORPUS, limit=48)
-    )
+    selection: ExampleSelection = field(default_factory=lambda: ExampleSelection(limit=48))
     request: ExplainRequest | None = None
     features: list[int] | None = None
     ids: str = ""

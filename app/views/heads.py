@@ -37,7 +37,13 @@ from app.components.example_picker import (
     split_label,
 )
 from app.components.exports import csv_button, plot
-from app.components.head_charts import attention_figure, copying_figure, ecs_figure, pks_figure
+from app.components.head_charts import (
+    attention_figure,
+    beta_words,
+    copying_figure,
+    ecs_figure,
+    pks_figure,
+)
 from app.components.heatmap import render_token_heatmap
 from app.components.train_job import train_detectors_panel
 from app.state.detectors import ShippedDetectors, shipped_detectors
@@ -378,7 +384,7 @@ def pick_answer(
         dataset_name="An example from the examples above",
     )
     if state.heads.example_source == HEADS_EXAMPLE_PLAYGROUND and there:
-        ex, ids = publish_playground_answer(state)
+        ex, ids = publish_playground_answer(state, pool=pool or ())
         return ex, ids, "playground"
     publish(P_INPUT, None)
     assert pool
@@ -550,8 +556,8 @@ def show_token_scores(
             f"The shipped redeep_token detector gives this answer a "
             f"{verdict_words(verdict)}, as the Playground shows. "
             f"Per token it combines H = PKS_n − β·ECS_n over its heads ({heads}) and layers "
-            f"({layers}), β = {verdict.explanation.get('beta', float('nan')):.2f}; darker = "
-            f"more likely hallucinated.{gold}"
+            f"({layers}); {beta_words(float(verdict.explanation.get('beta', float('nan'))))}. "
+            f"Darker = more likely hallucinated.{gold}"
         )
         render_token_heatmap(
             tokens,

@@ -16,7 +16,7 @@ afterwards recomputes nothing.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -943,12 +943,14 @@ def main() -> None:
             if answer is None:
                 raise DataError("there is no answer yet: let the model write one, or paste one")
             state.linked_answer = None  # pages show this analysis from now on
-            state.analysis = analyse_streamed(
+            analysed = analyse_streamed(
                 model,
                 draft.with_answer(answer),
                 response_ids=response_ids,
                 answer_source=answer_source,
             )
+            own = answer_source == "dataset"  # the Home dataset's own answer, unchanged
+            state.analysis = replace(analysed, dataset=dataset_spec(state.dataset) if own else None)
         except RagscopeError as e:
             state.analysis = None
             st.error(md(e))

@@ -11,8 +11,9 @@ from pathlib import Path
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
+from app.components.agreement_charts import GOLD_KEY, MAX_ANSWER_TICKS, gold_matrix_figure
 from app.state.heatmaps import KEY_HEATMAP_EXAMPLE
-from core.analysis.detector_agreement import score_correlation, verdict_table
+from core.analysis.detector_agreement import VerdictTable, score_correlation, verdict_table
 from core.data import load_builtin
 from core.pipeline.sets import load_set
 from core.review import dataset_verdicts
@@ -69,3 +70,28 @@ def test_compare_draws_the_detectors_agreement_and_opens_an_answer(
     at.button(key="agreement.open").click().run()
     no_exception(at)
     assert at.selectbox(key=KEY_HEATMAP_EXAMPLE).value == first
+
+
+def _table(n: int) -> VerdictTable:
+    gold = np.array([1, 0, 1, -1] * (n // 4))
+    calls = np.stack([gold == 1, np.zeros(n, dtype=bool)], axis=1).astype(int)
+    return VerdictTable(
+        example_ids=tuple(f"a{i}" for i in range(n)),
+        detectors=("one", "two"),
+        scores=calls.astype(float),
+        calls=calls,
+        gold=gold,
+    )
+
+
+def test_the_gold_matrix_has_a_legend_answer_names_and_a_line_between_the_classes() -> None:
+    fig = gold_matrix_figure(_table(8), title="t")
+    legend = [t.name for t in fig.data if t.showlegend]
+    assert legend == [name for name, _ in GOLD_KEY]
+    axis = fig.layout.xaxis
+    # hallucinated first (a0, a2, a4, a6), then faithful, then unlabelled, each named
+    assert list(axis.ticktext) == ["a0", "a2", "a4", "a6", "a1", "a5", "a3", "a7"]
+    assert [s.x0 for s in fig.layout.shapes] == [3.5]
+    # beyond the limit the columns are named on hover, not under the chart
+    many = gold_matrix_figure(_table(MAX_ANSWER_TICKS + 4), title="t")
+    assert not many.layout.xaxis.showticklabels and "hover" in many.layout.xaxis.title.text

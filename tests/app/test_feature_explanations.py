@@ -19,10 +19,12 @@ from app.state.features import (
     KEY_EXPLAIN_IDS,
     KEY_EXPLAIN_READ,
     KEY_EXPLAIN_RUN,
+    KEY_EXPLAIN_SOURCE,
     KEY_EXPLAIN_TOP_N,
     explain_one_key,
     fidelity_key,
 )
+from app.state.heads import HEADS_FROM_CORPUS, HEADS_FROM_HOME
 from app.state.session import STATE_KEY
 from core.base.llm import SETTING_NAMES
 from core.data import load_builtin
@@ -41,6 +43,14 @@ def sae_env(app_env: Path, tiny_sae, monkeypatch: pytest.MonkeyPatch) -> Path:
     for name in SETTING_NAMES:
         monkeypatch.delenv(name, raising=False)
     return app_env
+
+
+def _corpus(at: AppTest) -> AppTest:
+    """Read the built-in labelled corpus (the page opens on Home's dataset, the demo)."""
+    assert at.selectbox(key=KEY_EXPLAIN_SOURCE).value == HEADS_FROM_HOME
+    at.selectbox(key=KEY_EXPLAIN_SOURCE).set_value(HEADS_FROM_CORPUS).run()
+    assert not at.exception, [e.value for e in at.exception]
+    return at
 
 
 def _read(at: AppTest) -> AppTest:
@@ -90,6 +100,12 @@ def test_without_an_endpoint_the_page_says_how_to_configure_one(
     no_exception: Callable[[AppTest], None],
 ) -> None:
     at = open_page(PAGE)
+    # Before the read: how long it will take here, paced on one answer read (and kept);
+    # the page opens on the dataset picked on Home (the demo's 12 answers).
+    said = [c.value for c in at.caption if c.value.startswith("Estimated time on this machine")]
+    assert len(said) == 1 and "11 of 12 answers to trace" in said[0], said
+    assert "1 already in this server's memory" in said[0]
+    at = _corpus(at)
     text = page_text(at)
     assert "No LLM endpoint is configured" in text
     for name in ("RAGSCOPE_LLM_MODEL", "RAGSCOPE_LLM_BASE_URL", "RAGSCOPE_LLM_API_KEY"):
@@ -98,10 +114,8 @@ def test_without_an_endpoint_the_page_says_how_to_configure_one(
     assert any("RAGSCOPE_LLM_MODEL =" in c.value for c in at.code)
     # no raglens detector: the command that makes one
     assert "ragscope train --model tiny --dataset builtin --seed 0 --detectors raglens" in text
-    # Before the read: how long it will take here, paced on one answer read (and kept).
     said = [c.value for c in at.caption if c.value.startswith("Estimated time on this machine")]
-    assert len(said) == 1 and "of 48 answers to trace" in said[0], said
-    assert "1 already in this server's memory" in said[0]
+    assert len(said) == 1 and "48 of 48 answers to trace" in said[0], said
     _read(at)
     no_exception(at)
     assert not any(c.value.startswith("Estimated time") for c in at.caption)
@@ -138,7 +152,7 @@ def test_a_cached_explanation_is_shown_without_an_endpoint(
     page_text: Callable[[AppTest], str],
     no_exception: Callable[[AppTest], None],
 ) -> None:
-    at = _read(open_page(PAGE))
+    at = _read(_corpus(open_page(PAGE)))
     req, examples = _request_examples(at)
     k = _firing_feature(tiny_model, tiny_sae, examples)
     fx = feature_examples(tiny_model, tiny_sae, examples, k, activation=req.activation)
@@ -181,7 +195,7 @@ def test_explain_top_n_and_fidelity_with_a_fake_endpoint(
         return _completion("Answer 1: 0=5\nAnswer 2: none" if "numbered tokens" in user else ASKED)
 
     route = llm_server.post("/chat/completions").mock(side_effect=reply)
-    at = open_page(PAGE)
+    at = _corpus(open_page(PAGE))
     assert "Explainer: `fake-explainer`" in page_text(at)
     assert "context not stated: prompts go whole" in page_text(at)  # /models not routed
     assert "sk-app-test-secret" not in page_text(at)
@@ -235,7 +249,7 @@ def test_a_small_explainer_gets_prompts_fitted_to_the_context_its_server_states(
         return _completion(ASKED)
 
     llm_server.post("/chat/completions").mock(side_effect=reply)
-    at = open_page(PAGE)
+    at = _corpus(open_page(PAGE))
     assert "context 2,048 tokens (from its server's model list)" in page_text(at)
     _read(at)
     req, examples = _request_examples(at)
@@ -288,7 +302,7 @@ def test_a_shipped_raglens_detector_ranks_the_features(
     det.save(Path(os.environ["RAGSCOPE_DETECTORS_DIR"]) / "raglens")
     ranked = [k for k, _ in det.importances()]
 
-    at = open_page(PAGE)
+    at = _corpus(open_page(PAGE))
     assert "No trained **raglens** detector" not in page_text(at)
     picker = at.multiselect(key=KEY_EXPLAIN_FEATURES)
     assert picker.value == ranked[:8]

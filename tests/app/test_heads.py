@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.components.head_charts import beta_words
 from app.state.heads import (
     HEADS_EXAMPLE_PLAYGROUND,
     HEADS_FROM_CORPUS,
@@ -285,6 +286,8 @@ def test_redeep_artifacts_colour_tokens_and_score_chunks(
             f"{name} detector gives this answer a probability **{v.score:.3f}** "
             f"(threshold {v.threshold:.3f}: {flag}), as the Playground shows" in page_text(at)
         )
+    # beta is said in words (beta = 0 would otherwise read as a bug)
+    assert beta_words(float(verdict.explanation["beta"])) in page_text(at)
     shown = [float(v) for v in re_values(heatmap, "redeep_token score")]
     np.testing.assert_allclose(shown, np.round(verdict.token_scores, 2), atol=0.006)
     table = _chunk_table(at)

@@ -331,6 +331,42 @@ def test_a_link_copied_after_a_playground_analysis_reopens_that_answer(
     assert fresh.session_state[STATE_KEY].linked_answer is None
 
 
+@pytest.mark.parametrize("page", [HEADS, HEATMAPS])  # Heads: its dataset is its statistics'
+def test_a_datasets_answer_analysed_in_the_playground_is_linked_as_that_example(
+    page: str, open_link: Callable[..., AppTest], no_exception: Callable[[AppTest], None]
+) -> None:
+    # A session analyses a dataset's own answer in the Playground, then opens the page.
+    at = open_link(PLAYGROUND, dataset="demo", example=EXAMPLE)
+    at.button(key=KEY_ANALYSE).click().run()
+    no_exception(at)
+    assert at.session_state[STATE_KEY].analysis.dataset == "demo"
+    at.switch_page(page).run()
+    no_exception(at)
+    copied = dict(at.query_params)
+    # Its id travels, not a copy of its text (which would lose the id and gold labels).
+    assert "input" not in copied and "answer" not in copied, copied
+    assert copied["example"] == EXAMPLE and copied["dataset"] == "demo"
+    fresh = open_link(page, **copied)
+    assert not _warnings(fresh)
+    assert fresh.session_state[STATE_KEY].linked_answer is None
+    assert all("The answer the link carries" not in c.value for c in fresh.caption)
+    assert EXAMPLE in [s.value for s in fresh.selectbox]  # picked from the dataset
+    assert dict(fresh.query_params) == copied
+
+
+def test_a_changed_dataset_answer_is_linked_as_an_own_input(
+    open_link: Callable[..., AppTest], no_exception: Callable[[AppTest], None]
+) -> None:
+    at = open_link(PLAYGROUND, dataset="demo", example=EXAMPLE)
+    at.text_area(key=KEY_PASTED).input("A different answer entirely.").run()
+    at.button(key=KEY_ANALYSE).click().run()
+    no_exception(at)
+    assert at.session_state[STATE_KEY].analysis.dataset is None
+    at.switch_page(HEATMAPS).run()
+    copied = dict(at.query_params)
+    assert copied.get("answer") == "playground" and "input" in copied and "example" not in copied
+
+
 AGREEMENT = "views/agreement.py"
 LEARN = "views/learn.py"
 
