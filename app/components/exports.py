@@ -5,8 +5,9 @@ in the browser; under the figure, **SVG** and **PNG** buttons download the figur
 rendered on the server by Kaleido (a headless Chromium: vector SVG for papers, a 2x
 PNG for slides), produced only when clicked, without rerunning the page. Without a
 Chromium on the server the two buttons are disabled and say what to install. Tables
-are ``st.dataframe``s, whose toolbar downloads CSV; a static ``st.table`` (kept where
-long texts must wrap) gets :func:`csv_button`.
+are ``st.dataframe``s, whose toolbar downloads CSV (:func:`whole_table` shows one
+whole, its numbers at three decimals); a static ``st.table`` (kept where long texts
+must wrap) gets :func:`csv_button`.
 """
 
 from __future__ import annotations
@@ -14,7 +15,7 @@ from __future__ import annotations
 import os
 import re
 import shutil
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 import plotly.io as pio
@@ -120,4 +121,36 @@ def csv_button(frame: pd.DataFrame, *, key: str, where: DeltaGenerator | None = 
         type="tertiary",
         icon=":material/download:",
         help="Download this table as CSV",
+    )
+
+
+PROBABILITY_FORMAT = "%.3f"
+"""How every page prints a probability, a score or a threshold in a table (three
+decimals, as in the text of every page)."""
+
+
+def whole_table(
+    frame: pd.DataFrame,
+    *,
+    numbers: Sequence[str] = (),
+    column_config: dict[str, Any] | None = None,
+    **kwargs: Any,
+) -> Any:
+    """``frame`` as an ``st.dataframe`` shown whole: every row, no inner scrollbar
+    (``height="content"``), its ``numbers`` columns (probabilities, scores, thresholds)
+    at :data:`PROBABILITY_FORMAT`. ``kwargs`` go to ``st.dataframe`` (a selection, a
+    key); returns what it returns."""
+    config: dict[str, Any] = {
+        c: st.column_config.NumberColumn(format=PROBABILITY_FORMAT)
+        for c in numbers
+        if c in frame.columns
+    }
+    config.update(column_config or {})
+    return st.dataframe(
+        frame,
+        hide_index=kwargs.pop("hide_index", True),
+        width="stretch",
+        height="content",
+        column_config=config,
+        **kwargs,
     )

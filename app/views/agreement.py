@@ -22,7 +22,7 @@ from app.components.example_picker import (
     open_in_token_heatmaps,
     pick_page_dataset,
 )
-from app.components.exports import plot
+from app.components.exports import plot, whole_table
 from app.state.agreement import (
     KEY_DATASET,
     KEY_DETECTORS,
@@ -64,11 +64,13 @@ from core.pipeline.extract import FeatureCache
 from core.review import dataset_verdicts
 
 if TYPE_CHECKING:
+    import pandas as pd
     from streamlit.delta_generator import DeltaGenerator
 
 STATE_KEY = "ragscope.agreement"
 DEFAULT_LIMIT = 4
 METHODS = ["spearman", "pearson", "kendall"]
+GOLD_WORDS = {1: "hallucinated", 0: "faithful"}
 
 
 @dataclass
@@ -163,18 +165,38 @@ def show_agreement(table: VerdictTable, method_link: Followed[str]) -> None:
         plot(greyed(fig) if few_gold else fig, key="agreement.gold")
 
 
+def with_probabilities(shown: pd.DataFrame, table: VerdictTable) -> pd.DataFrame:
+    """``shown`` (rows of :func:`~core.analysis.detector_agreement.disagreements`) with
+    each detector's column as its probability beside its flag (``0.873 ⚑`` when it
+    flags the answer) and gold in words."""
+    at = {e: i for i, e in enumerate(table.example_ids)}
+    rows = [at[str(e)] for e in shown["example"]]
+    out = shown.copy()
+    out["gold"] = [GOLD_WORDS.get(int(g), "-") for g in shown["gold"]]
+    for k, d in enumerate(table.detectors):
+        out[d] = [f"{table.scores[i, k]:.3f}{' ⚑' if table.calls[i, k] == 1 else ''}" for i in rows]
+    return out
+
+
 def show_disagreements(state: AppState, choice: str, table: VerdictTable) -> None:
     """The answers the detectors disagree on most, each one click from Token heatmaps."""
     st.markdown("**Answers the detectors disagree on most**")
     dis = disagreements(table)
     shown = dis.head(50)
-    event = st.dataframe(
-        shown.style.format({"flagged by": "{:.0%}", "split": "{:.2f}", "score spread": "{:.3f}"}),
-        hide_index=True,
+    event = whole_table(  # every detector and answer, no inner scroll
+        with_probabilities(shown, table),
+        numbers=("split", "score spread"),
+        column_config={
+            "flagged by": st.column_config.ProgressColumn(format="percent", min_value=0.0),
+            **{d: st.column_config.TextColumn(width="small") for d in table.detectors},
+        },
         on_select="rerun",
         selection_mode="single-row",
         key=KEY_LIST,
-        width="stretch",
+    )
+    st.caption(
+        "Each detector's column: its probability for the answer, ⚑ where it flags it. "
+        "Gold: the answer's label (- = unlabelled)."
     )
     rows = event.selection.rows if event is not None else []
     target = str(shown.iloc[rows[0]]["example"]) if rows else str(shown.iloc[0]["example"])

@@ -25,6 +25,7 @@ from app.components.artifacts import open_answer_page
 from app.components.diff import word_diff_html
 from app.components.estimate import estimate_caption
 from app.components.example_picker import AnswerKeys
+from app.components.exports import whole_table
 from app.components.multirow import DIFF_CMAP, HeatRow, gold_row, multirow_html
 from app.state.analysis import input_signature
 from app.state.counterfactual import (
@@ -338,20 +339,19 @@ def show_result(cf: Counterfactual, model: LoadedModel, shipped: ShippedDetector
     if frame.empty:
         st.info("No detector is shipped for this model, so there is nothing to re-score.")
     else:
-        st.dataframe(
+        whole_table(  # every detector, no inner scroll
             frame,
-            hide_index=True,
-            width="stretch",
-            column_config={
-                "original": st.column_config.NumberColumn(format="%.3f"),
-                "edited": st.column_config.NumberColumn(format="%.3f"),
-                "change": st.column_config.NumberColumn(format="%+.3f"),
-            },
+            numbers=("original", "edited"),
+            column_config={"change": st.column_config.NumberColumn(format="%+.3f")},
         )
     summary = summary_frame(cf)
     if not summary.empty:
         st.markdown("**Summaries** (SPAD: mean of each probability source over the answer tokens)")
-        st.dataframe(summary, hide_index=True, width="stretch")
+        whole_table(
+            summary,
+            numbers=("original", "edited"),
+            column_config={"change": st.column_config.NumberColumn(format="%+.3f")},
+        )
     got = token_rows(cf, model)
     if got is not None and len(got[1]) > 1:
         st.markdown(

@@ -26,6 +26,7 @@ from app.components.artifacts import open_answer_page
 from app.components.diff import word_diff_html
 from app.components.estimate import estimate_caption
 from app.components.example_picker import AnswerKeys
+from app.components.exports import whole_table
 from app.state.detectors import ShippedDetectors
 from app.state.estimates import answer_estimate, generation_seconds
 from app.state.links import P_METHOD, bind, one_of
@@ -132,7 +133,8 @@ def show_scores(frame: pd.DataFrame) -> None:
     if frame.empty:
         st.info("No detector is shipped for this model, so the answers are not re-scored.")
         return
-    st.dataframe(frame, hide_index=True, width="stretch")
+    probabilities = [c for c in frame.columns if c != "detector" and not c.endswith("verdict")]
+    whole_table(frame, numbers=probabilities)  # every detector, no inner scroll
     st.caption(
         "Each answer judged by the detector set as on the Playground: the calibrated "
         "probability, flagged when it reaches the threshold of the same calibration; the "

@@ -22,6 +22,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 MAIN = Path(__file__).resolve().parents[2] / "app" / "main.py"
@@ -63,6 +64,25 @@ def make_app(app_env: Path) -> Callable[[], AppTest]:
 # --------------------------------------------------------------------------- pages
 
 PLAYGROUND = "views/playground.py"
+
+
+@pytest.fixture
+def spy_heights(monkeypatch: pytest.MonkeyPatch) -> Callable[[], list[object]]:
+    """``spy_heights()``: the ``height`` of every ``st.dataframe`` the pages draw from now
+    on, in order (AppTest does not expose an element's height)."""
+
+    def start() -> list[object]:
+        heights: list[object] = []
+        real = st.dataframe
+
+        def spy(*args: object, **kwargs: object) -> object:
+            heights.append(kwargs.get("height", "auto"))
+            return real(*args, **kwargs)
+
+        monkeypatch.setattr(st, "dataframe", spy)
+        return heights
+
+    return start
 
 
 def _assert_no_exception(at: AppTest) -> None:

@@ -36,7 +36,9 @@ def test_compare_draws_the_detectors_agreement_and_opens_an_answer(
     plotly_array,
     page_text: Callable[[AppTest], str],
     no_exception: Callable[[AppTest], None],
+    spy_heights: Callable[[], list[object]],
 ) -> None:
+    shown_heights = spy_heights()
     at = open_page(PAGE)
     assert "Press **Compare**" in page_text(at)
     timed = _paces(app_env)  # the estimate above the button timed one answer
@@ -66,6 +68,16 @@ def test_compare_draws_the_detectors_agreement_and_opens_an_answer(
     assert len(pairs) == 3 and set(pairs["A"]) | set(pairs["B"]) == set(names)
     listed = tables[1].value
     assert len(listed) == N and listed["split"].is_monotonic_decreasing
+    # every detector's probability beside its flag, the page's three decimals; gold in words
+    vt = verdict_table(kept, verdicts, names)
+    row = {e: i for i, e in enumerate(vt.example_ids)}
+    for _, r in listed.iterrows():
+        i = row[r["example"]]
+        for k, d in enumerate(names):
+            assert r[d] == f"{vt.scores[i, k]:.3f}" + (" ⚑" if vt.calls[i, k] else ""), (d, r[d])
+        assert r["gold"] == {1: "hallucinated", 0: "faithful", -1: "-"}[int(vt.gold[i])]
+    # shown whole (no inner scrollbar hides a row or a detector)
+    assert shown_heights[-1] == "content"
     first = str(listed["example"].iloc[0])
     at.button(key="agreement.open").click().run()
     no_exception(at)

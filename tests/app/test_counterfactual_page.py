@@ -46,17 +46,22 @@ def _example():
 
 
 def test_support_preset_then_compare(
-    page: AppTest, no_exception: Callable[[AppTest], None], tiny_model: LoadedModel
+    page: AppTest,
+    no_exception: Callable[[AppTest], None],
+    tiny_model: LoadedModel,
+    spy_heights: Callable[[], list[object]],
 ) -> None:
     ex = _example()
     sig = input_signature(ex, None)
     page.button(key=KEY_SUPPORT).click().run()
     want = support_span(ex, 0)
     assert [page.text_area(key=passage_key(sig, k)).value for k in range(len(want))] == list(want)
+    heights = spy_heights()
     page.button(key=KEY_COMPARE).click().run()
     no_exception(page)
     frame = page.dataframe[0].value
     assert sorted(frame["detector"]) == ["context_gain", "cortex", "nll"]
+    assert heights[0] == "content"  # every detector shown, no inner scrollbar
     dets = {n: load_shipped(n, tiny_model.info.key) for n in ("nll", "context_gain")}
     orig, edited = on_template(ex), edit_example(ex, want)
     for name, det in dets.items():

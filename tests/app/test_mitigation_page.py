@@ -49,12 +49,16 @@ def _example():
 
 
 def test_feedback_regenerates_and_rescores(
-    page: AppTest, no_exception: Callable[[AppTest], None], tiny_model: LoadedModel
+    page: AppTest,
+    no_exception: Callable[[AppTest], None],
+    tiny_model: LoadedModel,
+    spy_heights: Callable[[], list[object]],
 ) -> None:
     page.selectbox(key=KEY_GUIDE).select("context_gain").run()
     assert any("Feedback turn sent" in m.value for m in page.markdown)
     assert any("Estimated time on this machine" in c.value for c in page.caption)
     page.number_input(key=KEY_TEMPERATURE).set_value(1.0).run()
+    heights = spy_heights()
     page.button(key=KEY_FEEDBACK).click().run()
     no_exception(page)
     method, ex_id, text, _, turn = page.session_state[STATE_KEY].mit.result
@@ -67,6 +71,7 @@ def test_feedback_regenerates_and_rescores(
     else:
         assert any(change.describe() in c.value for c in page.caption)
     frame = page.dataframe[0].value
+    assert heights[0] == "content"  # every detector shown, no inner scrollbar
     want = judge(tiny_model, _example(), load_set(tiny_model.info.key))
     for name in ("nll", "context_gain"):
         row = frame[frame["detector"] == name].iloc[0]
