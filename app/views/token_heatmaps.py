@@ -255,7 +255,7 @@ def flagged_only(
         kept = [e for e in examples if e.id in flagged]
         st.caption(
             f"{len(kept)} of the {len(scanned)} scanned answers have a token at or above "
-            f"{threshold:.2f} (smoothed with p_stay {state.heatmap.p_stay:.3f})."
+            f"{threshold:.3f} (smoothed with p_stay {state.heatmap.p_stay:.3f})."
         )
         if not kept:
             st.info("No scanned answer is flagged at this threshold; lower it or scan more.")
@@ -454,9 +454,9 @@ def nothing_flagged(vals: np.ndarray, offsets: np.ndarray, text: str, threshold:
     top = int(np.argmax(vals))
     a0, a1 = (int(v) for v in offsets[top])
     return (
-        f"No token reaches the threshold {threshold:.2f}. The highest score here is "
-        f"{float(vals[top]):.2f}, at \u201c{md(text[a0:a1].strip())}\u201d (characters "
-        f"{a0}\u2013{a1}): a threshold at or below {float(vals[top]):.2f} would flag it."
+        f"No token reaches the threshold {threshold:.3f}. The highest score here is "
+        f"{float(vals[top]):.3f}, at \u201c{md(text[a0:a1].strip())}\u201d (characters "
+        f"{a0}\u2013{a1}): a threshold at or below {float(vals[top]):.3f} would flag it."
     )
 
 
@@ -514,7 +514,7 @@ def span_readout(
         b3.markdown(
             f"Span {state.heatmap.focus + 1} of {len(pred)}: "
             f"**\u201c{md(text[s0:s1].strip())}\u201d** "
-            f"(characters {s0}\u2013{s1}; max score {vals[focus[0] : focus[1] + 1].max():.2f}; "
+            f"(characters {s0}\u2013{s1}; max score {vals[focus[0] : focus[1] + 1].max():.3f}; "
             f"{'overlaps a gold span' if touches else 'no gold span here'})"
         )
     elif pred:

@@ -91,7 +91,7 @@ def cmd_token_thresholds(args: argparse.Namespace) -> int:
                 "criterion": "token F1",
             }
             cfg_path.write_text(json.dumps(cfg, indent=2) + "\n")
-            rows.append((n, f"{t:.4f}", f"{name} validation, {len(ext.examples)} answers"))
+            rows.append((n, f"{t:.3f}", f"{name} validation, {len(ext.examples)} answers"))
     print("| detector | token threshold | from |\n|---|---|---|")
     for r in rows:
         print(f"| {r[0]} | {r[1]} | {r[2]} |")

@@ -327,7 +327,7 @@ def _marked(text: str, spans: Sequence[Mapping[str, Any]]) -> str:
         score = min(max(float(s["score"]), 0.0), 1.0)
         ev = s.get("evidence") or {}
         title = html.escape(
-            f"score {score:.2f} ({s.get('type') or 'flagged'}): {s.get('reason') or ''}"
+            f"score {score:.3f} ({s.get('type') or 'flagged'}): {s.get('reason') or ''}"
             + (f" | passage {int(ev['passage']) + 1}: {ev['text']}" if ev.get("text") else "")
         )
         shade = f"background:rgba(214,48,49,{0.18 + 0.6 * score:.2f})"

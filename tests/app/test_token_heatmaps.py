@@ -171,11 +171,12 @@ def test_scan_keeps_only_flagged_answers(
 def test_a_threshold_that_flags_nothing_says_what_would() -> None:
     text = "The bridge opened in 1820 over the river."
     offsets = np.array([[0, 3], [3, 10], [10, 17], [17, 20], [20, 25], [25, 30]])
-    vals = np.array([0.05, 0.10, 0.12, 0.08, 0.31, 0.07])
-    said = nothing_flagged(vals, offsets, text, 0.5)
-    assert said.startswith("No token reaches the threshold 0.50. The highest score here is 0.31")
-    assert "\u201c1820\u201d (characters 20\u201325)" in said
-    assert "a threshold at or below 0.31 would flag it" in said
+    vals = np.array([0.05, 0.10, 0.12, 0.08, 0.046, 0.07])
+    said = nothing_flagged(vals, offsets, text, 0.232)
+    # three decimals, as the threshold and the score are printed on every page
+    assert said.startswith("No token reaches the threshold 0.232. The highest score here is 0.120")
+    assert "\u201copened\u201d (characters 10\u201317)" in said
+    assert "a threshold at or below 0.120 would flag it" in said
     assert nothing_flagged(np.zeros(0), np.zeros((0, 2), int), "", 0.5) == (
         "This answer has no scored token."
     )
