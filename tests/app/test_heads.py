@@ -12,9 +12,11 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 from app.components.head_charts import beta_words
+from app.state import estimates
 from app.state.heads import (
     HEADS_EXAMPLE_PLAYGROUND,
     HEADS_FROM_CORPUS,
@@ -31,6 +33,7 @@ from app.state.heads import (
 )
 from app.state.session import STATE_KEY
 from core.analysis.heads_layers import HeadStats
+from core.base.examples import RAGExample
 from core.data import builtin_examples, load_builtin
 from core.detectors import make_detector
 from core.engine.model import LoadedModel
@@ -306,3 +309,26 @@ def re_values(heatmap: str, name: str) -> list[str]:
 
     body = heatmap.split("</style>", 1)[1]
     return re.findall(re.escape(name) + r": ([-0-9.]+)", body)
+
+
+def test_the_estimate_times_an_answer_once_not_each_time_the_page_opens(
+    open_page: Callable[[str], AppTest],
+    monkeypatch: pytest.MonkeyPatch,
+    page_text: Callable[[AppTest], str],
+) -> None:
+    timed: list[str] = []
+    real = estimates.time_extraction
+
+    def spy(model: LoadedModel, example: RAGExample, detectors: object, cache: object) -> float:
+        timed.append(example.id)
+        return real(model, example, detectors, cache)
+
+    monkeypatch.setattr(estimates, "time_extraction", spy)
+    st.cache_data.clear()  # a fresh server process: only the database remembers
+    at = open_page(HEADS)
+    assert len(timed) == 1  # the first open times one answer (its features are kept)
+    assert "Estimated time on this machine" in page_text(at)
+    st.cache_data.clear()
+    again = open_page(HEADS)  # another session, as after a restart: the pace is recorded
+    assert len(timed) == 1, timed
+    assert "Estimated time on this machine" in page_text(again)
