@@ -21,6 +21,7 @@ import pytest
 from streamlit.testing.v1 import AppTest
 
 from app.components.heatmap import detector_scale
+from app.components.playground_verdicts import training_caption
 from app.state.detectors import ShippedDetector
 from app.state.playground import (
     ANSWER_PASTE,
@@ -37,7 +38,6 @@ from app.state.playground import (
 from app.state.session import STATE_KEY
 from app.state.verdicts import verdict_frame
 from app.text import md
-from app.views.playground import training_caption
 from core.base.errors import ModelError
 from core.data import builtin_examples, make_splits
 from core.detectors import load_shipped
