@@ -45,8 +45,6 @@ from app.components.run_picker import (
     table_height,
     where_saved,
 )
-from app.components.set_quality import show_set_quality
-from app.state.detectors import shipped_detectors
 from app.state.links import (
     P_CV,
     P_DETECTOR,
@@ -57,7 +55,6 @@ from app.state.links import (
     one_of,
     publish,
 )
-from app.state.model import get_model
 from app.state.runs import (
     KEY_BENCH_CURVE_METRIC,
     KEY_BENCH_CURVE_RUNS,
@@ -294,7 +291,6 @@ def show_cv(state: AppState, saved: SavedRuns) -> None:
         "answer scored by a detector that never saw its source, so the numbers hold for new "
         "questions."
     )
-    show_set_quality(shipped_detectors(get_model()))
     runs = pick_cv_runs(state, saved)
     if not runs:
         st.info("Pick one or more cross-validation runs above.")

@@ -38,7 +38,9 @@ from app.components.run_picker import (
     pick_saved,
     table_height,
 )
+from app.components.set_quality import show_set_quality
 from app.state.datasets import get_store
+from app.state.detectors import shipped_detectors
 from app.state.links import P_RUN
 from app.state.model import get_model
 from app.state.runs import (
@@ -475,6 +477,7 @@ def show_confusion(state: AppState, runs: Sequence[EvalRun]) -> None:
 # --------------------------------------------------------------------------- page
 
 
+TAB_SET = "Loaded set"
 TAB_TEST = "Held-out test runs"
 TAB_CV = "Cross-validation"
 TAB_MATRIX = "Cross-domain matrix"
@@ -495,12 +498,10 @@ def main() -> None:
             saved = saved_runs()
     for name, why in saved.unreadable:
         st.warning(f"Skipped {code(name)}: {md(why)}")
-    if saved.empty:
-        st.info(EMPTY_STATE)
-        return
     sections = [
         (label, show)
         for label, show, there in (
+            (TAB_SET, show_loaded_set, True),
             (TAB_TEST, show_test_runs, bool(saved.runs)),
             (TAB_CV, show_cv, bool(saved.cv)),
             (TAB_MATRIX, show_matrix, bool(saved.matrices)),
@@ -508,11 +509,19 @@ def main() -> None:
         )
         if there
     ]
-    # One tab per kind of run: the page shows one section at a time, not all at once.
+    # One tab per kind of run: the page shows one section at a time, not all at once; it
+    # opens on the numbers that describe the loaded set, older runs a click away.
     tabs = st.tabs([label for label, _ in sections]) if len(sections) > 1 else [st.container()]
     for tab, (_, show) in zip(tabs, sections, strict=True):
         with tab:
             show(state, saved)
+
+
+def show_loaded_set(state: AppState, saved: SavedRuns) -> None:
+    """The loaded set's quality card (:mod:`app.components.set_quality`)."""
+    show_set_quality(shipped_detectors(get_model()))
+    if saved.empty:
+        st.info(EMPTY_STATE)
 
 
 def show_test_runs(state: AppState, saved: SavedRuns) -> None:

@@ -70,6 +70,8 @@ class SetQuality:
         pooled: Over every answer: ``n``, ``n_positive``, ``auroc``, ``auroc_ci``,
             ``balanced_accuracy``.
         alone: The same, the set without its experts.
+        measured_on: What the numbers were measured on, in words (the cross-validation,
+            its answers and datasets, and the runs).
     """
 
     detector: str
@@ -78,6 +80,12 @@ class SetQuality:
     parts: tuple[PartQuality, ...]
     pooled: Mapping[str, Any]
     alone: Mapping[str, Any]
+    measured_on: str = ""
+
+    @property
+    def deferred(self) -> bool:
+        """Whether some dataset is judged by an expert (else "alone" repeats the rest)."""
+        return len(self.runs) > 1
 
     def to_rows(self) -> list[dict[str, Any]]:
         """One row per dataset, then ``all``: what a table shows."""
@@ -197,7 +205,14 @@ def deferred_quality(
             )
         )
     runs = {set_name: own.name, **{name: run.name for name, run in experts.values()}}
+    ks = sorted({own.k, *(run.k for _, run in experts.values())})
+    measured_on = (
+        f"{'/'.join(map(str, ks))}-fold source-grouped cross-validation, each answer scored "
+        f"out of fold: {y.size:,} answers ({int(y.sum()):,} hallucinated) of "
+        f"{', '.join(own.datasets)}; runs " + ", ".join(f"{r} ({n})" for n, r in runs.items())
+    )
     return SetQuality(
+        measured_on=measured_on,
         detector=detector,
         set_name=set_name,
         runs=runs,
@@ -225,17 +240,16 @@ def set_quality(
     *,
     runs: Path | None = None,
     n_boot: int = 1000,
-) -> SetQuality | None:
+) -> SetQuality:
     """The set's CV quality with its experts (:func:`deferred_quality`) for ``detector``
     (default: its answer judge), from the runs its cards record (in ``runs``, default
-    the shipped runs); ``None`` when the set defers to no expert.
+    the shipped runs): the numbers that describe the loaded set. A set without experts
+    gets its own run's, every answer judged by it.
 
     Raises:
-        DataError: The set or an expert lacks the detector, or a run is missing or does
-            not read the same answers.
+        DataError: The set or an expert lacks the detector, its card records no CV run,
+            or a run is missing or does not read the same answers.
     """
-    if not dset.experts:
-        return None
     name = detector or dset.judge_name
     if name is None:
         raise DataError(f"the {dset.name} set has no answer judge; name a detector")

@@ -61,6 +61,7 @@ from core.evaluation.evaluate import DetectorResult, EvalRun
 from core.evaluation.matrix import MatrixRun, domain_matrix
 from core.learning.metrics import SPAN_F1_NOTE, confusion_counts, response_metrics
 from core.pipeline.extract import FeatureCache
+from core.pipeline.sets import load_set
 from core.storage import Store
 
 BENCHMARK = "views/benchmark.py"
@@ -316,6 +317,26 @@ def test_empty_runs_dir_shows_how_to_make_a_run(
     assert "ragscope evaluate --dataset builtin" in info
     assert not at.get("plotly_chart")
     assert not at.dataframe
+
+
+def test_the_benchmark_opens_on_the_loaded_sets_card(
+    make_app: Callable[[], AppTest], runs_dir: Path, with_demo_detectors: Path, tiny_model
+) -> None:
+    synthetic_run().save(runs_dir)  # an older run: one tab away, not what the page opens on
+    at = _benchmark(make_app)
+    dset = load_set(tiny_model.info.key)
+    assert at.tabs[0].label == "Loaded set"
+    first = at.tabs[0]
+    assert [s.value for s in first.subheader] == [f"The {dset.name} set, as it judges answers"]
+    # The demo detectors record no cross-validation: said, and each one's number is shown
+    # with what it was measured on.
+    assert any("No cross-validation describes" in i.value for i in first.info)
+    (members,) = [d.value for d in first.dataframe]
+    assert list(members["detector"]) == list(dset.names)
+    assert members["recorded AUROC"].tolist() == pytest.approx(
+        [c.auroc for c in dset.detectors], nan_ok=True
+    )
+    assert list(members["measured on"]) == [c.auroc_from or "not recorded" for c in dset.detectors]
 
 
 # --------------------------------------------------------------------------- charts

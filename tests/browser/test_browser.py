@@ -531,6 +531,10 @@ def test_playground_and_home_in_chromium(server: str, browser: object) -> None:
 
 def test_benchmark_in_chromium(server: str, browser: object) -> None:
     with _opened(browser, server, "benchmark", "Benchmark") as page:
+        # It opens on the loaded set's card; older runs are one click away.
+        tabs = page.get_by_role("tab")
+        expect(tabs.first).to_have_text("Loaded set")
+        page.get_by_role("tab", name="Held-out test runs").click()
         # The synthetic run is picked (newest first) and its metric table is drawn.
         page.get_by_text(re.compile(re.escape(BENCH_RUN))).first.wait_for()
         page.get_by_role("heading", name="Test metrics").wait_for()
@@ -545,8 +549,8 @@ def test_benchmark_in_chromium(server: str, browser: object) -> None:
         assert legend.count() == 3
         page.get_by_text(re.compile(r"At threshold 0\.500: TP \d+")).wait_for()
         # One tab per kind of run: the test runs' five charts show, the others wait.
-        tabs = page.get_by_role("tab")
         assert [t.inner_text().strip() for t in tabs.all()] == [
+            "Loaded set",
             "Held-out test runs",
             "Cross-validation",
             "Cross-domain matrix",

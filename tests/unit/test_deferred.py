@@ -62,7 +62,18 @@ def test_an_expert_run_of_other_answers_is_refused(shipped) -> None:
         deferred_quality(
             own, {"ragtruth_qa_dev": ("ragtruth", other)}, "ensemble", set_name="default", n_boot=0
         )
-    assert set_quality(dataclasses.replace(shipped, experts={})) is None
+
+
+def test_a_set_without_experts_is_described_by_its_own_run(shipped) -> None:
+    q = set_quality(dataclasses.replace(shipped, experts={}), n_boot=0)
+    own = shipped.card("ensemble").metrics["cv"]["by_dataset"]
+    assert not q.deferred and set(q.runs) == {"default"}
+    for p in q.parts:
+        assert p.judged_by == "default"
+        assert p.auroc == pytest.approx(own[p.dataset]["auroc"]) == p.alone_auroc
+    assert q.pooled["auroc"] == pytest.approx(shipped.card("ensemble").auroc)
+    assert q.measured_on.startswith("5-fold source-grouped cross-validation")
+    assert f"{q.pooled['n']:,} answers" in q.measured_on
 
 
 def test_the_benchmark_shows_the_set_with_its_experts(shipped) -> None:
@@ -81,12 +92,14 @@ def test_the_benchmark_shows_the_set_with_its_experts(shipped) -> None:
 
     at = AppTest.from_function(page, default_timeout=120).run()
     assert not at.exception
-    assert [s.value for s in at.subheader] == [
-        "The loaded set as it judges answers, experts included"
-    ]
-    (frame,) = [d.value for d in at.dataframe]
+    assert [s.value for s in at.subheader] == ["The default set, as it judges answers"]
+    frame, members = [d.value for d in at.dataframe]
     want = set_quality(shipped)
-    assert want is not None
+    assert list(members["detector"]) == list(shipped.names)
+    assert members["recorded AUROC"].tolist() == pytest.approx(
+        [c.auroc for c in shipped.detectors], nan_ok=True
+    )
+    assert any(c.value.startswith("Measured on: 5-fold") for c in at.caption)
     assert list(frame["dataset"]) == [r["dataset"] for r in want.to_rows()]
     assert list(frame["judged by"]) == [
         "default",
@@ -95,7 +108,10 @@ def test_the_benchmark_shows_the_set_with_its_experts(shipped) -> None:
         "default",
         "default + ragtruth",
     ]
-    assert frame["AUROC"].tolist() == pytest.approx([r["AUROC"] for r in want.to_rows()])
-    assert (
-        "defers the answers of ragtruth\\_qa\\_dev to the **ragtruth** set" in at.caption[0].value
+    assert frame["AUROC [95% CI]"].tolist() == [
+        f"{r['AUROC']:.3f} [{r['AUROC low']:.3f}, {r['AUROC high']:.3f}]" for r in want.to_rows()
+    ]
+    assert any(
+        "defers the answers of ragtruth\\_qa\\_dev to the **ragtruth** set" in c.value
+        for c in at.caption
     )
