@@ -8,7 +8,7 @@ from collections.abc import Callable
 import streamlit as st
 
 from app.components.example_picker import open_in_counterfactual
-from app.state.datasets import BUILTIN
+from app.state.datasets import BUILTIN, DEMO_FULL_REF
 from app.state.heads import HEADS_FROM_HOME
 from app.state.learn import KEY_SOURCE, KEY_TRY, PLAYGROUND, PRESET_ID
 from app.state.session import app_state
@@ -33,7 +33,7 @@ def try_it() -> None:
     source = st.session_state.get(KEY_SOURCE)
     if source == PLAYGROUND and (state.linked_answer or state.analysis) is not None:
         target: dict[str, str] | None = {}
-    elif state.dataset == BUILTIN:  # the preset is one of the Home dataset's examples
+    elif state.dataset in (BUILTIN, DEMO_FULL_REF):  # the preset is one of Home's examples
         target = {"dataset": HEADS_FROM_HOME, "example_id": PRESET_ID}
     else:
         target = None

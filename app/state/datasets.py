@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Literal
@@ -16,9 +17,11 @@ from core.data import (
 )
 from core.data import (
     DEMO,
+    DEMO_FULL,
     SHARED_PREFIX,
     builtin_answers_path,
     builtin_examples,
+    demo_full_examples,
     load_dataset,
     shared_data_dir,
     stored_spec,
@@ -75,6 +78,8 @@ class DatasetRef:
         n = f" ({self.n_examples} examples)" if self.n_examples is not None else ""
         if self.kind == "builtin" and self.name == "answers":
             return f"Built-in: the embedded model's own answers (unlabelled){n}"
+        if self.kind == "builtin" and self.name == DEMO_FULL:
+            return f"Built-in demo, full: 72 hand-checked answers{n}"
         if self.kind == "builtin":
             return f"Built-in demo examples{n}"
         if self.kind == "shared":
@@ -99,7 +104,7 @@ class DatasetRef:
         path: a stored dataset is ``stored:NAME`` whatever its name looks like (a name
         such as ``/srv/x.csv`` or ``demo`` must not open that file or that alias)."""
         if self.kind == "builtin":
-            return BUILTIN_ANSWERS_SPEC if self.name == "answers" else DEMO
+            return {"answers": BUILTIN_ANSWERS_SPEC, DEMO_FULL: DEMO_FULL}.get(self.name, DEMO)
         if self.kind == "shared":
             return f"{SHARED_PREFIX}{Path(self.name).stem}"
         return stored_spec(self.name)
@@ -111,10 +116,24 @@ BUILTIN = DatasetRef(kind="builtin", name="demo")
 BUILTIN_ANSWERS = DatasetRef(kind="builtin", name="answers")
 
 
-@st.cache_data(show_spinner="Reading the built-in examples…")
-def _builtin_examples() -> list[RAGExample]:
+DEMO_FULL_REF = DatasetRef(kind="builtin", name=DEMO_FULL)
+"""The full demo (:func:`core.data.demo_full_examples`): :data:`BUILTIN` and 60 more."""
 
-    return builtin_examples()
+HOME_DATASET_ENV = "RAGSCOPE_HOME_DATASET"
+"""``demo`` makes the quick 12-answer demo Home's dataset in a fresh session (the tests,
+a one-minute tour); anything else, or nothing, the full demo."""
+
+
+def home_default() -> DatasetRef:
+    """Home's dataset in a fresh session: the full demo, sized for every page and loop,
+    or the quick one when :data:`HOME_DATASET_ENV` says ``demo``."""
+    return BUILTIN if os.environ.get(HOME_DATASET_ENV, "").strip() == DEMO else DEMO_FULL_REF
+
+
+@st.cache_data(show_spinner="Reading the built-in examples…")
+def _builtin_examples(full: bool = False) -> list[RAGExample]:
+
+    return demo_full_examples() if full else builtin_examples()
 
 
 @st.cache_data(show_spinner="Reading the dataset file…", max_entries=8)
@@ -149,7 +168,7 @@ def dataset_choices() -> list[DatasetRef]:
         StorageError: The database cannot be opened.
     """
 
-    out = [BUILTIN]
+    out = [BUILTIN, DEMO_FULL_REF]
     if builtin_answers_path().is_file():
         out.append(BUILTIN_ANSWERS)
     shared = shared_data_dir()
@@ -177,7 +196,7 @@ def load_examples(ref: DatasetRef) -> list[RAGExample]:
         path = builtin_answers_path()
         return _file_examples(str(path), path.stat().st_mtime)
     if ref.kind == "builtin":
-        return _builtin_examples()
+        return _builtin_examples(ref.name == DEMO_FULL)
     if ref.kind == "shared":
         assert ref.path is not None
         return _file_examples(ref.path, Path(ref.path).stat().st_mtime)

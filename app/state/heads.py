@@ -239,7 +239,7 @@ class HeadsState:
     """
 
     top: int | None = None
-    selection: ExampleSelection = field(default_factory=lambda: ExampleSelection(limit=8))
+    selection: ExampleSelection = field(default_factory=lambda: ExampleSelection(limit=24))
     unit: str = "response"
     request: FeatureRequest | None = None
     example_source: str | None = None

@@ -211,7 +211,11 @@ def eval_dataset_choices() -> dict[str, str]:
     Raises:
         StorageError: The database cannot be opened.
     """
-    out = {"demo": "Demo examples (12, hand-written)", CORPUS: "Built-in labelled corpus"}
+    out = {
+        "demo": "Demo examples (12, hand-written)",
+        "demo-full": "Demo examples, full (72, hand-written and hand-checked)",
+        CORPUS: "Built-in labelled corpus",
+    }
     for ref in dataset_choices():
         if ref.kind in ("shared", "store"):
             out[ref.spec] = ref.label

@@ -11,7 +11,7 @@ if TYPE_CHECKING:
     from core.base.examples import RAGExample
 from app.state.analysis import Analysis
 from app.state.counterfactual import CounterfactualState
-from app.state.datasets import BUILTIN, DatasetRef, UploadReport
+from app.state.datasets import DatasetRef, UploadReport, home_default
 from app.state.features import ExplainState, GamState
 from app.state.heads import HeadsState
 from app.state.heatmaps import HeatmapState
@@ -74,7 +74,7 @@ class AppState:
         mit: Mitigation (:class:`~app.state.mitigation.MitigationState`).
     """
 
-    dataset: DatasetRef = BUILTIN
+    dataset: DatasetRef = field(default_factory=home_default)
     input_mode: str = INPUT_DATASET
     example_id: dict[str, str] = field(default_factory=dict)
     answer_source: str = ANSWER_PASTE

@@ -342,7 +342,7 @@ class ShapState:
         grid: The grid's cells: ``mean`` (signed) or ``mean_abs`` SHAP.
     """
 
-    selection: ExampleSelection = field(default_factory=lambda: ExampleSelection(limit=8))
+    selection: ExampleSelection = field(default_factory=lambda: ExampleSelection(limit=24))
     request: FeatureRequest | None = None
     top: int = 15
     grid: str = "mean"

@@ -68,7 +68,7 @@ if TYPE_CHECKING:
     from streamlit.delta_generator import DeltaGenerator
 
 STATE_KEY = "ragscope.agreement"
-DEFAULT_LIMIT = 4
+DEFAULT_LIMIT = 24
 METHODS = ["spearman", "pearson", "kendall"]
 GOLD_WORDS = {1: "hallucinated", 0: "faithful"}
 

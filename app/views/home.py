@@ -9,7 +9,6 @@ import streamlit as st
 
 from app.components.train_job import train_detectors_panel
 from app.state.datasets import (
-    BUILTIN,
     KEY_DATASET,
     KEY_IMPORT,
     KEY_UPLOAD,
@@ -19,6 +18,7 @@ from app.state.datasets import (
     UploadReport,
     dataset_choices,
     get_store,
+    home_default,
     load_examples,
     read_upload,
 )
@@ -117,11 +117,11 @@ def dataset_picker(state: AppState) -> None:
         choices = dataset_choices()
     except RagscopeError as e:
         st.error(md(e))
-        choices = [BUILTIN]
+        choices = [home_default()]
     link = follow_home_dataset()
     by_key: dict[str, DatasetRef] = {c.key: c for c in choices}
     if state.dataset.key not in by_key:
-        state.dataset = BUILTIN
+        state.dataset = home_default()
     if st.session_state.get(KEY_DATASET) not in by_key:
         st.session_state.pop(KEY_DATASET, None)
     seed_widget(KEY_DATASET, state.dataset.key)
@@ -135,7 +135,7 @@ def dataset_picker(state: AppState) -> None:
     publish(
         P_DATASET,
         dataset_spec(state.dataset),
-        default=dataset_spec(BUILTIN),
+        default=dataset_spec(home_default()),
         missing=link.missing,
         what="dataset",
         where=HOME_DATASETS_HERE,

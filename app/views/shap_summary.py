@@ -54,6 +54,7 @@ from core.analysis.shap_values import ShapResult
 from core.base.errors import RagscopeError
 from core.base.examples import RAGExample
 from core.engine.model import LoadedModel
+from core.learning.metrics import evidence_warning
 
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.
@@ -224,6 +225,13 @@ def draw(
                 f"{seen} of these {len(result)} answers were in the quick fit's training data: "
                 "their SHAP values are in-sample."
             )
+    labelled = [int(v) for v in labels if v is not None]
+    few = evidence_warning(labelled, f"These {len(result)} answers")
+    if few:
+        st.warning(
+            f"**Too few answers** to rank features by: {md(few)} The ranking below shows "
+            "how the classifier read these answers, not which features matter in general."
+        )
     if not result.values.any():
         st.warning(
             "The classifier learnt no split from its training answers: every SHAP value is 0 "

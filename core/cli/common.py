@@ -20,6 +20,7 @@ from core.data import (
     BUILTIN,
     BUILTIN_ANSWERS,
     DEMO,
+    DEMO_FULL,
     SHARED_PREFIX,
     STORED_PREFIX,
     make_splits,
@@ -408,7 +409,7 @@ def _names_a_path(name: str) -> bool:
 def _a_dataset_name(part: str) -> bool:
     """One part of a dataset spec (``builtin[:180]``, ``shared:NAME``) that names no path."""
     name = _NAMED.fullmatch(part.strip())["spec"]  # type: ignore[index]  # always matches
-    known = name in (DEMO, BUILTIN, BUILTIN_ANSWERS) or name.startswith(
+    known = name in (DEMO, DEMO_FULL, BUILTIN, BUILTIN_ANSWERS) or name.startswith(
         (SHARED_PREFIX, STORED_PREFIX)
     )
     return known or not (_names_a_path(name) or "/" in name)

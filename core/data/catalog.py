@@ -44,7 +44,32 @@ def builtin_examples() -> list[RAGExample]:
     return list(load_dataset(path, fmt="ragscope").examples)
 
 
+def demo_full_examples() -> list[RAGExample]:
+    """The full demo: the 12 examples of :func:`builtin_examples` (the quick subset, first)
+    and the 60 of ``assets/examples/demo-more.jsonl``, hand-written and hand-checked with
+    their spans, span types and evidence notes (``assets/examples/README.md``).
+
+    Raises:
+        DataError: A file is missing (a broken install) or malformed, or an id repeats.
+    """
+    path = repo_root() / "assets" / "examples" / "demo-more.jsonl"
+    if not path.is_file():
+        raise DataError(
+            "the full demo's examples are missing; reinstall ragscope or restore the file",
+            source=str(path),
+        )
+    out = builtin_examples() + list(load_dataset(path, fmt="ragscope").examples)
+    seen: set[str] = set()
+    for e in out:
+        if e.id in seen:
+            raise DataError(f"example id {e.id!r} appears twice in the demo", source=str(path))
+        seen.add(e.id)
+    return out
+
+
 DEMO = "demo"
+DEMO_FULL = "demo-full"
+"""The full demo (:func:`demo_full_examples`); ``demo`` is its first 12, the quick subset."""
 
 #: ``SPEC[:N]``: the first N examples of SPEC (whole sources).
 _PREFIX = re.compile(r"^(?P<spec>.+)\[:(?P<n>[0-9]{1,9})\]$")
@@ -66,13 +91,13 @@ def stored_spec(name: str) -> str:
 
 
 def is_named_spec(spec: str) -> bool:
-    """Whether ``spec`` names a dataset without naming a file: ``demo``, ``builtin``,
+    """Whether ``spec`` names a dataset without naming a file: ``demo``, ``demo-full``, ``builtin``,
     ``builtin-answers``, ``shared:NAME`` or ``stored:NAME`` (with or without ``[:N]``).
     Only these come from the app; a path is for the command line."""
     if spec.startswith((SHARED_PREFIX, STORED_PREFIX)):
         return True
     m = _PREFIX.match(spec)
-    return (m["spec"] if m else spec) in (DEMO, BUILTIN, BUILTIN_ANSWERS)
+    return (m["spec"] if m else spec) in (DEMO, DEMO_FULL, BUILTIN, BUILTIN_ANSWERS)
 
 
 def builtin_answers_path() -> Path:
@@ -83,7 +108,8 @@ def builtin_answers_path() -> Path:
 def resolve_dataset(spec: str, *, on_error: OnError = "raise") -> tuple[str, list[RAGExample]]:
     """Examples for a dataset spec, with the name to record for it.
 
-    ``spec`` is ``demo`` (the 12 hand-written examples), ``builtin`` (the
+    ``spec`` is ``demo`` (the 12 hand-written examples), ``demo-full`` (those and 60
+    more, :func:`demo_full_examples`), ``builtin`` (the
     built-in labelled corpus), ``builtin-answers`` (the embedded model's own
     unlabelled answers to the corpus prompts), ``shared:NAME`` (the development
     set ``NAME.jsonl`` in :func:`shared_data_dir`), ``stored:NAME`` (the dataset stored
@@ -110,6 +136,8 @@ def resolve_dataset(spec: str, *, on_error: OnError = "raise") -> tuple[str, lis
         return _shared(spec.removeprefix(SHARED_PREFIX), on_error)
     if spec == DEMO:
         return DEMO, builtin_examples()
+    if spec == DEMO_FULL:
+        return DEMO_FULL, demo_full_examples()
     if spec == BUILTIN_ANSWERS:
         return BUILTIN_ANSWERS, list(load_dataset(builtin_answers_path()).examples)
     if spec == BUILTIN:
@@ -122,7 +150,7 @@ def resolve_dataset(spec: str, *, on_error: OnError = "raise") -> tuple[str, lis
         names = [d.name for d in store.list_datasets()]
         if spec not in names:
             raise DataError(
-                f"no such file and no stored dataset named {spec!r}; use demo, builtin, a path, "
+                f"no such file and no stored dataset named {spec!r}; use demo, demo-full, builtin, a path, "
                 f"or one of the stored datasets: {', '.join(names) or '(none yet)'}",
                 source=spec,
             )

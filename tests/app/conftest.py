@@ -42,6 +42,7 @@ def app_env(monkeypatch: pytest.MonkeyPatch, tmp_path: Path, app_cache_dir: Path
     monkeypatch.setenv("RAGSCOPE_DEVICE", "cpu")
     monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(app_cache_dir))
     monkeypatch.setenv("RAGSCOPE_DB", str(db))
+    monkeypatch.setenv("RAGSCOPE_HOME_DATASET", "demo")  # the quick demo: 12 answers
     monkeypatch.setenv("RAGSCOPE_SHARED_DATA", str(tmp_path / "no-shared-data"))
     monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(tmp_path / "no-detectors"))
     monkeypatch.setenv("RAGSCOPE_TRAINED_DIR", str(tmp_path / "trained-detectors"))

@@ -13,7 +13,13 @@ import pytest
 import streamlit
 from streamlit.testing.v1 import AppTest
 
-from app.state.datasets import KEY_DATASET, KEY_IMPORT, KEY_UPLOAD, KEY_UPLOAD_NAME
+from app.state.datasets import (
+    DEMO_FULL_REF,
+    KEY_DATASET,
+    KEY_IMPORT,
+    KEY_UPLOAD,
+    KEY_UPLOAD_NAME,
+)
 from app.state.playground import (
     ANSWER_GENERATE,
     ANSWER_PASTE,
@@ -63,12 +69,32 @@ def test_home_shows_model_status_and_datasets(make_app: Callable[[], AppTest]) -
     # no shared data, empty database: the demo set and the model's own built-in answers
     assert picker.options == [
         "Built-in demo examples",
+        "Built-in demo, full: 72 hand-checked answers",
         "Built-in: the embedded model's own answers (unlabelled)",
     ]
     assert "**12** examples" in _markdown(at)
     picker.set_value(picker.options[1]).run()
     _no_exception(at)
+    assert "**72** examples" in _markdown(at)
+    picker.set_value(picker.options[2]).run()
+    _no_exception(at)
     assert "**135** examples" in _markdown(at)
+
+
+def test_a_fresh_session_opens_on_the_full_demo(
+    make_app: Callable[[], AppTest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Without ``RAGSCOPE_HOME_DATASET`` (the tests pin the quick demo), Home opens on the
+    72-answer demo, sized for every page and loop; the URL leaves that default out."""
+    monkeypatch.delenv("RAGSCOPE_HOME_DATASET")
+    at = make_app().run()
+    _no_exception(at)
+    assert at.radio(key=KEY_DATASET).value == DEMO_FULL_REF.key
+    assert "**72** examples" in _markdown(at)
+    assert "dataset" not in at.query_params
+    at.switch_page("views/playground.py").run()
+    _no_exception(at)
+    assert len(at.selectbox(key=KEY_EXAMPLE).options) == 72
 
 
 def test_home_says_which_detector_set_is_loaded(

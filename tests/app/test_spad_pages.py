@@ -96,6 +96,8 @@ def test_shap_page_quick_fit_without_an_artifact(
     assert quick is not None and set(quick.ids) == set(request.ids)  # demo: no train split
     assert any("**Quick fit** (not a trained detector)" in w.value for w in at.warning)
     assert "8 of these 8 answers were in the quick fit's training data" in page_text(at)
+    # eight answers cannot rank 126 features as a fact: said above the charts
+    assert any(w.value.startswith("**Too few answers** to rank features by") for w in at.warning)
 
     # The figures show exactly the quick fit's TreeSHAP values on these examples.
     by_id = {e.id: e for e in builtin_examples()}

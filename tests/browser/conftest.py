@@ -54,6 +54,7 @@ def _streamlit(
         "PYTHONUNBUFFERED": "1",
         # Detectors a developer trained under ~/.cache must not appear in a test's app.
         "RAGSCOPE_TRAINED_DIR": str(log_path.parent / f"trained-detectors-{port}"),
+        "RAGSCOPE_HOME_DATASET": "demo",  # the quick demo, 12 answers (a test may override)
         **env,
     }
     proc = start_app(full, log_path, port, extra)

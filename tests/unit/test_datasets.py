@@ -5,6 +5,7 @@ from __future__ import annotations
 import collections
 import json
 import os
+import re
 from pathlib import Path
 
 import pytest
@@ -15,8 +16,10 @@ from core.data import (
     ColumnMapping,
     LoadReport,
     builtin_examples,
+    demo_full_examples,
     detect_format,
     load_dataset,
+    resolve_dataset,
     save_jsonl,
     shared_data_dir,
     split_passages,
@@ -482,6 +485,37 @@ def test_builtin_examples() -> None:
             assert s.type in types and s.note
         if e.task == "data2txt":
             assert isinstance(json.loads(e.passages[0]), dict)
+
+
+def test_the_full_demo_is_72_hand_checked_answers_with_their_evidence() -> None:
+    """The full demo (issue 55.1): the quick 12 first, 60 more; every hallucinated answer
+    has typed spans whose notes give the evidence, and a quoted passage text is really in
+    a passage of its example."""
+    exs = demo_full_examples()
+    assert exs[:12] == builtin_examples()
+    assert len(exs) == 72 and len({e.id for e in exs}) == 72
+    assert resolve_dataset("demo-full") == ("demo-full", exs)
+    assert resolve_dataset("demo-full[:12]")[1] == builtin_examples()
+    tasks = collections.Counter(e.task for e in exs)
+    assert tasks["qa"] >= 30 and tasks["summary"] >= 18 and tasks["data2txt"] >= 18
+    labels = collections.Counter(e.label for e in exs)
+    assert labels[True] == labels[False] == 36
+    types = {"Evident Conflict", "Subtle Conflict", "Evident Baseless Info", "Subtle Baseless Info"}
+    seen = collections.Counter()
+    for e in exs:
+        assert e.provenance.dataset == "ragscope-demo" and e.provenance.generator == "hand-written"
+        assert bool(e.spans) == e.label and e.task in TASKS
+        assert (e.question is not None) == (e.task == "qa")
+        for sp in e.spans:
+            text = e.response[sp.start : sp.end]
+            assert text == text.strip() and len(text) >= 3, (e.id, text)
+            assert sp.type in types and sp.note, e.id
+            seen[sp.type] += 1
+            for quoted in re.findall(r'"([^"]{6,})"', sp.note):
+                assert any(quoted in p for p in e.passages), (e.id, quoted)
+        if e.task == "data2txt":
+            assert isinstance(json.loads(e.passages[0]), dict)
+    assert min(seen[t] for t in types) >= 6, seen
 
 
 def test_shared_data_dir_env(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
