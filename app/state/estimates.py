@@ -243,3 +243,30 @@ def answer_estimate(
         seconds_per_char=seconds / chars,
         fixed_seconds=fixed_seconds,
     )
+
+
+def _analyse_key(shipped: ShippedDetectors) -> str:
+    return f"analyse:{shipped.cache_id}"
+
+
+def record_analyse(
+    model: LoadedModel, shipped: ShippedDetectors, example: RAGExample, seconds: float
+) -> None:
+    """The pace of one Playground Analyse (the set judging one answer, every detector,
+    measured end to end) replaces the recorded one: the next estimate reads it."""
+    chars = example_chars(example)
+    if chars and seconds > 0:
+        get_store().put_pace(
+            model=model.instance_key,
+            detectors=_analyse_key(shipped),
+            seconds_per_char=seconds / chars,
+        )
+
+
+def analyse_seconds(
+    model: LoadedModel, shipped: ShippedDetectors, example: RAGExample
+) -> float | None:
+    """How long an Analyse of ``example`` will take here, at the pace of the last one
+    (:func:`record_analyse`); ``None`` before any (nothing is timed just to estimate)."""
+    pace = get_store().get_pace(model=model.instance_key, detectors=_analyse_key(shipped))
+    return None if pace is None else pace * example_chars(example)

@@ -27,7 +27,12 @@ from app.components.playground_input import (
     publish_own_input,
 )
 from app.components.playground_tokens import show_analysis
-from app.components.playground_verdicts import analyse_streamed, run_detectors, warming_note
+from app.components.playground_verdicts import (
+    analyse_estimate,
+    analyse_streamed,
+    run_detectors,
+    warming_note,
+)
 from app.state.analysis import input_signature
 from app.state.detectors import shipped_detectors
 from app.state.links import (
@@ -105,6 +110,8 @@ def main() -> None:
     signature = input_signature(current, response_ids) if current is not None else None
 
     clicked = st.button("Analyse", key=KEY_ANALYSE, type="primary", icon=":material/troubleshoot:")
+    if not clicked and (state.analysis is None or state.analysis.signature != signature):
+        analyse_estimate(model, current)
     warming_note(warm_detectors(model, shipped_detectors(model)))
     if clicked or own_link.value is not None:
         try:

@@ -34,6 +34,7 @@ from app.state.playground import (
     KEY_COLOR_BY,
     KEY_EXAMPLE,
     KEY_FIXED_SCALE,
+    KEY_PASTED,
 )
 from app.state.session import STATE_KEY
 from app.state.verdicts import verdict_frame
@@ -47,9 +48,10 @@ from core.evaluation.evaluate import EvalOptions, Splits, evaluate
 from core.learning.artifact import artifact_info
 from core.learning.calibration import DatasetCalibration, PlattCalibrator
 from core.learning.contract import Verdict, align_token_scores, flag_threshold
-from core.pipeline.extract import run_example
+from core.pipeline.extract import example_chars, run_example
 from core.pipeline.judge import judge
 from core.pipeline.sets import TrainedOn, load_set
+from core.storage import Store
 
 PLAYGROUND = "views/playground.py"
 EXAMPLE = "demo-02-waggle-dance"  # a built-in example with one gold span
@@ -654,3 +656,38 @@ def test_the_training_caption_names_the_datasets_an_ensemble_reads_with_their_ow
         "Its ensemble reads answers of a\\_dev with a stacker of that dataset's own, fitted "
         "on its answers alone."
     )
+
+
+def test_analyse_says_how_long_it_will_take_paced_on_the_last_one(
+    make_app: Callable[[], AppTest],
+    detectors_dir: Callable[[Path], None],
+    tiny_artifacts: Path,
+    tiny_model: LoadedModel,
+) -> None:
+    detectors_dir(tiny_artifacts)
+
+    def estimates(at: AppTest) -> list[str]:
+        return [c.value for c in at.caption if c.value.startswith("Estimated time")]
+
+    at = make_app().run()
+    at.switch_page(PLAYGROUND).run()
+    at.selectbox(key=KEY_EXAMPLE).select(EXAMPLE).run()
+    # Nothing is timed just to estimate: before any Analyse here it is not known.
+    assert [e.split(";")[0] for e in estimates(at)] == ["Estimated time: not known yet"]
+    # An answer no other test analysed in this process (verdicts are kept per answer).
+    at.radio(key=KEY_ANSWER_SOURCE).set_value(ANSWER_PASTE).run()
+    at.text_area(key=KEY_PASTED).input("An answer only the estimate test reads.").run()
+    at.button(key=KEY_ANALYSE).click().run()
+    _no_exception(at)
+    assert not estimates(at)  # this answer is analysed: nothing to estimate
+    shipped = load_set(tiny_model.info.key)
+    with Store() as store:
+        pace = store.get_pace(
+            model=tiny_model.instance_key, detectors=f"analyse:{shipped.cache_id}"
+        )
+    assert pace is not None and pace > 0  # the Analyse's own pace was recorded
+    other = next(e for e in builtin_examples() if e.id != EXAMPLE)
+    at.selectbox(key=KEY_EXAMPLE).select(other.id).run()
+    (said,) = estimates(at)
+    assert said.startswith("Estimated time on this machine: **") and "last Analyse here" in said
+    assert ("a few seconds" in said) == (example_chars(other) * pace < 5.0)
