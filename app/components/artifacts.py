@@ -9,8 +9,8 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
+from app.components.answer_picker import AnswerKeys, pick_page_answer
 from app.components.estimate import progress_bar
-from app.components.example_picker import AnswerKeys, pick_page_answer
 from app.state.detectors import ShippedDetectors, shipped_detectors
 from app.state.heads import AnswerChoice
 from app.state.model import get_model

@@ -12,24 +12,26 @@ import streamlit as st
 from app.components.charts import breakdown_figure
 from app.components.curve_charts import CURVE_METRICS, curve_figure, curve_frame
 from app.components.cv_charts import (
+    comparison_figure,
+    fold_spread_figure,
+    matrix_figure,
+    reliability_figure,
+)
+from app.components.cv_tables import (
     DATASET_METRICS,
     MATRIX_METRICS,
     MISSING,
     breakdown_frame,
     breakdown_table,
-    comparison_figure,
     comparison_frame,
     comparison_table,
     cv_frame,
     cv_metric_table,
     describe_cv,
     fold_frame,
-    fold_spread_figure,
-    matrix_figure,
     matrix_frame,
     matrix_table,
     oof_frame,
-    reliability_figure,
     reliability_frame,
     series_name,
 )

@@ -1,38 +1,33 @@
-"""Example pickers the analysis pages share (Heads & layers, SHAP summary, Token sources).
+"""Example pickers the analysis pages share (Heads & layers, SHAP summary, Token sources,
+Feature explanations).
 
 - :func:`pick_examples`: the "Examples" dataset (Home's or the built-in labelled
   corpus), its "Split" and "At most", remembered in an :class:`~app.state.heads.ExampleSelection`.
-- :func:`pick_answer_source`, :func:`show_playground_answer` and :func:`pick_example`:
-  one answer to look at, the Playground's analysed answer or an example of a dataset;
-  :func:`pick_page_answer` puts them together for the one-answer pages (Token
-  heatmaps, Counterfactual context, Mitigation).
+- :func:`pick_page_dataset`: a page's "Dataset" select box, its dataset in the URL.
 - :func:`compute_row` and :func:`show_request_failures`: the
   picked examples' features, extracted with progress, and the examples that failed.
 
-Each page passes its own widget keys (the ``KEY_*`` constants of :mod:`app.state`) and
-keeps its choices in its own fields of the session's :class:`~app.state.AppState`.
+One answer to look at (the Playground's or an example of a dataset) is picked with
+:mod:`app.components.answer_picker`. Each page passes its own widget keys (the ``KEY_*``
+constants of :mod:`app.state`) and keeps its choices in its own fields of the session's
+:class:`~app.state.AppState`.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import streamlit as st
 
 from app.components.estimate import estimate_caption, progress_bar
-from app.state.analysis import Analysis
-from app.state.counterfactual import KEY_CF_DATASET, KEY_CF_EXAMPLE, KEY_CF_SOURCE
 from app.state.datasets import DatasetRef
 from app.state.estimates import paced_extraction, work_estimate
 from app.state.heads import (
     ALL_SPLITS,
-    HEADS_EXAMPLE_DATASET,
-    HEADS_EXAMPLE_PLAYGROUND,
     HEADS_FROM_CORPUS,
     HEADS_FROM_HOME,
-    AnswerChoice,
     ExampleSelection,
     FeatureRequest,
     example_splits,
@@ -40,32 +35,22 @@ from app.state.heads import (
     heads_examples,
     stats_examples,
 )
-from app.state.heatmaps import KEY_HEATMAP_DATASET, KEY_HEATMAP_EXAMPLE, KEY_HEATMAP_SOURCE
 from app.state.links import (
     DATASETS_HERE,
-    P_ANSWER,
     P_DATASET,
-    P_EXAMPLE,
-    P_INPUT,
     P_LIMIT,
     P_SPLIT,
     Followed,
     bind,
-    example_input,
-    follow,
     follow_widget,
-    input_problem,
     integer,
-    linked,
     one_of,
-    own_example,
     page_dataset,
     page_dataset_spec,
-    parse_input,
     publish,
 )
 from app.state.session import AppState, app_state, seed_widget
-from app.text import code, md
+from app.text import md
 from core.base.errors import RagscopeError
 from core.detectors import make_detector
 
@@ -181,6 +166,88 @@ class PickedExamples:
     chosen: list[RAGExample]
 
 
+def _pick_source(
+    selection: ExampleSelection, home: DatasetRef, keys: ExampleKeys, column: DeltaGenerator
+) -> DatasetRef:
+    """The "Examples" select box (in ``column``), its dataset in the URL; a newly picked
+    dataset starts from its default split. Returns the Home dataset (a link may change it)."""
+    link = follow_page_dataset(keys.source)
+    if link.value is not None:
+        selection.source = link.value
+        home = app_state().dataset
+    labels = dataset_labels(home)
+    if selection.source not in labels:
+        selection.source = HEADS_FROM_HOME
+    seed_widget(keys.source, selection.source)
+    before = selection.source
+    with column:
+        selection.source = st.selectbox(
+            "Examples", list(labels), key=keys.source, format_func=labels.__getitem__
+        )
+    publish_page_dataset(selection.source, home, link)
+    if selection.source != before:  # another dataset: start from its default split
+        selection.split = None
+        st.session_state.pop(keys.split, None)
+    return home
+
+
+def _pick_split(
+    selection: ExampleSelection,
+    keys: ExampleKeys,
+    column: DeltaGenerator,
+    splits: list[str],
+    label: str,
+) -> str:
+    """The "Split" select box (in ``column``) over ``splits`` of dataset ``label``, its
+    choice in the URL."""
+    return bind(
+        P_SPLIT,
+        keys.split,
+        lambda: column.selectbox(
+            "Split",
+            splits,
+            key=keys.split,
+            format_func=split_label,
+            disabled=len(splits) == 1,
+            help="The split the dataset declares for each example (the corpus has three)",
+        ),
+        parse=one_of(splits),
+        seed=selection.split,
+        what="split",
+        where=f"a split of {md(label)} ({', '.join(splits)})",
+        instead=split_label,
+    )
+
+
+def _pick_limit(
+    selection: ExampleSelection,
+    keys: ExampleKeys,
+    column: DeltaGenerator,
+    *,
+    max_limit: int,
+    limit_help: str,
+) -> int:
+    """The "At most" number input (in ``column``), its number in the URL."""
+    return bind(
+        P_LIMIT,
+        keys.limit,
+        lambda: int(
+            column.number_input(
+                "At most",
+                min_value=2,
+                max_value=max_limit,
+                step=4,
+                key=keys.limit,
+                help=limit_help,
+            )
+        ),
+        parse=integer(2, max_limit),
+        seed=selection.limit,
+        what="number of examples",
+        where=f"a number from 2 to {max_limit}",
+    )
+
+
 def pick_examples(
     selection: ExampleSelection,
     home: DatasetRef,
@@ -208,23 +275,8 @@ def pick_examples(
         shown).
     """
     source_col, split_col, limit_col = columns
-    link = follow_page_dataset(keys.source)
-    if link.value is not None:
-        selection.source = link.value
-        home = app_state().dataset
+    home = _pick_source(selection, home, keys, source_col)
     labels = dataset_labels(home)
-    if selection.source not in labels:
-        selection.source = HEADS_FROM_HOME
-    seed_widget(keys.source, selection.source)
-    before = selection.source
-    with source_col:
-        selection.source = st.selectbox(
-            "Examples", list(labels), key=keys.source, format_func=labels.__getitem__
-        )
-    publish_page_dataset(selection.source, home, link)
-    if selection.source != before:  # another dataset: start from its default split
-        selection.split = None
-        st.session_state.pop(keys.split, None)
     try:
         key, label, examples = heads_examples(selection.source, home)
     except RagscopeError as e:
@@ -234,40 +286,9 @@ def pick_examples(
     if selection.split not in splits:
         selection.split = default_split if default_split in splits else ALL_SPLITS
         st.session_state.pop(keys.split, None)
-    selection.split = bind(
-        P_SPLIT,
-        keys.split,
-        lambda: split_col.selectbox(
-            "Split",
-            splits,
-            key=keys.split,
-            format_func=split_label,
-            disabled=len(splits) == 1,
-            help="The split the dataset declares for each example (the corpus has three)",
-        ),
-        parse=one_of(splits),
-        seed=selection.split,
-        what="split",
-        where=f"a split of {md(label)} ({', '.join(splits)})",
-        instead=split_label,
-    )
-    selection.limit = bind(
-        P_LIMIT,
-        keys.limit,
-        lambda: int(
-            limit_col.number_input(
-                "At most",
-                min_value=2,
-                max_value=max_limit,
-                step=4,
-                key=keys.limit,
-                help=limit_help,
-            )
-        ),
-        parse=integer(2, max_limit),
-        seed=selection.limit,
-        what="number of examples",
-        where=f"a number from 2 to {max_limit}",
+    selection.split = _pick_split(selection, keys, split_col, splits, label)
+    selection.limit = _pick_limit(
+        selection, keys, limit_col, max_limit=max_limit, limit_help=limit_help
     )
     split = selection.split or ALL_SPLITS
     return PickedExamples(
@@ -277,172 +298,6 @@ def pick_examples(
         pool=[e for e in examples if split in (ALL_SPLITS, e.provenance.split)],
         chosen=stats_examples(examples, split, selection.limit),
     )
-
-
-# --------------------------------------------------------------------------- one answer
-
-
-def pick_answer_source(
-    current: str | None, options: Sequence[str], *, key: str, dataset_name: str
-) -> str:
-    """The "Answer" radio (shown when there are two ``options``); returns the choice.
-
-    Args:
-        current: The page's last choice (``None``: the first option).
-        options: :data:`HEADS_EXAMPLE_PLAYGROUND` and/or :data:`HEADS_EXAMPLE_DATASET`.
-        key: The radio's widget key.
-        dataset_name: How the dataset option is named.
-    """
-    assert options, "no answer to pick from"
-    link = follow(P_ANSWER, one_of(options))
-    if link == Followed() and HEADS_EXAMPLE_DATASET in options and linked(P_EXAMPLE):
-        link = Followed(value=HEADS_EXAMPLE_DATASET)  # a link to an example of a dataset
-    if link.value is not None:
-        current = link.value
-        st.session_state[key] = current
-    if current not in options:
-        current = options[0]
-        st.session_state.pop(key, None)
-    if len(options) > 1:
-        seed_widget(key, current)
-        names = {
-            HEADS_EXAMPLE_PLAYGROUND: "The Playground's analysed answer",
-            HEADS_EXAMPLE_DATASET: md(dataset_name),  # radio options render Markdown
-        }
-        current = st.radio(
-            "Answer", options, key=key, format_func=names.__getitem__, horizontal=True
-        )
-    publish(
-        P_ANSWER,
-        current,
-        default=HEADS_EXAMPLE_DATASET,
-        missing=link.missing,
-        what="answer",
-        where="here: this session has analysed no answer in the Playground"
-        if link.missing == HEADS_EXAMPLE_PLAYGROUND
-        else f"{HEADS_EXAMPLE_PLAYGROUND} or {HEADS_EXAMPLE_DATASET}",
-        instead="an example of a dataset",
-    )
-    return current
-
-
-def playground_answer(state: AppState) -> RAGExample | None:
-    """The answer a page's "Playground" option shows: the one a freshly opened link's
-    ``input`` carries (kept in the session until the Playground analyses another), else
-    the Playground's analysed answer; ``None`` when there is neither. A link's input that
-    cannot be read is said on the page (by :func:`publish_playground_answer`)."""
-    carried = follow(P_INPUT, parse_input)
-    if carried.missing is not None:
-        st.warning(
-            f"The link's answer cannot be read ({md(input_problem(carried.missing))}); "
-            "showing another answer instead."
-        )
-    if carried.value is not None:
-        try:
-            state.linked_answer = own_example(carried.value)
-        except RagscopeError as e:
-            st.warning(f"The link's answer cannot be read: {md(e)}")
-    if state.linked_answer is not None:
-        return state.linked_answer
-    return state.analysis.example if state.analysis is not None else None
-
-
-def publish_playground_answer(
-    state: AppState, *, pool: Sequence[RAGExample] | None = None
-) -> tuple[RAGExample, tuple[int, ...] | None]:
-    """Name the "Playground" answer (:func:`playground_answer`, which must be there) and
-    put it in the page's URL, so a copied link reopens this view in a fresh browser;
-    returns it with its token ids when the model wrote it.
-
-    A dataset's own answer, unchanged, is linked as that dataset's example (``dataset``
-    and ``example``: its id and gold labels travel); any other answer as ``input``. A page
-    whose ``dataset`` parameter names something else (Heads' statistics) passes that
-    dataset's examples as ``pool``: the answer is linked as an example only when it is
-    one of them.
-    """
-    ex = playground_answer(state)
-    assert ex is not None, "no Playground answer"
-    a = state.analysis if state.linked_answer is None else None
-    if a is not None and a.dataset is not None:
-        in_pool = pool is None or any(e.id == ex.id and e.response == ex.response for e in pool)
-        if in_pool:  # a fresh session opens it as "an example of a dataset"
-            publish(P_ANSWER, HEADS_EXAMPLE_DATASET, default=HEADS_EXAMPLE_DATASET)
-            if pool is None:
-                publish(P_DATASET, a.dataset)
-            publish(P_EXAMPLE, ex.id)
-            publish(P_INPUT, None)
-            return ex, show_playground_answer(a)
-    if pool is None:
-        publish(P_DATASET, None)  # the view shows no dataset's example
-    publish(P_EXAMPLE, None)
-    if state.linked_answer is not None:
-        st.caption(
-            f"The answer the link carries (written in the Playground): "
-            f"“{md(first_words(ex.response, 14))}”"
-        )
-        ids = None
-    else:
-        assert state.analysis is not None
-        ids = show_playground_answer(state.analysis)
-    shown = example_input(ex)
-    publish(P_INPUT, shown, what="Playground answer", where="readable")
-    if shown is None:
-        st.caption("This answer cannot travel in a link (too long, or a verbatim prompt).")
-    return ex, ids
-
-
-def show_playground_answer(analysis: Analysis) -> tuple[int, ...] | None:
-    """Name the Playground's analysed answer; returns its token ids when the model wrote it.
-
-    A generated answer is analysed with the model's own tokens (no re-tokenizing).
-    """
-    ids = (
-        tuple(int(i) for i in analysis.layout.response_ids)
-        if analysis.answer_source == "generated"
-        else None
-    )
-    st.caption(
-        f"Example {code(analysis.example.id)}, answer {md(analysis.answer_source)}: "
-        f"“{md(first_words(analysis.example.response, 14))}”"
-    )
-    return ids
-
-
-def pick_example(
-    examples: Sequence[RAGExample],
-    remembered: str | None,
-    *,
-    key: str,
-    dataset_label: str = "this dataset",
-) -> RAGExample:
-    """The "Example" select box over ``examples`` (not empty), its id in the URL.
-
-    Starts from the example an opened link names, else from ``remembered`` when it is one
-    of them, else from the first example with a gold span (else the first). A link's
-    example that is not among them is reported (in ``dataset_label``).
-    """
-    by_id = {e.id: e for e in examples}
-    if remembered not in by_id:
-        remembered = next((e.id for e in examples if e.spans), examples[0].id)
-    if st.session_state.get(key) not in by_id:
-        st.session_state.pop(key, None)
-
-    def label(ex_id: str) -> str:
-        ex = by_id[ex_id]
-        gold = {True: " · hallucinated", False: " · faithful", None: ""}[ex.label]
-        return f"{ex_id} — {first_words(ex.question or ex.response)}{gold}"
-
-    ex_id = bind(
-        P_EXAMPLE,
-        key,
-        lambda: st.selectbox("Example", list(by_id), key=key, format_func=label),
-        parse=one_of(by_id),
-        seed=remembered,
-        what="example",
-        where=f"in {md(dataset_label)}",
-        instead=code,
-    )
-    return by_id[ex_id]
 
 
 # --------------------------------------------------------------------------- extraction
@@ -535,136 +390,3 @@ def show_request_failures(req: FeatureRequest) -> bool:
         st.error("None of the examples could be analysed; pick other examples.")
         return False
     return True
-
-
-# --------------------------------------------------------------------------- one answer
-
-
-@dataclass(frozen=True, kw_only=True)
-class AnswerKeys:
-    """The widget keys of :func:`pick_page_answer`.
-
-    Attributes:
-        source: The "Answer" radio (Playground's answer or a dataset example).
-        dataset: The "Dataset" select box.
-        example: The "Example" select box.
-    """
-
-    source: str
-    dataset: str
-    example: str
-
-
-Narrow = Callable[[str, list["RAGExample"]], "list[RAGExample] | None"]
-"""``(dataset key, examples) -> the examples to offer`` (``None``: stop, a notice was shown)."""
-
-
-def pick_page_answer(
-    state: AppState, choice: AnswerChoice, keys: AnswerKeys, *, narrow: Narrow | None = None
-) -> tuple[RAGExample, tuple[int, ...] | None] | None:
-    """One answer for a page: the Playground's analysed answer, or an example of the Home
-    dataset or of the built-in corpus.
-
-    The page's choices live in its :class:`~app.state.heads.AnswerChoice` (``choice``):
-    the source, the dataset and the example per dataset key.
-
-    Args:
-        state: The session's state.
-        choice: The page's answer choice (``state.heatmap``, ``state.cf``, ``state.mit``).
-        keys: Its widget keys.
-        narrow: Drawn under the dataset choice; may shorten the example list.
-
-    Returns:
-        ``(example, response ids)`` (ids when the model wrote the Playground's answer),
-        or ``None`` when there is nothing to pick (a notice is shown).
-    """
-    there = playground_answer(state) is not None
-    options = ([HEADS_EXAMPLE_PLAYGROUND] if there else []) + [HEADS_EXAMPLE_DATASET]
-    source = pick_answer_source(
-        choice.example_source,
-        options,
-        key=keys.source,
-        dataset_name="An example from a dataset",
-    )
-    choice.example_source = source
-    if source == HEADS_EXAMPLE_PLAYGROUND and there:
-        return publish_playground_answer(state)
-    publish(P_INPUT, None)
-    if choice.dataset not in dataset_labels(state.dataset):
-        choice.dataset = HEADS_FROM_HOME
-    c1, c2 = st.columns([2, 3], vertical_alignment="bottom")
-    picked = pick_page_dataset(state, keys.dataset, c1, seed=choice.dataset)
-    choice.dataset = picked
-    labels = dataset_labels(state.dataset)
-    try:
-        key, label, examples = heads_examples(picked, state.dataset)
-    except RagscopeError as e:
-        st.error(f"{md(labels[picked])} cannot be read: {md(e)}")
-        return None
-    if not examples:
-        st.info("This dataset holds no examples; pick another one.")
-        return None
-    if narrow is not None:
-        narrowed = narrow(key, examples)
-        if narrowed is None:
-            return None
-        examples = narrowed
-    remembered: dict[str, str] = choice.example_id
-    with c2:
-        ex = pick_example(examples, remembered.get(key), key=keys.example, dataset_label=label)
-    remembered[key] = ex.id
-    st.caption(f"From {md(label)}. Answer: \u201c{md(first_words(ex.response, 40))}\u201d")
-    return ex, None
-
-
-TOKEN_HEATMAPS_PAGE = "views/token_heatmaps.py"
-COUNTERFACTUAL_PAGE = "views/counterfactual.py"
-
-
-def open_answer_in(
-    state: AppState,
-    choice: AnswerChoice,
-    keys: AnswerKeys,
-    page: str,
-    *,
-    dataset: str | None = None,
-    example_id: str | None = None,
-) -> None:
-    """Switch to a one-answer page (its ``choice``: ``state.heatmap``, ``state.cf``, ``state.mit``) showing an
-    example of ``dataset`` (:data:`HEADS_FROM_HOME` or :data:`HEADS_FROM_CORPUS`), or the
-    Playground's answer when no dataset is given: the click-through of the pages that
-    list or teach with answers."""
-    if dataset is None:
-        choice.example_source = HEADS_EXAMPLE_PLAYGROUND
-        st.session_state[keys.source] = HEADS_EXAMPLE_PLAYGROUND
-    else:
-        assert example_id is not None, "an example of a dataset needs its id"
-        key = heads_examples(dataset, state.dataset)[0]
-        choice.example_source = HEADS_EXAMPLE_DATASET
-        choice.dataset = dataset
-        choice.example_id[key] = example_id
-        st.session_state[keys.source] = HEADS_EXAMPLE_DATASET
-        st.session_state[keys.dataset] = dataset
-        st.session_state[keys.example] = example_id
-    st.switch_page(page)
-
-
-def open_in_token_heatmaps(state: AppState, dataset: str, example_id: str) -> None:
-    """Token heatmaps on ``example_id`` of ``dataset`` (the Agreement page's click-through)."""
-    state.heatmap.only_flagged = False
-    keys = AnswerKeys(
-        source=KEY_HEATMAP_SOURCE, dataset=KEY_HEATMAP_DATASET, example=KEY_HEATMAP_EXAMPLE
-    )
-    open_answer_in(
-        state, state.heatmap, keys, TOKEN_HEATMAPS_PAGE, dataset=dataset, example_id=example_id
-    )
-
-
-def open_in_counterfactual(
-    state: AppState, *, dataset: str | None = None, example_id: str | None = None
-) -> None:
-    """Counterfactual context on an example (or the Playground's answer)."""
-    keys = AnswerKeys(source=KEY_CF_SOURCE, dataset=KEY_CF_DATASET, example=KEY_CF_EXAMPLE)
-    open_answer_in(
-        state, state.cf, keys, COUNTERFACTUAL_PAGE, dataset=dataset, example_id=example_id
-    )

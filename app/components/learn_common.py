@@ -7,7 +7,7 @@ from collections.abc import Callable
 
 import streamlit as st
 
-from app.components.example_picker import open_in_counterfactual
+from app.components.answer_picker import open_in_counterfactual
 from app.state.datasets import BUILTIN, DEMO_FULL_REF
 from app.state.heads import HEADS_FROM_HOME
 from app.state.learn import KEY_SOURCE, KEY_TRY, PLAYGROUND, PRESET_ID

@@ -11,7 +11,7 @@ import streamlit as st
 from app.state.heads import ExampleSelection
 from core.base.errors import DataError
 from core.base.examples import RAGExample
-from core.explain import FidelityResult, feature_examples
+from core.explain import BatchResult, FidelityResult, feature_examples
 
 if TYPE_CHECKING:
     from core.base.examples import RAGExample
@@ -188,6 +188,48 @@ class ExplainState:
     stop: bool = False
     outcome: tuple[str, str] | None = None
     fidelity: dict[str, FidelityResult] = field(default_factory=dict)
+
+
+def request_stop(explain: ExplainState) -> None:
+    """The Stop button's callback: the running "Explain top N" batch stops before its next
+    feature."""
+    explain.stop = True
+
+
+def settle_stop(explain: ExplainState) -> None:
+    """After a stopped batch (the rerun the Stop button starts): clear the request and
+    leave the notice that it stopped."""
+    if explain.stop:
+        explain.stop = False
+        explain.outcome = (
+            "info",
+            "Stopped. The explanations written before the stop are cached; press "
+            "**Explain top N** again to go on.",
+        )
+
+
+def fit_top_n(explain: ExplainState, n_max: int) -> None:
+    """Keep "Explain top N" within ``1..n_max`` (else 5, or ``n_max`` when fewer), the
+    widget's own value dropped when it is reset."""
+    if not 1 <= explain.top_n <= n_max:
+        explain.top_n = min(5, n_max)
+        st.session_state.pop(KEY_EXPLAIN_TOP_N, None)
+
+
+def batch_outcome(result: BatchResult) -> tuple[str, str]:
+    """What an "Explain top N" batch did, as ``(kind, text)`` for
+    :attr:`ExplainState.outcome` (kind: ``error``, ``info`` or ``success``)."""
+    parts = [f"{len(result.done)} of {result.total} features explained"]
+    if result.done:
+        parts.append(f"{result.n_requested} asked, {len(result.done) - result.n_requested} cached")
+    if result.skipped:
+        parts.append(f"{len(result.skipped)} fire on none of these answers")
+    text = " · ".join(parts) + "."
+    if result.error:
+        return "error", f"{text} Stopped on an error: {result.error}"
+    if result.cancelled:
+        return "info", f"{text} Stopped on request."
+    return "success", text
 
 
 # The gam page's widgets

@@ -15,13 +15,10 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from app.components.agreement_charts import correlation_figure, gold_matrix_figure
+from app.components.answer_picker import open_in_token_heatmaps
 from app.components.charts import greyed
 from app.components.estimate import estimate_caption, progress_bar
-from app.components.example_picker import (
-    dataset_labels,
-    open_in_token_heatmaps,
-    pick_page_dataset,
-)
+from app.components.example_picker import dataset_labels, pick_page_dataset
 from app.components.exports import plot, whole_table
 from app.state.agreement import (
     KEY_DATASET,

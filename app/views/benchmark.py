@@ -29,8 +29,8 @@ from app.components.charts import (
     pr_figure,
     roc_figure,
 )
-from app.components.cv_charts import MISSING, fmt, fmt_ci
 from app.components.cv_sections import show_cv, show_matrix, show_review_curves
+from app.components.cv_tables import MISSING, fmt, fmt_ci
 from app.components.exports import plot
 from app.components.run_picker import (
     date_label,

@@ -16,8 +16,9 @@ from typing import TYPE_CHECKING
 import numpy as np
 import streamlit as st
 
+from app.components.answer_picker import pick_example
 from app.components.artifacts import show_broken_artifacts
-from app.components.example_picker import first_words, pick_example
+from app.components.example_picker import first_words
 from app.components.exports import plot
 from app.components.gam_charts import contributions_figure, importance_figure, shape_function_figure
 from app.components.heatmap import render_token_heatmap

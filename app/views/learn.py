@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import streamlit as st
 
-from app.components.example_picker import playground_answer
+from app.components.answer_picker import playground_answer
 from app.components.learn_cortex import cortex_steps
 from app.components.learn_primer import primer_steps
 from app.components.learn_raglens import raglens_steps

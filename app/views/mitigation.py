@@ -22,10 +22,10 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
+from app.components.answer_picker import AnswerKeys
 from app.components.artifacts import open_answer_page
 from app.components.diff import word_diff_html
 from app.components.estimate import estimate_caption
-from app.components.example_picker import AnswerKeys
 from app.components.exports import whole_table
 from app.state.detectors import ShippedDetectors
 from app.state.estimates import answer_estimate, generation_seconds

@@ -15,16 +15,14 @@ import numpy as np
 import pandas as pd
 import streamlit as st
 
-from app.components.artifacts import quick_fit_row, show_broken_artifacts
-from app.components.example_picker import (
-    dataset_labels,
-    first_words,
+from app.components.answer_picker import (
     pick_answer_source,
     pick_example,
-    pick_page_dataset,
     playground_answer,
     publish_playground_answer,
 )
+from app.components.artifacts import quick_fit_row, show_broken_artifacts
+from app.components.example_picker import dataset_labels, first_words, pick_page_dataset
 from app.components.exports import plot
 from app.components.shap_charts import pos_sources_figure, token_sources_figure, waterfall_figure
 from app.components.train_job import train_detectors_panel

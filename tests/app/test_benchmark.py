@@ -28,12 +28,8 @@ from app.components.charts import (
     roc_figure,
     roc_points,
 )
-from app.components.cv_charts import (
-    breakdown_frame,
-    cv_metric_table,
-    matrix_figure,
-    reliability_figure,
-)
+from app.components.cv_charts import matrix_figure, reliability_figure
+from app.components.cv_tables import breakdown_frame, cv_metric_table
 from app.state.runs import (
     KEY_BENCH_CONFUSION,
     KEY_BENCH_CV_DATASET_METRIC,

@@ -19,6 +19,7 @@ import numpy as np
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.components.heatmap_rows import row_id
 from app.state.datasets import BUILTIN_ANSWERS, KEY_DATASET
 from app.state.heads import (
     HEADS_FROM_CORPUS,
@@ -45,7 +46,6 @@ from app.state.playground import (
     KEY_PASTED,
 )
 from app.state.session import STATE_KEY
-from app.views.token_heatmaps import row_id
 from core.data import load_builtin
 from core.signals.smoothing import P_STAY_TOKEN
 

@@ -14,6 +14,7 @@ from pathlib import Path
 import numpy as np
 from streamlit.testing.v1 import AppTest
 
+from app.components.heatmap_spans import nothing_flagged
 from app.state.heatmaps import (
     KEY_FLAG_ROW,
     KEY_NEXT,
@@ -27,7 +28,6 @@ from app.state.heatmaps import (
 from app.state.heatmaps import KEY_HEATMAP_DATASET as KEY_DATASET
 from app.state.heatmaps import KEY_HEATMAP_EXAMPLE as KEY_EXAMPLE
 from app.state.session import STATE_KEY
-from app.views.token_heatmaps import nothing_flagged
 from core.data import builtin_examples
 from core.detectors import load_shipped
 from core.engine.model import LoadedModel
