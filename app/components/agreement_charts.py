@@ -57,6 +57,24 @@ GOLD_KEY = (
 """The gold matrix's colours, as its legend names them."""
 
 
+def _colour_key(fig: go.Figure) -> None:
+    """The legend: a square of each colour of :data:`GOLD_KEY`."""
+    import plotly.graph_objects as go
+
+    for name, colour in GOLD_KEY:  # the legend: a square of each colour
+        fig.add_trace(
+            go.Scatter(
+                x=[None],
+                y=[None],
+                mode="markers",
+                marker={"symbol": "square", "size": 12, "color": colour},
+                name=name,
+                showlegend=True,
+                hoverinfo="skip",
+            )
+        )
+
+
 def gold_matrix_figure(table: VerdictTable, *, title: str) -> go.Figure:
     """Rows: detectors; columns: answers (hallucinated ones first, a line between them and
     the faithful ones); green where the call matches gold, red where it does not, grey
@@ -101,18 +119,7 @@ def gold_matrix_figure(table: VerdictTable, *, title: str) -> go.Figure:
             ygap=2,
         )
     )
-    for name, colour in GOLD_KEY:  # the legend: a square of each colour
-        fig.add_trace(
-            go.Scatter(
-                x=[None],
-                y=[None],
-                mode="markers",
-                marker={"symbol": "square", "size": 12, "color": colour},
-                name=name,
-                showlegend=True,
-                hoverinfo="skip",
-            )
-        )
+    _colour_key(fig)
     n_h = int((table.gold == 1).sum())
     if 0 < n_h < len(ids):
         fig.add_vline(x=n_h - 0.5, line={"color": "#333", "width": 2})

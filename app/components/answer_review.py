@@ -122,6 +122,111 @@ def _label_line(lab: AnswerLabel) -> str:
     return f"Label: **{lab.status}** ({lab.rule}; {drawn})."
 
 
+def _queue_caption(
+    order: Sequence[str],
+    scanned: Mapping[str, ScannedAnswer],
+    mine: Mapping[str, AnswerReview],
+    labels: Mapping[str, AnswerLabel],
+) -> None:
+    """The queue's counts and the rules that decide an answer's label."""
+    counts = label_counts(labels.values())
+    random_counts = label_counts(labels.values(), random_only=True)
+    st.caption(
+        f"{len(order)} answers · {len(scanned)} scanned · {len(mine)} marked by you · labels: "
+        f"{counts['hallucinated']} hallucinated, {counts['faithful']} faithful, "
+        f"{counts['disputed']} disputed ({random_counts['hallucinated']} and "
+        f"{random_counts['faithful']} of them drawn at random)."
+    )
+    with st.expander("How an answer's label is decided", icon=":material/rule:"):
+        st.markdown("\n".join(f"{k}. {md(r)}" for k, r in enumerate(LABEL_RULES, start=1)))
+
+
+def _answer_texts(ex: RAGExample, items: Sequence[ReviewItem], own: AnswerReview | None) -> None:
+    """The passages, the question, the answer with its flagged spans, and the note box."""
+    flagged = [
+        Mark(it.start, it.end, FLAG, ", ".join(it.detectors))
+        for it in items
+        if it.example_id == ex.id and not it.is_stale(ex)
+    ]
+    c_ctx, c_ans = st.columns(2)
+    with c_ctx:
+        st.markdown("**Passages**")
+        for p in ex.passages:
+            st.html(marked_html(p, []))
+    with c_ans:
+        if ex.question:
+            st.markdown(f"**Question:** {md(ex.question)}")
+        st.markdown("**Answer**" + (" (flagged spans in orange)" if flagged else ""))
+        st.html(marked_html(ex.response, flagged))
+        st.text_area(
+            "Note",
+            value=(own.note or "") if own else "",
+            key=f"{KEY_A_NOTE}.{ex.id}",
+            max_chars=MAX_NOTE,
+            height=68,
+        )
+
+
+def _answer_buttons(
+    args: tuple[AnswerBook, AnswerQueueState, str, RAGExample, str],
+    *,
+    how: str,
+    own: AnswerReview | None,
+    prev_id: str | None,
+    next_id: str | None,
+) -> None:
+    """The Faithful / Hallucinated marks and the Previous / Next moves."""
+    qs = args[1]
+    expected = own.version if own else 0
+    b1, b2, b3, b4 = st.columns([1.2, 1.5, 1.1, 1])  # no spacer: labels fit a laptop
+    # Filled only for the label this reviewer gave the answer: a button that looks
+    # chosen before anyone chose it reads as the answer's label.
+    chosen = own.label if own else None
+    b1.button(
+        "Faithful", key=KEY_FAITHFUL, icon=":material/verified:", shortcut="f",
+        type="primary" if chosen == "faithful" else "secondary",
+        on_click=mark, args=(*args, "faithful", how, expected, next_id), width="stretch",
+    )  # fmt: skip
+    b2.button(
+        "Hallucinated", key=KEY_HALLUCINATED, icon=":material/report:", shortcut="h",
+        type="primary" if chosen == "hallucinated" else "secondary",
+        on_click=mark, args=(*args, "hallucinated", how, expected, next_id),
+        width="stretch",
+    )  # fmt: skip
+    b3.button(
+        "Previous", key=KEY_A_PREV, icon=":material/arrow_back:", shortcut="p",
+        on_click=_go, args=(qs, prev_id), disabled=prev_id is None, width="stretch",
+    )  # fmt: skip
+    b4.button(
+        "Next", key=KEY_A_NEXT, icon=":material/arrow_forward:", shortcut="n",
+        on_click=_go, args=(qs, next_id), disabled=next_id is None, width="stretch",
+    )  # fmt: skip
+
+
+def _answer_history(
+    answers: AnswerBook, dataset: str, ex: RAGExample, labels: Mapping[str, AnswerLabel]
+) -> None:
+    """The answer's label with each reviewer's mark, and the audit trail of its marks."""
+    lab = labels.get(ex.id)
+    if lab is not None:
+        st.markdown(_label_line(lab))
+        for r in lab.reviewers:
+            how_drawn = f", drawn {r.drawn_by}" if r.drawn_by else ""
+            st.caption(f"{md(r.reviewer)}: **{r.label}** ({r.source}{how_drawn})")
+    with st.expander("Audit trail of this answer's marks"):
+        trail = answers.audit(dataset, ex.id)
+        if not trail:
+            st.caption("No mark yet.")
+        for a in trail:
+            was = f" (was {a.before.get('label')})" if a.before else ""
+            st.caption(
+                md(
+                    f"{a.at} · {a.reviewer} · {a.action}: {a.after.get('label')}, drawn "
+                    f"{a.after.get('drawn_by')}{was}"
+                )
+            )
+
+
 def answer_section(
     answers: AnswerBook,
     qs: AnswerQueueState,
@@ -143,16 +248,7 @@ def answer_section(
     by_id = {e.id: e for e in examples}
     order = order_answers([e.id for e in examples], how, dataset=dataset, scanned=scanned)
     mine = {m.example_id: m for m in marks if m.reviewer == reviewer}
-    counts = label_counts(labels.values())
-    random_counts = label_counts(labels.values(), random_only=True)
-    st.caption(
-        f"{len(order)} answers · {len(scanned)} scanned · {len(mine)} marked by you · labels: "
-        f"{counts['hallucinated']} hallucinated, {counts['faithful']} faithful, "
-        f"{counts['disputed']} disputed ({random_counts['hallucinated']} and "
-        f"{random_counts['faithful']} of them drawn at random)."
-    )
-    with st.expander("How an answer's label is decided", icon=":material/rule:"):
-        st.markdown("\n".join(f"{k}. {md(r)}" for k, r in enumerate(LABEL_RULES, start=1)))
+    _queue_caption(order, scanned, mine, labels)
     skip = st.toggle("Skip answers I marked", value=True, key=KEY_A_SKIP_MINE)
     shown = [i for i in order if not (skip and i in mine)]
     link = follow(P_ANSWER, one_of(order))
@@ -175,72 +271,11 @@ def answer_section(
     with st.container(border=True):
         st.markdown(f"#### Answer {order.index(ex.id) + 1} of {len(order)} · {code(ex.id)}")
         st.caption(_verdict_line(scanned.get(ex.id)))
-        flagged = [
-            Mark(it.start, it.end, FLAG, ", ".join(it.detectors))
-            for it in items
-            if it.example_id == ex.id and not it.is_stale(ex)
-        ]
-        c_ctx, c_ans = st.columns(2)
-        with c_ctx:
-            st.markdown("**Passages**")
-            for p in ex.passages:
-                st.html(marked_html(p, []))
-        with c_ans:
-            if ex.question:
-                st.markdown(f"**Question:** {md(ex.question)}")
-            st.markdown("**Answer**" + (" (flagged spans in orange)" if flagged else ""))
-            st.html(marked_html(ex.response, flagged))
-            st.text_area(
-                "Note",
-                value=(own.note or "") if own else "",
-                key=f"{KEY_A_NOTE}.{ex.id}",
-                max_chars=MAX_NOTE,
-                height=68,
-            )
-        expected = own.version if own else 0
+        _answer_texts(ex, items, own)
         args = (answers, qs, dataset, ex, reviewer)
-        b1, b2, b3, b4 = st.columns([1.2, 1.5, 1.1, 1])  # no spacer: labels fit a laptop
-        # Filled only for the label this reviewer gave the answer: a button that looks
-        # chosen before anyone chose it reads as the answer's label.
-        chosen = own.label if own else None
-        b1.button(
-            "Faithful", key=KEY_FAITHFUL, icon=":material/verified:", shortcut="f",
-            type="primary" if chosen == "faithful" else "secondary",
-            on_click=mark, args=(*args, "faithful", how, expected, next_id), width="stretch",
-        )  # fmt: skip
-        b2.button(
-            "Hallucinated", key=KEY_HALLUCINATED, icon=":material/report:", shortcut="h",
-            type="primary" if chosen == "hallucinated" else "secondary",
-            on_click=mark, args=(*args, "hallucinated", how, expected, next_id),
-            width="stretch",
-        )  # fmt: skip
-        b3.button(
-            "Previous", key=KEY_A_PREV, icon=":material/arrow_back:", shortcut="p",
-            on_click=_go, args=(qs, prev_id), disabled=prev_id is None, width="stretch",
-        )  # fmt: skip
-        b4.button(
-            "Next", key=KEY_A_NEXT, icon=":material/arrow_forward:", shortcut="n",
-            on_click=_go, args=(qs, next_id), disabled=next_id is None, width="stretch",
-        )  # fmt: skip
+        _answer_buttons(args, how=how, own=own, prev_id=prev_id, next_id=next_id)
         if qs.outcome is not None:
             kind, text = qs.outcome
             (st.error if kind == "error" else st.success)(text)
             qs.outcome = None
-        lab = labels.get(ex.id)
-        if lab is not None:
-            st.markdown(_label_line(lab))
-            for r in lab.reviewers:
-                how_drawn = f", drawn {r.drawn_by}" if r.drawn_by else ""
-                st.caption(f"{md(r.reviewer)}: **{r.label}** ({r.source}{how_drawn})")
-        with st.expander("Audit trail of this answer's marks"):
-            trail = answers.audit(dataset, ex.id)
-            if not trail:
-                st.caption("No mark yet.")
-            for a in trail:
-                was = f" (was {a.before.get('label')})" if a.before else ""
-                st.caption(
-                    md(
-                        f"{a.at} · {a.reviewer} · {a.action}: {a.after.get('label')}, drawn "
-                        f"{a.after.get('drawn_by')}{was}"
-                    )
-                )
+        _answer_history(answers, dataset, ex, labels)

@@ -277,6 +277,26 @@ def pr_figure(series: Sequence[ScoreSeries]) -> go.Figure:
     )
 
 
+def _ci_error_bars(
+    ci: Sequence[tuple[float | None, float | None]], y: Sequence[float | None]
+) -> dict[str, object] | None:
+    """Plotly ``error_y`` for bars ``y`` with intervals ``ci`` (None: no interval known)."""
+    known = [
+        v is not None and a is not None and b is not None for (a, b), v in zip(ci, y, strict=True)
+    ]
+    if not any(known):
+        return None
+    # distances from the bar's top to the interval's ends (0: none known)
+    return {
+        "type": "data",
+        "symmetric": False,
+        "array": [b - v if ok else 0 for ok, (_, b), v in zip(known, ci, y, strict=True)],
+        "arrayminus": [v - a if ok else 0 for ok, (a, _), v in zip(known, ci, y, strict=True)],
+        "thickness": 1.2,
+        "width": 3,
+    }
+
+
 def breakdown_figure(
     frame: pd.DataFrame, by: str, *, metric: str = "AUROC", group: str = "detector"
 ) -> go.Figure:
@@ -304,23 +324,8 @@ def breakdown_figure(
             (_num(vals[c].get(lo_col)), _num(vals[c].get(hi_col))) if c in vals else (None, None)
             for c in cats
         ]
-        known = [
-            v is not None and a is not None and b is not None
-            for (a, b), v in zip(ci, y, strict=True)
-        ]
-        has_ci = any(known)
-        error_y = None
-        if has_ci:  # distances from the bar's top to the interval's ends (0: none known)
-            error_y = {
-                "type": "data",
-                "symmetric": False,
-                "array": [b - v if ok else 0 for ok, (_, b), v in zip(known, ci, y, strict=True)],
-                "arrayminus": [
-                    v - a if ok else 0 for ok, (a, _), v in zip(known, ci, y, strict=True)
-                ],
-                "thickness": 1.2,
-                "width": 3,
-            }
+        error_y = _ci_error_bars(ci, y)
+        has_ci = error_y is not None
         ci_text = [f"[{a:.3f}, {b:.3f}]" if a is not None and b is not None else "–" for a, b in ci]
         fig.add_trace(
             go.Bar(

@@ -219,6 +219,46 @@ def shipped_check_line() -> str | None:
     return line + (f" {warn}" if warn else "")
 
 
+def _attended_passages(
+    reading: ContextReading, view: HeadView, group: str, span: tuple[int, int]
+) -> None:
+    """The span's passage sentences by attention share, and each passage shaded by it."""
+    frame = units_frame(reading, group, span)
+    if frame.empty:
+        st.info("These tokens put no attention on any passage sentence.")
+    else:
+        st.dataframe(
+            frame,
+            hide_index=True,
+            width="stretch",
+            column_config={
+                "share of passage attention": st.column_config.ProgressColumn(
+                    "share of passage attention", format="percent", min_value=0.0, max_value=1.0
+                )
+            },
+        )
+        marks = passage_marks(reading, group, span)
+        first = reading.units[top_units(reading, group, span)[0]][0]
+        for p in sorted(marks):
+            with st.expander(
+                f"Passage {p + 1}, its most attended sentences shaded", expanded=p == first
+            ):
+                st.html(marked_html(view.layout.passage_texts[p], marks[p]))
+
+
+def _text_alignment(view: HeadView, chars: tuple[int, int]) -> None:
+    """The evidence text alignment finds for the span (what a flagged span would show)."""
+    found = find_evidence(view.layout.passage_texts, view.layout.response_text, *chars)
+    if found.evidence is None:
+        st.markdown(f"**Text alignment** (a flagged span's evidence): {md(found.reason)}")
+    else:
+        ev = found.evidence
+        st.markdown(
+            f"**Text alignment** (a flagged span's evidence): passage {ev.passage + 1}, "
+            f"{md(ev.text, max_len=300)} (score {ev.score:.2f}; {found.type})"
+        )
+
+
 def context_section(
     state: HeadsState,
     model: LoadedModel,
@@ -261,27 +301,7 @@ def context_section(
         "the rest to the question, the prompt template and the answer so far. Shares below "
         "are of the passage part."
     )
-    frame = units_frame(reading, group, span)
-    if frame.empty:
-        st.info("These tokens put no attention on any passage sentence.")
-    else:
-        st.dataframe(
-            frame,
-            hide_index=True,
-            width="stretch",
-            column_config={
-                "share of passage attention": st.column_config.ProgressColumn(
-                    "share of passage attention", format="percent", min_value=0.0, max_value=1.0
-                )
-            },
-        )
-        marks = passage_marks(reading, group, span)
-        first = reading.units[top_units(reading, group, span)[0]][0]
-        for p in sorted(marks):
-            with st.expander(
-                f"Passage {p + 1}, its most attended sentences shaded", expanded=p == first
-            ):
-                st.html(marked_html(view.layout.passage_texts[p], marks[p]))
+    _attended_passages(reading, view, group, span)
     with st.expander("Every head group side by side"):
         st.dataframe(
             groups_frame(reading, span),
@@ -292,15 +312,7 @@ def context_section(
                 "its share": st.column_config.NumberColumn(format="%.2f"),
             },
         )
-    found = find_evidence(view.layout.passage_texts, view.layout.response_text, *chars)
-    if found.evidence is None:
-        st.markdown(f"**Text alignment** (a flagged span's evidence): {md(found.reason)}")
-    else:
-        ev = found.evidence
-        st.markdown(
-            f"**Text alignment** (a flagged span's evidence): passage {ev.passage + 1}, "
-            f"{md(ev.text, max_len=300)} (score {ev.score:.2f}; {found.type})"
-        )
+    _text_alignment(view, chars)
     _check(state, model, reading, view, span, group)
 
 

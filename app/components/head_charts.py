@@ -240,6 +240,23 @@ def _mark_heads(fig: go.Figure, heads: Sequence[Head], *, name: str = "marked") 
 # --------------------------------------------------------------------------- one answer
 
 
+def _passage_bounds(fig: go.Figure, view: HeadView) -> None:
+    """Dotted lines between the passages, each named at its top."""
+    for start, label in view.context_bounds():
+        if start > 0:
+            fig.add_vline(x=start - 0.5, line={"color": "white", "dash": "dot", "width": 1})
+        fig.add_annotation(
+            x=start,
+            y=1.0,
+            yref="paper",
+            yanchor="bottom",
+            xanchor="left",
+            text=label,
+            showarrow=False,
+            font={"size": 11},
+        )
+
+
 def attention_figure(view: HeadView, head: Head, *, max_ticks: int = 80) -> go.Figure:
     """Answer tokens x context tokens heatmap of ``head``'s attention.
 
@@ -285,19 +302,7 @@ def attention_figure(view: HeadView, head: Head, *, max_ticks: int = 80) -> go.F
                 hoverinfo="skip",
             )
         )
-    for start, label in view.context_bounds():
-        if start > 0:
-            fig.add_vline(x=start - 0.5, line={"color": "white", "dash": "dot", "width": 1})
-        fig.add_annotation(
-            x=start,
-            y=1.0,
-            yref="paper",
-            yanchor="bottom",
-            xanchor="left",
-            text=label,
-            showarrow=False,
-            font={"size": 11},
-        )
+    _passage_bounds(fig, view)
     step_x = max(1, math.ceil(n_c / max_ticks))
     step_y = max(1, math.ceil(n_t / max_ticks))
     fig.update_xaxes(

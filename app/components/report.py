@@ -226,35 +226,10 @@ def _spans_section(answer: AnswerVerdict, response: str) -> str:
     return "".join(out)
 
 
-def answer_report_html(
-    *,
-    example: RAGExample,
-    model_name: str,
-    verdicts: Mapping[str, Verdict],
-    detectors: Mapping[str, Any],
-    features: Mapping[str, Features] | None = None,
-    explanations: Mapping[str, str] | None = None,
-    reviews: Sequence[ReviewItem] = (),
-    dataset: str | None = None,
-    answer: AnswerVerdict | None = None,
-) -> str:
-    """The audit report of one answer (see the module docstring).
-
-    Args:
-        example: The answer and its sources.
-        model_name: The analysing model, as shown.
-        verdicts: Detector name -> its verdict on the answer.
-        detectors: Detector name -> the fitted detector (thresholds, SHAP, SAE).
-        features: Detector name -> the features its verdict came from.
-        explanations: RAGLens feature name (``F123``) -> its cached LLM explanation.
-        reviews: Review items of this answer (their reviews are listed).
-        dataset: The dataset it belongs to, as shown.
-        answer: The set's verdict on the answer (:func:`core.pipeline.judge.answer_verdict`
-            of these verdicts): its spans are drawn by score, with their evidence.
-    """
-    features = features or {}
-    explanations = explanations or {}
-    figures = _Figures()
+def _example_parts(
+    example: RAGExample, *, model_name: str, dataset: str | None, reviews: Sequence[ReviewItem]
+) -> list[str]:
+    """The report's header line, question, passages and marked answer."""
     body: list[str] = []
     gold = (
         "unlabelled" if example.label is None else "hallucinated" if example.label else "faithful"
@@ -290,9 +265,11 @@ def answer_report_html(
         + marked_html(example.response, gold_marks + accepted)
         + "</div>"
     )
-    if answer is not None:
-        body.append(_spans_section(answer, example.response))
-    body.append("<h2>Verdicts</h2>")
+    return body
+
+
+def _verdict_table(verdicts: Mapping[str, Verdict], detectors: Mapping[str, Any]) -> str:
+    """One row per detector: score, threshold, verdict, and what it was trained on."""
     rows = []
     for name, v in verdicts.items():
         det = detectors.get(name)
@@ -311,15 +288,11 @@ def answer_report_html(
                 "trained on (answers)": trained,
             }
         )
-    body.append(_table(rows))
-    body.append("<h2>Explanations</h2>")
-    for name, v in verdicts.items():
-        body.append(
-            _detector_section(
-                name, v, detectors.get(name), features.get(name), example, figures, explanations
-            )
-        )
-    body.append("<h2>Reviewer decisions</h2>")
+    return _table(rows)
+
+
+def _reviewer_decisions(example: RAGExample, reviews: Sequence[ReviewItem]) -> str:
+    """The reviewers' decisions on the answer's flagged spans (or a line saying none)."""
     rrows = [
         {
             "flagged span": example.response[it.start : it.end],
@@ -335,9 +308,53 @@ def answer_report_html(
         for r in it.reviews
     ]
     if not rrows:
-        body.append("<p class='meta'>No reviewer has decided on this answer's spans.</p>")
-    else:
-        body.append(_table(rrows))
+        return "<p class='meta'>No reviewer has decided on this answer's spans.</p>"
+    return _table(rrows)
+
+
+def answer_report_html(
+    *,
+    example: RAGExample,
+    model_name: str,
+    verdicts: Mapping[str, Verdict],
+    detectors: Mapping[str, Any],
+    features: Mapping[str, Features] | None = None,
+    explanations: Mapping[str, str] | None = None,
+    reviews: Sequence[ReviewItem] = (),
+    dataset: str | None = None,
+    answer: AnswerVerdict | None = None,
+) -> str:
+    """The audit report of one answer (see the module docstring).
+
+    Args:
+        example: The answer and its sources.
+        model_name: The analysing model, as shown.
+        verdicts: Detector name -> its verdict on the answer.
+        detectors: Detector name -> the fitted detector (thresholds, SHAP, SAE).
+        features: Detector name -> the features its verdict came from.
+        explanations: RAGLens feature name (``F123``) -> its cached LLM explanation.
+        reviews: Review items of this answer (their reviews are listed).
+        dataset: The dataset it belongs to, as shown.
+        answer: The set's verdict on the answer (:func:`core.pipeline.judge.answer_verdict`
+            of these verdicts): its spans are drawn by score, with their evidence.
+    """
+    features = features or {}
+    explanations = explanations or {}
+    figures = _Figures()
+    body = _example_parts(example, model_name=model_name, dataset=dataset, reviews=reviews)
+    if answer is not None:
+        body.append(_spans_section(answer, example.response))
+    body.append("<h2>Verdicts</h2>")
+    body.append(_verdict_table(verdicts, detectors))
+    body.append("<h2>Explanations</h2>")
+    for name, v in verdicts.items():
+        body.append(
+            _detector_section(
+                name, v, detectors.get(name), features.get(name), example, figures, explanations
+            )
+        )
+    body.append("<h2>Reviewer decisions</h2>")
+    body.append(_reviewer_decisions(example, reviews))
     return _page(f"Audit report: {example.id}", "".join(body))
 
 

@@ -57,22 +57,11 @@ GOLD_LINE = "#1f4fd1"
 # --------------------------------------------------------------------------- SHAP
 
 
-def summary_figure(
-    result: ShapResult, top: int = 20, *, labels: Sequence[bool | None] | None = None
-) -> go.Figure:
-    """Beeswarm of the ``top`` features: one row per feature, one point per example.
-
-    x is the SHAP value, the colour the feature's value relative to its range over
-    these examples (5th to 95th percentile, as shap does; grey when constant).
-
-    Args:
-        result: The SHAP values to draw.
-        top: How many features (largest mean ``|SHAP|`` first, at the top).
-        labels: Optional gold label per example, shown in the hover.
-    """
-    import plotly.graph_objects as go
-
-    idx = result.top(top)
+def _swarm_points(
+    result: ShapResult, idx: Sequence[int], labels: Sequence[bool | None] | None
+) -> tuple[list[float], list[float], list[float], list[str], list[float], list[float], list[str]]:
+    """The beeswarm's points: x, y, colour and hover of the varying features' points,
+    then x, y and hover of the constant features' points (drawn grey)."""
     xs: list[float] = []
     ys: list[float] = []
     colors: list[float] = []
@@ -103,6 +92,26 @@ def summary_figure(
                 constant_x.append(float(v[i]))
                 constant_y.append(row + float(jitter[i]))
                 constant_t.append(tip)
+    return xs, ys, colors, texts, constant_x, constant_y, constant_t
+
+
+def summary_figure(
+    result: ShapResult, top: int = 20, *, labels: Sequence[bool | None] | None = None
+) -> go.Figure:
+    """Beeswarm of the ``top`` features: one row per feature, one point per example.
+
+    x is the SHAP value, the colour the feature's value relative to its range over
+    these examples (5th to 95th percentile, as shap does; grey when constant).
+
+    Args:
+        result: The SHAP values to draw.
+        top: How many features (largest mean ``|SHAP|`` first, at the top).
+        labels: Optional gold label per example, shown in the hover.
+    """
+    import plotly.graph_objects as go
+
+    idx = result.top(top)
+    xs, ys, colors, texts, constant_x, constant_y, constant_t = _swarm_points(result, idx, labels)
     fig = go.Figure()
     fig.add_trace(
         go.Scatter(
@@ -373,6 +382,84 @@ def _gold_bands(fig: go.Figure, labels: Sequence[int] | None) -> int:
     return marked
 
 
+def _token_customdata(
+    v: Float[np.ndarray, "resp 7"],
+    tokens: Sequence[str],
+    pos: Sequence[str],
+    labels: Sequence[int] | None,
+) -> np.ndarray:
+    """The ``[T, 7 + 4]`` hover data: token, tag, the seven sources, ``P_final``, gold."""
+    t = len(tokens)
+    gold = (
+        ["inside a gold span" if int(labels[j]) == 1 else "outside" for j in range(t)]
+        if labels is not None
+        else ["n/a"] * t
+    )
+    custom = np.empty((t, len(SOURCES) + 4), dtype=object)
+    custom[:, 0] = [repr(tok) for tok in tokens]
+    custom[:, 1] = list(pos)
+    custom[:, 2 : 2 + len(SOURCES)] = v
+    custom[:, 2 + len(SOURCES)] = v.sum(1)
+    custom[:, 3 + len(SOURCES)] = gold
+    return custom
+
+
+def _gold_marker_row(fig: go.Figure, v: Float[np.ndarray, "resp 7"], labels: Sequence[int]) -> None:
+    """A marker row under the bars names the gold tokens (and gives the legend entry)."""
+    import plotly.graph_objects as go
+
+    p_final = v.sum(1)
+    lo = float(min(0.0, np.minimum(v, 0).sum(1).min()))
+    hi = float(max(p_final.max(), np.maximum(v, 0).sum(1).max(), 1e-12))
+    y_mark = lo - 0.06 * (hi - lo)
+    gold_idx = [j for j in range(len(labels)) if int(labels[j]) == 1]
+    fig.add_trace(
+        go.Scatter(
+            x=gold_idx,
+            y=[y_mark] * len(gold_idx),
+            mode="markers",
+            name="gold hallucination span",
+            marker={"symbol": "triangle-up", "color": GOLD_LINE, "size": 8},
+            hovertemplate="inside a gold hallucination span<extra></extra>",
+        )
+    )
+
+
+def _source_traces(fig: go.Figure, v: Float[np.ndarray, "resp 7"], custom: np.ndarray) -> None:
+    """One bar trace per source, then the ``P_final`` diamonds."""
+    import plotly.graph_objects as go
+
+    x = np.arange(len(v))
+    rows = "<br>".join(f"{s}: %{{customdata[{2 + i}]:+.4g}}" for i, s in enumerate(SOURCES))
+    for i, s in enumerate(SOURCES):
+        fig.add_trace(
+            go.Bar(
+                x=x,
+                y=v[:, i],
+                name=s,
+                marker={"color": SOURCE_COLORS[s], "line": {"width": 0}},
+                customdata=custom,
+                hovertemplate=(
+                    f"<b>%{{customdata[0]}}</b> · %{{customdata[1]}} · <b>{s}</b><br>"
+                    f"{rows}<br>P_final: %{{customdata[{2 + len(SOURCES)}]:.4g}}"
+                    f"<br>gold: %{{customdata[{3 + len(SOURCES)}]}}<extra></extra>"
+                ),
+            )
+        )
+    fig.add_trace(
+        go.Scatter(
+            x=x,
+            y=v.sum(1),
+            mode="markers",
+            name="P_final (sum)",
+            marker={"symbol": "diamond", "color": "#111111", "size": 7},
+            customdata=custom,
+            hovertemplate="<b>%{customdata[0]}</b> · %{customdata[1]}<br>P_final: %{y:.4g}"
+            f"<br>{rows}<extra></extra>",
+        )
+    )
+
+
 def token_sources_figure(
     values: Float[np.ndarray, "resp 7"],
     tokens: Sequence[str],
@@ -407,65 +494,13 @@ def token_sources_figure(
             f"{v.shape}, {t} tokens, {len(pos)} tags"
             + (f", {len(labels)} labels" if labels is not None else "")
         )
-    p_final = v.sum(1)
     x = np.arange(t)
-    gold = (
-        ["inside a gold span" if int(labels[j]) == 1 else "outside" for j in range(t)]
-        if labels is not None
-        else ["n/a"] * t
-    )
-    custom = np.empty((t, len(SOURCES) + 4), dtype=object)
-    custom[:, 0] = [repr(tok) for tok in tokens]
-    custom[:, 1] = list(pos)
-    custom[:, 2 : 2 + len(SOURCES)] = v
-    custom[:, 2 + len(SOURCES)] = p_final
-    custom[:, 3 + len(SOURCES)] = gold
-    rows = "<br>".join(f"{s}: %{{customdata[{2 + i}]:+.4g}}" for i, s in enumerate(SOURCES))
+    custom = _token_customdata(v, tokens, pos, labels)
     fig = go.Figure()
-    for i, s in enumerate(SOURCES):
-        fig.add_trace(
-            go.Bar(
-                x=x,
-                y=v[:, i],
-                name=s,
-                marker={"color": SOURCE_COLORS[s], "line": {"width": 0}},
-                customdata=custom,
-                hovertemplate=(
-                    f"<b>%{{customdata[0]}}</b> · %{{customdata[1]}} · <b>{s}</b><br>"
-                    f"{rows}<br>P_final: %{{customdata[{2 + len(SOURCES)}]:.4g}}"
-                    f"<br>gold: %{{customdata[{3 + len(SOURCES)}]}}<extra></extra>"
-                ),
-            )
-        )
-    fig.add_trace(
-        go.Scatter(
-            x=x,
-            y=p_final,
-            mode="markers",
-            name="P_final (sum)",
-            marker={"symbol": "diamond", "color": "#111111", "size": 7},
-            customdata=custom,
-            hovertemplate="<b>%{customdata[0]}</b> · %{customdata[1]}<br>P_final: %{y:.4g}"
-            f"<br>{rows}<extra></extra>",
-        )
-    )
+    _source_traces(fig, v, custom)
     marked = _gold_bands(fig, labels)
     if labels is not None and marked:
-        # A marker row under the bars names the gold tokens (and gives the legend entry).
-        lo = float(min(0.0, np.minimum(v, 0).sum(1).min()))
-        hi = float(max(p_final.max(), np.maximum(v, 0).sum(1).max(), 1e-12))
-        y_mark = lo - 0.06 * (hi - lo)
-        gold_idx = [j for j in range(t) if int(labels[j]) == 1]
-        fig.add_trace(
-            go.Scatter(
-                x=gold_idx,
-                y=[y_mark] * len(gold_idx),
-                mode="markers",
-                name="gold hallucination span",
-                marker={"symbol": "triangle-up", "color": GOLD_LINE, "size": 8},
-                hovertemplate="inside a gold hallucination span<extra></extra>",
-            )
-        )
+        _gold_marker_row(fig, v, labels)
     fig.update_layout(
         barmode="relative",
         title={"text": title or f"Seven sources of each answer token's probability ({t} tokens)"},

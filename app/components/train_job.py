@@ -222,8 +222,8 @@ def _outcome(view: JobView, *, fresh: bool) -> None:
         action_error()
 
 
-def _form(model: LoadedModel) -> None:
-    """Detectors, training data, limit, the estimate, the equivalent command and Start."""
+def _seeded_choices(model: LoadedModel) -> tuple[list[str], dict[str, str]]:
+    """The detectors and training sets offered, with the form's widgets seeded."""
     names = train_detector_choices(model)
     try:
         labels = train_dataset_choices()
@@ -238,6 +238,12 @@ def _form(model: LoadedModel) -> None:
     )
     seed_widget(KEY_TRAIN_LIMIT, TRAIN_LIMIT)
     seed_widget(KEY_TRAIN_CV, 0)
+    return names, labels
+
+
+def _form(model: LoadedModel) -> None:
+    """Detectors, training data, limit, the estimate, the equivalent command and Start."""
+    names, labels = _seeded_choices(model)
     st.caption(
         "Trains in a background job on this machine, with the loaded model; the artifacts "
         f"go to {code(train_folder(model))} and load here once all are trained."

@@ -157,6 +157,65 @@ def guide_spans(
     )
 
 
+def _feedback_regenerate(
+    state: AppState,
+    model: LoadedModel,
+    example: RAGExample,
+    shipped: Any,
+    turn: FeedbackTurn,
+    *,
+    spans: list[tuple[int, int]],
+    level: str,
+    max_tokens: int,
+    temperature: float,
+) -> None:
+    """Regenerate with the feedback turn and judge both answers (kept in the state)."""
+    try:
+        with st.spinner("The model answers again…"):
+            gen = feedback_regenerate(
+                model,
+                on_template(example),
+                spans=spans,
+                level=level,  # type: ignore[arg-type]
+                max_new_tokens=max_tokens,
+                temperature=temperature,
+            )
+            if not gen.text.strip():
+                raise RagscopeError(
+                    "the model wrote an empty answer; raise the temperature or the length"
+                )
+            frame = before_after(
+                model,
+                shipped,
+                example,
+                {"original": example.response, "after feedback": gen.text},
+            )
+        state.mit.result = ("feedback", example.id, gen.text, frame, turn)
+    except RagscopeError as e:
+        st.error(f"Regeneration failed: {md(e)}")
+
+
+def _feedback_result(state: AppState, example: RAGExample) -> None:
+    """The answer after feedback, struck against the first, and both answers' scores."""
+    res = state.mit.result
+    if res is not None and res[0] == "feedback" and res[1] == example.id:
+        sent: FeedbackTurn = res[4]
+        change = answer_change(example.response, res[2])
+        st.markdown(
+            f"**New answer** after the {sent.sent}-level feedback (struck: left out; green: new)"
+        )
+        st.html(word_diff_html(example.response, res[2], "rs-answer-diff"))
+        if change.identical:
+            st.info(
+                "The new answer is **identical to the first**, so every verdict below is "
+                "unchanged: the feedback did not move the model. A temperature above 0, "
+                "token-level feedback that quotes spans, or another method may."
+            )
+        else:
+            st.caption(f"Changed from the first answer: {change.describe()}.")
+        show_scores(res[3])
+
+
 def feedback_section(
     state: AppState, model: LoadedModel, example: RAGExample, shipped: Any, max_tokens: int
 ) -> None:
@@ -213,46 +272,18 @@ def feedback_section(
             extra=f"generating up to {max_tokens} tokens",
         )
     if go:
-        try:
-            with st.spinner("The model answers again…"):
-                gen = feedback_regenerate(
-                    model,
-                    on_template(example),
-                    spans=spans,
-                    level=level,  # type: ignore[arg-type]
-                    max_new_tokens=max_tokens,
-                    temperature=temperature,
-                )
-                if not gen.text.strip():
-                    raise RagscopeError(
-                        "the model wrote an empty answer; raise the temperature or the length"
-                    )
-                frame = before_after(
-                    model,
-                    shipped,
-                    example,
-                    {"original": example.response, "after feedback": gen.text},
-                )
-            state.mit.result = ("feedback", example.id, gen.text, frame, turn)
-        except RagscopeError as e:
-            st.error(f"Regeneration failed: {md(e)}")
-    res = state.mit.result
-    if res is not None and res[0] == "feedback" and res[1] == example.id:
-        sent: FeedbackTurn = res[4]
-        change = answer_change(example.response, res[2])
-        st.markdown(
-            f"**New answer** after the {sent.sent}-level feedback (struck: left out; green: new)"
+        _feedback_regenerate(
+            state,
+            model,
+            example,
+            shipped,
+            turn,
+            spans=spans,
+            level=level,
+            max_tokens=max_tokens,
+            temperature=temperature,
         )
-        st.html(word_diff_html(example.response, res[2], "rs-answer-diff"))
-        if change.identical:
-            st.info(
-                "The new answer is **identical to the first**, so every verdict below is "
-                "unchanged: the feedback did not move the model. A temperature above 0, "
-                "token-level feedback that quotes spans, or another method may."
-            )
-        else:
-            st.caption(f"Changed from the first answer: {change.describe()}.")
-        show_scores(res[3])
+    _feedback_result(state, example)
 
 
 def aarf_section(

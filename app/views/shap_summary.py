@@ -203,13 +203,10 @@ def show_summary(
     draw(state, result, req, choice, [by_id[i].label for i in result.example_ids])
 
 
-def draw(
-    state: AppState,
-    result: ShapResult,
-    req: FeatureRequest,
-    choice: SpadChoice,
-    labels: list[bool | None],
+def _summary_header(
+    result: ShapResult, req: FeatureRequest, choice: SpadChoice, labels: list[bool | None]
 ) -> None:
+    """What was explained, on which answers, and warnings when the ranking means little."""
     n_hal = sum(1 for v in labels if v is True)
     n_fai = sum(1 for v in labels if v is False)
     which = "the quick fit" if choice.quick else "the shipped spad detector"
@@ -237,12 +234,15 @@ def draw(
             "The classifier learnt no split from its training answers: every SHAP value is 0 "
             "and every answer gets the base value. Train on more examples."
         )
-    n_features = len(result.names)
+
+
+def _pick_top(state: AppState, n_features: int) -> int:
+    """The "Features shown" number (reset to 15 when out of range for this result)."""
     if not 1 <= state.shap.top <= n_features:
         state.shap.top = min(15, n_features)
         st.session_state.pop(KEY_SHAP_TOP, None)
     c_top, _ = st.columns([1, 4])
-    state.shap.top = bind(
+    return bind(
         P_TOP,
         KEY_SHAP_TOP,
         lambda: int(
@@ -261,18 +261,10 @@ def draw(
         what="number of features",
         where=f"a number from 1 to {n_features}",
     )
-    left, right = st.columns([3, 2], gap="medium")
-    with left:
-        plot(summary_figure(result, state.shap.top, labels=labels), key="shap.figure.beeswarm")
-    with right:
-        plot(bar_figure(result, state.shap.top), key="shap.figure.bar")
-    st.caption(
-        "Each point is one answer: its SHAP value for that feature, in log-odds of "
-        "\u201challucinated\u201d (right of 0 pushes towards hallucinated), coloured by the "
-        "feature's value among these answers (blue low, red high). A feature's values plus "
-        "the base value add up to the answer's margin exactly. Bars: mean |SHAP| (red when "
-        "the feature pushes towards hallucinated on average, blue towards faithful)."
-    )
+
+
+def _grid_section(state: AppState, result: ShapResult) -> None:
+    """The grid-cells choice, the source x POS grid and its caption."""
     state.shap.grid = bind(
         P_GRID,
         KEY_SHAP_GRID,
@@ -297,6 +289,30 @@ def draw(
         "from the passages (RAG_NOUN), hallucinated ones lean on the final LayerNorm and the "
         "FFNs (LN_NUM, FFN_…). Tags absent from an answer give 0 for all seven sources."
     )
+
+
+def draw(
+    state: AppState,
+    result: ShapResult,
+    req: FeatureRequest,
+    choice: SpadChoice,
+    labels: list[bool | None],
+) -> None:
+    _summary_header(result, req, choice, labels)
+    state.shap.top = _pick_top(state, len(result.names))
+    left, right = st.columns([3, 2], gap="medium")
+    with left:
+        plot(summary_figure(result, state.shap.top, labels=labels), key="shap.figure.beeswarm")
+    with right:
+        plot(bar_figure(result, state.shap.top), key="shap.figure.bar")
+    st.caption(
+        "Each point is one answer: its SHAP value for that feature, in log-odds of "
+        "\u201challucinated\u201d (right of 0 pushes towards hallucinated), coloured by the "
+        "feature's value among these answers (blue low, red high). A feature's values plus "
+        "the base value add up to the answer's margin exactly. Bars: mean |SHAP| (red when "
+        "the feature pushes towards hallucinated on average, blue towards faithful)."
+    )
+    _grid_section(state, result)
     with st.expander("Table: every feature"):
         st.dataframe(
             result.to_frame(),

@@ -876,6 +876,9 @@ def test_agreement_in_chromium(server: str, browser: object) -> None:
         answers = page.get_by_label("Answers")
         answers.fill("6")
         answers.press("Enter")
+        # The rerun with 6 answers has drawn its note: Compare now reads 6 (clicked before
+        # it, Compare could run with the old number, e.g. under load).
+        page.get_by_text(re.compile(r"verdicts on 6 answers")).wait_for(timeout=ANALYSE_MS)
         page.get_by_role("button", name=re.compile("Compare")).click()
         page.get_by_text(re.compile(r"^6 answers of")).wait_for(timeout=ANALYSE_MS)
         page.locator(".js-plotly-plot").first.wait_for(state="visible")
@@ -895,6 +898,7 @@ def test_review_in_chromium(server: str, browser: object) -> None:
         scan = page.get_by_label("Answers to scan")
         scan.fill("4")
         scan.press("Enter")
+        page.get_by_text(re.compile(r"^Scans the next 4 answers")).wait_for(timeout=ANALYSE_MS)
         page.get_by_role("button", name=re.compile("Scan and queue")).click()
         page.get_by_text(re.compile(r"^Scanned 4 answers")).wait_for(timeout=ANALYSE_MS)
         header = page.get_by_role("heading", name=re.compile(r"^Item 1 of \d+"))
