@@ -265,6 +265,14 @@ def _other_option(page: Page, label: str) -> None:
     _view(page)
 
 
+def _tab(page: Page, name: str) -> None:
+    """Show the tab ``name`` (the Benchmark opens on the loaded set's card; its other
+    tabs' widgets are in the page, hidden, until their tab is shown)."""
+    wait_idle(page, LOAD_MS)
+    page.get_by_role("tab", name=name).click()
+    expect(page.get_by_role("tab", name=name)).to_have_attribute("aria-selected", "true")
+
+
 def _add_option(page: Page, label: str) -> None:
     """Add the first option not yet picked to the multiselect labelled ``label``."""
     _open_list(page, _widget(page, "stMultiSelect", label).get_by_role("combobox"))
@@ -320,7 +328,7 @@ COPY_LINKS: list[tuple[str, str, Callable[[Page], object], Callable[[Page], obje
     ("token_sources", "Token sources", lambda p: (_other_option(p, "Example"), _check(p, "Aggregate by part of speech")), None),
     ("gam", "GAM shape functions", lambda p: (_other_option(p, "Feature"), _other_option(p, "Example")), None),
     ("feature_explanations", "Feature explanations", lambda p: _number(p, "At most", 24), None),
-    ("benchmark", "Benchmark", lambda p: _add_option(p, "Saved runs"), None),
+    ("benchmark", "Benchmark", lambda p: (_tab(p, "Held-out test runs"), _add_option(p, "Saved runs")), None),
     ("agreement", "Agreement between detectors", lambda p: (_number(p, "Answers", 5), _other_option(p, "Dataset")), None),
     ("review", "Review flagged spans", lambda p: (_sign_in_to_review(p), _other_option(p, "Dataset")), _sign_in_to_review),
     ("learn", "Learn", _learn_step, None),
