@@ -328,7 +328,8 @@ COPY_LINKS: list[tuple[str, str, Callable[[Page], object], Callable[[Page], obje
     ("token_sources", "Token sources", lambda p: (_other_option(p, "Example"), _check(p, "Aggregate by part of speech")), None),
     ("gam", "GAM shape functions", lambda p: (_other_option(p, "Feature"), _other_option(p, "Example")), None),
     ("feature_explanations", "Feature explanations", lambda p: _number(p, "At most", 24), None),
-    ("benchmark", "Benchmark", lambda p: (_tab(p, "Held-out test runs"), _add_option(p, "Saved runs")), None),
+    # The tab shown is not part of the link: the visitor shows the runs' tab both times.
+    ("benchmark", "Benchmark", lambda p: (_tab(p, "Held-out test runs"), _add_option(p, "Saved runs")), lambda p: _tab(p, "Held-out test runs")),
     ("agreement", "Agreement between detectors", lambda p: (_number(p, "Answers", 5), _other_option(p, "Dataset")), None),
     ("review", "Review flagged spans", lambda p: (_sign_in_to_review(p), _other_option(p, "Dataset")), _sign_in_to_review),
     ("learn", "Learn", _learn_step, None),
