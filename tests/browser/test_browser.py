@@ -538,12 +538,13 @@ def test_benchmark_in_chromium(server: str, browser: object) -> None:
         # The synthetic run is picked (newest first) and its metric table is drawn.
         page.get_by_text(re.compile(re.escape(BENCH_RUN))).first.wait_for()
         page.get_by_role("heading", name="Test metrics").wait_for()
-        table = page.locator('[data-testid="stDataFrame"]').first
+        # The loaded set's tab, now hidden, draws tables and charts of its own first.
+        table = page.locator('[data-testid="stDataFrame"]:visible').first
         table.wait_for(state="visible")
         assert table.bounding_box()["height"] > 80  # type: ignore[index]
 
         # ROC curves with AUROC in the legend, and the confusion matrix.
-        roc = page.locator(".js-plotly-plot").first
+        roc = page.locator(".js-plotly-plot:visible").first
         legend = roc.locator(".legendtext", has_text="AUROC")
         legend.first.wait_for(state="visible")
         assert legend.count() == 3
