@@ -32,8 +32,8 @@ st.set_page_config(page_title="ragscope", page_icon=FAVICON, layout="wide")
 login_gate()  # with logins configured, nothing below runs until the visitor signs in
 
 
-def _page(file: str, title: str, icon: str, **kw: bool) -> st.Page:
-    return st.Page(PAGES_DIR / file, title=title, icon=f":material/{icon}:", **kw)
+def _page(file: str, title: str, icon: str, *, default: bool = False) -> st.Page:
+    return st.Page(PAGES_DIR / file, title=title, icon=f":material/{icon}:", default=default)
 
 
 SECTIONS: dict[str, list[st.Page]] = {

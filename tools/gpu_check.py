@@ -60,29 +60,20 @@ import core.signals.embed
 from core.base.examples import RAGExample
 from core.data import resolve_dataset, stratified_head
 from core.detectors import make_detector, runnable_detectors
+from core.detectors.registry import MEMBERS
 from core.engine.layout import render
 from core.engine.model import TINY, LoadedModel, load_model
 from core.learning.contract import Detector, Features
 from core.pipeline.extract import extract_features, run_example
 from core.services.bench import bench_example, bench_extraction
 
-TEXT_ONLY = ("lexical",)
+TEXT_ONLY = tuple(n for n in MEMBERS.names() if MEMBERS.get(n).reads_text_only)
 """Detectors that read no activations and need spaCy itself (left out when replaying)."""
-DETECTORS = (
-    "context_gain",
-    "cortex",
-    "interpdetect",
-    "lexical",
-    "lookback_lens",
-    "nll",
-    "redeep_chunk",
-    "redeep_token",
-    "saplma",
-    "spad",
-)
+DETECTORS = tuple(n for n in MEMBERS.names() if not MEMBERS.get(n).needs_sae)
 """What :func:`core.detectors.runnable_detectors` gives a random model (checked when
-recording): raglens needs an SAE trained on the model. Named here because asking imports
-sae-lens, which a bare GPU machine lacks."""
+recording): a detector that needs an SAE trained on the model cannot read it. Read from
+the classes' traits, because asking a detector imports sae-lens, which a bare GPU machine
+lacks."""
 
 
 # --------------------------------------------------------------------------- output
@@ -163,14 +154,14 @@ def text_steps(record: Path | None, replay: Path | None) -> Iterator[dict[str, A
     def words(text: str) -> list[tuple[int, int, str]]:
         key = f"w:{_h(text)}"
         if replay is not None:
-            return [tuple(w) for w in look(key)]  # type: ignore[misc]
+            return [tuple(w) for w in look(key)]
         table[key] = out = timed(words0, text)
         return out
 
     def sents(texts: Sequence[str]) -> list[list[tuple[int, int]]]:
         keys = [f"s:{_h(t)}" for t in texts]
         if replay is not None:
-            return [[tuple(s) for s in look(k)] for k in keys]  # type: ignore[misc]
+            return [[tuple(s) for s in look(k)] for k in keys]
         out = timed(sents0, texts)
         table.update(zip(keys, out, strict=True))
         return out
@@ -178,7 +169,7 @@ def text_steps(record: Path | None, replay: Path | None) -> Iterator[dict[str, A
     def recursive(text: str, *, chunk_size: int, chunk_overlap: int) -> list[tuple[int, int]]:
         key = f"r:{chunk_size}:{chunk_overlap}:{_h(text)}"
         if replay is not None:
-            return [tuple(s) for s in look(key)]  # type: ignore[misc]
+            return [tuple(s) for s in look(key)]
         out = timed(rec0, text, chunk_size=chunk_size, chunk_overlap=chunk_overlap)
         table[key] = out
         return out
@@ -211,16 +202,16 @@ def text_steps(record: Path | None, replay: Path | None) -> Iterator[dict[str, A
 
     if record is not None or replay is not None:
         core.signals.embed.SentenceEmbedder._load = load  # type: ignore[method-assign]
-        core.signals.attribution.spacy_words = words  # type: ignore[assignment]
-        core.signals.chunking.split_sentences_many = sents  # type: ignore[assignment]
+        core.signals.attribution.spacy_words = words
+        core.signals.chunking.split_sentences_many = sents
         core.signals.chunking.split_recursive = recursive  # type: ignore[assignment]
     try:
         yield stats
     finally:
         core.signals.embed.SentenceEmbedder._load = load0  # type: ignore[method-assign]
-        core.signals.attribution.spacy_words = words0  # type: ignore[assignment]
-        core.signals.chunking.split_sentences_many = sents0  # type: ignore[assignment]
-        core.signals.chunking.split_recursive = rec0  # type: ignore[assignment]
+        core.signals.attribution.spacy_words = words0
+        core.signals.chunking.split_sentences_many = sents0
+        core.signals.chunking.split_recursive = rec0
         if record is not None:
             record.parent.mkdir(parents=True, exist_ok=True)
             record.write_bytes(gzip.compress(json.dumps(table).encode(), mtime=0))
@@ -488,7 +479,7 @@ def record(args: argparse.Namespace) -> int:
 def table(path: Path) -> str:
     """The results of a run (its JSON lines) as Markdown tables."""
     rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    env = next((r for r in rows if r["kind"] == "env"), {})
+    env: dict[str, Any] = next((r for r in rows if r["kind"] == "env"), {})
     lines = [
         f"{env.get('gpu', env.get('device', '?'))}, torch {env.get('torch')}, transformers "
         f"{env.get('transformers')}, TransformerLens {env.get('transformer_lens')}, "

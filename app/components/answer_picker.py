@@ -77,7 +77,7 @@ def pick_answer_source(
     if link.value is not None:
         current = link.value
         st.session_state[key] = current
-    if current not in options:
+    if current is None or current not in options:
         current = options[0]
         st.session_state.pop(key, None)
     if len(options) > 1:

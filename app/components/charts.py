@@ -282,16 +282,17 @@ def _ci_error_bars(
 ) -> dict[str, object] | None:
     """Plotly ``error_y`` for bars ``y`` with intervals ``ci`` (None: no interval known)."""
     known = [
-        v is not None and a is not None and b is not None for (a, b), v in zip(ci, y, strict=True)
+        (a, b, v) if v is not None and a is not None and b is not None else None
+        for (a, b), v in zip(ci, y, strict=True)
     ]
-    if not any(known):
+    if not any(k is not None for k in known):
         return None
     # distances from the bar's top to the interval's ends (0: none known)
     return {
         "type": "data",
         "symmetric": False,
-        "array": [b - v if ok else 0 for ok, (_, b), v in zip(known, ci, y, strict=True)],
-        "arrayminus": [v - a if ok else 0 for ok, (a, _), v in zip(known, ci, y, strict=True)],
+        "array": [k[1] - k[2] if k is not None else 0 for k in known],
+        "arrayminus": [k[2] - k[0] if k is not None else 0 for k in known],
         "thickness": 1.2,
         "width": 3,
     }

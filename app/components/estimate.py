@@ -41,24 +41,32 @@ def describe_work(
     n = est.n_examples
     plus = f", plus about {format_seconds(est.fixed_seconds)} for {extra}" if extra else ""
     if est.n_to_trace == 0:
-        total = est.fixed_seconds
+        total = est.seconds
         head = "a few seconds" if total < FEW_SECONDS else f"about {format_seconds(total)}"
         return (
             f"Estimated time on this machine: **{head}**: the features of all {n} {what} "
-            f"are in {kept}{plus}."
+            f"are in {kept}{_kept_part(est)}{plus}."
         )
     if not est.known:
         return (
             "Estimated time: unknown (one of the answers could not be timed here); the "
             "bar below says the time left once the first is done."
         )
-    cached = f"; {est.n_cached} already in {kept}" if est.n_cached else ""
+    cached = f"; {est.n_cached} already in {kept}{_kept_part(est)}" if est.n_cached else ""
     head = "a few seconds" if est.seconds < FEW_SECONDS else f"about {format_seconds(est.seconds)}"
     return (
         f"Estimated time on this machine: **{head}**: {est.n_to_trace} of {n} {what} to "
         f"trace at about {est.seconds_per_example:.1f} s each (paced on one traced "
         f"here){cached}{plus}. Later runs read them from {kept}."
     )
+
+
+def _kept_part(est: WorkEstimate) -> str:
+    """What the examples already kept add (at the pace the last such action here
+    measured), when it is worth saying."""
+    if est.kept_seconds < FEW_SECONDS:
+        return ""
+    return f" (about {format_seconds(est.kept_seconds)} to read back and use)"
 
 
 def estimate_caption(

@@ -353,13 +353,13 @@ def compute_row(
         )
     if chosen and not compute:
         estimate_caption(
-            lambda: work_estimate(model, chosen, [make_detector(detector)]),
+            lambda: work_estimate(model, chosen, [make_detector(detector)], action=key),
             what="examples",
             where=slot,
         )
     if not compute:
         return None
-    timed = paced_extraction(model, chosen, [make_detector(detector)])
+    timed = paced_extraction(model, chosen, [make_detector(detector)], action=key)
     with progress_bar(progress_text, progress_step) as progress:
         try:
             with timed:

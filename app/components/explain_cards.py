@@ -101,12 +101,16 @@ def _run_batch(
         args=(state.explain,),
     )
     bar = st.progress(0.0, text="Explaining…")
+
+    def progress(done: int, total: int) -> None:
+        bar.progress(done / max(total, 1), text=f"Explained {done} / {total}")
+
     result = explain_many(
         endpoint,
         model.info.key,
         items[: state.explain.top_n],
         store=get_store(),
-        progress=lambda d, t: bar.progress(d / max(t, 1), text=f"Explained {d} / {t}"),
+        progress=progress,
         should_stop=lambda: state.explain.stop,
         budget=budget,
     )

@@ -18,7 +18,7 @@ from app.state.spad_views import shown_folder, train_command
 from app.text import md
 from core.base.errors import DataError, ModelError
 from core.base.paths import shipped_sae_dir
-from core.detectors.raglens import RaglensConfig, load_config_sae
+from core.detectors.raglens import RaglensConfig, RaglensDetector, load_config_sae
 from core.engine.model import LoadedModel
 from core.signals.sae import LoadedSAE
 
@@ -57,8 +57,9 @@ def choose_sae(model: LoadedModel) -> SaeChoice | None:
     try:
         if raglens is not None and not raw:
             det = raglens.detector
-            sae = det.sae  # type: ignore[attr-defined]
-            ranked = tuple(det.importances())  # type: ignore[attr-defined]
+            assert isinstance(det, RaglensDetector)  # the registry's class for RAGLENS
+            sae = det.sae
+            ranked = tuple(det.importances())
             return SaeChoice(
                 sae=sae, activation=det.config.activation, raglens=raglens, ranked=ranked
             )

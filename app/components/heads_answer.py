@@ -32,6 +32,7 @@ from app.state.verdicts import DetectorVerdicts
 from app.text import code, md
 from core.analysis.heads_layers import Head, HeadView
 from core.base.examples import RAGExample
+from core.detectors.redeep import RedeepTokenDetector
 from core.engine.model import LoadedModel
 from core.learning.contract import Verdict, align_token_scores
 from core.signals.copying_heads import CopyingScores
@@ -186,15 +187,16 @@ def show_token_scores(
         else ""
     )
     verdict = judged.verdict("redeep_token") if judged is not None else None
+    det = next((s.detector for s in shipped.detectors if s.name == "redeep_token"), None)
     if (
         verdict is not None
         and verdict.token_scores is not None
         and verdict.token_offsets is not None
+        and isinstance(det, RedeepTokenDetector)
     ):
         values = align_token_scores(
             verdict.token_scores, verdict.token_offsets, view.layout.response_offsets
         )
-        det = next(s.detector for s in shipped.detectors if s.name == "redeep_token")
         heads = ", ".join(head_id(h) for h in det.selected_heads)
         layers = ", ".join(f"L{x}" for x in det.selected_layers)
         st.caption(

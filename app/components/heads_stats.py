@@ -32,7 +32,7 @@ from app.state.heads import (
 from app.state.links import P_UNIT, bind, head_id, one_of
 from app.state.session import AppState
 from app.text import md
-from core.analysis.heads_layers import Head, HeadStats
+from core.analysis.heads_layers import ECS_KINDS, Head, HeadStats
 from core.base.errors import RagscopeError
 from core.base.examples import RAGExample
 from core.engine.model import LoadedModel
@@ -189,12 +189,7 @@ def show_stats(stats: HeadStats, req: FeatureRequest, marked: Sequence[Head]) ->
 def ecs_grids(stats: HeadStats, marked: Sequence[Head], thin: str | None) -> None:
     """The four ECS layer x head heatmaps and PKS per layer (greyed when the evidence is thin)."""
     left, right = st.columns(2, gap="medium")
-    for col, kind in (
-        (left, "faithful"),
-        (right, "hallucinated"),
-        (left, "difference"),
-        (right, "r"),
-    ):
+    for col, kind in zip((left, right, left, right), ECS_KINDS, strict=True):
         with col:
             fig = ecs_figure(stats, kind, marked=marked)
             plot(greyed(fig) if thin and kind in ("difference", "r") else fig,

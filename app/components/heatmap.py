@@ -150,7 +150,7 @@ def legend_html(
 
 def token_heatmap_html(
     tokens: Sequence[str],
-    values: Sequence[float],
+    values: Sequence[float] | np.ndarray,
     *,
     labels: Sequence[int] | None = None,
     positions: Sequence[int] | None = None,
@@ -270,7 +270,7 @@ def detector_scale(scores: np.ndarray, threshold: float, *, fixed: bool = False)
 
 def render_token_heatmap(
     tokens: Sequence[str],
-    values: Sequence[float],
+    values: Sequence[float] | np.ndarray,
     **kwargs: object,
 ) -> str:
     """Show :func:`token_heatmap_html` on the page (``st.html``) and return the HTML.

@@ -150,9 +150,10 @@ def publish_flag_row(
 ) -> None:
     """The row the threshold reads and the smoothing of the others, in the URL."""
     default_row = default_flag_row(scored) if scored else None
+    row = state.heatmap.flag_row
     publish(
         P_DETECTOR,
-        ROW_IDS.get(state.heatmap.flag_row, state.heatmap.flag_row) if scored else None,
+        ROW_IDS.get(row, row) if scored and row is not None else None,
         default=ROW_IDS.get(default_row, default_row) if default_row else None,
         missing=row_link.missing,
         what="detector",

@@ -20,6 +20,9 @@ from core.learning.contract import flag_threshold
 from core.pipeline.extract import FeatureCache, extract_features
 from core.signals.smoothing import smooth_tokens, token_flags
 
+SCAN_ACTION = "heatmap-scan"
+"""What a CORTEX scan's paces are recorded as (:mod:`app.state.estimates`)."""
+
 if TYPE_CHECKING:
     from core.base.examples import RAGExample
     from core.detectors.cortex import CortexDetector
@@ -31,7 +34,7 @@ def scan_dataset(
 ) -> dict[str, np.ndarray]:
     """CORTEX's raw token scores for ``examples`` (features from the cache when there)."""
 
-    timed = paced_extraction(model, examples, [cortex])
+    timed = paced_extraction(model, examples, [cortex], action=SCAN_ACTION)
     with progress_bar("Scanning with CORTEX:") as progress, timed:
         ext = extract_features(
             model,
@@ -46,7 +49,9 @@ def scan_dataset(
 
 def has_flags(raw: np.ndarray, p_stay: float, threshold: float) -> bool:
     """Whether any smoothed token of an answer reaches the threshold."""
-    return bool(raw.size) and bool(token_flags(smooth_tokens(raw, p_stay), threshold).any())
+    return bool(raw.size) and bool(
+        token_flags(np.asarray(smooth_tokens(raw, p_stay)), threshold).any()
+    )
 
 
 def flagged_only(
@@ -117,7 +122,9 @@ def scan_row(
         scan = st.button("Scan", key=KEY_SCAN, icon=":material/radar:", width="stretch")
     if not scan:
         estimate_caption(
-            lambda: work_estimate(model, examples[: state.heatmap.scan_limit], [cortex])
+            lambda: work_estimate(
+                model, examples[: state.heatmap.scan_limit], [cortex], action=SCAN_ACTION
+            )
         )
     if scan:
         try:

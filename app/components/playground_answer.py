@@ -60,7 +60,7 @@ def generate_answer(state: AppState, model: LoadedModel, draft: Draft) -> Genera
         except (RagscopeError, ValueError) as e:
             st.error(md(e))
             return None
-        state.generation = GeneratedAnswer(
+        written = state.generation = GeneratedAnswer(
             for_input=draft.signature,
             text=gen.text,
             token_ids=gen.token_ids,
@@ -68,9 +68,8 @@ def generate_answer(state: AppState, model: LoadedModel, draft: Draft) -> Genera
             seconds=gen.seconds,
         )
         state.analysis = None
-        g = state.generation
-        st.caption(_generation_note(g))
-        return g
+        st.caption(_generation_note(written))
+        return written
     g = state.generation
     if g is None or g.for_input != draft.signature:
         st.info("Press **Write the answer** to let the model answer this question.")

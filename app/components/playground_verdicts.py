@@ -16,7 +16,7 @@ from app.components.estimate import FEW_SECONDS, format_seconds
 from app.components.set_spans import set_spans_section
 from app.state.analysis import Analysis, analyse, input_signature, known_analysis, remember_traced
 from app.state.detectors import ShippedDetector, ShippedDetectors, shipped_detectors
-from app.state.estimates import analyse_seconds, record_analyse
+from app.state.estimates import ANALYSE, answers_seconds, record_answers
 from app.state.links import P_CALIBRATE, bind, follow_widget, one_of, publish
 from app.state.playground import CALIBRATE_AUTO, CALIBRATE_POOLED, KEY_CALIBRATE_AS
 from app.state.session import AppState
@@ -367,7 +367,7 @@ def _stream_shown(
             status.update(label="The detectors could not judge this answer", state="error")
         else:
             table.empty()  # the whole table follows below, in the detectors' order
-            record_analyse(model, shipped, example, result.seconds)
+            record_answers(model, shipped, ANALYSE, [example], result.seconds)
             status.update(
                 label=f"{total} detectors judged the answer in {result.seconds:.1f} s",
                 state="complete",
@@ -393,11 +393,11 @@ def _no_detectors_message(panel: DetectorPanel) -> str:
 
 def analyse_estimate(model: LoadedModel, example: RAGExample | None) -> None:
     """How long Analyse will take on ``example``, paced on the last Analyse here
-    (:func:`app.state.estimates.analyse_seconds`), under the button."""
+    (:func:`app.state.estimates.answers_seconds`), under the button."""
     shipped = shipped_detectors(model)
     if example is None or not shipped.detectors:
         return
-    seconds = analyse_seconds(model, shipped, example)
+    seconds = answers_seconds(model, shipped, ANALYSE, [example])
     if seconds is None:
         st.caption(
             "Estimated time: not known yet; the first Analyse on this server times it, and "

@@ -48,9 +48,6 @@ if TYPE_CHECKING:
     from core.learning.contract import Features, Verdict
     from core.review import ReviewItem
 
-CONTRIBUTIONS = frozenset({"nll", "context_gain", "lexical", "raglens", "ensemble"})
-"""Detectors whose verdict explanation is each input's contribution to the log-odds
-(drawn as bars); the others' explanations are the values the score was read from."""
 GOLD_MARK = "#f7c6c6"
 ACCEPTED_MARK = "#ffd6a5"
 TOKEN_CMAP = ((0.0, "#ffffff"), (0.5, "#f4b183"), (1.0, "#c0392b"))
@@ -168,12 +165,13 @@ def _detector_section(
                 cmap=TOKEN_CMAP,
             )
         )
-    if name == "spad" and features is not None:
+    kind = getattr(detector, "explanation_kind", "values")  # a trait of the class
+    if kind == "shap" and features is not None:
         try:
             parts.append(figures(waterfall_figure(shap_values(detector, [features]), 0)))
         except Exception as e:  # the report still shows the rest  # noqa: BLE001
             parts.append(f"<p class='meta'>SHAP waterfall unavailable: {_esc(e)}</p>")
-    elif verdict.explanation and name in CONTRIBUTIONS:
+    elif verdict.explanation and kind == "contributions":
         fig = contributions_figure(dict(verdict.explanation), top=10)
         fig.update_yaxes(automargin=True)
         parts.append(figures(fig))
@@ -183,7 +181,7 @@ def _detector_section(
             "<p class='meta'>What the score was read from</p>"
             + _table([{"feature": k, "value": f"{v:.4g}"} for k, v in top])
         )
-    if name == "raglens":
+    if getattr(detector, "explains_sae_features", False):
         items = sorted(
             ((k, v) for k, v in verdict.explanation.items() if k != INTERCEPT),
             key=lambda kv: -abs(kv[1]),
@@ -198,7 +196,7 @@ def _detector_section(
             for k, v in items
         ]  # fmt: skip
         parts.append("<p><b>Top SAE features</b></p>" + _table(rows))
-    if name in ("redeep_token", "redeep_chunk", "interpdetect") and features is not None:
+    if getattr(detector, "reads_heads", False) and features is not None:
         fig = head_ecs_figure(features, title=f"{name}: mean ECS of each head on this answer")
         if fig is not None:
             parts.append(figures(fig))

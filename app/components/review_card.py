@@ -359,13 +359,15 @@ def build_answer_report(book: ReviewBook, dataset: str, ex: RAGExample, label: s
     features = run_example(model, ex, list(dets.values())) if dets else {}
     verdicts = {n: judge_features(d, features[n], ex.provenance.dataset) for n, d in dets.items()}
     explanations: dict[str, str] = {}
-    raglens = dets.get("raglens")
-    if raglens is not None and "raglens" in verdicts:
-        store = get_store()
-        for name in verdicts["raglens"].explanation:
+    store = get_store()
+    for det_name, det in dets.items():
+        if not det.explains_sae_features or det_name not in verdicts:
+            continue
+        for name in verdicts[det_name].explanation:
             if name.startswith("F") and name[1:].isdigit():
                 text = store.latest_explanation(
-                    model=model.info.key, feature_key=feature_key(raglens.sae.key, int(name[1:]))
+                    model=model.info.key,
+                    feature_key=feature_key(det.sae.key, int(name[1:])),  # type: ignore[attr-defined]
                 )
                 if text:
                     explanations[name] = text

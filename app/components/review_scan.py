@@ -66,6 +66,9 @@ from core.signals.smoothing import P_STAY_TOKEN
 # features stay cached, so a larger scan later costs only the new answers).
 SCAN_DEFAULT = 3
 
+SCAN_ACTION = "review-scan"
+"""What a scan's paces are recorded as (:mod:`app.state.estimates`)."""
+
 
 @dataclass(frozen=True, kw_only=True)
 class ScanChoice:
@@ -110,7 +113,9 @@ def build_section(
         todo = scan_todo(answers, key, examples, choice.limit)
         dets = [by_name[n] for n in choice.chosen]
         if choice.chosen and todo and not scan:
-            estimate_caption(lambda: work_estimate(model, todo, dets), where=slot)
+            estimate_caption(
+                lambda: work_estimate(model, todo, dets, action=SCAN_ACTION), where=slot
+            )
         if scan and todo:
             dset = asked if choice.by_set else asked.subset(choice.chosen)
             judged = run_scan(model, dset, dets, todo)
@@ -234,7 +239,7 @@ def run_scan(
 ) -> list[AnswerVerdict] | None:
     """The set's verdicts on ``todo``, timed and with progress; ``None`` (the error
     shown) when the scan failed."""
-    timed = paced_extraction(model, todo, dets)
+    timed = paced_extraction(model, todo, dets, action=SCAN_ACTION)
     with progress_bar("Scanning:") as progress:
         try:
             with timed:
@@ -295,7 +300,7 @@ def queue_filters(everything: list[ReviewItem]) -> list[ReviewItem]:
             "uncertainty": "closest to threshold first",
             "score": "highest score first",
             "position": "queue order",
-        }.get,
+        }.__getitem__,
     )
     return filter_items(
         everything,

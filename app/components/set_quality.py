@@ -44,11 +44,15 @@ def members_frame(dset: DetectorSet) -> pd.DataFrame:
     )
 
 
-def _with_ci(auroc: object, low: object, high: object) -> str:
+def _with_ci(auroc: float | None, low: float | None, high: float | None) -> str:
     """``0.925 [0.914, 0.935]``; ``n/a`` without an AUROC, no interval without one."""
-    if pd.isna(auroc):
+    if auroc is None or pd.isna(auroc):
         return "n/a"
-    ci = "" if pd.isna(low) or pd.isna(high) else f" [{float(low):.3f}, {float(high):.3f}]"
+    ci = (
+        ""
+        if low is None or high is None or pd.isna(low) or pd.isna(high)
+        else f" [{float(low):.3f}, {float(high):.3f}]"
+    )
     return f"{float(auroc):.3f}{ci}"
 
 

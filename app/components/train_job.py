@@ -49,7 +49,7 @@ from core.base.errors import RagscopeError
 from core.base.paths import TRAINED_SET
 from core.engine.model import LoadedModel
 from core.pipeline.extract import WorkEstimate
-from core.services.jobs import JobView, job_log_path
+from core.services.jobs import JobView, TrainSpec, job_log_path
 from core.storage import JobRowError
 
 TITLE = "Train detectors for this model"
@@ -85,6 +85,7 @@ def _about(view: JobView) -> str:
     spec = view.spec
     if spec is None:
         return f"Job #{view.id} (its options cannot be read: {md(view.spec_error)})"
+    assert isinstance(spec, TrainSpec)  # this panel reads training jobs only
     limit = f", about {spec.limit} examples" if spec.limit else ""
     cv = f", {spec.cv}-fold CV" if spec.cv else ""
     names = ", ".join(code(d) for d in spec.detectors)

@@ -1,9 +1,14 @@
 """How long a page's action will take on this machine, said before it starts
 (:mod:`core.pipeline.extract`'s estimating section): the examples whose features are not cached
-yet, at a pace recorded on this machine (``paces`` in the database, for a day). The pace
-is first timed on one answer (once per model and detector choice; its features are kept,
-so the timing is not lost work), then replaced by the pace each action actually ran at
-(:func:`paced_extraction`, :func:`paced_read`): the estimate follows the machine's load.
+yet at one pace, and those kept at another (reading them back and the action's own work
+on them), both recorded on this machine (``paces`` in the database, for a day).
+
+Each action records its own paces (:func:`paced_extraction`, :func:`paced_read`, keyed by
+the action and its detectors): a Review scan that also decides spans, or an Agreement
+that judges twelve detectors, is not paced on another page's plain extraction, and the
+estimate follows the machine's load. Before an action has run here, the traced pace is
+timed on one answer, warm (once per model and detector choice; its features are kept, so
+the timing is not lost work).
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ from core.pipeline.extract import (
     WorkEstimate,
     estimate_extraction,
     example_chars,
+    learn_paces,
     time_extraction,
     uncached,
 )
@@ -45,24 +51,44 @@ def _pace_key(key: tuple[tuple[str, str], ...]) -> str:
     return ",".join(f"{name}:{h}" for name, h in key)
 
 
-def _recorded_or(model: LoadedModel, key: str, time_it: Callable[[], float]) -> float:
-    """Seconds per character of ``key``'s work on the model: the pace recorded on this
-    machine (the database: the last action's, or the first timing's), else ``time_it()``
-    (which times one answer and records it)."""
-    known = get_store().get_pace(model=model.instance_key, detectors=key)
-    return known if known is not None else time_it()
+KEPT = "|kept"
+"""The suffix of the key an action's pace per kept example is recorded under (its value
+is seconds per example, not per character)."""
+
+
+def _action_key(action: str | None, key: str) -> str:
+    """Where ``action``'s paces are recorded (``None``: plain extraction's, the timed one)."""
+    return key if action is None else f"{action}|{key}"
+
+
+def _recorded(model: LoadedModel, key: str) -> float | None:
+    return get_store().get_pace(model=model.instance_key, detectors=key)
+
+
+def _recorded_or(model: LoadedModel, keys: Sequence[str], time_it: Callable[[], float]) -> float:
+    """Seconds per character of some work on the model: the first pace recorded on this
+    machine under ``keys`` (the database: the action's last run, else the first timing),
+    else ``time_it()`` (which times one answer and records it)."""
+    for key in keys:
+        known = _recorded(model, key)
+        if known is not None:
+            return known
+    return time_it()
 
 
 def _pace(
     model: LoadedModel,
     detectors: Sequence[Detector],
     key: tuple[tuple[str, str], ...],
+    action: str | None,
     example: RAGExample,
 ) -> float:
-    """The pace of extracting ``key``'s detectors' features (:func:`_recorded_or`)."""
+    """The pace of ``action`` tracing ``key``'s detectors' features: its own last run's,
+    else the timed extraction's (:func:`_recorded_or`)."""
+    plain = _pace_key(key)
     return _recorded_or(
         model,
-        _pace_key(key),
+        [_action_key(action, plain), plain],
         lambda: _timed_pace(model, model.instance_key, detectors, key, example),
     )
 
@@ -87,28 +113,41 @@ def _timed_pace(
 
 
 @contextlib.contextmanager
-def _recording(model: LoadedModel, key: str, todo: Sequence[RAGExample]) -> Iterator[None]:
-    """Times the block, which reads ``todo`` (among others already kept), and records
-    its pace under ``key`` when it ends normally having read any: the next estimate is
-    paced on this action, not on one answer timed earlier under another load."""
-    chars = sum(example_chars(e) for e in todo)
+def _recording(
+    model: LoadedModel, key: str, todo: Sequence[RAGExample], n_kept: int
+) -> Iterator[None]:
+    """Times the block, which reads ``todo`` and ``n_kept`` examples already kept, and
+    records under ``key`` the paces its time measures (:func:`core.pipeline.extract.learn_paces`)
+    when it ends normally: the next estimate is paced on this action, not on one answer
+    timed earlier under another load."""
     t0 = time.perf_counter()
     yield
-    if chars:
-        get_store().put_pace(
-            model=model.instance_key,
-            detectors=key,
-            seconds_per_char=(time.perf_counter() - t0) / chars,
-        )
+    per_char, per_kept = learn_paces(
+        time.perf_counter() - t0,
+        traced_chars=sum(example_chars(e) for e in todo),
+        n_kept=n_kept,
+        kept_pace=_recorded(model, key + KEPT),
+    )
+    store = get_store()
+    if per_char is not None:
+        store.put_pace(model=model.instance_key, detectors=key, seconds_per_char=per_char)
+    if per_kept is not None:
+        store.put_pace(model=model.instance_key, detectors=key + KEPT, seconds_per_char=per_kept)
 
 
 def paced_extraction(
-    model: LoadedModel, examples: Sequence[RAGExample], detectors: Sequence[Detector]
+    model: LoadedModel,
+    examples: Sequence[RAGExample],
+    detectors: Sequence[Detector],
+    *,
+    action: str,
 ) -> contextlib.AbstractContextManager[None]:
-    """A block that extracts ``detectors``' features of ``examples``, timed: its pace
-    replaces the recorded one (:func:`work_estimate` reads it next)."""
+    """A block in which ``action`` reads ``detectors``' features of ``examples`` (and does
+    its own work on them), timed: its paces replace the ones recorded for ``action``
+    (:func:`work_estimate` with the same ``action`` reads them next)."""
     todo = uncached(FeatureCache(get_store()), model.info.key, examples, detectors)
-    return _recording(model, _pace_key(detectors_key(detectors)), todo)
+    key = _action_key(action, _pace_key(detectors_key(detectors)))
+    return _recording(model, key, todo, len(examples) - len(todo))
 
 
 def work_estimate(
@@ -116,21 +155,25 @@ def work_estimate(
     examples: Sequence[RAGExample],
     detectors: Sequence[Detector],
     *,
+    action: str | None = None,
     fixed_seconds: float = 0.0,
 ) -> WorkEstimate:
-    """How long extracting ``detectors``' features of ``examples`` will take here.
+    """How long ``action`` (a :func:`paced_extraction` block; ``None``: extraction alone,
+    e.g. a training job's) on ``examples`` with ``detectors`` will take here.
 
     Raises:
         DataError: The example timed cannot be laid out or a detector cannot read it.
         ModelError: A detector cannot run on this model.
     """
     key = detectors_key(detectors)
+    kept = _recorded(model, _action_key(action, _pace_key(key)) + KEPT)
     return estimate_extraction(
         model.info.key,
         examples,
         detectors,
         FeatureCache(get_store()),
-        lambda ex: _pace(model, detectors, key, ex),
+        lambda ex: _pace(model, detectors, key, action, ex),
+        kept_pace=kept or 0.0,
         fixed_seconds=fixed_seconds,
     )
 
@@ -143,7 +186,7 @@ def _read_pace(model: LoadedModel, sae: LoadedSAE, key: str, example: RAGExample
     """The pace of reading SAE activations (``key``: the SAE and activation;
     :func:`_recorded_or`)."""
     return _recorded_or(
-        model, key, lambda: _timed_read_pace(model, model.instance_key, sae, key, example)
+        model, [key], lambda: _timed_read_pace(model, model.instance_key, sae, key, example)
     )
 
 
@@ -167,7 +210,7 @@ def paced_read(
     """A block that reads ``sae``'s activations of ``examples``, timed: its pace replaces
     the recorded one (:func:`sae_read_estimate` reads it next)."""
     todo = unread(model, sae, examples, activation)  # type: ignore[arg-type]
-    return _recording(model, _sae_key(sae, activation), todo)
+    return _recording(model, _sae_key(sae, activation), todo, len(examples) - len(todo))
 
 
 def sae_read_estimate(
@@ -186,6 +229,7 @@ def sae_read_estimate(
         examples,
         activation=activation,  # type: ignore[arg-type]
         pace=lambda ex: _read_pace(model, sae, key, ex),
+        kept_pace=_recorded(model, key + KEPT) or 0.0,
     )
 
 
@@ -223,50 +267,63 @@ def answer_estimate(
     shipped: ShippedDetectors,
     n_answers: int,
     *,
+    action: str,
     fixed_seconds: float = 0.0,
 ) -> WorkEstimate:
-    """How long judging ``n_answers`` answers the size of ``example``'s with the whole
-    set takes here (e.g. the original and an edited version), paced on the set's own
-    verdicts on ``example`` (:func:`~app.state.verdicts.answer_verdicts`: shared with the
-    Playground and every page, so usually known already; else judged now, and kept).
+    """How long ``action`` judging ``n_answers`` answers the size of ``example``'s with
+    the whole set takes here (e.g. the original and an edited version): at the pace of
+    ``action``'s last run here (:func:`record_answers`), else at the set's own pace on
+    ``example`` (:func:`~app.state.verdicts.answer_verdicts`: shared with the Playground
+    and every page, so usually known already; else judged now, and kept).
 
     Raises:
         DataError: The example cannot be laid out for the detectors.
         ModelError: A detector cannot run.
     """
-    seconds = answer_verdicts(model, example, shipped).seconds
     chars = example_chars(example)
+    pace = _recorded(model, _answers_key(shipped, action))
+    if pace is None:
+        pace = answer_verdicts(model, example, shipped).seconds / chars
     return WorkEstimate(
         n_examples=n_answers,
         n_cached=0,
         chars_to_trace=n_answers * chars,
-        seconds_per_char=seconds / chars,
+        seconds_per_char=pace,
         fixed_seconds=fixed_seconds,
     )
 
 
-def _analyse_key(shipped: ShippedDetectors) -> str:
-    return f"analyse:{shipped.cache_id}"
+ANALYSE = "analyse"
+"""The Playground's Analyse, as an action whose pace is recorded."""
 
 
-def record_analyse(
-    model: LoadedModel, shipped: ShippedDetectors, example: RAGExample, seconds: float
+def _answers_key(shipped: ShippedDetectors, action: str) -> str:
+    return f"{action}:{shipped.cache_id}"
+
+
+def record_answers(
+    model: LoadedModel,
+    shipped: ShippedDetectors,
+    action: str,
+    examples: Sequence[RAGExample],
+    seconds: float,
 ) -> None:
-    """The pace of one Playground Analyse (the set judging one answer, every detector,
-    measured end to end) replaces the recorded one: the next estimate reads it."""
-    chars = example_chars(example)
+    """The pace of one run of ``action`` (the set judging ``examples`` and the page's
+    own work on them, measured end to end: an Analyse, a Compare) replaces the recorded
+    one: the next estimate of ``action`` reads it."""
+    chars = sum(example_chars(e) for e in examples)
     if chars and seconds > 0:
         get_store().put_pace(
             model=model.instance_key,
-            detectors=_analyse_key(shipped),
+            detectors=_answers_key(shipped, action),
             seconds_per_char=seconds / chars,
         )
 
 
-def analyse_seconds(
-    model: LoadedModel, shipped: ShippedDetectors, example: RAGExample
+def answers_seconds(
+    model: LoadedModel, shipped: ShippedDetectors, action: str, examples: Sequence[RAGExample]
 ) -> float | None:
-    """How long an Analyse of ``example`` will take here, at the pace of the last one
-    (:func:`record_analyse`); ``None`` before any (nothing is timed just to estimate)."""
-    pace = get_store().get_pace(model=model.instance_key, detectors=_analyse_key(shipped))
-    return None if pace is None else pace * example_chars(example)
+    """How long ``action`` on ``examples`` will take here, at the pace of its last run
+    (:func:`record_answers`); ``None`` before any (nothing is timed just to estimate)."""
+    pace = _recorded(model, _answers_key(shipped, action))
+    return None if pace is None else pace * sum(example_chars(e) for e in examples)

@@ -111,7 +111,9 @@ def read_answer(
         cortex: CortexDetector = by_name[CORTEX].detector  # type: ignore[assignment]
         f = verdicts.features[CORTEX]
         raw = align_token_scores(
-            cortex.raw_token_scores(f), f.token_offsets, analysis.layout.response_offsets
+            cortex.raw_token_scores(f),
+            np.asarray(f.token_offsets),
+            analysis.layout.response_offsets,
         )
     rl = None
     if RAGLENS in by_name:

@@ -27,7 +27,7 @@ from core.evaluation.matrix import MatrixRun
 from core.evaluation.review_curve import CurveRun
 from core.evaluation.runs import load_run
 
-R = TypeVar("R", EvalRun, CVRun, MatrixRun)
+R = TypeVar("R", EvalRun, CVRun, MatrixRun, CurveRun)
 
 # Benchmark: saved runs
 KEY_BENCH_RUNS = "benchmark.runs"

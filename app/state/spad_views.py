@@ -16,6 +16,7 @@ from core.base.examples import RAGExample
 from core.base.paths import repo_root
 from core.data import BUILTIN
 from core.detectors import make_detector
+from core.detectors.spad import SpadDetector
 from core.engine.layout import render
 from core.engine.trace import trace
 from core.evaluation.quickfit import QuickFit, quick_fit
@@ -275,6 +276,7 @@ def _answer_sources_cached(
 
     t0 = time.perf_counter()
     det = make_detector(SPAD)
+    assert isinstance(det, SpadDetector)  # the registry's class for SPAD
     layout = render(_example, _model, response_ids=response_ids)
     tr = trace(_model, layout, det.needs(_model.info))
     run = Run(

@@ -7,9 +7,8 @@ from __future__ import annotations
 import logging
 import os
 import threading
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import dataclass, field, replace
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import streamlit as st
@@ -19,8 +18,8 @@ from app.state.detectors import ShippedDetector, ShippedDetectors
 from app.state.memo import Memo
 from core.base.errors import RagscopeError, brief
 from core.base.examples import RAGExample
-from core.learning.contract import calibrated_as, decision_threshold, judge_features
-from core.pipeline.judge import AnswerVerdict, Judged, answer_verdict, judge_stream, warm_up
+from core.learning.contract import decision_threshold
+from core.pipeline.judge import AnswerVerdict, Judged, Judgement, judge_answer, warm_up
 
 if TYPE_CHECKING:
     import pandas as pd
@@ -56,6 +55,8 @@ class DetectorVerdicts:
             set that judged (``asked.for_example(example)``: its expert for the answer's
             dataset, where it has one).
         judged_by: The set whose detectors these are.
+        judgement: Core's judgement these are read from (:class:`core.pipeline.judge.
+            Judgement`): it holds the rule that judges the answer as another dataset's.
     """
 
     signature: str
@@ -67,6 +68,7 @@ class DetectorVerdicts:
     example: RAGExample | None = None
     asked: ShippedDetectors | None = None
     judged_by: ShippedDetectors | None = None
+    judgement: Judgement | None = None
 
     def __post_init__(self) -> None:
         assert len(self.detectors) == len(self.verdicts), "one verdict per detector"
@@ -89,47 +91,16 @@ class DetectorVerdicts:
 
     def calibrated_as(self, dataset: str | None) -> DetectorVerdicts:
         """These verdicts judged as if the answer came from training dataset ``dataset``
-        (``None``: by all the detectors' training data), and :attr:`answer` rebuilt from
-        them (:func:`core.pipeline.judge.answer_verdict`); no pass is run.
-
-        By the set that judges answers of ``dataset`` (:meth:`core.pipeline.sets.DetectorSet.
-        for_dataset` of :attr:`asked`): when that is the set that judged, each detector's
-        calibration and threshold for ``dataset`` (:func:`core.learning.contract.calibrated_as`);
-        when it is another (the asked set's expert for ``dataset``, or the asked set
-        itself for an answer its expert judged), that set's detectors' predictions from
-        the kept features (the expert reads the same features)."""
-        if self.answer is None or self.example is None:
+        (``None``: by all the detectors' training data), by core's rule
+        (:meth:`core.pipeline.judge.Judgement.as_dataset`); no pass is run."""
+        if self.judgement is None:
             return self
-        judged = self.asked.for_example(self.example) if self.asked is not None else None
-        target = self.asked.for_dataset(dataset) if self.asked is not None else None
-        if (
-            judged is None
-            or target is None
-            or target is judged
-            or not all(n in self.features for n in target.names)
-        ):
-            detectors = self.detectors
-            verdicts = tuple(
-                calibrated_as(d.detector, v, dataset)
-                for d, v in zip(self.detectors, self.verdicts, strict=True)
-            )
-            by = judged
-        else:
-            detectors = target.detectors
-            verdicts = tuple(
-                judge_features(d.detector, self.features[d.name], dataset) for d in detectors
-            )
-            by = target
-        answer = _answer(self.example, detectors, verdicts, by, self.seconds)
-        return replace(self, detectors=detectors, verdicts=verdicts, answer=answer, judged_by=by)
+        return from_judgement(self.signature, self.judgement.as_dataset(dataset))
 
     def judge_as_options(self) -> list[str]:
-        """The training datasets :meth:`calibrated_as` can judge the answer as: those the
-        asked set's detectors keep a calibration of their own for, and those it has an
-        expert for, sorted."""
-        asked = self.asked.detectors if self.asked is not None else self.detectors
-        experts = self.asked.experts if self.asked is not None else {}
-        return sorted({*calibration_datasets(asked), *experts})
+        """The training datasets :meth:`calibrated_as` can judge the answer as
+        (:meth:`core.pipeline.judge.Judgement.judge_as_options`)."""
+        return [] if self.judgement is None else self.judgement.judge_as_options()
 
     def to_frame(self) -> pd.DataFrame:
         """One row per detector: ``detector``, ``score`` (a calibrated probability when
@@ -138,37 +109,20 @@ class DetectorVerdicts:
         return verdict_frame(self.detectors, self.verdicts)
 
 
-def _answer(
-    example: RAGExample,
-    detectors: tuple[ShippedDetector, ...],
-    verdicts: tuple[Verdict, ...],
-    by: ShippedDetectors | None,
-    seconds: float,
-) -> AnswerVerdict | None:
-    """The :class:`AnswerVerdict` of these verdicts by the set ``by`` (``None`` without
-    detectors)."""
-    if not detectors:
-        return None
-    return answer_verdict(
-        example,
-        [d.detector for d in detectors],
-        {d.name: v for d, v in zip(detectors, verdicts, strict=True)},
-        set_name=by.name if by is not None else "",
-        seconds=seconds,
-        deferred_from=by.deferred_from if by is not None else None,
-    )
-
-
-def calibration_datasets(detectors: Iterable[ShippedDetector]) -> list[str]:
-    """The training datasets some calibrated detector keeps a calibration of its own for
-    (what an answer can be judged as), sorted."""
-    return sorted(
-        {
-            n
-            for d in detectors
-            if d.calibrated
-            for n in (getattr(d.detector, "dataset_calibration_", None) or {})
-        }
+def from_judgement(signature: str, judgement: Judgement) -> DetectorVerdicts:
+    """The page's view of core's :class:`~core.pipeline.judge.Judgement` of an input."""
+    by = judgement.judged_by
+    return DetectorVerdicts(
+        signature=signature,
+        detectors=by.detectors,
+        verdicts=tuple(judgement.verdicts[n] for n in by.names),
+        seconds=judgement.seconds,
+        features=judgement.features,
+        answer=judgement.answer,
+        example=judgement.example,
+        asked=judgement.asked,
+        judged_by=by,
+        judgement=judgement,
     )
 
 
@@ -258,8 +212,8 @@ def stream_verdicts(
         DataError: The example cannot be laid out for the detectors.
         ModelError: A detector cannot run (missing trace, spaCy model, other model).
     """
-    asked, shipped = shipped, shipped.for_example(example)
-    key = (model.instance_key, signature, shipped.cache_id)
+    judged = shipped.for_example(example)  # once per answer: the cache key and the judging
+    key = (model.instance_key, signature, judged.cache_id)
     found = _verdicts().get(key)
     if found is not None:
         return found
@@ -267,36 +221,20 @@ def stream_verdicts(
         _failures().pop(key)
     elif (failed := _failures().get(key)) is not None:
         raise failed
-    by_name = {s.name: s for s in shipped.detectors}
-    got: dict[str, Verdict] = {}
-    features: dict[str, Features] = {}
-    t0 = time.perf_counter()
-    dets = [s.detector for s in shipped.detectors]
+    by_name = {s.name: s for s in judged.detectors}
+
+    def step(j: Judged) -> None:
+        if on_step is not None:
+            on_step(j, by_name.get(j.detector) if j.detector is not None else None)
+
     try:
-        for judged in judge_stream(model, example, dets, extra=extra, on_trace=on_trace):
-            name = judged.detector
-            if name is not None:
-                assert judged.verdict is not None and judged.step.features is not None
-                got[name] = judged.verdict
-                features[name] = judged.step.features
-            if on_step is not None:
-                on_step(judged, by_name.get(name) if name is not None else None)
+        judgement = judge_answer(
+            model, example, shipped, by=judged, extra=extra, on_step=step, on_trace=on_trace
+        )
     except RagscopeError as e:
         _failures().put(key, e)
         raise
-    verdicts = tuple(got[s.name] for s in shipped.detectors)
-    seconds = time.perf_counter() - t0
-    out = DetectorVerdicts(
-        signature=signature,
-        detectors=shipped.detectors,
-        verdicts=verdicts,
-        seconds=seconds,
-        features=features,
-        answer=_answer(example, shipped.detectors, verdicts, shipped, seconds),
-        example=example,
-        asked=asked,
-        judged_by=shipped,
-    )
+    out = from_judgement(signature, judgement)
     _verdicts().put(key, out)
     return out
 

@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 
 STATE_KEY = "ragscope.agreement"
 DEFAULT_LIMIT = 24
+ACTION = "agreement"  # what Compare's paces are recorded as (app.state.estimates)
 METHODS = ["spearman", "pearson", "kendall"]
 GOLD_WORDS = {1: "hallucinated", 0: "faithful"}
 
@@ -242,12 +243,14 @@ def main() -> None:
     )  # fmt: skip
     if len(chosen) >= 2 and not run:
         estimate_caption(
-            lambda: work_estimate(model, examples[:limit], shipped.subset(chosen).fitted),
+            lambda: work_estimate(
+                model, examples[:limit], shipped.subset(chosen).fitted, action=ACTION
+            ),
             where=slot,
         )
     if run:
         subset = shipped.subset(chosen)
-        timed = paced_extraction(model, examples[:limit], subset.fitted)
+        timed = paced_extraction(model, examples[:limit], subset.fitted, action=ACTION)
         with progress_bar("Reading verdicts:") as progress:
             try:
                 with timed:

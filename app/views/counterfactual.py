@@ -15,6 +15,7 @@ saved in SQLite, reloaded, and exported as JSON.
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -48,7 +49,7 @@ from app.state.counterfactual import (
 )
 from app.state.datasets import get_store
 from app.state.detectors import ShippedDetectors
-from app.state.estimates import answer_estimate, generation_seconds
+from app.state.estimates import answer_estimate, generation_seconds, record_answers
 from app.state.links import P_MODE, bind, one_of
 from app.state.session import AppState, seed_widget
 from app.state.verdicts import answer_verdicts, known_verdicts
@@ -74,6 +75,7 @@ if TYPE_CHECKING:
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.
 ANSWER_KEYS = AnswerKeys(source=KEY_CF_SOURCE, dataset=KEY_CF_DATASET, example=KEY_CF_EXAMPLE)
+ACTION = "counterfactual"  # what Compare's scoring pace is recorded as (app.state.estimates)
 PRESET_SUPPORT = "support the span"
 PRESET_DIFFERENT = "state the span differently"
 EXPECT = {PRESET_SUPPORT: "fewer", PRESET_DIFFERENT: "as many"}
@@ -379,7 +381,7 @@ def save_load(state: AppState, model: LoadedModel) -> None:
                 st.error(f"Not saved: {md(e)}")
         c3.download_button(
             "Export JSON",
-            data=state.cf.result.to_json(),
+            data=(state.cf.result or cf).to_json(),
             file_name=f"counterfactual-{cf.original.id}.json",
             mime="application/json",
             icon=":material/download:",
@@ -452,6 +454,7 @@ def main() -> None:
                 example,
                 shipped,
                 2,
+                action=ACTION,
                 fixed_seconds=generation_seconds(model, max_tokens) if regen else 0.0,
             ),
             what="versions (the original and the edited)",
@@ -464,6 +467,7 @@ def main() -> None:
                     edited = regenerate(model, example, edited_passages, max_new_tokens=max_tokens)
                 else:
                     edited = edit_example(example, edited_passages)
+                t0 = time.perf_counter()
                 pair = score_pair(
                     model,
                     shipped.fitted,  # the set that judges the answer (open_answer_page)
@@ -473,6 +477,8 @@ def main() -> None:
                     answer_mode=state.cf.answer_mode,  # type: ignore[arg-type]
                 )
                 state.cf.result = as_judged(model, shipped, pair)
+                # The scoring's pace (the generation is estimated on its own).
+                record_answers(model, shipped, ACTION, [example] * 2, time.perf_counter() - t0)
                 st.session_state.pop(KEY_NAME, None)
         except RagscopeError as e:
             st.error(f"The comparison failed: {md(e)}  \nFix: edit the passages and try again.")

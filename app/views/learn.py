@@ -61,6 +61,8 @@ from core.analysis.teach import cortex_walk, lens_curve, raglens_walk
 from core.base.errors import RagscopeError
 from core.base.examples import RAGExample
 from core.data import builtin_examples
+from core.detectors.cortex import CortexDetector
+from core.detectors.raglens import RaglensDetector
 from core.detectors.spad import SpadDetector
 
 
@@ -131,14 +133,18 @@ def walk_data(ls: LearnState, walk: str, ex: RAGExample) -> object | None:
     else:
         name = "raglens" if walk == RAGLENS else "cortex"
         det = shipped.get(name)
-        if det is None:
+        if not isinstance(det, (RaglensDetector, CortexDetector)):
             st.info(
                 f"No trained {walk} detector for this model: train one with "
                 f"`ragscope train --detectors {name}` to step through it."
             )
             return None
         with st.spinner(f"Reading the answer as {walk} does…"):
-            data = raglens_walk(model, det, ex) if walk == RAGLENS else cortex_walk(model, det, ex)
+            data = (
+                raglens_walk(model, det, ex)
+                if isinstance(det, RaglensDetector)
+                else cortex_walk(model, det, ex)
+            )
     ls.cache[key] = data
     return data
 

@@ -16,6 +16,7 @@ Playground's analysed answer):
 from __future__ import annotations
 
 import dataclasses
+import time
 from typing import TYPE_CHECKING, Any
 
 import numpy as np
@@ -28,7 +29,7 @@ from app.components.diff import word_diff_html
 from app.components.estimate import estimate_caption
 from app.components.exports import whole_table
 from app.state.detectors import ShippedDetectors
-from app.state.estimates import answer_estimate, generation_seconds
+from app.state.estimates import answer_estimate, generation_seconds, record_answers
 from app.state.links import P_METHOD, bind, one_of
 from app.state.mitigation import (
     KEY_AARF,
@@ -76,6 +77,7 @@ if TYPE_CHECKING:
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.
 ANSWER_KEYS = AnswerKeys(source=KEY_SOURCE, dataset=KEY_DATASET, example=KEY_EXAMPLE)
+ACTION = "mitigation"  # what Regenerate's judging pace is recorded as (app.state.estimates)
 METHODS = {"feedback": "Feedback", "aarf": "AARF (ReDeEP)", "steer": "SAE steering (RAGLens)"}
 INSTANCE = "instance level (no detail)"
 
@@ -184,12 +186,15 @@ def _feedback_regenerate(
                 raise RagscopeError(
                     "the model wrote an empty answer; raise the temperature or the length"
                 )
+            t0 = time.perf_counter()
             frame = before_after(
                 model,
                 shipped,
                 example,
                 {"original": example.response, "after feedback": gen.text},
             )
+            # The judging's pace (the generation is estimated on its own).
+            record_answers(model, shipped, ACTION, [example], time.perf_counter() - t0)
         state.mit.result = ("feedback", example.id, gen.text, frame, turn)
     except RagscopeError as e:
         st.error(f"Regeneration failed: {md(e)}")
@@ -266,7 +271,12 @@ def feedback_section(
     if not go:
         estimate_caption(
             lambda: answer_estimate(
-                model, example, shipped, 1, fixed_seconds=generation_seconds(model, max_tokens)
+                model,
+                example,
+                shipped,
+                1,
+                action=ACTION,
+                fixed_seconds=generation_seconds(model, max_tokens),
             ),
             what="answers (the new one, judged by the set at the original's pace)",
             extra=f"generating up to {max_tokens} tokens",

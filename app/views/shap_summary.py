@@ -50,7 +50,7 @@ from app.state.spad_views import (
     train_command,
 )
 from app.text import code, md
-from core.analysis.shap_values import ShapResult
+from core.analysis.shap_values import GridKind, ShapResult
 from core.base.errors import RagscopeError
 from core.base.examples import RAGExample
 from core.engine.model import LoadedModel
@@ -282,7 +282,8 @@ def _grid_section(state: AppState, result: ShapResult) -> None:
         where=" or ".join(GRID_LABELS),
         instead=GRID_LABELS.__getitem__,
     )
-    plot(grid_figure(result, state.shap.grid), key="shap.figure.grid")
+    kind: GridKind = "mean" if state.shap.grid == "mean" else "mean_abs"
+    plot(grid_figure(result, kind), key="shap.figure.grid")
     st.caption(
         "Every spad feature is one cell: a source (rows) averaged over the answer tokens of "
         "one part of speech (columns). The paper's story: faithful answers take their nouns "

@@ -28,6 +28,7 @@ from core.engine.model import ModelInfo
 from core.engine.trace import Needs, token_surprisal
 from core.learning.contract import (
     DetectorConfig,
+    ExplanationKind,
     Features,
     Run,
     Verdict,
@@ -141,6 +142,7 @@ class NLLDetector(CalibratedDetector):
     gives_token_scores: ClassVar[bool] = True
 
     name = "nll"
+    explanation_kind: ClassVar[ExplanationKind] = "contributions"
     Config = NLLConfig
     token_direction = 1
 
@@ -177,6 +179,7 @@ class ContextGainDetector(CalibratedDetector):
     gives_token_scores: ClassVar[bool] = True
 
     name = "context_gain"
+    explanation_kind: ClassVar[ExplanationKind] = "contributions"
     Config = ContextGainConfig
     needs_bare = True
     token_direction = -1
@@ -226,6 +229,8 @@ class LexicalDetector(CalibratedDetector):
     gives_token_scores: ClassVar[bool] = True
 
     name = "lexical"
+    explanation_kind: ClassVar[ExplanationKind] = "contributions"
+    reads_text_only: ClassVar[bool] = True
     Config = LexicalConfig
     config: LexicalConfig
     token_direction = 1

@@ -1,7 +1,8 @@
 """``ensemble``: the landed detectors stacked by a calibrated logistic regression.
 
 Members are ordinary detectors (default: every detector of ragscope's own, see
-:data:`DEFAULT_MEMBERS`). The ensemble reads no activations itself: its features
+:meth:`~core.detectors.registry.Registry.stacked`, each class's
+``stacked_by_default``). The ensemble reads no activations itself: its features
 are the members' own features, bundled (:attr:`core.learning.contract.Features.members`);
 the extraction engine computes and caches each member's features under the
 member's own key, so nothing is traced or stored twice
@@ -77,6 +78,7 @@ from core.learning.calibration import (
 from core.learning.contract import (
     Detector,
     DetectorConfig,
+    ExplanationKind,
     Features,
     Run,
     Verdict,
@@ -88,20 +90,6 @@ from core.learning.labels import response_labels, span_labels
 from core.learning.learners import LogisticCalibrator
 from core.signals.smoothing import check_window, window_mean, window_peak
 
-DEFAULT_MEMBERS: tuple[str, ...] = (
-    "nll",
-    "context_gain",
-    "lexical",
-    "redeep_token",
-    "redeep_chunk",
-    "interpdetect",
-    "spad",
-    "raglens",
-    "cortex",
-    "saplma",
-    "lookback_lens",
-)
-"""The landed detectors, stacked by default."""
 C_GRID: tuple[float, ...] = (0.01, 0.03, 0.1, 0.3, 1.0, 3.0, 10.0, 100.0)
 """Regularisation strengths the stacker chooses among (by cross-validated log loss)."""
 STACK_FRACTION = 0.25
@@ -172,7 +160,7 @@ class EnsembleConfig(DetectorConfig):
         }
     )
 
-    members: tuple[str, ...] = DEFAULT_MEMBERS
+    members: tuple[str, ...] = field(default_factory=MEMBERS.stacked)
     member_configs: Mapping[str, Mapping[str, Any]] = field(default_factory=dict)
     tokens: bool = True
     token_context: bool = False
@@ -226,6 +214,8 @@ class EnsembleDetector(FittedDetector):
     """Stacked members (see the module docstring)."""
 
     name: ClassVar[str] = "ensemble"
+    explanation_kind: ClassVar[ExplanationKind] = "contributions"
+    stacked_by_default: ClassVar[bool] = False
     Config: ClassVar[type[EnsembleConfig]] = EnsembleConfig
     composite: ClassVar[bool] = True
     fitted_attr = "stacker_"

@@ -234,6 +234,7 @@ class InterpDetectDetector(FittedDetector):
     gives_token_scores: ClassVar[bool] = True
 
     name: ClassVar[str] = "interpdetect"
+    reads_heads: ClassVar[bool] = True
     Config: ClassVar[type[InterpDetectConfig]] = InterpDetectConfig
     fitted_attr = "pipeline_"
     load_errors = (BadZipFile,)

@@ -42,6 +42,7 @@ from core.engine.trace import Needs, trace
 from core.learning.artifact import read_skops
 from core.learning.contract import (
     DetectorConfig,
+    ExplanationKind,
     Features,
     Run,
     Verdict,
@@ -243,6 +244,9 @@ class RaglensDetector(FittedDetector):
     """Max-pooled SAE features, mutual-information selection, EBM."""
 
     name: ClassVar[str] = "raglens"
+    explanation_kind: ClassVar[ExplanationKind] = "contributions"
+    explains_sae_features: ClassVar[bool] = True
+    needs_sae: ClassVar[bool] = True
     Config: ClassVar[type[RaglensConfig]] = RaglensConfig
     fitted_attr = "ebm_"
 

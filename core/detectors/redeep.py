@@ -190,6 +190,7 @@ class RedeepDetector(FittedDetector):
     gives_token_scores: ClassVar[bool] = True
 
     name: ClassVar[str]
+    reads_heads: ClassVar[bool] = True
     Config: ClassVar[type[RedeepConfig]]
     level: ClassVar[Literal["token", "chunk"]]
     fitted_attr = "selection_"

@@ -62,6 +62,11 @@ class Registry:
     def names(self) -> list[str]:
         return sorted(self._classes)
 
+    def stacked(self) -> tuple[str, ...]:
+        """What an ensemble stacks when given no member list: every class whose
+        ``stacked_by_default`` trait says so, in the order they were registered."""
+        return tuple(n for n, c in self._classes.items() if c.stacked_by_default)
+
     def make(self, name: str, **config: Any) -> Detector:
         """A fresh, unfitted detector with ``config`` overriding the defaults."""
         cls = self.get(name)

@@ -37,6 +37,7 @@ from core.engine.model import ModelInfo
 from core.engine.trace import Needs
 from core.learning.contract import (
     DetectorConfig,
+    ExplanationKind,
     Features,
     Run,
     Verdict,
@@ -227,6 +228,7 @@ class SpadDetector(FittedDetector):
     """Seven-source token probabilities by POS, XGBoost on top."""
 
     name: ClassVar[str] = "spad"
+    explanation_kind: ClassVar[ExplanationKind] = "shap"
     Config: ClassVar[type[SpadConfig]] = SpadConfig
     fitted_attr = "booster_"
 

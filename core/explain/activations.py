@@ -290,13 +290,17 @@ def read_estimate(
     *,
     activation: Activation,
     pace: Callable[[RAGExample], float | None],
+    kept_pace: float = 0.0,
 ) -> WorkEstimate:
     """How long :func:`encode_answers` of ``examples`` will take: the answers not in the
     in-process cache at ``pace(first of them)`` seconds per character (``pace`` is called
     only when something is left to read; it may read that answer, see
-    :func:`time_reading`: the count is taken after)."""
+    :func:`time_reading`: the count is taken after), those in it at ``kept_pace`` seconds
+    each."""
 
-    return estimate_work(examples, lambda exs: unread(model, sae, exs, activation), pace)
+    return estimate_work(
+        examples, lambda exs: unread(model, sae, exs, activation), pace, kept_pace=kept_pace
+    )
 
 
 def unread(

@@ -23,7 +23,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Protocol, Self, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, Self, runtime_checkable
 
 import numpy as np
 from numpy.lib import format as npformat
@@ -48,6 +48,9 @@ from core.learning.span_rule import SpanRule
 
 if TYPE_CHECKING:
     import pandas as pd
+
+ExplanationKind = Literal["contributions", "values", "shap"]
+"""What a detector's verdict explanation holds (:attr:`DetectorBase.explanation_kind`)."""
 
 ARTIFACT_VERSION = 1
 
@@ -516,6 +519,13 @@ class Detector(Protocol):
     needs_bare: bool
     #: Whether the detector combines others (:meth:`member_detectors`, :meth:`bundle`).
     composite: ClassVar[bool]
+    #: Traits (:class:`DetectorBase` documents each and gives the defaults).
+    stacked_by_default: ClassVar[bool]
+    explanation_kind: ClassVar[ExplanationKind]
+    explains_sae_features: ClassVar[bool]
+    reads_heads: ClassVar[bool]
+    needs_sae: ClassVar[bool]
+    reads_text_only: ClassVar[bool]
     #: What fitting leaves (restored from an artifact's ``cfg.json``): the answer
     #: threshold, the token threshold (``None`` when not chosen), the score calibration
     #: (``None``: raw scores) and facts about the training.
@@ -585,6 +595,25 @@ class DetectorClass(Protocol):
     @property
     def composite(self) -> bool: ...
 
+    # Its traits (:class:`DetectorBase` documents each).
+    @property
+    def stacked_by_default(self) -> bool: ...
+
+    @property
+    def explanation_kind(self) -> ExplanationKind: ...
+
+    @property
+    def explains_sae_features(self) -> bool: ...
+
+    @property
+    def reads_heads(self) -> bool: ...
+
+    @property
+    def needs_sae(self) -> bool: ...
+
+    @property
+    def reads_text_only(self) -> bool: ...
+
     def __call__(self, config: Any = None) -> Detector: ...
 
     def load(self, folder: str | Path, *, model_key: str | None = None) -> Detector: ...
@@ -599,6 +628,25 @@ class DetectorBase:
     composite: ClassVar[bool] = False
     #: Whether its verdicts give every answer token a score (:func:`scores_tokens`).
     gives_token_scores: ClassVar[bool] = False
+    # Traits pages and reports read instead of lists of detector names:
+    #: Whether an ensemble stacks it when given no member list
+    #: (:func:`core.detectors.registry.Registry.stacked`).
+    stacked_by_default: ClassVar[bool] = True
+    #: What its verdicts' ``explanation`` holds, so it is drawn right: each input's
+    #: contribution to the log-odds (``contributions``: bars), the values its score was
+    #: read from (``values``: a table), or inputs of a classifier explained by SHAP
+    #: (``shap``: a waterfall of its classifier).
+    explanation_kind: ClassVar[ExplanationKind] = "values"
+    #: Whether its explanation's inputs are SAE features (their text explanations are
+    #: shown beside them, the Feature explanations page reads them).
+    explains_sae_features: ClassVar[bool] = False
+    #: Whether its features carry each attention head's external-context score (a
+    #: head grid is drawn, Heads & layers explains it).
+    reads_heads: ClassVar[bool] = False
+    #: Whether it needs an SAE trained on the model (a model without one cannot run it).
+    needs_sae: ClassVar[bool] = False
+    #: Whether it reads the text alone, no activation (it runs without a forward pass).
+    reads_text_only: ClassVar[bool] = False
     #: Maps the detector's score to a probability calibrated on held-out data (set by
     #: the training workflow, saved in ``cfg.json``); ``None``: scores are shown as they are.
     calibration_: PlattCalibrator | None = None

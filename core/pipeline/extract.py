@@ -14,6 +14,7 @@ equal the one-at-a-time ones up to float rounding.
 from __future__ import annotations
 
 import functools
+import math
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -509,6 +510,15 @@ def extract_features(
 
 # --------------------------------------------------------------------------- estimating
 
+WARM_UP = RAGExample(
+    id="warm-up",
+    question="Who built the bridge?",
+    passages=("Ada Lovell built the bridge in 1820.",),
+    response="Ada Lovell built it in 1820.",
+)
+"""A tiny answer run to load what detectors load on first use before anything is timed
+(:func:`time_extraction`, :func:`core.pipeline.judge.warm_up`)."""
+
 
 def example_chars(example: RAGExample) -> int:
     """The characters a trace of ``example`` reads (its prompt material and its answer):
@@ -551,13 +561,19 @@ def uncached(
 class WorkEstimate:
     """How long reading some examples' features will take on this machine, roughly.
 
+    Two paces make it (:func:`learn_paces` says how an action's time measures them):
+    tracing grows with an example's characters, and an example already kept still costs
+    reading it back and the action's own work on it (judging, spans, a page's statistic).
+
     Attributes:
         n_examples: Examples the action reads.
-        n_cached: Of those, examples whose features are all stored already (read in
-            well under a second each).
+        n_cached: Of those, examples whose features are all stored already.
         chars_to_trace: Characters of the others (:func:`example_chars`).
-        seconds_per_char: Measured here on one example (:func:`time_extraction`);
-            ``None`` when it could not be (nothing to trace, or the example failed).
+        seconds_per_char: Seconds per character traced, measured here (the last such
+            action, or one example timed warm, :func:`time_extraction`); ``None`` when
+            it could not be (nothing to trace, or the example failed).
+        seconds_per_kept: Seconds per example already stored (0 until an action here
+            has measured it).
         fixed_seconds: Work on top that does not grow with the examples (a generation,
             a worker's start).
     """
@@ -566,6 +582,7 @@ class WorkEstimate:
     n_cached: int
     chars_to_trace: int
     seconds_per_char: float | None
+    seconds_per_kept: float = 0.0
     fixed_seconds: float = 0.0
 
     @property
@@ -578,14 +595,37 @@ class WorkEstimate:
         return self.n_to_trace == 0 or self.seconds_per_char is not None
 
     @property
+    def kept_seconds(self) -> float:
+        """The part of :attr:`seconds` spent on the examples already stored."""
+        return self.n_cached * self.seconds_per_kept
+
+    @property
     def seconds(self) -> float:
         """The estimate (the traced part is 0 while unknown: check :attr:`known`)."""
-        return self.fixed_seconds + self.chars_to_trace * (self.seconds_per_char or 0.0)
+        traced = self.chars_to_trace * (self.seconds_per_char or 0.0)
+        return self.fixed_seconds + traced + self.kept_seconds
 
     @property
     def seconds_per_example(self) -> float:
         """The mean time of one example to trace."""
-        return (self.seconds - self.fixed_seconds) / max(self.n_to_trace, 1)
+        traced = self.seconds - self.fixed_seconds - self.kept_seconds
+        return traced / max(self.n_to_trace, 1)
+
+
+def learn_paces(
+    seconds: float, *, traced_chars: int, n_kept: int, kept_pace: float | None
+) -> tuple[float | None, float | None]:
+    """What one action's wall time says of :class:`WorkEstimate`'s two paces: seconds per
+    character traced and seconds per example already kept (``None``: not measured by this
+    action). An action that traced nothing measures the kept pace alone; otherwise the
+    traced pace is what is left once the kept examples are counted at ``kept_pace`` (at
+    most half the time: a kept pace measured under another load cannot zero it)."""
+    if not (seconds > 0 and math.isfinite(seconds)):
+        return None, None
+    if traced_chars <= 0:
+        return None, (seconds / n_kept if n_kept > 0 else None)
+    kept = min(max(n_kept, 0) * (kept_pace or 0.0), seconds / 2)
+    return (seconds - kept) / traced_chars, None
 
 
 def time_extraction(
@@ -593,13 +633,17 @@ def time_extraction(
 ) -> float:
     """Seconds per character (:func:`example_chars`) to trace ``example`` and compute
     every feature ``detectors`` read, measured by extracting it here. Its features are
-    stored in ``cache``, so the time spent counts towards the action it estimates. The
-    first call in a process also loads what detectors read once (spaCy, the sentence
-    embedder), so it errs long.
+    stored in ``cache``, so the time spent counts towards the action it estimates. What
+    detectors load on first use (spaCy, the sentence embedder, a first pass's kernels) is
+    loaded before the clock starts, on :data:`WARM_UP` (not kept), so the pace is the
+    warm one every later example runs at.
 
     Raises:
         DataError: The example cannot be laid out or a detector cannot read it.
     """
+    for got in iter_features(model, [WARM_UP], detectors):
+        if got.error is not None:
+            raise got.error
     t0 = time.perf_counter()
     for got in iter_features(model, [example], detectors, cache=cache):
         if got.error is not None:
@@ -614,6 +658,7 @@ def estimate_extraction(
     cache: FeatureCache | None,
     pace: Callable[[RAGExample], float | None],
     *,
+    kept_pace: float = 0.0,
     fixed_seconds: float = 0.0,
 ) -> WorkEstimate:
     """How long :func:`extract_features` of ``examples`` will take: the examples not in
@@ -626,7 +671,7 @@ def estimate_extraction(
             return list(exs)
         return uncached(cache, model_key, exs, detectors)
 
-    return estimate_work(examples, todo_of, pace, fixed_seconds=fixed_seconds)
+    return estimate_work(examples, todo_of, pace, kept_pace=kept_pace, fixed_seconds=fixed_seconds)
 
 
 def estimate_work(
@@ -634,6 +679,7 @@ def estimate_work(
     todo_of: Callable[[Sequence[RAGExample]], list[RAGExample]],
     pace: Callable[[RAGExample], float | None],
     *,
+    kept_pace: float = 0.0,
     fixed_seconds: float = 0.0,
 ) -> WorkEstimate:
     """The estimate of reading ``examples`` when ``todo_of`` says which are not kept yet:
@@ -649,5 +695,6 @@ def estimate_work(
         n_cached=len(examples) - len(todo),
         chars_to_trace=sum(example_chars(e) for e in todo),
         seconds_per_char=spc,
+        seconds_per_kept=kept_pace,
         fixed_seconds=fixed_seconds,
     )

@@ -1,6 +1,8 @@
 """Judge answers with a detector set: one verdict object behind every page and command.
 
-:func:`judge` gives an :class:`AnswerVerdict` for one answer: the set's overall verdict
+:func:`judge` gives an :class:`AnswerVerdict` for one answer (:func:`judge_answer` a
+:class:`Judgement`: that, the features pages draw from, and the rule that judges it as
+another dataset's answer, :meth:`Judgement.as_dataset`): the set's overall verdict
 (its answer-level judge, :data:`core.pipeline.sets.ANSWER_JUDGE`, else a vote of its detectors),
 each detector's calibrated probability with the threshold of the same calibration, the
 spans the set flags (:mod:`core.pipeline.span_judge`) and the time taken. :func:`judge_many` does the same
@@ -20,7 +22,7 @@ from __future__ import annotations
 import json
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Literal
 
 import pandas as pd
@@ -29,8 +31,8 @@ from core.base.errors import DataError
 from core.base.examples import RAGExample
 from core.engine.model import LoadedModel
 from core.engine.trace import Needs, Trace
-from core.learning.contract import Detector, Verdict, judge_features
-from core.pipeline.extract import FeatureCache, Step, iter_features, stream_example
+from core.learning.contract import Detector, Features, Verdict, calibrated_as, judge_features
+from core.pipeline.extract import WARM_UP, FeatureCache, Step, iter_features, stream_example
 from core.pipeline.sets import ANSWER_JUDGE, DetectorSet
 from core.pipeline.span_judge import Span, SpanDecision, decide_spans
 
@@ -90,15 +92,6 @@ def judge_stream(
         now = time.perf_counter()
         yield Judged(step=step, verdict=verdict, seconds=now - t0)
         t0 = time.perf_counter()  # the consumer's own time is not this step's
-
-
-WARM_UP = RAGExample(
-    id="warm-up",
-    question="Who built the bridge?",
-    passages=("Ada Lovell built the bridge in 1820.",),
-    response="Ada Lovell built it in 1820.",
-)
-"""A tiny answer :func:`warm_up` judges."""
 
 
 def warm_up(
@@ -385,6 +378,135 @@ def answer_verdict(
     )
 
 
+@dataclass(frozen=True, kw_only=True, eq=False)
+class Judgement:
+    """One answer judged by a set, with what pages draw besides the verdict.
+
+    Attributes:
+        example: The judged answer.
+        asked: The set asked to judge it.
+        judged_by: The set whose detectors judged it (``asked.for_example(example)``:
+            its expert for the answer's dataset where it has one; after
+            :meth:`as_dataset`, the set that judges that dataset).
+        verdicts: Detector name -> its verdict, in :attr:`judged_by`'s order.
+        features: Detector name -> the features its verdict was computed from (every
+            detector of the set that first judged the answer).
+        answer: The set's verdict (:func:`answer_verdict` of :attr:`verdicts`).
+        seconds: Wall time of the trace and the predictions.
+        first: The judgement :meth:`as_dataset` started from (``None``: this is it).
+    """
+
+    example: RAGExample
+    asked: DetectorSet
+    judged_by: DetectorSet
+    verdicts: Mapping[str, Verdict]
+    features: Mapping[str, Features]
+    answer: AnswerVerdict
+    seconds: float
+    first: Judgement | None = None
+
+    def as_dataset(self, dataset: str | None) -> Judgement:
+        """The answer judged as if it came from training dataset ``dataset`` (``None``:
+        by all the detectors' training data); no pass is run. The rule, applied to the
+        first judgement:
+
+        1. The set that judges answers of ``dataset`` (:meth:`DetectorSet.for_dataset`
+           of :attr:`asked`) is the one that judged: each detector's calibration and
+           threshold for ``dataset`` (:func:`core.learning.contract.calibrated_as`).
+        2. It is another (the asked set's expert for ``dataset``, or the asked set
+           itself for an answer its expert judged) and reads features all kept: that
+           set's detectors predict from them (an expert reads the same features).
+        3. Otherwise as in 1.
+        """
+        base = self.first or self
+        target = base.asked.for_dataset(dataset)
+        if target is base.judged_by or not all(n in base.features for n in target.names):
+            by = base.judged_by
+            verdicts = {d.name: calibrated_as(d, base.verdicts[d.name], dataset) for d in by.fitted}
+        else:
+            by = target
+            verdicts = {
+                d.name: judge_features(d, base.features[d.name], dataset) for d in by.fitted
+            }
+        return replace(
+            base,
+            judged_by=by,
+            verdicts=verdicts,
+            answer=_answer_of(base.example, by, verdicts, base.seconds),
+            first=base,
+        )
+
+    def judge_as_options(self) -> list[str]:
+        """The training datasets :meth:`as_dataset` can judge the answer as: those a
+        calibrated detector of the asked set keeps a calibration of its own for, and
+        those the set has an expert for, sorted."""
+        asked = (self.first or self).asked
+        own = {
+            n
+            for c in asked.detectors
+            if c.calibrated
+            for n in (getattr(c.detector, "dataset_calibration_", None) or {})
+        }
+        return sorted({*own, *asked.experts})
+
+
+def _answer_of(
+    example: RAGExample, by: DetectorSet, verdicts: Mapping[str, Verdict], seconds: float
+) -> AnswerVerdict:
+    return answer_verdict(
+        example,
+        by.fitted,
+        verdicts,
+        set_name=by.name,
+        seconds=seconds,
+        deferred_from=by.deferred_from,
+    )
+
+
+def judge_answer(
+    model: LoadedModel,
+    example: RAGExample,
+    dset: DetectorSet,
+    *,
+    by: DetectorSet | None = None,
+    extra: Needs | None = None,
+    on_step: Callable[[Judged], None] | None = None,
+    on_trace: Callable[[Trace], None] | None = None,
+) -> Judgement:
+    """The set's :class:`Judgement` of ``example``'s answer: one shared traced pass
+    (:func:`judge_stream`; ``on_step`` after each step, e.g. to show verdicts as they
+    come), by the set's expert for the answer's dataset when it has one.
+
+    Args:
+        by: ``dset.for_example(example)`` when the caller has it already.
+
+    Raises:
+        DataError: The example cannot be laid out or a detector cannot read it.
+    """
+    judged_by = by if by is not None else dset.for_example(example)
+    got: dict[str, Verdict] = {}
+    features: dict[str, Features] = {}
+    t0 = time.perf_counter()
+    for step in judge_stream(model, example, judged_by.fitted, extra=extra, on_trace=on_trace):
+        if step.verdict is not None and step.detector is not None:
+            assert step.step.features is not None
+            got[step.detector] = step.verdict
+            features[step.detector] = step.step.features
+        if on_step is not None:
+            on_step(step)
+    seconds = time.perf_counter() - t0
+    verdicts = {n: got[n] for n in judged_by.names}
+    return Judgement(
+        example=example,
+        asked=dset,
+        judged_by=judged_by,
+        verdicts=verdicts,
+        features=features,
+        answer=_answer_of(example, judged_by, verdicts, seconds),
+        seconds=seconds,
+    )
+
+
 def judge(
     model: LoadedModel,
     example: RAGExample,
@@ -394,26 +516,15 @@ def judge(
     on_step: Callable[[Judged], None] | None = None,
     on_trace: Callable[[Trace], None] | None = None,
 ) -> AnswerVerdict:
-    """The set's verdict on ``example``'s answer (one shared traced pass; see
-    :func:`judge_stream`; ``on_step`` after each step, e.g. to show verdicts as they come),
-    by the set's expert for the answer's dataset when it has one.
+    """The set's verdict on ``example``'s answer (:func:`judge_answer`'s, without what
+    pages draw besides).
 
     Raises:
         DataError: The example cannot be laid out or a detector cannot read it.
     """
-    dset = dset.for_example(example)
-    dets = dset.fitted
-    got: dict[str, Verdict] = {}
-    t0 = time.perf_counter()
-    for step in judge_stream(model, example, dets, extra=extra, on_trace=on_trace):
-        if step.verdict is not None and step.detector is not None:
-            got[step.detector] = step.verdict
-        if on_step is not None:
-            on_step(step)
-    seconds = time.perf_counter() - t0
-    return answer_verdict(
-        example, dets, got, set_name=dset.name, seconds=seconds, deferred_from=dset.deferred_from
-    )
+    return judge_answer(
+        model, example, dset, extra=extra, on_step=on_step, on_trace=on_trace
+    ).answer
 
 
 @dataclass(frozen=True)

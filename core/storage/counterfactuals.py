@@ -13,9 +13,14 @@ from core.storage.db import Database
 class SavedSession(Protocol):
     """What :meth:`Store.save_counterfactual` stores (a :class:`core.interventions.counterfactual.Counterfactual`)."""
 
-    name: str
-    model: str
-    created_at: str
+    @property
+    def name(self) -> str: ...
+
+    @property
+    def model(self) -> str: ...
+
+    @property
+    def created_at(self) -> str: ...
 
     @property
     def original(self) -> RAGExample: ...

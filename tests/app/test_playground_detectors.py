@@ -462,7 +462,7 @@ def test_detectors_that_cannot_run_are_an_error_not_an_exception(
     def fail(*args: object, **kwargs: object) -> dict:
         raise ModelError("the spaCy model is not installed")
 
-    monkeypatch.setattr("app.state.verdicts.judge_stream", fail)
+    monkeypatch.setattr("core.pipeline.judge.judge_stream", fail)
     detectors_dir(_copy(tiny_artifacts, tmp_path))  # its own folder: no cached verdicts
     at = _analysed(make_app)
     assert len(at.error) == 1

@@ -18,13 +18,17 @@ from core.pipeline.sets import DetectorSet
 def test_a_failure_is_kept_until_a_retry(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[str] = []
 
-    def judge_stream(model: Any, example: RAGExample, dets: Any, **kw: Any):
+    def judge_answer(model: Any, example: RAGExample, dset: Any, **kw: Any):
         calls.append(example.id)
         if len(calls) == 1:
             raise DataError("the answer is too long for the model")
-        return iter(())
+        by = kw["by"]  # the page worked out the judging set once, for the cache key too
+        return SimpleNamespace(
+            judged_by=by, verdicts={}, seconds=0.0, features={}, answer=None,
+            example=example, asked=dset,
+        )  # fmt: skip
 
-    monkeypatch.setattr(verdicts, "judge_stream", judge_stream)
+    monkeypatch.setattr(verdicts, "judge_answer", judge_answer)
     shipped = DetectorSet(
         name="set", folder=Path("set"), model_key="m", detectors=(), broken=(),
         other_models=(), stamp="s",

@@ -8,6 +8,7 @@ import re
 import time
 from pathlib import Path
 
+from app.state.learn import WALK_IDS
 from tools import bench_pages
 
 REPO = Path(__file__).resolve().parents[2]
@@ -22,10 +23,23 @@ def _sidebar() -> list[tuple[str, str]]:
 
 
 def test_the_bench_walks_every_page_of_the_sidebar_in_its_order() -> None:
-    walked = [(name, path) for name, path, _, _ in bench_pages.PAGES]
+    walked = [(name, path) for name, path, *_ in bench_pages.PAGES]
     assert walked == _sidebar()
-    for _, path, _, _ in bench_pages.PAGES:
+    for _, path, *_ in bench_pages.PAGES:
         assert (REPO / "app" / "views" / f"{path or 'home'}.py").is_file()
+
+
+def test_the_bench_opens_every_learn_walkthrough() -> None:
+    assert bench_pages.WALKS == tuple(WALK_IDS)
+
+
+def test_the_bench_reads_the_estimate_a_page_says_before_its_action() -> None:
+    said = bench_pages.said_seconds
+    assert said("Estimated time on this machine: about 1 min 5 s: 3 of 24 answers") == 65
+    assert said("Estimated time on this machine: about 42 s for the 12 detectors") == 42
+    assert said("Estimated time on this machine: about 1 h 2 min: 400 of") == 3720
+    assert said("Estimated time on this machine: a few seconds: the features") == 5
+    assert said("Estimated time: not known yet; the first Analyse") is None
 
 
 CHANGING = """

@@ -172,29 +172,89 @@ def test_an_action_records_the_pace_it_ran_at_and_the_next_estimate_follows_it(
     a = replace(toy_example, id="a")
     b = replace(toy_example, id="b", response=toy_example.response + " It is old.")
     c = replace(toy_example, id="c", response="It was built in 1820.", spans=(), label=None)
-    assert estimates.work_estimate(tiny_model, [a, b], dets).seconds_per_char == 9.0
+    assert estimates.work_estimate(tiny_model, [a, b], dets, action="scan").seconds_per_char == 9.0
     store = estimates.get_store()
-    recorded = lambda: store.get_pace(  # noqa: E731
-        model=tiny_model.instance_key, detectors=estimates._pace_key(estimates.detectors_key(dets))
-    )
+    plain = estimates._pace_key(estimates.detectors_key(dets))
+
+    def recorded(key: str = f"scan|{plain}") -> float | None:
+        return store.get_pace(model=tiny_model.instance_key, detectors=key)
 
     # An action that fails records nothing.
-    with pytest.raises(RuntimeError), estimates.paced_extraction(tiny_model, [a, b], dets):
+    with (
+        pytest.raises(RuntimeError),
+        estimates.paced_extraction(tiny_model, [a, b], dets, action="scan"),
+    ):
         raise RuntimeError("stopped")
-    assert recorded() == 9.0
-    # The action's own pace replaces the first timing: its time over what it traced.
+    assert recorded() is None and recorded(plain) == 9.0
+    # The action's own pace replaces the first timing for it: its time over what it traced.
     t0 = time.perf_counter()
-    with estimates.paced_extraction(tiny_model, [a, b], dets):
+    with estimates.paced_extraction(tiny_model, [a, b], dets, action="scan"):
         extract_features(tiny_model, [a, b], dets, cache=FeatureCache(store))
     outer = (time.perf_counter() - t0) / (example_chars(a) + example_chars(b))
-    assert 0 < recorded() <= outer < 9.0
-    nxt = estimates.work_estimate(tiny_model, [a, b, c], dets)
-    assert (nxt.n_cached, nxt.seconds_per_char) == (2, recorded())
-    # An action that only reads the cache says nothing of the pace.
+    assert 0 < recorded() <= outer < 9.0  # type: ignore[operator]
+    nxt = estimates.work_estimate(tiny_model, [a, b, c], dets, action="scan")
+    assert (nxt.n_cached, nxt.seconds_per_char, nxt.seconds_per_kept) == (2, recorded(), 0.0)
+    # Another action with the same detectors is not paced on this one's run.
+    other = estimates.work_estimate(tiny_model, [a, b, c], dets, action="agreement")
+    assert other.seconds_per_char == 9.0
+    # An action that only reads the cache measures the pace of a kept answer.
     before = recorded()
-    with estimates.paced_extraction(tiny_model, [a, b], dets):
+    with estimates.paced_extraction(tiny_model, [a, b], dets, action="scan"):
         time.sleep(0.05)
     assert recorded() == before
+    kept = recorded(f"scan|{plain}{estimates.KEPT}")
+    assert kept is not None and 0.025 <= kept < 1.0
+    again = estimates.work_estimate(tiny_model, [a, b, c], dets, action="scan")
+    assert again.seconds_per_kept == kept and again.kept_seconds == pytest.approx(2 * kept)
+
+
+class _Clock:
+    """A clock an action's simulated work moves on."""
+
+    def __init__(self) -> None:
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+def test_estimates_of_a_page_action_fall_within_1_5x_of_its_recorded_runs(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_model: LoadedModel, toy_example
+) -> None:
+    """Issue 55: on this machine a page's estimate missed its time by 2-3x (a Review scan
+    54 s against 17 s, Agreement 90 s against 192 s). An action there costs a pace per
+    character traced plus its own work on every answer, kept or not (judging, spans); the
+    estimate must follow both from the runs recorded, within 1.5x either way."""
+    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "app.sqlite3"))
+    clock = _Clock()
+    monkeypatch.setattr(estimates, "time", clock)
+    estimates._timed_pace.clear()
+    per_char, per_answer = 0.02, 1.5  # the machine's true costs, unknown to the estimate
+    monkeypatch.setattr(estimates, "time_extraction", lambda *a: per_char)  # warm timing
+    dets = [make_detector("nll")]
+    cache = FeatureCache(estimates.get_store())
+    examples = [
+        replace(toy_example, id=f"e{i}", response=toy_example.response + " More." * (i % 5))
+        for i in range(40)
+    ]
+
+    def run(chosen: list) -> float:
+        """The action on ``chosen``: the true time, moved on the clock, features kept."""
+        todo = uncached(cache, tiny_model.info.key, chosen, dets)
+        took = per_char * sum(map(example_chars, todo)) + per_answer * len(chosen)
+        with estimates.paced_extraction(tiny_model, chosen, dets, action="scan"):
+            extract_features(tiny_model, todo, dets, cache=cache)
+            clock.now += took
+        return took
+
+    misses = []
+    for chosen in (examples[:8], examples[:8], examples[:20], examples[4:30], examples[:40]):
+        said = estimates.work_estimate(tiny_model, chosen, dets, action="scan").seconds
+        misses.append(said / run(chosen))
+    # The first run knows only the warm extraction pace, not the action's own work.
+    assert misses[0] < 1.0
+    # Once a run has traced and one has only read, every estimate is within 1.5x.
+    assert all(1 / 1.5 <= m <= 1.5 for m in misses[2:]), misses
 
 
 def test_an_sae_read_records_its_pace_for_the_next_read_estimate(

@@ -585,10 +585,9 @@ def test_lookback_without_token_labels_scores_windows_with_the_answer_model(
 
 
 def test_both_probes_are_ensemble_members_and_token_scorers() -> None:
-    from core.detectors.ensemble import DEFAULT_MEMBERS
     from core.learning.contract import scores_tokens
 
-    assert {"saplma", "lookback_lens"} <= set(DEFAULT_MEMBERS)
+    assert {"saplma", "lookback_lens"} <= set(make_detector("ensemble").config.members)
     assert scores_tokens(make_detector("saplma")) and scores_tokens(make_detector("lookback_lens"))
 
 

@@ -5,6 +5,7 @@ and pages against judge()). Tiny model, nll + context_gain trained with ``--cv 3
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from collections import defaultdict
 from pathlib import Path
@@ -18,7 +19,8 @@ from core.base.paths import builtin_dir
 from core.cli import main
 from core.data import resolve_dataset
 from core.interventions.counterfactual import score_one
-from core.pipeline.judge import AnswerVerdict, judge, judge_many
+from core.learning.contract import calibrated_as, judge_features
+from core.pipeline.judge import AnswerVerdict, judge, judge_answer, judge_many
 from core.pipeline.sets import load_set
 from core.review import dataset_verdicts
 
@@ -149,3 +151,51 @@ def test_analysis_paths_calibrate_like_the_judge(
                 assert got.hallucinated == v.hallucinated
             assert side[name].score == pytest.approx(v.score)
             assert side[name].flagged == v.hallucinated
+
+
+def _facts(verdicts) -> dict[str, tuple]:
+    """What a verdict says, comparable (its token scores are arrays)."""
+    return {
+        n: (v.score, v.threshold, v.calibrated_for, v.hallucinated) for n, v in verdicts.items()
+    }
+
+
+def test_an_answer_is_judged_as_another_datasets_by_one_rule_in_core(
+    tiny_model, trained: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 54: the rule that recalibrates a verdict for another training dataset, or
+    hands the answer to that dataset's expert, lives in core (:meth:`Judgement.as_dataset`)
+    for every caller; a page's "judge as" and the CLI read it."""
+    out, a_test, cache = trained
+    monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(cache))
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(out))
+    dset = load_set(tiny_model.info.key)
+    _, examples = resolve_dataset(str(a_test))
+    ex = examples[0]
+    first = judge_answer(tiny_model, ex, dset)
+    assert _facts(first.answer.verdicts) == _facts(judge(tiny_model, ex, dset).verdicts)
+    assert set(first.features) == set(dset.names) and first.judged_by is dset
+    assert first.judge_as_options() == ["a_dev", "b_dev"]
+    # 1. The set that judged judges b_dev's answers too: each detector's b_dev calibration.
+    as_b = first.as_dataset("b_dev")
+    for card in dset.detectors:
+        want = calibrated_as(card.detector, first.verdicts[card.name], "b_dev")
+        assert _facts(as_b.verdicts)[card.name] == _facts({card.name: want})[card.name]
+        assert want.calibrated_for == "b_dev"
+    assert as_b.answer.set_name == dset.name and as_b.first is first
+    pooled = as_b.as_dataset(None)  # from the first judgement, not from b_dev's
+    assert all(v.calibrated_for is None for v in pooled.verdicts.values())
+    assert _facts(pooled.as_dataset("a_dev").verdicts) == _facts(
+        {n: calibrated_as(dset.card(n).detector, v, "a_dev") for n, v in first.verdicts.items()}
+    )
+    # 2. Another set judges b_dev's answers (an expert): it predicts from the kept features.
+    expert = dataclasses.replace(dset.subset(["nll"]), name="b-expert")
+    routed = dataclasses.replace(dset, experts={"b_dev": expert})
+    j = judge_answer(tiny_model, ex, routed)
+    assert j.judged_by is routed  # a_test has no expert
+    by_expert = j.as_dataset("b_dev")
+    assert by_expert.judged_by is expert and by_expert.answer.set_name == "b-expert"
+    assert _facts(by_expert.verdicts) == _facts(
+        {"nll": judge_features(expert.card("nll").detector, j.features["nll"], "b_dev")}
+    )
+    assert j.judge_as_options() == ["a_dev", "b_dev"]

@@ -19,6 +19,7 @@ passages. :func:`check_faithful` checks that each slot's value does occur in the
 
 from __future__ import annotations
 
+import builtins
 import datetime as dt
 import random
 import re
@@ -289,7 +290,7 @@ class Gen:
         """A uniform integer in ``[lo, hi]`` on a grid of ``step``."""
         return self.rng.randrange(lo, hi + 1, step)
 
-    def real(self, lo: float, hi: float, decimals: int = 1) -> float:
+    def real(self, lo: float, hi: float, decimals: builtins.int = 1) -> float:
         """A uniform float in ``[lo, hi]`` rounded to ``decimals``."""
         return round(self.rng.uniform(lo, hi), decimals)
 
@@ -297,15 +298,15 @@ class Gen:
         """True with probability ``p``."""
         return self.rng.random() < p
 
-    def sample(self, seq: Sequence[str], k: int) -> list[str]:
+    def sample(self, seq: Sequence[str], k: builtins.int) -> list[str]:
         """``k`` distinct elements of ``seq``."""
         return self.rng.sample(list(seq), k)
 
-    def date(self, y0: int, y1: int) -> dt.date:
+    def date(self, y0: builtins.int, y1: builtins.int) -> dt.date:
         """A uniform date between 1 January ``y0`` and 28 December ``y1``."""
         return dt.date(self.int(y0, y1), self.int(1, 12), self.int(1, 28))
 
-    def time(self, h0: int = 6, h1: int = 22, step: int = 5) -> dt.time:
+    def time(self, h0: builtins.int = 6, h1: builtins.int = 22, step: builtins.int = 5) -> dt.time:
         """A clock time between ``h0`` and ``h1`` hours, on a ``step``-minute grid."""
         return dt.time(self.int(h0, h1), self.int(0, 55, step))
 
@@ -340,7 +341,7 @@ class Gen:
         """A number slot (see :class:`Num`)."""
         return Num(value=value, fmt=fmt, lo=lo, hi=hi)
 
-    def when(self, value: dt.date | dt.time | int, style: DateStyle = "year") -> When:
+    def when(self, value: dt.date | dt.time | builtins.int, style: DateStyle = "year") -> When:
         """A date slot; an int is a year."""
         if isinstance(value, int):
             value = dt.date(value, 1, 1)
@@ -369,7 +370,7 @@ def _alt_numbers(n: Num) -> list[float]:
     decimals = {"int": 0, "comma": 0, "1f": 1, "2f": 2}[n.fmt]
     if decimals == 0:
         iv = int(v)
-        g = 1
+        g: float = 1
         while iv and iv % (g * 10) == 0 and g * 10 <= max(iv // 4, 1):
             g *= 10
         cands = [iv + k * g for k in (-5, -4, -3, -2, -1, 1, 2, 3, 4, 5, 7)]
@@ -449,10 +450,10 @@ def _replacements(doc: Doc, i: int, gen: Gen) -> list[tuple[str, str]]:
             if not any(occurs(f, ctx) for f in alt.forms()):
                 out.append((alt.text, f"{_src(t, 'give', 'gives')} {p.text}, not {alt.text}"))
     elif isinstance(p, When):
-        for c in _alt_dates(p):
-            alt = When(value=c, style=p.style)
-            if alt.text != p.text and not any(occurs(f, ctx) for f in alt.forms()):
-                out.append((alt.text, f"{_src(t, 'give', 'gives')} {p.text}, not {alt.text}"))
+        for d in _alt_dates(p):
+            when = When(value=d, style=p.style)
+            if when.text != p.text and not any(occurs(f, ctx) for f in when.forms()):
+                out.append((when.text, f"{_src(t, 'give', 'gives')} {p.text}, not {when.text}"))
     elif isinstance(p, Ent):
         for _ in range(12):
             try:
@@ -462,10 +463,10 @@ def _replacements(doc: Doc, i: int, gen: Gen) -> list[tuple[str, str]]:
             if new != p.text and not (_words(new) & _words(p.text)) and not occurs(new, ctx):
                 out.append((new, f"{_src(t, 'name', 'names')} {p.text}; {new} is not mentioned"))
     elif isinstance(p, Flip):
-        for alt in p.alts:
-            if alt != p.text and not occurs(alt, ctx):
-                default = f"{_src(t, 'support', 'supports')} '{p.text}', not '{alt}'"
-                out.append((alt, p.note or default))
+        for wording in p.alts:
+            if wording != p.text and not occurs(wording, ctx):
+                default = f"{_src(t, 'support', 'supports')} '{p.text}', not '{wording}'"
+                out.append((wording, p.note or default))
     return out
 
 
@@ -500,13 +501,13 @@ def make_variant(doc: Doc, htype: HallucinationType, gen: Gen) -> Variant | None
     for i in idx:
         add = doc.response[i]
         assert isinstance(add, Add)
-        cands = [
+        texts = [
             c
             for c in getattr(add, field)
             if not occurs(c.strip(_INSERT_LEAD + _INSERT_TRAIL), doc.context)
         ]
-        if cands:
-            text = cands[rng.randrange(len(cands))]
+        if texts:
+            text = texts[rng.randrange(len(texts))]
             if field == "detail":
                 note = f"{_src(gen.task, 'do', 'does')} not mention this"
             else:

@@ -88,6 +88,7 @@ def business_listing(g: Gen) -> Doc:
     owner, city = g.person(), g.town()
     founded, staff, radius = g.int(1968, 2021), g.int(2, 45), g.int(5, 60)
     emergency = g.chance(0.5)
+    rating = g.pick_any((3.8, 4.1, 4.4, 4.7, 4.9))
     rec = {
         "business_name": name,
         "owner": owner,
@@ -96,7 +97,7 @@ def business_listing(g: Gen) -> Doc:
         "employees": staff,
         "service_radius_km": radius,
         "emergency_callouts": emergency,
-        "rating": g.pick_any((3.8, 4.1, 4.4, 4.7, 4.9)),
+        "rating": rating,
     }
     r: list[Part] = [
         name,
@@ -113,7 +114,7 @@ def business_listing(g: Gen) -> Doc:
         " km",
         g.add(detail=[" of the town hall"], baseless=[", which keeps response times short"]),
         " and holds a rating of ",
-        g.num(rec["rating"], "1f", lo=1, hi=5),
+        g.num(rating, "1f", lo=1, hi=5),
         ". It ",
         _yes_no(g, emergency, "offers emergency call-outs", "does not offer emergency call-outs"),
         ".",
@@ -466,10 +467,11 @@ def property_listing(g: Gen) -> Doc:
     beds, area, price = g.int(1, 6), g.int(45, 260), g.int(90, 950) * 1000
     built = g.int(1890, 2022)
     garden = g.chance(0.5)
+    kind = "house" if beds > 2 else "flat"
     rec = {
         "listing": {
             "address": f"{g.int(1, 99)} {street}, {city}",
-            "type": "house" if beds > 2 else "flat",
+            "type": kind,
         },
         "bedrooms": beds,
         "floor_area_m2": area,
@@ -478,7 +480,6 @@ def property_listing(g: Gen) -> Doc:
         "asking_price": price,
         "agent": agent,
     }
-    kind = rec["listing"]["type"]
     r: list[Part] = [
         "This ",
         g.num(beds),
@@ -524,6 +525,7 @@ def job_posting(g: Gen) -> Doc:
     salary, hours = g.int(28, 85) * 1000, g.pick_any((20, 24, 32, 36, 38, 40))
     start = g.date(2022, 2026)
     remote = g.chance(0.5)
+    contract = g.pick(("permanent", "fixed-term (12 months)"))
     rec = {
         "job_title": role,
         "employer": co,
@@ -532,7 +534,7 @@ def job_posting(g: Gen) -> Doc:
         "hours_per_week": hours,
         "start_date": start.isoformat(),
         "remote_possible": remote,
-        "contract": g.pick(("permanent", "fixed-term (12 months)")),
+        "contract": contract,
     }
     r: list[Part] = [
         g.ent(co, "company"),
@@ -542,7 +544,7 @@ def job_posting(g: Gen) -> Doc:
         " in ",
         g.ent(city, "town"),
         " on a ",
-        rec["contract"],
+        contract,
         " contract. The job pays ",
         g.num(salary, "comma"),
         " euros a year for ",
@@ -792,6 +794,7 @@ def recipe_card(g: Gen) -> Doc:
     author = g.person()
     serves, prep, cook, kcal = g.int(2, 8), g.int(5, 40, 5), g.int(10, 90, 5), g.int(180, 780)
     veg = g.chance(0.6) if dish != "Baked trout" else False
+    difficulty = g.pick(("easy", "medium"))
     rec = {
         "recipe": dish,
         "author": author,
@@ -800,7 +803,7 @@ def recipe_card(g: Gen) -> Doc:
         "cook_minutes": cook,
         "kcal_per_serving": kcal,
         "vegetarian": veg,
-        "difficulty": g.pick(("easy", "medium")),
+        "difficulty": difficulty,
         "published": (pub := g.date(2012, 2025)).isoformat(),
     }
     r: list[Part] = [
@@ -820,7 +823,7 @@ def recipe_card(g: Gen) -> Doc:
         ". Each serving has ",
         g.num(kcal),
         " calories, the recipe is rated ",
-        rec["difficulty"],
+        difficulty,
         ", and it ",
         _yes_no(g, veg, "is vegetarian", "is not vegetarian"),
         ".",
@@ -935,13 +938,14 @@ def attraction_info(g: Gen) -> Doc:
     child = g.int(3, adult - 2)
     founded = g.int(1870, 2005)
     access = g.chance(0.5)
+    closed_on = g.pick(("Mondays", "25 December", "Tuesdays in winter"))
     rec = {
         "attraction": name,
         "opening_hours": {"daily": f"{opens:02d}:00-{closes}:00"},
         "tickets": {"adult": adult, "child": child, "currency": "EUR"},
         "opened_to_public": founded,
         "wheelchair_accessible": access,
-        "closed_on": g.pick(("Mondays", "25 December", "Tuesdays in winter")),
+        "closed_on": closed_on,
     }
     r: list[Part] = [
         "The ",
@@ -953,7 +957,7 @@ def attraction_info(g: Gen) -> Doc:
         " to ",
         g.when(dt.time(closes, 0)),
         " except ",
-        rec["closed_on"],
+        closed_on,
         ". Adult tickets cost ",
         g.num(adult),
         " euros and children's tickets ",
@@ -1030,6 +1034,7 @@ def air_quality(g: Gen) -> Doc:
     tm = g.time(6, 21, 60)
     pm25, no2, aqi = g.int(3, 85), g.int(8, 120), g.int(15, 180)
     cat = "good" if aqi <= 50 else "moderate" if aqi <= 100 else "unhealthy for sensitive groups"
+    trend = g.pick(("rising", "falling", "stable"))
     rec = {
         "station": station,
         "timestamp": f"{d.isoformat()}T{fdate(tm, 'time')}",
@@ -1037,7 +1042,7 @@ def air_quality(g: Gen) -> Doc:
         "no2_ugm3": no2,
         "aqi": aqi,
         "category": cat,
-        "trend": g.pick(("rising", "falling", "stable")),
+        "trend": trend,
     }
     others = [
         c for c in ("good", "moderate", "unhealthy for sensitive groups", "hazardous") if c != cat
@@ -1064,7 +1069,7 @@ def air_quality(g: Gen) -> Doc:
             detail=[" by the regional environment agency"], baseless=[", mainly because of traffic"]
         ),
         ", and the trend is ",
-        g.flip(rec["trend"], *trend_alts),
+        g.flip(trend, *trend_alts),
         ".",
         g.add(
             detail=[" The station was installed in 2015."],
