@@ -126,9 +126,13 @@ def estimate_shown(page: Page) -> float | None:
 
 
 def sign_in(page: Page) -> None:
-    """Review asks for the reviewer's name first (part of opening the page)."""
+    """Review asks for the reviewer's name first (part of opening the page); once the
+    queue holds spans, its scan form is folded away ("Build the queue") and opened."""
     page.get_by_test_id("stTextInputField").fill("Ada")
     page.get_by_role("button", name="Start reviewing").click()
+    settle(page, time.perf_counter())
+    if not page.get_by_role("button", name="Scan and queue").first.is_visible():
+        page.get_by_text("Build the queue", exact=True).first.click()
 
 
 @dataclass(frozen=True)
@@ -251,6 +255,9 @@ def main(argv: list[str] | None = None) -> int:
         "--loop", action="store_true", help="also time the review -> adapt loop (after the pages)"
     )
     ap.add_argument("--only-loop", action="store_true", help="time the loop alone")
+    ap.add_argument(
+        "--pages", default=None, metavar="A,B", help="only these pages (their titles), in order"
+    )
     args = ap.parse_args(argv)
     if args.model == EMBEDDED:
         prepare_embedded()  # a warm start reads cached weights
@@ -278,7 +285,9 @@ def main(argv: list[str] | None = None) -> int:
             browser = pw.chromium.launch(
                 executable_path=str(CHROMIUM), headless=True, args=CHROMIUM_ARGS
             )
-            for name, path, enter, button, again in [] if args.only_loop else PAGES:
+            only = None if args.pages is None else set(args.pages.split(","))
+            chosen = [p for p in PAGES if only is None or p[0] in only]
+            for name, path, enter, button, again in [] if args.only_loop else chosen:
                 opened, said, acted = visit(browser, f"{url}/{path}", enter, button)
                 said2 = acted2 = None
                 if again is not None:
@@ -287,7 +296,7 @@ def main(argv: list[str] | None = None) -> int:
                 told = "" if acted is None else f", {button} {acted:.1f} s (said {said})"
                 more = "" if acted2 is None else f", again {acted2:.1f} s (said {said2})"
                 print(f"{name}: open {opened:.1f} s{told}{more}", flush=True)
-            for walk in [] if args.only_loop else WALKS:
+            for walk in [] if args.only_loop or (only and "Learn" not in only) else WALKS:
                 walks[walk] = visit(browser, f"{url}/learn?walk={walk}", None, None)[0]
                 print(f"Learn, {walk}: open {walks[walk]:.1f} s", flush=True)
             if args.loop or args.only_loop:

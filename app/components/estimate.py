@@ -56,8 +56,8 @@ def describe_work(
     head = "a few seconds" if est.seconds < FEW_SECONDS else f"about {format_seconds(est.seconds)}"
     return (
         f"Estimated time on this machine: **{head}**: {est.n_to_trace} of {n} {what} to "
-        f"trace at about {est.seconds_per_example:.1f} s each (paced on one traced "
-        f"here){cached}{plus}. Later runs read them from {kept}."
+        f"trace at about {est.seconds_per_example:.1f} s each (paced on this machine)"
+        f"{cached}{plus}. Later runs read them from {kept}."
     )
 
 

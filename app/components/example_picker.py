@@ -362,7 +362,7 @@ def compute_row(
     timed = paced_extraction(model, chosen, [make_detector(detector)], action=key)
     with progress_bar(progress_text, progress_step) as progress:
         try:
-            with timed:
+            with timed as pacer:
                 return extract_request(
                     model,
                     chosen,
@@ -372,7 +372,7 @@ def compute_row(
                     dataset_label=picked.label,
                     split=selection.split or ALL_SPLITS,
                     limit=selection.limit,
-                    progress=progress,
+                    progress=pacer.ticking(progress),
                 )
         except RagscopeError as e:
             st.error(f"The features could not be extracted: {md(e)}")

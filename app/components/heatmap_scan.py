@@ -35,13 +35,13 @@ def scan_dataset(
     """CORTEX's raw token scores for ``examples`` (features from the cache when there)."""
 
     timed = paced_extraction(model, examples, [cortex], action=SCAN_ACTION)
-    with progress_bar("Scanning with CORTEX:") as progress, timed:
+    with progress_bar("Scanning with CORTEX:") as progress, timed as pacer:
         ext = extract_features(
             model,
             examples,
             [cortex],
             cache=FeatureCache(get_store()),
-            progress=progress,
+            progress=pacer.ticking(progress),
             on_error="skip",
         )
     return {f.example_id: cortex.raw_token_scores(f) for f in ext.features[CORTEX]}

@@ -242,13 +242,13 @@ def run_scan(
     timed = paced_extraction(model, todo, dets, action=SCAN_ACTION)
     with progress_bar("Scanning:") as progress:
         try:
-            with timed:
+            with timed as pacer:
                 return judge_dataset(
                     model,
                     todo,
                     dset,
                     cache=FeatureCache(get_store()),
-                    progress=progress,
+                    progress=pacer.ticking(progress),
                 )
         except RagscopeError as e:
             st.error(f"The scan failed: {md(e)}")

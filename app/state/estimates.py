@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import time
 from collections.abc import Callable, Iterator, Sequence
+from dataclasses import replace
 from typing import TYPE_CHECKING
 
 import streamlit as st
@@ -23,14 +24,18 @@ import streamlit as st
 from app.state.datasets import get_store
 from app.state.detectors import ShippedDetectors
 from app.state.verdicts import answer_verdicts
+from core.base.errors import RagscopeError
 from core.base.examples import RAGExample
 from core.engine.generate import GenerationConfig, generate
+from core.engine.layout import render
 from core.explain import read_estimate, time_reading, unread
 from core.pipeline.extract import (
     FeatureCache,
+    LengthPaces,
     WorkEstimate,
     estimate_extraction,
     example_chars,
+    fit_paces,
     learn_paces,
     time_extraction,
     uncached,
@@ -112,27 +117,84 @@ def _timed_pace(
     return pace
 
 
+PROMPT, RESPONSE = "|prompt", "|response"
+"""Suffixes of the keys an action's :class:`~core.pipeline.extract.LengthPaces` are
+recorded under (seconds per prompt character, per answer character)."""
+
+
+class Pacer:
+    """What a timed block hands its action: :meth:`ticking` wraps the action's progress
+    callback, so each example's own time is known when the block ends."""
+
+    def __init__(self) -> None:
+        self.ticks: list[tuple[int, float]] = []
+
+    def ticking(self, progress: Callable[[int, int], None]) -> Callable[[int, int], None]:
+        """``progress``, also noting when each example was done."""
+
+        def tick(done: int, total: int) -> None:
+            self.ticks.append((done, time.perf_counter()))
+            progress(done, total)
+
+        return tick
+
+    def durations(self, t0: float, n: int) -> list[float] | None:
+        """Each of ``n`` examples' time, in the order done, when the action said each
+        once (``None`` otherwise)."""
+        if [d for d, _ in self.ticks] != list(range(1, n + 1)):
+            return None
+        times = [t0, *(t for _, t in self.ticks)]
+        return [b - a for a, b in zip(times, times[1:], strict=False)]
+
+
 @contextlib.contextmanager
 def _recording(
-    model: LoadedModel, key: str, todo: Sequence[RAGExample], n_kept: int
-) -> Iterator[None]:
-    """Times the block, which reads ``todo`` and ``n_kept`` examples already kept, and
-    records under ``key`` the paces its time measures (:func:`core.pipeline.extract.learn_paces`)
-    when it ends normally: the next estimate is paced on this action, not on one answer
-    timed earlier under another load."""
+    model: LoadedModel, key: str, examples: Sequence[RAGExample], todo: Sequence[RAGExample]
+) -> Iterator[Pacer]:
+    """Times the block, which reads ``examples`` (``todo`` of them not kept yet), and
+    records under ``key`` the paces its time measures when it ends normally: the next
+    estimate is paced on this action, not on one answer timed earlier under another load.
+    The whole block's time gives the pace per character traced and per kept example
+    (:func:`core.pipeline.extract.learn_paces`); when the action told each example's end
+    (:meth:`Pacer.ticking`), the kept examples' own times give the kept pace, and the
+    traced ones' the paces of prompt and answer characters apart
+    (:func:`core.pipeline.extract.fit_paces`)."""
+    pacer = Pacer()
     t0 = time.perf_counter()
-    yield
+    yield pacer
+    store = get_store()
+
+    def put(suffix: str, value: float | None) -> None:
+        if value is not None:
+            store.put_pace(model=model.instance_key, detectors=key + suffix, seconds_per_char=value)
+
     per_char, per_kept = learn_paces(
         time.perf_counter() - t0,
         traced_chars=sum(example_chars(e) for e in todo),
-        n_kept=n_kept,
+        n_kept=len(examples) - len(todo),
         kept_pace=_recorded(model, key + KEPT),
     )
-    store = get_store()
-    if per_char is not None:
-        store.put_pace(model=model.instance_key, detectors=key, seconds_per_char=per_char)
-    if per_kept is not None:
-        store.put_pace(model=model.instance_key, detectors=key + KEPT, seconds_per_char=per_kept)
+    each = pacer.durations(t0, len(examples))
+    if each is not None:
+        traced = {id(e) for e in todo}
+        kept = [d for e, d in zip(examples, each, strict=True) if id(e) not in traced]
+        per_kept = sum(kept) / len(kept) if kept else per_kept
+        fit = fit_paces(
+            [d for e, d in zip(examples, each, strict=True) if id(e) in traced], list(todo)
+        )
+        if fit is not None:
+            put(PROMPT, fit.prompt)
+            put(RESPONSE, fit.response)
+    put("", per_char)
+    put(KEPT, per_kept)
+
+
+def _length_paces(model: LoadedModel, key: str) -> LengthPaces | None:
+    """The prompt and answer paces ``key``'s action last measured, if it did."""
+    prompt, response = _recorded(model, key + PROMPT), _recorded(model, key + RESPONSE)
+    if prompt is None or response is None:
+        return None
+    return LengthPaces(prompt=prompt, response=response)
 
 
 def paced_extraction(
@@ -141,13 +203,13 @@ def paced_extraction(
     detectors: Sequence[Detector],
     *,
     action: str,
-) -> contextlib.AbstractContextManager[None]:
+) -> contextlib.AbstractContextManager[Pacer]:
     """A block in which ``action`` reads ``detectors``' features of ``examples`` (and does
     its own work on them), timed: its paces replace the ones recorded for ``action``
     (:func:`work_estimate` with the same ``action`` reads them next)."""
     todo = uncached(FeatureCache(get_store()), model.info.key, examples, detectors)
     key = _action_key(action, _pace_key(detectors_key(detectors)))
-    return _recording(model, key, todo, len(examples) - len(todo))
+    return _recording(model, key, examples, todo)
 
 
 def work_estimate(
@@ -166,16 +228,31 @@ def work_estimate(
         ModelError: A detector cannot run on this model.
     """
     key = detectors_key(detectors)
-    kept = _recorded(model, _action_key(action, _pace_key(key)) + KEPT)
-    return estimate_extraction(
+    where = _action_key(action, _pace_key(key))
+    cache = FeatureCache(get_store())
+    est = estimate_extraction(
         model.info.key,
         examples,
         detectors,
-        FeatureCache(get_store()),
+        cache,
         lambda ex: _pace(model, detectors, key, action, ex),
-        kept_pace=kept or 0.0,
+        kept_pace=_recorded(model, where + KEPT) or 0.0,
         fixed_seconds=fixed_seconds,
     )
+    return _by_lengths(
+        model, where, est, lambda: uncached(cache, model.info.key, examples, detectors)
+    )
+
+
+def _by_lengths(
+    model: LoadedModel, key: str, est: WorkEstimate, todo: Callable[[], list[RAGExample]]
+) -> WorkEstimate:
+    """``est`` with its traced part at the prompt and answer paces ``key``'s action
+    measured (:func:`_length_paces`), when it did."""
+    paces = _length_paces(model, key)
+    if paces is None or not est.chars_to_trace:
+        return est
+    return replace(est, seconds_per_char=paces.seconds(todo()) / est.chars_to_trace)
 
 
 def _sae_key(sae: LoadedSAE, activation: str) -> str:
@@ -206,11 +283,11 @@ def _timed_read_pace(
 
 def paced_read(
     model: LoadedModel, sae: LoadedSAE, examples: Sequence[RAGExample], activation: str
-) -> contextlib.AbstractContextManager[None]:
+) -> contextlib.AbstractContextManager[Pacer]:
     """A block that reads ``sae``'s activations of ``examples``, timed: its pace replaces
     the recorded one (:func:`sae_read_estimate` reads it next)."""
     todo = unread(model, sae, examples, activation)  # type: ignore[arg-type]
-    return _recording(model, _sae_key(sae, activation), todo, len(examples) - len(todo))
+    return _recording(model, _sae_key(sae, activation), examples, todo)
 
 
 def sae_read_estimate(
@@ -223,13 +300,19 @@ def sae_read_estimate(
         RagscopeError: The answer timed cannot be laid out or run.
     """
     key = _sae_key(sae, activation)
-    return read_estimate(
+    est = read_estimate(
         model,
         sae,
         examples,
         activation=activation,  # type: ignore[arg-type]
         pace=lambda ex: _read_pace(model, sae, key, ex),
         kept_pace=_recorded(model, key + KEPT) or 0.0,
+    )
+    return _by_lengths(
+        model,
+        key,
+        est,
+        lambda: unread(model, sae, examples, activation),  # type: ignore[arg-type]
     )
 
 
@@ -255,10 +338,20 @@ def _decode_pace(_model: LoadedModel, instance_key: str) -> float:
     return out.seconds / max(len(out.token_ids), 1)
 
 
-def generation_seconds(model: LoadedModel, max_new_tokens: int) -> float:
-    """At most how long generating ``max_new_tokens`` takes here (a long prompt makes
-    each step somewhat slower)."""
-    return max_new_tokens * _decode_pace(model, model.instance_key)
+def generation_seconds(
+    model: LoadedModel, max_new_tokens: int, like: RAGExample | None = None
+) -> float:
+    """About how long generating a new answer takes here: as many tokens as ``like``'s
+    answer has (a regenerated answer is usually about as long as the one it replaces),
+    at most ``max_new_tokens``; without ``like``, ``max_new_tokens`` of them."""
+    tokens = max_new_tokens
+    if like is not None:
+        try:
+            n = int(render(like, model).response_offsets.shape[0])
+        except RagscopeError:
+            n = max_new_tokens
+        tokens = min(max_new_tokens, max(n, PACE_TOKENS))
+    return tokens * _decode_pace(model, model.instance_key)
 
 
 def answer_estimate(

@@ -253,13 +253,13 @@ def main() -> None:
         timed = paced_extraction(model, examples[:limit], subset.fitted, action=ACTION)
         with progress_bar("Reading verdicts:") as progress:
             try:
-                with timed:
+                with timed as pacer:
                     kept, verdicts = dataset_verdicts(
                         model,
                         examples[:limit],
                         subset,
                         cache=FeatureCache(get_store()),
-                        progress=progress,
+                        progress=pacer.ticking(progress),
                     )
             except RagscopeError as e:
                 st.error(f"The detectors could not read {md(label)}: {md(e)}")

@@ -455,10 +455,10 @@ def main() -> None:
                 shipped,
                 2,
                 action=ACTION,
-                fixed_seconds=generation_seconds(model, max_tokens) if regen else 0.0,
+                fixed_seconds=generation_seconds(model, max_tokens, example) if regen else 0.0,
             ),
             what="versions (the original and the edited)",
-            extra=f"generating up to {max_tokens} tokens" if regen else "",
+            extra="generating the new answer (about as long as the first)" if regen else "",
         )
     if go:
         try:

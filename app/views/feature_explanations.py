@@ -98,13 +98,13 @@ def read_row(
     timed = paced_read(model, choice.sae, chosen, choice.activation)
     with progress_bar("SAE activations:") as progress:
         try:
-            with timed:
+            with timed as pacer:
                 got = encode_answers(
                     model,
                     choice.sae,
                     chosen,
                     activation=choice.activation,  # type: ignore[arg-type]
-                    progress=progress,
+                    progress=pacer.ticking(progress),
                     on_error="skip",
                 )
         except RagscopeError as e:

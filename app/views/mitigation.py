@@ -276,10 +276,10 @@ def feedback_section(
                 shipped,
                 1,
                 action=ACTION,
-                fixed_seconds=generation_seconds(model, max_tokens),
+                fixed_seconds=generation_seconds(model, max_tokens, example),
             ),
             what="answers (the new one, judged by the set at the original's pace)",
-            extra=f"generating up to {max_tokens} tokens",
+            extra="generating the new answer (about as long as the first)",
         )
     if go:
         _feedback_regenerate(

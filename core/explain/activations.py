@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import math
 import threading
+import time
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -25,7 +26,7 @@ from core.base.examples import RAGExample, example_hash
 from core.engine.layout import render
 from core.engine.model import LoadedModel
 from core.engine.trace import residuals_until
-from core.pipeline.extract import WorkEstimate, estimate_work, example_chars
+from core.pipeline.extract import WARM_UP, WorkEstimate, estimate_work, example_chars
 from core.signals.sae import Activation, LoadedSAE
 
 if TYPE_CHECKING:
@@ -271,13 +272,14 @@ def time_reading(
 ) -> float:
     """Seconds per character (:func:`core.pipeline.extract.example_chars`) to read ``example``'s SAE
     activations, measured by reading them here (they stay cached, so the time counts
-    towards the read it estimates).
+    towards the read it estimates), warm: a tiny answer (:data:`core.pipeline.extract.WARM_UP`)
+    is read first, so what the first read loads (the SAE on the device, the hooks' first
+    pass) is not in the pace.
 
     Raises:
         RagscopeError: The example cannot be laid out or run.
     """
-    import time
-
+    _read(model, sae, WARM_UP, activation)
     t0 = time.perf_counter()
     _read(model, sae, example, activation)
     return (time.perf_counter() - t0) / example_chars(example)

@@ -21,6 +21,7 @@ from dataclasses import dataclass, replace
 from typing import Literal
 
 import numpy as np
+from scipy.optimize import nnls
 
 from core.base.errors import DataError
 from core.base.examples import RAGExample, example_hash
@@ -626,6 +627,52 @@ def learn_paces(
         return None, (seconds / n_kept if n_kept > 0 else None)
     kept = min(max(n_kept, 0) * (kept_pace or 0.0), seconds / 2)
     return (seconds - kept) / traced_chars, None
+
+
+MIN_FIT = 6
+"""Fewest traced examples whose times :func:`fit_paces` splits into two paces."""
+
+
+@dataclass(frozen=True)
+class LengthPaces:
+    """Seconds per character of an example's prompt material and of its answer, apart:
+    the features read per answer token (a lens over every layer, each head's attention to
+    the passages) make an answer's character cost several prompt characters, or, for
+    what reads each head over the passages, fewer. :func:`fit_paces` measures both."""
+
+    prompt: float
+    response: float
+
+    def seconds(self, examples: Sequence[RAGExample]) -> float:
+        return sum(
+            self.prompt * p + self.response * r for p, r in map(example_lengths, examples)
+        )
+
+
+def example_lengths(example: RAGExample) -> tuple[int, int]:
+    """``(prompt material, answer)`` characters of ``example`` (they add up to
+    :func:`example_chars`, less its floor of 1)."""
+    chars = example_chars(example)
+    return chars - len(example.response), len(example.response)
+
+
+def fit_paces(seconds: Sequence[float], examples: Sequence[RAGExample]) -> LengthPaces | None:
+    """:class:`LengthPaces` from each traced example's time, by non-negative least
+    squares; ``None`` with fewer than :data:`MIN_FIT` examples, or when their prompt and
+    answer lengths grow together too closely to tell the two paces apart."""
+    if len(seconds) != len(examples) or len(examples) < MIN_FIT:
+        return None
+    X = np.asarray([example_lengths(e) for e in examples], dtype=float)
+    y = np.asarray(seconds, dtype=float)
+    if not (np.isfinite(y).all() and (y >= 0).all()) or (X.std(axis=0) == 0).any():
+        return None
+    scaled = X / X.mean(axis=0)
+    if np.linalg.cond(scaled) > 30:
+        return None
+    coef, _ = nnls(X, y)
+    if not coef.any():
+        return None
+    return LengthPaces(prompt=float(coef[0]), response=float(coef[1]))
 
 
 def time_extraction(
