@@ -39,7 +39,7 @@ from core.base.examples import RAGExample
 from core.engine.model import LoadedModel
 from core.learning.contract import Detector, flag_threshold
 from core.pipeline.extract import FeatureCache
-from core.pipeline.judge import AnswerVerdict
+from core.pipeline.judge import AnswerVerdict, time_judging
 from core.pipeline.sets import DetectorSet
 from core.pipeline.word_spans import GAP_TOKENS
 from core.review import (
@@ -112,12 +112,20 @@ def build_section(
         answers = AnswerBook(get_store())
         todo = scan_todo(answers, key, examples, choice.limit)
         dets = [by_name[n] for n in choice.chosen]
+        dset = asked if choice.by_set or not choice.chosen else asked.subset(choice.chosen)
         if choice.chosen and todo and not scan:
             estimate_caption(
-                lambda: work_estimate(model, todo, dets, action=SCAN_ACTION), where=slot
+                lambda: work_estimate(
+                    model,
+                    todo,
+                    dets,
+                    action=SCAN_ACTION,
+                    # Before a scan has run here: one answer judged as a scan judges it.
+                    time_one=lambda ex: time_judging(model, ex, dset, FeatureCache(get_store())),
+                ),
+                where=slot,
             )
         if scan and todo:
-            dset = asked if choice.by_set else asked.subset(choice.chosen)
             judged = run_scan(model, dset, dets, todo)
             if judged is None:
                 return

@@ -87,15 +87,36 @@ def _pace(
     key: tuple[tuple[str, str], ...],
     action: str | None,
     example: RAGExample,
+    time_one: Callable[[RAGExample], float] | None,
 ) -> float:
     """The pace of ``action`` tracing ``key``'s detectors' features: its own last run's,
-    else the timed extraction's (:func:`_recorded_or`)."""
+    else ``time_one(example)`` (the action's own work on one answer), else the timed
+    extraction's (:func:`_recorded_or`)."""
     plain = _pace_key(key)
+    where = _action_key(action, plain)
+    if time_one is not None:
+        return _recorded_or(
+            model, [where], lambda: _timed_action(model.instance_key, where, time_one, example)
+        )
     return _recorded_or(
         model,
-        [_action_key(action, plain), plain],
+        [where, plain],
         lambda: _timed_pace(model, model.instance_key, detectors, key, example),
     )
+
+
+@st.cache_data(
+    show_spinner="Timing one answer on this machine for the estimate (its features are kept)…",
+    max_entries=64,
+)
+def _timed_action(
+    instance_key: str, key: str, _time_one: Callable[[RAGExample], float], _example: RAGExample
+) -> float:
+    """An action's own work on ``_example`` timed and its pace recorded under ``key``
+    (memoised by model instance and key, like :func:`_timed_pace`)."""
+    pace = _time_one(_example)
+    get_store().put_pace(model=instance_key, detectors=key, seconds_per_char=pace)
+    return pace
 
 
 @st.cache_data(
@@ -218,10 +239,14 @@ def work_estimate(
     detectors: Sequence[Detector],
     *,
     action: str | None = None,
+    time_one: Callable[[RAGExample], float] | None = None,
     fixed_seconds: float = 0.0,
 ) -> WorkEstimate:
     """How long ``action`` (a :func:`paced_extraction` block; ``None``: extraction alone,
-    e.g. a training job's) on ``examples`` with ``detectors`` will take here.
+    e.g. a training job's) on ``examples`` with ``detectors`` will take here. Before the
+    action has run here, ``time_one`` (seconds per character of the action's own work on
+    one answer, e.g. :func:`core.pipeline.judge.time_judging`) paces it, else extracting
+    one answer's features does.
 
     Raises:
         DataError: The example timed cannot be laid out or a detector cannot read it.
@@ -235,7 +260,7 @@ def work_estimate(
         examples,
         detectors,
         cache,
-        lambda ex: _pace(model, detectors, key, action, ex),
+        lambda ex: _pace(model, detectors, key, action, ex, time_one),
         kept_pace=_recorded(model, where + KEPT) or 0.0,
         fixed_seconds=fixed_seconds,
     )

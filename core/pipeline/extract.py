@@ -644,9 +644,7 @@ class LengthPaces:
     response: float
 
     def seconds(self, examples: Sequence[RAGExample]) -> float:
-        return sum(
-            self.prompt * p + self.response * r for p, r in map(example_lengths, examples)
-        )
+        return sum(self.prompt * p + self.response * r for p, r in map(example_lengths, examples))
 
 
 def example_lengths(example: RAGExample) -> tuple[int, int]:

@@ -32,7 +32,14 @@ from core.base.examples import RAGExample
 from core.engine.model import LoadedModel
 from core.engine.trace import Needs, Trace
 from core.learning.contract import Detector, Features, Verdict, calibrated_as, judge_features
-from core.pipeline.extract import WARM_UP, FeatureCache, Step, iter_features, stream_example
+from core.pipeline.extract import (
+    WARM_UP,
+    FeatureCache,
+    Step,
+    example_chars,
+    iter_features,
+    stream_example,
+)
 from core.pipeline.sets import ANSWER_JUDGE, DetectorSet
 from core.pipeline.span_judge import Span, SpanDecision, decide_spans
 
@@ -574,3 +581,25 @@ def judge_many(
             deferred_from=by.deferred_from,
         )
         t0 = time.perf_counter()
+
+
+def time_judging(
+    model: LoadedModel, example: RAGExample, dset: DetectorSet, cache: FeatureCache | None
+) -> float:
+    """Seconds per character (:func:`core.pipeline.extract.example_chars`) to judge
+    ``example`` as :func:`judge_many` does (its trace, every verdict, the spans and their
+    evidence), measured by judging it here (its features are kept in ``cache``, so the
+    time counts towards the action it estimates), warm: :data:`WARM_UP` is judged first,
+    so what the detectors load on first use is not in the pace.
+
+    Raises:
+        DataError: The example cannot be judged.
+    """
+    for got in judge_many(model, [WARM_UP], dset):
+        if isinstance(got, JudgeFailure):
+            raise got.error
+    t0 = time.perf_counter()
+    for got in judge_many(model, [example], dset, cache=cache):
+        if isinstance(got, JudgeFailure):
+            raise got.error
+    return (time.perf_counter() - t0) / example_chars(example)
