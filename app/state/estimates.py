@@ -106,7 +106,7 @@ def _pace(
 
 
 @st.cache_data(
-    show_spinner="Timing one answer on this machine for the estimate (its features are kept)…",
+    show_spinner="Timing one answer on this machine for the estimate…",
     max_entries=64,
 )
 def _timed_action(
@@ -386,20 +386,26 @@ def answer_estimate(
     n_answers: int,
     *,
     action: str,
+    time_one: Callable[[RAGExample], float] | None = None,
     fixed_seconds: float = 0.0,
 ) -> WorkEstimate:
     """How long ``action`` judging ``n_answers`` answers the size of ``example``'s with
     the whole set takes here (e.g. the original and an edited version): at the pace of
-    ``action``'s last run here (:func:`record_answers`), else at the set's own pace on
-    ``example`` (:func:`~app.state.verdicts.answer_verdicts`: shared with the Playground
-    and every page, so usually known already; else judged now, and kept).
+    ``action``'s last run here (:func:`record_answers`), else at ``time_one(example)``'s
+    (the action's own work on one answer, timed once per model and set), else at the
+    set's own pace on ``example`` (:func:`~app.state.verdicts.answer_verdicts`: shared
+    with the Playground and every page, so usually known already; else judged now, and
+    kept).
 
     Raises:
         DataError: The example cannot be laid out for the detectors.
         ModelError: A detector cannot run.
     """
     chars = example_chars(example)
-    pace = _recorded(model, _answers_key(shipped, action))
+    key = _answers_key(shipped, action)
+    pace = _recorded(model, key)
+    if pace is None and time_one is not None:
+        pace = _timed_action(model.instance_key, key, time_one, example)
     if pace is None:
         pace = answer_verdicts(model, example, shipped).seconds / chars
     return WorkEstimate(

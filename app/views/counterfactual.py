@@ -65,6 +65,7 @@ from core.interventions.counterfactual import (
     regenerate,
     score_pair,
     support_span,
+    time_scoring,
 )
 from core.learning.contract import align_token_scores
 
@@ -404,6 +405,39 @@ def save_load(state: AppState, model: LoadedModel) -> None:
                 st.error(f"Could not load #{pick}: {md(e)}")
 
 
+def compare(
+    state: AppState,
+    model: LoadedModel,
+    shipped: ShippedDetectors,
+    example: RAGExample,
+    edited_passages: tuple[str, ...],
+    max_tokens: int,
+) -> None:
+    """Score the original and the edited version (the answer regenerated under the
+    edited context, or kept), keep the result, and record the scoring's pace."""
+    try:
+        with st.spinner("Scoring the original and the edited version…"):
+            if state.cf.answer_mode == "regenerate":
+                edited = regenerate(model, example, edited_passages, max_new_tokens=max_tokens)
+            else:
+                edited = edit_example(example, edited_passages)
+            t0 = time.perf_counter()
+            pair = score_pair(
+                model,
+                shipped.fitted,  # the set that judges the answer (open_answer_page)
+                example,
+                edited,
+                name=f"{example.id}: {edit_name(edited_passages, example.passages)}",
+                answer_mode=state.cf.answer_mode,  # type: ignore[arg-type]
+            )
+            state.cf.result = as_judged(model, shipped, pair)
+            # The scoring's pace (the generation is estimated on its own).
+            record_answers(model, shipped, ACTION, [example] * 2, time.perf_counter() - t0)
+            st.session_state.pop(KEY_NAME, None)
+    except RagscopeError as e:
+        st.error(f"The comparison failed: {md(e)}  \nFix: edit the passages and try again.")
+
+
 def main() -> None:
     opened = open_answer_page(
         "Counterfactual context",
@@ -455,33 +489,15 @@ def main() -> None:
                 shipped,
                 2,
                 action=ACTION,
+                # Before a Compare has run here: one side scored as Compare scores it.
+                time_one=lambda ex: time_scoring(model, shipped.fitted, ex),
                 fixed_seconds=generation_seconds(model, max_tokens, example) if regen else 0.0,
             ),
             what="versions (the original and the edited)",
             extra="generating the new answer (about as long as the first)" if regen else "",
         )
     if go:
-        try:
-            with st.spinner("Scoring the original and the edited version…"):
-                if state.cf.answer_mode == "regenerate":
-                    edited = regenerate(model, example, edited_passages, max_new_tokens=max_tokens)
-                else:
-                    edited = edit_example(example, edited_passages)
-                t0 = time.perf_counter()
-                pair = score_pair(
-                    model,
-                    shipped.fitted,  # the set that judges the answer (open_answer_page)
-                    example,
-                    edited,
-                    name=f"{example.id}: {edit_name(edited_passages, example.passages)}",
-                    answer_mode=state.cf.answer_mode,  # type: ignore[arg-type]
-                )
-                state.cf.result = as_judged(model, shipped, pair)
-                # The scoring's pace (the generation is estimated on its own).
-                record_answers(model, shipped, ACTION, [example] * 2, time.perf_counter() - t0)
-                st.session_state.pop(KEY_NAME, None)
-        except RagscopeError as e:
-            st.error(f"The comparison failed: {md(e)}  \nFix: edit the passages and try again.")
+        compare(state, model, shipped, example, edited_passages, max_tokens)
     st.divider()
     if state.cf.result is not None:
         show_result(state.cf.result, model, shipped)

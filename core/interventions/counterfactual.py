@@ -26,6 +26,7 @@ import dataclasses
 import difflib
 import json
 import re
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime
@@ -39,7 +40,7 @@ from core.detectors.raglens import RaglensDetector, feature_name
 from core.engine.generate import GenerationConfig, generate
 from core.engine.model import LoadedModel
 from core.learning.contract import Detector, judge_features
-from core.pipeline.extract import run_example
+from core.pipeline.extract import example_chars, run_example
 from core.storage import Store
 
 AnswerMode = Literal["fixed", "regenerate"]
@@ -441,6 +442,15 @@ def score_pair(
         original_scores=before,
         edited_scores=score_one(model, detectors, edited, sae_features=sae),
     )
+
+
+def time_scoring(model: LoadedModel, detectors: Sequence[Detector], example: RAGExample) -> float:
+    """Seconds per character (:func:`core.pipeline.extract.example_chars`) of one side of
+    :func:`score_pair` (:func:`score_one` on ``example``: its trace, every verdict, the
+    views, RAGLens's SAE features), measured by scoring it here."""
+    t0 = time.perf_counter()
+    score_one(model, detectors, on_template(example))
+    return (time.perf_counter() - t0) / example_chars(example)
 
 
 def top_sae_features(answer: Any, n: int) -> list[int]:
