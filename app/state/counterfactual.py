@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from app.state.heads import AnswerChoice
-from core.interventions.counterfactual import Counterfactual
+from core.interventions.counterfactual import Counterfactual, ScoredOriginal
 
 KEY_CF_SOURCE = "cf.example.source"
 KEY_CF_DATASET = "cf.dataset"
@@ -21,10 +21,13 @@ class CounterfactualState(AnswerChoice):
     Attributes:
         answer_mode: ``fixed`` (teacher-forced) or ``regenerate``.
         result: The last comparison (or the loaded session).
+        scored: The original's side scored to time the first estimate, kept for the
+            Compare that follows (the set's ``cache_id`` and the side).
     """
 
     answer_mode: str = "fixed"
     result: Counterfactual | None = None
+    scored: tuple[str, ScoredOriginal] | None = None
 
 
 # The counterfactual page's widgets

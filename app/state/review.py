@@ -3,6 +3,7 @@ queue's) and the datasets it reviews."""
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 
 import streamlit as st
@@ -80,6 +81,16 @@ class ReviewState:
     report: tuple[str, str] | None = None  # (example id, HTML)
     answers: AnswerQueueState = field(default_factory=AnswerQueueState)
     mode: str = "spans"
+    dataset: str | None = None  # the dataset key picked here, when not Home's
+
+
+def review_seed(options: Mapping[str, object], home: str, picked: str | None) -> str | None:
+    """The dataset key Review's choice opens on: the one picked on this page earlier,
+    else Home's dataset, else none (the first option, the built-in corpus)."""
+    for key in (picked, home):
+        if key is not None and key in options:
+            return key
+    return None
 
 
 def page_state() -> ReviewState:

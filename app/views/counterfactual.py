@@ -63,9 +63,10 @@ from core.interventions.counterfactual import (
     edit_example,
     load_session,
     regenerate,
+    score_original,
     score_pair,
+    side_pace,
     support_span,
-    time_scoring,
 )
 from core.learning.contract import align_token_scores
 
@@ -405,6 +406,16 @@ def save_load(state: AppState, model: LoadedModel) -> None:
                 st.error(f"Could not load #{pick}: {md(e)}")
 
 
+def timed_side(
+    state: AppState, model: LoadedModel, shipped: ShippedDetectors, example: RAGExample
+) -> float:
+    """The pace of one side of a Compare, timed by scoring ``example`` as Compare scores
+    its original; the side is kept for the Compare that follows."""
+    side = score_original(model, shipped.fitted, example)
+    state.cf.scored = (shipped.cache_id, side)
+    return side_pace(side)
+
+
 def compare(
     state: AppState,
     model: LoadedModel,
@@ -421,6 +432,7 @@ def compare(
                 edited = regenerate(model, example, edited_passages, max_new_tokens=max_tokens)
             else:
                 edited = edit_example(example, edited_passages)
+            ahead, state.cf.scored = state.cf.scored, None
             t0 = time.perf_counter()
             pair = score_pair(
                 model,
@@ -429,10 +441,13 @@ def compare(
                 edited,
                 name=f"{example.id}: {edit_name(edited_passages, example.passages)}",
                 answer_mode=state.cf.answer_mode,  # type: ignore[arg-type]
+                # the original's side scored to time the estimate, when it is this set's
+                scored=ahead[1] if ahead is not None and ahead[0] == shipped.cache_id else None,
             )
             state.cf.result = as_judged(model, shipped, pair)
             # The scoring's pace (the generation is estimated on its own).
-            record_answers(model, shipped, ACTION, [example] * 2, time.perf_counter() - t0)
+            sides = 1 if ahead is not None and pair.original_scores is ahead[1].scores else 2
+            record_answers(model, shipped, ACTION, [example] * sides, time.perf_counter() - t0)
             st.session_state.pop(KEY_NAME, None)
     except RagscopeError as e:
         st.error(f"The comparison failed: {md(e)}  \nFix: edit the passages and try again.")
@@ -490,7 +505,7 @@ def main() -> None:
                 2,
                 action=ACTION,
                 # Before a Compare has run here: one side scored as Compare scores it.
-                time_one=lambda ex: time_scoring(model, shipped.fitted, ex),
+                time_one=lambda ex: timed_side(state, model, shipped, ex),
                 fixed_seconds=generation_seconds(model, max_tokens, example) if regen else 0.0,
             ),
             what="versions (the original and the edited)",

@@ -31,7 +31,7 @@ from app.components.review_card import item_card
 from app.components.review_scan import build_section, queue_filters, queue_table
 from app.state.datasets import get_store, load_examples
 from app.state.detectors import shipped_detectors
-from app.state.heads import HEADS_FROM_CORPUS, heads_examples
+from app.state.heads import HEADS_FROM_CORPUS, heads_examples, review_key
 from app.state.links import (
     DATASETS_HERE,
     P_DATASET,
@@ -58,6 +58,7 @@ from app.state.review import (
     ReviewState,
     dataset_options,
     page_state,
+    review_seed,
 )
 from app.state.runs import CORPUS
 from app.state.session import app_state
@@ -121,9 +122,11 @@ def reviewer_gate(rs: ReviewState) -> bool:
 # --------------------------------------------------------------------------- dataset
 
 
-def pick_dataset() -> tuple[str, list[RAGExample]] | None:
+def pick_dataset(rs: ReviewState) -> tuple[str, list[RAGExample]] | None:
+    """The dataset reviewed: a fresh session opens on Home's, a pick here is kept."""
     options = dataset_options()
     specs = {k: CORPUS if ref is None else dataset_spec(ref) for k, (_, ref) in options.items()}
+    home = review_key(app_state().dataset)
     key = bind(
         P_DATASET,
         KEY_DATASET,
@@ -132,10 +135,12 @@ def pick_dataset() -> tuple[str, list[RAGExample]] | None:
         ),
         parse={s: k for k, s in specs.items()}.get,
         to_id=specs.__getitem__,
+        seed=review_seed(options, home, rs.dataset),
         what="dataset",
         where=DATASETS_HERE,
         instead=lambda k: md(options[k][0]),
     )
+    rs.dataset = None if key == home else key
     label, ref = options[key]
     try:
         if ref is None:
@@ -290,7 +295,7 @@ def main() -> None:
     rs = page_state()
     if not reviewer_gate(rs):
         return
-    picked = pick_dataset()
+    picked = pick_dataset(rs)
     if picked is None:
         return
     key, examples = picked

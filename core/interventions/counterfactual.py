@@ -416,6 +416,33 @@ def load_session(store: Store, cf_id: int) -> Counterfactual:
     return Counterfactual.from_dict(store.load_counterfactual(cf_id), id=cf_id)
 
 
+@dataclass(frozen=True)
+class ScoredOriginal:
+    """The original side of :func:`score_pair`, scored ahead (:func:`score_original`).
+
+    Attributes:
+        model: ``ModelInfo.key`` of the model that scored it.
+        example: The original as scored (on its template).
+        scores: Each detector's :class:`SideScore`.
+        seconds: How long the scoring took here.
+    """
+
+    model: str
+    example: RAGExample
+    scores: dict[str, SideScore]
+    seconds: float
+
+
+def score_original(
+    model: LoadedModel, detectors: Sequence[Detector], original: RAGExample, *, n_sae: int = 2
+) -> ScoredOriginal:
+    """The original side of :func:`score_pair`, scored and timed as the pair scores it."""
+    base = on_template(original)
+    t0 = time.perf_counter()
+    scores = score_one(model, detectors, base, sae_features=None, n_sae=n_sae)
+    return ScoredOriginal(model.info.key, base, scores, time.perf_counter() - t0)
+
+
 def score_pair(
     model: LoadedModel,
     detectors: Sequence[Detector],
@@ -425,12 +452,20 @@ def score_pair(
     name: str,
     answer_mode: AnswerMode = "fixed",
     n_sae: int = 2,
+    scored: ScoredOriginal | None = None,
 ) -> Counterfactual:
     """Score the original and the edited version with every detector (RAGLens: also the
     activations of the ``n_sae`` SAE features pushing the original hardest to
-    "hallucinated", on both versions)."""
+    "hallucinated", on both versions).
+
+    ``scored``: the original's side scored ahead by ``detectors`` (:func:`score_original`,
+    e.g. to time it); used when it is this original on this model, else scored again.
+    """
     base = on_template(original)
-    before = score_one(model, detectors, base, sae_features=None, n_sae=n_sae)
+    if scored is not None and scored.model == model.info.key and scored.example == base:
+        before = scored.scores
+    else:
+        before = score_one(model, detectors, base, sae_features=None, n_sae=n_sae)
     # The edited side reads the SAE features chosen on the original.
     sae = [int(r[len("SAE F") :]) for r in before.get("raglens", _NO_ROWS).token_rows]
     return Counterfactual(
@@ -444,13 +479,11 @@ def score_pair(
     )
 
 
-def time_scoring(model: LoadedModel, detectors: Sequence[Detector], example: RAGExample) -> float:
+def side_pace(side: ScoredOriginal) -> float:
     """Seconds per character (:func:`core.pipeline.extract.example_chars`) of one side of
-    :func:`score_pair` (:func:`score_one` on ``example``: its trace, every verdict, the
-    views, RAGLens's SAE features), measured by scoring it here."""
-    t0 = time.perf_counter()
-    score_one(model, detectors, on_template(example))
-    return (time.perf_counter() - t0) / example_chars(example)
+    :func:`score_pair` (its trace, every verdict, the views, RAGLens's SAE features), as
+    scoring ``side`` took."""
+    return side.seconds / example_chars(side.example)
 
 
 def top_sae_features(answer: Any, n: int) -> list[int]:

@@ -21,6 +21,9 @@ def _start(at: AppTest, name: str) -> None:
     at.text_input(key="review.name").input(name)
     at.button(key="review.start").click().run()
     assert not at.exception, [e.value for e in at.exception]
+    # Review opens on Home's dataset (the quick demo here); these tests review the corpus
+    at.selectbox(key="review.dataset").set_value(KEY).run()
+    assert not at.exception, [e.value for e in at.exception]
 
 
 def _chosen(at: AppTest) -> list[str]:

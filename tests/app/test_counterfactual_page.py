@@ -9,8 +9,10 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import streamlit as st
 from streamlit.testing.v1 import AppTest
 
+import core.interventions.counterfactual as cf_core
 from app.state.analysis import input_signature
 from app.state.counterfactual import KEY_CF_EXAMPLE as KEY_EXAMPLE
 from app.state.counterfactual import (
@@ -84,6 +86,33 @@ def test_support_preset_then_compare(
         for m in page.markdown
     )
     assert any("<ins" in h.value for h in page.html)
+
+
+def test_the_side_timed_for_the_first_estimate_is_not_scored_again(
+    with_demo_detectors: Path,
+    open_page: Callable[[str], AppTest],
+    no_exception: Callable[[AppTest], None],
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """With no pace of Compare known yet, the page times one side of a Compare for its
+    estimate; the Compare that follows keeps that side and scores only the edited one."""
+    st.cache_data.clear()  # no pace memoised by an earlier test in this process
+    scored: list[str] = []
+    real = cf_core.score_one
+
+    def counted(model, detectors, example, **kw):
+        scored.append(example.id)
+        return real(model, detectors, example, **kw)
+
+    monkeypatch.setattr(cf_core, "score_one", counted)
+    at = open_page(PAGE)
+    no_exception(at)
+    assert len(scored) == 1  # the answer shown, timed for the estimate
+    at.button(key=KEY_COMPARE).click().run()
+    no_exception(at)
+    assert scored[1:] == [f"{scored[0]}~cf"], scored  # then the edited version only
+    state = at.session_state[STATE_KEY]
+    assert state.cf.result is not None and state.cf.scored is None
 
 
 def test_remove_all_context(page: AppTest, no_exception: Callable[[AppTest], None]) -> None:

@@ -10,6 +10,8 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
+from app.state.datasets import BUILTIN
+from app.state.heads import review_key
 from app.state.review import DETECTOR_SPANS, SET_SPANS
 from core.review import ReviewBook, reviewed_examples
 from core.signals.smoothing import P_STAY_TOKEN
@@ -22,6 +24,9 @@ KEY = "corpus"
 def _start(at: AppTest, name: str) -> AppTest:
     at.text_input(key="review.name").input(name)
     at.button(key="review.start").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    # Review opens on Home's dataset (the quick demo here); these tests review the corpus
+    at.selectbox(key="review.dataset").set_value(KEY).run()
     assert not at.exception, [e.value for e in at.exception]
     return at
 
@@ -257,3 +262,25 @@ def test_the_set_scan_queues_the_sets_spans_with_their_type_or_says_why_none(
     text = page_text(at)
     assert "**Unsupported:**" in text or "**Contradicted:**" in text
     assert at.radio(key=f"review.kind.{items[0].id}").value in ("baseless", "conflict")
+
+
+def test_review_opens_on_homes_dataset_and_keeps_a_pick_made_here(
+    open_page: Callable[[str], AppTest],
+) -> None:
+    """A fresh Review shows the dataset chosen on Home (the quick demo in these tests,
+    not the built-in corpus it used to open on); a dataset picked on Review stays picked
+    after a visit to another page."""
+    at = open_page(PAGE)
+    at.text_input(key="review.name").input("ann")
+    at.button(key="review.start").click().run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.selectbox(key="review.dataset").value == review_key(BUILTIN)
+    at.selectbox(key="review.dataset").set_value(KEY).run()
+    at.switch_page("views/learn.py").run()
+    at.switch_page(PAGE).run()
+    assert not at.exception, [e.value for e in at.exception]
+    assert at.selectbox(key="review.dataset").value == KEY
+    at.selectbox(key="review.dataset").set_value(review_key(BUILTIN)).run()
+    at.switch_page("views/learn.py").run()
+    at.switch_page(PAGE).run()
+    assert at.selectbox(key="review.dataset").value == review_key(BUILTIN)

@@ -67,6 +67,7 @@ def _reviewer_after_one_decision(
     at.switch_page(REVIEW).run()
     assert not at.exception, [e.value for e in at.exception]
     check_page(at)
+    at.selectbox(key="review.dataset").set_value(KEY).run()  # Review opens on Home's
     at.radio(key="review.span_source").set_value(DETECTOR_SPANS).run()
     at.number_input(key="review.limit").set_value(4)
     for t in at.number_input:
@@ -192,6 +193,7 @@ def test_store_as_dataset_never_overwrites_unasked(
     at.switch_page(REVIEW).run()
     at.text_input(key="review.name").input("ann")
     at.button(key="review.start").click().run()
+    at.selectbox(key="review.dataset").set_value(KEY).run()  # Review opens on Home's
     at.text_input(key="review.export.name").input("precious").run()
     assert at.button(key="review.export.save").disabled
     at.checkbox(key="review.export.replace").check().run()
@@ -219,6 +221,7 @@ def test_a_stale_item_is_marked_and_cannot_be_decided(
     at.switch_page(REVIEW).run()
     at.text_input(key="review.name").input("ann")
     at.button(key="review.start").click().run()
+    at.selectbox(key="review.dataset").set_value(KEY).run()  # Review opens on Home's
     assert not at.exception, [e.value for e in at.exception]
     table = next(d.value for d in at.dataframe if "status" in d.value.columns)
     assert list(table["status"]).count("stale") == 1

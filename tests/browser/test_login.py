@@ -132,7 +132,9 @@ def test_login_gates_every_page_and_reviews_carry_the_identity(app_url, db, open
         page.get_by_text(re.compile(r"^Imported\W+\[x\]")).first.wait_for(timeout=LOAD_MS)
         _no_attack_rendered(page)
 
-        page.goto(f"{app_url}/review", wait_until="domcontentloaded")
+        page.goto(
+            f"{app_url}/review?dataset=builtin", wait_until="domcontentloaded"
+        )  # the corpus's queue
         page.get_by_text(re.compile(r"Reviewing as Alice")).wait_for(timeout=LOAD_MS)
         assert not page.get_by_label("Your name").count()
         page.get_by_role("button", name="Accept").click()

@@ -24,7 +24,9 @@ from core.interventions.counterfactual import (
     edit_example,
     load_session,
     regenerate,
+    score_original,
     score_pair,
+    side_pace,
     support_span,
 )
 from core.pipeline.extract import extract_features
@@ -123,6 +125,24 @@ def test_score_pair_save_load_and_export(tiny_model, detectors, spanned, tmp_pat
     assert Counterfactual.from_dict(exported).edited == cf.edited
     with pytest.raises(DataError, match="format"):
         Counterfactual.from_dict({**exported, "format": 99})
+
+
+def test_an_original_scored_ahead_is_the_pairs_original_side(
+    tiny_model, detectors, spanned, demo
+) -> None:
+    """The side scored to time the first estimate is Compare's own original side: reused
+    when it is the same original on the same model, scored again otherwise."""
+    ahead = score_original(tiny_model, detectors, spanned)
+    assert ahead.seconds > 0 and side_pace(ahead) > 0
+    edited = edit_example(spanned, support_span(spanned))
+    cf = score_pair(tiny_model, detectors, spanned, edited, name="s", scored=ahead)
+    assert cf.original_scores is ahead.scores
+    fresh = score_pair(tiny_model, detectors, spanned, edited, name="s")
+    assert fresh.original_scores == ahead.scores  # what scoring it again would give
+    other = next(e for e in demo if e.id != spanned.id)
+    elsewhere = score_pair(tiny_model, detectors, other, edited, name="s", scored=ahead)
+    assert elsewhere.original_scores is not ahead.scores
+    assert elsewhere.original_scores != ahead.scores
 
 
 def test_regenerate_writes_a_new_answer_under_the_edit(tiny_model, spanned) -> None:
