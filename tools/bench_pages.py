@@ -214,7 +214,7 @@ def review_adapt_loop(browser: object, url: str) -> LoopTime:
     gold = {e.id: bool(e.label) for e in demo_full_examples()}
     page = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()  # type: ignore[attr-defined]
     t0 = time.perf_counter()
-    page.goto(f"{url}/review?dataset=demo-full")  # the page opens on the built-in corpus
+    page.goto(f"{url}/review?dataset=demo-full")  # Home's default dataset, named
     page.locator("h1").first.wait_for(timeout=TIMEOUT_S * 1000)
     settle(page, t0)
     sign_in(page)

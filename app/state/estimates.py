@@ -333,12 +333,33 @@ def sae_read_estimate(
         pace=lambda ex: _read_pace(model, sae, key, ex),
         kept_pace=_recorded(model, key + KEPT) or 0.0,
     )
-    return _by_lengths(
+    est = _by_lengths(
         model,
         key,
         est,
         lambda: unread(model, sae, examples, activation),  # type: ignore[arg-type]
     )
+    shown = _recorded(model, key + SHOWN)
+    return replace(est, fixed_seconds=len(examples) * shown) if shown else est
+
+
+SHOWN = "|shown"
+"""The suffix of the key the pace of showing what a read found is recorded under
+(seconds per answer read: the page's work after the read, which grows with them)."""
+
+
+def record_shown(
+    model: LoadedModel, sae: LoadedSAE, activation: str, n_answers: int, seconds: float
+) -> None:
+    """The time the page took to show what a read of ``n_answers`` answers found (the
+    features' top answers and their cards) replaces the recorded pace of it:
+    :func:`sae_read_estimate` adds it to the read's."""
+    if n_answers > 0 and seconds > 0:
+        get_store().put_pace(
+            model=model.instance_key,
+            detectors=_sae_key(sae, activation) + SHOWN,
+            seconds_per_char=seconds / n_answers,
+        )
 
 
 PACE_ANSWER = RAGExample(

@@ -17,6 +17,7 @@ endpoint, configured by environment variables or ``.streamlit/secrets.toml``
 from __future__ import annotations
 
 import re
+import time
 
 import streamlit as st
 
@@ -31,7 +32,7 @@ from app.components.explain_cards import batch_row, feature_card
 from app.components.explain_endpoint import endpoint_section, prompt_budget
 from app.components.explain_sae import SaeChoice, choose_sae
 from app.components.train_job import train_detectors_panel
-from app.state.estimates import paced_read, sae_read_estimate
+from app.state.estimates import paced_read, record_shown, sae_read_estimate
 from app.state.features import (
     KEY_EXPLAIN_FEATURES,
     KEY_EXPLAIN_IDS,
@@ -49,6 +50,7 @@ from app.state.session import AppState, app_state, seed_widget
 from app.text import md
 from core.base.errors import RagscopeError
 from core.base.examples import RAGExample
+from core.base.llm import LLMEndpoint
 from core.engine.model import LoadedModel
 from core.explain import active_features, encode_answers
 
@@ -66,8 +68,9 @@ EXAMPLE_KEYS = ExampleKeys(
 
 def read_row(
     state: AppState, model: LoadedModel, choice: SaeChoice, picked: PickedExamples
-) -> None:
-    """What the picked answers are, beside the button that reads their SAE activations."""
+) -> bool:
+    """What the picked answers are, beside the button that reads their SAE activations;
+    whether they were read on this run."""
     chosen = picked.chosen
     selection = state.explain.selection
     c_note, c_button = st.columns([4, 1], vertical_alignment="center")
@@ -94,7 +97,7 @@ def read_row(
                 kept="this server's memory",
                 where=slot,
             )
-        return
+        return False
     timed = paced_read(model, choice.sae, chosen, choice.activation)
     with progress_bar("SAE activations:") as progress:
         try:
@@ -109,7 +112,7 @@ def read_row(
                 )
         except RagscopeError as e:
             st.error(f"The activations could not be read: {md(e)}")
-            return
+            return False
     state.explain.request = ExplainRequest(
         model=model.info.key,
         sae_key=choice.sae.key,
@@ -125,6 +128,7 @@ def read_row(
         computed=got.computed,
         seconds=got.seconds,
     )
+    return True
 
 
 def current_request(
@@ -290,10 +294,27 @@ def main() -> None:
     if picked is None:
         return
     features = pick_features(state, choice)
-    read_row(state, model, choice, picked)
+    just_read = read_row(state, model, choice, picked)
+    t0 = time.perf_counter()
+    shown = show_features(state, model, choice, picked, features, endpoint)
+    if just_read and shown:
+        # what the page does after a read counts towards the next read's estimate
+        record_shown(model, choice.sae, choice.activation, shown, time.perf_counter() - t0)
+
+
+def show_features(
+    state: AppState,
+    model: LoadedModel,
+    choice: SaeChoice,
+    picked: PickedExamples,
+    features: list[int],
+    endpoint: LLMEndpoint | None,
+) -> int:
+    """Each feature's top answers among those read, with its card; how many answers were
+    read (0: nothing shown)."""
     req = current_request(state, model, choice, picked)
     if req is None:
-        return
+        return 0
     try:
         pool = (
             picked.examples
@@ -302,23 +323,24 @@ def main() -> None:
         )
     except RagscopeError as e:
         st.error(f"{md(req.dataset_label)} cannot be read: {md(e)}")
-        return
+        return 0
     by_id = {e.id: e for e in pool}
     examples = [by_id[i] for i in req.ids if i in by_id]
     if not features and not choice.ranked:
         features = most_active(model, choice, examples)
     if not features:
         st.info("No feature to show: pick some above.")
-        return
+        return 0
     try:
         items = [sae_feature_examples(model, choice.sae, req, pool, k) for k in features]
     except RagscopeError as e:
         st.error(f"The features' examples could not be read: {md(e)}")
-        return
+        return 0
     budget = prompt_budget(model, endpoint)
     batch_row(state, model, endpoint, items, budget)
     for fx in items:
         feature_card(state, model, endpoint, choice, fx, budget)
+    return len(examples)
 
 
 main()

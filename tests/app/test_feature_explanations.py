@@ -119,6 +119,9 @@ def test_without_an_endpoint_the_page_says_how_to_configure_one(
     _read(at)
     no_exception(at)
     assert not any(c.value.startswith("Estimated time") for c in at.caption)
+    with Store(sae_env) as db:  # the time the page took to show the read, per answer
+        shown = db._query("SELECT seconds_per_char FROM paces WHERE detectors LIKE ?", ("%|shown",))
+    assert len(shown) == 1 and shown[0][0] > 0
     assert at.button(key=KEY_EXPLAIN_RUN).disabled
     cards = [m.value for m in at.markdown if m.value.startswith("#### F")]
     assert 1 <= len(cards) <= 8

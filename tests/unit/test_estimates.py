@@ -273,6 +273,13 @@ def test_an_sae_read_records_its_pace_for_the_next_read_estimate(
         encode_answers(tiny_model, tiny_sae, [a], activation="post")
     after = estimates.sae_read_estimate(tiny_model, tiny_sae, [a, b], "post")
     assert after.n_cached == 1 and 0 < after.seconds_per_char < 9.0
+    assert after.fixed_seconds == 0.0
+    # What the page does after a read (each feature's top answers, its cards) grows with
+    # the answers read, kept ones too: once timed, the next estimate adds it.
+    estimates.record_shown(tiny_model, tiny_sae, "post", 4, 2.0)
+    shown = estimates.sae_read_estimate(tiny_model, tiny_sae, [a, b], "post")
+    assert shown.fixed_seconds == pytest.approx(1.0)
+    assert shown.seconds == pytest.approx(after.seconds + 1.0)
 
 
 def test_an_action_that_says_each_example_s_end_paces_prompt_and_answer_apart(
