@@ -148,10 +148,10 @@ class PageTime:
 
 PAGES: list[tuple[str, str, Callable[[Page], None] | None, str | None, str | None]] = [
     ("Home", "", None, None, None),
-    ("Playground", "playground", None, "Analyse", "?example=demo-02"),
+    ("Playground", "playground", None, "Analyse", "?example=demo-05"),
     ("Token heatmaps", "token_heatmaps", None, None, None),
-    ("Counterfactual context", "counterfactual", None, "Compare", "?example=demo-02"),
-    ("Mitigation", "mitigation", None, "Regenerate", "?example=demo-02"),
+    ("Counterfactual context", "counterfactual", None, "Compare", "?example=demo-05"),
+    ("Mitigation", "mitigation", None, "Regenerate", "?example=demo-05"),
     ("Heads & layers", "heads", None, "Compute statistics", "?n=36"),
     ("SHAP summary", "shap_summary", None, "Compute SHAP values", "?n=36"),
     ("Token sources", "token_sources", None, None, None),
@@ -164,7 +164,8 @@ PAGES: list[tuple[str, str, Callable[[Page], None] | None, str | None, str | Non
 ]
 """Page, URL path, what opening it takes besides loading, its main button, and the query
 of its second visit (``None``: none; ``""``: the same link, e.g. Review's scan takes the
-next answers)."""
+next answers). A second visit works on other answers than the first (the pages open on
+demo-02): work already done would be read back, not redone."""
 
 
 def visit(

@@ -49,7 +49,13 @@ from app.state.counterfactual import (
 )
 from app.state.datasets import get_store
 from app.state.detectors import ShippedDetectors
-from app.state.estimates import answer_estimate, generation_seconds, record_answers
+from app.state.estimates import (
+    answer_estimate,
+    generation_seconds,
+    record_answers,
+    unjudged,
+    verdicts_seconds,
+)
 from app.state.links import P_MODE, bind, one_of
 from app.state.session import AppState, seed_widget
 from app.state.verdicts import answer_verdicts, known_verdicts
@@ -62,22 +68,27 @@ from core.interventions.counterfactual import (
     contradict_span,
     edit_example,
     load_session,
+    on_template,
     regenerate,
     score_original,
     score_pair,
     side_pace,
     support_span,
+    warm_scoring,
 )
 from core.learning.contract import align_token_scores
+from core.pipeline.extract import example_chars
 
 if TYPE_CHECKING:
     from core.base.examples import RAGExample
     from core.engine.model import LoadedModel
+    from core.pipeline.extract import WorkEstimate
 
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.
 ANSWER_KEYS = AnswerKeys(source=KEY_CF_SOURCE, dataset=KEY_CF_DATASET, example=KEY_CF_EXAMPLE)
 ACTION = "counterfactual"  # what Compare's scoring pace is recorded as (app.state.estimates)
+JUDGE_ACTION = "counterfactual-verdicts"  # and the set's verdicts on the sides it judged
 PRESET_SUPPORT = "support the span"
 PRESET_DIFFERENT = "state the span differently"
 EXPECT = {PRESET_SUPPORT: "fewer", PRESET_DIFFERENT: "as many"}
@@ -406,11 +417,49 @@ def save_load(state: AppState, model: LoadedModel) -> None:
                 st.error(f"Could not load #{pick}: {md(e)}")
 
 
+def compare_estimate(
+    state: AppState,
+    model: LoadedModel,
+    shipped: ShippedDetectors,
+    example: RAGExample,
+    edited_passages: tuple[str, ...],
+    max_tokens: int | None,
+) -> WorkEstimate:
+    """How long Compare takes: both sides scored, each side the set has not judged yet
+    judged (the original is often judged already; a regenerated answer never is), and
+    the new answer generated (``max_tokens``: regenerate)."""
+    edited = edit_example(example, edited_passages)
+    sides = [on_template(example)] + ([edited] if max_tokens is None else [])
+    todo = unjudged(model, shipped, sides)
+    if max_tokens is not None:
+        todo.append(example)  # the new answer, about as long as the first
+    judging = verdicts_seconds(model, shipped, todo, JUDGE_ACTION)
+    est = answer_estimate(
+        model,
+        example,
+        shipped,
+        2 if judging is not None else 2 + len(todo),  # not known: judged at a side's pace
+        action=ACTION,
+        # Before a Compare has run here: one side scored as Compare scores it.
+        time_one=lambda ex: timed_side(state, model, shipped, ex),
+        fixed_seconds=(judging or 0.0)
+        + (generation_seconds(model, max_tokens, example) if max_tokens is not None else 0.0),
+    )
+    ahead = state.cf.scored
+    if ahead is not None and ahead[0] == shipped.cache_id and ahead[1].example == sides[0]:
+        # the original's side, scored to time this estimate, is kept for the Compare
+        return dataclasses.replace(
+            est, n_cached=1, chars_to_trace=est.chars_to_trace - example_chars(example)
+        )
+    return est
+
+
 def timed_side(
     state: AppState, model: LoadedModel, shipped: ShippedDetectors, example: RAGExample
 ) -> float:
     """The pace of one side of a Compare, timed by scoring ``example`` as Compare scores
     its original; the side is kept for the Compare that follows."""
+    warm_scoring(model, shipped.fitted)
     side = score_original(model, shipped.fitted, example)
     state.cf.scored = (shipped.cache_id, side)
     return side_pace(side)
@@ -444,10 +493,16 @@ def compare(
                 # the original's side scored to time the estimate, when it is this set's
                 scored=ahead[1] if ahead is not None and ahead[0] == shipped.cache_id else None,
             )
+            # The scoring's pace (the generation is estimated on its own): both sides,
+            # the one scored ahead at the time it took then.
+            took = time.perf_counter() - t0
+            if ahead is not None and pair.original_scores is ahead[1].scores:
+                took += ahead[1].seconds
+            record_answers(model, shipped, ACTION, [example] * 2, took)
+            # The verdicts' pace, on the sides not judged before.
+            todo, t1 = unjudged(model, shipped, [pair.original, pair.edited]), time.perf_counter()
             state.cf.result = as_judged(model, shipped, pair)
-            # The scoring's pace (the generation is estimated on its own).
-            sides = 1 if ahead is not None and pair.original_scores is ahead[1].scores else 2
-            record_answers(model, shipped, ACTION, [example] * sides, time.perf_counter() - t0)
+            record_answers(model, shipped, JUDGE_ACTION, todo, time.perf_counter() - t1)
             st.session_state.pop(KEY_NAME, None)
     except RagscopeError as e:
         st.error(f"The comparison failed: {md(e)}  \nFix: edit the passages and try again.")
@@ -498,18 +553,12 @@ def main() -> None:
     regen = state.cf.answer_mode == "regenerate"
     if not go:
         estimate_caption(
-            lambda: answer_estimate(
-                model,
-                example,
-                shipped,
-                2,
-                action=ACTION,
-                # Before a Compare has run here: one side scored as Compare scores it.
-                time_one=lambda ex: timed_side(state, model, shipped, ex),
-                fixed_seconds=generation_seconds(model, max_tokens, example) if regen else 0.0,
+            lambda: compare_estimate(
+                state, model, shipped, example, edited_passages, max_tokens if regen else None
             ),
             what="versions (the original and the edited)",
             extra="generating the new answer (about as long as the first)" if regen else "",
+            kept="this session's memory",
         )
     if go:
         compare(state, model, shipped, example, edited_passages, max_tokens)

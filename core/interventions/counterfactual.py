@@ -40,7 +40,7 @@ from core.detectors.raglens import RaglensDetector, feature_name
 from core.engine.generate import GenerationConfig, generate
 from core.engine.model import LoadedModel
 from core.learning.contract import Detector, judge_features
-from core.pipeline.extract import example_chars, run_example
+from core.pipeline.extract import WARM_UP, example_chars, run_example
 from core.storage import Store
 
 AnswerMode = Literal["fixed", "regenerate"]
@@ -477,6 +477,13 @@ def score_pair(
         original_scores=before,
         edited_scores=score_one(model, detectors, edited, sae_features=sae),
     )
+
+
+def warm_scoring(model: LoadedModel, detectors: Sequence[Detector]) -> None:
+    """Score :data:`core.pipeline.extract.WARM_UP` as :func:`score_original` scores a side
+    (nothing kept): what loads on first use (RAGLens's SAE, spaCy, a first pass's
+    kernels) is loaded before a side is timed, so its pace is the warm one."""
+    score_one(model, detectors, on_template(WARM_UP), sae_features=None)
 
 
 def side_pace(side: ScoredOriginal) -> float:
