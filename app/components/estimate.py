@@ -34,10 +34,16 @@ def format_seconds(seconds: float) -> str:
 
 
 def describe_work(
-    est: WorkEstimate, *, what: str = "answers", extra: str = "", kept: str = "the feature cache"
+    est: WorkEstimate,
+    *,
+    what: str = "answers",
+    extra: str = "",
+    kept: str = "the feature cache",
+    reread: bool = True,
 ) -> str:
     """The estimate in words (Markdown). ``extra`` names what :attr:`fixed_seconds`
-    is (e.g. "the new answer's generation"); ``kept``, where what was read is kept."""
+    is (e.g. "the new answer's generation"); ``kept``, where what was read is kept;
+    ``reread``: later runs read it back from there (say so)."""
     n = est.n_examples
     plus = f", plus about {format_seconds(est.fixed_seconds)} for {extra}" if extra else ""
     if est.n_to_trace == 0:
@@ -57,7 +63,7 @@ def describe_work(
     return (
         f"Estimated time on this machine: **{head}**: {est.n_to_trace} of {n} {what} to "
         f"trace at about {est.seconds_per_example:.1f} s each (paced on this machine)"
-        f"{cached}{plus}. Later runs read them from {kept}."
+        f"{cached}{plus}." + (f" Later runs read them from {kept}." if reread else "")
     )
 
 
@@ -75,6 +81,7 @@ def estimate_caption(
     what: str = "answers",
     extra: str = "",
     kept: str = "the feature cache",
+    reread: bool = True,
     where: DeltaGenerator | None = None,
 ) -> WorkEstimate | None:
     """``compute()``'s estimate as a caption, in ``where`` (e.g. an ``st.empty()`` put
@@ -88,7 +95,7 @@ def estimate_caption(
     except RagscopeError as e:
         box.caption(f"No time estimate: {md(e)}")
         return None
-    box.caption(describe_work(est, what=what, extra=extra, kept=kept))
+    box.caption(describe_work(est, what=what, extra=extra, kept=kept, reread=reread))
     return est
 
 

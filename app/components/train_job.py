@@ -86,11 +86,12 @@ def _about(view: JobView) -> str:
     if spec is None:
         return f"Job #{view.id} (its options cannot be read: {md(view.spec_error)})"
     assert isinstance(spec, TrainSpec)  # this panel reads training jobs only
-    limit = f", about {spec.limit} examples" if spec.limit else ""
-    cv = f", {spec.cv}-fold CV" if spec.cv else ""
-    names = ", ".join(code(d) for d in spec.detectors)
+    r = spec.recipe
+    limit = f", about {r.limit} examples" if r.limit else ""
+    cv = f", {r.cv}-fold CV" if r.cv else ""
+    names = ", ".join(code(d) for d in r.detectors)
     by = f" (started by {code(view.row.owner)})" if view.row.owner else ""
-    return f"Job #{view.id}: {names} on {code(spec.dataset)}{limit}{cv}{by}"
+    return f"Job #{view.id}: {names} on {code(r.dataset)}{limit}{cv}{by}"
 
 
 def not_yours(view: JobView) -> bool:

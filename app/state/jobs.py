@@ -110,7 +110,7 @@ def train_spec(
     Raises:
         DataError: An option a job refuses (no detectors, an unknown one).
     """
-    return TrainSpec(
+    return TrainSpec.of(
         model=model_spec(),
         device=model_device(),
         detectors=tuple(detectors),
@@ -288,10 +288,10 @@ def train_estimate(model: LoadedModel, spec: TrainSpec) -> WorkEstimate:
     return _train_work(
         model,
         model.instance_key,
-        spec.dataset,
-        spec.limit,
-        spec.seed,
-        spec.detectors,
+        spec.recipe.dataset,
+        spec.recipe.limit,
+        spec.recipe.seed,
+        spec.recipe.detectors,
         get_store().path,
     )
 

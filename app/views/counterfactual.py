@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -417,41 +418,66 @@ def save_load(state: AppState, model: LoadedModel) -> None:
                 st.error(f"Could not load #{pick}: {md(e)}")
 
 
+def to_judge(
+    model: LoadedModel,
+    shipped: ShippedDetectors,
+    example: RAGExample,
+    edited_passages: tuple[str, ...],
+    regen: bool,
+) -> list[RAGExample]:
+    """The versions a Compare will have the set judge: those no page has judged yet (the
+    original often is already; a regenerated answer never is: ``example`` stands in)."""
+    if regen:
+        return [*unjudged(model, shipped, [on_template(example)]), example]
+    return unjudged(model, shipped, [on_template(example), edit_example(example, edited_passages)])
+
+
 def compare_estimate(
     state: AppState,
     model: LoadedModel,
     shipped: ShippedDetectors,
     example: RAGExample,
-    edited_passages: tuple[str, ...],
+    judged: Sequence[RAGExample],
     max_tokens: int | None,
 ) -> WorkEstimate:
-    """How long Compare takes: both sides scored, each side the set has not judged yet
-    judged (the original is often judged already; a regenerated answer never is), and
-    the new answer generated (``max_tokens``: regenerate)."""
-    edited = edit_example(example, edited_passages)
-    sides = [on_template(example)] + ([edited] if max_tokens is None else [])
-    todo = unjudged(model, shipped, sides)
-    if max_tokens is not None:
-        todo.append(example)  # the new answer, about as long as the first
-    judging = verdicts_seconds(model, shipped, todo, JUDGE_ACTION)
+    """How long Compare takes: both sides scored (one, when the original's was scored to
+    time this estimate and is kept), the set's verdicts on ``judged`` (at the pace
+    Compare or the Playground judged answers at, else at a side's), and the new answer
+    generated (``max_tokens``: regenerate)."""
     est = answer_estimate(
         model,
         example,
         shipped,
-        2 if judging is not None else 2 + len(todo),  # not known: judged at a side's pace
+        2,
         action=ACTION,
         # Before a Compare has run here: one side scored as Compare scores it.
         time_one=lambda ex: timed_side(state, model, shipped, ex),
-        fixed_seconds=(judging or 0.0)
-        + (generation_seconds(model, max_tokens, example) if max_tokens is not None else 0.0),
+        fixed_seconds=generation_seconds(model, max_tokens, example) if max_tokens else 0.0,
     )
+    judging = verdicts_seconds(model, shipped, judged, JUDGE_ACTION)
+    if judging is None:  # not known yet: a verdict at a side's pace
+        judging = (est.seconds_per_char or 0.0) * sum(example_chars(e) for e in judged)
+    est = dataclasses.replace(est, fixed_seconds=est.fixed_seconds + judging)
     ahead = state.cf.scored
-    if ahead is not None and ahead[0] == shipped.cache_id and ahead[1].example == sides[0]:
+    if (
+        ahead is not None
+        and ahead[0] == shipped.cache_id
+        and ahead[1].example == on_template(example)
+    ):
         # the original's side, scored to time this estimate, is kept for the Compare
         return dataclasses.replace(
             est, n_cached=1, chars_to_trace=est.chars_to_trace - example_chars(example)
         )
     return est
+
+
+def compare_extra(regen: bool, judged: Sequence[RAGExample]) -> str:
+    """What a Compare does besides scoring the versions, in words."""
+    parts = ["generating the new answer (about as long as the first)"] if regen else []
+    if judged:
+        n = len(judged)
+        parts.append(f"the set's verdicts on {n} version{'s' * (n > 1)} no page has judged yet")
+    return " and ".join(parts)
 
 
 def timed_side(
@@ -552,13 +578,15 @@ def main() -> None:
         go = st.button("Compare", key=KEY_COMPARE, type="primary", icon=":material/compare:")
     regen = state.cf.answer_mode == "regenerate"
     if not go:
+        judged = to_judge(model, shipped, example, edited_passages, regen)
         estimate_caption(
             lambda: compare_estimate(
-                state, model, shipped, example, edited_passages, max_tokens if regen else None
+                state, model, shipped, example, judged, max_tokens if regen else None
             ),
             what="versions (the original and the edited)",
-            extra="generating the new answer (about as long as the first)" if regen else "",
+            extra=compare_extra(regen, judged),
             kept="this session's memory",
+            reread=False,  # each Compare scores its versions anew
         )
     if go:
         compare(state, model, shipped, example, edited_passages, max_tokens)

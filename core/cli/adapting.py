@@ -5,8 +5,6 @@ terminal or as the worker of the Review page's background job (``--job``)."""
 from __future__ import annotations
 
 import argparse
-import json
-import sys
 
 from core.base.errors import DataError
 from core.base.paths import adapted_sets_dir
@@ -15,15 +13,13 @@ from core.cli.common import (
     add_model_args,
     help_epilog,
     load,
-    progress,
     tqdm_progress,
 )
 from core.data import resolve_dataset
-from core.engine.model import load_model
 from core.evaluation.adapt import MIN_ADAPT_ANSWERS, MIN_ADAPT_CLASS
-from core.pipeline.sets import ADAPTED_FILE, load_set
+from core.pipeline.sets import load_set
 from core.services.adapting import AdaptResult, adapt_set
-from core.services.jobs import AdaptSpec, JobRunner
+from core.services.worker import run_adapt_job
 from core.storage import Store
 
 
@@ -111,35 +107,12 @@ def cmd_adapt(args: argparse.Namespace) -> int:
 
 
 def _adapt_job(args: argparse.Namespace) -> int:
-    """``ragscope adapt --job ID --out DIR``: the worker of an adaptation job; it reads
-    its spec from the job's row (the command line's other options are not read) and
-    publishes the derived set into ``--out`` only when it is written whole."""
+    """``ragscope adapt --job ID --out DIR``: an adaptation job's worker
+    (:func:`core.services.worker.run_adapt_job`), for a terminal."""
+    if not args.out:
+        raise DataError("--job needs --out (the folder the job publishes into)", field="out")
     with Store() as store:
-        spec = AdaptSpec.from_dict(store.get_job(args.job).spec)
-        runner = JobRunner(store, args.job, out=args.out)
-        with runner:
-            runner.stage("Loading the model")
-            model = load_model(spec.model, device=spec.device, progress=progress)
-            runner.check_model(model.info.key)
-            runner.stage("Reading the reviews")
-            _, examples = resolve_dataset(spec.dataset)
-            result = adapt_set(
-                store,
-                model,
-                load_set(model.info.key, spec.set_name),
-                spec.queue,
-                examples,
-                runner.staging,
-                refit=spec.refit,
-                progress=runner.progress,
-            )
-            runner.publish([result.folder.name], marker=ADAPTED_FILE)
-            runner.result = result.summary()
-            print(json.dumps(runner.result, indent=1))
-    if runner.status == "cancelled":
-        print(f"job #{args.job} was cancelled; nothing was published", file=sys.stderr)
-        return 1
-    return 0
+        return run_adapt_job(store, args.job, args.out)
 
 
 _PARSERS = {"adapt": _add_adapt}

@@ -34,14 +34,13 @@ from core.cli.common import (
     import_feature_stores,
     load,
     prefetch_features,
-    progress,
     recipe_dataset,
     recipe_model,
     tqdm_progress,
 )
 from core.data import resolve_datasets, stratified_head
 from core.detectors import available_detectors, shipped_artifacts
-from core.engine.model import LoadedModel, load_model
+from core.engine.model import LoadedModel
 from core.evaluation.attribution_check import KIND as ATTRIBUTION_KIND
 from core.evaluation.attribution_check import (
     AblationRow,
@@ -69,15 +68,14 @@ from core.evaluation.runs import load_run
 from core.evaluation.train import (
     Prefetch,
     TrainOptions,
-    TrainResult,
     cross_validate_recipe,
-    summary,
+    report_training,
     train,
 )
 from core.learning.artifact import artifact_info, compare_artifacts
 from core.pipeline.extract import FeatureCache
 from core.pipeline.sets import TrainedOn, folder_set
-from core.services.jobs import JobRunner, TrainSpec
+from core.services.worker import run_train_job
 from core.signals.smoothing import P_STAY_TOKEN
 from core.storage import Store
 
@@ -311,12 +309,6 @@ def _checkpoints(args: argparse.Namespace) -> Path:
 
 def _clear_folds(args: argparse.Namespace) -> None:
     shutil.rmtree(_folds_folder(args), ignore_errors=True)
-
-
-def _cv_runs_dir(out: str | Path) -> Path:
-    """Where a training run's cross-validation goes: beside the shipped artifacts'
-    runs when training the shipped set, else the user's runs folder."""
-    return shipped_runs_dir() if Path(out).resolve() == shipped_dir().resolve() else runs_dir()
 
 
 def _matrix(args: argparse.Namespace, names: list[str], model: LoadedModel) -> MatrixRun:
@@ -606,55 +598,17 @@ def cmd_train(args: argparse.Namespace) -> int:
     recipe = TrainRecipe.from_args(args)
     out = Path(args.out or shipped_dir())
     result = train(recipe, out, options=_run_options(args), progress=tqdm_progress("features"))
-    _report(result, out)
+    report_training(result, out)
     return 0
-
-
-def _report(result: TrainResult, out: str | Path) -> None:
-    print(result.to_markdown())
-    if isinstance(result.run, CVRun):
-        j, m = result.run.save(_cv_runs_dir(out))
-        print(f"\nsaved the cross-validation as {j} and {m}")
-    for n in result.recipe.detectors:
-        print(f"saved {n} -> {Path(out) / n}")
 
 
 def _train_job(args: argparse.Namespace) -> int:
-    """``ragscope train --job ID --out DIR``: the worker of a background job
-    (:mod:`core.services.jobs`).
-
-    Runs the recipe the job's row stores (:meth:`core.services.jobs.TrainSpec.from_dict`; the
-    command line's other options are not read) through :func:`core.evaluation.train.train`, into a
-    staging folder, and publishes the artifacts into ``--out`` only when every one is
-    saved; the job's row follows its stage and progress, and a cancel leaves nothing
-    behind.
-    """
+    """``ragscope train --job ID --out DIR``: a background job's worker
+    (:func:`core.services.worker.run_train_job`), for a terminal."""
     if not args.out:
         raise DataError("--job needs --out (the folder the job publishes into)", field="out")
     with Store() as store:
-        spec = TrainSpec.from_dict(store.get_job(args.job).spec)
-        recipe = spec.recipe()
-        print(f"job #{args.job} runs {recipe.command(out=args.out)}", file=sys.stderr)
-        runner = JobRunner(store, args.job, out=args.out)
-        with runner:
-            runner.stage("Loading the model")
-            model = load_model(recipe.model, device=spec.device, progress=progress)
-            runner.check_model(model.info.key)
-            runner.stage("Features")
-            result = train(
-                recipe,
-                runner.staging,
-                model=model,
-                options=TrainOptions(device=spec.device),
-                progress=runner.progress,
-            )
-            published = runner.publish(recipe.detectors)
-            runner.result = {"artifacts": published, **summary(result)}
-            _report(result, args.out)
-    if runner.status == "cancelled":
-        print(f"job #{args.job} was cancelled; nothing was published", file=sys.stderr)
-        return 1
-    return 0
+        return run_train_job(store, args.job, args.out)
 
 
 def _runnable(recipe: TrainRecipe, where: Path) -> TrainRecipe:

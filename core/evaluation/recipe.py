@@ -87,7 +87,8 @@ def _text(name: str, value: object, *, optional: bool = False) -> str | None:
 
 def _count(name: str, value: object, *, low: int, high: int | None = None) -> int:
     if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise _refuse(name, f"must be a whole number from {low}, not {str(value)[:40]!r}")
+        span = f"from {low}" if high is None else f"from {low} to {high}"
+        raise _refuse(name, f"must be a whole number {span}, not {str(value)[:40]!r}")
     if high is not None and value > high:
         raise _refuse(name, f"must be at most {high}, not {value}")
     return value

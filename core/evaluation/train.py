@@ -21,6 +21,7 @@ from typing import Any
 
 from core.base.errors import DataError
 from core.base.examples import RAGExample
+from core.base.paths import runs_dir, shipped_dir, shipped_runs_dir
 from core.data import make_splits, resolve_datasets, stratified_head
 from core.engine.model import LoadedModel, load_model
 from core.evaluation.crossval import (
@@ -157,6 +158,30 @@ def _checked(progress: Progress | None, cancel: Callable[[], bool] | None) -> Pr
     return step
 
 
+def cv_options(
+    recipe: TrainRecipe, options: TrainOptions, *, checkpoint: Path | None = None
+) -> CVOptions:
+    """The cross-validation a ``cv`` recipe runs: its folds, seed, fit criterion and
+    calibration from the recipe; the bootstrap, the run's name and where folds are
+    checkpointed from the run's ``options``.
+
+    Raises:
+        DataError: The recipe has no ``cv``.
+    """
+    if recipe.cv is None:
+        raise DataError("cross-validation needs a recipe with cv (--cv K)", field="cv")
+    return CVOptions(
+        k=recipe.cv,
+        seed=recipe.seed,
+        criterion=recipe.fit_criterion,
+        calibrate_on=recipe.calibrate_on_names,
+        calibration=recipe.fit_calibration,
+        n_boot=options.bootstrap,
+        name=options.name,
+        checkpoint=checkpoint,
+    )
+
+
 def cross_validate_recipe(
     recipe: TrainRecipe,
     model: LoadedModel,
@@ -195,16 +220,7 @@ def cross_validate_recipe(
         model,
         names,
         examples,
-        CVOptions(
-            k=recipe.cv,
-            seed=recipe.seed,
-            criterion=recipe.fit_criterion,
-            calibrate_on=recipe.calibrate_on_names,
-            calibration=recipe.fit_calibration,
-            n_boot=opts.bootstrap,
-            name=opts.name,
-            checkpoint=checkpoint or opts.checkpoint,
-        ),
+        cv_options(recipe, opts, checkpoint=checkpoint or opts.checkpoint),
         datasets=sets,
         make=make,
         extraction=ext,
@@ -354,6 +370,24 @@ def train(
     return TrainResult(
         recipe=recipe, out=out, run=run, artifacts={n: out / n for n in recipe.detectors}
     )
+
+
+def cv_runs_dir(out: str | Path) -> Path:
+    """Where a training run's cross-validation is saved: beside the shipped artifacts'
+    runs when training the shipped set into its folder, else the user's runs folder."""
+    return shipped_runs_dir() if Path(out).resolve() == shipped_dir().resolve() else runs_dir()
+
+
+def report_training(result: TrainResult, out: str | Path) -> None:
+    """Print what a training run made into ``out`` (its table, the artifacts) and save its
+    cross-validation, if it ran one, in :func:`cv_runs_dir` (``ragscope train`` and a
+    background job's worker alike)."""
+    print(result.to_markdown())
+    if isinstance(result.run, CVRun):
+        j, m = result.run.save(cv_runs_dir(out))
+        print(f"\nsaved the cross-validation as {j} and {m}")
+    for n in result.recipe.detectors:
+        print(f"saved {n} -> {Path(out) / n}")
 
 
 def summary(result: TrainResult) -> dict[str, Any]:

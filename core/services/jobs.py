@@ -1,7 +1,7 @@
 """Background training jobs: detectors trained for a model outside the app's script runs.
 
 A job is a row of the ``jobs`` table (:mod:`core.storage.jobs`) and a detached worker
-process running ``ragscope train --job ID`` (:func:`launch_job`), in a session of its
+process running :mod:`core.services.worker` (:func:`launch_job`), in a session of its
 own so it outlives the page that started it, a browser reload and even the app's
 server. The row is the only channel between them: the worker records its stage, its
 progress and a heartbeat there (:class:`JobRunner`); any app session reads them
@@ -37,7 +37,6 @@ from core.base.errors import DataError, RagscopeError
 from core.base.examples import control_character
 from core.base.paths import adapted_sets_dir, model_detectors_dir, repo_root
 from core.data import is_named_spec
-from core.detectors import available_detectors
 from core.evaluation.recipe import TrainRecipe
 from core.evaluation.train import TrainCancelled
 from core.storage import JobRow, JobRowError, Store
@@ -49,7 +48,6 @@ STALE_S = 45.0
 JobState = Literal["queued", "running", "interrupted", "done", "failed", "cancelled"]
 """A job's state as shown: the stored status, with ``interrupted`` for an active job
 whose worker is gone."""
-_DETECTOR_NAME_CHARS = frozenset("abcdefghijklmnopqrstuvwxyz0123456789_")
 _HEX = frozenset("0123456789abcdef")
 
 
@@ -63,127 +61,83 @@ class JobCancelled(TrainCancelled):
 
 @dataclass(frozen=True, kw_only=True)
 class TrainSpec:
-    """What a training job trains: the options of ``ragscope train``.
+    """What a training job trains: a :class:`~core.evaluation.recipe.TrainRecipe` (which
+    checks every value, as ``ragscope train`` does) of the shape the app's training panel
+    makes, and the one thing only a job adds, the device.
+
+    A job's recipe names its model, one dataset by name (:func:`core.data.is_named_spec`:
+    ``demo``, ``builtin``, ``shared:NAME``, ``stored:NAME``; never a path: a job's worker
+    reads no file a visitor named), its detectors, and optionally a limit, a seed and
+    ``cv`` folds (calibrated cross-fitted, as ``--cv`` does by default); nothing else
+    (no detector options, test dataset or other calibration: the panel could not show
+    or resume them). Build one with :meth:`of`.
 
     Attributes:
-        model: The model as ``--model`` names it (``RAGSCOPE_MODEL``).
+        recipe: What the job trains.
         device: ``--device``.
-        detectors: Registered detector names.
-        dataset: ``--dataset``: a named spec (:func:`core.data.is_named_spec`:
-            ``demo``, ``builtin``, ``shared:NAME``, ``stored:NAME`` for an imported
-            dataset), never a path: a job's worker reads no file a visitor named.
-        limit: ``--limit`` (about this many examples; ``None``: all).
-        seed: ``--seed`` (the split seed).
-        cv: ``--cv K``: train on every answer and report K-fold source-grouped CV
-            metrics, with calibration and thresholds cross-fitted (``None``: one
-            train/validation/test split).
 
     Raises:
-        DataError: An option that ``ragscope train`` would refuse, or that could not
-            round-trip through a command line.
+        DataError: A recipe of another shape, a dataset that is not one named dataset,
+            or a device that could not be one argument of a command line.
     """
 
-    model: str
+    recipe: TrainRecipe
     device: str = "auto"
-    detectors: tuple[str, ...]
-    dataset: str
-    limit: int | None = None
-    seed: int = 0
-    cv: int | None = None
 
     def __post_init__(self) -> None:
-        for what, value in (
-            ("model", self.model),
-            ("device", self.device),
-            ("dataset", self.dataset),
-        ):
-            # One line, and not an option's look-alike: each is the value of an option.
-            if not isinstance(value, str) or not value.strip() or "\n" in value:
-                raise DataError(f"a training job's {what} must be a one-line name", field=what)
-            if value.startswith("-"):
-                raise DataError(f"a training job's {what} cannot start with '-'", field=what)
-            # A NUL cannot reach a command line (the worker would never start) and other
-            # control characters garble the log and the page.
-            if (bad := control_character(value)) is not None:
-                raise DataError(
-                    f"a training job's {what} {value[:80]!r} holds the control character "
-                    f"U+{ord(bad[1]):04X}; pick another {what}",
-                    field=what,
-                )
-        if "," in self.dataset:
+        if not isinstance(self.recipe, TrainRecipe):
+            raise DataError("a training job's recipe is not a training recipe", field="recipe")
+        _argument("device", self.device)
+        dataset = self.recipe.dataset
+        if "," in dataset:
             raise DataError("a training job trains on one dataset", field="dataset")
-        if not is_named_spec(self.dataset):
+        if not is_named_spec(dataset):
             raise DataError(
                 f"a training job reads a dataset by name (demo, builtin, shared:NAME, "
-                f"stored:NAME), not {self.dataset[:80]!r}; to train on a file, run "
+                f"stored:NAME), not {dataset[:80]!r}; to train on a file, run "
                 "`ragscope train --dataset PATH` in a terminal",
                 field="dataset",
             )
-        if not isinstance(self.detectors, tuple) or not self.detectors:
-            raise DataError("pick at least one detector to train", field="detectors")
-        known = set(available_detectors())
-        for name in self.detectors:
-            if not isinstance(name, str) or name not in known:
-                raise DataError(
-                    f"unknown detector {str(name)[:40]!r}; known: {sorted(known)}",
-                    field="detectors",
-                )
-        if len(set(self.detectors)) != len(self.detectors):
-            raise DataError("a detector is named twice", field="detectors")
-        if self.limit is not None and (
-            not isinstance(self.limit, int) or isinstance(self.limit, bool) or self.limit < 1
-        ):
-            raise DataError(f"limit must be a positive count, not {self.limit!r}", field="limit")
-        if not isinstance(self.seed, int) or isinstance(self.seed, bool) or self.seed < 0:
-            raise DataError(f"seed must be a count, not {self.seed!r}", field="seed")
-        if self.cv is not None and (
-            not isinstance(self.cv, int) or isinstance(self.cv, bool) or not 2 <= self.cv <= 20
-        ):
-            raise DataError(f"cv must be a fold count from 2 to 20, not {self.cv!r}", field="cv")
-
-    def recipe(self) -> TrainRecipe:
-        """What the job trains, as ``ragscope train`` records it (cross-validated jobs
-        calibrate cross-fitted, as ``--cv`` does by default)."""
-        return TrainRecipe(
-            model=self.model,
-            dataset=self.dataset,
-            detectors=self.detectors,
-            limit=self.limit,
-            seed=self.seed,
-            cv=self.cv,
-            calibration="crossfit" if self.cv is not None else None,
-        )
-
-    def to_dict(self) -> dict[str, Any]:
-        """What the job's row stores: the recipe the worker runs, and the device."""
-        return {"device": self.device, "recipe": self.recipe().to_dict()}
-
-    @classmethod
-    def from_recipe(cls, recipe: TrainRecipe, *, device: str = "auto") -> TrainSpec:
-        """The job of ``recipe``: only what the app's training panel sets (no detector
-        options, test dataset or other calibration), so a row can carry no more.
-
-        Raises:
-            DataError: The recipe sets what a job does not (named), or a job refuses it.
-        """
-        job = cls(
-            model=recipe.model,
-            device=device,
-            detectors=recipe.detectors,
-            dataset=recipe.dataset,
-            limit=recipe.limit,
-            seed=recipe.seed,
-            cv=recipe.cv,
-        )
-        if job.recipe() != recipe:
-            mine, theirs = job.recipe().to_dict(), recipe.to_dict()
+        r = self.recipe
+        if r.cv is not None and r.cv > MAX_JOB_FOLDS:
+            raise DataError(
+                f"a training job cross-validates with at most {MAX_JOB_FOLDS} folds, not "
+                f"{r.cv}; run more in a terminal: `{r.command()}`",
+                field="cv",
+            )
+        shaped = _job_recipe(r.model, r.dataset, r.detectors, r.limit, r.seed, r.cv)
+        if shaped != r:
+            mine, theirs = shaped.to_dict(), r.to_dict()
             differ = sorted(k for k in theirs if k != "command" and theirs[k] != mine.get(k))
             raise DataError(
                 f"a training job's recipe sets {differ}, which a job from the app does not; "
-                f"run it in a terminal: `{recipe.command()}`",
+                f"run it in a terminal: `{r.command()}`",
                 field=differ[0] if differ else "recipe",
             )
-        return job
+
+    @classmethod
+    def of(
+        cls,
+        *,
+        model: str,
+        detectors: Sequence[str],
+        dataset: str,
+        device: str = "auto",
+        limit: int | None = None,
+        seed: int = 0,
+        cv: int | None = None,
+    ) -> TrainSpec:
+        """The job the training panel's choices make (the options of ``ragscope train``).
+
+        Raises:
+            DataError: A value ``ragscope train`` or a job refuses, naming the field.
+        """
+        detectors = detectors if isinstance(detectors, tuple) else tuple(detectors)
+        return cls(recipe=_job_recipe(model, dataset, detectors, limit, seed, cv), device=device)
+
+    def to_dict(self) -> dict[str, Any]:
+        """What the job's row stores: the recipe the worker runs, and the device."""
+        return {"device": self.device, "recipe": self.recipe.to_dict()}
 
     @classmethod
     def from_dict(cls, d: object) -> TrainSpec:
@@ -200,10 +154,7 @@ class TrainSpec:
             extra = sorted(str(k)[:40] for k in set(d) - {"device", "recipe"})
             if extra:
                 raise DataError(f"a training job's spec has unknown fields {extra}")
-            return cls.from_recipe(
-                TrainRecipe.from_dict(d["recipe"]),
-                device=d.get("device", "auto"),
-            )
+            return cls(recipe=TrainRecipe.from_dict(d["recipe"]), device=d.get("device", "auto"))
         keys = {"model", "device", "detectors", "dataset", "limit", "seed", "cv"}
         extra = sorted(str(k)[:40] for k in set(d) - keys)
         if extra:
@@ -211,8 +162,8 @@ class TrainSpec:
         detectors = d.get("detectors")
         if not isinstance(detectors, list):
             raise DataError("a training job's detectors are not a list", field="detectors")
-        return cls(
-            model=d.get("model"),  # type: ignore[arg-type]  # checked in __post_init__
+        return cls.of(
+            model=d.get("model"),  # type: ignore[arg-type]  # checked by TrainRecipe
             device=d.get("device", "auto"),
             detectors=tuple(detectors),
             dataset=d.get("dataset"),  # type: ignore[arg-type]  # checked by TrainRecipe
@@ -223,12 +174,52 @@ class TrainSpec:
 
     def argv(self, out: str | Path) -> list[str]:
         """The ``ragscope`` arguments that train this into ``out`` (:meth:`command`)."""
-        return self.recipe().argv(out=str(out), device=self.device)
+        return self.recipe.argv(out=str(out), device=self.device)
 
     def command(self, out: str | Path) -> str:
         """The equivalent command line: the recipe's ``ragscope train ...`` on this
         device into ``out`` (:meth:`TrainRecipe.command`)."""
-        return self.recipe().command(out=str(out), device=self.device)
+        return self.recipe.command(out=str(out), device=self.device)
+
+
+MAX_JOB_FOLDS = 20
+"""The most cross-validation folds a job from the app runs (the panel offers 2 to 20)."""
+
+
+def _job_recipe(
+    model: str,
+    dataset: str,
+    detectors: tuple[str, ...],
+    limit: int | None,
+    seed: int,
+    cv: int | None,
+) -> TrainRecipe:
+    """The recipe of a job from the app: these choices, calibrated cross-fitted with
+    ``cv`` (as ``--cv`` is by default), nothing else."""
+    return TrainRecipe(
+        model=model,
+        dataset=dataset,
+        detectors=detectors,
+        limit=limit,
+        seed=seed,
+        cv=cv,
+        calibration="crossfit" if cv is not None else None,
+    )
+
+
+def _argument(what: str, value: object) -> None:
+    """``value`` can be one argument of a command line: one line, not an option's
+    look-alike, no control characters (a NUL would keep the worker from starting)."""
+    if not isinstance(value, str) or not value.strip() or "\n" in value:
+        raise DataError(f"a training job's {what} must be a one-line name", field=what)
+    if value.startswith("-"):
+        raise DataError(f"a training job's {what} cannot start with '-'", field=what)
+    if (bad := control_character(value)) is not None:
+        raise DataError(
+            f"a training job's {what} {value[:80]!r} holds the control character "
+            f"U+{ord(bad[1]):04X}; pick another {what}",
+            field=what,
+        )
 
 
 MAX_QUEUE_KEY = 200
@@ -400,7 +391,7 @@ class JobView:
     @property
     def detectors(self) -> tuple[str, ...]:
         """The detectors a training job trains (none for another kind)."""
-        return self.spec.detectors if isinstance(self.spec, TrainSpec) else ()
+        return self.spec.recipe.detectors if isinstance(self.spec, TrainSpec) else ()
 
     def command(self) -> str | None:
         """The ``ragscope train`` (or ``adapt``) command equivalent to this job."""
@@ -494,8 +485,8 @@ def _check_control(store: Store, job_id: int, actor: JobActor | None, action: st
 
 
 def launch_job(store: Store, job_id: int) -> int:
-    """Start the worker of queued job ``job_id``: ``python -m core.cli train --job ID``
-    in a new session (it outlives the caller), its output in :func:`job_log_path`.
+    """Start the worker of queued job ``job_id``: ``python -m core.services.worker --job
+    ID --out DIR`` (:mod:`core.services.worker`) in a new session (it outlives the caller), its output in :func:`job_log_path`.
     Returns its process id.
 
     Raises:
@@ -520,9 +511,9 @@ def launch_job(store: Store, job_id: int) -> int:
         raise DataError(f"job #{job_id} cannot start: {e}; start a new one") from e
     log = job_log_path(store.path, row)
     recipe_line = spec.command(row.out)
-    # The worker reads its recipe from the row (never from a rebuilt command line).
-    command = "adapt" if adapt else "train"
-    cmd = [sys.executable, "-m", "core.cli", command, "--job", str(job_id), "--out", row.out]
+    # The worker (core.services.worker) reads its recipe from the row (never from a
+    # rebuilt command line).
+    cmd = [sys.executable, "-m", "core.services.worker", "--job", str(job_id), "--out", row.out]
     env = {**os.environ, "RAGSCOPE_DB": store.path, "PYTHONUNBUFFERED": "1"}
     try:
         log.parent.mkdir(parents=True, exist_ok=True)

@@ -109,6 +109,10 @@ def test_the_side_timed_for_the_first_estimate_is_not_scored_again(
     no_exception(at)
     assert scored[0] == "warm-up" and len(scored) == 2  # warmed, then the answer timed
     scored.pop(0)
+    said = next(c.value for c in at.caption if c.value.startswith("Estimated time"))
+    assert "1 of 2 versions" in said and "1 already in this session's memory" in said, said
+    assert "Later runs" not in said  # each Compare scores its versions anew
+    assert "for the set's verdicts on 2 versions no page has judged yet" in said, said
     at.button(key=KEY_COMPARE).click().run()
     no_exception(at)
     assert scored[1:] == [f"{scored[0]}~cf"], scored  # then the edited version only

@@ -101,7 +101,7 @@ def test_train_detectors_in_the_background(
     at.number_input(key=KEY_TRAIN_CV).set_value(3).run()
     assert "--cv 3 --calibration crossfit --seed 0 --detectors nll,context_gain" in _text(at)
     at.number_input(key=KEY_TRAIN_CV).set_value(1).run()
-    assert "cv must be a fold count from 2 to 20" in " ".join(e.value for e in at.error)
+    assert "cv must be a whole number from 2 to 100" in " ".join(e.value for e in at.error)
     assert at.button(key=KEY_TRAIN_START).disabled
     at.number_input(key=KEY_TRAIN_CV).set_value(0).run()
     at.button(key=KEY_TRAIN_START).click().run()
@@ -146,7 +146,7 @@ def test_interrupted_and_unreadable_jobs(
     make_app: Callable[[], AppTest], jobs_env: Path, no_exception, tiny_model
 ) -> None:
     key = tiny_model.info.key
-    spec = TrainSpec(model="tiny", device="cpu", detectors=("nll",), dataset="demo")
+    spec = TrainSpec.of(model="tiny", device="cpu", detectors=("nll",), dataset="demo")
     out = str(model_detectors_dir(key))
     with Store(jobs_env) as store:
         job = store.create_job(kind="train", model=key, spec=spec.to_dict(), out=out)
@@ -248,7 +248,7 @@ def test_with_logins_only_the_owner_or_an_admin_controls_a_job(
     with_login: Callable[..., AppTest],
 ) -> None:
     key = tiny_model.info.key
-    spec = TrainSpec(model="tiny", device="cpu", detectors=("nll",), dataset="demo")
+    spec = TrainSpec.of(model="tiny", device="cpu", detectors=("nll",), dataset="demo")
     out = str(model_detectors_dir(key))
     with Store(jobs_env) as store:
         job = store.create_job(

@@ -80,14 +80,14 @@ def test_a_stored_name_that_is_a_path_reads_the_stored_rows(
 
 
 def test_a_job_reads_a_dataset_by_name_only(server_file: Path) -> None:
-    ok = TrainSpec(model="tiny", detectors=("nll",), dataset=stored_spec(str(server_file)))
+    ok = TrainSpec.of(model="tiny", detectors=("nll",), dataset=stored_spec(str(server_file)))
     assert ok.argv("/out")[ok.argv("/out").index("--dataset") + 1] == f"stored:{server_file}"
     for spec in ("demo", "builtin", "builtin[:40]", "shared:ragtruth_qa_dev", "stored:x"):
         assert is_named_spec(spec), spec
     for path in (str(server_file), "../x.csv", "assets/examples/demo.jsonl"):
         assert not is_named_spec(path)
         with pytest.raises(DataError, match="reads a dataset by name"):
-            TrainSpec(model="tiny", detectors=("nll",), dataset=path)
+            TrainSpec.of(model="tiny", detectors=("nll",), dataset=path)
 
 
 @pytest.mark.parametrize("bad", ["a\x00b", "a\x1bb", "a\u202eb", "a\rb", "x" * 201, " "])

@@ -11,6 +11,7 @@ import sqlite3
 import subprocess
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -37,7 +38,7 @@ from core.storage import db as storage_db
 
 MODEL = "tiny-random-llama (seed 0)|L2xH4/KV2|D64|V49152|float32"
 OTHER = "SmolLM2-135M-Instruct|L30xH9/KV3|D576|V49152|float32"
-SPEC = TrainSpec(model="tiny", device="cpu", detectors=("nll", "context_gain"), dataset="demo")
+SPEC = TrainSpec.of(model="tiny", device="cpu", detectors=("nll", "context_gain"), dataset="demo")
 
 
 @pytest.fixture
@@ -167,7 +168,7 @@ def _row_spec(**recipe: object) -> dict[str, object]:
 def test_a_spec_from_a_row_is_checked() -> None:
     """A row stores the job's recipe; a hostile one is refused with the field named."""
     stored = SPEC.to_dict()
-    assert set(stored) == {"device", "recipe"} and stored["recipe"] == SPEC.recipe().to_dict()
+    assert set(stored) == {"device", "recipe"} and stored["recipe"] == SPEC.recipe.to_dict()
     assert TrainSpec.from_dict(json.loads(json.dumps(stored))) == SPEC
     bad = [
         (_row_spec(detectors=["nll", "rm -rf"]), "detectors"),
@@ -207,14 +208,14 @@ def test_a_spec_from_a_row_is_checked() -> None:
         "ragscope train --model tiny --dataset demo --seed 0 --detectors nll,context_gain "
         "--device cpu --out '/x y'"
     )
-    assert SPEC.command("/o") == SPEC.recipe().command(out="/o", device="cpu")
+    assert SPEC.command("/o") == SPEC.recipe.command(out="/o", device="cpu")
 
 
 def test_a_nul_in_a_dataset_name_never_reaches_a_worker(
     store: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     with pytest.raises(DataError, match="U\\+0000"):
-        TrainSpec(model="tiny", detectors=("nll",), dataset="stored:a\x00b")
+        TrainSpec.of(model="tiny", detectors=("nll",), dataset="stored:a\x00b")
     assert store.list_jobs() == []  # refused before any row is written
     # A row written by something else: the job fails with the reason, never a
     # ValueError that leaves it queued without a worker.
@@ -422,3 +423,21 @@ def test_runner_failure_is_recorded_and_raised(store: Store, tmp_path: Path) -> 
         store.requeue_job(job)
         JobRunner(store, job, out=tmp_path / "elsewhere").__enter__()
     assert store.get_job(job).status == "failed"
+
+
+def test_a_job_is_a_recipe_of_the_panels_shape_and_its_device() -> None:
+    """The job's spec is the recipe ``ragscope train`` checks, plus the device; what a
+    job adds on top is checked once here: one named dataset, at most 20 folds, nothing
+    the panel does not set."""
+    assert SPEC.recipe.calibration is None and SPEC.device == "cpu"
+    cv = TrainSpec.of(model="tiny", detectors=("nll",), dataset="demo", cv=5)
+    assert cv.recipe.cv == 5 and cv.recipe.calibration == "crossfit"
+    with pytest.raises(DataError) as err:
+        TrainSpec.of(model="tiny", detectors=("nll",), dataset="demo", cv=21)
+    assert err.value.field == "cv" and "at most 20 folds" in str(err.value)
+    with pytest.raises(DataError) as err:
+        TrainSpec(recipe=replace(SPEC.recipe, options={"nll": {"answer": True}}))
+    assert err.value.field == "options"
+    with pytest.raises(DataError) as err:
+        TrainSpec(recipe=SPEC.recipe, device="--evil")
+    assert err.value.field == "device"

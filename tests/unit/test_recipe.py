@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shlex
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
@@ -24,7 +25,7 @@ from core.evaluation.recipe import (
     options_from_flags,
     trained_on_record,
 )
-from core.evaluation.train import TrainCancelled, TrainOptions, TrainResult, train
+from core.evaluation.train import TrainCancelled, TrainOptions, TrainResult, cv_options, train
 from core.pipeline.sets import TrainedOn
 
 SHIPPED = sorted(
@@ -257,3 +258,24 @@ def test_trained_on_record_names_its_parts() -> None:
         "data_hashes": {},
         "n": {},
     }
+
+
+def test_a_cv_recipe_gives_its_cross_validation_by_one_function(tmp_path: Path) -> None:
+    """What a cross-validated recipe runs (folds, seed, criterion, calibration) comes
+    from the recipe; the bootstrap, name and checkpoint from the run's options."""
+    recipe = TrainRecipe(
+        model="tiny", dataset="demo", detectors=("nll",), seed=3, cv=4, calibration="split"
+    )
+    opts = cv_options(recipe, TrainOptions(bootstrap=50, name="run"), checkpoint=tmp_path)
+    assert (opts.k, opts.seed, opts.calibration, opts.n_boot, opts.name, opts.checkpoint) == (
+        4,
+        3,
+        recipe.fit_calibration,
+        50,
+        "run",
+        tmp_path,
+    )
+    assert opts.criterion == recipe.fit_criterion
+    assert opts.calibrate_on == recipe.calibrate_on_names
+    with pytest.raises(DataError, match="cv"):
+        cv_options(replace(recipe, cv=None), TrainOptions())

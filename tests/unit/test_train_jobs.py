@@ -80,7 +80,9 @@ def _log(store: Store, job: int) -> str:
 def test_the_job_publishes_what_the_cli_trains(
     tiny_model: LoadedModel, job_env: Store, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    spec = TrainSpec(model="tiny", device="cpu", detectors=("nll", "context_gain"), dataset="demo")
+    spec = TrainSpec.of(
+        model="tiny", device="cpu", detectors=("nll", "context_gain"), dataset="demo"
+    )
     key = tiny_model.info.key
     out = model_detectors_dir(key)
     job = start_train_job(job_env, spec, model_key=key)
@@ -93,18 +95,20 @@ def test_the_job_publishes_what_the_cli_trains(
     # The worker was given the job, not a rebuilt command line: it read the recipe the
     # row stores, and the artifacts record that recipe.
     started = _log(job_env, job).splitlines()[0]
-    assert started.endswith(f"train --job {job} --out {out}") and "--dataset" not in started
-    assert view.row.spec["recipe"] == spec.recipe().to_dict()
-    for name in spec.detectors:
+    # the worker is core's job entry point, not the CLI module
+    assert started.endswith(f"-m core.services.worker --job {job} --out {out}")
+    assert "--dataset" not in started
+    assert view.row.spec["recipe"] == spec.recipe.to_dict()
+    for name in spec.recipe.detectors:
         cfg = json.loads((out / name / "cfg.json").read_text())
-        assert cfg["trained_on"]["recipe"] == spec.recipe().to_dict()
+        assert cfg["trained_on"]["recipe"] == spec.recipe.to_dict()
 
     # The same command in a terminal, with a database of its own (features traced again).
     monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "cli.sqlite3"))
     cli_out = tmp_path / "cli-out"
     assert view.command() == spec.command(out)
     assert main(spec.argv(cli_out)) == 0
-    for name in spec.detectors:
+    for name in spec.recipe.detectors:
         assert compare_artifacts(out / name, cli_out / name) == []
         assert (out / name / "weights.json").read_bytes() == (
             cli_out / name / "weights.json"
@@ -118,7 +122,7 @@ def test_killed_job_resumes_from_the_cache_and_cancel_leaves_nothing(
 ) -> None:
     key = tiny_model.info.key
     out = model_detectors_dir(key)
-    spec = TrainSpec(model="tiny", device="cpu", detectors=("nll",), dataset="builtin", limit=40)
+    spec = TrainSpec.of(model="tiny", device="cpu", detectors=("nll",), dataset="builtin", limit=40)
     job = start_train_job(job_env, spec, model_key=key)
     running = _wait(job_env, job, lambda v: v.row.stage == "Features" and v.row.done >= 4)
     os.kill(running.row.pid, signal.SIGKILL)  # type: ignore[arg-type]  # a crash
@@ -135,7 +139,7 @@ def test_killed_job_resumes_from_the_cache_and_cancel_leaves_nothing(
     nll_cfg = (out / "nll" / "cfg.json").read_bytes()
 
     # Cancel a second job mid-extraction: no artifact, no staging folder.
-    spec2 = TrainSpec(
+    spec2 = TrainSpec.of(
         model="tiny", device="cpu", detectors=("nll", "lookback_lens"), dataset="builtin", limit=40
     )
     job2 = start_train_job(job_env, spec2, model_key=key)
@@ -155,7 +159,7 @@ def test_killed_job_resumes_from_the_cache_and_cancel_leaves_nothing(
 def test_a_cv_job_trains_on_every_answer_and_reports_its_folds(
     tiny_model: LoadedModel, job_env: Store
 ) -> None:
-    spec = TrainSpec(
+    spec = TrainSpec.of(
         model="tiny", device="cpu", detectors=("nll",), dataset="builtin", limit=40, cv=3
     )
     assert spec.command("X") == (
