@@ -347,13 +347,14 @@ def test_a_share_bootstrap_keeps_resamples_of_one_class() -> None:
 def test_evaluate_evidence_prints_and_saves_without_a_model(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch
 ) -> None:
+    import core.cli.common as common
     import core.cli.training as training
 
     def no_model(*a: object, **k: object) -> None:
         raise AssertionError("evaluate --evidence loaded a model")
 
     monkeypatch.setattr(training, "load", no_model)
-    monkeypatch.setattr(training, "load_model", no_model)
+    monkeypatch.setattr(common, "load_model", no_model)
     data = save_jsonl(_synthetic(), tmp_path / "synthetic.jsonl")
     out = tmp_path / "runs"
     assert main(["evaluate", "--evidence", str(data), "--bootstrap", "50", "--out", str(out)]) == 0
