@@ -159,7 +159,7 @@ def adapt_panel(
         st.caption("Only a named dataset (built-in, shared or imported) can be adapted here.")
         return
     judging = status.judging
-    has_ensemble = judging is not None and any(c.name == "ensemble" for c in judging.detectors)
+    has_ensemble = judging is not None and any(c.detector.composite for c in judging.detectors)
     refit = st.toggle(
         "Also refit the ensemble's stacker on the reviewed answers",
         value=has_ensemble,

@@ -18,6 +18,8 @@ from app.components.head_charts import attention_figure, beta_words
 from app.components.heatmap import render_token_heatmap
 from app.state.detectors import ShippedDetectors
 from app.state.heads import (
+    HEAD_CHUNKS,
+    HEAD_TOKENS,
     HEADS_EXAMPLE_DATASET,
     HEADS_EXAMPLE_PLAYGROUND,
     KEY_HEADS_EXAMPLE,
@@ -186,8 +188,8 @@ def show_token_scores(
         if labels is not None
         else ""
     )
-    verdict = judged.verdict("redeep_token") if judged is not None else None
-    det = next((s.detector for s in shipped.detectors if s.name == "redeep_token"), None)
+    verdict = judged.verdict(HEAD_TOKENS) if judged is not None else None
+    det = next((s.detector for s in shipped.detectors if s.name == HEAD_TOKENS), None)
     if (
         verdict is not None
         and verdict.token_scores is not None
@@ -200,7 +202,7 @@ def show_token_scores(
         heads = ", ".join(head_id(h) for h in det.selected_heads)
         layers = ", ".join(f"L{x}" for x in det.selected_layers)
         st.caption(
-            f"The shipped redeep_token detector gives this answer a "
+            f"The shipped {HEAD_TOKENS} detector gives this answer a "
             f"{verdict_words(verdict)}, as the Playground shows. "
             f"Per token it combines H = PKS_n − β·ECS_n over its heads ({heads}) and layers "
             f"({layers}); {beta_words(float(verdict.explanation.get('beta', float('nan'))))}. "
@@ -211,14 +213,14 @@ def show_token_scores(
             values,
             labels=labels,
             positions=positions,
-            value_name="redeep_token score",
+            value_name=f"{HEAD_TOKENS} score",
             vmin=0.0,
             vmax=1.0,
         )
         return
     st.info(
-        f"No trained redeep_token detector for {md(model.info.display_name)}. Make one with "
-        f"{code(train_command(model, shipped, 'redeep_token'))} and reload this page. Meanwhile "
+        f"No trained {HEAD_TOKENS} detector for {md(model.info.display_name)}. Make one with "
+        f"{code(train_command(model, shipped, HEAD_TOKENS))} and reload this page. Meanwhile "
         f"the tokens are coloured by {head_id(head)}'s token-level ECS."
     )
     st.caption(
@@ -246,8 +248,8 @@ def show_chunks(
     chunk's raw redeep_chunk score, gold; the answer's redeep_chunk probability, threshold
     and flag are the set's verdict (``judged``), the chunk scores labelled raw."""
     st.markdown("##### Chunks")
-    layers = view.selected_layers.get("redeep_chunk") or view.selected_layers.get("redeep_token")
-    source = "redeep_chunk" if view.selected_layers.get("redeep_chunk") else "redeep_token"
+    layers = view.selected_layers.get(HEAD_CHUNKS) or view.selected_layers.get(HEAD_TOKENS)
+    source = HEAD_CHUNKS if view.selected_layers.get(HEAD_CHUNKS) else HEAD_TOKENS
     # The detector's per-chunk scores are uncalibrated: they rank chunks, and are never
     # compared with the answer's (calibrated) threshold.
     frame = view.chunk_frame(head, pks_layers=layers).rename(
@@ -263,13 +265,13 @@ def show_chunks(
         if layers
         else "every layer"
     )
-    verdict = judged.verdict("redeep_chunk") if judged is not None else None
+    verdict = judged.verdict(HEAD_CHUNKS) if judged is not None else None
     note = (
         f" {CHUNK_RAW}: the detector's own score of each chunk, before calibration (it ranks "
-        "the chunks; not compared with the threshold). The shipped redeep_chunk detector "
+        f"the chunks; not compared with the threshold). The shipped {HEAD_CHUNKS} detector "
         f"gives this answer a {verdict_words(verdict)}, as the Playground shows."
         if verdict is not None
-        else f" Train redeep_chunk ({code(train_command(model, shipped, 'redeep_chunk'))}) to "
+        else f" Train {HEAD_CHUNKS} ({code(train_command(model, shipped, HEAD_CHUNKS))}) to "
         "add "
         "its probability for each chunk."
     )

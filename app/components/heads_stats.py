@@ -20,6 +20,7 @@ from app.components.example_picker import (
 from app.components.exports import plot
 from app.components.head_charts import ecs_figure, pks_figure
 from app.state.heads import (
+    HEAD_STATS,
     HEADS_UNITS,
     KEY_HEADS_COMPUTE,
     KEY_HEADS_LIMIT,
@@ -102,7 +103,7 @@ def stats_section(
         model,
         picked,
         state.heads.selection,
-        detector="interpdetect",
+        detector=HEAD_STATS,
         button="Compute statistics",
         key=KEY_HEADS_COMPUTE,
         progress_text="Extracting InterpDetect features…",

@@ -16,7 +16,7 @@ from app.components.heatmap import render_token_heatmap
 from app.components.learn_common import PROB_CMAP, SCORE_CMAP, Step, try_it
 from app.state.datasets import get_store
 from app.state.detectors import shipped_detectors
-from app.state.heads import answer_heads
+from app.state.heads import HEAD_STATS, HEAD_TOKENS, answer_heads
 from app.state.learn import DATASET_N, KEY_STATS, KEY_TOKEN, RedeepData
 from app.state.model import get_model
 from core.analysis.heads_layers import HeadStats
@@ -36,18 +36,18 @@ def dataset_head_stats() -> HeadStats:
     """InterpDetect's head statistics over the first corpus answers (cached features)."""
 
     examples = load_builtin()[:DATASET_N]
-    det = make_detector("interpdetect")
+    det = make_detector(HEAD_STATS)
     ext = extract_features(
         get_model(), examples, [det], cache=FeatureCache(get_store()), on_error="skip"
     )
-    return HeadStats.from_features(list(ext.features["interpdetect"]), list(ext.examples))
+    return HeadStats.from_features(list(ext.features[HEAD_STATS]), list(ext.examples))
 
 
 def redeep_data(model: LoadedModel, ex: RAGExample, shipped: dict[str, Detector]) -> RedeepData:
     """The answer's head view, the head and FFN block to show, and that FFN's lens."""
 
     view = answer_heads(model, ex, shipped_detectors(model))
-    det = shipped.get("redeep_token")
+    det = shipped.get(HEAD_TOKENS)
     if not isinstance(det, RedeepTokenDetector):
         det = None
     mean_ecs = view.token_ecs.mean(0)
@@ -212,14 +212,15 @@ def _combine(data: RedeepData) -> None:
     st.latex(
         r"H(t) = \textstyle\sum_{\ell \in L^*}\text{PKS}_\ell(t) - \beta \sum_{(\ell,h) \in A^*}\text{ECS}_{\ell h}(t)"
     )
-    verdict = hv.verdicts.get("redeep_token")
+    verdict = hv.verdicts.get(HEAD_TOKENS)
     if verdict is None or verdict.token_scores is None:
         st.info(
-            "No trained redeep_token detector for this model: `ragscope train --detectors redeep_token`."
+            f"No trained {HEAD_TOKENS} detector for this model: "
+            f"`ragscope train --detectors {HEAD_TOKENS}`."
         )
         return
     render_token_heatmap(
-        tokens, verdict.token_scores, value_name="redeep_token score", vmin=0.0, vmax=1.0,
+        tokens, verdict.token_scores, value_name=f"{HEAD_TOKENS} score", vmin=0.0, vmax=1.0,
         cmap=SCORE_CMAP,
     )  # fmt: skip
     st.caption(

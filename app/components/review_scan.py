@@ -41,6 +41,7 @@ from core.learning.contract import Detector, flag_threshold
 from core.pipeline.extract import FeatureCache
 from core.pipeline.judge import AnswerVerdict, time_judging
 from core.pipeline.sets import DetectorSet
+from core.pipeline.span_judge import span_judge
 from core.pipeline.word_spans import GAP_TOKENS
 from core.review import (
     SORTS,
@@ -152,7 +153,8 @@ def scan_form(
         "can instead queue chosen detectors' own spans at their own token thresholds.",
     )
     by_set = source == SET_SPANS
-    default = [n for n in ("ensemble", "cortex") if n in names][:1] or names[:1]
+    judge = span_judge([by_name[n] for n in names if n in by_name])
+    default = [judge.name] if judge is not None else names[:1]
     c_det, c_lim = st.columns([3, 1])
     chosen = names if by_set else c_det.multiselect(
         "Detectors that flag spans",

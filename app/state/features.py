@@ -11,6 +11,7 @@ import streamlit as st
 from app.state.heads import ExampleSelection
 from core.base.errors import DataError
 from core.base.examples import RAGExample
+from core.detectors import DETECTORS
 from core.explain import BatchResult, FidelityResult, feature_examples
 
 if TYPE_CHECKING:
@@ -58,7 +59,7 @@ def fidelity_key(feature: int) -> str:
     return f"explain.fidelity.{feature}"
 
 
-RAGLENS = "raglens"
+RAGLENS = DETECTORS.explained("sae-features")
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -15,7 +15,7 @@ from core.data import (
     load_builtin,
     stratified_head,
 )
-from core.detectors import make_detector
+from core.detectors import DETECTORS, make_detector
 from core.evaluation.attribution_check import SpanCheck
 from core.pipeline.extract import FeatureCache, extract_features
 
@@ -94,7 +94,13 @@ HEADS_EXAMPLE_DATASET = "dataset"
 HEADS_EXAMPLE_PLAYGROUND = "playground"
 
 
-REDEEP_DETECTORS: tuple[str, ...] = ("redeep_token", "redeep_chunk")
+HEAD_TOKENS = DETECTORS.explained("head-tokens")
+"""The detector whose per-token head scores the page draws (ReDeEP, token level)."""
+HEAD_CHUNKS = DETECTORS.explained("head-chunks")
+"""The detector whose per-chunk scores the page tables (ReDeEP, chunk level)."""
+HEAD_STATS = DETECTORS.explained("head-stats")
+"""The detector whose features give every head's statistics over answers (InterpDetect)."""
+REDEEP_DETECTORS: tuple[str, ...] = (HEAD_TOKENS, HEAD_CHUNKS)
 """The shipped detectors the Heads & layers page reads (when trained for the model)."""
 
 
@@ -335,12 +341,12 @@ def _head_stats_cached(
     ext = extract_features(
         _model,
         _examples,
-        [make_detector("interpdetect")],
+        [make_detector(HEAD_STATS)],
         cache=FeatureCache(get_store()),
         on_error="skip",
     )
     return HeadStats.from_features(
-        ext.features["interpdetect"],
+        ext.features[HEAD_STATS],
         ext.examples,
         level=level,  # type: ignore[arg-type]
     )
@@ -368,7 +374,7 @@ def head_stats(
 
 
 def redeep_detectors(shipped: ShippedDetectors) -> tuple[ShippedDetector, ...]:
-    """The shipped ReDeEP detectors (``redeep_token``, ``redeep_chunk``) for the model."""
+    """The shipped detectors of :data:`REDEEP_DETECTORS` for the model."""
     return tuple(s for s in shipped.detectors if s.name in REDEEP_DETECTORS)
 
 

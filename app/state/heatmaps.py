@@ -13,6 +13,7 @@ from app.state.analysis import Analysis, analyse
 from app.state.detectors import ShippedDetectors
 from app.state.heads import AnswerChoice
 from app.state.verdicts import DetectorVerdicts, detector_verdicts
+from core.detectors import DETECTORS
 from core.learning.contract import align_token_scores
 from core.signals.smoothing import P_STAY_TOKEN
 
@@ -72,8 +73,8 @@ KEY_PREV = "heatmaps.prev"
 KEY_NEXT = "heatmaps.next"
 
 
-CORTEX = "cortex"
-RAGLENS = "raglens"
+CORTEX = DETECTORS.explained("token-heatmaps")
+RAGLENS = DETECTORS.explained("sae-features")
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -10,6 +10,7 @@ import streamlit as st
 from core.analysis.heads_layers import HeadStats, HeadView
 from core.analysis.teach import FfnLens
 from core.base.examples import RAGExample, example_hash
+from core.detectors import DETECTORS
 from core.detectors.redeep import RedeepTokenDetector
 
 KEY_WALK = "learn.walk"
@@ -30,7 +31,14 @@ SPAD = "SPAD"
 RAGLENS = "RAGLens"
 CORTEX = "CORTEX"
 WALKS = (PRIMER, REDEEP, SPAD, RAGLENS, CORTEX)
-WALK_IDS = {"primer": PRIMER, "redeep": REDEEP, "spad": SPAD, "raglens": RAGLENS, "cortex": CORTEX}
+WALK_IDS = {
+    "primer": PRIMER,
+    "redeep": REDEEP,
+    # the one-method walkthroughs are linked by the name of the detector they explain
+    DETECTORS.explained("probability-sources"): SPAD,
+    DETECTORS.explained("sae-features"): RAGLENS,
+    DETECTORS.explained("token-heatmaps"): CORTEX,
+}
 # A walkthrough's id in a link (``walk=spad``), and its step as a number from 1.
 PRESET = "Preset: a clear hallucination"
 PLAYGROUND = "The Playground's analysed answer"

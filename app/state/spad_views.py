@@ -15,7 +15,7 @@ from core.base.errors import DataError
 from core.base.examples import RAGExample
 from core.base.paths import repo_root
 from core.data import BUILTIN
-from core.detectors import make_detector
+from core.detectors import DETECTORS, make_detector
 from core.detectors.spad import SpadDetector
 from core.engine.layout import render
 from core.engine.trace import trace
@@ -83,7 +83,7 @@ KEY_TOKENS_BY_POS = "tokens.by_pos"
 KEY_TOKENS_QUICK_FIT = "tokens.quick_fit"
 
 
-SPAD = "spad"
+SPAD = DETECTORS.explained("probability-sources")
 
 
 QUICK_FIT_MIN = 16

@@ -44,6 +44,7 @@ from app.state.session import app_state
 from app.state.spad_views import train_command
 from app.text import code, md
 from core.base.errors import RagscopeError
+from core.detectors import DETECTORS
 from core.detectors.raglens import load_config_sae, sae_folder
 from core.engine.layout import render
 
@@ -54,7 +55,7 @@ if TYPE_CHECKING:
 
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.
-RAGLENS = "raglens"
+RAGLENS = DETECTORS.explained("sae-features")
 ACTIVATION_CMAP = ((0.0, "#ffffff"), (0.35, "#fdd49e"), (0.7, "#fc8d59"), (1.0, "#b30000"))
 
 

@@ -61,6 +61,7 @@ from core.analysis.teach import cortex_walk, lens_curve, raglens_walk
 from core.base.errors import RagscopeError
 from core.base.examples import RAGExample
 from core.data import builtin_examples
+from core.detectors import DETECTORS
 from core.detectors.cortex import CortexDetector
 from core.detectors.raglens import RaglensDetector
 from core.detectors.spad import SpadDetector
@@ -122,7 +123,7 @@ def walk_data(ls: LearnState, walk: str, ex: RAGExample) -> object | None:
             data: object = lens_curve(model, ex)
     elif walk == SPAD:
         with st.spinner("Splitting every token's probability into its sources…"):
-            spad = shipped.get("spad")
+            spad = shipped.get(DETECTORS.explained("probability-sources"))
             data = SpadData(
                 answer=answer_sources(model, ex),
                 detector=spad if isinstance(spad, SpadDetector) else None,
@@ -131,7 +132,7 @@ def walk_data(ls: LearnState, walk: str, ex: RAGExample) -> object | None:
         with st.spinner("Reading every head and every FFN on the answer…"):
             data = redeep_data(model, ex, shipped)
     else:
-        name = "raglens" if walk == RAGLENS else "cortex"
+        name = DETECTORS.explained("sae-features" if walk == RAGLENS else "token-heatmaps")
         det = shipped.get(name)
         if not isinstance(det, (RaglensDetector, CortexDetector)):
             st.info(

@@ -55,6 +55,7 @@ from app.state.spad_views import train_command
 from app.state.verdicts import answer_verdicts
 from app.text import code, md, md_lines
 from core.base.errors import RagscopeError
+from core.detectors import DETECTORS
 from core.detectors.raglens import load_config_sae
 from core.engine.layout import render
 from core.interventions.aarf import AARFOptions, aarf_generate
@@ -68,6 +69,7 @@ from core.interventions.mitigate import (
 from core.interventions.steer import steer_continuation
 from core.learning.contract import flag_threshold, scores_tokens
 from core.pipeline.judge import AnswerVerdict
+from core.pipeline.span_judge import span_judge
 from core.signals.smoothing import flagged_spans
 
 if TYPE_CHECKING:
@@ -228,7 +230,8 @@ def feedback_section(
     token_dets = [n for n, d in dets.items() if scores_tokens(d.detector)]
     options = [INSTANCE, *token_dets]
     if state.mit.guide not in options:
-        state.mit.guide = next((n for n in ("ensemble", "cortex") if n in options), options[-1])
+        judge = span_judge([dets[n].detector for n in token_dets])
+        state.mit.guide = judge.name if judge is not None else options[-1]
         st.session_state.pop(KEY_GUIDE, None)
     seed_widget(KEY_GUIDE, state.mit.guide)
     c1, c3, c4 = st.columns([3, 1, 1], vertical_alignment="bottom")
@@ -301,13 +304,14 @@ def aarf_section(
 ) -> None:
 
     dets = {d.name: d for d in shipped.detectors}
-    if "redeep_token" not in dets:
+    heads = DETECTORS.explained("head-tokens")
+    if heads not in dets:
         st.info(
-            "AARF reads a trained redeep_token detector, and none is shipped for this model: "
-            f"{code(train_command('redeep_token', shipped.folder))}."
+            f"AARF reads a trained {heads} detector, and none is shipped for this model: "
+            f"{code(train_command(heads, shipped.folder))}."
         )
         return
-    det = dets["redeep_token"]
+    det = dets[heads]
     c1, c2, c3, c4, c5 = st.columns([1, 1, 1, 1.2, 1], vertical_alignment="bottom")
     seed_widget(KEY_ALPHA2, 2.0)
     seed_widget(KEY_BETA2, 0.8)
@@ -359,7 +363,8 @@ def steer_section(
 ) -> None:
 
     dets = {d.name: d for d in shipped.detectors}
-    spec = dets["raglens"].detector.config.sae if "raglens" in dets else ""
+    sae_detector = dets.get(DETECTORS.explained("sae-features"))
+    spec = sae_detector.detector.config.sae if sae_detector is not None else ""
     try:
         sae = load_config_sae(spec)
         sae.check_model(model.info.key, model.info.d_model)
@@ -369,7 +374,7 @@ def steer_section(
             "`ragscope sae train`."
         )
         return
-    ranked = list(getattr(dets.get("raglens", None) and dets["raglens"].detector, "selected_", ()))
+    ranked = list(getattr(sae_detector and sae_detector.detector, "selected_", ()))
     layout = render(on_template(example), model)
     tokens = layout.response_token_strings()
     c1, c2, c3, c4 = st.columns([1.2, 2, 1.2, 1], vertical_alignment="bottom")

@@ -38,7 +38,13 @@ from core.base.errors import DataError, ModelError
 from core.base.examples import RAGExample
 from core.detectors.common import parse_head, shared_pks
 from core.detectors.interpdetect import chunk_targets
-from core.detectors.redeep import RedeepChunkConfig, RedeepDetector, RedeepTokenConfig
+from core.detectors.redeep import (
+    RedeepChunkConfig,
+    RedeepChunkDetector,
+    RedeepDetector,
+    RedeepTokenConfig,
+    RedeepTokenDetector,
+)
 from core.engine.layout import Layout, render
 from core.engine.model import LoadedModel
 from core.engine.trace import Needs, trace
@@ -560,7 +566,7 @@ class HeadView:
         head: Head,
         *,
         pks_layers: Sequence[int] | None = None,
-        detector: str = "redeep_chunk",
+        detector: str = RedeepChunkDetector.name,
     ) -> pd.DataFrame:
         """One row per response chunk for ``head``.
 
@@ -650,8 +656,8 @@ def head_view(
 
     t0 = time.perf_counter()
     by_name = {d.name: d for d in detectors}
-    tc = _config_of(by_name, "redeep_token", RedeepTokenConfig)
-    cc = _config_of(by_name, "redeep_chunk", RedeepChunkConfig)
+    tc = _config_of(by_name, RedeepTokenDetector.name, RedeepTokenConfig)
+    cc = _config_of(by_name, RedeepChunkDetector.name, RedeepChunkConfig)
     info = model.info
     n_layers, n_heads = info.n_layers, info.n_heads
     layout = render(example, model, response_ids=response_ids)

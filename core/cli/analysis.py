@@ -117,16 +117,16 @@ def cmd_spad_check(args: argparse.Namespace) -> int:
     _, _, splits = eval_splits(args)
     examples = [e for part in ("train", "validation", "test") for e in splits[part]]
     model = load(args)
-    det = make_detector("spad")
+    det = make_detector(SpadDetector.name)
     with Store() as store:
         ext = extract_features(
             model,
             examples,
             [det],
             cache=None if args.no_cache else FeatureCache(store),
-            progress=tqdm_progress("spad"),
+            progress=tqdm_progress(SpadDetector.name),
         )
-    feats = ext.features["spad"]
+    feats = ext.features[SpadDetector.name]
     err = split_errors(feats)
     n_tok = sum(len(f.tokens) for f in feats if f.tokens is not None)
     worst = int(err.argmax()) if len(err) else -1
@@ -158,9 +158,9 @@ def cmd_shap(args: argparse.Namespace) -> int:
     examples = split_examples(args)
     model = load(args)
     if args.artifact:
-        det = detector_class("spad").load(args.artifact, model_key=model.info.key)
+        det = detector_class(SpadDetector.name).load(args.artifact, model_key=model.info.key)
     else:
-        det = set_detector(model.info.key, "spad")
+        det = set_detector(model.info.key, SpadDetector.name)
     if not isinstance(det, SpadDetector):
         raise DataError(f"the spad artifact holds a {det.name} detector; give a spad artifact")
     with Store() as store:
@@ -169,9 +169,9 @@ def cmd_shap(args: argparse.Namespace) -> int:
             examples,
             [det],
             cache=None if args.no_cache else FeatureCache(store),
-            progress=tqdm_progress("spad"),
+            progress=tqdm_progress(SpadDetector.name),
         )
-    res = shap_values(det, ext.features["spad"])
+    res = shap_values(det, ext.features[SpadDetector.name])
     df = res.to_frame().head(args.top)
     n_pos = sum(bool(e.label) for e in ext.examples)
     print(

@@ -25,7 +25,7 @@ from core.evaluation.runs import load_run
 from core.evaluation.span_choice import recorded_rule
 from core.learning.artifact import artifact_info
 from core.pipeline.extract import FeatureCache, extract_features
-from core.pipeline.sets import TrainedOn, expert_names
+from core.pipeline.sets import ANSWER_JUDGE, TrainedOn, expert_names
 from core.storage import Store
 
 
@@ -106,7 +106,7 @@ def _add_span_rule(sub: Subparsers) -> None:
     )
     p.add_argument("run", help="a saved cross-validation run (.json) that scored the detector")
     p.add_argument("folder", help="the artifact folder to record it in (holds cfg.json)")
-    p.add_argument("--detector", default="ensemble", help="the run's detector whose rule to take")
+    p.add_argument("--detector", default=ANSWER_JUDGE, help="the run's detector whose rule to take")
     p.set_defaults(func=cmd_span_rule)
 
 

@@ -43,9 +43,12 @@ from core.learning.contract import Detector, Features
 from core.learning.metrics import evidence_warning, is_binary, response_metrics
 from core.pipeline.extract import FeatureCache
 from core.pipeline.judge import (
+    POOLED,
     ROW_COLUMNS,
     JudgeFailure,
+    check_judge_as,
     judge_many,
+    judged_as_words,
     lettuce_spans,
     verdict_rows,
 )
@@ -109,6 +112,14 @@ def _add_judge(sub: Subparsers) -> None:
         help="also write each answer's spans in the schema other span detectors use "
         '(one line per answer: {"id", "spans": [{"start", "end", "text", "confidence"}]}; '
         "docs/judge.md)",
+    )
+    p.add_argument(
+        "--judge-as",
+        default=None,
+        metavar="DATASET",
+        help="judge every answer as if it came from this training dataset of the set (its "
+        f"detectors' calibration and thresholds for it, or its expert for it), or "
+        f"{POOLED!r} for all the training data; default: each answer as its own dataset's",
     )
     p.add_argument(
         "--limit", type=int, default=None, help="about this many answers (whole sources)"
@@ -186,7 +197,7 @@ RECORD_OPENING = b'{"id": '
 """How every verdict line ``judge`` writes opens (``json.dumps`` of ``to_record``)."""
 
 
-def _held_records(out: Path, dset: DetectorSet) -> list[dict[str, Any]]:
+def _held_records(out: Path, dset: DetectorSet, judge_as: str | None) -> list[dict[str, Any]]:
     """The verdicts a JSONL ``--out`` already holds. Every whole line must be a verdict of
     ``dset``; an unterminated last line is one a stopped run cut short (it opens like a
     verdict, after at least one whole verdict) or a whole verdict without its newline.
@@ -204,7 +215,7 @@ def _held_records(out: Path, dset: DetectorSet) -> list[dict[str, Any]]:
     if not _:
         whole, tail = b"", raw
     held = [
-        _held(line, n, out, dset)
+        _held(line, n, out, dset, judge_as)
         for n, line in enumerate(whole.decode("utf-8", errors="replace").split("\n"), 1)
         if line.strip()
     ]
@@ -216,7 +227,7 @@ def _held_records(out: Path, dset: DetectorSet) -> list[dict[str, Any]]:
     except (json.JSONDecodeError, UnicodeDecodeError):
         last = None
     if last is not None:
-        held.append(_held(tail.decode("utf-8"), len(held) + 1, out, dset))
+        held.append(_held(tail.decode("utf-8"), len(held) + 1, out, dset, judge_as))
         keep = raw + b"\n"
     elif not (held and tail.startswith(RECORD_OPENING)):
         raise DataError(
@@ -228,7 +239,7 @@ def _held_records(out: Path, dset: DetectorSet) -> list[dict[str, Any]]:
     return held
 
 
-def _held(line: str, n: int, out: Path, dset: DetectorSet) -> dict[str, Any]:
+def _held(line: str, n: int, out: Path, dset: DetectorSet, judge_as: str | None) -> dict[str, Any]:
     """Line ``n`` of a JSONL ``--out``, checked to be a verdict of ``dset``.
 
     Raises:
@@ -249,7 +260,20 @@ def _held(line: str, n: int, out: Path, dset: DetectorSet) -> dict[str, Any]:
             "written)",
             source=str(out),
         )
+    if rec.get("judged_as") != judge_as:
+        raise DataError(
+            f"line {n} was {_how(rec.get('judged_as'))}, and this run is {_how(judge_as)}; "
+            "give another --out (nothing was written)",
+            source=str(out),
+        )
     return rec
+
+
+def _how(judge_as: Any) -> str:
+    """How answers were judged, in words (``judge_as`` as a record holds it)."""
+    if judge_as is None:
+        return "judged as its own dataset's"
+    return judged_as_words(str(judge_as)).removeprefix("; ")
 
 
 def _judged_by(rec: dict[str, Any], dset: DetectorSet) -> bool:
@@ -524,9 +548,15 @@ def cmd_judge(args: argparse.Namespace) -> int:
         raise DataError("no answers to judge", source=args.answers)
     model = load(args)
     dset = choose_set(args, model.info.key)
+    if args.judge_as is not None:
+        check_judge_as(dset, args.judge_as)
     out = Path(args.out)
     ids = {e.id for e in examples}
-    previous = [r for r in _held_records(out, dset) if r["id"] in ids] if fmt == ".jsonl" else []
+    previous = (
+        [r for r in _held_records(out, dset, args.judge_as) if r["id"] in ids]
+        if fmt == ".jsonl"
+        else []
+    )
     done = {r["id"] for r in previous}
     todo = [e for e in examples if e.id not in done]
     if done:
@@ -542,7 +572,9 @@ def cmd_judge(args: argparse.Namespace) -> int:
     try:
         with Store() as store:
             cache = _CountingCache(store)
-            stream = judge_many(model, todo, dset, cache=cache, batch_size=args.batch_size)
+            stream = judge_many(
+                model, todo, dset, cache=cache, batch_size=args.batch_size, judge_as=args.judge_as
+            )
             with tqdm(total=len(todo), desc="judge", unit="answer", file=sys.stderr) as bar:
                 for got in stream:
                     if isinstance(got, JudgeFailure):
@@ -588,6 +620,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
     head = (
         f"{len(examples)} answers of {', '.join(sets)}, judged by the {dset.name} set "
         f"({', '.join(dset.names)}) on {model.info.display_name}{experts}"
+        f"{judged_as_words(args.judge_as)}"
     )
     if args.html and everything:
         answers = {e.id: e.response for e in examples}

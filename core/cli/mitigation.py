@@ -23,7 +23,7 @@ from core.cli.common import (
     split_examples,
     tqdm_progress,
 )
-from core.detectors import detector_class
+from core.detectors import DETECTORS, detector_class
 from core.interventions.aarf import AARFOptions, aarf_generate
 from core.interventions.mitigate import mitigate_batch
 from core.pipeline.sets import load_set, set_detector
@@ -185,7 +185,7 @@ def cmd_aarf(args: argparse.Namespace) -> int:
     """Answer with AARF (ReDeEP's mitigation) and compare with the plain greedy answer."""
     ex = pick_example(args, need_response=False)
     model = load(args)
-    name = "redeep_token"
+    name = DETECTORS.explained("head-tokens")
     key = model.info.key
     if args.artifact:
         det = detector_class(name).load(args.artifact, model_key=key)

@@ -74,7 +74,7 @@ from core.evaluation.train import (
 )
 from core.learning.artifact import artifact_info, compare_artifacts
 from core.pipeline.extract import FeatureCache
-from core.pipeline.sets import TrainedOn, folder_set
+from core.pipeline.sets import ANSWER_JUDGE, TrainedOn, folder_set
 from core.services.worker import run_train_job
 from core.signals.smoothing import P_STAY_TOKEN
 from core.storage import Store
@@ -372,11 +372,12 @@ def _flagged_by(spec: str) -> Callable[[RAGExample, Span], bool]:
     run = load_run(path)
     if not isinstance(run, CVRun):
         raise DataError("not a cross-validation run", source=path, field="flagged-by")
-    r = next((r for r in run.results if r.detector == (name or "ensemble")), None)
+    judge = name or ANSWER_JUDGE
+    r = next((r for r in run.results if r.detector == judge), None)
     hits = (r.span_rule or {}).get("hits") if r is not None else None
     if not isinstance(hits, list):
         raise DataError(
-            f"the run records no flagged gold spans for {name or 'ensemble'!r} (a run saved "
+            f"the run records no flagged gold spans for {judge!r} (a run saved "
             "before span rules, or a detector without token scores)",
             source=path,
             field="flagged-by",

@@ -142,6 +142,7 @@ class NLLDetector(CalibratedDetector):
     gives_token_scores: ClassVar[bool] = True
 
     name = "nll"
+    trained_by_default: ClassVar[bool] = True
     explanation_kind: ClassVar[ExplanationKind] = "contributions"
     Config = NLLConfig
     token_direction = 1
@@ -179,6 +180,7 @@ class ContextGainDetector(CalibratedDetector):
     gives_token_scores: ClassVar[bool] = True
 
     name = "context_gain"
+    trained_by_default: ClassVar[bool] = True
     explanation_kind: ClassVar[ExplanationKind] = "contributions"
     Config = ContextGainConfig
     needs_bare = True
@@ -229,6 +231,7 @@ class LexicalDetector(CalibratedDetector):
     gives_token_scores: ClassVar[bool] = True
 
     name = "lexical"
+    trained_by_default: ClassVar[bool] = True
     explanation_kind: ClassVar[ExplanationKind] = "contributions"
     reads_text_only: ClassVar[bool] = True
     Config = LexicalConfig

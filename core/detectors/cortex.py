@@ -50,6 +50,7 @@ from core.engine.trace import Needs
 from core.learning.contract import (
     DetectorConfig,
     Features,
+    PageRole,
     Run,
     Verdict,
     check_features,
@@ -235,6 +236,7 @@ class CortexDetector(FittedDetector):
     gives_token_scores: ClassVar[bool] = True
 
     name: ClassVar[str] = "cortex"
+    explained_on: ClassVar[frozenset[PageRole]] = frozenset({"token-heatmaps"})
     Config = CortexConfig
     needs_bare = True
     fitted_attr = "mlp_"

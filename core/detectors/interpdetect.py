@@ -43,6 +43,7 @@ from core.learning.artifact import read_skops
 from core.learning.contract import (
     DetectorConfig,
     Features,
+    PageRole,
     Run,
     Verdict,
     check_features,
@@ -234,6 +235,7 @@ class InterpDetectDetector(FittedDetector):
     gives_token_scores: ClassVar[bool] = True
 
     name: ClassVar[str] = "interpdetect"
+    explained_on: ClassVar[frozenset[PageRole]] = frozenset({"head-stats"})
     reads_heads: ClassVar[bool] = True
     Config: ClassVar[type[InterpDetectConfig]] = InterpDetectConfig
     fitted_attr = "pipeline_"

@@ -44,6 +44,7 @@ from core.learning.contract import (
     DetectorConfig,
     ExplanationKind,
     Features,
+    PageRole,
     Run,
     Verdict,
     check_features,
@@ -244,6 +245,7 @@ class RaglensDetector(FittedDetector):
     """Max-pooled SAE features, mutual-information selection, EBM."""
 
     name: ClassVar[str] = "raglens"
+    explained_on: ClassVar[frozenset[PageRole]] = frozenset({"sae-features"})
     explanation_kind: ClassVar[ExplanationKind] = "contributions"
     explains_sae_features: ClassVar[bool] = True
     needs_sae: ClassVar[bool] = True

@@ -46,6 +46,7 @@ from core.engine.trace import Needs
 from core.learning.contract import (
     DetectorConfig,
     Features,
+    PageRole,
     Run,
     Verdict,
     check_features,
@@ -553,6 +554,7 @@ class RedeepTokenDetector(RedeepDetector):
     """ReDeEP, token level: ECS of the copying heads and PKS of every layer, per token."""
 
     name = "redeep_token"
+    explained_on: ClassVar[frozenset[PageRole]] = frozenset({"head-tokens"})
     Config = RedeepTokenConfig
     level = "token"
 
@@ -561,5 +563,6 @@ class RedeepChunkDetector(RedeepDetector):
     """ReDeEP, chunk level: ECS~ from chunk embeddings and PKS~ per response chunk."""
 
     name = "redeep_chunk"
+    explained_on: ClassVar[frozenset[PageRole]] = frozenset({"head-chunks"})
     Config = RedeepChunkConfig
     level = "chunk"

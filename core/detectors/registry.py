@@ -19,7 +19,7 @@ from core.detectors.redeep import RedeepChunkDetector, RedeepTokenDetector
 from core.detectors.saplma import SaplmaDetector
 from core.detectors.spad import SpadDetector
 from core.engine.model import LoadedModel
-from core.learning.contract import Detector, DetectorClass
+from core.learning.contract import Detector, DetectorClass, PageRole
 
 
 def _qualname(cls: DetectorClass) -> str:
@@ -66,6 +66,38 @@ class Registry:
         """What an ensemble stacks when given no member list: every class whose
         ``stacked_by_default`` trait says so, in the order they were registered."""
         return tuple(n for n, c in self._classes.items() if c.stacked_by_default)
+
+    def trained_by_default(self) -> tuple[str, ...]:
+        """What ``ragscope train`` trains when no detector is named: every class whose
+        ``trained_by_default`` trait says so, in the order they were registered."""
+        return tuple(n for n, c in self._classes.items() if c.trained_by_default)
+
+    def composite(self) -> str:
+        """The one registered detector that combines the others (a set's judge when the
+        set holds it).
+
+        Raises:
+            LookupError: None, or more than one, is composite.
+        """
+        names = [n for n, c in self._classes.items() if c.composite]
+        if len(names) != 1:
+            raise LookupError(f"{len(names)} composite detectors registered ({', '.join(names)})")
+        return names[0]
+
+    def explained(self, role: PageRole) -> str:
+        """The detector whose mechanism the app's ``role`` part explains (its
+        ``explained_on`` trait names the role).
+
+        Raises:
+            LookupError: No registered detector, or more than one, claims the role.
+        """
+        names = [n for n, c in self._classes.items() if role in c.explained_on]
+        if len(names) != 1:
+            raise LookupError(
+                f"{len(names)} registered detectors explain {role!r} ({', '.join(names) or 'none'}); "
+                "exactly one must list it in its `explained_on` trait"
+            )
+        return names[0]
 
     def make(self, name: str, **config: Any) -> Detector:
         """A fresh, unfitted detector with ``config`` overriding the defaults."""

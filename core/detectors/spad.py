@@ -39,6 +39,7 @@ from core.learning.contract import (
     DetectorConfig,
     ExplanationKind,
     Features,
+    PageRole,
     Run,
     Verdict,
     check_features,
@@ -228,6 +229,7 @@ class SpadDetector(FittedDetector):
     """Seven-source token probabilities by POS, XGBoost on top."""
 
     name: ClassVar[str] = "spad"
+    explained_on: ClassVar[frozenset[PageRole]] = frozenset({"probability-sources"})
     explanation_kind: ClassVar[ExplanationKind] = "shap"
     Config: ClassVar[type[SpadConfig]] = SpadConfig
     fitted_attr = "booster_"

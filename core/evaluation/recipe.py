@@ -27,13 +27,13 @@ from typing import Any, Literal
 from core.base.errors import DataError
 from core.base.examples import RAGExample, control_character
 from core.data import data_hash
-from core.detectors import available_detectors
+from core.detectors import DETECTORS, available_detectors
 
 RECIPE_VERSION = 2
 """Version 2: calibration (``--cv``) and the ensemble's stacking cross-fitted by default;
 recipes without a version are version 1 and rebuild with both on the validation split."""
-DEFAULT_DETECTORS: tuple[str, ...] = ("nll", "context_gain", "lexical")
-"""What ``ragscope train`` trains without ``--detectors``."""
+DEFAULT_DETECTORS: tuple[str, ...] = DETECTORS.trained_by_default()
+"""What ``ragscope train`` trains without ``--detectors`` (the detectors' trait)."""
 Procedure = Literal["split", "cv"]
 RecipeCalibration = Literal["crossfit", "split"]
 RECIPE_CALIBRATIONS: tuple[RecipeCalibration, ...] = ("crossfit", "split")
@@ -278,8 +278,9 @@ class TrainRecipe:
         """The options each detector is made with (plain dicts), those of version 1
         rebuilding the ensemble's stacking on the validation split as it was then."""
         opts = {n: dict(_thaw(o)) for n, o in self.options.items()}
-        if self.version < 2 and "ensemble" in self.detectors:
-            opts.setdefault("ensemble", {}).setdefault("stacking", "split")
+        composite = DETECTORS.composite()
+        if self.version < 2 and composite in self.detectors:
+            opts.setdefault(composite, {}).setdefault("stacking", "split")
         return opts
 
     def with_detectors(self, names: Sequence[str]) -> TrainRecipe:

@@ -48,6 +48,7 @@ from core.evaluation.cv_run import read_run
 from core.evaluation.evaluate import save_run
 from core.learning.artifact import cfg_at, read_artifact_cfg
 from core.learning.calibration import expected_calibration_error, logit
+from core.pipeline.sets import ANSWER_JUDGE
 
 SIZES: tuple[int, ...] = (10, 25, 50, 100, 200)
 ORDERS: tuple[str, ...] = ("random", "uncertainty")
@@ -519,7 +520,7 @@ def recorded_run(cfg: Mapping[str, Any], folders: Sequence[Path]) -> dict[str, A
 
 
 def set_curve_data(
-    set_folder: Path, dataset: str, run_folders: Sequence[Path], judge: str = "ensemble"
+    set_folder: Path, dataset: str, run_folders: Sequence[Path], judge: str = ANSWER_JUDGE
 ) -> CurveData:
     """:func:`curve_data` of a detector set's folder: its judge's recorded CV run and
     each other artifact's (the members) for the refit.

@@ -52,6 +52,7 @@ import numpy as np
 
 from core.base.errors import DataError, ModelError
 from core.base.examples import RAGExample, Task
+from core.detectors import DETECTORS
 from core.detectors.common import parse_head
 from core.engine.generate import AnswerStream, Generation, GenerationConfig, StopReason, stop_ids
 from core.engine.layout import encode_prompt, prompt_pieces
@@ -714,7 +715,7 @@ def aarf_generate(
         beta2=float(beta2),
         heads=heads,
         layers=layers,
-        detector=str(getattr(detector, "name", "redeep_token")),
+        detector=str(getattr(detector, "name", DETECTORS.explained("head-tokens"))),
         plain=baseline,
         seconds=seconds,
         step_logits=np.stack(used_logits) if options.keep_logits else None,

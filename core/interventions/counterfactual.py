@@ -278,11 +278,11 @@ def detector_views(
     summary: dict[str, float] = {}
     if features.tokens is None or not features.tokens.shape[0]:
         return rows, summary
-    if detector.name == "spad":
+    if "probability-sources" in detector.explained_on:
         means = features.tokens.mean(0)
         summary = {n: float(v) for n, v in zip(features.token_names, means, strict=True)}
     sel = getattr(detector, "selection_", None)
-    if detector.name == "redeep_token" and sel is not None and sel.heads:
+    if "head-tokens" in detector.explained_on and sel is not None and sel.heads:
         ecs = features.tokens[:, list(sel.heads)].mean(1)
         rows["ECS of the selected heads"] = tuple(map(float, ecs))
     return rows, summary
@@ -467,7 +467,7 @@ def score_pair(
     else:
         before = score_one(model, detectors, base, sae_features=None, n_sae=n_sae)
     # The edited side reads the SAE features chosen on the original.
-    sae = [int(r[len("SAE F") :]) for r in before.get("raglens", _NO_ROWS).token_rows]
+    sae = [int(r[len("SAE F") :]) for r in before.get(RaglensDetector.name, _NO_ROWS).token_rows]
     return Counterfactual(
         name=name,
         model=model.info.key,

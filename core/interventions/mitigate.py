@@ -26,6 +26,7 @@ import numpy as np
 from core.base.errors import DataError, LLMError
 from core.base.examples import RAGExample
 from core.base.llm import LLMEndpoint, chat
+from core.detectors import DETECTORS
 from core.engine.chat_template import render_chat, template_of
 from core.engine.generate import AnswerStream, Generation, GenerationConfig
 from core.engine.layout import prompt_pieces
@@ -33,6 +34,7 @@ from core.engine.model import LoadedModel
 from core.interventions.aarf import AARFOptions, aarf_generate
 from core.interventions.counterfactual import on_template, score_one
 from core.learning.contract import Detector, flag_threshold
+from core.pipeline.span_judge import span_judge
 from core.signals.smoothing import flagged_spans
 
 FeedbackLevel = Literal["instance", "token"]
@@ -330,11 +332,13 @@ def mitigate_batch(
     if not by_name:
         raise DataError("give at least one fitted detector to re-score the answers")
     if method == "aarf":
-        guide = guide or "redeep_token"
+        heads = DETECTORS.explained("head-tokens")
+        guide = guide or heads
         if guide not in by_name:
-            raise DataError("aarf needs a fitted redeep_token detector among the detectors")
+            raise DataError(f"aarf needs a fitted {heads} detector among the detectors")
     elif method == "feedback-token" and guide is None:
-        guide = next((n for n in ("ensemble", "cortex") if n in by_name), None)
+        spans_by = span_judge(list(by_name.values()))
+        guide = spans_by.name if spans_by is not None else None
     before: dict[str, list[float]] = {n: [] for n in by_name}
     after: dict[str, list[float]] = {n: [] for n in by_name}
     ids, answers, errors = [], [], []

@@ -23,7 +23,16 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict, dataclass, field, fields
 from pathlib import Path
 from types import MappingProxyType
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, Self, runtime_checkable
+from typing import (
+    TYPE_CHECKING,
+    Any,
+    ClassVar,
+    Literal,
+    Protocol,
+    Self,
+    get_args,
+    runtime_checkable,
+)
 
 import numpy as np
 from numpy.lib import format as npformat
@@ -51,6 +60,25 @@ if TYPE_CHECKING:
 
 ExplanationKind = Literal["contributions", "values", "shap"]
 """What a detector's verdict explanation holds (:attr:`DetectorBase.explanation_kind`)."""
+
+PageRole = Literal[
+    "head-tokens",
+    "head-chunks",
+    "head-stats",
+    "probability-sources",
+    "sae-features",
+    "token-heatmaps",
+]
+"""A part of the app (and of the CLI's analyses) that explains one detector's mechanism,
+by what it shows (:attr:`DetectorBase.explained_on`, read through
+:meth:`core.detectors.registry.Registry.explained`): ``head-tokens``, each answer token's
+score from the heads and layers a detector selected (Heads & layers, the ReDeEP
+walkthrough, AARF); ``head-chunks``, the same per answer chunk; ``head-stats``, every
+head's and layer's statistics over labelled answers; ``probability-sources``, a token's
+probability taken apart by source (the SHAP pages); ``sae-features``, SAE features and
+their explanations (GAM, Feature explanations, steering); ``token-heatmaps``, token
+scores smoothed by label persistence (Token heatmaps)."""
+PAGE_ROLES: tuple[PageRole, ...] = get_args(PageRole)
 
 ARTIFACT_VERSION = 1
 
@@ -526,6 +554,8 @@ class Detector(Protocol):
     reads_heads: ClassVar[bool]
     needs_sae: ClassVar[bool]
     reads_text_only: ClassVar[bool]
+    explained_on: ClassVar[frozenset[PageRole]]
+    trained_by_default: ClassVar[bool]
     #: What fitting leaves (restored from an artifact's ``cfg.json``): the answer
     #: threshold, the token threshold (``None`` when not chosen), the score calibration
     #: (``None``: raw scores) and facts about the training.
@@ -614,6 +644,12 @@ class DetectorClass(Protocol):
     @property
     def reads_text_only(self) -> bool: ...
 
+    @property
+    def explained_on(self) -> frozenset[PageRole]: ...
+
+    @property
+    def trained_by_default(self) -> bool: ...
+
     def __call__(self, config: Any = None) -> Detector: ...
 
     def load(self, folder: str | Path, *, model_key: str | None = None) -> Detector: ...
@@ -647,6 +683,12 @@ class DetectorBase:
     needs_sae: ClassVar[bool] = False
     #: Whether it reads the text alone, no activation (it runs without a forward pass).
     reads_text_only: ClassVar[bool] = False
+    #: The parts of the app that explain its mechanism (:data:`PageRole`); each part
+    #: explains exactly one registered detector.
+    explained_on: ClassVar[frozenset[PageRole]] = frozenset()
+    #: Whether ``ragscope train`` (and a recipe) trains it when no detector is named:
+    #: the cheap baselines every other detector is compared with.
+    trained_by_default: ClassVar[bool] = False
     #: Maps the detector's score to a probability calibrated on held-out data (set by
     #: the training workflow, saved in ``cfg.json``); ``None``: scores are shown as they are.
     calibration_: PlattCalibrator | None = None

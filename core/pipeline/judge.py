@@ -153,6 +153,9 @@ class AnswerVerdict:
         span_decision: How the spans were decided (the span judge, its rule) and why
             there are none when there are none.
         seconds: Wall time of the features and predictions.
+        judged_as: The training dataset the answer was asked to be judged as
+            (:func:`judge_many`'s ``judge_as``; :data:`POOLED`: all the training data);
+            ``None``: as its own dataset's.
     """
 
     example_id: str
@@ -168,6 +171,7 @@ class AnswerVerdict:
     seconds: float = 0.0
     labels: Mapping[str, Any] = field(default_factory=dict)
     deferred_from: str | None = None
+    judged_as: str | None = None
 
     @property
     def n_flagged(self) -> int:
@@ -195,7 +199,7 @@ class AnswerVerdict:
             if self.deferred_from
             else ""
         )
-        return f"{head}: {what}{tail}{by}"
+        return f"{head}: {what}{tail}{by}{judged_as_words(self.judged_as)}"
 
     def to_record(self) -> dict[str, Any]:
         """The verdict as JSON-ready data (the schema of ``ragscope judge``'s output)."""
@@ -224,6 +228,7 @@ class AnswerVerdict:
             **self._span_facts(),
             "seconds": self.seconds,
             **({"labels": dict(self.labels)} if self.labels else {}),
+            **({"judged_as": self.judged_as} if self.judged_as is not None else {}),
         }
 
     def _span_facts(self) -> dict[str, Any]:
@@ -309,7 +314,7 @@ def verdict_rows(verdicts: Iterable[AnswerVerdict | Mapping[str, Any]]) -> pd.Da
     """
     rows: list[dict[str, Any]] = []
     names: dict[str, None] = {}
-    labelled = False
+    labelled = judged_as = False
     for v in verdicts:
         rec = v.to_record() if isinstance(v, AnswerVerdict) else v
         row = {k: rec.get(k) for k in ROW_COLUMNS}
@@ -320,12 +325,15 @@ def verdict_rows(verdicts: Iterable[AnswerVerdict | Mapping[str, Any]]) -> pd.Da
         label = (rec.get("labels") or {}).get("hallucinated")
         labelled |= label is not None
         row["label"] = label
+        row["judged_as"] = rec.get("judged_as")
+        judged_as |= row["judged_as"] is not None
         rows.append(row)
     columns = [
         *ROW_COLUMNS,
         *(f"{n}.{k}" for n in names for k in DETECTOR_COLUMNS),
         "spans",
         *(("label",) if labelled else ()),
+        *(("judged_as",) if judged_as else ()),
     ]
     return pd.DataFrame(rows, columns=columns)
 
@@ -358,6 +366,7 @@ def answer_verdict(
     seconds: float = 0.0,
     deferred_from: str | None = None,
     evidence: bool = True,
+    judged_as: str | None = None,
 ) -> AnswerVerdict:
     """The :class:`AnswerVerdict` of verdicts already computed (each as
     :func:`core.learning.contract.for_dataset` gave it), its spans decided by the set
@@ -382,6 +391,7 @@ def answer_verdict(
         seconds=seconds,
         labels=labels,
         deferred_from=deferred_from,
+        judged_as=judged_as,
     )
 
 
@@ -444,17 +454,27 @@ class Judgement:
         )
 
     def judge_as_options(self) -> list[str]:
-        """The training datasets :meth:`as_dataset` can judge the answer as: those a
-        calibrated detector of the asked set keeps a calibration of its own for, and
-        those the set has an expert for, sorted."""
-        asked = (self.first or self).asked
-        own = {
-            n
-            for c in asked.detectors
-            if c.calibrated
-            for n in (getattr(c.detector, "dataset_calibration_", None) or {})
-        }
-        return sorted({*own, *asked.experts})
+        """The training datasets :meth:`as_dataset` can judge the answer as
+        (:func:`judge_as_options` of the asked set)."""
+        return judge_as_options((self.first or self).asked)
+
+
+POOLED = "pooled"
+"""What ``judge_as`` (:func:`judge_many`, ``ragscope judge --judge-as``) names to judge by
+all the detectors' training data: their pooled calibrations and thresholds."""
+
+
+def judge_as_options(dset: DetectorSet) -> list[str]:
+    """The training datasets a set can judge an answer as: those a calibrated detector of
+    the set keeps a calibration of its own for, and those the set has an expert for,
+    sorted."""
+    own = {
+        n
+        for c in dset.detectors
+        if c.calibrated
+        for n in (getattr(c.detector, "dataset_calibration_", None) or {})
+    }
+    return sorted({*own, *dset.experts})
 
 
 def _answer_of(
@@ -550,6 +570,7 @@ def judge_many(
     cache: FeatureCache | None = None,
     batch_size: int | None = None,
     on_error: Literal["raise", "skip"] = "skip",
+    judge_as: str | None = None,
 ) -> Iterator[AnswerVerdict | JudgeFailure]:
     """The set's verdict on each answer, in order, as each is done: features from
     ``cache`` where it has them (a stopped run resumes there), the rest traced
@@ -557,7 +578,17 @@ def judge_many(
     cannot be judged is yielded as a :class:`JudgeFailure` (``on_error="skip"``). An
     answer of a dataset the set has an expert for is judged by the expert, on the same
     features (:meth:`core.pipeline.sets.DetectorSet.for_dataset`).
+
+    Args:
+        judge_as: Judge every answer as if it came from this training dataset (one of
+            :func:`judge_as_options`; :data:`POOLED`: by all the training data), the
+            rule of :meth:`Judgement.as_dataset`; ``None``: each as its own dataset's.
+
+    Raises:
+        DataError: ``judge_as`` names a dataset the set keeps nothing of its own for.
     """
+    if judge_as is not None:
+        check_judge_as(dset, judge_as)
     dets = dset.fitted
     t0 = time.perf_counter()
     for got in iter_features(
@@ -568,8 +599,8 @@ def judge_many(
             yield JudgeFailure(got.example.id, err)
             t0 = time.perf_counter()
             continue
-        ds = got.example.provenance.dataset
-        by = dset.for_example(got.example)
+        ds = got.example.provenance.dataset if judge_as is None else _as_named(judge_as)
+        by = dset.for_dataset(ds)
         verdicts = {d.name: judge_features(d, got.features[d.name], ds) for d in by.fitted}
         now = time.perf_counter()
         yield answer_verdict(
@@ -579,8 +610,37 @@ def judge_many(
             set_name=by.name,
             seconds=now - t0,
             deferred_from=by.deferred_from,
+            judged_as=judge_as,
         )
         t0 = time.perf_counter()
+
+
+def check_judge_as(dset: DetectorSet, judge_as: str) -> None:
+    """Refuse to judge answers as a dataset ``dset`` keeps nothing of its own for (it
+    would silently judge by the pooled calibration).
+
+    Raises:
+        DataError: Naming the datasets it can judge as.
+    """
+    if judge_as != POOLED and judge_as not in judge_as_options(dset):
+        known = ", ".join([*judge_as_options(dset), POOLED])
+        raise DataError(
+            f"the {dset.name} set keeps no calibration or expert of its own for "
+            f"{judge_as!r}; judge as one of: {known}",
+            field="judge-as",
+        )
+
+
+def judged_as_words(judge_as: str | None) -> str:
+    """How a verdict says what it was judged as (empty: as its own dataset's)."""
+    if judge_as is None:
+        return ""
+    return "; judged by all the training data" if judge_as == POOLED else f"; judged as {judge_as}"
+
+
+def _as_named(judge_as: str) -> str | None:
+    """The training dataset ``judge_as`` names (``None``: :data:`POOLED`)."""
+    return None if judge_as == POOLED else judge_as
 
 
 def time_judging(

@@ -52,7 +52,7 @@ from core.base.paths import (
     shipped_dir,
 )
 from core.base.safeio import read_json_file
-from core.detectors import available_detectors, load_shipped
+from core.detectors import DETECTORS, available_detectors, load_shipped
 from core.learning.artifact import TrainedOn, artifact_info, cfg_at, cfg_number
 from core.learning.calibration import match_dataset
 from core.learning.contract import Detector
@@ -60,11 +60,11 @@ from core.learning.contract import Detector
 if TYPE_CHECKING:
     from core.base.examples import RAGExample
 
-ANSWER_JUDGE = "ensemble"
-_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
+ANSWER_JUDGE = DETECTORS.composite()
 """The detector whose verdict is a set's overall verdict on an answer, when the set has
 it (it stacks the others); a set without it is judged by the share of its detectors that
 flag the answer (:func:`core.pipeline.judge.overall_verdict`)."""
+_RUN_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9_.+-]*")
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)

@@ -32,9 +32,6 @@ from core.learning.span_rule import SpanRule, default_rule
 from core.pipeline.evidence import Evidence, SpanFinding, find_all
 from core.pipeline.word_spans import detector_spans, flagged_spans, merge_into
 
-SPAN_JUDGE = "ensemble"
-"""The detector that decides a set's spans when the set has it (the set's answer judge)."""
-
 
 @dataclass(frozen=True, kw_only=True)
 class Span:
@@ -100,7 +97,7 @@ def span_judge(detectors: Sequence[Detector]) -> Detector | None:
     """The detector that decides a set's spans (see the module docstring)."""
     tokens = [d for d in detectors if scores_tokens(d)]
     for d in tokens:
-        if d.name == SPAN_JUDGE:
+        if d.composite:
             return d
     if len(detectors) == 1:
         return detectors[0] if tokens else None

@@ -24,7 +24,7 @@ from typing import Any
 from core.base.errors import DataError
 from core.base.examples import RAGExample
 from core.data import builtin_examples, resolve_dataset, stratified_head
-from core.detectors import make_detector, runnable_detectors
+from core.detectors import DETECTORS, make_detector, runnable_detectors
 from core.engine.generate import GenerationConfig, generate
 from core.engine.layout import Layout, render
 from core.engine.model import EMBEDDED, LoadedModel, load_model, prepare_embedded
@@ -421,7 +421,7 @@ def bench_aarf(
     det = detector
     if det is None:
         try:
-            det = set_detector(model.info.key, "redeep_token")
+            det = set_detector(model.info.key, DETECTORS.explained("head-tokens"))
         except DataError as e:
             raise DataError(f"{e.reason}; or bench with --aarf 0") from e
     cfg = GenerationConfig(max_new_tokens=max_new_tokens)
@@ -790,8 +790,9 @@ def run_bench(
         )
     aarf_bench = None
     dset = load_set(model.info.key)
-    if options.aarf and "redeep_token" not in dset.names:
-        say(f"AARF skipped: the {dset.name} set has no redeep_token for {model.info.display_name}")
+    heads = DETECTORS.explained("head-tokens")
+    if options.aarf and heads not in dset.names:
+        say(f"AARF skipped: the {dset.name} set has no {heads} for {model.info.display_name}")
     elif options.aarf:
         say(f"AARF vs greedy, up to {options.aarf} tokens ...")
         example, _ = bench_example(model, options.n_tokens)

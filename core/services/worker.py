@@ -22,7 +22,7 @@ from pathlib import Path
 
 from core.base.errors import RagscopeError
 from core.data import resolve_dataset
-from core.engine.model import load_model
+from core.engine.model import LoadedModel, load_model
 from core.evaluation.train import TrainOptions, report_training, summary, train
 from core.pipeline.sets import ADAPTED_FILE, load_set
 from core.services.adapting import adapt_set
@@ -32,6 +32,15 @@ from core.storage import Store
 
 def _loading(msg: str, frac: float) -> None:
     print(f"[{frac:4.0%}] {msg}", file=sys.stderr, flush=True)
+
+
+def _loaded(runner: JobRunner, model_spec: str, device: str) -> LoadedModel:
+    """The job's model, loaded as its first stage and checked to be the one its row was
+    made for."""
+    runner.stage("Loading the model")
+    model = load_model(model_spec, device=device, progress=_loading)
+    runner.check_model(model.info.key)
+    return model
 
 
 def _ended(runner: JobRunner, job_id: int) -> int:
@@ -55,9 +64,7 @@ def run_train_job(store: Store, job_id: int, out: str | Path) -> int:
     print(f"job #{job_id} runs {recipe.command(out=str(out))}", file=sys.stderr)
     runner = JobRunner(store, job_id, out=out)
     with runner:
-        runner.stage("Loading the model")
-        model = load_model(recipe.model, device=spec.device, progress=_loading)
-        runner.check_model(model.info.key)
+        model = _loaded(runner, recipe.model, spec.device)
         runner.stage("Features")
         result = train(
             recipe,
@@ -83,9 +90,7 @@ def run_adapt_job(store: Store, job_id: int, out: str | Path) -> int:
     spec = AdaptSpec.from_dict(store.get_job(job_id).spec)
     runner = JobRunner(store, job_id, out=out)
     with runner:
-        runner.stage("Loading the model")
-        model = load_model(spec.model, device=spec.device, progress=_loading)
-        runner.check_model(model.info.key)
+        model = _loaded(runner, spec.model, spec.device)
         runner.stage("Reading the reviews")
         _, examples = resolve_dataset(spec.dataset)
         result = adapt_set(

@@ -12,6 +12,7 @@ import pytest
 import streamlit as st
 from streamlit.testing.v1 import AppTest
 
+import app.state.verdicts as app_verdicts
 import core.interventions.counterfactual as cf_core
 from app.state.analysis import input_signature
 from app.state.counterfactual import KEY_CF_EXAMPLE as KEY_EXAMPLE
@@ -96,7 +97,8 @@ def test_the_side_timed_for_the_first_estimate_is_not_scored_again(
 ) -> None:
     """With no pace of Compare known yet, the page times one side of a Compare for its
     estimate; the Compare that follows keeps that side and scores only the edited one."""
-    st.cache_data.clear()  # no pace memoised by an earlier test in this process
+    st.cache_data.clear()  # no pace memoised by an earlier test in this process,
+    app_verdicts._verdicts.clear()  # nor verdicts an earlier test's page judged
     scored: list[str] = []
     real = cf_core.score_one
 

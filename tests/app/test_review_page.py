@@ -31,10 +31,12 @@ def _start(at: AppTest, name: str) -> AppTest:
     return at
 
 
-def _by_detectors(at: AppTest) -> AppTest:
+def _by_detectors(at: AppTest, chosen: tuple[str, ...] = ("cortex",)) -> AppTest:
     """Queue chosen detectors' own spans (a researcher's scan) instead of the set's."""
     at.radio(key="review.span_source").set_value(DETECTOR_SPANS).run()
     assert not at.exception, [e.value for e in at.exception]
+    if chosen and at.multiselect(key="review.detectors").value != list(chosen):
+        at.multiselect(key="review.detectors").set_value(list(chosen)).run()
     return at
 
 
@@ -66,8 +68,11 @@ def test_a_reviewer_scans_reviews_and_exports(
     assert "Reviewing as **ann**." in page_text(at)
     assert "The queue of flagged spans of this dataset is empty" in page_text(at)
     assert at.radio(key="review.span_source").value == SET_SPANS  # the set's spans first
+    _by_detectors(at, chosen=())
+    # The set's own span judge comes first: without an ensemble or a cross-validated
+    # rule, its first detector that scores tokens (core.pipeline.span_judge).
+    assert at.multiselect(key="review.detectors").value == ["context_gain"]
     _by_detectors(at)
-    assert at.multiselect(key="review.detectors").value == ["cortex"]
     # one p_stay across the product: core's token setting, the one Token heatmaps starts at
     assert f"p_stay {P_STAY_TOKEN}," in at.toggle(key="review.smooth").label
     _scan(at, 6)

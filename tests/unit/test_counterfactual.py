@@ -13,6 +13,8 @@ from core.base.errors import DataError
 from core.base.examples import RAGExample, Span
 from core.data import builtin_examples
 from core.detectors import make_detector
+from core.detectors.redeep import RedeepTokenDetector
+from core.detectors.spad import SpadDetector
 from core.interventions.counterfactual import (
     NO_CONTEXT,
     STAND_IN_NAME,
@@ -179,9 +181,15 @@ def test_detector_views_spad_sources_and_redeep_selected_heads() -> None:
         tokens=tokens,
         token_offsets=np.asarray([[0, 1], [1, 2], [2, 3]]),
     )
-    rows, summary = detector_views(SimpleNamespace(name="spad"), f)
+    rows, summary = detector_views(
+        SimpleNamespace(name="spad", explained_on=SpadDetector.explained_on), f
+    )
     assert rows == {} and summary == {"Query": 4.0, "RAG": 5.0, "Past": 6.0, "P_final": 7.0}
-    det = SimpleNamespace(name="redeep_token", selection_=SimpleNamespace(heads=(0, 2)))
+    det = SimpleNamespace(
+        name="redeep_token",
+        explained_on=RedeepTokenDetector.explained_on,
+        selection_=SimpleNamespace(heads=(0, 2)),
+    )
     rows, summary = detector_views(det, f)
     assert rows == {"ECS of the selected heads": (1.0, 5.0, 9.0)} and summary == {}
     side = SideScore(score=0.5, flagged=True, token_rows=rows, summary={"RAG": 1.5})

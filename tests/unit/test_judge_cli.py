@@ -370,11 +370,10 @@ def test_ctrl_c_keeps_the_verdicts_written_and_says_how_to_resume(
     assert "2 answers already in" in capsys.readouterr().err and len(_jsonl(out)) == 12
 
 
-def test_a_set_defers_the_answers_of_its_experts_dataset_and_resumes_their_verdicts(
-    tiny_model, tiny_set_dir: Path, env: Path, monkeypatch: pytest.MonkeyPatch, capsys
-) -> None:
-    """A set naming an expert (a shipped set trained on the demo answers alone): every
-    demo answer is judged by the expert, the records say so, and a rerun resumes them."""
+@pytest.fixture
+def with_expert(tiny_model, tiny_set_dir: Path, env: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """The tiny set as a custom set naming an expert for the demo answers (a shipped set
+    trained on 8 of them alone); returns the custom set's folder."""
     shipped = env / "detector-sets"
     examples = resolve_datasets("demo")[1]  # named "demo", as `ragscope judge demo` reads them
     dets = [make_detector("nll"), make_detector("context_gain"), make_detector("cortex", epochs=3)]
@@ -390,6 +389,53 @@ def test_a_set_defers_the_answers_of_its_experts_dataset_and_resumes_their_verdi
     shutil.copytree(tiny_set_dir, own)
     (own / EXPERTS_FILE).write_text('{"experts": ["demo-only"]}', encoding="utf-8")
     monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(own))
+    return own
+
+
+def test_judge_as_judges_every_answer_as_one_training_dataset_and_says_so(
+    tiny_model, with_expert: Path, env: Path, capsys
+) -> None:
+    """``--judge-as pooled`` keeps the demo answers from the demo expert (the asked set
+    judges them by its pooled calibration); ``--judge-as demo`` sends them to it; a name
+    the set keeps nothing for is refused with the choices; a JSONL judged one way is
+    never resumed another."""
+    examples = resolve_datasets("demo")[1][:3]
+    pooled = env / "pooled.jsonl"
+    assert main(["judge", "demo[:3]", *MODEL, "--out", str(pooled), "--judge-as", "pooled"]) == 0
+    assert "judged by all the training data" in capsys.readouterr().out
+    recs = _jsonl(pooled)
+    assert [(r["set"], r["deferred_from"], r["judged_as"]) for r in recs] == [
+        ("custom", None, "pooled")
+    ] * 3
+    asked = load_set(tiny_model.info.key)
+    for r, ex in zip(recs, examples, strict=True):
+        want = judge(tiny_model, dataclasses.replace(ex, provenance=dataclasses.replace(
+            ex.provenance, dataset="elsewhere")), asked)  # fmt: skip
+        assert r["probability"] == pytest.approx(want.probability, abs=1e-6)
+    as_demo = env / "as-demo.csv"
+    assert main(["judge", "demo[:3]", *MODEL, "--out", str(as_demo), "--judge-as", "demo"]) == 0
+    table = pd.read_csv(as_demo)
+    assert list(table["set"]) == ["demo-only"] * 3 and list(table["judged_as"]) == ["demo"] * 3
+    # Nothing of its own for that name: refused before a pass, naming what it can judge as.
+    bad = env / "bad.jsonl"
+    assert main(["judge", "demo[:3]", *MODEL, "--out", str(bad), "--judge-as", "ragtruth"]) == 2
+    err = capsys.readouterr().err
+    assert "keeps no calibration or expert of its own for 'ragtruth'" in err
+    assert "demo, pooled" in err and not bad.exists()
+    # The pooled verdicts are not resumed as the answers' own (nor the other way).
+    before = pooled.read_bytes()
+    assert main(["judge", "demo[:3]", *MODEL, "--out", str(pooled)]) == 2
+    assert "was judged by all the training data" in capsys.readouterr().err
+    assert pooled.read_bytes() == before
+
+
+def test_a_set_defers_the_answers_of_its_experts_dataset_and_resumes_their_verdicts(
+    tiny_model, with_expert: Path, env: Path, capsys
+) -> None:
+    """A set naming an expert (a shipped set trained on the demo answers alone): every
+    demo answer is judged by the expert, the records say so, and a rerun resumes them."""
+    examples = resolve_datasets("demo")[1]
+    own = with_expert
     out = env / "v.jsonl"
     argv = ["judge", "demo[:4]", *MODEL, "--out", str(out)]
     assert main(argv) == 0

@@ -60,6 +60,11 @@ class _Det:
     span_rule_: SpanRule | None = None
     extra: dict = field(default_factory=dict)
 
+    @property
+    def composite(self) -> bool:
+        """The ensemble combines the others (the class trait the span judge reads)."""
+        return self.name == "ensemble"
+
 
 def _example(spans: tuple[Span, ...] = (), label: bool | None = None, **kw) -> RAGExample:
     return RAGExample(
