@@ -14,7 +14,7 @@ from pathlib import Path
 import streamlit as st
 
 from app.auth import exposure_banner, login_gate
-from app.state.detectors import shipped_detectors
+from app.state.detectors import detector_set
 from app.state.links import on_page
 from app.state.model import loaded_model, start_model
 from app.state.verdicts import warm_detectors
@@ -73,7 +73,7 @@ if model is None:
     status.caption("**Model:** loading…")
 else:
     info = model.info
-    shipped = shipped_detectors(model)
+    shipped = detector_set(model)
     warm_detectors(model, shipped)  # once, in the background: a fast first Analyse
     status.caption(
         f"**Model:** {md(info.display_name)}  \n"

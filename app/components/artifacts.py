@@ -11,7 +11,7 @@ import streamlit as st
 
 from app.components.answer_picker import AnswerKeys, pick_page_answer
 from app.components.estimate import progress_bar
-from app.state.detectors import ShippedDetectors, shipped_detectors
+from app.state.detectors import DetectorSet, detector_set
 from app.state.heads import AnswerChoice
 from app.state.model import get_model
 from app.state.session import AppState, app_state
@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 QUICK_FIT_MIN_EXAMPLES = 4  # fewer labelled examples cannot give two of each class
 
 
-def show_broken_artifacts(shipped: ShippedDetectors, names: Collection[str]) -> None:
+def show_broken_artifacts(shipped: DetectorSet, names: Collection[str]) -> None:
     """An error, with the command that remakes it, per artifact of ``names`` that failed to load."""
     for b in shipped.broken:
         if b.name in names:
@@ -39,7 +39,7 @@ def show_broken_artifacts(shipped: ShippedDetectors, names: Collection[str]) -> 
 
 def open_answer_page(
     title: str, caption: str, choice: Callable[[AppState], AnswerChoice], keys: AnswerKeys
-) -> tuple[AppState, LoadedModel, ShippedDetectors, RAGExample] | None:
+) -> tuple[AppState, LoadedModel, DetectorSet, RAGExample] | None:
     """The opening of a page that works on one answer with the shipped detectors: title,
     caption, notices of broken artifacts, the answer picker (:func:`pick_page_answer`).
 
@@ -50,7 +50,7 @@ def open_answer_page(
     model = get_model()
     st.title(title)
     st.caption(caption)
-    shipped = shipped_detectors(model)
+    shipped = detector_set(model)
     show_broken_artifacts(shipped, {b.name for b in shipped.broken})
     picked = pick_page_answer(state, choice(state), keys)
     if picked is None:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 import streamlit as st
 
 from app.components.artifacts import show_broken_artifacts
-from app.state.detectors import ShippedDetector, shipped_detectors
+from app.state.detectors import ArtifactCard, detector_set
 from app.state.features import RAGLENS
 from app.state.model import model_spec
 from app.state.spad_views import shown_folder, train_command
@@ -29,7 +29,7 @@ class SaeChoice:
 
     sae: LoadedSAE
     activation: str
-    raglens: ShippedDetector | None
+    raglens: ArtifactCard | None
     ranked: tuple[tuple[int, float], ...]  # (feature, EBM importance), most important first
 
 
@@ -49,7 +49,7 @@ def choose_sae(model: LoadedModel) -> SaeChoice | None:
     features to rank: the shipped SAE is shown, features picked by id.
     """
 
-    shipped = shipped_detectors(model)
+    shipped = detector_set(model)
     show_broken_artifacts(shipped, (RAGLENS,))
     raglens = next((d for d in shipped.detectors if d.name == RAGLENS), None)
     raw = raglens is not None and bool(getattr(raglens.detector, "raw", False))

@@ -16,7 +16,7 @@ from app.components.example_picker import split_label
 from app.components.exports import csv_button, plot
 from app.components.head_charts import attention_figure, beta_words
 from app.components.heatmap import render_token_heatmap
-from app.state.detectors import ShippedDetectors
+from app.state.detectors import DetectorSet
 from app.state.heads import (
     HEAD_CHUNKS,
     HEAD_TOKENS,
@@ -45,7 +45,7 @@ ECS_CMAP = ((0.0, "#ffffff"), (0.5, "#a6dba0"), (1.0, "#1b7837"))
 CHUNK_RAW = "redeep_chunk raw score"
 
 
-def train_command(model: LoadedModel, shipped: ShippedDetectors, detector: str) -> str:
+def train_command(model: LoadedModel, shipped: DetectorSet, detector: str) -> str:
     """The ``ragscope train`` command that makes ``detector``'s artifact for this model."""
     return state_train_command(detector, shipped.folder)
 
@@ -174,7 +174,7 @@ def show_token_scores(
     view: HeadView,
     head: Head,
     model: LoadedModel,
-    shipped: ShippedDetectors,
+    shipped: DetectorSet,
     judged: DetectorVerdicts | None,
 ) -> None:
     """The ReDeEP token heatmap, or the head's ECS when no redeep_token artifact exists.
@@ -241,7 +241,7 @@ def show_chunks(
     view: HeadView,
     head: Head,
     model: LoadedModel,
-    shipped: ShippedDetectors,
+    shipped: DetectorSet,
     judged: DetectorVerdicts | None,
 ) -> None:
     """Response chunks with the context chunk the head reads most, ECS, PKS, each

@@ -15,7 +15,7 @@ from app.components.head_charts import attention_figure, ecs_figure, mean_ecs_fi
 from app.components.heatmap import render_token_heatmap
 from app.components.learn_common import PROB_CMAP, SCORE_CMAP, Step, try_it
 from app.state.datasets import get_store
-from app.state.detectors import shipped_detectors
+from app.state.detectors import detector_set
 from app.state.heads import HEAD_STATS, HEAD_TOKENS, answer_heads
 from app.state.learn import DATASET_N, KEY_STATS, KEY_TOKEN, RedeepData
 from app.state.model import get_model
@@ -46,7 +46,7 @@ def dataset_head_stats() -> HeadStats:
 def redeep_data(model: LoadedModel, ex: RAGExample, shipped: dict[str, Detector]) -> RedeepData:
     """The answer's head view, the head and FFN block to show, and that FFN's lens."""
 
-    view = answer_heads(model, ex, shipped_detectors(model))
+    view = answer_heads(model, ex, detector_set(model))
     det = shipped.get(HEAD_TOKENS)
     if not isinstance(det, RedeepTokenDetector):
         det = None

@@ -15,7 +15,7 @@ import streamlit as st
 from app.components.estimate import FEW_SECONDS, format_seconds
 from app.components.set_spans import set_spans_section
 from app.state.analysis import Analysis, analyse, input_signature, known_analysis, remember_traced
-from app.state.detectors import ShippedDetector, ShippedDetectors, shipped_detectors
+from app.state.detectors import ArtifactCard, DetectorSet, detector_set
 from app.state.estimates import ANALYSE, answers_seconds, record_answers
 from app.state.links import P_CALIBRATE, bind, follow_widget, one_of, publish
 from app.state.playground import CALIBRATE_AUTO, CALIBRATE_POOLED, KEY_CALIBRATE_AS
@@ -59,7 +59,7 @@ class DetectorPanel:
 
     model_spec: str
     model_name: str
-    shipped: ShippedDetectors
+    shipped: DetectorSet
     result: DetectorVerdicts | None = None
     error: str | None = None
 
@@ -72,7 +72,7 @@ class DetectorPanel:
 def run_detectors(model: LoadedModel, a: Analysis) -> DetectorPanel:
     """Load the shipped detectors for ``model`` and run them all on ``a`` (both cached):
     the set's, or its expert's for the answer's dataset."""
-    shipped = shipped_detectors(model)
+    shipped = detector_set(model)
     result: DetectorVerdicts | None = None
     error: str | None = None
     try:
@@ -213,7 +213,7 @@ def show_detector_verdicts(panel: DetectorPanel, state: AppState) -> None:
     )
 
 
-def training_caption(shipped: ShippedDetectors) -> str:
+def training_caption(shipped: DetectorSet) -> str:
     """What the set's detectors were trained on, said once: ``Detector set **default**:
     trained on builtin + ragtruth_qa_dev (2,614 answers), 5-fold CV.``; a training only
     some detectors had names them."""
@@ -292,7 +292,7 @@ def analyse_streamed(
         DataError: The answer cannot be laid out.
         ModelError: The forward pass failed.
     """
-    shipped = shipped_detectors(model)
+    shipped = detector_set(model)
     have = known_analysis(model, example, response_ids=response_ids, answer_source=answer_source)
     sig = input_signature(example, response_ids)
     if not shipped.detectors or known_verdicts(model, example, sig, shipped) is not None:
@@ -326,7 +326,7 @@ def _stream_shown(
     model: LoadedModel,
     example: RAGExample,
     sig: str,
-    shipped: ShippedDetectors,
+    shipped: DetectorSet,
     *,
     ride: bool,
     on_trace: Callable[[Trace], None],
@@ -334,7 +334,7 @@ def _stream_shown(
     """Run every shipped detector on ``example`` inside a status box: a line per traced
     pass, a progress bar, and the verdict table growing as each detector is done
     (``ride``: the surprisal rides in the shared pass, handed to ``on_trace``)."""
-    judged: list[tuple[ShippedDetector, Verdict]] = []
+    judged: list[tuple[ArtifactCard, Verdict]] = []
     total = len(shipped.for_example(example).detectors)
     passes = {"trace": "the answer with the passages", "bare": "the answer without them"}
 
@@ -342,7 +342,7 @@ def _stream_shown(
         bar = st.progress(0.0, text="Tracing the answer…")
         table = st.empty()
 
-        def on_step(step: Judged, det: ShippedDetector | None) -> None:
+        def on_step(step: Judged, det: ArtifactCard | None) -> None:
             if det is None:
                 st.write(f"Traced {passes[step.step.stage]} ({step.seconds:.2f} s)")
             else:
@@ -394,7 +394,7 @@ def _no_detectors_message(panel: DetectorPanel) -> str:
 def analyse_estimate(model: LoadedModel, example: RAGExample | None) -> None:
     """How long Analyse will take on ``example``, paced on the last Analyse here
     (:func:`app.state.estimates.answers_seconds`), under the button."""
-    shipped = shipped_detectors(model)
+    shipped = detector_set(model)
     if example is None or not shipped.detectors:
         return
     seconds = answers_seconds(model, shipped, ANALYSE, [example])

@@ -12,7 +12,7 @@ import streamlit as st
 from app.components.highlight import FLAG, RELATED, Mark, marked_html
 from app.components.report import answer_report_html
 from app.state.datasets import get_store
-from app.state.detectors import shipped_detectors
+from app.state.detectors import detector_set
 from app.state.links import P_ITEM, follow, one_of, publish
 from app.state.model import get_model
 from app.state.review import (
@@ -354,7 +354,7 @@ def build_answer_report(book: ReviewBook, dataset: str, ex: RAGExample, label: s
     the reviews of its flagged spans in this dataset's queue."""
 
     model = get_model()
-    shipped = shipped_detectors(model).for_example(ex)  # its expert for ex's dataset, if any
+    shipped = detector_set(model).for_example(ex)  # its expert for ex's dataset, if any
     dets = {s.name: s.detector for s in shipped.detectors}
     features = run_example(model, ex, list(dets.values())) if dets else {}
     verdicts = {n: judge_features(d, features[n], ex.provenance.dataset) for n, d in dets.items()}

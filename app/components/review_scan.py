@@ -12,7 +12,7 @@ import streamlit as st
 
 from app.components.estimate import estimate_caption, progress_bar
 from app.state.datasets import get_store
-from app.state.detectors import shipped_detectors
+from app.state.detectors import detector_set
 from app.state.estimates import paced_extraction, work_estimate
 from app.state.model import get_model
 from app.state.review import (
@@ -93,7 +93,7 @@ def build_section(
 ) -> None:
     """Flag spans of the dataset's answers with chosen detectors and queue them."""
     model = get_model()
-    asked = shipped_detectors(model)
+    asked = detector_set(model)
     shipped = asked.for_examples(examples)  # the dataset's expert, if the set has one
     names = [s.name for s in shipped.detectors]
     with st.expander("Build the queue", expanded=n_items == 0, icon=":material/playlist_add:"):

@@ -15,7 +15,7 @@ from datetime import UTC, datetime
 import streamlit as st
 
 from app.components.estimate import describe_work, format_seconds
-from app.state.detectors import ShippedDetectors, shipped_detectors
+from app.state.detectors import DetectorSet, detector_set
 from app.state.jobs import (
     DEFAULT_TRAIN_DATASET,
     KEY_TRAIN_CANCEL,
@@ -328,7 +328,7 @@ def train_detectors_panel(model: LoadedModel, *, home: bool = False) -> None:
     no job is running; on Home the last job's outcome and a "train more" form stay
     while the loaded detectors are ones trained here.
     """
-    shipped: ShippedDetectors = shipped_detectors(model)
+    shipped: DetectorSet = detector_set(model)
     try:
         view = model_job(model)
     except JobRowError as e:

@@ -12,12 +12,7 @@ from core.pipeline.sets import ArtifactCard, BrokenArtifact, DetectorSet, load_s
 if TYPE_CHECKING:
     from core.engine.model import LoadedModel
 
-ShippedDetector = ArtifactCard
-"""A loaded detector of the set, with its card (:class:`core.pipeline.sets.ArtifactCard`)."""
-ShippedDetectors = DetectorSet
-"""The set that judges answers for the loaded model (:class:`core.pipeline.sets.DetectorSet`)."""
-
-__all__ = ["BrokenArtifact", "ShippedDetector", "ShippedDetectors", "shipped_detectors"]
+__all__ = ["ArtifactCard", "BrokenArtifact", "DetectorSet", "detector_set"]
 
 
 @st.cache_resource(show_spinner="Loading the trained detectors…", max_entries=8)
@@ -27,7 +22,7 @@ def _loading(model_key: str) -> None:
     load_set(model_key)
 
 
-def shipped_detectors(model: LoadedModel) -> DetectorSet:
+def detector_set(model: LoadedModel) -> DetectorSet:
     """The detector set that judges answers for ``model`` (:func:`core.pipeline.sets.load_set`:
     a set named by ``RAGSCOPE_DETECTORS_DIR`` / ``RAGSCOPE_DETECTOR_SET``, else the
     shipped default; the set trained on this machine when that has nothing for the

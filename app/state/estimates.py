@@ -23,7 +23,7 @@ import streamlit as st
 
 from app.state.analysis import input_signature
 from app.state.datasets import get_store
-from app.state.detectors import ShippedDetectors
+from app.state.detectors import DetectorSet
 from app.state.verdicts import answer_verdicts, known_verdicts
 from core.base.errors import RagscopeError
 from core.base.examples import RAGExample
@@ -404,7 +404,7 @@ def generation_seconds(
 def answer_estimate(
     model: LoadedModel,
     example: RAGExample,
-    shipped: ShippedDetectors,
+    shipped: DetectorSet,
     n_answers: int,
     *,
     action: str,
@@ -444,7 +444,7 @@ ANALYSE = "analyse"
 
 
 def unjudged(
-    model: LoadedModel, shipped: ShippedDetectors, examples: Sequence[RAGExample]
+    model: LoadedModel, shipped: DetectorSet, examples: Sequence[RAGExample]
 ) -> list[RAGExample]:
     """Those of ``examples`` whose verdicts no page has computed yet, each input once (an
     action that shows them will judge these)."""
@@ -457,7 +457,7 @@ def unjudged(
 
 
 def verdicts_seconds(
-    model: LoadedModel, shipped: ShippedDetectors, examples: Sequence[RAGExample], action: str
+    model: LoadedModel, shipped: DetectorSet, examples: Sequence[RAGExample], action: str
 ) -> float | None:
     """How long the set's verdicts on ``examples`` take here, at the pace ``action``
     judged answers at (:func:`record_answers`), else the Playground's Analyse's (the
@@ -470,13 +470,13 @@ def verdicts_seconds(
     return None if pace is None else pace * sum(example_chars(e) for e in examples)
 
 
-def _answers_key(shipped: ShippedDetectors, action: str) -> str:
+def _answers_key(shipped: DetectorSet, action: str) -> str:
     return f"{action}:{shipped.cache_id}"
 
 
 def record_answers(
     model: LoadedModel,
-    shipped: ShippedDetectors,
+    shipped: DetectorSet,
     action: str,
     examples: Sequence[RAGExample],
     seconds: float,
@@ -494,7 +494,7 @@ def record_answers(
 
 
 def answers_seconds(
-    model: LoadedModel, shipped: ShippedDetectors, action: str, examples: Sequence[RAGExample]
+    model: LoadedModel, shipped: DetectorSet, action: str, examples: Sequence[RAGExample]
 ) -> float | None:
     """How long ``action`` on ``examples`` will take here, at the pace of its last run
     (:func:`record_answers`); ``None`` before any (nothing is timed just to estimate)."""

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from core.learning.contract import Detector
 from app.state.analysis import input_signature
 from app.state.datasets import DatasetRef, get_store, load_examples
-from app.state.detectors import ShippedDetector, ShippedDetectors
+from app.state.detectors import ArtifactCard, DetectorSet
 from app.state.runs import CORPUS
 
 # Heads & layers: copying heads
@@ -373,7 +373,7 @@ def head_stats(
     )
 
 
-def redeep_detectors(shipped: ShippedDetectors) -> tuple[ShippedDetector, ...]:
+def redeep_detectors(shipped: DetectorSet) -> tuple[ArtifactCard, ...]:
     """The shipped detectors of :data:`REDEEP_DETECTORS` for the model."""
     return tuple(s for s in shipped.detectors if s.name in REDEEP_DETECTORS)
 
@@ -396,7 +396,7 @@ def _head_view_cached(
 def answer_heads(
     model: LoadedModel,
     example: RAGExample,
-    shipped: ShippedDetectors,
+    shipped: DetectorSet,
     *,
     response_ids: Sequence[int] | None = None,
 ) -> HeadView:

@@ -10,7 +10,7 @@ import numpy as np
 import streamlit as st
 
 from app.state.analysis import Analysis, analyse
-from app.state.detectors import ShippedDetectors
+from app.state.detectors import DetectorSet
 from app.state.heads import AnswerChoice
 from app.state.verdicts import DetectorVerdicts, detector_verdicts
 from core.detectors import DETECTORS
@@ -100,7 +100,7 @@ def _raglens_cached(
 
 
 def read_answer(
-    model: LoadedModel, example: RAGExample, ids: tuple[int, ...] | None, shipped: ShippedDetectors
+    model: LoadedModel, example: RAGExample, ids: tuple[int, ...] | None, shipped: DetectorSet
 ) -> AnswerRows:
     """Trace the answer once per detector family and collect every row's raw values."""
     analysis = analyse(model, example, response_ids=ids, answer_source="dataset")

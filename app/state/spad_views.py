@@ -34,7 +34,7 @@ if TYPE_CHECKING:
     from core.signals.attribution import TokenSources
 from app.state.analysis import input_signature
 from app.state.datasets import get_store
-from app.state.detectors import ShippedDetector, ShippedDetectors
+from app.state.detectors import ArtifactCard, DetectorSet
 from app.state.heads import (
     ALL_SPLITS,
     AnswerChoice,
@@ -162,13 +162,13 @@ class SpadChoice:
 
     detector: Detector
     quick: bool
-    shipped: ShippedDetector | None
+    shipped: ArtifactCard | None
     fit: QuickSpad | None
     cache_id: str
 
 
 def spad_choice(
-    model: LoadedModel, shipped: ShippedDetectors, quick: QuickSpad | None
+    model: LoadedModel, shipped: DetectorSet, quick: QuickSpad | None
 ) -> SpadChoice | None:
     """The shipped spad for ``model`` when there is one, else this session's quick fit
     (when made with ``model``), else ``None``."""

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 import streamlit as st
 
 from app.state.analysis import input_signature
-from app.state.detectors import ShippedDetector, ShippedDetectors
+from app.state.detectors import ArtifactCard, DetectorSet
 from app.state.memo import Memo
 from core.base.errors import RagscopeError, brief
 from core.base.examples import RAGExample
@@ -31,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-OnStep = Callable[[Judged, "ShippedDetector | None"], None]
+OnStep = Callable[[Judged, "ArtifactCard | None"], None]
 """Called after each step of a streamed run: the step, and the detector it judged
 (``None`` for a finished pass)."""
 
@@ -60,14 +60,14 @@ class DetectorVerdicts:
     """
 
     signature: str
-    detectors: tuple[ShippedDetector, ...]
+    detectors: tuple[ArtifactCard, ...]
     verdicts: tuple[Verdict, ...]
     seconds: float
     features: Mapping[str, Features] = field(default_factory=dict)
     answer: AnswerVerdict | None = None
     example: RAGExample | None = None
-    asked: ShippedDetectors | None = None
-    judged_by: ShippedDetectors | None = None
+    asked: DetectorSet | None = None
+    judged_by: DetectorSet | None = None
     judgement: Judgement | None = None
 
     def __post_init__(self) -> None:
@@ -127,7 +127,7 @@ def from_judgement(signature: str, judgement: Judgement) -> DetectorVerdicts:
 
 
 def verdict_frame(
-    detectors: tuple[ShippedDetector, ...] | list[ShippedDetector],
+    detectors: tuple[ArtifactCard, ...] | list[ArtifactCard],
     verdicts: tuple[Verdict, ...] | list[Verdict],
 ) -> pd.DataFrame:
     """The verdict table of :meth:`DetectorVerdicts.to_frame`, for any detectors judged
@@ -176,7 +176,7 @@ def _failures() -> Memo[RagscopeError]:
 
 
 def known_verdicts(
-    model: LoadedModel, example: RAGExample, signature: str, shipped: ShippedDetectors
+    model: LoadedModel, example: RAGExample, signature: str, shipped: DetectorSet
 ) -> DetectorVerdicts | None:
     """The verdicts on this input when some page already computed them, else ``None``."""
     judged = shipped.for_example(example)
@@ -187,7 +187,7 @@ def stream_verdicts(
     model: LoadedModel,
     example: RAGExample,
     signature: str,
-    shipped: ShippedDetectors,
+    shipped: DetectorSet,
     *,
     on_step: OnStep | None = None,
     extra: Needs | None = None,
@@ -240,7 +240,7 @@ def stream_verdicts(
 
 
 def detector_verdicts(
-    model: LoadedModel, analysis: Analysis, shipped: ShippedDetectors
+    model: LoadedModel, analysis: Analysis, shipped: DetectorSet
 ) -> DetectorVerdicts:
     """Every loaded shipped detector's verdict on ``analysis``'s answer (kept).
 
@@ -260,7 +260,7 @@ def detector_verdicts(
 def answer_verdicts(
     model: LoadedModel,
     example: RAGExample,
-    shipped: ShippedDetectors,
+    shipped: DetectorSet,
     *,
     response_ids: Sequence[int] | None = None,
 ) -> DetectorVerdicts:
@@ -298,7 +298,7 @@ class Warming:
     def running(self) -> bool:
         return self.thread is not None and self.thread.is_alive()
 
-    def run(self, model: LoadedModel, shipped: ShippedDetectors) -> None:
+    def run(self, model: LoadedModel, shipped: DetectorSet) -> None:
         def step(j: Judged) -> None:
             if j.step.stage == "features":
                 self.ready += 1
@@ -314,7 +314,7 @@ class Warming:
 
 @st.cache_resource(show_spinner=False, max_entries=4)
 def _warming(
-    model_id: str, detectors_id: str, _model: LoadedModel, _shipped: ShippedDetectors
+    model_id: str, detectors_id: str, _model: LoadedModel, _shipped: DetectorSet
 ) -> Warming:
     warming = Warming(detectors=len(_shipped.detectors))
     warming.thread = threading.Thread(
@@ -324,7 +324,7 @@ def _warming(
     return warming
 
 
-def warm_detectors(model: LoadedModel, shipped: ShippedDetectors) -> Warming | None:
+def warm_detectors(model: LoadedModel, shipped: DetectorSet) -> Warming | None:
     """Judge a tiny answer once with every loaded detector on a background thread (once
     per model and detector set, :func:`core.pipeline.judge.warm_up`), so the resources
     they load on first use (spaCy, the SAE, sentence embeddings, ...) are ready before

@@ -30,7 +30,7 @@ from app.state.agreement import (
     KEY_RUN,
 )
 from app.state.datasets import get_store
-from app.state.detectors import shipped_detectors
+from app.state.detectors import detector_set
 from app.state.estimates import paced_extraction, work_estimate
 from app.state.heads import heads_examples
 from app.state.links import (
@@ -213,7 +213,7 @@ def main() -> None:
     state = app_state()
     ag = page_state()
     model = get_model()
-    shipped = shipped_detectors(model)
+    shipped = detector_set(model)
     names = [s.name for s in shipped.detectors]
     if len(names) < 2:
         st.info(

@@ -40,7 +40,7 @@ from app.components.run_picker import (
 )
 from app.components.set_quality import show_set_quality
 from app.state.datasets import get_store
-from app.state.detectors import shipped_detectors
+from app.state.detectors import detector_set
 from app.state.links import P_RUN
 from app.state.model import get_model
 from app.state.runs import (
@@ -519,7 +519,7 @@ def main() -> None:
 
 def show_loaded_set(state: AppState, saved: SavedRuns) -> None:
     """The loaded set's quality card (:mod:`app.components.set_quality`)."""
-    show_set_quality(shipped_detectors(get_model()))
+    show_set_quality(detector_set(get_model()))
     if saved.empty:
         st.info(EMPTY_STATE)
 

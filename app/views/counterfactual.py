@@ -49,7 +49,7 @@ from app.state.counterfactual import (
     KEY_SUPPORT,
 )
 from app.state.datasets import get_store
-from app.state.detectors import ShippedDetectors
+from app.state.detectors import DetectorSet
 from app.state.estimates import (
     answer_estimate,
     generation_seconds,
@@ -290,7 +290,7 @@ def summary_frame(cf: Counterfactual) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def as_judged(model: LoadedModel, shipped: ShippedDetectors, cf: Counterfactual) -> Counterfactual:
+def as_judged(model: LoadedModel, shipped: DetectorSet, cf: Counterfactual) -> Counterfactual:
     """``cf`` with each side's scores and flags the set's verdict on that answer
     (:func:`app.state.verdicts.answer_verdicts`: the calibrated probability and flag every
     page shows, the original's the Playground's own); the token rows and summaries stay
@@ -309,7 +309,7 @@ def as_judged(model: LoadedModel, shipped: ShippedDetectors, cf: Counterfactual)
     return dataclasses.replace(cf, original_scores=sides[0], edited_scores=sides[1])
 
 
-def verdict_lines(model: LoadedModel, shipped: ShippedDetectors, cf: Counterfactual) -> str:
+def verdict_lines(model: LoadedModel, shipped: DetectorSet, cf: Counterfactual) -> str:
     """The set's overall verdict on each side, when known (a fresh comparison; a loaded
     session keeps only the detectors' scores)."""
     lines = []
@@ -321,7 +321,7 @@ def verdict_lines(model: LoadedModel, shipped: ShippedDetectors, cf: Counterfact
     return "  \n".join(lines)
 
 
-def show_result(cf: Counterfactual, model: LoadedModel, shipped: ShippedDetectors) -> None:
+def show_result(cf: Counterfactual, model: LoadedModel, shipped: DetectorSet) -> None:
     st.subheader(f"Original vs edited: {md(cf.name)}")
     changes = cf.changes
     if not changes:
@@ -420,7 +420,7 @@ def save_load(state: AppState, model: LoadedModel) -> None:
 
 def to_judge(
     model: LoadedModel,
-    shipped: ShippedDetectors,
+    shipped: DetectorSet,
     example: RAGExample,
     edited_passages: tuple[str, ...],
     regen: bool,
@@ -435,7 +435,7 @@ def to_judge(
 def compare_estimate(
     state: AppState,
     model: LoadedModel,
-    shipped: ShippedDetectors,
+    shipped: DetectorSet,
     example: RAGExample,
     judged: Sequence[RAGExample],
     max_tokens: int | None,
@@ -481,7 +481,7 @@ def compare_extra(regen: bool, judged: Sequence[RAGExample]) -> str:
 
 
 def timed_side(
-    state: AppState, model: LoadedModel, shipped: ShippedDetectors, example: RAGExample
+    state: AppState, model: LoadedModel, shipped: DetectorSet, example: RAGExample
 ) -> float:
     """The pace of one side of a Compare, timed by scoring ``example`` as Compare scores
     its original; the side is kept for the Compare that follows."""
@@ -494,7 +494,7 @@ def timed_side(
 def compare(
     state: AppState,
     model: LoadedModel,
-    shipped: ShippedDetectors,
+    shipped: DetectorSet,
     example: RAGExample,
     edited_passages: tuple[str, ...],
     max_tokens: int,

@@ -24,7 +24,7 @@ from app.components.gam_charts import contributions_figure, importance_figure, s
 from app.components.heatmap import render_token_heatmap
 from app.components.train_job import train_detectors_panel
 from app.state.analysis import input_signature
-from app.state.detectors import shipped_detectors
+from app.state.detectors import detector_set
 from app.state.features import KEY_GAM_EXAMPLE, KEY_GAM_FEATURE, KEY_GAM_TOP
 from app.state.heads import HEADS_FROM_HOME, heads_examples
 from app.state.links import (
@@ -286,7 +286,7 @@ def main() -> None:
         "feature. Every number below is the model's own."
     )
     train_detectors_panel(model)
-    shipped = shipped_detectors(model)
+    shipped = detector_set(model)
     found = next((d for d in shipped.detectors if d.name == RAGLENS), None)
     detector = found.detector if found is not None else None
     sae_section(model, detector)  # type: ignore[arg-type]

@@ -31,7 +31,7 @@ from app.components.heads_answer import (
 )
 from app.components.heads_stats import stats_section
 from app.components.train_job import train_detectors_panel
-from app.state.detectors import shipped_detectors
+from app.state.detectors import detector_set
 from app.state.heads import KEY_HEADS_TOP, REDEEP_DETECTORS, answer_heads, redeep_detectors
 from app.state.links import P_TOP, bind, integer
 from app.state.model import get_model
@@ -122,7 +122,7 @@ def example_section(
         return
     example, response_ids, _ = picked
     head = pick_head(state, model, copying)
-    shipped = shipped_detectors(model).for_example(example)  # its expert, if any
+    shipped = detector_set(model).for_example(example)  # its expert, if any
     show_broken_artifacts(shipped, REDEEP_DETECTORS)
     try:
         with st.spinner("Tracing the answer (every head at once)…"):

@@ -22,7 +22,7 @@ from app.state.datasets import (
     load_examples,
     read_upload,
 )
-from app.state.detectors import shipped_detectors
+from app.state.detectors import detector_set
 from app.state.links import (
     HOME_DATASETS_HERE,
     P_DATASET,
@@ -77,7 +77,7 @@ def model_status(model: LoadedModel) -> None:
 def detector_set_status(model: LoadedModel) -> None:
     """Which detector set is loaded, what it was trained on, and the other shipped sets."""
     st.subheader("Detectors")
-    shipped = shipped_detectors(model)
+    shipped = detector_set(model)
     if shipped.error:
         st.error(md(shipped.error) + " The default set is loaded instead.")
     n = len(shipped.detectors)

@@ -19,7 +19,7 @@ from app.components.learn_primer import primer_steps
 from app.components.learn_raglens import raglens_steps
 from app.components.learn_redeep import redeep_data, redeep_steps
 from app.components.learn_spad import SpadData, spad_steps
-from app.state.detectors import shipped_detectors
+from app.state.detectors import detector_set
 from app.state.learn import (
     CORTEX,
     EDITED,
@@ -117,7 +117,7 @@ def walk_data(ls: LearnState, walk: str, ex: RAGExample) -> object | None:
     if key in ls.cache:
         return ls.cache[key]
     model = get_model()
-    shipped = {s.name: s.detector for s in shipped_detectors(model).detectors}
+    shipped = {s.name: s.detector for s in detector_set(model).detectors}
     if walk == PRIMER:
         with st.spinner("Reading every block with the logit lens…"):
             data: object = lens_curve(model, ex)

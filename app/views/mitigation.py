@@ -28,7 +28,7 @@ from app.components.artifacts import open_answer_page
 from app.components.diff import word_diff_html
 from app.components.estimate import estimate_caption
 from app.components.exports import whole_table
-from app.state.detectors import ShippedDetectors
+from app.state.detectors import DetectorSet
 from app.state.estimates import answer_estimate, generation_seconds, record_answers
 from app.state.links import P_METHOD, bind, one_of
 from app.state.mitigation import (
@@ -85,7 +85,7 @@ INSTANCE = "instance level (no detail)"
 
 
 def before_after(
-    model: LoadedModel, shipped: ShippedDetectors, original: RAGExample, answers: dict[str, str]
+    model: LoadedModel, shipped: DetectorSet, original: RAGExample, answers: dict[str, str]
 ) -> pd.DataFrame:
     """The set's verdict on each answer (columns: its probability and flag; ``threshold``
     from the same calibration, one column per answer where they differ), one row per
@@ -147,7 +147,7 @@ def show_scores(frame: pd.DataFrame) -> None:
 
 
 def guide_spans(
-    model: LoadedModel, shipped: ShippedDetectors, name: str, example: RAGExample
+    model: LoadedModel, shipped: DetectorSet, name: str, example: RAGExample
 ) -> list[tuple[int, int]]:
     """The answer's character spans detector ``name`` flags at its token threshold, read
     off the set's verdict on the answer (:func:`app.state.verdicts.answer_verdicts`: the

@@ -34,7 +34,7 @@ from app.components.playground_verdicts import (
     warming_note,
 )
 from app.state.analysis import input_signature
-from app.state.detectors import shipped_detectors
+from app.state.detectors import detector_set
 from app.state.links import (
     P_DATASET,
     P_EXAMPLE,
@@ -112,7 +112,7 @@ def main() -> None:
     clicked = st.button("Analyse", key=KEY_ANALYSE, type="primary", icon=":material/troubleshoot:")
     if not clicked and (state.analysis is None or state.analysis.signature != signature):
         analyse_estimate(model, current)
-    warming_note(warm_detectors(model, shipped_detectors(model)))
+    warming_note(warm_detectors(model, detector_set(model)))
     if clicked or own_link.value is not None:
         try:
             if answer is None:

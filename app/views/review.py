@@ -30,7 +30,7 @@ from app.components.answer_review import answer_section
 from app.components.review_card import item_card
 from app.components.review_scan import build_section, queue_filters, queue_table
 from app.state.datasets import get_store, load_examples
-from app.state.detectors import shipped_detectors
+from app.state.detectors import detector_set
 from app.state.heads import HEADS_FROM_CORPUS, heads_examples, review_key
 from app.state.links import (
     DATASETS_HERE,
@@ -320,7 +320,7 @@ def main() -> None:
         model = get_model()
         adapt_panel(
             model,
-            shipped_detectors(model),
+            detector_set(model),
             queue=key,
             dataset_spec=job_dataset(key),
             examples=examples,

@@ -29,7 +29,7 @@ from app.components.example_picker import (
 from app.components.exports import plot
 from app.components.shap_charts import bar_figure, grid_figure, summary_figure
 from app.components.train_job import train_detectors_panel
-from app.state.detectors import ShippedDetectors, shipped_detectors
+from app.state.detectors import DetectorSet, detector_set
 from app.state.heads import FeatureRequest, heads_examples
 from app.state.links import P_GRID, P_TOP, bind, integer, one_of
 from app.state.model import get_model
@@ -91,7 +91,7 @@ def controls(state: AppState) -> PickedExamples | None:
 def detector_section(
     state: AppState,
     model: LoadedModel,
-    shipped: ShippedDetectors,
+    shipped: DetectorSet,
     examples: list[RAGExample],
     chosen: list[RAGExample],
     label: str,
@@ -343,7 +343,7 @@ def main() -> None:
     picked = controls(state)
     if picked is None:
         return
-    shipped = shipped_detectors(model)
+    shipped = detector_set(model)
     choice = detector_section(state, model, shipped, picked.examples, picked.chosen, picked.label)
     st.divider()
     compute_section(state, model, picked)

@@ -24,7 +24,7 @@ from app.components.heatmap_scan import flagged_only
 from app.components.heatmap_spans import span_readout
 from app.components.multirow import multirow_html
 from app.components.set_spans import set_spans_section
-from app.state.detectors import shipped_detectors
+from app.state.detectors import detector_set
 from app.state.heatmaps import (
     CORTEX,
     KEY_HEATMAP_DATASET,
@@ -140,7 +140,7 @@ def main() -> None:
         "the top RAGLens features and the model's surprisal. Hover a cell for all values "
         "of its token."
     )
-    shipped = shipped_detectors(model)
+    shipped = detector_set(model)
     show_broken_artifacts(shipped, {b.name for b in shipped.broken})
     by_name = {d.name: d for d in shipped.detectors}
     cortex: CortexDetector | None = (

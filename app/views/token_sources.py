@@ -26,7 +26,7 @@ from app.components.example_picker import dataset_labels, first_words, pick_page
 from app.components.exports import plot
 from app.components.shap_charts import pos_sources_figure, token_sources_figure, waterfall_figure
 from app.components.train_job import train_detectors_panel
-from app.state.detectors import ShippedDetectors, shipped_detectors
+from app.state.detectors import DetectorSet, detector_set
 from app.state.heads import (
     ALL_SPLITS,
     HEADS_EXAMPLE_DATASET,
@@ -197,7 +197,7 @@ def show_sources(state: AppState, answer: AnswerSources) -> None:
 
 
 def quick_fit_offer(
-    state: AppState, model: LoadedModel, shipped: ShippedDetectors, examples: list[RAGExample]
+    state: AppState, model: LoadedModel, shipped: DetectorSet, examples: list[RAGExample]
 ) -> None:
     """The train command, and a button for a quick fit on a few labelled examples."""
     st.info(
@@ -232,7 +232,7 @@ def show_waterfall(
     the shipped detector's probability, threshold and flag are the set's verdict on the
     answer (:func:`app.state.verdicts.answer_verdicts`, as the Playground shows them)."""
     st.subheader("Why spad scores this answer as it does")
-    shipped = shipped_detectors(model).for_example(answer.example)  # its expert, if any
+    shipped = detector_set(model).for_example(answer.example)  # its expert, if any
     show_broken_artifacts(shipped, (SPAD,))
     choice = spad_choice(model, shipped, state.spad_quick)
     if choice is None:

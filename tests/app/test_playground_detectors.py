@@ -22,7 +22,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.components.heatmap import detector_scale
 from app.components.playground_verdicts import training_caption
-from app.state.detectors import ShippedDetector
+from app.state.detectors import ArtifactCard
 from app.state.playground import (
     ANSWER_PASTE,
     CALIBRATE_AUTO,
@@ -554,7 +554,7 @@ def test_loaded_detectors_are_warmed_up_once_in_the_background(
     import threading
 
     import core.pipeline.judge as judge_mod
-    from app.state.detectors import shipped_detectors
+    from app.state.detectors import detector_set
     from app.state.verdicts import warm_detectors
 
     judged: list[tuple[str, tuple[str, ...], str]] = []
@@ -578,7 +578,7 @@ def test_loaded_detectors_are_warmed_up_once_in_the_background(
     notes = [c.value for c in at.caption if "still loading in the background" in c.value]
     assert notes and f"0 of {len(DETECTORS)} ready" in notes[0], [c.value for c in at.caption]
     release.set()
-    warming = warm_detectors(tiny_model, shipped_detectors(tiny_model))
+    warming = warm_detectors(tiny_model, detector_set(tiny_model))
     assert warming is not None and warming.thread is not None
     warming.thread.join(timeout=60)
     assert warming.failed is None and warming.ready == len(DETECTORS)
@@ -587,7 +587,7 @@ def test_loaded_detectors_are_warmed_up_once_in_the_background(
     assert not [c.value for c in at.caption if "still loading" in c.value]
     assert judged == [("warm-up", tuple(sorted(DETECTORS)), "ragscope-warm-detectors")]
     monkeypatch.setenv("RAGSCOPE_WARM_DETECTORS", "0")
-    assert warm_detectors(tiny_model, shipped_detectors(tiny_model)) is None
+    assert warm_detectors(tiny_model, detector_set(tiny_model)) is None
 
 
 def test_verdict_table_says_which_calibration_judged_each_answer() -> None:
@@ -605,7 +605,7 @@ def test_verdict_table_says_which_calibration_judged_each_answer() -> None:
     det.dataset_calibration_ = {"b": own}
     in_b = Verdict(detector="nll", example_id="x", score=0.4, hallucinated=True, calibrated_for="b")
     elsewhere = Verdict(detector="nll", example_id="x", score=0.4, hallucinated=False)
-    shipped = ShippedDetector(
+    shipped = ArtifactCard(
         name="nll",
         folder=Path("nll"),
         detector=det,
