@@ -882,8 +882,8 @@ def test_agreement_in_chromium(server: str, browser: object) -> None:
         page.get_by_text(re.compile(r"verdicts on 6 answers")).wait_for(timeout=ANALYSE_MS)
         page.get_by_role("button", name=re.compile("Compare")).click()
         page.get_by_text(re.compile(r"^6 answers of")).wait_for(timeout=ANALYSE_MS)
-        page.locator(".js-plotly-plot").first.wait_for(state="visible")
-        assert page.locator(".js-plotly-plot").count() == 2  # correlation, gold matrix
+        # correlation and gold matrix: wait until both are drawn (the second can come later)
+        expect(page.locator(".js-plotly-plot")).to_have_count(2, timeout=ANALYSE_MS)
         page.get_by_text("Answers the detectors disagree on most").wait_for()
         page.get_by_role("button", name=re.compile("in Token heatmaps")).wait_for()
         _assert_no_exception(page)
