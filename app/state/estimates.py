@@ -21,10 +21,9 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from app.state.analysis import input_signature
 from app.state.datasets import get_store
 from app.state.detectors import DetectorSet
-from app.state.verdicts import answer_verdicts, known_verdicts
+from app.state.verdicts import answer_verdicts
 from core.base.errors import RagscopeError
 from core.base.examples import RAGExample
 from core.engine.generate import GenerationConfig, generate
@@ -441,33 +440,6 @@ def answer_estimate(
 
 ANALYSE = "analyse"
 """The Playground's Analyse, as an action whose pace is recorded."""
-
-
-def unjudged(
-    model: LoadedModel, shipped: DetectorSet, examples: Sequence[RAGExample]
-) -> list[RAGExample]:
-    """Those of ``examples`` whose verdicts no page has computed yet, each input once (an
-    action that shows them will judge these)."""
-    todo: dict[str, RAGExample] = {}
-    for e in examples:
-        sig = input_signature(e, None)
-        if sig not in todo and known_verdicts(model, e, sig, shipped) is None:
-            todo[sig] = e
-    return list(todo.values())
-
-
-def verdicts_seconds(
-    model: LoadedModel, shipped: DetectorSet, examples: Sequence[RAGExample], action: str
-) -> float | None:
-    """How long the set's verdicts on ``examples`` take here, at the pace ``action``
-    judged answers at (:func:`record_answers`), else the Playground's Analyse's (the
-    same judging); ``None``: neither is known yet."""
-    if not examples:
-        return 0.0
-    pace = _recorded(model, _answers_key(shipped, action)) or _recorded(
-        model, _answers_key(shipped, ANALYSE)
-    )
-    return None if pace is None else pace * sum(example_chars(e) for e in examples)
 
 
 def _answers_key(shipped: DetectorSet, action: str) -> str:

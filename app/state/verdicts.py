@@ -239,6 +239,28 @@ def stream_verdicts(
     return out
 
 
+def keep_judgement(model: LoadedModel, judgement: Judgement) -> DetectorVerdicts:
+    """Keep core's judgement of an answer that a page computed from a pass of its own
+    (Compare's :func:`core.interventions.counterfactual.judge_pair`), so every page
+    shows that verdict (:func:`answer_verdicts`) without judging the answer again. The
+    verdicts already kept for the input stay (they are the same: one rule in core).
+
+    Raises:
+        ValueError: The judgement is not by the set that judges its answer.
+    """
+    example, asked = judgement.example, judgement.asked
+    if judgement.judged_by is not asked.for_example(example):
+        raise ValueError(f"{example.id!r} was judged by another set than the one that judges it")
+    signature = input_signature(example, None)
+    key = (model.instance_key, signature, judgement.judged_by.cache_id)
+    found = _verdicts().get(key)
+    if found is not None:
+        return found
+    out = from_judgement(signature, judgement)
+    _verdicts().put(key, out)
+    return out
+
+
 def detector_verdicts(
     model: LoadedModel, analysis: Analysis, shipped: DetectorSet
 ) -> DetectorVerdicts:

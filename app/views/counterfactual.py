@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -54,12 +53,10 @@ from app.state.estimates import (
     answer_estimate,
     generation_seconds,
     record_answers,
-    unjudged,
-    verdicts_seconds,
 )
 from app.state.links import P_MODE, bind, one_of
 from app.state.session import AppState, seed_widget
-from app.state.verdicts import answer_verdicts, known_verdicts
+from app.state.verdicts import keep_judgement, known_verdicts
 from app.text import md
 from core.base.errors import RagscopeError
 from core.engine.layout import render
@@ -68,11 +65,11 @@ from core.interventions.counterfactual import (
     SideScore,
     contradict_span,
     edit_example,
+    judge_pair,
     load_session,
     on_template,
     regenerate,
     score_original,
-    score_pair,
     side_pace,
     support_span,
     warm_scoring,
@@ -89,7 +86,6 @@ if TYPE_CHECKING:
 # attribute docstrings here.
 ANSWER_KEYS = AnswerKeys(source=KEY_CF_SOURCE, dataset=KEY_CF_DATASET, example=KEY_CF_EXAMPLE)
 ACTION = "counterfactual"  # what Compare's scoring pace is recorded as (app.state.estimates)
-JUDGE_ACTION = "counterfactual-verdicts"  # and the set's verdicts on the sides it judged
 PRESET_SUPPORT = "support the span"
 PRESET_DIFFERENT = "state the span differently"
 EXPECT = {PRESET_SUPPORT: "fewer", PRESET_DIFFERENT: "as many"}
@@ -290,25 +286,6 @@ def summary_frame(cf: Counterfactual) -> pd.DataFrame:
     return pd.DataFrame(rows)
 
 
-def as_judged(model: LoadedModel, shipped: DetectorSet, cf: Counterfactual) -> Counterfactual:
-    """``cf`` with each side's scores and flags the set's verdict on that answer
-    (:func:`app.state.verdicts.answer_verdicts`: the calibrated probability and flag every
-    page shows, the original's the Playground's own); the token rows and summaries stay
-    :func:`core.interventions.counterfactual.score_pair`'s."""
-    sides = []
-    for ex, scores in ((cf.original, cf.original_scores), (cf.edited, cf.edited_scores)):
-        judged = answer_verdicts(model, ex, shipped)
-        sides.append(
-            {
-                n: dataclasses.replace(s, score=v.score, flagged=v.hallucinated)
-                if (v := judged.verdict(n)) is not None
-                else s
-                for n, s in scores.items()
-            }
-        )
-    return dataclasses.replace(cf, original_scores=sides[0], edited_scores=sides[1])
-
-
 def verdict_lines(model: LoadedModel, shipped: DetectorSet, cf: Counterfactual) -> str:
     """The set's overall verdict on each side, when known (a fresh comparison; a loaded
     session keeps only the detectors' scores)."""
@@ -418,31 +395,16 @@ def save_load(state: AppState, model: LoadedModel) -> None:
                 st.error(f"Could not load #{pick}: {md(e)}")
 
 
-def to_judge(
-    model: LoadedModel,
-    shipped: DetectorSet,
-    example: RAGExample,
-    edited_passages: tuple[str, ...],
-    regen: bool,
-) -> list[RAGExample]:
-    """The versions a Compare will have the set judge: those no page has judged yet (the
-    original often is already; a regenerated answer never is: ``example`` stands in)."""
-    if regen:
-        return [*unjudged(model, shipped, [on_template(example)]), example]
-    return unjudged(model, shipped, [on_template(example), edit_example(example, edited_passages)])
-
-
 def compare_estimate(
     state: AppState,
     model: LoadedModel,
     shipped: DetectorSet,
     example: RAGExample,
-    judged: Sequence[RAGExample],
     max_tokens: int | None,
 ) -> WorkEstimate:
     """How long Compare takes: both sides scored (one, when the original's was scored to
-    time this estimate and is kept), the set's verdicts on ``judged`` (at the pace
-    Compare or the Playground judged answers at, else at a side's), and the new answer
+    time this estimate and is kept; the set's verdicts on each side come from its own
+    pass, :func:`core.interventions.counterfactual.judge_pair`), and the new answer
     generated (``max_tokens``: regenerate)."""
     est = answer_estimate(
         model,
@@ -454,10 +416,6 @@ def compare_estimate(
         time_one=lambda ex: timed_side(state, model, shipped, ex),
         fixed_seconds=generation_seconds(model, max_tokens, example) if max_tokens else 0.0,
     )
-    judging = verdicts_seconds(model, shipped, judged, JUDGE_ACTION)
-    if judging is None:  # not known yet: a verdict at a side's pace
-        judging = (est.seconds_per_char or 0.0) * sum(example_chars(e) for e in judged)
-    est = dataclasses.replace(est, fixed_seconds=est.fixed_seconds + judging)
     ahead = state.cf.scored
     if (
         ahead is not None
@@ -469,15 +427,6 @@ def compare_estimate(
             est, n_cached=1, chars_to_trace=est.chars_to_trace - example_chars(example)
         )
     return est
-
-
-def compare_extra(regen: bool, judged: Sequence[RAGExample]) -> str:
-    """What a Compare does besides scoring the versions, in words."""
-    parts = ["generating the new answer (about as long as the first)"] if regen else []
-    if judged:
-        n = len(judged)
-        parts.append(f"the set's verdicts on {n} version{'s' * (n > 1)} no page has judged yet")
-    return " and ".join(parts)
 
 
 def timed_side(
@@ -509,9 +458,9 @@ def compare(
                 edited = edit_example(example, edited_passages)
             ahead, state.cf.scored = state.cf.scored, None
             t0 = time.perf_counter()
-            pair = score_pair(
+            pair = judge_pair(
                 model,
-                shipped.fitted,  # the set that judges the answer (open_answer_page)
+                shipped,  # the set that judges the answer (open_answer_page)
                 example,
                 edited,
                 name=f"{example.id}: {edit_name(edited_passages, example.passages)}",
@@ -522,13 +471,14 @@ def compare(
             # The scoring's pace (the generation is estimated on its own): both sides,
             # the one scored ahead at the time it took then.
             took = time.perf_counter() - t0
-            if ahead is not None and pair.original_scores is ahead[1].scores:
+            cf = pair.counterfactual
+            if ahead is not None and cf.original_scores is ahead[1].scores:
                 took += ahead[1].seconds
             record_answers(model, shipped, ACTION, [example] * 2, took)
-            # The verdicts' pace, on the sides not judged before.
-            todo, t1 = unjudged(model, shipped, [pair.original, pair.edited]), time.perf_counter()
-            state.cf.result = as_judged(model, shipped, pair)
-            record_answers(model, shipped, JUDGE_ACTION, todo, time.perf_counter() - t1)
+            # The set's verdict on each side, from that side's own pass, for every page.
+            keep_judgement(model, pair.original)
+            keep_judgement(model, pair.edited)
+            state.cf.result = cf
             st.session_state.pop(KEY_NAME, None)
     except RagscopeError as e:
         st.error(f"The comparison failed: {md(e)}  \nFix: edit the passages and try again.")
@@ -578,13 +528,10 @@ def main() -> None:
         go = st.button("Compare", key=KEY_COMPARE, type="primary", icon=":material/compare:")
     regen = state.cf.answer_mode == "regenerate"
     if not go:
-        judged = to_judge(model, shipped, example, edited_passages, regen)
         estimate_caption(
-            lambda: compare_estimate(
-                state, model, shipped, example, judged, max_tokens if regen else None
-            ),
+            lambda: compare_estimate(state, model, shipped, example, max_tokens if regen else None),
             what="versions (the original and the edited)",
-            extra=compare_extra(regen, judged),
+            extra="generating the new answer (about as long as the first)" if regen else "",
             kept="this session's memory",
             reread=False,  # each Compare scores its versions anew
         )

@@ -14,7 +14,8 @@ and re-score it with every detector (RAGLens appendix H's perturbation pattern).
   source means, the ECS of ReDeEP's selected heads, RAGLens's top SAE features per
   token), and :class:`Counterfactual` keeps the original, the edit and the results;
   it saves to SQLite (:meth:`core.storage.Store.save_counterfactual`) and exports as
-  JSON.
+  JSON. :func:`judge_pair` does the same with a detector set and also gives the set's
+  :class:`~core.pipeline.judge.Judgement` of each version, from the same traces.
 
 An example with a verbatim prompt (RAGTruth) is compared on ragscope's own template on
 both sides, since the verbatim prompt holds the original passages.
@@ -39,8 +40,10 @@ from core.base.examples import RAGExample, Span
 from core.detectors.raglens import RaglensDetector, feature_name
 from core.engine.generate import GenerationConfig, generate
 from core.engine.model import LoadedModel
-from core.learning.contract import Detector, judge_features
+from core.learning.contract import Detector, Features, judge_features
 from core.pipeline.extract import WARM_UP, example_chars, run_example
+from core.pipeline.judge import Judgement, judgement_from
+from core.pipeline.sets import DetectorSet
 from core.storage import Store
 
 AnswerMode = Literal["fixed", "regenerate"]
@@ -304,7 +307,18 @@ def score_one(
     (:func:`core.learning.contract.for_dataset`); for ``raglens``, the activation per token of ``sae_features``
     (``None``: the ``n_sae`` features of :func:`top_sae_features` on this example; the
     rows are named ``SAE F<k>``)."""
+    return _side(model, detectors, example, sae_features=sae_features, n_sae=n_sae)[0]
 
+
+def _side(
+    model: LoadedModel,
+    detectors: Sequence[Detector],
+    example: RAGExample,
+    *,
+    sae_features: Sequence[int] | None = (),
+    n_sae: int = 2,
+) -> tuple[dict[str, SideScore], dict[str, Features]]:
+    """:func:`score_one`'s scores and the features they were computed from."""
     feats = run_example(model, example, list(detectors))
     out = {}
     for d in detectors:
@@ -327,7 +341,7 @@ def score_one(
                 None if offsets is None else tuple((int(a), int(b)) for a, b in np.asarray(offsets))
             ),
         )
-    return out
+    return out, feats
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -425,12 +439,15 @@ class ScoredOriginal:
         example: The original as scored (on its template).
         scores: Each detector's :class:`SideScore`.
         seconds: How long the scoring took here.
+        features: The features the scores were computed from (:func:`judge_pair` judges
+            the side from them).
     """
 
     model: str
     example: RAGExample
     scores: dict[str, SideScore]
     seconds: float
+    features: Mapping[str, Features] = field(default_factory=dict)
 
 
 def score_original(
@@ -439,8 +456,8 @@ def score_original(
     """The original side of :func:`score_pair`, scored and timed as the pair scores it."""
     base = on_template(original)
     t0 = time.perf_counter()
-    scores = score_one(model, detectors, base, sae_features=None, n_sae=n_sae)
-    return ScoredOriginal(model.info.key, base, scores, time.perf_counter() - t0)
+    scores, feats = _side(model, detectors, base, sae_features=None, n_sae=n_sae)
+    return ScoredOriginal(model.info.key, base, scores, time.perf_counter() - t0, feats)
 
 
 def score_pair(
@@ -461,21 +478,106 @@ def score_pair(
     ``scored``: the original's side scored ahead by ``detectors`` (:func:`score_original`,
     e.g. to time it); used when it is this original on this model, else scored again.
     """
+    pair = _pair(model, detectors, original, edited, n_sae=n_sae, scored=scored)
+    return pair.counterfactual(name=name, model=model.info.key, answer_mode=answer_mode)
+
+
+@dataclass(frozen=True, kw_only=True, eq=False)
+class JudgedPair:
+    """:func:`judge_pair`'s result: the comparison and the set's judgement of each side.
+
+    Attributes:
+        counterfactual: The comparison (what is saved and exported).
+        original: The set's judgement of the original (on its template).
+        edited: The set's judgement of the edited version.
+    """
+
+    counterfactual: Counterfactual
+    original: Judgement
+    edited: Judgement
+
+
+def judge_pair(
+    model: LoadedModel,
+    dset: DetectorSet,
+    original: RAGExample,
+    edited: RAGExample,
+    *,
+    name: str,
+    answer_mode: AnswerMode = "fixed",
+    n_sae: int = 2,
+    scored: ScoredOriginal | None = None,
+) -> JudgedPair:
+    """:func:`score_pair` with the detectors of the set that judges the original
+    (``dset.for_example``), and that set's judgement of each version
+    (:func:`core.pipeline.judge.judgement_from`) from the same traces: one pass per
+    version, whose verdicts are the ones every page shows.
+
+    ``scored``: the original's side scored ahead by those detectors (:func:`score_original`).
+    """
     base = on_template(original)
-    if scored is not None and scored.model == model.info.key and scored.example == base:
-        before = scored.scores
-    else:
-        before = score_one(model, detectors, base, sae_features=None, n_sae=n_sae)
+    by = dset.for_example(base)
+    pair = _pair(model, by.fitted, original, edited, n_sae=n_sae, scored=scored)
+    o_feats, o_s = pair.original
+    e_feats, e_s = pair.edited
+    return JudgedPair(
+        counterfactual=pair.counterfactual(
+            name=name, model=model.info.key, answer_mode=answer_mode
+        ),
+        original=judgement_from(base, dset, o_feats, by=by, seconds=o_s),
+        edited=judgement_from(edited, dset, e_feats, by=by, seconds=e_s),
+    )
+
+
+@dataclass(frozen=True)
+class _Pair:
+    """Both sides scored: each side's scores, and its features and seconds."""
+
+    base: RAGExample
+    edited_example: RAGExample
+    before: dict[str, SideScore]
+    after: dict[str, SideScore]
+    original: tuple[Mapping[str, Features], float]
+    edited: tuple[Mapping[str, Features], float]
+
+    def counterfactual(self, *, name: str, model: str, answer_mode: AnswerMode) -> Counterfactual:
+        return Counterfactual(
+            name=name,
+            model=model,
+            original=self.base,
+            edited=self.edited_example,
+            answer_mode=answer_mode,
+            original_scores=self.before,
+            edited_scores=self.after,
+        )
+
+
+def _pair(
+    model: LoadedModel,
+    detectors: Sequence[Detector],
+    original: RAGExample,
+    edited: RAGExample,
+    *,
+    n_sae: int,
+    scored: ScoredOriginal | None,
+) -> _Pair:
+    base = on_template(original)
+    fresh = scored is None or scored.model != model.info.key or scored.example != base
+    if scored is None or fresh or not scored.features:
+        scored = score_original(model, detectors, original, n_sae=n_sae)
     # The edited side reads the SAE features chosen on the original.
-    sae = [int(r[len("SAE F") :]) for r in before.get(RaglensDetector.name, _NO_ROWS).token_rows]
-    return Counterfactual(
-        name=name,
-        model=model.info.key,
-        original=base,
-        edited=edited,
-        answer_mode=answer_mode,
-        original_scores=before,
-        edited_scores=score_one(model, detectors, edited, sae_features=sae),
+    sae = [
+        int(r[len("SAE F") :]) for r in scored.scores.get(RaglensDetector.name, _NO_ROWS).token_rows
+    ]
+    t0 = time.perf_counter()
+    after, feats = _side(model, detectors, edited, sae_features=sae)
+    return _Pair(
+        base=base,
+        edited_example=edited,
+        before=scored.scores,
+        after=after,
+        original=(scored.features, scored.seconds),
+        edited=(feats, time.perf_counter() - t0),
     )
 
 

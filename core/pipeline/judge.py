@@ -522,14 +522,57 @@ def judge_answer(
         if on_step is not None:
             on_step(step)
     seconds = time.perf_counter() - t0
-    verdicts = {n: got[n] for n in judged_by.names}
+    return _judgement(example, dset, judged_by, got, features, seconds)
+
+
+def judgement_from(
+    example: RAGExample,
+    dset: DetectorSet,
+    features: Mapping[str, Features],
+    *,
+    by: DetectorSet | None = None,
+    seconds: float = 0.0,
+) -> Judgement:
+    """The set's :class:`Judgement` of ``example``'s answer from features a pass already
+    computed (e.g. a page that traced the answer for views of its own): the verdicts
+    :func:`judge_answer` would give on the same features, and no pass run.
+
+    Args:
+        features: Detector name -> features, for every detector of the set that judges
+            the answer.
+        by: ``dset.for_example(example)`` when the caller has it already.
+        seconds: What the pass and the predictions took.
+
+    Raises:
+        DataError: ``features`` lacks a detector of the set that judges the answer.
+    """
+    judged_by = by if by is not None else dset.for_example(example)
+    if missing := [n for n in judged_by.names if n not in features]:
+        raise DataError(
+            f"no features of {', '.join(missing)} for {example.id!r}: trace the answer "
+            f"with every detector of the {judged_by.name} set"
+        )
+    ds = example.provenance.dataset
+    verdicts = {d.name: judge_features(d, features[d.name], ds) for d in judged_by.fitted}
+    return _judgement(example, dset, judged_by, verdicts, features, seconds)
+
+
+def _judgement(
+    example: RAGExample,
+    asked: DetectorSet,
+    judged_by: DetectorSet,
+    verdicts: Mapping[str, Verdict],
+    features: Mapping[str, Features],
+    seconds: float,
+) -> Judgement:
+    ordered = {n: verdicts[n] for n in judged_by.names}
     return Judgement(
         example=example,
-        asked=dset,
+        asked=asked,
         judged_by=judged_by,
-        verdicts=verdicts,
-        features=features,
-        answer=_answer_of(example, judged_by, verdicts, seconds),
+        verdicts=ordered,
+        features=dict(features),
+        answer=_answer_of(example, judged_by, ordered, seconds),
         seconds=seconds,
     )
 

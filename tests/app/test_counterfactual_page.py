@@ -96,30 +96,43 @@ def test_the_side_timed_for_the_first_estimate_is_not_scored_again(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
     """With no pace of Compare known yet, the page times one side of a Compare for its
-    estimate; the Compare that follows keeps that side and scores only the edited one."""
+    estimate; the Compare that follows keeps that side and traces only the edited one,
+    and the set's verdict on each side comes from that side's own pass (issue 53: no
+    version is traced a second time to judge it)."""
     st.cache_data.clear()  # no pace memoised by an earlier test in this process,
     app_verdicts._verdicts.clear()  # nor verdicts an earlier test's page judged
-    scored: list[str] = []
-    real = cf_core.score_one
+    traced: list[str] = []
+    judged: list[str] = []
+    real_run, real_judge = cf_core.run_example, app_verdicts.judge_answer
 
-    def counted(model, detectors, example, **kw):
-        scored.append(example.id)
-        return real(model, detectors, example, **kw)
+    def counted_run(model, example, detectors, **kw):
+        traced.append(example.id)
+        return real_run(model, example, detectors, **kw)
 
-    monkeypatch.setattr(cf_core, "score_one", counted)
+    def counted_judge(model, example, dset, **kw):
+        judged.append(example.id)
+        return real_judge(model, example, dset, **kw)
+
+    monkeypatch.setattr(cf_core, "run_example", counted_run)
+    monkeypatch.setattr(app_verdicts, "judge_answer", counted_judge)
     at = open_page(PAGE)
     no_exception(at)
-    assert scored[0] == "warm-up" and len(scored) == 2  # warmed, then the answer timed
-    scored.pop(0)
+    assert traced[0] == "warm-up" and len(traced) == 2, traced  # warmed, then one side timed
+    traced.pop(0)
     said = next(c.value for c in at.caption if c.value.startswith("Estimated time"))
     assert "1 of 2 versions" in said and "1 already in this session's memory" in said, said
     assert "Later runs" not in said  # each Compare scores its versions anew
-    assert "for the set's verdicts on 2 versions no page has judged yet" in said, said
+    assert "verdicts" not in said, said  # they come with each version's own pass
+    judged.clear()  # the Playground's or another page's own judging is not Compare's
     at.button(key=KEY_COMPARE).click().run()
     no_exception(at)
-    assert scored[1:] == [f"{scored[0]}~cf"], scored  # then the edited version only
+    assert traced[1:] == [f"{traced[0]}~cf"], traced  # then the edited version only
+    assert judged == [], judged  # and neither version judged again
     state = at.session_state[STATE_KEY]
     assert state.cf.result is not None and state.cf.scored is None
+    shown = " ".join(m.value for m in at.markdown)
+    # Both sides' overall verdicts, kept from Compare's own passes for every page.
+    assert "**Original:**" in shown and "**Edited:**" in shown, shown
 
 
 def test_remove_all_context(page: AppTest, no_exception: Callable[[AppTest], None]) -> None:

@@ -18,7 +18,8 @@ from core.analysis.heads_layers import head_view
 from core.base.paths import builtin_dir
 from core.cli import main
 from core.data import resolve_dataset
-from core.interventions.counterfactual import score_one
+from core.interventions import counterfactual as cf_core
+from core.interventions.counterfactual import edit_example, judge_pair, score_one
 from core.learning.contract import calibrated_as, judge_features
 from core.pipeline.judge import AnswerVerdict, judge, judge_answer, judge_many
 from core.pipeline.sets import load_set
@@ -151,6 +152,44 @@ def test_analysis_paths_calibrate_like_the_judge(
                 assert got.hallucinated == v.hallucinated
             assert side[name].score == pytest.approx(v.score)
             assert side[name].flagged == v.hallucinated
+
+
+def test_a_counterfactual_pair_is_judged_from_its_own_two_traces(
+    tiny_model, trained: tuple[Path, Path, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 53: Compare traces each version once; the set's judgement of each (what every
+    page shows of it) is built from those traces' features and equals judge_answer's."""
+    out, a_test, cache = trained
+    monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(cache))
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(out))
+    dset = load_set(tiny_model.info.key)
+    _, examples = resolve_dataset(str(a_test))
+    ex = examples[0]
+    edited = edit_example(ex, (ex.passages[0] + " " + ex.response,))
+    traced: list[str] = []
+    real = cf_core.run_example
+
+    def counted(model, example, detectors, **kw):
+        traced.append(example.id)
+        return real(model, example, detectors, **kw)
+
+    monkeypatch.setattr(cf_core, "run_example", counted)
+    pair = judge_pair(tiny_model, dset, ex, edited, name="support")
+    assert len(traced) == 2, traced  # one pass per version, nothing judged again
+    cf = pair.counterfactual
+    for side, scores in ((pair.original, cf.original_scores), (pair.edited, cf.edited_scores)):
+        want = judge_answer(tiny_model, side.example, dset)
+        assert side.judged_by is want.judged_by
+        got_a, want_a = side.answer, want.answer
+        assert (got_a.probability, got_a.threshold, got_a.hallucinated) == pytest.approx(
+            (want_a.probability, want_a.threshold, want_a.hallucinated)
+        )
+        assert [(s.start, s.end) for s in got_a.spans] == [(s.start, s.end) for s in want_a.spans]
+        for name, v in want.verdicts.items():
+            assert v.calibrated_for == "a_dev"
+            assert side.verdicts[name].score == pytest.approx(v.score)
+            assert scores[name].score == pytest.approx(v.score)
+            assert scores[name].flagged == v.hallucinated
 
 
 def _facts(verdicts) -> dict[str, tuple]:
