@@ -3,18 +3,26 @@ never covered wholesale, every span is whole words with its evidence, type and r
 and an answer the set calls hallucinated without a span says why.
 
 The fast set judges all twelve demo answers (its members cost about one plain forward
-each); the default set, whose twelve detectors cost eight, judges demo-08, the faithful
-answer the union of twelve detectors' spans once covered end to end.
+each); the default set, whose twelve detectors cost eight, judges three (demo-08 among
+them: the faithful answer the union of twelve detectors' spans once covered end to end)
+and two built-in answers. Both sets' verdicts must equal the ones kept in
+``tests/fixtures/golden_verdicts.json`` (``tools/golden_verdicts.py``; issue 53).
 """
 
 from __future__ import annotations
 
+import json
+import math
+from typing import Any
+
 import pytest
 
+from core.base.paths import DEFAULT_SET
 from core.data import builtin_examples
 from core.engine.model import LoadedModel
 from core.pipeline.judge import AnswerVerdict, judge
 from core.pipeline.sets import load_set
+from tools.golden_verdicts import GOLDEN, TOLERANCE, default_examples, record
 
 pytestmark = pytest.mark.embedded
 
@@ -63,10 +71,57 @@ def test_no_faithful_demo_answer_is_covered_wholesale_and_every_span_says_where_
             assert v.spans == () and "faithful" in d.note
 
 
-def test_the_default_set_no_longer_covers_demo_08_end_to_end(embedded_model: LoadedModel) -> None:
+@pytest.fixture(scope="module")
+def default_verdicts(embedded_model: LoadedModel) -> dict[str, AnswerVerdict]:
+    dset = load_set(embedded_model.info.key, DEFAULT_SET)
+    return {e.id: judge(embedded_model, e, dset) for e in default_examples()}
+
+
+def _differences(got: Any, want: Any, where: str = "") -> list[str]:
+    """Where two verdict records differ: numbers by more than TOLERANCE, anything else
+    at all."""
+    if isinstance(want, dict) and isinstance(got, dict):
+        out = [f"{where}: keys {sorted(set(got) ^ set(want))}"] if set(got) != set(want) else []
+        for k in sorted(set(got) & set(want)):
+            out += _differences(got[k], want[k], f"{where}.{k}")
+        return out
+    if isinstance(want, list) and isinstance(got, list):
+        if len(got) != len(want):
+            return [f"{where}: {len(got)} items, {len(want)} kept"]
+        return [
+            d
+            for i, (g, w) in enumerate(zip(got, want, strict=True))
+            for d in _differences(g, w, f"{where}[{i}]")
+        ]
+    floats = (int, float)
+    if isinstance(want, float) and isinstance(got, floats) and not isinstance(got, bool):
+        same = math.isclose(got, want, abs_tol=TOLERANCE) or (math.isnan(got) and math.isnan(want))
+        return [] if same else [f"{where}: {got!r}, kept {want!r}"]
+    return [] if got == want else [f"{where}: {got!r}, kept {want!r}"]
+
+
+def test_verdicts_equal_the_kept_ones(
+    fast_verdicts: dict[str, AnswerVerdict], default_verdicts: dict[str, AnswerVerdict]
+) -> None:
+    """Issue 53: a speed change leaves every verdict as it was. Both shipped sets judge
+    the answers of ``tools/golden_verdicts.py`` as they did when it wrote them: each flag,
+    span, type and evidence the same, each probability within its tolerance."""
+    kept = json.loads(GOLDEN.read_text(encoding="utf-8"))
+    for name, got in (("fast", fast_verdicts), ("default", default_verdicts)):
+        assert set(got) == set(kept[name]), name
+        for i, v in got.items():
+            # through JSON, as kept (tuples become lists)
+            now = json.loads(json.dumps(record(v.to_record())))
+            diffs = _differences(now, kept[name][i], f"{name}:{i}")
+            assert not diffs, diffs[:10]
+
+
+def test_the_default_set_no_longer_covers_demo_08_end_to_end(
+    default_verdicts: dict[str, AnswerVerdict],
+) -> None:
     ex = next(e for e in _demo() if e.id.startswith("demo-08"))
     assert ex.label is False
-    v = judge(embedded_model, ex, load_set(embedded_model.info.key))
+    v = default_verdicts[ex.id]
     assert _share(v, ex.response) < WHOLESALE
     record = v.to_record()
     assert record["span_judge"] == "ensemble" and record["span_rule"]
