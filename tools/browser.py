@@ -31,6 +31,9 @@ CHROMIUM_ARGS = [
 
 STATUS_WIDGET = '[data-testid="stStatusWidget"]'
 """Streamlit's "Running..." widget: on the page while a script run is under way."""
+BUSY = f'{STATUS_WIDGET}, [data-stale="true"]'
+"""A script run under way: its "Running..." widget, or an element of the last run that
+this one has not drawn again yet (greyed out; the widget alone can be missing or lag)."""
 IDLE_HOLD_MS = 600
 """How long the page must stay idle before a run counts as over (the widget can lag)."""
 
@@ -40,8 +43,9 @@ def wait_idle(page: Page, timeout_ms: float) -> None:
     can still be replacing elements, and a stale copy of a button can sit beside its new one.
 
     A rerun asked for a moment ago (a key press that commits a widget) may not show its
-    widget yet, so the page must stay idle for ``IDLE_HOLD_MS`` twice running."""
-    widget = page.locator(STATUS_WIDGET)
+    widget yet, so the page must stay idle (:data:`BUSY`: no widget, no stale element) for
+    ``IDLE_HOLD_MS`` twice running."""
+    widget = page.locator(BUSY)
     deadline = time.monotonic() + timeout_ms / 1000
     while True:
         left = max(1.0, (deadline - time.monotonic()) * 1000)

@@ -702,6 +702,8 @@ def test_spad_pages_in_chromium(server: str, browser: object) -> None:
         limit.fill(str(SHAP_EXAMPLES))
         limit.press("Enter")
         page.get_by_text(re.compile(rf"^{SHAP_EXAMPLES} of the \d+ examples \(test\)")).wait_for()
+        # the rerun redraws the compute row: until it ends, a stale copy can stand beside it
+        wait_idle(page, ANALYSE_MS)
         page.get_by_role("button", name=re.compile("Compute SHAP values")).click()
         page.get_by_text(
             re.compile(rf"spad features of {SHAP_EXAMPLES} answers are ready")
