@@ -23,17 +23,47 @@ os.environ.setdefault("RAGSCOPE_CACHE_DIR", str(Path.home() / ".cache" / "ragsco
 from core.base.examples import RAGExample  # noqa: E402
 from core.cli import main  # noqa: E402
 from core.data import load_builtin, resolve_dataset  # noqa: E402
-from core.engine.model import LoadedModel, embedded_cache_path, load_model  # noqa: E402
+from core.engine.model import (  # noqa: E402
+    LoadedModel,
+    embedded_cache_path,
+    load_model,
+    prepare_embedded,
+)
 from core.storage import Store  # noqa: E402
 
 EMBEDDED_FIXTURES = frozenset({"embedded_model"})
+ROOT = Path(__file__).resolve().parent
+
+
+SERIAL_GROUPS = {"browser": "browser", "test_ray_extract.py": "ray", "test_judge_cli.py": "ray"}
+"""Under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``), the modules that must not
+run beside their own kind: every browser test (each drives a Streamlit server and a
+Chromium) in one worker, one after another; likewise the two modules that start a local
+Ray cluster. Every other module is one group, so its module fixtures are built once."""
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    """Under pytest-xdist: the controller dequantizes the embedded model before the
+    workers start (two workers must not write its cache at once), and each worker runs
+    torch on one thread (a worker per core; more threads only wait for each other)."""
+    workers = config.getoption("numprocesses", default=None)
+    if workers and not hasattr(config, "workerinput"):
+        prepare_embedded()
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        import torch
+
+        torch.set_num_threads(1)
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """Every test that uses the embedded model is marked ``embedded`` (so ``-m`` can skip it)."""
+    """Every test that uses the embedded model is marked ``embedded`` (so ``-m`` can skip
+    it); each test goes to its module's xdist group, or to its :data:`SERIAL_GROUPS` one."""
     for item in items:
         if EMBEDDED_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.embedded)
+        path = item.path
+        group = SERIAL_GROUPS.get(path.parent.name) or SERIAL_GROUPS.get(path.name)
+        item.add_marker(pytest.mark.xdist_group(group or str(path.relative_to(ROOT))))
 
 
 @pytest.fixture(scope="session")
