@@ -34,7 +34,7 @@ test: install
 	$(BIN)/ruff check .
 	$(BIN)/lint-imports
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS) --dist loadgroup
+	$(BIN)/python -m pytest -q -ra -n $(TEST_WORKERS)
 
 lint: install
 	$(BIN)/ruff check .

@@ -16,6 +16,7 @@ from contextlib import ExitStack
 from pathlib import Path
 
 import pytest
+from xdist.scheduler import LoadScopeScheduling
 
 # Before anything imports core: keep the user's cache dir when set.
 os.environ.setdefault("RAGSCOPE_CACHE_DIR", str(Path.home() / ".cache" / "ragscope"))
@@ -32,14 +33,35 @@ from core.engine.model import (  # noqa: E402
 from core.storage import Store  # noqa: E402
 
 EMBEDDED_FIXTURES = frozenset({"embedded_model"})
-ROOT = Path(__file__).resolve().parent
 
 
 SERIAL_GROUPS = {"browser": "browser", "test_ray_extract.py": "ray", "test_judge_cli.py": "ray"}
-"""Under pytest-xdist (``make test``: ``-n 2 --dist loadgroup``), the modules that must not
-run beside their own kind: every browser test (each drives a Streamlit server and a
-Chromium) in one worker, one after another; likewise the two modules that start a local
-Ray cluster. Every other module is one group, so its module fixtures are built once."""
+"""Under pytest-xdist (``make test``: ``-n 2``), the modules that must not run beside their
+own kind: every browser test (each drives a Streamlit server and a Chromium) in one
+worker, one after another; likewise the two modules that start a local Ray cluster."""
+
+
+def work_unit(nodeid: str) -> str:
+    """The unit of work one xdist worker runs whole: the test's module (its module
+    fixtures are built once), or its :data:`SERIAL_GROUPS` group."""
+    path = nodeid.split("::", 1)[0]
+    parts = path.split("/")
+    return SERIAL_GROUPS.get(parts[-2] if len(parts) > 1 else "") or SERIAL_GROUPS.get(
+        parts[-1], path
+    )
+
+
+class ModuleScheduling(LoadScopeScheduling):
+    """xdist's scope scheduling with :func:`work_unit` as the scope. (Not ``--dist
+    loadgroup``: pytest-xdist 3.8 marks a group by rewriting ``item._nodeid``, which
+    pytest 9 no longer reads, so its groups silently fall apart.)"""
+
+    def _split_scope(self, nodeid: str) -> str:
+        return work_unit(nodeid)
+
+
+def pytest_xdist_make_scheduler(config: pytest.Config, log: object) -> ModuleScheduling:
+    return ModuleScheduling(config, log)
 
 
 def pytest_configure(config: pytest.Config) -> None:
@@ -57,13 +79,12 @@ def pytest_configure(config: pytest.Config) -> None:
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     """Every test that uses the embedded model is marked ``embedded`` (so ``-m`` can skip
-    it); each test goes to its module's xdist group, or to its :data:`SERIAL_GROUPS` one."""
+    it). The browser tests go first: under xdist they are the longest unit of work, and
+    the other worker runs the rest beside them."""
     for item in items:
         if EMBEDDED_FIXTURES & set(getattr(item, "fixturenames", ())):
             item.add_marker(pytest.mark.embedded)
-        path = item.path
-        group = SERIAL_GROUPS.get(path.parent.name) or SERIAL_GROUPS.get(path.name)
-        item.add_marker(pytest.mark.xdist_group(group or str(path.relative_to(ROOT))))
+    items.sort(key=lambda item: work_unit(item.nodeid) != "browser")
 
 
 @pytest.fixture(scope="session")
