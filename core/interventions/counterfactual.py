@@ -562,8 +562,12 @@ def _pair(
     scored: ScoredOriginal | None,
 ) -> _Pair:
     base = on_template(original)
-    fresh = scored is None or scored.model != model.info.key or scored.example != base
-    if scored is None or fresh or not scored.features:
+    if (
+        scored is None
+        or scored.model != model.info.key
+        or scored.example != base
+        or not {d.name for d in detectors} <= set(scored.features)
+    ):  # not this original, on this model, with these detectors' features: score it
         scored = score_original(model, detectors, original, n_sae=n_sae)
     # The edited side reads the SAE features chosen on the original.
     sae = [
