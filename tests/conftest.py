@@ -35,10 +35,18 @@ from core.storage import Store  # noqa: E402
 EMBEDDED_FIXTURES = frozenset({"embedded_model"})
 
 
-SERIAL_GROUPS = {"browser": "browser", "test_ray_extract.py": "ray", "test_judge_cli.py": "ray"}
+SERIAL_GROUPS = {
+    "browser": "browser",
+    "test_ray_extract.py": "ray",
+    "test_judge_cli.py": "ray",
+    "test_adapt_refit.py": "browser",
+}
 """Under pytest-xdist (``make test``: ``-n 2``), the modules that must not run beside their
 own kind: every browser test (each drives a Streamlit server and a Chromium) in one
-worker, one after another; likewise the two modules that start a local Ray cluster."""
+worker, one after another; likewise the two modules that start a local Ray cluster.
+``test_adapt_refit.py`` runs after the browser tests, in their worker: it reads the
+``calibrated_tiny_ensemble_set`` the review loop's browser test has trained there (a
+3-fold CV training, about 40 s, otherwise trained again in the other worker)."""
 
 
 def work_unit(nodeid: str) -> str:
