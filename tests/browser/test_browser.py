@@ -6,8 +6,9 @@ example (with a synthetic ``nll`` detector artifact for the embedded model, so t
 verdict table and the detector colouring show), opens the Benchmark on a synthetic
 saved run (and, below it, a synthetic cross-validation and cross-domain matrix run),
 computes the Heads & layers statistics on a few examples and shows one
-answer through another head, explains a quick spad fit on the SHAP summary page and
-one answer's seven token sources and SHAP waterfall on the Token sources page, shows
+answer through another head, explains a quick spad fit on the SHAP summary page and one
+answer's seven token sources and SHAP waterfall on the Token sources page (on the tiny
+model: the quick fit traces 20 answers), shows
 the shipped RAGLens detector (and SAE) on the GAM shape functions page, steps through
 the shipped CORTEX detector's flagged spans on the Token heatmaps page, explains an
 SAE feature through a local fake OpenAI-compatible endpoint on the Feature
@@ -395,6 +396,25 @@ def server(
 
 
 @pytest.fixture(scope="module")
+def tiny_server(tmp_path_factory: pytest.TempPathFactory, launch_streamlit) -> Iterator[str]:
+    """The app on the tiny random model (the same synthetic detectors and runs): for the
+    SPAD pages, whose quick fit traces 20 answers of the built-in corpus, each probed at
+    every point of the residual stream (a minute or two on the embedded model; what the
+    test checks is the pages, not the model)."""
+    env = {
+        "RAGSCOPE_MODEL": "tiny",
+        "RAGSCOPE_DEVICE": "cpu",
+        "RAGSCOPE_CACHE_DIR": str(_server_cache_dir(tmp_path_factory)),
+        "RAGSCOPE_DB": str(tmp_path_factory.mktemp("browser-tiny-db") / "ragscope.sqlite3"),
+        "RAGSCOPE_DETECTORS_DIR": str(
+            _synthetic_detectors(tmp_path_factory.mktemp("browser-tiny-detectors"))
+        ),
+    }
+    with launch_streamlit(env, ARTIFACTS / "streamlit-tiny-server.log") as url:
+        yield url
+
+
+@pytest.fixture(scope="module")
 def browser(server: str, open_chromium) -> Iterator[object]:
     """Headless Debian Chromium through Playwright."""
     with open_chromium() as b:
@@ -688,8 +708,8 @@ def test_heads_in_chromium(server: str, browser: object) -> None:
         _section_screenshot(page, heading, ARTIFACTS / "context_attribution.png", through=result)
 
 
-def test_spad_pages_in_chromium(server: str, browser: object) -> None:
-    with _opened(browser, server, "shap_summary", "SHAP summary") as page:
+def test_spad_pages_in_chromium(tiny_server: str, browser: object) -> None:
+    with _opened(browser, tiny_server, "shap_summary", "SHAP summary") as page:
         # No spad artifact for the embedded model here: the command is named.
         page.get_by_text(re.compile("No trained spad detector")).wait_for()
 

@@ -115,17 +115,25 @@ def app_url(raglens_dir, tiny_sae, cache_dir, tmp_path_factory, launch_streamlit
         yield url
 
 
+@pytest.fixture(scope="module")
+def chromium(app_url: str, open_chromium) -> Iterator[object]:
+    """One Chromium for the module; each view opens in a context of its own (its own
+    cookies, storage and app session, as a fresh browser would)."""
+    with open_chromium() as browser:
+        yield browser
+
+
 def _selectbox(page, label: str):
     """The select box labelled exactly ``label`` ("Example" is not "Examples")."""
     return page.get_by_role("combobox", name=label, exact=True)
 
 
 def test_deep_links_reopen_the_view_and_controls_rewrite_the_url(
-    app_url: str, raglens_dir: tuple[Path, int], open_chromium
+    app_url: str, raglens_dir: tuple[Path, int], chromium
 ) -> None:
     feature = raglens_dir[1]
-    with open_chromium() as browser:
-        page = browser.new_page(viewport={"width": 1400, "height": 1000})
+    with chromium.new_context(viewport={"width": 1400, "height": 1000}) as context:
+        page = context.new_page()
         plots = page.locator(".js-plotly-plot")
 
         # Heads & layers on an example and a head.
@@ -221,10 +229,10 @@ VIEW_JS = """() => {
 
 
 def _view(page: Page) -> list[list[object]]:
-    """The view once it has settled: two readings a second apart agree, with no run going,
-    no element still drawing and no model loading."""
+    """The view once it has settled: two readings agree, each taken once the page has been
+    idle (no run going, no element still drawing) for a while, with no model loading."""
     last = None
-    for _ in range(120):
+    for _ in range(200):
         wait_idle(page, LOAD_MS)
         now = page.evaluate(VIEW_JS)
         loading = now is not None and any(
@@ -233,7 +241,6 @@ def _view(page: Page) -> list[list[object]]:
         if now is not None and now == last and not loading:
             return now
         last = now
-        page.wait_for_timeout(1_000)
     raise AssertionError(f"the view never settled: {last}")
 
 
@@ -338,13 +345,15 @@ COPY_LINKS: list[tuple[str, str, Callable[[Page], object], Callable[[Page], obje
 
 @pytest.mark.parametrize("path,title,change,enter", COPY_LINKS, ids=[c[1] for c in COPY_LINKS])
 def test_a_link_copied_from_each_page_reopens_the_view_in_a_fresh_browser(
-    app_url: str, open_chromium, path: str, title: str, change, enter
+    app_url: str, chromium, path: str, title: str, change, enter
 ) -> None:
     """A visitor changes the view, copies the address bar, and someone else opens it in a
-    fresh browser (no cookies, no session): the same headings, and every widget with the
-    same value."""
-    with open_chromium() as browser:
-        mine = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+    fresh browser (a context of its own: no cookies, no session): the same headings, and
+    every widget with the same value."""
+    mine_ctx = chromium.new_context(viewport={"width": 1400, "height": 1000})
+    theirs_ctx = chromium.new_context(viewport={"width": 1400, "height": 1000})
+    try:
+        mine = mine_ctx.new_page()
         mine.goto(f"{app_url}/{path}")
         mine.get_by_role("heading", name=title).first.wait_for(timeout=LOAD_MS)
         loading = mine.locator('[data-testid="stProgress"]', has_text="Loading")
@@ -354,7 +363,7 @@ def test_a_link_copied_from_each_page_reopens_the_view_in_a_fresh_browser(
         shown = _view(mine)
         assert shown != before, f"{title}: the change did not change the view"
         link = mine.url
-        theirs = browser.new_context(viewport={"width": 1400, "height": 1000}).new_page()
+        theirs = theirs_ctx.new_page()
         theirs.goto(link)
         theirs.get_by_role("heading", name=title).first.wait_for(timeout=LOAD_MS)
         if enter is not None:
@@ -368,3 +377,6 @@ def test_a_link_copied_from_each_page_reopens_the_view_in_a_fresh_browser(
         assert opened == shown, f"{title}: {link} shows another view"
         assert theirs.get_by_text("This link names").count() == 0
         assert theirs.url == link  # the view's address is the link itself
+    finally:
+        mine_ctx.close()
+        theirs_ctx.close()
