@@ -268,6 +268,30 @@ def prepare_gguf(spec: str, progress: Progress | None = None) -> tuple[Path, Pat
         return gguf, dequantize_gguf(gguf, gguf_cache_path(gguf), progress)
 
 
+_GGUF_TOKENIZER: dict[tuple[str, int, int], PreTrainedTokenizerBase] = {}
+_GGUF_TOKENIZER_LOCK = threading.Lock()
+
+
+def _gguf_tokenizer(gguf: Path) -> PreTrainedTokenizerBase:
+    """The tokenizer the GGUF file ``gguf`` carries (checked first), converted once per
+    process for each version of the file (path, size, mtime): the conversion reads every
+    field of the file, seconds each time a process points ``RAGSCOPE_CACHE_DIR`` at a
+    folder without it. Only ever saved (:func:`embedded_tokenizer`), never handed out."""
+    from transformers import AutoTokenizer
+
+    st = gguf.stat()
+    key = (str(gguf.resolve()), st.st_size, st.st_mtime_ns)
+    with _GGUF_TOKENIZER_LOCK:
+        tok = _GGUF_TOKENIZER.get(key)
+        if tok is None:
+            check_gguf(gguf)
+            with gguf_alone(gguf) as (folder, name):
+                tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, **TRUST)
+            _GGUF_TOKENIZER.clear()  # one version of the file at a time
+            _GGUF_TOKENIZER[key] = tok
+        return tok
+
+
 def embedded_tokenizer() -> PreTrainedTokenizerBase:
     """The embedded model's tokenizer (from the cache when present, else the GGUF)."""
     from transformers import AutoTokenizer
@@ -279,9 +303,7 @@ def embedded_tokenizer() -> PreTrainedTokenizerBase:
         gguf = embedded_gguf_path()
         tok_dir = cache_dir() / "models" / f"smollm2-tokenizer-v{_CACHE_FORMAT}"
         if not (tok_dir / "tokenizer.json").is_file():
-            check_gguf(gguf)
-            with gguf_alone(gguf) as (folder, name):
-                tok = AutoTokenizer.from_pretrained(folder, gguf_file=name, **TRUST)
+            tok = _gguf_tokenizer(gguf)
             tok_dir.parent.mkdir(parents=True, exist_ok=True)
             tmp = Path(tempfile.mkdtemp(prefix=".tmp-", dir=tok_dir.parent))
             tok.save_pretrained(tmp)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import os
+import shutil
 import socket
 import time
 from pathlib import Path
@@ -232,6 +233,35 @@ def test_cache_dir_follows_env(monkeypatch, tmp_path):
     monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(tmp_path))
     assert model_mod.cache_dir() == tmp_path
     assert embedded_cache_path().parent == tmp_path / "models"
+
+
+def test_a_new_cache_dir_reuses_the_converted_tokenizer_until_the_gguf_changes(
+    monkeypatch, tmp_path
+):
+    """The GGUF's tokenizer is converted once per process and file version: a fresh
+    RAGSCOPE_CACHE_DIR gets its tokenizer folder without reading the GGUF again, and a
+    GGUF changed in place (size, mtime) is checked and converted again."""
+    gguf = tmp_path / "model.gguf"
+    shutil.copyfile(embedded_gguf_path(), gguf)
+    monkeypatch.setattr(model_mod, "embedded_gguf_path", lambda: gguf)
+    checked: list[Path] = []
+    real_check = model_mod.check_gguf
+    monkeypatch.setattr(model_mod, "check_gguf", lambda p: (checked.append(p), real_check(p))[1])
+    toks = []
+    for i in range(2):
+        monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(tmp_path / f"cache{i}"))
+        toks.append(model_mod.embedded_tokenizer())
+        assert (tmp_path / f"cache{i}" / "models").is_dir()
+    assert checked == [gguf]  # the second cache dir did not read the file again
+    assert toks[0].encode("Mount Kelsey") == toks[1].encode("Mount Kelsey")
+    with gguf.open("r+b") as f:  # the same file, damaged in place: checked again, refused
+        f.seek(0)
+        f.write(b"XXXX")
+    os.utime(gguf, ns=(time.time_ns(), time.time_ns() + 10**9))
+    monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(tmp_path / "cache2"))
+    with pytest.raises(ModelError):
+        model_mod.embedded_tokenizer()
+    assert checked == [gguf, gguf]
 
 
 # --------------------------------------------------------------------------- atomic cache
