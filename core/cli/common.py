@@ -86,7 +86,7 @@ def add_engine_args(p: argparse.ArgumentParser) -> None:
         "--engine",
         choices=("local", "ray"),
         default="local",
-        help="local: this process (default); ray: a Ray Data pipeline over an actor pool, "
+        help="local: this process (default); ray: a pool of Ray actors, "
         "each actor loading the model once (see --address, --actors, --gpus-per-actor)",
     )
     g.add_argument(

@@ -1,20 +1,26 @@
 """Ray as the distributed engine of feature extraction (``ragscope extract --engine ray``).
 
-The examples become a Ray Dataset; ``map_batches`` runs them through a pool of
-:class:`ExtractActor` s, each of which loads the model ONCE (``num_gpus`` per actor
-when asked, else ``num_cpus``) and traces its batches with
-:func:`core.pipeline.extract.run_examples`, the same code as in-process extraction. The
-features come back to the driver as rows keyed like the feature cache (model key,
-example content hash, detector, feature config hash) with the cache's checked
-payload, and the driver streams them into a Parquet feature store
+A pool of :class:`ExtractActor` s (Ray actors; ``num_gpus`` per actor when asked, else
+``num_cpus``) each loads the model ONCE and traces the batches of examples it is sent
+with :func:`core.pipeline.extract.run_examples`, the same code as in-process extraction;
+the driver keeps every actor busy (a new batch as soon as one comes back). The features
+come back to the driver as rows keyed like the feature cache (model key, example
+content hash, detector, feature config hash) with the cache's checked payload, and the
+driver streams them into a Parquet feature store
 (:class:`core.pipeline.featurestore.ShardWriter`).
 
-Faults: Ray Data restarts a dead actor and retries its batch; the store's writes are
-keyed and idempotent (a retried batch's rows are skipped, never duplicated), and a
-driver started again skips every example the store already holds, so a stopped run
-resumes. An example that cannot be traced comes back as an error row naming the
-example (and the detector, when one detector's features failed); nothing is lost on
-either side.
+The pool outlives one extraction: the next one in the same process, on the same Ray
+session with the same model, device, actor count and resources, reuses its actors and
+their loaded models (a notebook, a script, ``train`` after ``extract``; the detectors
+are named per batch). :func:`release_actors` frees them; another Ray session or other
+settings replace them.
+
+Faults: Ray restarts a dead actor (up to :data:`MAX_RESTARTS` times, loading the model
+again) and retries the batch it held; the store's writes are keyed and idempotent (a
+batch that came back twice is skipped, never duplicated), and a driver started again
+skips every example the store already holds, so a stopped run resumes. An example that
+cannot be traced comes back as an error row naming the example (and the detector, when
+one detector's features failed); nothing is lost on either side.
 
 Workers run the same code as the driver: on a cluster, every node needs ragscope
 installed, the model's weights reachable (``RAGSCOPE_CACHE_DIR``, or the GGUF path)
@@ -23,10 +29,13 @@ and no downloads (``HF_HUB_OFFLINE=1``); :func:`worker_env` is passed to them.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import threading
 import time
-from collections.abc import Callable, Mapping, Sequence
+from collections import deque
+from collections.abc import Callable, Generator, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,41 +97,54 @@ class RayOptions:
 
 
 class ExtractActor:
-    """One Ray actor: loads the model once, then turns batches of examples into rows.
+    """One Ray actor: loads the model once, then turns batches of examples into rows with
+    the detectors each batch names.
 
     Args:
         model: The model spec (``embedded``, ``tiny``, a GGUF path, ...).
         device: ``auto``, ``cpu`` or ``cuda``.
-        detectors: Detector names.
-        options: Detector options by name (``--set``).
     """
 
-    def __init__(
+    def __init__(self, model: str, device: str) -> None:
+        self.model = load_model(model, device=device)
+        self._flat: dict[str, list[Any]] = {}
+
+    def model_key(self) -> str:
+        """The loaded model's :attr:`~core.engine.model.ModelInfo.key`."""
+        return self.model.info.key
+
+    def _detectors(
+        self, detectors: Sequence[str], options: Mapping[str, Mapping[str, Any]]
+    ) -> list[Any]:
+        """The plain detectors ``detectors`` amount to (made once per names and options)."""
+        key = json.dumps([list(detectors), options], sort_keys=True)
+        flat = self._flat.get(key)
+        if flat is None:
+            make = default_maker(options)
+            made = [make(n) for n in detectors]
+            flat = [m for d in made for m in (d.member_detectors() if d.composite else [d])]
+            self._flat = {key: flat}  # the last set only: a pool serves one run at a time
+        return flat
+
+    def extract(
         self,
-        model: str,
-        device: str,
+        examples: Sequence[str],
         detectors: Sequence[str],
         options: Mapping[str, Mapping[str, Any]],
-    ) -> None:
-        self.model = load_model(model, device=device)
-        make = default_maker(options)
-        self.detectors = [make(n) for n in detectors]
-        self.flat = [
-            m for d in self.detectors for m in (d.member_detectors() if d.composite else [d])
-        ]
-
-    def __call__(self, batch: Mapping[str, Any]) -> dict[str, list[Any]]:
+    ) -> dict[str, list[Any]]:
+        """Rows (:data:`ROW_COLUMNS`) of the examples ``examples`` (JSON texts)."""
+        flat = self._detectors(detectors, options)
         out: dict[str, list[Any]] = {c: [] for c in ROW_COLUMNS}
-        examples = [RAGExample.from_dict(json.loads(str(s))) for s in batch["example"]]
+        exs = [RAGExample.from_dict(json.loads(str(s))) for s in examples]
         try:
-            results = run_examples(self.model, examples, self.flat)
+            results = run_examples(self.model, exs, flat)
         except RagscopeError as e:  # the whole batch (e.g. the trace) failed
-            results = [DataError(str(e)) for _ in examples]
-        for ex, res in zip(examples, results, strict=True):
+            results = [DataError(str(e)) for _ in exs]
+        for ex, res in zip(exs, results, strict=True):
             if isinstance(res, DataError):
                 _row(out, ex, None, None, f"example {ex.id!r}: {res}")
                 continue
-            for d in self.flat:
+            for d in flat:
                 key = feature_key(self.model.info.key, ex, d)
                 _row(out, ex, key, res[d.name].to_bytes(), "")
         return out
@@ -198,6 +220,78 @@ def start_ray(options: RayOptions) -> None:
         ray.init(address=options.address, runtime_env=runtime_env, log_to_driver=False)
 
 
+MAX_RESTARTS = 3
+"""Restarts of a dead actor (each loads the model again, then retries its batch) before
+an extraction stops."""
+
+
+@dataclass(frozen=True, eq=False)
+class _Pool:
+    """The kept actors and what they were made for (Ray session, model, resources)."""
+
+    key: tuple[Any, ...]
+    actors: list[Any]
+
+
+_POOL: list[_Pool] = []
+_POOL_LOCK = threading.Lock()
+
+
+def _session() -> tuple[str, str]:
+    """The Ray session and job this process is connected to."""
+    import ray
+
+    ctx = ray.get_runtime_context()
+    return str(ctx.get_session_name()), str(ctx.get_job_id())
+
+
+def _actors(model_spec: str, model_key: str, options: RayOptions) -> list[Any]:
+    """The actors of ``model_spec`` (whose model the driver knows as ``model_key``) on
+    ``options``' device and resources: the kept pool's when it was made for them in this
+    Ray session, else a new pool (replacing it)."""
+    import ray
+
+    key = (
+        _session(),
+        model_spec,
+        model_key,
+        options.device,
+        options.actors,
+        options.cpus_per_actor,
+        options.gpus_per_actor,
+    )
+    with _POOL_LOCK:
+        if _POOL and _POOL[0].key == key:
+            return _POOL[0].actors
+    release_actors()
+    resources: dict[str, Any] = {"num_cpus": options.cpus_per_actor}
+    if options.gpus_per_actor:
+        resources["num_gpus"] = options.gpus_per_actor
+    cls = ray.remote(ExtractActor).options(
+        max_restarts=MAX_RESTARTS, max_task_retries=MAX_RESTARTS, **resources
+    )
+    actors = [cls.remote(model_spec, options.device) for _ in range(options.actors)]
+    with _POOL_LOCK:
+        _POOL[:] = [_Pool(key=key, actors=actors)]
+    return actors
+
+
+def release_actors() -> None:
+    """Stop the actors kept for the next extraction (their models go with them)."""
+    import ray
+
+    with _POOL_LOCK:
+        pools = list(_POOL)
+        _POOL.clear()
+    if not pools or not ray.is_initialized():
+        return  # a Ray shut down took its actors with it
+    for pool in pools:
+        if pool.key[0] != _session():
+            continue  # another session's actors: gone with it
+        for actor in pool.actors:
+            ray.kill(actor)
+
+
 Key = tuple[str, str, str, str]
 Sink = Callable[[RAGExample, Sequence[tuple[Key, Features]]], int]
 """Stores one example's features (every detector's, keyed); returns the rows added."""
@@ -242,71 +336,92 @@ def extract_ray(
         report.seconds = time.perf_counter() - t0
         return report
     start_ray(options)
-    ctx = ray.data.DataContext.get_current()
-    ctx.enable_progress_bars = False  # the caller shows progress (examples, not blocks)
-    ctx.enable_rich_progress_bars = False
-    ctx.print_on_execution_start = False
-    ds = ray.data.from_items([{"example": e.to_json()} for e in todo])
-    resources: dict[str, Any] = {"num_cpus": options.cpus_per_actor}
-    if options.gpus_per_actor:
-        resources["num_gpus"] = options.gpus_per_actor
-    rows = ds.map_batches(
-        ExtractActor,
-        fn_constructor_kwargs={
-            "model": model_spec,
-            "device": options.device,
-            "detectors": list(detectors),
-            "options": {k: dict(v) for k, v in detector_options.items()},
-        },
-        batch_size=options.batch_size,
-        compute=ray.data.ActorPoolStrategy(size=options.actors),
-        batch_format="numpy",
-        **resources,
-    )
+    actors = _actors(model_spec, model_key, options)
+    names_sent = list(detectors)
+    options_sent = {k: dict(v) for k, v in detector_options.items()}
+    queue = deque(todo[i : i + options.batch_size] for i in range(0, len(todo), options.batch_size))
+    in_flight: dict[Any, Any] = {}  # a batch's result -> the actor running it
+
+    def send(actor: Any) -> None:
+        batch = [e.to_json() for e in queue.popleft()]
+        in_flight[actor.extract.remote(batch, names_sent, options_sent)] = actor
+
+    def results() -> Generator[dict[str, list[Any]], None, None]:
+        """Each batch's rows as it comes back; its actor gets the next batch first."""
+        for actor in actors[: len(queue)]:
+            send(actor)
+        died: Exception | None = None
+        try:
+            while in_flight:
+                (ref,), _ = ray.wait(list(in_flight), num_returns=1)
+                actor = in_flight.pop(ref)
+                try:
+                    rows = ray.get(ref)
+                except ray.exceptions.RayActorError as e:
+                    died = e
+                    break
+                if queue:
+                    send(actor)
+                yield rows
+        finally:  # stopped early: the batches still queued on the actors are not run
+            for ref in in_flight:
+                ray.cancel(ref)
+        if died is not None:
+            release_actors()
+            raise DataError(
+                f"an extraction actor could not start, or died {MAX_RESTARTS + 1} times: "
+                f"{died}. What was stored stays: re-run to resume"
+            ) from died
+
     by_id = {e.id: e for e in todo}
     names = {d.name: d for d in flat}
     done: set[str] = set()
     pending: dict[str, list[tuple[Key, Features]]] = {}
-    for batch in rows.iter_batches(batch_format="numpy", batch_size=None):
-        for i in range(len(batch["example_id"])):
-            ex_id = str(batch["example_id"][i])
-            ex = by_id.get(ex_id)
-            if ex is None:
-                raise DataError(f"a worker returned an example that was not sent: {ex_id!r}")
-            if ex_id in done:  # a retried batch's rows: stored already
-                report.duplicates += 1
-                continue
-            error = str(batch["error"][i])
-            if error:
-                done.add(ex_id)
-                report.failures.append({"example": ex_id, "error": error})
-                if options.on_error == "stop":
-                    raise DataError(
-                        f"{error}. Stopped there; what was stored stays (re-run to resume, "
-                        "or --on-error skip)"
-                    )
-            else:
-                key: Key = (
-                    str(batch["model"][i]),
-                    str(batch["example_hash"][i]),
-                    str(batch["detector"][i]),
-                    str(batch["config_hash"][i]),
+
+    def take(batch: Mapping[str, list[Any]], i: int) -> None:
+        """Row ``i`` of a batch: a failure reported, or features kept until the example
+        has every detector's, then stored."""
+        ex_id = str(batch["example_id"][i])
+        ex = by_id.get(ex_id)
+        if ex is None:
+            raise DataError(f"a worker returned an example that was not sent: {ex_id!r}")
+        if ex_id in done:  # a retried batch's rows: stored already
+            report.duplicates += 1
+            return
+        error = str(batch["error"][i])
+        if error:
+            done.add(ex_id)
+            report.failures.append({"example": ex_id, "error": error})
+            if options.on_error == "stop":
+                raise DataError(
+                    f"{error}. Stopped there; what was stored stays (re-run to resume, "
+                    "or --on-error skip)"
                 )
-                det = names.get(key[2])
-                if det is None or key != feature_key(model_key, ex, det):
-                    raise DataError(
-                        f"example {ex_id!r}: a worker returned features under another key "
-                        f"({key}); do all nodes run the same ragscope and model?"
-                    )
-                payload = bytes(batch["features"][i])
-                got = pending.setdefault(ex_id, [])
-                got.append((key, Features.from_bytes(payload, example_id=ex_id)))
-                if len(got) < len(flat):
-                    continue
-                done.add(ex_id)
-                report.rows_written += sink(ex, pending.pop(ex_id))
-            if progress:
-                progress(len(done), len(todo))
+            return
+        key: Key = (
+            str(batch["model"][i]),
+            str(batch["example_hash"][i]),
+            str(batch["detector"][i]),
+            str(batch["config_hash"][i]),
+        )
+        det = names.get(key[2])
+        if det is None or key != feature_key(model_key, ex, det):
+            raise DataError(
+                f"example {ex_id!r}: a worker returned features under another key "
+                f"({key}); do all nodes run the same ragscope and model?"
+            )
+        got = pending.setdefault(ex_id, [])
+        got.append((key, Features.from_bytes(bytes(batch["features"][i]), example_id=ex_id)))
+        if len(got) == len(flat):
+            done.add(ex_id)
+            report.rows_written += sink(ex, pending.pop(ex_id))
+
+    with contextlib.closing(results()) as stream:
+        for batch in stream:
+            for i in range(len(batch["example_id"])):
+                take(batch, i)
+                if progress:
+                    progress(len(done), len(todo))
     report.seconds = time.perf_counter() - t0
     return report
 
@@ -320,10 +435,11 @@ def bench_ray(
     actors: int,
 ) -> tuple[float, int]:
     """Seconds of a cold extraction of ``examples`` on a local Ray with ``actors`` actors
-    (start-up and model loading included; nothing stored), and the actor count; for
-    ``ragscope bench --ray-actors``."""
+    (start-up and model loading included: no kept actor is reused; nothing stored), and
+    the actor count; for ``ragscope bench --ray-actors``."""
     import ray
 
+    release_actors()
     make = default_maker({})
     dets = [make(n) for n in detectors]
     flat = [m for d in dets for m in (d.member_detectors() if d.composite else [d])]
@@ -342,6 +458,7 @@ def bench_ray(
             options=RayOptions(actors=actors, device=device),
         )
     finally:
+        release_actors()
         if started:
             ray.shutdown()
     if rep.failures:

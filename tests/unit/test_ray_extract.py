@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import os
 import signal
+import time
 from pathlib import Path
 
 import numpy as np
@@ -19,7 +20,7 @@ from core.data import resolve_dataset  # noqa: E402
 from core.detectors import make_detector  # noqa: E402
 from core.pipeline.extract import FeatureCache, extract_features  # noqa: E402
 from core.pipeline.featurestore import ShardWriter, feature_key, shard_files, store_keys  # noqa: E402
-from core.services.distributed import RayOptions, extract_ray  # noqa: E402
+from core.services.distributed import RayOptions, extract_ray, release_actors  # noqa: E402
 from core.storage import Store  # noqa: E402
 
 NAMES = ["nll", "lexical"]
@@ -101,24 +102,49 @@ def test_ray_features_equal_in_process_extraction(local_ray, tiny_model, demo, r
     _check_complete(tmp_path / "store", tiny_model, demo, reference)
 
 
+def _actor_pids() -> list[int]:
+    """The extraction actors' processes (Ray names them after the actor class)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            cmd = (proc / "cmdline").read_bytes()
+        except OSError:
+            continue
+        if b"ExtractActor" in cmd:
+            pids.append(int(proc.name))
+    return sorted(pids)
+
+
+def test_the_next_extraction_reuses_the_actors_until_they_are_released(
+    local_ray, tiny_model, demo, reference, tmp_path
+):
+    """A second run in the process (other examples, another store) is served by the same
+    two actors and their loaded models; released, they are gone, and the next run
+    starts new ones."""
+    _run(tiny_model, demo[:6], tmp_path / "a")
+    first = _actor_pids()
+    assert len(first) == 2
+    rep = _run(tiny_model, demo, tmp_path / "b")
+    assert rep.examples == len(demo) and not rep.failures and rep.duplicates == 0
+    assert _actor_pids() == first
+    _check_complete(tmp_path / "b", tiny_model, demo, reference)
+    release_actors()
+    deadline = time.monotonic() + 60
+    while set(_actor_pids()) & set(first):
+        assert time.monotonic() < deadline, "released actors are still running"
+        time.sleep(0.2)
+    _run(tiny_model, demo[:2], tmp_path / "c")
+    again = _actor_pids()
+    assert len(again) == 2 and not set(again) & set(first)
+
+
 def test_a_killed_actor_loses_and_duplicates_nothing(
     local_ray, tiny_model, demo, reference, tmp_path
 ):
     killed: list[int] = []
-
-    def actor_pids() -> list[int]:
-        """The extraction actors' processes (Ray names them after the actor class)."""
-        pids = []
-        for proc in Path("/proc").iterdir():
-            if not proc.name.isdigit():
-                continue
-            try:
-                cmd = (proc / "cmdline").read_bytes()
-            except OSError:
-                continue
-            if b"ExtractActor" in cmd:
-                pids.append(int(proc.name))
-        return pids
+    actor_pids = _actor_pids
 
     def kill_one(done: int, total: int) -> None:
         if not killed and (pids := actor_pids()):
@@ -184,6 +210,24 @@ def test_cli_engine_ray_fills_the_local_cache(
     assert f"0 computed, {len(demo)} already stored" in capsys.readouterr().out
 
 
+def test_train_and_evaluate_extract_on_ray(local_ray, tmp_path, monkeypatch, capsys):
+    """``--engine ray`` on evaluate/train fills the cache on Ray first; the run then
+    reads every feature from the cache."""
+    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "cache.sqlite3"))
+    argv = ["--model", "tiny", "--device", "cpu", "--dataset", "demo", "--detectors", "nll"]
+    argv += ["--engine", "ray", "--actors", "2"]
+    assert main(["train", *argv, "--out", str(tmp_path / "artifacts")]) == 0
+    err = capsys.readouterr().err
+    assert "features (ray, batch size default): 12 computed, 0 already stored" in err
+    assert (tmp_path / "artifacts" / "nll" / "cfg.json").is_file()
+    assert main(["evaluate", *argv, "--out", str(tmp_path / "runs")]) == 0
+    assert "0 computed, 12 already stored" in capsys.readouterr().err
+
+
+# Last: these two stop the module's local Ray (the cluster replaces it; the bench starts
+# and stops its own), so the pooled actors the tests above share are gone after them.
+
+
 def test_a_two_node_cluster(tiny_model, demo, reference, tmp_path, local_ray):
     from ray.cluster_utils import Cluster
 
@@ -211,17 +255,3 @@ def test_bench_times_extraction_on_ray(local_ray, capsys):
     ext = json.loads(capsys.readouterr().out)["extraction"]
     assert ext["dataset"] == "demo" and ext["n_examples"] == 3
     assert ext["ray_s"] > 0 and ext["ray_actors"] == 2
-
-
-def test_train_and_evaluate_extract_on_ray(local_ray, tmp_path, monkeypatch, capsys):
-    """``--engine ray`` on evaluate/train fills the cache on Ray first; the run then
-    reads every feature from the cache."""
-    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "cache.sqlite3"))
-    argv = ["--model", "tiny", "--device", "cpu", "--dataset", "demo", "--detectors", "nll"]
-    argv += ["--engine", "ray", "--actors", "2"]
-    assert main(["train", *argv, "--out", str(tmp_path / "artifacts")]) == 0
-    err = capsys.readouterr().err
-    assert "features (ray, batch size default): 12 computed, 0 already stored" in err
-    assert (tmp_path / "artifacts" / "nll" / "cfg.json").is_file()
-    assert main(["evaluate", *argv, "--out", str(tmp_path / "runs")]) == 0
-    assert "0 computed, 12 already stored" in capsys.readouterr().err
