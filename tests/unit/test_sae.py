@@ -154,7 +154,8 @@ def test_registry_sae_offline_fails_clearly(monkeypatch) -> None:
 def test_cli_trains_and_evaluates_an_sae(tmp_path: Path, capsys, monkeypatch, tiny_model) -> None:
     monkeypatch.setenv("RAGSCOPE_CACHE_DIR", str(tmp_path / "cache"))
     out = tmp_path / "sae"
-    argv = ["--model", "tiny", "--sources", "demo,builtin", "--eval-tokens", "3000"]
+    # A slice of the built-in corpus (a source spec takes one): 219 answers to trace, not 1,631.
+    argv = ["--model", "tiny", "--sources", "demo,builtin[:240]", "--eval-tokens", "3000"]
     code = main(["sae", "train", *argv, "--training-tokens", "8192", "--k", "4", "--out", str(out)])
     assert code == 0
     text = capsys.readouterr().out
@@ -162,6 +163,7 @@ def test_cli_trains_and_evaluates_an_sae(tmp_path: Path, capsys, monkeypatch, ti
     meta = json.loads((out / META_FILE).read_text())
     assert meta["settings"]["k"] == 4 and meta["activation_tokens"] > 8192 // 4
     assert [s["name"] for s in meta["corpus"]["sources"]] == ["demo", "builtin"]
+    assert meta["corpus"]["sources"][1]["spec"] == "builtin[:240]"  # the slice, to redo it
     assert main(["sae", "eval", *argv, "--sae", str(out), "--json"]) == 0
     rep = json.loads("{" + capsys.readouterr().out.split("\n{", 1)[1])
     assert rep["mean_l0"] == pytest.approx(4.0) and rep["fve"] == pytest.approx(
