@@ -224,8 +224,20 @@ def test_train_and_evaluate_extract_on_ray(local_ray, tmp_path, monkeypatch, cap
     assert "0 computed, 12 already stored" in capsys.readouterr().err
 
 
-# Last: these two stop the module's local Ray (the cluster replaces it; the bench starts
-# and stops its own), so the pooled actors the tests above share are gone after them.
+# Last: the bench starts actors of its own (a cold start: the pooled ones are released),
+# and the cluster test replaces the module's local Ray.
+
+
+def test_bench_times_extraction_on_ray(local_ray, capsys):
+    import json
+
+    argv = ["bench", "--model", "tiny", "--device", "cpu", "--no-cold", "--repeats", "1"]
+    argv += ["--tokens", "80", "--extraction", "3", "--dataset", "demo", "--batch-sizes", ""]
+    argv += ["--features", "", "--aarf", "0", "--ray-actors", "2", "--json"]
+    assert main(argv) == 0
+    ext = json.loads(capsys.readouterr().out)["extraction"]
+    assert ext["dataset"] == "demo" and ext["n_examples"] == 3
+    assert ext["ray_s"] > 0 and ext["ray_actors"] == 2
 
 
 def test_a_two_node_cluster(tiny_model, demo, reference, tmp_path, local_ray):
@@ -243,15 +255,3 @@ def test_a_two_node_cluster(tiny_model, demo, reference, tmp_path, local_ray):
     finally:
         ray.shutdown()
         cluster.shutdown()
-
-
-def test_bench_times_extraction_on_ray(local_ray, capsys):
-    import json
-
-    argv = ["bench", "--model", "tiny", "--device", "cpu", "--no-cold", "--repeats", "1"]
-    argv += ["--tokens", "80", "--extraction", "3", "--dataset", "demo", "--batch-sizes", ""]
-    argv += ["--features", "", "--aarf", "0", "--ray-actors", "2", "--json"]
-    assert main(argv) == 0
-    ext = json.loads(capsys.readouterr().out)["extraction"]
-    assert ext["dataset"] == "demo" and ext["n_examples"] == 3
-    assert ext["ray_s"] > 0 and ext["ray_actors"] == 2
