@@ -30,7 +30,7 @@ from core.engine.model import LoadedModel, load_model
 from core.evaluation.crossval import default_maker
 from core.evaluation.recipe import options_from_flags
 from core.learning.contract import Detector, Features
-from core.pipeline.extract import DEFAULT_BATCH_SIZE, FeatureCache, iter_features
+from core.pipeline.extract import DEFAULT_BATCH_SIZE, FeatureCache, iter_features, plain_detectors
 from core.pipeline.featurestore import ShardWriter, import_store
 from core.services.distributed import RayOptions, extract_ray
 from core.storage import Store
@@ -181,7 +181,7 @@ def prefetch_features(
         return
     make = default_maker(detector_options(args))
     detectors = [make(n) for n in names]
-    flat = [m for d in detectors for m in (d.member_detectors() if d.composite else [d])]
+    flat = plain_detectors(detectors)
     with Store() as store:
         if engine == "ray":
             counts, failures = extract_on_ray(args, model, examples, names, flat, store, None)

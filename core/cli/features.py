@@ -39,7 +39,7 @@ from core.detectors.registry import MEMBERS
 from core.engine.model import LoadedModel
 from core.evaluation.crossval import default_maker
 from core.learning.contract import Detector, Features
-from core.pipeline.extract import FeatureCache, iter_features
+from core.pipeline.extract import FeatureCache, iter_features, plain_detectors
 from core.pipeline.featurestore import ShardWriter, feature_key, read_manifest
 from core.storage import Store
 
@@ -157,7 +157,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
     make = default_maker(detector_options(args))
     detectors = [make(n) for n in names]
     model = load(args)
-    flat = [m for d in detectors for m in (d.member_detectors() if d.composite else [d])]
+    flat = plain_detectors(detectors)
     writer = _writer(args, model, sets, examples, flat) if args.out else None
     held: set[str] = set()
     if writer is not None:

@@ -136,7 +136,7 @@ class Extraction:
         return 60.0 * len(self.examples) / self.seconds if self.seconds > 0 else float("inf")
 
 
-def _flatten(detectors: Sequence[Detector]) -> list[Detector]:
+def plain_detectors(detectors: Sequence[Detector]) -> list[Detector]:
     """The detectors that read the model: the plain ones and every composite's members.
 
     A member shares the features of a detector of the same name in the batch when
@@ -240,7 +240,7 @@ def stream_example(
     Raises:
         DataError: The example cannot be laid out or a detector cannot read it.
     """
-    flat = _flatten(detectors)
+    flat = plain_detectors(detectors)
     needs = {d.name: d.needs(model.info) for d in flat}
     bare_needs = [
         b
@@ -305,7 +305,7 @@ def run_examples(
     (:func:`core.engine.trace.trace_batch`; and one for the no-context layouts when a detector
     needs them). Returns, per example in order, its features or the :class:`DataError`
     that example raised (a bad example never sinks the others)."""
-    flat = _flatten(detectors)
+    flat = plain_detectors(detectors)
     needs = [d.needs(model.info) for d in flat]
     wanted = [n for n in needs if n is not None]
     # A detector may ask for less in the no-context pass (``bare_needs``; CORTEX
@@ -426,7 +426,7 @@ def _extract_batch(
     on_error: Literal["raise", "skip"],
 ) -> Iterator[Extracted]:
     key = model.info.key
-    flat = _flatten(detectors)
+    flat = plain_detectors(detectors)
     got: list[dict[str, Features]] = [{} for _ in examples]
     if cache is not None:
         for i, ex in enumerate(examples):
@@ -537,7 +537,7 @@ def is_cached(
     """Whether every feature ``detectors`` read of ``example`` (each composite's members')
     is stored, without reading any of them."""
     key = example_hash(example)  # hashed once, not once per detector
-    return all(cache.has(model_key, key, d) for d in _flatten(detectors))
+    return all(cache.has(model_key, key, d) for d in plain_detectors(detectors))
 
 
 def uncached(
@@ -550,7 +550,7 @@ def uncached(
     detector (each composite's member) rather than one per example and detector."""
     keys = [example_hash(e) for e in examples]
     have: set[str] | None = None
-    for d in _flatten(detectors):
+    for d in plain_detectors(detectors):
         got = cache.stored(model_key, keys, d)
         have = got if have is None else have & got
     if have is None:  # no detector: nothing to read

@@ -44,7 +44,7 @@ from core.base.examples import RAGExample
 from core.engine.model import LoadedModel, load_model
 from core.evaluation.crossval import default_maker
 from core.learning.contract import Features
-from core.pipeline.extract import run_examples
+from core.pipeline.extract import plain_detectors, run_examples
 from core.pipeline.featurestore import feature_key
 
 WORKER_ENV_VARS = (
@@ -109,10 +109,6 @@ class ExtractActor:
         self.model = load_model(model, device=device)
         self._flat: dict[str, list[Any]] = {}
 
-    def model_key(self) -> str:
-        """The loaded model's :attr:`~core.engine.model.ModelInfo.key`."""
-        return self.model.info.key
-
     def _detectors(
         self, detectors: Sequence[str], options: Mapping[str, Mapping[str, Any]]
     ) -> list[Any]:
@@ -122,7 +118,7 @@ class ExtractActor:
         if flat is None:
             make = default_maker(options)
             made = [make(n) for n in detectors]
-            flat = [m for d in made for m in (d.member_detectors() if d.composite else [d])]
+            flat = plain_detectors(made)
             self._flat = {key: flat}  # the last set only: a pool serves one run at a time
         return flat
 
@@ -442,7 +438,7 @@ def bench_ray(
     release_actors()
     make = default_maker({})
     dets = [make(n) for n in detectors]
-    flat = [m for d in dets for m in (d.member_detectors() if d.composite else [d])]
+    flat = plain_detectors(dets)
     started = not ray.is_initialized()
     t0 = time.perf_counter()
     try:

@@ -373,6 +373,20 @@ def fake_llm() -> Iterator[str]:
         srv.shutdown()
 
 
+def _server_env(tmp_path_factory: pytest.TempPathFactory, model: str) -> dict[str, str]:
+    """A server's model (on the CPU) and its own cache dir, database and synthetic
+    detectors."""
+    return {
+        "RAGSCOPE_MODEL": model,
+        "RAGSCOPE_DEVICE": "cpu",
+        "RAGSCOPE_CACHE_DIR": str(_server_cache_dir(tmp_path_factory)),
+        "RAGSCOPE_DB": str(tmp_path_factory.mktemp(f"browser-{model}-db") / "ragscope.sqlite3"),
+        "RAGSCOPE_DETECTORS_DIR": str(
+            _synthetic_detectors(tmp_path_factory.mktemp(f"browser-{model}-detectors"))
+        ),
+    }
+
+
 @pytest.fixture(scope="module")
 def server(
     tmp_path_factory: pytest.TempPathFactory, fake_llm: str, launch_streamlit
@@ -380,13 +394,7 @@ def server(
     """A running ``streamlit run app/main.py`` on the embedded model; yields its URL."""
     ARTIFACTS.mkdir(exist_ok=True)
     env = {
-        "RAGSCOPE_MODEL": "embedded",
-        "RAGSCOPE_DEVICE": "cpu",
-        "RAGSCOPE_CACHE_DIR": str(_server_cache_dir(tmp_path_factory)),
-        "RAGSCOPE_DB": str(tmp_path_factory.mktemp("browser-db") / "ragscope.sqlite3"),
-        "RAGSCOPE_DETECTORS_DIR": str(
-            _synthetic_detectors(tmp_path_factory.mktemp("browser-detectors"))
-        ),
+        **_server_env(tmp_path_factory, "embedded"),
         "RAGSCOPE_LLM_BASE_URL": fake_llm,
         "RAGSCOPE_LLM_MODEL": "fake-explainer",
         "RAGSCOPE_LLM_API_KEY": "test-key",
@@ -401,15 +409,7 @@ def tiny_server(tmp_path_factory: pytest.TempPathFactory, launch_streamlit) -> I
     SPAD pages, whose quick fit traces 20 answers of the built-in corpus, each probed at
     every point of the residual stream (a minute or two on the embedded model; what the
     test checks is the pages, not the model)."""
-    env = {
-        "RAGSCOPE_MODEL": "tiny",
-        "RAGSCOPE_DEVICE": "cpu",
-        "RAGSCOPE_CACHE_DIR": str(_server_cache_dir(tmp_path_factory)),
-        "RAGSCOPE_DB": str(tmp_path_factory.mktemp("browser-tiny-db") / "ragscope.sqlite3"),
-        "RAGSCOPE_DETECTORS_DIR": str(
-            _synthetic_detectors(tmp_path_factory.mktemp("browser-tiny-detectors"))
-        ),
-    }
+    env = _server_env(tmp_path_factory, "tiny")
     with launch_streamlit(env, ARTIFACTS / "streamlit-tiny-server.log") as url:
         yield url
 
