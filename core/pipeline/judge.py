@@ -373,7 +373,7 @@ def answer_verdict(
     (:func:`core.pipeline.span_judge.decide_spans`; ``evidence``: with each span's
     evidence, type and reason)."""
     judge, p, thr, flagged, cal = overall_verdict(verdicts)
-    decision = decide_spans(example, detectors, verdicts, evidence=evidence)
+    decision = decide_spans(example, detectors, verdicts, flagged=flagged, evidence=evidence)
     labels = {}
     if example.label is not None:
         labels["hallucinated"] = bool(example.label)

@@ -7,7 +7,8 @@ first of its detectors that scores tokens and has a span rule chosen in cross-va
 else the first that scores tokens at all. Its :class:`~core.learning.span_rule.SpanRule`
 (recorded in its ``cfg.json``, else :func:`~core.learning.span_rule.default_rule` at its
 token threshold) turns its token scores and its answer verdict into whole-word phrases
-(:func:`rule_spans`). The union of the members' own flags no longer makes a span; each
+(:func:`rule_spans`), a gated rule only in answers the set flags (the set's verdict: its
+ensemble's, or its members' vote, never the span judge's alone). The union of the members' own flags no longer makes a span; each
 span lists the members that agree with it (their own flags at their own token
 thresholds overlap it) as evidence of how many signals point there.
 
@@ -120,11 +121,14 @@ def rule_spans(
     rule: SpanRule,
     *,
     answer_threshold: float | None = None,
+    flagged: bool | None = None,
 ) -> tuple[list[tuple[int, int, float]], float | None]:
     """The rule's spans of one answer, ``(start, end, highest combined score)`` in
     answer order, and the answer's highest combined token score (``None``: the verdict
     has no token scores). ``answer_threshold``: the threshold of the verdict's answer
-    probability when the verdict does not carry it (out-of-fold verdicts)."""
+    probability when the verdict does not carry it (out-of-fold verdicts). ``flagged``:
+    whether the set flags the answer, which a gated rule asks (``None``: the verdict's
+    own call, as when the verdict is the set's)."""
     if verdict.token_scores is None or verdict.token_offsets is None:
         return [], None
     tok = np.asarray(verdict.token_scores, dtype=np.float64).reshape(-1)
@@ -133,7 +137,7 @@ def rule_spans(
     thr = verdict.threshold if verdict.threshold is not None else answer_threshold
     combined = rule.combined(tok, verdict.score, thr)
     top = float(combined.max())
-    if rule.gate and not verdict.hallucinated:
+    if rule.gate and not (verdict.hallucinated if flagged is None else flagged):
         return [], top
     spans = flagged_spans(
         response, combined, verdict.token_offsets, rule.threshold, gap_tokens=rule.gap_tokens
@@ -183,6 +187,7 @@ def decide_spans(
     detectors: Sequence[Detector],
     verdicts: Mapping[str, Verdict],
     *,
+    flagged: bool | None = None,
     evidence: bool = True,
 ) -> SpanDecision:
     """The set's spans of ``example``'s answer (see the module docstring).
@@ -190,6 +195,11 @@ def decide_spans(
     Args:
         detectors: The set's fitted detectors (their token thresholds and rules).
         verdicts: Their verdicts on the answer, by name.
+        flagged: The set's verdict on the answer (``core.pipeline.judge.overall_verdict``):
+            a gated rule gives spans only to answers the set flags. ``None``: the span
+            judge's own verdict, which is the set's when the judge is its ensemble; a set
+            without one votes, and its span judge (one member) may flag an answer the
+            vote calls faithful.
         evidence: Also find each span's evidence, type and reason.
     """
     judge = span_judge([d for d in detectors if d.name in verdicts])
@@ -203,7 +213,8 @@ def decide_spans(
         )
     rule = rule_of(judge)
     verdict = verdicts[judge.name]
-    found, top = rule_spans(example.response, verdict, rule)
+    flags = bool(verdict.hallucinated) if flagged is None else flagged
+    found, top = rule_spans(example.response, verdict, rule, flagged=flags)
     members = {
         d.name: (verdicts[d.name], flag_threshold(d))
         for d in detectors
@@ -230,7 +241,7 @@ def decide_spans(
         rule=rule,
         spans=spans,
         top=top,
-        note="" if spans else _why_none(verdict, rule, top),
+        note="" if spans else _why_none(verdict, rule, top, flags),
     )
 
 
@@ -254,19 +265,15 @@ def _agreeing(
     return [dict(sorted(d.items())) for d in out]
 
 
-def _why_none(verdict: Verdict, rule: SpanRule, top: float | None) -> str:
+def _why_none(verdict: Verdict, rule: SpanRule, top: float | None, flagged: bool) -> str:
     if top is None:
         return f"{verdict.detector} gave no token scores for this answer, so no span"
-    if rule.gate and not verdict.hallucinated:
+    if rule.gate and not flagged:
         return (
             "the set calls this answer faithful, so it flags no span (the highest token "
             f"score was {top:.3f}; the span threshold is {rule.threshold:.3f})"
         )
     if top < rule.threshold:
-        said = (
-            ": the set calls the answer hallucinated but cannot say where"
-            if verdict.hallucinated
-            else ""
-        )
+        said = ": the set calls the answer hallucinated but cannot say where" if flagged else ""
         return f"no token reaches the span threshold {rule.threshold:.3f} (highest {top:.3f}){said}"
     return "the tokens at or above the span threshold are punctuation or spaces only"

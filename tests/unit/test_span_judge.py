@@ -20,6 +20,7 @@ from core.evaluation.span_choice import (
 )
 from core.learning.contract import Verdict
 from core.learning.span_rule import SpanRule, default_rule
+from core.pipeline.judge import VOTE, answer_verdict
 from core.pipeline.span_judge import answer_sentences, decide_spans, rule_spans, span_judge
 
 ANSWER = "The bridge was built in 1912 by Ada Lovell. It is made of stone."
@@ -212,6 +213,32 @@ def test_a_set_without_an_ensemble_prefers_a_detector_with_a_cross_validated_rul
     ]
     assert span_judge(dets).name == "cortex"  # type: ignore[arg-type, union-attr]
     assert span_judge(dets[:1]).name == "nll"  # type: ignore[arg-type, union-attr]
+
+
+def test_a_set_without_an_ensemble_flags_spans_only_where_its_vote_flags_the_answer() -> None:
+    """The span judge (one member) flags the answer, but the set's vote (1 of 3) calls it
+    faithful: the set shows no span, and says why; when the vote flags it, the judge's
+    spans show."""
+    ex = _example()
+    dets = [
+        _Det("nll", token_threshold_=None, gives_token_scores=False),
+        _Det("cortex"),
+        _Det("raglens", gives_token_scores=False, token_threshold_=None),
+    ]
+    verdicts = {
+        "nll": _verdict("nll", None, p=0.2),
+        "cortex": _verdict("cortex", _scores(ANSWER, {"1912"})),  # flags it
+        "raglens": _verdict("raglens", None, p=0.3),
+    }
+    v = answer_verdict(ex, dets, verdicts, set_name="custom")  # type: ignore[arg-type]
+    assert v.judge == VOTE and not v.hallucinated
+    assert v.spans == () and v.span_decision is not None
+    assert (
+        v.span_decision.judge == "cortex" and "calls this answer faithful" in v.span_decision.note
+    )
+    flagged = {**verdicts, "raglens": _verdict("raglens", None, p=0.9)}  # 2 of 3
+    v = answer_verdict(ex, dets, flagged, set_name="custom")  # type: ignore[arg-type]
+    assert v.hallucinated and [s.text for s in v.spans] == ["1912"]
 
 
 # -- choosing the rule in cross-validation ---------------------------------------------
