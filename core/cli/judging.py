@@ -41,7 +41,7 @@ from core.cli.common import (
 from core.data import load_dataset, resolve_datasets, stratified_head
 from core.learning.contract import Detector, Features
 from core.learning.metrics import evidence_warning, is_binary, response_metrics
-from core.pipeline.extract import FeatureCache
+from core.pipeline.extract import FeatureCache, plain_detectors
 from core.pipeline.judge import (
     POOLED,
     ROW_COLUMNS,
@@ -294,8 +294,7 @@ def _ray_fill(
 ) -> None:
     """``--engine ray``: the set's features into the local cache on Ray (each plain
     detector with its fitted feature options), before judging reads them from there."""
-    flat = [m for d in dset.fitted for m in (d.member_detectors() if d.composite else [d])]
-    flat = list({d.name: d for d in flat}.values())
+    flat = plain_detectors(dset.fitted)
     options = [
         f"{d.name}.{k}={json.dumps(v)}"
         for d in flat
