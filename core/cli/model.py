@@ -242,7 +242,8 @@ def _add_bench(sub: Subparsers) -> None:
         default=0,
         metavar="N",
         help="also time `ragscope judge` (no feature cache) over N --dataset answers with "
-        "each of --judge-sets, as answers/min and a ratio to one plain forward per answer",
+        "each of --judge-sets, as answers/min and a ratio to one plain forward per answer "
+        "(each answer's forward timed just before it is judged)",
     )
     p.add_argument(
         "--judge-sets",

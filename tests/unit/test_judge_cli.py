@@ -15,6 +15,7 @@ import pytest
 import core.base.paths
 import core.cli.judging
 import core.pipeline.extract
+import core.services.bench as bench
 from core.cli import main
 from core.data import builtin_examples, resolve_datasets, save_jsonl
 from core.detectors import make_detector
@@ -322,8 +323,28 @@ def test_detector_subsets_and_sets_are_checked(env: Path, tmp_path: Path, capsys
     assert ".jsonl, .csv, .parquet" in capsys.readouterr().err
 
 
-def test_bench_judge_times_the_set_against_plain_forwards(env: Path, tiny_model) -> None:
+def test_bench_judge_times_the_set_against_plain_forwards(
+    env: Path, tiny_model, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Each answer's plain forward is timed just before that answer is judged (timed in
+    separate blocks, a noisy machine moved the ratio by a third between runs)."""
+    calls: list[str] = []
+    real_judge, real_sync = bench.judge_many, bench._sync
+
+    def judged(model, examples, *a, **kw):  # noqa: ANN001, ANN202
+        examples = list(examples)
+        calls.append("judge " + ",".join(e.id for e in examples))
+        return real_judge(model, examples, *a, **kw)
+
+    def synced(model) -> None:  # noqa: ANN001 (after each plain forward)
+        calls.append("plain")
+        real_sync(model)
+
+    monkeypatch.setattr(bench, "judge_many", judged)
+    monkeypatch.setattr(bench, "_sync", synced)
     (rep,) = bench_judge(tiny_model, 2, (None,), dataset="demo")
+    a, b = (c for c in calls[3::2])  # the two answers, each judged on its own
+    assert calls == ["plain", a, "plain", a, "plain", b] and a != b and "," not in a + b
     assert rep.set_name == "custom" and rep.detectors == ("context_gain", "cortex", "nll")
     assert rep.n_answers == 2 and rep.judge_s > 0 and rep.plain_s > 0
     assert rep.ratio == rep.judge_s / rep.plain_s
