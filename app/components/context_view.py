@@ -250,11 +250,13 @@ def _text_alignment(view: HeadView, chars: tuple[int, int]) -> None:
     """The evidence text alignment finds for the span (what a flagged span would show)."""
     found = find_evidence(view.layout.passage_texts, view.layout.response_text, *chars)
     if found.evidence is None:
-        st.markdown(f"**Text alignment** (a flagged span's evidence): {md(found.reason)}")
+        st.markdown(
+            f"**Text alignment** (the evidence a span flagged here would cite): {md(found.reason)}"
+        )
     else:
         ev = found.evidence
         st.markdown(
-            f"**Text alignment** (a flagged span's evidence): passage {ev.passage + 1}, "
+            f"**Text alignment** (the evidence a span flagged here would cite): passage {ev.passage + 1}, "
             f"{md(ev.text, max_len=300)} (score {ev.score:.2f}; {found.type})"
         )
 

@@ -421,6 +421,18 @@ def browser(server: str, open_chromium) -> Iterator[object]:
         yield b
 
 
+PAINTED_JS = """() => new Promise(done => requestAnimationFrame(() =>
+    requestAnimationFrame(() => done(true))))"""
+"""Resolves once the browser has laid out and painted a frame after the call: the second
+animation frame comes after the first one's layout and paint."""
+
+
+def _painted(page: object) -> None:
+    """Wait until the page has been laid out and painted at its current viewport (after
+    a resize: Streamlit's columns and the charts' widths do not change with the height)."""
+    page.evaluate(PAINTED_JS)  # type: ignore[attr-defined]
+
+
 def _full_page_screenshot(page: object, path: Path) -> None:
     """Screenshot the whole app: Streamlit scrolls an inner container, not the body,
     so the viewport is grown to the content's height first."""
@@ -433,7 +445,7 @@ def _full_page_screenshot(page: object, path: Path) -> None:
     )
     size = page.viewport_size  # type: ignore[attr-defined]
     page.set_viewport_size({"width": size["width"], "height": int(height) + 40})  # type: ignore[attr-defined]
-    page.wait_for_timeout(800)  # relayout and plotly resize
+    _painted(page)
     page.screenshot(path=str(path), full_page=True)  # type: ignore[attr-defined]
     page.set_viewport_size(size)  # type: ignore[attr-defined]
 
@@ -598,7 +610,7 @@ def _section_screenshot(
     )
     size = page.viewport_size  # type: ignore[attr-defined]
     page.set_viewport_size({"width": size["width"], "height": int(height) + 40})  # type: ignore[attr-defined]
-    page.wait_for_timeout(800)  # relayout and plotly resize
+    _painted(page)
     column = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()  # type: ignore[attr-defined]
     y0 = top.bounding_box()["y"] - 16  # type: ignore[attr-defined]
     if until is not None:
