@@ -249,14 +249,13 @@ def _attended_passages(
 def _text_alignment(view: HeadView, chars: tuple[int, int]) -> None:
     """The evidence text alignment finds for the span (what a flagged span would show)."""
     found = find_evidence(view.layout.passage_texts, view.layout.response_text, *chars)
+    said = "**Text alignment** (the evidence a span flagged here would cite)"
     if found.evidence is None:
-        st.markdown(
-            f"**Text alignment** (the evidence a span flagged here would cite): {md(found.reason)}"
-        )
+        st.markdown(f"{said}: {md(found.reason)}")
     else:
         ev = found.evidence
         st.markdown(
-            f"**Text alignment** (the evidence a span flagged here would cite): passage {ev.passage + 1}, "
+            f"{said}: passage {ev.passage + 1}, "
             f"{md(ev.text, max_len=300)} (score {ev.score:.2f}; {found.type})"
         )
 

@@ -8,9 +8,10 @@ else the first that scores tokens at all. Its :class:`~core.learning.span_rule.S
 (recorded in its ``cfg.json``, else :func:`~core.learning.span_rule.default_rule` at its
 token threshold) turns its token scores and its answer verdict into whole-word phrases
 (:func:`rule_spans`), a gated rule only in answers the set flags (the set's verdict: its
-ensemble's, or its members' vote, never the span judge's alone). The union of the members' own flags no longer makes a span; each
-span lists the members that agree with it (their own flags at their own token
-thresholds overlap it) as evidence of how many signals point there.
+ensemble's, or its members' vote, never the span judge's alone). The union of the
+members' own flags no longer makes a span; each span lists the members that agree with
+it (their own flags at their own token thresholds overlap it) as evidence of how many
+signals point there.
 
 Each span then gets what it departs from (:func:`core.pipeline.evidence.find_all`): the
 passage sentence it most relies on, or that none supports it, a type (``unsupported``

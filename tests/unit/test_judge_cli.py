@@ -343,7 +343,7 @@ def test_bench_judge_times_the_set_against_plain_forwards(
     monkeypatch.setattr(bench, "judge_many", judged)
     monkeypatch.setattr(bench, "_sync", synced)
     (rep,) = bench_judge(tiny_model, 2, (None,), dataset="demo")
-    a, b = (c for c in calls[3::2])  # the two answers, each judged on its own
+    a, b = calls[3::2]  # the two answers, each judged on its own
     assert calls == ["plain", a, "plain", a, "plain", b] and a != b and "," not in a + b
     assert rep.set_name == "custom" and rep.detectors == ("context_gain", "cortex", "nll")
     assert rep.n_answers == 2 and rep.judge_s > 0 and rep.plain_s > 0
