@@ -14,11 +14,14 @@ from pathlib import Path
 import streamlit as st
 
 from app.auth import exposure_banner, login_gate
-from app.state.detectors import detector_set
+from app.state.datasets import load_examples
+from app.state.detectors import detector_set, set_in_use
 from app.state.links import on_page
 from app.state.model import loaded_model, start_model
+from app.state.session import app_state
 from app.state.verdicts import warm_detectors
 from app.text import md
+from core.base.errors import RagscopeError
 from core.base.paths import assets_dir
 
 PAGES_DIR = Path(__file__).parent / "views"
@@ -75,8 +78,12 @@ else:
     info = model.info
     shipped = detector_set(model)
     warm_detectors(model, shipped)  # once, in the background: a fast first Analyse
+    try:
+        home = load_examples(app_state().dataset)
+    except RagscopeError:  # Home says why; the sidebar names the loaded set alone
+        home = []
     status.caption(
         f"**Model:** {md(info.display_name)}  \n"
         f"{info.n_layers} layers × {info.n_heads} heads · {info.device} · {info.dtype}  \n"
-        f"**Detectors:** {md(shipped.name)} set · {len(shipped.detectors)} for this model"
+        + set_in_use(shipped, home)
     )

@@ -82,8 +82,15 @@ def _ended(view: JobView) -> None:
     fresh = st.session_state.get(WATCHED) == view.id
     r = view.row
     if view.state == "done" and fresh:
-        refit = (r.result or {}).get("refit") if isinstance(r.result, dict) else None
+        result = r.result if isinstance(r.result, dict) else {}
+        refit = result.get("refit")
         note = f" {md(refit[:1].upper() + refit[1:600])}." if isinstance(refit, str) else ""
+        kept = result.get("not_calibrated")
+        if isinstance(kept, dict) and kept:
+            why = "; ".join(
+                f"**{md(str(n))}**: {md(str(w)[:300])}" for n, w in list(kept.items())[:20]
+            )
+            note += f" Not calibrated for this dataset: {why}."
         st.success(
             f"Adaptation job #{view.id} finished: the adapted set judges this dataset's "
             f"answers now.{note}",

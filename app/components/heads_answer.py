@@ -166,8 +166,7 @@ def verdict_words(verdict: Verdict) -> str:
     """``probability **0.444** (threshold 0.426: not flagged)``: a verdict of the set, as
     the Playground shows it."""
     thr = f"threshold {verdict.threshold:.3f}: " if verdict.threshold is not None else ""
-    flag = {True: "flagged", False: "not flagged", None: "no threshold"}[verdict.hallucinated]
-    return f"probability **{verdict.score:.3f}** ({thr}{flag})"
+    return f"probability **{verdict.score:.3f}** ({thr}{verdict.call})"
 
 
 def show_token_scores(

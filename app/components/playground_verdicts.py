@@ -191,6 +191,8 @@ def show_detector_verdicts(panel: DetectorPanel, state: AppState) -> None:
         colour = "red" if answer.hallucinated else "green"
         line.markdown(f"#### :{colour}-background[{md(answer.summary)}]")
     verdict_table(st.container(), result.to_frame())
+    if answer is not None and answer.no_signal_note:
+        st.caption(md(answer.no_signal_note))
     if answer is not None and panel.result.example is not None:
         set_spans_section(answer, panel.result.example.response)
     st.caption(training_caption(result.judged_by or shipped))
@@ -249,7 +251,8 @@ def training_caption(shipped: DetectorSet) -> str:
 
 
 def _verdict_colour(value: object) -> str:
-    return f"color: {'#b3261e' if value == 'flagged' else '#1e7d32'}; font-weight: 600"
+    colour = {"flagged": "#b3261e", "not flagged": "#1e7d32"}.get(str(value), "#6b6b6b")
+    return f"color: {colour}; font-weight: 600"
 
 
 def _number(value: object) -> str:

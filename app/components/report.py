@@ -142,11 +142,11 @@ def _detector_section(
 ) -> str:
 
     parts = [f"<h3 id='det-{_esc(name)}'>{_esc(name)}</h3>"]
-    call = verdict.hallucinated
+    why = f" ({_esc(verdict.no_signal)})" if verdict.no_signal else ""
     parts.append(
         f"<p>score <b>{verdict.score:.3f}</b> · threshold {_fmt(_threshold(detector, verdict))}"
-        f" · <span class='{'flag' if call else 'ok'}'>"
-        f"{'hallucinated' if call else 'not flagged' if call is not None else 'no threshold'}</span></p>"
+        f" · <span class='{'flag' if verdict.hallucinated else 'ok'}'>"
+        f"{_esc(verdict.call)}</span>{why}</p>"
     )
     if verdict.token_scores is not None and verdict.token_offsets is not None:
         offs = np.asarray(verdict.token_offsets)
@@ -277,11 +277,7 @@ def _verdict_table(verdicts: Mapping[str, Verdict], detectors: Mapping[str, Any]
                 "detector": name,
                 "score": f"{v.score:.3f}",
                 "threshold": _fmt(_threshold(det, v)),
-                "verdict": "hallucinated"
-                if v.hallucinated
-                else "not flagged"
-                if v.hallucinated is not None
-                else "-",
+                "verdict": v.call,
                 "token scores": "yes" if v.token_scores is not None else "no",
                 "trained on (answers)": trained,
             }

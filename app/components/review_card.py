@@ -32,10 +32,9 @@ from app.text import code, md
 from core.base.errors import DataError, RagscopeError, StorageError
 from core.base.examples import RAGExample
 from core.explain import feature_key
-from core.learning.contract import judge_features
 from core.pipeline.evidence import Evidence, SpanFinding, find_evidence
 from core.pipeline.extract import run_example
-from core.pipeline.judge import answer_verdict
+from core.pipeline.judge import judgement_from
 from core.review import (
     EVIDENCE,
     KIND_OF_SPAN_TYPE,
@@ -354,10 +353,12 @@ def build_answer_report(book: ReviewBook, dataset: str, ex: RAGExample, label: s
     the reviews of its flagged spans in this dataset's queue."""
 
     model = get_model()
-    shipped = detector_set(model).for_example(ex)  # its expert for ex's dataset, if any
+    asked = detector_set(model)
+    shipped = asked.for_example(ex)  # its expert for ex's dataset, if any
     dets = {s.name: s.detector for s in shipped.detectors}
     features = run_example(model, ex, list(dets.values())) if dets else {}
-    verdicts = {n: judge_features(d, features[n], ex.provenance.dataset) for n, d in dets.items()}
+    judged = judgement_from(ex, asked, features, by=shipped) if dets else None
+    verdicts = dict(judged.verdicts) if judged is not None else {}
     explanations: dict[str, str] = {}
     store = get_store()
     for det_name, det in dets.items():
@@ -372,10 +373,7 @@ def build_answer_report(book: ReviewBook, dataset: str, ex: RAGExample, label: s
                 if text:
                     explanations[name] = text
     reviews = [i for i in book.items(dataset, sort="position") if i.example_id == ex.id]
-    answer = answer_verdict(
-        ex, list(dets.values()), verdicts, set_name=shipped.name,
-        deferred_from=shipped.deferred_from,
-    ) if verdicts else None  # fmt: skip
+    answer = judged.answer if judged is not None else None
     return answer_report_html(
         example=ex,
         model_name=model.info.display_name,

@@ -23,6 +23,7 @@ from core.data import (
     builtin_examples,
     demo_full_examples,
     load_dataset,
+    named_examples,
     shared_data_dir,
     stored_spec,
 )
@@ -132,21 +133,26 @@ def home_default() -> DatasetRef:
 
 @st.cache_data(show_spinner="Reading the built-in examples…")
 def _builtin_examples(full: bool = False) -> list[RAGExample]:
-
-    return demo_full_examples() if full else builtin_examples()
+    """The demo's answers, each of the dataset its record names (core's
+    :func:`~core.data.named_examples`, as on the command line)."""
+    if full:
+        return named_examples(demo_full_examples(), DEMO_FULL)
+    return named_examples(builtin_examples(), DEMO)
 
 
 @st.cache_data(show_spinner="Reading the dataset file…", max_entries=8)
-def _file_examples(path: str, mtime: float) -> list[RAGExample]:
-    """Examples of a dataset file (bad records skipped); ``mtime`` keys the cache."""
-
-    return list(load_dataset(path, on_error="skip").examples)
+def _file_examples(path: str, mtime: float, name: str) -> list[RAGExample]:
+    """Examples of a dataset file (bad records skipped), each of the dataset its record
+    names, else ``name`` (:func:`~core.data.named_examples`); ``mtime`` keys the cache."""
+    return named_examples(load_dataset(path, on_error="skip").examples, name)
 
 
 @st.cache_data(show_spinner="Reading the imported dataset…", max_entries=8)
 def _stored_examples(db_path: str, name: str, created_at: str) -> list[RAGExample]:
-    """Examples of a stored dataset; ``created_at`` keys the cache (re-imports change it)."""
-    return _store(db_path).load_examples(name)
+    """Examples of a stored dataset, each of the dataset its record names, else the
+    stored name (:func:`~core.data.named_examples`); ``created_at`` keys the cache
+    (re-imports change it)."""
+    return named_examples(_store(db_path).load_examples(name), name)
 
 
 @st.cache_resource(show_spinner=False)
@@ -194,12 +200,12 @@ def load_examples(ref: DatasetRef) -> list[RAGExample]:
     """
     if ref == BUILTIN_ANSWERS:
         path = builtin_answers_path()
-        return _file_examples(str(path), path.stat().st_mtime)
+        return _file_examples(str(path), path.stat().st_mtime, BUILTIN_ANSWERS_SPEC)
     if ref.kind == "builtin":
         return _builtin_examples(ref.name == DEMO_FULL)
     if ref.kind == "shared":
         assert ref.path is not None
-        return _file_examples(ref.path, Path(ref.path).stat().st_mtime)
+        return _file_examples(ref.path, Path(ref.path).stat().st_mtime, Path(ref.path).stem)
     store = get_store()
     info = {d.name: d for d in store.list_datasets()}.get(ref.name)
     if info is None:

@@ -73,12 +73,16 @@ def _recorded(model: LoadedModel, key: str) -> float | None:
 def _recorded_or(model: LoadedModel, keys: Sequence[str], time_it: Callable[[], float]) -> float:
     """Seconds per character of some work on the model: the first pace recorded on this
     machine under ``keys`` (the database: the action's last run, else the first timing),
-    else ``time_it()`` (which times one answer and records it)."""
+    else ``time_it()`` (one answer timed, memoised per process), recorded under the last
+    of ``keys`` (the timed work's own key) in this database too: a memoised timing of
+    another database (another ``RAGSCOPE_DB``) is recorded here as well."""
     for key in keys:
         known = _recorded(model, key)
         if known is not None:
             return known
-    return time_it()
+    pace = time_it()
+    get_store().put_pace(model=model.instance_key, detectors=keys[-1], seconds_per_char=pace)
+    return pace
 
 
 def _pace(
@@ -112,11 +116,9 @@ def _pace(
 def _timed_action(
     instance_key: str, key: str, _time_one: Callable[[RAGExample], float], _example: RAGExample
 ) -> float:
-    """An action's own work on ``_example`` timed and its pace recorded under ``key``
-    (memoised by model instance and key, like :func:`_timed_pace`)."""
-    pace = _time_one(_example)
-    get_store().put_pace(model=instance_key, detectors=key, seconds_per_char=pace)
-    return pace
+    """An action's own work on ``_example`` timed (memoised by model instance and key,
+    like :func:`_timed_pace`; :func:`_recorded_or` records it)."""
+    return _time_one(_example)
 
 
 @st.cache_data(
@@ -130,12 +132,10 @@ def _timed_pace(
     key: tuple[tuple[str, str], ...],
     _example: RAGExample,
 ) -> float:
-    """``_example`` timed and the pace recorded (memoised by model instance and
+    """``_example`` timed (:func:`_recorded_or` records it; memoised by model instance and
     detectors, not by the example: a pace the database would not keep is not timed again
     in this process)."""
-    pace = time_extraction(_model, _example, _detectors, FeatureCache(get_store()))
-    get_store().put_pace(model=instance_key, detectors=_pace_key(key), seconds_per_char=pace)
-    return pace
+    return time_extraction(_model, _example, _detectors, FeatureCache(get_store()))
 
 
 PROMPT, RESPONSE = "|prompt", "|response"
@@ -299,11 +299,9 @@ def _read_pace(model: LoadedModel, sae: LoadedSAE, key: str, example: RAGExample
 def _timed_read_pace(
     _model: LoadedModel, instance_key: str, _sae: LoadedSAE, key: str, _example: RAGExample
 ) -> float:
-    """``_example``'s SAE read timed and its pace recorded (memoised like :func:`_timed_pace`)."""
+    """``_example``'s SAE read timed (memoised like :func:`_timed_pace`)."""
     activation = key.rsplit(":", 1)[1]
-    pace = time_reading(_model, _sae, _example, activation)  # type: ignore[arg-type]
-    get_store().put_pace(model=instance_key, detectors=key, seconds_per_char=pace)
-    return pace
+    return time_reading(_model, _sae, _example, activation)  # type: ignore[arg-type]
 
 
 def paced_read(
@@ -426,7 +424,9 @@ def answer_estimate(
     key = _answers_key(shipped, action)
     pace = _recorded(model, key)
     if pace is None and time_one is not None:
-        pace = _timed_action(model.instance_key, key, time_one, example)
+        pace = _recorded_or(
+            model, [key], lambda: _timed_action(model.instance_key, key, time_one, example)
+        )
     if pace is None:
         pace = answer_verdicts(model, example, shipped).seconds / chars
     return WorkEstimate(

@@ -18,11 +18,14 @@ class MitigationState(AnswerChoice):
         method: ``feedback``, ``aarf`` or ``steer``.
         guide: The detector whose flags the feedback quotes (or instance level).
         result: ``(method, example id, result, scores[, the feedback turn sent])`` of the last run.
+        judged_with: :attr:`~core.pipeline.sets.DetectorSet.set_id` of the set that
+            judged the run's scores (the page marks them when another set judges now).
     """
 
     method: str = "feedback"
     guide: str | None = None
     result: tuple[Any, ...] | None = None
+    judged_with: str = ""
 
 
 # The mitigation page's widgets
@@ -43,3 +46,4 @@ KEY_FEATURE = "mit.steer.feature"
 KEY_POSITION = "mit.steer.position"
 KEY_VALUES = "mit.steer.values"
 KEY_STEER = "mit.steer.run"
+KEY_REJUDGE = "mit.rejudge"

@@ -138,7 +138,6 @@ def verdict_frame(
     for d, v in zip(detectors, verdicts, strict=True):
         # The threshold the verdict was flagged at, from the fit of its calibration.
         threshold = v.threshold if v.threshold is not None else decision_threshold(d.detector, v)
-        flagged = v.hallucinated if v.hallucinated is not None else v.score >= threshold
         if not d.calibrated:
             calibrated_for = ""
         elif v.calibrated_for:
@@ -150,7 +149,7 @@ def verdict_frame(
                 "detector": d.name,
                 "score": v.score,
                 "threshold": threshold,
-                "verdict": "flagged" if flagged else "not flagged",
+                "verdict": v.call,
                 "calibrated": d.calibrated,
                 "calibrated for": calibrated_for,
                 "AUROC": d.auroc,

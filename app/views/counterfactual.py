@@ -48,7 +48,7 @@ from app.state.counterfactual import (
     KEY_SUPPORT,
 )
 from app.state.datasets import get_store
-from app.state.detectors import DetectorSet
+from app.state.detectors import DetectorSet, detector_set
 from app.state.estimates import (
     answer_estimate,
     generation_seconds,
@@ -194,7 +194,7 @@ def scores_frame(cf: Counterfactual) -> pd.DataFrame:
     """One row per detector: original and edited score and verdict, and the change."""
 
     def verdict(s: SideScore) -> str:
-        return {True: "flagged", False: "not flagged", None: "-"}[s.flagged]
+        return s.call or {True: "flagged", False: "not flagged", None: "-"}[s.flagged]
 
     rows = []
     for name, o in cf.original_scores.items():
@@ -287,12 +287,12 @@ def summary_frame(cf: Counterfactual) -> pd.DataFrame:
 
 
 def verdict_lines(model: LoadedModel, shipped: DetectorSet, cf: Counterfactual) -> str:
-    """The set's overall verdict on each side, when known (a fresh comparison; a loaded
-    session keeps only the detectors' scores)."""
+    """The set's overall verdict on each side, when known and of the set that scored the
+    comparison (a fresh comparison; a loaded session keeps only the detectors' scores)."""
     lines = []
     for side, ex in (("Original", cf.original), ("Edited", cf.edited)):
         known = known_verdicts(model, ex, input_signature(ex, None), shipped)
-        if known is not None and known.answer is not None:
+        if known is not None and known.answer is not None and known.answer.set_id == cf.set_id:
             colour = "red" if known.answer.hallucinated else "green"
             lines.append(f"**{side}:** :{colour}[{md(known.answer.summary)}]")
     return "  \n".join(lines)
@@ -300,6 +300,11 @@ def verdict_lines(model: LoadedModel, shipped: DetectorSet, cf: Counterfactual) 
 
 def show_result(cf: Counterfactual, model: LoadedModel, shipped: DetectorSet) -> None:
     st.subheader(f"Original vs edited: {md(cf.name)}")
+    if (stale := detector_set(model).stale(cf.set_id, cf.original)) is not None:
+        st.warning(
+            f"These scores were {md(stale)}: press **Compare** to judge both versions with it.",
+            icon=":material/history:",
+        )
     changes = cf.changes
     if not changes:
         st.info("The context is unchanged: both sides read the same prompt.")
@@ -313,15 +318,12 @@ def show_result(cf: Counterfactual, model: LoadedModel, shipped: DetectorSet) ->
                 if old != new:
                     st.markdown(f"Passage {k + 1}")
                     st.html(word_diff_html(old, new))
-    n_o = sum(bool(s.flagged) for s in cf.original_scores.values())
-    n_e = sum(
-        bool(cf.edited_scores[n].flagged) for n in cf.original_scores if n in cf.edited_scores
-    )
+    n_o, n_e, n = cf.flag_counts()
     preset = next((p for p in EXPECT if cf.name.endswith(p)), None)
     expected = f" (this preset should leave {EXPECT[preset]})" if preset else ""
     moved = "fewer" if n_e < n_o else ("more" if n_e > n_o else "as many")
     st.markdown(
-        f"**Flags:** {n_o} of {len(cf.original_scores)} detectors flag the original, {n_e} the "
+        f"**Flags:** {n_o} of {n} detectors flag the original, {n_e} the "
         f"edited version: {moved}{expected}."
     )
     if lines := verdict_lines(model, shipped, cf):

@@ -234,10 +234,10 @@ def answer_section(model: LoadedModel, detector: RaglensDetector, stamp: str) ->
         st.error(f"This answer could not be analysed: {md(e)}  \nFix: pick another example.")
         return
     v = ans.verdict
-    flag = "flagged" if v.hallucinated else "not flagged"
+    thr = v.threshold if v.threshold is not None else detector.threshold_
     gold = {True: "hallucinated", False: "faithful", None: "unlabelled"}[ex.label]
     st.markdown(
-        f"RAGLens score **{v.score:.3f}** ({flag} at threshold {detector.threshold_:.3f}) · "
+        f"RAGLens score **{v.score:.3f}** ({v.call} at threshold {thr:.3f}) · "
         f"gold: {gold} · {len(ans.tokens)} answer tokens"
     )
     plot(contributions_figure(v.explanation), key="gam.contrib")

@@ -28,7 +28,7 @@ from app.components.artifacts import open_answer_page
 from app.components.diff import word_diff_html
 from app.components.estimate import estimate_caption
 from app.components.exports import whole_table
-from app.state.detectors import DetectorSet
+from app.state.detectors import DetectorSet, detector_set
 from app.state.estimates import answer_estimate, generation_seconds, record_answers
 from app.state.links import P_METHOD, bind, one_of
 from app.state.mitigation import (
@@ -44,6 +44,7 @@ from app.state.mitigation import (
     KEY_MAX_TOKENS,
     KEY_METHOD,
     KEY_POSITION,
+    KEY_REJUDGE,
     KEY_SOURCE,
     KEY_STEER,
     KEY_TAU,
@@ -109,13 +110,13 @@ def before_after(
         return pd.DataFrame()
     first = next(iter(judged.values()))
     names = [f"overall ({first.judge})", *first.verdicts]
-    cells: dict[str, dict[str, tuple[float, float | None, bool | None]]] = {}
+    cells: dict[str, dict[str, tuple[float, float | None, str]]] = {}
     for label, a in judged.items():
-        cells[label] = {names[0]: (a.probability, a.threshold, a.hallucinated)}
+        overall = "flagged" if a.hallucinated else "not flagged"
+        cells[label] = {names[0]: (a.probability, a.threshold, overall)}
         for n, v in a.verdicts.items():
-            cells[label][n] = (v.score, v.threshold, v.hallucinated)
+            cells[label][n] = (v.score, v.threshold, v.call)
     one_threshold = all(len({c[n][1] for c in cells.values() if n in c}) == 1 for n in names)
-    flag = {True: "flagged", False: "not flagged", None: "-"}
     rows = []
     for n in names:
         row: dict[str, object] = {"detector": n}
@@ -124,13 +125,40 @@ def before_after(
         for label, c in cells.items():
             if n not in c:
                 continue
-            p, thr, hit = c[n]
+            p, thr, call = c[n]
             row[label] = p
             if not one_threshold:
                 row[f"{label} threshold"] = thr
-            row[f"{label} verdict"] = flag[hit]
+            row[f"{label} verdict"] = call
         rows.append(row)
     return pd.DataFrame(rows)
+
+
+def kept_scores(
+    state: AppState,
+    model: LoadedModel,
+    shipped: DetectorSet,
+    example: RAGExample,
+    answers: dict[str, str],
+) -> None:
+    """The kept run's scores (``state.mit.result[3]``), judged again on request when they
+    were computed with another set than the one that judges the answer now."""
+    res = state.mit.result
+    assert res is not None
+    stale = detector_set(model).stale(state.mit.judged_with, example)
+    if stale is not None:
+        st.warning(f"These scores were {md(stale)}.", icon=":material/history:")
+        if st.button("Judge both answers with the set in use", key=KEY_REJUDGE):
+            try:
+                with st.spinner("Judging both answers…"):
+                    frame = before_after(model, shipped, example, answers)
+            except RagscopeError as e:
+                st.error(f"Judging failed: {md(e)}")
+            else:
+                state.mit.result = (*res[:3], frame, *res[4:])
+                state.mit.judged_with = shipped.set_id
+                st.rerun()
+    show_scores(res[3])
 
 
 def show_scores(frame: pd.DataFrame) -> None:
@@ -198,11 +226,14 @@ def _feedback_regenerate(
             # The judging's pace (the generation is estimated on its own).
             record_answers(model, shipped, ACTION, [example], time.perf_counter() - t0)
         state.mit.result = ("feedback", example.id, gen.text, frame, turn)
+        state.mit.judged_with = shipped.set_id
     except RagscopeError as e:
         st.error(f"Regeneration failed: {md(e)}")
 
 
-def _feedback_result(state: AppState, example: RAGExample) -> None:
+def _feedback_result(
+    state: AppState, model: LoadedModel, shipped: DetectorSet, example: RAGExample
+) -> None:
     """The answer after feedback, struck against the first, and both answers' scores."""
     res = state.mit.result
     if res is not None and res[0] == "feedback" and res[1] == example.id:
@@ -220,7 +251,8 @@ def _feedback_result(state: AppState, example: RAGExample) -> None:
             )
         else:
             st.caption(f"Changed from the first answer: {change.describe()}.")
-        show_scores(res[3])
+        answers = {"original": example.response, "after feedback": res[2]}
+        kept_scores(state, model, shipped, example, answers)
 
 
 def feedback_section(
@@ -296,7 +328,7 @@ def feedback_section(
             max_tokens=max_tokens,
             temperature=temperature,
         )
-    _feedback_result(state, example)
+    _feedback_result(state, model, shipped, example)
 
 
 def aarf_section(
@@ -344,6 +376,7 @@ def aarf_section(
                     {"plain greedy": res.plain_text or "", "AARF": res.text},
                 )
             state.mit.result = ("aarf", example.id, res, frame)
+            state.mit.judged_with = shipped.set_id
         except (RagscopeError, ValueError) as e:
             st.error(f"AARF failed: {md(e)}")
     r = state.mit.result
@@ -353,7 +386,8 @@ def aarf_section(
             f"**Plain greedy:** {md(res.plain_text)}  \n**AARF:** {md(res.text)}  \n"
             f"{res.n_intervened} of {res.n_steps} steps intervened on."
         )
-        show_scores(r[3])
+        answers = {"plain greedy": res.plain_text or "", "AARF": res.text}
+        kept_scores(state, model, shipped, example, answers)
         with st.expander("Steps"):
             st.dataframe(res.to_frame(model.tokenizer), hide_index=True, width="stretch")
 

@@ -260,7 +260,7 @@ def verdict_sentence(choice: SpadChoice, raw: float, verdict: Verdict | None, go
     compared with the calibrated threshold. A quick fit keeps no calibration: its raw
     score is what its threshold was chosen on."""
     if verdict is not None:
-        flagged = "flagged as hallucinated" if verdict.hallucinated else "not flagged"
+        flagged = "flagged as hallucinated" if verdict.hallucinated else verdict.call
         threshold = verdict.threshold if verdict.threshold is not None else float("nan")
         cal = f"{verdict.calibrated_for}'s" if verdict.calibrated_for else "the same"
         head = (

@@ -158,7 +158,7 @@ def cmd_extract(args: argparse.Namespace) -> int:
     detectors = [make(n) for n in names]
     model = load(args)
     flat = plain_detectors(detectors)
-    writer = _writer(args, model, sets, examples, flat) if args.out else None
+    writer = _writer(args, model, examples, flat) if args.out else None
     held: set[str] = set()
     if writer is not None:
         held = {
@@ -261,12 +261,13 @@ def _extract_here(
 def _writer(
     args: argparse.Namespace,
     model: LoadedModel,
-    sets: Sequence[str],
     examples: Sequence[RAGExample],
     flat: Sequence[Detector],
 ) -> ShardWriter:
     """The Parquet writer of ``--out``, with this run's manifest."""
-    by_set = {s: [e for e in examples if e.provenance.dataset == s] for s in sets}
+    # Keyed by the answers' own datasets (what routing and calibration read), not the specs.
+    names = dict.fromkeys(str(e.provenance.dataset) for e in examples)
+    by_set = {s: [e for e in examples if e.provenance.dataset == s] for s in names}
     manifest = {
         "model": model.info.key,
         "detectors": {

@@ -14,7 +14,6 @@ be judged.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import html
 import json
 import sys
@@ -38,7 +37,7 @@ from core.cli.common import (
     extract_on_ray,
     load,
 )
-from core.data import load_dataset, resolve_datasets, stratified_head
+from core.data import load_dataset, named_examples, resolve_datasets, stratified_head
 from core.learning.contract import Detector, Features
 from core.learning.metrics import evidence_warning, is_binary, response_metrics
 from core.pipeline.extract import FeatureCache, plain_detectors
@@ -152,13 +151,7 @@ def load_answers(spec: str) -> tuple[list[str], list[RAGExample], list[tuple[str
     name = path.stem if path.is_file() else path.name
     report = load_dataset(path, on_error="skip")
     bad = [("record", str(e)) for e in report.errors]  # the message names file and line
-    examples = [
-        e
-        if e.provenance.dataset == name
-        else dataclasses.replace(e, provenance=dataclasses.replace(e.provenance, dataset=name))
-        for e in report.examples
-    ]
-    return [name], examples, bad
+    return [name], named_examples(report.examples, name), bad
 
 
 def choose_set(args: argparse.Namespace, model_key: str) -> DetectorSet:

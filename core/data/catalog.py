@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
+from collections.abc import Iterable
 from pathlib import Path
 
 from core.base.errors import DataError
@@ -116,13 +117,20 @@ def resolve_dataset(spec: str, *, on_error: OnError = "raise") -> tuple[str, lis
     under exactly that name, looked up in the database only), a file or folder to load,
     or the name of a dataset stored with ``ragscope datasets import``; any of them
     followed by ``[:N]`` for its first ``N`` examples (the last source kept whole; the
-    name stays the dataset's).
+    name stays the dataset's). Each example keeps the dataset its record names, else
+    gets the name returned (:func:`named_examples`: one dataset per answer on every path).
 
     Raises:
         DataError: Nothing of that name; for ``shared:`` specs the message says
             whether the folder or the file is missing and where it was looked for;
             ``[:0]``.
     """
+    name, examples = _resolve(spec, on_error=on_error)
+    return name, named_examples(examples, name)
+
+
+def _resolve(spec: str, *, on_error: OnError = "raise") -> tuple[str, list[RAGExample]]:
+    """:func:`resolve_dataset` before the rule that names each answer's dataset."""
     if spec.startswith(STORED_PREFIX):
         return _stored(spec.removeprefix(STORED_PREFIX))
     m = _PREFIX.match(spec)
@@ -130,7 +138,7 @@ def resolve_dataset(spec: str, *, on_error: OnError = "raise") -> tuple[str, lis
         n = int(m["n"])
         if n < 1:
             raise DataError(f"{spec!r}: a prefix needs at least one example ([:N], N >= 1)")
-        name, examples = resolve_dataset(m["spec"], on_error=on_error)
+        name, examples = _resolve(m["spec"], on_error=on_error)
         return name, source_prefix(examples, n)
     if spec.startswith(SHARED_PREFIX):
         return _shared(spec.removeprefix(SHARED_PREFIX), on_error)
@@ -211,8 +219,9 @@ def resolve_datasets(
     specs: str | list[str], *, on_error: OnError = "raise"
 ) -> tuple[list[str], list[RAGExample]]:
     """Several datasets as one list: comma-separated (or listed) specs, each resolved by
-    :func:`resolve_dataset`. Every example keeps (or gets) its dataset's name as
-    ``provenance.dataset``; ids that repeat across datasets are prefixed with it.
+    :func:`resolve_dataset`. Every example keeps the dataset its record names, or gets
+    its spec's name (:func:`named_examples`); ids that repeat across datasets are
+    prefixed with the spec's name.
 
     Raises:
         DataError: A spec cannot be resolved, or the same dataset is named twice.
@@ -231,15 +240,31 @@ def resolve_datasets(
             seen[e.id] = seen.get(e.id, 0) + 1
     out = []
     for name, exs in loaded:
-        for e in exs:
-            prov = e.provenance
-            if prov.dataset != name:
-                prov = dataclasses.replace(prov, dataset=name)
-            new_id = f"{name}:{e.id}" if seen[e.id] > 1 else e.id
-            if prov is not e.provenance or new_id != e.id:
-                e = dataclasses.replace(e, id=new_id, provenance=prov)
+        for e in named_examples(exs, name):
+            if seen[e.id] > 1:
+                e = dataclasses.replace(e, id=f"{name}:{e.id}")
             out.append(e)
     return names, out
+
+
+def named_examples(examples: Iterable[RAGExample], name: str) -> list[RAGExample]:
+    """``examples`` loaded under the name ``name`` (a spec's, a file's stem, a stored
+    dataset's), each with its dataset: the one its record names
+    (``provenance.dataset``), else ``name``.
+
+    This is the one rule that gives an answer its dataset, on every path that loads
+    answers (the CLI's specs and files, the app's datasets, the Python API): the dataset
+    decides which set and which calibration judge the answer (an adapted set, an expert,
+    a dataset's own calibration), so the same answer must not be one dataset in the app
+    and another on the command line. The demo's answers are ``ragscope-demo`` whether
+    read as ``demo`` or ``demo-full``; a shared dev set's are its file's name.
+    """
+    out = []
+    for e in examples:
+        if not e.provenance.dataset:
+            e = dataclasses.replace(e, provenance=dataclasses.replace(e.provenance, dataset=name))
+        out.append(e)
+    return out
 
 
 def shared_data_dir() -> Path | None:

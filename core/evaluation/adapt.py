@@ -11,6 +11,10 @@ give the best balanced accuracy and varies far less than a threshold searched on
 dozen answers: :mod:`core.evaluation.review_curve` measured both), once at
 least :data:`MIN_ADAPT_ANSWERS` of them with :data:`MIN_ADAPT_CLASS` of each class are
 reviewed; answers reviewed in another order never calibrate (their sample is biased).
+A detector whose scores carry no signal on them (all equal, or ranking them no better
+than chance: :func:`no_signal`) gets no calibration of the dataset's own and keeps its
+base calibration: a flat fit gives every answer the base rate, which is also the
+threshold, and would flag every answer.
 
 :func:`write_adapted_set` writes the result as a **derived set**: a copy of the base
 set's artifacts (their files, and so their verified hashes, unchanged) whose
@@ -67,7 +71,8 @@ MIN_ADAPT_CLASS = 5
 PROCEDURE = (
     "calibration: Platt scaling of each calibrated detector's raw score on the answers "
     f"reviewed in the dataset's random order (at least {MIN_ADAPT_ANSWERS}, "
-    f"{MIN_ADAPT_CLASS} of each class), threshold at their share of hallucinated answers"
+    f"{MIN_ADAPT_CLASS} of each class), threshold at their share of hallucinated answers; "
+    "a detector whose scores rank them no better than chance keeps its base calibration"
 )
 """The procedure an adapted set records."""
 
@@ -299,8 +304,33 @@ def fit_adaptation(
             out.append(DetectorAdaptation(name=name, calibration=None, reason=short))
         else:
             cal = fit_review_calibration(raw[use], y[use])
-            out.append(DetectorAdaptation(name=name, calibration=cal))
+            silent = no_signal(raw[use], y[use], cal)
+            out.append(
+                DetectorAdaptation(name=name, calibration=None, reason=silent)
+                if silent is not None
+                else DetectorAdaptation(name=name, calibration=cal)
+            )
     return out
+
+
+def no_signal(raw: np.ndarray, y: np.ndarray, cal: DatasetCalibration) -> str | None:
+    """Why a calibration fitted on reviewed answers (raw scores ``raw``, labels ``y``)
+    carries no signal, or ``None``: the scores are all equal, they rank the answers no
+    better than chance (AUROC at most 0.5), or the fit is flat
+    (:attr:`~core.learning.calibration.PlattCalibrator.flat`). Such a calibration gives
+    every answer the reviewed base rate, which is also its threshold, so it would flag
+    every answer: the detector keeps its base calibration instead."""
+    n = int(np.size(y))
+    keep = "it keeps its base calibration"
+    if np.ptp(raw) <= 0:
+        return f"no signal on the {n} reviewed answers: its scores are all equal; {keep}"
+    auroc = float(roc_auc_score(np.asarray(y).astype(int), raw))
+    if auroc <= 0.5 or cal.calibrator.flat:
+        return (
+            f"no signal on the {n} reviewed answers: its scores rank them no better than "
+            f"chance (AUROC {auroc:.2f}); {keep}"
+        )
+    return None
 
 
 @dataclass(frozen=True, kw_only=True)

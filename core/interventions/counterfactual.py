@@ -40,7 +40,7 @@ from core.base.examples import RAGExample, Span
 from core.detectors.raglens import RaglensDetector, feature_name
 from core.engine.generate import GenerationConfig, generate
 from core.engine.model import LoadedModel
-from core.learning.contract import Detector, Features, judge_features
+from core.learning.contract import CALLS, Detector, Features, judge_features
 from core.pipeline.extract import WARM_UP, example_chars, run_example
 from core.pipeline.judge import Judgement, judgement_from
 from core.pipeline.sets import DetectorSet
@@ -237,14 +237,22 @@ class SideScore:
             ``token_rows`` describe.
         token_rows: Other per-token values by name (e.g. ``SAE F12`` activations).
         summary: Answer-level values by name (e.g. SPAD's mean sources).
+        call: The verdict's call in words (:attr:`core.learning.contract.Verdict.call`:
+            ``flagged``, ``not flagged``, ``no signal``, ``no threshold``).
     """
 
     score: float
     flagged: bool | None
+    call: str = ""
     token_scores: tuple[float, ...] | None = None
     token_offsets: tuple[tuple[int, int], ...] | None = None
     token_rows: Mapping[str, tuple[float, ...]] = field(default_factory=dict)
     summary: Mapping[str, float] = field(default_factory=dict)
+
+    def __post_init__(self) -> None:
+        if not self.call:  # a side made without its verdict's words: from its flag
+            call = {True: "flagged", False: "not flagged", None: "no threshold"}[self.flagged]
+            object.__setattr__(self, "call", call)
 
     def to_dict(self) -> dict[str, Any]:
         d = dataclasses.asdict(self)
@@ -254,9 +262,16 @@ class SideScore:
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> SideScore:
+        flagged = d.get("flagged")
+        if flagged is not None and not isinstance(flagged, bool):
+            raise DataError(f"a side's flag must be true, false or null, not {flagged!r}")
+        call = d.get("call") or ""  # saved before sides recorded it: from the flag
+        if call and call not in CALLS:
+            raise DataError(f"a side's call must be one of {', '.join(CALLS)}, not {call!r}")
         return cls(
             score=float(d["score"]),
-            flagged=d.get("flagged"),
+            flagged=flagged,
+            call=call,
             token_rows={k: tuple(map(float, v)) for k, v in (d.get("token_rows") or {}).items()},
             summary={k: float(v) for k, v in (d.get("summary") or {}).items()},
             token_scores=tuple(d["token_scores"]) if d.get("token_scores") is not None else None,
@@ -336,6 +351,7 @@ def _side(
             summary=summary,
             score=float(v.score),
             flagged=v.hallucinated,
+            call=v.call,
             token_scores=None if v.token_scores is None else tuple(map(float, v.token_scores)),
             token_offsets=(
                 None if offsets is None else tuple((int(a), int(b)) for a, b in np.asarray(offsets))
@@ -358,6 +374,9 @@ class Counterfactual:
         edited_scores: Detector name -> scores of the edited version.
         created_at: ISO time.
         id: Row id once saved.
+        set_id: :attr:`core.pipeline.sets.DetectorSet.set_id` of the set whose detectors
+            scored both sides (empty: a session saved before sessions recorded it). A
+            page compares it with the set that judges the original now.
     """
 
     name: str
@@ -369,6 +388,7 @@ class Counterfactual:
     edited_scores: Mapping[str, SideScore] = field(default_factory=dict)
     created_at: str = field(default_factory=lambda: datetime.now(UTC).isoformat(timespec="seconds"))
     id: int | None = None
+    set_id: str = ""
 
     def __post_init__(self) -> None:
         if self.answer_mode not in ANSWER_MODES:
@@ -379,6 +399,22 @@ class Counterfactual:
     @property
     def changes(self) -> list[ContextChange]:
         return context_diff(self.original.passages, self.edited.passages)
+
+    def flag_counts(self) -> tuple[int, int, int]:
+        """``(flag the original, flag the edited version, detectors counted)``: the
+        detectors scored on both sides, less those that make no call on either (no signal,
+        no threshold: :attr:`SideScore.call`)."""
+        both = [
+            (o, self.edited_scores[n])
+            for n, o in self.original_scores.items()
+            if n in self.edited_scores
+        ]
+        counted = [(o, e) for o, e in both if o.flagged is not None and e.flagged is not None]
+        return (
+            sum(bool(o.flagged) for o, _ in counted),
+            sum(bool(e.flagged) for _, e in counted),
+            len(counted),
+        )
 
     def to_dict(self) -> dict[str, Any]:
         return {
@@ -392,6 +428,7 @@ class Counterfactual:
             "changes": [dataclasses.asdict(c) for c in self.changes],
             "original_scores": {k: v.to_dict() for k, v in self.original_scores.items()},
             "edited_scores": {k: v.to_dict() for k, v in self.edited_scores.items()},
+            "set_id": self.set_id,
         }
 
     def to_json(self) -> str:
@@ -416,9 +453,17 @@ class Counterfactual:
                 edited_scores={k: SideScore.from_dict(v) for k, v in d["edited_scores"].items()},
                 created_at=str(d["created_at"]),
                 id=id,
+                set_id=_set_id(d.get("set_id", "")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise DataError(f"malformed counterfactual ({brief(e)})") from e
+
+
+def _set_id(value: object) -> str:
+    """A saved session's set id, checked (one short printable line)."""
+    if not isinstance(value, str) or len(value) > 300 or not value.isprintable():
+        raise DataError("a counterfactual's set_id must be one short line of text")
+    return value
 
 
 def load_session(store: Store, cf_id: int) -> Counterfactual:
@@ -522,7 +567,7 @@ def judge_pair(
     e_feats, e_s = pair.edited
     return JudgedPair(
         counterfactual=pair.counterfactual(
-            name=name, model=model.info.key, answer_mode=answer_mode
+            name=name, model=model.info.key, answer_mode=answer_mode, set_id=by.set_id
         ),
         original=judgement_from(base, dset, o_feats, by=by, seconds=o_s),
         edited=judgement_from(edited, dset, e_feats, by=by, seconds=e_s),
@@ -540,7 +585,9 @@ class _Pair:
     original: tuple[Mapping[str, Features], float]
     edited: tuple[Mapping[str, Features], float]
 
-    def counterfactual(self, *, name: str, model: str, answer_mode: AnswerMode) -> Counterfactual:
+    def counterfactual(
+        self, *, name: str, model: str, answer_mode: AnswerMode, set_id: str = ""
+    ) -> Counterfactual:
         return Counterfactual(
             name=name,
             model=model,
@@ -549,6 +596,7 @@ class _Pair:
             answer_mode=answer_mode,
             original_scores=self.before,
             edited_scores=self.after,
+            set_id=set_id,
         )
 
 

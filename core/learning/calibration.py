@@ -44,6 +44,11 @@ MAX_PLATT = 100.0
 """Largest slope and intercept magnitude a saved Platt calibrator may hold (fitted ones
 are a few units; a slope is never negative)."""
 
+FLAT_SLOPE = 1e-6
+"""A Platt slope below this is flat: every score maps to one probability (the base rate
+of the answers it was fitted on), so the calibration carries no signal
+(:attr:`PlattCalibrator.flat`)."""
+
 PLATT_C: tuple[float, ...] = (1e4, 1e2, 1.0, 1e-2)
 """Inverse L2 strengths a Platt fit tries in turn until its slope and intercept are
 within :data:`MAX_PLATT` (the first, nearly unregularised, almost always is)."""
@@ -101,6 +106,16 @@ class PlattCalibrator:
     @property
     def fitted(self) -> bool:
         return self.a_ is not None and self.b_ is not None
+
+    @property
+    def flat(self) -> bool:
+        """Whether it maps every score to (nearly) one probability: a slope under
+        :data:`FLAT_SLOPE`, as the fit leaves it when the scores ranked its answers the
+        wrong way round or were all equal. Such a calibration carries no signal: its
+        probability is the base rate of the answers it was fitted on, and comparing that
+        with a threshold chosen on the same answers would flag every answer or none
+        (:func:`core.learning.contract.for_dataset` makes no call with it)."""
+        return self.a_ is not None and self.a_ < FLAT_SLOPE
 
     def transform(self, scores: np.ndarray | float) -> np.ndarray:
         """Calibrated probabilities of ``scores`` (same shape)."""

@@ -336,6 +336,10 @@ def _check_payload(meta: Mapping[str, Any], arrays: Mapping[str, np.ndarray]) ->
             )
 
 
+CALLS = ("flagged", "not flagged", "no signal", "no threshold")
+"""The calls a verdict makes, in words (:attr:`Verdict.call`)."""
+
+
 @dataclass(frozen=True, kw_only=True, eq=False)
 class Verdict:
     """A detector's judgement of one response.
@@ -361,6 +365,10 @@ class Verdict:
             that dataset's own (the ensemble's ``dataset_stackers``), beside the pooled
             scorer's ``raw_score``: :func:`for_dataset` calibrates that one with the
             dataset's own calibration, which was fitted on it. Empty for most detectors.
+        no_signal: Why the calibration that gave ``score`` carries no signal (it is
+            flat: :attr:`core.learning.calibration.PlattCalibrator.flat`), in words;
+            the verdict then makes no call (``hallucinated`` is ``None``) and a set
+            leaves it out of its vote and its counts. ``None``: it carries one.
     """
 
     detector: str
@@ -375,6 +383,23 @@ class Verdict:
     calibrated_for: str | None = None
     threshold: float | None = None
     raw_by_dataset: Mapping[str, float] = field(default_factory=dict)
+    no_signal: str | None = None
+
+    @property
+    def called(self) -> bool:
+        """Whether the verdict makes a call (flagged or not): it has a threshold and its
+        calibration carries a signal (:attr:`no_signal`)."""
+        return self.hallucinated is not None and self.no_signal is None
+
+    @property
+    def call(self) -> str:
+        """The call in words, as every page and report shows it: ``"flagged"``, ``"not
+        flagged"``, ``"no signal"`` (:attr:`no_signal`) or ``"no threshold"``."""
+        if self.no_signal is not None:
+            return "no signal"
+        if self.hallucinated is None:
+            return "no threshold"
+        return "flagged" if self.hallucinated else "not flagged"
 
     @property
     def judged_raw(self) -> float | None:
@@ -387,6 +412,8 @@ class Verdict:
     def __post_init__(self) -> None:
         if not 0.0 <= self.score <= 1.0 or np.isnan(self.score):
             raise ValueError(f"{self.detector}: score {self.score} is outside [0, 1]")
+        if self.no_signal is not None and self.hallucinated is not None:
+            raise ValueError(f"{self.detector}: a verdict with no signal makes no call")
         if self.threshold is not None and self.hallucinated is not None:
             # One fit gives the probability and the threshold it is compared with.
             assert self.hallucinated == (self.score >= self.threshold), (
@@ -811,13 +838,27 @@ def for_dataset(detector: Any, verdict: Verdict, dataset: str | None) -> Verdict
     # The dataset's own scorer's raw score when it has one (its calibration was fitted
     # on those: :func:`own_raw_scores`), else the pooled scorer's.
     p = cal.apply(verdict.raw_by_dataset.get(name, verdict.raw_score))
+    silent = no_signal_reason(cal.calibrator, name)
     return dataclasses.replace(
         verdict,
         score=p,
-        hallucinated=p >= cal.threshold,
+        hallucinated=None if silent else p >= cal.threshold,
         calibrated_for=name,
         threshold=float(cal.threshold),
+        no_signal=silent,
     )
+
+
+def no_signal_reason(calibrator: Any, dataset: str | None) -> str | None:
+    """Why a verdict through ``calibrator`` (fitted on ``dataset``'s answers; ``None``:
+    on all the detector's training data) makes no call, or ``None`` when it carries a
+    signal: a flat calibration gives every answer the base rate of the answers it was
+    fitted on, which sits at the threshold chosen there, so it would flag every answer
+    or none (:attr:`core.learning.calibration.PlattCalibrator.flat`)."""
+    if calibrator is None or not getattr(calibrator, "flat", False):
+        return None
+    where = dataset or "its training data"
+    return f"no signal on {where}: its calibration there is flat (its scores did not rank them)"
 
 
 def own_raw_scores(verdicts: Sequence[Verdict], datasets: Sequence[str | None]) -> np.ndarray:
@@ -850,8 +891,14 @@ def calibrated_as(detector: Any, verdict: Verdict, dataset: str | None) -> Verdi
         return verdict
     p = min(max(float(cal.transform(verdict.raw_score)), 0.0), 1.0)
     thr = float(detector.threshold_)
+    silent = no_signal_reason(cal, None)
     pooled = dataclasses.replace(
-        verdict, score=p, hallucinated=p >= thr, calibrated_for=None, threshold=thr
+        verdict,
+        score=p,
+        hallucinated=None if silent else p >= thr,
+        calibrated_for=None,
+        threshold=thr,
+        no_signal=silent,
     )
     return for_dataset(detector, pooled, dataset) if dataset else pooled
 
@@ -878,13 +925,15 @@ def thresholded_verdict(detector: Any, features: Features, score: float, **kw: A
     cal = getattr(detector, "calibration_", None)
     shown = min(max(float(cal.transform(raw)), 0.0), 1.0) if cal is not None else raw
     thr = float(detector.threshold_)
+    silent = no_signal_reason(cal, None)
     return Verdict(
         detector=detector.name,
         example_id=features.example_id,
         score=shown,
-        hallucinated=shown >= thr,
+        hallucinated=None if silent else shown >= thr,
         raw_score=raw if cal is not None else None,
         threshold=thr,
+        no_signal=silent,
         **kw,
     )
 

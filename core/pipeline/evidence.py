@@ -40,9 +40,18 @@ sentence is the evidence (the best in the passages the span cites, "passage 2", 
 they hold one above the floor), and the span is *contradicted* when:
 
 - that sentence states another value for what the span states: a different number of
-  the same kind (year, money, percentage, other number), or a different name in the
-  same slot (on each side where both have content words, one of the two nearest is
-  shared: "built by *X*'s company" against "built by *Y*'s company");
+  the same kind (year, money, percentage, other number) or member of the same closed
+  class (a day of the week, a month, a season: "closed on *Tuesdays*" against "closed on
+  *Monday*"), the one whose neighbouring words match the span's best when it states
+  several; or a different name in the same slot (on each side where both have content
+  words, one of the two nearest is shared: "built by *X*'s company" against "built by
+  *Y*'s company");
+- the span is a fragment (fewer than :data:`MIN_CLAIM_WORDS` content words) and a word
+  of it has another word in its very slot in the sentence, the two nearest content words
+  on **both** sides shared ("closed in 1903 after a *flood* destroyed the hall" against
+  "... after a *fire* destroyed the hall": "the passage says "fire"; the answer says
+  "flood""). A longer span's words are not one slot's value, so they are not compared
+  this way (on RAGTruth's long spans it mostly matched paraphrases);
 - the span says the sources lack something ("not mentioned in the passages", "passage 3
   does not provide") and the evidence's text score is at least :data:`ABSENCE_FLOOR`;
 - the span cites passages that hold no evidence while another passage does;
@@ -55,7 +64,19 @@ they hold one above the floor), and the span is *contradicted* when:
   *angle* of the waggle run ... shows the direction").
 
 Else it is *unsupported*, naming the claim's content words the passages (else the
-sentence) do not contain.
+sentence) do not contain. Two more ways to *contradicted* look past the best sentence:
+
+- **a fragment no sentence supports**, whose answer sentence restates one passage
+  sentence (text score at least :data:`CONTEXT_FLOOR` against the :data:`CONTEXT_WORDS`
+  content words on each side of the span): that sentence is the evidence when it states
+  another value, name or word in the span's place ("a flood" in "closed in 1903 after a
+  flood destroyed the main furnace hall");
+- **a field of a JSON record** among the passages (a data-to-text answer): the answer
+  sentence holds every content word of the field's name, the span one of them or a
+  value, and the record says ``false`` where the answer asserts it ("accepts card
+  payments" against ``"accepts_cards": false``), ``true`` where it negates it, or another
+  number or value of the same kind (``"warranty_years": 2`` against "a three-year
+  warranty"); the field is the evidence.
 
 **Hostile input** never crashes and stays bounded: at most :data:`MAX_PASSAGES`
 passages and :data:`MAX_CHARS` characters of them are read (each passage cut to an equal
@@ -67,6 +88,7 @@ first of each), at most :data:`MAX_CLAIM_CHARS` of a span; every reason is at mo
 
 from __future__ import annotations
 
+import json
 import math
 import re
 from collections import defaultdict
@@ -208,6 +230,18 @@ _NUMBER_WORDS = {
     for w in ws.split()
 }
 
+_CLASSES: dict[str, str] = {
+    **{d: "weekday" for d in "monday tuesday wednesday thursday friday saturday sunday".split()},
+    **{
+        m: "month"
+        for m in "january february march april may june july august september october "
+        "november december".split()
+    },
+    **{s: "season" for s in "spring summer autumn winter".split()},
+}
+"""Words of a closed class of values (a day, a month, a season): another of the same
+class in the evidence states another value, as another number does."""
+
 _TOKEN = re.compile(
     r"(?P<money>[$£€¥]\s?)?(?P<num>\d+(?:[.,]\d+)*)(?P<pct>\s?%|\s?percent\b)?"
     r"|(?P<word>[^\W\d_]+(?:['’][^\W\d_]+)*)",
@@ -222,13 +256,19 @@ class _Tok:
 
     surface: str
     key: str
-    kind: Literal["word", "name", "number", "year", "money", "percent", "negation", "stop"]
+    kind: Literal["word", "name", "number", "year", "money", "percent", "class", "negation", "stop"]
     start: int
     end: int
 
     @property
     def is_value(self) -> bool:
-        return self.kind in ("number", "year", "money", "percent")
+        return self.kind in ("number", "year", "money", "percent", "class")
+
+    @property
+    def value_kind(self) -> str:
+        """What a value is, for comparing values of one kind: a number's kind, or a
+        closed class's (``weekday``, ``month``, ``season``)."""
+        return self.key.split(":", 1)[0] if self.kind == "class" else self.kind
 
     @property
     def is_content(self) -> bool:
@@ -278,12 +318,30 @@ def _tokens(text: str, names: frozenset[str] | set[str] = frozenset(), lead: int
             out.append(_Tok(w, low, "negation", m.start(), m.end()))
         elif low in _NUMBER_WORDS:
             out.append(_Tok(w, _NUMBER_WORDS[low], "number", m.start(), m.end()))
+        elif (klass := _class_of(w)) is not None:
+            out.append(_Tok(w, klass, "class", m.start(), m.end()))
         elif low in STOPWORDS or len(low) < 2:
             out.append(_Tok(w, low, "stop", m.start(), m.end()))
         else:
             name = w[0].isupper() and (not _opens(text, m.start()) or low in names)
             out.append(_Tok(w, _stem(low), "name" if name else "word", m.start(), m.end()))
     return out
+
+
+def _class_of(word: str) -> str | None:
+    """``class:member`` of a word of a closed class of values (:data:`_CLASSES`;
+    plurals too: "Tuesdays"), else ``None``. Days and months count only capitalised, as
+    English writes them ("may", "march" are verbs)."""
+    low = word.lower()
+    member = (
+        low if low in _CLASSES else low[:-1] if low.endswith("s") and low[:-1] in _CLASSES else None
+    )
+    if member is None:
+        return None
+    klass = _CLASSES[member]
+    if klass != "season" and not word[0].isupper():
+        return None
+    return f"{klass}:{member}"
 
 
 def _number(text: str, m: re.Match[str]) -> _Tok:
@@ -450,6 +508,8 @@ class _Index:
     vecs: np.ndarray
     n_attention: int | None
     """``len(passage_sentences(passages))`` when attention can be aligned, else None."""
+    records: tuple[list[tuple[str, object, int, int]], ...] = ()
+    """Per passage, its fields when it is a JSON record (:func:`_record_fields`)."""
 
 
 def _index(passages: Sequence[str], answer: str) -> _Index:
@@ -477,6 +537,7 @@ def _index(passages: Sequence[str], answer: str) -> _Index:
         names=names,
         vecs=np.asarray(vecs, dtype=np.float32),
         n_attention=n_att,
+        records=tuple(_record_fields(p) for p in read),
     )
 
 
@@ -610,6 +671,7 @@ def _finding(
     claim: _Claim,
     qvec: np.ndarray,
     attention: Sequence[float] | None,
+    cvec: np.ndarray | None = None,
 ) -> SpanFinding:
     if not any(t.is_content for t in claim.own):
         return SpanFinding(
@@ -621,6 +683,9 @@ def _finding(
         return SpanFinding(
             evidence=None, type="unsupported", reason=f"{NO_SUPPORT}: the passages are empty"
         )
+    record = _record_clash(ix, claim)
+    if record is not None:
+        return record
     text, lex = _text_scores(ix, claim, qvec)
     att = _attention_scores(ix, attention)
     rank = text if att is None else (1 - ATTENTION_WEIGHT) * text + ATTENTION_WEIGHT * att
@@ -630,6 +695,9 @@ def _finding(
         rank = np.where(cited, rank, -np.inf)
     best = int(np.argmax(rank))
     if not np.isfinite(rank[best]):
+        aside = _sentence_clash(ix, claim, cvec, text, lex)
+        if aside is not None:
+            return aside
         missing = _missing(claim, ix.vocab)
         said = (
             f": the passages do not mention {missing}"
@@ -654,6 +722,150 @@ def _finding(
     return SpanFinding(
         evidence=ev, type="unsupported", reason=_bounded(_unsupported(claim, ix, best))
     )
+
+
+CONTEXT_WORDS = 4
+"""How many content words on each side of a fragment stand for its place in the answer
+sentence (:func:`_sentence_clash`)."""
+CONTEXT_FLOOR = 0.6
+"""Least text score of a passage sentence against a fragment's whole answer sentence for
+it to be the sentence that answer sentence restates (:func:`_sentence_clash`)."""
+
+
+def _sentence_clash(
+    ix: _Index, claim: _Claim, cvec: np.ndarray | None, text: np.ndarray, lex: np.ndarray
+) -> SpanFinding | None:
+    """A fragment no sentence supports ("a flood") whose answer sentence restates one
+    passage sentence (text score at least :data:`CONTEXT_FLOOR` against the span's
+    place: the :data:`CONTEXT_WORDS` content words on each side, and the answer
+    sentence's embedding ``cvec``) that states another value, name or word in its place: contradicted,
+    with that sentence as the evidence. ``None`` otherwise (the span stays unsupported)."""
+    if claim.context is None or cvec is None or not ix.units:
+        return None
+    near = [t for t in claim.before if t.is_content][-CONTEXT_WORDS:]
+    near += [t for t in claim.after if t.is_content][:CONTEXT_WORDS]
+    weights = {t.key: 1.0 for t in near}
+    total = sum(ix.idf.get(k, ix.idf_max) for k in weights)
+    if total <= 0:
+        return None
+    clex = np.zeros(len(ix.units))
+    for word in weights:
+        for i in ix.postings.get(word, ()):
+            clex[i] += ix.idf[word]
+    score = LEXICAL_WEIGHT * clex / total + (1 - LEXICAL_WEIGHT) * np.clip(ix.vecs @ cvec, 0, 1)
+    best = int(np.argmax(score))
+    if score[best] < CONTEXT_FLOOR:
+        return None
+    k, a, b, _ = ix.units[best]
+    ev = Evidence(
+        passage=k, start=a, end=b, text=ix.texts[best], score=float(score[best]), how="text"
+    )
+    theirs = [t for t in ix.tokens[best] if t.kind != "stop"]
+    clash = (
+        _value_clash(claim.own, theirs, [*claim.before, *claim.own, *claim.after])
+        or _name_clash(claim.own, theirs)
+        or _word_clash(claim, theirs)
+    )
+    if clash is None:
+        return None
+    return SpanFinding(
+        evidence=ev,
+        type="contradicted",
+        reason=_bounded(f'the passage says "{clash[1]}"; the answer says "{clash[0]}"'),
+    )
+
+
+MAX_RECORD_CHARS = 20_000
+"""The longest passage read as a JSON record (:func:`_record_fields`)."""
+MAX_FIELDS = 200
+
+
+def _record_fields(passage: str) -> list[tuple[str, object, int, int]]:
+    """A passage that is one JSON object (a data-to-text record): ``(key, value, start,
+    end)`` of each scalar field (one level of nesting as ``outer.inner``), ``start`` and
+    ``end`` bounding ``"key": value`` in the passage; none for other passages."""
+    text = passage.strip()
+    if not (text.startswith("{") and text.endswith("}")) or len(text) > MAX_RECORD_CHARS:
+        return []
+    try:
+        value = json.loads(text)
+    except (ValueError, RecursionError):  # not JSON, or nested too deep to read
+        return []
+    if not isinstance(value, dict):
+        return []
+    flat: list[tuple[str, object]] = []
+    for key, v in value.items():
+        if isinstance(v, dict):
+            flat += [(f"{key}.{k2}", v2) for k2, v2 in v.items() if not isinstance(v2, dict | list)]
+        elif not isinstance(v, list):
+            flat.append((str(key), v))
+    out = []
+    for key, v in flat[:MAX_FIELDS]:
+        leaf = key.rsplit(".", 1)[-1]
+        at = passage.find(json.dumps(leaf))
+        end = passage.find(",", at) if at >= 0 else -1
+        end = passage.find("}", at) if at >= 0 and end < 0 else end
+        if at < 0:
+            at, end = 0, len(passage)
+        out.append((key, v, at, end if end > at else len(passage)))
+    return out
+
+
+def _key_words(key: str) -> set[str]:
+    """A field name's content words, as the answer's tokens key them
+    (``accepting_new_patients`` -> accept, new, patient)."""
+    parts = re.sub(r"([a-z])([A-Z])", r"\1 \2", key.rsplit(".", 1)[-1])
+    return {
+        t.key
+        for t in _tokens(parts.replace("_", " ").replace("-", " ").lower())
+        if t.kind == "word"
+    }
+
+
+def _record_clash(ix: _Index, claim: _Claim) -> SpanFinding | None:
+    """What a field of a JSON record among the passages says of the span: the answer
+    sentence holds every content word of the field's name, and the span one of them or a
+    value. *Contradicted* when the record says ``false`` where the answer asserts it (no
+    negation), ``true`` where the answer negates it, or another number or value of the
+    same kind ("closed_on": "Monday" against "closed on Tuesdays"), by any field; else,
+    when the span names a field (a word of its name) whose value the answer states
+    rightly, that field is the evidence and the span stays *unsupported* (a "false" is no
+    negation the other rules may read as a clash). ``None`` when no field is about the
+    span."""
+    seq = [*claim.before, *claim.own, *claim.after]
+    if not claim.own or not ix.passages:
+        return None
+    keys = {t.key for t in seq}
+    own = {t.key for t in claim.own}
+    negated = any(t.kind == "negation" for t in seq)
+    agreed: SpanFinding | None = None
+    for k, fields in enumerate(ix.records):
+        passage = ix.passages[k]
+        for key, value, a, b in fields:
+            words = _key_words(key)
+            if not words or not words <= keys:
+                continue
+            mine_values = [t for t in claim.own if t.is_value]
+            if not (words & own or mine_values):
+                continue
+            said = f'the record says "{key}": {json.dumps(value)[:MAX_QUOTE]}'
+            clash: str | None = None
+            if value is False and not negated:
+                clash = f"{said}; the answer says it is"
+            elif value is True and negated:
+                clash = f"{said}; the answer says it is not"
+            elif isinstance(value, int | float | str) and not isinstance(value, bool):
+                theirs = [t for t in _tokens(str(value)) if t.is_value]
+                got = _value_clash(mine_values, theirs)
+                if got is not None:
+                    clash = f"{said}; the answer says {got[0]}"
+            ev = Evidence(passage=k, start=a, end=b, text=passage[a:b], score=1.0, how="text")
+            if clash is not None:
+                return SpanFinding(evidence=ev, type="contradicted", reason=_bounded(clash))
+            if agreed is None and words & own:  # the span names this field, rightly
+                agrees = f"{said}, as the answer does; check how it combines the rest"
+                agreed = SpanFinding(evidence=ev, type="unsupported", reason=_bounded(agrees))
+    return agreed
 
 
 def _missing(claim: _Claim, vocab: frozenset[str] | set[str]) -> str:
@@ -708,7 +920,7 @@ def _contradiction(
     (:func:`_role_clash`; ``sentences``: the words of every candidate sentence)."""
     mine = claim.own
     theirs = [t for t in sent if t.kind != "stop"]
-    values = _value_clash(mine, theirs)
+    values = _value_clash(mine, theirs, [*claim.before, *claim.own, *claim.after])
     if values is not None:
         return f"the passage says {values[1]}; the answer says {values[0]}"
     names = _name_clash(mine, theirs)
@@ -726,9 +938,40 @@ def _contradiction(
         if neg_mine:
             return f'the answer negates what the passage states: "{quote}"'
         return f'the passage negates it: "{quote}"; the answer does not'
+    words = _word_clash(claim, theirs)
+    if words is not None:
+        return f'the passage says "{words[1]}"; the answer says "{words[0]}"'
     role = _role_clash(claim, theirs, sentences)
     if role is not None:
         return f'the passage says this of "{role[1]}", not of "{role[0]}": "{quote}"'
+    return None
+
+
+def _word_clash(claim: _Claim, theirs: Sequence[_Tok]) -> tuple[str, str] | None:
+    """A word of the span the sentence lacks, and a word of the sentence the answer
+    sentence lacks, in the very same slot: the nearest content words on **both** sides
+    shared ("closed in 1903 after a *flood* destroyed the hall" against "closed in 1903
+    after a *fire* destroyed the hall"). Both sides, not one: a word between the same
+    two neighbours is another value of the same thing, not a paraphrase beside it."""
+    if claim.context is None:  # a whole claim: its words are not one slot's value
+        return None
+    seq = [*claim.before, *claim.own, *claim.after]
+    mine = {t.key for t in seq}
+    their_keys = {t.key for t in theirs}
+    start = len(claim.before)
+    for i in range(start, start + len(claim.own)):
+        t = seq[i]
+        if t.kind != "word" or t.key in their_keys:
+            continue
+        left, right = _slot(seq, i, i + 1)
+        if not (left and right):
+            continue
+        for a, s in enumerate(theirs):
+            if s.kind != "word" or s.key in mine:
+                continue
+            l2, r2 = _slot(theirs, a, a + 1)
+            if left & l2 and right & r2:
+                return _cut(t.surface), _cut(s.surface)
     return None
 
 
@@ -773,19 +1016,52 @@ def _role_clash(
     return None
 
 
-def _value_clash(mine: Sequence[_Tok], theirs: Sequence[_Tok]) -> tuple[str, str] | None:
+def _value_clash(
+    mine: Sequence[_Tok], theirs: Sequence[_Tok], around: Sequence[_Tok] = ()
+) -> tuple[str, str] | None:
     """The first value of the claim the sentence lacks, beside a value of the same kind
-    the sentence has and the claim lacks."""
-    my_keys = {(t.kind, t.key) for t in mine if t.is_value}
-    their_keys = {(t.kind, t.key) for t in theirs if t.is_value}
+    the sentence has and the claim lacks: of several, the one whose neighbouring words
+    (:data:`VALUE_WINDOW` each side) share most with the claim value's in ``around``
+    (its answer sentence), e.g. the women's time, not the men's."""
+    my_keys = {(t.value_kind, t.key) for t in mine if t.is_value}
+    their_keys = {(t.value_kind, t.key) for t in theirs if t.is_value}
     for t in mine:
-        if t.is_value and (t.kind, t.key) not in their_keys:
-            other = next(
-                (s for s in theirs if s.kind == t.kind and (s.kind, s.key) not in my_keys), None
-            )
-            if other is not None:
-                return _cut(t.surface), _cut(other.surface)
+        if t.is_value and (t.value_kind, t.key) not in their_keys:
+            others = [
+                s
+                for s in theirs
+                if s.is_value
+                and s.value_kind == t.value_kind
+                and (s.value_kind, s.key) not in my_keys
+            ]
+            if not others:
+                continue
+            near = _near(around, t)
+            best = max(others, key=lambda s: _shared(near, _near(theirs, s)))
+            return _cut(t.surface), _cut(best.surface)
     return None
+
+
+VALUE_WINDOW = 4
+"""Words on each side of a value that say what it is the value of (:func:`_value_clash`)."""
+
+
+def _near(toks: Sequence[_Tok], tok: _Tok) -> tuple[set[str], set[str]]:
+    """The keys of the :data:`VALUE_WINDOW` words (and names) before and after ``tok``
+    in ``toks`` (empty when it is not there)."""
+    at = next((i for i, t in enumerate(toks) if t is tok), None)
+    if at is None:
+        return set(), set()
+    words = [(i, t) for i, t in enumerate(toks) if t.kind in ("word", "name")]
+    left = {t.key for _, t in [w for w in words if w[0] < at][-VALUE_WINDOW:]}
+    right = {t.key for _, t in [w for w in words if w[0] > at][:VALUE_WINDOW]}
+    return left, right
+
+
+def _shared(a: tuple[set[str], set[str]], b: tuple[set[str], set[str]]) -> int:
+    """How much two values' neighbourhoods (:func:`_near`) share: the words before count
+    twice (what precedes a value mostly says what it is of: "Kemper ... in 2 hours 31")."""
+    return 2 * len(a[0] & b[0]) + len(a[1] & b[1])
 
 
 def _names(toks: Sequence[_Tok]) -> list[tuple[int, int]]:
@@ -876,15 +1152,20 @@ def find_all(
         if ix.units
         else np.zeros((len(queries) + len(contexts), 1))
     )
-    qvecs, k = [], len(queries)
+    qvecs: list[np.ndarray] = []
+    cvecs: list[np.ndarray | None] = []
+    k = len(queries)
     for i, c in enumerate(claims):
         q = np.asarray(vecs[i], dtype=np.float64)
+        cv = None
         if c.context is not None:
-            q = 0.5 * (q + np.asarray(vecs[k], dtype=np.float64))
+            cv = np.asarray(vecs[k], dtype=np.float64)
+            q = 0.5 * (q + cv)
             k += 1
         qvecs.append(q)
+        cvecs.append(cv)
     return [
-        _finding(ix, c, q, None if attention is None else attention[i])
+        _finding(ix, c, q, None if attention is None else attention[i], cvecs[i])
         for i, (c, q) in enumerate(zip(claims, qvecs, strict=True))
     ]
 

@@ -156,6 +156,9 @@ class AnswerVerdict:
         judged_as: The training dataset the answer was asked to be judged as
             (:func:`judge_many`'s ``judge_as``; :data:`POOLED`: all the training data);
             ``None``: as its own dataset's.
+        set_id: :attr:`core.pipeline.sets.DetectorSet.set_id` of the set that judged it
+            (its name and the state of its artifacts): a kept verdict whose set id is
+            not the id of the set that judges the answer now is stale.
     """
 
     example_id: str
@@ -172,11 +175,44 @@ class AnswerVerdict:
     labels: Mapping[str, Any] = field(default_factory=dict)
     deferred_from: str | None = None
     judged_as: str | None = None
+    set_id: str = ""
 
     @property
     def n_flagged(self) -> int:
         """How many detectors flag the answer."""
         return sum(bool(v.hallucinated) for v in self.verdicts.values())
+
+    @property
+    def n_voting(self) -> int:
+        """How many detectors count: all but those whose calibration carries no signal
+        for the answer (:attr:`core.learning.contract.Verdict.no_signal`)."""
+        return len(self.verdicts) - len(self.no_signal)
+
+    @property
+    def no_signal(self) -> tuple[str, ...]:
+        """The detectors whose calibration carries no signal for the answer: they make
+        no call and are left out of the vote and the counts."""
+        return tuple(n for n, v in self.verdicts.items() if v.no_signal is not None)
+
+    @property
+    def no_signal_note(self) -> str:
+        """What every page says of the detectors with no signal for the answer (empty
+        when there are none): who, why, and that they are left out."""
+        if not self.no_signal:
+            return ""
+        why = "; ".join(f"{n}: {self.verdicts[n].no_signal}" for n in self.no_signal)
+        return (
+            f"No signal ({why}). A calibration without signal gives every answer the same "
+            "probability, so it makes no call: left out of the vote and the counts."
+        )
+
+    @property
+    def counts(self) -> str:
+        """``7 of 11 detectors flag it``, naming those left out for having no signal."""
+        out = f"{self.n_flagged} of {self.n_voting} detectors flag it"
+        if silent := self.no_signal:
+            out += f" ({', '.join(silent)}: no signal here, left out)"
+        return out
 
     @property
     def summary(self) -> str:
@@ -186,13 +222,9 @@ class AnswerVerdict:
         what = (
             f"{self.judge} p = {self.probability:.2f} {sign} {self.threshold:.2f}"
             if self.judge != VOTE
-            else f"{self.n_flagged} of {len(self.verdicts)} detectors flag it ({sign} half)"
+            else f"{self.counts} ({sign} half)"
         )
-        tail = (
-            f"; {self.n_flagged} of {len(self.verdicts)} detectors flag it"
-            if self.judge != VOTE
-            else ""
-        )
+        tail = f"; {self.counts}" if self.judge != VOTE else ""
         by = (
             f" (by the {self.set_name} set, the {self.deferred_from} set's expert for this "
             "answer's dataset)"
@@ -206,6 +238,7 @@ class AnswerVerdict:
         return {
             "id": self.example_id,
             "set": self.set_name,
+            "set_id": self.set_id,
             "deferred_from": self.deferred_from,
             "judge": self.judge,
             "hallucinated": self.hallucinated,
@@ -214,6 +247,7 @@ class AnswerVerdict:
             "calibrated_for": self.calibrated_for,
             "n_flagged": self.n_flagged,
             "n_detectors": len(self.verdicts),
+            "n_no_signal": len(self.no_signal),
             "detectors": {
                 name: {
                     "probability": v.score,
@@ -221,6 +255,7 @@ class AnswerVerdict:
                     "hallucinated": v.hallucinated,
                     "calibrated_for": v.calibrated_for,
                     "raw_score": v.judged_raw,
+                    **({"no_signal": v.no_signal} if v.no_signal is not None else {}),
                 }
                 for name, v in self.verdicts.items()
             },
@@ -349,11 +384,14 @@ def overall_verdict(
         DataError: No verdicts to judge by.
     """
     top = verdicts.get(ANSWER_JUDGE)
-    if top is not None and top.threshold is not None and top.hallucinated is not None:
+    if top is not None and top.threshold is not None and top.called:
+        assert top.hallucinated is not None
         return ANSWER_JUDGE, top.score, top.threshold, top.hallucinated, top.calibrated_for
     if not verdicts:
         raise DataError("no detector judged the answer: the set has no detectors for this model")
-    share = sum(bool(v.hallucinated) for v in verdicts.values()) / len(verdicts)
+    # A detector whose calibration carries no signal here makes no call: it has no vote.
+    voting = [v for v in verdicts.values() if v.no_signal is None]
+    share = sum(bool(v.hallucinated) for v in voting) / len(voting) if voting else 0.0
     return VOTE, share, 0.5, share >= 0.5, None
 
 
@@ -367,6 +405,7 @@ def answer_verdict(
     deferred_from: str | None = None,
     evidence: bool = True,
     judged_as: str | None = None,
+    set_id: str = "",
 ) -> AnswerVerdict:
     """The :class:`AnswerVerdict` of verdicts already computed (each as
     :func:`core.learning.contract.for_dataset` gave it), its spans decided by the set
@@ -392,6 +431,7 @@ def answer_verdict(
         labels=labels,
         deferred_from=deferred_from,
         judged_as=judged_as,
+        set_id=set_id,
     )
 
 
@@ -487,6 +527,7 @@ def _answer_of(
         set_name=by.name,
         seconds=seconds,
         deferred_from=by.deferred_from,
+        set_id=by.set_id,
     )
 
 
@@ -654,6 +695,7 @@ def judge_many(
             seconds=now - t0,
             deferred_from=by.deferred_from,
             judged_as=judge_as,
+            set_id=by.set_id,
         )
         t0 = time.perf_counter()
 

@@ -281,6 +281,24 @@ class DetectorSet:
         sets = {id(s): s for s in (self.for_example(e) for e in examples)}
         return next(iter(sets.values())) if len(sets) == 1 else self
 
+    def stale(self, kept_set_id: str, example: RAGExample) -> str | None:
+        """Why a result kept with :attr:`set_id` ``kept_set_id`` is not what the set
+        that judges ``example`` now would show (``None``: it is), in words every page
+        shows above such a result: computed with the previous set, named, beside the set
+        in use now."""
+        now = self.for_example(example)
+        if kept_set_id == now.set_id:
+            return None
+        was = (
+            f"the {kept_set_id.split('@')[0]} set (`{kept_set_id}`)"
+            if kept_set_id
+            else ("a set it did not record")
+        )
+        return (
+            f"computed with the previous set, {was}; the {now.name} set (`{now.set_id}`) "
+            "judges this answer now"
+        )
+
     @property
     def judge_name(self) -> str | None:
         """The detector that gives the overall verdict (:data:`ANSWER_JUDGE`), if loaded."""
@@ -296,6 +314,16 @@ class DetectorSet:
         """Identifies this set of detectors (and its experts), for caches of its verdicts."""
         own = f"{self.model_key}|{self.folder}|{self.stamp}|{','.join(self.names)}"
         return "+".join([own, *(e.cache_id for e in self.experts.values())])
+
+    @property
+    def set_id(self) -> str:
+        """The id every verdict of this set carries: its name and 8 hex digits of
+        :attr:`cache_id` (``default+ragscope-demo-1f073a78@3c9e...``). It changes when an
+        artifact of the set (or of an expert it defers to) is added, removed or written
+        again, e.g. when the set is adapted anew, so a kept result of the previous state
+        is told apart from one of this state."""
+        digest = hashlib.sha256(self.cache_id.encode("utf-8")).hexdigest()[:8]
+        return f"{self.name}@{digest}"
 
 
 def artifacts_stamp(root: Path) -> str:

@@ -87,8 +87,14 @@ def test_the_derived_set_judges_the_dataset_and_the_base_stays_untouched(
     assert tree_digest(calibrated_tiny_set[0]) == before  # the base set is untouched
     assert result.folder.name == adapted_set_name("custom", DATASET)
     assert (result.folder / ADAPTED_FILE).is_file()
-    fitted = {a.name: a.calibration for a in result.detectors}
-    assert set(fitted) == {"nll", "context_gain"} and all(fitted.values())
+    got = {a.name: a for a in result.detectors}
+    assert set(got) == {"nll", "context_gain"}
+    # A detector fits the dataset's calibration, or (its scores ranking the reviewed
+    # answers no better than chance on this random tiny model) keeps its base one.
+    fitted = {n: a.calibration for n, a in got.items() if a.calibration is not None}
+    assert fitted and all(
+        a.reason and a.reason.startswith("no signal") for n, a in got.items() if n not in fitted
+    )
     for name, cal in fitted.items():
         cfg = json.loads((result.folder / name / "cfg.json").read_text())
         assert cfg["calibration_by_dataset"][DATASET]["threshold"] == cal.threshold
@@ -100,9 +106,12 @@ def test_the_derived_set_judges_the_dataset_and_the_base_stays_untouched(
 
     routed = load_set(key)  # a fresh read of the folders: the derived set is an expert
     assert routed.for_dataset(DATASET).name == result.folder.name
-    got = judge(tiny_model, examples[35], routed)
-    assert got.set_name == result.folder.name and got.deferred_from == "custom"
-    for name, v in got.verdicts.items():  # each detector at the dataset's own calibration
+    judged = judge(tiny_model, examples[35], routed)
+    assert judged.set_name == result.folder.name and judged.deferred_from == "custom"
+    for name, v in judged.verdicts.items():  # each detector at the dataset's own calibration
+        if name not in fitted:  # no signal: the base calibration judges it
+            assert v.calibrated_for != DATASET
+            continue
         assert v.calibrated_for == DATASET
         assert v.threshold == pytest.approx(fitted[name].threshold)
         assert v.hallucinated == (v.score >= fitted[name].threshold)
@@ -151,7 +160,10 @@ def test_the_adaptation_runs_as_a_background_job(
     assert view.state == "done", view.row.error
     folder = adapted_sets_dir(key) / adapted_set_name("custom", DATASET)
     assert (folder / ADAPTED_FILE).is_file()
-    assert set(view.row.result["calibrated"]) == {"nll", "context_gain"}
+    result = view.row.result
+    assert {*result["calibrated"], *result["not_calibrated"]} == {"nll", "context_gain"}
+    assert "nll" in result["calibrated"]
+    assert all(r.startswith("no signal") for r in result["not_calibrated"].values())
     assert [p.name for p in adapted_sets_dir(key).iterdir()] == [folder.name]  # no staging
     assert view.command() == spec.command(view.row.out)
     with pytest.raises(DataError, match="by name"):
@@ -201,3 +213,81 @@ def test_fit_adaptation_uses_only_the_random_reviews_and_names_what_it_cannot_fi
         fit_adaptation({"d": _verdicts(raw[:5])}, reviewed, "ds")
     assert missing_reviews([True] * 5 + [False] * (MIN_ADAPT_ANSWERS - 5)) is None
     assert "3 more hallucinated" in (missing_reviews([True, True] + [False] * 30) or "")
+
+
+def test_fit_adaptation_keeps_the_base_calibration_where_the_reviews_carry_no_signal() -> None:
+    """Issue 67: reviews that a detector's scores rank the wrong way round (or that it
+    scores all alike) gave a flat calibration at the base rate, equal to its threshold,
+    so it flagged every answer. It now gets no calibration of the dataset's own and says
+    why; the detector with a signal is calibrated as before."""
+    from core.base.examples import RAGExample
+
+    rng = np.random.default_rng(1)
+    n = 24
+    y = np.arange(n) % 2 == 0  # 12 of each
+    good = np.clip(np.where(y, 0.7, 0.3) + rng.normal(0, 0.1, n), 0.01, 0.99)
+    reviewed = [
+        Reviewed(
+            example=RAGExample(id=f"e{i}", question="q", passages=("p",), response="r"),
+            label=bool(y[i]),
+            random=True,
+        )
+        for i in range(n)
+    ]
+    got = {
+        a.name: a
+        for a in fit_adaptation(
+            {
+                "good": _verdicts(good),
+                "reversed": _verdicts(1.0 - good),
+                "constant": _verdicts(np.full(n, 0.4)),
+            },
+            reviewed,
+            "ds",
+        )
+    }
+    assert got["good"].calibration is not None and not got["good"].calibration.calibrator.flat
+    for name in ("reversed", "constant"):
+        assert got[name].calibration is None, name
+        assert got[name].reason is not None and got[name].reason.startswith("no signal"), name
+        assert "keeps its base calibration" in got[name].reason
+    assert "AUROC 0.00" in (got["reversed"].reason or "")
+    assert "all equal" in (got["constant"].reason or "")
+
+
+def test_an_adaptation_without_signal_for_a_detector_flags_no_faithful_answer_by_it(
+    tiny_model: LoadedModel, env: tuple[Store, list]
+) -> None:
+    """Reviews built so that nll's scores rank them the wrong way round (every answer
+    nll scores highest is marked faithful): the adapted set keeps nll's base
+    calibration, no verdict of the adapted set comes from a flat calibration, and no
+    faithful-marked answer is flagged by nll at a constant score."""
+    store, examples = env
+    key = tiny_model.info.key
+    base = load_set(key)
+    raw = {
+        v.example_id: v.verdicts["nll"].raw_score
+        for v in (judge(tiny_model, e, base) for e in examples[:24])
+    }
+    cut = float(np.median(list(raw.values())))
+    book = AnswerBook(store)
+    marked = {}
+    for ex in examples[:24]:
+        marked[ex.id] = raw[ex.id] < cut  # high nll score -> marked faithful
+        label = "hallucinated" if marked[ex.id] else "faithful"
+        book.mark(QUEUE, ex, "ann", label, drawn_by="random")
+    result = adapt_set(store, tiny_model, base, QUEUE, examples, adapted_sets_dir(key))
+    nll = next(a for a in result.detectors if a.name == "nll")
+    assert nll.calibration is None and (nll.reason or "").startswith("no signal")
+    cfg = json.loads((result.folder / "nll" / "cfg.json").read_text())
+    assert DATASET not in (cfg.get("calibration_by_dataset") or {})
+    routed = load_set(key)
+    for ex in examples[:24]:
+        av = judge(tiny_model, ex, routed)
+        assert av.set_name == result.folder.name
+        for v in av.verdicts.values():
+            # a calibration with no signal (on this random model, a pooled one may be
+            # flat too) makes no call; a flag never comes from a score at a constant
+            assert v.no_signal is None or v.hallucinated is None
+            assert not (v.hallucinated and v.score == v.threshold), (ex.id, v.detector)
+        assert av.verdicts["nll"].calibrated_for != DATASET

@@ -98,6 +98,106 @@ def test_a_negation_on_one_side_only_contradicts() -> None:
     assert agrees.type == "unsupported" and "negat" not in agrees.reason
 
 
+WORKS = (
+    "The Dunwick tannery was founded in 1822 beside the river. "
+    "The works closed in 1911 after a fire destroyed the drying sheds. "
+    "The site later became a public garden."
+)
+
+
+def test_another_word_in_the_very_slot_contradicts_a_fragment() -> None:
+    """Issue 67: "a flood" where the aligned passage sentence says "a fire" was typed
+    unsupported ("no passage supports this"): no sentence reached the floor for the
+    fragment alone. Its answer sentence restates one passage sentence, which has another
+    word between the same neighbours: contradicted, that sentence the evidence."""
+    answer = "The Dunwick tannery closed in 1911 after a flood destroyed the drying sheds."
+    f = _find(answer, "a flood", passages=(WORKS,))
+    assert f.type == "contradicted"
+    assert f.reason == 'the passage says "fire"; the answer says "flood"'
+    assert f.evidence is not None and f.evidence.text.startswith("The works closed in 1911")
+    # one word of a longer claim is not a slot's value: a paraphrase stays unsupported
+    long = "The tannery closed in 1911 when flames ruined every drying shed it owned."
+    whole = _find(long, passages=(WORKS,))
+    assert whole.type == "unsupported", whole.reason
+    # the same word where the passage has it too is no clash
+    same = "The Dunwick tannery closed in 1911 after a fire destroyed the drying sheds."
+    assert _find(same, "a fire", passages=(WORKS,)).type == "unsupported"
+
+
+def test_a_day_month_or_season_is_a_value_and_the_neighbours_pick_which() -> None:
+    line = (
+        "Line 7 runs 9.4 kilometres from the harbour to the university and has 21 stops. "
+        "The café is closed on Monday."
+    )
+    answer = "Line 7 runs 9.4 kilometres from the harbour to the university and has 16 stops."
+    f = _find(answer, "16 stops", passages=(line,))
+    # of the sentence's two numbers, the one beside "stops", not the first
+    assert f.type == "contradicted" and f.reason == "the passage says 21; the answer says 16"
+    day = _find("The café is closed on Tuesdays.", "on Tuesdays", passages=(line,))
+    assert day.type == "contradicted" and "Monday" in day.reason and "Tuesdays" in day.reason
+    # "may" and "march" are verbs unless capitalised: no value
+    assert ev._class_of("may") is None and ev._class_of("March") == "month:march"
+    assert ev._class_of("Winters") == "season:winter" and ev._class_of("spring") == "season:spring"
+
+
+RECORD = (
+    '{"name": "Hollin Bike Works", "city": "Ashby", "accepts_cards": false, '
+    '"warranty_years": 2, "closed_on": "Sunday", "parking": true, "hours": "09:00-17:00"}'
+)
+
+
+@pytest.mark.parametrize(
+    ("answer", "span", "reason"),
+    [
+        (
+            "Hollin Bike Works in Ashby accepts card payments.",
+            "accepts card payments",
+            'the record says "accepts_cards": false; the answer says it is',
+        ),
+        (
+            "Repairs come with a three-year warranty.",
+            "a three-year warranty",
+            'the record says "warranty_years": 2; the answer says three',
+        ),
+        (
+            "The shop is closed on Saturdays.",
+            "closed on Saturdays",
+            'the record says "closed_on": "Sunday"; the answer says Saturdays',
+        ),
+        (
+            "There is no parking at the shop.",
+            "There is no parking",
+            'the record says "parking": true; the answer says it is not',
+        ),
+    ],
+)
+def test_a_field_of_a_json_record_contradicts_what_the_answer_says_of_it(
+    answer: str, span: str, reason: str
+) -> None:
+    f = _find(answer, span, passages=(RECORD,))
+    assert (f.type, f.reason) == ("contradicted", reason)
+    assert f.evidence is not None and f.evidence.passage == 0
+    assert f.evidence.text in RECORD and f.evidence.text.split(":")[0].strip('" ') in reason
+
+
+def test_a_record_field_the_answer_states_rightly_is_no_clash() -> None:
+    for answer, span in (
+        ("Hollin Bike Works does not accept cards.", "does not accept cards"),
+        ("It has parking and a two-year warranty.", "a two-year warranty"),
+        ("It is closed on Sundays.", "closed on Sundays"),
+    ):
+        f = _find(answer, span, passages=(RECORD,))
+        assert f.type == "unsupported", (answer, f.reason)
+    said = _find(
+        "Hollin Bike Works does not accept cards.", "does not accept cards", passages=(RECORD,)
+    )
+    assert said.reason.startswith('the record says "accepts_cards": false, as the answer does')
+    # a hostile record: nested past the JSON reader's depth, or not an object
+    deep = "{" + '"a": {' * 5000 + "}" * 5001
+    assert _find("It accepts cards.", "accepts cards", passages=(deep,)).type == "unsupported"
+    assert ev._record_fields("[1, 2, 3]") == [] and ev._record_fields("{not json}") == []
+
+
 def test_citing_the_wrong_passage_and_denying_what_a_passage_says_contradict() -> None:
     cited = _find("Tickets cost $12 for adults (passage 1).")
     assert cited.type == "contradicted"

@@ -55,9 +55,8 @@ def test_two_machines_shards_merge_without_duplicates(
     assert "6 examples held already, 0 rows written" in capsys.readouterr().out
     assert shard_files(b) == before
     manifest = read_manifest(b)
-    assert manifest["detectors"].keys() == {"nll", "lexical"} and manifest["datasets"].keys() == {
-        "demo"
-    }
+    assert manifest["detectors"].keys() == {"nll", "lexical"}
+    assert manifest["datasets"].keys() == {"ragscope-demo"}  # the dataset its records name
     assert json.loads((b / "manifest.json").read_text())["shards"] == len(before)
     # a third machine merges both: every key once
     monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "c.sqlite3"))

@@ -172,3 +172,54 @@ def test_the_judge_summary_scores_as_every_report_and_says_when_answers_are_too_
         judged=20, flagged=10, failed=0, held=0, from_cache=0, seconds=1.0,
         records=many, out="v.jsonl",
     )[-1].startswith("Too few")  # fmt: skip
+
+
+def test_a_flat_calibration_makes_no_call_and_is_left_out_of_the_vote() -> None:
+    """Issue 67: a calibration with no signal (flat: every score maps to the base rate,
+    which is also its threshold) flagged every answer. Written by an older adaptation or
+    a training whose scores ranked a dataset the wrong way, it now makes no call: the
+    detector is named, left out of the vote and the counts, never a flag."""
+    flat = DatasetCalibration(
+        calibrator=PlattCalibrator.from_json({"kind": "platt", "a": 0.0, "b": 0.0, "n": 20}),
+        threshold=0.5,
+        n=20,
+        n_positive=10,
+    )
+    assert flat.calibrator.flat and flat.apply(0.01) == flat.apply(0.99) == 0.5
+    det = NLLDetector(NLLDetector.Config())
+    det.threshold_ = 0.5
+    det.calibration_ = PlattCalibrator.from_json({"kind": "platt", "a": 1.0, "b": 0.0, "n": 90})
+    det.dataset_calibration_ = {"mine": flat}
+    for raw in (0.01, 0.5, 0.99):
+        pooled = Verdict(detector="nll", example_id="x", score=raw, raw_score=raw)
+        v = for_dataset(det, pooled, "mine")
+        assert (v.score, v.threshold, v.calibrated_for) == (0.5, 0.5, "mine")
+        assert v.hallucinated is None and not v.called
+        assert v.no_signal is not None and "no signal on mine" in v.no_signal
+        # judged as another dataset (or pooled) it carries a signal again
+        assert calibrated_as(det, v, None).no_signal is None
+    verdicts = {
+        "nll": for_dataset(
+            det, Verdict(detector="nll", example_id="x", score=0.9, raw_score=0.9), "mine"
+        ),
+        "spad": _v("spad", 0.2, 0.4),
+        "lexical": _v("lexical", 0.7, 0.5),
+    }
+    # one of the two detectors with a signal flags it: half, so the vote flags it; the
+    # silent one is not a "no" (2 of 3 would not be half)
+    assert overall_verdict(verdicts) == (VOTE, 0.5, 0.5, True, None)
+    ex = RAGExample(id="x", question="q?", passages=("p.",), response="An answer.")
+    dets = [make_detector(n) for n in ("nll", "spad", "lexical")]
+    av = answer_verdict(ex, dets, verdicts, set_name="s")
+    assert (av.n_flagged, av.n_voting, av.no_signal) == (1, 2, ("nll",))
+    assert av.summary == (
+        "Hallucinated: 1 of 2 detectors flag it (nll: no signal here, left out) (≥ half)"
+    )
+    rec = av.to_record()
+    assert rec["n_no_signal"] == 1 and "no signal on mine" in rec["detectors"]["nll"]["no_signal"]
+    assert rec["detectors"]["nll"]["hallucinated"] is None
+    # an ensemble with no signal is not the judge: the others vote
+    verdicts["ensemble"] = dataclasses.replace(verdicts["nll"], detector="ensemble")
+    assert overall_verdict(verdicts)[0] == VOTE
+    with pytest.raises(ValueError, match="no call"):
+        Verdict(detector="d", example_id="x", score=0.5, hallucinated=True, no_signal="flat")

@@ -27,6 +27,7 @@ from core.services.bench import bench_judge
 
 pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
+DEMO_DATASET = "ragscope-demo"  # the demo answers' dataset, as their records name it
 MODEL = ["--model", "tiny", "--device", "cpu"]
 
 
@@ -396,11 +397,13 @@ def with_expert(tiny_model, tiny_set_dir: Path, env: Path, monkeypatch: pytest.M
     """The tiny set as a custom set naming an expert for the demo answers (a shipped set
     trained on 8 of them alone); returns the custom set's folder."""
     shipped = env / "detector-sets"
-    examples = resolve_datasets("demo")[1]  # named "demo", as `ragscope judge demo` reads them
+    examples = resolve_datasets("demo")[1]  # of their own dataset, as every path reads them
+    ds = examples[0].provenance.dataset
+    assert ds == DEMO_DATASET
     dets = [make_detector("nll"), make_detector("context_gain"), make_detector("cortex", epochs=3)]
     feats = extract_features(tiny_model, examples, dets).features
     fitted = examples[:8]
-    record = trained_on_record(None, dataset="demo", parts={"demo": fitted}, fitted=fitted)
+    record = trained_on_record(None, dataset=ds, parts={ds: fitted}, fitted=fitted)
     for d in dets:
         d.fit(list(feats[d.name])[:8], fitted).save(
             shipped / "demo-only" / d.name, extra={"trained_on": record}
@@ -434,15 +437,17 @@ def test_judge_as_judges_every_answer_as_one_training_dataset_and_says_so(
             ex.provenance, dataset="elsewhere")), asked)  # fmt: skip
         assert r["probability"] == pytest.approx(want.probability, abs=1e-6)
     as_demo = env / "as-demo.csv"
-    assert main(["judge", "demo[:3]", *MODEL, "--out", str(as_demo), "--judge-as", "demo"]) == 0
+    as_own = ["--judge-as", DEMO_DATASET]
+    assert main(["judge", "demo[:3]", *MODEL, "--out", str(as_demo), *as_own]) == 0
     table = pd.read_csv(as_demo)
-    assert list(table["set"]) == ["demo-only"] * 3 and list(table["judged_as"]) == ["demo"] * 3
+    assert list(table["set"]) == ["demo-only"] * 3
+    assert list(table["judged_as"]) == [DEMO_DATASET] * 3
     # Nothing of its own for that name: refused before a pass, naming what it can judge as.
     bad = env / "bad.jsonl"
     assert main(["judge", "demo[:3]", *MODEL, "--out", str(bad), "--judge-as", "ragtruth"]) == 2
     err = capsys.readouterr().err
     assert "keeps no calibration or expert of its own for 'ragtruth'" in err
-    assert "demo, pooled" in err and not bad.exists()
+    assert f"{DEMO_DATASET}, pooled" in err and not bad.exists()
     # The pooled verdicts are not resumed as the answers' own (nor the other way).
     before = pooled.read_bytes()
     assert main(["judge", "demo[:3]", *MODEL, "--out", str(pooled)]) == 2
@@ -461,7 +466,10 @@ def test_a_set_defers_the_answers_of_its_experts_dataset_and_resumes_their_verdi
     argv = ["judge", "demo[:4]", *MODEL, "--out", str(out)]
     assert main(argv) == 0
     head = capsys.readouterr().out
-    assert "answers of demo (or another split of it) by its expert, the demo-only set" in head
+    assert (
+        f"answers of {DEMO_DATASET} (or another split of it) by its expert, the demo-only set"
+        in head
+    )
     recs = _jsonl(out)
     assert [(r["set"], r["deferred_from"]) for r in recs] == [("demo-only", "custom")] * 4
     expert = load_set(tiny_model.info.key, "demo-only")
@@ -480,8 +488,9 @@ def test_a_set_defers_the_answers_of_its_experts_dataset_and_resumes_their_verdi
     ]
     ev += ["--detectors", "nll,cortex", "--out", str(runs), "--bootstrap", "0", "--name", "e"]
     assert main(ev) == 0
-    assert "12 of 12 answers (demo or another split of it) judged by the demo-only set" in (
-        capsys.readouterr().err
+    assert (
+        f"12 of 12 answers ({DEMO_DATASET} or another split of it) judged by the demo-only set"
+        in (capsys.readouterr().err)
     )
     run = json.loads((runs / "e.json").read_text())
     by_id = {e.id: e for e in examples}
