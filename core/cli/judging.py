@@ -38,8 +38,9 @@ from core.cli.common import (
     load,
 )
 from core.data import load_dataset, named_examples, resolve_datasets, stratified_head
-from core.learning.contract import Detector, Features
+from core.learning.contract import CALLS, Detector, Features
 from core.learning.metrics import evidence_warning, is_binary, response_metrics
+from core.pipeline.evidence import NO_SUPPORT
 from core.pipeline.extract import FeatureCache, plain_detectors
 from core.pipeline.judge import (
     POOLED,
@@ -394,20 +395,22 @@ def verdicts_html(
         flagged = bool(r["hallucinated"])
         verdict = "Hallucinated" if flagged else "Faithful"
         sign = "≥" if flagged else "<"
-        head = (
-            f"{r['judge']} p = {r['probability']:.3f} {sign} {r['threshold']:.3f}; "
-            f"{r['n_flagged']} of {r['n_detectors']} detectors flag it"
-        )
+        silent = [n for n, d in r["detectors"].items() if d.get("no_signal")]
+        counted = f"{r['n_flagged']} of {r['n_detectors'] - len(silent)} detectors flag it"
+        if silent:
+            counted += f" ({', '.join(silent)}: no signal here, left out)"
+        head = f"{r['judge']} p = {r['probability']:.3f} {sign} {r['threshold']:.3f}; {counted}"
         label = (r.get("labels") or {}).get("hallucinated")
         gold = "" if label is None else f" (label: {'hallucinated' if label else 'faithful'})"
+        by = f" · set {r['set_id']}" if r.get("set_id") else ""
         out.append(
             f"<h2>{e(str(r['id']))}</h2><p><span class='{'h' if flagged else 'f'}'>"
-            f"{verdict}</span>: {e(head)}{e(gold)}</p>"
+            f"{verdict}</span>: {e(head)}{e(gold)}<span class='meta'>{e(by)}</span></p>"
         )
         rows = "".join(
             f"<tr><td>{e(name)}</td><td>{d['probability']:.3f}</td>"
             f"<td>{'' if d['threshold'] is None else format(d['threshold'], '.3f')}</td>"
-            f"<td>{'flagged' if d['hallucinated'] else ''}</td>"
+            f"<td>{e(_call(d))}</td>"
             f"<td>{e(d['calibrated_for'] or 'pooled')}</td></tr>"
             for name, d in r["detectors"].items()
         )
@@ -418,8 +421,49 @@ def verdicts_html(
         text = answers.get(str(r["id"]))
         if text is not None:
             out.append(f"<div class='ans'>{_marked(text, r.get('spans', []))}</div>")
+        out.append(_spans_html(r))
     out.append("</body></html>")
     return "\n".join(out)
+
+
+def _call(d: Mapping[str, Any]) -> str:
+    """A detector's call in a record (:attr:`core.learning.contract.Verdict.call`, which
+    records hold; a record written before they did: from its flag), with why there is no
+    signal when there is none."""
+    call = d.get("call")
+    if call not in CALLS:
+        flag = d.get("hallucinated")
+        call = "no threshold" if flag is None else "flagged" if flag else "not flagged"
+    return f"{call}: {d['no_signal']}" if call == "no signal" and d.get("no_signal") else call
+
+
+def _spans_html(r: Mapping[str, Any]) -> str:
+    """Where and why, as the Playground shows it: a row per span with its type, reason
+    and the passage text it departs from (or that none supports it); with no span, the
+    set's note why (e.g. it calls the answer hallucinated but cannot say where)."""
+    e = html.escape
+    spans = r.get("spans") or []
+    if not spans:
+        note = r.get("span_note") or "the set flags no span"
+        return f"<p class='meta'><b>Where and why:</b> {e(str(note)[:600])}.</p>"
+    rows = []
+    for s in spans:
+        ev = s.get("evidence") or {}
+        departs = (
+            f"passage {int(ev['passage']) + 1}: {ev.get('text', '')}"
+            if ev.get("text") is not None and "passage" in ev
+            else NO_SUPPORT
+        )
+        rows.append(
+            f"<tr><td>{e(str(s.get('text', '')))}</td><td>{e(str(s.get('type') or ''))}</td>"
+            f"<td>{e(str(s.get('reason') or ''))}</td><td>{e(departs)}</td>"
+            f"<td>{float(s['score']):.3f}</td></tr>"
+        )
+    rule = f"<p class='meta'>{e(str(r['span_rule']))}</p>" if r.get("span_rule") else ""
+    return (
+        "<p><b>Where and why</b> (the set's spans)</p><table><tr><th>span</th><th>type</th>"
+        f"<th>reason</th><th>departs from</th><th>score</th></tr>{''.join(rows)}</table>{rule}"
+    )
 
 
 def _summary_lines(

@@ -253,6 +253,7 @@ class AnswerVerdict:
                     "probability": v.score,
                     "threshold": v.threshold,
                     "hallucinated": v.hallucinated,
+                    "call": v.call,
                     "calibrated_for": v.calibrated_for,
                     "raw_score": v.judged_raw,
                     **({"no_signal": v.no_signal} if v.no_signal is not None else {}),

@@ -53,6 +53,7 @@ def test_the_ensemble_gives_the_overall_verdict_and_the_summary_says_how() -> No
         "probability": 0.71,
         "threshold": 0.38,
         "hallucinated": True,
+        "call": "flagged",
         "calibrated_for": "ragtruth_qa_dev",
         "raw_score": None,
     }

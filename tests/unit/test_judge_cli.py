@@ -498,3 +498,48 @@ def test_a_set_defers_the_answers_of_its_experts_dataset_and_resumes_their_verdi
         for i, score in zip(run["test_ids"], r["scores"], strict=True):
             want = judge(tiny_model, by_id[i], expert).verdicts[r["detector"]]
             assert score == pytest.approx(want.score, abs=1e-6), (r["detector"], i)
+
+
+def test_the_html_report_shows_what_the_playground_shows() -> None:
+    """Issue 67: each span's type, reason and evidence inline (not only on hover), the
+    set's note when a flagged answer has no span, and detectors without signal named and
+    left out of the counts; every text escaped."""
+    from core.cli.judging import verdicts_html
+
+    det = {"probability": 0.9, "threshold": 0.5, "hallucinated": True, "calibrated_for": None}
+    silent = {
+        "probability": 0.5,
+        "threshold": 0.5,
+        "hallucinated": None,
+        "call": "no signal",
+        "calibrated_for": "mine",
+        "no_signal": "no signal on mine: its calibration there is flat",
+    }
+    spans = [
+        {
+            "start": 30,
+            "end": 37,
+            "text": "a flood",
+            "score": 0.81,
+            "type": "contradicted",
+            "reason": 'the passage says "fire"; the answer says "flood" <b>',
+            "evidence": {"passage": 1, "start": 0, "end": 40, "text": "It closed after a fire."},
+        }
+    ]
+    base = {"judge": "ensemble", "probability": 0.8, "threshold": 0.4, "hallucinated": True}
+    records = [
+        {**base, "id": "a", "n_flagged": 1, "n_detectors": 2, "spans": spans,
+         "detectors": {"nll": det, "spad": silent}, "set_id": "default+mine-1@abcd"},
+        {**base, "id": "b", "n_flagged": 1, "n_detectors": 1, "spans": [],
+         "detectors": {"nll": det},
+         "span_note": "no token reaches the span threshold 0.500 (highest 0.400): the set "
+         "calls the answer hallucinated but cannot say where"},
+    ]  # fmt: skip
+    answers = {"a": "The works closed in 1911 after a flood destroyed it.", "b": "Text."}
+    page = verdicts_html(records, answers, title="t", summary=[])
+    assert "contradicted" in page and "passage 2: It closed after a fire." in page
+    assert "the passage says &quot;fire&quot;; the answer says &quot;flood&quot; &lt;b&gt;" in page
+    assert "cannot say where" in page and "<b>Where and why:</b>" in page
+    assert "no signal: no signal on mine" in page
+    assert "1 of 1 detectors flag it (spad: no signal here, left out)" in page
+    assert "set default+mine-1@abcd" in page and "<script" not in page
