@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
+from app.state.estimates import PacePending, deferred_timing, timing
 from app.text import md
 from core.base.errors import RagscopeError
 from core.pipeline.extract import WorkEstimate
@@ -88,15 +89,42 @@ def estimate_caption(
     above the action's button before the button was drawn: a pace still to be timed then
     never keeps the button from showing); a failure to estimate is said in the caption
     (the action itself reports its own error). Pages skip it on the run their button
-    starts the action: the progress bar says the time left then."""
+    starts the action: the progress bar says the time left then. A pace no action here
+    has recorded yet is timed on a background thread: the caption says so and the page
+    runs again when it is done (:func:`app.state.estimates.deferred_timing`), so a page
+    never waits for its estimate."""
     box = where if where is not None else st
     try:
-        est = compute()
+        with deferred_timing():  # a pace still to time is timed in the background
+            est = compute()
+    except PacePending as p:
+        with box.container():
+            _timing_caption(p.key)
+        return None
     except RagscopeError as e:
         box.caption(f"No time estimate: {md(e)}")
         return None
     box.caption(describe_work(est, what=what, extra=extra, kept=kept, reread=reread))
     return est
+
+
+TIMING_POLL_S = 2.0
+"""How often a page waiting for a background timing looks whether it is done."""
+
+TIMING_NOTE = (
+    "Estimated time: timing one answer on this machine in the background; the page is "
+    "ready meanwhile and the estimate appears here when the timing is done (an action "
+    "started now waits for that answer first)."
+)
+
+
+@st.fragment(run_every=TIMING_POLL_S)
+def _timing_caption(key: str) -> None:
+    """:data:`TIMING_NOTE` until the background timing of ``key`` ends, then the page
+    runs again and says the estimate (a fragment: only this caption reruns meanwhile)."""
+    if not timing(key):
+        st.rerun()
+    st.caption(TIMING_NOTE)
 
 
 def time_left(done: int, total: int, elapsed: float) -> str:

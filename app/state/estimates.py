@@ -14,9 +14,12 @@ the timing is not lost work).
 from __future__ import annotations
 
 import contextlib
+import logging
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import replace
+from contextvars import ContextVar
+from dataclasses import dataclass, replace
 from typing import TYPE_CHECKING
 
 import streamlit as st
@@ -24,7 +27,7 @@ import streamlit as st
 from app.state.datasets import get_store
 from app.state.detectors import DetectorSet
 from app.state.verdicts import answer_verdicts
-from core.base.errors import RagscopeError
+from core.base.errors import RagscopeError, brief
 from core.base.examples import RAGExample
 from core.engine.generate import GenerationConfig, generate
 from core.engine.layout import render
@@ -33,6 +36,7 @@ from core.pipeline.extract import (
     FeatureCache,
     LengthPaces,
     WorkEstimate,
+    answer_tokens,
     estimate_extraction,
     example_chars,
     fit_paces,
@@ -45,6 +49,10 @@ if TYPE_CHECKING:
     from core.engine.model import LoadedModel
     from core.learning.contract import Detector
     from core.signals.sae import LoadedSAE
+    from core.storage import Store
+
+
+log = logging.getLogger(__name__)
 
 
 def detectors_key(detectors: Sequence[Detector]) -> tuple[tuple[str, str], ...]:
@@ -70,19 +78,125 @@ def _recorded(model: LoadedModel, key: str) -> float | None:
     return get_store().get_pace(model=model.instance_key, detectors=key)
 
 
-def _recorded_or(model: LoadedModel, keys: Sequence[str], time_it: Callable[[], float]) -> float:
+class PacePending(Exception):  # noqa: N818 (a state, not an error)
+    """No pace is recorded yet for an estimate asked under :func:`deferred_timing`: one
+    answer is being timed in the background (:attr:`key`), and the estimate can be said
+    once it is done."""
+
+    def __init__(self, key: str) -> None:
+        super().__init__(f"timing one answer for {key}")
+        self.key = key
+
+
+@dataclass
+class _Timing:
+    """One pace being timed, or timed, in this process."""
+
+    thread: threading.Thread | None = None
+    pace: float | None = None
+    error: RagscopeError | None = None
+
+    @property
+    def running(self) -> bool:
+        return self.thread is not None and self.thread.is_alive()
+
+
+_TIMINGS: dict[tuple[str, str, str], _Timing] = {}
+_TIMINGS_LOCK = threading.Lock()
+_DEFER: ContextVar[bool] = ContextVar("ragscope_defer_timing", default=False)
+
+
+@contextlib.contextmanager
+def deferred_timing() -> Iterator[None]:
+    """Within the block, a pace no action here has recorded yet is timed on a background
+    thread (:class:`PacePending` is raised at once) instead of before the page goes on:
+    a page draws its estimate when the timing is done (:func:`app.components.estimate.
+    estimate_caption`) and never waits for it."""
+    token = _DEFER.set(True)
+    try:
+        yield
+    finally:
+        _DEFER.reset(token)
+
+
+def timing(key: str) -> bool:
+    """Whether the pace ``key`` (:class:`PacePending`'s) is still being timed here."""
+    with _TIMINGS_LOCK:
+        return any(k[2] == key and t.running for k, t in _TIMINGS.items())
+
+
+def settle(timeout: float = 600.0) -> None:
+    """Wait for every background timing to end (tests, and the bench, read what a page
+    says once its estimate is there)."""
+    with _TIMINGS_LOCK:
+        threads = [t.thread for t in _TIMINGS.values() if t.thread is not None]
+    for th in threads:
+        th.join(timeout)
+
+
+def forget_timings() -> None:
+    """Forget every pace timed in this process (as a new process would)."""
+    settle()
+    with _TIMINGS_LOCK:
+        _TIMINGS.clear()
+
+
+def _recorded_or(
+    model: LoadedModel, keys: Sequence[str], time_it: Callable[[Store], float]
+) -> float:
     """Seconds per character of some work on the model: the first pace recorded on this
     machine under ``keys`` (the database: the action's last run, else the first timing),
-    else ``time_it()`` (one answer timed, memoised per process), recorded under the last
-    of ``keys`` (the timed work's own key) in this database too: a memoised timing of
-    another database (another ``RAGSCOPE_DB``) is recorded here as well."""
+    else one answer timed once per process and database (``time_it``, given the store),
+    recorded under the last of ``keys`` (the timed work's own key). Under
+    :func:`deferred_timing` the timing runs on a background thread and
+    :class:`PacePending` is raised; otherwise it runs here.
+
+    Raises:
+        PacePending: Deferred, and not timed yet.
+        RagscopeError: The answer could not be timed (said once; not timed again).
+    """
     for key in keys:
         known = _recorded(model, key)
         if known is not None:
             return known
-    pace = time_it()
-    get_store().put_pace(model=model.instance_key, detectors=keys[-1], seconds_per_char=pace)
-    return pace
+    store = get_store()
+    where = (model.instance_key, store.path, keys[-1])
+    with _TIMINGS_LOCK:
+        got = _TIMINGS.get(where)
+        if got is None:
+            got = _TIMINGS[where] = _Timing()
+            if _DEFER.get():
+                got.thread = threading.Thread(
+                    target=_time_into,
+                    args=(got, model, store, keys[-1], time_it),
+                    name="ragscope-estimate-timing",
+                    daemon=True,
+                )
+                got.thread.start()
+                raise PacePending(keys[-1])
+        elif got.running:
+            raise PacePending(keys[-1])
+    if got.thread is None and got.pace is None and got.error is None:
+        _time_into(got, model, store, keys[-1], time_it)
+    if got.error is not None:
+        raise got.error
+    assert got.pace is not None
+    store.put_pace(model=model.instance_key, detectors=keys[-1], seconds_per_char=got.pace)
+    return got.pace
+
+
+def _time_into(
+    got: _Timing, model: LoadedModel, store: Store, key: str, time_it: Callable[[Store], float]
+) -> None:
+    """Time one answer (``time_it``) into ``got`` and record its pace under ``key``."""
+    try:
+        got.pace = time_it(store)
+        store.put_pace(model=model.instance_key, detectors=key, seconds_per_char=got.pace)
+    except RagscopeError as e:
+        got.error = e
+    except Exception as e:  # a background thread must not die silently
+        log.warning("timing an answer for an estimate failed", exc_info=True)
+        got.error = RagscopeError(f"the answer could not be timed ({brief(e)})")
 
 
 def _pace(
@@ -99,43 +213,12 @@ def _pace(
     plain = _pace_key(key)
     where = _action_key(action, plain)
     if time_one is not None:
-        return _recorded_or(
-            model, [where], lambda: _timed_action(model.instance_key, where, time_one, example)
-        )
+        return _recorded_or(model, [where], lambda _store: time_one(example))
     return _recorded_or(
         model,
         [where, plain],
-        lambda: _timed_pace(model, model.instance_key, detectors, key, example),
+        lambda store: time_extraction(model, example, detectors, FeatureCache(store)),
     )
-
-
-@st.cache_data(
-    show_spinner="Timing one answer on this machine for the estimate…",
-    max_entries=64,
-)
-def _timed_action(
-    instance_key: str, key: str, _time_one: Callable[[RAGExample], float], _example: RAGExample
-) -> float:
-    """An action's own work on ``_example`` timed (memoised by model instance and key,
-    like :func:`_timed_pace`; :func:`_recorded_or` records it)."""
-    return _time_one(_example)
-
-
-@st.cache_data(
-    show_spinner="Timing one answer on this machine for the estimate (its features are kept)…",
-    max_entries=64,
-)
-def _timed_pace(
-    _model: LoadedModel,
-    instance_key: str,
-    _detectors: Sequence[Detector],
-    key: tuple[tuple[str, str], ...],
-    _example: RAGExample,
-) -> float:
-    """``_example`` timed (:func:`_recorded_or` records it; memoised by model instance and
-    detectors, not by the example: a pace the database would not keep is not timed again
-    in this process)."""
-    return time_extraction(_model, _example, _detectors, FeatureCache(get_store()))
 
 
 PROMPT, RESPONSE = "|prompt", "|response"
@@ -287,21 +370,12 @@ def _sae_key(sae: LoadedSAE, activation: str) -> str:
 def _read_pace(model: LoadedModel, sae: LoadedSAE, key: str, example: RAGExample) -> float:
     """The pace of reading SAE activations (``key``: the SAE and activation;
     :func:`_recorded_or`)."""
-    return _recorded_or(
-        model, [key], lambda: _timed_read_pace(model, model.instance_key, sae, key, example)
-    )
-
-
-@st.cache_data(
-    show_spinner="Timing one answer's SAE read on this machine for the estimate (it is kept)…",
-    max_entries=16,
-)
-def _timed_read_pace(
-    _model: LoadedModel, instance_key: str, _sae: LoadedSAE, key: str, _example: RAGExample
-) -> float:
-    """``_example``'s SAE read timed (memoised like :func:`_timed_pace`)."""
     activation = key.rsplit(":", 1)[1]
-    return time_reading(_model, _sae, _example, activation)  # type: ignore[arg-type]
+    return _recorded_or(
+        model,
+        [key],
+        lambda _store: time_reading(model, sae, example, activation),  # type: ignore[arg-type]
+    )
 
 
 def paced_read(
@@ -409,30 +483,34 @@ def answer_estimate(
     fixed_seconds: float = 0.0,
 ) -> WorkEstimate:
     """How long ``action`` judging ``n_answers`` answers the size of ``example``'s with
-    the whole set takes here (e.g. the original and an edited version): at the pace of
-    ``action``'s last run here (:func:`record_answers`), else at ``time_one(example)``'s
-    (the action's own work on one answer, timed once per model and set), else at the
-    set's own pace on ``example`` (:func:`~app.state.verdicts.answer_verdicts`: shared
+    the whole set takes here (e.g. the original and an edited version), from the
+    answer's tokens (:func:`core.pipeline.extract.answer_tokens`: judging grows with
+    them, the lens products most) at the seconds per answer token of ``action``'s last
+    run here (:func:`record_answers`), else of ``time_one(example)`` (the seconds of the
+    action's own work on one answer, timed once per model and process), else of the
+    set's own verdict on ``example`` (:func:`~app.state.verdicts.answer_verdicts`: shared
     with the Playground and every page, so usually known already; else judged now, and
-    kept).
+    kept). The estimate counts answer tokens where its other uses count characters.
 
     Raises:
+        PacePending: Under :func:`deferred_timing`, while the pace is timed.
         DataError: The example cannot be laid out for the detectors.
         ModelError: A detector cannot run.
     """
-    chars = example_chars(example)
+    tokens = answer_tokens(model, example)
     key = _answers_key(shipped, action)
     pace = _recorded(model, key)
-    if pace is None and time_one is not None:
-        pace = _recorded_or(
-            model, [key], lambda: _timed_action(model.instance_key, key, time_one, example)
-        )
     if pace is None:
-        pace = answer_verdicts(model, example, shipped).seconds / chars
+        work = (
+            (lambda: time_one(example))
+            if time_one is not None
+            else (lambda: answer_verdicts(model, example, shipped).seconds)
+        )
+        pace = _recorded_or(model, [key], lambda _store: work() / tokens)
     return WorkEstimate(
         n_examples=n_answers,
         n_cached=0,
-        chars_to_trace=n_answers * chars,
+        chars_to_trace=n_answers * tokens,
         seconds_per_char=pace,
         fixed_seconds=fixed_seconds,
     )
@@ -443,7 +521,10 @@ ANALYSE = "analyse"
 
 
 def _answers_key(shipped: DetectorSet, action: str) -> str:
-    return f"{action}:{shipped.cache_id}"
+    """Where ``action``'s seconds per answer token with ``shipped`` are recorded: by the
+    features its detectors read, so a set adapted from it (the same features, other
+    calibrations) reuses the pace instead of timing an answer again."""
+    return f"{action}|tokens|{_pace_key(detectors_key(shipped.fitted))}"
 
 
 def record_answers(
@@ -454,21 +535,22 @@ def record_answers(
     seconds: float,
 ) -> None:
     """The pace of one run of ``action`` (the set judging ``examples`` and the page's
-    own work on them, measured end to end: an Analyse, a Compare) replaces the recorded
-    one: the next estimate of ``action`` reads it."""
-    chars = sum(example_chars(e) for e in examples)
-    if chars and seconds > 0:
+    own work on them, measured end to end: an Analyse, a Compare), in seconds per answer
+    token, replaces the recorded one: the next estimate of ``action`` reads it."""
+    tokens = sum(answer_tokens(model, e) for e in examples)
+    if tokens and seconds > 0:
         get_store().put_pace(
             model=model.instance_key,
             detectors=_answers_key(shipped, action),
-            seconds_per_char=seconds / chars,
+            seconds_per_char=seconds / tokens,
         )
 
 
 def answers_seconds(
     model: LoadedModel, shipped: DetectorSet, action: str, examples: Sequence[RAGExample]
 ) -> float | None:
-    """How long ``action`` on ``examples`` will take here, at the pace of its last run
-    (:func:`record_answers`); ``None`` before any (nothing is timed just to estimate)."""
+    """How long ``action`` on ``examples`` will take here, from their answer tokens at the
+    pace of its last run (:func:`record_answers`); ``None`` before any (nothing is timed
+    just to estimate)."""
     pace = _recorded(model, _answers_key(shipped, action))
-    return None if pace is None else pace * sum(example_chars(e) for e in examples)
+    return None if pace is None else pace * sum(answer_tokens(model, e) for e in examples)

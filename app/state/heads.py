@@ -64,6 +64,15 @@ KEY_HEADS_HEAD = "heads.example.head"
 
 # Heads & layers: context attribution
 KEY_HEADS_SPAN = "heads.context.span"
+"""Prefix of the advanced pick of any answer tokens (a range slider per answer)."""
+
+
+KEY_HEADS_SPAN_FROM = "heads.context.from"
+"""Prefix of the choice between the set's spans and any tokens (one per answer)."""
+
+
+KEY_HEADS_FLAGGED = "heads.context.flagged"
+"""Prefix of the picker of the spans the set flags (one per answer)."""
 
 
 KEY_HEADS_GROUP = "heads.context.group"
@@ -239,7 +248,9 @@ class HeadsState:
         example_id: The one-answer view's example, per dataset key.
         head: The head the one-answer view shows (``None``: the top copying head).
         span: The context attribution's answer tokens ``[a, b)`` (``None``: the first
-            answer sentence).
+            span the set flags, else the first answer sentence).
+        span_answer: The answer ``span`` is of (:func:`app.components.context_view.answer_tag`):
+            another answer opens on its own default.
         group: The context attribution's head group.
         checks: Ablation checks run this session, by answer, span and group.
     """
@@ -252,6 +263,7 @@ class HeadsState:
     example_id: dict[str, str] = field(default_factory=dict)
     head: tuple[int, int] | None = None
     span: tuple[int, int] | None = None
+    span_answer: str = ""
     group: str = "all"
     checks: dict[tuple[str, int, int, str], SpanCheck | None] = field(default_factory=dict)
 

@@ -47,7 +47,7 @@ from app.state.links import (
 )
 from app.state.model import get_model
 from app.state.session import AppState, app_state, seed_widget
-from app.text import md
+from app.text import md, plural
 from core.analysis.detector_agreement import (
     VerdictTable,
     agreement_evidence,
@@ -272,7 +272,19 @@ def main() -> None:
     if table.scores.shape[0] < 2:
         st.warning("Fewer than two answers could be read; nothing to compare.")
         return
-    st.caption(f"{len(table.example_ids)} answers of {md(label)}.")
+    st.caption(
+        f"{len(table.example_ids)} {plural(len(table.example_ids), 'answer')} of {md(label)}."
+    )
+    if table.left_out:
+        why = "; ".join(f"**{md(d)}**: {md(w)}" for d, w in table.left_out.items())
+        st.info(
+            f"Left out: {why}. A calibration without signal gives every answer the same "
+            "probability and makes no call, so it has no correlation and no call to compare "
+            "with gold."
+        )
+    if len(table.detectors) < 2:
+        st.warning("Fewer than two detectors carry a signal here; nothing to compare.")
+        return
     show_agreement(table, method_link)
     show_disagreements(state, choice, table)
 

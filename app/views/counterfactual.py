@@ -70,7 +70,6 @@ from core.interventions.counterfactual import (
     on_template,
     regenerate,
     score_original,
-    side_pace,
     support_span,
     warm_scoring,
 )
@@ -434,12 +433,13 @@ def compare_estimate(
 def timed_side(
     state: AppState, model: LoadedModel, shipped: DetectorSet, example: RAGExample
 ) -> float:
-    """The pace of one side of a Compare, timed by scoring ``example`` as Compare scores
-    its original; the side is kept for the Compare that follows."""
+    """The seconds one side of a Compare takes, timed by scoring ``example`` as Compare
+    scores its original (in the background, :func:`app.state.estimates.deferred_timing`);
+    the side is kept for the Compare that follows."""
     warm_scoring(model, shipped.fitted)
     side = score_original(model, shipped.fitted, example)
     state.cf.scored = (shipped.cache_id, side)
-    return side_pace(side)
+    return side.seconds
 
 
 def compare(

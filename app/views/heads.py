@@ -1,6 +1,6 @@
 """Heads & layers: where ReDeEP's and InterpDetect's signals live in the loaded model.
 
-Three views, top to bottom:
+Four views, top to bottom:
 
 - Copying heads: every head's copying score (its OV circuit's eigenvalues), with the
   top heads marked and listed.
@@ -12,6 +12,8 @@ Three views, top to bottom:
 - One answer, one head: a head's attention from each answer token to the passage
   tokens, the context tokens token-level ECS averages, the ReDeEP token scores (from
   the shipped ``redeep_token`` artifact, else the head's ECS) and a chunk table.
+- Context attribution: which passage sentences a span of the answer drew on (the first
+  span the detector set flags, by default), per head group, and an ablation check.
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ from app.components.heads_answer import (
 from app.components.heads_stats import stats_section
 from app.components.train_job import train_detectors_panel
 from app.state.detectors import detector_set
-from app.state.heads import KEY_HEADS_TOP, REDEEP_DETECTORS, answer_heads, redeep_detectors
+from app.state.heads import KEY_HEADS_TOP, REDEEP_DETECTORS, answer_heads
 from app.state.links import P_TOP, bind, integer
 from app.state.model import get_model
 from app.state.session import AppState, app_state
@@ -134,7 +136,9 @@ def example_section(
         )
         return
     judged = None
-    if redeep_detectors(shipped):
+    # Any set's verdict: its spans aim the context attribution below (memoised, so free
+    # when the Playground already judged this answer).
+    if shipped.detectors:
         try:
             with st.spinner("Reading the detector set's verdict on the answer…"):
                 judged = answer_verdicts(model, example, shipped, response_ids=response_ids)
@@ -145,7 +149,8 @@ def example_section(
     show_chunks(view, head, model, shipped, judged)
     st.divider()
     marked = copying.top_heads(state.heads.top) if copying is not None else []
-    context_section(state.heads, model, view, marked)
+    answer = judged.answer if judged is not None else None
+    context_section(state.heads, model, view, marked, answer)
 
 
 # --------------------------------------------------------------------------- page

@@ -15,7 +15,7 @@ Everything here is pure pandas / numpy on the detectors' verdicts
 from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -38,6 +38,10 @@ class VerdictTable:
         scores: ``[n, d]`` response scores.
         calls: ``[n, d]`` calls (1 = hallucinated at the detector's threshold).
         gold: ``[n]`` gold labels (1 hallucinated, 0 faithful, -1 unlabelled).
+        left_out: Detectors asked for but left out, with why: those whose calibration
+            carries no signal on any of the answers (a constant score and no call,
+            :attr:`core.learning.contract.Verdict.no_signal`: no correlation, no call to
+            compare with gold).
     """
 
     example_ids: tuple[str, ...]
@@ -45,6 +49,7 @@ class VerdictTable:
     scores: np.ndarray
     calls: np.ndarray
     gold: np.ndarray
+    left_out: Mapping[str, str] = field(default_factory=dict)
 
     def frame(self) -> pd.DataFrame:
         """One row per answer: ``example``, ``gold`` and each detector's score."""
@@ -61,18 +66,30 @@ def verdict_table(
     verdicts: Mapping[str, Mapping[str, Verdict]],
     detectors: Sequence[str],
 ) -> VerdictTable:
-    """The table of the answers every detector judged (others are left out).
+    """The table of the answers every detector judged (others are left out), without the
+    detectors that carry no signal on any of them (:attr:`VerdictTable.left_out`).
 
-    A call is the verdict's ``hallucinated``, else ``score >= 0.5``.
+    A call is the verdict's ``hallucinated`` (a verdict without signal on some answers
+    only calls none there), else, for a detector without a threshold, ``score >= 0.5``.
     """
     rows = [e for e in examples if all(d in verdicts.get(e.id, {}) for d in detectors)]
+    left_out = {
+        d: next(iter(verdicts[e.id][d].no_signal for e in rows))
+        for d in detectors
+        if rows and all(verdicts[e.id][d].no_signal is not None for e in rows)
+    }
+    detectors = [d for d in detectors if d not in left_out]
     scores = np.asarray(
         [[verdicts[e.id][d].score for d in detectors] for e in rows], dtype=np.float64
     ).reshape(len(rows), len(detectors))
     calls = np.asarray(
         [
             [
-                int(v.hallucinated if v.hallucinated is not None else v.score >= 0.5)
+                int(
+                    bool(v.hallucinated)
+                    if v.hallucinated is not None or v.no_signal is not None
+                    else v.score >= 0.5
+                )
                 for v in (verdicts[e.id][d] for d in detectors)
             ]
             for e in rows
@@ -86,6 +103,7 @@ def verdict_table(
         scores=scores,
         calls=calls,
         gold=gold,
+        left_out={d: str(why) for d, why in left_out.items()},
     )
 
 

@@ -41,7 +41,7 @@ from core.detectors.raglens import RaglensDetector, feature_name
 from core.engine.generate import GenerationConfig, generate
 from core.engine.model import LoadedModel
 from core.learning.contract import CALLS, Detector, Features, judge_features
-from core.pipeline.extract import WARM_UP, example_chars, run_example
+from core.pipeline.extract import WARM_UP, run_example
 from core.pipeline.judge import Judgement, judgement_from
 from core.pipeline.sets import DetectorSet
 from core.storage import Store
@@ -638,13 +638,6 @@ def warm_scoring(model: LoadedModel, detectors: Sequence[Detector]) -> None:
     (nothing kept): what loads on first use (RAGLens's SAE, spaCy, a first pass's
     kernels) is loaded before a side is timed, so its pace is the warm one."""
     score_one(model, detectors, on_template(WARM_UP), sae_features=None)
-
-
-def side_pace(side: ScoredOriginal) -> float:
-    """Seconds per character (:func:`core.pipeline.extract.example_chars`) of one side of
-    :func:`score_pair` (its trace, every verdict, the views, RAGLens's SAE features), as
-    scoring ``side`` took."""
-    return side.seconds / example_chars(side.example)
 
 
 def top_sae_features(answer: Any, n: int) -> list[int]:

@@ -531,6 +531,19 @@ def example_chars(example: RAGExample) -> int:
     return max(1, prompt + len(example.response))
 
 
+def answer_tokens(model: LoadedModel, example: RAGExample) -> int:
+    """How many tokens ``example``'s answer is under ``model`` (at least 1): what judging
+    an answer grows with (every answer token is read through the lens at every layer),
+    and so what the app's estimates of judging count (a character count of the prompt
+    and answer together misjudged answers whose passages and answer differ in length by
+    0.3x to 3.4x).
+
+    Raises:
+        DataError: The example cannot be laid out for the model.
+    """
+    return max(1, int(render(example, model).response_offsets.shape[0]))
+
+
 def is_cached(
     cache: FeatureCache, model_key: str, example: RAGExample, detectors: Sequence[Detector]
 ) -> bool:

@@ -98,6 +98,19 @@ def no_exception() -> Callable[[AppTest], None]:
 
 
 @pytest.fixture
+def settled() -> Callable[[AppTest], AppTest]:
+    """Waits until the page's background timings (its estimates, :func:`app.state.
+    estimates.deferred_timing`) are done, then runs the page again: what it says then."""
+    from app.state import estimates
+
+    def settle(at: AppTest) -> AppTest:
+        estimates.settle()
+        return at.run()
+
+    return settle
+
+
+@pytest.fixture
 def open_page(make_app: Callable[[], AppTest]) -> Callable[[str], AppTest]:
     """Opens a page (``views/….py``) in a fresh session; it shows no exception or error."""
 

@@ -37,9 +37,10 @@ def test_compare_draws_the_detectors_agreement_and_opens_an_answer(
     page_text: Callable[[AppTest], str],
     no_exception: Callable[[AppTest], None],
     spy_heights: Callable[[], list[object]],
+    settled: Callable[[AppTest], AppTest],
 ) -> None:
     shown_heights = spy_heights()
-    at = open_page(PAGE)
+    at = settled(open_page(PAGE))  # the estimate times one answer in the background
     assert "Press **Compare**" in page_text(at)
     timed = _paces(app_env)  # the estimate above the button timed one answer
     assert len(timed) == 1

@@ -9,11 +9,12 @@ from pathlib import Path
 
 import numpy as np
 import pytest
-import streamlit as st
 from streamlit.testing.v1 import AppTest
 
 import app.state.verdicts as app_verdicts
 import core.interventions.counterfactual as cf_core
+from app.components.estimate import TIMING_NOTE
+from app.state import estimates
 from app.state.analysis import input_signature
 from app.state.counterfactual import KEY_CF_EXAMPLE as KEY_EXAMPLE
 from app.state.counterfactual import (
@@ -94,12 +95,13 @@ def test_the_side_timed_for_the_first_estimate_is_not_scored_again(
     open_page: Callable[[str], AppTest],
     no_exception: Callable[[AppTest], None],
     monkeypatch: pytest.MonkeyPatch,
+    settled: Callable[[AppTest], AppTest],
 ) -> None:
     """With no pace of Compare known yet, the page times one side of a Compare for its
-    estimate; the Compare that follows keeps that side and traces only the edited one,
-    and the set's verdict on each side comes from that side's own pass (issue 53: no
-    version is traced a second time to judge it)."""
-    st.cache_data.clear()  # no pace memoised by an earlier test in this process,
+    estimate, in the background (it says so at once); the Compare that follows keeps that
+    side and traces only the edited one, and the set's verdict on each side comes from
+    that side's own pass (issue 53: no version is traced a second time to judge it)."""
+    estimates.forget_timings()  # no pace memoised by an earlier test in this process,
     app_verdicts._verdicts.clear()  # nor verdicts an earlier test's page judged
     traced: list[str] = []
     judged: list[str] = []
@@ -116,6 +118,9 @@ def test_the_side_timed_for_the_first_estimate_is_not_scored_again(
     monkeypatch.setattr(cf_core, "run_example", counted_run)
     monkeypatch.setattr(app_verdicts, "judge_answer", counted_judge)
     at = open_page(PAGE)
+    no_exception(at)
+    assert TIMING_NOTE in [c.value for c in at.caption]  # the page did not wait for it
+    at = settled(at)
     no_exception(at)
     assert traced[0] == "warm-up" and len(traced) == 2, traced  # warmed, then one side timed
     traced.pop(0)

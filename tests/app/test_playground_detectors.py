@@ -22,6 +22,7 @@ from streamlit.testing.v1 import AppTest
 
 from app.components.heatmap import detector_scale
 from app.components.playground_verdicts import training_caption
+from app.state import estimates as app_estimates
 from app.state.detectors import ArtifactCard
 from app.state.playground import (
     ANSWER_PASTE,
@@ -48,7 +49,7 @@ from core.evaluation.evaluate import EvalOptions, Splits, evaluate
 from core.learning.artifact import artifact_info
 from core.learning.calibration import DatasetCalibration, PlattCalibrator
 from core.learning.contract import Verdict, align_token_scores, flag_threshold
-from core.pipeline.extract import example_chars, run_example
+from core.pipeline.extract import answer_tokens, run_example
 from core.pipeline.judge import judge
 from core.pipeline.sets import TrainedOn, load_set
 from core.storage import Store
@@ -681,13 +682,13 @@ def test_analyse_says_how_long_it_will_take_paced_on_the_last_one(
     _no_exception(at)
     assert not estimates(at)  # this answer is analysed: nothing to estimate
     shipped = load_set(tiny_model.info.key)
-    with Store() as store:
+    with Store() as store:  # per answer token, under the features the set reads
         pace = store.get_pace(
-            model=tiny_model.instance_key, detectors=f"analyse:{shipped.cache_id}"
+            model=tiny_model.instance_key, detectors=app_estimates._answers_key(shipped, "analyse")
         )
     assert pace is not None and pace > 0  # the Analyse's own pace was recorded
     other = next(e for e in builtin_examples() if e.id != EXAMPLE)
     at.selectbox(key=KEY_EXAMPLE).select(other.id).run()
     (said,) = estimates(at)
     assert said.startswith("Estimated time on this machine: **") and "last Analyse here" in said
-    assert ("a few seconds" in said) == (example_chars(other) * pace < 5.0)
+    assert ("a few seconds" in said) == (answer_tokens(tiny_model, other) * pace < 5.0)

@@ -708,13 +708,16 @@ def test_heads_in_chromium(server: str, browser: object) -> None:
         _assert_no_exception(page)
         _full_page_screenshot(page, ARTIFACTS / "heads.png")
 
-        # Context attribution of the answer's first sentence, then the ablation check.
+        # Context attribution (the set's first span, else the answer's first sentence),
+        # then the ablation check, in plain words.
         heading = page.get_by_role("heading", name="Context attribution")
         heading.wait_for()
         page.get_by_text(re.compile(r"of these tokens' attention \(all heads\) went to")).wait_for()
         page.get_by_text(re.compile(r"^Passage \d+, its most attended sentences")).first.wait_for()
         page.get_by_role("button", name="Check it: remove the top sentence").click()
-        result = page.get_by_text(re.compile("Without the top sentence the span's log-probability"))
+        result = page.get_by_text(
+            re.compile(r"Removing the most attended sentence \(passage \d+\)")
+        )
         result.wait_for(timeout=ANALYSE_MS)
         _assert_no_exception(page)
         _section_screenshot(page, heading, ARTIFACTS / "context_attribution.png", through=result)

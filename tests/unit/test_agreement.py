@@ -82,3 +82,27 @@ def test_disagreements_rank_split_calls_first():
     top = d.iloc[:4]
     assert list(top["score spread"]) == sorted(top["score spread"], reverse=True)
     assert list(d.columns[-3:]) == ["a", "b", "c"]
+
+
+def test_a_detector_without_signal_is_left_out_named_never_a_flag():
+    """Issue 67: after an adaptation four detectors scored every answer 0.500 against a
+    threshold of 0.500; Agreement drew four blank rows and counted their flags. A
+    detector whose calibration carries no signal on the answers is left out, with why;
+    one without it on some answers only calls none there (it is never a flag)."""
+    why = "no signal on mine: its calibration there is flat"
+    verdicts = _verdicts()
+    for i in verdicts:
+        verdicts[i]["c"] = Verdict(
+            detector="c", example_id=i, score=0.5, threshold=0.5, no_signal=why
+        )
+    t = verdict_table(_examples(), verdicts, ["a", "b", "c"])
+    assert t.detectors == ("a", "b") and dict(t.left_out) == {"c": why}
+    assert t.scores.shape == (5, 2) and t.calls.shape == (5, 2)
+    # no signal on one answer only: the detector stays, no flag there
+    some = _verdicts()
+    some["e0"]["c"] = Verdict(
+        detector="c", example_id="e0", score=0.5, threshold=0.5, no_signal=why
+    )
+    t = verdict_table(_examples(), some, ["a", "b", "c"])
+    assert t.detectors == ("a", "b", "c") and not t.left_out
+    assert t.calls[list(t.example_ids).index("e0"), 2] == 0

@@ -28,7 +28,6 @@ from core.interventions.counterfactual import (
     regenerate,
     score_original,
     score_pair,
-    side_pace,
     support_span,
 )
 from core.pipeline.extract import extract_features
@@ -135,7 +134,7 @@ def test_an_original_scored_ahead_is_the_pairs_original_side(
     """The side scored to time the first estimate is Compare's own original side: reused
     when it is the same original on the same model, scored again otherwise."""
     ahead = score_original(tiny_model, detectors, spanned)
-    assert ahead.seconds > 0 and side_pace(ahead) > 0
+    assert ahead.seconds > 0
     edited = edit_example(spanned, support_span(spanned))
     cf = score_pair(tiny_model, detectors, spanned, edited, name="s", scored=ahead)
     assert cf.original_scores is ahead.scores

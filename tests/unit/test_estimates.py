@@ -149,7 +149,7 @@ def test_the_page_estimate_reads_the_pace_recorded_in_an_earlier_process(
 ) -> None:
     monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "app.sqlite3"))
     dets = [make_detector("nll")]
-    estimates._timed_pace.clear()
+    estimates.forget_timings()
     timed: list[str] = []
 
     def timing(model, ex, detectors, cache) -> float:
@@ -159,7 +159,7 @@ def test_the_page_estimate_reads_the_pace_recorded_in_an_earlier_process(
     monkeypatch.setattr(estimates, "time_extraction", timing)
     first = estimates.work_estimate(tiny_model, [toy_example], dets)
     assert timed == [toy_example.id] and first.seconds_per_char == 0.004
-    estimates._timed_pace.clear()  # a new process: nothing memoised, the database remains
+    estimates.forget_timings()  # a new process: nothing memoised, the database remains
     again = estimates.work_estimate(tiny_model, [replace(toy_example, id="other")], dets)
     assert timed == [toy_example.id] and again.seconds_per_char == 0.004
 
@@ -169,7 +169,7 @@ def test_an_action_records_the_pace_it_ran_at_and_the_next_estimate_follows_it(
 ) -> None:
     monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "app.sqlite3"))
     dets = [make_detector("nll")]
-    estimates._timed_pace.clear()
+    estimates.forget_timings()
     monkeypatch.setattr(estimates, "time_extraction", lambda *a: 9.0)  # a slow first timing
     a = replace(toy_example, id="a")
     b = replace(toy_example, id="b", response=toy_example.response + " It is old.")
@@ -230,7 +230,7 @@ def test_estimates_of_a_page_action_fall_within_1_5x_of_its_recorded_runs(
     monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "app.sqlite3"))
     clock = _Clock()
     monkeypatch.setattr(estimates, "time", clock)
-    estimates._timed_pace.clear()
+    estimates.forget_timings()
     per_char, per_answer = 0.02, 1.5  # the machine's true costs, unknown to the estimate
     monkeypatch.setattr(estimates, "time_extraction", lambda *a: per_char)  # warm timing
     dets = [make_detector("nll")]
@@ -264,7 +264,7 @@ def test_an_sae_read_records_its_pace_for_the_next_read_estimate(
 ) -> None:
     monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "app.sqlite3"))
     clear_activation_cache()
-    estimates._timed_read_pace.clear()
+    estimates.forget_timings()
     monkeypatch.setattr(estimates, "time_reading", lambda *a: 9.0)
     a = replace(toy_example, id="a")
     b = replace(toy_example, id="b", response=toy_example.response + " It is old.")
@@ -292,7 +292,7 @@ def test_an_action_that_says_each_example_s_end_paces_prompt_and_answer_apart(
     monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "app.sqlite3"))
     clock = _Clock()
     monkeypatch.setattr(estimates, "time", clock)
-    estimates._timed_pace.clear()
+    estimates.forget_timings()
     monkeypatch.setattr(estimates, "time_extraction", lambda *a: 0.01)
     dets = [make_detector("nll")]
     cache = FeatureCache(estimates.get_store())
@@ -344,3 +344,80 @@ def test_an_action_that_says_each_example_s_end_paces_prompt_and_answer_apart(
     assert fit is not None and fit.prompt == pytest.approx(p_pace, rel=1e-6)
     assert fit.response == pytest.approx(r_pace, rel=1e-6)
     assert fit_paces([1.0] * 3, short[:3]) is None  # too few to split
+
+
+def test_a_page_never_waits_for_its_estimate_the_timing_runs_in_the_background(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_model: LoadedModel, toy_example
+) -> None:
+    """Issue 67: Counterfactual, Review, Heads and Agreement spent 21-37 s "timing one
+    answer" before a user could act. Under deferred_timing (estimate_caption's), the first
+    estimate starts the timing on a thread and says it is pending at once; the next, once
+    it is done, reads the pace it recorded; it is timed once."""
+    import threading
+
+    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "app.sqlite3"))
+    dets = [make_detector("nll")]
+    estimates.forget_timings()
+    release = threading.Event()
+    timed: list[str] = []
+
+    def timing(model, ex, detectors, cache) -> float:
+        timed.append(threading.current_thread().name)
+        release.wait(30)  # a slow answer: the page goes on meanwhile
+        return 0.004
+
+    monkeypatch.setattr(estimates, "time_extraction", timing)
+    t0 = time.perf_counter()
+    with estimates.deferred_timing(), pytest.raises(estimates.PacePending) as pending:
+        estimates.work_estimate(tiny_model, [toy_example], dets)
+    assert time.perf_counter() - t0 < 5  # it did not wait for the timing
+    assert estimates.timing(pending.value.key)
+    with estimates.deferred_timing(), pytest.raises(estimates.PacePending):
+        estimates.work_estimate(tiny_model, [toy_example], dets)  # still timing: once
+    release.set()
+    estimates.settle()
+    assert not estimates.timing(pending.value.key)
+    with estimates.deferred_timing():
+        got = estimates.work_estimate(tiny_model, [toy_example], dets)
+    assert got.seconds_per_char == 0.004 and timed == ["ragscope-estimate-timing"]
+
+
+def test_judging_estimates_count_answer_tokens_and_an_adapted_set_reuses_the_pace(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, tiny_model: LoadedModel, toy_example
+) -> None:
+    """Judging grows with the answer's tokens (the lens reads each at every layer), not
+    with the prompt's characters: an Analyse's pace is per answer token, and a set that
+    reads the same features (one adapted from it) estimates at the same pace."""
+    import dataclasses
+    from types import SimpleNamespace
+
+    from core.pipeline.extract import answer_tokens
+    from core.pipeline.sets import DetectorSet
+
+    monkeypatch.setenv("RAGSCOPE_DB", str(tmp_path / "app.sqlite3"))
+    dets = [make_detector("nll"), make_detector("context_gain")]
+    dset = DetectorSet(
+        name="s", folder=tmp_path, model_key=tiny_model.info.key, detectors=(), broken=(),
+        other_models=(), stamp="1",
+    )  # fmt: skip
+    # the estimate reads each card's detector (its name and feature configuration)
+    cards = tuple(SimpleNamespace(name=d.name, detector=d) for d in dets)
+    dset = dataclasses.replace(dset, detectors=cards)  # type: ignore[arg-type]
+    adapted = dataclasses.replace(dset, name="s+mine-1", stamp="2")
+    n = answer_tokens(tiny_model, toy_example)
+    estimates.record_answers(tiny_model, dset, estimates.ANALYSE, [toy_example], 2.0 * n)
+    assert estimates.answers_seconds(
+        tiny_model, dset, estimates.ANALYSE, [toy_example]
+    ) == pytest.approx(2.0 * n)
+    longer = replace(toy_example, response=toy_example.response + " It is very old indeed.")
+    m = answer_tokens(tiny_model, longer)
+    assert m > n
+    # a longer answer, with the same passages: more, by its tokens
+    assert estimates.answers_seconds(
+        tiny_model, adapted, estimates.ANALYSE, [longer]
+    ) == pytest.approx(2.0 * m)
+    # the same passages with a short answer cost less than a character pace would say
+    padded = replace(toy_example, passages=tuple(p * 5 for p in toy_example.passages))
+    assert estimates.answers_seconds(
+        tiny_model, dset, estimates.ANALYSE, [padded]
+    ) == pytest.approx(2.0 * answer_tokens(tiny_model, padded))
