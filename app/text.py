@@ -74,9 +74,3 @@ def md_lines(text: object) -> str:
     lines kept apart by hard breaks (a model's answer, a passage)."""
     lines = str(text).replace("\r\n", "\n").replace("\r", "\n").split("\n")
     return "  \n".join(md(line) for line in lines)
-
-
-def plural(n: int, word: str, many: str | None = None) -> str:
-    """``word`` for one, else its plural (``many``, else ``word`` + s): "1 answer",
-    "2 answers"."""
-    return word if n == 1 else (many or f"{word}s")

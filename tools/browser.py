@@ -13,8 +13,10 @@ import urllib.request
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from playwright.sync_api import Page, expect
+from playwright.sync_api import Page, ViewportSize, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
+
+from app.components.estimate import TIMING_NOTE
 
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
@@ -44,14 +46,18 @@ def wait_idle(page: Page, timeout_ms: float) -> None:
 
     A rerun asked for a moment ago (a key press that commits a widget) may not show its
     widget yet, so the page must stay idle (:data:`BUSY`: no widget, no stale element) for
-    ``IDLE_HOLD_MS`` twice running."""
+    ``IDLE_HOLD_MS`` twice running. A page timing an answer for its estimate in the
+    background (:data:`app.components.estimate.TIMING_NOTE`) runs again when the timing
+    ends, so it is not idle before that either."""
     widget = page.locator(BUSY)
+    timing = page.get_by_text(TIMING_NOTE, exact=True)
     deadline = time.monotonic() + timeout_ms / 1000
     while True:
         left = max(1.0, (deadline - time.monotonic()) * 1000)
+        expect(timing).to_have_count(0, timeout=left)
         expect(widget).to_have_count(0, timeout=left)
         page.wait_for_timeout(IDLE_HOLD_MS)
-        if widget.count() == 0:
+        if widget.count() == 0 and timing.count() == 0:
             return
 
 
@@ -135,3 +141,40 @@ def stop_process(proc: subprocess.Popen[bytes], timeout_s: float = 15) -> None:
 def stop_app(proc: subprocess.Popen[bytes]) -> None:
     """Terminate the Streamlit server (kill it if it does not stop in 15 s)."""
     stop_process(proc)
+
+
+PAINTED_JS = """() => new Promise(done => requestAnimationFrame(() =>
+    requestAnimationFrame(() => done(true))))"""
+"""Resolves once the browser has laid out and painted a frame after the call: the second
+animation frame comes after the first one's layout and paint."""
+
+CONTENT_HEIGHT_JS = """() => {
+    const main = document.querySelector('[data-testid="stMain"]');
+    if (main) main.scrollTo(0, 0);
+    return Math.max(main ? main.scrollHeight : 0, document.body.scrollHeight);
+}"""
+"""The app's whole height, its inner scroll container back at the top."""
+
+
+def painted(page: Page) -> None:
+    """Wait until the page has been laid out and painted at its current viewport (after
+    a resize: Streamlit's columns and the charts' widths do not change with the height)."""
+    page.evaluate(PAINTED_JS)
+
+
+def grow_to_content(page: Page) -> ViewportSize:
+    """Grow the viewport to the app's whole height (Streamlit scrolls an inner container,
+    not the body) and wait for the painted frame; returns the size to restore."""
+    size = page.viewport_size
+    assert size is not None, "a page opened with a viewport"
+    height = page.evaluate(CONTENT_HEIGHT_JS)
+    page.set_viewport_size({"width": size["width"], "height": int(height) + 40})
+    painted(page)
+    return size
+
+
+def full_page_screenshot(page: Page, path: Path) -> None:
+    """Screenshot the whole app (the viewport grown to the content's height first)."""
+    size = grow_to_content(page)
+    page.screenshot(path=str(path), full_page=True)
+    page.set_viewport_size(size)

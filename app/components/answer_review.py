@@ -25,6 +25,7 @@ from app.state.review import (
 from app.text import code, md
 from core.base.errors import DataError, StorageError
 from core.base.examples import RAGExample
+from core.base.words import plural
 from core.review import (
     LABEL_RULES,
     ORDERING_PURPOSE,
@@ -37,6 +38,7 @@ from core.review import (
     ScannedAnswer,
     label_counts,
     order_answers,
+    scanned_with_another_set,
 )
 from core.review.book import MAX_NOTE
 
@@ -104,15 +106,25 @@ def _go(qs: AnswerQueueState, answer_id: str | None) -> None:
         qs.current = answer_id
 
 
-def _verdict_line(scanned: ScannedAnswer | None) -> str:
+def _verdict_line(scanned: ScannedAnswer | None, set_now: str | None = None) -> str:
+    """The set's scanned verdict on the answer; when another set judges the dataset now
+    (``set_now``), that the verdict is the previous set's and how to get this one's."""
     if scanned is None:
         return "Not scanned yet: scan it above to see the set's verdict and flagged spans."
     side = "≥" if scanned.hallucinated else "<"
     said = "hallucinated" if scanned.hallucinated else "faithful"
-    return (
+    line = (
         f"The set says **{said}**: probability {scanned.probability:.3f} {side} threshold "
         f"{scanned.threshold:.3f} ({md(scanned.judged_by)})."
     )
+    was = scanned_with_another_set(scanned, set_now) if set_now is not None else None
+    if was is not None:
+        line += (
+            f" Scanned with the previous set, **{md(was)}**; the **{md(set_now)}** set "
+            "judges this dataset now: scan the answers again (*Build the queue*, *Scan "
+            "again the answers already scanned*) to judge them with the set in use."
+        )
+    return line
 
 
 def _label_line(lab: AnswerLabel) -> str:
@@ -132,7 +144,8 @@ def _queue_caption(
     counts = label_counts(labels.values())
     random_counts = label_counts(labels.values(), random_only=True)
     st.caption(
-        f"{len(order)} answers · {len(scanned)} scanned · {len(mine)} marked by you · labels: "
+        f"{len(order)} {plural(len(order), 'answer')} · {len(scanned)} scanned · "
+        f"{len(mine)} marked by you · labels: "
         f"{counts['hallucinated']} hallucinated, {counts['faithful']} faithful, "
         f"{counts['disputed']} disputed ({random_counts['hallucinated']} and "
         f"{random_counts['faithful']} of them drawn at random)."
@@ -237,9 +250,11 @@ def answer_section(
     items: Sequence[ReviewItem],
     labels: Mapping[str, AnswerLabel],
     marks: Sequence[AnswerReview],
+    set_now: str | None = None,
 ) -> None:
     """The whole-answer queue and the current answer's card (``marks``: the dataset's
-    answer marks, read once by the page)."""
+    answer marks, read once by the page; ``set_now``: the name of the set that judges
+    the dataset now, to tell a verdict scanned with the previous set)."""
     before = qs.order
     how = pick_order(qs)
     if how != before:
@@ -270,7 +285,7 @@ def answer_section(
     own = mine.get(ex.id)
     with st.container(border=True):
         st.markdown(f"#### Answer {order.index(ex.id) + 1} of {len(order)} · {code(ex.id)}")
-        st.caption(_verdict_line(scanned.get(ex.id)))
+        st.caption(_verdict_line(scanned.get(ex.id), set_now))
         _answer_texts(ex, items, own)
         args = (answers, qs, dataset, ex, reviewer)
         _answer_buttons(args, how=how, own=own, prev_id=prev_id, next_id=next_id)

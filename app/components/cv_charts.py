@@ -31,6 +31,7 @@ from app.components.cv_tables import (
     fmt_ci,
     series_name,
 )
+from core.base.words import plural
 from core.evaluation.comparison import p_text
 from core.evaluation.cv_run import CVRun
 from core.evaluation.matrix import MatrixRun
@@ -368,7 +369,7 @@ def _matrix_labels(
             h_row.append(
                 [
                     f"{metric} {fmt(v)}" + ("" if ci == MISSING else f", 95% CI {ci}"),
-                    f"{n} answers, {n_pos} hallucinated{cv}",
+                    f"{n} {plural(n, 'answer')}, {n_pos} hallucinated{cv}",
                 ]
             )
         text.append(t_row)

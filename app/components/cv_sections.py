@@ -44,9 +44,10 @@ from app.components.run_picker import (
     keep_options,
     model_name,
     pick_saved,
-    table_height,
+    set_cv_run,
     where_saved,
 )
+from app.state.detectors import detector_set
 from app.state.links import (
     P_CV,
     P_DETECTOR,
@@ -57,6 +58,7 @@ from app.state.links import (
     one_of,
     publish,
 )
+from app.state.model import get_model
 from app.state.runs import (
     KEY_BENCH_CURVE_METRIC,
     KEY_BENCH_CURVE_RUNS,
@@ -68,6 +70,8 @@ from app.state.runs import (
     KEY_BENCH_MATRIX_RUN,
     SavedRuns,
     download_key,
+    newest,
+    newest_per,
 )
 from app.state.session import AppState, seed_widget
 from app.text import code, md
@@ -90,7 +94,8 @@ def cv_run_label(run: CVRun) -> str:
 
 
 def pick_cv_runs(state: AppState, saved: SavedRuns) -> list[CVRun]:
-    """The cross-validation picker (newest first; several = compare)."""
+    """The cross-validation picker (newest first; several = compare), opening on the
+    loaded set's run (the one its card on the first tab reads), else the newest."""
     state.bench.cv_runs = pick_saved(
         saved,
         saved.cv,
@@ -99,6 +104,7 @@ def pick_cv_runs(state: AppState, saved: SavedRuns) -> list[CVRun]:
         "Cross-validation runs",
         cv_run_label,
         P_CV,
+        first=set_cv_run(detector_set(get_model())),
     )
     return [saved.cv[n] for n in state.bench.cv_runs]
 
@@ -111,8 +117,9 @@ def show_cv_tables(runs: Sequence[CVRun]) -> None:
         st.caption(md(describe_cv(run)) + f" · created {md(date_label(run.created_at))}.")
         for warn in filter(None, [run.evidence, *run.dataset_evidence.values()]):
             st.warning(f"**Too few answers** in {md(run.name)}: {md(warn)}")
-        table = cv_metric_table(run)
-        st.dataframe(table, hide_index=True, width="stretch", height=table_height(len(table)))
+        # Static: every detector and metric in view, headers wrapped (a grid this wide
+        # scrolled sideways).
+        st.table(cv_metric_table(run), hide_index=True)
         c1, c2 = st.columns(2)
         with c1:
             download_csv(
@@ -323,7 +330,7 @@ def show_matrix(state: AppState, saved: SavedRuns) -> None:
     runs = saved.matrices
     names = list(runs)
     if state.bench.matrix_run not in runs:
-        state.bench.matrix_run = names[0]
+        state.bench.matrix_run = newest(runs)  # by the time it records, wherever it is
     keep_option(KEY_BENCH_MATRIX_RUN, names)
     state.bench.matrix_run = bind(
         P_MATRIX,
@@ -401,14 +408,11 @@ def show_review_curves(state: AppState, saved: SavedRuns) -> None:
         "procedure. Bands: 2.5% to 97.5% over seeds."
     )
     names = list(saved.curves)
-    newest: dict[str, str] = {}
-    for n in names:  # newest first: the first of each dataset
-        newest.setdefault(saved.curves[n].dataset, n)
     keep_options(KEY_BENCH_CURVE_RUNS, names)
     picked = st.multiselect(
         "Runs",
         names,
-        default=list(newest.values()),
+        default=newest_per(saved.curves, lambda run: run.dataset),  # each dataset's newest
         key=KEY_BENCH_CURVE_RUNS,
         format_func=lambda n: (
             f"{saved.curves[n].dataset} · {date_label(saved.curves[n].created_at)}"

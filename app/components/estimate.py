@@ -15,6 +15,7 @@ import streamlit as st
 from app.state.estimates import PacePending, deferred_timing, timing
 from app.text import md
 from core.base.errors import RagscopeError
+from core.base.words import plural
 from core.pipeline.extract import WorkEstimate
 
 if TYPE_CHECKING:
@@ -150,7 +151,8 @@ def progress_bar(text: str, step: str | None = None) -> Iterator[Callable[[int, 
 
     def progress(done: int, total: int) -> None:
         left = time_left(done, total, time.perf_counter() - t0)
-        bar.progress(done / max(total, 1), text=f"{prefix} {done} / {total} examples{left}")
+        of = f"{done} / {total} {plural(total, 'example')}"
+        bar.progress(done / max(total, 1), text=f"{prefix} {of}{left}")
 
     try:
         yield progress

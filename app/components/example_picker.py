@@ -52,6 +52,7 @@ from app.state.links import (
 from app.state.session import AppState, app_state, seed_widget
 from app.text import md
 from core.base.errors import RagscopeError
+from core.base.words import plural
 from core.detectors import make_detector
 
 if TYPE_CHECKING:
@@ -336,7 +337,8 @@ def compute_row(
     c_note, c_button = st.columns([4, 1], vertical_alignment="center")
     with c_note:
         st.caption(
-            f"{len(chosen)} of the {len(picked.pool)} examples ({split_label(selection.split)}) "
+            f"{len(chosen)} of the {len(picked.pool)} {plural(len(picked.pool), 'example')} "
+            f"({split_label(selection.split)}) "
             f"of {md(picked.label)}: {n_hal} hallucinated, {n_fai} faithful. Each is traced "
             f"once with {md(model.info.display_name)}; later runs read its features from the "
             "feature cache."

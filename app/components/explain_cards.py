@@ -25,6 +25,7 @@ from app.state.session import AppState, seed_widget
 from app.text import code, md
 from core.base.errors import DataError, LLMError, RagscopeError
 from core.base.llm import LLMEndpoint
+from core.base.words import plural
 from core.engine.model import LoadedModel
 from core.explain import (
     ExplainPrompt,
@@ -156,7 +157,7 @@ def _card_title(choice: SaeChoice, fx: FeatureExamples) -> None:
     """The card's title and its facts (raglens rank, answers it fires on, peak)."""
     k = fx.feature
     rank = {f: i + 1 for i, (f, _) in enumerate(choice.ranked)}
-    facts = [f"fires on {fx.n_firing} of {fx.n_examples} answers"]
+    facts = [f"fires on {fx.n_firing} of {fx.n_examples} {plural(fx.n_examples, 'answer')}"]
     if k in rank:
         facts.insert(0, f"raglens #{rank[k]}")
     if fx.n_firing:

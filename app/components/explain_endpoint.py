@@ -21,6 +21,7 @@ from core.base.llm import (
     LLMEndpoint,
     probe_context,
 )
+from core.base.words import plural
 from core.engine.model import LoadedModel
 from core.explain import ExplainPrompt, FeatureExamples, PromptBudget
 
@@ -95,6 +96,7 @@ def layout_text(prompt: ExplainPrompt, fx: FeatureExamples) -> str:
     window = "whole answers" if prompt.window is None else f"at most {prompt.window} tokens each"
     size = f", about {prompt.n_tokens:,} tokens" if prompt.n_tokens is not None else ""
     return (
-        f"{prompt.n_shown} of the {len(fx.shown)} answers ({prompt.n_top} strongest, "
+        f"{prompt.n_shown} of the {len(fx.shown)} {plural(len(fx.shown), 'answer')} "
+        f"({prompt.n_top} strongest, "
         f"{prompt.n_spread} spread), {window}{size}"
     )

@@ -36,6 +36,7 @@ from app.text import md
 from core.analysis.heads_layers import ECS_KINDS, Head, HeadStats
 from core.base.errors import RagscopeError
 from core.base.examples import RAGExample
+from core.base.words import plural
 from core.engine.model import LoadedModel
 
 MAX_STATS_EXAMPLES = 400  # each example costs a traced pass the first time
@@ -136,7 +137,8 @@ def show_request_stats(
     selection = state.heads.selection
     if (req.dataset_key, req.split, req.limit) != (current_key, selection.split, selection.limit):
         st.info(
-            f"Showing the statistics of {len(req.ids)} examples of {md(req.dataset_label)} "
+            f"Showing the statistics of {len(req.ids)} {plural(len(req.ids), 'example')} of "
+            f"{md(req.dataset_label)} "
             f"({split_label(req.split)}); press **Compute statistics** for the choice above."
         )
     if not show_request_failures(req):
@@ -159,15 +161,15 @@ def show_stats(stats: HeadStats, req: FeatureRequest, marked: Sequence[Head]) ->
     unit = stats.unit
     st.markdown(
         f"**{stats.n_faithful}** faithful and **{stats.n_hallucinated}** hallucinated "
-        f"{unit} from {len(stats.example_ids)} examples"
+        f"{unit} from {len(stats.example_ids)} {plural(len(stats.example_ids), 'example')}"
         + (f" ({stats.n_unlabelled} unlabelled left out)" if stats.n_unlabelled else "")
         + f" · features: {req.computed} traced, {req.cache_hits} from the cache "
         f"({req.seconds:.1f} s)"
     )
     if not stats.n_units:
         st.warning(
-            f"None of these {len(req.ids)} examples carries a gold label, so there is nothing "
-            "to compare. Pick a labelled dataset (the built-in labelled corpus is one)."
+            f"None of these {len(req.ids)} {plural(len(req.ids), 'example')} carries a gold "
+            "label, so there is nothing to compare. Pick a labelled dataset (the built-in labelled corpus is one)."
         )
         return
     if not stats.n_faithful or not stats.n_hallucinated:

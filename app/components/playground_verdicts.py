@@ -32,6 +32,7 @@ from app.text import code, md
 from core.base.errors import RagscopeError
 from core.base.examples import RAGExample
 from core.base.paths import repo_root
+from core.base.words import plural
 from core.data import BUILTIN
 from core.engine.layout import render
 from core.engine.model import LoadedModel
@@ -341,7 +342,8 @@ def _stream_shown(
     total = len(shipped.for_example(example).detectors)
     passes = {"trace": "the answer with the passages", "bare": "the answer without them"}
 
-    with st.status(f"Analysing the answer with {total} detectors…", expanded=True) as status:
+    detectors = plural(total, "detector")
+    with st.status(f"Analysing the answer with {total} {detectors}…", expanded=True) as status:
         bar = st.progress(0.0, text="Tracing the answer…")
         table = st.empty()
 
@@ -353,7 +355,7 @@ def _stream_shown(
                 judged.append((det, step.verdict))
                 dets, verdicts = zip(*judged, strict=True)
                 verdict_table(table, verdict_frame(list(dets), list(verdicts)))
-            bar.progress(len(judged) / total, text=f"{len(judged)} of {total} detectors done")
+            bar.progress(len(judged) / total, text=f"{len(judged)} of {total} {detectors} done")
 
         try:
             result = stream_verdicts(
@@ -372,7 +374,7 @@ def _stream_shown(
             table.empty()  # the whole table follows below, in the detectors' order
             record_answers(model, shipped, ANALYSE, [example], result.seconds)
             status.update(
-                label=f"{total} detectors judged the answer in {result.seconds:.1f} s",
+                label=f"{total} {detectors} judged the answer in {result.seconds:.1f} s",
                 state="complete",
                 expanded=False,
             )

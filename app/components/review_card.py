@@ -1,6 +1,6 @@
 """Review's item card: one flagged span with the passages' evidence highlighted, its type
 and reason (:func:`core.pipeline.evidence.find_evidence`), the reviewer's controls
-(boundaries, type, evidence, note; Accept / Reject / Previous / Next), its reviews, a
+(boundaries, type, how evident, note; Accept / Reject / Previous / Next), its reviews, a
 span the detectors missed, the answer's audit report and the item's audit trail."""
 
 from __future__ import annotations
@@ -45,6 +45,20 @@ from core.review import (
     ReviewItem,
 )
 from core.review.book import MAX_NOTE
+
+HOW_EVIDENT = "How evident"
+"""The label of the radio of how plain the hallucination is (the stored field is
+``evidence``; "evidence" on the card is the passage text a span departs from)."""
+HOW_EVIDENT_HELP = (
+    "As RAGTruth's types: evident, the departure from the passages is plain; subtle, it "
+    "takes a close reading to see (a shifted meaning, an inference they do not allow)"
+)
+
+
+def item_heading(item: ReviewItem, position: int, shown: int) -> str:
+    """The card's heading: the item's id (the table's *item* column, the success
+    message's) and its place among the items shown."""
+    return f"#### Item {item.id} ({position} of {shown} in this queue) · {code(item.example_id)}"
 
 
 def answer_bounds(text: str) -> list[int]:
@@ -146,7 +160,7 @@ def item_card(
     next_id = ids[idx + 1] if idx + 1 < len(ids) else None
     ex = examples.get(item.example_id)
     with st.container(border=True):
-        st.markdown(f"#### Item {idx + 1} of {len(items)} · {code(item.example_id)}")
+        st.markdown(item_heading(item, idx + 1, len(items)))
         facts = [
             f"{md(n)} token score {s:.3f} (token threshold {t:.3f})"
             for n, (s, t) in item.sources.items()
@@ -212,7 +226,7 @@ def answer_column(
     item: ReviewItem, ex: RAGExample, finding: SpanFinding, mine: Review | None
 ) -> None:
     """The question, the answer with the flagged span, its type and reason, and the
-    controls: boundaries, type, evidence, note (the reviewer's own where decided)."""
+    controls: boundaries, type, how evident, note (the reviewer's own where decided)."""
     if ex.question:
         st.markdown(f"**Question:** {md(ex.question)}")
     st.markdown("**Answer** (flagged span in orange)")
@@ -245,11 +259,12 @@ def answer_column(
         help="baseless: the passages do not say it; conflict: they say otherwise",
     )
     c_ev.radio(
-        "Evidence",
+        HOW_EVIDENT,
         evs,
         index=evs.index(mine.evidence) if mine and mine.evidence else 0,
         key=item_key("evidence", item.id),
         horizontal=True,
+        help=HOW_EVIDENT_HELP,
     )
     st.text_area(
         "Note",
@@ -329,7 +344,11 @@ def missed_span_row(book: ReviewBook, rs: ReviewState, item: ReviewItem, ex: RAG
             "Type", [UNSET, *KINDS], horizontal=True, key=f"{item_key('missed', item.id)}.kind"
         )
         evidence = c_ev.radio(
-            "Evidence", [UNSET, *EVIDENCE], horizontal=True, key=f"{item_key('missed', item.id)}.ev"
+            HOW_EVIDENT,
+            [UNSET, *EVIDENCE],
+            horizontal=True,
+            key=f"{item_key('missed', item.id)}.ev",
+            help=HOW_EVIDENT_HELP,
         )
         note = st.text_input("Note", key=f"{item_key('missed', item.id)}.note", max_chars=MAX_NOTE)
         if st.button("Add and accept", key=KEY_ADD_SPAN, icon=":material/add:"):

@@ -36,12 +36,13 @@ from app.state.review import (
 from app.text import md
 from core.base.errors import RagscopeError
 from core.base.examples import RAGExample
+from core.base.words import plural
 from core.engine.model import LoadedModel
 from core.learning.contract import Detector, flag_threshold
 from core.pipeline.extract import FeatureCache
 from core.pipeline.judge import AnswerVerdict, time_judging
 from core.pipeline.sets import DetectorSet
-from core.pipeline.span_judge import span_judge
+from core.pipeline.span_judge import rule_of, span_judge
 from core.pipeline.word_spans import GAP_TOKENS
 from core.review import (
     SORTS,
@@ -104,14 +105,14 @@ def build_section(
             )
             return
         by_name = {s.name: s.detector for s in shipped.detectors}
-        choice = scan_form(rs, names, by_name, examples)
+        choice = scan_form(rs, names, by_name, examples, shipped.name)
         slot = st.empty()
         scan = st.button(
             "Scan and queue", key=KEY_BUILD, type="primary", icon=":material/radar:",
             disabled=not choice.chosen,
         )  # fmt: skip
         answers = AnswerBook(get_store())
-        todo = scan_todo(answers, key, examples, choice.limit)
+        todo, again = scan_todo(answers, key, examples, choice.limit)
         dets = [by_name[n] for n in choice.chosen]
         dset = asked if choice.by_set or not choice.chosen else asked.subset(choice.chosen)
         if choice.chosen and todo and not scan:
@@ -130,7 +131,9 @@ def build_section(
             judged = run_scan(model, dset, dets, todo)
             if judged is None:
                 return
-            queue_flags(rs, book, answers, key, todo, judged, choice)
+            queue_flags(
+                rs, book, answers, key, todo, judged, choice, again=shipped.name if again else None
+            )
             st.rerun()
     if rs.build_report:
         # Outside the expander: it closes once the queue has items, the report must show.
@@ -139,10 +142,15 @@ def build_section(
 
 
 def scan_form(
-    rs: ReviewState, names: list[str], by_name: dict[str, Detector], examples: list[RAGExample]
+    rs: ReviewState,
+    names: list[str],
+    by_name: dict[str, Detector],
+    examples: list[RAGExample],
+    set_name: str,
 ) -> ScanChoice:
     """The form: the spans' source, the detectors, how many answers, their token
-    thresholds (kept in ``rs``) and smoothing."""
+    thresholds (kept in ``rs``) and smoothing; ``set_name``: the set that judges these
+    examples (its span rule is named)."""
     source = st.radio(
         "Flag spans by",
         [SET_SPANS, DETECTOR_SPANS],
@@ -165,11 +173,11 @@ def scan_form(
         "tokens at or above the detector's token threshold, runs at most "
         f"{GAP_TOKENS} tokens apart joined, punctuation alone never",
     )  # fmt: skip
-    if by_set:
+    if by_set and judge is not None:
         c_det.caption(
-            "The set decides each answer's spans once, from its judge's token scores "
-            "(a rule chosen for span F1 in cross-validation where the set has one): "
-            "the spans the Playground, Token heatmaps and `ragscope judge` show."
+            f"The {md(set_name)} set decides each answer's spans once, from its "
+            f"**{md(judge.name)}** token scores under {md(rule_of(judge).origin())}: the "
+            "spans the Playground, Token heatmaps and `ragscope judge` show."
         )
     limit = int(
         c_lim.number_input(
@@ -212,12 +220,16 @@ def threshold_row(
 
 def scan_todo(
     answers: AnswerBook, key: str, examples: list[RAGExample], limit: int
-) -> list[RAGExample]:
+) -> tuple[list[RAGExample], bool]:
     """The answers the next scan reads: the next ``limit`` not scanned yet, or (scanning
-    again) the first ``limit`` already scanned; a caption says which."""
+    again) the first ``limit`` already scanned; a caption says which. Returns them and
+    whether they are scanned again."""
     scanned = answers.scanned(key, examples)
+    n = len(scanned)
     again = bool(scanned) and st.toggle(
-        f"Scan again the {len(scanned)} answers already scanned",
+        "Scan again the answer already scanned"
+        if n == 1
+        else f"Scan again the {n} answers already scanned",
         key=KEY_RESCAN,
         help="The same answers, first scanned first (e.g. at a lower threshold after a "
         "scan that flagged nothing); their features come from the cache, and spans "
@@ -228,17 +240,19 @@ def scan_todo(
     todo = [e for e in examples if e.id in set(todo_ids)]
     if again:
         st.caption(
-            f"Scans again the first {len(todo)} of the {len(scanned)} answers already "
-            "scanned, in the order they were first scanned."
+            f"Scans again the first {len(todo)} of the {n} {plural(n, 'answer')} already "
+            "scanned, in the order they were first scanned; their verdicts replace the "
+            "earlier scan's."
         )
     else:
         st.caption(
-            f"Scans the next {len(todo)} answers not scanned yet, in the dataset's random "
-            "order: the scanned answers stay a random sample of the dataset."
+            f"Scans the next {len(todo)} {plural(len(todo), 'answer')} not scanned yet, in "
+            "the dataset's random order: the scanned answers stay a random sample of the "
+            "dataset."
             if todo
             else "Every answer of this dataset is scanned: turn on scanning again to rescan them."
         )
-    return todo
+    return todo, again
 
 
 def run_scan(
@@ -273,8 +287,12 @@ def queue_flags(
     todo: list[RAGExample],
     judged: list[AnswerVerdict],
     choice: ScanChoice,
+    *,
+    again: str | None = None,
 ) -> None:
-    """Record the scan, queue its flags and keep its report in ``rs``."""
+    """Record the scan, queue its flags and keep its report in ``rs`` (``again``: the
+    name of the set that judged answers scanned before: the report says they were
+    scanned again)."""
     kept, verdicts = split_verdicts(todo, judged)
     answers.record_scan(key, kept, {v.example_id: scan_verdict(v) for v in judged})
     found: Scan | SetScan
@@ -288,7 +306,7 @@ def queue_flags(
     new = book.add_flags(key, kept, found.flags)
     rs.build_report = (
         "success" if found.flags else "warning",
-        found.summary(new=new, unread=len(todo) - len(kept)),
+        found.summary(new=new, unread=len(todo) - len(kept), again=again),
     )
 
 

@@ -17,12 +17,13 @@ from app.state.links import (
     one_of,
     publish,
 )
-from app.state.runs import SavedRuns
+from app.state.runs import Dated, SavedRuns, newest
 from app.state.session import seed_widget
 from app.text import code, md
+from core.pipeline.sets import DetectorSet
 from core.review.export import safe_csv
 
-R = TypeVar("R")  # a saved run of one kind (EvalRun, CVRun)
+R = TypeVar("R", bound=Dated)  # a saved run of one kind (EvalRun, CVRun)
 
 
 def table_height(n_rows: int) -> int:
@@ -81,6 +82,14 @@ def download_csv(label: str, frame: pd.DataFrame, file_name: str, key: str) -> N
     )
 
 
+def set_cv_run(dset: DetectorSet) -> str | None:
+    """The cross-validation run the loaded set's card reads (its answer judge's, else the
+    first member's that records one): what the Benchmark's tabs open on."""
+    judge = dset.judge_name
+    cards = [dset.card(judge)] if judge is not None else list(dset.detectors)
+    return next((c.cv_run for c in cards if c.cv_run is not None), None)
+
+
 def pick_saved(
     saved: SavedRuns,
     runs: Mapping[str, R],
@@ -89,15 +98,22 @@ def pick_saved(
     what: str,
     label: Callable[[R], str],
     param: str,
+    *,
+    first: str | None = None,
 ) -> list[str]:
-    """A multiselect of saved ``runs`` (newest first, the newest picked at first; names
-    no longer saved dropped), the names in the URL's ``param``; returns the picked names."""
+    """A multiselect of saved ``runs`` (yours first, each part newest first), the names in
+    the URL's ``param``; returns the picked names. Until one is picked: ``first`` when it
+    is saved (the loaded set's run), else the newest run (:func:`newest`, whichever part
+    it is in); names no longer saved are dropped."""
     names = list(runs)
     link = follow_list(param, one_of(names))
     if link.value is not None:
         chosen = link.value
         st.session_state[key] = chosen
-    chosen = [n for n in (names[:1] if chosen is None else chosen) if n in runs]
+    if chosen is None:
+        start = first if first in runs else newest(runs)
+        chosen = [start] if start is not None else []
+    chosen = [n for n in chosen if n in runs]
     keep_options(key, names)
     seed_widget(key, chosen)
     picked = st.multiselect(

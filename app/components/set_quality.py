@@ -148,3 +148,27 @@ def show_judge_quality(dset: DetectorSet, got: SetQuality) -> None:
     for p in got.parts:
         if p.evidence:
             st.warning(f"**Too few answers** in {md(p.dataset)}: {md(p.evidence)}")
+
+
+def benchmark_subtitle(dset: DetectorSet) -> str:
+    """The Benchmark's subtitle: what its numbers come from. The loaded set's from what
+    its answer judge's artifact records (a cross-validation for the shipped sets: every
+    answer scored out of fold), the other tabs' from saved runs."""
+    judge = dset.judge_name
+    measured = dset.card(judge).auroc_from if judge is not None else None
+    if measured is not None and measured.endswith("CV"):
+        where = (
+            f"The {md(dset.name)} set's numbers come from the {measured[:-2]}"
+            "cross-validation its artifacts record (every answer scored out of fold, not "
+            "a held-out test split). "
+        )
+    elif measured is not None:
+        where = f"The {md(dset.name)} set's numbers come from its {md(measured)}. "
+    else:
+        where = ""
+    return (
+        "How well each detector separates hallucinated from faithful answers. "
+        f"{where}The other tabs show saved runs (cross-validations, held-out test "
+        "splits, cross-domain matrices), each opening on the loaded set's run or the "
+        "newest; this page and `ragscope evaluate` save them."
+    )

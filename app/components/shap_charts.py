@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 import numpy as np
 
 from core.analysis.shap_values import GridKind, ShapResult, pos_means
+from core.base.words import plural
 from core.signals.attribution import POS_TAGS, SOURCES
 
 if TYPE_CHECKING:
@@ -155,7 +156,10 @@ def summary_figure(
         )
     fig.add_vline(x=0.0, line={"color": "#888888", "width": 1})
     fig.update_layout(
-        title={"text": f"SHAP values of the top {len(idx)} features ({len(result)} answers)"},
+        title={
+            "text": f"SHAP values of the top {len(idx)} {plural(len(idx), 'feature')} "
+            f"({len(result)} {plural(len(result), 'answer')})"
+        },
         height=int(max(260, 30 * len(idx) + 120)),
         margin={"l": 10, "r": 10, "t": 50, "b": 40},
         xaxis={"title": {"text": "SHAP value (log-odds; > 0 pushes towards hallucinated)"}},
@@ -234,7 +238,7 @@ def grid_figure(result: ShapResult, kind: GridKind = "mean") -> go.Figure:
         )
     )
     fig.update_layout(
-        title={"text": f"{title} ({len(result)} answers)"},
+        title={"text": f"{title} ({len(result)} {plural(len(result), 'answer')})"},
         height=340,
         margin={"l": 10, "r": 10, "t": 50, "b": 40},
         xaxis={"title": {"text": "part of speech"}, "side": "bottom"},

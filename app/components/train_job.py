@@ -47,6 +47,7 @@ from app.state.session import seed_widget
 from app.text import code, md
 from core.base.errors import RagscopeError
 from core.base.paths import TRAINED_SET
+from core.base.words import plural
 from core.engine.model import LoadedModel
 from core.pipeline.extract import WorkEstimate
 from core.services.jobs import JobView, TrainSpec, job_log_path
@@ -87,7 +88,7 @@ def _about(view: JobView) -> str:
         return f"Job #{view.id} (its options cannot be read: {md(view.spec_error)})"
     assert isinstance(spec, TrainSpec)  # this panel reads training jobs only
     r = spec.recipe
-    limit = f", about {r.limit} examples" if r.limit else ""
+    limit = f", about {r.limit} {plural(r.limit, 'example')}" if r.limit else ""
     cv = f", {r.cv}-fold CV" if r.cv else ""
     names = ", ".join(code(d) for d in r.detectors)
     by = f" (started by {code(view.row.owner)})" if view.row.owner else ""

@@ -12,6 +12,7 @@ import streamlit as st
 from app.text import md
 from core.base.errors import DataError, StorageError
 from core.base.examples import RAGExample
+from core.base.words import plural
 from core.data import (
     BUILTIN_ANSWERS as BUILTIN_ANSWERS_SPEC,
 )
@@ -76,7 +77,11 @@ class DatasetRef:
 
     @property
     def label(self) -> str:
-        n = f" ({self.n_examples} examples)" if self.n_examples is not None else ""
+        n = (
+            f" ({self.n_examples} {plural(self.n_examples, 'example')})"
+            if self.n_examples is not None
+            else ""
+        )
         if self.kind == "builtin" and self.name == "answers":
             return f"Built-in: the embedded model's own answers (unlabelled){n}"
         if self.kind == "builtin" and self.name == DEMO_FULL:

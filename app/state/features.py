@@ -8,7 +8,7 @@ from typing import TYPE_CHECKING
 
 import streamlit as st
 
-from app.state.heads import ExampleSelection
+from app.state.heads import AnswerChoice, ExampleSelection
 from core.base.errors import DataError
 from core.base.examples import RAGExample
 from core.detectors import DETECTORS
@@ -156,11 +156,12 @@ class GamState:
 
     Attributes:
         feature: The SAE feature shown in close-up on the GAM shape functions page.
-        example_id: The answer explained on the GAM shape functions page.
+        answer: The answer explained there: the Playground's analysed answer or an
+            example of a dataset (:func:`app.components.answer_picker.pick_page_answer`).
     """
 
     feature: int | None = None
-    example_id: str | None = None
+    answer: AnswerChoice = field(default_factory=AnswerChoice)
 
 
 @dataclass(kw_only=True)
@@ -237,3 +238,5 @@ def batch_outcome(result: BatchResult) -> tuple[str, str]:
 KEY_GAM_FEATURE = "gam.feature"
 KEY_GAM_TOP = "gam.top"
 KEY_GAM_EXAMPLE = "gam.example"
+KEY_GAM_SOURCE = "gam.example.source"
+KEY_GAM_DATASET = "gam.example.dataset"

@@ -217,8 +217,9 @@ class ExampleSelection:
 @dataclass(kw_only=True)
 class AnswerChoice:
     """Which answer a one-answer page shows (Token heatmaps, Token sources,
-    Counterfactual, Mitigation): the Playground's analysed answer or an example of a
-    dataset (:func:`app.components.answer_picker.pick_page_answer` keeps it).
+    Counterfactual, Mitigation, GAM shape functions): the Playground's analysed answer or
+    an example of a dataset (:func:`app.components.answer_picker.pick_page_answer` keeps
+    it).
 
     Attributes:
         example_source: :data:`HEADS_EXAMPLE_DATASET` or :data:`HEADS_EXAMPLE_PLAYGROUND`

@@ -8,10 +8,10 @@ cross-validations (:class:`~core.evaluation.cv_run.CVRun`) and cross-domain matr
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TypeVar
+from typing import Protocol, TypeVar
 
 import streamlit as st
 
@@ -152,6 +152,32 @@ def newest_first(runs: Mapping[str, R], shipped: frozenset[str] | set[str]) -> d
     by_name = sorted(runs.items())
     by_time = sorted(by_name, key=lambda kv: str(kv[1].created_at), reverse=True)
     return dict(sorted(by_time, key=lambda kv: kv[0] in shipped))
+
+
+class Dated(Protocol):
+    """A saved run of any kind, as far as its listing goes: when it was made."""
+
+    @property
+    def created_at(self) -> str: ...
+
+
+def newest(runs: Mapping[str, Dated]) -> str | None:
+    """The name of the run made last, by the time it records (not local before shipped:
+    an old run of this machine does not hide a newer shipped one); a tie goes to the one
+    listed first. ``None`` without runs."""
+    return max(runs, key=lambda n: str(runs[n].created_at)) if runs else None
+
+
+def newest_per(runs: Mapping[str, R], key: Callable[[R], str]) -> list[str]:
+    """For each distinct ``key`` of the runs (a curve run's dataset), the newest run
+    (:func:`newest`), in the order those runs are listed."""
+    best: dict[str, str] = {}
+    for n, run in runs.items():
+        k = key(run)
+        if k not in best or str(run.created_at) > str(runs[best[k]].created_at):
+            best[k] = n
+    chosen = set(best.values())
+    return [n for n in runs if n in chosen]
 
 
 def saved_runs() -> SavedRuns:

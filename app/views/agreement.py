@@ -47,7 +47,7 @@ from app.state.links import (
 )
 from app.state.model import get_model
 from app.state.session import AppState, app_state, seed_widget
-from app.text import md, plural
+from app.text import md
 from core.analysis.detector_agreement import (
     VerdictTable,
     agreement_evidence,
@@ -57,6 +57,7 @@ from core.analysis.detector_agreement import (
     verdict_table,
 )
 from core.base.errors import RagscopeError
+from core.base.words import plural
 from core.pipeline.extract import FeatureCache
 from core.review import dataset_verdicts
 
@@ -66,6 +67,7 @@ if TYPE_CHECKING:
 
 STATE_KEY = "ragscope.agreement"
 DEFAULT_LIMIT = 24
+MAX_DISAGREEMENTS = 50  # rows of "disagree on most" (the caption says when there are more)
 ACTION = "agreement"  # what Compare's paces are recorded as (app.state.estimates)
 METHODS = ["spearman", "pearson", "kendall"]
 GOLD_WORDS = {1: "hallucinated", 0: "faithful"}
@@ -146,7 +148,9 @@ def show_agreement(table: VerdictTable, method_link: Followed[str]) -> None:
         st.markdown("**Right and wrong together** (labelled answers)")
         if few_gold:
             st.caption(f":grey[{md(few_gold)}]")
-        st.dataframe(
+        # A static table: every pair in view (no inner scroll), headers wrapped in the
+        # half-width column.
+        st.table(
             pairwise_gold(table).style.format(
                 {
                     "both right": "{:.0%}",
@@ -156,7 +160,6 @@ def show_agreement(table: VerdictTable, method_link: Followed[str]) -> None:
                 }
             ),
             hide_index=True,
-            width="stretch",
         )
     if (table.gold >= 0).any():
         fig = gold_matrix_figure(table, title="Where each detector's call matches gold")
@@ -180,21 +183,26 @@ def show_disagreements(state: AppState, choice: str, table: VerdictTable) -> Non
     """The answers the detectors disagree on most, each one click from Token heatmaps."""
     st.markdown("**Answers the detectors disagree on most**")
     dis = disagreements(table)
-    shown = dis.head(50)
+    shown = dis.head(MAX_DISAGREEMENTS)
     event = whole_table(  # every detector and answer, no inner scroll
         with_probabilities(shown, table),
         numbers=("split", "score spread"),
         column_config={
             "flagged by": st.column_config.ProgressColumn(format="percent", min_value=0.0),
-            **{d: st.column_config.TextColumn(width="small") for d in table.detectors},
+            # each column as wide as its detector's name: none cut off
+            **{d: st.column_config.TextColumn(help=f"{d}'s probability") for d in table.detectors},
         },
         on_select="rerun",
         selection_mode="single-row",
         key=KEY_LIST,
     )
+    rows_note = (
+        f"The {len(shown)} most split of the {len(dis)} answers. " if len(dis) > len(shown) else ""
+    )
     st.caption(
-        "Each detector's column: its probability for the answer, ⚑ where it flags it. "
-        "Gold: the answer's label (- = unlabelled)."
+        f"{rows_note}Each detector's column: its probability for the answer, ⚑ where it "
+        "flags it. Gold: the answer's label (- = unlabelled). Pick a row to open that answer "
+        "with the button below."
     )
     rows = event.selection.rows if event is not None else []
     target = str(shown.iloc[rows[0]]["example"]) if rows else str(shown.iloc[0]["example"])
@@ -267,7 +275,9 @@ def main() -> None:
         ag.tables[request] = verdict_table(kept, verdicts, chosen)
     table = ag.tables.get(request)
     if table is None:
-        st.info(f"Press **Compare** to read {len(chosen)} detectors' verdicts on {limit} answers.")
+        n = len(chosen)
+        whose = f"{n} detector's" if n == 1 else f"{n} detectors'"
+        st.info(f"Press **Compare** to read {whose} verdicts on {limit} answers.")
         return
     if table.scores.shape[0] < 2:
         st.warning("Fewer than two answers could be read; nothing to compare.")

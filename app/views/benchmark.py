@@ -38,7 +38,7 @@ from app.components.run_picker import (
     pick_saved,
     table_height,
 )
-from app.components.set_quality import show_set_quality
+from app.components.set_quality import benchmark_subtitle, show_set_quality
 from app.state.datasets import get_store
 from app.state.detectors import detector_set
 from app.state.links import P_RUN
@@ -65,6 +65,7 @@ from app.state.session import AppState, app_state, seed_widget
 from app.text import code, md
 from core.base.errors import RagscopeError
 from core.base.paths import runs_dir
+from core.base.words import plural
 from core.data import make_splits
 from core.detectors import runnable_detectors
 from core.engine.model import LoadedModel
@@ -177,7 +178,10 @@ def _summary_note(spec: str, labels: Mapping[str, str]) -> DatasetSummary | None
             st.error(f"{md(labels.get(spec, spec))} cannot be read: {md(e)}")
         return None
     unl = f", {s.n_unlabelled} unlabelled (evaluation needs labels)" if s.n_unlabelled else ""
-    st.caption(f"{s.n} examples: {s.n_hallucinated} hallucinated, {s.n_faithful} faithful{unl}.")
+    st.caption(
+        f"{s.n} {plural(s.n, 'example')}: {s.n_hallucinated} hallucinated, "
+        f"{s.n_faithful} faithful{unl}."
+    )
     return s
 
 
@@ -278,11 +282,8 @@ def launch_run(state: AppState, model: LoadedModel) -> EvalRun | None:
             bar = st.progress(0.0, text="Extracting features…")
 
             def progress(done: int, total: int) -> None:
-                text = (
-                    f"Features: {done} / {total} examples"
-                    if done < total
-                    else f"Features: {total} / {total} examples · fitting and scoring…"
-                )
+                of = f"{done} / {total} {plural(total, 'example')}"
+                text = f"Features: {of}" + ("" if done < total else " · fitting and scoring…")
                 bar.progress(done / max(total, 1), text=text)
 
             run = evaluate(
@@ -300,8 +301,10 @@ def launch_run(state: AppState, model: LoadedModel) -> EvalRun | None:
     state.bench.runs = [run.name]
     st.session_state[KEY_BENCH_RUNS] = [run.name]  # the picker below is not drawn yet
     ex = run.extraction
+    computed = ex.get("computed")
+    examples = plural(computed, "example") if isinstance(computed, int) else "examples"
     st.success(
-        f"Saved **{md(run.name)}** to {code(json_path)} ({ex.get('computed')} examples computed, "
+        f"Saved **{md(run.name)}** to {code(json_path)} ({computed} {examples} computed, "
         f"{ex.get('cache_hits')} from the feature cache); it is selected below."
     )
     return run
@@ -488,10 +491,7 @@ def main() -> None:
     state = app_state()
     model = get_model()
     st.title("Benchmark")
-    st.caption(
-        "How well each detector separates hallucinated from faithful answers, on held-out "
-        "test data. Runs are saved by this page and by `ragscope evaluate`."
-    )
+    st.caption(benchmark_subtitle(detector_set(model)))
     saved = saved_runs()
     if launch_form(state, model, expanded=not saved.runs):
         if launch_run(state, model) is not None:

@@ -59,6 +59,7 @@ from app.state.session import AppState, seed_widget
 from app.state.verdicts import keep_judgement, known_verdicts
 from app.text import md
 from core.base.errors import RagscopeError
+from core.base.words import plural
 from core.engine.layout import render
 from core.interventions.counterfactual import (
     Counterfactual,
@@ -322,7 +323,7 @@ def show_result(cf: Counterfactual, model: LoadedModel, shipped: DetectorSet) ->
     expected = f" (this preset should leave {EXPECT[preset]})" if preset else ""
     moved = "fewer" if n_e < n_o else ("more" if n_e > n_o else "as many")
     st.markdown(
-        f"**Flags:** {n_o} of {n} detectors flag the original, {n_e} the "
+        f"**Flags:** {n_o} of {n} {plural(n, 'detector')} flag the original, {n_e} the "
         f"edited version: {moved}{expected}."
     )
     if lines := verdict_lines(model, shipped, cf):

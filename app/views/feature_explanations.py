@@ -51,6 +51,7 @@ from app.text import md
 from core.base.errors import RagscopeError
 from core.base.examples import RAGExample
 from core.base.llm import LLMEndpoint
+from core.base.words import plural
 from core.engine.model import LoadedModel
 from core.explain import active_features, encode_answers
 
@@ -76,7 +77,8 @@ def read_row(
     c_note, c_button = st.columns([4, 1], vertical_alignment="center")
     with c_note:
         st.caption(
-            f"{len(chosen)} of the {len(picked.pool)} examples ({split_label(selection.split)}) "
+            f"{len(chosen)} of the {len(picked.pool)} {plural(len(picked.pool), 'example')} "
+            f"({split_label(selection.split)}) "
             f"of {md(picked.label)}. Each answer costs one forward pass up to block "
             f"{choice.sae.layer} the first time; later reads come from memory."
         )
@@ -147,7 +149,8 @@ def current_request(
     chosen = (picked.key, selection.split or ALL_SPLITS, selection.limit)
     if (req.dataset_key, req.split, req.limit) != chosen:
         st.info(
-            f"Showing {len(req.ids)} answers of {md(req.dataset_label)} "
+            f"Showing {len(req.ids)} {plural(len(req.ids), 'answer')} of "
+            f"{md(req.dataset_label)} "
             f"({split_label(req.split)}); "
             "press **Read activations** for the choice above."
         )

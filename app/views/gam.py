@@ -16,28 +16,27 @@ from typing import TYPE_CHECKING
 import numpy as np
 import streamlit as st
 
-from app.components.answer_picker import pick_example
+from app.components.answer_picker import AnswerKeys, pick_page_answer
 from app.components.artifacts import show_broken_artifacts
-from app.components.example_picker import first_words
-from app.components.exports import plot
+from app.components.exports import plot, whole_table
 from app.components.gam_charts import contributions_figure, importance_figure, shape_function_figure
 from app.components.heatmap import render_token_heatmap
 from app.components.train_job import train_detectors_panel
 from app.state.analysis import input_signature
 from app.state.detectors import detector_set
-from app.state.features import KEY_GAM_EXAMPLE, KEY_GAM_FEATURE, KEY_GAM_TOP
-from app.state.heads import HEADS_FROM_HOME, heads_examples
+from app.state.features import (
+    KEY_GAM_DATASET,
+    KEY_GAM_EXAMPLE,
+    KEY_GAM_FEATURE,
+    KEY_GAM_SOURCE,
+    KEY_GAM_TOP,
+)
 from app.state.links import (
-    HOME_DATASETS_HERE,
-    P_DATASET,
     P_FEATURE,
     P_TOP,
     bind,
-    dataset_spec,
     feature_id,
-    follow_home_dataset,
     integer,
-    publish,
 )
 from app.state.model import get_model
 from app.state.session import app_state
@@ -56,6 +55,7 @@ if TYPE_CHECKING:
 # Page scripts run with Streamlit's magic: a bare string would be drawn, so no
 # attribute docstrings here.
 RAGLENS = DETECTORS.explained("sae-features")
+ANSWER_KEYS = AnswerKeys(source=KEY_GAM_SOURCE, dataset=KEY_GAM_DATASET, example=KEY_GAM_EXAMPLE)
 ACTIVATION_CMAP = ((0.0, "#ffffff"), (0.35, "#fdd49e"), (0.7, "#fc8d59"), (1.0, "#b30000"))
 
 
@@ -136,11 +136,8 @@ def ranking_section(detector: RaglensDetector) -> int | None:
                 "MI (nats)": [float(mi[k]) if k < mi.size else np.nan for k, _ in imp],
             }
         )
-        st.dataframe(
+        whole_table(  # every feature shown, no inner scroll
             frame.head(top),
-            hide_index=True,
-            width="stretch",
-            height=min(420, 35 * (top + 1) + 3),
             column_config={
                 "importance": st.column_config.NumberColumn(format="%.4f"),
                 "MI (nats)": st.column_config.NumberColumn(format="%.4f"),
@@ -201,37 +198,23 @@ def _explain_cached(
 
 
 def answer_section(model: LoadedModel, detector: RaglensDetector, stamp: str) -> None:
-    """One answer: its score, the contributions, and where the top features fire."""
+    """One answer (the Playground's analysed answer first, as on the other one-answer
+    pages, else an example of a dataset): its score, the contributions, and where the
+    top features fire."""
 
     state = app_state()
     st.subheader("One answer")
-    link = follow_home_dataset()
-    publish(
-        P_DATASET,
-        dataset_spec(state.dataset),
-        missing=link.missing,
-        what="dataset",
-        where=HOME_DATASETS_HERE,
-        instead=f"the dataset picked on Home, {md(state.dataset.label)}",
-    )
-    try:
-        _, label, examples = heads_examples(HEADS_FROM_HOME, state.dataset)
-    except RagscopeError as e:
-        st.error(f"The dataset picked on Home could not be read: {md(e)}")
+    picked = pick_page_answer(state, state.gam.answer, ANSWER_KEYS)
+    if picked is None:
         return
-    if not examples:
-        st.info("The dataset picked on Home holds no examples; pick another one there.")
-        return
-    ex = pick_example(examples, state.gam.example_id, key=KEY_GAM_EXAMPLE, dataset_label=label)
-    state.gam.example_id = ex.id
-    st.caption(f"From {md(label)}. Answer: \u201c{md(first_words(ex.response, 40))}\u201d")
+    ex = picked[0]
     try:
         with st.spinner("Tracing the answer and encoding it with the SAE…"):
             ans = _explain_cached(
                 model.instance_key, input_signature(ex, None), stamp, model, detector, ex
             )
     except RagscopeError as e:
-        st.error(f"This answer could not be analysed: {md(e)}  \nFix: pick another example.")
+        st.error(f"This answer could not be analysed: {md(e)}  \nFix: pick another answer.")
         return
     v = ans.verdict
     thr = v.threshold if v.threshold is not None else detector.threshold_

@@ -35,6 +35,7 @@ from app.state.session import AppState, app_state, seed_widget
 from app.text import code, md
 from core.base.errors import RagscopeError
 from core.base.paths import detector_set_names
+from core.base.words import plural
 from core.engine.model import LoadedModel
 
 INTRO = (
@@ -173,7 +174,8 @@ def _do_import(report: UploadReport) -> None:
     state.dataset = DatasetRef(kind="store", name=name, path=store.path, n_examples=n)
     st.session_state[KEY_DATASET] = state.dataset.key
     state.imported_message = (
-        f"Imported {n} examples as **{md(name)}**; the Playground now uses them."
+        f"Imported {n} {plural(n, 'example')} as **{md(name)}**; the Playground now uses "
+        f"{plural(n, 'it', 'them')}."
     )
 
 
@@ -237,7 +239,7 @@ def upload_section(state: AppState) -> None:
     seed_widget(KEY_UPLOAD_NAME, report.default_name)
     st.text_input("Name in the library", key=KEY_UPLOAD_NAME)
     st.button(
-        f"Import {len(report.examples)} examples",
+        f"Import {len(report.examples)} {plural(len(report.examples), 'example')}",
         key=KEY_IMPORT,
         type="primary",
         on_click=_do_import,

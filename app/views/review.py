@@ -65,6 +65,7 @@ from app.state.session import app_state
 from app.text import code, md
 from core.base.errors import RagscopeError
 from core.base.examples import RAGExample
+from core.base.words import plural
 from core.data import is_named_spec, stored_spec
 from core.review import (
     AnswerBook,
@@ -212,13 +213,15 @@ def export_section(
     by_id = {e.id: e for e in examples}
     n_stale = sum(1 for i in items if i.is_stale(by_id.get(i.example_id)))
     st.caption(
-        f"{len(reviewed)} answers with a label ({n_h} hallucinated), by the label rules. "
+        f"{len(reviewed)} {plural(len(reviewed), 'answer')} with a label ({n_h} "
+        "hallucinated), by the label rules. "
         "RAGTruth-style JSONL, the "
         "format of the shared dev sets: retrain on it with "
         "`ragscope train --dataset reviewed.jsonl`."
         + (
-            f" {n_stale} stale items (flagged on an earlier version of their answer) are "
-            "left out of every export."
+            f" {n_stale} stale {plural(n_stale, 'item')} (flagged on an earlier version "
+            f"of {plural(n_stale, 'its answer', 'their answers')}) "
+            f"{plural(n_stale, 'is', 'are')} left out of every export."
             if n_stale
             else ""
         )
@@ -278,7 +281,9 @@ def store_row(stem: str, label: str, reviewed: list[RAGExample]) -> None:
         except RagscopeError as e:
             st.error(f"Not stored: {md(e)}")
         else:
-            st.success(f"Stored {n} answers as **{md(name)}**: pick it on Home or here.")
+            st.success(
+                f"Stored {n} {plural(n, 'answer')} as **{md(name)}**: pick it on Home or here."
+            )
 
 
 # --------------------------------------------------------------------------- page
@@ -306,6 +311,8 @@ def main() -> None:
     marks = answers.marks(key)  # one read of the answer marks per rerun
     labels = answer_labels(examples, marks, everything)
     if pick_mode(rs) == "answers":
+        model = get_model()
+        asked = detector_set(model)
         answer_section(
             answers,
             rs.answers,
@@ -315,12 +322,12 @@ def main() -> None:
             items=everything,
             labels=labels,
             marks=marks,
+            set_now=asked.for_examples(examples).name,
         )
         st.divider()
-        model = get_model()
         adapt_panel(
             model,
-            detector_set(model),
+            asked,
             queue=key,
             dataset_spec=job_dataset(key),
             examples=examples,

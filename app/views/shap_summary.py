@@ -53,6 +53,7 @@ from app.text import code, md
 from core.analysis.shap_values import GridKind, ShapResult
 from core.base.errors import RagscopeError
 from core.base.examples import RAGExample
+from core.base.words import plural
 from core.engine.model import LoadedModel
 from core.learning.metrics import evidence_warning
 
@@ -138,7 +139,8 @@ def detector_section(
         q = choice.fit
         st.warning(
             f"**Quick fit** (not a trained detector): spad fitted in this session on "
-            f"{len(q.ids)} answers of {md(q.dataset_label)} ({split_label(q.split)}: "
+            f"{len(q.ids)} {plural(len(q.ids), 'answer')} of {md(q.dataset_label)} "
+            f"({split_label(q.split)}: "
             f"{q.n_hallucinated} hallucinated, {q.n_faithful} faithful) in {q.seconds:.1f} s. "
             "Its SHAP values show how the page works, not what SPAD learns from real data.",
             icon=":material/bolt:",
@@ -182,14 +184,16 @@ def show_summary(
     selection = state.shap.selection
     if (req.dataset_key, req.split, req.limit) != (key, selection.split, selection.limit):
         st.info(
-            f"Showing {len(req.ids)} examples of {md(req.dataset_label)} "
+            f"Showing {len(req.ids)} {plural(len(req.ids), 'example')} of "
+            f"{md(req.dataset_label)} "
             f"({split_label(req.split)}); press **Compute SHAP values** for the choice above."
         )
     if not show_request_failures(req):
         return
     if choice is None:
         st.info(
-            f"spad features of {len(req.ids)} answers are ready; press **Quick fit** above "
+            f"spad features of {len(req.ids)} {plural(len(req.ids), 'answer')} are ready; "
+            "press **Quick fit** above "
             "(or train spad) to see what the classifier makes of them."
         )
         return
@@ -219,8 +223,9 @@ def _summary_header(
         seen = len(set(result.example_ids) & set(choice.fit.ids))
         if seen:
             st.caption(
-                f"{seen} of these {len(result)} answers were in the quick fit's training data: "
-                "their SHAP values are in-sample."
+                f"{seen} of these {len(result)} {plural(len(result), 'answer')} "
+                f"{plural(seen, 'was', 'were')} in the quick fit's training data: "
+                f"{plural(seen, 'its SHAP values are', 'their SHAP values are')} in-sample."
             )
     labelled = [int(v) for v in labels if v is not None]
     few = evidence_warning(labelled, f"These {len(result)} answers")

@@ -203,8 +203,9 @@ def _list_sets() -> int:
             defers = f"  defers to {', '.join(experts)}" if experts else ""
         except DataError as e:
             defers = f"  experts.json unreadable: {e}"
+        noun = "detector" if len(found) == 1 else "detectors"
         print(
-            f"{mark} {name:<10} {len(found):>2} detectors  trained on "
+            f"{mark} {name:<10} {len(found):>2} {noun:<9}  trained on "
             f"{', '.join(data) or 'unrecorded data'}{defers}  ({folder})"
         )
     return 0

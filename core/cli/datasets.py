@@ -7,6 +7,7 @@ import argparse
 from collections.abc import Callable
 from pathlib import Path
 
+from core.base.words import counted
 from core.cli.common import Subparsers
 from core.data import load_dataset
 from core.storage import Store
@@ -45,7 +46,7 @@ def cmd_datasets(args: argparse.Namespace) -> int:
         if not rows:
             print("no stored datasets; add one with `ragscope datasets import PATH --name NAME`")
         for r in rows:
-            print(f"{r.name}\t{r.n_examples} examples\t{r.format}\t{r.source}")
+            print(f"{r.name}\t{counted(r.n_examples, 'example')}\t{r.format}\t{r.source}")
         return 0
     if args.action == "validate":
         report = load_dataset(args.path, fmt=args.format, on_error="skip")
@@ -65,7 +66,7 @@ def cmd_datasets(args: argparse.Namespace) -> int:
             replace=args.replace,
         )
     print(
-        f"imported {n} examples as {name!r}"
+        f"imported {counted(n, 'example')} as {name!r}"
         + (f" (skipped {len(report.errors)} bad)" if report.errors else "")
     )
     return 0

@@ -10,6 +10,7 @@ from pathlib import Path
 
 from core.base.examples import Provenance, source_key
 from core.base.paths import repo_root
+from core.base.words import counted
 from core.cli.common import (
     Subparsers,
     add_example_args,
@@ -128,7 +129,7 @@ def cmd_answer(args: argparse.Namespace) -> int:
         update(i + 1, len(todo))
     if not todo:
         save_jsonl(done, out)
-    print(f"{len(done)} answers in {out} ({len(todo)} generated now)")
+    print(f"{counted(len(done), 'answer')} in {out} ({len(todo)} generated now)")
     return 0
 
 

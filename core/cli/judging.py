@@ -29,6 +29,7 @@ from tqdm import tqdm
 from core.base.errors import DataError
 from core.base.examples import RAGExample
 from core.base.safeio import replace_file, replacing
+from core.base.words import counted, plural
 from core.cli.common import (
     REPORT_LINES,
     Subparsers,
@@ -396,7 +397,8 @@ def verdicts_html(
         verdict = "Hallucinated" if flagged else "Faithful"
         sign = "≥" if flagged else "<"
         silent = [n for n, d in r["detectors"].items() if d.get("no_signal")]
-        counted = f"{r['n_flagged']} of {r['n_detectors'] - len(silent)} detectors flag it"
+        n = r["n_detectors"] - len(silent)
+        counted = f"{r['n_flagged']} of {n} {plural(n, 'detector')} flag{'s' if n == 1 else ''} it"
         if silent:
             counted += f" ({', '.join(silent)}: no signal here, left out)"
         head = f"{r['judge']} p = {r['probability']:.3f} {sign} {r['threshold']:.3f}; {counted}"
@@ -596,7 +598,7 @@ def cmd_judge(args: argparse.Namespace) -> int:
     done = {r["id"] for r in previous}
     todo = [e for e in examples if e.id not in done]
     if done:
-        print(f"{len(done)} answers already in {out}: skipped", file=sys.stderr)
+        print(f"{counted(len(done), 'answer')} already in {out}: skipped", file=sys.stderr)
     if args.engine == "ray" and todo:
         _ray_fill(args, model, todo, dset)
     for where, why in bad:
@@ -626,7 +628,8 @@ def cmd_judge(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         kept = f"{len(records)} verdicts written to {out}" if sink else "no table written"
         print(
-            f"ragscope judge: stopped after {len(records)} answers; {kept}; the features "
+            f"ragscope judge: stopped after {counted(len(records), 'answer')}; {kept}; "
+            "the features "
             "traced are cached: re-run the same command to resume",
             file=sys.stderr,
         )
@@ -654,7 +657,8 @@ def cmd_judge(args: argparse.Namespace) -> int:
         for ds, e in dset.experts.items()
     )
     head = (
-        f"{len(examples)} answers of {', '.join(sets)}, judged by the {dset.name} set "
+        f"{counted(len(examples), 'answer')} of {', '.join(sets)}, judged by the "
+        f"{dset.name} set "
         f"({', '.join(dset.names)}) on {model.info.display_name}{experts}"
         f"{judged_as_words(args.judge_as)}"
     )

@@ -54,6 +54,7 @@ from sklearn.model_selection import StratifiedKFold
 
 from core.base.errors import DataError
 from core.base.examples import RAGExample, example_hash
+from core.base.words import counted
 from core.detectors.ensemble import EnsembleDetector
 from core.learning.artifact import read_artifact_cfg, write_artifact
 from core.learning.calibration import DatasetCalibration, PlattCalibrator
@@ -145,7 +146,8 @@ def missing_reviews(labels: Sequence[bool], *, purpose: str = "calibrating") -> 
         f"{more_any} more of either" if more_any else "",
     ]
     return (
-        f"{n} answers reviewed in the random order ({pos} hallucinated); {purpose} needs "
+        f"{counted(n, 'answer')} reviewed in the random order ({pos} hallucinated); "
+        f"{purpose} needs "
         f"at least {MIN_ADAPT_ANSWERS} with {MIN_ADAPT_CLASS} of each class: review "
         + ", ".join(p for p in parts if p)
         + " in the random order"

@@ -30,6 +30,7 @@ from core.base.errors import DataError
 from core.base.examples import RAGExample
 from core.base.paths import runs_dir
 from core.base.safeio import MiB, read_json_file, replace_file
+from core.base.words import counted
 from core.data import data_hash
 from core.detectors import detector_class, make_detector
 from core.engine.model import LoadedModel
@@ -325,7 +326,9 @@ def _labels(examples: Sequence[RAGExample], what: str) -> np.ndarray:
     missing = [e.id for e in examples if e.label is None]
     if missing:
         raise DataError(
-            f"{len(missing)} {what} examples are unlabelled (first {missing[0]!r}); evaluation needs labels"
+            f"{counted(len(missing), f'{what} example')} "
+            f"{'is' if len(missing) == 1 else 'are'} unlabelled (first {missing[0]!r}); "
+            "evaluation needs labels"
         )
     return np.asarray([int(bool(e.label)) for e in examples])
 

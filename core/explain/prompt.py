@@ -20,6 +20,7 @@ import numpy as np
 
 from core.base.errors import DataError
 from core.base.llm import ENV_CONTEXT, MIN_CONTEXT
+from core.base.words import counted
 from core.explain.activations import FeatureExamples
 
 PROMPT_VERSION = "ragscope-explain-v1"
@@ -190,8 +191,9 @@ def _render_prompt(
     top = max((e.max_activation for e in shown), default=0.0)
     if not top > 0:
         raise DataError(
-            f"feature F{examples.feature} fires on none of the {examples.n_examples} examples "
-            "read; read more (or other) examples to explain it"
+            f"feature F{examples.feature} fires on none of the "
+            f"{counted(examples.n_examples, 'example')} read; read more (or other) examples "
+            "to explain it"
         )
     blocks = []
     for i, ex in enumerate(shown, start=1):

@@ -26,6 +26,7 @@ import numpy as np
 from core.base.errors import DataError, LLMError
 from core.base.examples import RAGExample
 from core.base.llm import LLMEndpoint, chat
+from core.base.words import counted
 from core.detectors import DETECTORS
 from core.engine.chat_template import render_chat, template_of
 from core.engine.generate import AnswerStream, Generation, GenerationConfig
@@ -271,7 +272,7 @@ class MitigationReport:
         lines = [
             f"# mitigation: {self.method}" + (f" (guided by {self.guide})" if self.guide else ""),
             "",
-            f"{len(self.example_ids)} answers re-scored; {len(self.errors)} failed.",
+            f"{counted(len(self.example_ids), 'answer')} re-scored; {len(self.errors)} failed.",
             "",
             "| detector | flagged before | flagged after | change |",
             "|---|---|---|---|",

@@ -9,6 +9,8 @@ from typing import Any, Literal
 
 import numpy as np
 
+from core.base.words import counted
+
 
 def ci_columns(metric: str) -> tuple[str, str]:
     """The table columns of ``metric``'s 95% interval (low, high) in every run frame."""
@@ -45,9 +47,9 @@ def evidence_warning(y: np.ndarray | Sequence[int], what: str = "These answers")
     if short < MIN_CLASS_ANSWERS:
         more = MIN_CLASS_ANSWERS - short
         need = (
-            f"{more} more answers of each class"
+            f"{counted(more, 'more answer')} of each class"
             if max(pos, neg) < MIN_CLASS_ANSWERS
-            else f"{more} more {'hallucinated' if pos < neg else 'faithful'} answers"
+            else counted(more, f"more {'hallucinated' if pos < neg else 'faithful'} answer")
         )
         return (
             f"{what} hold {pos} hallucinated and {neg} faithful answers: with fewer than "

@@ -33,6 +33,7 @@ from typing import Any, Literal
 import numpy as np
 
 from core.base.errors import DataError
+from core.base.words import counted
 
 _EPS = 1e-6
 MAX_GAP_TOKENS = 16
@@ -64,7 +65,8 @@ class SpanRule:
         extend: ``"words"`` (the phrase itself) or ``"sentence"`` (the answer sentences
             it stands in).
         chosen: ``"cross-validation"`` (chosen for span F1, :attr:`measured` says on
-            what) or ``"default"`` (the judge's token threshold, no cross-validation).
+            what) or ``"default"`` (the judge's token threshold, not chosen for spans in
+            a cross-validation).
         measured: What the choice was measured at (span precision / recall / F1, the
             share of faithful answers' characters flagged, the data): shown, not used.
     """
@@ -107,22 +109,35 @@ class SpanRule:
         shift = self.answer_weight * float(_logit(answer_p) - _logit(answer_threshold))
         return 1.0 / (1.0 + np.exp(-(_logit(tok) + shift)))
 
+    def origin(self) -> str:
+        """Where the rule comes from, in words: chosen for spans in a cross-validation
+        (the run and data :attr:`measured` records, when it does), or the judge's token
+        threshold."""
+        if self.chosen != "cross-validation":
+            return "the judge's token threshold, not a rule chosen for spans in cross-validation"
+        run, data = self.measured.get("run"), self.measured.get("datasets")
+        where = " ".join(
+            p
+            for p in (
+                f"run {run}" if isinstance(run, str) and run else "",
+                f"on {data}" if isinstance(data, str) and data else "",
+            )
+            if p
+        )
+        return "a rule chosen for span F1 in cross-validation" + (f" ({where})" if where else "")
+
     def describe(self) -> str:
-        """One line for a person: what flags a token, and how the rule was chosen."""
+        """One line for a person: what flags a token, and where the rule comes from
+        (:meth:`origin`)."""
         parts = [f"tokens scoring ≥ {self.threshold:.3f}"]
         if self.answer_weight:
             parts.append(f"after adding {self.answer_weight:g} × the answer's logit margin")
         if self.gate:
             parts.append("only in answers the set flags")
-        how = (
-            "chosen for span F1 in cross-validation"
-            if self.chosen == "cross-validation"
-            else "the judge's token threshold (not cross-validated for spans)"
-        )
         unit = "the sentences they stand in" if self.extend == "sentence" else "whole words"
         return (
-            f"{', '.join(parts)}; runs within {self.gap_tokens} tokens merge, widened to "
-            f"{unit} ({how})"
+            f"{', '.join(parts)}; runs within {counted(self.gap_tokens, 'token')} merge, widened to "
+            f"{unit}; {self.origin()}"
         )
 
     def to_json(self) -> dict[str, Any]:

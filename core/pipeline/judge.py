@@ -29,6 +29,7 @@ import pandas as pd
 
 from core.base.errors import DataError
 from core.base.examples import RAGExample
+from core.base.words import plural
 from core.engine.model import LoadedModel
 from core.engine.trace import Needs, Trace
 from core.learning.contract import Detector, Features, Verdict, calibrated_as, judge_features
@@ -209,7 +210,8 @@ class AnswerVerdict:
     @property
     def counts(self) -> str:
         """``7 of 11 detectors flag it``, naming those left out for having no signal."""
-        out = f"{self.n_flagged} of {self.n_voting} detectors flag it"
+        n = self.n_voting
+        out = f"{self.n_flagged} of {n} {plural(n, 'detector')} flag{'s' if n == 1 else ''} it"
         if silent := self.no_signal:
             out += f" ({', '.join(silent)}: no signal here, left out)"
         return out

@@ -57,9 +57,11 @@ from core.review.answers import (
     ScanVerdict,
     answer_labels,
     derive_label,
+    judged_set,
     label_counts,
     reviewer_labels,
     scan_verdict,
+    scanned_with_another_set,
 )
 from core.review.book import (
     SORTS,
@@ -134,6 +136,8 @@ __all__ = [
     "random_order",
     "reviewer_labels",
     "scan_verdict",
+    "scanned_with_another_set",
+    "judged_set",
     "split_verdicts",
     "AuditEntry",
     "DECISIONS",

@@ -22,6 +22,7 @@ answer mark behind it was made while reviewing in the dataset's random order
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
@@ -212,6 +213,25 @@ def scan_verdict(v: AnswerVerdict) -> ScanVerdict:
         threshold=float(v.threshold),
         judged_by=f"{who}, {how}, {cal}",
     )
+
+
+_JUDGED_SET = re.compile(r"set (\S+?)(?:,| \(|$)")
+
+
+def judged_set(scanned: ScannedAnswer) -> str | None:
+    """The name of the set a scanned verdict was judged by (the ``set NAME`` its
+    :attr:`~ScannedAnswer.judged_by` starts with, as :func:`scan_verdict` writes it);
+    ``None`` when it does not say."""
+    m = _JUDGED_SET.match(scanned.judged_by)
+    return m.group(1) if m else None
+
+
+def scanned_with_another_set(scanned: ScannedAnswer, set_now: str) -> str | None:
+    """The set's name a scanned verdict was judged by, when it is not ``set_now`` (the
+    set that judges the answer's dataset now: the verdict is the previous set's);
+    ``None`` when it is the same set, or the verdict does not say which."""
+    was = judged_set(scanned)
+    return was if was is not None and was != set_now else None
 
 
 class AnswerBook:

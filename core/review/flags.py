@@ -13,6 +13,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from core.base.examples import RAGExample
+from core.base.words import counted
 from core.engine.model import LoadedModel
 from core.learning.contract import Verdict
 from core.pipeline.extract import FeatureCache
@@ -111,25 +112,28 @@ class Scan:
     n_answers: int
     detectors: tuple[DetectorScan, ...]
 
-    def summary(self, *, new: int, unread: int = 0) -> str:
+    def summary(self, *, new: int, unread: int = 0, again: str | None = None) -> str:
         """What the scan found, for a person: spans, how many are new in the queue,
         answers that could not be read, and for each detector that flags nothing why
-        (no token scores; no token reaching its threshold, with the highest score)."""
+        (no token scores; no token reaching its threshold, with the highest score).
+        ``again``: the set's name when the scan read answers already scanned
+        (:func:`scanned_head`)."""
         n_flags, old = len(self.flags), len(self.flags) - new
         out = (
-            f"Scanned {_counted(self.n_answers, 'answer')}: {_counted(n_flags, 'flagged span')}, "
+            f"{scanned_head(self.n_answers, again)}: {counted(n_flags, 'flagged span')}, "
             f"{new} new in the queue ({old} {'was' if old == 1 else 'were'} there already)."
         )
         if unread:
-            out += f" {_counted(unread, 'answer')} could not be read."
+            out += f" {counted(unread, 'answer')} could not be read."
         for d in self.detectors:
             if d.n_spans:
                 continue
             if d.top is None:
                 out += f" {d.detector} gives no token scores, so no spans."
             elif d.top < d.threshold:
+                these = "this answer" if d.n_scored == 1 else f"these {d.n_scored} answers"
                 out += (
-                    f" No token of these {d.n_scored} answers reaches {d.detector}'s token "
+                    f" No token of {these} reaches {d.detector}'s token "
                     f"threshold {d.threshold:.3f} (highest {d.top:.3f}): lower the "
                     "threshold to flag its most suspect words."
                 )
@@ -199,17 +203,18 @@ class SetScan:
     unflagged: tuple[tuple[str, str], ...]
     rule: str | None
 
-    def summary(self, *, new: int, unread: int = 0) -> str:
+    def summary(self, *, new: int, unread: int = 0, again: str | None = None) -> str:
         """What the scan found, for a person (the spans, how many are new, and why a
-        hallucinated answer has none)."""
+        hallucinated answer has none); ``again``: the set's name when the scan read
+        answers already scanned (:func:`scanned_head`)."""
         n_flags, old = len(self.flags), len(self.flags) - new
         out = (
-            f"Scanned {_counted(self.n_answers, 'answer')}: the set calls "
-            f"{self.n_hallucinated} hallucinated and flags {_counted(n_flags, 'span')}, "
+            f"{scanned_head(self.n_answers, again)}: the set calls "
+            f"{self.n_hallucinated} hallucinated and flags {counted(n_flags, 'span')}, "
             f"{new} new in the queue ({old} {'was' if old == 1 else 'were'} there already)."
         )
         if unread:
-            out += f" {_counted(unread, 'answer')} could not be read."
+            out += f" {counted(unread, 'answer')} could not be read."
         for example_id, why in self.unflagged[:5]:
             out += f" {example_id}: {why}."
         if len(self.unflagged) > 5:
@@ -298,6 +303,15 @@ def split_verdicts(
     return kept, {v.example_id: dict(v.verdicts) for v in judged if v.example_id in by_id}
 
 
-def _counted(n: int, noun: str) -> str:
-    """``n`` and ``noun``, plural unless one (1 flagged span, 2 flagged spans)."""
-    return f"{n} {noun}" if n == 1 else f"{n} {noun}s"
+def scanned_head(n_answers: int, again: str | None = None) -> str:
+    """How a scan's report starts: ``Scanned 3 answers`` for answers not scanned before;
+    for answers scanned again (``again``: the name of the set that judged them now)
+    ``Scanned again 3 answers with the default set (their verdicts replace the earlier
+    scan's)``."""
+    if again is None:
+        return f"Scanned {counted(n_answers, 'answer')}"
+    theirs = "its verdict replaces" if n_answers == 1 else "their verdicts replace"
+    return (
+        f"Scanned again {counted(n_answers, 'answer')} with the {again} set ({theirs} the "
+        "earlier scan's)"
+    )

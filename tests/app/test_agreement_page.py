@@ -4,6 +4,7 @@ computed directly, and an answer opens in Token heatmaps."""
 
 from __future__ import annotations
 
+import json
 import sqlite3
 from collections.abc import Callable
 from pathlib import Path
@@ -65,11 +66,11 @@ def test_compare_draws_the_detectors_agreement_and_opens_an_answer(
     # Eight answers are too few for correlations: said, and the map greyed.
     assert any(f"come from {N} answers" in w.value for w in at.warning)
     assert any("too few answers" in a["text"] for a in fig["layout"]["annotations"])
-    tables = at.dataframe
-    assert len(tables) == 2
-    pairs = tables[0].value
+    # "Right and wrong together": a static table, every pair in view (no inner scroll)
+    (pairs,) = [t.value for t in at.table]
     assert len(pairs) == 3 and set(pairs["A"]) | set(pairs["B"]) == set(names)
-    listed = tables[1].value
+    (shown,) = at.dataframe
+    listed = shown.value
     assert len(listed) == N and listed["split"].is_monotonic_decreasing
     # every detector's probability beside its flag, the page's three decimals; gold in words
     vt = verdict_table(kept, verdicts, names)
@@ -79,8 +80,11 @@ def test_compare_draws_the_detectors_agreement_and_opens_an_answer(
         for k, d in enumerate(names):
             assert r[d] == f"{vt.scores[i, k]:.3f}" + (" ⚑" if vt.calls[i, k] else ""), (d, r[d])
         assert r["gold"] == {1: "hallucinated", 0: "faithful", -1: "-"}[int(vt.gold[i])]
-    # shown whole (no inner scrollbar hides a row or a detector)
-    assert shown_heights[-1] == "content"
+    # shown whole (no inner scrollbar hides a row or a detector), each detector's column
+    # as wide as its name (a narrow one cut the name off)
+    assert shown_heights == ["content"]
+    columns = json.loads(shown.proto.columns)
+    assert all(columns.get(d, {}).get("width") is None for d in names), columns
     first = str(listed["example"].iloc[0])
     at.button(key="agreement.open").click().run()
     no_exception(at)

@@ -10,7 +10,7 @@ from pathlib import Path
 from streamlit.testing.v1 import AppTest
 
 from app.state.review import KEY_A_SKIP_MINE
-from core.review import AnswerBook, ReviewBook, order_answers
+from core.review import AnswerBook, ReviewBook, ScanVerdict, order_answers
 from core.storage import Store
 
 PAGE = "views/review.py"
@@ -124,6 +124,54 @@ def test_a_reviewer_marks_whole_answers_in_each_order(
     assert stored.get(order[1]) is True
     assert order[0] not in stored
     assert set(stored) <= {order[1], *(i.example_id for i in spans)}
+
+
+def test_a_verdict_scanned_with_the_previous_set_says_so(
+    with_demo_detectors: Path,
+    app_env: Path,
+    open_page: Callable[[str], AppTest],
+    page_text: Callable[[AppTest], str],
+    no_exception: Callable[[AppTest], None],
+) -> None:
+    """A kept verdict names the set that scanned it; when another set judges the dataset
+    now (here the demo detectors, the ``custom`` set), the card says the verdict is the
+    previous set's and that scanning again judges with the set in use."""
+    at = open_page(PAGE)
+    _start(at, "ann")
+    at.radio(key="review.mode").set_value("answers").run()
+    no_exception(at)
+    examples = _corpus()
+    first, second = order_answers([e.id for e in examples], "random", dataset=KEY)[:2]
+    with Store(app_env) as s:
+        AnswerBook(s).record_scan(
+            KEY,
+            examples,
+            {
+                first: ScanVerdict(
+                    probability=0.8,
+                    threshold=0.5,
+                    judged_by="set fast, ensemble, pooled calibration",
+                ),
+                second: ScanVerdict(
+                    probability=0.2, threshold=0.5, judged_by="set custom, nll, pooled calibration"
+                ),
+            },
+        )
+    at.run()
+    no_exception(at)
+    assert _shown(at, page_text) == first
+    (line,) = [c.value for c in at.caption if c.value.startswith("The set says")]
+    assert "(set fast, ensemble, pooled calibration)." in line
+    assert (
+        "Scanned with the previous set, **fast**; the **custom** set judges this dataset now"
+        in line
+    )
+    assert "Scan again the answers already scanned" in line
+    at.button(key="review.answer.next").click().run()
+    no_exception(at)
+    assert _shown(at, page_text) == second
+    (line,) = [c.value for c in at.caption if c.value.startswith("The set says")]
+    assert "previous set" not in line  # scanned by the set in use: nothing to say
 
 
 def _corpus():

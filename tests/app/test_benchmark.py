@@ -11,8 +11,10 @@ import dataclasses
 import json
 import math
 import re
+import shutil
 from collections.abc import Callable
 from pathlib import Path
+from typing import Any, cast
 
 import numpy as np
 import pytest
@@ -30,6 +32,7 @@ from app.components.charts import (
 )
 from app.components.cv_charts import matrix_figure, reliability_figure
 from app.components.cv_tables import breakdown_frame, cv_metric_table
+from app.components.set_quality import benchmark_subtitle
 from app.state.runs import (
     KEY_BENCH_CONFUSION,
     KEY_BENCH_CV_DATASET_METRIC,
@@ -57,7 +60,7 @@ from core.evaluation.evaluate import DetectorResult, EvalRun
 from core.evaluation.matrix import MatrixRun, domain_matrix
 from core.learning.metrics import SPAN_F1_NOTE, confusion_counts, response_metrics
 from core.pipeline.extract import FeatureCache
-from core.pipeline.sets import load_set
+from core.pipeline.sets import DetectorSet, load_set
 from core.storage import Store
 
 BENCHMARK = "views/benchmark.py"
@@ -538,8 +541,9 @@ def _download_labels(at: AppTest) -> list[str]:
 
 
 def _check_cv_table(at: AppTest, cv: CVRun, text: str) -> None:
-    """The CV run's metric table, value for value."""
-    table = at.dataframe[0].value
+    """The CV run's metric table, value for value: a static table, every detector and
+    metric in view (as a grid this wide it scrolled sideways)."""
+    table = at.table[0].value
     assert list(table["detector"]) == list(CV_DETECTORS)
     for (_, row), r in zip(table.iterrows(), cv.results, strict=True):
         p = r.pooled
@@ -795,7 +799,7 @@ def test_two_cv_runs_next_to_test_runs(
     # One table per run, each under its (escaped) name.
     assert any(m.value.startswith(f"**{md(other.name)}**") for m in at.markdown)
     assert any(m.value.startswith(f"**{CV_NAME}**") for m in at.markdown)
-    cv_tables = [d.value for d in at.dataframe if "folds mean ± sd" in d.value.columns]
+    cv_tables = [t.value for t in at.table if "folds mean ± sd" in t.value.columns]
     assert len(cv_tables) == 2
     # Paired differences for the run that has them; the older one says how to get them.
     assert any("saved before paired comparisons" in c.value for c in at.caption)
@@ -804,6 +808,74 @@ def test_two_cv_runs_next_to_test_runs(
     assert _trace(spread, "pooled")["y"] == [
         plain(f"{n} · {d}") for n in (other.name, CV_NAME) for d in CV_DETECTORS
     ]
+
+
+def test_every_tab_opens_on_the_loaded_sets_run_or_the_newest(
+    make_app: Callable[[], AppTest],
+    runs_dir: Path,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    demo_detectors_dir: Path,
+    crossval_runs: tuple[CVRun, MatrixRun],
+) -> None:
+    """The first tab describes the loaded set from the CV run its artifacts record: the
+    Cross-validation tab opens on that run, even beside a newer one; the other tabs open
+    on their newest run by the time it records, a newer shipped one before an older one
+    of this machine (they opened on this machine's first, however old)."""
+    cv, matrix = crossval_runs
+    detectors = tmp_path / "detectors"
+    shutil.copytree(demo_detectors_dir, detectors)
+    cfg_path = detectors / "nll" / "cfg.json"
+    cfg = json.loads(cfg_path.read_text())
+    cfg["metrics"] = {**cfg.get("metrics", {}), "cv": {"run": CV_NAME, "k": 3}}
+    cfg_path.write_text(json.dumps(cfg))
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(detectors))
+
+    def dated(run: Any, name: str, month: int) -> Any:  # any kind of run
+        return dataclasses.replace(run, name=name, created_at=f"2026-0{month}-01T00:00:00+00:00")
+
+    shipped = tmp_path / "shipped-runs"
+    dated(cv, CV_NAME, 1).save(runs_dir)  # the set's run
+    dated(cv, "cv-newer", 2).save(runs_dir)
+    dated(synthetic_run(), "test-mine-old", 1).save(runs_dir)
+    dated(synthetic_run(), "test-shipped-new", 3).save(shipped)
+    dated(matrix, "matrix-mine-old", 1).save(runs_dir)
+    dated(matrix, "matrix-shipped-new", 3).save(shipped)
+    monkeypatch.setenv("RAGSCOPE_SHIPPED_RUNS_DIR", str(shipped))
+    at = _benchmark(make_app)
+    assert at.tabs[0].label == "Loaded set"
+    assert at.multiselect(key=KEY_BENCH_CV_RUNS).value == [CV_NAME]
+    assert at.multiselect(key=KEY_BENCH_RUNS).value == ["test-shipped-new"]
+    assert at.selectbox(key=KEY_BENCH_MATRIX_RUN).value == "matrix-shipped-new"
+    # what the numbers come from, not "on held-out test data" for every tab
+    subtitle = at.caption[0].value
+    assert "held-out test data" not in subtitle and "opening on the loaded set's run" in subtitle
+
+
+def test_the_subtitle_says_what_the_loaded_sets_numbers_come_from() -> None:
+    @dataclasses.dataclass
+    class Card:
+        auroc_from: str | None
+
+    @dataclasses.dataclass
+    class Set:
+        name: str
+        judge_name: str | None
+        measured: str | None
+
+        def card(self, name: str) -> Card:
+            return Card(self.measured)
+
+    def subtitle(*args: Any) -> str:
+        return benchmark_subtitle(cast(DetectorSet, Set(*args)))  # a set's shape is enough
+
+    cv = subtitle("default", "ensemble", "5-fold CV")
+    assert "The default set's numbers come from the 5-fold cross-validation its artifacts " in cv
+    assert "not a held-out test split" in cv
+    assert "The builtin set's numbers come from its test split." in subtitle(
+        "builtin", "ensemble", "test split"
+    )
+    assert "set's numbers" not in subtitle("custom", None, None)
 
 
 def test_unreadable_runs_are_listed_and_the_rest_still_shows(

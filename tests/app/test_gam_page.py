@@ -53,16 +53,22 @@ def test_gam_page_shows_the_detectors_own_numbers(
     raglens_artifact: Path,
     tiny_model: LoadedModel,
     tiny_sae,
+    spy_heights: Callable[[], list[object]],
 ) -> None:
     monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(raglens_artifact))
     # The artifact names the tiny SAE's folder: one the operator trusts (an artifact may
     # name no other folder outside itself and the shipped assets).
     monkeypatch.setenv("RAGSCOPE_SAE_DIR", str(tiny_sae.path))
+    heights = spy_heights()
     at = open_page(GAM)
     text = page_text(at)
     assert "Shipped **raglens** detector" in text and "SAE**: `tiny-sae`" in text
     det = load_shipped("raglens", tiny_model.info.key, raglens_artifact)
     imp = det.importances()
+    # the features table: every feature shown is in view, no inner scrollbar
+    (features,) = [d.value for d in at.dataframe if "importance" in d.value.columns]
+    assert features["feature"].tolist() == [f"F{k}" for k, _ in imp][: len(features)]
+    assert heights and set(heights) == {"content"}
     bars = chart(at, "EBM importance of the top")
     np.testing.assert_allclose(
         plotly_array(bars["data"][0]["x"]), [v for _, v in imp][: len(imp)][::-1], rtol=1e-6
@@ -128,3 +134,37 @@ def test_a_gam_link_opens_its_feature_and_example(
         f"features the raglens detector selected; showing `F{imp[0][0]}` instead."
     ]
     assert at.query_params["feature"] == f"F{imp[0][0]}"
+
+
+def test_gam_explains_the_playgrounds_answer_first(
+    open_after_analysis: Callable[[str, str], AppTest],
+    no_exception: Callable[[AppTest], None],
+    page_text: Callable[[AppTest], str],
+    monkeypatch: pytest.MonkeyPatch,
+    raglens_artifact: Path,
+    tiny_model: LoadedModel,
+    tiny_sae,
+) -> None:
+    """As on the other one-answer pages, "One answer" offers the Playground's analysed
+    answer first and opens on it; an example of a dataset is one click away."""
+    from app.state.heads import HEADS_EXAMPLE_DATASET, HEADS_EXAMPLE_PLAYGROUND
+
+    monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(raglens_artifact))
+    monkeypatch.setenv("RAGSCOPE_SAE_DIR", str(tiny_sae.path))
+    played = "demo-02-waggle-dance"
+    at = open_after_analysis(played, GAM)
+    source = at.radio(key="gam.example.source")
+    assert source.value == HEADS_EXAMPLE_PLAYGROUND
+    assert "The Playground's analysed answer" in str(source.options)
+    assert f"Example `{played}`" in page_text(at)
+    det = load_shipped("raglens", tiny_model.info.key, raglens_artifact)
+    ex = next(e for e in builtin_examples() if e.id == played)
+    ans = det.explain_answer(tiny_model, ex)
+    assert f"RAGLens score **{ans.verdict.score:.3f}**" in page_text(at)
+    # an example of a dataset instead: the picker of examples appears
+    source.set_value(HEADS_EXAMPLE_DATASET).run()
+    no_exception(at)
+    picked = at.selectbox(key="gam.example").value
+    other = next(e for e in builtin_examples() if e.id == picked)
+    score = det.explain_answer(tiny_model, other).verdict.score
+    assert f"RAGLens score **{score:.3f}**" in page_text(at)

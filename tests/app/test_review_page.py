@@ -85,13 +85,7 @@ def test_a_reviewer_scans_reviews_and_exports(
     assert items, "the scan queued no flagged span"
     assert all(set(i.sources) == {"cortex"} for i in items)
     first = items[0]  # the page starts with the first item not yet reviewed by ann
-    assert f"#### Item 1 of {len(items)} · `{first.example_id}`" in page_text(at)
-    score, thr = first.sources["cortex"]
-    assert f"cortex token score {score:.3f} (token threshold {thr:.3f})" in page_text(at)
-    texts = {e.id: e.response for e in _corpus()}
-    for it in items:  # whole words, never punctuation alone (core.pipeline.word_spans)
-        span = texts[it.example_id][it.start : it.end]
-        assert any(c.isalnum() for c in span) and span == span.strip(), span
+    _check_the_card(at, items, page_text)
 
     # accept with narrower boundaries and a type, by the page's own controls
     slider = at.select_slider(key=f"review.span.{first.id}")
@@ -100,10 +94,14 @@ def test_a_reviewer_scans_reviews_and_exports(
     new_end = inner[-1] if inner else first.end  # one word shorter when it has two
     slider.set_value((first.start, new_end))
     at.radio(key=f"review.kind.{first.id}").set_value("baseless")
+    # "How evident", not "Evidence": evidence is the passage text a span departs from
+    assert at.radio(key=f"review.evidence.{first.id}").label == "How evident"
+    assert at.radio(key=f"review.missed.{first.id}.ev").label == "How evident"
     at.radio(key=f"review.evidence.{first.id}").set_value("evident")
     at.text_area(key=f"review.note.{first.id}").input("not in the passages")
     at.button(key="review.accept").click().run()
     no_exception(at)
+    assert f"Item {first.id} accepted." in [m.value for m in at.success]
     with Store(app_env) as s:
         r = ReviewBook(s).item(first.id).review_by("ann")
         assert (r.decision, r.kind, r.evidence, r.note) == (
@@ -114,23 +112,24 @@ def test_a_reviewer_scans_reviews_and_exports(
         )
         assert (r.start, r.end) == (first.start, new_end)
         assert [a.action for a in ReviewBook(s).audit(first.id)] == ["create"]
+    heading_1 = f"#### Item {first.id} (1 of {len(items)} in this queue)"
     if len(items) > 1:  # moved on to the next item
-        assert f"#### Item 2 of {len(items)}" in page_text(at)
+        assert f"#### Item {items[1].id} (2 of {len(items)} in this queue)" in page_text(at)
         at.button(key="review.reject").click().run()
         no_exception(at)
         with Store(app_env) as s:
             assert ReviewBook(s).item(items[1].id).review_by("ann").decision == "reject"
         for _ in range(len(items)):
-            if f"#### Item 1 of {len(items)}" in page_text(at):
+            if heading_1 in page_text(at):
                 break
             at.button(key="review.prev").click().run()
-        assert f"#### Item 1 of {len(items)}" in page_text(at)
+        assert heading_1 in page_text(at)
 
     # a second reviewer: their own decisions, then the agreement shows
     at.button(key="review.change_name").click().run()
     _start(at, "bob")
     for _ in range(len(items)):  # bob starts at his first unreviewed item: item 1
-        if f"#### Item 1 of {len(items)}" in page_text(at):
+        if heading_1 in page_text(at):
             break
         at.button(key="review.prev").click().run()
     at.button(key="review.reject").click().run()
@@ -163,6 +162,25 @@ def test_a_reviewer_scans_reviews_and_exports(
         assert stored[first.example_id].label is True
 
     _check_a_missed_span(at, app_env, items, page_text, no_exception)
+
+
+def _check_the_card(at: AppTest, items: list, page_text: Callable[[AppTest], str]) -> None:
+    """The first item's card: its heading, its scores and whole-word spans."""
+    first = items[0]
+    # The heading names the item by the id the table's "item" column shows, then its
+    # place among the items shown.
+    assert (
+        f"#### Item {first.id} (1 of {len(items)} in this queue) · `{first.example_id}`"
+        in page_text(at)
+    )
+    (queue,) = [d.value for d in at.dataframe if "flagged text" in d.value.columns]
+    assert queue["item"].tolist()[0] == first.id
+    score, thr = first.sources["cortex"]
+    assert f"cortex token score {score:.3f} (token threshold {thr:.3f})" in page_text(at)
+    texts = {e.id: e.response for e in _corpus()}
+    for it in items:  # whole words, never punctuation alone (core.pipeline.word_spans)
+        span = texts[it.example_id][it.start : it.end]
+        assert any(c.isalnum() for c in span) and span == span.strip(), span
 
 
 def _check_a_missed_span(
@@ -227,16 +245,38 @@ def test_a_scan_that_flags_nothing_says_why(
     caption = [c.value for c in at.caption if c.value.startswith("Scans again")]
     assert caption == [
         "Scans again the first 2 of the 2 answers already scanned, in the order they were "
-        "first scanned."
+        "first scanned; their verdicts replace the earlier scan's."
     ]
     at.number_input(key="review.threshold.cortex").set_value(0.05)
     at.button(key="review.build").click().run()
     no_exception(at)
-    assert at.success and at.success[0].value.startswith("Scanned 2 answers: "), at.success
+    # the report says it scanned again, with which set, not a first scan's words
+    assert at.success and at.success[0].value.startswith(
+        "Scanned again 2 answers with the custom set (their verdicts replace the earlier scan's): "
+    ), at.success
     with Store(app_env) as s:
         assert {a.example_id for a in s.scanned_answers(KEY)} == first
         items = ReviewBook(s).items(KEY)
     assert items and {i.example_id for i in items} <= first
+
+
+def test_one_answer_is_counted_as_one(
+    with_demo_detectors: Path,
+    open_page: Callable[[str], AppTest],
+    no_exception: Callable[[AppTest], None],
+) -> None:
+    """ "1 answer", never "1 answers": before the scan, in its report and in the toggle
+    that scans it again."""
+    at = _by_detectors(_start(open_page(PAGE), "ann"))
+    at.number_input(key="review.limit").set_value(1).run()
+    assert any(c.value.startswith("Scans the next 1 answer not scanned yet,") for c in at.caption)
+    at.number_input(key="review.threshold.cortex").set_value(1.0)  # no token reaches it
+    at.button(key="review.build").click().run()
+    no_exception(at)
+    (warning,) = [w.value for w in at.warning]
+    assert warning.startswith("Scanned 1 answer: 0 flagged spans")
+    assert "No token of this answer reaches cortex's token threshold" in warning
+    assert at.toggle(key="review.rescan").label == "Scan again the answer already scanned"
 
 
 def test_the_set_scan_queues_the_sets_spans_with_their_type_or_says_why_none(
@@ -252,12 +292,17 @@ def test_the_set_scan_queues_the_sets_spans_with_their_type_or_says_why_none(
     at = _start(open_page(PAGE), "ann")
     assert at.radio(key="review.span_source").value == SET_SPANS
     assert not [t for t in at.number_input if t.key and t.key.startswith("review.threshold.")]
+    # Which rule this set's spans follow: the demo detectors record none chosen in a
+    # cross-validation, so their judge's token threshold (said, not "where it has one").
+    no_cv = "the judge's token threshold, not a rule chosen for spans in cross-validation"
+    (rule,) = [c.value for c in at.caption if "decides each answer's spans once" in c.value]
+    assert rule.startswith("The custom set decides") and f"under {no_cv}:" in rule
     at.number_input(key="review.limit").set_value(6)
     at.button(key="review.build").click().run()
     no_exception(at)
     report = (at.success or at.warning)[0].value
     assert report.startswith("Scanned 6 answers: the set calls "), report
-    assert "Spans: tokens scoring" in report  # the rule, in words
+    assert "Spans: tokens scoring" in report and no_cv in report  # the rule, in words
     with Store(app_env) as s:
         items = ReviewBook(s).items(KEY)
     if not items:

@@ -256,7 +256,7 @@ def test_a_hostile_upload_lists_its_bad_records_and_nothing_escapes(
     assert len(errors) == 5, errors
     assert all(":" in r for r in errors["record"])  # each located (name:line[:column])
     assert not any("/" in r.split(":")[0] or "\\" in r.split(":")[0] for r in errors["record"])
-    assert at.button(key="home.import").label == "Import 1 examples"
+    assert at.button(key="home.import").label == "Import 1 example"  # not "1 examples"
     assert not (tmp_path.parent / "passwd.jsonl").exists()
 
 

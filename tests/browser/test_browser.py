@@ -37,6 +37,7 @@ import threading
 import types
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import ClassVar
 from urllib.parse import urlsplit
@@ -54,7 +55,7 @@ from core.evaluation.matrix import MatrixRun
 from core.learning.contract import Features
 from core.learning.metrics import response_metrics
 from core.pipeline.extract import Extraction
-from tools.browser import wait_idle
+from tools.browser import full_page_screenshot, grow_to_content, wait_idle
 
 pytestmark = [pytest.mark.browser, pytest.mark.embedded]
 
@@ -65,6 +66,8 @@ ANALYSE_MS = 120_000
 EXAMPLE_ID = "demo-02-waggle-dance"  # has a gold hallucination span
 CF_EXAMPLE_ID = "demo-04-mount-kelsey"  # one gold span, flagged by the shipped CORTEX
 BENCH_RUN = "synthetic-browser-run"
+_NOW = datetime.now(UTC).isoformat(timespec="seconds")
+"""When the synthetic runs were made: the Benchmark's tabs open on the newest run."""
 CV_RUN = "synthetic-browser-cv"
 MATRIX_RUN = "synthetic-browser-matrix"
 CV_DATASETS = ("synthetic-qa", "synthetic-summary")
@@ -117,7 +120,7 @@ def _synthetic_run(n: int = 60, seed: int = 0) -> EvalRun:
         )
     return EvalRun(
         name=BENCH_RUN,
-        created_at="2026-01-02T03:04:05+00:00",
+        created_at=_NOW,  # the newest run: the tab opens on it (before the shipped ones)
         model="SmolLM2-135M-Instruct|L30xH9/KV3|D576|V49152|float32",
         train_dataset="synthetic",
         test_dataset="synthetic",
@@ -250,7 +253,7 @@ def _synthetic_matrix_run(seed: int = 0) -> MatrixRun:
         cells[det] = by_train
     return MatrixRun(
         name=MATRIX_RUN,
-        created_at="2026-01-02T04:05:06+00:00",
+        created_at=_NOW,  # the newest run: the tab opens on it (before the shipped ones)
         model=EMBEDDED_KEY,
         datasets=MATRIX_DATASETS,
         k=5,
@@ -421,35 +424,6 @@ def browser(server: str, open_chromium) -> Iterator[object]:
         yield b
 
 
-PAINTED_JS = """() => new Promise(done => requestAnimationFrame(() =>
-    requestAnimationFrame(() => done(true))))"""
-"""Resolves once the browser has laid out and painted a frame after the call: the second
-animation frame comes after the first one's layout and paint."""
-
-
-def _painted(page: object) -> None:
-    """Wait until the page has been laid out and painted at its current viewport (after
-    a resize: Streamlit's columns and the charts' widths do not change with the height)."""
-    page.evaluate(PAINTED_JS)  # type: ignore[attr-defined]
-
-
-def _full_page_screenshot(page: object, path: Path) -> None:
-    """Screenshot the whole app: Streamlit scrolls an inner container, not the body,
-    so the viewport is grown to the content's height first."""
-    height = page.evaluate(  # type: ignore[attr-defined]
-        """() => {
-            const main = document.querySelector('[data-testid="stMain"]');
-            if (main) main.scrollTo(0, 0);
-            return Math.max(main ? main.scrollHeight : 0, document.body.scrollHeight);
-        }"""
-    )
-    size = page.viewport_size  # type: ignore[attr-defined]
-    page.set_viewport_size({"width": size["width"], "height": int(height) + 40})  # type: ignore[attr-defined]
-    _painted(page)
-    page.screenshot(path=str(path), full_page=True)  # type: ignore[attr-defined]
-    page.set_viewport_size(size)  # type: ignore[attr-defined]
-
-
 def _wait_for_plots(
     plots: object, titles: tuple[str, ...], *, timeout: int, min_height: int
 ) -> None:
@@ -550,7 +524,7 @@ def test_playground_and_home_in_chromium(server: str, browser: object) -> None:
         legend.wait_for(state="visible")
         assert page.locator(".rs-heatmap .rs-gold").count() > 0
         _assert_no_exception(page)
-        _full_page_screenshot(page, ARTIFACTS / "playground.png")
+        full_page_screenshot(page, ARTIFACTS / "playground.png")
 
         # Home through the sidebar navigation: model status and dataset picker.
         page.locator('[data-testid="stSidebarNav"] a', has_text="Home").click()
@@ -558,7 +532,7 @@ def test_playground_and_home_in_chromium(server: str, browser: object) -> None:
         page.get_by_text("Built-in demo examples").first.wait_for()
         assert page.get_by_text("30 × 9").is_visible()
         _assert_no_exception(page)
-        _full_page_screenshot(page, ARTIFACTS / "home.png")
+        full_page_screenshot(page, ARTIFACTS / "home.png")
 
 
 def test_benchmark_in_chromium(server: str, browser: object) -> None:
@@ -592,7 +566,7 @@ def test_benchmark_in_chromium(server: str, browser: object) -> None:
         visible = page.locator(".js-plotly-plot:visible")
         expect(visible).to_have_count(5, timeout=60_000)
         _assert_no_exception(page)
-        _full_page_screenshot(page, ARTIFACTS / "benchmark.png")
+        full_page_screenshot(page, ARTIFACTS / "benchmark.png")
 
 
 def _section_screenshot(
@@ -600,17 +574,8 @@ def _section_screenshot(
 ) -> None:
     """Screenshot the main column from the ``top`` element down to the ``until`` one
     (exclusive), or through the ``through`` one, with the viewport grown to the whole
-    page as in :func:`_full_page_screenshot` so every chart has been drawn."""
-    height = page.evaluate(  # type: ignore[attr-defined]
-        """() => {
-            const main = document.querySelector('[data-testid="stMain"]');
-            if (main) main.scrollTo(0, 0);
-            return Math.max(main ? main.scrollHeight : 0, document.body.scrollHeight);
-        }"""
-    )
-    size = page.viewport_size  # type: ignore[attr-defined]
-    page.set_viewport_size({"width": size["width"], "height": int(height) + 40})  # type: ignore[attr-defined]
-    _painted(page)
+    page as in :func:`tools.browser.full_page_screenshot` so every chart has been drawn."""
+    size = grow_to_content(page)  # type: ignore[arg-type]
     column = page.locator('[data-testid="stMainBlockContainer"]').bounding_box()  # type: ignore[attr-defined]
     y0 = top.bounding_box()["y"] - 16  # type: ignore[attr-defined]
     if until is not None:
@@ -627,7 +592,8 @@ def _section_screenshot(
 
 
 def test_benchmark_cross_validation_and_matrix_in_chromium(server: str, browser: object) -> None:
-    with _opened(browser, server, "benchmark", "Benchmark") as page:
+    # The tab opens on the loaded set's own run; a link names the synthetic one.
+    with _opened(browser, server, f"benchmark?cv={CV_RUN}", "Benchmark") as page:
         page.get_by_role("tab", name="Cross-validation").click()
         cv_head = page.get_by_role("heading", name="Cross-validation", exact=True)
         matrix_head = page.get_by_role("heading", name="Cross-domain matrix", exact=True)
@@ -706,7 +672,7 @@ def test_heads_in_chromium(server: str, browser: object) -> None:
         # exactly one chunk table heading is left.
         expect(page.get_by_role("heading", name="Chunks")).to_have_count(1, timeout=60_000)
         _assert_no_exception(page)
-        _full_page_screenshot(page, ARTIFACTS / "heads.png")
+        full_page_screenshot(page, ARTIFACTS / "heads.png")
 
         # Context attribution (the set's first span, else the answer's first sentence),
         # then the ablation check, in plain words.
@@ -760,7 +726,7 @@ def test_spad_pages_in_chromium(tiny_server: str, browser: object) -> None:
         page.get_by_text(re.compile(r"not a trained detector")).first.wait_for()
         assert plots.filter(has_text="SHAP values of the top").locator(".point").count() > 0
         _assert_no_exception(page)
-        _full_page_screenshot(page, ARTIFACTS / "shap.png")
+        full_page_screenshot(page, ARTIFACTS / "shap.png")
 
         # Token sources through the sidebar (same session: the quick fit stays).
         page.locator('[data-testid="stSidebarNav"] a', has_text="Token sources").click()
@@ -775,7 +741,7 @@ def test_spad_pages_in_chromium(tiny_server: str, browser: object) -> None:
             re.compile(r"gives this answer a (raw )?(score|probability) of")
         ).wait_for()
         _assert_no_exception(page)
-        _full_page_screenshot(page, ARTIFACTS / "token_sources.png")
+        full_page_screenshot(page, ARTIFACTS / "token_sources.png")
 
         # Aggregated by part of speech: the per-tag means replace the per-token bars.
         page.get_by_text("Aggregate by part of speech").click()
@@ -804,7 +770,7 @@ def test_gam_page_in_chromium(server: str, browser: object) -> None:
         )
         page.get_by_text(re.compile(r"RAGLens score")).first.wait_for()
         _assert_no_exception(page)
-        _full_page_screenshot(page, ARTIFACTS / "gam.png")
+        full_page_screenshot(page, ARTIFACTS / "gam.png")
 
 
 def test_token_heatmaps_in_chromium(server: str, browser: object) -> None:
@@ -831,7 +797,7 @@ def test_token_heatmaps_in_chromium(server: str, browser: object) -> None:
         heat.locator("td.rs-mr-focus").first.wait_for(timeout=ANALYSE_MS)
         assert heat.locator("td.rs-mr-flag").count() > 0
         _assert_no_exception(page)
-        _full_page_screenshot(page, ARTIFACTS / "token_heatmaps.png")
+        full_page_screenshot(page, ARTIFACTS / "token_heatmaps.png")
 
 
 def test_feature_explanations_in_chromium(server: str, browser: object) -> None:
@@ -856,7 +822,7 @@ def test_feature_explanations_in_chromium(server: str, browser: object) -> None:
         assert asked[0]["model"] == "fake-explainer"
         assert [m["role"] for m in asked[0]["messages"]] == ["system", "user"]
         _assert_no_exception(page)
-        _full_page_screenshot(page, ARTIFACTS / "feature_explanations.png")
+        full_page_screenshot(page, ARTIFACTS / "feature_explanations.png")
 
 
 def test_counterfactual_in_chromium(server: str, browser: object) -> None:
@@ -885,7 +851,7 @@ def test_counterfactual_in_chromium(server: str, browser: object) -> None:
         page.locator(".rs-diff ins").first.wait_for()  # the inserted claim
         page.get_by_text(re.compile(r"Context changes: passage \d+: inserted")).wait_for()
         _assert_no_exception(page)
-        _full_page_screenshot(page, ARTIFACTS / "counterfactual.png")
+        full_page_screenshot(page, ARTIFACTS / "counterfactual.png")
 
 
 def test_mitigation_in_chromium(server: str, browser: object) -> None:
@@ -904,7 +870,7 @@ def test_mitigation_in_chromium(server: str, browser: object) -> None:
         table.wait_for(state="visible")
         assert table.bounding_box()["height"] > 80  # type: ignore[index]
         _assert_no_exception(page)
-        _full_page_screenshot(page, ARTIFACTS / "mitigation.png")
+        full_page_screenshot(page, ARTIFACTS / "mitigation.png")
 
 
 def test_agreement_in_chromium(server: str, browser: object) -> None:
@@ -924,7 +890,7 @@ def test_agreement_in_chromium(server: str, browser: object) -> None:
         page.get_by_text("Answers the detectors disagree on most").wait_for()
         page.get_by_role("button", name=re.compile("in Token heatmaps")).wait_for()
         _assert_no_exception(page)
-        _full_page_screenshot(page, ARTIFACTS / "agreement.png")
+        full_page_screenshot(page, ARTIFACTS / "agreement.png")
 
 
 def test_review_in_chromium(server: str, browser: object) -> None:
@@ -944,7 +910,9 @@ def test_review_in_chromium(server: str, browser: object) -> None:
         expect(scan_button).to_have_count(1, timeout=ANALYSE_MS)
         scan_button.click()
         page.get_by_text(re.compile(r"^Scanned 4 answers")).wait_for(timeout=ANALYSE_MS)
-        header = page.get_by_role("heading", name=re.compile(r"^Item 1 of \d+"))
+        header = page.get_by_role(
+            "heading", name=re.compile(r"^Item \d+ \(1 of \d+ in this queue\)")
+        )
         header.wait_for()
         page.locator(".rs-marked mark").first.wait_for()  # the flagged span
         # The keyboard: "a" accepts the item and moves on.
@@ -952,7 +920,7 @@ def test_review_in_chromium(server: str, browser: object) -> None:
         page.get_by_text(re.compile(r"^Item \d+ accepted\.")).wait_for(timeout=ANALYSE_MS)
         page.get_by_text(re.compile(r"ann: accept|1 reviewed by you")).first.wait_for()
         _assert_no_exception(page)
-        _full_page_screenshot(page, ARTIFACTS / "review.png")
+        full_page_screenshot(page, ARTIFACTS / "review.png")
 
         # The answer's audit report: built, downloaded, opened offline.
         page.get_by_role("button", name=re.compile("Build audit report")).click()
@@ -973,7 +941,7 @@ def test_review_in_chromium(server: str, browser: object) -> None:
         assert report.locator("table.rs").count() >= 2
         assert report.get_by_text("ann", exact=True).count() >= 1
         assert all(u.startswith(("file:", "data:", "blob:")) for u in fetched), fetched
-        _full_page_screenshot(report, ARTIFACTS / "audit_report.png")
+        full_page_screenshot(report, ARTIFACTS / "audit_report.png")
     finally:
         report.close()
 
@@ -993,7 +961,7 @@ def test_learn_in_chromium(server: str, browser: object) -> None:
             page.get_by_text(re.compile(rf"^Step 1 of {n}: ")).wait_for(timeout=ANALYSE_MS)
             page.locator(".katex").first.wait_for()  # the step's formula
             _assert_no_exception(page)
-            _full_page_screenshot(page, ARTIFACTS / f"{name}_first.png")
+            full_page_screenshot(page, ARTIFACTS / f"{name}_first.png")
             for k in range(2, n + 1):
                 wait_idle(page, ANALYSE_MS)  # the rerun has settled: one Next button
                 nxt = page.get_by_role("button", name=re.compile("Next"))
@@ -1002,4 +970,4 @@ def test_learn_in_chromium(server: str, browser: object) -> None:
                 page.get_by_text(re.compile(rf"^Step {k} of {n}: ")).wait_for(timeout=ANALYSE_MS)
             page.get_by_role("button", name=re.compile("Edit this answer's context")).wait_for()
             _assert_no_exception(page)
-            _full_page_screenshot(page, ARTIFACTS / f"{name}_last.png")
+            full_page_screenshot(page, ARTIFACTS / f"{name}_last.png")

@@ -140,6 +140,7 @@ def test_deep_links_reopen_the_view_and_controls_rewrite_the_url(
         page.goto(f"{app_url}/heads?dataset=demo&example={EXAMPLE}&head=L1H2")
         page.get_by_role("heading", name="Heads & layers").wait_for(timeout=LOAD_MS)
         plots.filter(has_text="Attention of L1H2").wait_for(state="visible", timeout=LOAD_MS)
+        wait_idle(page, LOAD_MS)  # its estimate's timing over, and the rerun that follows
         expect(_selectbox(page, "Example")).to_have_value(re.compile(f"^{EXAMPLE} "))
         expect(_selectbox(page, "Layer")).to_have_value("L1")
         expect(_selectbox(page, "Head")).to_have_value("H2")

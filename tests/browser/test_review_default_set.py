@@ -99,7 +99,9 @@ def test_the_default_set_queues_word_spans_of_the_demo(
             r"[1-9]\d* spans?",
             report.inner_text(),
         ), report.inner_text()
-        page.get_by_role("heading", name=re.compile(r"^Item 1 of \d+")).wait_for()
+        page.get_by_role(
+            "heading", name=re.compile(r"^Item \d+ \(1 of \d+ in this queue\)")
+        ).wait_for()
         shown = page.locator(".rs-marked mark").last.inner_text()  # the answer's flagged span
         assert re.search(r"\w", shown), shown
         # where it departs from: its type and reason, and the passages' evidence or none

@@ -323,6 +323,8 @@ def test_a_report_on_too_few_answers_says_so_and_what_would_fix_it() -> None:
     assert "3 hallucinated and 30 faithful" in few
     assert f"{MIN_CLASS_ANSWERS - 3} more hallucinated answers needed" in few
     assert "(4 more answers of each class needed)" in evidence_warning([1] * 6 + [0] * 6)
+    one_short = [1] * (MIN_CLASS_ANSWERS - 1) + [0] * 30
+    assert "(1 more hallucinated answer needed)" in evidence_warning(one_short)  # not "answers"
     enough = [1] * MIN_CLASS_ANSWERS + [0] * MIN_CLASS_ANSWERS
     assert evidence_warning(enough) is None
     md = _run_of([0]).to_markdown()

@@ -230,7 +230,7 @@ def test_a_jsonl_out_is_resumed_only_when_every_line_is_a_verdict(
     assert main(["judge", str(answers), *MODEL, "--out", str(out)]) == 0
     lines = out.read_text(encoding="utf-8").splitlines()
     assert len(lines) == 2 and lines[0] == first.rstrip("\n")
-    assert "1 answers already in" in capsys.readouterr().err
+    assert "1 answer already in" in capsys.readouterr().err
     # a verdict then something else, unterminated: refused, the file as it was
     broken = first + "not a verdict"
     out.write_text(broken, encoding="utf-8")
@@ -541,5 +541,5 @@ def test_the_html_report_shows_what_the_playground_shows() -> None:
     assert "the passage says &quot;fire&quot;; the answer says &quot;flood&quot; &lt;b&gt;" in page
     assert "cannot say where" in page and "<b>Where and why:</b>" in page
     assert "no signal: no signal on mine" in page
-    assert "1 of 1 detectors flag it (spad: no signal here, left out)" in page
+    assert "1 of 1 detector flags it (spad: no signal here, left out)" in page
     assert "set default+mine-1@abcd" in page and "<script" not in page

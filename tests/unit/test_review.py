@@ -25,11 +25,14 @@ from core.review import (
     Flag,
     ReviewBook,
     ReviewConflict,
+    ScannedAnswer,
     agreement,
+    judged_set,
     propose_flags,
     reviewed_examples,
     reviews_frame,
     scan_flags,
+    scanned_with_another_set,
     write_ragtruth_jsonl,
 )
 from core.storage import Store
@@ -164,6 +167,30 @@ def test_a_scan_says_why_a_detector_flags_nothing():
     smoothed = scan_flags(exs[:1], lone, {"a": 0.5}, p_stay=0.9)
     assert smoothed.flags == () and smoothed.detectors[0].top < 0.5
     assert "reaches a's token threshold 0.500" in smoothed.summary(new=0)
+    # one answer is one answer; a rescan says so, with the set that judged it
+    one = scan_flags(exs[:1], {"ex0": {"a": _verdict("a", low)}}, {"a": 0.95})
+    assert "No token of this answer reaches a's token threshold" in one.summary(new=0)
+    assert one.summary(new=0, again="default").startswith(
+        "Scanned again 1 answer with the default set (its verdict replaces the earlier "
+        "scan's): 0 flagged spans"
+    )
+
+
+def test_a_scanned_verdict_names_its_set_and_tells_a_previous_one() -> None:
+    def scanned(judged_by: str) -> ScannedAnswer:
+        return ScannedAnswer(
+            dataset="d", example_id="e", example_hash="h", probability=0.7, threshold=0.5,
+            judged_by=judged_by, scanned_at="2026-01-01T00:00:00+00:00",
+        )  # fmt: skip
+
+    deferred = scanned("set ragtruth (used by default here), ensemble, calibrated for x")
+    adapted = scanned("set default+mine-1a2b3c4d, ensemble, pooled calibration")
+    assert judged_set(deferred) == "ragtruth"
+    assert judged_set(adapted) == "default+mine-1a2b3c4d"
+    assert judged_set(scanned("an older record")) is None
+    assert scanned_with_another_set(deferred, "ragtruth") is None  # the expert judges it now
+    assert scanned_with_another_set(adapted, "default") == "default+mine-1a2b3c4d"
+    assert scanned_with_another_set(scanned("an older record"), "default") is None
 
 
 # --------------------------------------------------------------------------- queue

@@ -115,7 +115,31 @@ def test_the_combined_score_moves_tokens_by_how_suspect_the_answer_is() -> None:
     assert np.allclose(weighted.combined(tok, 0.3, 0.3), tok)  # at its threshold: unchanged
     assert (weighted.combined(tok, 0.9, 0.3) > tok).all()
     assert (weighted.combined(tok, 0.01, 0.3) < tok).all()
-    assert "not cross-validated" in default_rule(0.3).describe()
+
+
+def test_a_rule_says_whether_a_cross_validation_chose_it_and_which() -> None:
+    """The span note says which rule a set's spans follow: one chosen for spans in a
+    cross-validation names its run and data; a judge without one uses its token
+    threshold, and says it was not chosen for spans (no "not cross-validated" beside a
+    README that says the rule is chosen in cross-validation)."""
+    plain = default_rule(0.3).describe()
+    assert plain.endswith(
+        "; the judge's token threshold, not a rule chosen for spans in cross-validation"
+    )
+    chosen = SpanRule(
+        threshold=0.35,
+        gap_tokens=1,
+        chosen="cross-validation",
+        measured={"f1": 0.4, "run": "ragtruth-fast-spans", "datasets": "ragtruth_qa_dev"},
+    ).describe()
+    assert "runs within 1 token merge" in chosen
+    assert chosen.endswith(
+        "; a rule chosen for span F1 in cross-validation (run ragtruth-fast-spans on "
+        "ragtruth_qa_dev)"
+    )
+    # a rule recorded without its run still says a cross-validation chose it
+    bare = SpanRule(threshold=0.35, chosen="cross-validation").describe()
+    assert bare.endswith("; a rule chosen for span F1 in cross-validation")
 
 
 # -- the decision ----------------------------------------------------------------------
