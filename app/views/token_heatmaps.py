@@ -92,14 +92,15 @@ def cortex_caption(a: AnswerRows, cortex: CortexDetector | None) -> None:
     if cortex is not None and answer is not None:
         # The set's verdict, as the Playground shows it: the probability with the
         # threshold of the same calibration, never re-thresholded here.
-        flag = {True: "hallucinated", False: "not flagged", None: "no threshold"}
+        call = "hallucinated" if answer.hallucinated else answer.call
+        why = f" ({answer.no_signal})" if answer.no_signal else ""
         thr = f"flagged at {answer.threshold:.3f}: " if answer.threshold is not None else ""
         st.caption(
             f"CORTEX answer probability {answer.score:.3f} (calibrated; from the highest "
             f"token score smoothed with CORTEX's own answer-level p_stay "
             f"{cortex.config.p_stay_answer:.3f}, fixed in training, not the p_stay slider "
             f"above, which smooths the rows below); {thr}"
-            f"**{flag[answer.hallucinated]}**, as the Playground shows."
+            f"**{call}**{md(why)}, as the Playground shows."
         )
 
 
