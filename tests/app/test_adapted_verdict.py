@@ -15,7 +15,6 @@ from pathlib import Path
 import pytest
 from streamlit.testing.v1 import AppTest
 
-from app.state.playground import ANSWER_PASTE, KEY_ANALYSE, KEY_ANSWER_SOURCE, KEY_EXAMPLE
 from app.state.session import STATE_KEY
 from app.text import md
 from core.base.paths import adapted_sets_dir
@@ -60,10 +59,9 @@ def adapted(
 
 def test_the_cli_the_api_and_the_playground_judge_an_adapted_answer_alike(
     adapted: str,
-    make_app: Callable[[], AppTest],
+    open_after_analysis: Callable[[str, str], AppTest],
     tiny_model: LoadedModel,
     tmp_path: Path,
-    no_exception: Callable[[AppTest], None],
 ) -> None:
     # Every path names the demo's answers alike: as their records do.
     assert {e.provenance.dataset for e in demo_full_examples()} == {"ragscope-demo"}
@@ -95,13 +93,8 @@ def test_the_cli_the_api_and_the_playground_judge_an_adapted_answer_alike(
         (s["start"], s["end"], s["type"]) for s in rec["spans"]
     ]
 
-    # The Playground, on the same answer picked from Home's demo
-    at = make_app().run()
-    at.switch_page(PLAYGROUND).run()
-    at.selectbox(key=KEY_EXAMPLE).select(EXAMPLE).run()
-    at.radio(key=KEY_ANSWER_SOURCE).set_value(ANSWER_PASTE).run()
-    at.button(key=KEY_ANALYSE).click().run()
-    no_exception(at)
+    # The Playground, on the same answer picked from Home's demo and analysed
+    at = open_after_analysis(EXAMPLE, PLAYGROUND)
     shown = at.session_state[STATE_KEY].analysis.example
     assert shown.provenance.dataset == "ragscope-demo"
     table = next(t.value for t in at.table if "verdict" in t.value.columns)
