@@ -16,8 +16,6 @@ from pathlib import Path
 from playwright.sync_api import Page, ViewportSize, expect
 from playwright.sync_api import TimeoutError as PlaywrightTimeout
 
-from app.components.estimate import TIMING_NOTE
-
 REPO = Path(__file__).resolve().parents[1]
 CHROMIUM = Path("/usr/bin/chromium")
 CHROMIUM_ARGS = [
@@ -36,6 +34,9 @@ STATUS_WIDGET = '[data-testid="stStatusWidget"]'
 BUSY = f'{STATUS_WIDGET}, [data-stale="true"]'
 """A script run under way: its "Running..." widget, or an element of the last run that
 this one has not drawn again yet (greyed out; the widget alone can be missing or lag)."""
+TIMING_CLASS = '[class*="st-key-rs-estimate-timing-"]'
+"""A caption waiting for an estimate's background timing (``app.components.estimate.
+TIMING_KEY``; tools do not import the app): its page runs again when the timing ends."""
 IDLE_HOLD_MS = 600
 """How long the page must stay idle before a run counts as over (the widget can lag)."""
 
@@ -47,10 +48,10 @@ def wait_idle(page: Page, timeout_ms: float) -> None:
     A rerun asked for a moment ago (a key press that commits a widget) may not show its
     widget yet, so the page must stay idle (:data:`BUSY`: no widget, no stale element) for
     ``IDLE_HOLD_MS`` twice running. A page timing an answer for its estimate in the
-    background (:data:`app.components.estimate.TIMING_NOTE`) runs again when the timing
-    ends, so it is not idle before that either."""
+    background (:data:`TIMING_CLASS`) runs again when the timing ends, so it is not idle
+    before that either."""
     widget = page.locator(BUSY)
-    timing = page.get_by_text(TIMING_NOTE, exact=True)
+    timing = page.locator(TIMING_CLASS)
     deadline = time.monotonic() + timeout_ms / 1000
     while True:
         left = max(1.0, (deadline - time.monotonic()) * 1000)

@@ -4,6 +4,7 @@ words above its button, and a progress bar that counts what is done and the time
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterator
@@ -99,7 +100,7 @@ def estimate_caption(
         with deferred_timing():  # a pace still to time is timed in the background
             est = compute()
     except PacePending as p:
-        with box.container():
+        with box.container(key=f"{TIMING_KEY}-{next(_TIMING_IDS)}"):
             _timing_caption(p.key)
         return None
     except RagscopeError as e:
@@ -108,6 +109,13 @@ def estimate_caption(
     box.caption(describe_work(est, what=what, extra=extra, kept=kept, reread=reread))
     return est
 
+
+TIMING_KEY = "rs-estimate-timing"
+"""The key prefix of a caption's container while it waits for a background timing: the
+page shows it as a CSS class ``st-key-rs-estimate-timing-<n>`` (browser tests wait until
+none is left, ``tools.browser.TIMING_CLASS``); ``<n>`` keeps two such captions of one
+page apart."""
+_TIMING_IDS = itertools.count()
 
 TIMING_POLL_S = 2.0
 """How often a page waiting for a background timing looks whether it is done."""

@@ -421,3 +421,12 @@ def test_judging_estimates_count_answer_tokens_and_an_adapted_set_reuses_the_pac
     assert estimates.answers_seconds(
         tiny_model, dset, estimates.ANALYSE, [padded]
     ) == pytest.approx(2.0 * answer_tokens(tiny_model, padded))
+
+
+def test_browser_tests_know_the_timing_caption_by_its_container_key() -> None:
+    """tools.browser (which may not import the app) waits for the caption a page shows
+    while an estimate is timed in the background, by the class of its container."""
+    from app.components.estimate import TIMING_KEY
+    from tools.browser import TIMING_CLASS
+
+    assert TIMING_CLASS == f'[class*="st-key-{TIMING_KEY}-"]'
