@@ -1,5 +1,5 @@
 """One rule picks the set that judges an answer, after a set is adapted too (issue 67):
-the demo's answers, adapted to from 24 reviews, are judged by the adapted set in
+the demo's answers, adapted to from 20 reviews, are judged by the adapted set in
 ``ragscope judge demo``, in the Python API and on the Playground, with equal
 probabilities, thresholds, spans and set id; the sidebar names that set.
 
@@ -39,7 +39,7 @@ def adapted(
     tiny_model: LoadedModel,
     monkeypatch: pytest.MonkeyPatch,
 ) -> str:
-    """The calibrated tiny set as the app's, adapted to the demo's dataset from 24
+    """The calibrated tiny set as the app's, adapted to the demo's dataset from 20
     answers reviewed in its random order (by their gold labels); the adapted set's name."""
     monkeypatch.setenv("RAGSCOPE_DETECTORS_DIR", str(calibrated_tiny_set[0]))
     monkeypatch.setenv("OMP_NUM_THREADS", "1")
@@ -48,7 +48,7 @@ def adapted(
     key = tiny_model.info.key
     with Store(app_env) as store:
         book = AnswerBook(store)
-        for i in random_order(list(by_id), "ragscope-demo")[:24]:
+        for i in random_order(list(by_id), "ragscope-demo")[:20]:
             ex = by_id[i]
             label = "hallucinated" if ex.label else "faithful"
             book.mark(QUEUE, ex, "ann", label, drawn_by="random")
@@ -107,5 +107,5 @@ def test_the_cli_the_api_and_the_playground_judge_an_adapted_answer_alike(
     assert f"#### :{colour}-background[{md(api.summary)}]" in [m.value for m in at.markdown]
     # the sidebar names the set that judges the Home dataset's answers, and its id
     sidebar = " ".join(c.value for c in at.sidebar.caption)
-    assert f"the {adapted} set (adapted from 24 reviews)" in sidebar
+    assert f"the {adapted} set (adapted from 20 reviews)" in sidebar
     assert api.set_id in sidebar
