@@ -75,7 +75,7 @@ from core.interventions.counterfactual import (
     warm_scoring,
 )
 from core.learning.contract import align_token_scores
-from core.pipeline.extract import example_chars
+from core.pipeline.extract import answer_tokens
 
 if TYPE_CHECKING:
     from core.base.examples import RAGExample
@@ -426,7 +426,7 @@ def compare_estimate(
     ):
         # the original's side, scored to time this estimate, is kept for the Compare
         return dataclasses.replace(
-            est, n_cached=1, chars_to_trace=est.chars_to_trace - example_chars(example)
+            est, n_cached=1, chars_to_trace=est.chars_to_trace - answer_tokens(model, example)
         )
     return est
 

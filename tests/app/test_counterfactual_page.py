@@ -4,6 +4,7 @@ scores and token rows against the detectors run directly, save / load / export."
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Callable
 from pathlib import Path
 
@@ -128,6 +129,11 @@ def test_the_side_timed_for_the_first_estimate_is_not_scored_again(
     assert "1 of 2 versions" in said and "1 already in this session's memory" in said, said
     assert "Later runs" not in said  # each Compare scores its versions anew
     assert "verdicts" not in said, said  # they come with each version's own pass
+    # The kept side is one answer's tokens off the work (the estimate counts tokens, not
+    # characters): the pace and the time left are positive.
+    each = re.search(r"at about (-?[0-9.]+) s each", said)
+    assert each is not None and float(each.group(1)) >= 0, said
+    assert "a few seconds" in said or "about" in said, said
     judged.clear()  # the Playground's or another page's own judging is not Compare's
     at.button(key=KEY_COMPARE).click().run()
     no_exception(at)
