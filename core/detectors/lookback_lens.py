@@ -39,7 +39,7 @@ from core.base.errors import DataError, ModelError
 from core.base.examples import RAGExample, source_key
 from core.detectors.common import FittedDetector, Writers, token_training_set
 from core.engine.model import ModelInfo
-from core.engine.trace import Needs
+from core.engine.trace import KEY_GROUPS, Needs, key_groups
 from core.learning.contract import (
     DetectorConfig,
     Features,
@@ -80,6 +80,21 @@ def lookback_ratios(pattern: np.ndarray, context: np.ndarray, answer: np.ndarray
     # Query j (at g_j) sees the answer tokens before y_j: keys p_1..p_{j-1}.
     earlier = np.tril(p[:, :, answer], k=-1).sum(-1)
     a_new = earlier / np.maximum(np.arange(t), 1)[None, :]
+    denom = a_ctx + a_new
+    ratio = np.divide(a_ctx, denom, out=np.full_like(denom, 0.5), where=denom > 0)
+    return ratio.T.astype(np.float32)
+
+
+def lookback_from_mass(mass: np.ndarray, n_context: int, group: int) -> np.ndarray:
+    """:func:`lookback_ratios` from the attention's sums over the key groups (the trace's
+    ``key_mass``, reduced as the pass runs): ``[head, T, len(KEY_GROUPS)]`` ->
+    ``[T, head]``. ``group`` is the context's group in :data:`KEY_GROUPS`; the answer's
+    sum counts only earlier answer tokens (a later one is a future key, never attended).
+    """
+    m = np.asarray(mass, dtype=np.float64)
+    n_heads, t, _ = m.shape
+    a_ctx = m[:, :, group] / n_context if n_context else np.zeros((n_heads, t))
+    a_new = m[:, :, KEY_GROUPS.index("response")] / np.maximum(np.arange(t), 1)[None, :]
     denom = a_ctx + a_new
     ratio = np.divide(a_ctx, denom, out=np.full_like(denom, 0.5), where=denom > 0)
     return ratio.T.astype(np.float32)
@@ -167,23 +182,21 @@ class LookbackLensDetector(FittedDetector):
     # -- features ------------------------------------------------------------------
 
     def needs(self, model: ModelInfo) -> Needs:
-        return Needs.of(["pattern"], n_layers=model.n_layers, positions="generation")
+        # The attention's sums over the context and the answer, reduced in the pass: a
+        # long prompt's rows are never kept (issue 68).
+        return Needs.of(["key_mass"], n_layers=model.n_layers, positions="generation")
 
     def features(self, run: Run) -> Features:
         if run.trace is None:
             raise ModelError("lookback_lens needs the traced forward pass")
         lay = run.layout
-        answer = lay.response_positions
-        context = (
-            lay.context_positions()
-            if self.config.context == "passages"
-            else np.arange(int(answer[0]) if answer.size else len(lay))
-        )
+        group = KEY_GROUPS.index("context" if self.config.context == "passages" else "prompt")
+        n_context = len(key_groups(lay)[group])
         cols, names = [], []
         for layer in range(run.model.n_layers):
-            pat = run.trace.at("pattern", layer, lay.generation_positions).numpy()
-            cols.append(lookback_ratios(pat, context, answer))
-            names += [lookback_name(layer, h) for h in range(pat.shape[0])]
+            mass = run.trace.at("key_mass", layer, lay.generation_positions).numpy()
+            cols.append(lookback_from_mass(mass, n_context, group))
+            names += [lookback_name(layer, h) for h in range(mass.shape[0])]
         tokens = np.concatenate(cols, axis=1)
         return Features(
             detector=self.name,

@@ -23,10 +23,16 @@ attn_out       ``blocks.l.hook_attn_out``        ``[pos, d_model]``
 mlp_out        ``blocks.l.hook_mlp_out``         ``[pos, d_model]``
 z              ``blocks.l.attn.hook_z``          ``[pos, head, d_head]``
 pattern        ``blocks.l.attn.hook_pattern``    ``[head, pos, key_pos]`` (all keys)
+key_mass       ``blocks.l.attn.hook_pattern``    ``[head, pos, 3]`` (float64)
 ln_final       ``ln_final.hook_out``             ``[pos, d_model]``
 ln_final_scale ``ln_final.hook_scale``           ``[pos, 1]``
 logits         (the forward's output)            ``[pos, d_vocab]``
 =============  ================================  ===============================
+
+``key_mass`` is reduced inside the hook, as each layer's attention is produced: each kept
+query row's attention summed over the keys of the passages, of the prompt before the
+answer, and of the answer (:data:`KEY_GROUPS`), so a signal that reads only those sums
+(Lookback Lens) never keeps the rows themselves (issue 68).
 """
 
 from __future__ import annotations
@@ -43,7 +49,16 @@ import numpy as np
 
 from core.base.errors import ModelError
 from core.engine.layout import Layout
-from core.engine.model import LoadedModel
+from core.engine.memory import (
+    ATTENTION_COPIES,
+    FEATURE_COPIES,
+    LONG_INPUT,
+    TraceCost,
+    check_budget,
+    memory_budget,
+    process_bytes,
+)
+from core.engine.model import LoadedModel, ModelInfo
 
 if TYPE_CHECKING:
     import torch
@@ -57,12 +72,21 @@ HookKind = Literal[
     "mlp_out",
     "z",
     "pattern",
+    "key_mass",
     "ln_final",
     "ln_final_scale",
     "logits",
 ]
 HOOK_KINDS: tuple[str, ...] = get_args(HookKind)
 LAYERLESS: frozenset[str] = frozenset({"ln_final", "ln_final_scale", "logits"})
+DERIVED: dict[str, str] = {"key_mass": "pattern"}
+"""Kinds reduced inside the hook of another kind: kind -> the hook it is computed from."""
+HEAD_FIRST: frozenset[str] = frozenset({"pattern", "key_mass"})
+"""Kinds kept ``[head, pos, ...]``: their positions are the second axis."""
+KEY_GROUPS: tuple[str, ...] = ("context", "prompt", "response")
+"""The key groups of ``key_mass``, in its last axis: the passage tokens, every position
+before the answer's first token (the whole layout when it has no answer), the answer's
+tokens."""
 LN_FINAL_OUT = "ln_final.hook_out"
 """The final norm's output (weight applied): the bridge's ``hook_out``, which
 TransformerLens's shorthand has no word for (its ``normalized`` is before the weight)."""
@@ -75,6 +99,8 @@ def hook_name(kind: str, layer: int | None = None) -> str:
     trace must not pay; tracing has loaded it already)."""
     from transformer_lens.utilities import get_act_name
 
+    if kind in DERIVED:
+        return hook_name(DERIVED[kind], layer)
     if kind == "ln_final":
         return LN_FINAL_OUT
     if kind == "ln_final_scale":
@@ -205,14 +231,20 @@ class Needs:
         return {key: frozenset(v) for key, v in out.items()}
 
     def hook_names(self) -> dict[str, HookKey]:
-        """TransformerLens hook name -> ``(kind, layer)`` for every hooked kind."""
-        return {
-            hook_name(kind, layer): (kind, layer)
+        """TransformerLens hook name -> ``(kind, layer)`` for every hooked kind (the kinds
+        reduced from another's hook, :data:`DERIVED`, are in :meth:`hook_pairs`)."""
+        return {name: key for name, key in self.hook_pairs() if key[0] not in DERIVED}
+
+    def hook_pairs(self) -> list[tuple[str, HookKey]]:
+        """``(TransformerLens hook name, (kind, layer))`` for every hooked kind, derived
+        ones included (a hook point can carry several)."""
+        return [
+            (hook_name(kind, layer), (kind, layer))
             for kind, layer in sorted(
                 self.hooks, key=lambda h: (h[0], -1 if h[1] is None else h[1])
             )
             if kind != "logits"
-        }
+        ]
 
     def resolve_positions(self, layout: Layout, sets: Iterable[str] | None = None) -> np.ndarray:
         """Sorted absolute positions of ``sets`` (default: all of :attr:`positions`)."""
@@ -287,11 +319,100 @@ class Trace:
         """Activations at absolute ``positions`` (pattern: the query axis)."""
         t = self.get(kind, layer)
         idx = self.rows(positions, (kind, layer))
-        return t[:, idx] if kind == "pattern" else t[idx]
+        return t[:, idx] if kind in HEAD_FIRST else t[idx]
 
     @property
     def nbytes(self) -> int:
         return sum(t.numel() * t.element_size() for t in self.acts.values())
+
+
+def row_bytes(info: ModelInfo, kind: str, n_keys: int) -> int:
+    """Bytes of one kept position of ``kind`` (``n_keys``: its layout's length)."""
+    if kind == "pattern":
+        return info.n_heads * n_keys * 4
+    if kind == "key_mass":
+        return info.n_heads * len(KEY_GROUPS) * 8
+    if kind == "z":
+        return info.n_heads * info.d_head * 4
+    if kind == "ln_final_scale":
+        return 4
+    if kind == "logits":
+        return info.d_vocab * 4
+    return info.d_model * 4
+
+
+def chunked(layouts: Sequence[Layout], chunk_tokens: int | None = None) -> bool:
+    """Whether :func:`trace_batch` runs ``layouts`` in chunks of queries."""
+    return len(layouts) == 1 and (chunk_tokens is not None or len(layouts[0]) > CHUNK_ABOVE)
+
+
+def trace_cost(
+    model: LoadedModel,
+    layouts: Sequence[Layout],
+    needs: Needs | Iterable[Needs],
+    *,
+    chunk_tokens: int | None = None,
+) -> TraceCost:
+    """What tracing ``layouts`` for ``needs`` adds to the process's memory
+    (:mod:`core.engine.memory`), from the same plan :func:`trace_batch` follows: each
+    hook's kept rows exactly, the attention of one layer (a chunk's queries for a long
+    prompt), the keys and values cached between chunks, and the detectors' copies. On
+    an accelerator the attention and the cache live in its memory, not the process's."""
+    info = model.info
+    want = needs if isinstance(needs, Needs) else Needs.union(needs)
+    plans = want.plan()
+    kept = 0
+    for layout in layouts:
+        for (kind, _layer), sets in plans.items():
+            rows = len(want.resolve_positions(layout, sets))
+            kept += rows * row_bytes(info, kind, len(layout))
+    width = max((len(lay) for lay in layouts), default=0)
+    on_host = not str(model.device).startswith("cuda")
+    if chunked(layouts, chunk_tokens):
+        queries = min(width, CHUNK_TOKENS if chunk_tokens is None else max(1, chunk_tokens))
+        cache = 2 * info.n_layers * info.n_kv_heads * info.d_head * width * 4
+        batch = 1
+    else:
+        queries, cache, batch = width, 0, len(layouts)
+    attention = batch * (
+        ATTENTION_COPIES * info.n_heads * queries * width * 4
+        + queries * (info.d_vocab + 4 * info.d_mlp) * 4  # a chunk's logits and MLP
+    )
+    return TraceCost(
+        tokens=width,
+        kept=kept,
+        attention=attention if on_host else 0,
+        cache=cache if on_host else 0,
+        features=int(FEATURE_COPIES * kept),
+    )
+
+
+def key_groups(layout: Layout) -> tuple[np.ndarray, ...]:
+    """The absolute key positions of each of :data:`KEY_GROUPS` in ``layout``."""
+    answer = np.asarray(layout.response_positions, dtype=np.int64)
+    before = int(answer[0]) if answer.size else len(layout)
+    return (
+        np.asarray(layout.context_positions(), dtype=np.int64),
+        np.arange(before, dtype=np.int64),
+        answer,
+    )
+
+
+def key_mass(rows: torch.Tensor, groups: Sequence[torch.Tensor]) -> torch.Tensor:
+    """``[head, query, key]`` attention rows -> ``[head, query, len(groups)]`` float64
+    sums over each group's key positions (those among the rows' keys: a key past them is
+    one the queries cannot attend to yet). Summed one head at a time, so the float64 copy
+    is one head's rows."""
+    import torch
+
+    n_keys = rows.shape[-1]
+    inside = [g[g < n_keys] for g in groups]
+    out = torch.empty((rows.shape[0], rows.shape[1], len(groups)), dtype=torch.float64)
+    for h in range(rows.shape[0]):
+        r = rows[h].to("cpu", torch.float64)
+        for i, g in enumerate(inside):
+            out[h, :, i] = r.index_select(-1, g).sum(-1)
+    return out
 
 
 _KEEPS_LOGITS: weakref.WeakKeyDictionary[LoadedModel, bool] = weakref.WeakKeyDictionary()
@@ -310,7 +431,13 @@ def _keeps_logits(model: LoadedModel) -> bool:
     return hit
 
 
-def trace(model: LoadedModel, layout: Layout, needs: Needs | Iterable[Needs]) -> Trace:
+def trace(
+    model: LoadedModel,
+    layout: Layout,
+    needs: Needs | Iterable[Needs],
+    *,
+    chunk_tokens: int | None = None,
+) -> Trace:
     """Run one forward pass over ``layout`` and keep what ``needs`` asks for.
 
     Args:
@@ -318,15 +445,21 @@ def trace(model: LoadedModel, layout: Layout, needs: Needs | Iterable[Needs]) ->
         layout: Token ids and positions, from :func:`core.engine.layout.render`.
         needs: One :class:`Needs` or several (their union is traced; each hook
             is kept at the positions asked for it).
+        chunk_tokens: Queries per pass of a prompt longer than :data:`CHUNK_ABOVE`
+            (default :data:`CHUNK_TOKENS`), see :func:`trace_batch`.
 
     Returns:
         A :class:`Trace` with float32 CPU tensors.
     """
-    return trace_batch(model, [layout], needs)[0]
+    return trace_batch(model, [layout], needs, chunk_tokens=chunk_tokens)[0]
 
 
 def trace_batch(
-    model: LoadedModel, layouts: Sequence[Layout], needs: Needs | Iterable[Needs]
+    model: LoadedModel,
+    layouts: Sequence[Layout],
+    needs: Needs | Iterable[Needs],
+    *,
+    chunk_tokens: int | None = None,
 ) -> list[Trace]:
     """:func:`trace` of several layouts in ONE forward pass.
 
@@ -336,6 +469,13 @@ def trace_batch(
     that example's positions (an attention pattern only its own keys). The activations
     equal one-at-a-time traces up to float rounding (batched matrix products may sum in
     another order); a batch of one is exactly :func:`trace`.
+
+    One layout longer than :data:`CHUNK_ABOVE` tokens is run in chunks of
+    ``chunk_tokens`` queries (:func:`_chunked_pass`): each chunk attends to the keys and
+    values cached from the chunks before it, so no layer ever holds the prompt's whole
+    ``[head, pos, pos]`` attention, and the memory of a pass grows with the prompt's
+    length instead of its square (issue 68). The activations equal one pass's up to
+    float rounding.
 
     Returns:
         One :class:`Trace` per layout, in order; each one's ``seconds`` is the batch's
@@ -356,12 +496,15 @@ def trace_batch(
             raise ModelError(f"positions outside the layout of {len(layout)} tokens")
         keeps.append(keep_by_key)
         everys.append(every)
-    names = want.hook_names()
+    names = want.hook_pairs()
     keep_t = [
         {key: torch.as_tensor(pos, device=model.device) for key, pos in k.items()} for k in keeps
     ]
     lengths = [len(layout) for layout in layouts]
     stores: list[dict[HookKey, torch.Tensor]] = [{} for _ in layouts]
+    groups = [
+        [torch.as_tensor(g, device=model.device) for g in key_groups(layout)] for layout in layouts
+    ]
 
     def saver(key: HookKey):  # noqa: ANN202
         # Bridge hook names are aliases (hook_z fires as attn.o.hook_in), so the
@@ -369,6 +512,9 @@ def trace_batch(
         def save(act: torch.Tensor, hook: object) -> None:
             for b, n in enumerate(lengths):
                 idx = keep_t[b][key]
+                if key[0] == "key_mass":  # its queries' sums over each key group
+                    stores[b][key] = key_mass(act[b, :, :, :n].index_select(1, idx), groups[b])
+                    continue
                 if key[0] == "pattern":  # [head, query, key]: its queries, its keys
                     a = act[b, :, :, :n].index_select(1, idx)
                 else:
@@ -377,6 +523,51 @@ def trace_batch(
 
         return save
 
+    wants_logits = ("logits", None) in want.hooks
+    cost = trace_cost(model, layouts, want, chunk_tokens=chunk_tokens)
+    budget, held = memory_budget(), process_bytes()
+    ids = [lay.example_id for lay in layouts]
+    check_budget(
+        cost,
+        source=", ".join(ids[:3]) + ("…" if len(ids) > 3 else ""),
+        # a long prompt's cost grows about linearly with its length (chunked)
+        fits=int(cost.tokens * min(1.0, max(budget - held, 0) / max(cost.total, 1))),
+        budget=budget,
+        held=held,
+    )
+    t0 = time.perf_counter()
+    if chunked(layouts, chunk_tokens):
+        chunk = CHUNK_TOKENS if chunk_tokens is None else int(chunk_tokens)
+        if chunk < 1:
+            raise ValueError(f"chunk_tokens must be at least 1, not {chunk}")
+        stores[0] = _chunked_pass(model, layouts[0], keeps[0], names, wants_logits, chunk)
+    else:
+        hooks = [(name, saver(key)) for name, key in names]
+        _padded_pass(model, layouts, keeps, keep_t, hooks, wants_logits, stores)
+    seconds = (time.perf_counter() - t0) / len(layouts)
+    missing = [n for n, k in names if k not in stores[0]]
+    if missing:
+        raise ModelError(f"hooks did not fire on {model.info.display_name}: {missing[:5]}")
+    return [
+        Trace(layout=layout, positions=every, acts=store, seconds=seconds, kept=keep)
+        for layout, every, store, keep in zip(layouts, everys, stores, keeps, strict=True)
+    ]
+
+
+def _padded_pass(
+    model: LoadedModel,
+    layouts: Sequence[Layout],
+    keeps: Sequence[Mapping[HookKey, np.ndarray]],
+    keep_t: Sequence[Mapping[HookKey, torch.Tensor]],
+    hooks: Sequence[tuple[str, Hook]],
+    wants_logits: bool,
+    stores: Sequence[dict[HookKey, torch.Tensor]],
+) -> None:
+    """One forward pass over ``layouts`` right-padded to the longest, ``hooks`` filling
+    ``stores``; the kept logits rows are added to each example's store."""
+    import torch
+
+    lengths = [len(layout) for layout in layouts]
     width = max(lengths)
     kwargs: dict[str, Any] = {}
     if len(layouts) == 1:
@@ -391,7 +582,6 @@ def trace_batch(
             mask[b, : lengths[b]] = 1
         ids = ids.to(model.device)
         kwargs["attention_mask"] = mask.to(model.device)
-    wants_logits = ("logits", None) in want.hooks
     rows: dict[int, torch.Tensor] = {}  # per example, its logit positions' rows in the output
     if _keeps_logits(model):
         # Unembed only the positions some example keeps (the lm_head over every position
@@ -408,11 +598,10 @@ def trace_batch(
                 rows[b] = torch.as_tensor(at, device=model.device)
         elif not wants_logits:
             kwargs["logits_to_keep"] = 1
-    t0 = time.perf_counter()
     with model.lock, torch.inference_mode():
         logits = model.bridge.run_with_hooks(
             ids,
-            fwd_hooks=[(name, saver(key)) for name, key in names.items()],
+            fwd_hooks=list(hooks),
             return_type="logits",
             **kwargs,
         )
@@ -422,14 +611,99 @@ def trace_batch(
                 stores[b][("logits", None)] = (
                     logits[b].index_select(0, idx).to("cpu", torch.float32)
                 )
-    seconds = (time.perf_counter() - t0) / len(layouts)
-    missing = [n for n, k in names.items() if k not in stores[0]]
-    if missing:
-        raise ModelError(f"hooks did not fire on {model.info.display_name}: {missing[:5]}")
-    return [
-        Trace(layout=layout, positions=every, acts=store, seconds=seconds, kept=keep)
-        for layout, every, store, keep in zip(layouts, everys, stores, keeps, strict=True)
-    ]
+
+
+CHUNK_TOKENS = 512
+"""Queries per pass when a long prompt is traced in chunks: the attention of a chunk is
+``[head, CHUNK_TOKENS, keys so far]``, at 8k tokens about 150 MB a layer in float32
+against 2 GB for the whole prompt's."""
+
+CHUNK_ABOVE = LONG_INPUT
+"""Prompts longer than this many tokens are traced in chunks (:func:`_chunked_pass`);
+shorter ones in one pass, as they always were (their numbers stay bit for bit)."""
+
+
+def _chunked_pass(
+    model: LoadedModel,
+    layout: Layout,
+    keep: Mapping[HookKey, np.ndarray],
+    names: Sequence[tuple[str, HookKey]],
+    wants_logits: bool,
+    chunk: int,
+) -> dict[HookKey, torch.Tensor]:
+    """Trace one long ``layout`` in chunks of ``chunk`` queries, each chunk reading the
+    keys and values the model cached for the chunks before it (the causal mask makes
+    that the same computation as one pass). Each hook keeps its positions that fall in
+    the chunk; an attention pattern's rows are padded with zeros to every key of the
+    prompt (a query never attends to a later key), so the kept tensors are the shapes
+    one pass keeps.
+
+    Raises:
+        ModelError: The model returned no KV cache to continue from.
+    """
+    import torch
+
+    n = len(layout)
+    pieces: dict[HookKey, list[torch.Tensor]] = {key: [] for key in keep}
+    span = [0, 0]  # the chunk under way: [start, end)
+    groups = [torch.as_tensor(g, device=model.device) for g in key_groups(layout)]
+
+    def local(key: HookKey) -> np.ndarray:
+        pos = keep[key]
+        lo, hi = np.searchsorted(pos, span)
+        return pos[lo:hi] - span[0]
+
+    def saver(key: HookKey) -> Hook:
+        def save(act: torch.Tensor, hook: object) -> None:
+            idx = torch.as_tensor(local(key), device=act.device)
+            if key[0] == "key_mass":
+                pieces[key].append(key_mass(act[0].index_select(1, idx), groups))
+            elif key[0] == "pattern":  # [head, query, keys so far] -> every key of the prompt
+                a = act[0].index_select(1, idx)
+                rows = torch.zeros((a.shape[0], a.shape[1], n), dtype=torch.float32)
+                rows[:, :, : a.shape[2]] = a.detach().to("cpu", torch.float32)
+                pieces[key].append(rows)
+            else:
+                pieces[key].append(act[0].index_select(0, idx).detach().to("cpu", torch.float32))
+
+        return save
+
+    hooks = [(name, saver(key)) for name, key in names]
+    trims = _keeps_logits(model)
+    past: Any = None
+    with model.lock, torch.inference_mode():
+        for start in range(0, n, chunk):
+            span[:] = [start, min(n, start + chunk)]
+            ids = torch.as_tensor(layout.token_ids[span[0] : span[1]], device=model.device)
+            at = local(("logits", None)) if wants_logits else np.zeros(0, dtype=np.int64)
+            kwargs: dict[str, Any] = {}
+            if trims:
+                kwargs["logits_to_keep"] = (
+                    torch.as_tensor(at, device=model.device) if at.size else 1
+                )
+            logits, past = model.bridge.run_with_hooks(
+                ids.unsqueeze(0),
+                fwd_hooks=hooks,
+                return_type="logits_and_cache",
+                past_key_values=past,
+                use_cache=True,
+                **kwargs,
+            )
+            if past is None:
+                raise ModelError(
+                    f"{model.info.display_name} returned no KV cache to trace a long prompt in "
+                    "chunks"
+                )
+            if wants_logits:
+                rows = torch.arange(at.size) if trims else torch.as_tensor(at)
+                pieces[("logits", None)].append(
+                    logits[0].index_select(0, rows.to(logits.device)).to("cpu", torch.float32)
+                )
+    return {
+        key: torch.cat(parts, dim=1 if key[0] in HEAD_FIRST else 0)
+        for key, parts in pieces.items()
+        if parts
+    }
 
 
 def response_needs() -> Needs:

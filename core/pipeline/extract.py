@@ -26,8 +26,9 @@ from scipy.optimize import nnls
 from core.base.errors import DataError
 from core.base.examples import RAGExample, example_hash
 from core.engine.layout import Layout, render
+from core.engine.memory import TraceCost
 from core.engine.model import LoadedModel
-from core.engine.trace import Needs, Trace, trace_batch
+from core.engine.trace import Needs, Trace, trace_batch, trace_cost
 from core.learning.contract import Detector, Features, Run
 from core.storage import Store
 
@@ -296,6 +297,39 @@ def stream_example(
         yield Step("bare", time.perf_counter() - t0)
         yield from compute(later)
     yield from composites()
+
+
+def example_cost(
+    model: LoadedModel,
+    example: RAGExample,
+    detectors: Sequence[Detector],
+    *,
+    extra: Needs | None = None,
+) -> TraceCost:
+    """The memory :func:`run_example` (and :func:`iter_run`) of ``example`` with
+    ``detectors`` will add (:func:`core.engine.trace.trace_cost`): the pass with the
+    passages, and the no-context pass run while it is kept.
+
+    Raises:
+        DataError: The example cannot be laid out.
+    """
+    flat = plain_detectors(detectors)
+    needs = [n for d in flat if (n := d.needs(model.info)) is not None]
+    bare = [
+        b
+        for d in flat
+        if d.needs_bare and d.needs(model.info) and (b := d.bare_needs(model.info)) is not None
+    ]
+    full = [*needs, *([extra] if extra else [])]
+    layout = render(example, model)
+    cost = (
+        trace_cost(model, [layout], full)
+        if full
+        else TraceCost(tokens=len(layout), kept=0, attention=0, cache=0, features=0)
+    )
+    if bare:
+        cost = cost + trace_cost(model, [render(example, model, with_context=False)], bare)
+    return cost
 
 
 def run_examples(

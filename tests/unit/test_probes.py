@@ -17,6 +17,7 @@ from core.data import resolve_dataset
 from core.detectors import make_detector
 from core.detectors.lookback_lens import (
     LookbackLensDetector,
+    lookback_from_mass,
     lookback_ratios,
     window_means,
 )
@@ -450,6 +451,34 @@ def test_lookback_ratios_against_a_loop() -> None:
             a_new = full[h, gen[j], earlier].mean() if j else 0.0
             assert got[j, h] == pytest.approx(a_ctx / (a_ctx + a_new), rel=1e-5)
     assert np.allclose(got[0], 1.0)  # nothing written yet: all lookback
+
+
+@pytest.mark.parametrize("chunk", [None, 5])
+def test_lookback_from_the_mass_reduced_in_the_pass_equals_the_ratios_of_the_rows(
+    tiny_model, toy_example, chunk
+) -> None:
+    """The trace reduces each layer's attention to its sums over the key groups as the
+    pass runs (issue 68: no long prompt's rows kept); Lookback Lens's ratios from those
+    sums equal the ratios of the kept rows, for both meanings of "context", in one pass
+    or in chunks."""
+    from core.engine.trace import KEY_GROUPS, key_groups
+
+    lay = render(toy_example, tiny_model)
+    L = tiny_model.info.n_layers
+    needs = Needs.of(["pattern", "key_mass"], n_layers=L, positions="generation")
+    tr = trace(tiny_model, lay, needs, chunk_tokens=chunk)
+    answer = lay.response_positions
+    contexts = {"context": lay.context_positions(), "prompt": np.arange(int(answer[0]))}
+    for name, ctx in contexts.items():
+        group = KEY_GROUPS.index(name)
+        assert np.array_equal(key_groups(lay)[group], ctx)
+        for layer in range(L):
+            g = lay.generation_positions
+            want = lookback_ratios(tr.at("pattern", layer, g).numpy(), ctx, answer)
+            got = lookback_from_mass(tr.at("key_mass", layer, g).numpy(), len(ctx), group)
+            np.testing.assert_allclose(got, want, atol=1e-6)
+    det = make_detector("lookback_lens")
+    assert {k for k, _ in det.needs(tiny_model.info).hooks} == {"key_mass"}  # no rows kept
 
 
 def test_window_means_cover_every_token() -> None:

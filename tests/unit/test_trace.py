@@ -106,13 +106,15 @@ def test_shapes_of_every_kind(full, tiny_model, layout):
             assert full.get(kind, layer).shape == (n_pos, info.d_model), kind
         assert full.get("z", layer).shape == (n_pos, info.n_heads, info.d_head)
         assert full.get("pattern", layer).shape == (info.n_heads, n_pos, len(layout))
+        assert full.get("key_mass", layer).shape == (info.n_heads, n_pos, 3)
+        assert full.get("key_mass", layer).dtype == torch.float64  # sums of many keys
     assert full.get("ln_final").shape == (n_pos, info.d_model)
     assert full.get("ln_final_scale").shape == (n_pos, 1)
     assert full.get("logits").shape == (n_pos, info.d_vocab)
     assert set(full.acts) == {(k, None) for k in LAYERLESS} | {
         (k, layer) for k in PER_LAYER for layer in range(info.n_layers)
     }
-    assert full.nbytes == sum(t.numel() * 4 for t in full.acts.values())
+    assert full.nbytes == sum(t.numel() * t.element_size() for t in full.acts.values())
 
 
 def test_pattern_rows_are_causal_distributions(full, tiny_model):
@@ -199,6 +201,7 @@ def test_hook_names_are_transformer_lens_own_and_stay_what_feature_caches_were_b
         ("mlp_out", 2): "blocks.2.hook_mlp_out",
         ("z", 2): "blocks.2.attn.hook_z",
         ("pattern", 2): "blocks.2.attn.hook_pattern",
+        ("key_mass", 2): "blocks.2.attn.hook_pattern",  # reduced in the pattern's hook
         ("ln_final", None): "ln_final.hook_out",
         ("ln_final_scale", None): "ln_final.hook_scale",
     }
@@ -401,3 +404,52 @@ def test_a_trace_unembeds_only_the_positions_it_keeps(tiny_model, tiny_reference
         assert seen == [1]  # no logits asked for: only the last position is unembedded
     finally:
         handle.remove()
+
+
+# --------------------------------------------------------------------------- long prompts
+
+
+@pytest.mark.parametrize("chunk", [1, 7, 64])
+def test_a_chunked_trace_equals_one_pass(tiny_model, layout, chunk):
+    """A long prompt is traced in chunks of queries reading the cached keys (issue 68):
+    every kind at every kept position, attention rows padded to every key, equal to one
+    pass's (chunks of one token included: each a decoding step)."""
+    needs = Needs.of(
+        HOOK_KINDS,
+        n_layers=tiny_model.info.n_layers,
+        positions=("response", "generation", "context"),
+    )
+    want = trace(tiny_model, layout, needs)
+    got = trace(tiny_model, layout, needs, chunk_tokens=chunk)
+    assert set(got.acts) == set(want.acts)
+    for key, t in want.acts.items():
+        _close(got.acts[key], t, BATCH_ATOL)  # shapes too: every key of the prompt
+        assert np.array_equal(got.positions_of(*key), want.positions_of(*key))
+    assert [n for n, hp in tiny_model.bridge.hook_dict.items() if hp._forward_hooks] == []
+
+
+def test_a_prompt_longer_than_the_chunk_threshold_is_chunked(tiny_model, layout, monkeypatch):
+    """Past :data:`core.engine.trace.CHUNK_ABOVE` tokens the pass is chunked by itself,
+    and below it a layout runs in one pass, as before (its numbers bit for bit)."""
+    import core.engine.trace as engine
+
+    calls: list[int] = []
+    real = engine._chunked_pass
+
+    def counted(model, lay, keep, names, wants_logits, chunk):
+        calls.append(chunk)
+        return real(model, lay, keep, names, wants_logits, chunk)
+
+    monkeypatch.setattr(engine, "_chunked_pass", counted)
+    needs = Needs.of(
+        ["pattern", "logits"], n_layers=tiny_model.info.n_layers, positions="generation"
+    )
+    one = trace(tiny_model, layout, needs)
+    assert calls == []
+    monkeypatch.setattr(engine, "CHUNK_ABOVE", len(layout) - 1)
+    chunked = trace(tiny_model, layout, needs)
+    assert calls == [engine.CHUNK_TOKENS]
+    for key, t in one.acts.items():
+        _close(chunked.acts[key], t, BATCH_ATOL)
+    with pytest.raises(ValueError, match="chunk_tokens"):
+        trace(tiny_model, layout, needs, chunk_tokens=0)
