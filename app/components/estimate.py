@@ -107,6 +107,8 @@ def estimate_caption(
         box.caption(f"No time estimate: {md(e)}")
         return None
     box.caption(describe_work(est, what=what, extra=extra, kept=kept, reread=reread))
+    if est.memory is not None:  # a long input's memory, before the click (issue 68)
+        box.caption(est.memory)
     return est
 
 

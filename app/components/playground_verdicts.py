@@ -35,12 +35,11 @@ from core.base.paths import repo_root
 from core.base.words import plural
 from core.data import BUILTIN
 from core.engine.layout import render
-from core.engine.memory import describe_cost
 from core.engine.model import LoadedModel
 from core.engine.trace import Trace, response_needs
 from core.evaluation.recipe import DEFAULT_DETECTORS, TrainRecipe
 from core.learning.contract import Verdict
-from core.pipeline.extract import example_cost
+from core.pipeline.extract import memory_note
 from core.pipeline.judge import Judged
 
 if TYPE_CHECKING:
@@ -404,11 +403,8 @@ def analyse_estimate(model: LoadedModel, example: RAGExample | None) -> None:
     shipped = detector_set(model)
     if example is None or not shipped.detectors:
         return
-    try:  # a long input's memory, before the click (issue 68)
-        memory = describe_cost(example_cost(model, example, shipped.for_example(example).fitted))
-    except RagscopeError:
-        memory = None  # Analyse reports what is wrong with the input
-    if memory is not None:
+    memory = memory_note(model, example, shipped.for_example(example).fitted)
+    if memory is not None:  # a long input's memory, before the click (issue 68)
         st.caption(memory)
     seconds = answers_seconds(model, shipped, ANALYSE, [example])
     if seconds is None:

@@ -41,6 +41,7 @@ from core.pipeline.extract import (
     example_chars,
     fit_paces,
     learn_paces,
+    memory_note,
     time_extraction,
     uncached,
 )
@@ -513,6 +514,7 @@ def answer_estimate(
         chars_to_trace=n_answers * tokens,
         seconds_per_char=pace,
         fixed_seconds=fixed_seconds,
+        memory=memory_note(model, example, shipped.for_example(example).fitted),
     )
 
 

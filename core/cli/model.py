@@ -17,6 +17,8 @@ from core.engine.model import embedded_cache_path, embedded_gguf_path, prepare_e
 from core.services.bench import BenchOptions, run_bench
 from core.services.distributed import bench_ray
 from core.services.llmserve import DEFAULT_ORIGINS, ENV_API_KEY, ServeLimits, make_server
+from core.services.longbench import WHATS as LONG_WHATS
+from core.services.longbench import long_dicts, long_text, run_long_bench
 
 
 def _add_info(sub: Subparsers) -> None:
@@ -251,11 +253,49 @@ def _add_bench(sub: Subparsers) -> None:
         metavar="NAME,NAME",
         help="the detector sets --judge times (default: the set that applies)",
     )
+    p.add_argument(
+        "--long",
+        default="",
+        metavar="TOKENS,TOKENS",
+        help="instead, measure long prompts of these sizes (e.g. 1024,2048,4096,8192: real "
+        "passages, a short and a long answer): a plain forward, the fast and the default set, "
+        "each in a subprocess, its peak RSS, seconds and the budget check's estimate",
+    )
+    p.add_argument(
+        "--long-runs",
+        default=",".join(LONG_WHATS),
+        metavar="RUN,RUN",
+        help=f"with --long, which runs ({', '.join(LONG_WHATS)})",
+    )
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_bench)
 
 
+def _long_bench(args: argparse.Namespace) -> int:
+    try:
+        sizes = [int(n) for n in args.long.split(",") if n.strip()]
+    except ValueError:
+        print("--long takes token counts, e.g. 1024,2048,4096,8192", file=sys.stderr)
+        return 2
+    runs = [r.strip() for r in args.long_runs.split(",") if r.strip()]
+    bad = [r for r in runs if r not in LONG_WHATS] + [str(n) for n in sizes if n < 64]
+    if bad or not sizes or not runs:
+        print(
+            f"--long takes sizes of 64 tokens or more and --long-runs some of "
+            f"{', '.join(LONG_WHATS)}; not {', '.join(bad) or 'nothing'}",
+            file=sys.stderr,
+        )
+        return 2
+    rows = run_long_bench(
+        args.model, sizes, whats=runs, log=lambda m: print(m, file=sys.stderr, flush=True)
+    )
+    print(json.dumps(long_dicts(rows), indent=2) if args.json else long_text(rows))
+    return 0
+
+
 def cmd_bench(args: argparse.Namespace) -> int:
+    if args.long:
+        return _long_bench(args)
     options = BenchOptions(
         n_tokens=args.tokens,
         repeats=args.repeats,

@@ -10,7 +10,8 @@ A trace's peak is the process as it stands (the model's weights, what it holds) 
   for a long prompt and every position otherwise;
 - the keys and values cached between a long prompt's chunks (:attr:`TraceCost.cache`);
 - what the detectors compute from the kept rows (:attr:`TraceCost.features`): copies of
-  them in float64 and the like, counted as :data:`FEATURE_COPIES` of the kept bytes.
+  them in float64 and the like, counted as :data:`FEATURE_COPIES` of the kept bytes, and
+  the blocks of their vocabulary-wide lens products (:data:`LENS_BLOCK` rows).
 
 ``ragscope bench --long`` measures the real peaks (``ru_maxrss`` in a subprocess) beside
 this estimate. Before tracing, :func:`check_budget` refuses an input whose estimate
@@ -41,9 +42,15 @@ FEATURE_COPIES = 2.0
 """The detectors' own work on a trace, in copies of its kept bytes (float64 copies of
 the rows they read; measured by ``ragscope bench --long``)."""
 
-ATTENTION_COPIES = 3
+LENS_BLOCK = 4 * 256
+"""Rows of the vocabulary the detectors' lens products hold at once (blocks of 256 rows,
+:data:`core.signals.attribution.PROBE_CHUNK`, and their softmax copies), counted with
+:data:`FEATURE_COPIES` as their work."""
+
+ATTENTION_COPIES = 6
 """Tensors of one layer's ``[head, queries, keys]`` attention alive at once in the
-model's eager attention: the scores, the masked scores and the softmax."""
+model's eager attention (the scores, scaled, masked, their softmax, its copies on the
+way to the hook), as measured by ``ragscope bench --long``."""
 
 _UNITS = {"": 1, "b": 1, "k": 2**10, "m": 2**20, "g": 2**30, "t": 2**40}
 _SIZE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([kmgt]?)(?:i?b)?\s*$", re.IGNORECASE)
@@ -198,12 +205,17 @@ def check_budget(
     now = process_bytes() if held is None else held
     if now + cost.total <= limit:
         return
-    room = f"; about {fits:,} tokens would fit" if fits is not None and fits < cost.tokens else ""
+    if now >= limit:
+        room = "; the process holds more than that already, before any pass"
+    elif fits is not None and 0 < fits < cost.tokens:
+        room = f"; about {fits:,} tokens would fit"
+    else:
+        room = ""
     raise MemoryBudgetError(
         f"this input is {cost.tokens:,} tokens; tracing it needs about "
         f"{gib(now + cost.total)} ({gib(now)} already held, {gib(cost.total)} for the pass), "
         f"over the memory budget of {gib(limit)}{room}. Judge it with a lighter set "
-        "(--set fast), send fewer passages or a shorter answer, or raise "
+        "(e.g. --set fast), send fewer passages or a shorter answer, or raise "
         f"{BUDGET_ENV} (e.g. {BUDGET_ENV}=8G) on a machine that has the memory",
         cost=cost,
         budget=limit,

@@ -37,6 +37,9 @@ answer, and of the answer (:data:`KEY_GROUPS`), so a signal that reads only thos
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
+import functools
 import inspect
 import time
 import weakref
@@ -52,6 +55,7 @@ from core.engine.layout import Layout
 from core.engine.memory import (
     ATTENTION_COPIES,
     FEATURE_COPIES,
+    LENS_BLOCK,
     LONG_INPUT,
     TraceCost,
     check_budget,
@@ -383,7 +387,7 @@ def trace_cost(
         kept=kept,
         attention=attention if on_host else 0,
         cache=cache if on_host else 0,
-        features=int(FEATURE_COPIES * kept),
+        features=int(FEATURE_COPIES * kept) + (LENS_BLOCK * info.d_vocab * 4 if kept else 0),
     )
 
 
@@ -613,14 +617,37 @@ def _padded_pass(
                 )
 
 
-CHUNK_TOKENS = 512
+CHUNK_TOKENS = 256
 """Queries per pass when a long prompt is traced in chunks: the attention of a chunk is
-``[head, CHUNK_TOKENS, keys so far]``, at 8k tokens about 150 MB a layer in float32
+``[head, CHUNK_TOKENS, keys so far]``, at 8k tokens about 75 MB a layer in float32
 against 2 GB for the whole prompt's."""
 
 CHUNK_ABOVE = LONG_INPUT
 """Prompts longer than this many tokens are traced in chunks (:func:`_chunked_pass`);
 shorter ones in one pass, as they always were (their numbers stay bit for bit)."""
+
+
+MMAP_THRESHOLD = 4 * 2**20
+"""Buffers of at least this many bytes are mapped from the system and given back when
+freed (glibc's ``M_MMAP_THRESHOLD``), see :func:`_large_buffers_unmapped`."""
+
+_M_MMAP_THRESHOLD = -3  # glibc's mallopt parameter number
+
+
+@functools.cache
+def _large_buffers_unmapped() -> bool:
+    """Have glibc map every buffer of :data:`MMAP_THRESHOLD` bytes or more and unmap it
+    when freed, once per process (the first long prompt). By default glibc raises that
+    threshold as large buffers are freed and then serves the chunked pass's buffers of a
+    few MB (a layer's keys, a head's rows) from its heap, whose freed holes a growing
+    prompt cannot reuse: at 8k tokens the process grew by hundreds of MB a chunk and
+    peaked at 4-14 GB instead of 2. Elsewhere (another C library) nothing changes.
+    Returns whether the setting took."""
+    try:
+        libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6")
+        return bool(libc.mallopt(_M_MMAP_THRESHOLD, MMAP_THRESHOLD))
+    except (OSError, AttributeError):
+        return False
 
 
 def _chunked_pass(
@@ -668,9 +695,12 @@ def _chunked_pass(
 
         return save
 
-    hooks = [(name, saver(key)) for name, key in names]
+    hooks: list[tuple[str | Callable[..., Any], Callable[..., Any]]] = [
+        (name, saver(key)) for name, key in names
+    ]
     trims = _keeps_logits(model)
     past: Any = None
+    _large_buffers_unmapped()
     with model.lock, torch.inference_mode():
         for start in range(0, n, chunk):
             span[:] = [start, min(n, start + chunk)]

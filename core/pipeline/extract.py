@@ -26,9 +26,9 @@ from scipy.optimize import nnls
 from core.base.errors import DataError
 from core.base.examples import RAGExample, example_hash
 from core.engine.layout import Layout, render
-from core.engine.memory import TraceCost
+from core.engine.memory import MemoryBudgetError, TraceCost, describe_cost
 from core.engine.model import LoadedModel
-from core.engine.trace import Needs, Trace, trace_batch, trace_cost
+from core.engine.trace import CHUNK_ABOVE, Needs, Trace, trace_batch, trace_cost
 from core.learning.contract import Detector, Features, Run
 from core.storage import Store
 
@@ -332,13 +332,68 @@ def example_cost(
     return cost
 
 
+LENGTH_SLACK = 1.25
+"""Answers traced in one padded pass are at most this factor apart in length (the
+longest's tokens over the shortest's), so no pass pads a short prompt to a long one."""
+
+
+def length_groups(lengths: Sequence[int]) -> list[list[int]]:
+    """Indices of ``lengths`` grouped for padded passes (issue 68): by length, shortest
+    first; a long prompt (over :data:`core.engine.trace.CHUNK_ABOVE` tokens, traced in
+    chunks) alone; the others together while the longest is within
+    :data:`LENGTH_SLACK` of the group's shortest."""
+    groups: list[list[int]] = []
+    for i in sorted(range(len(lengths)), key=lambda k: lengths[k]):
+        n = lengths[i]
+        first = lengths[groups[-1][0]] if groups else 0
+        if groups and max(n, first) <= CHUNK_ABOVE and n <= LENGTH_SLACK * first:
+            groups[-1].append(i)
+        else:
+            groups.append([i])
+    return groups
+
+
+def _trace_fitting(
+    model: LoadedModel, layouts: Sequence[Layout], needs: Needs
+) -> list[Trace | DataError]:
+    """:func:`~core.engine.trace.trace_batch` of ``layouts``, halved until each pass
+    fits the memory budget; a layout that does not fit alone gets the refusal
+    (:class:`~core.engine.memory.MemoryBudgetError`) as its outcome, the others their
+    traces."""
+    try:
+        return list(trace_batch(model, layouts, needs))
+    except MemoryBudgetError as e:
+        if len(layouts) == 1:
+            return [e]
+        half = len(layouts) // 2
+        return [
+            *_trace_fitting(model, layouts[:half], needs),
+            *_trace_fitting(model, layouts[half:], needs),
+        ]
+
+
+def memory_note(
+    model: LoadedModel, example: RAGExample, detectors: Sequence[Detector]
+) -> str | None:
+    """What judging ``example`` with ``detectors`` will take in memory, in words, when
+    the input is long or over the budget (:func:`example_cost`,
+    :func:`core.engine.memory.describe_cost`); ``None`` otherwise, or when the example
+    cannot be laid out (the action says why)."""
+    try:
+        return describe_cost(example_cost(model, example, detectors))
+    except DataError:
+        return None
+
+
 def run_examples(
     model: LoadedModel, examples: Sequence[RAGExample], detectors: Sequence[Detector]
 ) -> list[dict[str, Features] | DataError]:
     """:func:`run_example` for several examples, traced together in one batched pass
     (:func:`core.engine.trace.trace_batch`; and one for the no-context layouts when a detector
-    needs them). Returns, per example in order, its features or the :class:`DataError`
-    that example raised (a bad example never sinks the others)."""
+    needs them), grouped by length (:func:`length_groups`: a pass never pads a short
+    prompt to a long one, and a batch over the memory budget is halved). Returns, per
+    example in order, its features or the :class:`DataError` that example raised (a bad
+    example, or one too large for the budget, never sinks the others)."""
     flat = plain_detectors(detectors)
     needs = [d.needs(model.info) for d in flat]
     wanted = [n for n in needs if n is not None]
@@ -359,22 +414,29 @@ def run_examples(
             out[i] = e
             continue
         ready.append((i, layout, bare_layout))
-    fulls: list[Trace | None] = [None] * len(ready)
-    if wanted and ready:
-        fulls = list(trace_batch(model, [lay for _, lay, _ in ready], Needs.union(wanted)))
-    bares: list[Trace | None] = [None] * len(ready)
-    if bare_needs and ready:
-        bare_layouts = [b for _, _, b in ready if b is not None]
-        bares = list(trace_batch(model, bare_layouts, Needs.union(bare_needs)))
-    for (i, layout, _), full, bare in zip(ready, fulls, bares, strict=True):
-        ex = examples[i]
-        run = Run(example=ex, layout=layout, trace=full, bare=bare, model=model.info, loaded=model)
-        try:
-            got = {d.name: d.features(run) for d in flat}
-        except DataError as e:
-            out[i] = e
-            continue
-        out[i] = _compose(detectors, got, model.info.key, ex.id)
+    for group in length_groups([len(lay) for _, lay, _ in ready]):
+        members = [ready[g] for g in group]
+        fulls: list[Trace | DataError | None] = [None] * len(members)
+        if wanted:
+            fulls = list(_trace_fitting(model, [lay for _, lay, _ in members], Needs.union(wanted)))
+        bares: list[Trace | DataError | None] = [None] * len(members)
+        if bare_needs:
+            bare_layouts = [b for _, _, b in members if b is not None]
+            bares = list(_trace_fitting(model, bare_layouts, Needs.union(bare_needs)))
+        for (i, layout, _), full, bare in zip(members, fulls, bares, strict=True):
+            ex = examples[i]
+            if isinstance(full, DataError) or isinstance(bare, DataError):
+                out[i] = full if isinstance(full, DataError) else bare  # type: ignore[assignment]  # one of the two is the error
+                continue
+            run = Run(
+                example=ex, layout=layout, trace=full, bare=bare, model=model.info, loaded=model
+            )
+            try:
+                got = {d.name: d.features(run) for d in flat}
+            except DataError as e:
+                out[i] = e
+                continue
+            out[i] = _compose(detectors, got, model.info.key, ex.id)
     done = [o for o in out if o is not None]
     assert len(done) == len(out)
     return done
@@ -624,6 +686,8 @@ class WorkEstimate:
             has measured it).
         fixed_seconds: Work on top that does not grow with the examples (a generation,
             a worker's start).
+        memory: What a long input's pass will take in memory, against the budget, in
+            words (:func:`core.engine.memory.describe_cost`); ``None``: nothing to say.
     """
 
     n_examples: int
@@ -632,6 +696,7 @@ class WorkEstimate:
     seconds_per_char: float | None
     seconds_per_kept: float = 0.0
     fixed_seconds: float = 0.0
+    memory: str | None = None
 
     @property
     def n_to_trace(self) -> int:

@@ -257,6 +257,47 @@ def test_own_example_generated_answer_is_analysed(make_app: Callable[[], AppTest
     assert "passage 2:" in strip
 
 
+def _long_own_input(at: AppTest, words: int) -> AppTest:
+    """The visitor's own question, one long pasted passage and a pasted answer."""
+    at.switch_page(PLAYGROUND).run()
+    at.radio(key=KEY_INPUT_MODE).set_value(INPUT_OWN).run()
+    at.text_input(key=KEY_OWN_QUESTION).set_value("Who built the bridge?")
+    passage = " ".join(["Ada Lovell built the stone bridge over the river in 1820."] * words)
+    at.text_area(key=passage_key(0)).set_value(passage)
+    at.radio(key=KEY_ANSWER_SOURCE).set_value(ANSWER_PASTE).run()
+    at.text_area(key=KEY_PASTED).input("Ada Lovell built it in 1820.").run()
+    return at
+
+
+def _memory_captions(at: AppTest) -> list[str]:
+    return [c.value for c in at.caption if c.value.startswith("Memory:")]
+
+
+def test_a_long_pasted_prompt_is_estimated_then_refused_over_the_budget(
+    with_demo_detectors: Path, make_app: Callable[[], AppTest], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Issue 68: a visitor's long prompt (about 1,500 tokens, traced in chunks) is
+    estimated before the click; over the memory budget it is refused with the reason and
+    the fix, and the page (the server) goes on; within it, it is analysed."""
+    at = _long_own_input(make_app().run(), 90)
+    _no_exception(at)
+    (said,) = _memory_captions(at)  # a long input: its memory before the click
+    assert "of the" in said and "budget" in said and "-token input" in said
+    monkeypatch.setenv("RAGSCOPE_MEMORY_BUDGET", "10M")  # less than the process holds
+    at.run()
+    (said,) = _memory_captions(at)
+    assert "it will be refused" in said and "RAGSCOPE_MEMORY_BUDGET" in said
+    at.button(key=KEY_ANALYSE).click().run()
+    _no_exception(at)
+    assert len(at.error) == 1 and "over the memory budget" in at.error[0].value
+    assert "tokens" in at.error[0].value and "--set fast" in at.error[0].value
+    monkeypatch.delenv("RAGSCOPE_MEMORY_BUDGET")
+    at.button(key=KEY_ANALYSE).click().run()  # the same page, the default budget: judged
+    _no_exception(at)
+    assert not at.error, [e.value for e in at.error]
+    assert at.session_state[STATE_KEY].analysis is not None
+
+
 def test_unloadable_model_shows_the_fix_not_an_exception(
     make_app: Callable[[], AppTest], monkeypatch: pytest.MonkeyPatch
 ) -> None:

@@ -60,6 +60,8 @@ def test_over_the_budget_is_refused_with_the_size_and_what_fits() -> None:
     assert "about 4,000 tokens would fit" in msg and "3.0 GiB" in msg and BUDGET_ENV in msg
     assert "--set fast" in msg  # and the other ways out
     assert got.value.budget == 3 * GIB and got.value.cost.total == 4 * GIB
+    with pytest.raises(MemoryBudgetError, match="holds more than that already"):
+        check_budget(_cost(100, 1), budget=GIB, held=2 * GIB, fits=0)
 
 
 def test_a_page_says_a_long_inputs_memory_and_a_refusal_before_the_click() -> None:
