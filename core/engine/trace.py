@@ -362,14 +362,28 @@ def trace_cost(
     hook's kept rows exactly, the attention of one layer (a chunk's queries for a long
     prompt), the keys and values cached between chunks, and the detectors' copies. On
     an accelerator the attention and the cache live in its memory, not the process's."""
-    info = model.info
     want = needs if isinstance(needs, Needs) else Needs.union(needs)
-    plans = want.plan()
-    kept = 0
-    for layout in layouts:
-        for (kind, _layer), sets in plans.items():
-            rows = len(want.resolve_positions(layout, sets))
-            kept += rows * row_bytes(info, kind, len(layout))
+    keeps = [
+        {key: want.resolve_positions(layout, sets) for key, sets in want.plan().items()}
+        for layout in layouts
+    ]
+    return _planned_cost(model, layouts, keeps, chunk_tokens)
+
+
+def _planned_cost(
+    model: LoadedModel,
+    layouts: Sequence[Layout],
+    keeps: Sequence[Mapping[HookKey, np.ndarray]],
+    chunk_tokens: int | None,
+) -> TraceCost:
+    """:func:`trace_cost` from each layout's kept positions per hook (the plan
+    :func:`trace_batch` has resolved already)."""
+    info = model.info
+    kept = sum(
+        len(pos) * row_bytes(info, kind, len(layout))
+        for layout, keep in zip(layouts, keeps, strict=True)
+        for (kind, _layer), pos in keep.items()
+    )
     width = max((len(lay) for lay in layouts), default=0)
     on_host = not str(model.device).startswith("cuda")
     if chunked(layouts, chunk_tokens):
@@ -528,7 +542,7 @@ def trace_batch(
         return save
 
     wants_logits = ("logits", None) in want.hooks
-    cost = trace_cost(model, layouts, want, chunk_tokens=chunk_tokens)
+    cost = _planned_cost(model, layouts, keeps, chunk_tokens)
     budget, held = memory_budget(), process_bytes()
     ids = [lay.example_id for lay in layouts]
     check_budget(
